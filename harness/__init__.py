@@ -1,0 +1,1 @@
+"""capture-harness: graph-capture correctness harness."""

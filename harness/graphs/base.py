@@ -1,0 +1,55 @@
+"""The contract both graph backends obey (DESIGN.md, "The graph backend contract")."""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from typing import Any, Callable
+
+
+class CaptureError(RuntimeError):
+    """Something was done during capture that a graph cannot record (a host sync, a data-dependent
+    shape, a nested capture, ...). The message names the op and, where possible, the remedy."""
+
+    def __init__(self, message: str, *, op: str | None = None) -> None:
+        super().__init__(message)
+        self.op = op
+
+
+class CapturedGraph(ABC):
+    """A recorded piece of work. `output` is what the captured function returned (static outputs,
+    overwritten by every replay); `pool` is the pool handle its allocations came from."""
+
+    output: Any
+    pool: Any
+
+    @abstractmethod
+    def replay(self) -> None:
+        """Re-execute the recorded work against the captured storages."""
+
+    @abstractmethod
+    def reset(self) -> None:
+        """Release the recording; a later `replay()` raises `CaptureError`."""
+
+
+class GraphBackend(ABC):
+    """Captures callables into graphs. `name` is "cuda" or "emulated"; `device` is where the
+    tensors the captured work touches must live."""
+
+    name: str
+    device: Any
+
+    @abstractmethod
+    def capture(self, fn: Callable[[], Any], *, pool: Any = None) -> CapturedGraph:
+        """Run `fn()` once in capture mode and return the recording."""
+
+    @abstractmethod
+    def graph_pool_handle(self) -> Any:
+        """A fresh pool handle; graphs captured with the same handle share one pool."""
+
+    @abstractmethod
+    def is_capturing(self) -> bool:
+        """True while a capture is in progress on this backend."""
+
+    @abstractmethod
+    def synchronize(self) -> None:
+        """Wait for all recorded and eager work to finish."""

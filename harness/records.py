@@ -1,0 +1,83 @@
+"""Plain data every part shares: requests in, generations out.
+
+No torch here: a `Generation` produced by any runtime, ours or not, can be compared, saved as JSON and
+loaded again.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+
+@dataclass(frozen=True)
+class Request:
+    """One prompt to complete greedily; `logprobs` is how many top (token, logprob) pairs to keep."""
+
+    prompt: list[int]
+    max_new_tokens: int
+    logprobs: int = 2
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"prompt": list(self.prompt), "max_new_tokens": self.max_new_tokens, "logprobs": self.logprobs}
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> Request:
+        return cls(prompt=list(data["prompt"]), max_new_tokens=int(data["max_new_tokens"]),
+                   logprobs=int(data.get("logprobs", 2)))
+
+
+@dataclass(frozen=True)
+class Step:
+    """One generated token and what the comparison needs to judge it.
+
+    `top` holds the best `(token, logprob)` pairs, best first; `logit_scale` is max |logit| at this
+    step (it sets the BF16 spacing the tolerance is counted in); `producer` is "eager" or the text of
+    the graph key that ran the step.
+    """
+
+    token: int
+    logprob: float
+    top: tuple[tuple[int, float], ...]
+    logit_scale: float
+    producer: str = "eager"
+
+    def __post_init__(self) -> None:
+        # Normalise lists (from JSON) to tuples so that equal steps compare and hash equal.
+        object.__setattr__(self, "top", tuple((int(t), float(lp)) for t, lp in self.top))
+
+    def to_dict(self) -> dict[str, Any]:
+        data = asdict(self)
+        data["top"] = [list(pair) for pair in self.top]
+        return data
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> Step:
+        return cls(token=int(data["token"]), logprob=float(data["logprob"]), top=data["top"],
+                   logit_scale=float(data["logit_scale"]), producer=str(data.get("producer", "eager")))
+
+
+@dataclass(frozen=True)
+class Generation:
+    """The greedy continuation of one request: `tokens[i]` is `steps[i].token`."""
+
+    tokens: list[int]
+    steps: list[Step] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        if self.steps and [s.token for s in self.steps] != list(self.tokens):
+            raise ValueError(
+                f"Generation.tokens {list(self.tokens)} disagree with the tokens of its steps "
+                f"{[s.token for s in self.steps]}"
+            )
+
+    @classmethod
+    def from_steps(cls, steps: list[Step]) -> Generation:
+        return cls(tokens=[s.token for s in steps], steps=list(steps))
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"tokens": list(self.tokens), "steps": [s.to_dict() for s in self.steps]}
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> Generation:
+        return cls(tokens=[int(t) for t in data["tokens"]], steps=[Step.from_dict(s) for s in data.get("steps", [])])
