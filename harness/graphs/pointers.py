@@ -1,0 +1,171 @@
+"""What a captured graph baked in: the address, shape and dtype of every tensor reachable from an object.
+
+A graph replays against the storages it saw at capture. Code that later rebinds an attribute to a new
+tensor (or regrows a buffer) leaves the graph reading the old storage, silently. `snapshot_tensors` records
+every tensor reachable from an object by a readable path (`metadata.block_tables`, `layers[0].cache`,
+`extra['ws']`); `moved_tensors` compares two snapshots and names what changed.
+
+The walk follows every path, not just the first one that reaches an object: two attributes sharing one
+tensor are both recorded, so rebinding either of them is caught. Cycles are cut at the object already on
+the current path.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+import types
+from collections.abc import Mapping
+from typing import Any
+
+import torch
+from torch import nn
+
+_REMEDY = "copy into the captured buffer with `.copy_()` instead of rebinding it"
+
+# Leaves that can never hold a tensor; skipping them keeps the walk cheap on large host-side structures.
+_ATOMS = (
+    str, bytes, bytearray, int, float, complex, bool, type(None), enum.Enum, range, set, frozenset,
+    torch.dtype, torch.device, torch.Size, torch.memory_format, torch.layout,
+    type, types.ModuleType, types.FunctionType, types.BuiltinFunctionType, types.MethodType,
+)
+
+# nn.Module's own bookkeeping (hooks, flags); parameters, buffers and submodules are walked by name instead.
+_MODULE_INTERNALS = frozenset(vars(nn.Module()))
+
+
+@dataclasses.dataclass(frozen=True)
+class TensorRecord:
+    """Where a tensor's data lived when it was recorded: the byte address of its first element."""
+
+    address: int
+    shape: tuple[int, ...]
+    dtype: str
+
+    @classmethod
+    def of(cls, tensor: torch.Tensor) -> TensorRecord:
+        return cls(address=_address(tensor), shape=tuple(tensor.shape), dtype=str(tensor.dtype))
+
+    def __str__(self) -> str:
+        return f"{self.address:#x} {list(self.shape)} {self.dtype}"
+
+
+def snapshot_tensors(obj: Any, root: str = "", *, max_depth: int = 64) -> dict[str, TensorRecord]:
+    """Record every tensor reachable from `obj`, keyed by its path from `obj` (prefixed with `root`).
+
+    Walks tensors, nn.Modules (parameters, buffers, submodules and plain attributes), dicts, lists,
+    tuples (namedtuple fields by name), and any object's `__dict__` and `__slots__` (dataclasses
+    included). Sets, callables and objects with neither `__dict__` nor `__slots__` are not entered.
+    A structure nested deeper than `max_depth` raises ValueError rather than being recorded partly.
+    """
+    records: dict[str, TensorRecord] = {}
+    _walk(obj, root, records, on_path=set(), depth=0, max_depth=max_depth)
+    return records
+
+
+def moved_tensors(before: Mapping[str, TensorRecord], after: Mapping[str, TensorRecord]) -> list[str]:
+    """Paths of `before` whose address, shape or dtype differ in `after`, or that vanished from it.
+
+    Paths that only appear in `after` are not reported: no graph captured before can have read them.
+    """
+    return [path for path, record in before.items() if after.get(path) != record]
+
+
+def describe_moved_tensor(path: str, before: TensorRecord, after: TensorRecord | None) -> str:
+    """One line about a moved tensor, in the spirit of PyTorch's cudagraph_trees data-pointer check."""
+    if after is None:
+        change = f"vanished (was {before})"
+    else:
+        parts = []
+        if after.address != before.address:
+            parts.append(f"data pointer changed from {before.address:#x} to {after.address:#x}")
+        if after.shape != before.shape:
+            parts.append(f"shape changed from {list(before.shape)} to {list(after.shape)}")
+        if after.dtype != before.dtype:
+            parts.append(f"dtype changed from {before.dtype} to {after.dtype}")
+        change = "; ".join(parts) or "unchanged"
+    return f"{path}: {change}. A captured graph still uses the old tensor: {_REMEDY}."
+
+
+def describe_moved(before: Mapping[str, TensorRecord], after: Mapping[str, TensorRecord]) -> str:
+    """A report of every moved tensor, one line each; empty when nothing moved."""
+    return "\n".join(describe_moved_tensor(p, before[p], after.get(p)) for p in moved_tensors(before, after))
+
+
+def _address(tensor: torch.Tensor) -> int:
+    try:
+        return tensor.data_ptr()
+    except RuntimeError:
+        # Tensors without data (fake, some subclasses) still have a storage identity to compare.
+        storage = tensor.untyped_storage()
+        return storage.data_ptr() + tensor.storage_offset() * tensor.element_size()
+
+
+def _walk(obj: Any, path: str, out: dict[str, TensorRecord], *, on_path: set[int], depth: int,
+          max_depth: int) -> None:
+    if isinstance(obj, torch.Tensor):
+        out[path] = TensorRecord.of(obj)
+        return
+    if isinstance(obj, _ATOMS) or id(obj) in on_path:
+        return
+    if depth >= max_depth:
+        raise ValueError(f"snapshot_tensors: {path or '<root>'} is nested deeper than max_depth={max_depth}")
+    on_path.add(id(obj))
+    try:
+        for child_path, child in _children(obj, path):
+            _walk(child, child_path, out, on_path=on_path, depth=depth + 1, max_depth=max_depth)
+    finally:
+        on_path.discard(id(obj))
+
+
+def _children(obj: Any, path: str):
+    if isinstance(obj, nn.Module):
+        yield from _module_children(obj, path)
+    elif isinstance(obj, Mapping):
+        for key, value in list(obj.items()):
+            yield f"{path}[{key!r}]", value
+    elif isinstance(obj, tuple) and hasattr(obj, "_fields"):
+        for name, value in zip(obj._fields, obj):
+            yield _attr(path, name), value
+    elif isinstance(obj, (list, tuple)):
+        for i, value in enumerate(list(obj)):
+            yield f"{path}[{i}]", value
+    else:
+        for name, value in _attributes(obj):
+            yield _attr(path, name), value
+
+
+def _module_children(module: nn.Module, path: str):
+    # Parameters, buffers and submodules live in private dicts; give them the paths users write.
+    for name, value in module._parameters.items():
+        yield _attr(path, name), value
+    for name, value in module._buffers.items():
+        yield _attr(path, name), value
+    for name, child in module._modules.items():
+        yield (f"{path}[{name}]" if name.isdigit() else _attr(path, name)), child
+    for name, value in vars(module).items():
+        if name not in _MODULE_INTERNALS:
+            yield _attr(path, name), value
+
+
+def _attributes(obj: Any):
+    seen: set[str] = set()
+    for name, value in getattr(obj, "__dict__", {}).items():
+        seen.add(name)
+        yield name, value
+    for cls in type(obj).__mro__:
+        slots = cls.__dict__.get("__slots__", ())
+        for name in (slots,) if isinstance(slots, str) else slots:
+            if name in seen or name in ("__dict__", "__weakref__"):
+                continue
+            seen.add(name)
+            private = name.startswith("__") and not name.endswith("__")
+            stored = f"_{cls.__name__.lstrip('_')}{name}" if private else name  # the mangled slot name
+            try:
+                yield name, object.__getattribute__(obj, stored)
+            except AttributeError:
+                continue  # an unset slot holds nothing
+
+
+def _attr(path: str, name: str) -> str:
+    return f"{path}.{name}" if path else name
