@@ -1,0 +1,39 @@
+"""Reference attention ops and their state: paged KV cache, attention metadata, workspace.
+
+Typical use by a model layer (shapes: T = metadata.num_tokens, padding included)::
+
+    cache = PagedKVCache(num_layers, num_blocks, block_size, kv_heads, head_dim, torch.bfloat16, dev)
+    metadata = AttentionMetadata(max_batch_size, max_num_tokens, max_blocks_per_seq, block_size,
+                                 cache.pad_slot, dev)
+    blocks = cache.allocator.allocate(cache.blocks_for(len(prompt)))
+    metadata.prepare([SequenceSpan(seq_len=len(prompt), query_len=len(prompt), block_table=blocks)],
+                     num_tokens=bucket)              # outside capture; pads to `bucket` rows
+    positions = metadata.input_positions()          # == metadata.positions[:T], int64
+    paged_attention(q, k, v, cache.layer(i), metadata, scale, out, workspace=None)
+        # q/out [T, heads, head_dim], k/v [T, kv_heads, head_dim], same dtype as the cache;
+        # writes k/v into the cache first, then `out`; padded rows come out as zeros
+    hidden[metadata.logits_rows()]                  # == logits_indices[:num_seqs]: last token rows
+    block_sparse_attention(q, k, v, cache.layer(i), metadata, scale, out, top_k)
+
+Sequences go prefill first, decodes after (`SequenceSpan.is_decode`: one new token on a cached
+prefix). `metadata.prepare` copies into preallocated buffers (never rebinds), so graphs captured
+against them see every later batch; its host counts (`num_tokens`, `num_seqs`, `num_prefills`,
+`num_prefill_tokens`, `num_decodes`, `num_decode_tokens`) describe the padded batch;
+`num_actual_tokens` / `num_actual_seqs` say how many rows are real. Padded token rows belong to
+the permanent pad sequence (row `max_batch_size` of `seq_lens` / `block_tables`). The ops are
+`torch.ops.harness.paged_attention` and `torch.ops.harness.block_sparse_attention`
+(mutating the KV layer and `out`, returning nothing, fakes registered), and read no device data on
+the host, so they can be captured.
+"""
+
+from harness.ops.attention import paged_attention, paged_attention_op
+from harness.ops.kv_cache import BlockAllocator, OutOfBlocksError, PagedKVCache
+from harness.ops.metadata import AttentionMetadata, BatchCounts, SequenceSpan
+from harness.ops.sparse_attention import block_sparse_attention, block_sparse_attention_op
+from harness.ops.workspace import Workspace
+
+__all__ = [
+    "AttentionMetadata", "BatchCounts", "BlockAllocator", "OutOfBlocksError", "PagedKVCache",
+    "SequenceSpan", "Workspace", "block_sparse_attention", "block_sparse_attention_op",
+    "paged_attention", "paged_attention_op",
+]

@@ -1,0 +1,229 @@
+"""Attention metadata kept in buffers preallocated for the largest batch.
+
+A captured graph reads these buffers by address, so `prepare()` copies each batch into them and
+never rebinds a tensor. The host-side counts are what a graph freezes (they decide shapes and
+slices), so they describe the padded batch, not the real one.
+
+Layout of a prepared batch: real tokens first (prefill sequences, then decodes, each sequence's
+tokens contiguous), then padded tokens up to `num_tokens`. Sequence rows likewise: real sequences,
+then padded sequences up to `num_seqs`. Padded rows have seq_len 0, their tokens write K/V to the
+cache's pad slot, and their block tables point only at the pad block. Row `max_batch_size` of
+`seq_lens` and `block_tables` is a permanent padded sequence that every padded token belongs to.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Sequence
+
+import torch
+
+
+@dataclass(frozen=True)
+class SequenceSpan:
+    """A sequence of `seq_len` tokens (cached + new) whose last `query_len` tokens are in this
+    batch; `block_table` lists its KV blocks in order. A prefill has query_len == seq_len (or
+    more than one new token on top of a cached prefix); a decode adds one token to a cached prefix."""
+
+    seq_len: int
+    query_len: int
+    block_table: Sequence[int]
+
+    @property
+    def is_decode(self) -> bool:
+        return self.query_len == 1 and self.seq_len > 1
+
+
+@dataclass(frozen=True)
+class BatchCounts:
+    """Host-side shape of a prepared batch. Padded sequences count as decodes and padded tokens as
+    decode tokens, so prefills + decodes == num_seqs and the token split sums to num_tokens."""
+
+    num_tokens: int
+    num_seqs: int
+    num_prefills: int
+    num_prefill_tokens: int
+    num_actual_tokens: int
+    num_actual_seqs: int
+
+    @property
+    def num_decodes(self) -> int:
+        return self.num_seqs - self.num_prefills
+
+    @property
+    def num_decode_tokens(self) -> int:
+        return self.num_tokens - self.num_prefill_tokens
+
+
+class AttentionMetadata:
+    """Buffers (all on `device`):
+
+    - `seq_lens` int32 [max_batch_size + 1]: tokens per sequence (0 for padding).
+    - `query_start_loc` int32 [max_batch_size + 1]: first token row of each sequence; padded
+      sequences own no rows, so entries past the real sequences hold `num_actual_tokens`.
+    - `positions`, `slot_mapping`, `token_to_seq` int64 [max_num_tokens]: per token row.
+    - `block_tables` int64 [max_batch_size + 1, max_blocks_per_seq]: unused entries = pad block.
+    - `logits_indices` int64 [max_batch_size]: the row of each sequence's last token (padded
+      sequences take a padded token row where one exists, else the last row).
+    """
+
+    def __init__(self, max_batch_size: int, max_num_tokens: int, max_blocks_per_seq: int,
+                 block_size: int, pad_slot: int, device: torch.device | str = "cpu") -> None:
+        for name, value in (("max_batch_size", max_batch_size), ("max_num_tokens", max_num_tokens),
+                            ("max_blocks_per_seq", max_blocks_per_seq), ("block_size", block_size)):
+            if value < 1:
+                raise ValueError(f"{name} must be at least 1, got {value}")
+        if pad_slot < 0 or pad_slot % block_size:
+            raise ValueError(f"pad_slot {pad_slot} must be the first slot of a block of {block_size}")
+        self.max_batch_size = max_batch_size
+        self.max_num_tokens = max_num_tokens
+        self.max_blocks_per_seq = max_blocks_per_seq
+        self.block_size = block_size
+        self.pad_slot = pad_slot
+        self.pad_block = pad_slot // block_size
+        self.device = torch.device(device)
+
+        def buffer(*shape: int, dtype: torch.dtype) -> torch.Tensor:
+            return torch.zeros(*shape, dtype=dtype, device=self.device)
+
+        self.seq_lens = buffer(max_batch_size + 1, dtype=torch.int32)
+        self.query_start_loc = buffer(max_batch_size + 1, dtype=torch.int32)
+        self.positions = buffer(max_num_tokens, dtype=torch.int64)
+        self.slot_mapping = buffer(max_num_tokens, dtype=torch.int64)
+        self.token_to_seq = buffer(max_num_tokens, dtype=torch.int64)
+        self.block_tables = buffer(max_batch_size + 1, max_blocks_per_seq, dtype=torch.int64)
+        self.logits_indices = buffer(max_batch_size, dtype=torch.int64)
+        self.counts = BatchCounts(0, 0, 0, 0, 0, 0)
+        self.prepare([])
+
+    # Host counts, read by the wrapper ops and the model: what a captured graph freezes.
+    @property
+    def num_tokens(self) -> int:
+        return self.counts.num_tokens
+
+    @property
+    def num_seqs(self) -> int:
+        return self.counts.num_seqs
+
+    @property
+    def num_prefills(self) -> int:
+        return self.counts.num_prefills
+
+    @property
+    def num_prefill_tokens(self) -> int:
+        return self.counts.num_prefill_tokens
+
+    @property
+    def num_decodes(self) -> int:
+        return self.counts.num_decodes
+
+    @property
+    def num_decode_tokens(self) -> int:
+        return self.counts.num_decode_tokens
+
+    @property
+    def num_actual_tokens(self) -> int:
+        return self.counts.num_actual_tokens
+
+    @property
+    def num_actual_seqs(self) -> int:
+        return self.counts.num_actual_seqs
+
+    def input_positions(self) -> torch.Tensor:
+        return self.positions[: self.num_tokens]
+
+    def logits_rows(self) -> torch.Tensor:
+        """Token rows whose hidden states become logits, one per sequence (padded ones included)."""
+        return self.logits_indices[: self.num_seqs]
+
+    def prepare(self, spans: Sequence[SequenceSpan], *, num_tokens: int | None = None,
+                num_seqs: int | None = None) -> BatchCounts:
+        """Copy a batch into the buffers, padded up to `num_tokens` token rows and `num_seqs`
+        sequence rows (default: no padding). Call it outside capture: it builds host tensors."""
+        actual_tokens = sum(span.query_len for span in spans)
+        num_tokens = actual_tokens if num_tokens is None else num_tokens
+        num_seqs = len(spans) if num_seqs is None else num_seqs
+        self._validate(spans, num_tokens, num_seqs, actual_tokens)
+
+        seq_lens = [span.seq_len for span in spans]
+        start_loc = [0]
+        positions: list[int] = []
+        slots: list[int] = []
+        token_to_seq: list[int] = []
+        tables: list[int] = []
+        logits_indices: list[int] = []
+        bs = self.block_size
+        for row, span in enumerate(spans):
+            table = list(span.block_table)
+            for pos in range(span.seq_len - span.query_len, span.seq_len):
+                positions.append(pos)
+                slots.append(table[pos // bs] * bs + pos % bs)
+                token_to_seq.append(row)
+            start_loc.append(start_loc[-1] + span.query_len)
+            logits_indices.append(start_loc[-1] - 1)
+            tables += table + [self.pad_block] * (self.max_blocks_per_seq - len(table))
+
+        pad_row = self.max_batch_size
+        pad_tokens = self.max_num_tokens - actual_tokens
+        pad_seqs = self.max_batch_size - len(spans)
+        self._copy(self.seq_lens, seq_lens + [0] * (pad_seqs + 1))
+        self._copy(self.query_start_loc, start_loc + [actual_tokens] * pad_seqs)
+        self._copy(self.positions, positions + [0] * pad_tokens)
+        self._copy(self.slot_mapping, slots + [self.pad_slot] * pad_tokens)
+        self._copy(self.token_to_seq, token_to_seq + [pad_row] * pad_tokens)
+        self._copy(self.block_tables,
+                   tables + [self.pad_block] * ((pad_seqs + 1) * self.max_blocks_per_seq))
+        # Padded sequence i reads the i-th padded token row, so a padded decode batch keeps
+        # sequence j <-> token j; rows past num_tokens are clamped to stay in range.
+        last_row = max(num_tokens - 1, 0)
+        self._copy(self.logits_indices,
+                   logits_indices + [min(actual_tokens + i, last_row) for i in range(pad_seqs)])
+
+        self.counts = BatchCounts(
+            num_tokens=num_tokens,
+            num_seqs=num_seqs,
+            num_prefills=sum(not span.is_decode for span in spans),
+            num_prefill_tokens=sum(span.query_len for span in spans if not span.is_decode),
+            num_actual_tokens=actual_tokens,
+            num_actual_seqs=len(spans),
+        )
+        return self.counts
+
+    @staticmethod
+    def _copy(buffer: torch.Tensor, values: list[int]) -> None:
+        # One host tensor and one copy per buffer: no per-element device writes.
+        buffer.copy_(torch.tensor(values, dtype=buffer.dtype).view(buffer.shape))
+
+    def _validate(self, spans: Sequence[SequenceSpan], num_tokens: int, num_seqs: int,
+                  actual_tokens: int) -> None:
+        if len(spans) > self.max_batch_size:
+            raise ValueError(f"{len(spans)} sequences exceed max_batch_size {self.max_batch_size}")
+        if not len(spans) <= num_seqs <= self.max_batch_size:
+            raise ValueError(f"num_seqs {num_seqs} must lie in [{len(spans)} (real sequences), "
+                             f"{self.max_batch_size} (max_batch_size)]")
+        if actual_tokens > self.max_num_tokens:
+            raise ValueError(f"{actual_tokens} tokens exceed max_num_tokens {self.max_num_tokens}")
+        if not actual_tokens <= num_tokens <= self.max_num_tokens:
+            raise ValueError(f"num_tokens {num_tokens} must lie in [{actual_tokens} (real tokens), "
+                             f"{self.max_num_tokens} (max_num_tokens)]")
+        seen_decode = False
+        for i, span in enumerate(spans):
+            if not 1 <= span.query_len <= span.seq_len:
+                raise ValueError(f"sequence {i}: query_len {span.query_len} must lie in "
+                                 f"[1, seq_len {span.seq_len}]")
+            table = span.block_table
+            if len(table) > self.max_blocks_per_seq:
+                raise ValueError(f"sequence {i}: {len(table)} blocks exceed max_blocks_per_seq "
+                                 f"{self.max_blocks_per_seq}")
+            if len(table) * self.block_size < span.seq_len:
+                raise ValueError(f"sequence {i}: seq_len {span.seq_len} needs "
+                                 f"{-(-span.seq_len // self.block_size)} blocks of "
+                                 f"{self.block_size}, block_table has {len(table)}")
+            bad = [b for b in table if not 0 <= b < self.pad_block]
+            if bad:
+                raise ValueError(f"sequence {i}: block ids {bad} outside [0, {self.pad_block - 1}] "
+                                 f"(block {self.pad_block} is the pad sink)")
+            if span.is_decode:
+                seen_decode = True
+            elif seen_decode:
+                raise ValueError(f"sequence {i} is a prefill after a decode: prefills come first")
