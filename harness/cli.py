@@ -1,0 +1,135 @@
+"""The `harness` command: run | testdb | bench."""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import pkgutil
+import sys
+from pathlib import Path
+
+from harness.testdb.schema import TERM_VALUES, TestDbError
+
+
+def _machine_options(parser: argparse.ArgumentParser) -> None:
+    group = parser.add_argument_group("machine facts (default: this machine, as torch sees it)")
+    group.add_argument("--gpu-count", type=int, help="number of GPUs (default: torch.cuda.device_count())")
+    group.add_argument("--gpu", help="GPU name matched by wildcards (default: torch.cuda.get_device_name(0))")
+    group.add_argument("--stage", choices=TERM_VALUES["stage"], default="pre_merge", help="default: pre_merge")
+    group.add_argument("--backend", choices=TERM_VALUES["backend"],
+                       help="graph backend (default: cuda when available, else emulated)")
+    parser.add_argument("--test-db", type=Path, help="folder of list files (default: <project root>/test-db)")
+
+
+def _machine(args):
+    from harness.testdb import detect_machine
+
+    return detect_machine(gpu_count=args.gpu_count, gpu=args.gpu, stage=args.stage, backend=args.backend)
+
+
+def _testdb_dir(args) -> Path:
+    from harness.testdb import project_root
+
+    return args.test_db or project_root() / "test-db"
+
+
+def cmd_run(args) -> int:
+    from harness.testdb import get_list, project_root, run_list
+
+    root = project_root()
+    test_list = get_list(_testdb_dir(args), args.name)
+    return run_list(test_list, _machine(args), root=root, results_dir=args.results or root / "results",
+                    extra_args=tuple(args.pytest_args))
+
+
+def cmd_render(args) -> int:
+    from harness.testdb import get_list, render_lines, select
+    from harness.testdb.render import nothing_selected
+
+    test_list = get_list(_testdb_dir(args), args.name)
+    machine = _machine(args)
+    lines = select(test_list, machine)
+    if not lines:
+        print(nothing_selected(test_list, machine), file=sys.stderr)
+    sys.stdout.write(render_lines(lines))
+    return 0
+
+
+def cmd_lists(args) -> int:
+    from harness.testdb import load_lists
+
+    for name, test_list in sorted(load_lists(_testdb_dir(args)).items()):
+        print(f"{name}  ({test_list.source}, {sum(len(b.tests) for b in test_list.blocks)} lines)")
+    return 0
+
+
+def cmd_check(args) -> int:
+    from harness.testdb import check_coverage, collect_node_ids, load_lists, project_root
+
+    report = check_coverage(load_lists(_testdb_dir(args)), collect_node_ids(project_root()))
+    print(report)
+    return 0 if report.ok else 1
+
+
+def cmd_bench(args) -> int:
+    try:
+        import harness.bench as bench
+    except ImportError:
+        print("harness bench: no benchmarks are installed (harness.bench is missing)", file=sys.stderr)
+        return 2
+    available = sorted(m.name for m in pkgutil.iter_modules(bench.__path__) if not m.name.startswith("_"))
+    if args.name not in available:
+        print(f"harness bench: unknown benchmark {args.name!r}; available: {', '.join(available) or 'none'}",
+              file=sys.stderr)
+        return 2
+    return int(importlib.import_module(f"harness.bench.{args.name}").main(args.bench_args) or 0)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="harness", description="capture-harness: graph-capture correctness harness")
+    verbs = parser.add_subparsers(dest="verb", required=True)
+
+    run = verbs.add_parser("run", help="run a test-db list for this machine and summarise per suite")
+    run.add_argument("name", help="list name, e.g. l0_cpu")
+    _machine_options(run)
+    run.add_argument("--results", type=Path, help="folder for JUnit XML (default: <project root>/results)")
+    run.epilog = "Arguments after -- go to every pytest run, e.g. harness run l0_cpu -- -x"
+    run.set_defaults(func=cmd_run)
+
+    testdb = verbs.add_parser("testdb", help="inspect test-db lists").add_subparsers(dest="action", required=True)
+    render = testdb.add_parser("render", help="print the tests a list selects for a machine")
+    render.add_argument("name")
+    _machine_options(render)
+    render.set_defaults(func=cmd_render)
+    lists = testdb.add_parser("lists", help="print the list names and their files")
+    lists.add_argument("--test-db", type=Path)
+    lists.set_defaults(func=cmd_lists)
+    check = testdb.add_parser("check", help="fail when a list names a missing test or a test is in no list")
+    check.add_argument("--test-db", type=Path)
+    check.set_defaults(func=cmd_check)
+
+    bench = verbs.add_parser("bench", help="run a benchmark from harness.bench")
+    bench.add_argument("name")
+    bench.add_argument("bench_args", nargs=argparse.REMAINDER)
+    bench.set_defaults(func=cmd_bench)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    # Split by hand: argparse cannot take option-like strings as a trailing positional list.
+    pytest_args: list[str] = []
+    if argv[:1] == ["run"] and "--" in argv:
+        cut = argv.index("--")
+        argv, pytest_args = argv[:cut], argv[cut + 1:]
+    args = build_parser().parse_args(argv)
+    args.pytest_args = pytest_args
+    try:
+        return args.func(args)
+    except TestDbError as err:
+        print(f"harness: {err}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

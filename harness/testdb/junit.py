@@ -1,0 +1,77 @@
+"""Per-suite results from pytest's JUnit XML: counting, merging files, and the summary table."""
+
+from __future__ import annotations
+
+import xml.etree.ElementTree as ET
+from dataclasses import dataclass
+from pathlib import Path
+
+TOTAL = "total"
+
+
+@dataclass(frozen=True)
+class SuiteResult:
+    suite: str
+    passed: int = 0
+    failed: int = 0
+    skipped: int = 0
+    seconds: float = 0.0
+
+    def __add__(self, other: SuiteResult) -> SuiteResult:
+        return SuiteResult(self.suite, self.passed + other.passed, self.failed + other.failed,
+                           self.skipped + other.skipped, self.seconds + other.seconds)
+
+
+def suite_of(test_path: str) -> str:
+    """The suite a test belongs to: the folder under suites/ (else the first folder of its path)."""
+    parts = [p for p in test_path.replace("\\", "/").split("/") if p and p != "."]
+    if len(parts) > 1 and parts[0] == "suites":
+        return parts[1]
+    return parts[0] if parts else "?"
+
+
+def _testcase_path(case: ET.Element) -> str:
+    # pytest writes classname "suites.ops.test_x[.Class]"; a collection error has no classname and
+    # carries the module in name instead.
+    dotted = case.get("classname") or case.get("name", "")
+    return dotted.replace(".", "/")
+
+
+def results_by_suite(junit_files: list[Path]) -> dict[str, SuiteResult]:
+    results: dict[str, SuiteResult] = {}
+    for path in junit_files:
+        for case in ET.parse(path).getroot().iter("testcase"):
+            outcome = {child.tag for child in case}
+            one = SuiteResult(
+                suite_of(_testcase_path(case)),
+                failed=int(bool(outcome & {"failure", "error"})),
+                skipped=int("skipped" in outcome and not outcome & {"failure", "error"}),
+                seconds=float(case.get("time") or 0.0),
+            )
+            if not (one.failed or one.skipped):
+                one = SuiteResult(one.suite, passed=1, seconds=one.seconds)
+            results[one.suite] = results.get(one.suite, SuiteResult(one.suite)) + one
+    return results
+
+
+def merge(junit_files: list[Path], target: Path) -> Path:
+    """Concatenate the <testsuite> elements of several JUnit files into one <testsuites> file."""
+    merged = ET.Element("testsuites")
+    for path in junit_files:
+        root = ET.parse(path).getroot()
+        merged.extend(root.iter("testsuite") if root.tag == "testsuites" else [root])
+    ET.ElementTree(merged).write(target, encoding="utf-8", xml_declaration=True)
+    return target
+
+
+def format_table(results: dict[str, SuiteResult]) -> str:
+    rows = [results[name] for name in sorted(results)]
+    total = SuiteResult(TOTAL)
+    for row in rows:
+        total = total + row
+    width = max([len(TOTAL), *(len(r.suite) for r in rows)])
+    lines = [f"{'suite':<{width}}  {'passed':>6}  {'failed':>6}  {'skipped':>7}  {'seconds':>8}"]
+    for row in [*rows, total]:
+        lines.append(f"{row.suite:<{width}}  {row.passed:>6}  {row.failed:>6}  {row.skipped:>7}  {row.seconds:>8.1f}")
+    lines.insert(len(lines) - 1, "-" * len(lines[0]))
+    return "\n".join(lines)
