@@ -1,0 +1,182 @@
+"""ReferenceLlama: a Llama decoder whose attention runs through the harness's paged-attention op.
+
+Tokens of all sequences in a batch are flattened into one row per token ([num_tokens, hidden]);
+the attention metadata says which sequence, position and KV slot each row belongs to. Every shape in
+`forward` comes from the metadata's host counts (num_tokens, num_seqs), never from a device value, so a
+forward can be captured into a graph for one padded shape and replayed for any batch of that shape.
+
+Numerics mirror transformers' Llama so it serves as an independent oracle: weights and activations in
+the model dtype (bf16), RMSNorm and softmax in fp32, RoPE applied in the model dtype. The returned
+logits are the lm_head output in the model dtype, cast to fp32 ([num_seqs, vocab], float32).
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from transformers import LlamaConfig
+
+from harness.model.rope import RotaryTable, apply_rotary
+from harness.ops.attention import paged_attention
+from harness.ops.kv_cache import PagedKVCache
+from harness.ops.metadata import AttentionMetadata
+from harness.ops.workspace import Workspace
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, size: int, eps: float) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(size))
+        self.eps = eps
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x32 = x.float()
+        x32 = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)
+        return self.weight * x32.to(x.dtype)
+
+
+class Attention(nn.Module):
+    def __init__(self, config: LlamaConfig) -> None:
+        super().__init__()
+        self.num_heads = config.num_attention_heads
+        self.num_kv_heads = config.num_key_value_heads
+        self.head_dim = getattr(config, "head_dim", None) or config.hidden_size // self.num_heads
+        self.scale = self.head_dim ** -0.5
+        bias = bool(getattr(config, "attention_bias", False))
+        self.q_proj = nn.Linear(config.hidden_size, self.num_heads * self.head_dim, bias=bias)
+        self.k_proj = nn.Linear(config.hidden_size, self.num_kv_heads * self.head_dim, bias=bias)
+        self.v_proj = nn.Linear(config.hidden_size, self.num_kv_heads * self.head_dim, bias=bias)
+        self.o_proj = nn.Linear(self.num_heads * self.head_dim, config.hidden_size, bias=bias)
+
+    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, kv_layer: torch.Tensor,
+                metadata: AttentionMetadata, workspace: Workspace) -> torch.Tensor:
+        tokens = x.shape[0]
+        q = apply_rotary(self.q_proj(x).view(tokens, self.num_heads, self.head_dim), cos, sin)
+        k = apply_rotary(self.k_proj(x).view(tokens, self.num_kv_heads, self.head_dim), cos, sin)
+        v = self.v_proj(x).view(tokens, self.num_kv_heads, self.head_dim)
+        out = torch.empty_like(q)
+        paged_attention(q, k, v, kv_layer, metadata, self.scale, out, workspace=workspace)
+        return self.o_proj(out.view(tokens, self.num_heads * self.head_dim))
+
+
+class MLP(nn.Module):
+    def __init__(self, config: LlamaConfig) -> None:
+        super().__init__()
+        if config.hidden_act != "silu":
+            raise ValueError(f"hidden_act {config.hidden_act!r} is not supported; ReferenceLlama implements 'silu'")
+        bias = bool(getattr(config, "mlp_bias", False))
+        self.gate_proj = nn.Linear(config.hidden_size, config.intermediate_size, bias=bias)
+        self.up_proj = nn.Linear(config.hidden_size, config.intermediate_size, bias=bias)
+        self.down_proj = nn.Linear(config.intermediate_size, config.hidden_size, bias=bias)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+
+
+class DecoderLayer(nn.Module):
+    def __init__(self, config: LlamaConfig) -> None:
+        super().__init__()
+        self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.self_attn = Attention(config)
+        self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.mlp = MLP(config)
+
+    def forward(self, x, cos, sin, kv_layer, metadata, workspace):
+        x = x + self.self_attn(self.input_layernorm(x), cos, sin, kv_layer, metadata, workspace)
+        return x + self.mlp(self.post_attention_layernorm(x))
+
+
+class ReferenceLlama(nn.Module):
+    """Llama decoder on paged attention. Build it with `from_hf`; call it with
+    `forward(input_ids, metadata, kv_cache)` where `input_ids` holds at least `metadata.num_tokens`
+    token ids (padded tail rows included)."""
+
+    def __init__(self, config: LlamaConfig, dtype: torch.dtype = torch.bfloat16) -> None:
+        super().__init__()
+        self.config = config
+        self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
+        self.layers = nn.ModuleList(DecoderLayer(config) for _ in range(config.num_hidden_layers))
+        self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
+        if config.tie_word_embeddings:
+            self.lm_head.weight = self.embed_tokens.weight
+        self.rotary = RotaryTable(config, dtype)
+        self.to(dtype)
+        # Scratch shared by every attention layer. It regrows when a larger batch comes: the hazard
+        # that two-pass capture exists for, so it is state the graph machinery has to see.
+        self.workspace = Workspace(dtype, self.embed_tokens.weight.device)
+
+    # Shape facts the engine sizes the KV cache and its limits from.
+    @property
+    def num_layers(self) -> int:
+        return self.config.num_hidden_layers
+
+    @property
+    def num_kv_heads(self) -> int:
+        return self.config.num_key_value_heads
+
+    @property
+    def head_dim(self) -> int:
+        return self.layers[0].self_attn.head_dim
+
+    @property
+    def vocab_size(self) -> int:
+        return self.config.vocab_size
+
+    @property
+    def max_positions(self) -> int:
+        return self.config.max_position_embeddings
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.embed_tokens.weight.dtype
+
+    @property
+    def device(self) -> torch.device:
+        return self.embed_tokens.weight.device
+
+    @classmethod
+    def from_hf(cls, hf_model) -> ReferenceLlama:
+        """Copy the weights of a transformers `LlamaForCausalLM` (same device and dtype as it)."""
+        config = hf_model.config
+        weight = hf_model.lm_head.weight
+        # nn.Linear initialises itself from the global RNG before the weights are overwritten;
+        # fork it so loading a model leaves the caller's random state as it was.
+        cuda = [weight.device] if weight.device.type == "cuda" else []
+        with torch.random.fork_rng(devices=cuda), torch.device(weight.device):
+            model = cls(config, dtype=weight.dtype)
+        state = {name.removeprefix("model."): tensor for name, tensor in hf_model.state_dict().items()}
+        missing, unexpected = model.load_state_dict(state, strict=False)
+        missing = [m for m in missing if not m.startswith("rotary.")]
+        if config.tie_word_embeddings:
+            missing = [m for m in missing if m != "lm_head.weight"]
+        unexpected = [u for u in unexpected if not u.startswith("rotary_emb.")]
+        if missing or unexpected:
+            raise ValueError(f"weights of {type(hf_model).__name__} do not fit ReferenceLlama: "
+                             f"missing {missing}, unexpected {unexpected}")
+        return model.eval()
+
+    def _apply(self, fn, *args, **kwargs):
+        # .to(device) moves parameters and buffers; the workspace is neither, so follow along.
+        result = super()._apply(fn, *args, **kwargs)
+        weight = self.embed_tokens.weight
+        workspace = getattr(self, "workspace", None)  # absent while __init__ runs
+        if workspace is not None and (workspace.tensor.device, workspace.dtype) != (weight.device, weight.dtype):
+            self.workspace = Workspace(weight.dtype, weight.device)
+        return result
+
+    @torch.no_grad()
+    def forward(self, input_ids: torch.Tensor, metadata: AttentionMetadata, kv_cache: PagedKVCache) -> torch.Tensor:
+        """Logits [metadata.num_seqs, vocab] (float32) of each sequence's last token in the batch."""
+        num_tokens, num_seqs = metadata.num_tokens, metadata.num_seqs
+        if input_ids.shape[0] < num_tokens:
+            raise ValueError(f"input_ids holds {input_ids.shape[0]} tokens, "
+                             f"the metadata describes {num_tokens}")
+        positions = metadata.positions[:num_tokens]
+        cos, sin = self.rotary(positions)
+        x = self.embed_tokens(input_ids[:num_tokens])
+        for i, layer in enumerate(self.layers):
+            x = layer(x, cos, sin, kv_cache.layer(i), metadata, self.workspace)
+        last = x.index_select(0, metadata.logits_indices[:num_seqs])
+        return self.lm_head(self.norm(last)).float()

@@ -1,0 +1,10 @@
+"""The reference runtime: an engine on the reference model, and (later) its graph machinery."""
+
+from harness.records import Generation, Request, Step
+from harness.runtime.config import EngineConfig
+from harness.runtime.engine import Engine
+from harness.runtime.stats import BatchRecord, EngineStats
+from harness.runtime.validation import BadRequestError
+
+__all__ = ["BadRequestError", "BatchRecord", "Engine", "EngineConfig", "EngineStats", "Generation",
+           "Request", "Step"]

@@ -1,0 +1,79 @@
+"""EngineConfig: the engine's sizes and switches, frozen so a run can be saved and replayed."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, fields
+from typing import Any
+
+import torch
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    """How the engine sizes its batches and KV cache.
+
+    - `max_batch_size`, `max_num_tokens`: the largest batch, in sequences and in token rows; the
+      attention metadata is preallocated for it.
+    - `block_size`, `num_blocks`: the paged KV cache. `num_blocks=None` gives every one of
+      `max_batch_size` sequences room for `max_model_len` tokens.
+    - `max_model_len`: the longest prompt + completion; None takes the model's position limit.
+    - `device`, `dtype`: where and in what the KV cache lives. The engine runs where the model is and
+      stores K/V as the model computes them, so these must match the model's; None takes them.
+
+    Graph options (read by the graph machinery, ignored in eager mode):
+    - `decode_graph_sizes`: batch sizes to capture decode graphs for (empty: no decode graphs).
+    - `piecewise_buckets`: token counts to capture piecewise prefill graphs for (empty: none).
+    - `single_pass_capture`: opt in to single-pass decode capture (default two passes).
+    """
+
+    max_batch_size: int = 8
+    max_num_tokens: int = 512
+    block_size: int = 16
+    num_blocks: int | None = None
+    max_model_len: int | None = None
+    device: str | None = None
+    dtype: torch.dtype | None = None
+    decode_graph_sizes: tuple[int, ...] = ()
+    piecewise_buckets: tuple[int, ...] = ()
+    single_pass_capture: bool = False
+
+    def __post_init__(self) -> None:
+        for name in ("max_batch_size", "max_num_tokens", "block_size"):
+            _require_positive(name, getattr(self, name))
+        for name in ("num_blocks", "max_model_len"):
+            if getattr(self, name) is not None:
+                _require_positive(name, getattr(self, name))
+        if isinstance(self.dtype, str):
+            object.__setattr__(self, "dtype", _dtype_from_name(self.dtype))
+        if self.device is not None:
+            object.__setattr__(self, "device", str(torch.device(self.device)))
+        for name in ("decode_graph_sizes", "piecewise_buckets"):
+            object.__setattr__(self, name, tuple(int(v) for v in getattr(self, name)))
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain JSON-able values (dtype by name), for reproduction files."""
+        data = {f.name: getattr(self, f.name) for f in fields(self)}
+        data["dtype"] = None if self.dtype is None else str(self.dtype).removeprefix("torch.")
+        data["decode_graph_sizes"] = list(self.decode_graph_sizes)
+        data["piecewise_buckets"] = list(self.piecewise_buckets)
+        return data
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> EngineConfig:
+        known = {f.name for f in fields(cls)}
+        unknown = sorted(set(data) - known)
+        if unknown:
+            raise ValueError(f"unknown EngineConfig fields {unknown}; known are {sorted(known)}")
+        return cls(**data)
+
+
+def _require_positive(name: str, value: Any) -> None:
+    if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+        raise ValueError(f"EngineConfig.{name} must be an integer >= 1, got {value!r}")
+
+
+def _dtype_from_name(name: str) -> torch.dtype:
+    dtype = getattr(torch, name.removeprefix("torch."), None)
+    if not isinstance(dtype, torch.dtype):
+        raise ValueError(f"EngineConfig.dtype {name!r} is not a torch dtype name (e.g. 'bfloat16')")
+    return dtype

@@ -1,0 +1,37 @@
+"""Greedy choice and top-k logprobs from one step's logits.
+
+Greedy is the argmax of the logits; among equal logits the lowest token id wins. The top-k list is
+ordered by logit, best first, with the same tie rule (a stable descending sort keeps equal logits in
+ascending id order), so `top[0]` is always the chosen token. Logprobs are log_softmax in fp32.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass(frozen=True)
+class SampledRow:
+    token: int
+    logprob: float
+    top: tuple[tuple[int, float], ...]
+    logit_scale: float
+
+
+def greedy_with_logprobs(logits: torch.Tensor, ks: list[int]) -> list[SampledRow]:
+    """One row per sequence: logits [num_seqs, vocab]; `ks[i]` top pairs are kept for row i."""
+    if logits.shape[0] != len(ks):
+        raise ValueError(f"{logits.shape[0]} logit rows for {len(ks)} sequences")
+    logits = logits.float()
+    width = max(1, *ks) if ks else 1
+    order = torch.sort(logits, dim=-1, descending=True, stable=True).indices[:, :width]
+    logprobs = torch.log_softmax(logits, dim=-1).gather(1, order)
+    scales = logits.abs().amax(dim=-1)
+    # One transfer per tensor for the whole batch.
+    order_h, logprobs_h, scales_h = order.tolist(), logprobs.tolist(), scales.tolist()
+    return [
+        SampledRow(token=ids[0], logprob=lps[0], top=tuple(zip(ids[:k], lps[:k])), logit_scale=scale)
+        for ids, lps, scale, k in zip(order_h, logprobs_h, scales_h, ks)
+    ]

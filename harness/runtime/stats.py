@@ -1,0 +1,77 @@
+"""What the engine did: eager steps, graph captures and replays per key, fallbacks and their reasons.
+
+`StatsRecorder` is the engine's mutable counter; `engine.stats` hands out an `EngineStats` snapshot
+(frozen, plain values), so a test holding one sees exactly the moment it asked.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass, field
+from types import MappingProxyType
+from typing import Mapping
+
+
+@dataclass(frozen=True)
+class BatchRecord:
+    """One engine step: its kind ("prefill", "decode" or "mixed"), real sequences and token rows,
+    who produced it ("eager" or a graph key), and the KV blocks free once its finished requests
+    released theirs."""
+
+    kind: str
+    num_seqs: int
+    num_tokens: int
+    producer: str
+    free_blocks: int
+
+
+@dataclass(frozen=True)
+class EngineStats:
+    eager_steps: int = 0
+    graph_steps: int = 0
+    captures: Mapping[str, int] = field(default_factory=dict)
+    replays: Mapping[str, int] = field(default_factory=dict)
+    capture_passes: Mapping[str, int] = field(default_factory=dict)
+    fallbacks: Mapping[str, int] = field(default_factory=dict)
+    batches: tuple[BatchRecord, ...] = ()
+
+    @property
+    def steps(self) -> int:
+        return self.eager_steps + self.graph_steps
+
+    def decode_batch_sizes(self) -> list[int]:
+        return [b.num_seqs for b in self.batches if b.kind == "decode"]
+
+
+class StatsRecorder:
+    """Counters the engine (and later the graph machinery) bumps; `snapshot()` freezes them."""
+
+    def __init__(self) -> None:
+        self.eager_steps = 0
+        self.graph_steps = 0
+        self.captures: Counter[str] = Counter()
+        self.replays: Counter[str] = Counter()
+        self.capture_passes: Counter[str] = Counter()  # per phase, e.g. "estimate", "serve"
+        self.fallbacks: Counter[str] = Counter()  # per reason, e.g. "no decode graph for batch 9"
+        self.batches: list[BatchRecord] = []
+
+    def record_batch(self, record: BatchRecord) -> None:
+        self.batches.append(record)
+        if record.producer == "eager":
+            self.eager_steps += 1
+        else:
+            self.graph_steps += 1
+
+    def snapshot(self) -> EngineStats:
+        def frozen(counter: Counter[str]) -> Mapping[str, int]:
+            return MappingProxyType(dict(counter))
+
+        return EngineStats(
+            eager_steps=self.eager_steps,
+            graph_steps=self.graph_steps,
+            captures=frozen(self.captures),
+            replays=frozen(self.replays),
+            capture_passes=frozen(self.capture_passes),
+            fallbacks=frozen(self.fallbacks),
+            batches=tuple(self.batches),
+        )
