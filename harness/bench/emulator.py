@@ -1,0 +1,161 @@
+"""`harness bench emulator`: emulated graph replay against eager for a 4-layer tiny decode step on
+CPU. Target (DESIGN.md): replay no slower than eager, ratio replay/eager <= 1.0.
+
+Two steps are timed: a hand-written Llama-shaped step over a static KV cache, and transformers'
+LlamaForCausalLM (seeded random weights, no download) with a StaticCache. Each ratio comes from one
+run: the median of many timed iterations after warmup.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+import warnings
+from dataclasses import dataclass
+from typing import Callable
+
+import torch
+
+from harness.bench._report import append_section, machine_line
+from harness.bench._tiny_decoder import TinyDecoder, TinyDecoderConfig
+from harness.graphs import get_backend
+
+TARGET = 1.0
+
+
+@dataclass(frozen=True)
+class Timing:
+    case: str
+    eager_ms: float
+    replay_ms: float
+    ops: int
+
+    @property
+    def ratio(self) -> float:
+        return self.replay_ms / self.eager_ms
+
+
+def median_ms(*fns: Callable[[], object], iters: int, warmup: int) -> list[float]:
+    """Median milliseconds of each function. They take turns within every iteration, so load from
+    other processes on a shared machine falls on all of them alike."""
+    for _ in range(warmup):
+        for fn in fns:
+            fn()
+    samples: list[list[float]] = [[] for _ in fns]
+    for _ in range(iters):
+        for fn, times in zip(fns, samples):
+            start = time.perf_counter()
+            fn()
+            times.append(time.perf_counter() - start)
+    return [statistics.median(times) * 1e3 for times in samples]
+
+
+def _hand_written(batch: int) -> tuple[Callable, Callable]:
+    """(eager step, capture fn) on two decoders with the same weights and inputs."""
+    config = TinyDecoderConfig(batch=batch)
+    eager, graphed = TinyDecoder(config, seed=0), TinyDecoder(config, seed=0)
+    for decoder in (eager, graphed):
+        decoder.tokens.copy_(torch.arange(batch) * 7 % config.vocab)
+        decoder.positions.copy_(torch.arange(batch) % config.max_seq)
+    return eager.step, graphed.step
+
+
+def _transformers_llama(batch: int) -> tuple[Callable, Callable]:
+    from transformers import LlamaConfig, LlamaForCausalLM, StaticCache
+
+    config = LlamaConfig(hidden_size=64, num_hidden_layers=4, num_attention_heads=4,
+                         num_key_value_heads=2, intermediate_size=128, vocab_size=512,
+                         max_position_embeddings=128)
+    torch.manual_seed(0)
+    model = LlamaForCausalLM(config).to(torch.bfloat16).eval()
+
+    def step_on(cache: StaticCache) -> Callable[[], torch.Tensor]:
+        tokens = (torch.arange(batch) * 7 % config.vocab_size)[:, None]
+        positions = torch.full((batch, 1), 3)
+        cache_position = torch.tensor([3])
+        kwargs = dict(input_ids=tokens, position_ids=positions, cache_position=cache_position,
+                      past_key_values=cache, use_cache=True)
+        with torch.inference_mode(), warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            model(**kwargs)  # StaticCache allocates its layers on first use, outside the graph
+            for layer in cache.layers:
+                layer.keys.zero_()
+                layer.values.zero_()
+
+        def step() -> torch.Tensor:
+            # The cache counts its own length on device; holding it fixed keeps every timed step
+            # at the same position instead of running off the end of the cache.
+            for layer in cache.layers:
+                layer.cumulative_length.fill_(3)
+            return model(**kwargs).logits
+
+        return step
+
+    return (step_on(StaticCache(config=config, max_cache_len=64)),
+            step_on(StaticCache(config=config, max_cache_len=64)))
+
+
+CASES: dict[str, Callable[[int], tuple[Callable, Callable]]] = {
+    "hand-written decode step": _hand_written,
+    "transformers Llama decode step": _transformers_llama,
+}
+
+
+def measure(case: str, *, batch: int, iters: int, warmup: int) -> Timing:
+    eager_step, capture_fn = CASES[case](batch)
+    with torch.inference_mode(), warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        graph = get_backend("emulated").capture(capture_fn)
+        graph.replay()
+        expected = eager_step()
+        if not torch.equal(graph.output, expected):
+            raise RuntimeError(f"{case}: replay disagrees with eager by up to "
+                               f"{(graph.output.float() - expected.float()).abs().max().item()}")
+        eager_ms, replay_ms = median_ms(eager_step, graph.replay, iters=iters, warmup=warmup)
+    return Timing(case, eager_ms, replay_ms, graph.num_ops)
+
+
+def render(timings: list[Timing], *, batch: int, iters: int) -> str:
+    lines = [f"Emulated replay vs eager, 4 layers, batch {batch}, bf16, median of {iters} iterations "
+             f"(target ratio <= {TARGET:.2f})", "",
+             "| case | eager ms | replay ms | replay/eager | replayed ops |",
+             "|---|---:|---:|---:|---:|"]
+    lines += [f"| {t.case} | {t.eager_ms:.3f} | {t.replay_ms:.3f} | {t.ratio:.2f}x | {t.ops} |"
+              for t in timings]
+    return "\n".join(lines)
+
+
+def main(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(prog="harness bench emulator", description=__doc__.splitlines()[0])
+    parser.add_argument("--iters", type=int, default=300, help="timed iterations (default 300)")
+    parser.add_argument("--warmup", type=int, default=30, help="untimed iterations first (default 30)")
+    parser.add_argument("--batch", type=int, default=4, help="decode batch size (default 4)")
+    parser.add_argument("--threads", type=int, default=1,
+                        help="torch intra-op threads (default 1: these steps are per-op overhead, "
+                             "and more threads only add OpenMP noise on a shared machine)")
+    parser.add_argument("--case", choices=sorted(CASES), action="append",
+                        help="run only this case (repeatable; default all)")
+    parser.add_argument("--output", default="docs/benchmarks.md", help="file the table is appended to")
+    parser.add_argument("--no-write", action="store_true", help="print only; do not append to --output")
+    parser.add_argument("--check", action="store_true",
+                        help=f"exit 1 when a ratio is above the target {TARGET:.2f}")
+    args = parser.parse_args(argv)
+    for name in ("iters", "batch", "threads"):
+        if getattr(args, name) < 1:
+            parser.error(f"--{name} must be at least 1, got {getattr(args, name)}")
+    if args.warmup < 0:
+        parser.error(f"--warmup must be at least 0, got {args.warmup}")
+
+    torch.set_num_threads(args.threads)
+    timings = [measure(case, batch=args.batch, iters=args.iters, warmup=args.warmup)
+               for case in (args.case or list(CASES))]
+    table = render(timings, batch=args.batch, iters=args.iters)
+    missed = [t.case for t in timings if t.ratio > TARGET]
+    print(table)
+    print(machine_line())
+    print(f"target ratio <= {TARGET:.2f}: " + (f"missed by {', '.join(missed)}" if missed else "met"))
+    if not args.no_write:
+        append_section(args.output, "harness bench emulator", table)
+        print(f"appended to {args.output}")
+    return 1 if args.check and missed else 0

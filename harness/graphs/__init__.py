@@ -1,0 +1,29 @@
+"""Graph backends behind one contract (DESIGN.md, "The graph backend contract"): real CUDA graphs
+and an emulator with the same semantics on CPU. Imports only torch."""
+
+from __future__ import annotations
+
+import torch
+
+from harness.graphs.base import CaptureError, CapturedGraph, GraphBackend
+
+BACKENDS = ("auto", "cuda", "emulated")
+
+
+def get_backend(name: str = "auto", device: torch.device | str | None = None) -> GraphBackend:
+    """"cuda" (real CUDA graphs), "emulated" (CPU by default; `device` may name another), or
+    "auto": cuda when available, else emulated."""
+    if name not in BACKENDS:
+        raise ValueError(f"unknown graph backend {name!r}; expected one of {', '.join(BACKENDS)}")
+    if name == "auto":
+        name = "cuda" if torch.cuda.is_available() else "emulated"
+    if name == "cuda":
+        from harness.graphs.cuda import CudaBackend
+
+        return CudaBackend(device)
+    from harness.graphs.emulated import EmulatedBackend
+
+    return EmulatedBackend(device)
+
+
+__all__ = ["BACKENDS", "CaptureError", "CapturedGraph", "GraphBackend", "get_backend"]

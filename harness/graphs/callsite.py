@@ -1,0 +1,40 @@
+"""Where in the caller's code a capture went wrong, so an error points at the offending line."""
+
+from __future__ import annotations
+
+import linecache
+import os
+import sys
+import traceback
+from types import FrameType, TracebackType
+
+import torch
+
+_SKIPPED = (os.path.dirname(torch.__file__), os.path.dirname(__file__))
+
+
+def _is_user_file(filename: str) -> bool:
+    return not filename.startswith(_SKIPPED) and not filename.startswith("<frozen")
+
+
+def _describe(filename: str, lineno: int) -> str:
+    source = linecache.getline(filename, lineno).strip()
+    where = f"{os.path.relpath(filename) if filename.startswith(os.getcwd()) else filename}:{lineno}"
+    return f"{where}: {source}" if source else where
+
+
+def current_callsite() -> str:
+    """The innermost caller frame outside torch and this package, as `file:line: source`."""
+    frame: FrameType | None = sys._getframe(1)
+    while frame is not None and not _is_user_file(frame.f_code.co_filename):
+        frame = frame.f_back
+    return "" if frame is None else _describe(frame.f_code.co_filename, frame.f_lineno)
+
+
+def traceback_callsite(tb: TracebackType | None) -> str:
+    """The innermost frame of a traceback outside torch and this package."""
+    found = ""
+    for summary in traceback.extract_tb(tb):
+        if _is_user_file(summary.filename):
+            found = _describe(summary.filename, summary.lineno or 0)
+    return found

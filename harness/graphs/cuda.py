@@ -1,0 +1,97 @@
+"""Real CUDA graphs: `torch.cuda.CUDAGraph` captured on a side stream, with torch's errors during
+capture re-raised as `CaptureError`. Importing this module needs no CUDA."""
+
+from __future__ import annotations
+
+import re
+from typing import Any, Callable
+
+import torch
+
+from harness.graphs.base import CaptureError, CapturedGraph, GraphBackend
+from harness.graphs.callsite import traceback_callsite
+
+_ATEN_NAME = re.compile(r"\baten::\w+(?:\.\w+)?")
+
+
+class CudaGraph(CapturedGraph):
+    def __init__(self, graph: "torch.cuda.CUDAGraph", output: Any, pool: Any) -> None:
+        self.output = output
+        self.pool = pool
+        self._graph: "torch.cuda.CUDAGraph | None" = graph
+
+    def replay(self) -> None:
+        if self._graph is None:
+            raise CaptureError("replay() after reset(): this graph's recording was released",
+                               op="replay")
+        self._graph.replay()
+
+    def reset(self) -> None:
+        if self._graph is not None:
+            self._graph.reset()
+            self._graph = None
+
+
+class CudaBackend(GraphBackend):
+    name = "cuda"
+
+    def __init__(self, device: torch.device | str | None = None) -> None:
+        if not torch.cuda.is_available():
+            raise RuntimeError("the cuda graph backend needs CUDA, and torch.cuda.is_available() "
+                               "is False; use get_backend('emulated') instead")
+        self.device = torch.device("cuda", torch.cuda.current_device()) if device is None \
+            else torch.device(device)
+        if self.device.type != "cuda":
+            raise ValueError(f"the cuda graph backend captures on a cuda device, got {self.device}")
+        self._stream: "torch.cuda.Stream | None" = None
+
+    def graph_pool_handle(self) -> Any:
+        return torch.cuda.graph_pool_handle()
+
+    def is_capturing(self) -> bool:
+        return torch.cuda.is_current_stream_capturing()
+
+    def synchronize(self) -> None:
+        torch.cuda.synchronize(self.device)
+
+    def capture(self, fn: Callable[[], Any], *, pool: Any = None) -> CudaGraph:
+        if self.is_capturing():
+            raise CaptureError("capture() inside a capture: graphs cannot be captured while "
+                               "another capture is in progress", op="capture")
+        if self._stream is None:
+            self._stream = torch.cuda.Stream(self.device)
+        graph = torch.cuda.CUDAGraph()
+        caller_stream = torch.cuda.current_stream(self.device)
+        try:
+            with torch.cuda.device(self.device), torch.cuda.graph(graph, pool=pool,
+                                                                  stream=self._stream):
+                output = fn()
+        except Exception as error:
+            mapped = _as_capture_error(error)
+            if mapped is error:
+                raise
+            raise mapped from error
+        finally:
+            # torch.cuda.graph leaves its side stream current when the capture's end raises.
+            torch.cuda.set_stream(caller_stream)
+        return CudaGraph(graph, output, graph.pool() if pool is None else pool)
+
+
+def _as_capture_error(error: BaseException) -> BaseException:
+    """The first error of a failed capture, as a CaptureError. When a sync breaks a capture, the
+    capture's end raises a second error that hides the first; the first names the cause."""
+    first = error
+    while first.__context__ is not None and isinstance(first.__context__, Exception):
+        first = first.__context__
+    if isinstance(first, CaptureError):
+        return first
+    if not isinstance(first, RuntimeError):  # includes torch.AcceleratorError
+        return error
+    message = str(first).strip()
+    match = _ATEN_NAME.search(message)
+    where = traceback_callsite(first.__traceback__)
+    headline = message.splitlines()[0] if message else type(first).__name__
+    return CaptureError(
+        f"{type(first).__name__} during CUDA graph capture: {headline}"
+        f"{f' (at {where})' if where else ''}",
+        op=match.group(0) if match else None)

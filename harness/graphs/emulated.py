@@ -1,0 +1,78 @@
+"""CUDA-graph semantics without CUDA: capture records aten ops (recorder.py) into a pool arena
+(pool.py); replay re-runs the recording, allocation-free, against the captured storages."""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+import torch
+from torch.utils._python_dispatch import _get_current_dispatch_mode_stack
+
+from harness.graphs.base import CaptureError, CapturedGraph, GraphBackend
+from harness.graphs.host_guard import host_reads_raise
+from harness.graphs.opinfo import ReplayStep
+from harness.graphs.pool import PoolArena
+from harness.graphs.recorder import Recorder
+
+
+class EmulatedGraph(CapturedGraph):
+    def __init__(self, output: Any, pool: PoolArena, steps: list[ReplayStep],
+                 inference_mode: bool) -> None:
+        self.output = output
+        self.pool = pool
+        self._steps: list[ReplayStep] | None = steps
+        self._inference_mode = inference_mode
+
+    @property
+    def num_ops(self) -> int:
+        """How many recorded calls a replay makes (views and `empty` need none)."""
+        return len(self._steps or ())
+
+    def replay(self) -> None:
+        steps = self._steps
+        if steps is None:
+            raise CaptureError("replay() after reset(): this graph's recording was released",
+                               op="replay")
+        # Autograd never sees a graph's work (as on CUDA); inference mode is kept as captured
+        # because capture-time outputs are inference tensors exactly when it was on.
+        with torch.inference_mode(self._inference_mode), torch._C._AutoDispatchBelowADInplaceOrView():
+            for fn, args, kwargs in steps:
+                fn(*args, **kwargs)
+
+    def reset(self) -> None:
+        self._steps = None
+
+
+class EmulatedBackend(GraphBackend):
+    name = "emulated"
+
+    def __init__(self, device: torch.device | str | None = None) -> None:
+        device = torch.device("cpu" if device is None else device)
+        if device.type == "cuda" and device.index is None:
+            device = torch.device("cuda", torch.cuda.current_device())
+        self.device = device
+
+    def graph_pool_handle(self) -> PoolArena:
+        return PoolArena(self.device)
+
+    def is_capturing(self) -> bool:
+        return any(isinstance(mode, Recorder) for mode in _get_current_dispatch_mode_stack())
+
+    def synchronize(self) -> None:
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+
+    def capture(self, fn: Callable[[], Any], *, pool: PoolArena | None = None) -> EmulatedGraph:
+        if self.is_capturing():
+            raise CaptureError("capture() inside a capture: graphs cannot be captured while "
+                               "another capture is in progress", op="capture")
+        if pool is not None and not isinstance(pool, PoolArena):
+            raise TypeError(f"pool must be a handle from graph_pool_handle() or a graph's .pool "
+                            f"of the emulated backend, got {type(pool).__name__}")
+        arena = pool if pool is not None else self.graph_pool_handle()
+        if arena.device != self.device:
+            raise ValueError(f"pool lives on {arena.device} but this backend captures on {self.device}")
+        recorder = Recorder(arena, self.device)
+        with host_reads_raise(self.device), recorder:
+            output = fn()
+        return EmulatedGraph(output, arena, recorder.steps, torch.is_inference_mode_enabled())

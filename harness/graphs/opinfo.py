@@ -1,0 +1,221 @@
+"""What the emulator needs to know about an aten or custom op, read from its schema and tags:
+how it aliases, whether capture may record it, and the allocation-free call that replays it."""
+
+from __future__ import annotations
+
+import enum
+import functools
+from typing import Any, Callable
+
+import torch
+
+aten = torch.ops.aten
+
+# Factory arguments that an `out=` overload takes from its `out` tensor instead.
+_FACTORY_KWARGS = frozenset({"dtype", "layout", "device", "pin_memory", "memory_format"})
+
+# `index.Tensor` is tagged dynamic because of boolean masks; integer indices are capturable.
+_MASKABLE = frozenset({aten.index.Tensor, aten.index_put.default, aten.index_put_.default,
+                       aten._index_put_impl_.default})
+
+# Schemas claim a fresh result, but the kernel returns a view of its input.
+_HIDDEN_VIEWS = frozenset({aten._unsafe_view.default})
+
+
+class OpKind(enum.Enum):
+    VIEW = "view"            # aliases an input: run for real at capture, nothing to replay
+    MUTATING = "mutating"    # in-place or out=: every return aliases a mutated argument
+    FUNCTIONAL = "functional"  # fresh results: allocated from the pool at capture
+    MIXED = "mixed"          # mutates arguments and returns fresh results
+
+
+def op_name(func: Any) -> str:
+    """The name users recognise: `aten.add.Tensor`, `harness.paged_attention.default`."""
+    return str(func)
+
+
+@functools.lru_cache(maxsize=None)
+def op_kind(func: torch._ops.OpOverload) -> OpKind:
+    if func in _HIDDEN_VIEWS:
+        return OpKind.VIEW
+    schema = func._schema
+    returns = schema.returns
+    if any(r.alias_info is not None and not r.alias_info.is_write for r in returns):
+        return OpKind.VIEW
+    mutates = any(a.alias_info is not None and a.alias_info.is_write for a in schema.arguments)
+    if all(r.alias_info is not None for r in returns) and (returns or mutates):
+        return OpKind.MUTATING
+    return OpKind.MIXED if mutates else OpKind.FUNCTIONAL
+
+
+@functools.lru_cache(maxsize=None)
+def is_composite(func: torch._ops.OpOverload) -> bool:
+    """Ops that autograd normally decomposes; under inference mode they reach the recorder whole,
+    and their alias annotation only means "may alias" (`to`, `reshape`), so they are decomposed."""
+    return torch._C._dispatch_has_kernel_for_dispatch_key(func.name(), "CompositeImplicitAutograd")
+
+
+def bind(func: torch._ops.OpOverload, args: tuple, kwargs: dict, *,
+         defaults: bool = True) -> dict[str, Any]:
+    """Argument values by schema name, defaults filled in unless `defaults` is False."""
+    named: dict[str, Any] = {}
+    positional = iter(args)
+    for arg in func._schema.arguments:
+        if not arg.kwarg_only:
+            value = next(positional, _MISSING)
+            if value is not _MISSING:
+                named[arg.name] = value
+                continue
+        if arg.name in kwargs:
+            named[arg.name] = kwargs[arg.name]
+        elif defaults and arg.has_default_value():
+            named[arg.name] = arg.default_value
+    return named
+
+
+_MISSING = object()
+
+
+def aliased_returns(func: torch._ops.OpOverload, args: tuple, kwargs: dict) -> Any:
+    """What an in-place or out= op returns: the very argument objects its returns alias."""
+    schema = func._schema
+    if not schema.returns:
+        return None
+    named = bind(func, args, kwargs)
+    by_set = {frozenset(a.alias_info.before_set): a.name
+              for a in schema.arguments if a.alias_info is not None}
+    values = tuple(named[by_set[frozenset(r.alias_info.before_set)]] for r in schema.returns)
+    return values[0] if len(values) == 1 else values
+
+
+def sync_reason(func: torch._ops.OpOverload, args: tuple, kwargs: dict) -> str | None:
+    """Why a graph cannot record this op (a host sync or a data-dependent shape), or None."""
+    tags = func.tags
+    if torch.Tag.data_dependent_output in tags:
+        return "reads device data on the host (a sync)"
+    if func in _MASKABLE:
+        named = bind(func, args, kwargs)
+        indices = named.get("indices") or ()
+        if any(t is not None and t.dtype in (torch.bool, torch.uint8) for t in indices) \
+                and not _is_masked_fill(func, named):
+            return "boolean-mask indexing has a data-dependent shape"
+        return None
+    if torch.Tag.dynamic_output_shape in tags:
+        return "its output shape depends on device data"
+    return None
+
+
+def _is_masked_fill(func: torch._ops.OpOverload, named: dict) -> bool:
+    """`x[mask] = scalar`: index_put turns this into masked_fill_, which never syncs (ATen's
+    canDispatchToMaskedFill: one mask on self's device, a one-element value on the host)."""
+    if func not in (aten.index_put.default, aten.index_put_.default):
+        return False
+    value, self = named["values"], named["self"]
+    masks = [t for t in named["indices"] if t is not None]
+    return (value.numel() == 1 and value.device.type == "cpu" and len(masks) == 1
+            and masks[0].dtype in (torch.bool, torch.uint8) and masks[0].device == self.device)
+
+
+def copy_reason(func: torch._ops.OpOverload, args: tuple, kwargs: dict,
+                device: torch.device) -> str | None:
+    """Why a copy between the host and an accelerator device cannot be captured, or None."""
+    if device.type == "cpu":
+        return None
+    if func is aten._to_copy.default:
+        named = bind(func, args, kwargs)
+        target = named.get("device")
+        source = named["self"]
+        if target is not None and torch.device(target).type != source.device.type:
+            return _copy_problem(source, torch.device(target))
+    elif func is aten.copy_.default:
+        named = bind(func, args, kwargs)
+        if named["self"].device.type != named["src"].device.type:
+            return _copy_problem(named["src"], named["self"].device)
+    return None
+
+
+def _copy_problem(source: torch.Tensor, target: torch.device) -> str | None:
+    if target.type == "cpu":
+        return f"copies {source.device} data to the host (a sync)"
+    if source.device.type == "cpu" and not source.is_pinned():
+        return f"copies from pageable host memory to {target}; only pinned memory is capturable"
+    return None
+
+
+@functools.lru_cache(maxsize=None)
+def out_overload(func: torch._ops.OpOverload) -> torch._ops.OpOverload | None:
+    """The `out=` sibling of a functional op that takes the same arguments, or None."""
+    schema = func._schema
+    if not schema.returns or any(str(r.type) != "Tensor" for r in schema.returns):
+        return None
+    packet = func.overloadpacket
+    for name in packet.overloads():
+        candidate = getattr(packet, name)
+        if _takes_same_arguments(schema, candidate._schema):
+            return candidate
+    return None
+
+
+def _takes_same_arguments(functional: Any, candidate: Any) -> bool:
+    outs = [a for a in candidate.arguments if a.is_out]
+    if len(outs) != len(functional.returns) or any(str(a.type) != "Tensor" for a in outs):
+        return False
+    theirs = {a.name: a for a in candidate.arguments if not a.is_out}
+    ours = {a.name for a in functional.arguments}
+    for arg in functional.arguments:
+        match = theirs.get(arg.name)
+        if match is None and arg.name not in _FACTORY_KWARGS:
+            return False
+        if match is not None and str(match.type) != str(arg.type):
+            return False
+    return all(a.has_default_value() or a.name in ours for a in theirs.values())
+
+
+def out_names(func: torch._ops.OpOverload) -> list[str]:
+    return [a.name for a in func._schema.arguments if a.is_out]
+
+
+ReplayStep = tuple[Callable[..., Any], tuple, dict]
+
+
+def _fill(value_of: Callable[[dict], Any]) -> Callable[[dict, torch.Tensor], ReplayStep]:
+    return lambda named, out: (torch.Tensor.fill_, (out, value_of(named)), {})
+
+
+def _copy_from(name: str) -> Callable[[dict, torch.Tensor], ReplayStep]:
+    return lambda named, out: (torch.Tensor.copy_, (out, named[name]), {})
+
+
+def _zero(named: dict, out: torch.Tensor) -> ReplayStep:
+    return (torch.Tensor.zero_, (out,), {})
+
+
+# Factories and casts replayed as fills and copies into the captured output: no allocation, and
+# faster than their out= overloads. `None` marks work that needs no replay at all.
+_SPECIAL: dict[Any, Callable[[dict, torch.Tensor], ReplayStep] | None] = {
+    aten.empty.memory_format: None,
+    aten.empty_strided.default: None,
+    aten.empty_like.default: None,
+    aten.new_empty.default: None,
+    aten.new_empty_strided.default: None,
+    aten.zeros.default: _zero,
+    aten.zeros_like.default: _zero,
+    aten.new_zeros.default: _zero,
+    aten.ones.default: _fill(lambda n: 1),
+    aten.ones_like.default: _fill(lambda n: 1),
+    aten.new_ones.default: _fill(lambda n: 1),
+    aten.full.default: _fill(lambda n: n["fill_value"]),
+    aten.full_like.default: _fill(lambda n: n["fill_value"]),
+    aten.new_full.default: _fill(lambda n: n["fill_value"]),
+    aten.scalar_tensor.default: _fill(lambda n: n["s"]),
+    aten._to_copy.default: _copy_from("self"),
+    aten.clone.default: _copy_from("self"),
+    aten.lift_fresh_copy.default: _copy_from("self"),
+}
+
+
+def special_replay(func: Any) -> tuple[bool, Callable[[dict, torch.Tensor], ReplayStep] | None]:
+    """(True, maker) when the op has a fill/copy replay (maker None: nothing to replay)."""
+    if func in _SPECIAL:
+        return True, _SPECIAL[func]
+    return False, None

@@ -1,0 +1,141 @@
+"""The emulator's memory pool: an arena of segments cut into best-fit blocks, freed when the last
+tensor on a block dies, the way CUDA's caching allocator treats a graph's private pool.
+
+Each block is handed out as a non-owning storage (`_construct_storage_from_data_pointer`), so a
+`StorageWeakRef` on it sees liveness exactly as the CUDA allocator does: views, `.data` and a held
+storage keep a block alive. The recorder gets a second non-owning storage over the same bytes, so a
+recording never keeps a block alive: a dropped intermediate is reused, within a capture and by later
+graphs captured into the same pool. Separate arenas own separate segments and never share memory.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+from torch.multiprocessing.reductions import StorageWeakRef
+
+# CUDA's allocator rounds every block to 512 bytes; matching it makes reuse decisions comparable.
+BLOCK_ALIGN = 512
+DEFAULT_SEGMENT_BYTES = 1 << 20
+# Attribute set on the Python storage objects the arena hands out. Storage PyObjects are preserved
+# with their StorageImpl, so the attribute follows every view and keeps the segment alive.
+BLOCK_ATTR = "_harness_pool_block"
+
+
+def poison_value(dtype: torch.dtype) -> float | int | bool:
+    """What capture-time pool memory holds until the first replay: NaN for floats, an extreme for
+    ints (the minimum for signed, the maximum for unsigned), True for bool."""
+    if dtype.is_floating_point or dtype.is_complex:
+        return math.nan
+    if dtype == torch.bool:
+        return True
+    info = torch.iinfo(dtype)
+    return info.min if info.min < 0 else info.max
+
+
+def is_poisoned(tensor: torch.Tensor) -> bool:
+    """True when every element still holds the poison value (an empty tensor is not poisoned)."""
+    if tensor.numel() == 0:
+        return False
+    if tensor.dtype.is_floating_point or tensor.dtype.is_complex:
+        return bool(torch.isnan(tensor).all())
+    return bool((tensor == poison_value(tensor.dtype)).all())
+
+
+@dataclass(eq=False)
+class Block:
+    """A live allocation: `replay_storage` aliases the user's storage without keeping it alive."""
+
+    segment: int
+    offset: int
+    nbytes: int
+    liveness: StorageWeakRef
+    replay_storage: torch.UntypedStorage
+
+    @property
+    def end(self) -> int:
+        return self.offset + self.nbytes
+
+
+class PoolArena:
+    """One pool: its segments and live blocks. Graphs captured with the same arena share it."""
+
+    def __init__(self, device: torch.device, *, segment_bytes: int = DEFAULT_SEGMENT_BYTES) -> None:
+        if segment_bytes < BLOCK_ALIGN:
+            raise ValueError(f"segment_bytes={segment_bytes} is below the block size {BLOCK_ALIGN}")
+        self.device = torch.device(device)
+        self.segment_bytes = segment_bytes
+        self._segments: list[torch.Tensor] = []
+        self._live: list[list[Block]] = []  # per segment, sorted by offset
+
+    @property
+    def num_segments(self) -> int:
+        return len(self._segments)
+
+    def live_blocks(self) -> int:
+        self._sweep()
+        return sum(len(blocks) for blocks in self._live)
+
+    def owns(self, tensor: torch.Tensor) -> bool:
+        """True when `tensor` lives in memory this pool handed out (a graph's allocation)."""
+        block = block_of(tensor)
+        return block is not None and any(block in blocks for blocks in self._live)
+
+    def allocate(self, nbytes: int) -> tuple[torch.UntypedStorage, Block]:
+        """A fresh non-owning storage of at least `nbytes`, best fit among the free gaps."""
+        if nbytes <= 0:
+            raise ValueError(f"pool allocations must be positive, got nbytes={nbytes}")
+        size = -(-nbytes // BLOCK_ALIGN) * BLOCK_ALIGN
+        self._sweep()
+        segment, offset = self._best_fit(size)
+        if segment is None:
+            segment, offset = self._new_segment(size), 0
+        storage = self._non_owning(segment, offset, size)
+        replay_storage = self._non_owning(segment, offset, size)
+        block = Block(segment, offset, size, StorageWeakRef(storage), replay_storage)
+        setattr(storage, BLOCK_ATTR, block)
+        blocks = self._live[segment]
+        blocks.insert(sum(1 for b in blocks if b.offset < offset), block)
+        return storage, block
+
+    def _non_owning(self, segment: int, offset: int, nbytes: int) -> torch.UntypedStorage:
+        memory = self._segments[segment]
+        address = memory.data_ptr() + offset
+        storage = torch._C._construct_storage_from_data_pointer(address, self.device, nbytes)
+        # The segment must outlive every storage over it, even after the arena itself is gone.
+        storage._harness_segment = memory
+        return storage
+
+    def _sweep(self) -> None:
+        for i, blocks in enumerate(self._live):
+            if any(b.liveness.expired() for b in blocks):
+                self._live[i] = [b for b in blocks if not b.liveness.expired()]
+
+    def _best_fit(self, size: int) -> tuple[int | None, int]:
+        best: tuple[int, int, int] | None = None  # (gap, segment, offset)
+        for segment, blocks in enumerate(self._live):
+            spans = [(b.offset, b.end) for b in blocks]
+            spans.append((self._segments[segment].numel(), 0))  # the segment's end closes the last gap
+            cursor = 0
+            for start, end in spans:
+                gap = start - cursor
+                if gap >= size and (best is None or gap < best[0]):
+                    best = (gap, segment, cursor)
+                cursor = end
+        return (None, 0) if best is None else (best[1], best[2])
+
+    def _new_segment(self, size: int) -> int:
+        nbytes = max(self.segment_bytes, -(-size // self.segment_bytes) * self.segment_bytes)
+        self._segments.append(torch.empty(nbytes, dtype=torch.uint8, device=self.device))
+        self._live.append([])
+        return len(self._segments) - 1
+
+
+def block_of(tensor: torch.Tensor) -> Block | None:
+    """The pool block a tensor lives in, or None for memory that no arena handed out."""
+    block = getattr(tensor.untyped_storage(), BLOCK_ATTR, None)
+    if block is None or block.liveness.expired():
+        return None
+    return block

@@ -1,0 +1,202 @@
+"""The emulator's capture: a TorchDispatchMode that records each op without running it.
+
+Views run for real (they only alias). In-place and out= ops are recorded as they are and hand back
+their arguments. Ops with fresh results get outputs from the pool, shaped by the op's meta (or
+fake) kernel and poisoned until the first replay, and are recorded as an allocation-free call into
+those outputs. Pool memory is recorded through the block's replay storage, so the recording never
+keeps a block alive.
+"""
+
+from __future__ import annotations
+
+import warnings
+from typing import Any
+
+import torch
+from torch.utils._pytree import tree_flatten, tree_map_only
+from torch.utils._python_dispatch import TorchDispatchMode
+
+from harness.graphs import opinfo
+from harness.graphs.base import CaptureError
+from harness.graphs.callsite import current_callsite
+from harness.graphs.opinfo import OpKind, ReplayStep
+from harness.graphs.pool import PoolArena, block_of, poison_value
+
+
+def _error(message: str, func: Any) -> CaptureError:
+    where = current_callsite()
+    return CaptureError(f"{message}{f' (at {where})' if where else ''}", op=opinfo.op_name(func))
+
+
+def _to_meta(t: torch.Tensor) -> torch.Tensor:
+    return torch.empty_strided(t.size(), t.stride(), dtype=t.dtype, device="meta")
+
+
+def _extent_bytes(t: torch.Tensor) -> int:
+    if t.numel() == 0:
+        return 0
+    last = t.storage_offset() + sum((n - 1) * s for n, s in zip(t.size(), t.stride()))
+    return (last + 1) * t.element_size()
+
+
+class Recorder(TorchDispatchMode):
+    def __init__(self, arena: PoolArena, device: torch.device) -> None:
+        super().__init__()
+        self.arena = arena
+        self.device = device
+        self.steps: list[ReplayStep] = []
+        self._replay_tensors: dict[tuple, torch.Tensor] = {}
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        reason = opinfo.sync_reason(func, args, kwargs) or opinfo.copy_reason(
+            func, args, kwargs, self.device)
+        if reason:
+            raise _error(f"{opinfo.op_name(func)} cannot be captured: {reason}", func)
+        if opinfo.is_composite(func):
+            with self:
+                return func.decompose(*args, **kwargs)
+        kind = opinfo.op_kind(func)
+        if kind is OpKind.VIEW:
+            return func(*args, **kwargs)
+        if kind is OpKind.MUTATING:
+            self._check_mutation(func, args, kwargs)
+            self.steps.append((func._op, *self._for_replay((args, kwargs))))
+            return opinfo.aliased_returns(func, args, kwargs)
+        device = self._output_device(func, args, kwargs)
+        outputs = tree_map_only(torch.Tensor, lambda meta: self._allocate(meta, device),
+                                self._result_shapes(func, args, kwargs))
+        self._record_fresh(func, kind, args, kwargs, outputs)
+        return outputs
+
+    # --- replay view of capture-time tensors -------------------------------------------------
+
+    def _for_replay(self, tree: Any) -> Any:
+        return tree_map_only(torch.Tensor, self._replay_tensor, tree)
+
+    def _replay_tensor(self, t: torch.Tensor) -> torch.Tensor:
+        block = block_of(t)
+        if block is None:
+            return t  # memory the graph does not own: recorded by identity, as CUDA keeps the address
+        # The block itself, not its id: a freed block's id can be reused by a later block.
+        key = (block, t.dtype, t.storage_offset(), tuple(t.size()), tuple(t.stride()))
+        replay = self._replay_tensors.get(key)
+        if replay is None:
+            replay = torch.empty(0, dtype=t.dtype, device=t.device).set_(
+                block.replay_storage, t.storage_offset(), t.size(), t.stride())
+            self._replay_tensors[key] = replay
+        return replay
+
+    # --- shapes without running --------------------------------------------------------------
+
+    def _result_shapes(self, func, args, kwargs) -> Any:
+        if not func._schema.returns:
+            return None
+        meta_args, meta_kwargs = tree_map_only(torch.Tensor, _to_meta, (args, kwargs))
+        if "device" in {a.name for a in func._schema.arguments}:
+            meta_kwargs = {**meta_kwargs, "device": "meta"}
+        try:
+            return func(*meta_args, **meta_kwargs)
+        except NotImplementedError:
+            pass
+        except RuntimeError as meta_error:
+            if "meta" not in str(meta_error).lower() and "fake" not in str(meta_error).lower():
+                raise
+        return self._fake_shapes(func, args, kwargs)
+
+    def _fake_shapes(self, func, args, kwargs) -> Any:
+        from torch._subclasses.fake_tensor import FakeTensorMode
+
+        mode = FakeTensorMode(allow_non_fake_inputs=True)
+        try:
+            fake_args, fake_kwargs = tree_map_only(torch.Tensor, mode.from_tensor, (args, kwargs))
+            with mode:
+                return func(*fake_args, **fake_kwargs)
+        except Exception as fake_error:
+            hint = (" register one with torch.library.register_fake"
+                    if func.namespace not in ("aten", "prims") else "")
+            raise _error(
+                f"{opinfo.op_name(func)} returns fresh tensors, and the emulator needs their shapes "
+                f"without running it, but it has no meta or fake implementation;{hint} "
+                f"({type(fake_error).__name__}: {fake_error})", func) from fake_error
+
+    def _output_device(self, func, args, kwargs) -> torch.device:
+        named = opinfo.bind(func, args, kwargs)
+        if "device" in named and not any(isinstance(v, torch.Tensor) for v in named.values()):
+            return torch.device(named["device"] or torch.get_default_device())
+        if named.get("device") is not None:
+            return torch.device(named["device"])
+        tensors = [t for t in tree_flatten((args, kwargs))[0] if isinstance(t, torch.Tensor)]
+        for t in tensors:
+            if t.device.type != "cpu" or t.dim() > 0:
+                return t.device
+        return tensors[0].device if tensors else self.device
+
+    def _allocate(self, meta: torch.Tensor, device: torch.device) -> torch.Tensor:
+        nbytes = _extent_bytes(meta)
+        if nbytes == 0:
+            return torch.empty_strided(meta.size(), meta.stride(), dtype=meta.dtype, device=device)
+        storage, _ = self.arena.allocate(nbytes)
+        out = torch.empty(0, dtype=meta.dtype, device=device).set_(
+            storage, meta.storage_offset(), meta.size(), meta.stride())
+        return out.fill_(poison_value(meta.dtype))
+
+    # --- recording ---------------------------------------------------------------------------
+
+    def _record_fresh(self, func, kind, args, kwargs, outputs) -> None:
+        replay_args, replay_kwargs = self._for_replay((args, kwargs))
+        replay_outs = [self._replay_tensor(t) for t in tree_flatten(outputs)[0]
+                       if isinstance(t, torch.Tensor)]
+        if kind is OpKind.FUNCTIONAL:
+            known, maker = opinfo.special_replay(func)
+            if known:
+                if maker is not None:
+                    named = opinfo.bind(func, replay_args, replay_kwargs)
+                    self.steps.append(maker(named, replay_outs[0]))
+                return
+            out_op = opinfo.out_overload(func)
+            if out_op is not None:
+                # Only the arguments the caller gave: every default passed costs parsing at replay.
+                named = opinfo.bind(func, replay_args, replay_kwargs, defaults=False)
+                allowed = {a.name for a in out_op._schema.arguments}
+                call = {k: v for k, v in named.items() if k in allowed}
+                call.update(zip(opinfo.out_names(out_op), replay_outs))
+                self.steps.append((out_op._op, (), call))
+                return
+        self.steps.append((_copy_results, (func._op, replay_args, replay_kwargs, replay_outs), {}))
+
+    def _check_mutation(self, func, args, kwargs) -> None:
+        """Run the op on meta copies: a shape error surfaces now, as CUDA's host-side checks would,
+        and a mutated argument whose shape changes (out= of the wrong size, resize_) is refused."""
+        mutated = [a for a in func._schema.arguments
+                   if a.alias_info is not None and a.alias_info.is_write]
+        named = opinfo.bind(func, args, kwargs)
+        meta_args, meta_kwargs = tree_map_only(torch.Tensor, _to_meta, (args, kwargs))
+        try:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                func(*meta_args, **meta_kwargs)
+        except Exception as meta_error:
+            # An aten shape error is the user's; anything else means there is no meta kernel
+            # (a custom op without a fake), and so nothing to validate against.
+            no_meta = isinstance(meta_error, NotImplementedError) or "meta" in str(meta_error).lower()
+            if func.namespace == "aten" and not no_meta:
+                raise
+            return
+        meta_named = opinfo.bind(func, meta_args, meta_kwargs)
+        for arg in mutated:
+            before, after = named.get(arg.name), meta_named.get(arg.name)
+            if not isinstance(before, torch.Tensor) or before.shape == after.shape:
+                continue
+            what = f"out= argument {arg.name!r}" if arg.is_out else f"argument {arg.name!r}"
+            raise _error(
+                f"{opinfo.op_name(func)} would resize its {what} from {tuple(before.shape)} to "
+                f"{tuple(after.shape)} during capture; a graph cannot reallocate memory it "
+                f"recorded, so pass a tensor of the final shape", func)
+
+
+def _copy_results(fn, args, kwargs, outs) -> None:
+    """Replay of an op without an out= overload: run it, copy its results into the captured outputs."""
+    results = [r for r in tree_flatten(fn(*args, **kwargs))[0] if isinstance(r, torch.Tensor)]
+    for dst, src in zip(outs, results):
+        dst.copy_(src)

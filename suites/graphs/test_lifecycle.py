@@ -1,0 +1,78 @@
+"""Reset, nesting, and the modes a capture runs under."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from harness.graphs import CaptureError, get_backend
+
+
+def test_replay_after_reset_raises(backend):
+    x = torch.ones(2, device=backend.device)
+    graph = backend.capture(lambda: x + 1)
+    graph.replay()
+    graph.reset()
+    with pytest.raises(CaptureError, match="reset"):
+        graph.replay()
+
+
+def test_capture_inside_a_capture_raises(backend):
+    x = torch.ones(2, device=backend.device)
+    seen = []
+
+    def outer():
+        seen.append(backend.is_capturing())
+        backend.capture(lambda: x + 1)
+
+    with pytest.raises(CaptureError, match="inside a capture"):
+        backend.capture(outer)
+    assert seen == [True]
+    assert not backend.is_capturing()
+
+
+def test_is_capturing_is_false_outside_capture(backend):
+    assert not backend.is_capturing()
+
+
+def test_capture_under_no_grad_with_parameters(backend):
+    layer = torch.nn.Linear(4, 3).to(backend.device)
+    x = torch.randn(2, 4, device=backend.device)
+    with torch.no_grad():
+        graph = backend.capture(lambda: layer(x))
+        expected = layer(x)
+    graph.replay()
+    backend.synchronize()
+    assert torch.allclose(graph.output, expected)
+
+
+def test_replay_keeps_the_inference_mode_of_capture(backend):
+    layer = torch.nn.Linear(4, 3).to(backend.device)
+    x = torch.randn(2, 4, device=backend.device)
+    with torch.inference_mode():
+        graph = backend.capture(lambda: torch.relu(layer(x)))
+        expected = torch.relu(layer(x))
+    graph.replay()  # outside inference mode: writes into inference tensors must still work
+    backend.synchronize()
+    assert graph.output.is_inference()
+    assert torch.allclose(graph.output, expected)
+
+
+def test_get_backend_rejects_unknown_names():
+    with pytest.raises(ValueError, match="'tpu'"):
+        get_backend("tpu")
+
+
+def test_auto_backend_follows_cuda_availability():
+    expected = "cuda" if torch.cuda.is_available() else "emulated"
+    assert get_backend("auto").name == expected
+
+
+def test_capture_with_autograd_enabled(backend):
+    layer = torch.nn.Linear(4, 3).to(backend.device)
+    x = torch.randn(2, 4, device=backend.device)
+    graph = backend.capture(lambda: torch.relu(layer(x)))
+    graph.replay()
+    backend.synchronize()
+    with torch.no_grad():
+        assert torch.allclose(graph.output, torch.relu(layer(x)))
