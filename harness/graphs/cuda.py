@@ -67,6 +67,7 @@ class CudaBackend(GraphBackend):
                                                                   stream=self._stream):
                 output = fn()
         except Exception as error:
+            _release_generator_captures(self.device)
             mapped = _as_capture_error(error)
             if mapped is error:
                 raise
@@ -75,6 +76,22 @@ class CudaBackend(GraphBackend):
             # torch.cuda.graph leaves its side stream current when the capture's end raises.
             torch.cuda.set_stream(caller_stream)
         return CudaGraph(graph, output, graph.pool() if pool is None else pool)
+
+
+def _release_generator_captures(device: torch.device) -> None:
+    """Undo what a failed capture leaves behind in the device's default RNG.
+
+    torch.cuda.graph marks the default generator as capturing when the capture begins and unmarks it
+    only when the capture ends well; after a capture broken by a host sync every later random op on
+    the device raises "Offset increment outside graph capture encountered unexpectedly". Replacing the
+    generator's state with a fresh one at the same seed and offset makes the device usable again.
+    """
+    generator = torch.cuda.default_generators[device.index if device.index is not None
+                                              else torch.cuda.current_device()]
+    fresh = torch.Generator(device=device)
+    fresh.manual_seed(generator.initial_seed())
+    fresh.set_offset(generator.get_offset())
+    generator.graphsafe_set_state(fresh)
 
 
 def _as_capture_error(error: BaseException) -> BaseException:

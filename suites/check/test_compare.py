@@ -91,7 +91,25 @@ def test_flip_to_another_token_fails_even_at_a_near_tie():
     candidate = [gen(step(5), step(4, -0.70))]
     (d,) = compare_generations(baseline, candidate).divergences
     assert (d.kind, d.step) == ("token", 1)
-    assert "runner-up 3" in d.detail
+    assert "near-tied runner-up(s) [3]" in d.detail
+
+
+def test_flip_to_a_third_token_of_a_three_way_tie_passes():
+    # Seen on an H200 with the 1B-shaped model: two tokens at one logprob and a third 0.0625 below,
+    # all within 2 bf16 steps (0.25) at logit scale 18.4; the candidate picked the third.
+    tie = Step(token=26555, logprob=-3.28484, top=((26555, -3.28484), (57901, -3.28484), (12428, -3.34734),
+                                                   (108277, -3.53484)), logit_scale=18.38)
+    flipped = Step(token=12428, logprob=-3.29188, top=((12428, -3.29188), (26555, -3.29188),
+                                                       (57901, -3.29188)), logit_scale=18.38)
+    result = compare_generations([gen(step(5), tie)], [gen(step(5), flipped)])
+    assert result.ok, str(result)
+    assert result.allowed_flips == [(0, 1)]
+    # ...but not to the fourth token, 0.25 + 0.0000x away: outside the tolerance.
+    too_far = Step(token=108277, logprob=-3.29, top=((108277, -3.29),), logit_scale=18.38)
+    far_tie = Step(token=26555, logprob=-3.28484, top=((26555, -3.28484), (57901, -3.28484),
+                                                       (108277, -3.54)), logit_scale=18.38)
+    (d,) = compare_generations([gen(step(5), far_tie)], [gen(step(5), too_far)]).divergences
+    assert d.kind == "token" and "[57901]" in d.detail
 
 
 def test_flip_without_a_near_tie_fails():

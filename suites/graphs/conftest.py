@@ -20,7 +20,7 @@ def _warm_cuda() -> None:
     # cuBLAS and friends create handles and workspaces on first use; doing that inside a capture
     # is not allowed, so touch them once eagerly.
     a = torch.randn(8, 8, device="cuda")
-    (torch.softmax(a @ a, -1).topk(2)[0] + torch.rand(8, device="cuda")).sum()
+    torch.softmax(a @ a, -1).topk(2)[0].sum() + torch.rand(8, device="cuda").sum()
     torch.cuda.synchronize()
 
 

@@ -57,7 +57,7 @@ def test_mutating_custom_op_writes_its_mutated_args_at_each_replay(backend):
     graph = backend.capture(lambda: accumulate_into(x, acc, out))
     assert graph.output is None
     if backend.name == "emulated":
-        assert torch.equal(acc, torch.zeros(3)) and torch.equal(out, torch.zeros(3))
+        assert not acc.any() and not out.any()
     acc.zero_()
     graph.replay()
     graph.replay()

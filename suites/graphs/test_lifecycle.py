@@ -31,6 +31,20 @@ def test_capture_inside_a_capture_raises(backend):
     assert not backend.is_capturing()
 
 
+def test_device_stays_usable_after_a_failed_capture(backend):
+    # On CUDA a capture broken by a host sync leaves the default generator marked as capturing;
+    # the backend must undo that, or every later random op on the device raises.
+    x = torch.ones(2, device=backend.device)
+    with pytest.raises(CaptureError):
+        backend.capture(lambda: (x + 1).sum().item())
+    assert not backend.is_capturing()
+    noise = torch.rand(4, device=backend.device)
+    graph = backend.capture(lambda: x * 2 + torch.rand(2, device=backend.device))
+    graph.replay()
+    backend.synchronize()
+    assert noise.isfinite().all() and (graph.output >= 2).all() and (graph.output < 3).all()
+
+
 def test_is_capturing_is_false_outside_capture(backend):
     assert not backend.is_capturing()
 
