@@ -26,6 +26,8 @@ BACKEND_IDS = ("emulated-cuda", "cuda", "emulated")  # longest first: ids are pr
 EMULATOR_ONLY = "emulator only"
 # Tests of the suite's own tooling, not contract cases.
 TOOLING_MODULES = frozenset({"test_bench", "test_fidelity_table"})
+RUNTIME_SUITES = frozenset({"check", "ops", "model", "e2e"})
+CAPTURE_MODULES = frozenset({"test_capture", "test_capturable"})
 
 
 KNOWN_DIFFERENCES = """
@@ -96,8 +98,25 @@ def build_table(files: dict[str, dict[tuple[str, str | None], str]]) -> str:
     return "\n".join(lines)
 
 
-def render(files: dict[str, dict], sources: dict[str, str]) -> str:
+def runtime_on_gpu_table(path: Path) -> str:
+    """The reference runtime's own checks on the GPU, beside the contract table: cases whose names say
+    cuda (attention against the fp64 reference, model logits and greedy runs against transformers)
+    and the capture modules, which ran with real CUDA graphs there."""
+    rows = []
+    for case in ET.parse(path).getroot().iter("testcase"):
+        classname, name = case.get("classname", "").removeprefix("suites."), case.get("name", "")
+        if classname.split(".")[0] not in RUNTIME_SUITES:
+            continue
+        if "cuda" in name or classname.rsplit(".", 1)[-1] in CAPTURE_MODULES:
+            rows.append(f"| `{classname}::{name}` | {outcome(case)} |")
+    return "\n".join(["| GPU case of the reference runtime | outcome |", "|---|---|", *sorted(rows)])
+
+
+def render(files: dict[str, dict], sources: dict[str, str], runs: list[str],
+           runtime: str | None = None) -> str:
     given = ", ".join(f"{k}: `{v}`" for k, v in sources.items()) or "none"
+    provenance = "".join(f"- {line}\n" for line in runs)
+    runtime_part = ("\n## The reference runtime on the GPU\n\n" + runtime + "\n") if runtime else ""
     return (
         "# Emulator fidelity\n\n"
         "Each case of the graph-contract suite (`suites/graphs/`) on each backend. A row that passes\n"
@@ -107,13 +126,19 @@ def render(files: dict[str, dict], sources: dict[str, str]) -> str:
         "    pytest suites/graphs -p no:xdist --junitxml=cpu.xml   # CPU machine\n"
         "    pytest suites/graphs -p no:xdist --junitxml=gpu.xml   # GPU machine\n"
         "    python scripts/fidelity_table.py --cpu cpu.xml --gpu gpu.xml -o docs/fidelity.md\n\n"
-        + build_table(files) + "\n" + KNOWN_DIFFERENCES)
+        + (f"Runs:\n\n{provenance}\n" if provenance else "")
+        + build_table(files) + "\n" + runtime_part + KNOWN_DIFFERENCES)
 
 
 def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--cpu", type=Path, help="JUnit XML of suites/graphs on the CPU machine")
     parser.add_argument("--gpu", type=Path, help="JUnit XML of suites/graphs on the GPU machine")
+    parser.add_argument("--runtime-gpu", type=Path,
+                        help="JUnit XML of a whole-list GPU run: its cuda cases outside suites/graphs "
+                             "go in a second table")
+    parser.add_argument("--run", action="append", default=[],
+                        help="a line saying where and when a run was made (date, commit, machine); repeatable")
     parser.add_argument("-o", "--output", type=Path, help="write here instead of stdout")
     args = parser.parse_args(argv)
     if args.cpu is None and args.gpu is None:
@@ -126,7 +151,10 @@ def main(argv: list[str]) -> int:
         if not path.is_file():
             parser.error(f"--{source} {path}: no such file")
         files[source], sources[source] = read_results(path), str(path.name)
-    text = render(files, sources)
+    if args.runtime_gpu is not None and not args.runtime_gpu.is_file():
+        parser.error(f"--runtime-gpu {args.runtime_gpu}: no such file")
+    runtime = runtime_on_gpu_table(args.runtime_gpu) if args.runtime_gpu else None
+    text = render(files, sources, args.run, runtime)
     if args.output:
         args.output.write_text(text)
     else:

@@ -84,7 +84,17 @@ def assert_within(worst: dict[str, float]) -> None:
     assert not bad, f"sequences beyond {STEPS} BF16 steps of transformers: {bad}"
 
 
-def test_prefill_only(tiny_hf_model, reference_llama):
+@pytest.fixture(params=["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])
+def models(request, tiny_hf_model, reference_llama):
+    """(transformers model, ReferenceLlama) on each device: the agreement must hold on CPU and GPU."""
+    if request.param == "cpu":
+        return tiny_hf_model, reference_llama
+    hf = tiny_llama(seed=0, device="cuda")
+    return hf, ReferenceLlama.from_hf(hf)
+
+
+def test_prefill_only(models):
+    tiny_hf_model, reference_llama = models
     driver = PagedDriver(reference_llama)
     # 1 token, inside one block, exactly one block, across block boundaries
     logits = driver.step(prompts([1, 5, 16, 17, 33, 40]))
@@ -92,7 +102,8 @@ def test_prefill_only(tiny_hf_model, reference_llama):
     assert_within(worst_steps(driver, tiny_hf_model, logits))
 
 
-def test_decode_only(tiny_hf_model, reference_llama):
+def test_decode_only(models):
+    tiny_hf_model, reference_llama = models
     driver = PagedDriver(reference_llama)
     batch = prompts([2, 9, 15, 31], seed=1)
     driver.step(batch)
@@ -112,9 +123,12 @@ def mixed_step(driver: PagedDriver) -> dict[str, torch.Tensor]:
     return logits
 
 
-def test_mixed_prefill_and_decode(tiny_hf_model, reference_llama):
+def test_mixed_prefill_and_decode(models):
+    tiny_hf_model, reference_llama = models
     driver = PagedDriver(reference_llama)
-    assert_within(worst_steps(driver, tiny_hf_model, mixed_step(driver)))
+    logits = mixed_step(driver)
+    assert driver.last_logits.device == reference_llama.device
+    assert_within(worst_steps(driver, tiny_hf_model, logits))
 
 
 @pytest.mark.parametrize("overrides", [
@@ -182,15 +196,6 @@ def test_from_hf_rejects_foreign_weights(tiny_hf_model):
 
     with pytest.raises(ValueError, match="missing .*embed_tokens.weight.*unexpected \\['something.else'\\]"):
         ReferenceLlama.from_hf(NotLlama())
-
-
-@pytest.mark.gpu
-def test_mixed_batch_on_cuda():
-    hf = tiny_llama(seed=0, device="cuda")
-    driver = PagedDriver(ReferenceLlama.from_hf(hf))
-    logits = mixed_step(driver)
-    assert driver.last_logits.device.type == "cuda"
-    assert_within(worst_steps(driver, hf, logits))
 
 
 def test_from_hf_leaves_the_global_rng_alone(tiny_hf_model):
