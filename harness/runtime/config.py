@@ -20,7 +20,8 @@ class EngineConfig:
     - `device`, `dtype`: where and in what the KV cache lives. The engine runs where the model is and
       stores K/V as the model computes them, so these must match the model's; None takes them.
 
-    Graph options (read by the graph machinery, ignored in eager mode):
+    Graph options, for the graph machinery of later versions; the engine refuses them for now rather
+    than run eager while a graph run was asked for:
     - `decode_graph_sizes`: batch sizes to capture decode graphs for (empty: no decode graphs).
     - `piecewise_buckets`: token counts to capture piecewise prefill graphs for (empty: none).
     - `single_pass_capture`: opt in to single-pass decode capture (default two passes).

@@ -54,6 +54,7 @@ class Engine:
         dtype = config.dtype or model.dtype
         if dtype != model.dtype:
             raise ValueError(f"EngineConfig.dtype {dtype} must match the model dtype {model.dtype}")
+        _refuse_graph_options(config)
         self.max_model_len = min(config.max_model_len or model.max_positions, model.max_positions)
         blocks_per_seq = -(-self.max_model_len // config.block_size)
         num_blocks = config.num_blocks or config.max_batch_size * blocks_per_seq
@@ -141,6 +142,14 @@ class Engine:
         self._prepare(batch)
         logits = self.model(self.input_ids, self.metadata, self.kv_cache)
         return ForwardResult(logits=logits[: batch.num_seqs], producer=EAGER)
+
+
+def _refuse_graph_options(config: EngineConfig) -> None:
+    asked = {name: getattr(config, name) for name in ("decode_graph_sizes", "piecewise_buckets",
+                                                      "single_pass_capture") if getattr(config, name)}
+    if asked:
+        raise ValueError(f"EngineConfig asks for graphs ({', '.join(f'{k}={v!r}' for k, v in asked.items())}), "
+                         "but this engine runs eager only so far; leave the graph options unset")
 
 
 def _same_device(wanted: torch.device, actual: torch.device) -> bool:
