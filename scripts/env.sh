@@ -11,8 +11,10 @@ if [ ! -f "$stamp" ] || [ "$root/pyproject.toml" -nt "$stamp" ]; then
   [ -x "$venv/bin/python" ] || "$py" -m venv "$venv"
   pip=("$venv/bin/python" -m pip --disable-pip-version-check -q)
   if ! "$venv/bin/python" -c "import torch" 2>/dev/null; then
-    "${pip[@]}" install "torch==2.13.0+cpu" 2>/dev/null \
-      || "${pip[@]}" install torch
+    if ! "${pip[@]}" install "torch==2.13.0+cpu" 2>/dev/null; then
+      echo "[env] no CPU-only torch build (torch==2.13.0+cpu) where pip looks; installing the plain torch wheel" >&2
+      "${pip[@]}" install torch
+    fi
   fi
   "${pip[@]}" install -e "$root[test]"
   touch "$stamp"

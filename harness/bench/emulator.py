@@ -147,9 +147,13 @@ def main(argv: list[str]) -> int:
     if args.warmup < 0:
         parser.error(f"--warmup must be at least 0, got {args.warmup}")
 
+    threads = torch.get_num_threads()
     torch.set_num_threads(args.threads)
-    timings = [measure(case, batch=args.batch, iters=args.iters, warmup=args.warmup)
-               for case in (args.case or list(CASES))]
+    try:
+        timings = [measure(case, batch=args.batch, iters=args.iters, warmup=args.warmup)
+                   for case in (args.case or list(CASES))]
+    finally:
+        torch.set_num_threads(threads)  # main() also runs inside test processes
     table = render(timings, batch=args.batch, iters=args.iters)
     missed = [t.case for t in timings if t.ratio > TARGET]
     print(table)

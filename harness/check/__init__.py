@@ -1,10 +1,10 @@
 """What suites assert with: BF16-step comparison of generations and tensor pointer snapshots."""
 
 from harness.check.compare import Comparison, Divergence, compare_generations
-from harness.check.tolerance import bf16_step, logprob_tolerance, tolerance
+from harness.check.tolerance import bf16_step, logprob_tolerance
 from harness.graphs.pointers import TensorRecord, describe_moved, moved_tensors, snapshot_tensors
 
 __all__ = [
     "Comparison", "Divergence", "TensorRecord", "bf16_step", "compare_generations", "describe_moved",
-    "logprob_tolerance", "moved_tensors", "snapshot_tensors", "tolerance",
+    "logprob_tolerance", "moved_tensors", "snapshot_tensors",
 ]

@@ -41,6 +41,3 @@ def logprob_tolerance(logit_scale: float, steps: float = 2) -> float:
     if not steps >= 0 or math.isinf(steps):
         raise ValueError(f"steps must be a finite number >= 0, got {steps}")
     return steps * bf16_step(logit_scale)
-
-
-tolerance = logprob_tolerance  # the name INTERFACES.md first gave it

@@ -46,6 +46,7 @@ class Recorder(TorchDispatchMode):
         self.device = device
         self.steps: list[ReplayStep] = []
         self._replay_tensors: dict[tuple, torch.Tensor] = {}
+        self._external: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
@@ -77,7 +78,7 @@ class Recorder(TorchDispatchMode):
     def _replay_tensor(self, t: torch.Tensor) -> torch.Tensor:
         block = block_of(t)
         if block is None:
-            return t  # memory the graph does not own: recorded by identity, as CUDA keeps the address
+            return self._external_alias(t)
         # The block itself, not its id: a freed block's id can be reused by a later block.
         key = (block, t.dtype, t.storage_offset(), tuple(t.size()), tuple(t.stride()))
         replay = self._replay_tensors.get(key)
@@ -86,6 +87,16 @@ class Recorder(TorchDispatchMode):
                 block.replay_storage, t.storage_offset(), t.size(), t.stride())
             self._replay_tensors[key] = replay
         return replay
+
+    def _external_alias(self, t: torch.Tensor) -> torch.Tensor:
+        """Memory the graph does not own. CUDA keeps its capture-time address, so replay keeps the
+        capture-time storage through an alias, even if the tensor object is later handed another
+        storage (`x.data = ...`, `x.set_(...)`: a weight reload that rebinds)."""
+        held = self._external.get(id(t))
+        if held is None:
+            held = (t, t.detach())  # holding `t` keeps its id from being reused by another tensor
+            self._external[id(t)] = held
+        return held[1]
 
     # --- shapes without running --------------------------------------------------------------
 

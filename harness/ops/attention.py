@@ -107,10 +107,12 @@ def check_inputs(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, kv_layer: to
                          f"[{tokens}, kv_heads, {head_dim}]")
     if heads % kv_heads:
         raise ValueError(f"{heads} query heads are not a multiple of {kv_heads} kv heads")
-    expected = (2, kv_layer.shape[1], metadata.block_size, kv_heads, head_dim)
+    # The pad sink must be the cache's last block: padded rows write there, and nowhere else.
+    expected = (2, metadata.pad_block + 1, metadata.block_size, kv_heads, head_dim)
     if tuple(kv_layer.shape) != expected:
-        raise ValueError(f"kv_layer {tuple(kv_layer.shape)} does not match "
-                         f"[2, blocks + 1, block_size {metadata.block_size}, {kv_heads}, {head_dim}]")
+        raise ValueError(f"kv_layer {tuple(kv_layer.shape)} does not match the metadata's "
+                         f"{list(expected)} (2, blocks + the pad sink at block {metadata.pad_block}, "
+                         f"block_size, kv_heads, head_dim)")
     if out.shape != q.shape or out.dtype != q.dtype:
         raise ValueError(f"out {tuple(out.shape)} {out.dtype} must match q {tuple(q.shape)} {q.dtype}")
     if k.dtype != kv_layer.dtype or v.dtype != kv_layer.dtype:

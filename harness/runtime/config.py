@@ -49,7 +49,10 @@ class EngineConfig:
         if self.device is not None:
             object.__setattr__(self, "device", str(torch.device(self.device)))
         for name in ("decode_graph_sizes", "piecewise_buckets"):
-            object.__setattr__(self, name, tuple(int(v) for v in getattr(self, name)))
+            values = tuple(getattr(self, name))
+            for i, value in enumerate(values):
+                _require_positive(f"{name}[{i}]", value)
+            object.__setattr__(self, name, values)
 
     def to_dict(self) -> dict[str, Any]:
         """Plain JSON-able values (dtype by name), for reproduction files."""

@@ -55,7 +55,10 @@ class Engine:
         if dtype != model.dtype:
             raise ValueError(f"EngineConfig.dtype {dtype} must match the model dtype {model.dtype}")
         _refuse_graph_options(config)
-        self.max_model_len = min(config.max_model_len or model.max_positions, model.max_positions)
+        if config.max_model_len is not None and config.max_model_len > model.max_positions:
+            raise ValueError(f"EngineConfig.max_model_len {config.max_model_len} exceeds the model's "
+                             f"max_position_embeddings {model.max_positions}")
+        self.max_model_len = config.max_model_len or model.max_positions
         blocks_per_seq = -(-self.max_model_len // config.block_size)
         num_blocks = config.num_blocks or config.max_batch_size * blocks_per_seq
         self.kv_cache = PagedKVCache(model.num_layers, num_blocks, config.block_size, model.num_kv_heads,
@@ -117,7 +120,6 @@ class Engine:
     def _step_until_done(self, scheduler: Scheduler) -> None:
         while not scheduler.done:
             batch = scheduler.schedule()
-            num_tokens = batch.num_tokens  # before finish_step marks the tokens cached
             result = self._forward(batch)
             rows = greedy_with_logprobs(result.logits, [s.request.logprobs for s in batch.sequences])
             for sequence, row in zip(batch.sequences, rows):
@@ -126,14 +128,14 @@ class Engine:
                 sequence.tokens.append(row.token)
             scheduler.finish_step(batch)
             self._stats.record_batch(BatchRecord(kind=batch.kind, num_seqs=batch.num_seqs,
-                                                 num_tokens=num_tokens, producer=result.producer,
+                                                 num_tokens=batch.num_tokens, producer=result.producer,
                                                  free_blocks=self.num_free_blocks))
 
     def _prepare(self, batch: ScheduledBatch, *, num_tokens: int | None = None,
                  num_seqs: int | None = None) -> None:
         """Copy the batch into the metadata and input buffers, padded to the given shape."""
-        self.metadata.prepare(batch.spans(), num_tokens=num_tokens, num_seqs=num_seqs)
-        ids = batch.input_ids()
+        self.metadata.prepare(list(batch.spans), num_tokens=num_tokens, num_seqs=num_seqs)
+        ids = batch.input_ids
         self.input_ids[: len(ids)].copy_(torch.tensor(ids, dtype=torch.int64))
         # Padded token rows read token 0; their K/V goes to the pad sink and their logits are dropped.
         self.input_ids[len(ids): self.metadata.num_tokens].zero_()

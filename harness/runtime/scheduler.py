@@ -44,10 +44,22 @@ class Sequence:
 
 @dataclass(frozen=True)
 class ScheduledBatch:
-    """One step's sequences, prefills first; `kind` is "prefill", "decode" or "mixed"."""
+    """One step's sequences, prefills first; `kind` is "prefill", "decode" or "mixed".
+
+    `spans` and `input_ids` are taken when the batch is scheduled: the sequences move on when the
+    step finishes, and a batch must keep describing the step it was made for.
+    """
 
     sequences: tuple[Sequence, ...]
     num_prefills: int
+    spans: tuple[SequenceSpan, ...]
+    input_ids: tuple[int, ...]
+
+    @classmethod
+    def of(cls, sequences: list[Sequence], num_prefills: int) -> ScheduledBatch:
+        return cls(sequences=tuple(sequences), num_prefills=num_prefills,
+                   spans=tuple(s.span() for s in sequences),
+                   input_ids=tuple(t for s in sequences for t in s.new_tokens()))
 
     @property
     def kind(self) -> str:
@@ -61,13 +73,7 @@ class ScheduledBatch:
 
     @property
     def num_tokens(self) -> int:
-        return sum(len(s.tokens) - s.num_cached for s in self.sequences)
-
-    def spans(self) -> list[SequenceSpan]:
-        return [s.span() for s in self.sequences]
-
-    def input_ids(self) -> list[int]:
-        return [t for s in self.sequences for t in s.new_tokens()]
+        return len(self.input_ids)
 
 
 class Scheduler:
@@ -108,7 +114,7 @@ class Scheduler:
             raise RuntimeError(f"request {head.index} cannot be scheduled on an idle engine "
                                f"(it passed validation: a scheduler bug)")
         self.running = prefills + decodes
-        return ScheduledBatch(sequences=tuple(prefills + decodes), num_prefills=len(prefills))
+        return ScheduledBatch.of(prefills + decodes, num_prefills=len(prefills))
 
     def finish_step(self, batch: ScheduledBatch) -> list[Sequence]:
         """Mark the batch's tokens cached, release finished sequences' blocks, return those."""

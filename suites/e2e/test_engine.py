@@ -168,6 +168,19 @@ def test_engine_config_rejects_bad_sizes(field, value):
         EngineConfig(**{field: value})
 
 
+@pytest.mark.parametrize("field, value, bad", [("decode_graph_sizes", (1, 2.7), "decode_graph_sizes\\[1\\]"),
+                                               ("piecewise_buckets", (16, -1), "piecewise_buckets\\[1\\]")])
+def test_engine_config_rejects_bad_graph_sizes(field, value, bad):
+    with pytest.raises(ValueError, match=f"EngineConfig.{bad} must be an integer >= 1, got {value[1]}"):
+        EngineConfig(**{field: value})
+
+
+def test_engine_refuses_max_model_len_over_the_model_limit(reference_llama):
+    limit = reference_llama.max_positions
+    with pytest.raises(ValueError, match=f"max_model_len {limit + 1} exceeds the model's max_position_embeddings {limit}"):
+        Engine(reference_llama, EngineConfig(max_model_len=limit + 1))
+
+
 def test_engine_config_round_trips_through_a_dict():
     config = EngineConfig(max_batch_size=4, dtype="bfloat16", decode_graph_sizes=[1, 2, 4], single_pass_capture=True)
     assert config.dtype is torch.bfloat16 and config.decode_graph_sizes == (1, 2, 4)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pytest
 import torch
 
 from harness.graphs.pool import is_poisoned
@@ -68,6 +69,24 @@ def test_buffer_replaced_after_capture_is_not_seen_and_the_old_one_is_written(ba
     assert torch.equal(old, torch.ones(4, device=backend.device))
     assert torch.equal(holder.buf, torch.full((4,), 100.0, device=backend.device))
     assert torch.equal(graph.output, torch.full((4,), 2.0, device=backend.device))
+
+
+@pytest.mark.parametrize("swap", ["data", "set_"])
+def test_storage_swapped_under_the_same_tensor_object_is_not_seen(backend, swap):
+    # A weight reload that does `param.data = new` keeps the Python object but moves its storage;
+    # the graph still reads the capture-time address.
+    weight = torch.full((4,), 3.0, device=backend.device)
+    graph = backend.capture(lambda: weight * 2)
+    old = weight.data  # keeps the old storage alive, so that on CUDA the graph reads live memory
+    new = torch.full((4,), 5.0, device=backend.device)
+    if swap == "data":
+        weight.data = new
+    else:
+        weight.set_(new)
+    graph.replay()
+    backend.synchronize()
+    assert torch.equal(graph.output, torch.full((4,), 6.0, device=backend.device))
+    assert torch.equal(old, torch.full((4,), 3.0, device=backend.device))
 
 
 def test_branch_on_a_python_int_is_frozen(backend):

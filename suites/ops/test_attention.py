@@ -102,6 +102,17 @@ def make_batch_like(batch: Batch) -> Batch:
     return make_batch([(s.seq_len, s.query_len) for s in batch.spans])
 
 
+def test_cache_whose_pad_sink_is_not_the_metadatas_is_refused() -> None:
+    # Metadata sized for a cache with one more block would send padded rows into a real block.
+    batch = make_batch([(5, 5)], heads=6, kv_heads=2)
+    layer = batch.cache.layer(0)
+    wider = torch.zeros(2, layer.shape[1] + 1, *layer.shape[2:], dtype=layer.dtype)
+    for kv_layer in (wider, layer[:, 1:]):
+        with pytest.raises(ValueError, match=f"pad sink at block {batch.metadata.pad_block}"):
+            paged_attention(batch.q, batch.k, batch.v, kv_layer, batch.metadata, SCALE,
+                            torch.empty_like(batch.q))
+
+
 @pytest.mark.parametrize("mutate,match", [
     (lambda b: {"q": b.q[:-1]}, "token rows"),
     (lambda b: {"k": b.k[:, :1].repeat(1, 4, 1), "v": b.v[:, :1].repeat(1, 4, 1)},
