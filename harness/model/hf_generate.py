@@ -12,6 +12,7 @@ from typing import Sequence
 
 import torch
 
+from harness.model.logits import rank_logits
 from harness.records import Generation, Request, Step
 
 PRODUCER = "transformers"
@@ -33,14 +34,12 @@ def hf_greedy_generations(hf_model, requests: Sequence[Request]) -> list[Generat
 
 
 def _steps(logits: torch.Tensor, tokens: list[int], k: int) -> list[Step]:
-    logprobs = torch.log_softmax(logits, dim=-1)
-    order = torch.sort(logits, dim=-1, descending=True, stable=True).indices[:, :max(k, 1)]
-    top_lp = logprobs.gather(1, order)
-    token_lp = logprobs.gather(1, torch.tensor(tokens, device=logits.device)[:, None])[:, 0]
-    scales = logits.abs().amax(dim=-1)
+    ranked = rank_logits(logits, k)
+    # transformers' own token, which in a tie need not be the first of the ranking
+    token_lp = ranked.logprobs.gather(1, torch.tensor(tokens, device=logits.device)[:, None])[:, 0]
     return [
         Step(token=token, logprob=float(lp), top=tuple(zip(ids[:k], lps[:k])), logit_scale=float(scale),
              producer=PRODUCER)
-        for token, lp, ids, lps, scale in zip(tokens, token_lp.tolist(), order.tolist(), top_lp.tolist(),
-                                              scales.tolist())
+        for token, lp, ids, lps, scale in zip(tokens, token_lp.tolist(), ranked.order.tolist(),
+                                              ranked.top_logprobs.tolist(), ranked.scales.tolist())
     ]

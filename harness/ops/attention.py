@@ -133,7 +133,5 @@ def paged_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, kv_layer:
                              f"{kv_layer.dtype}")
         context = metadata.max_blocks_per_seq * metadata.block_size
         scratch = workspace.get(2 * tokens * context * k.shape[1] * k.shape[2])
-    paged_attention_op(q, k, v, kv_layer, metadata.slot_mapping[:tokens],
-                       metadata.positions[:tokens], metadata.token_to_seq[:tokens],
-                       metadata.seq_lens, metadata.block_tables, scale, out, scratch)
+    paged_attention_op(q, k, v, kv_layer, *metadata.op_inputs(), scale, out, scratch)
     return out

@@ -12,6 +12,8 @@ from typing import Iterable
 
 import torch
 
+from harness.ops.sizing import cdiv, require_positive
+
 
 class OutOfBlocksError(ValueError):
     """The allocator cannot satisfy a request; the message names what was asked and what is free."""
@@ -65,10 +67,8 @@ class PagedKVCache:
     def __init__(self, num_layers: int, num_blocks: int, block_size: int, num_kv_heads: int,
                  head_dim: int, dtype: torch.dtype = torch.bfloat16,
                  device: torch.device | str = "cpu") -> None:
-        for name, value in (("num_layers", num_layers), ("block_size", block_size),
-                            ("num_kv_heads", num_kv_heads), ("head_dim", head_dim)):
-            if value < 1:
-                raise ValueError(f"{name} must be at least 1, got {value}")
+        require_positive(num_layers=num_layers, block_size=block_size, num_kv_heads=num_kv_heads,
+                         head_dim=head_dim)
         self.num_layers = num_layers
         self.num_blocks = num_blocks
         self.block_size = block_size
@@ -102,4 +102,4 @@ class PagedKVCache:
 
     def blocks_for(self, num_tokens: int) -> int:
         """How many blocks hold `num_tokens` tokens."""
-        return -(-num_tokens // self.block_size)
+        return cdiv(num_tokens, self.block_size)

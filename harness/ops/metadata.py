@@ -18,6 +18,8 @@ from typing import Sequence
 
 import torch
 
+from harness.ops.sizing import cdiv, require_positive
+
 
 @dataclass(frozen=True)
 class SequenceSpan:
@@ -69,10 +71,8 @@ class AttentionMetadata:
 
     def __init__(self, max_batch_size: int, max_num_tokens: int, max_blocks_per_seq: int,
                  block_size: int, pad_slot: int, device: torch.device | str = "cpu") -> None:
-        for name, value in (("max_batch_size", max_batch_size), ("max_num_tokens", max_num_tokens),
-                            ("max_blocks_per_seq", max_blocks_per_seq), ("block_size", block_size)):
-            if value < 1:
-                raise ValueError(f"{name} must be at least 1, got {value}")
+        require_positive(max_batch_size=max_batch_size, max_num_tokens=max_num_tokens,
+                         max_blocks_per_seq=max_blocks_per_seq, block_size=block_size)
         if pad_slot < 0 or pad_slot % block_size:
             raise ValueError(f"pad_slot {pad_slot} must be the first slot of a block of {block_size}")
         self.max_batch_size = max_batch_size
@@ -131,6 +131,13 @@ class AttentionMetadata:
 
     def input_positions(self) -> torch.Tensor:
         return self.positions[: self.num_tokens]
+
+    def op_inputs(self) -> tuple[torch.Tensor, ...]:
+        """What the attention ops read, cut to this batch's padded token rows: slot_mapping,
+        positions, token_to_seq, seq_lens, block_tables."""
+        tokens = self.num_tokens
+        return (self.slot_mapping[:tokens], self.positions[:tokens], self.token_to_seq[:tokens],
+                self.seq_lens, self.block_tables)
 
     def logits_rows(self) -> torch.Tensor:
         """Token rows whose hidden states become logits, one per sequence (padded ones included)."""
@@ -217,7 +224,7 @@ class AttentionMetadata:
                                  f"{self.max_blocks_per_seq}")
             if len(table) * self.block_size < span.seq_len:
                 raise ValueError(f"sequence {i}: seq_len {span.seq_len} needs "
-                                 f"{-(-span.seq_len // self.block_size)} blocks of "
+                                 f"{cdiv(span.seq_len, self.block_size)} blocks of "
                                  f"{self.block_size}, block_table has {len(table)}")
             bad = [b for b in table if not 0 <= b < self.pad_block]
             if bad:

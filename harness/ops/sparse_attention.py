@@ -109,8 +109,5 @@ def block_sparse_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
     if not 1 <= top_k <= metadata.max_blocks_per_seq:
         raise ValueError(f"top_k {top_k} must lie in [1, max_blocks_per_seq "
                          f"{metadata.max_blocks_per_seq}]")
-    tokens = metadata.num_tokens
-    block_sparse_attention_op(q, k, v, kv_layer, metadata.slot_mapping[:tokens],
-                              metadata.positions[:tokens], metadata.token_to_seq[:tokens],
-                              metadata.seq_lens, metadata.block_tables, scale, top_k, out)
+    block_sparse_attention_op(q, k, v, kv_layer, *metadata.op_inputs(), scale, top_k, out)
     return out

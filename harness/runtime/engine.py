@@ -16,6 +16,7 @@ import torch
 from harness.graphs.base import GraphBackend
 from harness.ops.kv_cache import PagedKVCache
 from harness.ops.metadata import AttentionMetadata
+from harness.ops.sizing import cdiv
 from harness.records import Generation, Request, Step
 from harness.runtime.config import EngineConfig
 from harness.runtime.sampling import greedy_with_logprobs
@@ -59,7 +60,7 @@ class Engine:
             raise ValueError(f"EngineConfig.max_model_len {config.max_model_len} exceeds the model's "
                              f"max_position_embeddings {model.max_positions}")
         self.max_model_len = config.max_model_len or model.max_positions
-        blocks_per_seq = -(-self.max_model_len // config.block_size)
+        blocks_per_seq = cdiv(self.max_model_len, config.block_size)
         num_blocks = config.num_blocks or config.max_batch_size * blocks_per_seq
         self.kv_cache = PagedKVCache(model.num_layers, num_blocks, config.block_size, model.num_kv_heads,
                                      model.head_dim, dtype=dtype, device=self.device)

@@ -11,6 +11,8 @@ from dataclasses import dataclass
 
 import torch
 
+from harness.model.logits import rank_logits
+
 
 @dataclass(frozen=True)
 class SampledRow:
@@ -24,13 +26,10 @@ def greedy_with_logprobs(logits: torch.Tensor, ks: list[int]) -> list[SampledRow
     """One row per sequence: logits [num_seqs, vocab]; `ks[i]` top pairs are kept for row i."""
     if logits.shape[0] != len(ks):
         raise ValueError(f"{logits.shape[0]} logit rows for {len(ks)} sequences")
-    logits = logits.float()
-    width = max(1, *ks) if ks else 1
-    order = torch.sort(logits, dim=-1, descending=True, stable=True).indices[:, :width]
-    logprobs = torch.log_softmax(logits, dim=-1).gather(1, order)
-    scales = logits.abs().amax(dim=-1)
+    ranked = rank_logits(logits, max(ks, default=1))
     # One transfer per tensor for the whole batch.
-    order_h, logprobs_h, scales_h = order.tolist(), logprobs.tolist(), scales.tolist()
+    order_h, logprobs_h = ranked.order.tolist(), ranked.top_logprobs.tolist()
+    scales_h = ranked.scales.tolist()
     return [
         SampledRow(token=ids[0], logprob=lps[0], top=tuple(zip(ids[:k], lps[:k])), logit_scale=scale)
         for ids, lps, scale, k in zip(order_h, logprobs_h, scales_h, ks)

@@ -11,6 +11,7 @@ import numbers
 from dataclasses import dataclass
 from typing import Sequence
 
+from harness.ops.sizing import cdiv
 from harness.records import Generation, Request
 
 
@@ -49,7 +50,7 @@ class BadRequestError(ValueError):
 def blocks_needed(request: Request, block_size: int) -> int:
     # The last generated token is never fed back, so its K/V is never stored.
     stored = len(request.prompt) + request.max_new_tokens - 1
-    return -(-stored // block_size)
+    return cdiv(stored, block_size)
 
 
 def check_request(request: Request, limits: RequestLimits) -> str | None:
