@@ -1,5 +1,6 @@
 """`harness bench emulator`: emulated graph replay against eager for a 4-layer tiny decode step on
-CPU. Target (DESIGN.md): replay no slower than eager, ratio replay/eager <= 1.0.
+CPU. Target (the foundation issue): replay no slower than eager, ratio replay/eager <= 1.0. DESIGN.md
+asks at most 0.9x for the reference model's decode step, which this does not time.
 
 Two steps are timed: a hand-written Llama-shaped step over a static KV cache, and transformers'
 LlamaForCausalLM (seeded random weights, no download) with a StaticCache. Each ratio comes from one
@@ -64,8 +65,10 @@ def _hand_written(batch: int) -> tuple[Callable, Callable]:
 def _transformers_llama(batch: int) -> tuple[Callable, Callable]:
     from transformers import LlamaConfig, LlamaForCausalLM, StaticCache
 
-    config = LlamaConfig(hidden_size=64, num_hidden_layers=4, num_attention_heads=4,
-                         num_key_value_heads=2, intermediate_size=128, vocab_size=512,
+    shape = TinyDecoderConfig()  # the same shape as the hand-written case
+    config = LlamaConfig(hidden_size=shape.hidden, num_hidden_layers=shape.layers,
+                         num_attention_heads=shape.heads, num_key_value_heads=shape.kv_heads,
+                         intermediate_size=shape.intermediate, vocab_size=shape.vocab,
                          max_position_embeddings=128)
     torch.manual_seed(0)
     model = LlamaForCausalLM(config).to(torch.bfloat16).eval()
@@ -117,7 +120,8 @@ def measure(case: str, *, batch: int, iters: int, warmup: int) -> Timing:
 
 
 def render(timings: list[Timing], *, batch: int, iters: int) -> str:
-    lines = [f"Emulated replay vs eager, 4 layers, batch {batch}, bf16, median of {iters} iterations "
+    lines = [f"Emulated replay vs eager, {TinyDecoderConfig.layers} layers, batch {batch}, bf16, "
+             f"median of {iters} iterations "
              f"(target ratio <= {TARGET:.2f})", "",
              "| case | eager ms | replay ms | replay/eager | replayed ops |",
              "|---|---:|---:|---:|---:|"]

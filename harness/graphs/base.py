@@ -15,6 +15,11 @@ class CaptureError(RuntimeError):
         self.op = op
 
 
+def released_graph_error() -> CaptureError:
+    """What `replay()` raises once `reset()` released the recording, on every backend."""
+    return CaptureError("replay() after reset(): this graph's recording was released", op="replay")
+
+
 class CapturedGraph(ABC):
     """A recorded piece of work. `output` is what the captured function returned (static outputs,
     overwritten by every replay); `pool` is the pool handle its allocations came from."""
@@ -38,9 +43,16 @@ class GraphBackend(ABC):
     name: str
     device: Any
 
-    @abstractmethod
     def capture(self, fn: Callable[[], Any], *, pool: Any = None) -> CapturedGraph:
         """Run `fn()` once in capture mode and return the recording."""
+        if self.is_capturing():
+            raise CaptureError("capture() inside a capture: graphs cannot be captured while "
+                               "another capture is in progress", op="capture")
+        return self._capture(fn, pool=pool)
+
+    @abstractmethod
+    def _capture(self, fn: Callable[[], Any], *, pool: Any) -> CapturedGraph:
+        """`capture` without the checks every backend shares."""
 
     @abstractmethod
     def graph_pool_handle(self) -> Any:

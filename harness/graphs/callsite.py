@@ -23,6 +23,11 @@ def _describe(filename: str, lineno: int) -> str:
     return f"{where}: {source}" if source else where
 
 
+def at_callsite(message: str, where: str) -> str:
+    """`message`, followed by where it happened when that is known."""
+    return f"{message} (at {where})" if where else message
+
+
 def current_callsite() -> str:
     """The innermost caller frame outside torch and this package, as `file:line: source`."""
     frame: FrameType | None = sys._getframe(1)

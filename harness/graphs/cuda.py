@@ -8,8 +8,8 @@ from typing import Any, Callable
 
 import torch
 
-from harness.graphs.base import CaptureError, CapturedGraph, GraphBackend
-from harness.graphs.callsite import traceback_callsite
+from harness.graphs.base import CaptureError, CapturedGraph, GraphBackend, released_graph_error
+from harness.graphs.callsite import at_callsite, traceback_callsite
 
 _ATEN_NAME = re.compile(r"\baten::\w+(?:\.\w+)?")
 
@@ -22,8 +22,7 @@ class CudaGraph(CapturedGraph):
 
     def replay(self) -> None:
         if self._graph is None:
-            raise CaptureError("replay() after reset(): this graph's recording was released",
-                               op="replay")
+            raise released_graph_error()
         self._graph.replay()
 
     def reset(self) -> None:
@@ -54,10 +53,7 @@ class CudaBackend(GraphBackend):
     def synchronize(self) -> None:
         torch.cuda.synchronize(self.device)
 
-    def capture(self, fn: Callable[[], Any], *, pool: Any = None) -> CudaGraph:
-        if self.is_capturing():
-            raise CaptureError("capture() inside a capture: graphs cannot be captured while "
-                               "another capture is in progress", op="capture")
+    def _capture(self, fn: Callable[[], Any], *, pool: Any) -> CudaGraph:
         if self._stream is None:
             self._stream = torch.cuda.Stream(self.device)
         graph = torch.cuda.CUDAGraph()
@@ -108,7 +104,5 @@ def _as_capture_error(error: BaseException) -> BaseException:
     match = _ATEN_NAME.search(message)
     where = traceback_callsite(first.__traceback__)
     headline = message.splitlines()[0] if message else type(first).__name__
-    return CaptureError(
-        f"{type(first).__name__} during CUDA graph capture: {headline}"
-        f"{f' (at {where})' if where else ''}",
-        op=match.group(0) if match else None)
+    return CaptureError(at_callsite(f"{type(first).__name__} during CUDA graph capture: {headline}", where),
+                        op=match.group(0) if match else None)

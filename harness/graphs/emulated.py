@@ -8,7 +8,7 @@ from typing import Any, Callable
 import torch
 from torch.utils._python_dispatch import _get_current_dispatch_mode_stack
 
-from harness.graphs.base import CaptureError, CapturedGraph, GraphBackend
+from harness.graphs.base import CapturedGraph, GraphBackend, released_graph_error
 from harness.graphs.host_guard import host_reads_raise
 from harness.graphs.opinfo import ReplayStep
 from harness.graphs.pool import PoolArena
@@ -31,8 +31,7 @@ class EmulatedGraph(CapturedGraph):
     def replay(self) -> None:
         steps = self._steps
         if steps is None:
-            raise CaptureError("replay() after reset(): this graph's recording was released",
-                               op="replay")
+            raise released_graph_error()
         # Autograd never sees a graph's work (as on CUDA); inference mode is kept as captured
         # because capture-time outputs are inference tensors exactly when it was on.
         with torch.inference_mode(self._inference_mode), torch._C._AutoDispatchBelowADInplaceOrView():
@@ -62,10 +61,7 @@ class EmulatedBackend(GraphBackend):
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
 
-    def capture(self, fn: Callable[[], Any], *, pool: PoolArena | None = None) -> EmulatedGraph:
-        if self.is_capturing():
-            raise CaptureError("capture() inside a capture: graphs cannot be captured while "
-                               "another capture is in progress", op="capture")
+    def _capture(self, fn: Callable[[], Any], *, pool: PoolArena | None) -> EmulatedGraph:
         if pool is not None and not isinstance(pool, PoolArena):
             raise TypeError(f"pool must be a handle from graph_pool_handle() or a graph's .pool "
                             f"of the emulated backend, got {type(pool).__name__}")

@@ -10,7 +10,7 @@ from typing import Callable, Iterator
 import torch
 
 from harness.graphs.base import CaptureError
-from harness.graphs.callsite import current_callsite
+from harness.graphs.callsite import at_callsite, current_callsite
 
 _GUARDED = ("tolist", "numpy", "__repr__", "__format__", "__array__")
 
@@ -19,11 +19,9 @@ def _guarded(name: str, original: Callable, device: torch.device) -> Callable:
     @functools.wraps(original)
     def guard(self: torch.Tensor, *args, **kwargs):
         if self.device.type == device.type:
-            where = current_callsite()
-            raise CaptureError(
+            raise CaptureError(at_callsite(
                 f"Tensor.{name} reads {self.device} data on the host during capture (a sync); "
-                f"move it out of the captured region{f' (at {where})' if where else ''}",
-                op=f"Tensor.{name}")
+                f"move it out of the captured region", current_callsite()), op=f"Tensor.{name}")
         return original(self, *args, **kwargs)
     return guard
 

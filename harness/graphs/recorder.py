@@ -18,18 +18,24 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from harness.graphs import opinfo
 from harness.graphs.base import CaptureError
-from harness.graphs.callsite import current_callsite
+from harness.graphs.callsite import at_callsite, current_callsite
 from harness.graphs.opinfo import OpKind, ReplayStep
 from harness.graphs.pool import PoolArena, block_of, poison_value
 
 
 def _error(message: str, func: Any) -> CaptureError:
-    where = current_callsite()
-    return CaptureError(f"{message}{f' (at {where})' if where else ''}", op=opinfo.op_name(func))
+    return CaptureError(at_callsite(message, current_callsite()), op=opinfo.op_name(func))
 
 
 def _to_meta(t: torch.Tensor) -> torch.Tensor:
     return torch.empty_strided(t.size(), t.stride(), dtype=t.dtype, device="meta")
+
+
+def _lacks_meta_kernel(error: Exception) -> bool:
+    """Whether running an op on meta tensors failed for want of a meta kernel, rather than for a
+    shape error of the caller's, which must surface at capture as CUDA's host checks would."""
+    text = str(error).lower()
+    return isinstance(error, NotImplementedError) or "meta" in text or "fake" in text
 
 
 def _extent_bytes(t: torch.Tensor) -> int:
@@ -108,10 +114,8 @@ class Recorder(TorchDispatchMode):
             meta_kwargs = {**meta_kwargs, "device": "meta"}
         try:
             return func(*meta_args, **meta_kwargs)
-        except NotImplementedError:
-            pass
-        except RuntimeError as meta_error:
-            if "meta" not in str(meta_error).lower() and "fake" not in str(meta_error).lower():
+        except (NotImplementedError, RuntimeError) as meta_error:
+            if not _lacks_meta_kernel(meta_error):
                 raise
         return self._fake_shapes(func, args, kwargs)
 
@@ -188,10 +192,9 @@ class Recorder(TorchDispatchMode):
                 warnings.simplefilter("ignore")
                 func(*meta_args, **meta_kwargs)
         except Exception as meta_error:
-            # An aten shape error is the user's; anything else means there is no meta kernel
-            # (a custom op without a fake), and so nothing to validate against.
-            no_meta = isinstance(meta_error, NotImplementedError) or "meta" in str(meta_error).lower()
-            if func.namespace == "aten" and not no_meta:
+            # An aten shape error is the user's; a custom op failing here has no fake, and so
+            # nothing to validate against.
+            if func.namespace == "aten" and not _lacks_meta_kernel(meta_error):
                 raise
             return
         meta_named = opinfo.bind(func, meta_args, meta_kwargs)

@@ -174,8 +174,6 @@ def test_too_deep_structures_raise_naming_the_limit():
 
 @pytest.mark.gpu
 def test_cuda_tensors_are_recorded_and_regrowth_reported():
-    if not torch.cuda.is_available():
-        pytest.skip("needs CUDA")
     md = Metadata(block_tables=torch.zeros(4, 8, dtype=torch.int32, device="cuda"),
                   seq_lens=torch.zeros(4, dtype=torch.int32, device="cuda"))
     md.extra["ws"] = torch.empty(16, device="cuda")
