@@ -72,11 +72,8 @@ def cmd_check(args) -> int:
 
 
 def cmd_bench(args) -> int:
-    try:
-        import harness.bench as bench
-    except ImportError:
-        print("harness bench: no benchmarks are installed (harness.bench is missing)", file=sys.stderr)
-        return 2
+    import harness.bench as bench
+
     available = sorted(m.name for m in pkgutil.iter_modules(bench.__path__) if not m.name.startswith("_"))
     if args.name not in available:
         print(f"harness bench: unknown benchmark {args.name!r}; available: {', '.join(available) or 'none'}",

@@ -10,6 +10,9 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 
+EAGER = "eager"  # the producer of a step that no graph ran
+
+
 @dataclass(frozen=True)
 class Request:
     """One prompt to complete greedily; `logprobs` is how many top (token, logprob) pairs to keep."""
@@ -40,7 +43,7 @@ class Step:
     logprob: float
     top: tuple[tuple[int, float], ...]
     logit_scale: float
-    producer: str = "eager"
+    producer: str = EAGER
 
     def __post_init__(self) -> None:
         # Normalise lists (from JSON) to tuples so that equal steps compare and hash equal.
@@ -54,7 +57,7 @@ class Step:
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> Step:
         return cls(token=int(data["token"]), logprob=float(data["logprob"]), top=data["top"],
-                   logit_scale=float(data["logit_scale"]), producer=str(data.get("producer", "eager")))
+                   logit_scale=float(data["logit_scale"]), producer=str(data.get("producer", EAGER)))
 
 
 @dataclass(frozen=True)

@@ -4,11 +4,11 @@ from __future__ import annotations
 
 from hypothesis import strategies as st
 
-from harness.records import Generation, Step
+from harness.records import EAGER, Generation, Step
 
 
 @st.composite
-def steps(draw, *, vocab: int = 64, top_k: int = 2, producers: tuple[str, ...] = ("eager",)) -> Step:
+def steps(draw, *, vocab: int = 64, top_k: int = 2, producers: tuple[str, ...] = (EAGER,)) -> Step:
     """One greedy step: the generated token is the best of `top_k` distinct tokens, logprobs best first."""
     tokens = draw(st.lists(st.integers(0, vocab - 1), min_size=top_k, max_size=top_k, unique=True))
     best = draw(st.floats(-12.0, 0.0, allow_nan=False))

@@ -10,14 +10,20 @@ from harness.graphs.base import CaptureError, CapturedGraph, GraphBackend
 BACKENDS = ("auto", "cuda", "emulated")
 
 
-def get_backend(name: str = "auto", device: torch.device | str | None = None) -> GraphBackend:
-    """"cuda" (real CUDA graphs), "emulated" (CPU by default; `device` may name another), or
-    "auto": cuda when available, else emulated."""
+def resolve_backend(name: str) -> str:
+    """The backend "auto" stands for on this machine (cuda when available, else emulated); other
+    names stand for themselves."""
     if name not in BACKENDS:
         raise ValueError(f"unknown graph backend {name!r}; expected one of {', '.join(BACKENDS)}")
     if name == "auto":
-        name = "cuda" if torch.cuda.is_available() else "emulated"
-    if name == "cuda":
+        return "cuda" if torch.cuda.is_available() else "emulated"
+    return name
+
+
+def get_backend(name: str = "auto", device: torch.device | str | None = None) -> GraphBackend:
+    """"cuda" (real CUDA graphs), "emulated" (CPU by default; `device` may name another), or
+    "auto": cuda when available, else emulated."""
+    if resolve_backend(name) == "cuda":
         from harness.graphs.cuda import CudaBackend
 
         return CudaBackend(device)
@@ -26,4 +32,4 @@ def get_backend(name: str = "auto", device: torch.device | str | None = None) ->
     return EmulatedBackend(device)
 
 
-__all__ = ["BACKENDS", "CaptureError", "CapturedGraph", "GraphBackend", "get_backend"]
+__all__ = ["BACKENDS", "CaptureError", "CapturedGraph", "GraphBackend", "get_backend", "resolve_backend"]

@@ -17,14 +17,12 @@ from harness.graphs.base import GraphBackend
 from harness.ops.kv_cache import PagedKVCache
 from harness.ops.metadata import AttentionMetadata
 from harness.ops.sizing import cdiv
-from harness.records import Generation, Request, Step
+from harness.records import EAGER, Generation, Request, Step
 from harness.runtime.config import EngineConfig
 from harness.runtime.sampling import greedy_with_logprobs
 from harness.runtime.scheduler import ScheduledBatch, Scheduler, Sequence
 from harness.runtime.stats import BatchRecord, EngineStats, StatsRecorder
 from harness.runtime.validation import BadRequestError, RequestLimits, RequestProblem, check_request
-
-EAGER = "eager"
 
 
 @dataclass(frozen=True)

@@ -11,6 +11,8 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Mapping
 
+from harness.records import EAGER
+
 
 @dataclass(frozen=True)
 class BatchRecord:
@@ -27,8 +29,6 @@ class BatchRecord:
 
 @dataclass(frozen=True)
 class EngineStats:
-    eager_steps: int = 0
-    graph_steps: int = 0
     captures: Mapping[str, int] = field(default_factory=dict)
     replays: Mapping[str, int] = field(default_factory=dict)
     capture_passes: Mapping[str, int] = field(default_factory=dict)
@@ -37,7 +37,15 @@ class EngineStats:
 
     @property
     def steps(self) -> int:
-        return self.eager_steps + self.graph_steps
+        return len(self.batches)
+
+    @property
+    def eager_steps(self) -> int:
+        return sum(b.producer == EAGER for b in self.batches)
+
+    @property
+    def graph_steps(self) -> int:
+        return self.steps - self.eager_steps
 
     def decode_batch_sizes(self) -> list[int]:
         return [b.num_seqs for b in self.batches if b.kind == "decode"]
@@ -47,8 +55,6 @@ class StatsRecorder:
     """Counters the engine (and later the graph machinery) bumps; `snapshot()` freezes them."""
 
     def __init__(self) -> None:
-        self.eager_steps = 0
-        self.graph_steps = 0
         self.captures: Counter[str] = Counter()
         self.replays: Counter[str] = Counter()
         self.capture_passes: Counter[str] = Counter()  # per phase, e.g. "estimate", "serve"
@@ -57,18 +63,12 @@ class StatsRecorder:
 
     def record_batch(self, record: BatchRecord) -> None:
         self.batches.append(record)
-        if record.producer == "eager":
-            self.eager_steps += 1
-        else:
-            self.graph_steps += 1
 
     def snapshot(self) -> EngineStats:
         def frozen(counter: Counter[str]) -> Mapping[str, int]:
             return MappingProxyType(dict(counter))
 
         return EngineStats(
-            eager_steps=self.eager_steps,
-            graph_steps=self.graph_steps,
             captures=frozen(self.captures),
             replays=frozen(self.replays),
             capture_passes=frozen(self.capture_passes),

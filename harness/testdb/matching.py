@@ -39,7 +39,9 @@ def detect_machine(*, gpu_count: int | None = None, gpu: str | None = None, stag
     if gpu is None:
         gpu = torch.cuda.get_device_name(0) if cuda else ""
     if backend is None:
-        backend = "cuda" if cuda else "emulated"
+        from harness.graphs import resolve_backend
+
+        backend = resolve_backend("auto")
     return Machine(gpu_count=gpu_count, gpu=gpu, stage=stage, backend=backend)
 
 
