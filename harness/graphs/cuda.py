@@ -93,13 +93,18 @@ def _release_generator_captures(device: torch.device) -> None:
 def _as_capture_error(error: BaseException) -> BaseException:
     """The first error of a failed capture, as a CaptureError. When a sync breaks a capture, the
     capture's end raises a second error that hides the first; the first names the cause."""
-    first = error
-    while first.__context__ is not None and isinstance(first.__context__, Exception):
-        first = first.__context__
+    chain = []
+    cause: BaseException | None = error
+    while isinstance(cause, Exception):
+        chain.append(cause)
+        cause = cause.__context__
+    # The earliest error a capture can raise; an unrelated exception the captured code was
+    # handling when the sync happened (a KeyError in an except block) sits further back.
+    first = next((e for e in reversed(chain) if isinstance(e, RuntimeError)), None)  # AcceleratorError too
+    if first is None:
+        return error
     if isinstance(first, CaptureError):
         return first
-    if not isinstance(first, RuntimeError):  # includes torch.AcceleratorError
-        return error
     message = str(first).strip()
     match = _ATEN_NAME.search(message)
     where = traceback_callsite(first.__traceback__)

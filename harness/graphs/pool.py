@@ -10,6 +10,8 @@ graphs captured into the same pool. Separate arenas own separate segments and ne
 
 from __future__ import annotations
 
+import bisect
+
 import math
 from dataclasses import dataclass
 
@@ -96,8 +98,7 @@ class PoolArena:
         replay_storage = self._non_owning(segment, offset, size)
         block = Block(segment, offset, size, StorageWeakRef(storage), replay_storage)
         setattr(storage, BLOCK_ATTR, block)
-        blocks = self._live[segment]
-        blocks.insert(sum(1 for b in blocks if b.offset < offset), block)
+        bisect.insort(self._live[segment], block, key=lambda b: b.offset)
         return storage, block
 
     def _non_owning(self, segment: int, offset: int, nbytes: int) -> torch.UntypedStorage:
@@ -127,7 +128,7 @@ class PoolArena:
         return (None, 0) if best is None else (best[1], best[2])
 
     def _new_segment(self, size: int) -> int:
-        nbytes = max(self.segment_bytes, -(-size // self.segment_bytes) * self.segment_bytes)
+        nbytes = -(-size // self.segment_bytes) * self.segment_bytes
         self._segments.append(torch.empty(nbytes, dtype=torch.uint8, device=self.device))
         self._live.append([])
         return len(self._segments) - 1

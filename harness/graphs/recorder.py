@@ -56,6 +56,9 @@ class Recorder(TorchDispatchMode):
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
+        if self._is_host_work(func, args, kwargs):
+            # CUDA runs host work once, when capture meets it, and never replays it.
+            return func(*args, **kwargs)
         reason = opinfo.sync_reason(func, args, kwargs) or opinfo.copy_reason(
             func, args, kwargs, self.device)
         if reason:
@@ -134,6 +137,18 @@ class Recorder(TorchDispatchMode):
                 f"{opinfo.op_name(func)} returns fresh tensors, and the emulator needs their shapes "
                 f"without running it, but it has no meta or fake implementation;{hint} "
                 f"({type(fake_error).__name__}: {fake_error})", func) from fake_error
+
+    def _is_host_work(self, func, args, kwargs) -> bool:
+        """On a cuda device, an op that touches no tensor on it and makes none there (CPU tensor
+        math, `torch.arange(n)` without a device) is host work, not part of the graph."""
+        if self.device.type == "cpu":
+            return False
+        tensors = [t for t in tree_flatten((args, kwargs))[0] if isinstance(t, torch.Tensor)]
+        if any(t.device.type == self.device.type for t in tensors):
+            return False
+        named = opinfo.bind(func, args, kwargs)
+        target = named.get("device") or (None if tensors else torch.get_default_device())
+        return target is None or torch.device(target).type != self.device.type
 
     def _output_device(self, func, args, kwargs) -> torch.device:
         named = opinfo.bind(func, args, kwargs)

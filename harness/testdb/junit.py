@@ -41,15 +41,12 @@ def results_by_suite(junit_files: list[Path]) -> dict[str, SuiteResult]:
     results: dict[str, SuiteResult] = {}
     for path in junit_files:
         for case in ET.parse(path).getroot().iter("testcase"):
-            outcome = {child.tag for child in case}
-            one = SuiteResult(
-                suite_of(_testcase_path(case)),
-                failed=int(bool(outcome & {"failure", "error"})),
-                skipped=int("skipped" in outcome and not outcome & {"failure", "error"}),
-                seconds=float(case.get("time") or 0.0),
-            )
-            if not (one.failed or one.skipped):
-                one = SuiteResult(one.suite, passed=1, seconds=one.seconds)
+            tags = {child.tag for child in case}
+            failed = bool(tags & {"failure", "error"})
+            skipped = "skipped" in tags and not failed
+            one = SuiteResult(suite_of(_testcase_path(case)), passed=int(not (failed or skipped)),
+                              failed=int(failed), skipped=int(skipped),
+                              seconds=float(case.get("time") or 0.0))
             results[one.suite] = results.get(one.suite, SuiteResult(one.suite)) + one
     return results
 

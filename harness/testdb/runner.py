@@ -166,8 +166,8 @@ def _report(outcomes: list[Outcome], merged: Path, wall: float, log: Callable[[s
     log(format_table(results))
     for problem in problems:
         log(f"[harness] FAILED {problem}")
-    failed = bool(problems) or any(r.failed for r in results.values()) or any(
-        o.returncode not in (0, None) for o in outcomes)
+    # A timeout (returncode None) and every abnormal exit are also non-zero.
+    failed = any(o.returncode != 0 for o in outcomes) or any(r.failed for r in results.values())
     log(f"[harness] JUnit XML: {merged}")
     log(f"[harness] {'FAILED' if failed else 'passed'} in {wall:.1f} s wall")
     return 1 if failed else 0

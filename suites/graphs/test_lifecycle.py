@@ -90,3 +90,22 @@ def test_capture_with_autograd_enabled(backend):
     backend.synchronize()
     with torch.no_grad():
         assert torch.allclose(graph.output, torch.relu(layer(x)))
+
+
+def test_cuda_error_mapping_finds_the_capture_error_behind_an_unrelated_one():
+    # Pure exception handling, so it runs without CUDA: the sync happened while the captured code
+    # was handling a KeyError; the capture's end then raised its own error on top.
+    from harness.graphs.cuda import _as_capture_error
+
+    try:
+        try:
+            raise KeyError("handled by the captured code")
+        except KeyError:
+            try:
+                raise RuntimeError("aten::nonzero: operation not permitted when stream is capturing")
+            except RuntimeError:
+                raise RuntimeError("operation failed due to a previous error during capture")
+    except RuntimeError as error:
+        mapped = _as_capture_error(error)
+    assert isinstance(mapped, CaptureError)
+    assert mapped.op == "aten::nonzero" and "operation not permitted" in str(mapped)

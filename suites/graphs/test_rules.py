@@ -89,6 +89,21 @@ def test_storage_swapped_under_the_same_tensor_object_is_not_seen(backend, swap)
     assert torch.equal(old, torch.full((4,), 3.0, device=backend.device))
 
 
+def test_host_work_on_the_cpu_runs_once_at_capture(backend):
+    if backend.device.type == "cpu":
+        pytest.skip("on a cpu device every op is device work")
+    x = torch.ones(4, device=backend.device)
+
+    def fn():
+        scale = float(torch.arange(4).sum())  # CPU tensors: host work, frozen at capture
+        return x * scale
+
+    graph = backend.capture(fn)
+    graph.replay()
+    backend.synchronize()
+    assert torch.equal(graph.output, torch.full((4,), 6.0, device=backend.device))
+
+
 def test_branch_on_a_python_int_is_frozen(backend):
     state = {"n": 1}
     x = torch.zeros(3, device=backend.device)
