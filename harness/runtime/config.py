@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, fields
 from typing import Any
 
@@ -20,11 +21,14 @@ class EngineConfig:
     - `device`, `dtype`: where and in what the KV cache lives. The engine runs where the model is and
       stores K/V as the model computes them, so these must match the model's; None takes them.
 
-    Graph options, for the graph machinery of later versions; the engine refuses them for now rather
-    than run eager while a graph run was asked for:
+    Graph options:
     - `decode_graph_sizes`: batch sizes to capture decode graphs for (empty: no decode graphs).
-    - `piecewise_buckets`: token counts to capture piecewise prefill graphs for (empty: none).
-    - `single_pass_capture`: opt in to single-pass decode capture (default two passes).
+    - `piecewise_buckets`: token counts to capture piecewise prefill graphs for (empty: none); the
+      engine refuses them for now rather than run eager while a graph run was asked for.
+    - `single_pass_capture`: opt in to single-pass decode capture (default two passes). Also set by
+      the environment variable HARNESS_SKIP_WARMUP_PASS=1, read when a config is built.
+    - `strict_graph_buffers`: check, before every decode-graph replay, that no tensor the graph
+      baked in has moved, and raise naming it.
     """
 
     max_batch_size: int = 8
@@ -37,8 +41,11 @@ class EngineConfig:
     decode_graph_sizes: tuple[int, ...] = ()
     piecewise_buckets: tuple[int, ...] = ()
     single_pass_capture: bool = False
+    strict_graph_buffers: bool = False
 
     def __post_init__(self) -> None:
+        if skip_warmup_pass_from_env():
+            object.__setattr__(self, "single_pass_capture", True)
         for name in ("max_batch_size", "max_num_tokens", "block_size"):
             _require_positive(name, getattr(self, name))
         for name in ("num_blocks", "max_model_len"):
@@ -69,6 +76,11 @@ class EngineConfig:
         if unknown:
             raise ValueError(f"unknown EngineConfig fields {unknown}; known are {sorted(known)}")
         return cls(**data)
+
+
+def skip_warmup_pass_from_env() -> bool:
+    """HARNESS_SKIP_WARMUP_PASS=1 opts every config built while it is set into the single pass."""
+    return os.environ.get("HARNESS_SKIP_WARMUP_PASS", "") == "1"
 
 
 def _require_positive(name: str, value: Any) -> None:

@@ -1,9 +1,15 @@
 """The engine: requests in, greedy generations with top-k logprobs out.
 
 A step is: schedule a batch (scheduler.py), run the model on it (`_forward`), pick tokens and
-logprobs (sampling.py), record the step. `_forward(batch)` is the seam where graph dispatch plugs in:
-it prepares the metadata for the batch, at the padded shape it chooses, and returns the logits of
-the batch's real sequences with the name of whatever produced them ("eager" here, a graph key later).
+logprobs (sampling.py), record the step. `_forward(batch)` is where graph dispatch plugs in: it
+prepares the metadata for the batch, at the padded shape it chooses, and returns the logits of the
+batch's real sequences with the name of whatever produced them ("eager" or a graph key).
+
+Graph mode (`EngineConfig.decode_graph_sizes`): the engine holds a `DecoderGraphs`
+(decoder_graphs.py). Graphs are captured in two phases, as a serving runtime does: phase 1
+(`estimate_kv_cache`) captures against a first KV cache to size the final one, always with two
+passes, then releases every graph; phase 2 (`finalize_kv_cache`) reallocates the KV cache and the
+metadata and captures again against them. `generate` runs both on first use if no one did.
 """
 
 from __future__ import annotations
@@ -13,12 +19,16 @@ from typing import Sequence as Seq
 
 import torch
 
+from harness.graphs import get_backend
 from harness.graphs.base import GraphBackend
 from harness.ops.kv_cache import PagedKVCache
 from harness.ops.metadata import AttentionMetadata
 from harness.ops.sizing import cdiv
 from harness.records import EAGER, Generation, Request, Step
+from harness.runtime.comm import Comm
 from harness.runtime.config import EngineConfig
+from harness.runtime.decoder_graphs import (ESTIMATE, SERVE, CaptureFeatures, CaptureReport,
+                                            DecoderGraphs, ScopeFactory, no_scope)
 from harness.runtime.sampling import greedy_with_logprobs
 from harness.runtime.scheduler import ScheduledBatch, Scheduler, Sequence
 from harness.runtime.stats import BatchRecord, EngineStats, StatsRecorder
@@ -39,10 +49,15 @@ class Engine:
     - Batching (scheduler.py): all requests are admitted on the first step when the limits allow;
       decode batches then shrink as requests finish, and a request's KV blocks are freed the step it
       finishes.
-    - `backend` (a GraphBackend) is kept for the graph machinery; eager mode never uses it.
+    - `backend` (a GraphBackend) captures the graphs; eager mode never uses it. In graph mode it
+      defaults to real CUDA graphs for a model on cuda and the emulator otherwise.
+    - `comm`, `capture_scope`, `capture_features`: rank agreement, the warmup/serving scope factory
+      and the warmup-pass duties, handed to the decode graph manager (decoder_graphs.py).
     """
 
-    def __init__(self, model, config: EngineConfig | None = None, backend: GraphBackend | None = None) -> None:
+    def __init__(self, model, config: EngineConfig | None = None, backend: GraphBackend | None = None,
+                 *, comm: Comm | None = None, capture_scope: ScopeFactory = no_scope,
+                 capture_features: CaptureFeatures = CaptureFeatures()) -> None:
         self.model = model
         self.config = config = config or EngineConfig()
         self.backend = backend
@@ -58,18 +73,73 @@ class Engine:
             raise ValueError(f"EngineConfig.max_model_len {config.max_model_len} exceeds the model's "
                              f"max_position_embeddings {model.max_positions}")
         self.max_model_len = config.max_model_len or model.max_positions
+        self.dtype = dtype
         blocks_per_seq = cdiv(self.max_model_len, config.block_size)
-        num_blocks = config.num_blocks or config.max_batch_size * blocks_per_seq
-        self.kv_cache = PagedKVCache(model.num_layers, num_blocks, config.block_size, model.num_kv_heads,
-                                     model.head_dim, dtype=dtype, device=self.device)
-        self.metadata = AttentionMetadata(config.max_batch_size, config.max_num_tokens, blocks_per_seq,
-                                          config.block_size, self.kv_cache.pad_slot, device=self.device)
+        self._allocate_kv_cache(config.num_blocks or config.max_batch_size * blocks_per_seq)
         # Token ids live in one preallocated buffer, like the metadata, so a graph can read them.
         self.input_ids = torch.zeros(config.max_num_tokens, dtype=torch.int64, device=self.device)
+        self._stats = StatsRecorder()
+        self.decode_graphs = self._make_decode_graphs(backend, comm, capture_scope, capture_features)
+        self._graphs_ready = False
+
+    def _allocate_kv_cache(self, num_blocks: int) -> None:
+        """A KV cache of `num_blocks`, the metadata that points into it, and the request limits."""
+        config, model = self.config, self.model
+        blocks_per_seq = cdiv(self.max_model_len, config.block_size)
+        self.kv_cache = PagedKVCache(model.num_layers, num_blocks, config.block_size, model.num_kv_heads,
+                                     model.head_dim, dtype=self.dtype, device=self.device)
+        self.metadata = AttentionMetadata(config.max_batch_size, config.max_num_tokens, blocks_per_seq,
+                                          config.block_size, self.kv_cache.pad_slot, device=self.device)
         self.limits = RequestLimits(vocab_size=model.vocab_size, max_model_len=self.max_model_len,
                                     max_prompt_len=config.max_num_tokens, num_blocks=num_blocks,
                                     block_size=config.block_size)
-        self._stats = StatsRecorder()
+
+    def _make_decode_graphs(self, backend, comm, capture_scope, features) -> DecoderGraphs | None:
+        config = self.config
+        if not config.decode_graph_sizes:
+            return None
+        too_large = [s for s in config.decode_graph_sizes if s > config.max_batch_size]
+        if too_large:
+            raise ValueError(f"EngineConfig.decode_graph_sizes {list(too_large)} exceed max_batch_size "
+                             f"{config.max_batch_size}")
+        if backend is None:
+            backend = get_backend("cuda" if self.device.type == "cuda" else "emulated", self.device)
+        self.backend = backend
+        return DecoderGraphs(self, backend, config.decode_graph_sizes, stats=self._stats,
+                             max_num_tokens=config.max_num_tokens, comm=comm,
+                             capture_scope=capture_scope, single_pass=config.single_pass_capture,
+                             strict=config.strict_graph_buffers, features=features)
+
+    # --- phases (graph mode) ----------------------------------------------------------------------
+
+    def estimate_kv_cache(self) -> int:
+        """Phase 1: capture against the first KV cache (always two passes), then release every
+        graph. Returns the number of KV blocks for the final cache (the first cache's size: this
+        reference runtime measures no memory)."""
+        if self.decode_graphs is not None:
+            self.decode_graphs.warmup_and_capture(ESTIMATE)
+            self.decode_graphs.release()
+        return self.kv_cache.num_blocks
+
+    def finalize_kv_cache(self, num_blocks: int | None = None) -> None:
+        """Phase 2: reallocate the KV cache (and the metadata pointing into it) with `num_blocks`,
+        then capture every decode graph again against them."""
+        self._allocate_kv_cache(num_blocks or self.kv_cache.num_blocks)
+        self._recapture_for_final_cache()
+        self._graphs_ready = True
+
+    def _recapture_for_final_cache(self) -> None:
+        if self.decode_graphs is not None:
+            self.decode_graphs.release()
+            self.decode_graphs.warmup_and_capture(SERVE)
+
+    def prepare_graphs(self) -> None:
+        """Both phases, as a serving runtime runs them at startup."""
+        self.finalize_kv_cache(self.estimate_kv_cache())
+
+    @property
+    def capture_reports(self) -> list[CaptureReport]:
+        return [] if self.decode_graphs is None else list(self.decode_graphs.reports)
 
     @property
     def stats(self) -> EngineStats:
@@ -87,6 +157,8 @@ class Engine:
         run, then `BadRequestError` (a ValueError) is raised, naming each bad request's index and
         limit and carrying `.generations` (None at the bad positions).
         """
+        if self.decode_graphs is not None and not self._graphs_ready:
+            self.prepare_graphs()
         problems = []
         for index, request in enumerate(requests):
             reason = check_request(request, self.limits)
@@ -130,27 +202,33 @@ class Engine:
                                                  num_tokens=batch.num_tokens, producer=result.producer,
                                                  free_blocks=self.num_free_blocks))
 
-    def _prepare(self, batch: ScheduledBatch, *, num_tokens: int | None = None,
-                 num_seqs: int | None = None) -> None:
-        """Copy the batch into the metadata and input buffers, padded to the given shape."""
-        self.metadata.prepare(list(batch.spans), num_tokens=num_tokens, num_seqs=num_seqs)
-        ids = batch.input_ids
-        self.input_ids[: len(ids)].copy_(torch.tensor(ids, dtype=torch.int64))
+    def prepare_padded(self, spans, *, num_tokens: int | None = None, num_seqs: int | None = None,
+                       input_ids=()) -> None:
+        """Copy a batch into the metadata and input buffers, padded to the given shape."""
+        self.metadata.prepare(list(spans), num_tokens=num_tokens, num_seqs=num_seqs)
+        if input_ids:
+            self.input_ids[: len(input_ids)].copy_(torch.tensor(input_ids, dtype=torch.int64))
         # Padded token rows read token 0; their K/V goes to the pad sink and their logits are dropped.
-        self.input_ids[len(ids): self.metadata.num_tokens].zero_()
+        self.input_ids[len(input_ids): self.metadata.num_tokens].zero_()
 
     def _forward(self, batch: ScheduledBatch) -> ForwardResult:
-        self._prepare(batch)
+        if self.decode_graphs is not None and batch.kind == "decode":
+            step = self.decode_graphs.run(batch.spans, batch.input_ids)
+            if step is not None:
+                return ForwardResult(logits=step.logits, producer=str(step.key))
+        return self._forward_eager(batch)
+
+    def _forward_eager(self, batch: ScheduledBatch) -> ForwardResult:
+        self.prepare_padded(batch.spans, input_ids=batch.input_ids)
         logits = self.model(self.input_ids, self.metadata, self.kv_cache)
         return ForwardResult(logits=logits[: batch.num_seqs], producer=EAGER)
 
 
 def _refuse_graph_options(config: EngineConfig) -> None:
-    asked = {name: getattr(config, name) for name in ("decode_graph_sizes", "piecewise_buckets",
-                                                      "single_pass_capture") if getattr(config, name)}
+    asked = {name: getattr(config, name) for name in ("piecewise_buckets",) if getattr(config, name)}
     if asked:
         raise ValueError(f"EngineConfig asks for graphs ({', '.join(f'{k}={v!r}' for k, v in asked.items())}), "
-                         "but this engine runs eager only so far; leave the graph options unset")
+                         "but this engine runs decode graphs only so far; leave piecewise_buckets unset")
 
 
 def _same_device(wanted: torch.device, actual: torch.device) -> bool:

@@ -1,0 +1,84 @@
+"""Rank agreement: `allgather_object` and `barrier` over torch.distributed, or trivial in one process.
+
+The decoder graph manager asks every rank the same questions (try the single pass? did a tensor
+move? which shapes can you build?) and acts on the gathered answers, so all ranks take the same path
+and none waits in a collective that its peers skip.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Protocol
+
+import torch
+import torch.distributed as dist
+
+
+class Comm(Protocol):
+    rank: int
+    world_size: int
+
+    def allgather_object(self, obj: Any) -> list[Any]:
+        """Every rank's `obj`, in rank order."""
+
+    def barrier(self) -> None:
+        """Return once every rank has called it."""
+
+
+class SingleProcessComm:
+    """One rank: gathering returns the rank's own answer, the barrier returns at once."""
+
+    rank = 0
+    world_size = 1
+
+    def allgather_object(self, obj: Any) -> list[Any]:
+        return [obj]
+
+    def barrier(self) -> None:
+        return None
+
+
+def process_group_backend(device: torch.device | str) -> str:
+    """The torch.distributed backend for tensors on `device`: nccl for cuda, gloo otherwise."""
+    return "nccl" if torch.device(device).type == "cuda" else "gloo"
+
+
+class TorchDistributedComm:
+    """The default process group. `device` is where this rank's tensors live: nccl collectives
+    need the rank's cuda device current, gloo ones run on the CPU."""
+
+    def __init__(self, device: torch.device | str = "cpu") -> None:
+        if not (dist.is_available() and dist.is_initialized()):
+            raise RuntimeError("TorchDistributedComm needs an initialized default process group "
+                               "(torch.distributed.init_process_group); use SingleProcessComm for one "
+                               "process")
+        self.device = torch.device(device)
+        self.rank = dist.get_rank()
+        self.world_size = dist.get_world_size()
+        backend = dist.get_backend()
+        wanted = process_group_backend(self.device)
+        if backend != wanted:
+            raise ValueError(f"process group backend {backend!r} does not carry tensors on "
+                             f"{self.device}; initialize it with {wanted!r}")
+
+    def allgather_object(self, obj: Any) -> list[Any]:
+        gathered: list[Any] = [None] * self.world_size
+        if self.device.type == "cuda":
+            with torch.cuda.device(self.device):
+                dist.all_gather_object(gathered, obj)
+        else:
+            dist.all_gather_object(gathered, obj)
+        return gathered
+
+    def barrier(self) -> None:
+        if self.device.type == "cuda":
+            dist.barrier(device_ids=[self.device.index if self.device.index is not None
+                                     else torch.cuda.current_device()])
+        else:
+            dist.barrier()
+
+
+def default_comm(device: torch.device | str = "cpu") -> Comm:
+    """TorchDistributedComm when a process group is up, else SingleProcessComm."""
+    if dist.is_available() and dist.is_initialized():
+        return TorchDistributedComm(device)
+    return SingleProcessComm()
