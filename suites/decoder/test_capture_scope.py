@@ -1,0 +1,66 @@
+"""d. Every warmup forward runs under the warmup scope and every capture under the serving scope."""
+
+from __future__ import annotations
+
+import contextlib
+
+from harness.runtime.decoder_graphs import DecoderGraphs
+
+
+class ScopeLog:
+    """A capture-scope factory that logs, for every model forward, the innermost scope and whether
+    the forward was being captured."""
+
+    def __init__(self, engine_backend) -> None:
+        self.backend = engine_backend
+        self.stack: list[str] = []
+        self.forwards: list[tuple[str | None, bool]] = []
+
+    @contextlib.contextmanager
+    def __call__(self, name: str):
+        self.stack.append(name)
+        try:
+            yield
+        finally:
+            self.stack.pop()
+
+    def on_forward(self, module, args) -> None:
+        self.forwards.append((self.stack[-1] if self.stack else None, self.backend.is_capturing()))
+
+
+def scope_violations(forwards: list[tuple[str | None, bool]]) -> list[str]:
+    """Forwards that ran under the wrong scope: captures outside "serving", eager ones outside "warmup"."""
+    problems = []
+    for i, (scope, capturing) in enumerate(forwards):
+        wanted = "serving" if capturing else "warmup"
+        if scope != wanted:
+            problems.append(f"forward {i} ({'capture' if capturing else 'eager'}) ran under {scope!r}, "
+                            f"not {wanted!r}")
+    return problems
+
+
+def _capture_logging_scopes(make_engine, graph_backend, **overrides) -> ScopeLog:
+    log = ScopeLog(graph_backend)
+    engine = make_engine(capture_scope=log, **overrides)
+    handle = engine.model.register_forward_pre_hook(log.on_forward)
+    try:
+        engine.prepare_graphs()
+    finally:
+        handle.remove()
+    return log
+
+
+def test_warmups_run_under_warmup_and_captures_under_serving(make_engine, graph_backend):
+    for single_pass in (False, True):
+        log = _capture_logging_scopes(make_engine, graph_backend, single_pass_capture=single_pass)
+        captures = sum(capturing for _, capturing in log.forwards)
+        assert captures == 2 * 4  # four sizes in each phase
+        assert captures < len(log.forwards)
+        assert scope_violations(log.forwards) == []
+
+
+def test_a_capture_without_its_scope_is_caught(make_engine, graph_backend, monkeypatch):
+    monkeypatch.setattr(DecoderGraphs, "_serving_scope", lambda self: contextlib.nullcontext())
+    log = _capture_logging_scopes(make_engine, graph_backend, single_pass_capture=True)
+    problems = scope_violations(log.forwards)
+    assert len(problems) == 8 and "(capture) ran under 'warmup', not 'serving'" in problems[0]
