@@ -1,0 +1,42 @@
+"""comm.py in one process: the trivial comm, the backend choice by device, and a world of one."""
+
+from __future__ import annotations
+
+import datetime
+
+import pytest
+import torch
+import torch.distributed as dist
+
+from harness.runtime.comm import SingleProcessComm, TorchDistributedComm, default_comm, process_group_backend
+
+
+def test_one_process_gathers_its_own_answer():
+    comm = default_comm()
+    assert isinstance(comm, SingleProcessComm)
+    assert comm.allgather_object({"moved": True}) == [{"moved": True}] and comm.barrier() is None
+
+
+@pytest.mark.parametrize("device, backend", [("cpu", "gloo"), (torch.device("cpu"), "gloo"),
+                                             ("cuda", "nccl"), ("cuda:1", "nccl")])
+def test_the_process_group_backend_follows_the_device(device, backend):
+    assert process_group_backend(device) == backend
+
+
+def test_torch_distributed_comm_needs_a_process_group():
+    with pytest.raises(RuntimeError, match="needs an initialized default process group"):
+        TorchDistributedComm("cpu")
+
+
+def test_a_gloo_world_of_one_agrees_with_itself(tmp_path):
+    dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'store'}", rank=0, world_size=1,
+                            timeout=datetime.timedelta(seconds=30))
+    try:
+        comm = default_comm("cpu")
+        assert isinstance(comm, TorchDistributedComm) and (comm.rank, comm.world_size) == (0, 1)
+        assert comm.allgather_object([4, 2]) == [[4, 2]]
+        comm.barrier()
+        with pytest.raises(ValueError, match="process group backend 'gloo' does not carry tensors on cuda"):
+            TorchDistributedComm("cuda")
+    finally:
+        dist.destroy_process_group()
