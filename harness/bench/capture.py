@@ -1,0 +1,210 @@
+"""`harness bench capture`: decode-graph capture and replay through the engine.
+
+Two measurements per model shape (the tiny CPU-suite model and the Llama-3.2-1B shape):
+
+- capture: the final phase's `warmup_and_capture` with one pass against two passes, graphs of batch
+  1, 8 and 64, each on a fresh engine after one untimed capture warmed the kernels up. Target
+  (DESIGN.md): single/two <= 0.7 (the floor is about 0.67 when a capture costs one eager forward).
+- replay: one decode step of batch 1, 8 and 64 through the engine's graph path (prepare, pad,
+  replay) against its eager path (prepare, forward). Targets on an H200: eager/replay >= 15x for
+  the tiny model and >= 6x for the 1B shape at batch 1; the 1B shape's replay time is printed
+  against the floor of reading its weights once at HBM bandwidth (4.8 TB/s on an H200).
+
+Each ratio comes from one run: the median of many timed iterations after warmup.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+from dataclasses import dataclass
+from typing import Callable
+
+import torch
+
+from harness.bench._report import append_section, machine_line
+from harness.graphs import get_backend
+from harness.model import ReferenceLlama, llama_1b_config, random_llama, tiny_llama_config
+from harness.ops.metadata import SequenceSpan
+from harness.runtime import Engine, EngineConfig
+
+BATCHES = (1, 8, 64)
+CAPTURE_TARGET = 0.7
+REPLAY_TARGETS = {"tiny": 15.0, "1b": 6.0}  # eager/replay at batch 1
+HBM_BYTES_PER_S = 4.8e12  # H200
+CONTEXT = 64  # tokens of context per sequence in the timed decode steps
+CONFIGS = {"tiny": tiny_llama_config, "1b": llama_1b_config}
+
+
+@dataclass(frozen=True)
+class CaptureTiming:
+    model: str
+    two_pass_ms: float
+    single_pass_ms: float
+
+    @property
+    def ratio(self) -> float:
+        return self.single_pass_ms / self.two_pass_ms
+
+
+@dataclass(frozen=True)
+class ReplayTiming:
+    model: str
+    batch: int
+    eager_ms: float
+    replay_ms: float
+
+    @property
+    def speedup(self) -> float:
+        return self.eager_ms / self.replay_ms
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def median_ms(device: torch.device, *fns: Callable[[], object], iters: int, warmup: int) -> list[float]:
+    """Median milliseconds of each function, taking turns within every iteration."""
+    for _ in range(warmup):
+        for fn in fns:
+            fn()
+    _sync(device)
+    samples: list[list[float]] = [[] for _ in fns]
+    for _ in range(iters):
+        for fn, times in zip(fns, samples):
+            start = time.perf_counter()
+            fn()
+            _sync(device)
+            times.append(time.perf_counter() - start)
+    return [statistics.median(times) * 1e3 for times in samples]
+
+
+def build_model(name: str, device: torch.device) -> ReferenceLlama:
+    return ReferenceLlama.from_hf(random_llama(CONFIGS[name](), seed=0)).to(device)
+
+
+def engine_config(*, single_pass: bool) -> EngineConfig:
+    return EngineConfig(max_batch_size=max(BATCHES), max_num_tokens=max(BATCHES) * 2, block_size=16,
+                        max_model_len=2 * CONTEXT, decode_graph_sizes=BATCHES,
+                        single_pass_capture=single_pass)
+
+
+def _new_engine(model: ReferenceLlama, backend, *, single_pass: bool) -> Engine:
+    engine = Engine(model, engine_config(single_pass=single_pass), backend=backend)
+    engine.decode_graphs.warmup_and_capture("estimate")  # first-use work, untimed
+    engine.decode_graphs.release()
+    return engine
+
+
+def time_capture(name: str, model: ReferenceLlama, backend) -> CaptureTiming:
+    device = model.device
+    times = {}
+    for single_pass in (False, True, False, True):  # the first of each arm warms it up
+        engine = _new_engine(model, backend, single_pass=single_pass)
+        _sync(device)
+        start = time.perf_counter()
+        engine.decode_graphs.warmup_and_capture("serve")
+        _sync(device)
+        times[single_pass] = (time.perf_counter() - start) * 1e3
+        report = engine.capture_reports[-1]
+        if report.passes != (1 if single_pass else 2):
+            raise RuntimeError(f"{name}: expected {1 if single_pass else 2} capture passes, the report "
+                               f"says {report}")
+    return CaptureTiming(name, two_pass_ms=times[False], single_pass_ms=times[True])
+
+
+def time_replay(name: str, model: ReferenceLlama, backend, *, iters: int, warmup: int) -> list[ReplayTiming]:
+    engine = _new_engine(model, backend, single_pass=False)
+    engine.decode_graphs.warmup_and_capture("serve")
+    device = model.device
+    cache = engine.kv_cache
+    timings = []
+    for batch in BATCHES:
+        blocks = [cache.allocator.allocate(-(-CONTEXT // cache.block_size)) for _ in range(batch)]
+        spans = tuple(SequenceSpan(seq_len=CONTEXT, query_len=1, block_table=tuple(b)) for b in blocks)
+        ids = tuple(range(1, batch + 1))
+
+        def eager() -> torch.Tensor:
+            engine.prepare_padded(spans, input_ids=ids)
+            return engine.model(engine.input_ids, engine.metadata, engine.kv_cache)
+
+        def replay() -> torch.Tensor:
+            step = engine.decode_graphs.run(spans, ids)
+            if step is None:
+                raise RuntimeError(f"no decode graph for batch {batch}")
+            return step.logits
+
+        expected, got = eager().clone(), replay()
+        if not torch.allclose(expected, got, atol=0.5, rtol=0.05):
+            raise RuntimeError(f"{name} batch {batch}: replay disagrees with eager by up to "
+                               f"{(expected - got).abs().max().item()}")
+        eager_ms, replay_ms = median_ms(device, eager, replay, iters=iters, warmup=warmup)
+        timings.append(ReplayTiming(name, batch, eager_ms, replay_ms))
+        for b in blocks:
+            cache.allocator.free(b)
+    return timings
+
+
+def weight_floor_ms(model: ReferenceLlama) -> float:
+    weights = sum(p.numel() * p.element_size() for p in model.parameters())
+    return weights / HBM_BYTES_PER_S * 1e3
+
+
+def render(backend_name: str, captures: list[CaptureTiming], replays: list[ReplayTiming],
+           floors: dict[str, float], iters: int) -> str:
+    lines = [f"Decode graphs through the engine, backend {backend_name}, bf16, graphs of batch "
+             f"{', '.join(map(str, BATCHES))}, context {CONTEXT} tokens, median of {iters} iterations.", "",
+             f"Capture of the final phase (target single/two <= {CAPTURE_TARGET}):", "",
+             "| model | two passes ms | single pass ms | single/two |", "|---|---:|---:|---:|"]
+    lines += [f"| {c.model} | {c.two_pass_ms:.1f} | {c.single_pass_ms:.1f} | {c.ratio:.2f}x |" for c in captures]
+    lines += ["", "Decode step, eager against graph replay (targets at batch 1: "
+              + ", ".join(f"{k} >= {v:g}x" for k, v in REPLAY_TARGETS.items()) + "):", "",
+              "| model | batch | eager ms | replay ms | eager/replay | weights at HBM bandwidth ms |",
+              "|---|---:|---:|---:|---:|---:|"]
+    lines += [f"| {r.model} | {r.batch} | {r.eager_ms:.3f} | {r.replay_ms:.3f} | {r.speedup:.1f}x | "
+              f"{floors[r.model]:.3f} |" for r in replays]
+    return "\n".join(lines)
+
+
+def misses(captures: list[CaptureTiming], replays: list[ReplayTiming]) -> list[str]:
+    missed = [f"{c.model} capture {c.ratio:.2f}x > {CAPTURE_TARGET}" for c in captures if c.ratio > CAPTURE_TARGET]
+    missed += [f"{r.model} replay at batch 1 {r.speedup:.1f}x < {REPLAY_TARGETS[r.model]:g}x"
+               for r in replays if r.batch == 1 and r.speedup < REPLAY_TARGETS[r.model]]
+    return missed
+
+
+def main(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(prog="harness bench capture", description=__doc__.splitlines()[0])
+    parser.add_argument("--model", choices=sorted(CONFIGS), action="append",
+                        help="model shape (repeatable; default tiny and 1b on cuda, tiny on cpu)")
+    parser.add_argument("--backend", default="auto", choices=("auto", "cuda", "emulated"))
+    parser.add_argument("--iters", type=int, default=100, help="timed iterations (default 100)")
+    parser.add_argument("--warmup", type=int, default=10, help="untimed iterations first (default 10)")
+    parser.add_argument("--output", default="docs/benchmarks.md", help="file the tables are appended to")
+    parser.add_argument("--no-write", action="store_true", help="print only; do not append to --output")
+    parser.add_argument("--check", action="store_true", help="exit 1 when a target is missed")
+    args = parser.parse_args(argv)
+    if args.iters < 1 or args.warmup < 0:
+        parser.error(f"--iters must be at least 1 and --warmup at least 0, got {args.iters}, {args.warmup}")
+    backend = get_backend(args.backend)
+    device = torch.device(backend.device)
+    models = args.model or (["tiny", "1b"] if device.type == "cuda" else ["tiny"])
+    captures, replays, floors = [], [], {}
+    with torch.inference_mode():
+        for name in models:
+            model = build_model(name, device)
+            floors[name] = weight_floor_ms(model)
+            captures.append(time_capture(name, model, backend))
+            replays += time_replay(name, model, backend, iters=args.iters, warmup=args.warmup)
+            del model
+    table = render(backend.name, captures, replays, floors, args.iters)
+    missed = misses(captures, replays)
+    print(table)
+    print(machine_line())
+    print("targets: " + (f"missed: {'; '.join(missed)}" if missed else "met"))
+    if not args.no_write:
+        append_section(args.output, "harness bench capture", table)
+        print(f"appended to {args.output}")
+    return 1 if args.check and missed else 0
