@@ -202,6 +202,11 @@ class Engine:
                                                  num_tokens=batch.num_tokens, producer=result.producer,
                                                  free_blocks=self.num_free_blocks))
 
+    def _prepare(self, batch: ScheduledBatch, *, num_tokens: int | None = None,
+                 num_seqs: int | None = None) -> None:
+        """Copy the batch into the metadata and input buffers, padded to the given shape."""
+        self.prepare_padded(batch.spans, num_tokens=num_tokens, num_seqs=num_seqs, input_ids=batch.input_ids)
+
     def prepare_padded(self, spans, *, num_tokens: int | None = None, num_seqs: int | None = None,
                        input_ids=()) -> None:
         """Copy a batch into the metadata and input buffers, padded to the given shape."""
@@ -219,7 +224,7 @@ class Engine:
         return self._forward_eager(batch)
 
     def _forward_eager(self, batch: ScheduledBatch) -> ForwardResult:
-        self.prepare_padded(batch.spans, input_ids=batch.input_ids)
+        self._prepare(batch)
         logits = self.model(self.input_ids, self.metadata, self.kv_cache)
         return ForwardResult(logits=logits[: batch.num_seqs], producer=EAGER)
 

@@ -22,7 +22,7 @@ class OneDecodeGraph(Engine):
     def _forward(self, batch) -> ForwardResult:
         if batch.kind != "decode":
             return super()._forward(batch)
-        self.prepare_padded(batch.spans, num_tokens=PADDED, num_seqs=PADDED, input_ids=batch.input_ids)
+        self._prepare(batch, num_tokens=PADDED, num_seqs=PADDED)
         if self.graph is None:
             self.graph = self.backend.capture(lambda: self.model(self.input_ids, self.metadata, self.kv_cache))
         self.graph.replay()
