@@ -12,6 +12,7 @@ import os
 import socket
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -53,9 +54,10 @@ def ranks(request, tmp_path_factory) -> list[dict]:
                               stderr=subprocess.STDOUT, text=True)
              for rank in range(WORLD)]
     logs, timed_out = [], False
+    deadline = time.monotonic() + TIMEOUT_S
     for proc in procs:
         try:
-            logs.append(proc.communicate(timeout=TIMEOUT_S)[0])
+            logs.append(proc.communicate(timeout=max(deadline - time.monotonic(), 1))[0])
         except subprocess.TimeoutExpired:
             timed_out = True
             for other in procs:
