@@ -28,6 +28,7 @@ import torch
 
 from harness.graphs.base import GraphBackend
 from harness.ops.metadata import SequenceSpan
+from harness.ops.sizing import cdiv
 from harness.runtime.comm import Comm, SingleProcessComm
 from harness.runtime.graph_runner import (GREEDY, DecodeGraphKey, GraphRunner, PaddedDecodeBatch,
                                           pad_decode_batch)
@@ -39,6 +40,7 @@ ESTIMATE = "estimate"  # phase 1: KV-cache estimation
 SERVE = "serve"  # phase 2: the final KV cache
 WARMUP_SCOPE = "warmup"
 SERVING_SCOPE = "serving"
+DUMMY_SEQ_LEN = 2  # the shortest decode: one cached token and one new
 
 ScopeFactory = Callable[[str], ContextManager[Any]]
 
@@ -163,10 +165,13 @@ class DecoderGraphs:
         """One allgather after the last capture: True if a tensor moved on any rank."""
         return any(self.comm.allgather_object(bool(moved)))
 
+    def _dummy_blocks_per_seq(self) -> int:
+        return cdiv(DUMMY_SEQ_LEN, self.host.kv_cache.block_size)
+
     def _buildable_sizes(self) -> list[int]:
-        """Sizes whose dummy batch this rank can build (one KV block per dummy sequence)."""
+        """Sizes whose dummy batch this rank can build with the KV blocks it has free."""
         free = self.host.kv_cache.allocator.num_free
-        return [size for size in self.sizes if size <= free]
+        return [size for size in self.sizes if size * self._dummy_blocks_per_seq() <= free]
 
     def _agree_sizes(self) -> tuple[list[int], list[int]]:
         """(sizes every rank can build, sizes some rank cannot), largest first."""
@@ -276,11 +281,14 @@ class DecoderGraphs:
 
     @contextlib.contextmanager
     def _dummy_batch(self, size: int) -> Iterator[PaddedDecodeBatch]:
-        """`size` dummy decode sequences of two tokens, one KV block each, freed afterwards."""
+        """`size` dummy decode sequences of two tokens, on KV blocks freed afterwards."""
         allocator = self.host.kv_cache.allocator
-        blocks = allocator.allocate(size)
+        per_seq = self._dummy_blocks_per_seq()
+        blocks = allocator.allocate(size * per_seq)
         try:
-            spans = tuple(SequenceSpan(seq_len=2, query_len=1, block_table=(b,)) for b in blocks)
+            spans = tuple(SequenceSpan(seq_len=DUMMY_SEQ_LEN, query_len=1,
+                                       block_table=tuple(blocks[i * per_seq:(i + 1) * per_seq]))
+                          for i in range(size))
             yield pad_decode_batch(spans, size)
         finally:
             allocator.free(blocks)

@@ -2,8 +2,14 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
+import pytest
+
+from fixtures.models import TINY_ENGINE_CONFIG
 from harness.check import compare_generations
 from harness.records import EAGER
+from harness.runtime import Engine
 from harness.runtime.graph_runner import DecodeGraphKey
 from suites.decoder.conftest import SIZES
 
@@ -47,7 +53,15 @@ def test_a_decode_batch_larger_than_every_graph_runs_eagerly_and_is_counted(make
 
 
 def test_graph_sizes_over_max_batch_size_are_refused(make_engine):
-    import pytest
-
     with pytest.raises(ValueError, match=r"decode_graph_sizes \[16\] exceed max_batch_size 8"):
         make_engine(decode_graph_sizes=(16, 4))
+
+
+def test_blocks_of_one_token_still_build_the_dummy_batches(make_engine, device_reference_llama,
+                                                           decode_requests):
+    requests = decode_requests[:4]
+    eager = Engine(device_reference_llama, replace(TINY_ENGINE_CONFIG, block_size=1)).generate(requests)
+    engine = make_engine(block_size=1, decode_graph_sizes=(4, 1))
+    comparison = compare_generations(eager, engine.generate(requests))
+    assert comparison.ok, str(comparison)
+    assert engine.capture_reports[-1].keys == ("decode[bs=1,greedy]", "decode[bs=4,greedy]")
