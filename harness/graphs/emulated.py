@@ -9,6 +9,7 @@ import torch
 from torch.utils._python_dispatch import _get_current_dispatch_mode_stack
 
 from harness.graphs.base import CapturedGraph, GraphBackend, released_graph_error
+from harness.graphs.external import ExternalStorage, freed_error
 from harness.graphs.host_guard import host_reads_raise
 from harness.graphs.opinfo import ReplayStep
 from harness.graphs.pool import PoolArena
@@ -17,11 +18,12 @@ from harness.graphs.recorder import Recorder
 
 class EmulatedGraph(CapturedGraph):
     def __init__(self, output: Any, pool: PoolArena, steps: list[ReplayStep],
-                 inference_mode: bool) -> None:
+                 inference_mode: bool, external: list[ExternalStorage]) -> None:
         self.output = output
         self.pool = pool
         self._steps: list[ReplayStep] | None = steps
         self._inference_mode = inference_mode
+        self._external = external
 
     @property
     def num_ops(self) -> int:
@@ -32,6 +34,9 @@ class EmulatedGraph(CapturedGraph):
         steps = self._steps
         if steps is None:
             raise released_graph_error()
+        for storage in self._external:
+            if storage.liveness.expired():
+                raise freed_error(storage)
         # Autograd never sees a graph's work (as on CUDA); inference mode is kept as captured
         # because capture-time outputs are inference tensors exactly when it was on.
         with torch.inference_mode(self._inference_mode), torch._C._AutoDispatchBelowADInplaceOrView():
@@ -71,4 +76,5 @@ class EmulatedBackend(GraphBackend):
         recorder = Recorder(arena, self.device)
         with host_reads_raise(self.device), recorder:
             output = fn()
-        return EmulatedGraph(output, arena, recorder.steps, torch.is_inference_mode_enabled())
+        return EmulatedGraph(output, arena, recorder.steps, torch.is_inference_mode_enabled(),
+                             recorder.external.storages())

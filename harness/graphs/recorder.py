@@ -18,7 +18,8 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from harness.graphs import opinfo
 from harness.graphs.base import CaptureError
-from harness.graphs.callsite import at_callsite, current_callsite
+from harness.graphs.callsite import at_callsite, current_callsite, in_index_assignment
+from harness.graphs.external import ExternalMemory
 from harness.graphs.opinfo import OpKind, ReplayStep
 from harness.graphs.pool import PoolArena, block_of, poison_value
 
@@ -52,13 +53,15 @@ class Recorder(TorchDispatchMode):
         self.device = device
         self.steps: list[ReplayStep] = []
         self._replay_tensors: dict[tuple, torch.Tensor] = {}
-        self._external: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
+        self.external = ExternalMemory()
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
         if self._is_host_work(func, args, kwargs):
             # CUDA runs host work once, when capture meets it, and never replays it.
             return func(*args, **kwargs)
+        if func is torch.ops.aten.lift_fresh.default:
+            return self._lift_host_data(args[0])
         reason = opinfo.sync_reason(func, args, kwargs) or opinfo.copy_reason(
             func, args, kwargs, self.device)
         if reason:
@@ -79,6 +82,26 @@ class Recorder(TorchDispatchMode):
         self._record_fresh(func, kind, args, kwargs, outputs)
         return outputs
 
+    def _lift_host_data(self, t: torch.Tensor) -> torch.Tensor:
+        """`torch.tensor(data)` during capture: a copy of host data made when capture meets it."""
+        if t.device.type != "cpu":
+            raise _error(
+                f"torch.tensor(...) builds a {t.device} tensor from host data during capture, a copy "
+                f"from pageable host memory, which CUDA refuses (\"Cannot copy between CPU and CUDA "
+                f"tensors during CUDA graph capture unless the CPU tensor is pinned\"); build it "
+                f"before capture and copy new values into it, or pin the host data",
+                torch.ops.aten.lift_fresh.default)
+        # On a cpu device host data and device data look alike: keep it as a constant of the graph.
+        self.external.hold(t)
+        if in_index_assignment():
+            return t  # `x[i] = 1.0`: a host scalar on CUDA too, never copied
+        warnings.warn(at_callsite(
+            f"a tensor of shape {tuple(t.shape)} is built from host data during capture; the "
+            f"emulator keeps it as a constant, but on a cuda device this is a pageable "
+            f"host-to-device copy that CUDA graph capture refuses: build it before capture",
+            current_callsite()), UserWarning, stacklevel=2)
+        return t
+
     # --- replay view of capture-time tensors -------------------------------------------------
 
     def _for_replay(self, tree: Any) -> Any:
@@ -87,7 +110,7 @@ class Recorder(TorchDispatchMode):
     def _replay_tensor(self, t: torch.Tensor) -> torch.Tensor:
         block = block_of(t)
         if block is None:
-            return self._external_alias(t)
+            return self.external.alias(t)
         # The block itself, not its id: a freed block's id can be reused by a later block.
         key = (block, t.dtype, t.storage_offset(), tuple(t.size()), tuple(t.stride()))
         replay = self._replay_tensors.get(key)
@@ -96,16 +119,6 @@ class Recorder(TorchDispatchMode):
                 block.replay_storage, t.storage_offset(), t.size(), t.stride())
             self._replay_tensors[key] = replay
         return replay
-
-    def _external_alias(self, t: torch.Tensor) -> torch.Tensor:
-        """Memory the graph does not own. CUDA keeps its capture-time address, so replay keeps the
-        capture-time storage through an alias, even if the tensor object is later handed another
-        storage (`x.data = ...`, `x.set_(...)`: a weight reload that rebinds)."""
-        held = self._external.get(id(t))
-        if held is None:
-            held = (t, t.detach())  # holding `t` keeps its id from being reused by another tensor
-            self._external[id(t)] = held
-        return held[1]
 
     # --- shapes without running --------------------------------------------------------------
 
