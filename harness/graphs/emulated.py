@@ -9,6 +9,7 @@ import torch
 from torch.utils._python_dispatch import _get_current_dispatch_mode_stack
 
 from harness.graphs.base import CapturedGraph, GraphBackend, released_graph_error
+from harness.graphs.capture_flag import reports_capturing
 from harness.graphs.external import ExternalStorage, freed_error
 from harness.graphs.host_guard import host_reads_raise
 from harness.graphs.opinfo import ReplayStep
@@ -74,7 +75,7 @@ class EmulatedBackend(GraphBackend):
         if arena.device != self.device:
             raise ValueError(f"pool lives on {arena.device} but this backend captures on {self.device}")
         recorder = Recorder(arena, self.device)
-        with host_reads_raise(self.device), recorder:
+        with host_reads_raise(self.device), reports_capturing(), recorder:
             output = fn()
         return EmulatedGraph(output, arena, recorder.steps, torch.is_inference_mode_enabled(),
                              recorder.external.storages())
