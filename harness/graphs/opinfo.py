@@ -175,6 +175,31 @@ def out_names(func: torch._ops.OpOverload) -> list[str]:
     return [a.name for a in func._schema.arguments if a.is_out]
 
 
+# Norms whose CPU kernel returns its statistics (mean, rstd / invstd) in the input's reduced dtype
+# unless a parameter is float32, where the meta kernel (and CUDA) always give float32.
+_CPU_STATS_IN_INPUT_DTYPE = frozenset({
+    aten.native_layer_norm.default, aten.native_batch_norm.default,
+    aten._native_batch_norm_legit.default, aten._native_batch_norm_legit.no_stats,
+    aten._native_batch_norm_legit_no_training.default})
+_NORM_PARAMETERS = ("weight", "bias", "running_mean", "running_var")
+_REDUCED = (torch.bfloat16, torch.float16)
+
+
+def device_result_dtypes(func: torch._ops.OpOverload, args: tuple, kwargs: dict, results: Any,
+                         device: torch.device) -> Any:
+    """`results` (from the meta kernel) with the dtypes `device`'s own kernel returns."""
+    if device.type != "cpu" or func not in _CPU_STATS_IN_INPUT_DTYPE:
+        return results
+    named = bind(func, args, kwargs)
+    dtype = named["input"].dtype
+    mixed = any(isinstance(named.get(p), torch.Tensor) and named[p].dtype == torch.float32
+                for p in _NORM_PARAMETERS)
+    if dtype not in _REDUCED or mixed:
+        return results
+    first, *stats = results
+    return (first, *(s.to(dtype) for s in stats))
+
+
 ReplayStep = tuple[Callable[..., Any], tuple, dict]
 
 

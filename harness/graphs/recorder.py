@@ -77,8 +77,9 @@ class Recorder(TorchDispatchMode):
             self.steps.append((func._op, *self._for_replay((args, kwargs))))
             return opinfo.aliased_returns(func, args, kwargs)
         device = self._output_device(func, args, kwargs)
-        outputs = tree_map_only(torch.Tensor, lambda meta: self._allocate(meta, device),
-                                self._result_shapes(func, args, kwargs))
+        shapes = opinfo.device_result_dtypes(func, args, kwargs,
+                                             self._result_shapes(func, args, kwargs), device)
+        outputs = tree_map_only(torch.Tensor, lambda meta: self._allocate(meta, device), shapes)
         self._record_fresh(func, kind, args, kwargs, outputs)
         return outputs
 
