@@ -63,7 +63,7 @@ def decode_step(model, batch: int = 2) -> Callable[[], torch.Tensor]:
             if hasattr(layer, "cumulative_length"):
                 layer.cumulative_length.fill_(POSITION)
         with torch.no_grad(), warnings.catch_warnings():
-            warnings.simplefilter("ignore")
+            warnings.simplefilter("ignore", FutureWarning)  # transformers' renamed arguments
             return model(**kwargs).logits
 
     return step
