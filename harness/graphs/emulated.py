@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import contextlib
 from typing import Any, Callable
 
 import torch
@@ -10,6 +11,7 @@ from torch.utils._python_dispatch import _get_current_dispatch_mode_stack
 
 from harness.graphs.base import CapturedGraph, GraphBackend, released_graph_error
 from harness.graphs.capture_flag import reports_capturing
+from harness.graphs.cuda_paths import CudaPaths
 from harness.graphs.external import ExternalStorage, freed_error
 from harness.graphs.host_guard import host_reads_raise
 from harness.graphs.opinfo import ReplayStep
@@ -75,7 +77,12 @@ class EmulatedBackend(GraphBackend):
         if arena.device != self.device:
             raise ValueError(f"pool lives on {arena.device} but this backend captures on {self.device}")
         recorder = Recorder(arena, self.device)
-        with host_reads_raise(self.device), reports_capturing(), recorder:
+        with contextlib.ExitStack() as stack:
+            stack.enter_context(host_reads_raise(self.device))
+            stack.enter_context(reports_capturing())
+            if self.device.type == "cpu":
+                stack.enter_context(CudaPaths())
+            stack.enter_context(recorder)
             output = fn()
         return EmulatedGraph(output, arena, recorder.steps, torch.is_inference_mode_enabled(),
                              recorder.external.storages())

@@ -100,9 +100,40 @@ def sync_reason(func: torch._ops.OpOverload, args: tuple, kwargs: dict) -> str |
                 and not _is_masked_fill(func, named):
             return "boolean-mask indexing has a data-dependent shape"
         return None
+    if func is _GROUPED_MM:
+        return _grouped_mm_reason(bind(func, args, kwargs))
     if torch.Tag.dynamic_output_shape in tags:
         return "its output shape depends on device data"
     return None
+
+
+def equal_on_host(a: torch.Tensor, b: torch.Tensor) -> bool | None:
+    """What CUDA's `torch.equal` answers without reading device data (shapes differ, nothing to
+    compare, or both sides are the very same memory), else None."""
+    if a.shape != b.shape:
+        return False
+    if a.numel() == 0:
+        return True
+    if (a.untyped_storage()._cdata == b.untyped_storage()._cdata and a.dtype == b.dtype
+            and a.storage_offset() == b.storage_offset() and a.stride() == b.stride()
+            and a.layout == b.layout and a.is_neg() == b.is_neg() and a.is_conj() == b.is_conj()):
+        return True
+    return None
+
+
+_GROUPED_MM = getattr(aten, "_grouped_mm", None) and aten._grouped_mm.default
+
+
+def _grouped_mm_reason(named: dict) -> str | None:
+    """CUDA's grouped GEMM kernel takes bf16 only; its fallback for other dtypes copies `offs` to
+    the host (`offs.cpu()`) to loop over the groups."""
+    dtypes = {named["self"].dtype, named["mat2"].dtype, named.get("out_dtype") or named["self"].dtype}
+    if named.get("offs") is None or dtypes == {torch.bfloat16}:
+        return None
+    names = ", ".join(sorted(str(d).removeprefix("torch.") for d in dtypes))
+    return (f"with {names} operands, CUDA's grouped GEMM falls back to a loop that copies `offs` "
+            f"to the host (a sync); only bf16 operands (and output) take the capturable kernel: "
+            f"cast the input and the expert weights to bf16")
 
 
 def _is_masked_fill(func: torch._ops.OpOverload, named: dict) -> bool:

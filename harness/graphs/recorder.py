@@ -19,6 +19,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from harness.graphs import opinfo
 from harness.graphs.base import CaptureError
 from harness.graphs.callsite import at_callsite, current_callsite, in_index_assignment
+from harness.graphs.cuda_paths import one_hot_without_sync
 from harness.graphs.external import ExternalMemory
 from harness.graphs.opinfo import OpKind, ReplayStep
 from harness.graphs.pool import PoolArena, block_of, poison_value
@@ -62,6 +63,13 @@ class Recorder(TorchDispatchMode):
             return func(*args, **kwargs)
         if func is torch.ops.aten.lift_fresh.default:
             return self._lift_host_data(args[0])
+        if func is torch.ops.aten.equal.default:
+            known = opinfo.equal_on_host(*args)
+            if known is not None:
+                return known
+        if func is torch.ops.aten.one_hot.default and opinfo.bind(func, args, kwargs)["num_classes"] > 0:
+            with self:
+                return one_hot_without_sync(*args, **kwargs)
         reason = opinfo.sync_reason(func, args, kwargs) or opinfo.copy_reason(
             func, args, kwargs, self.device)
         if reason:
