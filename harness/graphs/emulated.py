@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import contextlib
+import warnings
 from typing import Any, Callable
 
 import torch
@@ -17,6 +18,7 @@ from harness.graphs.host_guard import host_reads_raise
 from harness.graphs.opinfo import ReplayStep
 from harness.graphs.pool import PoolArena
 from harness.graphs.recorder import Recorder
+from harness.graphs.rng import rng_recorded
 
 
 class EmulatedGraph(CapturedGraph):
@@ -80,9 +82,14 @@ class EmulatedBackend(GraphBackend):
         with contextlib.ExitStack() as stack:
             stack.enter_context(host_reads_raise(self.device))
             stack.enter_context(reports_capturing())
+            stack.enter_context(rng_recorded(self.device, recorder.steps))
             if self.device.type == "cpu":
                 stack.enter_context(CudaPaths())
             stack.enter_context(recorder)
             output = fn()
+        if not recorder.steps:
+            # torch.cuda.graph's own words and category (CUDAGraph::capture_end, a TORCH_WARN).
+            warnings.warn("The CUDA Graph is empty. This usually means that the graph was attempted "
+                          "to be captured on wrong device or stream.", UserWarning, stacklevel=3)
         return EmulatedGraph(output, arena, recorder.steps, torch.is_inference_mode_enabled(),
                              recorder.external.storages())
