@@ -21,6 +21,10 @@ from harness.graphs.recorder import Recorder
 from harness.graphs.rng import rng_recorded
 
 
+# StorageWeakRef.expired() without its Python method call: one C call per storage at each replay.
+_expired = torch.UntypedStorage._expired
+
+
 class EmulatedGraph(CapturedGraph):
     def __init__(self, output: Any, pool: PoolArena, steps: list[ReplayStep],
                  inference_mode: bool, external: list[ExternalStorage]) -> None:
@@ -28,7 +32,8 @@ class EmulatedGraph(CapturedGraph):
         self.pool = pool
         self._steps: list[ReplayStep] | None = steps
         self._inference_mode = inference_mode
-        self._external = external
+        self._external = external  # holds the weak references the raw pointers below stand for
+        self._external_weak_refs = tuple(s.liveness.cdata for s in external)
 
     @property
     def num_ops(self) -> int:
@@ -39,9 +44,8 @@ class EmulatedGraph(CapturedGraph):
         steps = self._steps
         if steps is None:
             raise released_graph_error()
-        for storage in self._external:
-            if storage.liveness.expired():
-                raise freed_error(storage)
+        if any(map(_expired, self._external_weak_refs)):
+            raise freed_error(next(s for s in self._external if s.liveness.expired()))
         # Autograd never sees a graph's work (as on CUDA); inference mode is kept as captured
         # because capture-time outputs are inference tensors exactly when it was on.
         with torch.inference_mode(self._inference_mode), torch._C._AutoDispatchBelowADInplaceOrView():
