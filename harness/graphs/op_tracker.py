@@ -10,16 +10,17 @@ from harness.graphs.opinfo import op_name
 
 
 class FailedOpTracker(TorchDispatchMode):
-    """`failed` is the name of the first op whose call raised, or None."""
+    """`failed` names the op whose call raised last, or is None; an op that runs afterwards clears
+    it, so an error the captured code caught and handled is not blamed for a later one."""
 
     def __init__(self) -> None:
         super().__init__()
         self.failed: str | None = None
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        self.failed = None
         try:
             return func(*args, **(kwargs or {}))
         except Exception:
-            if self.failed is None:
-                self.failed = op_name(func)
+            self.failed = op_name(func)
             raise
