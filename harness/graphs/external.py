@@ -61,6 +61,8 @@ class ExternalMemory:
         """A tensor over `t`'s capture-time memory that does not keep it alive. The storage, not
         the tensor object, is what counts: `x.data = new` after capture leaves the graph on the old
         memory, as on CUDA."""
+        if t.layout != torch.strided:
+            return t.detach()  # sparse and other layouts have no single storage to alias
         storage = t.untyped_storage()
         address = storage._cdata
         if storage.nbytes() == 0 or address in self._held_storages:
