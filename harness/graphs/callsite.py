@@ -49,7 +49,7 @@ def in_index_assignment() -> bool:
     return frame is not None and frame.f_code.co_code[frame.f_lasti] == _STORE_SUBSCR
 
 
-_STORE_SUBSCR = dis.opmap["STORE_SUBSCR"]
+_STORE_SUBSCR = dis.opmap.get("STORE_SUBSCR", -1)  # -1: a Python without it never matches
 
 
 def traceback_callsite(tb: TracebackType | None) -> str:

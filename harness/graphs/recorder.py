@@ -4,7 +4,8 @@ Views run for real (they only alias). In-place and out= ops are recorded as they
 their arguments. Ops with fresh results get outputs from the pool, shaped by the op's meta (or
 fake) kernel and poisoned until the first replay, and are recorded as an allocation-free call into
 those outputs. Pool memory is recorded through the block's replay storage, so the recording never
-keeps a block alive.
+keeps a block alive; memory the graph does not own is aliased the same way (external.py), and a
+replay refuses to run once it was freed.
 """
 
 from __future__ import annotations
