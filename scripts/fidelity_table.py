@@ -37,11 +37,24 @@ KNOWN_DIFFERENCES = """
   capture; CUDA reallocates silently, so the graph then writes memory the caller no longer sees.
 - A custom op's Python body does not run at capture on the emulator (capture runs nothing); CUDA
   runs it once at capture to record its kernels. Python side effects inside the op differ.
-- On the emulator's cpu device, `.cpu()` is invisible and `torch.tensor(data)` is a constant; on
-  CUDA the latter is a pageable host-to-device copy, which capture refuses.
+- On the emulator's cpu device, `.cpu()` is invisible and `torch.tensor(data)` is kept as a constant
+  of the graph, with a warning; on CUDA the latter is a pageable host-to-device copy, which capture
+  refuses (as the emulator does on a cuda device). Host data and device data are the same memory on
+  a cpu device, so a pageable `copy_` captures there.
+- External memory freed after capture: the emulator raises `FreedMemoryError` at replay, CUDA
+  replays into whatever took the address (the cuda column shows the clobbering). 0-dim tensors
+  built from host data during capture are held by the graph, not checked.
 - Pool placement is the emulator's own best fit over 512-byte blocks in 1 MiB segments: reuse of
   freed blocks follows CUDA's caching allocator for the patterns above, not byte for byte.
-- Random ops draw fresh values at every replay on both, from different generators.
+- Random ops draw fresh values at every replay on both, from different generators. State changes
+  made through a `torch.Generator` object's own methods during capture cannot be recorded: the
+  emulator fails the capture when they changed the device generator's state (CUDA records them),
+  and does not see them on other generators; `get_rng_state`/`set_rng_state` bound to a name before
+  capture (`from torch import get_rng_state`) bypass the recording.
+- Norm statistics on a cpu device follow the CPU kernel's dtype (bf16/fp16 for a reduced-precision
+  input), not CUDA's float32: a graph's outputs match what the device itself returns.
+- fp32 `torch._grouped_mm` without `offs` still fails on the emulator (torch's meta kernel takes
+  bf16 only), where CUDA's fallback needs no host copy and captures.
 """
 
 

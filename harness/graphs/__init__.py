@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import torch
 
-from harness.graphs.base import CaptureError, CapturedGraph, GraphBackend
+from harness.graphs.base import CaptureError, CapturedGraph, FreedMemoryError, GraphBackend
 
 BACKENDS = ("auto", "cuda", "emulated")
 
@@ -32,4 +32,4 @@ def get_backend(name: str = "auto", device: torch.device | str | None = None) ->
     return EmulatedBackend(device)
 
 
-__all__ = ["BACKENDS", "CaptureError", "CapturedGraph", "GraphBackend", "get_backend", "resolve_backend"]
+__all__ = ["BACKENDS", "CaptureError", "CapturedGraph", "FreedMemoryError", "GraphBackend", "get_backend", "resolve_backend"]

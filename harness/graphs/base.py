@@ -15,6 +15,12 @@ class CaptureError(RuntimeError):
         self.op = op
 
 
+class FreedMemoryError(CaptureError):
+    """`replay()` of a graph whose memory it does not own (a buffer allocated before capture: a
+    workspace, a weight, a static input) was freed since capture. CUDA replays into the stale
+    address, clobbering whatever the allocator put there; the emulator refuses instead."""
+
+
 def released_graph_error() -> CaptureError:
     """What `replay()` raises once `reset()` released the recording, on every backend."""
     return CaptureError("replay() after reset(): this graph's recording was released", op="replay")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dis
 import linecache
 import os
 import sys
@@ -28,12 +29,27 @@ def at_callsite(message: str, where: str) -> str:
     return f"{message} (at {where})" if where else message
 
 
-def current_callsite() -> str:
-    """The innermost caller frame outside torch and this package, as `file:line: source`."""
-    frame: FrameType | None = sys._getframe(1)
+def _user_frame() -> FrameType | None:
+    frame: FrameType | None = sys._getframe(2)
     while frame is not None and not _is_user_file(frame.f_code.co_filename):
         frame = frame.f_back
+    return frame
+
+
+def current_callsite() -> str:
+    """The innermost caller frame outside torch and this package, as `file:line: source`."""
+    frame = _user_frame()
     return "" if frame is None else _describe(frame.f_code.co_filename, frame.f_lineno)
+
+
+def in_index_assignment() -> bool:
+    """Whether the innermost caller frame outside torch is executing `x[...] = value`. A Python
+    scalar assigned that way reaches aten as a tensor lifted from host data, like `torch.tensor`."""
+    frame = _user_frame()
+    return frame is not None and frame.f_code.co_code[frame.f_lasti] == _STORE_SUBSCR
+
+
+_STORE_SUBSCR = dis.opmap.get("STORE_SUBSCR", -1)  # -1: a Python without it never matches
 
 
 def traceback_callsite(tb: TracebackType | None) -> str:

@@ -10,6 +10,7 @@ import torch
 
 from harness.graphs.base import CaptureError, CapturedGraph, GraphBackend, released_graph_error
 from harness.graphs.callsite import at_callsite, traceback_callsite
+from harness.graphs.op_tracker import FailedOpTracker
 
 _ATEN_NAME = re.compile(r"\baten::\w+(?:\.\w+)?")
 
@@ -58,13 +59,15 @@ class CudaBackend(GraphBackend):
             self._stream = torch.cuda.Stream(self.device)
         graph = torch.cuda.CUDAGraph()
         caller_stream = torch.cuda.current_stream(self.device)
+        tracker = FailedOpTracker()
         try:
             with torch.cuda.device(self.device), torch.cuda.graph(graph, pool=pool,
                                                                   stream=self._stream):
-                output = fn()
+                with tracker:
+                    output = fn()
         except Exception as error:
             _release_generator_captures(self.device)
-            mapped = _as_capture_error(error)
+            mapped = _as_capture_error(error, tracker.failed)
             if mapped is error:
                 raise
             raise mapped from error
@@ -90,7 +93,7 @@ def _release_generator_captures(device: torch.device) -> None:
     generator.graphsafe_set_state(fresh)
 
 
-def _as_capture_error(error: BaseException) -> BaseException:
+def _as_capture_error(error: BaseException, failed_op: str | None = None) -> BaseException:
     """The first error of a failed capture, as a CaptureError. When a sync breaks a capture, the
     capture's end raises a second error that hides the first; the first names the cause."""
     chain = []
@@ -110,4 +113,4 @@ def _as_capture_error(error: BaseException) -> BaseException:
     where = traceback_callsite(first.__traceback__)
     headline = message.splitlines()[0] if message else type(first).__name__
     return CaptureError(at_callsite(f"{type(first).__name__} during CUDA graph capture: {headline}", where),
-                        op=match.group(0) if match else None)
+                        op=failed_op or (match.group(0) if match else None))

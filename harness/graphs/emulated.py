@@ -3,25 +3,37 @@
 
 from __future__ import annotations
 
+import contextlib
+import warnings
 from typing import Any, Callable
 
 import torch
 from torch.utils._python_dispatch import _get_current_dispatch_mode_stack
 
 from harness.graphs.base import CapturedGraph, GraphBackend, released_graph_error
+from harness.graphs.capture_flag import reports_capturing
+from harness.graphs.cuda_paths import CudaPaths
+from harness.graphs.external import ExternalStorage, freed_error
 from harness.graphs.host_guard import host_reads_raise
 from harness.graphs.opinfo import ReplayStep
 from harness.graphs.pool import PoolArena
 from harness.graphs.recorder import Recorder
+from harness.graphs.rng import rng_recorded
+
+
+# StorageWeakRef.expired() without its Python method call: one C call per storage at each replay.
+_expired = torch.UntypedStorage._expired
 
 
 class EmulatedGraph(CapturedGraph):
     def __init__(self, output: Any, pool: PoolArena, steps: list[ReplayStep],
-                 inference_mode: bool) -> None:
+                 inference_mode: bool, external: list[ExternalStorage]) -> None:
         self.output = output
         self.pool = pool
         self._steps: list[ReplayStep] | None = steps
         self._inference_mode = inference_mode
+        self._external = external  # holds the weak references the raw pointers below stand for
+        self._external_weak_refs = tuple(s.liveness.cdata for s in external)
 
     @property
     def num_ops(self) -> int:
@@ -32,6 +44,8 @@ class EmulatedGraph(CapturedGraph):
         steps = self._steps
         if steps is None:
             raise released_graph_error()
+        if any(map(_expired, self._external_weak_refs)):
+            raise freed_error(next(s for s in self._external if s.liveness.expired()))
         # Autograd never sees a graph's work (as on CUDA); inference mode is kept as captured
         # because capture-time outputs are inference tensors exactly when it was on.
         with torch.inference_mode(self._inference_mode), torch._C._AutoDispatchBelowADInplaceOrView():
@@ -69,6 +83,17 @@ class EmulatedBackend(GraphBackend):
         if arena.device != self.device:
             raise ValueError(f"pool lives on {arena.device} but this backend captures on {self.device}")
         recorder = Recorder(arena, self.device)
-        with host_reads_raise(self.device), recorder:
+        with contextlib.ExitStack() as stack:
+            stack.enter_context(host_reads_raise(self.device))
+            stack.enter_context(reports_capturing())
+            stack.enter_context(rng_recorded(self.device, recorder.steps))
+            if self.device.type == "cpu":
+                stack.enter_context(CudaPaths())
+            stack.enter_context(recorder)
             output = fn()
-        return EmulatedGraph(output, arena, recorder.steps, torch.is_inference_mode_enabled())
+        if not recorder.steps:
+            # torch.cuda.graph's own words and category (CUDAGraph::capture_end, a TORCH_WARN).
+            warnings.warn("The CUDA Graph is empty. This usually means that the graph was attempted "
+                          "to be captured on wrong device or stream.", UserWarning, stacklevel=3)
+        return EmulatedGraph(output, arena, recorder.steps, torch.is_inference_mode_enabled(),
+                             recorder.external.storages())

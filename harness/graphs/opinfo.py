@@ -100,9 +100,40 @@ def sync_reason(func: torch._ops.OpOverload, args: tuple, kwargs: dict) -> str |
                 and not _is_masked_fill(func, named):
             return "boolean-mask indexing has a data-dependent shape"
         return None
+    if func is _GROUPED_MM:
+        return _grouped_mm_reason(bind(func, args, kwargs))
     if torch.Tag.dynamic_output_shape in tags:
         return "its output shape depends on device data"
     return None
+
+
+def equal_on_host(a: torch.Tensor, b: torch.Tensor) -> bool | None:
+    """What CUDA's `torch.equal` answers without reading device data (shapes differ, nothing to
+    compare, or both sides are the very same memory), else None."""
+    if a.shape != b.shape:
+        return False
+    if a.numel() == 0:
+        return True
+    if (a.untyped_storage()._cdata == b.untyped_storage()._cdata and a.dtype == b.dtype
+            and a.storage_offset() == b.storage_offset() and a.stride() == b.stride()
+            and a.layout == b.layout and a.is_neg() == b.is_neg() and a.is_conj() == b.is_conj()):
+        return True
+    return None
+
+
+_GROUPED_MM = getattr(aten, "_grouped_mm", None) and aten._grouped_mm.default
+
+
+def _grouped_mm_reason(named: dict) -> str | None:
+    """CUDA's grouped GEMM kernel takes bf16 only; its fallback for other dtypes copies `offs` to
+    the host (`offs.cpu()`) to loop over the groups."""
+    dtypes = {named["self"].dtype, named["mat2"].dtype, named.get("out_dtype") or named["self"].dtype}
+    if named.get("offs") is None or dtypes == {torch.bfloat16}:
+        return None
+    names = ", ".join(sorted(str(d).removeprefix("torch.") for d in dtypes))
+    return (f"with {names} operands, CUDA's grouped GEMM falls back to a loop that copies `offs` "
+            f"to the host (a sync); only bf16 operands (and output) take the capturable kernel: "
+            f"cast the input and the expert weights to bf16")
 
 
 def _is_masked_fill(func: torch._ops.OpOverload, named: dict) -> bool:
@@ -173,6 +204,31 @@ def _takes_same_arguments(functional: Any, candidate: Any) -> bool:
 
 def out_names(func: torch._ops.OpOverload) -> list[str]:
     return [a.name for a in func._schema.arguments if a.is_out]
+
+
+# Norms whose CPU kernel returns its statistics (mean, rstd / invstd) in the input's reduced dtype
+# unless a parameter is float32, where the meta kernel (and CUDA) always give float32.
+_CPU_STATS_IN_INPUT_DTYPE = frozenset({
+    aten.native_layer_norm.default, aten.native_batch_norm.default,
+    aten._native_batch_norm_legit.default, aten._native_batch_norm_legit.no_stats,
+    aten._native_batch_norm_legit_no_training.default})
+_NORM_PARAMETERS = ("weight", "bias", "running_mean", "running_var")
+_REDUCED = (torch.bfloat16, torch.float16)
+
+
+def device_result_dtypes(func: torch._ops.OpOverload, args: tuple, kwargs: dict, results: Any,
+                         device: torch.device) -> Any:
+    """`results` (from the meta kernel) with the dtypes `device`'s own kernel returns."""
+    if device.type != "cpu" or func not in _CPU_STATS_IN_INPUT_DTYPE:
+        return results
+    named = bind(func, args, kwargs)
+    dtype = named["input"].dtype
+    mixed = any(isinstance(named.get(p), torch.Tensor) and named[p].dtype == torch.float32
+                for p in _NORM_PARAMETERS)
+    if dtype not in _REDUCED or mixed:
+        return results
+    first, *stats = results
+    return (first, *(s.to(dtype) for s in stats))
 
 
 ReplayStep = tuple[Callable[..., Any], tuple, dict]

@@ -4,7 +4,8 @@ Views run for real (they only alias). In-place and out= ops are recorded as they
 their arguments. Ops with fresh results get outputs from the pool, shaped by the op's meta (or
 fake) kernel and poisoned until the first replay, and are recorded as an allocation-free call into
 those outputs. Pool memory is recorded through the block's replay storage, so the recording never
-keeps a block alive.
+keeps a block alive; memory the graph does not own is aliased the same way (external.py), and a
+replay refuses to run once it was freed.
 """
 
 from __future__ import annotations
@@ -18,7 +19,9 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from harness.graphs import opinfo
 from harness.graphs.base import CaptureError
-from harness.graphs.callsite import at_callsite, current_callsite
+from harness.graphs.callsite import at_callsite, current_callsite, in_index_assignment
+from harness.graphs.cuda_paths import one_hot_without_sync
+from harness.graphs.external import ExternalMemory
 from harness.graphs.opinfo import OpKind, ReplayStep
 from harness.graphs.pool import PoolArena, block_of, poison_value
 
@@ -52,13 +55,22 @@ class Recorder(TorchDispatchMode):
         self.device = device
         self.steps: list[ReplayStep] = []
         self._replay_tensors: dict[tuple, torch.Tensor] = {}
-        self._external: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
+        self.external = ExternalMemory()
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
         if self._is_host_work(func, args, kwargs):
             # CUDA runs host work once, when capture meets it, and never replays it.
             return func(*args, **kwargs)
+        if func is torch.ops.aten.lift_fresh.default:
+            return self._lift_host_data(args[0])
+        if func is torch.ops.aten.equal.default:
+            known = opinfo.equal_on_host(*args)
+            if known is not None:
+                return known
+        if func is torch.ops.aten.one_hot.default and opinfo.bind(func, args, kwargs)["num_classes"] > 0:
+            with self:
+                return one_hot_without_sync(*args, **kwargs)
         reason = opinfo.sync_reason(func, args, kwargs) or opinfo.copy_reason(
             func, args, kwargs, self.device)
         if reason:
@@ -74,10 +86,31 @@ class Recorder(TorchDispatchMode):
             self.steps.append((func._op, *self._for_replay((args, kwargs))))
             return opinfo.aliased_returns(func, args, kwargs)
         device = self._output_device(func, args, kwargs)
-        outputs = tree_map_only(torch.Tensor, lambda meta: self._allocate(meta, device),
-                                self._result_shapes(func, args, kwargs))
+        shapes = opinfo.device_result_dtypes(func, args, kwargs,
+                                             self._result_shapes(func, args, kwargs), device)
+        outputs = tree_map_only(torch.Tensor, lambda meta: self._allocate(meta, device), shapes)
         self._record_fresh(func, kind, args, kwargs, outputs)
         return outputs
+
+    def _lift_host_data(self, t: torch.Tensor) -> torch.Tensor:
+        """`torch.tensor(data)` during capture: a copy of host data made when capture meets it."""
+        if t.device.type != "cpu":
+            raise _error(
+                f"torch.tensor(...) builds a {t.device} tensor from host data during capture, a copy "
+                f"from pageable host memory, which CUDA refuses (\"Cannot copy between CPU and CUDA "
+                f"tensors during CUDA graph capture unless the CPU tensor is pinned\"); build it "
+                f"before capture and copy new values into it, or pin the host data",
+                torch.ops.aten.lift_fresh.default)
+        # On a cpu device host data and device data look alike: keep it as a constant of the graph.
+        self.external.hold(t)
+        if in_index_assignment():
+            return t  # `x[i] = 1.0`: a host scalar on CUDA too, never copied
+        warnings.warn(at_callsite(
+            f"a tensor of shape {tuple(t.shape)} is built from host data during capture; the "
+            f"emulator keeps it as a constant, but on a cuda device this is a pageable "
+            f"host-to-device copy that CUDA graph capture refuses: build it before capture",
+            current_callsite()), UserWarning, stacklevel=2)
+        return t
 
     # --- replay view of capture-time tensors -------------------------------------------------
 
@@ -87,7 +120,7 @@ class Recorder(TorchDispatchMode):
     def _replay_tensor(self, t: torch.Tensor) -> torch.Tensor:
         block = block_of(t)
         if block is None:
-            return self._external_alias(t)
+            return self.external.alias(t)
         # The block itself, not its id: a freed block's id can be reused by a later block.
         key = (block, t.dtype, t.storage_offset(), tuple(t.size()), tuple(t.stride()))
         replay = self._replay_tensors.get(key)
@@ -96,16 +129,6 @@ class Recorder(TorchDispatchMode):
                 block.replay_storage, t.storage_offset(), t.size(), t.stride())
             self._replay_tensors[key] = replay
         return replay
-
-    def _external_alias(self, t: torch.Tensor) -> torch.Tensor:
-        """Memory the graph does not own. CUDA keeps its capture-time address, so replay keeps the
-        capture-time storage through an alias, even if the tensor object is later handed another
-        storage (`x.data = ...`, `x.set_(...)`: a weight reload that rebinds)."""
-        held = self._external.get(id(t))
-        if held is None:
-            held = (t, t.detach())  # holding `t` keeps its id from being reused by another tensor
-            self._external[id(t)] = held
-        return held[1]
 
     # --- shapes without running --------------------------------------------------------------
 

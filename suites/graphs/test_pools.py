@@ -36,11 +36,11 @@ def _two_graphs(backend, shared: bool):
 
     a = backend.capture(first)
     b = backend.capture(lambda: y + 100, pool=a.pool if shared else None)
-    return a, b, addresses["intermediate"]
+    return a, b, addresses["intermediate"], (x, y)  # the inputs must outlive the graphs
 
 
 def test_two_graphs_in_one_pool_alias_a_freed_intermediate(backend):
-    a, b, intermediate = _two_graphs(backend, shared=True)
+    a, b, intermediate, _inputs = _two_graphs(backend, shared=True)
     assert b.output.data_ptr() == intermediate
     b.replay()
     a.replay()  # out of capture order: a's intermediate overwrites b's output
@@ -50,7 +50,7 @@ def test_two_graphs_in_one_pool_alias_a_freed_intermediate(backend):
 
 
 def test_two_graphs_in_separate_pools_do_not_alias(backend):
-    a, b, intermediate = _two_graphs(backend, shared=False)
+    a, b, intermediate, _inputs = _two_graphs(backend, shared=False)
     assert b.output.data_ptr() != intermediate
     b.replay()
     a.replay()

@@ -1,0 +1,90 @@
+"""Memory a graph uses but does not own: buffers allocated before capture (weights, workspaces,
+static inputs). A CUDA graph keeps their addresses, not the buffers; once the last tensor on one is
+dropped, the allocator hands the address to the next allocation and replay clobbers it. The
+recording aliases each such storage without owning it (as pool.py does for blocks) and keeps a
+`StorageWeakRef`, so a replay can tell that the memory was freed and refuse, where CUDA is silent.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch.multiprocessing.reductions import StorageWeakRef
+
+from harness.graphs.base import FreedMemoryError
+from harness.graphs.callsite import current_callsite
+
+
+@dataclass(frozen=True)
+class ExternalStorage:
+    """One storage the graph reads or writes: `liveness` expires when its owner frees it."""
+
+    liveness: StorageWeakRef
+    replay_storage: torch.UntypedStorage
+    tensor: str  # "shape (4, 8), torch.bfloat16 (on a storage of 64 bytes)"
+    first_use: str  # "file:line: source" of the capture's first op on it
+
+
+def freed_error(storage: ExternalStorage) -> FreedMemoryError:
+    where = f" first used by the capture at {storage.first_use}" if storage.first_use else ""
+    return FreedMemoryError(
+        f"replay() of a graph whose memory was freed after capture: the tensor of {storage.tensor}"
+        f"{where} was allocated outside the graph, and its last reference was dropped since capture. "
+        f"On CUDA the graph keeps the address, not the buffer, and replay would write into (or read "
+        f"from) whatever was allocated there next. Keep the buffer alive as long as the graph, copy "
+        f"new values into it instead of reallocating it (a regrown workspace, a reloaded weight), "
+        f"or recapture after reallocating", op="replay")
+
+
+class ExternalMemory:
+    """The external storages one capture touched, each aliased without being kept alive."""
+
+    def __init__(self) -> None:
+        self._storages: dict[int, ExternalStorage] = {}
+        self._aliases: dict[tuple, torch.Tensor] = {}
+        self._expired_during_capture: list[ExternalStorage] = []
+        self._held: list[torch.Tensor] = []
+        self._held_storages: set[int] = set()
+
+    def storages(self) -> list[ExternalStorage]:
+        """Every storage whose liveness a replay must check."""
+        return [*self._expired_during_capture, *self._storages.values()]
+
+    def hold(self, tensor: torch.Tensor) -> None:
+        """Keep `tensor` alive with the recording: host data lifted into a constant during capture,
+        which nobody else holds."""
+        self._held.append(tensor)
+        self._held_storages.add(tensor.untyped_storage()._cdata)
+
+    def alias(self, t: torch.Tensor) -> torch.Tensor:
+        """A tensor over `t`'s capture-time memory that does not keep it alive. The storage, not
+        the tensor object, is what counts: `x.data = new` after capture leaves the graph on the old
+        memory, as on CUDA."""
+        if t.layout != torch.strided:
+            return t.detach()  # sparse and other layouts have no single storage to alias
+        storage = t.untyped_storage()
+        address = storage._cdata
+        if storage.nbytes() == 0 or address in self._held_storages:
+            return t.detach()
+        known = self._storages.get(address)
+        if known is not None and known.liveness.expired():
+            # Freed during capture, and the same StorageImpl address came back for another buffer.
+            self._expired_during_capture.append(known)
+            self._aliases = {k: v for k, v in self._aliases.items() if k[0] != address}
+            known = None
+        if known is None:
+            known = ExternalStorage(
+                StorageWeakRef(storage),
+                torch._C._construct_storage_from_data_pointer(storage.data_ptr(), t.device,
+                                                              storage.nbytes()),
+                f"shape {tuple(t.shape)}, {t.dtype} (on a storage of {storage.nbytes()} bytes)",
+                current_callsite())
+            self._storages[address] = known
+        key = (address, t.dtype, t.storage_offset(), tuple(t.size()), tuple(t.stride()))
+        replay = self._aliases.get(key)
+        if replay is None:
+            replay = torch.empty(0, dtype=t.dtype, device=t.device).set_(
+                known.replay_storage, t.storage_offset(), t.size(), t.stride())
+            self._aliases[key] = replay
+        return replay

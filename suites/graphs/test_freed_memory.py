@@ -1,0 +1,104 @@
+"""Memory a graph does not own, freed after capture (a workspace regrown, a weight dropped). A CUDA
+graph keeps the address, not the buffer: the next allocation of that size gets the address and
+replay writes into it, or reads it. The emulator refuses such a replay with FreedMemoryError; the
+cuda column shows the clobbering it stands for."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from harness.graphs import CaptureError, FreedMemoryError
+
+# 16 MiB of float32: CUDA's caching allocator gives a block this large a segment of its own (a
+# multiple of 2 MiB), so a freed one merges with no neighbour and the next allocation of its size
+# gets its address back.
+N = 4 << 20
+
+
+def _reallocated_at(backend, address: int, value: float) -> torch.Tensor:
+    fresh = torch.full((N,), value, device=backend.device)
+    if backend.name == "cuda" and fresh.data_ptr() != address:
+        pytest.fail(f"the caching allocator did not hand the freed address {address:#x} to the next "
+                    f"allocation of its size (got {fresh.data_ptr():#x})")
+    return fresh
+
+
+def test_replay_writes_into_a_buffer_freed_after_capture(backend):
+    workspace = torch.zeros(N, device=backend.device)
+    source = torch.full((N,), 2.0, device=backend.device)
+
+    def step() -> None:
+        workspace.copy_(source)  # returns nothing: graph.output must not hold the workspace
+
+    graph = backend.capture(step)
+    address = workspace.data_ptr()
+    del workspace  # the workspace regrows: its old buffer is dropped
+    fresh = _reallocated_at(backend, address, 5.0)
+    if backend.name == "cuda":
+        graph.replay()
+        backend.synchronize()
+        assert torch.equal(fresh, torch.full((N,), 2.0, device=backend.device))  # clobbered
+        return
+    with pytest.raises(FreedMemoryError) as caught:
+        graph.replay()
+    message = str(caught.value)
+    assert f"shape ({N},), torch.float32" in message
+    assert "test_freed_memory.py" in message and "workspace.copy_(source)" in message
+    assert "freed after capture" in message and "recapture" in message
+    assert isinstance(caught.value, CaptureError)
+    assert torch.equal(fresh, torch.full((N,), 5.0, device=backend.device))  # never written
+
+
+def test_replay_reads_a_weight_freed_after_capture(backend):
+    weight = torch.ones(N, device=backend.device)
+    graph = backend.capture(lambda: weight.sum())
+    address = weight.data_ptr()
+    del weight
+    fresh = _reallocated_at(backend, address, 3.0)
+    if backend.name == "cuda":
+        graph.replay()
+        backend.synchronize()
+        assert graph.output.item() == 3.0 * N  # the new owner's values
+        return
+    with pytest.raises(FreedMemoryError, match=r"freed after capture"):
+        graph.replay()
+    assert fresh.sum().item() == 3.0 * N
+
+
+def test_a_buffer_kept_alive_by_a_view_is_not_freed(backend):
+    workspace = torch.zeros(N, device=backend.device)
+    graph = backend.capture(lambda: workspace.fill_(4.0).sum())
+    head = workspace[:8]  # holds the storage
+    del workspace
+    graph.replay()
+    backend.synchronize()
+    assert torch.equal(head, torch.full((8,), 4.0, device=backend.device))
+
+
+def test_a_model_whose_workspace_regrows_after_capture(backend):
+    class Scaled(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.linear = torch.nn.Linear(8, 8)
+            self.workspace = torch.zeros(N, device=backend.device)
+
+        def forward(self, x):
+            self.workspace[: x.numel()].copy_(x.flatten())
+            return self.linear(self.workspace[: x.numel()].view_as(x))
+
+    torch.manual_seed(0)
+    model = Scaled().to(backend.device)
+    x = torch.randn(4, 8, device=backend.device)
+    with torch.no_grad():
+        graph = backend.capture(lambda: model(x))
+        address = model.workspace.data_ptr()
+        model.workspace = torch.zeros(2 * N, device=backend.device)  # regrown for a larger shape
+        fresh = _reallocated_at(backend, address, 5.0)
+        if backend.name == "cuda":
+            graph.replay()
+            backend.synchronize()
+            assert torch.equal(fresh[: x.numel()], x.flatten())  # the step wrote into the new owner
+            return
+        with pytest.raises(FreedMemoryError, match=rf"shape \(32,\), torch.float32 \(on a storage of {4 * N} bytes\)"):
+            graph.replay()

@@ -1,0 +1,121 @@
+"""Copies from pageable host memory during capture. CUDA refuses them ("Cannot copy between CPU and
+CUDA tensors during CUDA graph capture unless the CPU tensor is pinned"): `torch.tensor(data,
+device=...)` and `buf.copy_(host_tensor)` alike; the emulator on a cuda device refuses them too,
+naming the line. On a cpu device host data and device data are the same memory: the emulator keeps
+a tensor built from host data as a constant of the graph, and warns."""
+
+from __future__ import annotations
+
+import warnings
+
+import pytest
+import torch
+
+from harness.graphs import CaptureError
+
+
+def test_tensor_from_host_data_during_capture(backend):
+    x = torch.ones(3, device=backend.device)
+
+    def fn():
+        return x + torch.tensor([1.0, 2.0, 3.0], device=x.device)
+
+    if backend.device.type == "cuda":
+        with pytest.raises(CaptureError) as caught:
+            backend.capture(fn)
+        assert "pinned" in str(caught.value)
+        assert "torch.tensor([1.0, 2.0, 3.0], device=x.device)" in str(caught.value)
+        return
+    with pytest.warns(UserWarning, match=r"built from host data during capture.*test_host_copies\.py"):
+        graph = backend.capture(fn)
+    graph.replay()
+    assert torch.equal(graph.output, torch.tensor([2.0, 3.0, 4.0]))
+
+
+def test_a_scalar_assigned_by_index_is_no_host_copy(backend):
+    # `y[i] = 1.0` passes a host scalar, never copied: it captures on CUDA, and the emulator does
+    # not warn about it.
+    x = torch.zeros(4, device=backend.device)
+    index = torch.tensor([1, 3], device=backend.device)
+
+    def fn():
+        y = x * 1
+        y[index] = 1.0
+        return y
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", UserWarning)
+        graph = backend.capture(fn)
+    graph.replay()
+    backend.synchronize()
+    assert torch.equal(graph.output, torch.tensor([0.0, 1.0, 0.0, 1.0], device=backend.device))
+
+
+def test_copy_from_a_pageable_host_tensor(backend):
+    host = torch.arange(4.0)
+    buffer = torch.zeros(4, device=backend.device)
+
+    def fn():
+        buffer.copy_(host)
+        return buffer * 2
+
+    if backend.device.type == "cuda":
+        with pytest.raises(CaptureError, match="pinned"):
+            backend.capture(fn)
+        return
+    graph = backend.capture(fn)  # host memory is device memory on a cpu device
+    host.fill_(1.0)
+    graph.replay()
+    assert torch.equal(graph.output, torch.full((4,), 2.0))
+
+
+@pytest.mark.gpu
+def test_copy_from_pinned_host_memory_is_capturable(backend):
+    if backend.device.type != "cuda":
+        pytest.skip("pinned memory is for copies to a cuda device")
+    host = torch.arange(4.0).pin_memory()
+    buffer = torch.zeros(4, device=backend.device)
+
+    def fn():
+        buffer.copy_(host, non_blocking=True)
+        return buffer * 2
+
+    graph = backend.capture(fn)
+    host.fill_(3.0)
+    graph.replay()
+    backend.synchronize()
+    assert torch.equal(graph.output, torch.full((4,), 6.0, device=backend.device))
+
+
+class EagerMaskedAttention(torch.nn.Module):
+    """Single-head attention with an additive causal mask built the way transformers' eager mask
+    code built it: a `torch.tensor(0.0, device=mask.device, dtype=dtype)` in a `torch.where`."""
+
+    def __init__(self, hidden: int = 16) -> None:
+        super().__init__()
+        self.qkv = torch.nn.Linear(hidden, 3 * hidden)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        q, k, v = self.qkv(x).chunk(3, dim=-1)
+        n = x.shape[1]
+        allowed = torch.ones(n, n, dtype=torch.bool, device=x.device).tril()
+        mask = torch.where(allowed, torch.tensor(0.0, device=allowed.device, dtype=x.dtype),
+                           torch.finfo(x.dtype).min)
+        scores = q @ k.transpose(-1, -2) / q.shape[-1] ** 0.5 + mask
+        return scores.softmax(-1) @ v
+
+
+def test_eager_attention_mask_built_from_host_data(backend):
+    torch.manual_seed(0)
+    model = EagerMaskedAttention().to(backend.device)
+    x = torch.randn(2, 5, 16, device=backend.device)
+    with torch.no_grad():
+        if backend.device.type == "cuda":
+            with pytest.raises(CaptureError, match="pinned") as caught:
+                backend.capture(lambda: model(x))
+            assert "torch.tensor(0.0, device=allowed.device" in str(caught.value)
+            return
+        with pytest.warns(UserWarning, match="built from host data during capture"):
+            graph = backend.capture(lambda: model(x))
+        graph.replay()
+        torch.testing.assert_close(graph.output, model(x), rtol=0, atol=0)
