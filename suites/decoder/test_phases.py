@@ -4,13 +4,11 @@ from __future__ import annotations
 
 import pytest
 
-import harness.graphs
 from harness.check import compare_generations
-from harness.graphs import CaptureError
 from harness.runtime import Engine
 from harness.runtime.decoder_graphs import DecoderGraphs
 
-FreedMemoryError = getattr(harness.graphs, "FreedMemoryError", CaptureError)
+from harness.graphs import FreedMemoryError
 
 
 def test_phase_two_recaptures_against_the_final_kv_cache(make_engine, decode_requests, eager_decode):
@@ -38,11 +36,12 @@ def test_skipping_the_recapture_diverges(make_engine, decode_requests, eager_dec
     engine = make_engine()
     engine.prepare_graphs()
     assert len(engine.decode_graphs.runner) == 4  # phase 1's graphs, on the first cache
-    try:
-        generations = engine.generate(decode_requests)
-    except FreedMemoryError as error:
-        assert "freed" in str(error)
+    if engine.backend.name == "emulated":
+        # The emulator makes the stale address visible instead of letting replay use it.
+        with pytest.raises(FreedMemoryError, match="freed"):
+            engine.generate(decode_requests)
         return
+    generations = engine.generate(decode_requests)
     comparison = compare_generations(eager_decode, generations)
     assert not comparison.ok
     assert comparison.divergences[0].step >= 1  # the eager prefill agreed; the stale graphs did not
