@@ -142,10 +142,12 @@ class Workload:
 
 
 def workloads(*, max_requests: int = 5, max_prompt: int = 40, max_new: int = 6,
-              max_bucket: int = 128) -> st.SearchStrategy[Workload]:
+              buckets: st.SearchStrategy[tuple[int, ...]] | None = None,
+              max_batch_sizes: st.SearchStrategy[int] | None = None) -> st.SearchStrategy[Workload]:
     """Workloads whose batches land below, on and above the buckets (over-range batches run eagerly
-    and are counted)."""
+    and are counted). `buckets` defaults to random sets up to 128 tokens, `max_batch_sizes` to 1..4
+    (each distinct pair is an engine to compile: narrow them where examples must be cheap)."""
     request = st.tuples(st.integers(1, max_prompt), st.integers(1, max_new))
     return st.builds(Workload, requests=st.lists(request, min_size=1, max_size=max_requests).map(tuple),
-                     max_batch_size=st.integers(1, 4), buckets=bucket_sets(max_bucket=max_bucket),
-                     seed=st.integers(0, 3))
+                     max_batch_size=st.integers(1, 4) if max_batch_sizes is None else max_batch_sizes,
+                     buckets=bucket_sets(max_bucket=128) if buckets is None else buckets, seed=st.integers(0, 3))
