@@ -53,7 +53,7 @@ class PiecewiseCompileBackend:
         self.graph_backend = graph_backend
         self.static_input = static_input
         self.on_missing = on_missing
-        self.is_dynamic = is_dynamic or is_dynamic_node
+        self.is_dynamic = is_dynamic
         self.control = CaptureControl()
         self.groups: list[PoolGroup] = []
         self.runners: list[PiecewiseRunner] = []
@@ -64,7 +64,9 @@ class PiecewiseCompileBackend:
 
     def __call__(self, gm: fx.GraphModule, example_inputs: list[Any]) -> Callable[..., Any]:
         self.compiles += 1
-        split = split_graph_at_dynamic_ops(gm, lambda node: self.is_dynamic(node))
+        # Looked up at compile time, so a planted predicate takes effect on the next compile.
+        predicate = self.is_dynamic or is_dynamic_node
+        split = split_graph_at_dynamic_ops(gm, predicate)
         group = PoolGroup(pool=fresh_pool(self.graph_backend, None), released=self.released_pools)
         self.groups.append(group)
         for index in split.static:

@@ -14,7 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Protocol, Sequence
 
-from harness.runtime.buckets import bucket_for
+from harness.runtime import buckets as bucket_rules
 
 DECODE, PIECEWISE, EAGER_ROUTE = "decode", "piecewise", "eager"
 
@@ -51,7 +51,7 @@ def route(kind: str, num_seqs: int, num_tokens: int, *, decode_graphs: DecodeGra
         raise ValueError(f"batch kind {kind!r} is not one of prefill, decode, mixed")
     if not buckets:
         return Route(EAGER_ROUTE, reason=f"{kind} batch: no piecewise buckets configured")
-    bucket = bucket_for(num_tokens, buckets)
+    bucket = bucket_rules.bucket_for(num_tokens, buckets)
     if bucket is None:
         return Route(EAGER_ROUTE, reason=f"{kind} batch of {num_tokens} tokens: above the largest "
                                          f"piecewise bucket {max(buckets)}")

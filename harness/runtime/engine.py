@@ -19,7 +19,8 @@ from harness.ops.metadata import AttentionMetadata
 from harness.ops.sizing import cdiv
 from harness.records import EAGER, Generation, Request, Step
 from harness.runtime.config import EngineConfig
-from harness.runtime.dispatch import DECODE, EAGER_ROUTE, PIECEWISE, route
+from harness.runtime import dispatch
+from harness.runtime.dispatch import DECODE, EAGER_ROUTE, PIECEWISE
 from harness.runtime.sampling import greedy_with_logprobs
 from harness.runtime.scheduler import ScheduledBatch, Scheduler, Sequence
 from harness.runtime.stats import BatchRecord, EngineStats, StatsRecorder
@@ -158,8 +159,9 @@ class Engine:
         self.input_ids[len(ids): self.metadata.num_tokens].zero_()
 
     def _forward(self, batch: ScheduledBatch) -> ForwardResult:
-        chosen = route(batch.kind, batch.num_seqs, batch.num_tokens, decode_graphs=self.decode_graphs,
-                       buckets=self.piecewise.buckets if self.piecewise is not None else ())
+        buckets = self.piecewise.buckets if self.piecewise is not None else ()
+        chosen = dispatch.route(batch.kind, batch.num_seqs, batch.num_tokens,
+                                decode_graphs=self.decode_graphs, buckets=buckets)
         if chosen.kind == PIECEWISE:
             return self._forward_piecewise(batch, chosen.size)
         if chosen.kind == DECODE:

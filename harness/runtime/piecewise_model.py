@@ -26,7 +26,7 @@ from harness.model.rope import apply_rotary
 from harness.ops.attention import paged_attention_op
 from harness.ops.kv_cache import PagedKVCache
 from harness.ops.metadata import AttentionMetadata
-from harness.runtime.buckets import bucket_for, validate_buckets
+from harness.runtime import buckets as bucket_rules
 from harness.runtime.compile_backend import PiecewiseCompileBackend
 from harness.runtime.piecewise import CAPTURE, SERVE, WARMUP
 from harness.runtime.stats import StatsRecorder
@@ -97,7 +97,7 @@ class PiecewiseGraphs:
         self.kv_cache = kv_cache
         self.metadata = metadata
         self.input_ids = input_ids
-        self.buckets = validate_buckets(buckets, metadata.max_num_tokens)
+        self.buckets = bucket_rules.validate_buckets(buckets, metadata.max_num_tokens)
         self.stats = stats
         persistent = {id(t) for t in (*model.parameters(), *model.buffers())}
         self.compile_backend = PiecewiseCompileBackend(
@@ -112,7 +112,7 @@ class PiecewiseGraphs:
         return self.compile_backend.compiles
 
     def bucket_for(self, num_tokens: int) -> int | None:
-        return bucket_for(num_tokens, self.buckets)
+        return bucket_rules.bucket_for(num_tokens, self.buckets)
 
     def capture(self) -> None:
         """Two passes over the buckets, largest first: every bucket warms up eagerly (the attention

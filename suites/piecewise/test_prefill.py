@@ -134,3 +134,32 @@ def test_default_buckets_serve_everything(piecewise_engine, eager_run, grounding
     generations = engine.generate(grounding_requests)
     assert compare_generations(eager_run(grounding_requests, max_num_tokens=64), generations).ok
     assert_buckets_captured_and_replayed(engine)
+
+
+def test_a_recompile_while_serving_is_counted(piecewise_engine, eager_run):
+    """Planted: a bucket of one token row slips past validation. dynamo specializes size 1, so
+    serving it compiles a second graph without captures: counted as a recompile, its pieces run
+    eagerly and are counted, and the tokens still agree."""
+    from fixtures.models import mixed_requests
+
+    engine = piecewise_engine(buckets=(16,))
+    engine.piecewise.buckets = (1, 16)
+    requests = mixed_requests(prompt_lens=(1,), max_new_tokens=(1,))
+    assert compare_generations(eager_run(requests), engine.generate(requests)).ok
+    assert engine.piecewise.compiles == 2 and engine.piecewise.recompiles == 1
+    fallbacks = engine.stats.fallbacks
+    assert fallbacks["piecewise recompile while serving tokens=1"] == 1
+    assert sum(n for r, n in fallbacks.items() if "no graph for tokens=1" in r) == 3
+
+
+def test_a_forward_that_bypasses_the_graphs_is_counted(piecewise_engine, eager_run):
+    """Planted: the body runs uncompiled (as dynamo does past its recompile limit), so no runner
+    is called; the forward is counted rather than passed off as a replay."""
+    from fixtures.models import mixed_requests
+    from harness.runtime.piecewise_model import make_token_body
+
+    engine = piecewise_engine(buckets=(16,))
+    engine.piecewise._compiled = make_token_body(engine.model)
+    requests = mixed_requests(prompt_lens=(4, 5), max_new_tokens=(1, 1))
+    assert compare_generations(eager_run(requests), engine.generate(requests)).ok
+    assert engine.stats.fallbacks["piecewise graphs bypassed at tokens=16: 0 of 3 segments ran"] == 1

@@ -147,7 +147,8 @@ def test_the_workload_check_catches_stale_static_inputs(device_reference_llama, 
     the capture batch. (A fresh engine: after an earlier batch with the same token ids the stale
     rows could differ in positions only, which RoPE's relative form hides.)"""
     monkeypatch.setattr(piecewise, "copy_into_static", lambda static, new, *, name: None)
-    problem = workload_problem(EngineCache(device_reference_llama, graph_backend), Workload(requests=((7, 2), (12, 2)), max_batch_size=8, buckets=(16, 64)))
+    workload = Workload(requests=((7, 2), (12, 2)), max_batch_size=8, buckets=(16, 64))
+    problem = workload_problem(EngineCache(device_reference_llama, graph_backend), workload)
     assert problem is not None and "Workload(requests=((7, 2), (12, 2))" in problem
 
 
