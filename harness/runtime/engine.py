@@ -13,6 +13,7 @@ from typing import Sequence as Seq
 
 import torch
 
+from harness.graphs import get_backend
 from harness.graphs.base import GraphBackend
 from harness.ops.kv_cache import PagedKVCache
 from harness.ops.metadata import AttentionMetadata
@@ -21,6 +22,7 @@ from harness.records import EAGER, Generation, Request, Step
 from harness.runtime.config import EngineConfig
 from harness.runtime import dispatch
 from harness.runtime.dispatch import DECODE, EAGER_ROUTE, PIECEWISE
+from harness.runtime.piecewise_model import PiecewiseGraphs, bucket_key
 from harness.runtime.sampling import greedy_with_logprobs
 from harness.runtime.scheduler import ScheduledBatch, Scheduler, Sequence
 from harness.runtime.stats import BatchRecord, EngineStats, StatsRecorder
@@ -76,12 +78,9 @@ class Engine:
         self.decode_graphs = None
         self.piecewise = self._build_piecewise(config, backend)
 
-    def _build_piecewise(self, config: EngineConfig, backend: GraphBackend | None):
+    def _build_piecewise(self, config: EngineConfig, backend: GraphBackend | None) -> PiecewiseGraphs | None:
         if not config.piecewise_buckets:
             return None
-        from harness.graphs import get_backend
-        from harness.runtime.piecewise_model import PiecewiseGraphs
-
         if backend is None:
             self.backend = backend = get_backend("cuda" if self.device.type == "cuda" else "emulated",
                                                  device=self.device)
@@ -178,8 +177,6 @@ class Engine:
                                   "but this engine has no decode-graph runner connected")
 
     def _forward_piecewise(self, batch: ScheduledBatch, bucket: int) -> ForwardResult:
-        from harness.runtime.piecewise_model import bucket_key
-
         self._prepare(batch, num_tokens=bucket)
         logits = self.piecewise.run(batch.num_seqs, bucket)
         return ForwardResult(logits=logits, producer=bucket_key(bucket))
