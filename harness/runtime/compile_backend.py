@@ -20,7 +20,8 @@ from torch import fx
 
 from harness.graphs.base import GraphBackend
 from harness.runtime.piecewise import (CaptureControl, PiecewiseRunner, PoolGroup, SplitInfo, is_weight,
-                                       node_calls_ops, split_graph_at_dynamic_ops, submodule_name)
+                                       mutated_inputs, node_calls_ops, split_graph_at_dynamic_ops,
+                                       submodule_name)
 
 # The ops whose work depends on the host-side batch layout: they run eagerly between the pieces.
 DYNAMIC_OPS = frozenset({"harness::paged_attention", "harness::block_sparse_attention"})
@@ -67,6 +68,12 @@ class PiecewiseCompileBackend:
         # Looked up at compile time, so a planted predicate takes effect on the next compile.
         predicate = self.is_dynamic or is_dynamic_node
         split = split_graph_at_dynamic_ops(gm, predicate)
+        for index in split.static:
+            written = mutated_inputs(split.submodule(index))
+            if written:
+                raise ValueError(f"static piece {submodule_name(index)} writes its inputs {written} in "
+                                 f"place; a replay would write the runner's static copies instead. Move "
+                                 f"the write into a dynamic op (a custom op with mutates_args)")
         group = PoolGroup(pool=fresh_pool(self.graph_backend, None), released=self.released_pools)
         self.groups.append(group)
         for index in split.static:

@@ -104,6 +104,40 @@ def split_graph_at_dynamic_ops(gm: fx.GraphModule, is_dynamic: Callable[[fx.Node
     return SplitInfo(split_module=split, dynamic=dynamic, static=static)
 
 
+def mutated_inputs(gm: fx.GraphModule) -> list[str]:
+    """Placeholders of `gm` that one of its nodes writes in place (a method or function whose name
+    ends in `_`, an OpOverload whose schema marks the argument written, or an `out=`), directly or
+    through a view. A static piece must not write its inputs: replay writes the runner's static copy,
+    and the caller's tensor would never see the write."""
+    origin: dict[fx.Node, str] = {n: n.target for n in gm.graph.nodes if n.op == "placeholder"}
+    written: list[str] = []
+
+    def note(arg: Any) -> None:
+        if isinstance(arg, fx.Node) and arg in origin and origin[arg] not in written:
+            written.append(origin[arg])
+
+    for node in gm.graph.nodes:
+        if node.op not in ("call_function", "call_method"):
+            continue
+        name = node.target if node.op == "call_method" else getattr(node.target, "__name__", "")
+        schema = getattr(node.target, "_schema", None)
+        if schema is not None:
+            for arg, spec in zip(node.args, schema.arguments):
+                if spec.alias_info is not None and spec.alias_info.is_write:
+                    note(arg)
+        elif isinstance(name, str) and name.endswith("_") and not name.endswith("__") and node.args:
+            note(node.args[0])
+        note(node.kwargs.get("out"))
+        if node.op == "call_method" and node.target in _VIEW_METHODS and node.args and node.args[0] in origin:
+            origin[node] = origin[node.args[0]]
+    return written
+
+
+_VIEW_METHODS = frozenset({"view", "reshape", "flatten", "unflatten", "__getitem__", "select", "narrow",
+                           "transpose", "permute", "unsqueeze", "squeeze", "expand", "as_strided",
+                           "t", "view_as", "chunk", "split", "unbind"})
+
+
 # ----------------------------------------------------------------------------------------------
 # Runner
 

@@ -148,3 +148,31 @@ def test_static_outputs_are_overwritten_by_the_next_replay(graph_backend, device
     kept = first.clone()
     run(backend, split, SERVE, 4, seed=2, device=device)
     assert not torch.equal(first, kept)
+
+
+def test_a_static_piece_that_writes_its_input_is_refused(graph_backend):
+    """A static piece writing an input in place would write the runner's static copy on replay:
+    the caller's tensor (a KV cache, say) would silently miss the write."""
+    from torch import fx
+
+    graph = fx.Graph()
+    x, y = graph.placeholder("x"), graph.placeholder("y")
+    view = graph.call_method("view", (y, -1))
+    graph.call_method("add_", (view, 1.0))
+    graph.output(graph.call_function(torch.relu, (x,)))
+    gm = fx.GraphModule(torch.nn.Module(), graph)
+    backend = PiecewiseCompileBackend(graph_backend, is_dynamic=is_test_dynamic)
+    with pytest.raises(ValueError, match=r"static piece submod_0 writes its inputs \['y'\] in place"):
+        backend(gm, [])
+
+
+def test_writes_through_schemas_and_out_are_seen():
+    from torch import fx
+
+    graph = fx.Graph()
+    a, b, c, d = (graph.placeholder(n) for n in "abcd")
+    graph.call_function(torch.ops.aten.index_copy_.default, (a, 0, b, c))
+    graph.call_function(torch.add, (c, c), {"out": d})
+    graph.call_function(torch.mul, (b, 2.0))
+    graph.output(None)
+    assert piecewise.mutated_inputs(fx.GraphModule(torch.nn.Module(), graph)) == ["a", "d"]
