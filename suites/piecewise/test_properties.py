@@ -16,7 +16,7 @@ from dataclasses import replace
 
 import pytest
 import torch
-from hypothesis import HealthCheck, find, given, settings
+from hypothesis import HealthCheck, example, find, given, settings
 from hypothesis import strategies as st
 
 from fixtures.models import TINY_ENGINE_CONFIG
@@ -129,6 +129,10 @@ PRE_MERGE_WORKLOADS = workloads(max_requests=4, buckets=st.sampled_from([(16, 64
 
 @settings(max_examples=6, suppress_health_check=[HealthCheck.too_slow])
 @given(workload=PRE_MERGE_WORKLOADS)
+# A prefill exactly on a bucket, one just past the largest, and a mixed batch one past a bucket.
+@example(workload=Workload(requests=((10, 2), (6, 2)), max_batch_size=8, buckets=(16, 64)))
+@example(workload=Workload(requests=((40, 1), (25, 1)), max_batch_size=8, buckets=(16, 64)))
+@example(workload=Workload(requests=((3, 3), (9, 2), (16, 2)), max_batch_size=2, buckets=(16, 64)))
 def test_random_workloads_agree_with_eager_in_graph_mode(engines, workload):
     problem = workload_problem(engines, workload)
     assert problem is None, problem
