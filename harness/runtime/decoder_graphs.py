@@ -305,14 +305,19 @@ class DecoderGraphs:
         n = len(spans)
         key = self.runner.key_for(n, sampling_variant(n))
         if key is None:
-            self.stats.fallbacks[self._no_graph_reason(n)] += 1
+            self.stats.fallbacks[self.no_graph_reason(n)] += 1
             return None
         self._prepare(pad_decode_batch(spans, key.batch_size), input_ids)
         output = self.runner.replay(key)
         self.stats.replays[str(key)] += 1
         return GraphStep(logits=output[:n], key=key)
 
-    def _no_graph_reason(self, n: int) -> str:
+    def size_for(self, num_seqs: int) -> int | None:
+        """The captured batch size a decode batch of `num_seqs` replays (None: no graph holds it)."""
+        key = self.runner.key_for(num_seqs, sampling_variant(num_seqs))
+        return None if key is None else key.batch_size
+
+    def no_graph_reason(self, n: int) -> str:
         if not len(self.runner):
             return f"decode batch of {n}: no decode graph captured"
         largest = max(k.batch_size for k in self.runner.keys)

@@ -29,6 +29,9 @@ from harness.runtime.comm import Comm
 from harness.runtime.config import EngineConfig
 from harness.runtime.decoder_graphs import (ESTIMATE, SERVE, CaptureFeatures, CaptureReport,
                                             DecoderGraphs, ScopeFactory, no_scope)
+from harness.runtime import dispatch
+from harness.runtime.dispatch import DECODE, EAGER_ROUTE, PIECEWISE
+from harness.runtime.piecewise_model import PiecewiseGraphs, bucket_key
 from harness.runtime.sampling import greedy_with_logprobs
 from harness.runtime.scheduler import ScheduledBatch, Scheduler, Sequence
 from harness.runtime.stats import BatchRecord, EngineStats, StatsRecorder
@@ -68,7 +71,6 @@ class Engine:
         dtype = config.dtype or model.dtype
         if dtype != model.dtype:
             raise ValueError(f"EngineConfig.dtype {dtype} must match the model dtype {model.dtype}")
-        _refuse_graph_options(config)
         if config.max_model_len is not None and config.max_model_len > model.max_positions:
             raise ValueError(f"EngineConfig.max_model_len {config.max_model_len} exceeds the model's "
                              f"max_position_embeddings {model.max_positions}")
@@ -79,7 +81,10 @@ class Engine:
         # Token ids live in one preallocated buffer, like the metadata, so a graph can read them.
         self.input_ids = torch.zeros(config.max_num_tokens, dtype=torch.int64, device=self.device)
         self._stats = StatsRecorder()
-        self.decode_graphs = self._make_decode_graphs(backend, comm, capture_scope, capture_features)
+        if self.backend is None and (config.decode_graph_sizes or config.piecewise_buckets):
+            self.backend = get_backend("cuda" if self.device.type == "cuda" else "emulated", self.device)
+        self.decode_graphs = self._make_decode_graphs(self.backend, comm, capture_scope, capture_features)
+        self.piecewise = self._build_piecewise(config, self.backend)
         self._graphs_ready = False
 
     def _allocate_kv_cache(self, num_blocks: int) -> None:
@@ -102,9 +107,6 @@ class Engine:
         if too_large:
             raise ValueError(f"EngineConfig.decode_graph_sizes {list(too_large)} exceed max_batch_size "
                              f"{config.max_batch_size}")
-        if backend is None:
-            backend = get_backend("cuda" if self.device.type == "cuda" else "emulated", self.device)
-        self.backend = backend
         return DecoderGraphs(self, backend, config.decode_graph_sizes, stats=self._stats,
                              max_num_tokens=config.max_num_tokens, comm=comm,
                              capture_scope=capture_scope, single_pass=config.single_pass_capture,
@@ -119,6 +121,9 @@ class Engine:
         if self.decode_graphs is not None:
             self.decode_graphs.warmup_and_capture(ESTIMATE)
             self.decode_graphs.release()
+        if self.piecewise is not None:
+            self.piecewise.capture()
+            self.piecewise.clear()
         return self.kv_cache.num_blocks
 
     def finalize_kv_cache(self, num_blocks: int | None = None) -> None:
@@ -132,6 +137,10 @@ class Engine:
         if self.decode_graphs is not None:
             self.decode_graphs.release()
             self.decode_graphs.warmup_and_capture(SERVE)
+        if self.piecewise is not None:
+            self.piecewise.clear()
+            self.piecewise.attach(self.kv_cache, self.metadata)
+            self.piecewise.capture()
 
     def prepare_graphs(self) -> None:
         """Both phases, as a serving runtime runs them at startup."""
@@ -140,6 +149,12 @@ class Engine:
     @property
     def capture_reports(self) -> list[CaptureReport]:
         return [] if self.decode_graphs is None else list(self.decode_graphs.reports)
+
+    def _build_piecewise(self, config: EngineConfig, backend: GraphBackend | None) -> PiecewiseGraphs | None:
+        if not config.piecewise_buckets:
+            return None
+        return PiecewiseGraphs(self.model, self.kv_cache, self.metadata, self.input_ids,
+                               config.piecewise_buckets, backend, self._stats)
 
     @property
     def stats(self) -> EngineStats:
@@ -157,7 +172,7 @@ class Engine:
         run, then `BadRequestError` (a ValueError) is raised, naming each bad request's index and
         limit and carrying `.generations` (None at the bad positions).
         """
-        if self.decode_graphs is not None and not self._graphs_ready:
+        if (self.decode_graphs is not None or self.piecewise is not None) and not self._graphs_ready:
             self.prepare_graphs()
         problems = []
         for index, request in enumerate(requests):
@@ -217,10 +232,17 @@ class Engine:
         self.input_ids[len(input_ids): self.metadata.num_tokens].zero_()
 
     def _forward(self, batch: ScheduledBatch) -> ForwardResult:
-        if self.decode_graphs is not None and batch.kind == "decode":
+        buckets = self.piecewise.buckets if self.piecewise is not None else ()
+        chosen = dispatch.route(batch.kind, batch.num_seqs, batch.num_tokens,
+                                decode_graphs=self.decode_graphs, buckets=buckets)
+        if chosen.kind == PIECEWISE:
+            return self._forward_piecewise(batch, chosen.size)
+        if chosen.kind == DECODE:
             step = self.decode_graphs.run(batch.spans, batch.input_ids)
-            if step is not None:
+            if step is not None:  # None: no graph of this batch's variant; run() counted it
                 return ForwardResult(logits=step.logits, producer=str(step.key))
+        elif chosen.fallback:
+            self._stats.fallbacks[chosen.reason] += 1
         return self._forward_eager(batch)
 
     def _forward_eager(self, batch: ScheduledBatch) -> ForwardResult:
@@ -228,12 +250,10 @@ class Engine:
         logits = self.model(self.input_ids, self.metadata, self.kv_cache)
         return ForwardResult(logits=logits[: batch.num_seqs], producer=EAGER)
 
-
-def _refuse_graph_options(config: EngineConfig) -> None:
-    asked = {name: getattr(config, name) for name in ("piecewise_buckets",) if getattr(config, name)}
-    if asked:
-        raise ValueError(f"EngineConfig asks for graphs ({', '.join(f'{k}={v!r}' for k, v in asked.items())}), "
-                         "but this engine runs decode graphs only so far; leave piecewise_buckets unset")
+    def _forward_piecewise(self, batch: ScheduledBatch, bucket: int) -> ForwardResult:
+        self._prepare(batch, num_tokens=bucket)
+        logits = self.piecewise.run(batch.num_seqs, bucket)
+        return ForwardResult(logits=logits, producer=bucket_key(bucket))
 
 
 def _same_device(wanted: torch.device, actual: torch.device) -> bool:

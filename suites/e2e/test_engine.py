@@ -223,10 +223,3 @@ def test_engine_refuses_a_device_other_than_the_model(reference_llama):
     assert Engine(reference_llama, EngineConfig(device="cpu")).kv_cache.device.type == "cpu"
     with pytest.raises(ValueError, match="model is on cpu, EngineConfig.device is meta"):
         Engine(reference_llama, EngineConfig(device="meta"))
-
-
-@pytest.mark.parametrize("option", [{"piecewise_buckets": (16,)}])
-def test_engine_refuses_graph_options_it_cannot_honour_yet(reference_llama, option):
-    # An eager run where graphs were asked for would pass every graph-vs-eager comparison vacuously.
-    with pytest.raises(ValueError, match=f"{next(iter(option))}.*decode graphs only"):
-        Engine(reference_llama, EngineConfig(**option))

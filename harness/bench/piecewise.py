@@ -1,0 +1,130 @@
+"""`harness bench piecewise`: prefill of one prompt through piecewise graphs against the eager
+forward, for 16, 64 and 256-token prompts (each exactly a bucket, so no padding is timed). DESIGN.md
+asks piecewise prefill to be faster than eager for short prompts: ratio piecewise/eager < 1.
+
+Both run the same engine's prepared batch: eager is `ReferenceLlama.forward`, piecewise is the
+engine's `PiecewiseGraphs.run` (static pieces replayed, attention eager between them, lm_head on the
+last row). Each ratio comes from one run: the median of many timed iterations after warmup, the two
+taking turns within every iteration. On CUDA every call is followed by a synchronize.
+"""
+
+from __future__ import annotations
+
+import argparse
+from dataclasses import dataclass
+
+import torch
+
+from harness.bench._report import append_section, machine_line
+from harness.bench.emulator import median_ms
+
+PROMPTS = (16, 64, 256)
+TARGET = 1.0
+
+
+@dataclass(frozen=True)
+class Timing:
+    tokens: int
+    eager_ms: float
+    piecewise_ms: float
+
+    @property
+    def ratio(self) -> float:
+        return self.piecewise_ms / self.eager_ms
+
+
+def build_engine(shape: str, device: torch.device, prompts: tuple[int, ...]):
+    from harness.graphs import get_backend
+    from harness.model import ReferenceLlama, llama_1b_config, random_llama, tiny_llama
+    from harness.runtime import Engine, EngineConfig
+
+    hf = tiny_llama(seed=0) if shape == "tiny" else random_llama(llama_1b_config(), seed=0)
+    model = ReferenceLlama.from_hf(hf).to(device)
+    del hf
+    backend = get_backend("cuda" if device.type == "cuda" else "emulated", device=device)
+    longest = max(prompts)
+    config = EngineConfig(max_batch_size=1, max_num_tokens=longest, block_size=16,
+                          max_model_len=longest + 16, piecewise_buckets=tuple(sorted(prompts)))
+    return Engine(model, config, backend=backend)
+
+
+def measure(engine, tokens: int, *, iters: int, warmup: int) -> Timing:
+    from harness.runtime.scheduler import ScheduledBatch
+
+    from harness.ops import SequenceSpan
+
+    blocks = engine.kv_cache.allocator.allocate(engine.kv_cache.blocks_for(tokens))
+    try:
+        ids = tuple((7 * i + 3) % engine.model.vocab_size for i in range(tokens))
+        span = SequenceSpan(seq_len=tokens, query_len=tokens, block_table=tuple(blocks))
+        engine._prepare(ScheduledBatch(sequences=(None,), num_prefills=1, spans=(span,), input_ids=ids),
+                        num_tokens=tokens)
+        sync = engine.backend.synchronize
+
+        def eager() -> torch.Tensor:
+            logits = engine.model(engine.input_ids, engine.metadata, engine.kv_cache)
+            sync()
+            return logits
+
+        def piecewise() -> torch.Tensor:
+            logits = engine.piecewise.run(1, tokens)
+            sync()
+            return logits
+
+        expected, actual = eager(), piecewise()
+        gap = (expected - actual).abs().max().item()
+        if not torch.allclose(expected, actual, rtol=0.05, atol=0.25):
+            raise RuntimeError(f"{tokens} tokens: piecewise logits differ from eager by up to {gap}")
+        with torch.no_grad():
+            eager_ms, piecewise_ms = median_ms(eager, piecewise, iters=iters, warmup=warmup)
+    finally:
+        engine.kv_cache.allocator.free(blocks)
+    return Timing(tokens, eager_ms, piecewise_ms)
+
+
+def render(timings: list[Timing], *, shape: str, device: torch.device, iters: int) -> str:
+    lines = [f"Piecewise prefill vs eager, {shape} model on {device}, one prompt, bf16, median of "
+             f"{iters} iterations (target ratio < {TARGET:.2f} for short prompts)", "",
+             "| prompt tokens | eager ms | piecewise ms | piecewise/eager |",
+             "|---:|---:|---:|---:|"]
+    lines += [f"| {t.tokens} | {t.eager_ms:.3f} | {t.piecewise_ms:.3f} | {t.ratio:.2f}x |" for t in timings]
+    return "\n".join(lines)
+
+
+def main(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(prog="harness bench piecewise", description=__doc__.splitlines()[0])
+    parser.add_argument("--iters", type=int, default=100, help="timed iterations (default 100)")
+    parser.add_argument("--warmup", type=int, default=10, help="untimed iterations first (default 10)")
+    parser.add_argument("--shape", choices=("tiny", "1b"), default="tiny",
+                        help="model shape: the tiny seeded model or the Llama-1B shape (default tiny)")
+    parser.add_argument("--device", default=None, help="default: cuda when available, else cpu")
+    parser.add_argument("--prompt", type=int, action="append",
+                        help=f"prompt length (repeatable; default {', '.join(map(str, PROMPTS))})")
+    parser.add_argument("--threads", type=int, default=1, help="torch intra-op threads on CPU (default 1)")
+    parser.add_argument("--output", default="docs/benchmarks.md", help="file the table is appended to")
+    parser.add_argument("--no-write", action="store_true", help="print only; do not append to --output")
+    args = parser.parse_args(argv)
+    for name in ("iters", "threads"):
+        if getattr(args, name) < 1:
+            parser.error(f"--{name} must be at least 1, got {getattr(args, name)}")
+    if args.warmup < 0:
+        parser.error(f"--warmup must be at least 0, got {args.warmup}")
+    prompts = tuple(args.prompt or PROMPTS)
+    if min(prompts) < 2:
+        parser.error(f"--prompt must be at least 2 (the smallest bucket), got {min(prompts)}")
+    device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(args.threads)
+    try:
+        engine = build_engine(args.shape, device, prompts)
+        timings = [measure(engine, n, iters=args.iters, warmup=args.warmup) for n in prompts]
+    finally:
+        torch.set_num_threads(threads)  # main() also runs inside test processes
+    table = render(timings, shape=args.shape, device=device, iters=args.iters)
+    print(table)
+    print(machine_line())
+    if not args.no_write:
+        append_section(args.output, "harness bench piecewise", table)
+        print(f"appended to {args.output}")
+    return 0

@@ -1,0 +1,335 @@
+"""Piecewise graphs: split an FX graph at its dynamic ops, and capture each static piece per token
+bucket.
+
+`split_graph_at_dynamic_ops(gm, is_dynamic)` gives every dynamic op (the attention custom ops, whose
+work depends on host-side batch layout) a partition of its own and groups the nodes between them
+into maximal static partitions, in the graph's original node order (the graph carries mutations:
+the attention op writes into a buffer that a later static node reads).
+
+A `PiecewiseRunner` stands in for one static partition. It keeps one entry per token bucket and
+goes through three phases that its owner selects with a `CaptureControl`: warmup (eager runs), capture
+(static input buffers allocated, the partition recorded into the owner's pool), and serving (every
+input that is not a weight copied into its static buffer, then replay). The key of an entry is the
+bucket the owner announces, not the inputs' shapes, so an input of the wrong shape is an error that
+names it rather than a silent miss.
+"""
+
+from __future__ import annotations
+
+import operator
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+import torch
+from torch import fx
+from torch.fx.passes.split_module import split_module
+
+from harness.graphs.base import CapturedGraph, GraphBackend
+
+WARMUP, CAPTURE, SERVE = "warmup", "capture", "serve"
+
+
+# ----------------------------------------------------------------------------------------------
+# Split
+
+
+@dataclass(frozen=True)
+class SplitInfo:
+    """`split_module` calls `submod_<i>` for every partition i in `order` (execution order);
+    `dynamic` are the partitions holding one dynamic op each, `static` the rest."""
+
+    split_module: fx.GraphModule
+    dynamic: tuple[int, ...]
+    static: tuple[int, ...]
+
+    @property
+    def order(self) -> tuple[int, ...]:
+        return tuple(sorted(self.dynamic + self.static))
+
+    def submodule(self, index: int) -> torch.nn.Module:
+        return getattr(self.split_module, submodule_name(index))
+
+
+def submodule_name(index: int) -> str:
+    return f"submod_{index}"
+
+
+def op_name(target: Any) -> str | None:
+    """`namespace::name` of an op target however dynamo emits it: an OpOverload
+    (`torch.ops.ns.op.default`), an OpOverloadPacket (`torch.ops.ns.op`), or a custom-op object that
+    wraps one; None for anything else (Python functions, methods, modules)."""
+    if isinstance(target, torch._ops.OpOverload):
+        target = target.overloadpacket
+    if isinstance(target, torch._ops.OpOverloadPacket):
+        return target._qualified_op_name
+    wrapped = getattr(target, "_opoverload", None)  # torch.library.custom_op's CustomOpDef
+    if isinstance(wrapped, torch._ops.OpOverload):
+        return op_name(wrapped)
+    return None
+
+
+def node_calls_ops(node: fx.Node, names: frozenset[str] | set[str] | tuple[str, ...]) -> bool:
+    """True when `node` calls one of the ops `names` (`namespace::name`)."""
+    return node.op == "call_function" and op_name(node.target) in names
+
+
+def partition_ids(graph: fx.Graph, is_dynamic: Callable[[fx.Node], bool]) -> dict[fx.Node, int]:
+    """Partition of every computing node: consecutive ids in node order, a new id for each dynamic
+    node and for each run of static nodes that follows one (placeholders, get_attr and the output
+    are placed by split_module itself)."""
+    ids: dict[fx.Node, int] = {}
+    current, in_static_run = -1, False
+    for node in graph.nodes:
+        if node.op in ("placeholder", "get_attr", "output"):
+            continue
+        if is_dynamic(node):
+            current += 1
+            in_static_run = False
+        elif not in_static_run:
+            current += 1
+            in_static_run = True
+        ids[node] = current
+    return ids
+
+
+def split_graph_at_dynamic_ops(gm: fx.GraphModule, is_dynamic: Callable[[fx.Node], bool]) -> SplitInfo:
+    """Split `gm` so that each node for which `is_dynamic(node)` holds is alone in its partition and
+    every maximal run of other nodes between them is one static partition. The original node order
+    is kept. A graph without dynamic nodes is one static partition; a graph without any computing
+    node has none."""
+    ids = partition_ids(gm.graph, is_dynamic)
+    dynamic = tuple(sorted({ids[n] for n in ids if is_dynamic(n)}))
+    static = tuple(sorted(set(ids.values()) - set(dynamic)))
+    split = split_module(gm, gm, lambda node: ids[node], keep_original_order=True)
+    return SplitInfo(split_module=split, dynamic=dynamic, static=static)
+
+
+def mutated_inputs(gm: fx.GraphModule) -> list[str]:
+    """Placeholders of `gm` that one of its nodes writes in place (a method or function whose name
+    ends in `_`, an OpOverload whose schema marks the argument written, or an `out=`), directly or
+    through a view. A static piece must not write its inputs: replay writes the runner's static copy,
+    and the caller's tensor would never see the write."""
+    origin: dict[fx.Node, str] = {n: n.target for n in gm.graph.nodes if n.op == "placeholder"}
+    written: list[str] = []
+
+    def note(arg: Any) -> None:
+        if isinstance(arg, fx.Node) and arg in origin and origin[arg] not in written:
+            written.append(origin[arg])
+
+    for node in gm.graph.nodes:
+        if node.op not in ("call_function", "call_method"):
+            continue
+        name = node.target if node.op == "call_method" else getattr(node.target, "__name__", "")
+        schema = getattr(node.target, "_schema", None)
+        if schema is not None:
+            for arg, spec in zip(node.args, schema.arguments):
+                if spec.alias_info is not None and spec.alias_info.is_write:
+                    note(arg)
+        elif isinstance(name, str) and name.endswith("_") and not name.endswith("__") and node.args:
+            note(node.args[0])
+        note(node.kwargs.get("out"))
+        if node.op == "call_method" and node.target in _VIEW_METHODS and node.args and node.args[0] in origin:
+            origin[node] = origin[node.args[0]]
+    return written
+
+
+_VIEW_METHODS = frozenset({"view", "reshape", "flatten", "unflatten", "__getitem__", "select", "narrow",
+                           "transpose", "permute", "unsqueeze", "squeeze", "expand", "as_strided",
+                           "t", "view_as", "chunk", "split", "unbind"})
+
+
+# ----------------------------------------------------------------------------------------------
+# Runner
+
+
+class MissingCaptureError(RuntimeError):
+    """Serving asked a runner for a bucket it never captured, and no eager fallback was allowed."""
+
+
+class ReleasedPoolError(RuntimeError):
+    """A capture was about to record into a pool that `clear_piecewise_graphs()` released."""
+
+
+class ReplayInputError(ValueError):
+    """A serving input does not fit the static buffer captured for it."""
+
+
+@dataclass
+class CaptureControl:
+    """What the owner of a set of runners tells them: the phase and the current token bucket.
+    One per compile backend (never class-level), set around each forward."""
+
+    mode: str = SERVE
+    num_tokens: int | None = None
+    segment_calls: int = 0  # runner calls since the owner last reset it: detects a bypassed graph
+
+
+@dataclass
+class PoolGroup:
+    """Runners that capture into one pool. `clear_piecewise_graphs()` replaces `pool` by a fresh
+    handle and remembers the old one in `released`."""
+
+    pool: Any
+    released: list[Any] = field(default_factory=list)
+
+
+@dataclass
+class Entry:
+    """One bucket of one runner."""
+
+    warmups: int = 0
+    graph: CapturedGraph | None = None
+    static_inputs: tuple[Any, ...] = ()
+    copied: tuple[int, ...] = ()  # indices of the inputs copied into static buffers before replay
+    replays: int = 0
+    eager_runs: int = 0
+
+
+def is_weight(tensor: torch.Tensor) -> bool:
+    """Default for `PiecewiseRunner(static_input=...)`: parameters keep their address; every other
+    tensor may come from anywhere and is copied into a static buffer."""
+    return isinstance(tensor, torch.nn.Parameter)
+
+
+def copy_into_static(static: torch.Tensor, new: torch.Tensor, *, name: str) -> None:
+    """Copy a serving input into the buffer the graph reads; a shape or dtype other than captured is
+    an error naming the input (never a broadcast)."""
+    if new.shape != static.shape or new.dtype != static.dtype:
+        raise ReplayInputError(f"{name}: captured as {tuple(static.shape)} {static.dtype}, replayed with "
+                               f"{tuple(new.shape)} {new.dtype}; a bucket's inputs keep their shape")
+    if new.data_ptr() != static.data_ptr():
+        static.copy_(new)
+
+
+def same_pool(a: Any, b: Any) -> bool:
+    """CUDA pool handles are tuples of ids (equal by value); emulated ones are arenas (by identity)."""
+    return a is b or (isinstance(a, tuple) and isinstance(b, tuple) and a == b)
+
+
+class PiecewiseRunner:
+    """Warmup, capture and replay of one static partition, one entry per token bucket.
+
+    - `control` (shared with the other runners of a graph) says the phase and the bucket.
+    - `group` gives the pool to capture into; a pool in `group.released` is refused.
+    - `static_input(tensor)` is True for inputs that keep their address (weights); every other
+      tensor input is copied into a static buffer at replay.
+    - `on_missing(reason)`: serving a bucket that was never captured raises `MissingCaptureError`,
+      unless this is given; then the partition runs eagerly and `on_missing` counts the reason.
+    """
+
+    def __init__(self, module: Callable[..., Any], *, index: int, backend: GraphBackend,
+                 control: CaptureControl, group: PoolGroup,
+                 static_input: Callable[[torch.Tensor], bool] = is_weight,
+                 on_missing: Callable[[str], None] | None = None) -> None:
+        self.module = module
+        self.index = index
+        self.backend = backend
+        self.control = control
+        self.group = group
+        self.static_input = static_input
+        self.on_missing = on_missing
+        self.entries: dict[int, Entry] = {}
+
+    def __call__(self, *args: Any) -> Any:
+        self.control.segment_calls += 1
+        bucket = self.control.num_tokens
+        if bucket is None:
+            raise RuntimeError(f"piecewise segment {self.index} called without a token bucket: run it "
+                               f"inside the owner's bucket context")
+        mode = self.control.mode
+        if mode == WARMUP:
+            self.entries.setdefault(bucket, Entry()).warmups += 1
+            return self.module(*args)
+        if mode == CAPTURE:
+            return self._capture(bucket, args)
+        if mode != SERVE:
+            raise ValueError(f"unknown piecewise mode {mode!r}; expected {WARMUP}, {CAPTURE} or {SERVE}")
+        entry = self.entries.get(bucket)
+        if entry is None or entry.graph is None:
+            return self._missing(bucket, args)
+        self._check_frozen_args(entry, args)
+        for i in entry.copied:
+            copy_into_static(entry.static_inputs[i], args[i], name=self._input_name(i))
+        entry.graph.replay()
+        entry.replays += 1
+        return entry.graph.output
+
+    @property
+    def captured_buckets(self) -> tuple[int, ...]:
+        return tuple(sorted(b for b, e in self.entries.items() if e.graph is not None))
+
+    def reset(self) -> None:
+        """Release every bucket's graph, static buffers and warmup count."""
+        for entry in self.entries.values():
+            if entry.graph is not None:
+                entry.graph.reset()
+        self.entries.clear()
+
+    def _capture(self, bucket: int, args: tuple[Any, ...]) -> Any:
+        entry = self.entries.setdefault(bucket, Entry())
+        if entry.graph is not None:
+            raise RuntimeError(f"piecewise segment {self.index}: tokens={bucket} is captured already; "
+                               f"clear_piecewise_graphs() before capturing it again")
+        pool = self.group.pool
+        if any(same_pool(pool, old) for old in self.group.released):
+            raise ReleasedPoolError(
+                f"piecewise segment {self.index}: capture for tokens={bucket} would record into pool "
+                f"{pool!r}, which clear_piecewise_graphs() released; a recapture needs a fresh pool "
+                f"(graph_pool_handle()), a released one may still back memory that is in use")
+        copied = tuple(i for i, a in enumerate(args)
+                       if isinstance(a, torch.Tensor) and not self.static_input(a))
+        # Static buffers live outside the pool: they are this runner's, kept across replays.
+        static_inputs = tuple(a.clone() if i in copied else a for i, a in enumerate(args))
+        module = self.module
+        graph = self.backend.capture(lambda: module(*static_inputs), pool=pool)
+        entry.graph, entry.static_inputs, entry.copied = graph, static_inputs, copied
+        # Capture ran nothing: one replay gives this call its outputs.
+        graph.replay()
+        entry.replays += 1
+        return graph.output
+
+    def _missing(self, bucket: int, args: tuple[Any, ...]) -> Any:
+        captured = self.captured_buckets
+        reason = (f"piecewise segment {self.index}: no graph for tokens={bucket} "
+                  f"(captured: {list(captured) or 'none'})")
+        if self.on_missing is None:
+            raise MissingCaptureError(reason + "; capture the bucket first or route the batch eagerly")
+        self.on_missing(reason)
+        self.entries.setdefault(bucket, Entry()).eager_runs += 1
+        return self.module(*args)
+
+    def _check_frozen_args(self, entry: Entry, args: tuple[Any, ...]) -> None:
+        if len(args) != len(entry.static_inputs):
+            raise ReplayInputError(f"piecewise segment {self.index}: captured with {len(entry.static_inputs)} "
+                                   f"inputs, replayed with {len(args)}")
+        for i, (captured, new) in enumerate(zip(entry.static_inputs, args)):
+            if i in entry.copied:
+                continue
+            if isinstance(captured, torch.Tensor):
+                # A weight is read at its captured address: another tensor in its place is not seen.
+                if new is not captured and (not isinstance(new, torch.Tensor)
+                                            or new.data_ptr() != captured.data_ptr()):
+                    raise ReplayInputError(f"{self._input_name(i)}: a static input (weight) was replaced "
+                                           f"after capture; the graph still reads the captured tensor")
+            elif not _equal_host_value(captured, new):
+                raise ReplayInputError(f"{self._input_name(i)}: host value {new!r} differs from "
+                                       f"{captured!r} frozen at capture")
+
+    def _input_name(self, i: int) -> str:
+        names = _placeholder_names(self.module)
+        label = names[i] if i < len(names) else f"#{i}"
+        return f"piecewise segment {self.index} input {i} ({label})"
+
+
+def _equal_host_value(a: Any, b: Any) -> bool:
+    try:
+        return bool(operator.eq(a, b))
+    except Exception:  # a value without a meaningful comparison: trust identity
+        return a is b
+
+
+def _placeholder_names(module: Any) -> list[str]:
+    graph = getattr(module, "graph", None)
+    if graph is None:
+        return []
+    return [n.target for n in graph.nodes if n.op == "placeholder"]
