@@ -12,6 +12,8 @@ The rule (DESIGN.md, "Checks"), per request, step by step:
   baseline step's logit scale. The baseline's scale, not the larger of both: a broken candidate with
   exploding logits must not widen its own tolerance.
 - Without an allowed flip, the two generations have the same length.
+- Every compared step's top-k list has the baseline's length: the request asked for that many
+  logprobs, and a runtime that returns fewer or more (a graph that ranked too few) is wrong.
 
 Only the first divergence of each request is reported: after it, later steps compare a different
 context and say nothing new. The comparison knows nothing of the engine; it reads plain records.
@@ -33,7 +35,8 @@ class Divergence:
     """The first place where a candidate request left the baseline.
 
     `kind` is "token" (a flip the rule does not allow), "logprob" (drift beyond the tolerance),
-    "length" (different lengths without a flip) or "requests" (different numbers of requests; then
+    "length" (different lengths without a flip), "top" (a top-k list of another length than the
+    baseline's) or "requests" (different numbers of requests; then
     `request` is the first index only one side has). `gap` is the logprob difference that was judged:
     baseline top-two gap for a flip, |candidate - baseline| for a drift. `producer` is what ran the
     candidate's step ("eager" or a graph key).
@@ -115,6 +118,12 @@ def _compare_request(request: int, expected: list[Step], actual: list[Step], ste
             tol = logprob_tolerance(want.logit_scale, steps)
         except ValueError as error:
             raise ValueError(f"baseline request {request}, step {i}: bad logit_scale: {error}") from None
+        if len(got.top) != len(want.top):
+            return _RequestVerdict(compared=i + 1, divergence=Divergence(
+                request=request, step=i, kind="top", expected_top=want.top, actual_top=got.top, gap=None,
+                tolerance=None, producer=got.producer, logit_scale=want.logit_scale,
+                detail=(f"the top-k list has {len(got.top)} entries, the baseline's {len(want.top)}: the "
+                        f"request asked for {len(want.top)} logprobs")))
         if got.token != want.token:
             gap, problem = _judge_flip(want, got, tol)
             if problem is None:

@@ -29,6 +29,11 @@ class EngineConfig:
       the environment variable HARNESS_SKIP_WARMUP_PASS=1, read when a config is built.
     - `strict_graph_buffers`: check, before every decode-graph replay, that no tensor the graph
       baked in has moved, and raise naming it.
+    - `graph_top_k`: the sampling variants of the decode graphs, as how many top logprobs each graph
+      ranks on the device (deduplicated and sorted). Empty: graphs output logits and the host ranks
+      them (variant "greedy"). Set: one graph per (size, k), variant f"top{k}"; a decode batch
+      replays the smallest k >= its largest requested `logprobs` (at least 1), and a batch wanting
+      more than every k runs eagerly, counted in `stats.fallbacks`.
     """
 
     max_batch_size: int = 8
@@ -42,6 +47,7 @@ class EngineConfig:
     piecewise_buckets: tuple[int, ...] = ()
     single_pass_capture: bool = False
     strict_graph_buffers: bool = False
+    graph_top_k: tuple[int, ...] = ()
 
     def __post_init__(self) -> None:
         if skip_warmup_pass_from_env():
@@ -60,6 +66,10 @@ class EngineConfig:
             for i, value in enumerate(values):
                 _require_positive(f"{name}[{i}]", value)
             object.__setattr__(self, name, values)
+        top_k = tuple(self.graph_top_k)
+        for i, value in enumerate(top_k):
+            _require_positive(f"graph_top_k[{i}]", value)
+        object.__setattr__(self, "graph_top_k", tuple(sorted(set(top_k))))
 
     def to_dict(self) -> dict[str, Any]:
         """Plain JSON-able values (dtype by name), for reproduction files."""
@@ -67,6 +77,7 @@ class EngineConfig:
         data["dtype"] = None if self.dtype is None else str(self.dtype).removeprefix("torch.")
         data["decode_graph_sizes"] = list(self.decode_graph_sizes)
         data["piecewise_buckets"] = list(self.piecewise_buckets)
+        data["graph_top_k"] = list(self.graph_top_k)
         return data
 
     @classmethod

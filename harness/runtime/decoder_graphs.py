@@ -15,6 +15,13 @@ clears its graphs and captures again with two passes, warning with the moved ten
 - Every warmup forward runs under the caller's "warmup" scope and every capture under "serving"
   (the reference: communication timeouts; the graph keeps the serving ones).
 - After each capture the ranks line up (device sync + one allgather) before the replay that follows.
+
+Sampling variants (`top_ks`, from `EngineConfig.graph_top_k`): without them each size has one graph
+that outputs logits (variant "greedy"). With them each size has one graph per k, variant f"top{k}",
+whose captured step also ranks the logits (`rank_logits(logits, k)`), so its static outputs are the
+best k ids, their logprobs and the logit scales. A decode batch replays the smallest k that covers
+its largest requested `logprobs` (at least 1: the token itself); a batch wanting more than every k
+runs eagerly and is counted. `graph_key` is the one place a key is made, at capture and at replay.
 """
 
 from __future__ import annotations
@@ -22,16 +29,17 @@ from __future__ import annotations
 import contextlib
 import logging
 from dataclasses import dataclass, field
-from typing import Any, Callable, ContextManager, Iterator, Protocol
+from typing import Any, Callable, ContextManager, Iterator, Protocol, Sequence
 
 import torch
 
 from harness.graphs.base import GraphBackend
+from harness.model.logits import RankedLogits, rank_logits
 from harness.ops.metadata import SequenceSpan
 from harness.ops.sizing import cdiv
 from harness.runtime.comm import Comm, SingleProcessComm
-from harness.runtime.graph_runner import (GREEDY, DecodeGraphKey, GraphRunner, PaddedDecodeBatch,
-                                          pad_decode_batch)
+from harness.runtime.graph_runner import (DecodeGraphKey, GraphRunner, PaddedDecodeBatch, pad_decode_batch,
+                                          sampling_variant)
 from harness.runtime.stats import StatsRecorder
 
 log = logging.getLogger(__name__)
@@ -87,13 +95,12 @@ class CaptureReport:
 
 @dataclass(frozen=True)
 class GraphStep:
-    logits: torch.Tensor  # [real sequences, vocab]
+    """One replay's output for the real sequences: logits (a "greedy" graph) or the ranking a
+    f"top{k}" graph made on the device, padded rows included (`rows_from_ranked` drops them)."""
+
+    logits: torch.Tensor | None  # [real sequences, vocab]
     key: DecodeGraphKey
-
-
-def sampling_variant(num_seqs: int) -> str:
-    """The sampling variant of a decode batch; the engine samples greedily only."""
-    return GREEDY
+    ranked: RankedLogits | None = None
 
 
 def _estimation_uses_two_passes(phase: str) -> bool:
@@ -109,12 +116,17 @@ class DecoderGraphs:
     def __init__(self, host: DecodeHost, backend: GraphBackend, sizes: tuple[int, ...], *,
                  stats: StatsRecorder, max_num_tokens: int, comm: Comm | None = None,
                  capture_scope: ScopeFactory = no_scope, single_pass: bool = False,
-                 strict: bool = False, features: CaptureFeatures = CaptureFeatures()) -> None:
+                 strict: bool = False, features: CaptureFeatures = CaptureFeatures(),
+                 top_ks: tuple[int, ...] = ()) -> None:
         if not sizes:
             raise ValueError("DecoderGraphs needs at least one decode graph size")
+        bad = [k for k in top_ks if not isinstance(k, int) or k < 1]
+        if bad:
+            raise ValueError(f"decode graph top-k values must be integers >= 1, got {bad}")
         self.host = host
         self.backend = backend
         self.sizes = tuple(sorted(set(sizes), reverse=True))
+        self.top_ks = tuple(sorted(set(top_ks)))
         self.stats = stats
         self.max_num_tokens = max_num_tokens
         self.comm = comm or SingleProcessComm()
@@ -139,6 +151,16 @@ class DecoderGraphs:
     @property
     def keys(self) -> list[DecodeGraphKey]:
         return self.runner.keys
+
+    def graph_key(self, batch_size: int, top_k: int | None) -> DecodeGraphKey:
+        """The key of the graph for `batch_size` rows that ranks `top_k` logprobs (None: outputs
+        logits). Capture and replay both ask here, so a key that lost its variant would hand a
+        batch a graph ranking too few tokens."""
+        return DecodeGraphKey.of(batch_size, sampling_variant(top_k))
+
+    def _variants(self) -> tuple[int | None, ...]:
+        """Each size's graphs, smallest k first: None alone when the host ranks."""
+        return self.top_ks or (None,)
 
     # --- the decision -------------------------------------------------------------------------
 
@@ -230,12 +252,14 @@ class DecoderGraphs:
         for size in sizes:
             self._warmup_only(size)
         for size in sizes:
-            self._warmup_and_capture_one(size, record=False)
+            for top_k in self._variants():
+                self._warmup_and_capture_one(size, top_k, record=False)
         return 2
 
     def _capture_single_pass(self, sizes: list[int]) -> int:
         for size in sizes:
-            self._warmup_and_capture_one(size, record=True)
+            for top_k in self._variants():
+                self._warmup_and_capture_one(size, top_k, record=True)
         return 1
 
     def _warmup_only(self, size: int) -> None:
@@ -243,14 +267,17 @@ class DecoderGraphs:
             self._prepare(batch)
             self._warmup_forward(size)
 
-    def _warmup_and_capture_one(self, size: int, *, record: bool) -> None:
-        key = DecodeGraphKey.of(size, sampling_variant(size))
+    def _warmup_and_capture_one(self, size: int, top_k: int | None, *, record: bool) -> None:
+        key = self.graph_key(size, top_k)
         if key in self.runner:
             return
         with self._dummy_batch(size) as batch:
             self._prepare(batch)
             self._warmup_forward(size)
-            self.runner.capture(key, self._model_step, scope=self._serving_scope, record=record)
+            if top_k is not None:
+                self._warmup_ranking(size, top_k)
+            self.runner.capture(key, self._captured_step(top_k), scope=self._serving_scope,
+                                record=record)
             self.stats.captures[str(key)] += 1
             self._line_up(key)
             self.runner.replay(key)
@@ -262,9 +289,24 @@ class DecoderGraphs:
     def _warmup_forward(self, size: int) -> None:
         self._model_step()
 
+    def _warmup_ranking(self, size: int, top_k: int) -> None:
+        """The ranking's kernels run once before their capture, as the model's do."""
+        model = self.host.model
+        rank_logits(torch.zeros(size, model.vocab_size, dtype=model.dtype, device=model.device), top_k)
+
     def _model_step(self) -> torch.Tensor:
         host = self.host
         return host.model(host.input_ids, host.metadata, host.kv_cache)
+
+    def _captured_step(self, top_k: int | None) -> Callable[[], Any]:
+        """What a graph of this variant records: the model step, then the ranking for a top-k."""
+        if top_k is None:
+            return self._model_step
+
+        def step_and_rank() -> RankedLogits:
+            return rank_logits(self._model_step(), top_k)
+
+        return step_and_rank
 
     def _line_up(self, key: DecodeGraphKey) -> None:
         """Before the replay that follows a capture: sync the device and meet every rank."""
@@ -300,28 +342,53 @@ class DecoderGraphs:
 
     # --- serving ------------------------------------------------------------------------------
 
-    def run(self, spans: tuple[SequenceSpan, ...], input_ids: tuple[int, ...]) -> GraphStep | None:
-        """Replay the smallest fitting graph for a decode batch; None (counted) when none fits."""
+    def run(self, spans: tuple[SequenceSpan, ...], input_ids: tuple[int, ...],
+            logprobs: Sequence[int] = ()) -> GraphStep | None:
+        """Replay the smallest fitting graph for a decode batch whose sequences asked for
+        `logprobs` top entries each; None (counted, with its reason) when no graph fits."""
         n = len(spans)
-        key = self.runner.key_for(n, sampling_variant(n))
-        if key is None:
-            self.stats.fallbacks[self.no_graph_reason(n)] += 1
+        width = max(max(logprobs, default=0), 1)
+        top_k = self._top_k_for(width)
+        size = min((k.batch_size for k in self.runner.keys if k.batch_size >= n), default=None)
+        reason = self._no_graph_reason(n, width, top_k, size)
+        if reason is not None:
+            self.stats.fallbacks[reason] += 1
+            return None
+        key = self.graph_key(size, top_k)
+        if key not in self.runner:
+            self.stats.fallbacks[f"decode batch of {n}: no decode graph {key} (captured: "
+                                 f"{', '.join(map(str, self.runner.keys))})"] += 1
             return None
         self._prepare(pad_decode_batch(spans, key.batch_size), input_ids)
         output = self.runner.replay(key)
         self.stats.replays[str(key)] += 1
-        return GraphStep(logits=output[:n], key=key)
+        if top_k is None:
+            return GraphStep(logits=output[:n], key=key)
+        return GraphStep(logits=None, key=key, ranked=output)
 
     def size_for(self, num_seqs: int) -> int | None:
-        """The captured batch size a decode batch of `num_seqs` replays (None: no graph holds it)."""
-        key = self.runner.key_for(num_seqs, sampling_variant(num_seqs))
-        return None if key is None else key.batch_size
+        """The captured batch size a decode batch of `num_seqs` replays (None: no graph holds it);
+        `run` then picks that size's graph of the batch's sampling variant."""
+        return min((k.batch_size for k in self.runner.keys if k.batch_size >= num_seqs), default=None)
 
-    def no_graph_reason(self, n: int) -> str:
+    def no_graph_reason(self, num_seqs: int) -> str:
+        """Why no graph holds a decode batch of `num_seqs` (when `size_for` says none does)."""
+        return self._no_graph_reason(num_seqs, 1, self._top_k_for(1), None) or ""
+
+    def _top_k_for(self, width: int) -> int | None:
+        """The smallest captured k that ranks `width` entries; None for host ranking or none fits."""
+        return min((k for k in self.top_ks if k >= width), default=None)
+
+    def _no_graph_reason(self, n: int, width: int, top_k: int | None, size: int | None) -> str | None:
         if not len(self.runner):
             return f"decode batch of {n}: no decode graph captured"
-        largest = max(k.batch_size for k in self.runner.keys)
-        return f"decode batch of {n} exceeds the largest decode graph ({largest})"
+        if self.top_ks and top_k is None:
+            return (f"decode batch of {n} wants top-{width} logprobs, more than the largest "
+                    f"graph_top_k ({max(self.top_ks)})")
+        if size is None:
+            largest = max(k.batch_size for k in self.runner.keys)
+            return f"decode batch of {n} exceeds the largest decode graph ({largest})"
+        return None
 
     def release(self) -> None:
         """Release every graph (the end of the estimation phase)."""

@@ -10,6 +10,8 @@ Graph mode (`EngineConfig.decode_graph_sizes`): the engine holds a `DecoderGraph
 (`estimate_kv_cache`) captures against a first KV cache to size the final one, always with two
 passes, then releases every graph; phase 2 (`finalize_kv_cache`) reallocates the KV cache and the
 metadata and captures again against them. `generate` runs both on first use if no one did.
+With `EngineConfig.graph_top_k` the decode graphs rank the logits themselves (one graph per size
+and k), and the step loop turns their ranking into Steps, each request keeping its own `logprobs`.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ import torch
 
 from harness.graphs import get_backend
 from harness.graphs.base import GraphBackend
+from harness.model.logits import RankedLogits
 from harness.ops.kv_cache import PagedKVCache
 from harness.ops.metadata import AttentionMetadata
 from harness.ops.sizing import cdiv
@@ -32,7 +35,7 @@ from harness.runtime.decoder_graphs import (ESTIMATE, SERVE, CaptureFeatures, Ca
 from harness.runtime import dispatch
 from harness.runtime.dispatch import DECODE, EAGER_ROUTE, PIECEWISE
 from harness.runtime.piecewise_model import PiecewiseGraphs, bucket_key
-from harness.runtime.sampling import greedy_with_logprobs
+from harness.runtime.sampling import SampledRow, greedy_with_logprobs, rows_from_ranked
 from harness.runtime.scheduler import ScheduledBatch, Scheduler, Sequence
 from harness.runtime.stats import BatchRecord, EngineStats, StatsRecorder
 from harness.runtime.validation import BadRequestError, RequestLimits, RequestProblem, check_request
@@ -40,8 +43,18 @@ from harness.runtime.validation import BadRequestError, RequestLimits, RequestPr
 
 @dataclass(frozen=True)
 class ForwardResult:
-    logits: torch.Tensor  # [batch.num_seqs, vocab], float32
+    """A step's model output: its logits, or (from a decode graph that ranks on the device) its
+    ranking, with the name of whatever produced it."""
+
+    logits: torch.Tensor | None  # [batch.num_seqs, vocab], float32
     producer: str
+    ranked: RankedLogits | None = None
+
+    def rows(self, logprobs: list[int]) -> list[SampledRow]:
+        """One SampledRow per sequence, each keeping its own `logprobs` top entries."""
+        if self.ranked is not None:
+            return rows_from_ranked(self.ranked, logprobs)
+        return greedy_with_logprobs(self.logits, logprobs)
 
 
 class Engine:
@@ -102,7 +115,14 @@ class Engine:
     def _make_decode_graphs(self, backend, comm, capture_scope, features) -> DecoderGraphs | None:
         config = self.config
         if not config.decode_graph_sizes:
+            if config.graph_top_k:
+                raise ValueError(f"EngineConfig.graph_top_k {list(config.graph_top_k)} needs decode graphs "
+                                 "to rank in; set decode_graph_sizes too")
             return None
+        over_vocab = [k for k in config.graph_top_k if k > self.model.vocab_size]
+        if over_vocab:
+            raise ValueError(f"EngineConfig.graph_top_k {over_vocab} exceed the vocabulary size "
+                             f"{self.model.vocab_size}")
         too_large = [s for s in config.decode_graph_sizes if s > config.max_batch_size]
         if too_large:
             raise ValueError(f"EngineConfig.decode_graph_sizes {list(too_large)} exceed max_batch_size "
@@ -110,7 +130,8 @@ class Engine:
         return DecoderGraphs(self, backend, config.decode_graph_sizes, stats=self._stats,
                              max_num_tokens=config.max_num_tokens, comm=comm,
                              capture_scope=capture_scope, single_pass=config.single_pass_capture,
-                             strict=config.strict_graph_buffers, features=features)
+                             strict=config.strict_graph_buffers, features=features,
+                             top_ks=config.graph_top_k)
 
     # --- phases (graph mode) ----------------------------------------------------------------------
 
@@ -207,7 +228,7 @@ class Engine:
         while not scheduler.done:
             batch = scheduler.schedule()
             result = self._forward(batch)
-            rows = greedy_with_logprobs(result.logits, [s.request.logprobs for s in batch.sequences])
+            rows = result.rows([s.request.logprobs for s in batch.sequences])
             for sequence, row in zip(batch.sequences, rows):
                 sequence.steps.append(Step(token=row.token, logprob=row.logprob, top=row.top,
                                            logit_scale=row.logit_scale, producer=result.producer))
@@ -238,9 +259,10 @@ class Engine:
         if chosen.kind == PIECEWISE:
             return self._forward_piecewise(batch, chosen.size)
         if chosen.kind == DECODE:
-            step = self.decode_graphs.run(batch.spans, batch.input_ids)
+            step = self.decode_graphs.run(batch.spans, batch.input_ids,
+                                          [s.request.logprobs for s in batch.sequences])
             if step is not None:  # None: no graph of this batch's variant; run() counted it
-                return ForwardResult(logits=step.logits, producer=str(step.key))
+                return ForwardResult(logits=step.logits, producer=str(step.key), ranked=step.ranked)
         elif chosen.fallback:
             self._stats.fallbacks[chosen.reason] += 1
         return self._forward_eager(batch)

@@ -1,6 +1,7 @@
 """Decode graphs, one per key: padding, capture under a scope, replay, pointer records, strict check.
 
-A key is a batch size and a sampling variant. A decode batch of n sequences replays the graph of the
+A key is a batch size and a sampling variant: "greedy" for a graph that outputs logits (the host
+ranks them), f"top{k}" for one that ranks the best k tokens on the device (`sampling_variant`). A decode batch of n sequences replays the graph of the
 smallest captured size >= n: the real sequences fill the first rows, dummy rows the tail. Dummy rows
 have length 0, write their K/V to the cache's pad sink and own no KV block, so they never touch a
 live sequence's blocks; their logits are dropped.
@@ -22,6 +23,11 @@ from harness.graphs.pointers import TensorRecord, describe_moved_tensor, moved_t
 from harness.ops.metadata import SequenceSpan
 
 GREEDY = "greedy"
+
+
+def sampling_variant(top_k: int | None) -> str:
+    """The variant of a graph that ranks `top_k` logprobs on the device; None: logits out."""
+    return GREEDY if top_k is None else f"top{top_k}"
 
 
 @dataclass(frozen=True, order=True)

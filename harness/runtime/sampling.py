@@ -2,7 +2,9 @@
 
 Greedy is the argmax of the logits; among equal logits the lowest token id wins. The top-k list is
 ordered by logit, best first, with the same tie rule (a stable descending sort keeps equal logits in
-ascending id order), so `top[0]` is always the chosen token. Logprobs are log_softmax in fp32.
+ascending id order), so `top[0]` is always the chosen token. Logprobs are log_softmax in fp32. The
+ranking runs here on the host, or inside a decode graph that ranks on the device
+(`EngineConfig.graph_top_k`); either way it is `rank_logits`.
 """
 
 from __future__ import annotations
@@ -11,7 +13,7 @@ from dataclasses import dataclass
 
 import torch
 
-from harness.model.logits import rank_logits
+from harness.model.logits import RankedLogits, rank_logits
 
 
 @dataclass(frozen=True)
@@ -26,10 +28,18 @@ def greedy_with_logprobs(logits: torch.Tensor, ks: list[int]) -> list[SampledRow
     """One row per sequence: logits [num_seqs, vocab]; `ks[i]` top pairs are kept for row i."""
     if logits.shape[0] != len(ks):
         raise ValueError(f"{logits.shape[0]} logit rows for {len(ks)} sequences")
-    ranked = rank_logits(logits, max(ks, default=1))
+    return rows_from_ranked(rank_logits(logits, max(ks, default=1)), ks)
+
+
+def rows_from_ranked(ranked: RankedLogits, ks: list[int]) -> list[SampledRow]:
+    """One row per sequence from logits already ranked (on the host, or inside a decode graph):
+    row i keeps its first `ks[i]` pairs; rows past `len(ks)` (a graph's padding) are dropped."""
+    n = len(ks)
+    if ranked.order.shape[0] < n:
+        raise ValueError(f"{ranked.order.shape[0]} ranked rows for {n} sequences")
     # One transfer per tensor for the whole batch.
-    order_h, logprobs_h = ranked.order.tolist(), ranked.top_logprobs.tolist()
-    scales_h = ranked.scales.tolist()
+    order_h, logprobs_h = ranked.order[:n].tolist(), ranked.top_logprobs[:n].tolist()
+    scales_h = ranked.scales[:n].tolist()
     return [
         SampledRow(token=ids[0], logprob=lps[0], top=tuple(zip(ids[:k], lps[:k])), logit_scale=scale)
         for ids, lps, scale, k in zip(order_h, logprobs_h, scales_h, ks)

@@ -100,12 +100,13 @@ def test_flip_to_a_third_token_of_a_three_way_tie_passes():
     tie = Step(token=26555, logprob=-3.28484, top=((26555, -3.28484), (57901, -3.28484), (12428, -3.34734),
                                                    (108277, -3.53484)), logit_scale=18.38)
     flipped = Step(token=12428, logprob=-3.29188, top=((12428, -3.29188), (26555, -3.29188),
-                                                       (57901, -3.29188)), logit_scale=18.38)
+                                                       (57901, -3.29188), (108277, -3.54188)), logit_scale=18.38)
     result = compare_generations([gen(step(5), tie)], [gen(step(5), flipped)])
     assert result.ok, str(result)
     assert result.allowed_flips == [(0, 1)]
     # ...but not to the fourth token, 0.25 + 0.0000x away: outside the tolerance.
-    too_far = Step(token=108277, logprob=-3.29, top=((108277, -3.29),), logit_scale=18.38)
+    too_far = Step(token=108277, logprob=-3.29, top=((108277, -3.29), (26555, -3.3), (57901, -3.3)),
+                   logit_scale=18.38)
     far_tie = Step(token=26555, logprob=-3.28484, top=((26555, -3.28484), (57901, -3.28484),
                                                        (108277, -3.54)), logit_scale=18.38)
     (d,) = compare_generations([gen(step(5), far_tie)], [gen(step(5), too_far)]).divergences
@@ -123,7 +124,7 @@ def test_flip_without_a_near_tie_fails():
 
 def test_flip_without_a_recorded_runner_up_fails():
     lonely = Step(token=8, logprob=-0.1, top=((8, -0.1),), logit_scale=SCALE)
-    candidate = [gen(step(3, -0.1))]
+    candidate = [gen(Step(token=3, logprob=-0.1, top=((3, -0.1),), logit_scale=SCALE))]
     (d,) = compare_generations([gen(lonely)], candidate).divergences
     assert d.kind == "token" and "no runner-up" in d.detail
 
@@ -251,3 +252,22 @@ def test_a_candidate_with_exploding_logits_does_not_widen_its_own_tolerance():
     candidate = [shifted(baseline[0], 1, 0.1, logit_scale=1000.0)]  # 0.1 is within 2 steps at |logit| 1000
     (d,) = compare_generations(baseline, candidate).divergences
     assert d.tolerance == 2 * 2.0 ** -7 and d.logit_scale == 1.0
+
+
+def test_a_top_list_shorter_or_longer_than_the_baseline_is_a_divergence():
+    # The request asked for the baseline's number of logprobs; a runtime (a graph that ranked too
+    # few on the device) returning another number is wrong even when every token and logprob agree.
+    short = dataclasses.replace(BASELINE[1].steps[2], top=BASELINE[1].steps[2].top[:1],
+                                producer="decode[bs=4,top1]")
+    longer = dataclasses.replace(BASELINE[1].steps[2], top=BASELINE[1].steps[2].top + ((40, -9.0),))
+    same_length = dataclasses.replace(BASELINE[1].steps[2], top=(BASELINE[1].steps[2].top[0], (41, -9.0)))
+    for changed, ok in ((short, False), (longer, False), (same_length, True)):
+        steps = list(BASELINE[1].steps)
+        steps[2] = changed
+        result = compare_generations(BASELINE, [BASELINE[0], Generation.from_steps(steps)])
+        assert result.ok is ok, str(result)
+    steps = list(BASELINE[1].steps)
+    steps[2] = short
+    (d,) = compare_generations(BASELINE, [BASELINE[0], Generation.from_steps(steps)]).divergences
+    assert (d.request, d.step, d.kind, d.producer) == (1, 2, "top", "decode[bs=4,top1]")
+    assert "the top-k list has 1 entries, the baseline's 2" in str(d)
