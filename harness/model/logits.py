@@ -1,29 +1,6 @@
-"""Reading a step's logits the one way every producer must: ranked tokens, fp32 logprobs, scale.
+"""Kept so that `harness.model.logits` still names the ranking; it lives in `harness.ranking`, which
+stands alone (torch only) so that adapters can rank logits without importing the reference model."""
 
-The ranking is by logit, best first; equal logits keep ascending token order (a stable descending
-sort), so the first entry is the greedy token with ties to the lowest id. Logprobs are log_softmax
-in fp32. The scale is max |logit|, which sets the bf16 spacing comparisons count in.
-"""
+from harness.ranking import RankedLogits, rank_logits
 
-from __future__ import annotations
-
-from dataclasses import dataclass
-
-import torch
-
-
-@dataclass(frozen=True)
-class RankedLogits:
-    order: torch.Tensor        # [rows, width] token ids, best first
-    top_logprobs: torch.Tensor  # [rows, width] their logprobs
-    logprobs: torch.Tensor     # [rows, vocab] every token's logprob
-    scales: torch.Tensor       # [rows] max |logit|
-
-
-def rank_logits(logits: torch.Tensor, width: int) -> RankedLogits:
-    """The best `width` tokens of each row of `logits` [rows, vocab] (at least one)."""
-    logits = logits.float()
-    order = torch.sort(logits, dim=-1, descending=True, stable=True).indices[:, :max(width, 1)]
-    logprobs = torch.log_softmax(logits, dim=-1)
-    return RankedLogits(order=order, top_logprobs=logprobs.gather(1, order), logprobs=logprobs,
-                        scales=logits.abs().amax(dim=-1))
+__all__ = ["RankedLogits", "rank_logits"]
