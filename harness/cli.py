@@ -121,7 +121,11 @@ def cmd_audit_merge(args) -> int:
 def cmd_lint(args) -> int:
     from harness.check.lint import lint_target
 
-    report = lint_target(args.target, backend=args.graph_backend)
+    try:
+        report = lint_target(args.target, factory=args.factory)
+    except (ImportError, AttributeError, ValueError) as error:
+        print(f"harness lint: {error}", file=sys.stderr)
+        return 2
     print(report)
     return 0 if report.clean else 1
 
@@ -169,9 +173,9 @@ def build_parser() -> argparse.ArgumentParser:
     merge.set_defaults(func=cmd_audit_merge)
 
     lint = verbs.add_parser("lint", help="capture lint: every capture hazard of a callable, in one pass")
-    lint.add_argument("target", help="MODULE:CALLABLE; the callable takes no arguments (a factory "
-                      "returning the step to lint may be marked with a `capture_lint_target` attribute)")
-    lint.add_argument("--graph-backend", choices=("emulated",), default="emulated")
+    lint.add_argument("target", help="MODULE:CALLABLE, a callable taking no arguments (the step to lint)")
+    lint.add_argument("--factory", action="store_true",
+                      help="CALLABLE() builds the step (model, buffers) and returns the callable to lint")
     lint.set_defaults(func=cmd_lint)
 
     bench = verbs.add_parser("bench", help="run a benchmark from harness.bench")

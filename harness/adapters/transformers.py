@@ -22,9 +22,10 @@ is frozen into the graph at capture, as on a GPU. That is what the audit looks f
 
 from __future__ import annotations
 
+import functools
 import warnings
 from dataclasses import dataclass, field
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 import torch
 
@@ -119,6 +120,16 @@ class TransformersRuntime:
         """Capture the decode step for `batch_size` now (graph mode); it is otherwise captured when
         the first batch of that size needs it."""
         return self._slot(self._size_for(batch_size)).key
+
+    @torch.inference_mode()
+    def decode_step(self, batch_size: int) -> Callable[[], torch.Tensor]:
+        """The eager decode step for `batch_size` over its static buffers and cache, one token
+        cached, as graph mode captures it: what the capture lint runs."""
+        slot = self._slot(self._size_for(batch_size))
+        slot.cache.reset()
+        self._forward(slot.input_ids, slot.position_ids.zero_(), slot.cache)
+        slot.position_ids.fill_(1)
+        return functools.partial(self._decode, slot)
 
     # --- batching ----------------------------------------------------------------------------
 
