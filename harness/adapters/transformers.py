@@ -22,7 +22,6 @@ is frozen into the graph at capture, as on a GPU. That is what the audit looks f
 
 from __future__ import annotations
 
-import functools
 import warnings
 from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
@@ -129,7 +128,13 @@ class TransformersRuntime:
         slot.cache.reset()
         self._forward(slot.input_ids, slot.position_ids.zero_(), slot.cache)
         slot.position_ids.fill_(1)
-        return functools.partial(self._decode, slot)
+        runtime = self
+
+        def step() -> torch.Tensor:
+            with torch.inference_mode():
+                return runtime._decode(slot)
+
+        return step
 
     # --- batching ----------------------------------------------------------------------------
 

@@ -91,10 +91,11 @@ def _run_one(arch: Architecture, dtype: str, backend: str, timeout_s: float) -> 
         return Row(arch.model_type, arch.class_name, dtype, backend, verdict, detail, None,
                    round(time.perf_counter() - start, 2))
 
-    context = multiprocessing.get_context("fork")
+    # Forking is cheap (imports are shared) but unsafe once CUDA is in use; cuda runs spawn.
+    context = multiprocessing.get_context("spawn" if backend == "cuda" else "fork")
     receive, send = context.Pipe(duplex=False)
-    with tempfile.TemporaryFile(mode="w+") as log:
-        child = context.Process(target=_child, args=(arch, dtype, backend, send, log.fileno()), daemon=True)
+    with tempfile.NamedTemporaryFile(mode="w+", prefix="audit-", suffix=".log") as log:
+        child = context.Process(target=_child, args=(arch, dtype, backend, send, log.name), daemon=True)
         child.start()
         send.close()
         try:
@@ -114,10 +115,11 @@ def _run_one(arch: Architecture, dtype: str, backend: str, timeout_s: float) -> 
         return failed(CRASHED, f"exit status {child.exitcode}: {last[:300]}")
 
 
-def _child(arch: Architecture, dtype: str, backend: str, send, log_fd: int) -> None:
+def _child(arch: Architecture, dtype: str, backend: str, send, log_path: str) -> None:
     # The child's chatter (transformers warnings) goes to a file the parent reads if it crashes.
-    os.dup2(log_fd, 1)
-    os.dup2(log_fd, 2)
+    with open(log_path, "w") as log:
+        os.dup2(log.fileno(), 1)
+        os.dup2(log.fileno(), 2)
     import torch
 
     torch.set_num_threads(1)
