@@ -23,6 +23,7 @@ is frozen into the graph at capture, as on a GPU. That is what the audit looks f
 from __future__ import annotations
 
 import warnings
+from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
 
@@ -43,9 +44,9 @@ class DecodeKey:
         return f"decode(batch={self.batch_size})"
 
 
-@dataclass
+@dataclass(frozen=True)
 class AdapterStats:
-    """Counts per producer: captures and replays per graph key, eager decode steps and prefills."""
+    """What the runtime did so far: captures and replays per graph key, eager decode steps, prefills."""
 
     captures: dict[str, int] = field(default_factory=dict)
     replays: dict[str, int] = field(default_factory=dict)
@@ -92,8 +93,17 @@ class TransformersRuntime:
         self.max_batch_size = sizes[-1] if sizes else max_batch_size
         self.device = next(model.parameters()).device
         self.vocab_size = model.get_output_embeddings().weight.shape[0]
-        self.stats = AdapterStats()
+        self._counts: Counter[str] = Counter()  # "capture:<key>", "replay:<key>", "eager", "prefill"
         self._slots: dict[int, _Slot] = {}
+
+    @property
+    def stats(self) -> AdapterStats:
+        """A snapshot: it does not change as the runtime goes on."""
+        def per_key(prefix: str) -> dict[str, int]:
+            return {k[len(prefix):]: n for k, n in self._counts.items() if k.startswith(prefix)}
+
+        return AdapterStats(captures=per_key("capture:"), replays=per_key("replay:"),
+                            eager_steps=self._counts["eager"], prefills=self._counts["prefill"])
 
     @property
     def mode(self) -> str:
@@ -182,7 +192,7 @@ class TransformersRuntime:
         prompt = torch.tensor(prompts, dtype=torch.int64, device=self.device)
         positions = torch.arange(prompt_len, device=self.device).expand(size, -1)
         logits = self._forward(prompt, positions, slot.cache)[:, -1]
-        self.stats.prefills += 1
+        self._counts["prefill"] += 1
         steps: list[list[Step]] = [[] for _ in batch]
         widths = [r.logprobs for r in batch]
         tokens = self._record(logits, widths, steps, EAGER)
@@ -191,10 +201,10 @@ class TransformersRuntime:
             if slot.graph is not None:
                 slot.graph.replay()
                 logits, producer = slot.graph.output, str(slot.key)
-                self.stats.replays[producer] = self.stats.replays.get(producer, 0) + 1
+                self._counts[f"replay:{producer}"] += 1
             else:
                 logits, producer = self._decode(slot), EAGER
-                self.stats.eager_steps += 1
+                self._counts["eager"] += 1
             tokens = self._record(logits, widths, steps, producer)
         return [s[:r.max_new_tokens] for s, r in zip(steps, batch)]
 
@@ -247,7 +257,6 @@ class TransformersRuntime:
             self._forward(slot.input_ids, slot.position_ids.zero_(), cache)
             slot.position_ids.fill_(1)
             slot.graph = self.backend.capture(lambda: self._decode(slot))
-            key = str(slot.key)
-            self.stats.captures[key] = self.stats.captures.get(key, 0) + 1
+            self._counts[f"capture:{slot.key}"] += 1
         cache.reset()
         return slot

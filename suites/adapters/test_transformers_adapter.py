@@ -33,8 +33,12 @@ def test_adapter_is_a_runtime(tiny_hf_model):
 
 
 def test_eager_agrees_with_transformers_generate(tiny_hf_model, grounding_requests):
-    generations = TransformersRuntime(tiny_hf_model).generate(grounding_requests)
+    runtime = TransformersRuntime(tiny_hf_model)
+    generations = runtime.generate(grounding_requests)
     comparison = compare_generations(hf_greedy_generations(tiny_hf_model, grounding_requests), generations)
+    # Eight prompt lengths, eight batches: one prefill each, every later step an eager decode step.
+    assert runtime.stats.prefills == 8 and runtime.stats.captures == {} and runtime.stats.replays == {}
+    assert runtime.stats.eager_steps == sum(r.max_new_tokens - 1 for r in grounding_requests)
     assert comparison.ok, str(comparison)
     assert len(comparison.allowed_flips) <= 2, str(comparison)
     assert all(s.producer == EAGER and len(s.top) == 4 for g in generations for s in g.steps)
