@@ -71,3 +71,11 @@ class MyRuntime:
         top = tuple((token, float(logprobs[token])) for token in order)
         return Step(token=order[0], logprob=top[0][1], top=top, logit_scale=float(logits.abs().max()),
                     producer=producer)
+
+
+def make_decode_step():
+    """For `harness lint --factory my_runtime:make_decode_step`: build a runtime on the seeded tiny
+    Llama and hand back its decode step."""
+    from harness.model import tiny_llama
+
+    return MyRuntime(tiny_llama(seed=0)).decode_step

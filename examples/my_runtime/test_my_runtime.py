@@ -43,3 +43,10 @@ def test_comparison_catches_a_planted_bug(hf_model, graph_backend, eager_runtime
     broken = ForgetsToAdvance(hf_model, backend=graph_backend)
     comparison = compare_generations(eager_runtime.generate(requests), broken.generate(requests))
     assert not comparison.ok
+
+
+def test_lint_from_the_command_line(capsys):
+    from harness import cli
+
+    assert cli.main(["lint", "--factory", "my_runtime:make_decode_step"]) == 0
+    assert "clean" in capsys.readouterr().out

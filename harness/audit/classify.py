@@ -1,8 +1,10 @@
 """One architecture's audit row: build it tiny, run it eagerly with a static cache, check that run
 against a cache-free forward, capture its decode step, replay it, compare with eager, classify.
 
-Run as `python -m harness.audit.classify MODEL_TYPE --dtype D --graph-backend B`: one process per
-architecture, so a crash or a hang loses one row; the row is printed as one JSON line.
+`harness.audit.runner` calls `audit_architecture` in a process of its own per architecture, so a
+crash or a hang loses one row. `python -m harness.audit.classify MODEL_TYPE [--dtype D]
+[--graph-backend B]` runs one architecture in the foreground (its warnings visible) and prints the
+row as one JSON line, for looking into a single verdict.
 """
 
 from __future__ import annotations
