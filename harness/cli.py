@@ -1,4 +1,4 @@
-"""The `harness` command: run | testdb | bench."""
+"""The `harness` command: run | testdb | audit | lint | bench."""
 
 from __future__ import annotations
 
@@ -82,6 +82,54 @@ def cmd_bench(args) -> int:
     return int(importlib.import_module(f"harness.bench.{args.name}").main(args.bench_args) or 0)
 
 
+def cmd_audit_transformers(args) -> int:
+    from harness.audit.report import render_markdown, render_text
+    from harness.audit.runner import run_audit, select
+
+    try:
+        archs = select(args.arch)
+    except ValueError as error:
+        print(f"harness audit: {error}", file=sys.stderr)
+        return 2
+    result = run_audit(archs, dtype=args.dtype, backend=_resolved(args.graph_backend), jobs=args.jobs,
+                       timeout_s=args.timeout)
+    if args.json:
+        result.save(args.json)
+        print(f"wrote {len(result.rows)} rows to {args.json}", file=sys.stderr)
+    sys.stdout.write(render_markdown([result]) if args.markdown else render_text(result))
+    return 0
+
+
+def _resolved(backend: str) -> str:
+    from harness.graphs import resolve_backend
+
+    return resolve_backend(backend)
+
+
+def cmd_audit_merge(args) -> int:
+    from harness.audit.report import render_markdown, render_text
+    from harness.audit.runner import AuditResult
+
+    results = [AuditResult.load(path) for path in args.files]
+    if args.markdown or len(results) > 1:
+        sys.stdout.write(render_markdown(results))
+    else:
+        sys.stdout.write(render_text(results[0]))
+    return 0
+
+
+def cmd_lint(args) -> int:
+    from harness.check.lint import lint_target
+
+    try:
+        report = lint_target(args.target, factory=args.factory)
+    except (ImportError, AttributeError, ValueError) as error:
+        print(f"harness lint: {error}", file=sys.stderr)
+        return 2
+    print(report)
+    return 0 if report.clean else 1
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="harness", description="capture-harness: graph-capture correctness harness")
     verbs = parser.add_subparsers(dest="verb", required=True)
@@ -104,6 +152,31 @@ def build_parser() -> argparse.ArgumentParser:
     check = testdb.add_parser("check", help="fail when a list names a missing test or a test is in no list")
     check.add_argument("--test-db", type=Path)
     check.set_defaults(func=cmd_check)
+
+    audit = verbs.add_parser("audit", help="capture audit of a model family").add_subparsers(
+        dest="family", required=True)
+    hf = audit.add_parser("transformers", help="every transformers causal LM built tiny: capture a decode "
+                          "step with a static cache, replay it against eager, classify")
+    hf.add_argument("--arch", action="append", metavar="PATTERN",
+                    help="glob on model_type or class name (repeatable; default: all)")
+    hf.add_argument("--dtype", choices=("bfloat16", "float32"), default="bfloat16")
+    hf.add_argument("--graph-backend", choices=("auto", "cuda", "emulated"), default="auto",
+                    help="default auto: cuda when available, else emulated")
+    hf.add_argument("-j", "--jobs", type=int, default=2, help="processes at a time (default 2)")
+    hf.add_argument("--timeout", type=float, default=180.0, help="seconds per architecture (default 180)")
+    hf.add_argument("--json", type=Path, help="also write the rows and their provenance to this file")
+    hf.add_argument("--markdown", action="store_true", help="print a markdown table instead of text")
+    hf.set_defaults(func=cmd_audit_transformers)
+    merge = audit.add_parser("merge", help="put audit JSON files side by side (e.g. cpu.json cuda.json)")
+    merge.add_argument("files", nargs="+", type=Path)
+    merge.add_argument("--markdown", action="store_true")
+    merge.set_defaults(func=cmd_audit_merge)
+
+    lint = verbs.add_parser("lint", help="capture lint: every capture hazard of a callable, in one pass")
+    lint.add_argument("target", help="MODULE:CALLABLE, a callable taking no arguments (the step to lint)")
+    lint.add_argument("--factory", action="store_true",
+                      help="CALLABLE() builds the step (model, buffers) and returns the callable to lint")
+    lint.set_defaults(func=cmd_lint)
 
     bench = verbs.add_parser("bench", help="run a benchmark from harness.bench")
     bench.add_argument("name")

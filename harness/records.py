@@ -7,7 +7,7 @@ loaded again.
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
-from typing import Any
+from typing import Any, Protocol, Sequence, runtime_checkable
 
 
 EAGER = "eager"  # the producer of a step that no graph ran
@@ -84,3 +84,15 @@ class Generation:
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> Generation:
         return cls(tokens=[int(t) for t in data["tokens"]], steps=[Step.from_dict(s) for s in data.get("steps", [])])
+
+
+@runtime_checkable
+class Runtime(Protocol):
+    """What the checks can compare: anything that turns requests into one `Generation` per request,
+    in order. Each `Step` must carry the generated `token` and its `logprob` (log_softmax in fp32),
+    `top` (the best `request.logprobs` pairs by logit, best first, the generated token first),
+    `logit_scale` (max |logit| of that step: the comparison counts its tolerance in bf16 steps at
+    this scale) and `producer` ("eager", or the text of the graph key that ran the step, which the
+    divergence report names)."""
+
+    def generate(self, requests: Sequence[Request]) -> list[Generation]: ...

@@ -1,10 +1,12 @@
-"""What suites assert with: BF16-step comparison of generations and tensor pointer snapshots."""
+"""What suites assert with: BF16-step comparison of generations, tensor pointer snapshots and the
+capture lint."""
 
+from harness.check.lint import LintReport, capture_lint
 from harness.check.compare import Comparison, Divergence, compare_generations
 from harness.check.tolerance import bf16_step, logprob_tolerance
 from harness.graphs.pointers import TensorRecord, describe_moved, moved_tensors, snapshot_tensors
 
 __all__ = [
-    "Comparison", "Divergence", "TensorRecord", "bf16_step", "compare_generations", "describe_moved",
+    "Comparison", "Divergence", "LintReport", "capture_lint", "TensorRecord", "bf16_step", "compare_generations", "describe_moved",
     "logprob_tolerance", "moved_tensors", "snapshot_tensors",
 ]

@@ -12,7 +12,7 @@ from typing import Sequence
 
 import torch
 
-from harness.model.logits import rank_logits
+from harness.ranking import rank_logits
 from harness.records import Generation, Request, Step
 
 PRODUCER = "transformers"

@@ -34,7 +34,7 @@ from typing import Any, Callable, ContextManager, Iterator, Protocol, Sequence
 import torch
 
 from harness.graphs.base import GraphBackend
-from harness.model.logits import RankedLogits, rank_logits
+from harness.ranking import RankedLogits, rank_logits
 from harness.ops.metadata import SequenceSpan
 from harness.ops.sizing import cdiv
 from harness.runtime.comm import Comm, SingleProcessComm

@@ -23,7 +23,7 @@ import torch
 
 from harness.graphs import get_backend
 from harness.graphs.base import GraphBackend
-from harness.model.logits import RankedLogits
+from harness.ranking import RankedLogits
 from harness.ops.kv_cache import PagedKVCache
 from harness.ops.metadata import AttentionMetadata
 from harness.ops.sizing import cdiv

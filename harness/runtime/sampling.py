@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 import torch
 
-from harness.model.logits import RankedLogits, rank_logits
+from harness.ranking import RankedLogits, rank_logits
 
 
 @dataclass(frozen=True)

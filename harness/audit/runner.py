@@ -1,0 +1,170 @@
+"""Runs the audit: one forked process per architecture, `jobs` at a time, each with a timeout,
+progress on stderr. A process that crashes or hangs costs its own row only."""
+
+from __future__ import annotations
+
+import datetime
+import fnmatch
+import json
+import os
+import platform
+import multiprocessing
+import subprocess
+import sys
+import tempfile
+import time
+from concurrent.futures import ThreadPoolExecutor, as_completed
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TextIO
+
+from harness.audit.classify import CRASHED, TIMEOUT, Row, audit_architecture
+from harness.audit.tiny import Architecture, causal_lm_architectures
+
+@dataclass(frozen=True)
+class AuditResult:
+    """Rows of one audit run and where they come from (versions, date, commit, backend, dtype)."""
+
+    meta: dict
+    rows: list[Row] = field(default_factory=list)
+
+    def to_dict(self) -> dict:
+        return {"meta": dict(self.meta), "rows": [r.to_dict() for r in self.rows]}
+
+    @classmethod
+    def from_dict(cls, data: dict) -> AuditResult:
+        return cls(meta=dict(data["meta"]), rows=[Row.from_dict(r) for r in data["rows"]])
+
+    def save(self, path: Path) -> None:
+        Path(path).write_text(json.dumps(self.to_dict(), indent=1) + "\n")
+
+    @classmethod
+    def load(cls, path: Path) -> AuditResult:
+        return cls.from_dict(json.loads(Path(path).read_text()))
+
+
+def select(patterns: list[str] | None) -> list[Architecture]:
+    """Architectures whose model_type or class name matches one of the glob patterns (all if none);
+    a pattern matching nothing is a ValueError naming it."""
+    archs = causal_lm_architectures()
+    if not patterns:
+        return archs
+    chosen = []
+    for pattern in patterns:
+        matched = [a for a in archs if fnmatch.fnmatchcase(a.model_type, pattern)
+                   or fnmatch.fnmatchcase(a.class_name, pattern)]
+        if not matched:
+            raise ValueError(f"--arch {pattern!r} matches no causal LM architecture of transformers "
+                             f"(model types such as {', '.join(a.model_type for a in archs[:5])}, ...)")
+        chosen += [a for a in matched if a not in chosen]
+    return chosen
+
+
+def run_audit(archs: list[Architecture], *, dtype: str, backend: str, jobs: int = 2,
+              timeout_s: float = 180.0, progress: TextIO | None = sys.stderr) -> AuditResult:
+    if jobs < 1:
+        raise ValueError(f"jobs must be at least 1, got {jobs}")
+    preload()
+    started = time.perf_counter()
+    rows: dict[str, Row] = {}
+    with ThreadPoolExecutor(max_workers=jobs) as pool:
+        futures = {pool.submit(_run_one, a, dtype, backend, timeout_s): a for a in archs}
+        for done, future in enumerate(as_completed(futures), 1):
+            row = future.result()
+            rows[row.model_type] = row
+            if progress is not None:
+                where = f" at step {row.step}" if row.step is not None else ""
+                progress.write(f"[{done}/{len(archs)}] {row.model_type}: {row.verdict}{where} "
+                               f"({row.seconds:.1f}s)\n")
+                progress.flush()
+    meta = provenance(dtype=dtype, backend=backend, jobs=jobs,
+                      wall_s=round(time.perf_counter() - started, 1))
+    return AuditResult(meta, [rows[a.model_type] for a in archs])
+
+
+def _run_one(arch: Architecture, dtype: str, backend: str, timeout_s: float) -> Row:
+    """Fork a child for one architecture. The parent has imported torch and transformers' shared
+    modules already (`preload`), so a child pays only for its own model's module."""
+    start = time.perf_counter()
+
+    def failed(verdict: str, detail: str) -> Row:
+        return Row(arch.model_type, arch.class_name, dtype, backend, verdict, detail, None,
+                   round(time.perf_counter() - start, 2))
+
+    # Forking is cheap (imports are shared) but unsafe once CUDA is in use; cuda runs spawn.
+    context = multiprocessing.get_context("spawn" if backend == "cuda" else "fork")
+    receive, send = context.Pipe(duplex=False)
+    with tempfile.NamedTemporaryFile(mode="w+", prefix="audit-", suffix=".log") as log:
+        child = context.Process(target=_child, args=(arch, dtype, backend, send, log.name), daemon=True)
+        child.start()
+        send.close()
+        try:
+            if receive.poll(timeout_s):
+                try:
+                    return Row.from_dict(receive.recv())
+                except EOFError:
+                    pass  # the child died before sending its row
+            else:
+                child.kill()
+                return failed(TIMEOUT, f"no verdict within {timeout_s:.0f}s")
+        finally:
+            child.join(10)
+            receive.close()
+        log.seek(0)
+        last = (log.read().strip().splitlines() or ["no output"])[-1]
+        return failed(CRASHED, f"exit status {child.exitcode}: {last[:300]}")
+
+
+def _child(arch: Architecture, dtype: str, backend: str, send, log_path: str) -> None:
+    # The child's chatter (transformers warnings) goes to a file the parent reads if it crashes.
+    with open(log_path, "w") as log:
+        os.dup2(log.fileno(), 1)
+        os.dup2(log.fileno(), 2)
+    import torch
+
+    torch.set_num_threads(1)
+    send.send(audit_architecture(arch, dtype, backend).to_dict())
+    send.close()
+
+
+def preload() -> None:
+    """Import what every child needs, once, before forking: torch, the harness and transformers'
+    shared modules (importing one model class pulls in most of them)."""
+    import transformers
+
+    transformers.StaticCache  # noqa: B018 (attribute access imports the lazy module)
+    transformers.LlamaForCausalLM  # noqa: B018
+
+
+def provenance(**extra) -> dict:
+    import torch
+    import transformers
+
+    return {
+        "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
+        "commit": _commit(),
+        "torch": torch.__version__,
+        "transformers": transformers.__version__,
+        "python": platform.python_version(),
+        "machine": _machine(),
+        **extra,
+    }
+
+
+def _commit() -> str:
+    root = Path(__file__).resolve().parents[2]
+    try:
+        return subprocess.run(["git", "-C", str(root), "rev-parse", "--short", "HEAD"], capture_output=True,
+                              text=True, timeout=10).stdout.strip() or "unknown"
+    except (OSError, subprocess.SubprocessError):
+        return "unknown"
+
+
+def _machine() -> str:
+    import torch
+
+    if torch.cuda.is_available():
+        return f"{torch.cuda.get_device_name(0)}, {os.cpu_count()} CPU cores"
+    return f"CPU only, {os.cpu_count()} cores"
+
+
