@@ -3,6 +3,7 @@ capture re-raised as `CaptureError`. Importing this module needs no CUDA."""
 
 from __future__ import annotations
 
+import gc
 import re
 from typing import Any, Callable
 
@@ -60,9 +61,14 @@ class CudaBackend(GraphBackend):
         graph = torch.cuda.CUDAGraph()
         caller_stream = torch.cuda.current_stream(self.device)
         tracker = FailedOpTracker()
+        # torch.cuda.graph collects garbage before the capture begins; a collection during it could
+        # destroy an unreachable CUDAGraph (an engine dropped in a reference cycle), whose reset is
+        # an illegal call while a stream captures and invalidates this capture.
+        gc_was_enabled = gc.isenabled()
         try:
             with torch.cuda.device(self.device), torch.cuda.graph(graph, pool=pool,
                                                                   stream=self._stream):
+                gc.disable()
                 with tracker:
                     output = fn()
         except Exception as error:
@@ -72,6 +78,8 @@ class CudaBackend(GraphBackend):
                 raise
             raise mapped from error
         finally:
+            if gc_was_enabled:
+                gc.enable()
             # torch.cuda.graph leaves its side stream current when the capture's end raises.
             torch.cuda.set_stream(caller_stream)
         return CudaGraph(graph, output, graph.pool() if pool is None else pool)
