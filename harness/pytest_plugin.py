@@ -124,12 +124,32 @@ def pytest_sessionstart(session: pytest.Session) -> None:
     name = config.getoption("plant_fault")
     if name is None:
         return
-    from harness.faults import inject
+    import tempfile
+
+    from harness.faults import FIRINGS_FILE_VARIABLE, PLANTED_FAULT_VARIABLE, inherited_firings, inject
     from harness.graphs import resolve_backend
 
     stack = contextlib.ExitStack()
     handle = stack.enter_context(inject(name, resolve_backend(config.getoption("graph_backend"))))
+    # Spawned rank processes plant it again through harness.faults.inherited_fault.
+    firings = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="fault-firings-"))) / "fired"
+    stack.enter_context(_environment({PLANTED_FAULT_VARIABLE: name, FIRINGS_FILE_VARIABLE: str(firings)}))
+    stack.callback(lambda: setattr(handle, "fired", handle.fired + inherited_firings(firings)))
     config.stash[_planted] = (stack, handle)
+
+
+@contextlib.contextmanager
+def _environment(values: dict[str, str]):
+    saved = {key: os.environ.get(key) for key in values}
+    os.environ.update(values)
+    try:
+        yield
+    finally:
+        for key, value in saved.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
 
 
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:

@@ -12,6 +12,8 @@ Faults by family: ops.py (attention ops and metadata), model.py (weights, scratc
 from __future__ import annotations
 
 import contextlib
+import os
+from pathlib import Path
 from typing import Iterator
 
 from harness.faults.model import MODEL_FAULTS
@@ -20,6 +22,11 @@ from harness.faults.registry import Fault, FaultHandle, NotPlantableError, get_f
 from harness.faults.runtime import RUNTIME_FAULTS
 
 FAULTS = registry(OPS_FAULTS, MODEL_FAULTS, RUNTIME_FAULTS)
+
+# Set by `--plant-fault` for the processes a planted session spawns (torch.distributed ranks start
+# fresh interpreters, so the parent's planting does not reach them).
+PLANTED_FAULT_VARIABLE = "HARNESS_PLANTED_FAULT"
+FIRINGS_FILE_VARIABLE = "HARNESS_FAULT_FIRINGS"
 
 
 @contextlib.contextmanager
@@ -30,4 +37,27 @@ def inject(name: str, backend: str = "emulated") -> Iterator[FaultHandle]:
         yield handle
 
 
-__all__ = ["FAULTS", "Fault", "FaultHandle", "NotPlantableError", "inject"]
+@contextlib.contextmanager
+def inherited_fault(backend: str = "emulated") -> Iterator[FaultHandle | None]:
+    """In a process spawned by a planted session (a rank worker): plant the session's fault for the
+    duration and add its firings to the session's count; yields None where no fault is planted."""
+    name = os.environ.get(PLANTED_FAULT_VARIABLE)
+    if not name:
+        yield None
+        return
+    with inject(name, backend) as handle:
+        try:
+            yield handle
+        finally:
+            firings = os.environ.get(FIRINGS_FILE_VARIABLE)
+            if firings:
+                with open(firings, "a") as out:
+                    out.write(f"{handle.fired}\n")
+
+
+def inherited_firings(path: Path) -> int:
+    """The firings spawned processes added to `path` (see inherited_fault)."""
+    return sum(int(line) for line in path.read_text().split()) if path.is_file() else 0
+
+
+__all__ = ["FAULTS", "Fault", "FaultHandle", "NotPlantableError", "inherited_fault", "inject"]

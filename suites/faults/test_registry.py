@@ -111,3 +111,34 @@ def test_tables_show_verdicts_links_and_columns_per_run():
     assert header.endswith("| emulated (x86, torch 2.13) | cuda (NVIDIA H200, torch 2.13) |")
     assert FAULT.link in sync_row and sync_row.endswith("| detected (4.2 s) | detected (4.2 s) |")
     assert freed_row.endswith("| not plantable: no \\| error | not run |")
+
+
+def test_spawned_processes_plant_the_inherited_fault_and_report_firings(tmp_path, monkeypatch):
+    from harness.faults import FIRINGS_FILE_VARIABLE, PLANTED_FAULT_VARIABLE, inherited_fault
+    from harness.faults import inherited_firings
+
+    with inherited_fault() as handle:
+        assert handle is None  # nothing planted in this session
+    firings = tmp_path / "fired"
+    monkeypatch.setenv(PLANTED_FAULT_VARIABLE, "pad-rows-write-real-kv")
+    monkeypatch.setenv(FIRINGS_FILE_VARIABLE, str(firings))
+    original = attention.write_kv
+    for _ in range(2):  # two rank processes
+        with inherited_fault() as handle:
+            assert attention.write_kv is not original
+            attention.write_kv(torch.zeros(2, 2, 1, 1, 1), torch.ones(1, 1, 1), torch.ones(1, 1, 1),
+                               torch.tensor([1]))
+    assert attention.write_kv is original
+    assert inherited_firings(firings) == 2
+
+
+def test_plant_fault_option_refuses_an_unknown_or_unplantable_fault():
+    from harness.pytest_plugin import check_fault_option
+
+    with pytest.raises(pytest.UsageError, match="--plant-fault nope: no such fault; known faults: "):
+        check_fault_option("nope", "emulated")
+    if getattr(harness.graphs, "FreedMemoryError", None) is None:
+        with pytest.raises(pytest.UsageError, match="not plantable on this build for the emulated"):
+            check_fault_option("captured-buffer-freed", "emulated")
+    check_fault_option("metadata-rebound", "emulated")
+    check_fault_option(None, "emulated")
