@@ -32,7 +32,17 @@ def replay(record: ReproRecord, *, without_fault: bool = False, root: Path | Non
                 result = run_scenario(record.scenario)
             result = type(result)(result.ok, f"{result.report}\nfault {fault} planted, fired {handle.fired} times")
         return ReplayResult(result.ok, result.report)
-    return _rerun_test(record, fault, root or Path(record.root or "."))
+    if root is None:
+        recorded = Path(record.root) if record.root else None
+        # A file carried to another checkout re-runs against that checkout's suites.
+        root = recorded if recorded is not None and recorded.is_dir() else _project_root()
+    return _rerun_test(record, fault, root)
+
+
+def _project_root() -> Path:
+    from harness.testdb import project_root
+
+    return project_root()
 
 
 def _rerun_test(record: ReproRecord, fault: str | None, root: Path) -> ReplayResult:
