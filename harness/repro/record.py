@@ -77,10 +77,22 @@ def load_record(path: Path) -> ReproRecord:
         raise ValueError(f"{path} is not a reproduction file: {type(error).__name__}: {error}") from error
 
 
-_FALSIFYING = re.compile(r"^(?:E\s+)?Falsifying example:.*?(?=^\s*$|\Z)", re.MULTILINE | re.DOTALL)
+_EXAMPLE_HEADS = ("Falsifying example:", "Failing test case:")  # Hypothesis' wording varies by version
+_PREFIX = re.compile(r"^(E\s+|\s*\|\s?)")  # pytest's "E" lines, an exception group's "|" lines
 
 
 def hypothesis_example(failure_text: str) -> str | None:
-    """The "Falsifying example: ..." block of a Hypothesis failure, or None."""
-    match = _FALSIFYING.search(failure_text)
-    return match.group(0).strip() if match else None
+    """The first example Hypothesis reported ("Falsifying example: ..." or "Failing test case: ...",
+    up to its closing parenthesis), or None."""
+    lines = failure_text.splitlines()
+    for i, line in enumerate(lines):
+        if any(head in line for head in _EXAMPLE_HEADS):
+            block = [line]
+            for following in lines[i + 1:]:
+                if not following.strip():
+                    break
+                block.append(following)
+                if _PREFIX.sub("", following).strip() == ")":
+                    break
+            return "\n".join(block).strip()
+    return None

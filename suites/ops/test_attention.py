@@ -148,11 +148,11 @@ def test_bad_inputs_raise_naming_the_mismatch(mutate, match) -> None:
 def batch_compositions(draw):
     prefills = draw(st.lists(st.tuples(st.integers(1, 12), st.integers(0, 6)), max_size=3))
     decodes = draw(st.lists(st.integers(2, 14), max_size=3))
-    if not prefills and not decodes:
-        decodes = [draw(st.integers(2, 14))]
     # (new tokens, cached prefix): a prefix makes it a chunked prefill
     lengths = [(new + cached, new) for new, cached in prefills if new > 1 or cached == 0]
     lengths += [(seq_len, 1) for seq_len in decodes]
+    if not lengths:  # checked after the filter: prefills of 1 new token on a prefix are dropped
+        lengths = [(draw(st.integers(2, 14)), 1)]
     heads, kv_heads = draw(st.sampled_from([(2, 2), (4, 2), (4, 1)]))
     return dict(lengths=lengths, heads=heads, kv_heads=kv_heads,
                 block_size=draw(st.sampled_from([1, 2, 3, 5, 8])),

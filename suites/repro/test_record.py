@@ -43,3 +43,10 @@ def test_a_bad_file_is_exit_code_2(tmp_path, capsys):
     with pytest.raises(ValueError, match="unknown scenario fields"):
         Scenario.from_dict({"backend": "emulated", "model_seed": 0, "engine": {}, "requests": [],
                             "extra": 1})
+
+
+def test_hypothesis_example_inside_an_exception_group():
+    text = ("  | ExceptionGroup: Hypothesis found 2 distinct failures.\n"
+            "    | ValueError: bad\n    | Failing test case: test_f(\n    |     x=[],\n    | )\n"
+            "    +---- 2 ----\n    | Failing test case: test_f(\n    |     x=[1],\n    | )\n")
+    assert hypothesis_example(text) == "| Failing test case: test_f(\n    |     x=[],\n    | )"
