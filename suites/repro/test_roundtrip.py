@@ -68,7 +68,6 @@ def test_replay_fails_the_same_way_then_passes_without_the_fault(scenario_file, 
     assert "compare_generations: ok" in report
 
 
-@pytest.mark.slow
 def test_ten_replays_in_a_row_give_the_same_verdict_and_report(scenario_file, capsys):
     verdicts = replays(scenario_file, 10, capsys)
     assert {code for code, _ in verdicts} == {1}
