@@ -1,4 +1,4 @@
-"""The `harness` command: run | testdb | audit | lint | bench."""
+"""The `harness` command: run | testdb | audit | lint | bench | faults | repro."""
 
 from __future__ import annotations
 
@@ -38,8 +38,13 @@ def cmd_run(args) -> int:
 
     root = project_root()
     test_list = get_list(_testdb_dir(args), args.name)
+    extra = list(args.pytest_args)
+    if args.hypothesis_profile:
+        extra += ["--hypothesis-profile", args.hypothesis_profile]
+    if args.hypothesis_seed is not None:
+        extra += ["--hypothesis-seed", str(args.hypothesis_seed)]
     return run_list(test_list, _machine(args), root=root, results_dir=args.results or root / "results",
-                    extra_args=tuple(args.pytest_args))
+                    extra_args=tuple(extra))
 
 
 def cmd_render(args) -> int:
@@ -130,6 +135,70 @@ def cmd_lint(args) -> int:
     return 0 if report.clean else 1
 
 
+def _commit(root: Path) -> str:
+    import subprocess
+
+    proc = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=root, capture_output=True, text=True)
+    return proc.stdout.strip() if proc.returncode == 0 else ""
+
+
+def cmd_faults(args) -> int:
+    import json
+
+    from harness.faults import FAULTS
+    from harness.faults.table import markdown_table, run_document, text_table
+
+    if args.action == "merge":
+        if not args.files:
+            print("harness faults merge: name one or more JSON files written by --json", file=sys.stderr)
+            return 2
+        documents = [json.loads(Path(f).read_text()) for f in args.files]
+        print(markdown_table(FAULTS, documents), end="")
+        return 0
+    if args.files:
+        print(f"harness faults: unexpected arguments {args.files}", file=sys.stderr)
+        return 2
+    from harness.faults.run import project_root, run_zoo
+    from harness.graphs import resolve_backend
+
+    unknown = [name for name in args.only if name not in FAULTS]
+    if unknown:
+        print(f"harness faults: unknown faults {unknown}; known: {', '.join(FAULTS)}", file=sys.stderr)
+        return 2
+    faults = [FAULTS[name] for name in args.only] if args.only else list(FAULTS.values())
+    backend = resolve_backend(args.graph_backend)
+    root = project_root()
+    print(f"[faults] {len(faults)} fault(s) on the {backend} backend, {args.jobs} at a time",
+          file=sys.stderr, flush=True)
+    runs = run_zoo(faults, backend=backend, jobs=args.jobs, root=root,
+                   log=lambda line: print(line, file=sys.stderr, flush=True))
+    document = run_document(runs, backend=backend, commit=_commit(root))
+    if args.json:
+        args.json.write_text(json.dumps(document, indent=1) + "\n")
+    print(markdown_table({r.name: FAULTS[r.name] for r in runs}, [document]) if args.markdown
+          else text_table(runs))
+    # Not plantable is reported, not failed: the table says why.
+    return 0 if all(r.verdict in ("detected", "not plantable") for r in runs) else 1
+
+
+def cmd_repro(args) -> int:
+    from harness.repro import load_record, replay
+
+    try:
+        record = load_record(args.file)
+    except ValueError as error:
+        print(f"harness repro: {error}", file=sys.stderr)
+        return 2
+    fault = "" if record.fault is None or args.without_fault else f", fault {record.fault} planted"
+    kind = "scenario" if record.scenario is not None else "pytest"
+    print(f"[repro] {record.node_id} ({kind}, {record.backend}{fault}; recorded with torch {record.torch})",
+          file=sys.stderr, flush=True)
+    result = replay(record, without_fault=args.without_fault)
+    print(result.report)
+    print(f"[repro] {'passes' if result.ok else 'still fails'}", file=sys.stderr)
+    return 0 if result.ok else 1
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="harness", description="capture-harness: graph-capture correctness harness")
     verbs = parser.add_subparsers(dest="verb", required=True)
@@ -138,6 +207,9 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("name", help="list name, e.g. l0_cpu")
     _machine_options(run)
     run.add_argument("--results", type=Path, help="folder for JUnit XML (default: <project root>/results)")
+    run.add_argument("--hypothesis-profile", choices=("ci", "nightly", "repro"),
+                     help="Hypothesis profile for every pytest run (default: ci)")
+    run.add_argument("--hypothesis-seed", type=int, help="Hypothesis seed for every pytest run")
     run.epilog = "Arguments after -- go to every pytest run, e.g. harness run l0_cpu -- -x"
     run.set_defaults(func=cmd_run)
 
@@ -177,6 +249,26 @@ def build_parser() -> argparse.ArgumentParser:
     lint.add_argument("--factory", action="store_true",
                       help="CALLABLE() builds the step (model, buffers) and returns the callable to lint")
     lint.set_defaults(func=cmd_lint)
+
+
+    faults = verbs.add_parser("faults", help="plant every fault of the zoo and report which tests catch it")
+    faults.add_argument("action", nargs="?", choices=("run", "merge"), default="run",
+                        help="run (default) the zoo, or merge JSON files of earlier runs into markdown")
+    faults.add_argument("files", nargs="*", type=Path, help="with merge: JSON files written by --json")
+    faults.add_argument("--graph-backend", choices=("auto", "cuda", "emulated"), default="auto",
+                        help="backend the detectors run on (default: auto)")
+    faults.add_argument("--only", action="append", default=[], metavar="NAME",
+                        help="run only this fault (repeatable)")
+    faults.add_argument("-j", "--jobs", type=int, default=1, help="faults run at a time (default 1)")
+    faults.add_argument("--markdown", action="store_true", help="print the table as markdown")
+    faults.add_argument("--json", type=Path, metavar="PATH", help="also write the run as JSON to PATH")
+    faults.set_defaults(func=cmd_faults)
+
+    repro = verbs.add_parser("repro", help="replay a reproduction file; exit 1 while it still fails")
+    repro.add_argument("file", type=Path)
+    repro.add_argument("--without-fault", action="store_true",
+                       help="replay without the planted fault the file names")
+    repro.set_defaults(func=cmd_repro)
 
     bench = verbs.add_parser("bench", help="run a benchmark from harness.bench")
     bench.add_argument("name")

@@ -64,18 +64,33 @@ def test_reference_check_fails_on_a_wrong_scale() -> None:
         assert_matches_reference(batch, out)
 
 
-def test_nan_padding_leaves_real_rows_and_slots_unchanged() -> None:
+def nan_padded_pair() -> tuple[Batch, Batch]:
+    """The mixed batch unpadded, and with NaN in 3 padded token rows and 2 padded sequences."""
     lengths = CASES["mixed"]
-    clean = make_batch(lengths)
-    padded = make_batch(lengths, pad_tokens=3, pad_seqs=2, pad_value=float("nan"))
+    return make_batch(lengths), make_batch(lengths, pad_tokens=3, pad_seqs=2, pad_value=float("nan"))
+
+
+def test_nan_padding_leaves_real_rows_unchanged() -> None:
+    clean, padded = nan_padded_pair()
     clean_out, padded_out = run(clean), run(padded)
     n = clean.num_actual_tokens
-    assert torch.equal(padded_out[:n], clean_out[:n])
+    differ = (padded_out[:n] != clean_out[:n]).flatten(1).any(1)  # NaN != NaN: counts as differing
+    rows = differ.nonzero().flatten().tolist()
+    nan_rows = torch.isnan(padded_out[:n]).flatten(1).any(1).nonzero().flatten().tolist()
+    assert not rows, (f"padded rows leaked into real rows: rows {rows} of {n} differ from the "
+                      f"unpadded run (NaN in rows {nan_rows})")
     assert torch.equal(padded_out[n:], torch.zeros_like(padded_out[n:]))
+
+
+def test_nan_padding_writes_only_the_pad_sink() -> None:
+    clean, padded = nan_padded_pair()
+    run(clean), run(padded)
     pad_slot = clean.cache.pad_slot
     clean_slots = clean.cache.layer(0).flatten(1, 2)[:, :pad_slot]
     padded_slots = padded.cache.layer(0).flatten(1, 2)[:, :pad_slot]
-    assert torch.equal(padded_slots, clean_slots)
+    changed = (padded_slots != clean_slots).flatten(2).any(2).any(0).nonzero().flatten().tolist()
+    assert not changed, (f"padded rows wrote real KV slots {changed} (the last real slot is "
+                         f"{pad_slot - 1}); padding must write only the pad sink at slot {pad_slot}")
     assert torch.isfinite(padded_slots).all()
     # The padded rows' NaN K/V went somewhere: into the sink, and only there.
     assert torch.isnan(padded.cache.layer(0).flatten(1, 2)[:, pad_slot]).all()
@@ -133,11 +148,11 @@ def test_bad_inputs_raise_naming_the_mismatch(mutate, match) -> None:
 def batch_compositions(draw):
     prefills = draw(st.lists(st.tuples(st.integers(1, 12), st.integers(0, 6)), max_size=3))
     decodes = draw(st.lists(st.integers(2, 14), max_size=3))
-    if not prefills and not decodes:
-        decodes = [draw(st.integers(2, 14))]
     # (new tokens, cached prefix): a prefix makes it a chunked prefill
     lengths = [(new + cached, new) for new, cached in prefills if new > 1 or cached == 0]
     lengths += [(seq_len, 1) for seq_len in decodes]
+    if not lengths:  # checked after the filter: prefills of 1 new token on a prefix are dropped
+        lengths = [(draw(st.integers(2, 14)), 1)]
     heads, kv_heads = draw(st.sampled_from([(2, 2), (4, 2), (4, 1)]))
     return dict(lengths=lengths, heads=heads, kv_heads=kv_heads,
                 block_size=draw(st.sampled_from([1, 2, 3, 5, 8])),

@@ -139,6 +139,21 @@ def test_capture_then_replay_equals_eager(graph_backend, device, variant) -> Non
                                    equal_nan=True)
 
 
+def test_replay_writes_the_callers_out(graph_backend, device) -> None:
+    # The model (and a piecewise graph's next segment) reads the result at `out`'s address, so the
+    # wrapper must write there and hand back that very tensor.
+    captured = make_batch(LENGTHS, pad_tokens=2, pad_seqs=1, device=device)
+    eager = make_batch(LENGTHS, pad_tokens=2, pad_seqs=1, device=device)
+    out = torch.zeros_like(captured.q)
+    graph = graph_backend.capture(lambda: run_dense(captured, out))
+    graph.replay()
+    graph_backend.synchronize()
+    assert graph.output is out, (
+        "paged_attention returned a new tensor instead of writing its `out`: whatever reads "
+        "`out`'s address after the op (the next layer, the next graph segment) never sees the result")
+    assert torch.equal(out, run_dense(eager, torch.zeros_like(eager.q)))
+
+
 @pytest.mark.parametrize("impl", [
     pytest.param(lambda **kw: paged_attention_impl(scratch=None, **kw), id="dense"),
     pytest.param(lambda **kw: block_sparse_attention_impl(top_k=3, **kw), id="sparse"),

@@ -1,0 +1,72 @@
+"""Faults planted in the reference model: its weights and its scratch memory (harness.model)."""
+
+from __future__ import annotations
+
+import contextlib
+from typing import Iterator
+
+from harness.faults.patching import replace_function, replace_method
+from harness.faults.registry import Fault, FaultHandle
+from harness.model import weights
+from harness.model.llama import ReferenceLlama
+from harness.ops.workspace import Workspace
+
+
+@contextlib.contextmanager
+def weights_rebound_after_capture(handle: FaultHandle) -> Iterator[None]:
+    def make(copy_into):
+        def planted(param, new):
+            handle.fire()
+            param.data = new.clone()  # the parameter object stays; its storage moves
+        return planted
+
+    with replace_function(weights, "copy_into", make):
+        yield
+
+
+@contextlib.contextmanager
+def captured_buffer_freed(handle: FaultHandle) -> Iterator[None]:
+    def make(forward):
+        def planted(self, input_ids, metadata, kv_cache):
+            logits = forward(self, input_ids, metadata, kv_cache)
+            handle.fire()
+            # Scratch released after every step to save memory: a graph captured in this step
+            # still holds the address, and the next allocation of that size takes it.
+            self.workspace = Workspace(self.workspace.dtype, self.workspace.device)
+            return logits
+        return planted
+
+    with replace_method(ReferenceLlama, "forward", make):
+        yield
+
+
+def freed_memory_unplantable(backend: str) -> str | None:
+    import harness.graphs
+
+    if backend == "emulated" and getattr(harness.graphs, "FreedMemoryError", None) is None:
+        return ("harness.graphs.FreedMemoryError is absent: this build's emulator keeps freed "
+                "external memory alive, so replay cannot see the free")
+    return None
+
+
+MODEL_FAULTS = (
+    Fault(
+        name="weights-rebound-after-capture",
+        bug_class="weights reloaded after capture by rebinding (`param.data = new`, as an RL weight "
+                  "sync does) instead of copying into them; the graph keeps the old weights",
+        link="https://github.com/vllm-project/vllm/pull/40390",
+        detector="suites/model/test_capturable.py::test_weights_reloaded_after_capture_reach_the_graph",
+        expected=r"(?s)divergence.*\d+ parameters moved by the reload",
+        plant=weights_rebound_after_capture,
+    ),
+    Fault(
+        name="captured-buffer-freed",
+        bug_class="a buffer a graph captured (the attention scratch) is freed after capture and its "
+                  "address handed to a new tensor",
+        link="https://github.com/pytorch/pytorch/pull/174649",
+        detector="suites/model/test_capturable.py::test_decode_graph_replays_match_eager",
+        expected=r"FreedMemoryError|divergence",
+        plant=captured_buffer_freed,
+        unplantable=freed_memory_unplantable,
+    ),
+)

@@ -1,0 +1,167 @@
+"""Faults planted in the attention ops and their metadata (harness.ops)."""
+
+from __future__ import annotations
+
+import contextlib
+from typing import Iterator
+
+import torch
+
+from harness.faults.patching import replace_function, replace_method
+from harness.faults.registry import Fault, FaultHandle
+from harness.ops import attention
+from harness.ops.metadata import AttentionMetadata
+
+
+def _pad_slot(kv_layer: torch.Tensor) -> int:
+    """The first slot of the pad sink (the layer's last block)."""
+    return (kv_layer.shape[1] - 1) * kv_layer.shape[2]
+
+
+@contextlib.contextmanager
+def pad_rows_write_real_kv(handle: FaultHandle) -> Iterator[None]:
+    def make(write_kv):
+        def planted(kv_layer, k, v, slot_mapping):
+            handle.fire()
+            # The pad sink's slot taken modulo the real slots: padded tokens land in slot 0.
+            return write_kv(kv_layer, k, v, slot_mapping.remainder(_pad_slot(kv_layer)))
+        return planted
+
+    with replace_function(attention, "write_kv", make):
+        yield
+
+
+@contextlib.contextmanager
+def pad_slot_minus_one_wraps(handle: FaultHandle) -> Iterator[None]:
+    def make(write_kv):
+        def planted(kv_layer, k, v, slot_mapping):
+            handle.fire()
+            pad_slot = _pad_slot(kv_layer)
+            # PAD_SLOT_ID = -1 and Python-style indexing over the real slots: -1 is the last one.
+            slots = torch.where(slot_mapping >= pad_slot, -1, slot_mapping)
+            real = kv_layer[:, :-1].flatten(1, 2)
+            real[0][slots] = k
+            real[1][slots] = v
+        return planted
+
+    with replace_function(attention, "write_kv", make):
+        yield
+
+
+@contextlib.contextmanager
+def pad_nan_leaks_into_real_rows(handle: FaultHandle) -> Iterator[None]:
+    def make(dense_attention):
+        def planted(q, keys, values, visible, scale):
+            handle.fire()
+            # Masks the probabilities only: a hidden position's value still enters the sum as
+            # 0 * value, and 0 * NaN from a padded row's K/V is NaN.
+            tokens, heads, head_dim = q.shape
+            kv_heads = keys.shape[2]
+            qf = q.float().view(tokens, kv_heads, heads // kv_heads, head_dim)
+            hidden = ~visible[:, None, None, :]
+            scores = torch.einsum("tkgd,tckd->tkgc", qf, keys.float()) * scale
+            probs = torch.softmax(scores.masked_fill(hidden, float("-inf")), dim=-1)
+            probs = probs.masked_fill(hidden, 0.0)
+            return torch.einsum("tkgc,tckd->tkgd", probs, values.float()).reshape(tokens, heads,
+                                                                                   head_dim)
+        return planted
+
+    with replace_function(attention, "dense_attention", make):
+        yield
+
+
+@contextlib.contextmanager
+def attention_returns_new_tensor(handle: FaultHandle) -> Iterator[None]:
+    def make(paged_attention):
+        def planted(q, k, v, kv_layer, metadata, scale, out, workspace=None):
+            handle.fire()
+            fresh = torch.empty_like(out)
+            paged_attention(q, k, v, kv_layer, metadata, scale, fresh, workspace)
+            return fresh
+        return planted
+
+    with replace_function(attention, "paged_attention", make):
+        yield
+
+
+@contextlib.contextmanager
+def host_sync_in_capture(handle: FaultHandle) -> Iterator[None]:
+    def make(check_inputs):
+        def planted(q, k, v, kv_layer, metadata, out):
+            check_inputs(q, k, v, kv_layer, metadata, out)
+            handle.fire()
+            # A host-side max_seqlen, as kernels that size their grid from it read it.
+            int(metadata.seq_lens.max().item())
+        return planted
+
+    with replace_function(attention, "check_inputs", make):
+        yield
+
+
+@contextlib.contextmanager
+def metadata_rebound(handle: FaultHandle) -> Iterator[None]:
+    def make(prepare):
+        def planted(self, spans, **kwargs):
+            handle.fire()
+            # A fresh buffer per batch: a graph captured earlier keeps reading the old one.
+            self.seq_lens = torch.zeros_like(self.seq_lens)
+            return prepare(self, spans, **kwargs)
+        return planted
+
+    with replace_method(AttentionMetadata, "prepare", make):
+        yield
+
+
+OPS_FAULTS = (
+    Fault(
+        name="pad-rows-write-real-kv",
+        bug_class="padded token rows write their K/V into a real KV slot instead of the pad sink",
+        link="https://github.com/vllm-project/vllm/issues/43810",
+        detector="suites/ops/test_attention.py::test_nan_padding_writes_only_the_pad_sink",
+        expected=r"padded rows wrote real KV slots \[0\]",
+        plant=pad_rows_write_real_kv,
+    ),
+    Fault(
+        name="pad-slot-minus-one-wraps",
+        bug_class="a pad slot id of -1 wraps to the last real KV slot under Python indexing",
+        link="https://github.com/vllm-project/vllm/pull/13922",
+        detector="suites/ops/test_attention.py::test_nan_padding_writes_only_the_pad_sink",
+        expected=r"padded rows wrote real KV slots \[(\d+)\] \(the last real slot is \1\)",
+        plant=pad_slot_minus_one_wraps,
+    ),
+    Fault(
+        name="pad-nan-leaks-into-real-rows",
+        bug_class="padding is masked by multiplying, so 0 * NaN from padded rows' K/V leaks into "
+                  "real rows",
+        link="https://github.com/sgl-project/sglang/pull/32477",
+        detector="suites/ops/test_attention.py::test_nan_padding_leaves_real_rows_unchanged",
+        expected=r"padded rows leaked into real rows: rows \[\d+",
+        plant=pad_nan_leaks_into_real_rows,
+    ),
+    Fault(
+        name="attention-returns-new-tensor",
+        bug_class="the in-place attention op returns a new tensor instead of writing its `out`, "
+                  "so whatever reads `out`'s address never sees the result",
+        link="https://github.com/vllm-project/vllm/pull/53915",
+        detector="suites/ops/test_capture.py::test_replay_writes_the_callers_out",
+        expected=r"returned a new tensor instead of writing its `out`",
+        plant=attention_returns_new_tensor,
+    ),
+    Fault(
+        name="host-sync-in-capture",
+        bug_class="a host sync (`.item()` of the longest sequence length) inside a captured segment",
+        link="https://github.com/vllm-project/vllm/issues/48749",
+        detector="suites/ops/test_capture.py::test_capture_then_replay_equals_eager[dense]",
+        expected=r"CaptureError",
+        plant=host_sync_in_capture,
+    ),
+    Fault(
+        name="metadata-rebound",
+        bug_class="AttentionMetadata.prepare rebinds a buffer (seq_lens) instead of copying into "
+                  "it, so a captured step reads the capture-time lengths",
+        link="https://github.com/sgl-project/sglang/pull/26019",
+        detector="suites/model/test_capturable.py::test_decode_graph_replays_match_eager",
+        expected=r"(?s)divergence.*moved after capture: metadata\.seq_lens",
+        plant=metadata_rebound,
+    ),
+)

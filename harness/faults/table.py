@@ -1,0 +1,51 @@
+"""The fault table: one run as text or JSON, and several runs (the emulator on CPU, cuda on the
+H200) merged into the markdown of docs/faults.md."""
+
+from __future__ import annotations
+
+import platform
+from typing import Mapping, Sequence
+
+from harness.faults.registry import Fault
+from harness.faults.run import FaultRun
+
+
+def run_document(runs: Sequence[FaultRun], *, backend: str, commit: str = "") -> dict:
+    """A run as JSON-able data, with where it ran."""
+    import torch
+
+    device = torch.cuda.get_device_name(0) if backend == "cuda" else platform.processor() or "cpu"
+    return {"backend": backend, "device": device, "torch": torch.__version__, "commit": commit,
+            "runs": [r.to_dict() for r in runs]}
+
+
+def text_table(runs: Sequence[FaultRun]) -> str:
+    rows = [("fault", "verdict", "detector", "seconds")]
+    rows += [(r.name, r.verdict, r.detector, f"{r.seconds:.1f}") for r in runs]
+    widths = [max(len(row[i]) for row in rows) for i in range(4)]
+    lines = ["  ".join(cell.ljust(w) for cell, w in zip(row, widths)).rstrip() for row in rows]
+    lines.insert(1, "-" * len(lines[0]))
+    details = [f"\n{r.name}: {r.detail}" for r in runs if r.detail and not r.detected]
+    return "\n".join(lines) + "".join(details)
+
+
+def _cell(run: Mapping | None) -> str:
+    if run is None:
+        return "not run"
+    if run["verdict"] == "not plantable":
+        return f"not plantable: {run['detail']}"
+    return f"{run['verdict']} ({run['seconds']:.1f} s)"
+
+
+def markdown_table(faults: Mapping[str, Fault], documents: Sequence[Mapping]) -> str:
+    """One row per registered fault, one column per run document."""
+    heads = [f"{d['backend']} ({d['device']}, torch {d['torch']})" for d in documents]
+    lines = ["| fault | bug class | public report | detector | " + " | ".join(heads) + " |",
+             "| --- | --- | --- | --- | " + " | ".join("---" for _ in heads) + " |"]
+    by_name = [{r["name"]: r for r in d["runs"]} for d in documents]
+    for name, fault in faults.items():
+        cells = [_cell(runs.get(name)).replace("|", "\\|") for runs in by_name]
+        lines.append(f"| `{name}` | {fault.bug_class} | {fault.link} | `{fault.detector}` | "
+                     + " | ".join(cells) + " |")
+    provenance = [f"- {head}: commit {d.get('commit') or 'unknown'}" for head, d in zip(heads, documents)]
+    return "\n".join(lines + [""] + provenance) + "\n"

@@ -1,0 +1,57 @@
+"""`harness repro FILE`: replay a reproduction file standalone and give the verdict."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+from harness.repro.record import ReproRecord
+from harness.repro.scenario import run_scenario
+
+
+@dataclass(frozen=True)
+class ReplayResult:
+    ok: bool
+    report: str
+
+
+def replay(record: ReproRecord, *, without_fault: bool = False, root: Path | None = None) -> ReplayResult:
+    """A scenario runs in this process (the fault planted for the duration, unless `without_fault`);
+    any other test re-runs alone under pytest with its recorded options."""
+    fault = None if without_fault else record.fault
+    if record.scenario is not None:
+        if fault is None:
+            result = run_scenario(record.scenario)
+        else:
+            from harness.faults import inject
+
+            with inject(fault, record.scenario.backend) as handle:
+                result = run_scenario(record.scenario)
+            result = type(result)(result.ok, f"{result.report}\nfault {fault} planted, fired {handle.fired} times")
+        return ReplayResult(result.ok, result.report)
+    if root is None:
+        recorded = Path(record.root) if record.root else None
+        # A file carried to another checkout re-runs against that checkout's suites.
+        root = recorded if recorded is not None and recorded.is_dir() else _project_root()
+    return _rerun_test(record, fault, root)
+
+
+def _project_root() -> Path:
+    from harness.testdb import project_root
+
+    return project_root()
+
+
+def _rerun_test(record: ReproRecord, fault: str | None, root: Path) -> ReplayResult:
+    cmd = [sys.executable, "-m", "pytest", record.node_id, "-p", "no:xdist", "-q",
+           *record.pytest_options]
+    if fault is not None:
+        cmd += ["--plant-fault", fault]
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PYTEST_")}
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(root), env.get("PYTHONPATH")]))
+    proc = subprocess.run(cmd, cwd=root, env=env, capture_output=True, text=True)
+    output = (proc.stdout + proc.stderr)[-6000:]
+    return ReplayResult(proc.returncode == 0, f"$ {' '.join(cmd[1:])}\n{output}")
