@@ -1,23 +1,73 @@
 #!/usr/bin/env bash
 # What the lead runs on a lent GPU machine (no package registry there): install the project without
-# dependencies, then run the contract suite on both backends and the GPU-marked suites, leaving JUnit
-# XML and logs in ${OUT:-results/gpu}.
+# dependencies, then run the named steps, leaving JUnit XML, JSON and logs in ${OUT:-results/gpu}.
+#
+#   scripts/gpu_check.sh tests multirank faults     # then: audit bench
+#
+# Steps:
+#   tests     the contract suite on every backend (GPU 0) and the runtime suites with --graph-backend
+#             cuda (the last GPU), both at once: contract.xml, runtime.xml
+#   multirank the multirank suites over nccl, one GPU per rank (needs 2 GPUs): multirank.xml
+#   faults    the fault zoo on cuda: faults_cuda.json
+#   audit     the transformers audit, cuda (bf16 on GPU 0, fp32 on the last GPU) and the emulator on
+#             this host's CPUs, all at once: audit_{cuda,emulated}_{bfloat16,float32}.json
+#   bench     harness bench capture (with a profile of the 1B step at batch 1) and piecewise
+# What the results feed: scripts/fidelity_table.py (docs/fidelity.md), harness audit merge
+# (docs/audit-transformers.md), harness faults merge (docs/faults.md), docs/benchmarks.md.
 set -uo pipefail
 out="${OUT:-results/gpu}"
 mkdir -p "$out"
-python3 -m pip install -q --no-deps --no-build-isolation -e . > "$out/install.log" 2>&1 || { cat "$out/install.log"; exit 1; }
-python3 - <<'PY' | tee "$out/machine.txt"
-import platform, torch, transformers
-print("torch", torch.__version__, "transformers", transformers.__version__, "python", platform.python_version())
-print("gpu", torch.cuda.get_device_name(0) if torch.cuda.is_available() else "none")
+py=python3
+$py -m pip install -q --no-deps --no-build-isolation -e . > "$out/install.log" 2>&1 || { cat "$out/install.log"; exit 1; }
+export NCCL_NVLS_ENABLE=0 PYTHONUNBUFFERED=1
+ngpu=$($py -c "import torch; print(torch.cuda.device_count())")
+last=$(( ngpu > 0 ? ngpu - 1 : 0 ))
+$py - <<'PY' | tee "$out/machine.txt"
+import platform, subprocess, torch, transformers
+commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
+print("commit", commit or "unknown", "torch", torch.__version__, "transformers", transformers.__version__,
+      "python", platform.python_version())
+print("gpus", torch.cuda.device_count(), torch.cuda.get_device_name(0) if torch.cuda.is_available() else "none")
 PY
 status=0
-run() { local name="$1"; shift; echo "== $name"; python3 -m pytest -q -p no:cacheprovider --junitxml="$out/$name.xml" "$@" > "$out/$name.log" 2>&1; local rc=$?; tail -n 3 "$out/$name.log"; [ $rc -eq 0 ] || status=1; }
-for suite in "$@"; do
-  case "$suite" in
-    contract) run contract-cuda suites/graphs --graph-backend cuda; run contract-emulated suites/graphs --graph-backend emulated ;;
-    gpu) run gpu-marked suites -m gpu --graph-backend cuda ;;
-    *) run "$(echo "$suite" | tr '/' '-')" "$suite" --graph-backend cuda ;;
+check() { local name="$1" rc="$2"; echo "== $name: exit $rc"; tail -n 3 "$out/$name.log"; [ "$rc" -eq 0 ] || status=1; }
+runtime_suites="suites/decoder suites/piecewise suites/e2e suites/model suites/ops suites/check suites/adapters suites/examples suites/repro"
+for step in "$@"; do
+  case "$step" in
+    tests)
+      CUDA_VISIBLE_DEVICES=0 timeout 400 $py -m pytest -q -n 4 suites/graphs -m "not slow" \
+        --junitxml="$out/contract.xml" > "$out/contract.log" 2>&1 & a=$!
+      CUDA_VISIBLE_DEVICES=$last timeout 400 $py -m pytest -q -n 4 $runtime_suites -m "not slow" \
+        --graph-backend cuda --junitxml="$out/runtime.xml" > "$out/runtime.log" 2>&1 & b=$!
+      wait $a; check contract $?; wait $b; check runtime $? ;;
+    multirank)
+      if [ "$ngpu" -lt 2 ]; then echo "== multirank: skipped, $ngpu GPU(s)"; continue; fi
+      timeout 200 $py -m pytest -q -p no:xdist -rA suites/distributed -m "multirank and gpu" \
+        --junitxml="$out/multirank.xml" > "$out/multirank.log" 2>&1
+      check multirank $? ;;
+    faults)
+      timeout 400 $py -m harness.cli faults --graph-backend cuda -j 4 --json "$out/faults_cuda.json" \
+        > "$out/faults.log" 2>&1
+      check faults $? ;;
+    audit)
+      pids=()
+      for dtype in bfloat16 float32; do
+        gpu=$([ "$dtype" = bfloat16 ] && echo 0 || echo "$last")
+        CUDA_VISIBLE_DEVICES=$gpu timeout 500 $py -m harness.cli audit transformers --graph-backend cuda \
+          --dtype $dtype -j 6 --json "$out/audit_cuda_$dtype.json" > "$out/audit_cuda_$dtype.log" 2>&1 & pids+=($!)
+        CUDA_VISIBLE_DEVICES= timeout 500 $py -m harness.cli audit transformers --graph-backend emulated \
+          --dtype $dtype -j 6 --json "$out/audit_emulated_$dtype.json" > "$out/audit_emulated_$dtype.log" 2>&1 & pids+=($!)
+      done
+      for pid in "${pids[@]}"; do wait "$pid" || status=1; done
+      tail -n 2 "$out"/audit_*.log ;;
+    bench)
+      timeout 200 $py -m harness.cli bench capture --iters 50 --warmup 5 --output "$out/benchmarks.md" \
+        > "$out/bench_capture.log" 2>&1; check bench_capture $?
+      timeout 120 $py -m harness.cli bench capture --model 1b --profile --no-write \
+        > "$out/bench_profile.log" 2>&1; check bench_profile $?
+      timeout 120 $py -m harness.cli bench piecewise --iters 50 --warmup 5 --output "$out/benchmarks.md" \
+        > "$out/bench_piecewise.log" 2>&1; check bench_piecewise $? ;;
+    *) echo "unknown step $step (tests, multirank, faults, audit, bench)"; status=2 ;;
   esac
 done
 exit $status
