@@ -1,5 +1,5 @@
-"""The emulator's rules for a cuda device, checked without a GPU: meta tensors stand for cuda
-tensors, and the rule functions are asked about a cuda device."""
+"""Checked without a GPU: the emulator's rules for a cuda device (meta tensors stand for cuda
+tensors, and the rule functions are asked about a cuda device), and what a failed capture leaves."""
 
 from __future__ import annotations
 
@@ -52,3 +52,14 @@ def test_a_failed_capture_drops_its_recording():
                  if "recorder" in entry.frame.f_locals]
     assert recorders
     assert all(not r.steps and not r.external.storages() for r in recorders)
+
+
+def test_a_failed_capture_restores_what_the_capture_patched():
+    patched = [(torch.cuda, "is_current_stream_capturing"), (torch, "get_rng_state"),
+               (torch, "set_rng_state"), (torch, "manual_seed"), (torch.Tensor, "__repr__"),
+               (torch.Tensor, "tolist")]
+    before = [getattr(owner, name) for owner, name in patched]
+    x = torch.ones(2)
+    with pytest.raises(CaptureError):
+        get_backend("emulated").capture(lambda: (x + 1).sum().item())
+    assert [getattr(owner, name) for owner, name in patched] == before
