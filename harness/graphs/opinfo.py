@@ -174,9 +174,23 @@ def copy_reason(func: torch._ops.OpOverload, args: tuple, kwargs: dict,
                     f"refuses (\"Cannot copy between CPU and CUDA tensors during CUDA graph capture "
                     f"unless the CPU tensor is pinned\"); write `y.index_fill_(0, index, scalar)`, or "
                     f"make the value a {target.device} tensor before capture")
+    elif func in _WHERES:
+        named = bind(func, args, kwargs)
+        operands = [named[n] for n in ("condition", "self", "other")]
+        if any(t.device.type != "cpu" for t in operands):
+            for t in operands:
+                if t.device.type == "cpu" and t.dim() == 0 and not t.is_pinned():
+                    # ATen's where moves 0-dim host operands to the device (`.to(device)`), where
+                    # a binary op takes them as kernel arguments.
+                    return (f"copies a 0-dim host tensor operand to the device, a copy from "
+                            f"pageable host memory, which CUDA refuses (\"Cannot copy between CPU "
+                            f"and CUDA tensors during CUDA graph capture unless the CPU tensor is "
+                            f"pinned\"); pass a Python number instead, or a device tensor made "
+                            f"before capture")
     return None
 
 
+_WHERES = frozenset({aten.where.self, aten.where.self_out})
 _INDEX_PUTS = frozenset({aten.index_put.default, aten.index_put_.default,
                          aten._index_put_impl_.default})
 

@@ -63,3 +63,13 @@ def test_a_failed_capture_restores_what_the_capture_patched():
     with pytest.raises(CaptureError):
         get_backend("emulated").capture(lambda: (x + 1).sum().item())
     assert [getattr(owner, name) for owner, name in patched] == before
+
+
+def test_where_with_a_host_scalar_tensor_is_a_refused_copy_on_a_cuda_device():
+    cond = torch.ones(3, dtype=torch.bool, device="meta")
+    x = torch.ones(3, device="meta")
+    reason = opinfo.copy_reason(aten.where.self, (cond, x, torch.tensor(0.0)), {}, CUDA)
+    assert reason is not None and "pinned" in reason and "Python number" in reason
+    assert opinfo.copy_reason(aten.where.self, (cond, x, x), {}, CUDA) is None
+    assert opinfo.copy_reason(aten.where.self, (cond, x, torch.tensor(0.0)), {},
+                              torch.device("cpu")) is None
