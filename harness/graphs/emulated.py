@@ -83,14 +83,21 @@ class EmulatedBackend(GraphBackend):
         if arena.device != self.device:
             raise ValueError(f"pool lives on {arena.device} but this backend captures on {self.device}")
         recorder = Recorder(arena, self.device)
-        with contextlib.ExitStack() as stack:
-            stack.enter_context(host_reads_raise(self.device))
-            stack.enter_context(reports_capturing())
-            stack.enter_context(rng_recorded(self.device, recorder.steps))
-            if self.device.type == "cpu":
-                stack.enter_context(CudaPaths())
-            stack.enter_context(recorder)
-            output = fn()
+        try:
+            with contextlib.ExitStack() as stack:
+                stack.enter_context(host_reads_raise(self.device))
+                stack.enter_context(reports_capturing())
+                stack.enter_context(rng_recorded(self.device, recorder.steps))
+                if self.device.type == "cpu":
+                    stack.enter_context(CudaPaths())
+                stack.enter_context(recorder)
+                output = fn()
+        except BaseException:
+            # The traceback keeps this frame (and the recorder) alive in a reference cycle; drop the
+            # recording's non-owning aliases now, in order, instead of leaving them to the garbage
+            # collector at some later allocation.
+            recorder.discard()
+            raise
         if not recorder.steps:
             # torch.cuda.graph's own words and category (CUDAGraph::capture_end, a TORCH_WARN).
             warnings.warn("The CUDA Graph is empty. This usually means that the graph was attempted "

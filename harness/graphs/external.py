@@ -46,6 +46,7 @@ class ExternalMemory:
         self._expired_during_capture: list[ExternalStorage] = []
         self._held: list[torch.Tensor] = []
         self._held_storages: set[int] = set()
+        self._host_scalars: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
 
     def storages(self) -> list[ExternalStorage]:
         """Every storage whose liveness a replay must check."""
@@ -56,6 +57,16 @@ class ExternalMemory:
         which nobody else holds."""
         self._held.append(tensor)
         self._held_storages.add(tensor.untyped_storage()._cdata)
+
+    def host_scalar(self, t: torch.Tensor) -> torch.Tensor:
+        """A 0-dim host tensor passed to an op on an accelerator device: CUDA passes its value in
+        the kernel's arguments when capture meets it, so it is a constant of the graph (a snapshot
+        the recording owns), never memory the replay reads or that can be freed under it."""
+        constant = self._host_scalars.get(id(t))
+        if constant is None or constant[0] is not t:
+            constant = (t, t.detach().clone())
+            self._host_scalars[id(t)] = constant
+        return constant[1]
 
     def alias(self, t: torch.Tensor) -> torch.Tensor:
         """A tensor over `t`'s capture-time memory that does not keep it alive. The storage, not

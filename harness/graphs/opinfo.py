@@ -162,7 +162,64 @@ def copy_reason(func: torch._ops.OpOverload, args: tuple, kwargs: dict,
         named = bind(func, args, kwargs)
         if named["self"].device.type != named["src"].device.type:
             return _copy_problem(named["src"], named["self"].device)
+    elif func in _INDEX_PUTS:
+        named = bind(func, args, kwargs)
+        values, target = named["values"], named["self"]
+        if (values.device.type == "cpu" and target.device.type != "cpu" and not values.is_pinned()
+                and not _is_masked_fill(func, named)):
+            # `y[index] = 1.0`: ATen copies the host value to the device first (only a boolean mask
+            # with a scalar becomes masked_fill_, which takes the value by argument).
+            return (f"copies its host value (a tensor of shape {tuple(values.shape)}, as `y[index] = "
+                    f"scalar` makes) to {target.device}, a copy from pageable host memory, which CUDA "
+                    f"refuses (\"Cannot copy between CPU and CUDA tensors during CUDA graph capture "
+                    f"unless the CPU tensor is pinned\"); write `y.index_fill_(0, index, scalar)`, or "
+                    f"make the value a {target.device} tensor before capture")
+    elif func in _WHERES:
+        named = bind(func, args, kwargs)
+        operands = [named[n] for n in ("condition", "self", "other")]
+        if any(t.device.type != "cpu" for t in operands):
+            for t in operands:
+                if t.device.type == "cpu" and t.dim() == 0 and not t.is_pinned():
+                    # ATen's where moves 0-dim host operands to the device (`.to(device)`), where
+                    # a binary op takes them as kernel arguments.
+                    return (f"copies a 0-dim host tensor operand to the device, a copy from "
+                            f"pageable host memory, which CUDA refuses (\"Cannot copy between CPU "
+                            f"and CUDA tensors during CUDA graph capture unless the CPU tensor is "
+                            f"pinned\"); pass a Python number instead, or a device tensor made "
+                            f"before capture")
     return None
+
+
+_WHERES = frozenset({aten.where.self, aten.where.self_out})
+_INDEX_PUTS = frozenset({aten.index_put.default, aten.index_put_.default,
+                         aten._index_put_impl_.default})
+
+
+# CUDA's layer norm kernel reads weight and bias as the input's dtype ("expected scalar type
+# BFloat16 but found Float"); the CPU kernel has a mixed-dtype path for float32 parameters.
+_SAME_DTYPE_PARAMETERS_ON_CUDA = {aten.native_layer_norm.default: ("weight", "bias")}
+
+
+def kernel_dtype_reason(func: torch._ops.OpOverload, args: tuple, kwargs: dict,
+                        device: torch.device) -> str | None:
+    """Why `device`'s kernel refuses this dtype combination (which the meta kernel accepts), or None."""
+    if device.type != "cuda" or func not in _SAME_DTYPE_PARAMETERS_ON_CUDA:
+        return None
+    named = bind(func, args, kwargs)
+    dtype = named["input"].dtype
+    for name in _SAME_DTYPE_PARAMETERS_ON_CUDA[func]:
+        param = named.get(name)
+        if isinstance(param, torch.Tensor) and param.dtype != dtype:
+            return (f"CUDA's kernel takes {name} in the input's dtype {dtype}, got {param.dtype} "
+                    f"(eager on {device} raises \"expected scalar type {_scalar_type(dtype)} but "
+                    f"found {_scalar_type(param.dtype)}\"; the CPU kernel accepts float32 "
+                    f"parameters): cast the parameters to {dtype}")
+    return None
+
+
+def _scalar_type(dtype: torch.dtype) -> str:
+    return {torch.bfloat16: "BFloat16", torch.float16: "Half", torch.float32: "Float",
+            torch.float64: "Double"}.get(dtype, str(dtype).removeprefix("torch."))
 
 
 def _copy_problem(source: torch.Tensor, target: torch.device) -> str | None:

@@ -71,8 +71,9 @@ class Recorder(TorchDispatchMode):
         if func is torch.ops.aten.one_hot.default and opinfo.bind(func, args, kwargs)["num_classes"] > 0:
             with self:
                 return one_hot_without_sync(*args, **kwargs)
-        reason = opinfo.sync_reason(func, args, kwargs) or opinfo.copy_reason(
-            func, args, kwargs, self.device)
+        reason = (opinfo.sync_reason(func, args, kwargs)
+                  or opinfo.copy_reason(func, args, kwargs, self.device)
+                  or opinfo.kernel_dtype_reason(func, args, kwargs, self.device))
         if reason:
             raise _error(f"{opinfo.op_name(func)} cannot be captured: {reason}", func)
         if opinfo.is_composite(func):
@@ -112,6 +113,12 @@ class Recorder(TorchDispatchMode):
             current_callsite()), UserWarning, stacklevel=2)
         return t
 
+    def discard(self) -> None:
+        """Forget a failed capture's recording: its steps and every alias it made."""
+        self.steps.clear()
+        self._replay_tensors.clear()
+        self.external = ExternalMemory()
+
     # --- replay view of capture-time tensors -------------------------------------------------
 
     def _for_replay(self, tree: Any) -> Any:
@@ -120,6 +127,8 @@ class Recorder(TorchDispatchMode):
     def _replay_tensor(self, t: torch.Tensor) -> torch.Tensor:
         block = block_of(t)
         if block is None:
+            if self.device.type != "cpu" and t.device.type == "cpu" and t.dim() == 0:
+                return self.external.host_scalar(t)
             return self.external.alias(t)
         # The block itself, not its id: a freed block's id can be reused by a later block.
         key = (block, t.dtype, t.storage_offset(), tuple(t.size()), tuple(t.stride()))

@@ -32,9 +32,10 @@ def test_tensor_from_host_data_during_capture(backend):
     assert torch.equal(graph.output, torch.tensor([2.0, 3.0, 4.0]))
 
 
-def test_a_scalar_assigned_by_index_is_no_host_copy(backend):
-    # `y[i] = 1.0` passes a host scalar, never copied: it captures on CUDA, and the emulator does
-    # not warn about it.
+def test_a_scalar_assigned_by_integer_index(backend):
+    # `y[index] = 1.0` reaches ATen as index_put_ with a 0-dim host tensor, which it copies to the
+    # device: CUDA refuses that copy during capture. On a cpu device there is no copy, and the
+    # emulator neither refuses nor warns.
     x = torch.zeros(4, device=backend.device)
     index = torch.tensor([1, 3], device=backend.device)
 
@@ -43,12 +44,45 @@ def test_a_scalar_assigned_by_index_is_no_host_copy(backend):
         y[index] = 1.0
         return y
 
+    if backend.device.type == "cuda":
+        with pytest.raises(CaptureError, match="pinned") as caught:
+            backend.capture(fn)
+        assert "y[index] = 1.0" in str(caught.value)
+        return
     with warnings.catch_warnings():
         warnings.simplefilter("error", UserWarning)
         graph = backend.capture(fn)
     graph.replay()
+    assert torch.equal(graph.output, torch.tensor([0.0, 1.0, 0.0, 1.0]))
+
+
+def test_index_fill_with_a_scalar_is_no_host_copy(backend):
+    # The remedy the refusal above names: the scalar travels as a kernel argument, on every device.
+    x = torch.zeros(4, device=backend.device)
+    index = torch.tensor([1, 3], device=backend.device)
+    graph = backend.capture(lambda: (x * 1).index_fill_(0, index, 1.0))
+    index.copy_(torch.tensor([0, 2]))
+    graph.replay()
     backend.synchronize()
-    assert torch.equal(graph.output, torch.tensor([0.0, 1.0, 0.0, 1.0], device=backend.device))
+    assert torch.equal(graph.output, torch.tensor([1.0, 0.0, 1.0, 0.0], device=backend.device))
+
+
+def test_a_host_scalar_tensor_is_a_value_on_a_cuda_device(backend):
+    # A 0-dim host tensor given to an op on a cuda device goes into the kernel's arguments when
+    # capture meets it: later writes to it, or dropping it, do not reach the graph. On a cpu device
+    # it is device memory like any other, read at every replay.
+    x = torch.ones(3, device=backend.device)
+    scale = torch.tensor(2.0)
+    graph = backend.capture(lambda: x * scale + scale)
+    scale.fill_(5.0)
+    if backend.device.type == "cuda":
+        del scale
+        graph.replay()
+        backend.synchronize()
+        assert torch.equal(graph.output, torch.full((3,), 4.0, device=backend.device))
+        return
+    graph.replay()
+    assert torch.equal(graph.output, torch.full((3,), 10.0))
 
 
 def test_copy_from_a_pageable_host_tensor(backend):
