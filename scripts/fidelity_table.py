@@ -26,8 +26,9 @@ BACKEND_IDS = ("emulated-cuda", "cuda", "emulated")  # longest first: ids are pr
 EMULATOR_ONLY = "emulator only"
 # Tests of the suite's own tooling, not contract cases.
 TOOLING_MODULES = frozenset({"test_bench", "test_fidelity_table"})
-RUNTIME_SUITES = frozenset({"check", "ops", "model", "e2e"})
-CAPTURE_MODULES = frozenset({"test_capture", "test_capturable"})
+# Suites that run the reference runtime (and the adapters) on the --graph-backend they are given.
+RUNTIME_SUITES = frozenset({"check", "ops", "model", "e2e", "decoder", "piecewise", "distributed",
+                            "adapters", "examples", "repro", "faults"})
 
 
 KNOWN_DIFFERENCES = """
@@ -111,25 +112,35 @@ def build_table(files: dict[str, dict[tuple[str, str | None], str]]) -> str:
     return "\n".join(lines)
 
 
-def runtime_on_gpu_table(path: Path) -> str:
-    """The reference runtime's own checks on the GPU, beside the contract table: cases whose names say
-    cuda (attention against the fp64 reference, model logits and greedy runs against transformers)
-    and the capture modules, which ran with real CUDA graphs there."""
-    rows = []
-    for case in ET.parse(path).getroot().iter("testcase"):
-        classname, name = case.get("classname", "").removeprefix("suites."), case.get("name", "")
-        if classname.split(".")[0] not in RUNTIME_SUITES:
-            continue
-        if "cuda" in name or classname.rsplit(".", 1)[-1] in CAPTURE_MODULES:
-            rows.append(f"| `{classname}::{name}` | {outcome(case)} |")
-    return "\n".join(["| GPU case of the reference runtime | outcome |", "|---|---|", *sorted(rows)])
+def runtime_cases(paths: list[Path]) -> dict[str, str]:
+    """`suite.module::case` -> outcome for the runtime suites' cases in JUnit files (merged)."""
+    results = {}
+    for path in paths:
+        for case in ET.parse(path).getroot().iter("testcase"):
+            classname = case.get("classname", "").removeprefix("suites.")
+            if classname.split(".")[0] in RUNTIME_SUITES:
+                results[f"{classname}::{case.get('name', '')}"] = outcome(case)
+    return results
+
+
+def runtime_table(cpu: list[Path], gpu: list[Path]) -> str:
+    """The runtime suites, the emulator on the CPU beside real CUDA graphs on the GPU (the same test
+    ids: the suites take the backend from --graph-backend)."""
+    on_cpu, on_gpu = runtime_cases(cpu), runtime_cases(gpu)
+    rows = [f"| `{case}` | {on_cpu.get(case, 'not run')} | {on_gpu.get(case, 'not run')} |"
+            for case in sorted(set(on_cpu) | set(on_gpu))]
+    return "\n".join(["| runtime case | emulated, CPU | cuda, H200 |", "|---|---|---|", *rows])
 
 
 def render(files: dict[str, dict], sources: dict[str, str], runs: list[str],
            runtime: str | None = None) -> str:
     given = ", ".join(f"{k}: `{v}`" for k, v in sources.items()) or "none"
     provenance = "".join(f"- {line}\n" for line in runs)
-    runtime_part = ("\n## The reference runtime on the GPU\n\n" + runtime + "\n") if runtime else ""
+    runtime_part = ("\n## The runtime suites on each backend\n\n"
+                    "The reference runtime's suites (decode graphs, piecewise graphs, multirank, "
+                    "the fault zoo's detectors, ...) and the adapters' suites, on the emulator on the "
+                    "CPU and with `--graph-backend cuda` on the GPU. A `[nccl-cuda]` case needs two "
+                    "GPUs and is skipped on the CPU.\n\n" + runtime + "\n") if runtime else ""
     return (
         "# Emulator fidelity\n\n"
         "Each case of the graph-contract suite (`suites/graphs/`) on each backend. A row that passes\n"
@@ -147,9 +158,11 @@ def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--cpu", type=Path, help="JUnit XML of suites/graphs on the CPU machine")
     parser.add_argument("--gpu", type=Path, help="JUnit XML of suites/graphs on the GPU machine")
-    parser.add_argument("--runtime-gpu", type=Path,
-                        help="JUnit XML of a whole-list GPU run: its cuda cases outside suites/graphs "
-                             "go in a second table")
+    parser.add_argument("--runtime-cpu", type=Path, action="append", default=[],
+                        help="JUnit XML of the runtime suites on the CPU (repeatable)")
+    parser.add_argument("--runtime-gpu", type=Path, action="append", default=[],
+                        help="JUnit XML of the runtime suites with --graph-backend cuda (repeatable: "
+                             "the multirank run too)")
     parser.add_argument("--run", action="append", default=[],
                         help="a line saying where and when a run was made (date, commit, machine); repeatable")
     parser.add_argument("-o", "--output", type=Path, help="write here instead of stdout")
@@ -164,9 +177,10 @@ def main(argv: list[str]) -> int:
         if not path.is_file():
             parser.error(f"--{source} {path}: no such file")
         files[source], sources[source] = read_results(path), str(path.name)
-    if args.runtime_gpu is not None and not args.runtime_gpu.is_file():
-        parser.error(f"--runtime-gpu {args.runtime_gpu}: no such file")
-    runtime = runtime_on_gpu_table(args.runtime_gpu) if args.runtime_gpu else None
+    for path in (*args.runtime_cpu, *args.runtime_gpu):
+        if not path.is_file():
+            parser.error(f"{path}: no such file")
+    runtime = runtime_table(args.runtime_cpu, args.runtime_gpu) if args.runtime_gpu else None
     text = render(files, sources, args.run, runtime)
     if args.output:
         args.output.write_text(text)

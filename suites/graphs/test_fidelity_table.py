@@ -61,3 +61,32 @@ def test_gpu_columns_are_pending_without_a_gpu_run(tmp_path):
     out = tmp_path / "fidelity.md"
     _script().main(["--cpu", str(tmp_path / "cpu.xml"), "-o", str(out)])
     assert _rows(out.read_text())["test_rules::test_frozen"] == ["passed", "pending", "pending"]
+
+
+RUNTIME_CPU_XML = """<testsuites><testsuite>
+<testcase classname="suites.decoder.test_two_pass" name="test_two_pass"/>
+<testcase classname="suites.distributed.test_multirank" name="test_agree[nccl-cuda]"><skipped/></testcase>
+<testcase classname="suites.graphs.test_rules" name="test_frozen[emulated]"/>
+</testsuite></testsuites>"""
+
+RUNTIME_GPU_XML = """<testsuites><testsuite>
+<testcase classname="suites.decoder.test_two_pass" name="test_two_pass"><failure/></testcase>
+</testsuite></testsuites>"""
+
+MULTIRANK_GPU_XML = """<testsuites><testsuite>
+<testcase classname="suites.distributed.test_multirank" name="test_agree[nccl-cuda]"/>
+</testsuite></testsuites>"""
+
+
+def test_runtime_suites_get_a_table_of_their_own(tmp_path):
+    for name, text in (("rc.xml", RUNTIME_CPU_XML), ("rg.xml", RUNTIME_GPU_XML), ("mg.xml", MULTIRANK_GPU_XML),
+                       ("cpu.xml", CPU_XML)):
+        (tmp_path / name).write_text(text)
+    out = tmp_path / "fidelity.md"
+    _script().main(["--cpu", str(tmp_path / "cpu.xml"), "--runtime-cpu", str(tmp_path / "rc.xml"),
+                    "--runtime-gpu", str(tmp_path / "rg.xml"), "--runtime-gpu", str(tmp_path / "mg.xml"),
+                    "-o", str(out)])
+    rows = _rows(out.read_text().split("## The runtime suites on each backend")[1])
+    assert rows["decoder.test_two_pass::test_two_pass"] == ["passed", "FAILED"]
+    assert rows["distributed.test_multirank::test_agree[nccl-cuda]"] == ["skipped", "passed"]
+    assert not any(case.startswith("graphs.") for case in rows)  # the contract table has those
