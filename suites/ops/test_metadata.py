@@ -70,10 +70,14 @@ def addresses(md: AttentionMetadata) -> dict[str, tuple[int, tuple[int, ...]]]:
     return {path: (rec.address, rec.shape) for path, rec in snapshot_tensors(md).items()}
 
 
+PUBLIC_BUFFERS = {"seq_lens", "query_start_loc", "positions", "slot_mapping", "token_to_seq",
+                  "block_tables", "logits_indices"}
+
+
 def test_prepare_never_rebinds_a_buffer() -> None:
     md = metadata()
     before = addresses(md)
-    assert len(before) == 7
+    assert PUBLIC_BUFFERS <= set(before)
     for spans, tokens, seqs in ((MIXED, None, None), ([SequenceSpan(2, 1, [1])], 8, 4),
                                 ([SequenceSpan(12, 12, [1, 2, 3])], 16, 1), ([], 3, 2)):
         md.prepare(spans, num_tokens=tokens, num_seqs=seqs)
@@ -90,12 +94,14 @@ class OpLog(TorchDispatchMode):
         return func(*args, **(kwargs or {}))
 
 
-def test_prepare_writes_each_buffer_with_one_copy() -> None:
+def test_prepare_writes_every_buffer_with_one_copy() -> None:
     md = metadata()
     with OpLog() as log:
         md.prepare(MIXED, num_tokens=10, num_seqs=4)
     device_writes = [op for op in log.ops if op not in ("lift_fresh", "view", "_to_copy")]
-    assert device_writes == ["copy_"] * 7, log.ops
+    assert device_writes == ["copy_"], log.ops
+    assert md.seq_lens.dtype == md.query_start_loc.dtype == torch.int32
+    assert all(getattr(md, name).dtype == torch.int64 for name in PUBLIC_BUFFERS - {"seq_lens", "query_start_loc"})
 
 
 @pytest.mark.parametrize("spans,kwargs,match", [
