@@ -14,6 +14,7 @@ cache's pad slot, and their block tables point only at the pad block. Row `max_b
 from __future__ import annotations
 
 from dataclasses import dataclass
+import itertools
 import math
 from typing import Sequence
 
@@ -170,14 +171,22 @@ class AttentionMetadata:
                 num_seqs: int | None = None) -> BatchCounts:
         """Copy a batch into the buffers, padded up to `num_tokens` token rows and `num_seqs`
         sequence rows (default: no padding). Call it outside capture: it builds host tensors."""
-        actual_tokens = sum(span.query_len for span in spans)
-        num_tokens = actual_tokens if num_tokens is None else num_tokens
-        num_seqs = len(spans) if num_seqs is None else num_seqs
-        self._validate(spans, num_tokens, num_seqs, actual_tokens)
-
         n = len(spans)
         seq_lens = np.fromiter((span.seq_len for span in spans), dtype=np.int64, count=n)
         query_lens = np.fromiter((span.query_len for span in spans), dtype=np.int64, count=n)
+        table_lens = np.fromiter((len(span.block_table) for span in spans), dtype=np.int64, count=n)
+        block_ids = np.fromiter(itertools.chain.from_iterable(span.block_table for span in spans),
+                                dtype=np.int64, count=int(table_lens.sum()))
+        actual_tokens = int(query_lens.sum())
+        num_tokens = actual_tokens if num_tokens is None else num_tokens
+        num_seqs = n if num_seqs is None else num_seqs
+        is_decode = (query_lens == 1) & (seq_lens > 1)
+        if not self._batch_fits(n, num_tokens, num_seqs, actual_tokens, seq_lens, query_lens,
+                                table_lens, block_ids, is_decode):
+            # The per-sequence checks name the first bad value; the array checks only find one.
+            self._validate(spans, num_tokens, num_seqs, actual_tokens)
+            raise RuntimeError(f"AttentionMetadata.prepare: the array checks rejected a batch that "
+                               f"_validate accepts: {list(spans)}")
         ends = np.cumsum(query_lens)
         host = self._host
         if self._copy_done is not None:
@@ -185,8 +194,7 @@ class AttentionMetadata:
 
         tables = host["block_tables"]
         tables.fill(self.pad_block)
-        for row, span in enumerate(spans):
-            tables[row, :len(span.block_table)] = span.block_table
+        tables[:n][np.arange(self.max_blocks_per_seq) < table_lens[:, None]] = block_ids
         token_to_seq = host["token_to_seq"]
         token_to_seq[:actual_tokens] = np.repeat(np.arange(n), query_lens)
         token_to_seq[actual_tokens:] = self.max_batch_size  # the permanent padded sequence
@@ -220,12 +228,26 @@ class AttentionMetadata:
         self.counts = BatchCounts(
             num_tokens=num_tokens,
             num_seqs=num_seqs,
-            num_prefills=sum(not span.is_decode for span in spans),
-            num_prefill_tokens=sum(span.query_len for span in spans if not span.is_decode),
+            num_prefills=int(n - is_decode.sum()),
+            num_prefill_tokens=int(query_lens[~is_decode].sum()),
             num_actual_tokens=actual_tokens,
-            num_actual_seqs=len(spans),
+            num_actual_seqs=n,
         )
         return self.counts
+
+    def _batch_fits(self, n: int, num_tokens: int, num_seqs: int, actual_tokens: int,
+                    seq_lens: np.ndarray, query_lens: np.ndarray, table_lens: np.ndarray,
+                    block_ids: np.ndarray, is_decode: np.ndarray) -> bool:
+        """`_validate`'s checks on whole arrays, without its per-sequence loop."""
+        return bool(
+            n <= num_seqs <= self.max_batch_size
+            and actual_tokens <= num_tokens <= self.max_num_tokens
+            and (query_lens >= 1).all() and (query_lens <= seq_lens).all()
+            and (table_lens <= self.max_blocks_per_seq).all()
+            and (table_lens * self.block_size >= seq_lens).all()
+            and ((block_ids >= 0) & (block_ids < self.pad_block)).all()
+            # no prefill after a decode
+            and not (is_decode[:-1] & ~is_decode[1:]).any())
 
     def _validate(self, spans: Sequence[SequenceSpan], num_tokens: int, num_seqs: int,
                   actual_tokens: int) -> None:
