@@ -223,7 +223,7 @@ class AttentionMetadata:
                                         last_row)
         self._flat.copy_(self._staging, non_blocking=self._copy_done is not None)
         if self._copy_done is not None:
-            self._copy_done.record()
+            self._copy_done.record(torch.cuda.current_stream(self.device))  # the copy's stream
 
         self.counts = BatchCounts(
             num_tokens=num_tokens,

@@ -131,3 +131,18 @@ def test_constructor_rejects_bad_limits() -> None:
         AttentionMetadata(2, 0, 2, 4, 8)
     with pytest.raises(ValueError, match="pad_slot 6 must be the first slot of a block of 4"):
         AttentionMetadata(2, 4, 2, 4, 6)
+
+
+@pytest.mark.gpu
+def test_back_to_back_prepares_on_cuda_keep_the_second_batch() -> None:
+    # The staging buffer is pinned and copied without blocking: the second prepare must wait for
+    # the first copy before rewriting it, or the device would read a mix of the two batches.
+    md = AttentionMetadata(max_batch_size=4, max_num_tokens=16, max_blocks_per_seq=3, block_size=BS,
+                           pad_slot=PAD_SLOT, device="cuda")
+    assert md._staging.is_pinned()
+    for _ in range(20):
+        md.prepare(MIXED)
+        md.prepare([SequenceSpan(3, 1, [6])], num_tokens=2, num_seqs=2)
+    torch.cuda.synchronize()
+    assert md.slot_mapping[:3].tolist() == [26, PAD_SLOT, PAD_SLOT]
+    assert md.seq_lens[:3].tolist() == [3, 0, 0] and md.logits_rows().tolist() == [0, 1]
