@@ -104,15 +104,18 @@ class AttentionMetadata:
         for name, (shape, dtype) in shapes.items():
             offsets[name] = nbytes
             nbytes += math.prod(shape) * dtype.itemsize
-        self._flat = torch.zeros(nbytes, dtype=torch.uint8, device=self.device)
+        flat = torch.zeros(nbytes, dtype=torch.uint8, device=self.device)
         pinned = self.device.type == "cuda"
         self._staging = torch.zeros(nbytes, dtype=torch.uint8, pin_memory=pinned)
         staging_np = self._staging.numpy()
         self._host: dict[str, np.ndarray] = {}
         for name, (shape, dtype) in shapes.items():
             start, end = offsets[name], offsets[name] + math.prod(shape) * dtype.itemsize
-            setattr(self, name, self._flat[start:end].view(dtype).view(shape))
+            setattr(self, name, flat[start:end].view(dtype).view(shape))
             self._host[name] = staging_np[start:end].view(_NUMPY[dtype]).reshape(shape)
+        # Set after the views, so that tools naming a storage by its first path (the capture lint)
+        # name a public buffer.
+        self._flat = flat
         # The staging buffer is rewritten by the next prepare: with a non-blocking copy from pinned
         # memory, that must wait until the device has read it (prepare can run twice with no host
         # sync in between, as the warmup of two shapes does). The event marks the copy's completion.
