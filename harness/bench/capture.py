@@ -11,6 +11,10 @@ Two measurements per model shape (the tiny CPU-suite model and the Llama-3.2-1B 
   against the floor of reading its weights once at HBM bandwidth (4.8 TB/s on an H200).
 
 Each ratio comes from one run: the median of many timed iterations after warmup.
+
+`--profile` (one model, one `--batch`): the engine's graph step (prepare, replay, ranking and its
+device-to-host transfer) under torch.profiler, the top host-side costs, and a perf_counter breakdown
+of the step with the share that is graph replay against host work. Prints only; writes nothing.
 """
 
 from __future__ import annotations
@@ -28,6 +32,8 @@ from harness.graphs import get_backend
 from harness.model import ReferenceLlama, llama_1b_config, random_llama, tiny_llama_config
 from harness.ops.metadata import SequenceSpan
 from harness.runtime import Engine, EngineConfig
+from harness.runtime.graph_runner import pad_decode_batch
+from harness.runtime.sampling import greedy_with_logprobs
 
 BATCHES = (1, 8, 64)
 CAPTURE_TARGET = 0.7
@@ -147,6 +153,92 @@ def time_replay(name: str, model: ReferenceLlama, backend, *, iters: int, warmup
     return timings
 
 
+@dataclass(frozen=True)
+class StepBreakdown:
+    """Median milliseconds of each part of one graph decode step. `replay_ms` is synchronized, so on
+    cuda it is the graph's device time; the rest is host work."""
+
+    model: str
+    batch: int
+    prepare_ms: float
+    replay_ms: float
+    rank_ms: float
+    step_ms: float  # the whole step as the engine runs it: run() then the ranking
+
+    @property
+    def host_ms(self) -> float:
+        return max(self.step_ms - self.replay_ms, 0.0)
+
+    @property
+    def replay_share(self) -> float:
+        return self.replay_ms / self.step_ms if self.step_ms else 0.0
+
+
+def _decode_spans(engine: Engine, batch: int) -> tuple[tuple[SequenceSpan, ...], tuple[int, ...], list]:
+    cache = engine.kv_cache
+    blocks = [cache.allocator.allocate(-(-CONTEXT // cache.block_size)) for _ in range(batch)]
+    spans = tuple(SequenceSpan(seq_len=CONTEXT, query_len=1, block_table=tuple(b)) for b in blocks)
+    return spans, tuple(range(1, batch + 1)), blocks
+
+
+def profile_step(name: str, model: ReferenceLlama, backend, batch: int, *, iters: int,
+                 warmup: int) -> tuple[str, StepBreakdown]:
+    """The top host-side costs of the engine's graph step under torch.profiler, and its breakdown."""
+    engine = _new_engine(model, backend, single_pass=False)
+    graphs = engine.decode_graphs
+    graphs.warmup_and_capture("serve")
+    device = model.device
+    spans, ids, _ = _decode_spans(engine, batch)
+    logprobs = [1] * batch
+    key = graphs.graph_key(graphs.size_for(batch), None)
+    parts: dict[str, Callable[[], object]] = {}
+
+    def step() -> object:  # what Engine._forward and its ForwardResult.rows do for a decode batch
+        result = graphs.run(spans, ids, logprobs)
+        return greedy_with_logprobs(result.logits, logprobs)
+
+    def prepare() -> None:
+        graphs._prepare(pad_decode_batch(spans, key.batch_size), ids)
+
+    def replay() -> None:
+        parts["logits"] = graphs.runner.replay(key)[:batch]
+
+    def rank() -> object:
+        return greedy_with_logprobs(parts["logits"], logprobs)
+
+    prepare_ms, replay_ms, rank_ms, step_ms = median_ms(device, prepare, replay, rank, step,
+                                                        iters=iters, warmup=warmup)
+    breakdown = StepBreakdown(name, batch, prepare_ms, replay_ms, rank_ms, step_ms)
+    activities = [torch.profiler.ProfilerActivity.CPU]
+    if device.type == "cuda":
+        activities.append(torch.profiler.ProfilerActivity.CUDA)
+    with torch.profiler.profile(activities=activities) as prof:
+        for _ in range(iters):
+            with torch.profiler.record_function("step: prepare"):
+                prepare()
+            with torch.profiler.record_function("step: replay"):
+                replay()
+            with torch.profiler.record_function("step: rank + transfer"):
+                rank()
+        _sync(device)
+    table = prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=15)
+    return table, breakdown
+
+
+def render_profile(table: str, b: StepBreakdown, backend_name: str, iters: int) -> str:
+    lines = [f"Graph decode step of {b.model} at batch {b.batch}, backend {backend_name}, "
+             f"{iters} iterations.", "", "Top host-side costs (torch.profiler, by self CPU time):", table,
+             "Breakdown (time.perf_counter, median ms; replay synchronized):", "",
+             "| part | ms |", "|---|---:|",
+             f"| prepare (metadata + input ids) | {b.prepare_ms:.3f} |",
+             f"| replay | {b.replay_ms:.3f} |",
+             f"| ranking + device-to-host transfer | {b.rank_ms:.3f} |",
+             f"| whole step (run + ranking) | {b.step_ms:.3f} |", "",
+             f"graph replay {b.replay_ms:.3f} ms = {b.replay_share:.0%} of the step; host work "
+             f"{b.host_ms:.3f} ms = {1 - b.replay_share:.0%}"]
+    return "\n".join(lines)
+
+
 def weight_floor_ms(model: ReferenceLlama) -> float:
     weights = sum(p.numel() * p.element_size() for p in model.parameters())
     return weights / HBM_BYTES_PER_S * 1e3
@@ -185,11 +277,23 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--output", default="docs/benchmarks.md", help="file the tables are appended to")
     parser.add_argument("--no-write", action="store_true", help="print only; do not append to --output")
     parser.add_argument("--check", action="store_true", help="exit 1 when a target is missed")
+    parser.add_argument("--profile", action="store_true",
+                        help="profile the graph step of one --model at one --batch; prints only")
+    parser.add_argument("--batch", type=int, default=1, choices=BATCHES, help="--profile's batch (default 1)")
     args = parser.parse_args(argv)
     if args.iters < 1 or args.warmup < 0:
         parser.error(f"--iters must be at least 1 and --warmup at least 0, got {args.iters}, {args.warmup}")
+    if args.profile and args.model and len(args.model) > 1:
+        parser.error(f"--profile takes one --model, got {args.model}")
     backend = get_backend(args.backend)
     device = torch.device(backend.device)
+    if args.profile:
+        name = (args.model or ["tiny"])[0]
+        with torch.inference_mode():
+            table, breakdown = profile_step(name, build_model(name, device), backend, args.batch,
+                                            iters=args.iters, warmup=args.warmup)
+        print(render_profile(table, breakdown, backend.name, args.iters))
+        return 0
     models = args.model or (["tiny", "1b"] if device.type == "cuda" else ["tiny"])
     captures, replays, floors = [], [], {}
     with torch.inference_mode():

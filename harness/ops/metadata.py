@@ -14,11 +14,16 @@ cache's pad slot, and their block tables point only at the pad block. Row `max_b
 from __future__ import annotations
 
 from dataclasses import dataclass
+import itertools
+import math
 from typing import Sequence
 
+import numpy as np
 import torch
 
 from harness.ops.sizing import cdiv, require_positive
+
+_NUMPY = {torch.int32: np.int32, torch.int64: np.int64}
 
 
 @dataclass(frozen=True)
@@ -83,16 +88,38 @@ class AttentionMetadata:
         self.pad_block = pad_slot // block_size
         self.device = torch.device(device)
 
-        def buffer(*shape: int, dtype: torch.dtype) -> torch.Tensor:
-            return torch.zeros(*shape, dtype=dtype, device=self.device)
-
-        self.seq_lens = buffer(max_batch_size + 1, dtype=torch.int32)
-        self.query_start_loc = buffer(max_batch_size + 1, dtype=torch.int32)
-        self.positions = buffer(max_num_tokens, dtype=torch.int64)
-        self.slot_mapping = buffer(max_num_tokens, dtype=torch.int64)
-        self.token_to_seq = buffer(max_num_tokens, dtype=torch.int64)
-        self.block_tables = buffer(max_batch_size + 1, max_blocks_per_seq, dtype=torch.int64)
-        self.logits_indices = buffer(max_batch_size, dtype=torch.int64)
+        shapes = {
+            "positions": ((max_num_tokens,), torch.int64),
+            "slot_mapping": ((max_num_tokens,), torch.int64),
+            "token_to_seq": ((max_num_tokens,), torch.int64),
+            "block_tables": ((max_batch_size + 1, max_blocks_per_seq), torch.int64),
+            "logits_indices": ((max_batch_size,), torch.int64),
+            "seq_lens": ((max_batch_size + 1,), torch.int32),
+            "query_start_loc": ((max_batch_size + 1,), torch.int32),
+        }
+        # Every buffer is a typed view of one flat device buffer, and `prepare` fills the same layout
+        # in one host staging buffer: one host-to-device copy per step instead of one per buffer.
+        # The int64 buffers come first, so every view starts at a multiple of its element size.
+        offsets, nbytes = {}, 0
+        for name, (shape, dtype) in shapes.items():
+            offsets[name] = nbytes
+            nbytes += math.prod(shape) * dtype.itemsize
+        flat = torch.zeros(nbytes, dtype=torch.uint8, device=self.device)
+        pinned = self.device.type == "cuda"
+        self._staging = torch.zeros(nbytes, dtype=torch.uint8, pin_memory=pinned)
+        staging_np = self._staging.numpy()
+        self._host: dict[str, np.ndarray] = {}
+        for name, (shape, dtype) in shapes.items():
+            start, end = offsets[name], offsets[name] + math.prod(shape) * dtype.itemsize
+            setattr(self, name, flat[start:end].view(dtype).view(shape))
+            self._host[name] = staging_np[start:end].view(_NUMPY[dtype]).reshape(shape)
+        # Set after the views, so that tools naming a storage by its first path (the capture lint)
+        # name a public buffer.
+        self._flat = flat
+        # The staging buffer is rewritten by the next prepare: with a non-blocking copy from pinned
+        # memory, that must wait until the device has read it (prepare can run twice with no host
+        # sync in between, as the warmup of two shapes does). The event marks the copy's completion.
+        self._copy_done = torch.cuda.Event() if pinned else None
         self.counts = BatchCounts(0, 0, 0, 0, 0, 0)
         self.prepare([])
 
@@ -147,59 +174,83 @@ class AttentionMetadata:
                 num_seqs: int | None = None) -> BatchCounts:
         """Copy a batch into the buffers, padded up to `num_tokens` token rows and `num_seqs`
         sequence rows (default: no padding). Call it outside capture: it builds host tensors."""
-        actual_tokens = sum(span.query_len for span in spans)
+        n = len(spans)
+        seq_lens = np.fromiter((span.seq_len for span in spans), dtype=np.int64, count=n)
+        query_lens = np.fromiter((span.query_len for span in spans), dtype=np.int64, count=n)
+        table_lens = np.fromiter((len(span.block_table) for span in spans), dtype=np.int64, count=n)
+        block_ids = np.fromiter(itertools.chain.from_iterable(span.block_table for span in spans),
+                                dtype=np.int64, count=int(table_lens.sum()))
+        actual_tokens = int(query_lens.sum())
         num_tokens = actual_tokens if num_tokens is None else num_tokens
-        num_seqs = len(spans) if num_seqs is None else num_seqs
-        self._validate(spans, num_tokens, num_seqs, actual_tokens)
+        num_seqs = n if num_seqs is None else num_seqs
+        is_decode = (query_lens == 1) & (seq_lens > 1)
+        if not self._batch_fits(n, num_tokens, num_seqs, actual_tokens, seq_lens, query_lens,
+                                table_lens, block_ids, is_decode):
+            # The per-sequence checks name the first bad value; the array checks only find one.
+            self._validate(spans, num_tokens, num_seqs, actual_tokens)
+            raise RuntimeError(f"AttentionMetadata.prepare: the array checks rejected a batch that "
+                               f"_validate accepts: {list(spans)}")
+        ends = np.cumsum(query_lens)
+        host = self._host
+        if self._copy_done is not None:
+            self._copy_done.synchronize()  # the previous step's copy has read the staging buffer
 
-        seq_lens = [span.seq_len for span in spans]
-        start_loc = [0]
-        positions: list[int] = []
-        slots: list[int] = []
-        token_to_seq: list[int] = []
-        tables: list[int] = []
-        logits_indices: list[int] = []
+        tables = host["block_tables"]
+        tables.fill(self.pad_block)
+        tables[:n][np.arange(self.max_blocks_per_seq) < table_lens[:, None]] = block_ids
+        token_to_seq = host["token_to_seq"]
+        token_to_seq[:actual_tokens] = np.repeat(np.arange(n), query_lens)
+        token_to_seq[actual_tokens:] = self.max_batch_size  # the permanent padded sequence
+        owner = token_to_seq[:actual_tokens]
+        positions = host["positions"]
+        # Token i of its sequence sits at seq_len - query_len + (i - first row of the sequence).
+        positions[:actual_tokens] = (seq_lens - ends)[owner] + np.arange(actual_tokens)
+        positions[actual_tokens:] = 0
+        real_positions = positions[:actual_tokens]
         bs = self.block_size
-        for row, span in enumerate(spans):
-            table = list(span.block_table)
-            for pos in range(span.seq_len - span.query_len, span.seq_len):
-                positions.append(pos)
-                slots.append(table[pos // bs] * bs + pos % bs)
-                token_to_seq.append(row)
-            start_loc.append(start_loc[-1] + span.query_len)
-            logits_indices.append(start_loc[-1] - 1)
-            tables += table + [self.pad_block] * (self.max_blocks_per_seq - len(table))
-
-        pad_row = self.max_batch_size
-        pad_tokens = self.max_num_tokens - actual_tokens
-        pad_seqs = self.max_batch_size - len(spans)
-        self._copy(self.seq_lens, seq_lens + [0] * (pad_seqs + 1))
-        self._copy(self.query_start_loc, start_loc + [actual_tokens] * pad_seqs)
-        self._copy(self.positions, positions + [0] * pad_tokens)
-        self._copy(self.slot_mapping, slots + [self.pad_slot] * pad_tokens)
-        self._copy(self.token_to_seq, token_to_seq + [pad_row] * pad_tokens)
-        self._copy(self.block_tables,
-                   tables + [self.pad_block] * ((pad_seqs + 1) * self.max_blocks_per_seq))
+        slots = host["slot_mapping"]
+        slots[:actual_tokens] = tables[owner, real_positions // bs] * bs + real_positions % bs
+        slots[actual_tokens:] = self.pad_slot
+        host["seq_lens"][:n] = seq_lens
+        host["seq_lens"][n:] = 0
+        start_loc = host["query_start_loc"]
+        start_loc[0] = 0
+        start_loc[1:n + 1] = ends
+        start_loc[n + 1:] = actual_tokens
         # Padded sequence i reads the i-th padded token row, so a padded decode batch keeps
         # sequence j <-> token j; rows past num_tokens are clamped to stay in range.
+        logits_indices = host["logits_indices"]
+        logits_indices[:n] = ends - 1
         last_row = max(num_tokens - 1, 0)
-        self._copy(self.logits_indices,
-                   logits_indices + [min(actual_tokens + i, last_row) for i in range(pad_seqs)])
+        logits_indices[n:] = np.minimum(np.arange(actual_tokens, actual_tokens + self.max_batch_size - n),
+                                        last_row)
+        self._flat.copy_(self._staging, non_blocking=self._copy_done is not None)
+        if self._copy_done is not None:
+            self._copy_done.record(torch.cuda.current_stream(self.device))  # the copy's stream
 
         self.counts = BatchCounts(
             num_tokens=num_tokens,
             num_seqs=num_seqs,
-            num_prefills=sum(not span.is_decode for span in spans),
-            num_prefill_tokens=sum(span.query_len for span in spans if not span.is_decode),
+            num_prefills=int(n - is_decode.sum()),
+            num_prefill_tokens=int(query_lens[~is_decode].sum()),
             num_actual_tokens=actual_tokens,
-            num_actual_seqs=len(spans),
+            num_actual_seqs=n,
         )
         return self.counts
 
-    @staticmethod
-    def _copy(buffer: torch.Tensor, values: list[int]) -> None:
-        # One host tensor and one copy per buffer: no per-element device writes.
-        buffer.copy_(torch.tensor(values, dtype=buffer.dtype).view(buffer.shape))
+    def _batch_fits(self, n: int, num_tokens: int, num_seqs: int, actual_tokens: int,
+                    seq_lens: np.ndarray, query_lens: np.ndarray, table_lens: np.ndarray,
+                    block_ids: np.ndarray, is_decode: np.ndarray) -> bool:
+        """`_validate`'s checks on whole arrays, without its per-sequence loop."""
+        return bool(
+            n <= num_seqs <= self.max_batch_size
+            and actual_tokens <= num_tokens <= self.max_num_tokens
+            and (query_lens >= 1).all() and (query_lens <= seq_lens).all()
+            and (table_lens <= self.max_blocks_per_seq).all()
+            and (table_lens * self.block_size >= seq_lens).all()
+            and ((block_ids >= 0) & (block_ids < self.pad_block)).all()
+            # no prefill after a decode
+            and not (is_decode[:-1] & ~is_decode[1:]).any())
 
     def _validate(self, spans: Sequence[SequenceSpan], num_tokens: int, num_seqs: int,
                   actual_tokens: int) -> None:

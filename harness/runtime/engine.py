@@ -247,10 +247,12 @@ class Engine:
                        input_ids=()) -> None:
         """Copy a batch into the metadata and input buffers, padded to the given shape."""
         self.metadata.prepare(list(spans), num_tokens=num_tokens, num_seqs=num_seqs)
-        if input_ids:
-            self.input_ids[: len(input_ids)].copy_(torch.tensor(input_ids, dtype=torch.int64))
         # Padded token rows read token 0; their K/V goes to the pad sink and their logits are dropped.
-        self.input_ids[len(input_ids): self.metadata.num_tokens].zero_()
+        # One host tensor and one copy for the real and the padded rows together.
+        padded = self.metadata.num_tokens
+        if padded:
+            ids = list(input_ids) + [0] * (padded - len(input_ids))
+            self.input_ids[:padded].copy_(torch.tensor(ids, dtype=torch.int64))
 
     def _forward(self, batch: ScheduledBatch) -> ForwardResult:
         buckets = self.piecewise.buckets if self.piecewise is not None else ()

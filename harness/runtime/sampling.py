@@ -37,9 +37,14 @@ def rows_from_ranked(ranked: RankedLogits, ks: list[int]) -> list[SampledRow]:
     n = len(ks)
     if ranked.order.shape[0] < n:
         raise ValueError(f"{ranked.order.shape[0]} ranked rows for {n} sequences")
-    # One transfer per tensor for the whole batch.
-    order_h, logprobs_h = ranked.order[:n].tolist(), ranked.top_logprobs[:n].tolist()
-    scales_h = ranked.scales[:n].tolist()
+    # One device-to-host transfer for the whole batch (each one is a sync): ids, logprobs and scales
+    # side by side in float64, which holds float32 values and token ids below 2**53 exactly.
+    width = ranked.order.shape[1]
+    packed = torch.cat([ranked.order[:n].double(), ranked.top_logprobs[:n].double(),
+                        ranked.scales[:n].double().unsqueeze(1)], dim=1).cpu()
+    order_h = packed[:, :width].long().tolist()
+    logprobs_h = packed[:, width:2 * width].tolist()
+    scales_h = packed[:, 2 * width].tolist()
     return [
         SampledRow(token=ids[0], logprob=lps[0], top=tuple(zip(ids[:k], lps[:k])), logit_scale=scale)
         for ids, lps, scale, k in zip(order_h, logprobs_h, scales_h, ks)

@@ -13,3 +13,22 @@ def test_targets_missed_are_named_with_their_figures():
     assert capture.misses(captures, replays) == ["tiny capture 0.80x > 0.7", "tiny replay at batch 1 10.0x < 15x"]
     table = capture.render("cuda", captures, replays, {"tiny": 0.0, "1b": 0.5}, iters=5)
     assert "| tiny | 100.0 | 80.0 | 0.80x |" in table and "| 1b | 1 | 12.000 | 1.500 | 8.0x | 0.500 |" in table
+
+
+def test_profile_prints_the_top_host_costs_and_the_breakdown(capsys, graph_backend):
+    assert capture.main(["--profile", "--model", "tiny", "--batch", "8", "--backend", graph_backend.name,
+                         "--iters", "2", "--warmup", "1"]) == 0
+    out = capsys.readouterr().out
+    assert "Top host-side costs (torch.profiler, by self CPU time):" in out
+    assert "Self CPU time total" in out and "step: prepare" in out and "step: replay" in out
+    for part in ("| prepare (metadata + input ids) |", "| replay |",
+                 "| ranking + device-to-host transfer |", "| whole step (run + ranking) |"):
+        assert part in out
+    assert "of the step; host work" in out
+
+
+def test_profile_breakdown_names_the_replay_share():
+    b = capture.StepBreakdown("tiny", 1, prepare_ms=0.1, replay_ms=0.6, rank_ms=0.2, step_ms=1.0)
+    assert (round(b.host_ms, 6), b.replay_share) == (0.4, 0.6)
+    text = capture.render_profile("TABLE", b, "emulated", iters=3)
+    assert "TABLE" in text and "graph replay 0.600 ms = 60% of the step; host work 0.400 ms = 40%" in text

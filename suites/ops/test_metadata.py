@@ -70,10 +70,14 @@ def addresses(md: AttentionMetadata) -> dict[str, tuple[int, tuple[int, ...]]]:
     return {path: (rec.address, rec.shape) for path, rec in snapshot_tensors(md).items()}
 
 
+PUBLIC_BUFFERS = {"seq_lens", "query_start_loc", "positions", "slot_mapping", "token_to_seq",
+                  "block_tables", "logits_indices"}
+
+
 def test_prepare_never_rebinds_a_buffer() -> None:
     md = metadata()
     before = addresses(md)
-    assert len(before) == 7
+    assert PUBLIC_BUFFERS <= set(before)
     for spans, tokens, seqs in ((MIXED, None, None), ([SequenceSpan(2, 1, [1])], 8, 4),
                                 ([SequenceSpan(12, 12, [1, 2, 3])], 16, 1), ([], 3, 2)):
         md.prepare(spans, num_tokens=tokens, num_seqs=seqs)
@@ -90,12 +94,14 @@ class OpLog(TorchDispatchMode):
         return func(*args, **(kwargs or {}))
 
 
-def test_prepare_writes_each_buffer_with_one_copy() -> None:
+def test_prepare_writes_every_buffer_with_one_copy() -> None:
     md = metadata()
     with OpLog() as log:
         md.prepare(MIXED, num_tokens=10, num_seqs=4)
     device_writes = [op for op in log.ops if op not in ("lift_fresh", "view", "_to_copy")]
-    assert device_writes == ["copy_"] * 7, log.ops
+    assert device_writes == ["copy_"], log.ops
+    assert md.seq_lens.dtype == md.query_start_loc.dtype == torch.int32
+    assert all(getattr(md, name).dtype == torch.int64 for name in PUBLIC_BUFFERS - {"seq_lens", "query_start_loc"})
 
 
 @pytest.mark.parametrize("spans,kwargs,match", [
@@ -125,3 +131,18 @@ def test_constructor_rejects_bad_limits() -> None:
         AttentionMetadata(2, 0, 2, 4, 8)
     with pytest.raises(ValueError, match="pad_slot 6 must be the first slot of a block of 4"):
         AttentionMetadata(2, 4, 2, 4, 6)
+
+
+@pytest.mark.gpu
+def test_back_to_back_prepares_on_cuda_keep_the_second_batch() -> None:
+    # The staging buffer is pinned and copied without blocking: the second prepare must wait for
+    # the first copy before rewriting it, or the device would read a mix of the two batches.
+    md = AttentionMetadata(max_batch_size=4, max_num_tokens=16, max_blocks_per_seq=3, block_size=BS,
+                           pad_slot=PAD_SLOT, device="cuda")
+    assert md._staging.is_pinned()
+    for _ in range(20):
+        md.prepare(MIXED)
+        md.prepare([SequenceSpan(3, 1, [6])], num_tokens=2, num_seqs=2)
+    torch.cuda.synchronize()
+    assert md.slot_mapping[:3].tolist() == [26, PAD_SLOT, PAD_SLOT]
+    assert md.seq_lens[:3].tolist() == [3, 0, 0] and md.logits_rows().tolist() == [0, 1]
