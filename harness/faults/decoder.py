@@ -74,6 +74,18 @@ def graph_key_ignores_sampling_variant(handle: FaultHandle) -> Iterator[None]:
 
 
 @contextlib.contextmanager
+def single_pass_not_agreed(handle: FaultHandle) -> Iterator[None]:
+    def make(agree_single_pass):
+        def planted(self, wants):
+            handle.fire()
+            return bool(wants)  # this rank's own switch, never gathered from its peers
+        return planted
+
+    with replace_method(DecoderGraphs, "_agree_single_pass", make):
+        yield
+
+
+@contextlib.contextmanager
 def estimation_captured_single_pass(handle: FaultHandle) -> Iterator[None]:
     def make(estimation_uses_two_passes):
         def planted(phase):
@@ -152,6 +164,16 @@ DECODER_FAULTS = (
                  "test_single_pass_keeps_the_keys_and_runs_one_pass_in_the_final_phase",
         expected=r"capture_passes|'estimate': 1",
         plant=estimation_captured_single_pass,
+    ),
+    Fault(
+        name="single-pass-not-agreed-across-ranks",
+        bug_class="the single-pass decision is each rank's own, not agreed across ranks: ranks "
+                  "capture with different passes and their collectives no longer line up",
+        link=SINGLE_PASS_PR,
+        detector="suites/distributed/test_multirank.py::"
+                 "test_a_rank_without_the_switch_keeps_both_on_two_passes[gloo-cpu]",
+        expected=r"single_pass_tried|did not finish|a rank failed|lined up at different",
+        plant=single_pass_not_agreed,
     ),
     Fault(
         name="padding-dummy-aliases-live-blocks",
