@@ -5,11 +5,12 @@ from __future__ import annotations
 import contextlib
 from typing import Iterator
 
+import torch
+
 from harness.faults.patching import replace_function, replace_method
 from harness.faults.registry import Fault, FaultHandle
 from harness.model import weights
 from harness.model.llama import ReferenceLlama
-from harness.ops.workspace import Workspace
 
 
 @contextlib.contextmanager
@@ -30,9 +31,9 @@ def captured_buffer_freed(handle: FaultHandle) -> Iterator[None]:
         def planted(self, input_ids, metadata, kv_cache):
             logits = forward(self, input_ids, metadata, kv_cache)
             handle.fire()
-            # Scratch released after every step to save memory: a graph captured in this step
-            # still holds the address, and the next allocation of that size takes it.
-            self.workspace = Workspace(self.workspace.dtype, self.workspace.device)
+            # Scratch released after every step to save memory (a fresh buffer of the same size
+            # takes its place): a graph captured in an earlier step still holds the old address.
+            self.workspace.tensor = torch.empty_like(self.workspace.tensor)
             return logits
         return planted
 
@@ -56,7 +57,7 @@ MODEL_FAULTS = (
                   "sync does) instead of copying into them; the graph keeps the old weights",
         link="https://github.com/vllm-project/vllm/pull/40390",
         detector="suites/model/test_capturable.py::test_weights_reloaded_after_capture_reach_the_graph",
-        expected=r"(?s)divergence.*\d+ parameters moved by the reload",
+        expected=r"\d+ parameters moved by the reload",
         plant=weights_rebound_after_capture,
     ),
     Fault(

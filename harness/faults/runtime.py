@@ -7,7 +7,7 @@ from typing import Iterator
 
 from harness.faults.patching import replace_function
 from harness.faults.registry import Fault, FaultHandle
-from harness.runtime import step_capture
+from harness.runtime import decoder_graphs
 
 
 @contextlib.contextmanager
@@ -18,7 +18,7 @@ def graph_output_held(handle: FaultHandle) -> Iterator[None]:
             return static_output  # a view of the graph's output: the next replay rewrites it
         return planted
 
-    with replace_function(step_capture, "copy_out", make):
+    with replace_function(decoder_graphs, "copy_out", make):
         yield
 
 

@@ -15,8 +15,9 @@ from __future__ import annotations
 import dataclasses
 import enum
 import types
+import weakref
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, Callable
 
 import torch
 from torch import nn
@@ -59,8 +60,24 @@ def snapshot_tensors(obj: Any, root: str = "", *, max_depth: int = 64) -> dict[s
     A structure nested deeper than `max_depth` raises ValueError rather than being recorded partly.
     """
     records: dict[str, TensorRecord] = {}
-    _walk(obj, root, records, on_path=set(), depth=0, max_depth=max_depth)
+    _walk(obj, root, records, on_path=set(), depth=0, max_depth=max_depth, leaf=TensorRecord.of)
     return records
+
+
+def tensor_refs(obj: Any, root: str = "", *, max_depth: int = 64) -> dict[str, weakref.ref]:
+    """A weak reference to every tensor reachable from `obj`, by the paths of `snapshot_tensors`.
+
+    Addresses alone miss a rebinding whose new tensor landed at the freed old one's address (the
+    allocator reuses it at once); the tensor objects do not: compare with `rebound_tensors`."""
+    refs: dict[str, weakref.ref] = {}
+    _walk(obj, root, refs, on_path=set(), depth=0, max_depth=max_depth, leaf=weakref.ref)
+    return refs
+
+
+def rebound_tensors(before: Mapping[str, weakref.ref], after: Mapping[str, weakref.ref]) -> list[str]:
+    """Paths of `before` that now hold another tensor object (or none), whatever its address."""
+    return [path for path, ref in before.items()
+            if ref() is None or path not in after or after[path]() is not ref()]
 
 
 def moved_tensors(before: Mapping[str, TensorRecord], after: Mapping[str, TensorRecord]) -> list[str]:
@@ -101,10 +118,10 @@ def _address(tensor: torch.Tensor) -> int:
         return storage.data_ptr() + tensor.storage_offset() * tensor.element_size()
 
 
-def _walk(obj: Any, path: str, out: dict[str, TensorRecord], *, on_path: set[int], depth: int,
-          max_depth: int) -> None:
+def _walk(obj: Any, path: str, out: dict[str, Any], *, on_path: set[int], depth: int,
+          max_depth: int, leaf: Callable[[torch.Tensor], Any]) -> None:
     if isinstance(obj, torch.Tensor):
-        out[path] = TensorRecord.of(obj)
+        out[path] = leaf(obj)
         return
     if isinstance(obj, _ATOMS) or id(obj) in on_path:
         return
@@ -113,7 +130,8 @@ def _walk(obj: Any, path: str, out: dict[str, TensorRecord], *, on_path: set[int
     on_path.add(id(obj))
     try:
         for child_path, child in _children(obj, path):
-            _walk(child, child_path, out, on_path=on_path, depth=depth + 1, max_depth=max_depth)
+            _walk(child, child_path, out, on_path=on_path, depth=depth + 1, max_depth=max_depth,
+                  leaf=leaf)
     finally:
         on_path.discard(id(obj))
 

@@ -14,9 +14,8 @@ class Scenario:
     """- `backend`: "emulated" or "cuda" (the device follows: cpu for emulated, cuda for cuda).
     - `model_seed`, `model_overrides`: `harness.model.tiny_llama(seed, **overrides)`.
     - `engine`: `EngineConfig.to_dict()`; its graph options (decode_graph_sizes, piecewise_buckets,
-      single_pass_capture) configure the candidate and are dropped for the eager baseline.
-    - `step_capture_sizes`: when set, the candidate is `StepCaptureEngine(sizes=...)`, a hand-captured
-      decode step; when empty, the candidate is `Engine(config, backend)` with its own graph options.
+      single_pass_capture, graph_top_k) configure the candidate, `Engine(config, backend)`, and
+      are dropped for the eager baseline.
     - `tolerance_steps`: BF16 steps for `compare_generations` (0: exact).
     """
 
@@ -25,20 +24,17 @@ class Scenario:
     engine: Mapping[str, Any]
     requests: Sequence[Request]
     model_overrides: Mapping[str, Any] = field(default_factory=dict)
-    step_capture_sizes: tuple[int, ...] = ()
     tolerance_steps: int = 2
 
     def to_dict(self) -> dict[str, Any]:
         return {"backend": self.backend, "model_seed": self.model_seed, "engine": dict(self.engine),
                 "requests": [r.to_dict() for r in self.requests],
                 "model_overrides": dict(self.model_overrides),
-                "step_capture_sizes": list(self.step_capture_sizes),
                 "tolerance_steps": self.tolerance_steps}
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> Scenario:
-        known = {"backend", "model_seed", "engine", "requests", "model_overrides",
-                 "step_capture_sizes", "tolerance_steps"}
+        known = {"backend", "model_seed", "engine", "requests", "model_overrides", "tolerance_steps"}
         unknown = sorted(set(data) - known)
         if unknown:
             raise ValueError(f"unknown scenario fields {unknown}; known are {sorted(known)}")
@@ -46,7 +42,6 @@ class Scenario:
                    engine=dict(data["engine"]),
                    requests=tuple(Request.from_dict(r) for r in data["requests"]),
                    model_overrides=dict(data.get("model_overrides", {})),
-                   step_capture_sizes=tuple(int(s) for s in data.get("step_capture_sizes", ())),
                    tolerance_steps=int(data.get("tolerance_steps", 2)))
 
 
@@ -65,28 +60,44 @@ def run_scenario(scenario: Scenario) -> ScenarioResult:
     from harness.graphs import get_backend
     from harness.model import ReferenceLlama, tiny_llama
     from harness.runtime import Engine, EngineConfig
-    from harness.runtime.step_capture import StepCaptureEngine
+    from harness.graphs.pointers import rebound_tensors, snapshot_tensors, tensor_refs
 
     backend = get_backend(scenario.backend)
     device = torch.device(backend.device)
     config = EngineConfig.from_dict(dict(scenario.engine))
     model = ReferenceLlama.from_hf(tiny_llama(scenario.model_seed, **scenario.model_overrides)).to(device)
     requests = list(scenario.requests)
-    eager_config = replace(config, decode_graph_sizes=(), piecewise_buckets=(), single_pass_capture=False)
+    eager_config = replace(config, decode_graph_sizes=(), piecewise_buckets=(), single_pass_capture=False,
+                           graph_top_k=())
     baseline = Engine(model, eager_config).generate(requests)
+
+    def roots(engine) -> dict:
+        runner = engine.decode_graphs.runner if engine.decode_graphs is not None else None
+        return {**(runner.roots() if runner is not None else {}),
+                "parameters": dict(model.named_parameters())}
+
+    def pointers(engine) -> dict:
+        return {k: v for name, root in roots(engine).items() for k, v in snapshot_tensors(root, name).items()}
+
+    def tensors(engine) -> dict:
+        return {k: v for name, root in roots(engine).items() for k, v in tensor_refs(root, name).items()}
+
+    def after_capture(lines: list[str]) -> list[str]:
+        # A rebound tensor may land at its freed predecessor's address: name it either way.
+        rebound = rebound_tensors(objects, tensors(candidate))
+        now = pointers(candidate)
+        moved = describe_moved({p: r for p, r in captured.items() if p not in rebound}, now)
+        return lines + ([f"moved since capture:\n{moved}"] if moved else []) + \
+            ([f"rebound since capture: {', '.join(rebound)}"] if rebound else [])
+
+    captured = None
     try:
-        if scenario.step_capture_sizes:
-            candidate = StepCaptureEngine(model, config, backend, sizes=scenario.step_capture_sizes)
-        else:
-            candidate = Engine(model, config, backend=backend)
+        candidate = Engine(model, config, backend=backend)
+        candidate.prepare_graphs()
+        captured, objects = pointers(candidate), tensors(candidate)
         generations = candidate.generate(requests)
     except Exception as error:  # the verdict of the scenario: reported, exit 1
-        return ScenarioResult(False, f"candidate raised {type(error).__module__}."
-                                     f"{type(error).__name__}: {error}")
+        lines = [f"candidate raised {type(error).__module__}.{type(error).__name__}: {error}"]
+        return ScenarioResult(False, "\n".join(after_capture(lines) if captured is not None else lines))
     comparison = compare_generations(baseline, generations, steps=scenario.tolerance_steps)
-    lines = [str(comparison)]
-    for size, captured in getattr(candidate, "captured_pointers", {}).items():
-        moved = describe_moved(captured, candidate.pointers())
-        if moved:
-            lines.append(f"moved since the capture of size {size}:\n{moved}")
-    return ScenarioResult(comparison.ok, "\n".join(lines))
+    return ScenarioResult(comparison.ok, "\n".join(after_capture([str(comparison)])))

@@ -103,6 +103,12 @@ class GraphStep:
     ranked: RankedLogits | None = None
 
 
+def copy_out(static_output: torch.Tensor) -> torch.Tensor:
+    """A replay's logits as a tensor of their own: the next replay overwrites the static output, and
+    a caller may hold a step's result past it."""
+    return static_output.clone()
+
+
 def _estimation_uses_two_passes(phase: str) -> bool:
     return phase == ESTIMATE
 
@@ -363,7 +369,7 @@ class DecoderGraphs:
         output = self.runner.replay(key)
         self.stats.replays[str(key)] += 1
         if top_k is None:
-            return GraphStep(logits=output[:n], key=key)
+            return GraphStep(logits=copy_out(output[:n]), key=key)
         return GraphStep(logits=None, key=key, ranked=output)
 
     def size_for(self, num_seqs: int) -> int | None:

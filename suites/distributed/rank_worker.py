@@ -85,12 +85,15 @@ def main(argv: list[str]) -> int:
         comm = TorchDistributedComm(device)
         model = ReferenceLlama.from_hf(tiny_llama(seed=0)).to(device)
         backend = get_backend("emulated" if device.type == "cpu" else "cuda", device)
-        for name, (overrides, regrow) in scenarios(rank).items():
-            try:
-                results[name] = run_scenario(model, backend, comm, overrides, regrow, device)
-            except Exception:
-                results[name] = {"error": traceback.format_exc()}
-                raise  # the peers may be waiting in a collective: stop rather than run on
+        from harness.faults import inherited_fault
+
+        with inherited_fault(backend.name):  # a fault the parent session planted reaches the ranks
+            for name, (overrides, regrow) in scenarios(rank).items():
+                try:
+                    results[name] = run_scenario(model, backend, comm, overrides, regrow, device)
+                except Exception:
+                    results[name] = {"error": traceback.format_exc()}
+                    raise  # the peers may be waiting in a collective: stop rather than run on
     finally:
         with open(out, "w") as handle:
             json.dump(results, handle)

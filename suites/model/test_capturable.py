@@ -1,21 +1,50 @@
 """ReferenceLlama's forward can be captured into a graph and replayed for later batches.
 
-`StepCaptureEngine` captures the first decode batch at a padded size of 8 sequences, and every decode
-batch after it (which shrink as requests finish) is copied into the same buffers, padded to 8, and
-replayed. The generations must equal the eager engine's exactly: a replay runs the recorded ops on the
-same inputs. Runs on the `graph_backend` of the session (emulated on CPU, real CUDA graphs on a GPU).
+The engine's decode graphs (`EngineConfig(decode_graph_sizes=(8,))`) capture the decode step at a
+padded size of 8 sequences (warmup_and_capture sizes the workspace first), and every decode batch
+(which shrinks as requests finish) is copied into the same buffers, padded to 8, and replayed. The
+generations must equal the eager engine's exactly: a replay runs the recorded ops on the same
+inputs. Runs on the `graph_backend` of the session (emulated on CPU, real CUDA graphs on a GPU).
 """
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from fixtures.models import TINY_ENGINE_CONFIG, TINY_SEED
 from harness.check import compare_generations, describe_moved, moved_tensors, snapshot_tensors
+from harness.graphs.pointers import rebound_tensors, tensor_refs
 from harness.model import ReferenceLlama, tiny_llama
 from harness.model.weights import reload_weights
 from harness.runtime.engine import Engine
-from harness.runtime.step_capture import StepCaptureEngine, step_producer
+from harness.runtime.graph_runner import DecodeGraphKey
 
 PADDED = 8
+GRAPH_CONFIG = replace(TINY_ENGINE_CONFIG, decode_graph_sizes=(PADDED,))
+PRODUCER = str(DecodeGraphKey.of(PADDED))
+
+
+def pointers(engine: Engine) -> dict:
+    """The tensors a captured decode step reads by address, as they are now."""
+    return {**engine.decode_graphs.runner.snapshot(),
+            **snapshot_tensors(dict(engine.model.named_parameters()), "parameters")}
+
+
+def tensors(engine: Engine) -> dict:
+    """The tensor objects a captured decode step reads, by the paths of `pointers`."""
+    refs = {}
+    for name, root in {**engine.decode_graphs.runner.roots(),
+                       "parameters": dict(engine.model.named_parameters())}.items():
+        refs.update(tensor_refs(root, name))
+    return refs
+
+
+def after_capture(engine: Engine, addresses: dict, objects: dict) -> str:
+    """What moved, and what was rebound (a new tensor, even at the old one's freed address)."""
+    rebound = rebound_tensors(objects, tensors(engine))
+    kept = {path: record for path, record in addresses.items() if path not in rebound}
+    return (f"moved after capture: {describe_moved(kept, pointers(engine)) or 'nothing'}\n"
+            f"rebound after capture: {', '.join(rebound) or 'nothing'}")
 
 
 def test_decode_graph_replays_match_eager(graph_backend, device_reference_llama, grounding_requests,
@@ -23,17 +52,21 @@ def test_decode_graph_replays_match_eager(graph_backend, device_reference_llama,
     from harness.repro import Scenario
 
     repro_scenario.record(Scenario(backend=graph_backend.name, model_seed=TINY_SEED,
-                                   engine=TINY_ENGINE_CONFIG.to_dict(), requests=grounding_requests,
-                                   step_capture_sizes=(PADDED,), tolerance_steps=0))
+                                   engine=GRAPH_CONFIG.to_dict(), requests=grounding_requests,
+                                   tolerance_steps=0))
     eager = Engine(device_reference_llama, TINY_ENGINE_CONFIG).generate(grounding_requests)
-    engine = StepCaptureEngine(device_reference_llama, TINY_ENGINE_CONFIG, backend=graph_backend,
-                               sizes=(PADDED,))
-    replayed = engine.generate(grounding_requests)
+    engine = Engine(device_reference_llama, GRAPH_CONFIG, backend=graph_backend)
+    engine.prepare_graphs()
+    captured, objects = pointers(engine), tensors(engine)
+    try:
+        replayed = engine.generate(grounding_requests)
+    except Exception as error:
+        raise AssertionError(f"{type(error).__name__}: {error}\n"
+                             f"{after_capture(engine, captured, objects)}") from error
     producers = {s.producer for g in replayed for s in g.steps[1:]}
-    assert producers == {step_producer(PADDED)}
+    assert producers == {PRODUCER}
     comparison = compare_generations(eager, replayed, steps=0)
-    moved = describe_moved(engine.captured_pointers[PADDED], engine.pointers())
-    assert comparison.ok, f"{comparison}\nmoved after capture: {moved}"
+    assert comparison.ok, f"{comparison}\n{after_capture(engine, captured, objects)}"
     assert [g.tokens for g in replayed] == [g.tokens for g in eager]
     assert engine.stats.decode_batch_sizes()[-1] < PADDED  # smaller batches were padded and replayed
 
@@ -41,21 +74,26 @@ def test_decode_graph_replays_match_eager(graph_backend, device_reference_llama,
 def test_weights_reloaded_after_capture_reach_the_graph(graph_backend, device, grounding_requests):
     # A weight sync (RL training -> inference) reloads weights under graphs that stay captured.
     model = ReferenceLlama.from_hf(tiny_llama(seed=TINY_SEED)).to(device)
-    engine = StepCaptureEngine(model, TINY_ENGINE_CONFIG, backend=graph_backend, sizes=(PADDED,))
+    engine = Engine(model, GRAPH_CONFIG, backend=graph_backend)
     engine.generate(grounding_requests[:2])  # captures the decode step
     parameters = snapshot_tensors(dict(model.named_parameters()))
     reload_weights(model, tiny_llama(seed=TINY_SEED + 1))
     moved = moved_tensors(parameters, snapshot_tensors(dict(model.named_parameters())))
-    replayed = engine.generate(grounding_requests)
+    try:
+        replayed = engine.generate(grounding_requests)
+    except Exception as error:
+        raise AssertionError(f"{len(moved)} parameters moved by the reload (the graph reads the old "
+                             f"ones), e.g. {moved[:3]}: {type(error).__name__}: {error}") from error
     reloaded = ReferenceLlama.from_hf(tiny_llama(seed=TINY_SEED + 1)).to(device)
     eager = Engine(reloaded, TINY_ENGINE_CONFIG).generate(grounding_requests)
     comparison = compare_generations(eager, replayed)
     assert comparison.ok, (f"{comparison}\n{len(moved)} parameters moved by the reload "
                            f"(the graph reads the old ones), e.g. {moved[:3]}")
-    assert list(engine.graphs) == [PADDED]  # one capture, before the reload, replayed after it
+    # one capture per phase, before the reload, replayed after it
+    assert dict(engine.stats.captures) == {PRODUCER: 2}
 
 
-class HoldingEngine(StepCaptureEngine):
+class HoldingEngine(Engine):
     """Keeps every ForwardResult and a private copy of its logits taken when it was returned."""
 
     def __init__(self, *args, **kwargs) -> None:
@@ -70,8 +108,7 @@ class HoldingEngine(StepCaptureEngine):
 
 def test_forward_results_survive_later_replays(graph_backend, device_reference_llama,
                                                grounding_requests):
-    engine = HoldingEngine(device_reference_llama, TINY_ENGINE_CONFIG, backend=graph_backend,
-                           sizes=(PADDED,))
+    engine = HoldingEngine(device_reference_llama, GRAPH_CONFIG, backend=graph_backend)
     engine.generate(grounding_requests)
     replayed = [i for i, (result, _) in enumerate(engine.held) if result.producer != "eager"]
     assert len(replayed) > 2

@@ -3,18 +3,21 @@
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 
 import pytest
 
 from fixtures.models import TINY_ENGINE_CONFIG, mixed_requests
 from harness.cli import main
+from harness.runtime import EngineConfig
 from harness.repro import ReproRecord, Scenario, file_name, hypothesis_example, load_record, write_record
 
 
 def test_record_round_trips_through_its_file(tmp_path):
-    scenario = Scenario(backend="emulated", model_seed=3, engine=TINY_ENGINE_CONFIG.to_dict(),
-                        requests=tuple(mixed_requests()[:2]), step_capture_sizes=(4, 8),
-                        tolerance_steps=0)
+    config = replace(TINY_ENGINE_CONFIG, decode_graph_sizes=(4, 8), piecewise_buckets=(16,),
+                     single_pass_capture=True, graph_top_k=(2,))
+    scenario = Scenario(backend="emulated", model_seed=3, engine=config.to_dict(),
+                        requests=tuple(mixed_requests()[:2]), tolerance_steps=0)
     record = ReproRecord(node_id="suites/x/test_y.py::test_z[a-1]", backend="emulated", torch="2.x",
                          root=str(tmp_path), pytest_options=("--graph-backend=emulated",),
                          seeds={"hypothesis_seed": 5}, hypothesis_example="Falsifying example: f(x=1)",
@@ -23,6 +26,7 @@ def test_record_round_trips_through_its_file(tmp_path):
     assert path.name == "suites_x_test_y.py__test_z_a-1_.json"
     assert load_record(path) == record
     assert json.loads(path.read_text())["scenario"]["engine"]["max_model_len"] == 128
+    assert EngineConfig.from_dict(load_record(path).scenario.engine) == config
 
 
 def test_file_name_keeps_only_safe_characters():

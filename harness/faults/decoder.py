@@ -1,0 +1,187 @@
+"""Faults planted in the decode graphs of the engine (harness.runtime.decoder_graphs, graph_runner)."""
+
+from __future__ import annotations
+
+import contextlib
+from typing import Iterator
+
+from harness.faults.patching import replace_function, replace_method
+from harness.faults.registry import Fault, FaultHandle
+from harness.runtime import decoder_graphs, graph_runner
+from harness.runtime.decoder_graphs import DecoderGraphs
+from harness.runtime.engine import Engine
+from harness.runtime.graph_runner import DecodeGraphKey, PaddedDecodeBatch, sampling_variant
+
+SINGLE_PASS_PR = "https://github.com/NVIDIA/TensorRT-LLM/pull/21886"
+
+
+@contextlib.contextmanager
+def workspace_regrown_without_fallback(handle: FaultHandle) -> Iterator[None]:
+    def make(agree_moved):
+        def planted(self, moved):
+            agreed = agree_moved(self, moved)
+            if agreed:
+                handle.fire()
+            return False  # the moved workspace is not acted on: the stale single-pass graphs stay
+        return planted
+
+    with replace_method(DecoderGraphs, "_agree_moved", make):
+        yield
+
+
+@contextlib.contextmanager
+def kv_cache_reallocated_without_recapture(handle: FaultHandle) -> Iterator[None]:
+    def make_release(release):
+        def planted(self):
+            handle.fire()  # phase 1's graphs are kept, baked into the first KV cache
+        return planted
+
+    def make_recapture(recapture):
+        def planted(self):
+            handle.fire()
+        return planted
+
+    with replace_method(DecoderGraphs, "release", make_release), \
+            replace_method(Engine, "_recapture_for_final_cache", make_recapture):
+        yield
+
+
+@contextlib.contextmanager
+def capture_outside_its_scope(handle: FaultHandle) -> Iterator[None]:
+    def make(serving_scope):
+        def planted(self):
+            handle.fire()
+            return contextlib.nullcontext()
+        return planted
+
+    with replace_method(DecoderGraphs, "_serving_scope", make):
+        yield
+
+
+@contextlib.contextmanager
+def graph_key_ignores_sampling_variant(handle: FaultHandle) -> Iterator[None]:
+    def make(graph_key):
+        def planted(self, batch_size, top_k):
+            handle.fire()
+            # Every key gets the smallest k: a batch asking for more logprobs replays a graph
+            # that ranks too few.
+            return DecodeGraphKey.of(batch_size, sampling_variant(min(self.top_ks, default=None)
+                                                                  if self.top_ks else None))
+        return planted
+
+    with replace_method(DecoderGraphs, "graph_key", make):
+        yield
+
+
+@contextlib.contextmanager
+def single_pass_not_agreed(handle: FaultHandle) -> Iterator[None]:
+    def make(agree_single_pass):
+        def planted(self, wants):
+            handle.fire()
+            return bool(wants)  # this rank's own switch, never gathered from its peers
+        return planted
+
+    with replace_method(DecoderGraphs, "_agree_single_pass", make):
+        yield
+
+
+@contextlib.contextmanager
+def estimation_captured_single_pass(handle: FaultHandle) -> Iterator[None]:
+    def make(estimation_uses_two_passes):
+        def planted(phase):
+            if estimation_uses_two_passes(phase):
+                handle.fire()
+            return False
+        return planted
+
+    with replace_function(decoder_graphs, "_estimation_uses_two_passes", make):
+        yield
+
+
+@contextlib.contextmanager
+def padding_dummy_aliases_live_blocks(handle: FaultHandle) -> Iterator[None]:
+    def make(pad_decode_batch):
+        def planted(spans, size):
+            padded = pad_decode_batch(spans, size)
+            if spans and size > len(spans):
+                handle.fire()
+                # The dummy rows reuse the last live sequence (its block table and length) instead
+                # of the pad sink: their K/V lands in its blocks.
+                dummies = (spans[-1],) * (size - len(spans))
+                return PaddedDecodeBatch(tuple(spans) + dummies, padded.num_seqs, padded.num_tokens)
+            return padded
+        return planted
+
+    with replace_function(graph_runner, "pad_decode_batch", make):
+        yield
+
+
+DECODER_FAULTS = (
+    Fault(
+        name="workspace-regrown-without-fallback",
+        bug_class="the workspace regrows after a larger shape was captured in a single pass, and "
+                  "no fallback recaptures: the earlier graph keeps the freed scratch",
+        link="https://github.com/NVIDIA/TensorRT-LLM/pull/16319",
+        detector="suites/decoder/test_single_pass.py::"
+                 "test_a_moved_workspace_discards_the_single_pass_and_falls_back",
+        expected=r"report\.fell_back",
+        plant=workspace_regrown_without_fallback,
+    ),
+    Fault(
+        name="kv-cache-reallocated-without-recapture",
+        bug_class="the KV cache is reallocated for phase 2 without a recapture: the graphs of the "
+                  "estimation phase keep the first cache",
+        link=SINGLE_PASS_PR,
+        detector="suites/decoder/test_phases.py::test_phase_two_recaptures_against_the_final_kv_cache",
+        expected=r"len\(engine\.decode_graphs\.runner\) == 0",
+        plant=kv_cache_reallocated_without_recapture,
+    ),
+    Fault(
+        name="capture-outside-its-scope",
+        bug_class="a decode graph is captured outside the serving scope (the communication "
+                  "timeouts the graph must keep)",
+        link=SINGLE_PASS_PR,
+        detector="suites/decoder/test_capture_scope.py::"
+                 "test_warmups_run_under_warmup_and_captures_under_serving",
+        expected=r"scope_violations",
+        plant=capture_outside_its_scope,
+    ),
+    Fault(
+        name="graph-key-ignores-sampling-variant",
+        bug_class="the decode graph key ignores the sampling variant (top-k), so a batch asking "
+                  "for more logprobs replays a graph that ranks fewer",
+        link="https://github.com/vllm-project/vllm/pull/36165",
+        detector="suites/decoder/test_sampling_variants.py::test_graph_key_includes_the_sampling_variant",
+        expected=r"the top-k list has \d+ entries, the baseline.s \d+",
+        plant=graph_key_ignores_sampling_variant,
+    ),
+    Fault(
+        name="estimation-captured-single-pass",
+        bug_class="the KV-cache estimation phase is captured with the single pass (it must always "
+                  "run both passes)",
+        link=SINGLE_PASS_PR,
+        detector="suites/decoder/test_single_pass.py::"
+                 "test_single_pass_keeps_the_keys_and_runs_one_pass_in_the_final_phase",
+        expected=r"capture_passes|'estimate': 1",
+        plant=estimation_captured_single_pass,
+    ),
+    Fault(
+        name="single-pass-not-agreed-across-ranks",
+        bug_class="the single-pass decision is each rank's own, not agreed across ranks: ranks "
+                  "capture with different passes and their collectives no longer line up",
+        link=SINGLE_PASS_PR,
+        detector="suites/distributed/test_multirank.py::"
+                 "test_a_rank_without_the_switch_keeps_both_on_two_passes[gloo-cpu]",
+        expected=r"single_pass_tried|did not finish|a rank failed|lined up at different",
+        plant=single_pass_not_agreed,
+    ),
+    Fault(
+        name="padding-dummy-aliases-live-blocks",
+        bug_class="the padding dummy request aliases a live sequence's KV blocks instead of the "
+                  "pad sink",
+        link="https://github.com/NVIDIA/TensorRT-LLM/pull/13278",
+        detector="suites/decoder/test_padding.py::test_the_dummy_row_writes_nothing_into_live_blocks",
+        expected=r"wrote & pad_sink",
+        plant=padding_dummy_aliases_live_blocks,
+    ),
+)
