@@ -11,7 +11,7 @@
 #   faults    the fault zoo on cuda: faults_cuda.json
 #   audit     the transformers audit, cuda (bf16 on GPU 0, fp32 on the last GPU) and the emulator on
 #             this host's CPUs, all at once: audit_{cuda,emulated}_{bfloat16,float32}.json
-#   bench     harness bench capture (with a profile of the 1B step at batch 1) and piecewise
+#   bench     harness bench capture (with a profile of the tiny step at batch 1) and piecewise
 # What the results feed: scripts/fidelity_table.py (docs/fidelity.md), harness audit merge
 # (docs/audit-transformers.md), harness faults merge (docs/faults.md), docs/benchmarks.md.
 set -uo pipefail
@@ -63,7 +63,7 @@ for step in "$@"; do
     bench)
       timeout 200 $py -m harness.cli bench capture --iters 50 --warmup 5 --output "$out/benchmarks.md" \
         > "$out/bench_capture.log" 2>&1; check bench_capture $?
-      timeout 120 $py -m harness.cli bench capture --model 1b --profile --no-write \
+      timeout 120 $py -m harness.cli bench capture --model tiny --profile \
         > "$out/bench_profile.log" 2>&1; check bench_profile $?
       timeout 120 $py -m harness.cli bench piecewise --iters 50 --warmup 5 --output "$out/benchmarks.md" \
         > "$out/bench_piecewise.log" 2>&1; check bench_piecewise $? ;;
