@@ -65,8 +65,10 @@ MODEL_FAULTS = (
         bug_class="a buffer a graph captured (the attention scratch) is freed after capture and its "
                   "address handed to a new tensor",
         link="https://github.com/pytorch/pytorch/pull/174649",
-        detector="suites/model/test_capturable.py::test_decode_graph_replays_match_eager",
-        expected=r"FreedMemoryError|divergence",
+        # Strict mode: on CUDA the freed scratch is written before it is read at every replay, so
+        # tokens stay right until a live tensor takes the address; the moved pointer shows at once.
+        detector="suites/decoder/test_strict.py::test_strict_mode_passes_when_nothing_moved",
+        expected=r"FreedMemoryError|workspace\.tensor: data pointer changed",
         plant=captured_buffer_freed,
         unplantable=freed_memory_unplantable,
     ),

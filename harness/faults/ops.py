@@ -101,10 +101,21 @@ def host_sync_in_capture(handle: FaultHandle) -> Iterator[None]:
 @contextlib.contextmanager
 def metadata_rebound(handle: FaultHandle) -> Iterator[None]:
     def make(prepare):
+        kept = []
+
         def planted(self, spans, **kwargs):
             handle.fire()
-            # A fresh buffer per batch: a graph captured earlier keeps reading the old one.
-            self.seq_lens = torch.zeros_like(self.seq_lens)
+            # Fresh buffers per batch: prepare copies into new ones and rebinds every buffer, so a
+            # graph captured earlier keeps reading the old ones. They stay referenced here, so the
+            # stale reads are of capture-time values on every backend (freed metadata on CUDA would
+            # hand garbage indices to the kernels and trip a device-side assert instead).
+            kept.append(self._flat)
+            fresh = self._flat.clone()
+            for name in self._host:  # every public buffer, a view of the flat one
+                old = getattr(self, name)
+                setattr(self, name, torch.empty(0, dtype=old.dtype, device=old.device).set_(
+                    fresh.untyped_storage(), old.storage_offset(), old.shape, old.stride()))
+            self._flat = fresh
             return prepare(self, spans, **kwargs)
         return planted
 
@@ -157,9 +168,10 @@ OPS_FAULTS = (
     ),
     Fault(
         name="metadata-rebound",
-        bug_class="AttentionMetadata.prepare rebinds a buffer (seq_lens) instead of copying into "
-                  "it, so a captured step reads the capture-time lengths (or, once the old buffer "
-                  "is freed, whatever took its address)",
+        bug_class="AttentionMetadata.prepare copies each batch into fresh buffers and rebinds them "
+                  "instead of copying into the captured ones, so a captured step reads the "
+                  "capture-time metadata (or, once the old buffers are freed, whatever took their "
+                  "address)",
         link="https://github.com/sgl-project/sglang/pull/26019",
         detector="suites/model/test_capturable.py::test_decode_graph_replays_match_eager",
         expected=r"(?s)(divergence|FreedMemoryError).*rebound after capture: [^\n]*metadata\.seq_lens",

@@ -68,6 +68,14 @@ def test_reduced_precision_norm_replays_as_eager(backend, norm, dtype, param_dty
     weight_dtype = dtype if param_dtype == "same" else torch.float32
     weight = torch.rand(8, device=device).to(weight_dtype) + 0.5
     bias = torch.randn(8, device=device).to(weight_dtype)
+    if (backend.name == "emulated" and device.type == "cuda" and norm in (_batch_norm_eval, _batch_norm_train)
+            and dtype == torch.float16 and param_dtype == "float32"
+            and torch.__version__ < "2.13"):
+        # Measured on the H200 with torch 2.11: replaying cuDNN's fp16 batch norm through the
+        # emulator trips torch's own "has_pyobject" internal assert (PyObject preservation); the
+        # same case passes on cuda, on the emulator on the CPU, and on torch 2.13.
+        pytest.xfail("torch 2.11: has_pyobject internal assert replaying cuDNN batch norm on the "
+                     "emulator on a cuda device")
     with torch.no_grad():
         if _refused_by_the_cuda_kernel(norm, device, param_dtype):
             with pytest.raises(RuntimeError, match="expected scalar type"):
