@@ -30,7 +30,7 @@ import linecache
 import os
 import sys
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterator
+from typing import Any, Callable
 
 import torch
 from torch import nn
@@ -38,6 +38,7 @@ from torch.utils._pytree import tree_flatten
 
 from harness.graphs import opinfo
 from harness.graphs.base import CaptureError
+from harness.graphs.host_guard import wrapped_host_reads
 from harness.graphs.opinfo import OpKind
 from harness.graphs.pool import PoolArena, block_of
 from harness.graphs.recorder import Recorder
@@ -55,7 +56,6 @@ _RANDOM_OPS = frozenset({
     "bernoulli_", "normal", "normal_", "uniform_", "exponential_", "geometric_", "cauchy_",
     "log_normal_", "multinomial", "native_dropout", "rrelu_with_noise", "poisson", "random_",
 })
-_HOST_READS = ("tolist", "numpy", "__repr__", "__format__", "__array__")
 _SKIPPED = (os.path.dirname(torch.__file__), os.path.dirname(opinfo.__file__), os.path.abspath(__file__))
 
 
@@ -220,10 +220,8 @@ class _LintRecorder(Recorder):
                                               str(t.dtype), opinfo.op_name(func), _callsite()))
 
 
-@contextlib.contextmanager
-def _host_reads_recorded(recorder: _LintRecorder) -> Iterator[None]:
+def _host_reads_recorded(recorder: _LintRecorder) -> contextlib.AbstractContextManager[None]:
     """Host reads that skip the dispatcher on CPU: record them, then let them run."""
-    saved = {name: torch.Tensor.__dict__.get(name) for name in _HOST_READS}
 
     def guarded(name: str, original: Callable) -> Callable:
         @functools.wraps(original)
@@ -233,16 +231,7 @@ def _host_reads_recorded(recorder: _LintRecorder) -> Iterator[None]:
             return original(self, *args, **kwargs)
         return read
 
-    try:
-        for name in _HOST_READS:
-            setattr(torch.Tensor, name, guarded(name, getattr(torch.Tensor, name)))
-        yield
-    finally:
-        for name, original in saved.items():
-            if original is None:
-                delattr(torch.Tensor, name)
-            else:
-                setattr(torch.Tensor, name, original)
+    return wrapped_host_reads(guarded)
 
 
 def _is_internal_caller() -> bool:

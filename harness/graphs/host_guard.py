@@ -12,9 +12,6 @@ import torch
 from harness.graphs.base import CaptureError
 from harness.graphs.callsite import at_callsite, current_callsite
 
-_GUARDED = ("tolist", "numpy", "__repr__", "__format__", "__array__")
-
-
 def _guarded(name: str, original: Callable, device: torch.device) -> Callable:
     @functools.wraps(original)
     def guard(self: torch.Tensor, *args, **kwargs):
@@ -26,13 +23,16 @@ def _guarded(name: str, original: Callable, device: torch.device) -> Callable:
     return guard
 
 
+HOST_READS = ("tolist", "numpy", "__repr__", "__format__", "__array__")
+
+
 @contextlib.contextmanager
-def host_reads_raise(device: torch.device) -> Iterator[None]:
-    """Make host reads of `device` tensors raise `CaptureError` for the duration."""
-    saved = {name: torch.Tensor.__dict__.get(name) for name in _GUARDED}
+def wrapped_host_reads(wrap: Callable[[str, Callable], Callable]) -> Iterator[None]:
+    """Replace each host-read method `name` of Tensor by `wrap(name, original)` for the duration."""
+    saved = {name: torch.Tensor.__dict__.get(name) for name in HOST_READS}
     try:
-        for name in _GUARDED:
-            setattr(torch.Tensor, name, _guarded(name, getattr(torch.Tensor, name), device))
+        for name in HOST_READS:
+            setattr(torch.Tensor, name, wrap(name, getattr(torch.Tensor, name)))
         yield
     finally:
         for name, original in saved.items():
@@ -40,3 +40,8 @@ def host_reads_raise(device: torch.device) -> Iterator[None]:
                 delattr(torch.Tensor, name)
             else:
                 setattr(torch.Tensor, name, original)
+
+
+def host_reads_raise(device: torch.device) -> contextlib.AbstractContextManager[None]:
+    """Make host reads of `device` tensors raise `CaptureError` for the duration."""
+    return wrapped_host_reads(lambda name, original: _guarded(name, original, device))
