@@ -11,6 +11,7 @@ from harness.faults.patching import replace_function, replace_method
 from harness.faults.registry import Fault, FaultHandle
 from harness.ops import attention
 from harness.ops.metadata import AttentionMetadata
+from harness.ops.sizing import cdiv
 
 
 def _pad_slot(kv_layer: torch.Tensor) -> int:
@@ -123,6 +124,34 @@ def metadata_rebound(handle: FaultHandle) -> Iterator[None]:
         yield
 
 
+@contextlib.contextmanager
+def max_seq_len_baked(handle: FaultHandle) -> Iterator[None]:
+    longest: dict[int, int] = {}
+
+    def make_prepare(prepare):
+        def planted(self, spans, **kwargs):
+            longest[id(self)] = max((span.seq_len for span in spans), default=1)
+            return prepare(self, spans, **kwargs)
+        return planted
+
+    def make_attention(paged_attention):
+        def planted(q, k, v, kv_layer, metadata, scale, out, workspace=None):
+            handle.fire()
+            # The kernel reads as many KV blocks as the batch's longest sequence needs, a Python int
+            # taken on the host when the step runs: a graph keeps the capture batch's value.
+            max_seq_len = longest.get(id(metadata), metadata.max_blocks_per_seq * metadata.block_size)
+            blocks = cdiv(max_seq_len, metadata.block_size)
+            slots, positions, token_to_seq, seq_lens, block_tables = metadata.op_inputs()
+            attention.paged_attention_op(q, k, v, kv_layer, slots, positions, token_to_seq, seq_lens,
+                                         block_tables[:, :blocks], scale, out, None)
+            return out
+        return planted
+
+    with replace_method(AttentionMetadata, "prepare", make_prepare), \
+            replace_function(attention, "paged_attention", make_attention):
+        yield
+
+
 OPS_FAULTS = (
     Fault(
         name="pad-rows-write-real-kv",
@@ -176,5 +205,15 @@ OPS_FAULTS = (
         detector="suites/model/test_capturable.py::test_decode_graph_replays_match_eager",
         expected=r"(?s)(divergence|FreedMemoryError).*rebound after capture: [^\n]*metadata\.seq_lens",
         plant=metadata_rebound,
+    ),
+    Fault(
+        name="max-seq-len-baked",
+        bug_class="a Python scalar (the batch's longest sequence, which sizes the attention "
+                  "kernel's context) is read on the host and baked into the captured decode step",
+        link="https://github.com/Dao-AILab/flash-attention/issues/1164",
+        detector="suites/decoder/test_two_pass.py::"
+                 "test_two_pass_generation_matches_eager_and_replays_every_key",
+        expected=r"divergence",
+        plant=max_seq_len_baked,
     ),
 )
