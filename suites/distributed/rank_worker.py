@@ -18,6 +18,8 @@ from dataclasses import asdict, replace
 import torch
 import torch.distributed as dist
 
+from harness.check import compare_generations
+
 SIZES = (4, 2, 1)
 
 
@@ -63,8 +65,10 @@ def run_scenario(model, backend, comm, overrides: dict, regrow: bool, device: to
     requests = mixed_requests(prompt_lens=(3, 5), max_new_tokens=(3, 2), logprobs=2)
     eager = Engine(model, replace(TINY_ENGINE_CONFIG, max_batch_size=4)).generate(requests)
     generated = engine.generate(requests)
+    comparison = compare_generations(eager, generated)
     return {"reports": [asdict(r) for r in engine.capture_reports],
-            "tokens_match_eager": [g.tokens for g in generated] == [g.tokens for g in eager],
+            "agrees_with_eager": comparison.ok,
+            "comparison": str(comparison),
             "fallbacks": dict(engine.stats.fallbacks)}
 
 
