@@ -88,18 +88,33 @@ def cmd_bench(args) -> int:
 
 
 def cmd_audit_transformers(args) -> int:
+    import signal
+
     from harness.audit.report import render_markdown, render_text
-    from harness.audit.runner import run_audit, select
+    from harness.audit.runner import AuditInterrupted, AuditResult, run_audit, select
 
     try:
         archs = select(args.arch)
     except ValueError as error:
         print(f"harness audit: {error}", file=sys.stderr)
         return 2
-    result = run_audit(archs, dtype=args.dtype, backend=_resolved(args.graph_backend), jobs=args.jobs,
-                       timeout_s=args.timeout)
+    done = AuditResult.load(args.resume).rows if args.resume else []
+
+    def terminated(signum, frame):
+        raise KeyboardInterrupt(f"signal {signum}")
+
+    # `timeout` and batch schedulers send SIGTERM: stop like Ctrl-C, keeping the rows done.
+    previous = signal.signal(signal.SIGTERM, terminated)
+    try:
+        result = run_audit(archs, dtype=args.dtype, backend=_resolved(args.graph_backend), jobs=args.jobs,
+                           timeout_s=args.timeout, checkpoint=args.json, done=done)
+    except AuditInterrupted as stop:
+        where = f"; the rows done are in {args.json} (marked incomplete)" if args.json else ""
+        print(f"harness audit: {stop}{where}", file=sys.stderr)
+        return 130
+    finally:
+        signal.signal(signal.SIGTERM, previous)
     if args.json:
-        result.save(args.json)
         print(f"wrote {len(result.rows)} rows to {args.json}", file=sys.stderr)
     sys.stdout.write(render_markdown([result]) if args.markdown else render_text(result))
     return 0
@@ -236,7 +251,10 @@ def build_parser() -> argparse.ArgumentParser:
                     help="default auto: cuda when available, else emulated")
     hf.add_argument("-j", "--jobs", type=int, default=2, help="processes at a time (default 2)")
     hf.add_argument("--timeout", type=float, default=180.0, help="seconds per architecture (default 180)")
-    hf.add_argument("--json", type=Path, help="also write the rows and their provenance to this file")
+    hf.add_argument("--json", type=Path, help="also write the rows and their provenance to this file, "
+                    "rewritten after every row (meta complete=false and remaining=N until the end)")
+    hf.add_argument("--resume", type=Path, metavar="FILE",
+                    help="keep the rows of this audit JSON (e.g. an interrupted --json) and run the rest")
     hf.add_argument("--markdown", action="store_true", help="print a markdown table instead of text")
     hf.set_defaults(func=cmd_audit_transformers)
     merge = audit.add_parser("merge", help="put audit JSON files side by side (e.g. cpu.json cuda.json)")

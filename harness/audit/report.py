@@ -51,7 +51,9 @@ def render_markdown(results: list[AuditResult]) -> str:
         lines.append(f"- **{label}**: {m.get('date', '?')}, commit {m.get('commit', '?')}, torch "
                      f"{m.get('torch', '?')}, transformers {m.get('transformers', '?')}, "
                      f"{m.get('machine', '?')}, {len(result.rows)} architectures in "
-                     f"{m.get('wall_s', '?')} s with {m.get('jobs', '?')} processes")
+                     f"{m.get('wall_s', '?')} s with {m.get('jobs', '?')} processes"
+                     + (f"; **incomplete**: {m.get('remaining', '?')} of {m.get('total', '?')} not reached"
+                        if m.get("complete") is False else ""))
     lines += ["", "| verdict | " + " | ".join(labels) + " |", "|---|" + "---:|" * len(labels)]
     for verdict in VERDICTS:
         counts = [sum(r.verdict == verdict for r in result.rows) for result in results]

@@ -12,6 +12,7 @@ import multiprocessing
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from concurrent.futures import ThreadPoolExecutor, as_completed
 from dataclasses import dataclass, field
@@ -60,59 +61,148 @@ def select(patterns: list[str] | None) -> list[Architecture]:
     return chosen
 
 
+class AuditInterrupted(Exception):
+    """The run was stopped (Ctrl-C, SIGTERM) before every architecture had its row; `result` holds
+    the rows done, its meta marked incomplete with how many were left."""
+
+    def __init__(self, result: AuditResult):
+        super().__init__(f"audit interrupted with {result.meta['remaining']} of {result.meta['total']} "
+                         f"architectures left")
+        self.result = result
+
+
+@dataclass(frozen=True)
+class _Children:
+    """The live children of one run, so that an interrupt can kill them, and whether it did."""
+
+    live: set = field(default_factory=set)
+    lock: threading.Lock = field(default_factory=threading.Lock)
+    stopping: threading.Event = field(default_factory=threading.Event)
+
+    def stop(self) -> None:
+        with self.lock:
+            self.stopping.set()
+            for child in self.live:
+                child.kill()
+
+
 def run_audit(archs: list[Architecture], *, dtype: str, backend: str, jobs: int = 2,
-              timeout_s: float = 180.0, progress: TextIO | None = sys.stderr) -> AuditResult:
+              timeout_s: float = 180.0, progress: TextIO | None = sys.stderr,
+              checkpoint: Path | None = None, done: list[Row] = ()) -> AuditResult:
+    """Audit `archs`, skipping those with a row in `done` (a resumed run). With `checkpoint`, the
+    result so far is rewritten there after every row (meta `complete` false and `remaining` until
+    the last), so a run killed midway keeps its rows. An interrupt (KeyboardInterrupt) kills the
+    children and raises AuditInterrupted carrying the partial result."""
     if jobs < 1:
         raise ValueError(f"jobs must be at least 1, got {jobs}")
     preload()
     started = time.perf_counter()
-    rows: dict[str, Row] = {}
-    with ThreadPoolExecutor(max_workers=jobs) as pool:
-        futures = {pool.submit(_run_one, a, dtype, backend, timeout_s): a for a in archs}
-        for done, future in enumerate(as_completed(futures), 1):
-            row = future.result()
+    wanted = {a.model_type for a in archs}
+    rows: dict[str, Row] = {r.model_type: r for r in done if r.model_type in wanted}
+    todo = [a for a in archs if a.model_type not in rows]
+    fallbacks: list[str] = []
+    children = _Children()
+
+    def result() -> AuditResult:
+        meta = provenance(dtype=dtype, backend=backend, jobs=jobs,
+                          wall_s=round(time.perf_counter() - started, 1), total=len(archs),
+                          remaining=len(archs) - len(rows), complete=len(rows) == len(archs),
+                          resumed=len(archs) - len(todo), start_method_fallbacks=len(fallbacks))
+        return AuditResult(meta, [rows[a.model_type] for a in archs if a.model_type in rows])
+
+    pool = ThreadPoolExecutor(max_workers=jobs)
+    try:
+        futures = {pool.submit(_run_one, a, dtype, backend, timeout_s, children): a for a in todo}
+        for count, future in enumerate(as_completed(futures), len(archs) - len(todo) + 1):
+            row, fallback = future.result()
             rows[row.model_type] = row
+            if fallback:
+                fallbacks.append(row.model_type)
+                if progress is not None:
+                    progress.write(f"harness audit: {fallback}\n")
+            if checkpoint is not None:
+                result().save(checkpoint)
             if progress is not None:
                 where = f" at step {row.step}" if row.step is not None else ""
-                progress.write(f"[{done}/{len(archs)}] {row.model_type}: {row.verdict}{where} "
+                progress.write(f"[{count}/{len(archs)}] {row.model_type}: {row.verdict}{where} "
                                f"({row.seconds:.1f}s)\n")
                 progress.flush()
-    meta = provenance(dtype=dtype, backend=backend, jobs=jobs,
-                      wall_s=round(time.perf_counter() - started, 1))
-    return AuditResult(meta, [rows[a.model_type] for a in archs])
+    except KeyboardInterrupt:
+        pool.shutdown(wait=False, cancel_futures=True)
+        children.stop()
+        pool.shutdown(wait=True)
+        partial = result()
+        if checkpoint is not None:
+            partial.save(checkpoint)
+        raise AuditInterrupted(partial) from None
+    pool.shutdown(wait=True)
+    if fallbacks and progress is not None:
+        progress.write(f"harness audit: {len(fallbacks)} architectures ran in spawned instead of forked "
+                       f"children (fork refused): {', '.join(fallbacks)}\n")
+    return result()
 
 
-def _run_one(arch: Architecture, dtype: str, backend: str, timeout_s: float) -> Row:
-    """Fork a child for one architecture. The parent has imported torch and transformers' shared
-    modules already (`preload`), so a child pays only for its own model's module."""
+def _start(arch: Architecture, dtype: str, backend: str, log_name: str, children: _Children):
+    """Start the child for one architecture; returns (process, pipe end, fallback note or "").
+    Forking is cheap (imports are shared) but unsafe once CUDA is in use, so cuda runs spawn; a fork
+    the parent refuses (filelock's fork-safety check raises RuntimeError) falls back to spawn, noted."""
+    methods = ["spawn"] if backend == "cuda" else ["fork", "spawn"]
+    note = ""
+    for method in methods:
+        context = multiprocessing.get_context(method)
+        receive, send = context.Pipe(duplex=False)
+        child = context.Process(target=_child, args=(arch, dtype, backend, send, log_name), daemon=True)
+        with children.lock:
+            if children.stopping.is_set():
+                raise KeyboardInterrupt("audit stopping")
+            try:
+                _start_process(child)
+            except RuntimeError as error:
+                if method == methods[-1]:
+                    raise
+                receive.close()
+                send.close()
+                note = f"{arch.model_type}: fork refused ({error}); spawned instead"
+                continue
+            children.live.add(child)
+        send.close()
+        return child, receive, note
+    raise RuntimeError(f"no start method in {methods} could start a child for {arch.model_type}")
+
+
+def _start_process(child) -> None:
+    child.start()
+
+
+def _run_one(arch: Architecture, dtype: str, backend: str, timeout_s: float,
+             children: _Children) -> tuple[Row, str]:
+    """One child per architecture; the parent has imported torch and transformers' shared modules
+    already (`preload`), so a forked child pays only for its own model's module."""
     start = time.perf_counter()
 
     def failed(verdict: str, detail: str) -> Row:
         return Row(arch.model_type, arch.class_name, dtype, backend, verdict, detail, None,
                    round(time.perf_counter() - start, 2))
 
-    # Forking is cheap (imports are shared) but unsafe once CUDA is in use; cuda runs spawn.
-    context = multiprocessing.get_context("spawn" if backend == "cuda" else "fork")
-    receive, send = context.Pipe(duplex=False)
     with tempfile.NamedTemporaryFile(mode="w+", prefix="audit-", suffix=".log") as log:
-        child = context.Process(target=_child, args=(arch, dtype, backend, send, log.name), daemon=True)
-        child.start()
-        send.close()
+        child, receive, note = _start(arch, dtype, backend, log.name, children)
         try:
             if receive.poll(timeout_s):
                 try:
-                    return Row.from_dict(receive.recv())
+                    return Row.from_dict(receive.recv()), note
                 except EOFError:
                     pass  # the child died before sending its row
             else:
                 child.kill()
-                return failed(TIMEOUT, f"no verdict within {timeout_s:.0f}s")
+                return failed(TIMEOUT, f"no verdict within {timeout_s:.0f}s"), note
         finally:
             child.join(10)
             receive.close()
+            with children.lock:
+                children.live.discard(child)
         log.seek(0)
         last = (log.read().strip().splitlines() or ["no output"])[-1]
-        return failed(CRASHED, f"exit status {child.exitcode}: {last[:300]}")
+        return failed(CRASHED, f"exit status {child.exitcode}: {last[:300]}"), note
 
 
 def _child(arch: Architecture, dtype: str, backend: str, send, log_path: str) -> None:

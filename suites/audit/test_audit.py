@@ -88,3 +88,57 @@ def test_full_audit(graph_backend, tmp_path):
     assert sum(r.verdict == AGREES for r in result.rows) >= 40, render_markdown([result])
     for model_type in ("mistral", "gemma2", "llama4_text"):
         assert rows[model_type].verdict == DIVERGES, rows[model_type]
+
+
+def test_a_terminated_audit_keeps_its_rows_and_resumes(tmp_path):
+    """SIGTERM (what `timeout` sends) after the first row: the JSON holds that row, marked
+    incomplete with how many were left; --resume then runs only the rest."""
+    import json
+    import signal
+    import subprocess
+    import sys
+
+    partial, full = tmp_path / "partial.json", tmp_path / "full.json"
+    command = [sys.executable, "-m", "harness.cli", "audit", "transformers", "--graph-backend", "emulated",
+               "--dtype", "float32", "-j", "1", "--arch", "llama", "--arch", "qwen2", "--arch", "mistral"]
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": os.pathsep.join(sys.path)}
+    audit = subprocess.Popen(command + ["--json", str(partial)], stderr=subprocess.PIPE, text=True, env=env)
+    for line in audit.stderr:
+        if line.startswith("[1/3]"):
+            audit.send_signal(signal.SIGTERM)
+            break
+    rest = audit.stderr.read()
+    assert audit.wait(60) == 130, rest
+    assert "architectures left" in rest
+    saved = json.loads(partial.read_text())
+    assert saved["meta"]["complete"] is False
+    assert saved["meta"]["total"] == 3
+    assert saved["meta"]["remaining"] == 3 - len(saved["rows"]) >= 1
+    assert saved["rows"][0]["verdict"] == AGREES
+    done = {r["model_type"] for r in saved["rows"]}
+
+    resumed = subprocess.run(command + ["--resume", str(partial), "--json", str(full)], capture_output=True,
+                             text=True, env=env, timeout=300)
+    assert resumed.returncode == 0, resumed.stderr
+    final = json.loads(full.read_text())
+    assert final["meta"]["complete"] is True and final["meta"]["remaining"] == 0
+    assert final["meta"]["resumed"] == len(done)
+    assert [r["model_type"] for r in final["rows"]] == ["llama", "qwen2", "mistral"]
+    assert resumed.stderr.count("] ") == 3 - len(done)  # progress lines only for the rows it ran
+
+
+def test_a_refused_fork_falls_back_to_spawn_and_says_so(monkeypatch):
+    real = runner._start_process
+
+    def refuse_fork(child):
+        if type(child).__name__ == "ForkProcess":
+            raise RuntimeError("os.fork is unsafe while filelock is changing descriptor ownership")
+        real(child)
+
+    monkeypatch.setattr(runner, "_start_process", refuse_fork)
+    progress = io.StringIO()
+    result = run_audit(select(["llama"]), dtype="float32", backend="emulated", jobs=1, progress=progress)
+    assert [r.verdict for r in result.rows] == [AGREES], result.rows
+    assert result.meta["start_method_fallbacks"] == 1
+    assert "llama: fork refused (os.fork is unsafe" in progress.getvalue()
+    assert "1 architectures ran in spawned instead of forked children" in progress.getvalue()
