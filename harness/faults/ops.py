@@ -9,6 +9,7 @@ import torch
 
 from harness.faults.patching import replace_function, replace_method
 from harness.faults.registry import Fault, FaultHandle
+from harness.graphs.pool import laid_out_like
 from harness.ops import attention
 from harness.ops.metadata import AttentionMetadata
 from harness.ops.sizing import cdiv
@@ -114,8 +115,7 @@ def metadata_rebound(handle: FaultHandle) -> Iterator[None]:
             fresh = self._flat.clone()
             for name in self._host:  # every public buffer, a view of the flat one
                 old = getattr(self, name)
-                setattr(self, name, torch.empty(0, dtype=old.dtype, device=old.device).set_(
-                    fresh.untyped_storage(), old.storage_offset(), old.shape, old.stride()))
+                setattr(self, name, laid_out_like(fresh.untyped_storage(), old))
             self._flat = fresh
             return prepare(self, spans, **kwargs)
         return planted

@@ -14,6 +14,7 @@ from torch.multiprocessing.reductions import StorageWeakRef
 
 from harness.graphs.base import FreedMemoryError
 from harness.graphs.callsite import current_callsite
+from harness.graphs.pool import laid_out_like
 
 
 @dataclass(frozen=True)
@@ -95,7 +96,6 @@ class ExternalMemory:
         key = (address, t.dtype, t.storage_offset(), tuple(t.size()), tuple(t.stride()))
         replay = self._aliases.get(key)
         if replay is None:
-            replay = torch.empty(0, dtype=t.dtype, device=t.device).set_(
-                known.replay_storage, t.storage_offset(), t.size(), t.stride())
+            replay = laid_out_like(known.replay_storage, t)
             self._aliases[key] = replay
         return replay

@@ -134,6 +134,14 @@ class PoolArena:
         return len(self._segments) - 1
 
 
+def laid_out_like(storage: torch.UntypedStorage, t: torch.Tensor,
+                  device: torch.device | None = None) -> torch.Tensor:
+    """A tensor over `storage` with `t`'s dtype, offset, shape and strides (on `device`, default
+    `t`'s): how the emulator reaches memory without the tensor that owns it."""
+    return torch.empty(0, dtype=t.dtype, device=t.device if device is None else device).set_(
+        storage, t.storage_offset(), t.size(), t.stride())
+
+
 def block_of(tensor: torch.Tensor) -> Block | None:
     """The pool block a tensor lives in, or None for memory that no arena handed out."""
     block = getattr(tensor.untyped_storage(), BLOCK_ATTR, None)

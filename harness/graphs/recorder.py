@@ -23,7 +23,7 @@ from harness.graphs.callsite import at_callsite, current_callsite, in_index_assi
 from harness.graphs.cuda_paths import one_hot_without_sync
 from harness.graphs.external import ExternalMemory
 from harness.graphs.opinfo import OpKind, ReplayStep
-from harness.graphs.pool import PoolArena, block_of, poison_value
+from harness.graphs.pool import PoolArena, block_of, laid_out_like, poison_value
 
 
 def _error(message: str, func: Any) -> CaptureError:
@@ -134,8 +134,7 @@ class Recorder(TorchDispatchMode):
         key = (block, t.dtype, t.storage_offset(), tuple(t.size()), tuple(t.stride()))
         replay = self._replay_tensors.get(key)
         if replay is None:
-            replay = torch.empty(0, dtype=t.dtype, device=t.device).set_(
-                block.replay_storage, t.storage_offset(), t.size(), t.stride())
+            replay = laid_out_like(block.replay_storage, t)
             self._replay_tensors[key] = replay
         return replay
 
@@ -199,9 +198,7 @@ class Recorder(TorchDispatchMode):
         if nbytes == 0:
             return torch.empty_strided(meta.size(), meta.stride(), dtype=meta.dtype, device=device)
         storage, _ = self.arena.allocate(nbytes)
-        out = torch.empty(0, dtype=meta.dtype, device=device).set_(
-            storage, meta.storage_offset(), meta.size(), meta.stride())
-        return out.fill_(poison_value(meta.dtype))
+        return laid_out_like(storage, meta, device).fill_(poison_value(meta.dtype))
 
     # --- recording ---------------------------------------------------------------------------
 
