@@ -9,8 +9,8 @@
 #             cuda (the last GPU), both at once: contract.xml, runtime.xml
 #   multirank the multirank suites over nccl, one GPU per rank (needs 2 GPUs): multirank.xml
 #   faults    the fault zoo on cuda: faults_cuda.json
-#   audit     the transformers audit, cuda (bf16 on GPU 0, fp32 on the last GPU) and the emulator on
-#             this host's CPUs, all at once: audit_{cuda,emulated}_{bfloat16,float32}.json
+#   audit     the transformers audit, cuda (bf16 on GPU 0, fp32 on the last GPU, at once), then the
+#             emulator on this host's CPUs: audit_{cuda,emulated}_{bfloat16,float32}.json
 #   bench     harness bench capture (with a profile of the tiny step at batch 1) and piecewise
 # What the results feed: scripts/fidelity_table.py (docs/fidelity.md), harness audit merge
 # (docs/audit-transformers.md), harness faults merge (docs/faults.md), docs/benchmarks.md.
@@ -50,13 +50,21 @@ for step in "$@"; do
         > "$out/faults.log" 2>&1
       check faults $? ;;
     audit)
+      # cuda first, both dtypes at once (8 processes each), then the emulator on this host's CPUs
+      # (same torch and transformers as the cuda column); AUDIT_CUDA_S / AUDIT_EMU_S bound each.
       pids=()
       for dtype in bfloat16 float32; do
         gpu=$([ "$dtype" = bfloat16 ] && echo 0 || echo "$last")
-        CUDA_VISIBLE_DEVICES=$gpu timeout 500 $py -m harness.cli audit transformers --graph-backend cuda \
-          --dtype $dtype -j 6 --json "$out/audit_cuda_$dtype.json" > "$out/audit_cuda_$dtype.log" 2>&1 & pids+=($!)
-        CUDA_VISIBLE_DEVICES= timeout 500 $py -m harness.cli audit transformers --graph-backend emulated \
-          --dtype $dtype -j 6 --json "$out/audit_emulated_$dtype.json" > "$out/audit_emulated_$dtype.log" 2>&1 & pids+=($!)
+        CUDA_VISIBLE_DEVICES=$gpu timeout "${AUDIT_CUDA_S:-400}" $py -m harness.cli audit transformers \
+          --graph-backend cuda --dtype $dtype -j 8 --json "$out/audit_cuda_$dtype.json" \
+          > "$out/audit_cuda_$dtype.log" 2>&1 & pids+=($!)
+      done
+      for pid in "${pids[@]}"; do wait "$pid" || status=1; done
+      pids=()
+      for dtype in bfloat16 float32; do
+        CUDA_VISIBLE_DEVICES= timeout "${AUDIT_EMU_S:-150}" $py -m harness.cli audit transformers \
+          --graph-backend emulated --dtype $dtype -j 8 --json "$out/audit_emulated_$dtype.json" \
+          > "$out/audit_emulated_$dtype.log" 2>&1 & pids+=($!)
       done
       for pid in "${pids[@]}"; do wait "$pid" || status=1; done
       tail -n 2 "$out"/audit_*.log ;;

@@ -20,7 +20,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from harness.graphs import opinfo
 from harness.graphs.base import CaptureError
 from harness.graphs.callsite import at_callsite, current_callsite, in_index_assignment
-from harness.graphs.cuda_paths import one_hot_without_sync
+from harness.graphs.cuda_paths import HOST_COPY_REFUSED, one_hot_without_sync
 from harness.graphs.external import ExternalMemory
 from harness.graphs.opinfo import OpKind, ReplayStep
 from harness.graphs.pool import PoolArena, block_of, laid_out_like, poison_value
@@ -96,20 +96,18 @@ class Recorder(TorchDispatchMode):
     def _lift_host_data(self, t: torch.Tensor) -> torch.Tensor:
         """`torch.tensor(data)` during capture: a copy of host data made when capture meets it."""
         if t.device.type != "cpu":
-            raise _error(
-                f"torch.tensor(...) builds a {t.device} tensor from host data during capture, a copy "
-                f"from pageable host memory, which CUDA refuses (\"Cannot copy between CPU and CUDA "
-                f"tensors during CUDA graph capture unless the CPU tensor is pinned\"); build it "
-                f"before capture and copy new values into it, or pin the host data",
-                torch.ops.aten.lift_fresh.default)
-        # On a cpu device host data and device data look alike: keep it as a constant of the graph.
+            raise _error(f"torch.tensor(...) builds a {t.device} tensor from host data during "
+                         f"capture, {HOST_COPY_REFUSED}",
+                         torch.ops.aten.lift_fresh.default)
+        # A host tensor on a cpu device (CudaPaths refused the device ones): keep it as a constant.
         self.external.hold(t)
         if in_index_assignment():
             return t  # `x[i] = 1.0`: a host scalar on CUDA too, never copied
         warnings.warn(at_callsite(
-            f"a tensor of shape {tuple(t.shape)} is built from host data during capture; the "
-            f"emulator keeps it as a constant, but on a cuda device this is a pageable "
-            f"host-to-device copy that CUDA graph capture refuses: build it before capture",
+            f"a host tensor of shape {tuple(t.shape)} is built from Python data during capture "
+            f"(no torch.device given); the graph keeps its values as a constant. Built for the "
+            f"device, it would be a pageable host-to-device copy that CUDA graph capture refuses: "
+            f"build it before capture",
             current_callsite()), UserWarning, stacklevel=2)
         return t
 
