@@ -98,7 +98,7 @@ def cmd_audit_transformers(args) -> int:
     except ValueError as error:
         print(f"harness audit: {error}", file=sys.stderr)
         return 2
-    done = AuditResult.load(args.resume).rows if args.resume else []
+    resumed = AuditResult.load(args.resume) if args.resume else None
 
     def terminated(signum, frame):
         raise KeyboardInterrupt(f"signal {signum}")
@@ -107,7 +107,8 @@ def cmd_audit_transformers(args) -> int:
     previous = signal.signal(signal.SIGTERM, terminated)
     try:
         result = run_audit(archs, dtype=args.dtype, backend=_resolved(args.graph_backend), jobs=args.jobs,
-                           timeout_s=args.timeout, checkpoint=args.json, done=done)
+                           timeout_s=args.timeout, checkpoint=args.json,
+                           done=resumed.rows if resumed else [], done_meta=resumed.meta if resumed else None)
     except AuditInterrupted as stop:
         where = f"; the rows done are in {args.json} (marked incomplete)" if args.json else ""
         print(f"harness audit: {stop}{where}", file=sys.stderr)

@@ -18,7 +18,10 @@ set -uo pipefail
 out="${OUT:-results/gpu}"
 mkdir -p "$out"
 py=python3
-$py -m pip install -q --no-deps --no-build-isolation -e . > "$out/install.log" 2>&1 || { cat "$out/install.log"; exit 1; }
+# NO_INSTALL=1: already installed (several instances running side by side would race on the install)
+if [ "${NO_INSTALL:-0}" != 1 ]; then
+  $py -m pip install -q --no-deps --no-build-isolation -e . > "$out/install.log" 2>&1 || { cat "$out/install.log"; exit 1; }
+fi
 export NCCL_NVLS_ENABLE=0 PYTHONUNBUFFERED=1
 ngpu=$($py -c "import torch; print(torch.cuda.device_count())")
 last=$(( ngpu > 0 ? ngpu - 1 : 0 ))
@@ -51,19 +54,23 @@ for step in "$@"; do
       check faults $? ;;
     audit)
       # cuda first, both dtypes at once (8 processes each), then the emulator on this host's CPUs
-      # (same torch and transformers as the cuda column); AUDIT_CUDA_S / AUDIT_EMU_S bound each.
+      # (same torch and transformers as the cuda column); AUDIT_CUDA_S / AUDIT_EMU_S bound each,
+      # AUDIT_BACKENDS picks (default "cuda emulated"), AUDIT_JOBS sets the processes of each run.
+      backends="${AUDIT_BACKENDS:-cuda emulated}"
       pids=()
       for dtype in bfloat16 float32; do
+        [[ " $backends " == *" cuda "* ]] || continue
         gpu=$([ "$dtype" = bfloat16 ] && echo 0 || echo "$last")
         CUDA_VISIBLE_DEVICES=$gpu timeout "${AUDIT_CUDA_S:-400}" $py -m harness.cli audit transformers \
-          --graph-backend cuda --dtype $dtype -j 8 --json "$out/audit_cuda_$dtype.json" \
+          --graph-backend cuda --dtype $dtype -j "${AUDIT_JOBS:-8}" --json "$out/audit_cuda_$dtype.json" \
           > "$out/audit_cuda_$dtype.log" 2>&1 & pids+=($!)
       done
       for pid in "${pids[@]}"; do wait "$pid" || status=1; done
       pids=()
       for dtype in bfloat16 float32; do
+        [[ " $backends " == *" emulated "* ]] || continue
         CUDA_VISIBLE_DEVICES= timeout "${AUDIT_EMU_S:-150}" $py -m harness.cli audit transformers \
-          --graph-backend emulated --dtype $dtype -j 8 --json "$out/audit_emulated_$dtype.json" \
+          --graph-backend emulated --dtype $dtype -j "${AUDIT_JOBS:-8}" --json "$out/audit_emulated_$dtype.json" \
           > "$out/audit_emulated_$dtype.log" 2>&1 & pids+=($!)
       done
       for pid in "${pids[@]}"; do wait "$pid" || status=1; done

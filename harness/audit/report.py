@@ -53,7 +53,10 @@ def render_markdown(results: list[AuditResult]) -> str:
                      f"{m.get('machine', '?')}, {len(result.rows)} architectures in "
                      f"{m.get('wall_s', '?')} s with {m.get('jobs', '?')} processes"
                      + (f"; **incomplete**: {m.get('remaining', '?')} of {m.get('total', '?')} not reached"
-                        if m.get("complete") is False else ""))
+                        if m.get("complete") is False else "")
+                     + (f"; {m.get('resumed', '?')} of the rows kept from earlier runs ("
+                        + "; ".join(f"{e['date']}, commit {e['commit']}, transformers {e['transformers']}"
+                                    for e in m["resumed_from"]) + ")" if m.get("resumed_from") else ""))
     lines += ["", "| verdict | " + " | ".join(labels) + " |", "|---|" + "---:|" * len(labels)]
     for verdict in VERDICTS:
         counts = [sum(r.verdict == verdict for r in result.rows) for result in results]

@@ -88,8 +88,10 @@ class _Children:
 
 def run_audit(archs: list[Architecture], *, dtype: str, backend: str, jobs: int = 2,
               timeout_s: float = 180.0, progress: TextIO | None = sys.stderr,
-              checkpoint: Path | None = None, done: list[Row] = ()) -> AuditResult:
-    """Audit `archs`, skipping those with a row in `done` (a resumed run). With `checkpoint`, the
+              checkpoint: Path | None = None, done: list[Row] = (),
+              done_meta: dict | None = None) -> AuditResult:
+    """Audit `archs`, skipping those with a row in `done` (a resumed run, whose provenance
+    `done_meta` is kept under meta `resumed_from`, earliest first). With `checkpoint`, the
     result so far is rewritten there after every row (meta `complete` false and `remaining` until
     the last), so a run killed midway keeps its rows. An interrupt (KeyboardInterrupt) kills the
     children and raises AuditInterrupted carrying the partial result."""
@@ -100,6 +102,10 @@ def run_audit(archs: list[Architecture], *, dtype: str, backend: str, jobs: int 
     wanted = {a.model_type for a in archs}
     rows: dict[str, Row] = {r.model_type: r for r in done if r.model_type in wanted}
     todo = [a for a in archs if a.model_type not in rows]
+    earlier = []
+    if rows and done_meta:
+        earlier = list(done_meta.get("resumed_from", [])) + [
+            {key: done_meta.get(key, "?") for key in ("date", "commit", "torch", "transformers", "machine")}]
     fallbacks: list[str] = []
     children = _Children()
 
@@ -107,7 +113,8 @@ def run_audit(archs: list[Architecture], *, dtype: str, backend: str, jobs: int 
         meta = provenance(dtype=dtype, backend=backend, jobs=jobs,
                           wall_s=round(time.perf_counter() - started, 1), total=len(archs),
                           remaining=len(archs) - len(rows), complete=len(rows) == len(archs),
-                          resumed=len(archs) - len(todo), start_method_fallbacks=len(fallbacks))
+                          resumed=len(archs) - len(todo), start_method_fallbacks=len(fallbacks),
+                          **({"resumed_from": earlier} if earlier else {}))
         return AuditResult(meta, [rows[a.model_type] for a in archs if a.model_type in rows])
 
     pool = ThreadPoolExecutor(max_workers=jobs)

@@ -30,6 +30,15 @@ TINY_OVERRIDES: dict[str, Any] = dict(
     moe_intermediate_size=64,
     shared_expert_intermediate_size=64,
 )
+# State-space layers (Mamba-2 mixers of hybrid models): their sizes do not follow hidden_size, and
+# the default 128 heads x 256 states x 256-token chunks take minutes and gigabytes per forward on a
+# CPU. Applied only to a config that already has the key, as some names (`chunk_size`, `n_groups`)
+# mean other things elsewhere; 8 heads x 16 = 2 x hidden_size, as the mixers require.
+STATE_SPACE_OVERRIDES: dict[str, Any] = dict(
+    mamba_n_heads=8, mamba_num_heads=8, mamba_d_head=16, mamba_head_dim=16, mamba_d_ssm=128,
+    mamba_d_state=16, ssm_state_size=16, mamba_chunk_size=16, chunk_size=16, mamba_n_groups=1,
+    n_groups=1,
+)
 # Above this many parameters the overrides did not reach the model (a default-sized sub-model).
 MAX_PARAMS = 20_000_000
 
@@ -57,10 +66,17 @@ def tiny_config(model_type: str) -> Any:
 
     config_class = CONFIG_MAPPING[model_type]
     sub_keys = list(getattr(config_class, "sub_configs", {}) or {})
+    overrides = dict(TINY_OVERRIDES)
     try:
-        config = config_class(**TINY_OVERRIDES, **{k: dict(TINY_OVERRIDES) for k in sub_keys})
+        defaults = config_class().to_dict()
     except Exception:
-        config = config_class(**TINY_OVERRIDES)
+        defaults = {}
+    if any(key.startswith(("mamba_", "ssm_")) for key in defaults):
+        overrides.update({k: v for k, v in STATE_SPACE_OVERRIDES.items() if k in defaults})
+    try:
+        config = config_class(**overrides, **{k: dict(overrides) for k in sub_keys})
+    except Exception:
+        config = config_class(**overrides)
     return config
 
 

@@ -125,6 +125,10 @@ def test_a_terminated_audit_keeps_its_rows_and_resumes(tmp_path):
     assert final["meta"]["resumed"] == len(done)
     assert [r["model_type"] for r in final["rows"]] == ["llama", "qwen2", "mistral"]
     assert resumed.stderr.count("] ") == 3 - len(done)  # progress lines only for the rows it ran
+    earlier = final["meta"]["resumed_from"]
+    assert [e["date"] for e in earlier] == [saved["meta"]["date"]]
+    table = render_markdown([AuditResult.from_dict(final)])
+    assert f"{len(done)} of the rows kept from earlier runs ({saved['meta']['date']}, commit" in table
 
 
 def test_a_refused_fork_falls_back_to_spawn_and_says_so(monkeypatch):
@@ -142,3 +146,17 @@ def test_a_refused_fork_falls_back_to_spawn_and_says_so(monkeypatch):
     assert result.meta["start_method_fallbacks"] == 1
     assert "llama: fork refused (os.fork is unsafe" in progress.getvalue()
     assert "1 architectures ran in spawned instead of forked children" in progress.getvalue()
+
+
+def test_state_space_mixers_are_made_tiny_too():
+    # At transformers' defaults (128 heads x 256 states, 256-token chunks) a hybrid's Mamba mixer
+    # took minutes and was killed for memory on the 2-core CPU; an attention-only config must not
+    # gain keys such as `chunk_size`, which mean other things there.
+    from harness.audit.tiny import tiny_config
+
+    hybrid = tiny_config("bamba")
+    assert (hybrid.mamba_n_heads, hybrid.mamba_d_head, hybrid.mamba_d_state, hybrid.mamba_chunk_size) \
+        == (8, 16, 16, 16)
+    assert hybrid.mamba_n_heads * hybrid.mamba_d_head == hybrid.mamba_expand * hybrid.hidden_size
+    dense = tiny_config("llama")
+    assert not hasattr(dense, "chunk_size") and not hasattr(dense, "mamba_n_heads")
