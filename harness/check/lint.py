@@ -10,7 +10,8 @@ Hazards (any of them makes the report unclean):
 
 - host sync: an op that reads device data on the host (`.item()`, `bool(t)`, `.tolist()`, ...)
 - data-dependent shape: `nonzero`, `unique`, boolean-mask indexing, ...
-- host copy: a copy between the host and the capture device (only visible off the CPU)
+- host copy: a copy between the host and the capture device; on a cpu device, a tensor built during
+  capture without a device (a host tensor on CUDA) moved to the device or mixed with device tensors
 - host data: a tensor built from Python data during capture (`torch.tensor([...])`), frozen into it
 - random: a random op; it draws fresh values at every replay, not the eager ones
 - refused: anything else capture refuses (a resize of recorded memory, ...)
@@ -39,6 +40,7 @@ from torch.utils._pytree import tree_flatten
 from harness.graphs import opinfo
 from harness.graphs.base import CaptureError
 from harness.graphs.host_guard import wrapped_host_reads
+from harness.graphs.host_tensors import HostTensors
 from harness.graphs.opinfo import OpKind
 from harness.graphs.pool import PoolArena, block_of
 from harness.graphs.recorder import Recorder
@@ -127,7 +129,11 @@ def capture_lint(fn: Callable[[], Any], *, context: tuple[Any, ...] = (), name: 
     names = _tensor_names(owners)
     recorder = _LintRecorder(PoolArena(device), device, exempt, names)
     stopped = None
-    with torch.inference_mode(torch.is_inference_mode_enabled()), _host_reads_recorded(recorder), recorder:
+    # On a cpu device host and device tensors share memory; HostTensors tells them apart.
+    host_tensors = HostTensors(report=lambda op, message: recorder.hazard(HOST_COPY, op, message)) \
+        if device.type == "cpu" else contextlib.nullcontext()
+    with torch.inference_mode(torch.is_inference_mode_enabled()), _host_reads_recorded(recorder), \
+            host_tensors, recorder:
         try:
             fn()
         except Exception as error:  # the hazards so far still stand
@@ -204,6 +210,10 @@ class _LintRecorder(Recorder):
                 if isinstance(out, torch.Tensor) and isinstance(value, torch.Tensor) and out is not value:
                     out.copy_(value)
         return result
+
+    def _lift_host_data(self, t: torch.Tensor) -> torch.Tensor:
+        # Reported as a HOST_DATA hazard already; neither the capture's warning nor its refusal.
+        return t
 
     def _note_external(self, func, args, kwargs) -> None:
         for t in tree_flatten((args, kwargs))[0]:

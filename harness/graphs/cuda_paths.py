@@ -5,12 +5,6 @@ for CUDA, so during a capture on a cpu device they take CUDA's path, which a gra
 CUDA kernel skips the check (a device assert in `scatter_` stands for it) and never syncs. Outside
 inference mode autograd decomposes one_hot before the recorder sees it, so a TorchFunctionMode
 catches the call itself; the recorder catches it whole under inference mode.
-
-`torch.tensor(data, device=d)` (also `as_tensor`, `asarray`) from Python or numpy data: on CUDA a
-copy from pageable host memory, which capture refuses. On a cpu device it would only build a host
-tensor, so the call itself is judged: a `torch.device` argument (as `x.device` gives) names the
-device and is refused as on CUDA; no device, or the string "cpu", asks for a host tensor, which the
-recorder keeps as a constant with a warning.
 """
 
 from __future__ import annotations
@@ -19,22 +13,7 @@ import torch
 import torch.nn.functional as F
 from torch.overrides import TorchFunctionMode
 
-from harness.graphs.base import CaptureError
-from harness.graphs.callsite import at_callsite, current_callsite
-
 _ONE_HOT = (F.one_hot, torch._C._nn.one_hot)
-_FROM_HOST_DATA = (torch.tensor, torch.as_tensor, torch.asarray)
-
-HOST_COPY_REFUSED = ("a copy from pageable host memory, which CUDA refuses (\"Cannot copy between "
-                     "CPU and CUDA tensors during CUDA graph capture unless the CPU tensor is "
-                     "pinned\"); build it before capture and copy new values into it, or pin the "
-                     "host data")
-
-
-def _builds_device_tensor_from_host_data(func, args: tuple, kwargs: dict) -> bool:
-    if func not in _FROM_HOST_DATA or not args or isinstance(args[0], torch.Tensor):
-        return False
-    return isinstance(kwargs.get("device"), torch.device)
 
 
 def one_hot_without_sync(x: torch.Tensor, num_classes: int) -> torch.Tensor:
@@ -58,10 +37,6 @@ class CudaPaths(TorchFunctionMode):
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
-        if _builds_device_tensor_from_host_data(func, args, kwargs):
-            raise CaptureError(at_callsite(
-                f"torch.{func.__name__}(..., device={kwargs['device']}) builds a device tensor from host data "
-                f"during capture, {HOST_COPY_REFUSED}", current_callsite()), op="aten.lift_fresh.default")
         if func in _ONE_HOT and _num_classes(args, kwargs) > 0 and args[0].numel() > 0:
             return one_hot_without_sync(args[0], _num_classes(args, kwargs))
         return func(*args, **kwargs)

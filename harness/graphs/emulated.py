@@ -15,6 +15,7 @@ from harness.graphs.capture_flag import reports_capturing
 from harness.graphs.cuda_paths import CudaPaths
 from harness.graphs.external import ExternalStorage, freed_error
 from harness.graphs.host_guard import host_reads_raise
+from harness.graphs.host_tensors import HostTensors
 from harness.graphs.opinfo import ReplayStep
 from harness.graphs.pool import PoolArena
 from harness.graphs.recorder import Recorder
@@ -90,6 +91,7 @@ class EmulatedBackend(GraphBackend):
                 stack.enter_context(rng_recorded(self.device, recorder.steps))
                 if self.device.type == "cpu":
                     stack.enter_context(CudaPaths())
+                    stack.enter_context(HostTensors())
                 stack.enter_context(recorder)
                 output = fn()
         except BaseException:

@@ -20,7 +20,8 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from harness.graphs import opinfo
 from harness.graphs.base import CaptureError
 from harness.graphs.callsite import at_callsite, current_callsite, in_index_assignment
-from harness.graphs.cuda_paths import HOST_COPY_REFUSED, one_hot_without_sync
+from harness.graphs.cuda_paths import one_hot_without_sync
+from harness.graphs.host_tensors import HOST_COPY_REFUSED
 from harness.graphs.external import ExternalMemory
 from harness.graphs.opinfo import OpKind, ReplayStep
 from harness.graphs.pool import PoolArena, block_of, laid_out_like, poison_value
@@ -99,7 +100,7 @@ class Recorder(TorchDispatchMode):
             raise _error(f"torch.tensor(...) builds a {t.device} tensor from host data during "
                          f"capture, {HOST_COPY_REFUSED}",
                          torch.ops.aten.lift_fresh.default)
-        # A host tensor on a cpu device (CudaPaths refused the device ones): keep it as a constant.
+        # A host tensor on a cpu device (HostTensors refused the device ones): keep it as a constant.
         self.external.hold(t)
         if in_index_assignment():
             return t  # `x[i] = 1.0`: a host scalar on CUDA too, never copied

@@ -72,7 +72,21 @@ def test_graph_mode_splits_a_batch_above_the_largest_size(device_hf_model, graph
 
 class RebindsPositions(TransformersRuntime):
     """Planted bug: the position buffer is replaced instead of copied into, so a captured step keeps
-    reading the positions it was captured with."""
+    reading the positions it was captured with. The replaced buffers stay referenced (as a stale
+    reference elsewhere in a runtime keeps them), so the graph reads old positions, not freed memory."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.replaced: list[torch.Tensor] = []
+
+    def _set_inputs(self, slot, tokens, position):
+        super()._set_inputs(slot, tokens, position)
+        self.replaced.append(slot.position_ids)
+        slot.position_ids = slot.position_ids.clone()
+
+
+class RebindsAndFreesPositions(TransformersRuntime):
+    """The same bug with nothing else holding the replaced buffer: its memory is freed."""
 
     def _set_inputs(self, slot, tokens, position):
         super()._set_inputs(slot, tokens, position)
@@ -81,14 +95,20 @@ class RebindsPositions(TransformersRuntime):
 
 def test_comparison_catches_a_rebound_input_buffer(device_hf_model, graph_backend, adapter_eager):
     runtime = RebindsPositions(device_hf_model, backend=graph_backend, graph_sizes=(4,), max_cache_len=64)
-    if graph_backend.name == "emulated":
-        # The rebound buffer's old storage is freed: the emulator names it instead of replaying on.
-        with pytest.raises(FreedMemoryError, match="freed after capture"):
-            runtime.generate(BATCHED)
-        return
     comparison = compare_generations(adapter_eager, runtime.generate(BATCHED))
     assert not comparison.ok
     assert comparison.divergences[0].producer == "decode(batch=4)"
+
+
+def test_a_rebound_and_freed_input_buffer_is_named(device_hf_model, graph_backend):
+    if graph_backend.name != "emulated":
+        # On CUDA the caching allocator may hand the freed block to the next clone, so the graph
+        # reads the right positions by chance (the H200 run of 2026-11-30 did): nothing to assert.
+        pytest.skip("freed memory is only checked by the emulator")
+    runtime = RebindsAndFreesPositions(device_hf_model, backend=graph_backend, graph_sizes=(4,),
+                                       max_cache_len=64)
+    with pytest.raises(FreedMemoryError, match="freed after capture"):
+        runtime.generate(BATCHED)
 
 
 def test_requests_over_the_cache_are_refused_before_running(tiny_hf_model):

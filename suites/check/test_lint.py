@@ -110,6 +110,20 @@ def test_lint_names_the_sync_of_a_model_the_audit_fails():
     assert syncs and "models/opt/modeling_opt.py" in syncs[0].where, str(report)
 
 
+def rope_rebuilt_on_the_host(x: torch.Tensor) -> torch.Tensor:
+    inv_freq = 1.0 / (10000 ** (torch.arange(0, 8, 2, dtype=torch.float) / 8))
+    return x * inv_freq.to(x.device)
+
+
+def test_a_host_tensor_moved_to_the_device_is_named_on_a_cpu_device():
+    # On a cpu device the copy itself is invisible; how the tensor was made tells (host_tensors.py).
+    x = torch.ones(2, 4)
+    report = capture_lint(lambda: rope_rebuilt_on_the_host(x))
+    assert report.kinds() == {HOST_COPY}, str(report)
+    assert "inv_freq.to(x.device)" in report.hazards[0].where, str(report)
+    assert report.stopped is None
+
+
 @pytest.mark.gpu
 def test_host_copy_is_named_on_cuda():
     buffer = torch.zeros(4, device="cuda")

@@ -1,9 +1,10 @@
 """Copies from pageable host memory during capture. CUDA refuses them ("Cannot copy between CPU and
 CUDA tensors during CUDA graph capture unless the CPU tensor is pinned"): `torch.tensor(data,
 device=...)` and `buf.copy_(host_tensor)` alike; the emulator on a cuda device refuses them too,
-naming the line, and so does the emulator on a cpu device, where it judges the call: a
-`torch.device` argument (`device=x.device`) names the device. Without one (or with the string
-"cpu") the code asks for a host tensor: the emulator keeps it as a constant of the graph, and warns."""
+naming the line, and so does the emulator on a cpu device, where it tells host tensors from device
+tensors by how they were made (harness/graphs/host_tensors.py): a `torch.device` argument
+(`device=x.device`) names the device; without one (or with the string "cpu") the code builds a host
+tensor, which CUDA refuses to move to the device or to mix with device tensors during capture."""
 
 from __future__ import annotations
 
@@ -35,17 +36,54 @@ def test_other_factories_from_host_data_during_capture(backend, factory):
 
 
 @pytest.mark.parametrize("device", [None, "cpu"])
-def test_host_tensor_from_host_data_on_a_cpu_device(emulated, device):
-    # Without a torch.device the code asks for a host tensor; on a cpu device the emulator keeps it.
+def test_a_host_scalar_from_host_data_on_a_cpu_device(emulated, device):
+    # Without a torch.device the code asks for a host tensor; a 0-dim one is a value to CUDA's ops.
     x = torch.ones(3)
 
     def fn():
-        return x + torch.tensor([1.0, 2.0, 3.0], device=device)
+        return x * torch.tensor(2.0, device=device)
 
     with pytest.warns(UserWarning, match=r"built from Python data during capture.*test_host_copies\.py"):
         graph = emulated.capture(fn)
     graph.replay()
-    assert torch.equal(graph.output, torch.tensor([2.0, 3.0, 4.0]))
+    assert torch.equal(graph.output, torch.full((3,), 2.0))
+
+
+def _rope_recomputed_in_forward(x: torch.Tensor) -> torch.Tensor:
+    # transformers 5.17's Phi-MoE rotary embedding: frequencies rebuilt on the host at every
+    # forward, then moved to the device.
+    inv_freq = 1.0 / (10000 ** (torch.arange(0, 8, 2, dtype=torch.float) / 8))
+    return x * inv_freq[None, :].expand(x.shape[0], -1).to(dtype=torch.float, device=x.device)
+
+
+def test_a_host_tensor_moved_to_the_device_during_capture(backend):
+    x = torch.ones(2, 4, device=backend.device)
+    with pytest.raises(CaptureError, match="pinned") as caught:
+        backend.capture(lambda: _rope_recomputed_in_forward(x))
+    assert "inv_freq[None, :].expand" in str(caught.value)
+
+
+def test_a_host_tensor_given_to_an_op_with_device_tensors(emulated):
+    # On CUDA an op refuses tensors of two devices (an index is copied, which capture refuses).
+    x = torch.ones(2, 4)
+    with pytest.raises(CaptureError, match=r"host tensor of shape \(2,\).*two devices"):
+        emulated.capture(lambda: x[:, torch.arange(2)])
+    with pytest.raises(CaptureError, match=r"host tensor of shape \(4,\)"):
+        emulated.capture(lambda: x + torch.ones(4) * 2)
+
+
+def test_host_work_during_capture_and_device_factories_capture(emulated):
+    x = torch.ones(4)
+
+    def fn():
+        steps = torch.arange(4) * 2  # host tensors alone: host work, as on CUDA
+        with torch.device("cpu"):  # a device context names the device
+            ramp = torch.arange(4)
+        return steps, x + ramp + torch.arange(4, device=x.device) + steps.sum()
+
+    graph = emulated.capture(fn)
+    graph.replay()
+    assert torch.equal(graph.output[1], torch.tensor([13.0, 15.0, 17.0, 19.0]))
 
 
 def test_as_tensor_of_a_device_tensor_is_no_host_copy(backend):
