@@ -38,10 +38,20 @@ KNOWN_DIFFERENCES = """
   capture; CUDA reallocates silently, so the graph then writes memory the caller no longer sees.
 - A custom op's Python body does not run at capture on the emulator (capture runs nothing); CUDA
   runs it once at capture to record its kernels. Python side effects inside the op differ.
-- On the emulator's cpu device, `.cpu()` is invisible and `torch.tensor(data)` is kept as a constant
-  of the graph, with a warning; on CUDA the latter is a pageable host-to-device copy, which capture
-  refuses (as the emulator does on a cuda device). Host data and device data are the same memory on
-  a cpu device, so a pageable `copy_` captures there.
+- On the emulator's cpu device host and device memory are one: `.cpu()` is invisible and a pageable
+  `copy_` from a tensor made before capture captures. Tensors made during capture are told apart
+  by how they were made (a factory with a `torch.device` makes a device tensor, without one a host
+  tensor): `torch.tensor(data, device=x.device)`, a host tensor moved to the device or mixed with
+  device tensors are refused as on CUDA; a 0-dim host value is kept as a constant, with a warning.
+  Until 2026-11-30 the emulator kept them all, and the H200 audit showed CUDA refusing transformers
+  5.17's eager mask (`torch.tensor(0.0, device=mask.device)`, six architectures) and Phi-MoE's
+  rotary frequencies rebuilt on the host (`inv_freq.to(x.device)`) where the emulator agreed.
+- A CUDA kernel's own limits on its inputs are not modelled: the memory-efficient attention kernel
+  that CUDA picks for an SDPA call with a mask refuses a mask broadcast along the key dimension
+  (fp32: "(*bias): last dimension must be contiguous"; bf16: "misaligned address"), the CPU kernel
+  takes it. transformers passes such a mask to BERT-style decoders only while capturing (in eager
+  it drops the all-true mask after a data check that capture skips): the audit's one kind of
+  differing row.
 - External memory freed after capture: the emulator raises `FreedMemoryError` at replay, CUDA
   replays into whatever took the address (the cuda column shows the clobbering). 0-dim tensors
   built from host data during capture are held by the graph, not checked.
