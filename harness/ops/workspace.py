@@ -26,6 +26,9 @@ class Workspace:
         if numel < 0:
             raise ValueError(f"workspace request must be non-negative, got {numel}")
         if numel > self.capacity:
-            self.tensor = torch.empty(numel, dtype=self.dtype, device=self.device)
+            # A normal tensor, even when grown under inference mode: an inference tensor would
+            # refuse the in-place writes of a later call outside it (a model serves both).
+            with torch.inference_mode(False):
+                self.tensor = torch.empty(numel, dtype=self.dtype, device=self.device)
             self.growths += 1
         return self.tensor[:numel]

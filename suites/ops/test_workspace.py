@@ -30,3 +30,13 @@ def test_views_share_the_buffer() -> None:
 def test_negative_request_raises() -> None:
     with pytest.raises(ValueError, match="-1"):
         Workspace(torch.float32).get(-1)
+
+
+def test_grown_under_inference_mode_serves_calls_outside_it() -> None:
+    # A model shared by an inference-mode caller and a no_grad one (the lint test and an engine
+    # test in one pytest worker) wrote into an inference tensor and failed.
+    workspace = Workspace(torch.float32)
+    with torch.inference_mode():
+        workspace.get(8).fill_(1.0)
+    workspace.get(8).copy_(torch.arange(8.0))
+    assert torch.equal(workspace.get(8), torch.arange(8.0))
