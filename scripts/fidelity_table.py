@@ -40,7 +40,7 @@ KNOWN_DIFFERENCES = """
   runs it once at capture to record its kernels. Python side effects inside the op differ.
 - On the emulator's cpu device host and device memory are one: `.cpu()` is invisible and a pageable
   `copy_` from a tensor made before capture captures. Tensors made during capture are told apart
-  by how they were made (a factory with a `torch.device` makes a device tensor, without one a host
+  by how they were made (a factory given any device makes a device tensor, without one a host
   tensor): `torch.tensor(data, device=x.device)`, a host tensor moved to the device or mixed with
   device tensors are refused as on CUDA; a 0-dim host value is kept as a constant, with a warning.
   Until 2026-11-30 the emulator kept them all, and the H200 audit showed CUDA refusing transformers

@@ -5,12 +5,13 @@ On CUDA, code that builds a tensor without a device during capture (`torch.arang
 on the host too, once, when capture meets it. Moving such a tensor to the device (`.to(x.device)`)
 or handing it (more than a 0-dim value) to an op with device tensors is a copy from pageable host
 memory, or a mix of devices: capture refuses both. On a cpu device host and device are the same
-memory, so the emulator tells them apart by how a tensor was made: a factory without a device, or
-with the string "cpu", makes a host tensor; results of host tensors alone are host tensors; a
-`torch.device` argument (as `x.device` gives) names the device, as device-generic code means it.
+memory, so the emulator tells them apart by how a tensor was made: a factory without a device (and
+no default device set) makes a host tensor, and results of host tensors alone are host tensors.
+Any device argument, `x.device` or the string "cpu", names the device: on the emulator's cpu device
+"cpu" is what code adapted from CUDA writes for "cuda".
 
-A factory given Python or numpy data with a `torch.device` is refused at once: on CUDA that is the
-pageable copy itself (transformers 5.17's eager mask, `torch.tensor(0.0, device=mask.device)`).
+A factory given Python or numpy data and a device is refused at once: on CUDA that is the pageable
+copy itself (transformers 5.17's eager mask, `torch.tensor(0.0, device=mask.device)`).
 """
 
 from __future__ import annotations
@@ -45,14 +46,12 @@ def _name(func) -> str:
 
 
 def _target_device(args: tuple, kwargs: dict):
-    """The device a `Tensor.to` call names, as given (None when it names only a dtype)."""
-    if "device" in kwargs:
+    """The device a `Tensor.to` call names, as given (None when it names a dtype or a tensor)."""
+    if kwargs.get("device") is not None:
         return kwargs["device"]
     for arg in args[1:]:
         if isinstance(arg, (torch.device, str, int)) and not isinstance(arg, bool):
             return arg
-        if isinstance(arg, torch.Tensor):
-            return arg.device
     return None
 
 
@@ -71,7 +70,7 @@ class HostTensors(TorchFunctionMode):
     def __torch_function__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
         if func in _FROM_HOST_DATA and args and not isinstance(args[0], torch.Tensor) \
-                and isinstance(kwargs.get("device"), torch.device):
+                and kwargs.get("device") is not None:
             self._refuse(f"torch.{func.__name__}(..., device={kwargs['device']}) builds a device "
                          f"tensor from host data during capture, {HOST_COPY_REFUSED}",
                          "aten.lift_fresh.default")
@@ -79,7 +78,9 @@ class HostTensors(TorchFunctionMode):
         host = [t for t in tensors if self.is_host(t)]
         if host and func in _TO:
             target = _target_device(args, kwargs)
-            if isinstance(target, torch.device) or (target is not None and target != "cpu"):
+            if target is None and len(host) < len(tensors):
+                target = next(t.device for t in tensors if not self.is_host(t))
+            if target is not None:
                 self._refuse(f"Tensor.to moves a host tensor of shape {tuple(args[0].shape)}, built "
                              f"during capture without a device, to {target}: "
                              f"{HOST_COPY_REFUSED}", "aten._to_copy.default")
@@ -98,11 +99,9 @@ class HostTensors(TorchFunctionMode):
 
     def _makes_host_tensors(self, func, kwargs: dict, tensors: list, host: list) -> bool:
         if func in _FACTORIES:
-            device = kwargs.get("device")
-            if device is None:
-                # A device context below this mode adds the device only after this mode has run.
-                return not any(isinstance(m, DeviceContext) for m in _get_current_function_mode_stack())
-            return device == "cpu"
+            # A device context below this mode adds the device only after this mode has run.
+            return kwargs.get("device") is None and \
+                not any(isinstance(m, DeviceContext) for m in _get_current_function_mode_stack())
         return bool(tensors) and len(host) == len(tensors)
 
     def _refuse(self, message: str, op: str) -> None:

@@ -2,9 +2,9 @@
 CUDA tensors during CUDA graph capture unless the CPU tensor is pinned"): `torch.tensor(data,
 device=...)` and `buf.copy_(host_tensor)` alike; the emulator on a cuda device refuses them too,
 naming the line, and so does the emulator on a cpu device, where it tells host tensors from device
-tensors by how they were made (harness/graphs/host_tensors.py): a `torch.device` argument
-(`device=x.device`) names the device; without one (or with the string "cpu") the code builds a host
-tensor, which CUDA refuses to move to the device or to mix with device tensors during capture."""
+tensors by how they were made (harness/graphs/host_tensors.py): any device argument (`x.device`,
+"cpu") names the device; without one the code builds a host tensor, which CUDA refuses to move to
+the device or to mix with device tensors during capture."""
 
 from __future__ import annotations
 
@@ -35,18 +35,28 @@ def test_other_factories_from_host_data_during_capture(backend, factory):
         backend.capture(lambda: x + factory([1.0, 2.0, 3.0], device=x.device))
 
 
-@pytest.mark.parametrize("device", [None, "cpu"])
-def test_a_host_scalar_from_host_data_on_a_cpu_device(emulated, device):
-    # Without a torch.device the code asks for a host tensor; a 0-dim one is a value to CUDA's ops.
+def test_a_host_scalar_from_host_data_on_a_cpu_device(emulated):
+    # Without a device the code asks for a host tensor; a 0-dim one is a value to CUDA's ops.
     x = torch.ones(3)
 
     def fn():
-        return x * torch.tensor(2.0, device=device)
+        return x * torch.tensor(2.0)
 
     with pytest.warns(UserWarning, match=r"built from Python data during capture.*test_host_copies\.py"):
         graph = emulated.capture(fn)
     graph.replay()
     assert torch.equal(graph.output, torch.full((3,), 2.0))
+
+
+@pytest.mark.parametrize("device", ["cpu", torch.device("cpu")], ids=["string", "torch.device"])
+def test_any_device_argument_names_the_device(emulated, device):
+    # On the emulator's cpu device "cpu" stands where code adapted from CUDA had "cuda".
+    x = torch.ones(3)
+    graph = emulated.capture(lambda: x + torch.arange(3, device=device) + torch.ones(3, device=device))
+    graph.replay()
+    assert torch.equal(graph.output, torch.tensor([2.0, 3.0, 4.0]))
+    with pytest.raises(CaptureError, match="pinned"):
+        emulated.capture(lambda: x + torch.tensor([1.0, 2.0, 3.0], device=device))
 
 
 def _rope_recomputed_in_forward(x: torch.Tensor) -> torch.Tensor:
@@ -77,6 +87,7 @@ def test_host_work_during_capture_and_device_factories_capture(emulated):
 
     def fn():
         steps = torch.arange(4) * 2  # host tensors alone: host work, as on CUDA
+        steps = steps.to(torch.float32).to(steps)  # dtype casts, and to another host tensor
         with torch.device("cpu"):  # a device context names the device
             ramp = torch.arange(4)
         return steps, x + ramp + torch.arange(4, device=x.device) + steps.sum()
