@@ -14,7 +14,7 @@ from torch.multiprocessing.reductions import StorageWeakRef
 
 from harness.graphs.base import FreedMemoryError
 from harness.graphs.callsite import current_callsite
-from harness.graphs.pool import laid_out_like
+from harness.graphs.pool import laid_out_like_once
 
 
 @dataclass(frozen=True)
@@ -93,9 +93,4 @@ class ExternalMemory:
                 f"shape {tuple(t.shape)}, {t.dtype} (on a storage of {storage.nbytes()} bytes)",
                 current_callsite())
             self._storages[address] = known
-        key = (address, t.dtype, t.storage_offset(), tuple(t.size()), tuple(t.stride()))
-        replay = self._aliases.get(key)
-        if replay is None:
-            replay = laid_out_like(known.replay_storage, t)
-            self._aliases[key] = replay
-        return replay
+        return laid_out_like_once(self._aliases, address, known.replay_storage, t)

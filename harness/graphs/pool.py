@@ -142,6 +142,17 @@ def laid_out_like(storage: torch.UntypedStorage, t: torch.Tensor,
         storage, t.storage_offset(), t.size(), t.stride())
 
 
+def laid_out_like_once(cache: dict[tuple, torch.Tensor], owner: object,
+                       storage: torch.UntypedStorage, t: torch.Tensor) -> torch.Tensor:
+    """`laid_out_like(storage, t)`, made once per `owner` and layout of `t` and kept in `cache`
+    under `(owner, dtype, offset, shape, strides)`."""
+    key = (owner, t.dtype, t.storage_offset(), tuple(t.size()), tuple(t.stride()))
+    replay = cache.get(key)
+    if replay is None:
+        replay = cache[key] = laid_out_like(storage, t)
+    return replay
+
+
 def block_of(tensor: torch.Tensor) -> Block | None:
     """The pool block a tensor lives in, or None for memory that no arena handed out."""
     block = getattr(tensor.untyped_storage(), BLOCK_ATTR, None)

@@ -21,10 +21,10 @@ from harness.graphs import opinfo
 from harness.graphs.base import CaptureError
 from harness.graphs.callsite import at_callsite, current_callsite, in_index_assignment
 from harness.graphs.cuda_paths import one_hot_without_sync
-from harness.graphs.host_tensors import HOST_COPY_REFUSED
 from harness.graphs.external import ExternalMemory
+from harness.graphs.host_tensors import HOST_COPY_REFUSED
 from harness.graphs.opinfo import OpKind, ReplayStep
-from harness.graphs.pool import PoolArena, block_of, laid_out_like, poison_value
+from harness.graphs.pool import PoolArena, block_of, laid_out_like, laid_out_like_once, poison_value
 
 
 def _error(message: str, func: Any) -> CaptureError:
@@ -130,12 +130,7 @@ class Recorder(TorchDispatchMode):
                 return self.external.host_scalar(t)
             return self.external.alias(t)
         # The block itself, not its id: a freed block's id can be reused by a later block.
-        key = (block, t.dtype, t.storage_offset(), tuple(t.size()), tuple(t.stride()))
-        replay = self._replay_tensors.get(key)
-        if replay is None:
-            replay = laid_out_like(block.replay_storage, t)
-            self._replay_tensors[key] = replay
-        return replay
+        return laid_out_like_once(self._replay_tensors, block, block.replay_storage, t)
 
     # --- shapes without running --------------------------------------------------------------
 
