@@ -32,7 +32,7 @@ from harness.graphs import get_backend
 from harness.model import ReferenceLlama, llama_1b_config, random_llama, tiny_llama_config
 from harness.ops.metadata import SequenceSpan
 from harness.runtime import Engine, EngineConfig
-from harness.runtime.graph_runner import pad_decode_batch
+from harness.runtime.decode.runner import pad_decode_batch
 from harness.runtime.sampling import greedy_with_logprobs
 
 BATCHES = (1, 8, 64)

@@ -37,13 +37,13 @@ import torch
 from torch import nn
 from torch.utils._pytree import tree_flatten
 
-from harness.graphs import opinfo
+from harness.graphs.emulator import opinfo
 from harness.graphs.base import CaptureError
-from harness.graphs.host_guard import wrapped_host_reads
-from harness.graphs.host_tensors import HostTensors
-from harness.graphs.opinfo import OpKind
-from harness.graphs.pool import PoolArena, block_of
-from harness.graphs.recorder import Recorder
+from harness.graphs.emulator.host_guard import wrapped_host_reads
+from harness.graphs.emulator.host_tensors import HostTensors
+from harness.graphs.emulator.opinfo import OpKind
+from harness.graphs.emulator.pool import PoolArena, block_of
+from harness.graphs.emulator.recorder import Recorder
 
 HOST_SYNC = "host sync"
 DYNAMIC_SHAPE = "data-dependent shape"

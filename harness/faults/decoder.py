@@ -1,4 +1,4 @@
-"""Faults planted in the decode graphs of the engine (harness.runtime.decoder_graphs, graph_runner)."""
+"""Faults planted in the decode graphs of the engine (harness.runtime.decode.graphs, graph_runner)."""
 
 from __future__ import annotations
 
@@ -7,10 +7,11 @@ from typing import Iterator
 
 from harness.faults.patching import replace_function, replace_method
 from harness.faults.registry import Fault, FaultHandle
-from harness.runtime import decoder_graphs, graph_runner
-from harness.runtime.decoder_graphs import DecoderGraphs
+from harness.runtime.decode import graphs as decoder_graphs
+from harness.runtime.decode import runner as graph_runner
+from harness.runtime.decode.graphs import DecoderGraphs
 from harness.runtime.engine import Engine
-from harness.runtime.graph_runner import DecodeGraphKey, PaddedDecodeBatch, sampling_variant
+from harness.runtime.decode.runner import DecodeGraphKey, PaddedDecodeBatch, sampling_variant
 
 SINGLE_PASS_PR = "https://github.com/NVIDIA/TensorRT-LLM/pull/21886"
 

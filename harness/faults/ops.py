@@ -9,7 +9,7 @@ import torch
 
 from harness.faults.patching import replace_function, replace_method
 from harness.faults.registry import Fault, FaultHandle
-from harness.graphs.pool import laid_out_like
+from harness.graphs.emulator.pool import laid_out_like
 from harness.ops import attention
 from harness.ops.metadata import AttentionMetadata
 from harness.ops.sizing import cdiv

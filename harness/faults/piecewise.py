@@ -1,4 +1,4 @@
-"""Faults planted in the piecewise prefill graphs (harness.runtime.piecewise, compile_backend, buckets)."""
+"""Faults planted in the piecewise prefill graphs (harness.runtime.piecewise.runner, compile_backend, buckets)."""
 
 from __future__ import annotations
 
@@ -7,7 +7,8 @@ from typing import Iterator
 
 from harness.faults.patching import replace_function
 from harness.faults.registry import Fault, FaultHandle
-from harness.runtime import buckets, compile_backend, piecewise
+from harness.runtime.piecewise import buckets, compile_backend
+from harness.runtime.piecewise import runner as piecewise
 
 PIECEWISE_PR = "https://github.com/NVIDIA/TensorRT-LLM/pull/11515"
 

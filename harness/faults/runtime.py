@@ -7,7 +7,7 @@ from typing import Iterator
 
 from harness.faults.patching import replace_function
 from harness.faults.registry import Fault, FaultHandle
-from harness.runtime import decoder_graphs
+from harness.runtime.decode import graphs as decoder_graphs
 
 
 @contextlib.contextmanager

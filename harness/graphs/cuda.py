@@ -10,8 +10,8 @@ from typing import Any, Callable
 import torch
 
 from harness.graphs.base import CaptureError, CapturedGraph, GraphBackend, released_graph_error
-from harness.graphs.callsite import at_callsite, traceback_callsite
-from harness.graphs.op_tracker import FailedOpTracker
+from harness.graphs.emulator.callsite import at_callsite, traceback_callsite
+from harness.graphs.emulator.op_tracker import FailedOpTracker
 
 _ATEN_NAME = re.compile(r"\baten::\w+(?:\.\w+)?")
 

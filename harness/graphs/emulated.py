@@ -11,15 +11,15 @@ import torch
 from torch.utils._python_dispatch import _get_current_dispatch_mode_stack
 
 from harness.graphs.base import CapturedGraph, GraphBackend, released_graph_error
-from harness.graphs.capture_flag import reports_capturing
-from harness.graphs.cuda_paths import CudaPaths
-from harness.graphs.external import ExternalStorage, freed_error
-from harness.graphs.host_guard import host_reads_raise
-from harness.graphs.host_tensors import HostTensors
-from harness.graphs.opinfo import ReplayStep
-from harness.graphs.pool import PoolArena
-from harness.graphs.recorder import Recorder
-from harness.graphs.rng import rng_recorded
+from harness.graphs.emulator.capture_flag import reports_capturing
+from harness.graphs.emulator.cuda_paths import CudaPaths
+from harness.graphs.emulator.external import ExternalStorage, freed_error
+from harness.graphs.emulator.host_guard import host_reads_raise
+from harness.graphs.emulator.host_tensors import HostTensors
+from harness.graphs.emulator.opinfo import ReplayStep
+from harness.graphs.emulator.pool import PoolArena
+from harness.graphs.emulator.recorder import Recorder
+from harness.graphs.emulator.rng import rng_recorded
 
 
 # StorageWeakRef.expired() without its Python method call: one C call per storage at each replay.

@@ -15,7 +15,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Protocol, Sequence
 
-from harness.runtime import buckets as bucket_rules
+from harness.runtime.piecewise import buckets as bucket_rules
 
 DECODE, PIECEWISE, EAGER_ROUTE = "decode", "piecewise", "eager"
 

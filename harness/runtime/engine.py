@@ -30,11 +30,11 @@ from harness.ops.sizing import cdiv
 from harness.records import EAGER, Generation, Request, Step
 from harness.runtime.comm import Comm
 from harness.runtime.config import EngineConfig
-from harness.runtime.decoder_graphs import (ESTIMATE, SERVE, CaptureFeatures, CaptureReport,
+from harness.runtime.decode.graphs import (ESTIMATE, SERVE, CaptureFeatures, CaptureReport,
                                             DecoderGraphs, ScopeFactory, no_scope)
 from harness.runtime import dispatch
 from harness.runtime.dispatch import DECODE, EAGER_ROUTE, PIECEWISE
-from harness.runtime.piecewise_model import PiecewiseGraphs, bucket_key
+from harness.runtime.piecewise.model import PiecewiseGraphs, bucket_key
 from harness.runtime.sampling import SampledRow, greedy_with_logprobs, rows_from_ranked
 from harness.runtime.scheduler import ScheduledBatch, Scheduler, Sequence
 from harness.runtime.stats import BatchRecord, EngineStats, StatsRecorder

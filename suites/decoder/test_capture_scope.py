@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import contextlib
 
-from harness.runtime.decoder_graphs import DecoderGraphs
+from harness.runtime.decode.graphs import DecoderGraphs
 
 
 class ScopeLog:

@@ -7,7 +7,7 @@ import pytest
 from harness.check import compare_generations
 from harness.graphs import FreedMemoryError
 from harness.runtime import Engine
-from harness.runtime.decoder_graphs import DecoderGraphs
+from harness.runtime.decode.graphs import DecoderGraphs
 
 
 def test_phase_two_recaptures_against_the_final_kv_cache(make_engine, decode_requests, eager_decode):

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from harness.check import compare_generations
-from harness.runtime.graph_runner import StaleGraphBufferError
+from harness.runtime.decode.runner import StaleGraphBufferError
 
 
 def test_strict_mode_raises_on_a_rebound_metadata_tensor(make_engine, decode_requests):

@@ -10,7 +10,7 @@ from fixtures.models import TINY_ENGINE_CONFIG
 from harness.check import compare_generations
 from harness.records import EAGER
 from harness.runtime import Engine
-from harness.runtime.graph_runner import DecodeGraphKey
+from harness.runtime.decode.runner import DecodeGraphKey
 from suites.decoder.conftest import SIZES
 
 

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from harness.graphs import CaptureError, get_backend
-from harness.graphs import opinfo
+from harness.graphs.emulator import opinfo
 
 aten = torch.ops.aten
 CUDA = torch.device("cuda", 0)

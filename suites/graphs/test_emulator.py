@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from harness.graphs import CaptureError
-from harness.graphs.pool import PoolArena, is_poisoned, poison_value
+from harness.graphs.emulator.pool import PoolArena, is_poisoned, poison_value
 
 
 def test_out_of_the_wrong_size_is_rejected(emulated):

@@ -2,7 +2,7 @@
 CUDA tensors during CUDA graph capture unless the CPU tensor is pinned"): `torch.tensor(data,
 device=...)` and `buf.copy_(host_tensor)` alike; the emulator on a cuda device refuses them too,
 naming the line, and so does the emulator on a cpu device, where it tells host tensors from device
-tensors by how they were made (harness/graphs/host_tensors.py): any device argument (`x.device`,
+tensors by how they were made (harness/graphs/emulator/host_tensors.py): any device argument (`x.device`,
 "cpu") names the device; without one the code builds a host tensor, which CUDA refuses to move to
 the device or to mix with device tensors during capture."""
 

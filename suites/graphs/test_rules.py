@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from harness.graphs.pool import is_poisoned
+from harness.graphs.emulator.pool import is_poisoned
 
 
 def test_capture_leaves_preexisting_tensors_unchanged(backend):

@@ -17,7 +17,7 @@ from harness.graphs.pointers import rebound_tensors, tensor_refs
 from harness.model import ReferenceLlama, tiny_llama
 from harness.model.weights import reload_weights
 from harness.runtime.engine import Engine
-from harness.runtime.graph_runner import DecodeGraphKey
+from harness.runtime.decode.runner import DecodeGraphKey
 
 PADDED = 8
 GRAPH_CONFIG = replace(TINY_ENGINE_CONFIG, decode_graph_sizes=(PADDED,))

@@ -60,7 +60,7 @@ def build_fx_graph(spec: FxGraphSpec, *, packet: bool = False) -> fx.GraphModule
 
 
 def is_test_dynamic(node: fx.Node) -> bool:
-    from harness.runtime.piecewise import node_calls_ops
+    from harness.runtime.piecewise.split import node_calls_ops
 
     return node_calls_ops(node, (DYNAMIC_OP_NAME,))
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from harness.runtime.buckets import MIN_BUCKET, bucket_for, default_buckets, validate_buckets
+from harness.runtime.piecewise.buckets import MIN_BUCKET, bucket_for, default_buckets, validate_buckets
 from harness.runtime.dispatch import DECODE, EAGER_ROUTE, PIECEWISE, Route, route
 
 

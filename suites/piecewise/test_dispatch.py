@@ -9,7 +9,7 @@ import pytest
 
 from fixtures.models import mixed_requests
 from harness.check import compare_generations
-from harness.runtime.piecewise_model import bucket_key
+from harness.runtime.piecewise.model import bucket_key
 
 
 

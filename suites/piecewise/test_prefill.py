@@ -8,7 +8,7 @@ import torch
 
 from harness.check import compare_generations
 from harness.ops import SequenceSpan
-from harness.runtime.piecewise_model import bucket_key
+from harness.runtime.piecewise.model import bucket_key
 from suites.piecewise.conftest import BUCKETS
 
 
@@ -128,7 +128,7 @@ def test_an_engine_refuses_a_bad_bucket_naming_it(engine_factory):
 
 
 def test_default_buckets_serve_everything(piecewise_engine, eager_run, grounding_requests):
-    from harness.runtime.buckets import default_buckets
+    from harness.runtime.piecewise.buckets import default_buckets
 
     engine = piecewise_engine(buckets=default_buckets(64), max_num_tokens=64)
     assert engine.piecewise.buckets == (2, 4, 8, 16, 32, 64)
@@ -157,7 +157,7 @@ def test_a_forward_that_bypasses_the_graphs_is_counted(piecewise_engine, eager_r
     """Planted: the body runs uncompiled (as dynamo does past its recompile limit), so no runner
     is called; the forward is counted rather than passed off as a replay."""
     from fixtures.models import mixed_requests
-    from harness.runtime.piecewise_model import make_token_body
+    from harness.runtime.piecewise.model import make_token_body
 
     engine = piecewise_engine(buckets=(16,))
     engine.piecewise._compiled = make_token_body(engine.model)

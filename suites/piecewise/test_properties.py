@@ -22,12 +22,14 @@ from hypothesis import strategies as st
 from fixtures.models import TINY_ENGINE_CONFIG
 from harness.check import compare_generations
 from harness.check.strategies import Workload, bucket_sets, fx_graph_specs, invalid_bucket_lists, workloads
-from harness.runtime import Engine, piecewise
-from harness.runtime.buckets import bucket_for, validate_buckets
-from harness.runtime.compile_backend import PiecewiseCompileBackend
+from harness.runtime import Engine
+from harness.runtime.piecewise import runner as piecewise
+from harness.runtime.piecewise.buckets import bucket_for, validate_buckets
+from harness.runtime.piecewise.compile_backend import PiecewiseCompileBackend
 from harness.runtime.dispatch import EAGER_ROUTE, PIECEWISE, route
-from harness.runtime.piecewise import CAPTURE, SERVE, WARMUP, split_graph_at_dynamic_ops
-from harness.runtime.piecewise_model import bucket_key
+from harness.runtime.piecewise.runner import CAPTURE, SERVE, WARMUP
+from harness.runtime.piecewise.split import split_graph_at_dynamic_ops
+from harness.runtime.piecewise.model import bucket_key
 from suites.piecewise.fx_graphs import build_fx_graph, inputs_for, is_test_dynamic
 from suites.piecewise.test_split import check_partitions
 

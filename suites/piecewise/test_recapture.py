@@ -8,9 +8,9 @@ from dataclasses import replace
 import pytest
 
 from harness.check import compare_generations
-from harness.runtime import compile_backend
-from harness.runtime.piecewise import ReleasedPoolError, same_pool
-from harness.runtime.piecewise_model import bucket_key
+from harness.runtime.piecewise import compile_backend
+from harness.runtime.piecewise.runner import ReleasedPoolError, same_pool
+from harness.runtime.piecewise.model import bucket_key
 from fixtures.models import TINY_ENGINE_CONFIG
 from harness.runtime import Engine
 from suites.piecewise.conftest import BUCKETS

@@ -9,11 +9,12 @@ from collections import Counter
 import pytest
 import torch
 
-from harness.runtime import compile_backend as compile_backend_module
-from harness.runtime import piecewise
-from harness.runtime.compile_backend import PiecewiseCompileBackend
-from harness.runtime.piecewise import (CAPTURE, SERVE, WARMUP, MissingCaptureError, ReleasedPoolError,
-                                       ReplayInputError)
+from harness.runtime.piecewise import compile_backend as compile_backend_module
+from harness.runtime.piecewise import runner as piecewise
+from harness.runtime.piecewise import split
+from harness.runtime.piecewise.compile_backend import PiecewiseCompileBackend
+from harness.runtime.piecewise.runner import (CAPTURE, SERVE, WARMUP, MissingCaptureError, ReleasedPoolError,
+                                              ReplayInputError)
 from suites.piecewise.fx_graphs import build_fx_graph, inputs_for, is_test_dynamic
 from suites.piecewise.test_split import chain
 
@@ -175,4 +176,4 @@ def test_writes_through_schemas_and_out_are_seen():
     graph.call_function(torch.add, (c, c), {"out": d})
     graph.call_function(torch.mul, (b, 2.0))
     graph.output(None)
-    assert piecewise.mutated_inputs(fx.GraphModule(torch.nn.Module(), graph)) == ["a", "d"]
+    assert split.mutated_inputs(fx.GraphModule(torch.nn.Module(), graph)) == ["a", "d"]

@@ -8,8 +8,8 @@ import torch
 from torch import fx
 
 from harness.check.strategies import FxGraphSpec, FxNodeSpec
-from harness.runtime.compile_backend import is_dynamic_node
-from harness.runtime.piecewise import SplitInfo, op_name, split_graph_at_dynamic_ops
+from harness.runtime.piecewise.compile_backend import is_dynamic_node
+from harness.runtime.piecewise.split import SplitInfo, op_name, split_graph_at_dynamic_ops
 from suites.piecewise.fx_graphs import build_fx_graph, dynamic_op, inputs_for, is_test_dynamic
 
 

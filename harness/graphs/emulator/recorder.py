@@ -17,14 +17,14 @@ import torch
 from torch.utils._pytree import tree_flatten, tree_map_only
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from harness.graphs import opinfo
+from harness.graphs.emulator import opinfo
 from harness.graphs.base import CaptureError
-from harness.graphs.callsite import at_callsite, current_callsite, in_index_assignment
-from harness.graphs.cuda_paths import one_hot_without_sync
-from harness.graphs.external import ExternalMemory
-from harness.graphs.host_tensors import HOST_COPY_REFUSED
-from harness.graphs.opinfo import OpKind, ReplayStep
-from harness.graphs.pool import PoolArena, block_of, laid_out_like, laid_out_like_once, poison_value
+from harness.graphs.emulator.callsite import at_callsite, current_callsite, in_index_assignment
+from harness.graphs.emulator.cuda_paths import one_hot_without_sync
+from harness.graphs.emulator.external import ExternalMemory
+from harness.graphs.emulator.host_tensors import HOST_COPY_REFUSED
+from harness.graphs.emulator.opinfo import OpKind, ReplayStep
+from harness.graphs.emulator.pool import PoolArena, block_of, laid_out_like, laid_out_like_once, poison_value
 
 
 def _error(message: str, func: Any) -> CaptureError:

@@ -19,8 +19,8 @@ import torch.cuda.random
 import torch.random
 
 from harness.graphs.base import CaptureError
-from harness.graphs.callsite import at_callsite, current_callsite
-from harness.graphs.opinfo import ReplayStep
+from harness.graphs.emulator.callsite import at_callsite, current_callsite
+from harness.graphs.emulator.opinfo import ReplayStep
 
 
 def _save_state(generator: torch.Generator, into: torch.Tensor) -> None:

@@ -26,9 +26,9 @@ from harness.model.rope import apply_rotary
 from harness.ops.attention import paged_attention_op
 from harness.ops.kv_cache import PagedKVCache
 from harness.ops.metadata import AttentionMetadata
-from harness.runtime import buckets as bucket_rules
-from harness.runtime.compile_backend import PiecewiseCompileBackend
-from harness.runtime.piecewise import CAPTURE, SERVE, WARMUP
+from harness.runtime.piecewise import buckets as bucket_rules
+from harness.runtime.piecewise.compile_backend import PiecewiseCompileBackend
+from harness.runtime.piecewise.runner import CAPTURE, SERVE, WARMUP
 from harness.runtime.stats import StatsRecorder
 
 CAPTURE_PHASE = "piecewise"

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from harness.graphs.opinfo import op_name
+from harness.graphs.emulator.opinfo import op_name
 
 
 class FailedOpTracker(TorchDispatchMode):

@@ -13,8 +13,8 @@ import torch
 from torch.multiprocessing.reductions import StorageWeakRef
 
 from harness.graphs.base import FreedMemoryError
-from harness.graphs.callsite import current_callsite
-from harness.graphs.pool import laid_out_like_once
+from harness.graphs.emulator.callsite import current_callsite
+from harness.graphs.emulator.pool import laid_out_like_once
 
 
 @dataclass(frozen=True)

@@ -38,7 +38,7 @@ from harness.ranking import RankedLogits, rank_logits
 from harness.ops.metadata import SequenceSpan
 from harness.ops.sizing import cdiv
 from harness.runtime.comm import Comm, SingleProcessComm
-from harness.runtime.graph_runner import (DecodeGraphKey, GraphRunner, PaddedDecodeBatch, pad_decode_batch,
+from harness.runtime.decode.runner import (DecodeGraphKey, GraphRunner, PaddedDecodeBatch, pad_decode_batch,
                                           sampling_variant)
 from harness.runtime.stats import StatsRecorder
 

@@ -25,7 +25,7 @@ from torch.utils._device import DeviceContext
 from torch.utils._pytree import tree_flatten
 
 from harness.graphs.base import CaptureError
-from harness.graphs.callsite import at_callsite, current_callsite
+from harness.graphs.emulator.callsite import at_callsite, current_callsite
 
 HOST_COPY_REFUSED = ("a copy from pageable host memory, which CUDA refuses (\"Cannot copy between "
                      "CPU and CUDA tensors during CUDA graph capture unless the CPU tensor is "

@@ -19,9 +19,9 @@ import torch
 from torch import fx
 
 from harness.graphs.base import GraphBackend
-from harness.runtime.piecewise import (CaptureControl, PiecewiseRunner, PoolGroup, SplitInfo, is_weight,
-                                       mutated_inputs, node_calls_ops, split_graph_at_dynamic_ops,
-                                       submodule_name)
+from harness.runtime.piecewise.runner import CaptureControl, PiecewiseRunner, PoolGroup, is_weight
+from harness.runtime.piecewise.split import (SplitInfo, mutated_inputs, node_calls_ops, split_graph_at_dynamic_ops,
+                                             submodule_name)
 
 # The ops whose work depends on the host-side batch layout: they run eagerly between the pieces.
 DYNAMIC_OPS = frozenset({"harness::paged_attention", "harness::block_sparse_attention"})

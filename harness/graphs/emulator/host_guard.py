@@ -10,7 +10,7 @@ from typing import Callable, Iterator
 import torch
 
 from harness.graphs.base import CaptureError
-from harness.graphs.callsite import at_callsite, current_callsite
+from harness.graphs.emulator.callsite import at_callsite, current_callsite
 
 def _guarded(name: str, original: Callable, device: torch.device) -> Callable:
     @functools.wraps(original)
