@@ -59,9 +59,19 @@ class EmulatedBackend(GraphBackend):
         if device.type == "cuda" and device.index is None:
             device = torch.device("cuda", torch.cuda.current_device())
         self.device = device
+        self._stream = None  # the side stream of captures through torch.cuda.graph
 
     def graph_pool_handle(self) -> PoolArena:
+        if self._through_torch_cuda():
+            return torch.cuda.graph_pool_handle()
         return PoolArena(self.device)
+
+    def _through_torch_cuda(self) -> bool:
+        """Inside emulate_cuda() a cuda device's graphs are torch.cuda's (the emulated CUDAGraph):
+        captured as code written for CUDA captures them, on a side stream."""
+        from harness.graphs.emulator.device import emulation_active
+
+        return self.device.type == "cuda" and emulation_active() is not None
 
     def is_capturing(self) -> bool:
         return any(isinstance(mode, Recorder) for mode in _get_current_dispatch_mode_stack())
@@ -75,6 +85,8 @@ class EmulatedBackend(GraphBackend):
             raise TypeError(f"pool must be a handle from graph_pool_handle() or a graph's .pool "
                             f"of the emulated backend, got {type(pool).__name__}")
         arena = pool if pool is not None else self.graph_pool_handle()
+        if self._through_torch_cuda():
+            return self._capture_through_torch_cuda(fn, arena)
         if arena.device != self.device:
             raise ValueError(f"pool lives on {arena.device} but this backend captures on {self.device}")
         session = CaptureSession(arena, self.device)
@@ -88,3 +100,13 @@ class EmulatedBackend(GraphBackend):
         recording = session.end(stacklevel=4)
         return EmulatedGraph(output, arena, recording.steps, recording.inference_mode,
                              recording.external)
+
+    def _capture_through_torch_cuda(self, fn: Callable[[], Any], arena: PoolArena) -> CapturedGraph:
+        from harness.graphs.cuda import CudaGraph
+
+        if self._stream is None:
+            self._stream = torch.cuda.Stream(self.device)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.device(self.device), torch.cuda.graph(graph, pool=arena, stream=self._stream):
+            output = fn()
+        return CudaGraph(graph, output, arena)

@@ -47,7 +47,7 @@ def _parse_to(args: tuple, kwargs: dict) -> tuple[Any, dict, Tensor | None]:
     positional = list(args)
     other = next((a for a in positional if isinstance(a, Tensor)), None)
     device = rest.pop("device", None)
-    if positional and (isinstance(positional[0], (str, torch.device)) or
+    if positional and (positional[0] is None or isinstance(positional[0], (str, torch.device)) or
                        (isinstance(positional[0], int) and not isinstance(positional[0], bool))):
         device = positional.pop(0)
     if other is not None:
