@@ -9,6 +9,7 @@ cpu tensors), so `torch.cuda.manual_seed` and `torch.manual_seed` seed the same 
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 from typing import Any, Callable
 
@@ -229,6 +230,27 @@ def patches(state) -> list[tuple[Any, str, Any]]:
     def initial_seed() -> int:
         return generator.initial_seed()
 
+    def _cuda_setStream(stream_id: int = 0, device_index: int = 0, device_type: int = 1) -> None:
+        stream = streams.by_id.get((stream_id, device_index))
+        if stream is None:
+            stream = streams.default(device_index) if stream_id == 0 else Stream(
+                device_index, stream_id=stream_id)
+        streams.set_current(stream)
+        state.current_index = stream.device_index
+
+    # torch._C's own names, which torch's Python helpers (and torch.testing's TestCase) call.
+    # Each its own function object: torch._dynamo's trace rules refuse one object under two names.
+    private = {
+        "_cuda_setStream": _cuda_setStream,
+        "_cuda_setDevice": lambda device: set_device(device),
+        "_cuda_getDevice": lambda: current_device(),
+        "_cuda_clearCublasWorkspaces": lambda: None,
+        "_cuda_emptyCache": lambda: None,
+        "_cuda_synchronize": lambda: synchronize(),
+        "_cuda_isCurrentStreamCapturing": lambda: is_current_stream_capturing(),
+        "_host_emptyCache": lambda: None,
+    }  # not _cuda_getDeviceCount: torch.cuda._is_compiled() asks for it to tell a CUDA build
+
     from harness.graphs.emulator.device.session import CUDAGraph
 
     api: dict[str, Callable] = {
@@ -255,6 +277,7 @@ def patches(state) -> list[tuple[Any, str, Any]]:
         "get_arch_list": lambda: [f"sm_{props.major}{props.minor}"],
         "current_blas_handle": lambda: 0, "ipc_collect": lambda: None,
     }
+    api = _distinct(api)
     out: list[tuple[Any, str, Any]] = [(torch.cuda, name, fn) for name, fn in api.items()]
     for module in (torch.cuda.memory, torch.cuda.random, torch.cuda.streams, torch.cuda.graphs):
         out += [(module, name, fn) for name, fn in api.items() if name in module.__dict__]
@@ -262,12 +285,25 @@ def patches(state) -> list[tuple[Any, str, Any]]:
         (torch.cuda, "default_generators", (generator,) * props.count),
         (torch.cuda.graph, "default_capture_stream", None),
         (torch.version, "cuda", "12.8"),
-        (torch._C, "_host_emptyCache", lambda: None),
+        *[(torch._C, name, fn) for name, fn in private.items()],
         (torch.autograd, "_engine_run_backward",
          engine_with_placement(state, torch.autograd._engine_run_backward)),
         (torch._C._autograd, "_push_saved_tensors_default_hooks", saved_tensor_hooks_with_placement(
             state, torch._C._autograd._push_saved_tensors_default_hooks)),
     ]
+    return out
+
+
+def _distinct(api: dict[str, Any]) -> dict[str, Any]:
+    """Each name its own function object (an alias gets a wrapper): torch._dynamo's trace rules
+    refuse one object known under two names with different rules."""
+    seen: set[int] = set()
+    out = {}
+    for name, fn in api.items():
+        if id(fn) in seen and callable(fn) and not isinstance(fn, type):
+            fn = functools.wraps(fn)(lambda *a, _fn=fn, **k: _fn(*a, **k))
+        seen.add(id(fn))
+        out[name] = fn
     return out
 
 
