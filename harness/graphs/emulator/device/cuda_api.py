@@ -286,6 +286,10 @@ def patches(state) -> list[tuple[Any, str, Any]]:
         (torch.cuda.graph, "default_capture_stream", None),
         (torch.version, "cuda", "12.8"),
         *[(torch._C, name, fn) for name, fn in private.items()],
+        # The optimizers' capture health check and others ask whether torch was built with CUDA.
+        (torch.backends.cuda, "is_built", lambda: True),
+        # Its C++ argument parser takes only torch's own Stream type.
+        (torch.Tensor, "record_stream", lambda self, stream: streams.record_stream(self, stream)),
         (torch.autograd, "_engine_run_backward",
          engine_with_placement(state, torch.autograd._engine_run_backward)),
         (torch._C._autograd, "_push_saved_tensors_default_hooks", saved_tensor_hooks_with_placement(

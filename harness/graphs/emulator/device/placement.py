@@ -72,7 +72,6 @@ class Placement(TorchFunctionMode):
             torch.nn.functional.layer_norm: self._layer_norm,
             torch.layer_norm: self._layer_norm, torch.native_layer_norm: self._layer_norm,
             Tensor.__repr__: self._repr,
-            Tensor.record_stream: self._record_stream,
         }
 
     # --- the hot path ------------------------------------------------------------------------
@@ -136,6 +135,10 @@ class Placement(TorchFunctionMode):
         previous, memory.call_on_device = memory.call_on_device, True
         try:
             out = func(*args, **kwargs)
+        except RuntimeError as error:
+            if "can't allocate memory" in str(error):
+                raise self.state.out_of_memory(error) from error
+            raise
         finally:
             memory.call_on_device = previous
         self._mark(out, DEVICE)
@@ -202,10 +205,6 @@ class Placement(TorchFunctionMode):
             return func(*args, **kwargs)
         with self:  # torch's printer asks `.device`, which this mode answers
             return torch._tensor_str._str(args[0], **kwargs)
-
-    def _record_stream(self, func, args, kwargs) -> None:
-        self.state.streams.record_stream(args[0], args[1] if len(args) > 1 else kwargs["stream"])
-
 
 def _first_is_device(args: tuple, kwargs: dict) -> bool:
     for a in (*args, *kwargs.values()):

@@ -95,6 +95,20 @@ class DeviceState:
     def is_current_stream_capturing(self) -> bool:
         return self.capture is not None and self.streams.current() in self.streams.capturing
 
+    def out_of_memory(self, error: Exception) -> Exception:
+        """CUDA's out-of-memory error for a cpu allocation that failed (`error`, whose text
+        names the bytes asked for)."""
+        import re
+
+        asked = re.search(r"allocate (\d+) bytes", str(error))
+        gib = int(asked.group(1)) / 2**30 if asked else float("nan")
+        total = self.properties.total_memory
+        free = total - self.memory.allocated_bytes()
+        return torch.OutOfMemoryError(
+            f"CUDA out of memory. Tried to allocate {gib:.2f} GiB. GPU {self.current_index} has a "
+            f"total capacity of {total / 2**30:.2f} GiB of which {free / 2**30:.2f} GiB is free. "
+            f"(emulated device: the host could not allocate it)")
+
     # --- the observer interface --------------------------------------------------------------
 
     @contextlib.contextmanager
