@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from typing import Any, Callable
 
 import torch
+import torch.accelerator
 import torch.cuda.graphs
 import torch.cuda.memory
 import torch.cuda.random
@@ -277,10 +278,30 @@ def patches(state) -> list[tuple[Any, str, Any]]:
         "get_arch_list": lambda: [f"sm_{props.major}{props.minor}"],
         "current_blas_handle": lambda: 0, "ipc_collect": lambda: None,
     }
+    accelerator = {
+        "is_available": lambda: True, "device_count": lambda: props.count,
+        "current_accelerator": lambda check_available=False: torch.device("cuda"),
+        "current_device_index": lambda: state.current_index,
+        "current_device_idx": lambda: state.current_index,
+        "set_device_index": lambda device: set_device(device),
+        "set_device_idx": lambda device: set_device(device),
+        "current_stream": lambda device=None: streams.current(device),
+        "set_stream": lambda stream: set_stream(stream),
+        "synchronize": lambda device=None: synchronize(device),
+        "memory_allocated": lambda device=None: memory_allocated(device),
+        "max_memory_allocated": lambda device=None: max_memory_allocated(device),
+        "memory_reserved": lambda device=None: memory_allocated(device),
+        "max_memory_reserved": lambda device=None: max_memory_allocated(device),
+        "reset_peak_memory_stats": lambda device=None: reset_peak_memory_stats(device),
+        "memory_stats": lambda device=None: memory_stats(device),
+        "empty_cache": lambda: None,
+    }
     api = _distinct(api)
     out: list[tuple[Any, str, Any]] = [(torch.cuda, name, fn) for name, fn in api.items()]
     for module in (torch.cuda.memory, torch.cuda.random, torch.cuda.streams, torch.cuda.graphs):
         out += [(module, name, fn) for name, fn in api.items() if name in module.__dict__]
+    out += [(torch.accelerator, name, fn) for name, fn in accelerator.items()
+            if name in torch.accelerator.__dict__]
     out += [
         (torch.cuda, "default_generators", (generator,) * props.count),
         (torch.cuda.graph, "default_capture_stream", None),

@@ -77,9 +77,11 @@ class Placement(TorchFunctionMode):
     # --- the hot path ------------------------------------------------------------------------
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
-        if type(func) is _MethodWrapper:  # a property getter: x.shape, x.device, x.grad, ...
+        if type(func) is _MethodWrapper:  # a property: x.shape, x.device, x.grad = g, ...
             getter = self._getters.get(func.__self__)
-            return func(*args) if getter is None else getter(func, args[0])
+            if getter is None or func.__name__ != "__get__":
+                return func(*args)
+            return getter(func, args[0])
         kwargs = kwargs or {}
         handler = self._calls.get(func)
         if handler is not None:
