@@ -24,6 +24,7 @@ import types
 
 import torch
 from torch.overrides import TorchFunctionMode
+from torch.utils._device import DeviceContext, _device_constructors
 
 from harness.graphs.base import CaptureError
 from harness.graphs.emulator.device import transfers
@@ -31,6 +32,7 @@ from harness.graphs.emulator.device.memory import DEVICE, MEMORY_ATTR, PINNED
 from harness.graphs.emulator.device.rules import CPU, cuda_index, mixed_devices_error, names_cuda
 
 Tensor = torch.Tensor
+_CONSTRUCTORS = _device_constructors()
 _MethodWrapper = types.MethodWrapperType
 _descriptor = torch._C.TensorBase.__dict__.__getitem__
 
@@ -77,42 +79,47 @@ class Placement(TorchFunctionMode):
     # --- the hot path ------------------------------------------------------------------------
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
+        # The hot path: one Python call per torch call, so the checks are inlined.
         if type(func) is _MethodWrapper:  # a property: x.shape, x.device, x.grad = g, ...
             getter = self._getters.get(func.__self__)
             if getter is None or func.__name__ != "__get__":
                 return func(*args)
             return getter(func, args[0])
-        kwargs = kwargs or {}
         handler = self._calls.get(func)
         if handler is not None:
-            return handler(func, args, kwargs)
-        return self._generic(func, args, kwargs)
-
-    def _generic(self, func, args, kwargs):
+            return handler(func, args, kwargs or {})
+        if kwargs is None:
+            kwargs = {}
+        if func in _CONSTRUCTORS and kwargs.get("device") is None:
+            default = _default_device()
+            if default is not None and default.type == "cuda":
+                kwargs = {**kwargs, "device": default}
         device_in = False
         host = None
-        for a in args:
-            if isinstance(a, Tensor):
-                if _is_device(a):
-                    device_in = True
-                elif host is None and a.dim():
-                    host = a
-            elif type(a) in (list, tuple):
-                for b in a:
-                    if isinstance(b, Tensor):
-                        if _is_device(b):
-                            device_in = True
-                        elif host is None and b.dim():
-                            host = b
-        named_device = False
-        pinned = False
-        if kwargs:
+        try:
+            for a in args:
+                if isinstance(a, Tensor):
+                    if getattr(a.untyped_storage(), MEMORY_ATTR, None) is DEVICE:
+                        device_in = True
+                    elif host is None and a.dim():
+                        host = a
+                elif type(a) is list or type(a) is tuple:
+                    for b in a:
+                        if isinstance(b, Tensor):
+                            if getattr(b.untyped_storage(), MEMORY_ATTR, None) is DEVICE:
+                                device_in = True
+                            elif host is None and b.dim():
+                                host = b
             for v in kwargs.values():
                 if isinstance(v, Tensor):
-                    if _is_device(v):
+                    if getattr(v.untyped_storage(), MEMORY_ATTR, None) is DEVICE:
                         device_in = True
                     elif host is None and v.dim():
                         host = v
+        except (RuntimeError, NotImplementedError):  # a tensor without storage (sparse, nested)
+            device_in, host = _scan(args, kwargs)
+        named_device = pinned = False
+        if kwargs:
             target = kwargs.get("device")
             if target is not None and names_cuda(target):
                 self._check_index(target)
@@ -143,7 +150,15 @@ class Placement(TorchFunctionMode):
             raise
         finally:
             memory.call_on_device = previous
-        self._mark(out, DEVICE)
+        if isinstance(out, Tensor):
+            try:
+                storage = out.untyped_storage()
+                if getattr(storage, MEMORY_ATTR, None) is not DEVICE:
+                    memory.adopt(storage)
+            except (RuntimeError, NotImplementedError):
+                pass
+        elif out is not None:
+            self._mark(out, DEVICE)
         if self.state.observers:
             self.state.notify_op(func, args, kwargs, out)
         return out
@@ -207,6 +222,30 @@ class Placement(TorchFunctionMode):
             return func(*args, **kwargs)
         with self:  # torch's printer asks `.device`, which this mode answers
             return torch._tensor_str._str(args[0], **kwargs)
+
+def _default_device() -> torch.device | None:
+    """The device of `torch.set_default_device` / `with torch.device(...)`: a DeviceContext, which
+    torch keeps at the bottom of the mode stack, below this mode, so it would name the device only
+    after this mode has placed the call."""
+    if torch._C._len_torch_function_stack() == 0:
+        return None
+    bottom = torch._C._get_function_stack_at(0)
+    return bottom.device if isinstance(bottom, DeviceContext) else None
+
+
+def _scan(args: tuple, kwargs: dict) -> tuple[bool, Tensor | None]:
+    """The hot path's scan, for tensors that may lack a storage: (any device tensor, the first
+    host tensor of one or more dimensions)."""
+    device_in, host = False, None
+    for a in (*args, *kwargs.values()):
+        for t in (a if type(a) in (list, tuple) else (a,)):
+            if isinstance(t, Tensor):
+                if _is_device(t):
+                    device_in = True
+                elif host is None and t.dim():
+                    host = t
+    return device_in, host
+
 
 def _first_is_device(args: tuple, kwargs: dict) -> bool:
     for a in (*args, *kwargs.values()):
