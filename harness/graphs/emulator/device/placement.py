@@ -88,8 +88,10 @@ class Placement(TorchFunctionMode):
         handler = self._calls.get(func)
         if handler is not None:
             return handler(func, args, kwargs or {})
-        if kwargs is None:
-            kwargs = {}
+        return self._generic(func, args, {} if kwargs is None else kwargs)
+
+    def _generic(self, func, args, kwargs):
+        """The rule for every call without a handler of its own (see the module docstring)."""
         if func in _CONSTRUCTORS and kwargs.get("device") is None:
             default = _default_device()
             if default is not None and default.type == "cuda":
