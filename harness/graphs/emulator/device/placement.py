@@ -71,6 +71,8 @@ class Placement(TorchFunctionMode):
         self._calls = {
             **transfers.handlers(self),
             Tensor.get_device: self._get_device_index,
+            # Parses a device argument without making a tensor (Module.to): the device stays.
+            torch._C._nn._parse_to: lambda func, args, kwargs: func(*args, **kwargs),
             torch.nn.functional.layer_norm: self._layer_norm,
             torch.layer_norm: self._layer_norm, torch.native_layer_norm: self._layer_norm,
             Tensor.__repr__: self._repr,
