@@ -141,7 +141,7 @@ class Placement(TorchFunctionMode):
             first = "cuda:0" if _first_is_device(args, kwargs) else "cpu"
             raise mixed_devices_error(first, "cpu" if first != "cpu" else "cuda:0")
         if named_device and func in _FROM_HOST_DATA and self.state.capturing():
-            transfers.refuse_host_data(func, args)
+            transfers.refuse_host_data(self.state, func, args)
         # What the call makes inside (a composite's own factories: SDPA's causal mask) is device
         # memory too; the recorder asks this flag for calls without device tensors.
         memory = self.memory
@@ -215,10 +215,11 @@ class Placement(TorchFunctionMode):
                 if isinstance(p, Tensor) and p.dtype != x.dtype:
                     text = (f"expected scalar type {_scalar_name(x.dtype)} but found "
                             f"{_scalar_name(p.dtype)}")
-                    if self.state.capturing():
-                        raise CaptureError(f"{text} (CUDA's layer norm kernel takes {name} in the "
-                                           f"input's dtype)", op="aten.native_layer_norm.default")
-                    raise RuntimeError(text)
+                    if not self.state.capturing():
+                        raise RuntimeError(text)
+                    self.state.refuse(CaptureError(f"{text} (CUDA's layer norm kernel takes {name} "
+                                                   f"in the input's dtype)",
+                                                   op="aten.native_layer_norm.default"))
         return self._generic(func, args, kwargs)
 
     def _repr(self, func, args, kwargs) -> str:

@@ -62,6 +62,7 @@ class DeviceState:
         self.observers: list[Any] = []
         self.streams = Streams(self)
         self.capture = None  # the CUDAGraph being captured, if any
+        self.reporter = None  # (op, message) -> None while the capture lint runs
         self.initialized = False
         self.kind = "cpu"
         self.placement = None  # the placement mode (placement.py), once entered
@@ -74,7 +75,14 @@ class DeviceState:
         return self._devices[0]
 
     def capturing(self) -> bool:
-        return self.capture is not None
+        """True while a capture records, or a lint checks, what a capture would refuse."""
+        return self.capture is not None or self.reporter is not None
+
+    def refuse(self, error: Exception) -> None:
+        """Raise what a capture refuses; while a lint runs (`reporter` set), report it and go on."""
+        if self.reporter is None:
+            raise error
+        self.reporter(getattr(error, "op", None) or type(error).__name__, str(error))
 
     # --- what graphs.py's EmulatedCUDAGraph asks of its device -------------------------------
 
