@@ -123,7 +123,7 @@ def capture_lint(fn: Callable[[], Any], *, context: tuple[Any, ...] = (), name: 
     modules' parameters and buffers are not reported as external memory, and their other tensors
     are named by path in the report (`Engine.metadata.positions`)."""
     owners = _reachable(fn) + [obj for c in context for obj in [c, *_reachable_from(c)]]
-    device = torch.device(device) if device is not None else _device_of(owners)
+    device = torch.device(device) if device is not None else (_closure_device(fn) or _device_of(owners))
     exempt = {_storage(t) for m in owners if isinstance(m, nn.Module)
               for t in [*m.parameters(), *m.buffers()]}
     names = _tensor_names(owners)
@@ -371,3 +371,13 @@ def _device_of(owners: list[Any]) -> torch.device:
             for p in owner.parameters():
                 return p.device
     return torch.device("cpu")
+
+
+def _closure_device(fn: Any) -> torch.device | None:
+    """The device of the first accelerator tensor in the callable's closure (a step over bare
+    buffers, without a module), or None."""
+    for cell in getattr(fn, "__closure__", None) or ():
+        value = cell.cell_contents if _has_contents(cell) else None
+        if isinstance(value, torch.Tensor) and value.device.type != "cpu":
+            return value.device
+    return None
