@@ -1,7 +1,7 @@
 """Greedy choice and top-k logprobs from one step's logits.
 
 Greedy is the argmax of the logits; among equal logits the lowest token id wins. The top-k list is
-ordered by logit, best first, with the same tie rule (a stable descending sort keeps equal logits in
+ordered by logit, best first, with the same tie rule (a `topk` over keys that break ties by id keeps equal logits in
 ascending id order), so `top[0]` is always the chosen token. Logprobs are log_softmax in fp32. The
 ranking runs here on the host, or inside a decode graph that ranks on the device
 (`EngineConfig.graph_top_k`); either way it is `rank_logits`.
