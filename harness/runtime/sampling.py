@@ -34,14 +34,23 @@ def greedy_with_logprobs(logits: torch.Tensor, ks: list[int]) -> list[SampledRow
 def rows_from_ranked(ranked: RankedLogits, ks: list[int]) -> list[SampledRow]:
     """One row per sequence from logits already ranked (on the host, or inside a decode graph):
     row i keeps its first `ks[i]` pairs; rows past `len(ks)` (a graph's padding) are dropped."""
-    n = len(ks)
+    return rows_from_packed(pack_ranked(ranked, len(ks)).cpu(), ks)
+
+
+def pack_ranked(ranked: RankedLogits, n: int, width: int | None = None) -> torch.Tensor:
+    """The first `n` rows of a ranking as one device tensor [n, 2 * width + 1] (float64: ids,
+    logprobs, scale), so that one device-to-host transfer (each one is a sync, or an event to wait
+    for) carries the whole batch. float64 holds float32 values and token ids below 2**53 exactly."""
     if ranked.order.shape[0] < n:
         raise ValueError(f"{ranked.order.shape[0]} ranked rows for {n} sequences")
-    # One device-to-host transfer for the whole batch (each one is a sync): ids, logprobs and scales
-    # side by side in float64, which holds float32 values and token ids below 2**53 exactly.
-    width = ranked.order.shape[1]
-    packed = torch.cat([ranked.order[:n].double(), ranked.top_logprobs[:n].double(),
-                        ranked.scales[:n].double().unsqueeze(1)], dim=1).cpu()
+    width = ranked.order.shape[1] if width is None else width
+    return torch.cat([ranked.order[:n, :width].double(), ranked.top_logprobs[:n, :width].double(),
+                      ranked.scales[:n].double().unsqueeze(1)], dim=1)
+
+
+def rows_from_packed(packed: torch.Tensor, ks: list[int]) -> list[SampledRow]:
+    """SampledRows from `pack_ranked`'s output, on the host."""
+    width = (packed.shape[1] - 1) // 2
     order_h = packed[:, :width].long().tolist()
     logprobs_h = packed[:, width:2 * width].tolist()
     scales_h = packed[:, 2 * width].tolist()
