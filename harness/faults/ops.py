@@ -53,7 +53,7 @@ def pad_slot_minus_one_wraps(handle: FaultHandle) -> Iterator[None]:
 @contextlib.contextmanager
 def pad_nan_leaks_into_real_rows(handle: FaultHandle) -> Iterator[None]:
     def make(dense_attention):
-        def planted(q, keys, values, visible, scale):
+        def planted(q, keys, values, hidden, scale):
             handle.fire()
             # Masks the scores only: a hidden position's value still enters the sum as
             # 0 * value, and 0 * NaN from a padded row's K/V is NaN.
@@ -61,7 +61,7 @@ def pad_nan_leaks_into_real_rows(handle: FaultHandle) -> Iterator[None]:
             kv_heads = keys.shape[0]
             qs = q.view(tokens, kv_heads, heads // kv_heads, head_dim).transpose(0, 1) * scale
             scores = torch.matmul(qs, keys.transpose(-1, -2))
-            scores = scores.masked_fill(~visible[None, :, None, :], torch.finfo(scores.dtype).min)
+            scores = scores.masked_fill(hidden[None, :, None, :], torch.finfo(scores.dtype).min)
             return torch.matmul(torch.softmax(scores, dim=-1), values)
         return planted
 

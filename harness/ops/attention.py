@@ -36,13 +36,13 @@ class ContextPlan:
 
     - `blocks` [tokens, max_blocks_per_seq] int64: the KV blocks of each token's sequence, in order
       (entries past the sequence are the pad block).
-    - `visible` [tokens, max_blocks_per_seq * block_size] bool: context position c is visible to a
-      token iff c <= its position (causal) and c < its sequence's length (all False for padded
-      tokens, whose sequence has length 0).
+    - `hidden` [tokens, max_blocks_per_seq * block_size] bool: context position c is visible to a
+      token iff c <= its position (causal) and c < its sequence's length (all hidden for padded
+      tokens, whose sequence has length 0); `hidden` marks the others, as the masks take it.
     """
 
     blocks: torch.Tensor
-    visible: torch.Tensor
+    hidden: torch.Tensor
 
 
 def context_plan(positions: torch.Tensor, token_to_seq: torch.Tensor, seq_lens: torch.Tensor,
@@ -53,7 +53,7 @@ def context_plan(positions: torch.Tensor, token_to_seq: torch.Tensor, seq_lens: 
     # A real token's position is below its sequence's length, so c <= position covers both rules
     # there; a padded token (length 0) must see nothing.
     limit = torch.minimum(positions + 1, seq_lens.index_select(0, token_to_seq))
-    return ContextPlan(blocks=blocks, visible=context[None, :] < limit[:, None])
+    return ContextPlan(blocks=blocks, hidden=context[None, :] >= limit[:, None])
 
 
 def write_kv(kv_layer: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
@@ -82,8 +82,8 @@ def gather_context(kv_layer: torch.Tensor, blocks: torch.Tensor,
 
 
 def dense_attention(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor,
-                    visible: torch.Tensor, scale: float) -> torch.Tensor:
-    """q [T, H, D], keys/values [KVH, T, C, D], visible [T, C] -> [KVH, T, H // KVH, D] in q's
+                    hidden: torch.Tensor, scale: float) -> torch.Tensor:
+    """q [T, H, D], keys/values [KVH, T, C, D], hidden [T, C] -> [KVH, T, H // KVH, D] in q's
     dtype; query head h reads kv head h // (H // KVH), as transformers' repeat_kv does. Rows that
     see nothing get 0. `values` is zeroed in place where hidden (it is the caller's gather)."""
     tokens, heads, head_dim = q.shape
@@ -95,7 +95,6 @@ def dense_attention(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor,
     kb = keys.reshape(-1, keys.shape[2], head_dim).transpose(-1, -2)
     unused = torch.empty((), dtype=q.dtype, device=q.device).expand(qb.shape[0], group, kb.shape[2])
     scores = torch.baddbmm(unused, qb, kb, beta=0, alpha=scale).view(kv_heads, tokens, group, -1)
-    hidden = ~visible
     # The lowest finite value, not -inf: a row that sees nothing then softmaxes to a uniform row
     # (not NaN) over values zeroed below, so it comes out 0 without masking the probabilities too.
     scores.masked_fill_(hidden[None, :, None, :], torch.finfo(scores.dtype).min)
@@ -111,16 +110,16 @@ def paged_attention_impl(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                          seq_lens: torch.Tensor, block_tables: torch.Tensor, scale: float,
                          out: torch.Tensor, scratch: Optional[torch.Tensor],
                          plan_blocks: Optional[torch.Tensor] = None,
-                         plan_visible: Optional[torch.Tensor] = None) -> None:
+                         plan_hidden: Optional[torch.Tensor] = None) -> None:
     """Write k/v into the cache at slot_mapping, then out = softmax(q K^T * scale) V over each
     token's visible context. `scratch`, when given, holds the gathered K/V [2, KVH, T, C, D];
-    `plan_blocks`/`plan_visible` (a `ContextPlan`), when given, spare recomputing it."""
+    `plan_blocks`/`plan_hidden` (a `ContextPlan`), when given, spare recomputing it."""
     write_kv(kv_layer, k, v, slot_mapping)
-    if plan_blocks is None or plan_visible is None:
+    if plan_blocks is None or plan_hidden is None:
         plan = context_plan(positions, token_to_seq, seq_lens, block_tables, kv_layer.shape[2])
-        plan_blocks, plan_visible = plan.blocks, plan.visible
+        plan_blocks, plan_hidden = plan.blocks, plan.hidden
     context = gather_context(kv_layer, plan_blocks, scratch)
-    attended = dense_attention(q, context[0], context[1], plan_visible, scale)  # [KVH, T, G, D]
+    attended = dense_attention(q, context[0], context[1], plan_hidden, scale)  # [KVH, T, G, D]
     tokens, heads, head_dim = q.shape
     out.view(tokens, attended.shape[0], attended.shape[2], head_dim).copy_(attended.transpose(0, 1))
 
@@ -132,7 +131,7 @@ paged_attention_op = torch.library.custom_op(
 
 @paged_attention_op.register_fake
 def _(q, k, v, kv_layer, slot_mapping, positions, token_to_seq, seq_lens, block_tables, scale,
-      out, scratch, plan_blocks=None, plan_visible=None) -> None:
+      out, scratch, plan_blocks=None, plan_hidden=None) -> None:
     return None
 
 
@@ -186,6 +185,6 @@ def paged_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, kv_layer:
                              f"{kv_layer.dtype}")
         context = metadata.max_blocks_per_seq * metadata.block_size
         scratch = workspace.get(2 * tokens * context * k.shape[1] * k.shape[2])
-    blocks, visible = (None, None) if plan is None else (plan.blocks, plan.visible)
-    paged_attention_op(q, k, v, kv_layer, *metadata.op_inputs(), scale, out, scratch, blocks, visible)
+    blocks, hidden = (None, None) if plan is None else (plan.blocks, plan.hidden)
+    paged_attention_op(q, k, v, kv_layer, *metadata.op_inputs(), scale, out, scratch, blocks, hidden)
     return out

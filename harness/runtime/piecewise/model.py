@@ -53,7 +53,7 @@ def make_token_body(model) -> Callable[..., torch.Tensor]:
             q, k, v = attn.qkv(layer.input_layernorm(x), cos, sin)
             out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
             paged_attention_op(q, k, v, kv_layer, slot_mapping, positions, token_to_seq, seq_lens,
-                               block_tables, attn.scale, out, scratch, plan.blocks, plan.visible)
+                               block_tables, attn.scale, out, scratch, plan.blocks, plan.hidden)
             # x is this segment's input (it crosses the attention op): not written in place.
             x = layer.after_attention(x, out.view(x.shape[0], -1), in_place=False)
         return x
