@@ -30,7 +30,7 @@ from harness.runtime import Engine, EngineConfig
 
 PROXY_LAYERS = (2, 4)
 CONTEXT = 64
-NO_KERNEL = {"empty.memory_format", "empty_strided.default", "empty.default"}
+NO_KERNEL = {"empty.memory_format", "empty_strided.default", "empty.default", "empty_like.default"}
 CUSTOM_BODIES: dict[str, Callable[..., object]] = {
     "harness::paged_attention": paged_attention_impl,
     "harness::block_sparse_attention": block_sparse_attention_impl,
