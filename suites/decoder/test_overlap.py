@@ -7,13 +7,10 @@ from __future__ import annotations
 import pytest
 import torch
 
+from fixtures.models import step_values
 from harness.check.compare import compare_generations
 
 STALL_CYCLES = 20_000_000  # about 10 ms on an H200: longer than a tiny decode step's host work
-
-
-def values(generations):
-    return [[(s.token, s.logprob, s.top, s.logit_scale) for s in g.steps] for g in generations]
 
 
 @pytest.mark.parametrize("graph_top_k", [pytest.param((), marks=pytest.mark.slow), (2,)],
@@ -26,7 +23,7 @@ def test_overlap_with_decode_graphs_matches_the_loop_without(make_engine, decode
     comparison = compare_generations(expected, actual)
     assert comparison.ok, str(comparison)
     if graph_backend.name == "emulated":
-        assert values(actual) == values(expected)
+        assert step_values(actual) == step_values(expected)
     assert sum(engine.stats.replays.values()) > 0
     assert not engine.stats.fallbacks, dict(engine.stats.fallbacks)
 
