@@ -157,7 +157,7 @@ class OverlapLoop:
         self.engine = engine
         self.width_capacity = max(max_width, 1)
         rows = engine.config.max_batch_size
-        self.outputs = PinnedTurns(rows * (2 * self.width_capacity + 1), torch.float64, engine.device)
+        self.outputs = PinnedTurns(rows * (2 * self.width_capacity + 1), torch.float32, engine.device)
         self.dropped = 0
 
     def run(self, scheduler: Scheduler) -> None:

@@ -38,23 +38,27 @@ def rows_from_ranked(ranked: RankedLogits, ks: list[int]) -> list[SampledRow]:
 
 
 def pack_ranked(ranked: RankedLogits, n: int, width: int | None = None) -> torch.Tensor:
-    """The first `n` rows of a ranking as one device tensor [n, 2 * width + 1] (float64: ids,
+    """The first `n` rows of a ranking as one device tensor [n, 2 * width + 1] (float32: ids,
     logprobs, scale), so that one device-to-host transfer (each one is a sync, or an event to wait
-    for) carries the whole batch. float64 holds float32 values and token ids below 2**53 exactly."""
+    for) carries the whole batch. float32 holds the logprobs and scales as they are and token ids
+    below 2**24 exactly."""
     if ranked.order.shape[0] < n:
         raise ValueError(f"{ranked.order.shape[0]} ranked rows for {n} sequences")
+    if ranked.logprobs.shape[-1] > 2 ** 24:
+        raise ValueError(f"a vocabulary of {ranked.logprobs.shape[-1]} tokens has ids float32 cannot "
+                         f"hold exactly (at most 2**24)")
     width = ranked.order.shape[1] if width is None else width
-    return torch.cat([ranked.order[:n, :width].double(), ranked.top_logprobs[:n, :width].double(),
-                      ranked.scales[:n].double().unsqueeze(1)], dim=1)
+    return torch.cat([ranked.order[:n, :width].float(), ranked.top_logprobs[:n, :width],
+                      ranked.scales[:n, None]], dim=1)
 
 
 def rows_from_packed(packed: torch.Tensor, ks: list[int]) -> list[SampledRow]:
-    """SampledRows from `pack_ranked`'s output, on the host."""
+    """SampledRows from `pack_ranked`'s output, on the host (one read of the whole tensor)."""
     width = (packed.shape[1] - 1) // 2
-    order_h = packed[:, :width].long().tolist()
-    logprobs_h = packed[:, width:2 * width].tolist()
-    scales_h = packed[:, 2 * width].tolist()
-    return [
-        SampledRow(token=ids[0], logprob=lps[0], top=tuple(zip(ids[:k], lps[:k])), logit_scale=scale)
-        for ids, lps, scale, k in zip(order_h, logprobs_h, scales_h, ks)
-    ]
+    rows = []
+    for values, k in zip(packed.tolist(), ks):
+        ids = [int(i) for i in values[:width]]
+        lps = values[width:2 * width]
+        rows.append(SampledRow(token=ids[0], logprob=lps[0], top=tuple(zip(ids[:k], lps[:k])),
+                               logit_scale=values[2 * width]))
+    return rows
