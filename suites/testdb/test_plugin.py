@@ -59,10 +59,12 @@ def run_pytest(project: Path, *args: str, **expect: str) -> subprocess.Completed
 
 @pytest.fixture(scope="module")
 def project(tmp_path_factory) -> Path:
-    """A project with the repository's root conftest.py and one fixture module in fixtures/."""
+    """A project using the harness (its ini setting), with the repository's root conftest.py and one
+    fixture module in fixtures/."""
     root = tmp_path_factory.mktemp("planted")
     shutil.copy(ROOT / "conftest.py", root / "conftest.py")
-    (root / "pytest.ini").write_text("[pytest]\naddopts = --import-mode=importlib\npythonpath = .\n")
+    (root / "pytest.ini").write_text("[pytest]\naddopts = --import-mode=importlib\npythonpath = .\n"
+                                     "capture_harness = true\n")
     (root / "fixtures").mkdir()
     (root / "fixtures" / "__init__.py").write_text("")
     (root / "fixtures" / "planted.py").write_text(
