@@ -239,6 +239,13 @@ def pytest_testnodedown(node, error) -> None:
     config.stash[_worker_firings] = config.stash.get(_worker_firings, 0) + fired
 
 
+def pytest_terminal_summary(terminalreporter, exitstatus: int, config: pytest.Config) -> None:
+    planted = config.stash.get(_planted, None)
+    if planted is not None:
+        _, handle = planted
+        terminalreporter.write_line(f"planted fault {handle.name}: fired {handle.fired} times")
+
+
 class ScenarioSlot:
     """What `repro_scenario` gives a test: `record(Scenario(...))` puts the engine-level comparison
     the test runs into its reproduction file, so `harness repro` can replay it without pytest."""
