@@ -14,7 +14,7 @@ torch_spec="${torch_spec:-torch}"
 
 pip_install() {
   # pip's own lines, less the ones about what is already there; its errors stay visible.
-  "$venv/bin/python" -m pip --disable-pip-version-check --progress-bar off install "$@" 2>&1 \
+  "$venv/bin/python" -m pip --disable-pip-version-check install --progress-bar off "$@" 2>&1 \
     | { grep -v -e "^Requirement already satisfied" -e "^WARNING: Location .* is ignored" || true; }
 }
 
