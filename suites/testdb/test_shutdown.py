@@ -1,5 +1,6 @@
-"""`harness run` stopped by SIGTERM (a CI cancellation): the signal reaches its pytest process and
-the xdist worker, nothing of the run survives, the partial table is printed, exit 143."""
+"""`harness run` stopped by SIGTERM (a CI cancellation) or SIGINT (Ctrl-C): the signal reaches its
+pytest process and the xdist worker, nothing of the run survives, the partial table is printed
+without a traceback, exit 143 or 130."""
 
 import os
 import select
@@ -7,6 +8,8 @@ import signal
 import subprocess
 import sys
 from pathlib import Path
+
+import pytest
 
 from harness.testdb.processes import group_members
 
@@ -44,7 +47,8 @@ def alive(pid: int) -> bool:
     return state not in ("Z", "X")
 
 
-def test_sigterm_stops_every_process_of_the_run_and_prints_the_partial_table(tmp_path):
+@pytest.mark.parametrize("signum, code", [(signal.SIGTERM, 143), (signal.SIGINT, 130)], ids=["SIGTERM", "SIGINT"])
+def test_a_signal_stops_every_process_of_the_run_and_prints_the_partial_table(tmp_path, signum, code):
     (tmp_path / "tests").mkdir()
     (tmp_path / "tests" / "test_blocking.py").write_text(BLOCKING_TESTS)
     (tmp_path / "lists").mkdir()
@@ -63,7 +67,7 @@ def test_sigterm_stops_every_process_of_the_run_and_prints_the_partial_table(tmp
         assert ready, "the blocking test never started"
         worker, controller = map(int, os.read(reader, 100).split())
         assert alive(worker) and alive(controller)
-        harness.send_signal(signal.SIGTERM)
+        harness.send_signal(signum)
         out, _ = harness.communicate(timeout=300)
     finally:
         os.close(reader)
@@ -71,8 +75,8 @@ def test_sigterm_stops_every_process_of_the_run_and_prints_the_partial_table(tmp
             harness.kill()
             harness.wait()
 
-    assert harness.returncode == 143, out
-    assert "[harness] stopped by SIGTERM" in out
+    assert harness.returncode == code, out
+    assert f"[harness] stopped by {signum.name}" in out
     assert "run 1/2 interrupted: tests/test_blocking.py" in out
     assert 'run 2/2 not started: tests/test_blocking.py::test_done_first -k "done"' in out
     assert any(line.startswith("total ") for line in out.splitlines()), out
