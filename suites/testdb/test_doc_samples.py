@@ -1,7 +1,10 @@
 """Documented CLI samples against real output: the user guide's `harness run` sample has the shape
 the runner prints today, and the size the docs give the example runtime is its size."""
 
+import os
 import re
+import subprocess
+import sys
 import textwrap
 from pathlib import Path
 
@@ -71,3 +74,16 @@ def test_the_example_runtime_is_as_long_as_the_docs_say():
     assert claimed, "docs/testing-your-runtime.md no longer says how long the example runtime is"
     lines = len((ROOT / "examples" / "my_runtime" / "my_runtime.py").read_text().splitlines())
     assert int(claimed.group(1)) == lines
+
+
+def test_last_failed_works_in_this_project_as_the_user_guide_advises(tmp_path):
+    """`harness run l0_cpu -- -x --lf`: under this project's pytest configuration, a second run with
+    --lf runs only the test that failed."""
+    (tmp_path / "test_lf.py").write_text("def test_passes():\n    pass\n\n\ndef test_fails():\n    assert False\n")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PYTEST_")}
+    cmd = [sys.executable, "-m", "pytest", "-c", str(ROOT / "pyproject.toml"), "--rootdir", str(tmp_path),
+           "-p", "no:xdist", "--repro-dir", "none", "-q", str(tmp_path / "test_lf.py")]
+    first = subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+    assert "1 failed, 1 passed" in first.stdout, first.stdout[-2000:]
+    again = subprocess.run([*cmd, "--lf"], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+    assert "1 failed, 1 deselected" in again.stdout, again.stdout[-2000:]
