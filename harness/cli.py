@@ -205,7 +205,9 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--json", type=Path, metavar="FILE",
                      help="also write the summary (suites, failed tests, reproduction files, skips by "
                           "reason, what a signal cut) as JSON to FILE")
-    run.epilog = "Arguments after -- go to every pytest run, e.g. harness run l0_cpu -- -x"
+    run.epilog = ("Arguments after -- go to every pytest run, e.g. harness run l0_cpu -- -x --lf. "
+                  "SIGINT or SIGTERM stops the run's pytest processes, prints the partial table and "
+                  "exits 130 or 143.")
     run.set_defaults(func=cmd_run)
 
     testdb = verbs.add_parser("testdb", help="inspect test-db lists").add_subparsers(dest="action", required=True)
