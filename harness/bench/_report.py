@@ -11,7 +11,7 @@ from pathlib import Path
 
 import torch
 
-_HEADER = "# Benchmarks\n\nAppended by `harness bench NAME`; newest last.\n"
+_HEADER = "# Benchmarks\n\nAppended by `harness bench NAME --output FILE`; newest last.\n"
 
 
 def git_commit() -> str:
