@@ -8,9 +8,9 @@ set -euo pipefail
 PY=${PY:-.venv/bin/python}
 case "${1:-}" in
   bench)
-    "$PY" -m harness.cli bench capture --backend cuda --iters 50 --warmup 10 --step-repeats 5
-    "$PY" -m harness.cli bench piecewise --shape tiny --prompt 16 --prompt 64 --prompt 256 --iters 50
-    "$PY" -m harness.cli bench piecewise --shape 1b --prompt 16 --prompt 64 --prompt 256 --iters 20
+    "$PY" -m harness.cli bench capture --backend cuda --iters 50 --warmup 10 --step-repeats 5 --output docs/benchmarks.md
+    "$PY" -m harness.cli bench piecewise --shape tiny --prompt 16 --prompt 64 --prompt 256 --iters 50 --output docs/benchmarks.md
+    "$PY" -m harness.cli bench piecewise --shape 1b --prompt 16 --prompt 64 --prompt 256 --iters 20 --output docs/benchmarks.md
     ;;
   tests)
     "$PY" -m pytest -q -n 0 --graph-backend cuda -p no:cacheprovider \
