@@ -13,8 +13,8 @@ Two measurements per model shape (the tiny CPU-suite model and the Llama-3.2-1B 
 Each ratio comes from one run: the median of many timed iterations after warmup.
 
 Then, in the same run: the decode step through `Engine.generate`, eager and with graphs, overlap off
-and on (engine_steps.py; targets at batch 1 with graphs and overlap: tiny <= 0.25 ms, 1b <= 1.2 ms
-on an H200), the ops per layer of a decode step as a CPU proxy for kernels (kernels.py), and on cuda
+and on (_engine_steps.py; targets at batch 1 with graphs and overlap: tiny <= 0.25 ms, 1b <= 1.2 ms
+on an H200), the ops per layer of a decode step as a CPU proxy for kernels (_kernels.py), and on cuda
 the kernels one replay of batch 1 launches (torch.profiler).
 
 `--profile` (one model, one `--batch`): the engine's graph step (prepare, replay, ranking and its
@@ -33,8 +33,8 @@ from typing import Callable
 import torch
 
 from harness.bench._report import append_section, machine_line
-from harness.bench.engine_steps import render_steps, step_misses, time_engine_steps
-from harness.bench.kernels import cuda_kernels_per_replay, op_counts, render_op_counts
+from harness.bench._engine_steps import render_steps, step_misses, time_engine_steps
+from harness.bench._kernels import cuda_kernels_per_replay, op_counts, render_op_counts
 from harness.cli_support import require_backend
 from harness.graphs import get_backend
 from harness.model import ReferenceLlama, llama_1b_config, random_llama, tiny_llama_config

@@ -83,7 +83,7 @@ def measure(engine, tokens: int, *, iters: int, warmup: int) -> Timing:
             eager_ms, piecewise_ms = median_ms(eager, piecewise, iters=iters, warmup=warmup)
             kernels = None
             if engine.device.type == "cuda":
-                from harness.bench.kernels import cuda_kernels_per_replay
+                from harness.bench._kernels import cuda_kernels_per_replay
 
                 kernels = cuda_kernels_per_replay(piecewise)
     finally:

@@ -35,7 +35,7 @@ def test_profile_breakdown_names_the_replay_share():
 
 
 def test_engine_step_targets_name_the_overlapped_graph_step_at_batch_1():
-    from harness.bench.engine_steps import StepTiming, render_steps, step_misses
+    from harness.bench._engine_steps import StepTiming, render_steps, step_misses
 
     steps = [StepTiming("tiny", 1, False, eager_ms=0.9, graph_ms=0.5),
              StepTiming("tiny", 1, True, eager_ms=0.8, graph_ms=0.3),
@@ -48,7 +48,7 @@ def test_engine_step_targets_name_the_overlapped_graph_step_at_batch_1():
 def test_the_op_counter_counts_a_custom_ops_body_and_no_views():
     import torch
 
-    from harness.bench.kernels import AtenOpCounter
+    from harness.bench._kernels import AtenOpCounter
     from suites.ops.batches import make_batch
     from harness.ops import paged_attention
 
@@ -62,7 +62,7 @@ def test_the_op_counter_counts_a_custom_ops_body_and_no_views():
 
 
 def test_the_proxy_counts_at_most_20_ops_per_decoder_layer():
-    from harness.bench.kernels import op_counts
+    from harness.bench._kernels import op_counts
 
     counts = op_counts(1)
     assert counts.aten_per_layer <= 20, counts
