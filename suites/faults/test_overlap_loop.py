@@ -13,7 +13,8 @@ from harness.check.compare import compare_generations
 from harness.faults import inject
 from harness.runtime import Engine
 
-PLANTED = ["padding-dummy-aliases-live-blocks", "metadata-rebound"]
+# One pre-merge; the other waits for nightly.
+PLANTED = ["padding-dummy-aliases-live-blocks", pytest.param("metadata-rebound", marks=pytest.mark.slow)]
 
 
 @pytest.mark.parametrize("name", PLANTED)
