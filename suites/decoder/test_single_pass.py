@@ -52,6 +52,10 @@ def test_the_single_pass_does_nothing_twice(make_engine):
     sizes = len(make_engine().config.decode_graph_sizes)
     assert final_phase_forwards(make_engine()) == 1 + 3 * sizes
     assert final_phase_forwards(make_engine(single_pass_capture=True)) == 2 * sizes
+    # Two sampling variants per size: the second captures without warming the model again.
+    variants = dict(graph_top_k=(1, 2))
+    assert final_phase_forwards(make_engine(**variants)) == 1 + 5 * sizes
+    assert final_phase_forwards(make_engine(single_pass_capture=True, **variants)) == 3 * sizes
 
 
 def test_the_environment_switch_opts_in(monkeypatch, make_engine):

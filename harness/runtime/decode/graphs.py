@@ -12,8 +12,9 @@ clears its graphs and captures again with two passes, warning with the moved ten
 - The ranks also agree which shapes every rank can build (a rank whose KV cache is too small for a
   shape's dummy batch would skip it), so no rank waits in a line-up its peers skip.
 - The KV-cache estimation phase always captures with two passes.
-- The single pass does not repeat the eager-workspace reservation (an eager forward of
-  max_num_tokens rows) that an earlier phase made in the same workspace: the workspace only grows.
+- The single pass does nothing twice: not the eager-workspace reservation (an eager forward of
+  max_num_tokens rows) that an earlier phase made in the same workspace (the workspace only grows),
+  nor a size's model warmup for its second and later sampling variants.
 - Every warmup forward runs under the caller's "warmup" scope and every capture under "serving"
   (the reference: communication timeouts; the graph keeps the serving ones).
 - After each capture the ranks line up (device sync + one allgather) before the replay that follows.
@@ -270,8 +271,9 @@ class DecoderGraphs:
 
     def _capture_single_pass(self, sizes: list[int]) -> int:
         for size in sizes:
-            for top_k in self._variants():
-                self._warmup_and_capture_one(size, top_k, record=True)
+            for i, top_k in enumerate(self._variants()):
+                # A size's later variants capture the same model step: its warmup ran for the first.
+                self._warmup_and_capture_one(size, top_k, record=True, warm_model=i == 0)
         return 1
 
     def _warmup_only(self, size: int) -> None:
@@ -279,13 +281,15 @@ class DecoderGraphs:
             self._prepare(batch)
             self._warmup_forward(size)
 
-    def _warmup_and_capture_one(self, size: int, top_k: int | None, *, record: bool) -> None:
+    def _warmup_and_capture_one(self, size: int, top_k: int | None, *, record: bool,
+                                warm_model: bool = True) -> None:
         key = self.graph_key(size, top_k)
         if key in self.runner:
             return
         with self._dummy_batch(size) as batch:
             self._prepare(batch)
-            self._warmup_forward(size)
+            if warm_model:
+                self._warmup_forward(size)
             if top_k is not None:
                 self._warmup_ranking(size, top_k)
             self.runner.capture(key, self._captured_step(top_k), scope=self._serving_scope,
