@@ -12,6 +12,8 @@ passes, then releases every graph; phase 2 (`finalize_kv_cache`) reallocates the
 metadata and captures again against them. `generate` runs both on first use if no one did.
 With `EngineConfig.graph_top_k` the decode graphs rank the logits themselves (one graph per size
 and k), and the step loop turns their ranking into Steps, each request keeping its own `logprobs`.
+With `EngineConfig.overlap` the steps run through the overlap loop (overlap.py) instead: the same
+`_forward`, one step in flight, tokens read one step late.
 """
 
 from __future__ import annotations
