@@ -59,6 +59,15 @@ def _short(value: Any) -> str:
     return text if len(text) <= 60 else text[:57] + "..."
 
 
+def uninitialized(pair: ArgumentPair, context: CauseContext) -> Cause | None:
+    if not pair.eager.allocated_at:
+        return None
+    return Cause(NEVER_WRITTEN,
+                 f"`{pair.name}` was allocated by an `empty` at {pair.eager.allocated_at} and no op "
+                 f"wrote it before this one read it, in the graph and eagerly alike: the op meant "
+                 f"to fill it wrote another tensor (both runs read leftover memory)")
+
+
 def host_value(pair: ArgumentPair, context: CauseContext) -> Cause | None:
     if pair.replay.origin is Origin.HOST:
         return Cause(HOST_VALUE_FROZEN,
@@ -120,7 +129,7 @@ def upstream(pair: ArgumentPair, context: CauseContext) -> Cause | None:
     return Cause(UPSTREAM, f"`{pair.name}` was written by this replay and differs: {pair.difference}")
 
 
-CLASSIFIERS: tuple[Classifier, ...] = (host_value, rebound, unwritten_pool, pool_memory, contents_changed, upstream)
+CLASSIFIERS: tuple[Classifier, ...] = (uninitialized, host_value, rebound, unwritten_pool, pool_memory, contents_changed, upstream)
 
 
 def differing_arguments(eager: Sequence[Value], replay: Sequence[Value], steps: float) -> list[ArgumentPair]:

@@ -24,7 +24,7 @@ from typing import Any, Callable, Mapping, Sequence
 import torch
 
 import harness.graphs
-from harness.check.causes import (CLASSIFIERS, UPSTREAM, Cause, CauseContext, Classifier, classify,
+from harness.check.causes import (CLASSIFIERS, NEVER_WRITTEN, UPSTREAM, Cause, CauseContext, Classifier, classify,
                                   differing_arguments)
 from harness.check.oplog import EagerOpLog, OpEvent, output_difference, record_event, record_inputs
 from harness.graphs.base import CapturedGraph, GraphBackend
@@ -181,6 +181,20 @@ class _Comparison:
         if index is not None:
             self.agreed.append(OpLine(event.op, event.where()))
 
+    def _located(self, cause: Cause, pair, eager: OpEvent) -> Cause:
+        """For memory no op wrote: the latest eager op before it that wrote an argument of its size
+        and dtype in place, likely the one meant to fill it (and given another tensor), with its callers."""
+        value = pair.eager.value
+        if cause.kind != NEVER_WRITTEN or not isinstance(value, torch.Tensor):
+            return cause
+        for event in reversed(self.events[:self.events.index(eager)]):
+            if any(o.numel() == value.numel() and o.dtype == value.dtype
+                   for o in event.outputs[:event.writes]):
+                frames = " <- ".join(describe_frame(f) for f in event.frames[:3] if not _is_machinery(f))
+                return Cause(cause.kind, f"{cause.detail}; the latest op before it that wrote an "
+                                         f"argument of that size and dtype in place: {event.op} at {frames}")
+        return cause
+
     def _match(self, key: tuple) -> int | None:
         found = self.positions.get(key, [])
         at = bisect.bisect_left(found, self.cursor)
@@ -193,7 +207,8 @@ class _Comparison:
         session = self.session
         context = CauseContext(frozenset(self.written), session.roots, self.graph.inner.first_use)
         pairs = differing_arguments(eager.inputs, replayed.inputs, session.steps)
-        causes = [(pair, classify(pair, context, session.classifiers)) for pair in pairs]
+        causes = [(pair, self._located(classify(pair, context, session.classifiers), pair, eager))
+                  for pair in pairs]
         # A root cause before a knock-on one, an argument the op reads before one it only writes.
         causes.sort(key=lambda pc: (pc[0].replay.written, pc[1].kind == UPSTREAM))
         first = causes[0] if causes else None

@@ -37,6 +37,7 @@ class Value:
     origin: Origin = Origin.HOST
     storage: int | None = None  # where the storage it was read from begins
     written: bool = False  # the op writes it: its contents before the op may be a mere destination
+    allocated_at: str = ""  # eager only: where the `empty` that made it ran, when no op wrote it since
 
 
 @dataclass(frozen=True)
@@ -45,6 +46,7 @@ class OpEvent:
     frames: tuple[Frame, ...]
     inputs: tuple[Value, ...]
     outputs: tuple[torch.Tensor, ...]
+    writes: int = 0  # how many of the outputs (the first ones) are arguments it wrote in place
 
     @property
     def key(self) -> tuple[str, Frame | None]:
@@ -79,25 +81,38 @@ def record_event(record: OpRecord, inputs: tuple[Value, ...]) -> OpEvent:
     return OpEvent(record.op, record.frames, inputs, tuple(_copy(t) for t in record.outputs))
 
 
-def _named_values(func, args, kwargs) -> tuple[Value, ...]:
+_UNINITIALIZED = frozenset({torch.ops.aten.empty.memory_format, torch.ops.aten.empty_like.default,
+                            torch.ops.aten.empty_strided.default, torch.ops.aten.new_empty.default})
+
+
+def _eager_value(name: str, t: torch.Tensor, unwritten: dict[int, str]) -> Value:
+    storage = t.untyped_storage().data_ptr()
+    return Value(name, _copy(t), address(t), Origin.EXTERNAL, storage,
+                 allocated_at=unwritten.get(storage, ""))
+
+
+def _named_values(func, args, kwargs, unwritten: dict[int, str]) -> tuple[Value, ...]:
     values: list[Value] = []
     for name, value in opinfo.bind(func, args, kwargs).items():
         if isinstance(value, (list, tuple)) and any(isinstance(v, torch.Tensor) for v in value):
-            values.extend(Value(f"{name}[{i}]", _copy(v), address(v), Origin.EXTERNAL)
+            values.extend(_eager_value(f"{name}[{i}]", v, unwritten)
                           for i, v in enumerate(value) if isinstance(v, torch.Tensor))
         elif isinstance(value, torch.Tensor):
-            values.append(Value(name, _copy(value), address(value), Origin.EXTERNAL))
+            values.append(_eager_value(name, value, unwritten))
         else:
             values.append(Value(name, value))
     return tuple(values)
 
 
 class EagerOpLog(TorchDispatchMode):
-    """Runs every op for real and logs it as an `OpEvent`."""
+    """Runs every op for real and logs it as an `OpEvent`. It also keeps the storages made by an
+    `empty` op that no op has written since (storage -> where it was made): reading one is reading
+    memory nothing computed, in the graph and eagerly alike."""
 
     def __init__(self) -> None:
         super().__init__()
         self.events: list[OpEvent] = []
+        self._unwritten: dict[int, str] = {}
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
@@ -106,15 +121,22 @@ class EagerOpLog(TorchDispatchMode):
                 return func.decompose(*args, **kwargs)
         if opinfo.op_kind(func) is OpKind.VIEW:
             return func(*args, **kwargs)
-        inputs = _named_values(func, args, kwargs)
+        inputs = _named_values(func, args, kwargs, self._unwritten)
         result = func(*args, **kwargs)
         named = opinfo.bind(func, args, kwargs)
         written = [t for name in written_arguments(func) for t in tree_flatten(named.get(name))[0]
                    if isinstance(t, torch.Tensor)]
         fresh = ([] if opinfo.op_kind(func) is OpKind.MUTATING else
                  [t for t in tree_flatten(result)[0] if isinstance(t, torch.Tensor)])
-        self.events.append(OpEvent(opinfo.op_name(func), user_frames(skip=_THIS_FILE), inputs,
-                                   tuple(_copy(t) for t in (*written, *fresh))))
+        frames = user_frames(skip=_THIS_FILE)
+        for t in written:
+            self._unwritten.pop(t.untyped_storage().data_ptr(), None)
+        if func in _UNINITIALIZED:
+            for t in fresh:
+                self._unwritten[t.untyped_storage().data_ptr()] = describe_frame(frames[0]) if frames else ""
+            return result  # an allocation: nothing computed, and the recorder keeps no record of it
+        self.events.append(OpEvent(opinfo.op_name(func), frames, inputs,
+                                   tuple(_copy(t) for t in (*written, *fresh)), len(written)))
         return result
 
 
