@@ -195,7 +195,9 @@ def pytest_runtest_makereport(item: pytest.Item, call):
     folder = item.config.getoption("repro_dir")
     if report.failed and report.when in ("setup", "call") and folder != "none":
         path = write_repro_file(item, report, item.config.rootpath / folder)
-        report.sections.append(("reproduction", f"harness repro {path}"))
+        slot = getattr(item, "funcargs", {}).get("repro_scenario")
+        explain = f"\nharness explain {path}" if getattr(slot, "scenario", None) is not None else ""
+        report.sections.append(("reproduction", f"harness repro {path}{explain}"))
 
 
 def write_repro_file(item: pytest.Item, report: pytest.TestReport, folder: Path) -> Path:

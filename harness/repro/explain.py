@@ -85,8 +85,3 @@ def explain_fault(name: str, *, context: int = 3) -> Explanation:
         raise KeyError(f"fault {name!r} has no reproduction that diverges; those that do: "
                        f"{', '.join(DIVERGING)}")
     return explain_record(fault_record(name), context=context)
-
-
-def explain_command(path: Path | str) -> str:
-    """The command that explains a reproduction file, as a failure summary prints it."""
-    return f"harness explain {path}"
