@@ -253,7 +253,7 @@ class ExplainingBackend(GraphBackend):
     name = "emulated"
 
     def __init__(self, session: _Session, device: torch.device | str | None = None) -> None:
-        self._inner = EmulatedBackend(device)
+        self._inner = EmulatedBackend(device, trace=True)
         self.device = self._inner.device
         self._session = session
         self.captures = 0

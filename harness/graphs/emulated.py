@@ -92,7 +92,10 @@ class EmulatedGraph(CapturedGraph):
 class EmulatedBackend(GraphBackend):
     name = "emulated"
 
-    def __init__(self, device: torch.device | str | None = None) -> None:
+    def __init__(self, device: torch.device | str | None = None, *, trace: bool = False) -> None:
+        """`trace`: keep, per recorded op, its source line, arguments and outputs, so that
+        `EmulatedGraph.replay_observed` can show each op's results (harness.check.explain)."""
+        self.trace = trace
         device = torch.device("cpu" if device is None else device)
         if device.type == "cuda" and device.index is None:
             device = torch.device("cuda", torch.cuda.current_device())
@@ -115,7 +118,7 @@ class EmulatedBackend(GraphBackend):
         arena = pool if pool is not None else self.graph_pool_handle()
         if arena.device != self.device:
             raise ValueError(f"pool lives on {arena.device} but this backend captures on {self.device}")
-        recorder = Recorder(arena, self.device)
+        recorder = Recorder(arena, self.device, trace=self.trace)
         try:
             with contextlib.ExitStack() as stack:
                 stack.enter_context(host_reads_raise(self.device))

@@ -51,10 +51,11 @@ def _extent_bytes(t: torch.Tensor) -> int:
 
 
 class Recorder(TorchDispatchMode):
-    def __init__(self, arena: PoolArena, device: torch.device) -> None:
+    def __init__(self, arena: PoolArena, device: torch.device, *, trace: bool = False) -> None:
         super().__init__()
         self.arena = arena
         self.device = device
+        self.trace = trace  # keep an OpRecord per op (trace.py): what a reader of the replay needs
         self.steps: list[ReplayStep] = []
         self.records: list[OpRecord] = []
         self._replay_tensors: dict[tuple, torch.Tensor] = {}
@@ -227,6 +228,8 @@ class Recorder(TorchDispatchMode):
 
     def _trace(self, func, args, kwargs, outputs: list[torch.Tensor] | tuple) -> None:
         """What a reader of the replay needs to know about the op just recorded (trace.py)."""
+        if not self.trace:
+            return
         arguments: list[Argument] = []
         written: list[torch.Tensor] = []
         external: list[torch.Tensor] = []
