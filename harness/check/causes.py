@@ -142,6 +142,8 @@ def differing_arguments(eager: Sequence[Value], replay: Sequence[Value], steps: 
         difference = tensor_difference(other.value, value.value, steps)
         moved = (value.origin is Origin.EXTERNAL and isinstance(value.value, torch.Tensor)
                  and value.address != other.address)
+        if value.written and other.allocated_at:
+            continue  # a destination no op filled yet (`out=` of a fresh `empty`): nothing to read
         if difference or moved:
             pairs.append(ArgumentPair(value.name, other, value, difference or "the same values"))
     # An argument the op writes may be a mere destination (`out=`): what it held before is a cause
