@@ -232,7 +232,7 @@ def cmd_explain(args) -> int:
         print(f"harness explain: {error}", file=sys.stderr)
         return 2
     print(explanation)
-    return 1 if explanation.diverged else 0
+    return 1 if explanation.diverged or explanation.raised else 0
 
 
 def _add_explain(verbs) -> None:

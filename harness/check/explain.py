@@ -70,15 +70,19 @@ class Explanation:
     unmatched_ops: int = 0
     eager_failures: tuple[str, ...] = ()
     tolerance_steps: float = 2
+    raised: str = ""  # the step raised this (after the divergence, if one was found): its own diagnosis
 
     def __str__(self) -> str:
         counted = (f"{self.replays_compared} replays, {self.ops_compared} ops compared with eager"
                    f" ({self.unmatched_ops} recorded ops had no eager counterpart)")
         failures = [f"eager run of a captured callable failed, replay not compared: {f}"
                     for f in self.eager_failures]
+        if self.raised:
+            failures.append(f"the step raised {self.raised}")
         if not self.diverged:
-            return "\n".join([f"no replayed op departs from eager beyond {self.tolerance_steps:g} "
-                              f"bf16 steps: {counted}", *failures])
+            head = ("no replayed op departed from eager before the step raised" if self.raised else
+                    f"no replayed op departs from eager beyond {self.tolerance_steps:g} bf16 steps")
+            return "\n".join([f"{head}: {counted}", *failures])
         lines = [f"first divergent op: {self.op}", f"  at {self.where}"]
         lines += [f"  called from {s}" for s in self.stack]
         lines += [f"  in {self.graph}", f"  output: {self.output}"]
@@ -131,13 +135,14 @@ class _Session:
         self.replays += 1
         _Comparison(self, graph, log.events).run()
 
-    def result(self) -> Explanation:
+    def result(self, raised: str = "") -> Explanation:
         if self.found is not None:
             return dataclasses.replace(self.found, replays_compared=self.replays, ops_compared=self.ops,
                                        unmatched_ops=self.unmatched,
-                                       eager_failures=tuple(self.eager_failures))
+                                       eager_failures=tuple(self.eager_failures), raised=raised)
         return Explanation(False, self.replays, self.ops, unmatched_ops=self.unmatched,
-                           eager_failures=tuple(self.eager_failures), tolerance_steps=self.steps)
+                           eager_failures=tuple(self.eager_failures), tolerance_steps=self.steps,
+                           raised=raised)
 
 
 class _Comparison:
@@ -290,7 +295,8 @@ def explain_divergence(step: Callable[..., Any], *inputs: Any, requests: Sequenc
 
     `steps`: the tolerance in bf16 steps; `context`: how many agreeing ops before it to show;
     `roots()`: objects whose tensors name addresses in the report (pointer paths); `classifiers`:
-    more causes to consult before the built-in ones (causes.py).
+    more causes to consult before the built-in ones (causes.py). An error the step raises is
+    reported in the explanation's `raised` (with the divergence found before it, if any).
     """
     if steps < 0:
         raise ValueError(f"steps must be >= 0 bf16 steps, got {steps}")
@@ -298,12 +304,21 @@ def explain_divergence(step: Callable[..., Any], *inputs: Any, requests: Sequenc
         raise ValueError(f"context must be >= 0 ops, got {context}")
     session = _Session(steps, context, [*classifiers, *CLASSIFIERS], roots)
     backend = ExplainingBackend(session, device)
-    result = step(backend, *inputs)
-    if requests is not None:
-        if not hasattr(result, "generate"):
-            raise TypeError(f"requests= needs step(backend) to return a runtime with generate(requests), "
-                            f"got {type(result).__name__}")
-        if session.roots is None:
-            session.roots = lambda: {"runtime": result}
-        result.generate(list(requests))
+    try:
+        result = step(backend, *inputs) if requests is None else step(backend)
+        if requests is not None:
+            if not hasattr(result, "generate"):
+                raise _NotARuntime(f"requests= needs step(backend) to return a runtime with "
+                                   f"generate(requests), got {type(result).__name__}")
+            if session.roots is None:
+                session.roots = lambda: {"runtime": result}
+            result.generate(list(requests))
+    except _NotARuntime:
+        raise
+    except Exception as error:  # the step's own diagnosis (a CaptureError, a freed buffer): reported
+        return session.result(f"{type(error).__module__}.{type(error).__name__}: {error}")
     return session.result()
+
+
+class _NotARuntime(TypeError):
+    """`requests=` given with a step that builds no runtime: the caller's mistake, raised."""

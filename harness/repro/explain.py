@@ -26,10 +26,11 @@ def engine_roots(engines: list[Any]) -> Callable[[], dict[str, Any]]:
     return roots
 
 
-def explain_engine_step(step: Callable[[Any, list[Any]], None], *, fault: str | None = None,
-                        steps: float = 0, context: int = 3) -> Explanation:
-    """Explain `step(backend, engines)`, which builds engines on `backend` (appending each to
-    `engines` as it is built) and runs them, with `fault` planted for the duration."""
+def explain_engine_step(step: Callable[[Any, list[Any]], Any], requests: list[Any], *,
+                        fault: str | None = None, steps: float = 0, context: int = 3) -> Explanation:
+    """Explain `step(backend, engines)`, which builds an engine on `backend` (appending it to
+    `engines` as soon as it is built) and returns it, then its `generate(requests)`, with `fault`
+    planted for the duration; an error the engine raises is reported in the explanation."""
     engines: list[Any] = []
     planted = contextlib.nullcontext()
     if fault is not None:
@@ -37,8 +38,8 @@ def explain_engine_step(step: Callable[[Any, list[Any]], None], *, fault: str | 
 
         planted = inject(fault, "emulated")
     with planted:
-        return explain_divergence(lambda backend: step(backend, engines), steps=steps, context=context,
-                                  roots=engine_roots(engines))
+        return explain_divergence(lambda backend: step(backend, engines), requests=requests, steps=steps,
+                                  context=context, roots=engine_roots(engines))
 
 
 def explain_scenario(scenario: Scenario, *, fault: str | None = None, context: int = 3) -> Explanation:
@@ -55,13 +56,14 @@ def explain_scenario(scenario: Scenario, *, fault: str | None = None, context: i
     config = EngineConfig.from_dict(dict(scenario.engine))
     model = ReferenceLlama.from_hf(tiny_llama(scenario.model_seed, **scenario.model_overrides)).to(torch.device("cpu"))
 
-    def step(backend, engines: list[Any]) -> None:
+    def step(backend, engines: list[Any]) -> Any:
         engine = Engine(model, config, backend=backend)
         engines.append(engine)
         engine.prepare_graphs()
-        engine.generate(list(scenario.requests))
+        return engine
 
-    return explain_engine_step(step, fault=fault, steps=scenario.tolerance_steps, context=context)
+    return explain_engine_step(step, list(scenario.requests), fault=fault, steps=scenario.tolerance_steps,
+                               context=context)
 
 
 def explain_record(record: ReproRecord, *, without_fault: bool = False, context: int = 3) -> Explanation:

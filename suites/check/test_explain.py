@@ -106,6 +106,20 @@ def test_a_classifier_given_by_the_caller_is_consulted_first():
     assert explanation.cause == race
 
 
+def test_an_error_of_the_step_is_reported_with_its_diagnosis():
+    def step(backend):
+        x = torch.ones(8)
+        holder = {"w": torch.full((8,), 2.0)}
+        graph = backend.capture(lambda: x * holder["w"])
+        holder["w"] = torch.full((8,), 3.0)  # the captured buffer is freed: the emulator refuses
+        graph.replay()
+
+    explanation = explain_divergence(step)
+    assert not explanation.diverged and explanation.raised.startswith(
+        "harness.graphs.base.FreedMemoryError: replay() of a graph whose memory was freed"), explanation
+    assert str(explanation).startswith("no replayed op departed from eager before the step raised")
+
+
 def test_bad_arguments_are_refused_with_their_limits():
     with pytest.raises(ValueError, match="steps must be >= 0"):
         explain_divergence(_host_int_step, False, steps=-1)
