@@ -143,3 +143,30 @@ def test_the_sliding_window_mask_from_a_frozen_python_int_is_named():
     assert "transformers/masking_utils.py" in explanation.where, explanation
     assert explanation.cause.kind == HOST_VALUE_FROZEN, explanation
     assert "the value it had at capture" in explanation.cause.detail
+
+
+@pytest.mark.slow
+def test_piecewise_and_decode_graphs_of_the_engine_agree_with_eager_op_by_op():
+    from harness.repro.explain import explain_scenario
+    from harness.repro.fault_cases import fault_record
+
+    scenario = fault_record("piecewise-inputs-not-copied").scenario  # piecewise buckets and a decode graph
+    explanation = explain_scenario(scenario)
+    assert not explanation.diverged and not explanation.raised, explanation
+    assert explanation.replays_compared > 10 and explanation.unmatched_ops == 0, explanation
+
+
+@pytest.mark.slow
+def test_a_full_attention_transformers_model_agrees_with_eager_op_by_op():
+    from harness.adapters.transformers import TransformersRuntime
+    from harness.audit.classify import MAX_CACHE_LEN, PROMPTS, requests
+    from harness.audit.tiny import Architecture, build_tiny
+
+    model = build_tiny(Architecture("llama", "LlamaForCausalLM"), torch.bfloat16)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        explanation = explain_divergence(
+            lambda backend: TransformersRuntime(model, backend=backend, graph_sizes=(len(PROMPTS),),
+                                                max_cache_len=MAX_CACHE_LEN),
+            requests=requests())
+    assert not explanation.diverged and explanation.ops_compared > 100, explanation
