@@ -1,6 +1,7 @@
 """harness.check.explain_divergence names the first replayed op that departs from eager, its source
 line, the input that differs and why: a Python int frozen at capture, a buffer rebound since capture,
-memory no op wrote; and it reports nothing where replay and eager agree."""
+pool memory another graph took over, memory no op wrote; and it reports nothing where replay and
+eager agree."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ import pytest
 import torch
 
 from harness.check import explain_divergence
-from harness.check.causes import BUFFER_REBOUND, HOST_VALUE_FROZEN, NEVER_WRITTEN, Cause
+from harness.check.causes import BUFFER_REBOUND, HOST_VALUE_FROZEN, NEVER_WRITTEN, POOL_OVERWRITTEN, Cause
 
 
 def _line_of(snippet: str) -> str:
@@ -98,6 +99,35 @@ def test_memory_no_op_wrote_names_its_allocation():
     assert explanation.cause.kind == NEVER_WRITTEN
     assert f"allocated by an `empty` at {_line_of('out = torch.empty_like(x)')}" in explanation.cause.detail
     assert _line_of("torch.mul(x, 2, out=fresh)") in explanation.cause.detail
+
+
+def _pool_step(backend, release: bool):
+    pool = backend.graph_pool_handle()
+    x, y = torch.ones(64), torch.full((64,), 5.0)
+    held = {}
+
+    def produce():
+        # Graph memory, a block of the shared pool, kept by the caller. setdefault: the eager
+        # run of this capture at each explained replay must not rebind it.
+        held.setdefault("t", x * 2)
+
+    first = backend.capture(produce, pool=pool)
+    first.replay()
+    second = backend.capture(lambda: held["t"] + 1, pool=pool)  # reads the first graph's block
+    if release:
+        held["t"] = held["t"].clone()  # the planted bug: the block is released while `second` reads it
+    third = backend.capture(lambda: y * 3, pool=pool)  # takes the released block, if released
+    third.replay()
+    second.replay()
+
+
+def test_pool_memory_another_graph_took_over_is_named():
+    assert not explain_divergence(_pool_step, False).diverged
+    explanation = explain_divergence(_pool_step, True)
+    assert explanation.diverged and explanation.op == "aten.add.Tensor", explanation
+    assert explanation.where.startswith(_line_of('lambda: held["t"] + 1'))
+    assert explanation.cause.kind == POOL_OVERWRITTEN, explanation
+    assert "graph 2" in explanation.graph
 
 
 def test_a_classifier_given_by_the_caller_is_consulted_first():
