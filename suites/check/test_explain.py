@@ -157,23 +157,26 @@ def test_bad_arguments_are_refused_with_their_limits():
         explain_divergence(lambda backend: None, requests=[])
 
 
-def test_the_sliding_window_mask_from_a_frozen_python_int_is_named():
+def _explain_tiny_transformers(model_type: str, class_name: str):
     from harness.adapters.transformers import TransformersRuntime
     from harness.audit.classify import MAX_CACHE_LEN, PROMPTS, requests
     from harness.audit.tiny import Architecture, build_tiny
 
-    model = build_tiny(Architecture("mistral", "MistralForCausalLM"), torch.bfloat16)
+    model = build_tiny(Architecture(model_type, class_name), torch.bfloat16)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        explanation = explain_divergence(
+        return explain_divergence(
             lambda backend: TransformersRuntime(model, backend=backend, graph_sizes=(len(PROMPTS),),
                                                 max_cache_len=MAX_CACHE_LEN),
             requests=requests())
+
+
+def test_the_sliding_window_mask_from_a_frozen_python_int_is_named():
+    explanation = _explain_tiny_transformers("mistral", "MistralForCausalLM")
     assert explanation.diverged, explanation
     assert "transformers/masking_utils.py" in explanation.where, explanation
     assert explanation.cause.kind == HOST_VALUE_FROZEN, explanation
     assert "the value it had at capture" in explanation.cause.detail
-
 
 @pytest.mark.slow
 def test_piecewise_and_decode_graphs_of_the_engine_agree_with_eager_op_by_op():
@@ -188,15 +191,5 @@ def test_piecewise_and_decode_graphs_of_the_engine_agree_with_eager_op_by_op():
 
 @pytest.mark.slow
 def test_a_full_attention_transformers_model_agrees_with_eager_op_by_op():
-    from harness.adapters.transformers import TransformersRuntime
-    from harness.audit.classify import MAX_CACHE_LEN, PROMPTS, requests
-    from harness.audit.tiny import Architecture, build_tiny
-
-    model = build_tiny(Architecture("llama", "LlamaForCausalLM"), torch.bfloat16)
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        explanation = explain_divergence(
-            lambda backend: TransformersRuntime(model, backend=backend, graph_sizes=(len(PROMPTS),),
-                                                max_cache_len=MAX_CACHE_LEN),
-            requests=requests())
+    explanation = _explain_tiny_transformers("llama", "LlamaForCausalLM")
     assert not explanation.diverged and explanation.ops_compared > 100, explanation
