@@ -45,7 +45,7 @@ class EmulatedGraph(CapturedGraph):
         return len(self._steps or ())
 
     def replay(self) -> None:
-        steps = self._checked_steps()
+        steps = self.refuse_unreplayable()
         # Autograd never sees a graph's work (as on CUDA); inference mode is kept as captured
         # because capture-time outputs are inference tensors exactly when it was on.
         with torch.inference_mode(self._inference_mode), torch._C._AutoDispatchBelowADInplaceOrView():
@@ -56,7 +56,7 @@ class EmulatedGraph(CapturedGraph):
                         after: Callable[[OpRecord], Any]) -> None:
         """`replay()`, calling `before(record)` ahead of each recorded op's replay call and
         `after(record)` once its outputs hold its results (for harness.check.explain)."""
-        steps = self._checked_steps()
+        steps = self.refuse_unreplayable()
         by_step: dict[int, list[OpRecord]] = {}
         for record in self.records:
             by_step.setdefault(record.step, []).append(record)
@@ -77,7 +77,8 @@ class EmulatedGraph(CapturedGraph):
                 return storage.first_use
         return ""
 
-    def _checked_steps(self) -> list[ReplayStep]:
+    def refuse_unreplayable(self) -> list[ReplayStep]:
+        """The steps to replay, or the error a replay raises (released or freed memory)."""
         steps = self._steps
         if steps is None:
             raise released_graph_error()
