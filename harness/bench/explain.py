@@ -87,16 +87,36 @@ CASES: dict[str, Callable[[], str]] = {"tiny-step (plain emulated)": _tiny_plain
 def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(prog="harness bench explain", description=__doc__.splitlines()[0])
     parser.add_argument("--repeat", type=int, default=3, help="runs per case, median kept (default 3)")
-    parser.add_argument("--output", default="docs/benchmarks.md", help="file the table is appended to")
-    parser.add_argument("--no-write", action="store_true", help="print only; do not append to --output")
+    parser.add_argument("--threads", type=int, default=torch.get_num_threads(),
+                        help="torch intra-op threads (default: torch's, one per core)")
+    parser.add_argument("--output", metavar="FILE", help="also append the table to FILE "
+                        "(e.g. docs/benchmarks.md); without it nothing is written")
+    parser.add_argument("--no-write", action="store_true", help="print only, even with --output")
     args = parser.parse_args(argv)
-    if args.repeat < 1:
-        parser.error(f"--repeat must be at least 1, got {args.repeat}")
+    for name in ("repeat", "threads"):
+        if getattr(args, name) < 1:
+            parser.error(f"--{name} must be at least 1, got {getattr(args, name)}")
+    threads = torch.get_num_threads()
+    torch.set_num_threads(args.threads)
+    try:
+        table, verdict = _measure(args.repeat)
+    finally:
+        torch.set_num_threads(threads)  # main() also runs inside test processes
+    print(table)
+    print(verdict)
+    print(machine_line(args.threads))
+    if args.output and not args.no_write:
+        append_section(args.output, "harness bench explain", f"{table}\n\n{verdict}", threads=args.threads)
+        print(f"appended to {args.output}")
+    return 0
+
+
+def _measure(repeat: int) -> tuple[str, str]:
     rows = ["| case | wall (median) | runs | result |", "| --- | --- | --- | --- |"]
     missed = []
     for name, case in CASES.items():
         times, result = [], ""
-        for _ in range(args.repeat):
+        for _ in range(repeat):
             start = time.perf_counter()
             result = case()
             times.append(time.perf_counter() - start)
@@ -104,12 +124,6 @@ def main(argv: list[str]) -> int:
         if name == "tiny-step" and median > TARGET_S:
             missed.append(name)
         rows.append(f"| {name} | {median:.1f} s | {', '.join(f'{t:.1f}' for t in times)} | {result} |")
-    table = "\n".join(rows)
     verdict = (f"target: an explain of the tiny model's step under {TARGET_S:.0f} s: "
                f"{'missed' if missed else 'met'}")
-    print(table)
-    print(verdict)
-    print(machine_line())
-    if not args.no_write:
-        append_section(args.output, "harness bench explain", f"{table}\n\n{verdict}")
-    return 0
+    return "\n".join(rows), verdict
