@@ -8,7 +8,7 @@ not know (the adversarial stream schedule's races) adds its classifier in front 
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping, Sequence
 
 import torch
@@ -16,7 +16,7 @@ import torch
 from harness.check.oplog import Value, tensor_difference
 from harness.graphs.emulator.pool import is_poisoned
 from harness.graphs.emulator.trace import Origin
-from harness.graphs.pointers import tensor_refs
+from harness.graphs.pointers import snapshot_tensors, tensor_refs
 
 HOST_VALUE_FROZEN = "host value frozen at capture"
 BUFFER_REBOUND = "buffer rebound since capture"
@@ -44,11 +44,13 @@ class ArgumentPair:
 @dataclass(frozen=True)
 class CauseContext:
     """What the comparison knows beyond the op: `written_by_graph` holds the addresses this replay
-    wrote before the op (graph memory another graph can take over); `roots` name tensors by path."""
+    wrote before the op (graph memory another graph can take over); `roots` name tensors by path
+    now, `paths_at_capture` (a pointer snapshot of the roots when the graph was captured) then."""
 
     written_by_graph: frozenset[int]
     roots: Callable[[], Mapping[str, Any]] | None
     first_use: Callable[[int], str]  # the capture's first use of an external address, or ""
+    paths_at_capture: Mapping[int, str] = field(default_factory=dict)  # address -> path
 
 
 Classifier = Callable[[ArgumentPair, CauseContext], "Cause | None"]
@@ -88,10 +90,13 @@ def rebound(pair: ArgumentPair, context: CauseContext) -> Cause | None:
     first = context.first_use(pair.replay.address or 0)
     now = _path_at(context, pair.eager.address)
     then = _path_at(context, pair.replay.address)
+    captured = context.paths_at_capture.get(pair.replay.address or 0, "")
     reads = f"the graph reads `{pair.name}` at its capture-time address {pair.replay.address:#x}"
+    if captured:
+        reads += f", where `{captured}` was at capture"
     if then:
         reads += f" (now {then})"
-    if first:
+    if first and not captured:
         reads += f", first used at {first}"
     eager = f"eager reads {now or 'another buffer'} at {pair.eager.address:#x}"
     return Cause(BUFFER_REBOUND, f"{reads}; {eager}")
@@ -158,6 +163,17 @@ def classify(pair: ArgumentPair, context: CauseContext,
         if cause is not None:
             return cause
     return Cause("unclassified", pair.difference)
+
+
+def paths_by_address(roots: Callable[[], Mapping[str, Any]] | None) -> dict[int, str]:
+    """A pointer snapshot of the roots, by address: which path a tensor starting there has now."""
+    if roots is None:
+        return {}
+    found: dict[int, str] = {}
+    for root_name, root in roots().items():
+        for path, record in snapshot_tensors(root, root_name).items():
+            found.setdefault(record.address, path)
+    return found
 
 
 def _path_at(context: CauseContext, address: int | None) -> str:

@@ -25,7 +25,7 @@ import torch
 
 import harness.graphs
 from harness.check.causes import (CLASSIFIERS, NEVER_WRITTEN, UPSTREAM, Cause, CauseContext, Classifier, classify,
-                                  differing_arguments)
+                                  differing_arguments, paths_by_address)
 from harness.check.oplog import EagerOpLog, OpEvent, output_difference, record_event, record_inputs
 from harness.graphs.base import CapturedGraph, GraphBackend
 from harness.graphs.emulated import EmulatedBackend, EmulatedGraph
@@ -210,7 +210,8 @@ class _Comparison:
 
     def _explain(self, eager: OpEvent, replayed: OpEvent, difference: str) -> Explanation:
         session = self.session
-        context = CauseContext(frozenset(self.written), session.roots, self.graph.inner.first_use)
+        context = CauseContext(frozenset(self.written), session.roots, self.graph.inner.first_use,
+                               self.graph.paths_at_capture)
         pairs = differing_arguments(eager.inputs, replayed.inputs, session.steps)
         causes = [(pair, self._located(classify(pair, context, session.classifiers), pair, eager))
                   for pair in pairs]
@@ -229,11 +230,13 @@ class _Comparison:
 class ExplainedGraph(CapturedGraph):
     """An emulated graph with the callable it captured; its replays go through the session."""
 
-    def __init__(self, inner: EmulatedGraph, fn: Callable[[], Any], label: str, session: _Session) -> None:
+    def __init__(self, inner: EmulatedGraph, fn: Callable[[], Any], label: str, session: _Session,
+                 paths_at_capture: Mapping[int, str]) -> None:
         self.inner = inner
         self.fn = fn
         self.label = label
         self.session = session
+        self.paths_at_capture = paths_at_capture  # what each address was, by path, when captured
         self.replays = 0
 
     @property
@@ -276,8 +279,9 @@ class ExplainingBackend(GraphBackend):
         self.captures += 1
         frames = [f for f in user_frames(8) if not _is_machinery(f)]
         where = f" (captured at {describe_frame(frames[0])})" if frames else ""
+        paths = paths_by_address(self._session.roots)
         inner = self._inner.capture(fn, pool=pool)
-        return ExplainedGraph(inner, fn, f"graph {self.captures}{where}", self._session)
+        return ExplainedGraph(inner, fn, f"graph {self.captures}{where}", self._session, paths)
 
 
 def explain_divergence(step: Callable[..., Any], *inputs: Any, requests: Sequence[Any] | None = None,

@@ -74,7 +74,7 @@ def test_a_buffer_rebound_since_capture_is_named_by_its_path():
     assert explanation.where.startswith(_line_of("lambda: x * weights.scale"))
     assert explanation.argument == "other"
     assert explanation.cause.kind == BUFFER_REBOUND
-    assert "eager reads `weights.scale`" in explanation.cause.detail
+    assert "where `weights.scale` was at capture; eager reads `weights.scale`" in explanation.cause.detail
 
 
 def test_memory_no_op_wrote_names_its_allocation():
