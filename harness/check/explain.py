@@ -82,7 +82,11 @@ class Explanation:
         if not self.diverged:
             head = ("no replayed op departed from eager before the step raised" if self.raised else
                     f"no replayed op departs from eager beyond {self.tolerance_steps:g} bf16 steps")
-            return "\n".join([f"{head}: {counted}", *failures])
+            hint = ([] if self.raised or not self.replays_compared else
+                    ["if the run still diverges, the cause is outside the replayed ops: what is copied "
+                     "into the graph's inputs, padding that the eager run of the same step shares, or "
+                     "which graph is replayed"])
+            return "\n".join([f"{head}: {counted}", *hint, *failures])
         lines = [f"first divergent op: {self.op}", f"  at {self.where}"]
         lines += [f"  called from {s}" for s in self.stack]
         lines += [f"  in {self.graph}", f"  output: {self.output}"]
