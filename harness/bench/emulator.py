@@ -142,8 +142,9 @@ def main(argv: list[str]) -> int:
                              "and more threads only add OpenMP noise on a shared machine)")
     parser.add_argument("--case", choices=sorted(CASES), action="append",
                         help="run only this case (repeatable; default all)")
-    parser.add_argument("--output", default="docs/benchmarks.md", help="file the table is appended to")
-    parser.add_argument("--no-write", action="store_true", help="print only; do not append to --output")
+    parser.add_argument("--output", metavar="FILE", help="also append the table to FILE "
+                        "(e.g. docs/benchmarks.md); default: print only")
+    parser.add_argument("--no-write", action="store_true", help="print only, even with --output")
     parser.add_argument("--no-device", action="store_true",
                         help="skip the emulated CUDA device's table (eager on it vs CPU eager)")
     parser.add_argument("--check", action="store_true",
@@ -172,9 +173,9 @@ def main(argv: list[str]) -> int:
     missed += [f"{t.case} (device eager)" for t in device_timings if t.eager_ratio > EAGER_TARGET]
     missed += [f"{t.case} (device replay)" for t in device_timings if t.replay_ratio > TARGET]
     print(table)
-    print(machine_line())
+    print(machine_line(args.threads))
     print(f"target ratio <= {TARGET:.2f}: " + (f"missed by {', '.join(missed)}" if missed else "met"))
-    if not args.no_write:
-        append_section(args.output, "harness bench emulator", table)
+    if args.output and not args.no_write:
+        append_section(args.output, "harness bench emulator", table, threads=args.threads)
         print(f"appended to {args.output}")
     return 1 if args.check and missed else 0

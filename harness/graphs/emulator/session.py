@@ -33,6 +33,7 @@ class Recording:
     steps: list[ReplayStep]
     inference_mode: bool
     external: list[ExternalStorage]
+    records: list  # trace.OpRecord per op when traced
 
 
 class CaptureSession:
@@ -42,12 +43,13 @@ class CaptureSession:
     `memory` says which tensors are device memory (emulator/memory.py; by default what the plain
     emulator assumes on `device`); `kernel_device` whose kernels' rules apply; `report_capturing`
     makes `torch.cuda.is_current_stream_capturing()` answer True meanwhile (the emulated CUDA device
-    answers it itself, by stream)."""
+    answers it itself, by stream); `trace` keeps an OpRecord per op (the recorder's)."""
 
     def __init__(self, arena: PoolArena, device: torch.device, *, memory: Any = None,
-                 kernel_device: torch.device | None = None, report_capturing: bool = True) -> None:
+                 kernel_device: torch.device | None = None, report_capturing: bool = True,
+                 trace: bool = False) -> None:
         self.memory = memory if memory is not None else for_device(device)
-        self.recorder = Recorder(arena, device, self.memory, kernel_device)
+        self.recorder = Recorder(arena, device, self.memory, kernel_device, trace=trace)
         self._device = device
         self._report_capturing = report_capturing
         self._stack: contextlib.ExitStack | None = None
@@ -90,7 +92,8 @@ class CaptureSession:
         if warn_if_empty and not steps:
             # torch.cuda.graph's own words and category (CUDAGraph::capture_end, a TORCH_WARN).
             warnings.warn(EMPTY_GRAPH_WARNING, UserWarning, stacklevel=stacklevel)
-        return Recording(steps, torch.is_inference_mode_enabled(), self.recorder.external.storages())
+        return Recording(steps, torch.is_inference_mode_enabled(), self.recorder.external.storages(),
+                         self.recorder.records)
 
     def abort(self) -> None:
         """Leave a failed capture. The traceback keeps the caller's frame (and the recorder) alive

@@ -90,7 +90,7 @@ class EmulatedCUDAGraph:
         finally:
             self._host.end_capture()
         self._graph = EmulatedGraph(None, self._arena, recording.steps, recording.inference_mode,
-                                    recording.external)
+                                    recording.external, recording.records)
         self._captured = True
 
     # --- after capture -----------------------------------------------------------------------
