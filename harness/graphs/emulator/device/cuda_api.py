@@ -21,7 +21,7 @@ import torch.cuda.random
 import torch.cuda.streams
 
 from harness.graphs.emulator.device.backward import (
-    engine_with_placement, saved_tensor_hooks_with_placement)
+    compile_marking_outputs, engine_with_placement, saved_tensor_hooks_with_placement)
 from harness.graphs.emulator.device.rules import DeviceIndexError, cuda_index
 from harness.graphs.emulator.device.streams import Event, ExternalStream, Stream
 
@@ -313,6 +313,7 @@ def patches(state) -> list[tuple[Any, str, Any]]:
         (torch.Tensor, "record_stream", lambda self, stream: streams.record_stream(self, stream)),
         (torch.autograd, "_engine_run_backward",
          engine_with_placement(state, torch.autograd._engine_run_backward)),
+        (torch, "compile", compile_marking_outputs(state, torch.compile)),
         (torch._C._autograd, "_push_saved_tensors_default_hooks", saved_tensor_hooks_with_placement(
             state, torch._C._autograd._push_saved_tensors_default_hooks)),
     ]
