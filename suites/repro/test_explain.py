@@ -40,7 +40,7 @@ NAMED = {
     "attention-returns-new-tensor": ("aten.addmm_.default",
                                      lambda: line_of(harness.model.llama, "out = residual.addmm_(x, linear.weight.t())"),
                                      NEVER_WRITTEN,
-                                     lambda: line_of(harness.faults.ops, "metadata, scale, fresh, workspace)")),
+                                     lambda: line_of(harness.faults.ops, "metadata, scale, fresh, workspace")),
 }
 OUTSIDE_THE_REPLAY = ("graph-key-ignores-sampling-variant", "padding-dummy-aliases-live-blocks",
                       "piecewise-inputs-not-copied")
