@@ -100,8 +100,11 @@ def test_memory_statistics_follow_live_device_tensors(cuda_device):
     x = torch.empty(1024, device="cuda")
     assert torch.cuda.memory_allocated() == before + 4096
     assert torch.cuda.max_memory_allocated() >= before + 4096
+    assert torch.cuda.memory_stats()["active_bytes.all.current"] == before + 4096
+    freed = torch.cuda.memory_stats()["allocated_bytes.all.freed"]
     del x
     assert torch.cuda.memory_allocated() == before
+    assert torch.cuda.memory_stats()["allocated_bytes.all.freed"] == freed + 4096
     torch.cuda.reset_peak_memory_stats()
     assert torch.cuda.max_memory_allocated() == before
 
