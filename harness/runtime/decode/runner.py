@@ -72,13 +72,13 @@ class GraphShapeError(ValueError):
 
 
 @dataclass
-class _Entry:
+class CapturedDecodeGraph:
     graph: CapturedGraph
     records: Mapping[str, TensorRecord] | None
 
 
 Roots = Callable[[], Mapping[str, Any]]
-ScopeFactory = Callable[[], ContextManager[Any]]
+CaptureScope = Callable[[], ContextManager[Any]]
 
 
 class GraphRunner:
@@ -96,7 +96,7 @@ class GraphRunner:
         self.prepared_shape = prepared_shape
         self.strict = strict
         self.pool = backend.graph_pool_handle()
-        self._entries: dict[DecodeGraphKey, _Entry] = {}
+        self._entries: dict[DecodeGraphKey, CapturedDecodeGraph] = {}
 
     @property
     def keys(self) -> list[DecodeGraphKey]:
@@ -120,14 +120,14 @@ class GraphRunner:
         return records
 
     def capture(self, key: DecodeGraphKey, fn: Callable[[], Any], *,
-                scope: ScopeFactory | None = None, record: bool = False) -> CapturedGraph:
+                scope: CaptureScope | None = None, record: bool = False) -> CapturedGraph:
         """Capture `fn()` for `key` under `scope()` (the serving scope the graph keeps)."""
         if key in self._entries:
             raise ValueError(f"decode graph {key} is already captured; clear() before capturing again")
         with (scope() if scope is not None else contextlib.nullcontext()):
             graph = self.backend.capture(fn, pool=self.pool)
         records = self.snapshot() if (record or self.strict) else None
-        self._entries[key] = _Entry(graph, records)
+        self._entries[key] = CapturedDecodeGraph(graph, records)
         return graph
 
     def replay(self, key: DecodeGraphKey) -> Any:
