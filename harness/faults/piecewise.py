@@ -107,7 +107,7 @@ PIECEWISE_FAULTS = (
         link="https://github.com/NVIDIA/TensorRT-LLM/pull/16952",
         detector="suites/piecewise/test_recapture.py::"
                  "test_phase_two_recaptures_into_fresh_pools_and_agrees_with_eager",
-        expected=r"would record into pool \S+ object at 0x[0-9a-f]+>?, which clear_piecewise_graphs\(\) released|would record into pool \(.*\), which clear_piecewise_graphs\(\) released",
+        expected=r"would record into pool .+, which clear_piecewise_graphs\(\) released",
         plant=released_pool_reused,
     ),
     Fault(
