@@ -32,10 +32,12 @@ def eager_decode(device_reference_llama, decode_requests):
 def make_engine(device_reference_llama, graph_backend):
     """make(**config_overrides, engine_kwargs...) -> an Engine in graph mode (sizes SIZES)."""
 
-    def make(*, comm=None, capture_scope=None, capture_features=None, **overrides) -> Engine:
+    def make(*, comm=None, capture_scope=None, capture_features=None, capture_policy=None,
+             **overrides) -> Engine:
         config = replace(TINY_ENGINE_CONFIG, **{"decode_graph_sizes": SIZES, **overrides})
         kwargs = {k: v for k, v in dict(comm=comm, capture_scope=capture_scope,
-                                        capture_features=capture_features).items() if v is not None}
+                                        capture_features=capture_features,
+                                        capture_policy=capture_policy).items() if v is not None}
         return Engine(device_reference_llama, config, backend=graph_backend, **kwargs)
 
     return make

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import contextlib
 
-from harness.runtime.decode.graphs import DecoderGraphs
+from dataclasses import dataclass
+
+from harness.runtime.decode.policy import CapturePolicy
 
 
 class ScopeLog:
@@ -56,11 +58,20 @@ def test_warmups_run_under_warmup_and_captures_under_serving(make_engine, graph_
         captures = sum(capturing for _, capturing in log.forwards)
         assert captures == 2 * 4  # four sizes in each phase
         assert captures < len(log.forwards)
-        assert scope_violations(log.forwards) == []
+        problems = scope_violations(log.forwards)
+        assert not problems, "forwards under the wrong scope:\n" + "\n".join(problems)
 
 
-def test_a_capture_without_its_scope_is_caught(make_engine, graph_backend, monkeypatch):
-    monkeypatch.setattr(DecoderGraphs, "_serving_scope", lambda self: contextlib.nullcontext())
-    log = _capture_logging_scopes(make_engine, graph_backend, single_pass_capture=True)
+@dataclass(frozen=True)
+class NoCaptureScope(CapturePolicy):
+    """Planted bug: captures run under no scope of their own."""
+
+    def capture_scope(self, scopes):
+        return contextlib.nullcontext()
+
+
+def test_a_capture_without_its_scope_is_caught(make_engine, graph_backend):
+    log = _capture_logging_scopes(make_engine, graph_backend, single_pass_capture=True,
+                                  capture_policy=NoCaptureScope())
     problems = scope_violations(log.forwards)
     assert len(problems) == 8 and "(capture) ran under 'warmup', not 'serving'" in problems[0]

@@ -21,6 +21,7 @@ from typing import Any, Callable, ContextManager, Mapping
 from harness.graphs.base import CapturedGraph, GraphBackend
 from harness.graphs.pointers import TensorRecord, describe_moved_tensor, moved_tensors, snapshot_tensors
 from harness.ops.metadata import SequenceSpan
+from harness.ops.sizing import smallest_fitting
 
 GREEDY = "greedy"
 
@@ -110,8 +111,12 @@ class GraphRunner:
 
     def key_for(self, batch_size: int, sampling: str = GREEDY) -> DecodeGraphKey | None:
         """The smallest captured key of this sampling variant that fits `batch_size`, or None."""
-        fitting = [k for k in self._entries if k.sampling == sampling and k.batch_size >= batch_size]
-        return min(fitting, default=None)
+        size = smallest_fitting(batch_size, (k.batch_size for k in self._entries if k.sampling == sampling))
+        return None if size is None else DecodeGraphKey.of(size, sampling)
+
+    def records(self, key: DecodeGraphKey) -> Mapping[str, TensorRecord] | None:
+        """The addresses `key`'s graph baked in, by path (None: captured without records)."""
+        return self._entries[key].records
 
     def snapshot(self) -> dict[str, TensorRecord]:
         records: dict[str, TensorRecord] = {}
