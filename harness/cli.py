@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 import importlib
 import pkgutil
 import sys
@@ -209,7 +210,9 @@ def cmd_repro(args) -> int:
     kind = "scenario" if record.scenario is not None else "pytest"
     print(f"[repro] {record.node_id} ({kind}, {record.backend}{fault}; recorded with torch {record.torch})",
           file=sys.stderr, flush=True)
-    result = replay(record, without_fault=args.without_fault)
+    from harness.runtime.config import engine_defaults_from_env
+
+    result = replay(record, without_fault=args.without_fault, engine_defaults=engine_defaults_from_env(os.environ))
     print(result.report)
     print(f"[repro] {'passes' if result.ok else 'still fails'}", file=sys.stderr)
     return 0 if result.ok else 1

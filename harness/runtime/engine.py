@@ -139,7 +139,7 @@ class Engine:
                              f"{config.max_batch_size}")
         return DecoderGraphs(self, backend, config.decode_graph_sizes, stats=self._stats,
                              max_num_tokens=config.max_num_tokens, comm=comm,
-                             capture_scope=capture_scope, single_pass=config.single_pass_capture,
+                             capture_scope=capture_scope, single_pass=bool(config.single_pass_capture),
                              strict=config.strict_graph_buffers, features=features,
                              top_ks=config.graph_top_k, policy=self.capture_policy)
 

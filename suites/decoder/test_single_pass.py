@@ -7,13 +7,15 @@ scratch would: the graph captured first baked in the old workspace, whose memory
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import pytest
 import torch
 
 from harness.check import compare_generations
 from harness.graphs import FreedMemoryError
+from harness.runtime import EngineConfig
+from harness.runtime.config import engine_defaults_from_env, fill_unset
 from harness.runtime.decode.agreement import RankAgreement
 from harness.runtime.decode.policy import CapturePolicy
 
@@ -37,12 +39,26 @@ def test_single_pass_keeps_the_keys_and_runs_one_pass_in_the_final_phase(make_en
         assert comparison.ok, str(comparison)
 
 
-def test_the_environment_switch_opts_in(monkeypatch, make_engine):
-    monkeypatch.setenv("HARNESS_SKIP_WARMUP_PASS", "1")
-    engine = make_engine()
-    assert engine.config.single_pass_capture
+def test_the_environment_fills_only_an_unset_switch(make_engine):
+    defaults = engine_defaults_from_env({"HARNESS_SKIP_WARMUP_PASS": "1"})
+    assert defaults == {"single_pass_capture": True}
+    assert engine_defaults_from_env({}) == {} == engine_defaults_from_env({"HARNESS_SKIP_WARMUP_PASS": "0"})
+    given = EngineConfig(single_pass_capture=False)
+    for explicit in (given, EngineConfig.from_dict(given.to_dict()), replace(EngineConfig(), single_pass_capture=False)):
+        assert fill_unset(explicit, defaults).single_pass_capture is False
+    assert fill_unset(EngineConfig(), defaults).single_pass_capture is True
+    assert EngineConfig().single_pass_capture is None
+    engine = make_engine(single_pass_capture=fill_unset(EngineConfig(), defaults).single_pass_capture)
     engine.prepare_graphs()
     assert engine.capture_reports[-1].passes == 1
+
+
+def test_a_set_environment_does_not_reach_an_explicit_config(monkeypatch, make_engine):
+    monkeypatch.setenv("HARNESS_SKIP_WARMUP_PASS", "1")
+    engine = make_engine(single_pass_capture=False)
+    assert EngineConfig().single_pass_capture is None  # the variable is not read when a config is built
+    engine.prepare_graphs()
+    assert engine.capture_reports[-1].passes == 2
 
 
 class ForcedRegrowth:

@@ -47,7 +47,6 @@ def ranks(request, tmp_path_factory) -> list[dict]:
     port = _free_port()
     env = {**os.environ, "PYTHONPATH": f"{ROOT}{os.pathsep}{os.environ.get('PYTHONPATH', '')}",
            "OMP_NUM_THREADS": "1", "NCCL_NVLS_ENABLE": "0"}
-    env.pop("HARNESS_SKIP_WARMUP_PASS", None)
     outs = [folder / f"rank{rank}.json" for rank in range(WORLD)]
     procs = [subprocess.Popen([sys.executable, str(WORKER), str(rank), str(WORLD), str(port), pg_backend,
                                device, str(outs[rank])], cwd=ROOT, env=env, stdout=subprocess.PIPE,
