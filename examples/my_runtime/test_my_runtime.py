@@ -23,7 +23,7 @@ def test_graph_replay_agrees_with_eager(eager_runtime, graph_runtime, requests):
     eager, graphed = eager_runtime.generate(requests), graph_runtime.generate(requests)
     comparison = compare_generations(eager, graphed)
     assert comparison.ok, str(comparison)
-    assert graphed[0].steps[1].producer == "decode(batch=1)"  # the comparison judged replays
+    assert graphed[0].steps[1].producer == "decode[bs=1,greedy]"  # the comparison judged replays
 
 
 def test_decode_step_has_no_capture_hazards(eager_runtime):

@@ -33,7 +33,7 @@ from harness.model import ReferenceLlama, llama_1b_config, random_llama, tiny_ll
 from harness.ops.metadata import SequenceSpan
 from harness.runtime import Engine, EngineConfig
 from harness.runtime.decode.runner import pad_decode_batch
-from harness.runtime.sampling import greedy_with_logprobs
+from harness.ranking import logits_to_steps
 
 BATCHES = (1, 8, 64)
 CAPTURE_TARGET = 0.7
@@ -193,9 +193,9 @@ def profile_step(name: str, model: ReferenceLlama, backend, batch: int, *, iters
     key = graphs.graph_key(graphs.size_for(batch), None)
     parts: dict[str, Callable[[], object]] = {}
 
-    def step() -> object:  # what Engine._forward and its ForwardResult.rows do for a decode batch
+    def step() -> object:  # what Engine._forward and its ForwardResult.steps do for a decode batch
         result = graphs.run(spans, ids, logprobs)
-        return greedy_with_logprobs(result.logits, logprobs)
+        return logits_to_steps(result.logits, logprobs, str(result.key))
 
     def prepare() -> None:
         graphs._prepare(pad_decode_batch(spans, key.batch_size), ids)
@@ -204,7 +204,7 @@ def profile_step(name: str, model: ReferenceLlama, backend, batch: int, *, iters
         parts["logits"] = graphs.runner.replay(key)[:batch]
 
     def rank() -> object:
-        return greedy_with_logprobs(parts["logits"], logprobs)
+        return logits_to_steps(parts["logits"], logprobs, str(key))
 
     prepare_ms, replay_ms, rank_ms, step_ms = median_ms(device, prepare, replay, rank, step,
                                                         iters=iters, warmup=warmup)

@@ -1,7 +1,7 @@
 """The engine: requests in, greedy generations with top-k logprobs out.
 
 A step is: schedule a batch (scheduler.py), run the model on it (`_forward`), pick tokens and
-logprobs (sampling.py), record the step. `_forward(batch)` is where graph dispatch plugs in: it
+logprobs (`harness.ranking.logits_to_steps`: greedy, ties to the lowest id), record the step. `_forward(batch)` is where graph dispatch plugs in: it
 prepares the metadata for the batch, at the padded shape it chooses, and returns the logits of the
 batch's real sequences with the name of whatever produced them ("eager" or a graph key).
 
@@ -23,7 +23,7 @@ import torch
 
 from harness.graphs import get_backend
 from harness.graphs.base import GraphBackend
-from harness.ranking import RankedLogits
+from harness.ranking import RankedLogits, logits_to_steps, steps_from_ranked
 from harness.ops.kv_cache import PagedKVCache
 from harness.ops.metadata import AttentionMetadata
 from harness.ops.sizing import cdiv
@@ -38,7 +38,6 @@ from harness.runtime import dispatch
 from harness.runtime.dispatch import DECODE, EAGER_ROUTE, PIECEWISE
 from harness.runtime.piecewise.model import PiecewiseGraphs, bucket_key
 from harness.runtime.piecewise.policy import PiecewisePolicy, default_piecewise_policy
-from harness.runtime.sampling import SampledRow, greedy_with_logprobs, rows_from_ranked
 from harness.runtime.scheduler import ScheduledBatch, Scheduler, Sequence
 from harness.runtime.stats import BatchRecord, EngineStats, StatsRecorder
 from harness.runtime.validation import BadRequestError, RequestLimits, RequestProblem, check_request
@@ -53,11 +52,11 @@ class ForwardResult:
     producer: str
     ranked: RankedLogits | None = None
 
-    def rows(self, logprobs: list[int]) -> list[SampledRow]:
-        """One SampledRow per sequence, each keeping its own `logprobs` top entries."""
+    def steps(self, logprobs: list[int]) -> list[Step]:
+        """One Step per sequence, greedy, each keeping its own `logprobs` top entries."""
         if self.ranked is not None:
-            return rows_from_ranked(self.ranked, logprobs)
-        return greedy_with_logprobs(self.logits, logprobs)
+            return steps_from_ranked(self.ranked, logprobs, self.producer)
+        return logits_to_steps(self.logits, logprobs, self.producer)
 
 
 class Engine:
@@ -238,11 +237,10 @@ class Engine:
         while not scheduler.done:
             batch = scheduler.schedule()
             result = self._forward(batch)
-            rows = result.rows([s.request.logprobs for s in batch.sequences])
-            for sequence, row in zip(batch.sequences, rows):
-                sequence.steps.append(Step(token=row.token, logprob=row.logprob, top=row.top,
-                                           logit_scale=row.logit_scale, producer=result.producer))
-                sequence.tokens.append(row.token)
+            steps = result.steps([s.request.logprobs for s in batch.sequences])
+            for sequence, step in zip(batch.sequences, steps):
+                sequence.steps.append(step)
+                sequence.tokens.append(step.token)
             scheduler.finish_step(batch)
             self._stats.record_batch(BatchRecord(kind=batch.kind, num_seqs=batch.num_seqs,
                                                  num_tokens=batch.num_tokens, producer=result.producer,

@@ -29,7 +29,7 @@ def test_small_audit_classifies_each_kind(small_audit, graph_backend):
     rows = {r.model_type: r for r in result.rows}
     assert rows["llama"].verdict == AGREES, rows["llama"]
     assert (rows["mistral"].verdict, rows["mistral"].step) == (DIVERGES, 1), rows["mistral"]
-    assert "decode(batch=2)" in rows["mistral"].detail
+    assert "decode[bs=2,greedy]" in rows["mistral"].detail
     assert rows["opt"].verdict == CAPTURE_ERROR, rows["opt"]
     if graph_backend.name == "emulated":
         assert "models/opt/modeling_opt.py" in rows["opt"].detail, rows["opt"]
