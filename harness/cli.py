@@ -7,6 +7,9 @@ import os
 import importlib
 import pkgutil
 import sys
+
+from harness.pytest_plugin import HYPOTHESIS_PROFILES
+from harness.records import BACKENDS
 from pathlib import Path
 
 from harness.testdb.schema import TERM_VALUES, TestDbError
@@ -152,13 +155,6 @@ def cmd_lint(args) -> int:
     return 0 if report.clean else 1
 
 
-def _commit(root: Path) -> str:
-    import subprocess
-
-    proc = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=root, capture_output=True, text=True)
-    return proc.stdout.strip() if proc.returncode == 0 else ""
-
-
 def cmd_faults(args) -> int:
     import json
 
@@ -175,7 +171,8 @@ def cmd_faults(args) -> int:
     if args.files:
         print(f"harness faults: unexpected arguments {args.files}", file=sys.stderr)
         return 2
-    from harness.faults.run import project_root, run_zoo
+    from harness.faults.run import run_zoo
+    from harness.provenance import project_root
     from harness.graphs import resolve_backend
 
     unknown = [name for name in args.only if name not in FAULTS]
@@ -189,7 +186,7 @@ def cmd_faults(args) -> int:
           file=sys.stderr, flush=True)
     runs = run_zoo(faults, backend=backend, jobs=args.jobs, root=root,
                    log=lambda line: print(line, file=sys.stderr, flush=True))
-    document = run_document(runs, backend=backend, commit=_commit(root))
+    document = run_document(runs, backend=backend)
     if args.json:
         args.json.write_text(json.dumps(document, indent=1) + "\n")
     print(markdown_table({r.name: FAULTS[r.name] for r in runs}, [document]) if args.markdown
@@ -226,7 +223,7 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("name", help="list name, e.g. l0_cpu")
     _machine_options(run)
     run.add_argument("--results", type=Path, help="folder for JUnit XML (default: <project root>/results)")
-    run.add_argument("--hypothesis-profile", choices=("ci", "nightly", "repro"),
+    run.add_argument("--hypothesis-profile", choices=HYPOTHESIS_PROFILES,
                      help="Hypothesis profile for every pytest run (default: ci)")
     run.add_argument("--hypothesis-seed", type=int, help="Hypothesis seed for every pytest run")
     run.epilog = "Arguments after -- go to every pytest run, e.g. harness run l0_cpu -- -x"
@@ -251,7 +248,7 @@ def build_parser() -> argparse.ArgumentParser:
     hf.add_argument("--arch", action="append", metavar="PATTERN",
                     help="glob on model_type or class name (repeatable; default: all)")
     hf.add_argument("--dtype", choices=("bfloat16", "float32"), default="bfloat16")
-    hf.add_argument("--graph-backend", choices=("auto", "cuda", "emulated"), default="auto",
+    hf.add_argument("--graph-backend", choices=BACKENDS, default="auto",
                     help="default auto: cuda when available, else emulated")
     hf.add_argument("-j", "--jobs", type=int, default=2, help="processes at a time (default 2)")
     hf.add_argument("--timeout", type=float, default=180.0, help="seconds per architecture (default 180)")
@@ -277,7 +274,7 @@ def build_parser() -> argparse.ArgumentParser:
     faults.add_argument("action", nargs="?", choices=("run", "merge"), default="run",
                         help="run (default) the zoo, or merge JSON files of earlier runs into markdown")
     faults.add_argument("files", nargs="*", type=Path, help="with merge: JSON files written by --json")
-    faults.add_argument("--graph-backend", choices=("auto", "cuda", "emulated"), default="auto",
+    faults.add_argument("--graph-backend", choices=BACKENDS, default="auto",
                         help="backend the detectors run on (default: auto)")
     faults.add_argument("--only", action="append", default=[], metavar="NAME",
                         help="run only this fault (repeatable)")

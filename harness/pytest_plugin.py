@@ -14,7 +14,9 @@ from pathlib import Path
 
 import pytest
 
-BACKEND_CHOICES = ("auto", "cuda", "emulated")
+from harness.records import BACKENDS as BACKEND_CHOICES
+
+HYPOTHESIS_PROFILES = ("ci", "nightly", "repro")  # --hypothesis-profile; `harness run` passes it on
 
 MARKERS = {
     "gpu": "needs CUDA; skipped with a reason where torch.cuda.is_available() is False",
@@ -55,12 +57,12 @@ def _register_hypothesis_profiles() -> None:
     from hypothesis import HealthCheck, settings
 
     # Pre-merge runs must be reproducible and bounded: a red CI run reruns red.
-    settings.register_profile("ci", derandomize=True, max_examples=25, deadline=None, database=None,
-                              suppress_health_check=[HealthCheck.too_slow])
-    settings.register_profile("nightly", max_examples=500, deadline=None,
-                              suppress_health_check=[HealthCheck.too_slow])
-    settings.register_profile("repro", derandomize=True, print_blob=True, deadline=None,
-                              suppress_health_check=[HealthCheck.too_slow])
+    options = {"ci": dict(derandomize=True, max_examples=25, database=None),
+               "nightly": dict(max_examples=500),
+               "repro": dict(derandomize=True, print_blob=True)}
+    for name in HYPOTHESIS_PROFILES:
+        settings.register_profile(name, deadline=None, suppress_health_check=[HealthCheck.too_slow],
+                                  **options[name])
 
 
 # tryfirst: Hypothesis' own plugin loads --hypothesis-profile in its pytest_configure, and the

@@ -11,6 +11,9 @@ from typing import Any, Protocol, Sequence, runtime_checkable
 
 
 EAGER = "eager"  # the producer of a step that no graph ran
+# The graph backends by name (`harness.graphs.get_backend`, `--graph-backend`, test-db `backend`
+# terms): "auto" stands for cuda where it is available, else the emulator.
+BACKENDS = ("auto", "cuda", "emulated")
 
 
 @dataclass(frozen=True)

@@ -20,7 +20,6 @@ of the step with the share that is graph replay against host work. Prints only; 
 from __future__ import annotations
 
 import argparse
-import statistics
 import time
 from dataclasses import dataclass
 from typing import Callable
@@ -28,6 +27,8 @@ from typing import Callable
 import torch
 
 from harness.bench._report import append_section, machine_line
+from harness.bench.timing import median_ms
+from harness.records import BACKENDS
 from harness.graphs import get_backend
 from harness.model import ReferenceLlama, llama_1b_config, random_llama, tiny_llama_config
 from harness.ops.metadata import SequenceSpan
@@ -69,22 +70,6 @@ class ReplayTiming:
 def _sync(device: torch.device) -> None:
     if device.type == "cuda":
         torch.cuda.synchronize(device)
-
-
-def median_ms(device: torch.device, *fns: Callable[[], object], iters: int, warmup: int) -> list[float]:
-    """Median milliseconds of each function, taking turns within every iteration."""
-    for _ in range(warmup):
-        for fn in fns:
-            fn()
-    _sync(device)
-    samples: list[list[float]] = [[] for _ in fns]
-    for _ in range(iters):
-        for fn, times in zip(fns, samples):
-            start = time.perf_counter()
-            fn()
-            _sync(device)
-            times.append(time.perf_counter() - start)
-    return [statistics.median(times) * 1e3 for times in samples]
 
 
 def build_model(name: str, device: torch.device) -> ReferenceLlama:
@@ -146,7 +131,7 @@ def time_replay(name: str, model: ReferenceLlama, backend, *, iters: int, warmup
         if not torch.allclose(expected, got, atol=0.5, rtol=0.05):
             raise RuntimeError(f"{name} batch {batch}: replay disagrees with eager by up to "
                                f"{(expected - got).abs().max().item()}")
-        eager_ms, replay_ms = median_ms(device, eager, replay, iters=iters, warmup=warmup)
+        eager_ms, replay_ms = median_ms(eager, replay, iters=iters, warmup=warmup, device=device)
         timings.append(ReplayTiming(name, batch, eager_ms, replay_ms))
         for b in blocks:
             cache.allocator.free(b)
@@ -206,7 +191,7 @@ def profile_step(name: str, model: ReferenceLlama, backend, batch: int, *, iters
     def rank() -> object:
         return logits_to_steps(parts["logits"], logprobs, str(key))
 
-    prepare_ms, replay_ms, rank_ms, step_ms = median_ms(device, prepare, replay, rank, step,
+    prepare_ms, replay_ms, rank_ms, step_ms = median_ms(prepare, replay, rank, step, device=device,
                                                         iters=iters, warmup=warmup)
     breakdown = StepBreakdown(name, batch, prepare_ms, replay_ms, rank_ms, step_ms)
     activities = [torch.profiler.ProfilerActivity.CPU]
@@ -271,7 +256,7 @@ def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(prog="harness bench capture", description=__doc__.splitlines()[0])
     parser.add_argument("--model", choices=sorted(CONFIGS), action="append",
                         help="model shape (repeatable; default tiny and 1b on cuda, tiny on cpu)")
-    parser.add_argument("--backend", default="auto", choices=("auto", "cuda", "emulated"))
+    parser.add_argument("--backend", default="auto", choices=BACKENDS)
     parser.add_argument("--iters", type=int, default=100, help="timed iterations (default 100)")
     parser.add_argument("--warmup", type=int, default=10, help="untimed iterations first (default 10)")
     parser.add_argument("--output", default="docs/benchmarks.md", help="file the tables are appended to")

@@ -10,8 +10,6 @@ run: the median of many timed iterations after warmup.
 from __future__ import annotations
 
 import argparse
-import statistics
-import time
 import warnings
 from dataclasses import dataclass
 from typing import Callable
@@ -19,6 +17,7 @@ from typing import Callable
 import torch
 
 from harness.bench._report import append_section, machine_line
+from harness.bench.timing import median_ms
 from harness.bench._tiny_decoder import TinyDecoder, TinyDecoderConfig
 from harness.graphs import get_backend
 
@@ -35,21 +34,6 @@ class Timing:
     @property
     def ratio(self) -> float:
         return self.replay_ms / self.eager_ms
-
-
-def median_ms(*fns: Callable[[], object], iters: int, warmup: int) -> list[float]:
-    """Median milliseconds of each function. They take turns within every iteration, so load from
-    other processes on a shared machine falls on all of them alike."""
-    for _ in range(warmup):
-        for fn in fns:
-            fn()
-    samples: list[list[float]] = [[] for _ in fns]
-    for _ in range(iters):
-        for fn, times in zip(fns, samples):
-            start = time.perf_counter()
-            fn()
-            times.append(time.perf_counter() - start)
-    return [statistics.median(times) * 1e3 for times in samples]
 
 
 def _hand_written(batch: int) -> tuple[Callable, Callable]:

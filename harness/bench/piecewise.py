@@ -16,7 +16,7 @@ from dataclasses import dataclass
 import torch
 
 from harness.bench._report import append_section, machine_line
-from harness.bench.emulator import median_ms
+from harness.bench.timing import median_ms
 
 PROMPTS = (16, 64, 256)
 TARGET = 1.0

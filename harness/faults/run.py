@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Callable, Iterable
 
 from harness.faults.registry import Fault
+from harness.provenance import project_root
 
 VERDICTS = ("detected", "missed", "not fired", "wrong diagnosis", "false positive", "error",
             "not plantable")
@@ -51,11 +52,6 @@ class FaultRun:
 
     def to_dict(self) -> dict:
         return asdict(self)
-
-
-def project_root() -> Path:
-    """The checkout this package runs from: its suites/ are the detectors."""
-    return Path(__file__).resolve().parents[2]
 
 
 def run_detector(node_id: str, *, backend: str, fault: str | None, root: Path,

@@ -35,7 +35,7 @@ from harness.runtime.decode.graphs import CaptureReport, DecoderGraphs
 from harness.runtime.decode.policy import (ESTIMATE, SERVE, CapturePolicy, ScopeFactory,
                                            default_capture_policy, no_scope)
 from harness.runtime import dispatch
-from harness.runtime.dispatch import DECODE, EAGER_ROUTE, PIECEWISE
+from harness.runtime.dispatch import DECODE, PIECEWISE
 from harness.runtime.piecewise.model import PiecewiseGraphs, bucket_key
 from harness.runtime.piecewise.policy import PiecewisePolicy, default_piecewise_policy
 from harness.runtime.scheduler import ScheduledBatch, Scheduler, Sequence

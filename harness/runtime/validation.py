@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import numbers
 from dataclasses import dataclass
-from typing import Sequence
+
 
 from harness.ops.sizing import cdiv
 from harness.records import BadRequestError, Request, RequestProblem
