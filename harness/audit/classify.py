@@ -15,7 +15,6 @@ import os
 import re
 import sys
 import time
-import traceback
 import warnings
 from dataclasses import asdict, dataclass
 
@@ -25,6 +24,7 @@ from harness.adapters.transformers import TransformersRuntime
 from harness.audit.tiny import Architecture, BuildError, build_tiny, causal_lm_architectures
 from harness.check import compare_generations
 from harness.graphs import CaptureError, get_backend
+from harness.graphs.emulator.callsite import traceback_callsite
 from harness.ranking import rank_logits, steps_from_ranked
 from harness.records import Generation, Request, Step
 
@@ -138,12 +138,7 @@ def _describe(error: BaseException) -> str:
 
 
 def _innermost_transformers_frame(error: BaseException) -> str:
-    found = ""
-    for frame in traceback.extract_tb(error.__traceback__):
-        if f"{os.sep}transformers{os.sep}" in frame.filename:
-            path = frame.filename.split(f"{os.sep}site-packages{os.sep}")[-1]
-            found = f"{path}:{frame.lineno}: {(frame.line or '').strip()}"
-    return found
+    return traceback_callsite(error.__traceback__, in_file=lambda name: f"{os.sep}transformers{os.sep}" in name)
 
 
 def _first_line(error: BaseException) -> str:
