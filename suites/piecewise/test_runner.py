@@ -174,3 +174,37 @@ def test_writes_through_schemas_and_out_are_seen():
     graph.call_function(torch.mul, (b, 2.0))
     graph.output(None)
     assert split.mutated_inputs(fx.GraphModule(torch.nn.Module(), graph)) == ["a", "d"]
+
+
+def captured_scaling_runner(graph_backend, device):
+    """A runner over `x * w * scale` (w a Parameter, scale a host int), warmed up and captured for 4
+    tokens with scale 2."""
+    from harness.runtime.piecewise.runner import CaptureControl, PiecewiseRunner, PoolGroup
+
+    control = CaptureControl()
+    runner = PiecewiseRunner(lambda x, w, scale: x * w * scale, index=0, backend=graph_backend,
+                             control=control, group=PoolGroup(pool=graph_backend.graph_pool_handle()))
+    weight = torch.nn.Parameter(torch.ones(4, device=device), requires_grad=False)
+    x = torch.arange(4.0, device=device)
+    control.num_tokens = 4
+    for mode in (WARMUP, CAPTURE):
+        control.mode = mode
+        runner(x, weight, 2)
+    control.mode = REPLAY
+    return runner, x, weight
+
+
+def test_a_weight_replaced_after_capture_is_an_error_naming_it(graph_backend, device):
+    runner, x, weight = captured_scaling_runner(graph_backend, device)
+    assert torch.equal(runner(x, weight, 2), x * 2)
+    replaced = torch.nn.Parameter(weight.detach() * 5, requires_grad=False)
+    with pytest.raises(ReplayInputError, match=r"piecewise segment 0 input 1 \(#1\): a static input "
+                                               r"\(weight\) was replaced after capture"):
+        runner(x, replaced, 2)
+
+
+def test_a_host_value_other_than_captured_is_an_error_naming_both(graph_backend, device):
+    runner, x, weight = captured_scaling_runner(graph_backend, device)
+    with pytest.raises(ReplayInputError, match=r"piecewise segment 0 input 2 \(#2\): host value 3 differs "
+                                               r"from 2 frozen at capture"):
+        runner(x, weight, 3)
