@@ -4,7 +4,7 @@ Two measurements per model shape (the tiny CPU-suite model and the Llama-3.2-1B 
 
 - capture: the final phase's `warmup_and_capture` with one pass against two passes, graphs of batch
   1, 8 and 64, each on a fresh engine after one untimed capture warmed the kernels up. Target
-  (DESIGN.md): single/two <= 0.7 (the floor is about 0.67 when a capture costs one eager forward).
+  (docs/design.md, "Performance targets"): single/two <= 0.7 (the floor is about 0.67 when a capture costs one eager forward).
 - replay: one decode step of batch 1, 8 and 64 through the engine's graph path (prepare, pad,
   replay) against its eager path (prepare, forward). Targets on an H200: eager/replay >= 15x for
   the tiny model and >= 6x for the 1B shape at batch 1; the 1B shape's replay time is printed

@@ -1,6 +1,6 @@
 """`harness bench emulator`: emulated graph replay against eager for a 4-layer tiny decode step on
-CPU. Target (the foundation issue): replay no slower than eager, ratio replay/eager <= 1.0. DESIGN.md
-asks at most 0.9x for the reference model's decode step, which this does not time.
+CPU. Target (docs/design.md, "Performance targets"): replay no slower than eager, ratio replay/eager
+<= 1.0; the reference model's decode step (at most 0.9x) is not timed here.
 
 Two steps are timed: a hand-written Llama-shaped step over a static KV cache, and transformers'
 LlamaForCausalLM (seeded random weights, no download) with a StaticCache. Each ratio comes from one

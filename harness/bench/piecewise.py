@@ -1,6 +1,7 @@
 """`harness bench piecewise`: prefill of one prompt through piecewise graphs against the eager
-forward, for 16, 64 and 256-token prompts (each exactly a bucket, so no padding is timed). DESIGN.md
-asks piecewise prefill to be faster than eager for short prompts: ratio piecewise/eager < 1.
+forward, for 16, 64 and 256-token prompts (each exactly a bucket, so no padding is timed). docs/design.md
+("Performance targets") asks piecewise prefill to be faster than eager for short prompts: ratio
+piecewise/eager < 1.
 
 Both run the same engine's prepared batch: eager is `ReferenceLlama.forward`, piecewise is the
 engine's `PiecewiseGraphs.run` (static pieces replayed, attention eager between them, lm_head on the

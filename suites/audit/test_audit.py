@@ -81,7 +81,7 @@ def test_an_unknown_architecture_pattern_is_refused(capsys):
 @pytest.mark.slow
 def test_full_audit(graph_backend, tmp_path):
     """Every causal LM architecture of transformers (nightly): at least 40 build tiny and agree, and
-    the sliding-window models named in DESIGN.md diverge."""
+    the sliding-window models named in docs/design.md ("Runtimes we did not write") diverge."""
     result = run_audit(select(None), dtype="bfloat16", backend=graph_backend.name, jobs=os.cpu_count() or 2)
     result.save(tmp_path / "audit.json")
     rows = {r.model_type: r for r in result.rows}
