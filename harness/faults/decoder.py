@@ -13,7 +13,7 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Any, ContextManager, Iterator, Sequence
 
-from harness.faults.patching import replace_function, replace_method
+from harness.faults.patching import replace_default, replace_function, replace_method
 from harness.faults.registry import Fault, FaultHandle
 from harness.runtime.comm import Comm
 from harness.runtime.decode import policy as capture_policy
@@ -26,19 +26,11 @@ from harness.runtime.decode.runner import DecodeGraphKey, PaddedDecodeBatch, sam
 SINGLE_PASS_PR = "https://github.com/NVIDIA/TensorRT-LLM/pull/21886"
 
 
-@contextlib.contextmanager
 def planted_policy(policy: CapturePolicy | None = None, *,
-                   agreement: RankAgreement | None = None) -> Iterator[None]:
+                   agreement: RankAgreement | None = None) -> ContextManager[None]:
     """Every engine built without a capture policy gets `policy` (or the default with `agreement`)."""
-    def make(default):
-        def planted() -> CapturePolicy:
-            if policy is not None:
-                return policy
-            return dataclasses.replace(default(), agreement=agreement)
-        return planted
-
-    with replace_function(capture_policy, "default_capture_policy", make):
-        yield
+    return replace_default(capture_policy, "default_capture_policy",
+                           lambda default: policy or dataclasses.replace(default, agreement=agreement))
 
 
 @dataclass(frozen=True)

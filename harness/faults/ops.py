@@ -55,17 +55,12 @@ def pad_nan_leaks_into_real_rows(handle: FaultHandle) -> Iterator[None]:
     def make(dense_attention):
         def planted(q, keys, values, visible, scale):
             handle.fire()
-            # Masks the probabilities only: a hidden position's value still enters the sum as
-            # 0 * value, and 0 * NaN from a padded row's K/V is NaN.
-            tokens, heads, head_dim = q.shape
-            kv_heads = keys.shape[2]
-            qf = q.float().view(tokens, kv_heads, heads // kv_heads, head_dim)
-            hidden = ~visible[:, None, None, :]
-            scores = torch.einsum("tkgd,tckd->tkgc", qf, keys.float()) * scale
-            probs = torch.softmax(scores.masked_fill(hidden, float("-inf")), dim=-1)
-            probs = probs.masked_fill(hidden, 0.0)
-            return torch.einsum("tkgc,tckd->tkgd", probs, values.float()).reshape(tokens, heads,
-                                                                                   head_dim)
+            # Masks by multiplying: a hidden position's value still enters the sum as 0 * value,
+            # and 0 * NaN from a padded row's K/V is NaN.
+            hidden = (~visible).float()[:, :, None, None]  # [T, C, 1, 1]
+            leaked = (values.float() * hidden * 0.0).sum(dim=1)  # [T, KVH, D]
+            group = q.shape[1] // keys.shape[2]  # query head h reads kv head h // group
+            return dense_attention(q, keys, values, visible, scale) + leaked.repeat_interleave(group, dim=1)
         return planted
 
     with replace_function(attention, "dense_attention", make):

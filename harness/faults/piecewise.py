@@ -11,11 +11,11 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterator
+from typing import Any, Callable, ContextManager, Iterator
 
 from torch import fx
 
-from harness.faults.patching import replace_function
+from harness.faults.patching import replace_default, replace_function
 from harness.faults.registry import Fault, FaultHandle
 from harness.graphs.base import GraphBackend
 from harness.runtime.piecewise import buckets
@@ -26,17 +26,11 @@ from harness.runtime.piecewise.policy import PoolFactory, SplitPredicate
 PIECEWISE_PR = "https://github.com/NVIDIA/TensorRT-LLM/pull/11515"
 
 
-@contextlib.contextmanager
-def planted_policy(**parts: Callable[[], Any]) -> Iterator[None]:
+def planted_policy(**parts: Callable[[], Any]) -> ContextManager[None]:
     """Every engine built without a piecewise policy gets the default one with each named part
     replaced by a new one (`parts[name]()`, so no two engines share a planted part's state)."""
-    def make(default):
-        def planted():
-            return dataclasses.replace(default(), **{name: part() for name, part in parts.items()})
-        return planted
-
-    with replace_function(piecewise_policy, "default_piecewise_policy", make):
-        yield
+    return replace_default(piecewise_policy, "default_piecewise_policy",
+                           lambda default: dataclasses.replace(default, **{n: p() for n, p in parts.items()}))
 
 
 @dataclass(frozen=True)
