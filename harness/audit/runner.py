@@ -160,7 +160,7 @@ def _start(arch: Architecture, dtype: str, backend: str, log_name: str, children
             if children.stopping.is_set():
                 raise KeyboardInterrupt("audit stopping")
             try:
-                _start_process(child)
+                child.start()
             except RuntimeError as error:
                 if method == methods[-1]:
                     raise
@@ -172,10 +172,6 @@ def _start(arch: Architecture, dtype: str, backend: str, log_name: str, children
         send.close()
         return child, receive, note
     raise RuntimeError(f"no start method in {methods} could start a child for {arch.model_type}")
-
-
-def _start_process(child) -> None:
-    child.start()
 
 
 def _run_one(arch: Architecture, dtype: str, backend: str, timeout_s: float,

@@ -5,6 +5,7 @@ capture), a model with a host sync is a capture error; a crashing architecture c
 from __future__ import annotations
 
 import io
+import multiprocessing
 import os
 
 import pytest
@@ -132,14 +133,11 @@ def test_a_terminated_audit_keeps_its_rows_and_resumes(tmp_path):
 
 
 def test_a_refused_fork_falls_back_to_spawn_and_says_so(monkeypatch):
-    real = runner._start_process
-
     def refuse_fork(child):
-        if type(child).__name__ == "ForkProcess":
-            raise RuntimeError("os.fork is unsafe while filelock is changing descriptor ownership")
-        real(child)
+        raise RuntimeError("os.fork is unsafe while filelock is changing descriptor ownership")
 
-    monkeypatch.setattr(runner, "_start_process", refuse_fork)
+    # What filelock's fork-safety check does to a forked child's start; spawned children start.
+    monkeypatch.setattr(multiprocessing.context.ForkProcess, "start", refuse_fork)
     progress = io.StringIO()
     result = run_audit(select(["llama"]), dtype="float32", backend="emulated", jobs=1, progress=progress)
     assert [r.verdict for r in result.rows] == [AGREES], result.rows
