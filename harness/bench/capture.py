@@ -29,6 +29,7 @@ import torch
 from harness.bench._report import append_section, machine_line
 from harness.bench.timing import median_ms
 from harness.records import BACKENDS
+from harness.cli_support import require_backend
 from harness.graphs import get_backend
 from harness.model import ReferenceLlama, llama_1b_config, random_llama, tiny_llama_config
 from harness.ops.metadata import SequenceSpan
@@ -259,8 +260,9 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--backend", default="auto", choices=BACKENDS)
     parser.add_argument("--iters", type=int, default=100, help="timed iterations (default 100)")
     parser.add_argument("--warmup", type=int, default=10, help="untimed iterations first (default 10)")
-    parser.add_argument("--output", default="docs/benchmarks.md", help="file the tables are appended to")
-    parser.add_argument("--no-write", action="store_true", help="print only; do not append to --output")
+    parser.add_argument("--output", metavar="FILE", help="also append the tables to FILE "
+                        "(e.g. docs/benchmarks.md); default: print only")
+    parser.add_argument("--no-write", action="store_true", help="print only, even with --output")
     parser.add_argument("--check", action="store_true", help="exit 1 when a target is missed")
     parser.add_argument("--profile", action="store_true",
                         help="profile the graph step of one --model at one --batch; prints only")
@@ -270,8 +272,10 @@ def main(argv: list[str]) -> int:
         parser.error(f"--iters must be at least 1 and --warmup at least 0, got {args.iters}, {args.warmup}")
     if args.profile and args.model and len(args.model) > 1:
         parser.error(f"--profile takes one --model, got {args.model}")
+    require_backend("--backend", args.backend)
     backend = get_backend(args.backend)
     device = torch.device(backend.device)
+    timed_threads = torch.get_num_threads()
     if args.profile:
         name = (args.model or ["tiny"])[0]
         with torch.inference_mode():
@@ -291,9 +295,9 @@ def main(argv: list[str]) -> int:
     table = render(backend.name, captures, replays, floors, args.iters)
     missed = misses(captures, replays)
     print(table)
-    print(machine_line())
+    print(machine_line(timed_threads))
     print("targets: " + (f"missed: {'; '.join(missed)}" if missed else "met"))
-    if not args.no_write:
-        append_section(args.output, "harness bench capture", table)
+    if args.output and not args.no_write:
+        append_section(args.output, "harness bench capture", table, threads=timed_threads)
         print(f"appended to {args.output}")
     return 1 if args.check and missed else 0

@@ -124,8 +124,9 @@ def main(argv: list[str]) -> int:
                              "and more threads only add OpenMP noise on a shared machine)")
     parser.add_argument("--case", choices=sorted(CASES), action="append",
                         help="run only this case (repeatable; default all)")
-    parser.add_argument("--output", default="docs/benchmarks.md", help="file the table is appended to")
-    parser.add_argument("--no-write", action="store_true", help="print only; do not append to --output")
+    parser.add_argument("--output", metavar="FILE", help="also append the table to FILE "
+                        "(e.g. docs/benchmarks.md); default: print only")
+    parser.add_argument("--no-write", action="store_true", help="print only, even with --output")
     parser.add_argument("--check", action="store_true",
                         help=f"exit 1 when a ratio is above the target {TARGET:.2f}")
     args = parser.parse_args(argv)
@@ -145,9 +146,9 @@ def main(argv: list[str]) -> int:
     table = render(timings, batch=args.batch, iters=args.iters)
     missed = [t.case for t in timings if t.ratio > TARGET]
     print(table)
-    print(machine_line())
+    print(machine_line(args.threads))
     print(f"target ratio <= {TARGET:.2f}: " + (f"missed by {', '.join(missed)}" if missed else "met"))
-    if not args.no_write:
-        append_section(args.output, "harness bench emulator", table)
+    if args.output and not args.no_write:
+        append_section(args.output, "harness bench emulator", table, threads=args.threads)
         print(f"appended to {args.output}")
     return 1 if args.check and missed else 0

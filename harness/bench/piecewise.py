@@ -18,6 +18,7 @@ import torch
 
 from harness.bench._report import append_section, machine_line
 from harness.bench.timing import median_ms
+from harness.cli_support import require_cuda
 
 PROMPTS = (16, 64, 256)
 TARGET = 1.0
@@ -102,8 +103,9 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--prompt", type=int, action="append",
                         help=f"prompt length (repeatable; default {', '.join(map(str, PROMPTS))})")
     parser.add_argument("--threads", type=int, default=1, help="torch intra-op threads on CPU (default 1)")
-    parser.add_argument("--output", default="docs/benchmarks.md", help="file the table is appended to")
-    parser.add_argument("--no-write", action="store_true", help="print only; do not append to --output")
+    parser.add_argument("--output", metavar="FILE", help="also append the table to FILE "
+                        "(e.g. docs/benchmarks.md); default: print only")
+    parser.add_argument("--no-write", action="store_true", help="print only, even with --output")
     args = parser.parse_args(argv)
     for name in ("iters", "threads"):
         if getattr(args, name) < 1:
@@ -114,6 +116,8 @@ def main(argv: list[str]) -> int:
     if min(prompts) < 2:
         parser.error(f"--prompt must be at least 2 (the smallest bucket), got {min(prompts)}")
     device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    if device.type == "cuda":
+        require_cuda(f"--device {args.device}", "use --device cpu")
 
     threads = torch.get_num_threads()
     torch.set_num_threads(args.threads)
@@ -124,8 +128,8 @@ def main(argv: list[str]) -> int:
         torch.set_num_threads(threads)  # main() also runs inside test processes
     table = render(timings, shape=args.shape, device=device, iters=args.iters)
     print(table)
-    print(machine_line())
-    if not args.no_write:
-        append_section(args.output, "harness bench piecewise", table)
+    print(machine_line(args.threads))
+    if args.output and not args.no_write:
+        append_section(args.output, "harness bench piecewise", table, threads=args.threads)
         print(f"appended to {args.output}")
     return 0

@@ -72,6 +72,8 @@ def write_record(record: ReproRecord, folder: Path) -> Path:
 def load_record(path: Path) -> ReproRecord:
     try:
         data = json.loads(Path(path).read_text())
+        if not isinstance(data, dict):
+            raise TypeError(f"a JSON {type(data).__name__}, expected an object")
         return ReproRecord.from_dict(data)
     except (OSError, ValueError, KeyError, TypeError) as error:
         raise ValueError(f"{path} is not a reproduction file: {type(error).__name__}: {error}") from error

@@ -8,7 +8,6 @@ import sys
 from pathlib import Path
 from typing import Any, Mapping
 
-from harness.provenance import project_root
 from harness.repro.record import ReproRecord
 from harness.repro.scenario import ReplayResult, run_scenario
 
@@ -32,8 +31,14 @@ def replay(record: ReproRecord, *, without_fault: bool = False, root: Path | Non
     if root is None:
         recorded = Path(record.root) if record.root else None
         # A file carried to another checkout re-runs against that checkout's suites.
-        root = recorded if recorded is not None and recorded.is_dir() else project_root()
+        root = recorded if recorded is not None and recorded.is_dir() else _project_root()
     return _rerun_test(record, fault, root)
+
+
+def _project_root() -> Path:
+    from harness.testdb import project_root  # the project the test belongs to: the user's
+
+    return project_root()
 
 
 def _rerun_test(record: ReproRecord, fault: str | None, root: Path) -> ReplayResult:

@@ -7,13 +7,22 @@ from typing import Any
 
 import yaml
 
-from harness.provenance import project_root  # re-exported: harness.testdb.project_root
 from harness.testdb.schema import (
     RANGE_KEYS, TERM_VALUES, WILDCARD_KEYS, Block, Condition, Range, TestDbError, TestList, parse_line,
 )
 
 CONDITION_KEYS = ("ranges", "wildcards", "terms")
 BLOCK_KEYS = ("condition", "tests")
+
+
+def project_root(start: Path | None = None) -> Path:
+    """The nearest folder at or above `start` (default: the working directory) holding a test-db/
+    folder; else the checkout this package was installed from."""
+    here = (start or Path.cwd()).resolve()
+    for folder in (here, *here.parents):
+        if (folder / "test-db").is_dir():
+            return folder
+    return Path(__file__).resolve().parents[2]
 
 
 def load_lists(testdb_dir: Path) -> dict[str, TestList]:
