@@ -51,6 +51,9 @@ class EngineConfig:
     graph_top_k: tuple[int, ...] = ()
 
     def __post_init__(self) -> None:
+        if self.single_pass_capture is not None and not isinstance(self.single_pass_capture, bool):
+            raise ValueError(f"EngineConfig.single_pass_capture must be True, False or None (not given), "
+                             f"got {self.single_pass_capture!r}")
         for name in ("max_batch_size", "max_num_tokens", "block_size"):
             _require_positive(name, getattr(self, name))
         for name in ("num_blocks", "max_model_len"):
@@ -102,7 +105,8 @@ def fill_unset(config: EngineConfig, defaults: Mapping[str, Any]) -> EngineConfi
     """`config` with each field in `defaults` filled where the config leaves it None (not given)."""
     unknown = sorted(set(defaults) - {f.name for f in fields(config)})
     if unknown:
-        raise ValueError(f"unknown EngineConfig fields {unknown} in defaults")
+        raise ValueError(f"unknown EngineConfig fields {unknown} in defaults; known are "
+                         f"{sorted(f.name for f in fields(config))}")
     unset = {name: value for name, value in defaults.items() if getattr(config, name) is None}
     return replace(config, **unset) if unset else config
 

@@ -48,6 +48,10 @@ def test_the_environment_fills_only_an_unset_switch(make_engine):
         assert fill_unset(explicit, defaults).single_pass_capture is False
     assert fill_unset(EngineConfig(), defaults).single_pass_capture is True
     assert EngineConfig().single_pass_capture is None
+    with pytest.raises(ValueError, match=r"unknown EngineConfig fields \['single_pass'\] in defaults"):
+        fill_unset(EngineConfig(), {"single_pass": True})
+    with pytest.raises(ValueError, match="single_pass_capture must be True, False or None"):
+        EngineConfig(single_pass_capture="1")
     engine = make_engine(single_pass_capture=fill_unset(EngineConfig(), defaults).single_pass_capture)
     engine.prepare_graphs()
     assert engine.capture_reports[-1].passes == 1
