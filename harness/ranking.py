@@ -1,8 +1,9 @@
 """Reading a step's logits the one way every producer must: ranked tokens, fp32 logprobs, scale,
 and from them the `Step`s every runtime returns (`logits_to_steps`, `steps_from_ranked`).
 
-The ranking is by logit, best first; equal logits keep ascending token order (a stable descending
-sort), so the first entry is the greedy token with ties to the lowest id. Logprobs are log_softmax
+The ranking is by logit, best first; equal logits keep ascending token order, so the first entry is
+the greedy token with ties to the lowest id. It is a `topk` over keys that break ties by id, not a
+sort of the whole vocabulary. Logprobs are log_softmax
 in fp32. The scale is max |logit|, which sets the bf16 spacing comparisons count in.
 """
 
@@ -24,39 +25,69 @@ class RankedLogits:
     scales: torch.Tensor       # [rows] max |logit|
 
 
+def tie_broken_keys(logits: torch.Tensor) -> torch.Tensor:
+    """int64 keys [rows, vocab] ordered as the fp32 logits are, equal logits ordered by ascending
+    token id (the larger key first): `topk` of them ranks without a full sort and without leaving
+    the order of ties to the kernel."""
+    # fp32 bits as an int32 that orders like the value (negative floats count down), in the high
+    # half; the complement of the id in the low half. +0.0 turns -0.0 into +0.0: they are equal.
+    bits = (logits + 0.0).view(torch.int32)
+    ordered = torch.where(bits < 0, bits ^ 0x7FFFFFFF, bits).to(torch.int64)
+    ids = torch.arange(logits.shape[-1], device=logits.device)
+    return ordered * 2 ** 32 + (2 ** 32 - 1 - ids)
+
+
 def rank_logits(logits: torch.Tensor, width: int) -> RankedLogits:
     """The best `width` tokens of each row of `logits` [rows, vocab] (at least one)."""
     logits = logits.float()
-    order = torch.sort(logits, dim=-1, descending=True, stable=True).indices[:, :max(width, 1)]
+    order = torch.topk(tie_broken_keys(logits), max(width, 1), dim=-1).indices
     logprobs = torch.log_softmax(logits, dim=-1)
     return RankedLogits(order=order, top_logprobs=logprobs.gather(1, order), logprobs=logprobs,
                         scales=logits.abs().amax(dim=-1))
 
 
-def steps_from_ranked(ranked: RankedLogits, widths: Sequence[int], producer: str, *,
-                      tokens: Sequence[int] | None = None) -> list[Step]:
-    """One `Step` per entry of `widths`, row i keeping its best `widths[i]` pairs; rows past
-    `len(widths)` (a graph's padding) are dropped. The token is the ranking's first (greedy, ties to
-    the lowest id), or `tokens[i]` where the producer chose its own (its logprob is then read from
-    the full log_softmax). One device-to-host transfer for the whole batch."""
-    n = len(widths)
+def pack_ranked(ranked: RankedLogits, n: int, width: int | None = None) -> torch.Tensor:
+    """The first `n` rows of a ranking as one device tensor [n, 2 * width + 1] (float32: ids,
+    logprobs, scale), so that one device-to-host transfer (each one is a sync, or an event to wait
+    for) carries the whole batch. float32 holds the logprobs and scales as they are and token ids
+    below 2**24 exactly."""
     if ranked.order.shape[0] < n:
         raise ValueError(f"{ranked.order.shape[0]} ranked rows for {n} sequences")
-    width = ranked.order.shape[1]
-    columns = [ranked.order[:n].double(), ranked.top_logprobs[:n].double(), ranked.scales[:n].double()[:, None]]
+    if ranked.logprobs.shape[-1] > 2 ** 24:
+        raise ValueError(f"a vocabulary of {ranked.logprobs.shape[-1]} tokens has ids float32 cannot "
+                         f"hold exactly (at most 2**24)")
+    width = ranked.order.shape[1] if width is None else width
+    return torch.cat([ranked.order[:n, :width].float(), ranked.top_logprobs[:n, :width],
+                      ranked.scales[:n, None]], dim=1)
+
+
+def steps_from_packed(packed: torch.Tensor, widths: Sequence[int], producer: str, *,
+                      tokens: Sequence[int] | None = None) -> list[Step]:
+    """One `Step` per entry of `widths` from `pack_ranked`'s output on the host (one read of the
+    whole tensor), row i keeping its best `widths[i]` pairs. The token is the ranking's first
+    (greedy, ties to the lowest id), or `tokens[i]` where the producer chose its own; its logprob is
+    then the packed tensor's extra last column (`steps_from_ranked` adds it)."""
+    width = (packed.shape[1] - 1 - (tokens is not None)) // 2
+    steps = []
+    for i, (values, k) in enumerate(zip(packed.tolist(), widths)):
+        ids = [int(t) for t in values[:width]]
+        lps = values[width:2 * width]
+        token, logprob = (ids[0], lps[0]) if tokens is None else (int(tokens[i]), values[-1])
+        steps.append(Step(token=token, logprob=logprob, top=tuple(zip(ids[:k], lps[:k])),
+                          logit_scale=values[2 * width], producer=producer))
+    return steps
+
+
+def steps_from_ranked(ranked: RankedLogits, widths: Sequence[int], producer: str, *,
+                      tokens: Sequence[int] | None = None) -> list[Step]:
+    """One `Step` per entry of `widths`; rows past `len(widths)` (a graph's padding) are dropped.
+    `tokens`: the producer's own tokens (their logprobs read from the full log_softmax)."""
+    n = len(widths)
+    packed = pack_ranked(ranked, n)
     if tokens is not None:
         chosen = torch.tensor(list(tokens), dtype=torch.int64, device=ranked.logprobs.device)[:, None]
-        columns.append(ranked.logprobs[:n].gather(1, chosen).double())
-    # float64 holds float32 values and token ids below 2**53 exactly.
-    packed = torch.cat(columns, dim=1).cpu().tolist()
-    steps = []
-    for i, (row, k) in enumerate(zip(packed, widths)):
-        ids = [int(t) for t in row[:width]]
-        lps = row[width:2 * width]
-        token, logprob = (ids[0], lps[0]) if tokens is None else (int(tokens[i]), row[2 * width + 1])
-        steps.append(Step(token=token, logprob=logprob, top=tuple(zip(ids[:k], lps[:k])),
-                          logit_scale=row[2 * width], producer=producer))
-    return steps
+        packed = torch.cat([packed, ranked.logprobs[:n].gather(1, chosen)], dim=1)
+    return steps_from_packed(packed.cpu(), widths, producer, tokens=tokens)
 
 
 def logits_to_steps(logits: torch.Tensor, widths: Sequence[int], producer: str, *,

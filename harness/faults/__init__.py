@@ -8,7 +8,8 @@ reference runtime and names the test expected to catch it.
 Faults by family: ops.py (attention ops and metadata), model.py (weights, scratch), runtime.py
 (what the runtime hands out of its graphs), decoder.py (decode graphs, their phases and rank
 agreement, planted through the engine's capture policy), piecewise.py (piecewise prefill graphs,
-planted through the piecewise policy). `harness faults` (run.py) proves each one is caught.
+planted through the piecewise policy), overlap.py (the overlap loop's staging, events and stream
+order). `harness faults` (run.py) proves each one is caught.
 """
 
 from __future__ import annotations
@@ -21,11 +22,13 @@ from typing import Iterator
 from harness.faults.decoder import DECODER_FAULTS
 from harness.faults.model import MODEL_FAULTS
 from harness.faults.ops import OPS_FAULTS
+from harness.faults.overlap import OVERLAP_FAULTS
 from harness.faults.piecewise import PIECEWISE_FAULTS
 from harness.faults.registry import Fault, FaultHandle, NotPlantableError, get_fault, inject_fault, registry
 from harness.faults.runtime import RUNTIME_FAULTS
 
-FAULTS = registry(OPS_FAULTS, MODEL_FAULTS, RUNTIME_FAULTS, DECODER_FAULTS, PIECEWISE_FAULTS)
+FAULTS = registry(OPS_FAULTS, MODEL_FAULTS, RUNTIME_FAULTS, DECODER_FAULTS, PIECEWISE_FAULTS,
+                  OVERLAP_FAULTS)
 
 # Set by `--plant-fault` for the processes a planted session spawns (torch.distributed ranks start
 # fresh interpreters, so the parent's planting does not reach them).

@@ -53,14 +53,12 @@ def pad_slot_minus_one_wraps(handle: FaultHandle) -> Iterator[None]:
 @contextlib.contextmanager
 def pad_nan_leaks_into_real_rows(handle: FaultHandle) -> Iterator[None]:
     def make(dense_attention):
-        def planted(q, keys, values, visible, scale):
+        def planted(q, keys, values, hidden, scale):
             handle.fire()
             # Masks by multiplying: a hidden position's value still enters the sum as 0 * value,
-            # and 0 * NaN from a padded row's K/V is NaN.
-            hidden = (~visible).float()[:, :, None, None]  # [T, C, 1, 1]
-            leaked = (values.float() * hidden * 0.0).sum(dim=1)  # [T, KVH, D]
-            group = q.shape[1] // keys.shape[2]  # query head h reads kv head h // group
-            return dense_attention(q, keys, values, visible, scale) + leaked.repeat_interleave(group, dim=1)
+            # and 0 * NaN from a padded row's K/V is NaN. (Read before the real op zeroes them.)
+            leaked = (values * hidden[None, :, :, None] * 0.0).sum(dim=2, keepdim=True)  # [KVH, T, 1, D]
+            return dense_attention(q, keys, values, hidden, scale) + leaked
         return planted
 
     with replace_function(attention, "dense_attention", make):
@@ -70,10 +68,10 @@ def pad_nan_leaks_into_real_rows(handle: FaultHandle) -> Iterator[None]:
 @contextlib.contextmanager
 def attention_returns_new_tensor(handle: FaultHandle) -> Iterator[None]:
     def make(paged_attention):
-        def planted(q, k, v, kv_layer, metadata, scale, out, workspace=None):
+        def planted(q, k, v, kv_layer, metadata, scale, out, workspace=None, plan=None):
             handle.fire()
             fresh = torch.empty_like(out)
-            paged_attention(q, k, v, kv_layer, metadata, scale, fresh, workspace)
+            paged_attention(q, k, v, kv_layer, metadata, scale, fresh, workspace, plan)
             return fresh
         return planted
 
@@ -130,7 +128,7 @@ def max_seq_len_baked(handle: FaultHandle) -> Iterator[None]:
         return planted
 
     def make_attention(paged_attention):
-        def planted(q, k, v, kv_layer, metadata, scale, out, workspace=None):
+        def planted(q, k, v, kv_layer, metadata, scale, out, workspace=None, plan=None):
             handle.fire()
             # The kernel reads as many KV blocks as the batch's longest sequence needs, a Python int
             # taken on the host when the step runs: a graph keeps the capture batch's value.

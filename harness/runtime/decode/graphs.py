@@ -15,6 +15,9 @@ batch replays and the fallbacks counted when none does (serving.py).
   use it logs the blocker's reason.
 - The ranks also agree which shapes every rank can build (a rank whose KV cache is too small for a
   shape's dummy batch would skip it), so no rank waits in a line-up its peers skip.
+- The single pass does nothing twice: not the eager-workspace reservation (an eager forward of
+  max_num_tokens rows) that an earlier phase made in the same workspace (the workspace only grows),
+  nor a size's model warmup for its second and later sampling variants.
 - Every warmup forward runs under the caller's "warmup" scope and every capture under the scope the
   policy names ("serving": the communication timeouts the graph keeps).
 - After each capture the ranks line up (device sync + one allgather) before the replay that follows.
@@ -105,6 +108,9 @@ class DecoderGraphs:
         self.single_pass_requested = single_pass
         self.features = features
         self.policy = policy if policy is not None else default_capture_policy()
+        # (workspace, capacity) after the last eager-workspace reservation: the workspace only grows,
+        # so a later single pass against the same workspace need not reserve it again.
+        self._reserved: tuple[Any, int] | None = None
         self.runner = GraphRunner(backend, self._roots, self._prepared_shape, strict=strict)
         self.reports: list[CaptureReport] = []
 
@@ -155,7 +161,8 @@ class DecoderGraphs:
         moved: list[str] = []
         fell_back = False
         with self.capture_scope(WARMUP_SCOPE):
-            self._reserve_eager_workspace()
+            if not (single and self._still_reserved()):
+                self._reserve_eager_workspace()
             if single:
                 passes = self._capture_single_pass(sizes)
                 moved = self.runner.moved_tensors()
@@ -197,17 +204,20 @@ class DecoderGraphs:
 
     def _capture_single_pass(self, sizes: list[int]) -> int:
         for size in sizes:
-            for top_k in self._variants():
-                self._warmup_and_capture_one(size, top_k, record=True)
+            for i, top_k in enumerate(self._variants()):
+                # A size's later variants capture the same model step: its warmup ran for the first.
+                self._warmup_and_capture_one(size, top_k, record=True, warm_model=i == 0)
         return 1
 
-    def _warmup_and_capture_one(self, size: int, top_k: int | None, *, record: bool) -> None:
+    def _warmup_and_capture_one(self, size: int, top_k: int | None, *, record: bool,
+                                warm_model: bool = True) -> None:
         key = self.graph_key(size, top_k)
         if key in self.runner:
             return
         with dummy_batch(self.host.kv_cache, size) as batch:
             self._prepare(batch)
-            self._model_step()  # the warmup forward right before the capture
+            if warm_model:
+                self._model_step()  # the warmup forward right before the capture
             if top_k is not None:
                 self._warmup_ranking(size, top_k)
             self.runner.capture(key, self._captured_step(top_k),
@@ -240,6 +250,17 @@ class DecoderGraphs:
         regrows the workspace after a graph baked in its address."""
         self.host.prepare_padded((), num_tokens=self.max_num_tokens, num_seqs=0, input_ids=())
         self._model_step()
+        workspace = self.host.model.workspace
+        self._reserved = (workspace, workspace.capacity)
+
+    def _still_reserved(self) -> bool:
+        """Whether an earlier phase's reservation still holds: the same workspace, not smaller.
+        What the single pass would otherwise do twice (the estimation phase reserved it already);
+        should anything regrow anyway, the moved-tensor check after the pass sees it."""
+        if self._reserved is None:
+            return False
+        workspace, capacity = self._reserved
+        return workspace is self.host.model.workspace and workspace.capacity >= capacity
 
     def _prepare(self, batch: PaddedDecodeBatch, input_ids: tuple[int, ...] | None = None) -> None:
         ids = input_ids if input_ids is not None else (0,) * len(batch.spans)

@@ -91,3 +91,4 @@ class PiecewiseCompileBackend:
             old = group.pool
             self.released_pools.append(old)
             group.pool = self.pools.new_pool(self.graph_backend)
+            group.static_outputs.clear()
