@@ -199,7 +199,8 @@ def test_a_weight_replaced_after_capture_is_an_error_naming_it(graph_backend, de
     assert torch.equal(runner(x, weight, 2), x * 2)
     replaced = torch.nn.Parameter(weight.detach() * 5, requires_grad=False)
     with pytest.raises(ReplayInputError, match=r"piecewise segment 0 input 1 \(#1\): a static input "
-                                               r"\(weight\) was replaced after capture"):
+                                               r"\(a weight or an earlier segment's output\) was "
+                                               r"replaced after capture"):
         runner(x, replaced, 2)
 
 
