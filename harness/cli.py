@@ -1,4 +1,4 @@
-"""The `harness` command: run | testdb | audit | lint | bench | faults | repro."""
+"""The `harness` command: run | testdb | audit | lint | bench | faults | repro | explain."""
 
 from __future__ import annotations
 
@@ -189,6 +189,38 @@ def cmd_repro(args) -> int:
     return 0 if result.ok else 1
 
 
+# --- harness explain (issue 20): kept in one block -------------------------------------------------
+
+def cmd_explain(args) -> int:
+    from harness.repro.explain import explain_fault, explain_file
+
+    if (args.file is None) == (args.fault is None):
+        print("harness explain: give a reproduction FILE or --fault NAME (one of them)", file=sys.stderr)
+        return 2
+    try:
+        if args.fault is not None:
+            explanation = explain_fault(args.fault, context=args.context)
+        else:
+            explanation = explain_file(args.file, without_fault=args.without_fault, context=args.context)
+    except (ValueError, KeyError) as error:
+        print(f"harness explain: {error}", file=sys.stderr)
+        return 2
+    print(explanation)
+    return 1 if explanation.diverged or explanation.raised else 0
+
+
+def _add_explain(verbs) -> None:
+    explain = verbs.add_parser("explain", help="the first op (and source line) where a replay departs "
+                               "from eager, the input that differs and why; exit 1 when one does")
+    explain.add_argument("file", type=Path, nargs="?", help="a reproduction file with an engine scenario")
+    explain.add_argument("--fault", metavar="NAME", help="explain the fault zoo entry's own reproduction")
+    explain.add_argument("--without-fault", action="store_true", help="explain without the file's fault")
+    explain.add_argument("--context", type=int, default=3, help="agreeing ops shown before it (default 3)")
+    explain.set_defaults(func=cmd_explain)
+
+# --- end of harness explain ----------------------------------------------------------------------
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = OneLineParser(prog="harness", description="capture-harness: graph-capture correctness harness")
     parser.add_argument("--version", action="version", version=f"%(prog)s {_version()}")
@@ -274,6 +306,7 @@ def build_parser() -> argparse.ArgumentParser:
     repro.add_argument("--without-fault", action="store_true",
                        help="replay without the planted fault the file names")
     repro.set_defaults(func=cmd_repro)
+    _add_explain(verbs)
 
     bench = verbs.add_parser("bench", help="run a benchmark from harness.bench",
                              description="Benchmarks: " + ", ".join(benchmarks()) + ". Each prints its "

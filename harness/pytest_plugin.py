@@ -270,7 +270,9 @@ def pytest_runtest_makereport(item: pytest.Item, call):
     if (report.failed and report.when in ("setup", "call") and folder != "none"
             and (item.config.stash.get(_in_use, False) or uses_harness(item))):
         path = write_repro_file(item, report, item.config.rootpath / folder)
-        report.sections.append(("reproduction", f"harness repro {path}"))
+        slot = getattr(item, "funcargs", {}).get("repro_scenario")
+        explain = f"\nharness explain {path}" if getattr(slot, "scenario", None) is not None else ""
+        report.sections.append(("reproduction", f"harness repro {path}{explain}"))
         # Reported with the test (JUnit XML <properties>), so `harness run` can list the files.
         item.user_properties.append(("reproduction", str(path)))
     return report

@@ -20,6 +20,7 @@ from harness.graphs.emulator.opinfo import ReplayStep
 from harness.graphs.emulator.pool import PoolArena
 from harness.graphs.emulator.recorder import Recorder
 from harness.graphs.emulator.rng import rng_recorded
+from harness.graphs.emulator.trace import OpRecord
 
 
 # StorageWeakRef.expired() without its Python method call: one C call per storage at each replay.
@@ -28,13 +29,15 @@ _expired = torch.UntypedStorage._expired
 
 class EmulatedGraph(CapturedGraph):
     def __init__(self, output: Any, pool: PoolArena, steps: list[ReplayStep],
-                 inference_mode: bool, external: list[ExternalStorage]) -> None:
+                 inference_mode: bool, external: list[ExternalStorage],
+                 records: list[OpRecord] | None = None) -> None:
         self.output = output
         self.pool = pool
         self._steps: list[ReplayStep] | None = steps
         self._inference_mode = inference_mode
         self._external = external  # holds the weak references the raw pointers below stand for
         self._external_weak_refs = tuple(s.liveness.cdata for s in external)
+        self.records: tuple[OpRecord, ...] = tuple(records or ())
 
     @property
     def num_ops(self) -> int:
@@ -42,16 +45,46 @@ class EmulatedGraph(CapturedGraph):
         return len(self._steps or ())
 
     def replay(self) -> None:
-        steps = self._steps
-        if steps is None:
-            raise released_graph_error()
-        if any(map(_expired, self._external_weak_refs)):
-            raise freed_error(next(s for s in self._external if s.liveness.expired()))
+        steps = self.refuse_unreplayable()
         # Autograd never sees a graph's work (as on CUDA); inference mode is kept as captured
         # because capture-time outputs are inference tensors exactly when it was on.
         with torch.inference_mode(self._inference_mode), torch._C._AutoDispatchBelowADInplaceOrView():
             for fn, args, kwargs in steps:
                 fn(*args, **kwargs)
+
+    def replay_observed(self, before: Callable[[OpRecord], Any],
+                        after: Callable[[OpRecord], Any]) -> None:
+        """`replay()`, calling `before(record)` ahead of each recorded op's replay call and
+        `after(record)` once its outputs hold its results (for harness.check.explain)."""
+        steps = self.refuse_unreplayable()
+        by_step: dict[int, list[OpRecord]] = {}
+        for record in self.records:
+            by_step.setdefault(record.step, []).append(record)
+        with torch.inference_mode(self._inference_mode), torch._C._AutoDispatchBelowADInplaceOrView():
+            for index, (fn, args, kwargs) in enumerate(steps):
+                records = by_step.get(index, ())
+                for record in records:
+                    before(record)
+                fn(*args, **kwargs)
+                for record in records:
+                    after(record)
+
+    def first_use(self, address: int) -> str:
+        """Where the capture first used the external storage that holds `address`, or ""."""
+        for storage in self._external:
+            start = storage.replay_storage.data_ptr()
+            if start <= address < start + storage.replay_storage.nbytes():
+                return storage.first_use
+        return ""
+
+    def refuse_unreplayable(self) -> list[ReplayStep]:
+        """The steps to replay, or the error a replay raises (released or freed memory)."""
+        steps = self._steps
+        if steps is None:
+            raise released_graph_error()
+        if any(map(_expired, self._external_weak_refs)):
+            raise freed_error(next(s for s in self._external if s.liveness.expired()))
+        return steps
 
     def reset(self) -> None:
         self._steps = None
@@ -60,7 +93,10 @@ class EmulatedGraph(CapturedGraph):
 class EmulatedBackend(GraphBackend):
     name = "emulated"
 
-    def __init__(self, device: torch.device | str | None = None) -> None:
+    def __init__(self, device: torch.device | str | None = None, *, trace: bool = False) -> None:
+        """`trace`: keep, per recorded op, its source line, arguments and outputs, so that
+        `EmulatedGraph.replay_observed` can show each op's results (harness.check.explain)."""
+        self.trace = trace
         device = torch.device("cpu" if device is None else device)
         if device.type == "cuda" and device.index is None:
             device = torch.device("cuda", torch.cuda.current_device())
@@ -83,7 +119,7 @@ class EmulatedBackend(GraphBackend):
         arena = pool if pool is not None else self.graph_pool_handle()
         if arena.device != self.device:
             raise ValueError(f"pool lives on {arena.device} but this backend captures on {self.device}")
-        recorder = Recorder(arena, self.device)
+        recorder = Recorder(arena, self.device, trace=self.trace)
         try:
             with contextlib.ExitStack() as stack:
                 stack.enter_context(host_reads_raise(self.device))
@@ -105,4 +141,4 @@ class EmulatedBackend(GraphBackend):
             warnings.warn("The CUDA Graph is empty. This usually means that the graph was attempted "
                           "to be captured on wrong device or stream.", UserWarning, stacklevel=3)
         return EmulatedGraph(output, arena, recorder.steps, torch.is_inference_mode_enabled(),
-                             recorder.external.storages())
+                             recorder.external.storages(), recorder.records)

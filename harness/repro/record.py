@@ -65,7 +65,10 @@ def file_name(node_id: str) -> str:
 def write_record(record: ReproRecord, folder: Path) -> Path:
     folder.mkdir(parents=True, exist_ok=True)
     path = folder / file_name(record.node_id)
-    path.write_text(json.dumps(record.to_dict(), indent=1) + "\n")
+    data = record.to_dict()
+    if record.scenario is not None:
+        data["explain"] = f"harness explain {path}"  # the command that explains it, for the reader
+    path.write_text(json.dumps(data, indent=1) + "\n")
     return path
 
 

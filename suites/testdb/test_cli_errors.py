@@ -85,7 +85,7 @@ def test_version_and_bench_help(capsys):
     assert capsys.readouterr().out.startswith("harness 0.")
     assert main(["bench", "--help"]) == 0
     out = capsys.readouterr().out
-    assert "capture, emulator, piecewise" in " ".join(out.split())
+    assert "capture, emulator, explain, piecewise" in " ".join(out.split())
 
 
 def test_bench_writes_nothing_without_output_and_states_its_threads(tmp_path, monkeypatch, capsys):

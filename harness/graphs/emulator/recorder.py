@@ -19,12 +19,13 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from harness.graphs.emulator import opinfo
 from harness.graphs.base import CaptureError
-from harness.graphs.emulator.callsite import at_callsite, current_callsite, in_index_assignment
+from harness.graphs.emulator.callsite import at_callsite, current_callsite, in_index_assignment, user_frames
 from harness.graphs.emulator.cuda_paths import one_hot_without_sync
 from harness.graphs.emulator.external import ExternalMemory
 from harness.graphs.emulator.host_tensors import HOST_COPY_REFUSED
 from harness.graphs.emulator.opinfo import OpKind, ReplayStep
 from harness.graphs.emulator.pool import PoolArena, block_of, laid_out_like, laid_out_like_once, poison_value
+from harness.graphs.emulator.trace import Argument, OpRecord, Origin
 
 
 def _error(message: str, func: Any) -> CaptureError:
@@ -50,11 +51,13 @@ def _extent_bytes(t: torch.Tensor) -> int:
 
 
 class Recorder(TorchDispatchMode):
-    def __init__(self, arena: PoolArena, device: torch.device) -> None:
+    def __init__(self, arena: PoolArena, device: torch.device, *, trace: bool = False) -> None:
         super().__init__()
         self.arena = arena
         self.device = device
+        self.trace = trace  # keep an OpRecord per op (trace.py): what a reader of the replay needs
         self.steps: list[ReplayStep] = []
+        self.records: list[OpRecord] = []
         self._replay_tensors: dict[tuple, torch.Tensor] = {}
         self.external = ExternalMemory()
 
@@ -86,6 +89,7 @@ class Recorder(TorchDispatchMode):
         if kind is OpKind.MUTATING:
             self._check_mutation(func, args, kwargs)
             self.steps.append((func._op, *self._for_replay((args, kwargs))))
+            self._trace(func, args, kwargs, ())
             return opinfo.aliased_returns(func, args, kwargs)
         device = self._output_device(func, args, kwargs)
         shapes = opinfo.device_result_dtypes(func, args, kwargs,
@@ -115,6 +119,7 @@ class Recorder(TorchDispatchMode):
     def discard(self) -> None:
         """Forget a failed capture's recording: its steps and every alias it made."""
         self.steps.clear()
+        self.records.clear()
         self._replay_tensors.clear()
         self.external = ExternalMemory()
 
@@ -206,6 +211,7 @@ class Recorder(TorchDispatchMode):
                 if maker is not None:
                     named = opinfo.bind(func, replay_args, replay_kwargs)
                     self.steps.append(maker(named, replay_outs[0]))
+                    self._trace(func, args, kwargs, replay_outs)
                 return
             out_op = opinfo.out_overload(func)
             if out_op is not None:
@@ -215,8 +221,43 @@ class Recorder(TorchDispatchMode):
                 call = {k: v for k, v in named.items() if k in allowed}
                 call.update(zip(opinfo.out_names(out_op), replay_outs))
                 self.steps.append((out_op._op, (), call))
+                self._trace(func, args, kwargs, replay_outs)
                 return
         self.steps.append((_copy_results, (func._op, replay_args, replay_kwargs, replay_outs), {}))
+        self._trace(func, args, kwargs, replay_outs)
+
+    def _trace(self, func, args, kwargs, outputs: list[torch.Tensor] | tuple) -> None:
+        """What a reader of the replay needs to know about the op just recorded (trace.py)."""
+        if not self.trace:
+            return
+        arguments: list[Argument] = []
+        written: list[torch.Tensor] = []
+        external: list[torch.Tensor] = []
+        writes = {a.name for a in func._schema.arguments if a.alias_info is not None and a.alias_info.is_write}
+        for name, value in opinfo.bind(func, args, kwargs).items():
+            items = ([(name, value)] if not isinstance(value, (list, tuple)) else
+                     [(f"{name}[{i}]", v) for i, v in enumerate(value)])
+            for label, item in items:
+                if isinstance(item, torch.Tensor):
+                    replay = self._replay_tensor(item)
+                    arguments.append(Argument(label, replay, self._origin(item), name in writes))
+                    if name in writes:
+                        written.append(replay)
+                        if arguments[-1].origin is Origin.EXTERNAL:
+                            external.append(replay)
+                elif item is value:
+                    arguments.append(Argument(label, item, Origin.HOST))
+            if isinstance(value, (list, tuple)) and not any(isinstance(v, torch.Tensor) for v in value):
+                arguments.append(Argument(name, value, Origin.HOST))
+        self.records.append(OpRecord(len(self.steps) - 1, opinfo.op_name(func), user_frames(),
+                                     tuple(arguments), (*written, *outputs), tuple(external)))
+
+    def _origin(self, t: torch.Tensor) -> Origin:
+        if block_of(t) is not None:
+            return Origin.POOL
+        if self.external.holds(t) or (self.device.type != "cpu" and t.device.type == "cpu" and t.dim() == 0):
+            return Origin.CONSTANT
+        return Origin.EXTERNAL
 
     def _check_mutation(self, func, args, kwargs) -> None:
         """Run the op on meta copies: a shape error surfaces now, as CUDA's host-side checks would,
