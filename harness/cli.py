@@ -49,7 +49,7 @@ def cmd_audit_transformers(args) -> int:
         for arch in archs:
             print(f"{arch.model_type}  {arch.class_name}")
         return 0
-    require_backend("--graph-backend", args.graph_backend)
+    backend = _audit_backend(args.graph_backend, args.emulate_cuda)
     resumed = _audit_file(args.resume, "--resume") if args.resume else None
 
     def terminated(signum, frame):
@@ -58,9 +58,12 @@ def cmd_audit_transformers(args) -> int:
     # `timeout` and batch schedulers send SIGTERM: stop like Ctrl-C, keeping the rows done.
     previous = signal.signal(signal.SIGTERM, terminated)
     try:
-        result = run_audit(archs, dtype=args.dtype, backend=_resolved(args.graph_backend), jobs=args.jobs,
+        result = run_audit(archs, dtype=args.dtype, backend=backend, jobs=args.jobs,
                            timeout_s=args.timeout, checkpoint=args.json,
-                           done=resumed.rows if resumed else [], done_meta=resumed.meta if resumed else None)
+                           done=resumed.rows if resumed else [], done_meta=resumed.meta if resumed else None,
+                           emulate_cuda=args.emulate_cuda)
+    except ValueError as error:
+        raise UsageError(str(error)) from None
     except AuditInterrupted as stop:
         where = f"; the rows done are in {args.json} (marked incomplete)" if args.json else ""
         print(f"harness audit: {stop}{where}", file=sys.stderr)
@@ -84,10 +87,20 @@ def _audit_file(path: Path, option: str):
                          f"expected one written by harness audit transformers --json") from None
 
 
-def _resolved(backend: str) -> str:
+def _audit_backend(option: str, emulate_cuda: bool) -> str:
+    """The backend the audit's children capture with. Under --emulate-cuda that is the emulated
+    backend on the "cuda" device (what `auto` resolves to inside emulate_cuda()), which captures
+    through torch.cuda.graph; the parent resolves it without entering the emulation itself."""
     from harness.graphs import resolve_backend
 
-    return resolve_backend(backend)
+    if not emulate_cuda:
+        require_backend("--graph-backend", option)
+        return resolve_backend(option)
+    if option not in ("auto", "emulated"):
+        raise UsageError(f"--graph-backend {option} with --emulate-cuda: under emulate_cuda() the "
+                         f"audit captures through torch.cuda.graph on the emulated device; accepted: "
+                         f"auto or emulated")
+    return "emulated"
 
 
 def cmd_audit_merge(args) -> int:
@@ -294,6 +307,7 @@ def build_parser() -> argparse.ArgumentParser:
     hf.add_argument("--resume", type=Path, metavar="FILE",
                     help="keep the rows of this audit JSON (e.g. an interrupted --json) and run the rest")
     hf.add_argument("--markdown", action="store_true", help="print a markdown table instead of text")
+    _emulate_cuda_option(hf, "audit each architecture (in its own process)")
     hf.set_defaults(func=cmd_audit_transformers)
     merge = audit.add_parser("merge", help="put audit JSON files side by side (e.g. cpu.json cuda.json)")
     merge.add_argument("files", nargs="+", type=Path)

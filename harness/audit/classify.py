@@ -71,14 +71,17 @@ def requests() -> list[Request]:
     return [Request(list(p), NEW_TOKENS, logprobs=3) for p in PROMPTS]
 
 
-def audit_architecture(arch: Architecture, dtype: str, backend_name: str) -> Row:
+def audit_architecture(arch: Architecture, dtype: str, backend_name: str,
+                       device: str | None = None) -> Row:
+    """`device`: where the model lives and the backend captures (None: the backend's default); "cuda"
+    inside `harness.emulate_cuda()` is the emulated device, captured through torch.cuda.graph."""
     start = time.perf_counter()
 
     def row(verdict: str, detail: str = "", step: int | None = None) -> Row:
         return Row(arch.model_type, arch.class_name, dtype, backend_name, verdict, detail, step,
                    round(time.perf_counter() - start, 2))
 
-    backend = get_backend(backend_name)
+    backend = get_backend(backend_name, device=device)
     try:
         model = build_tiny(arch, DTYPES[dtype], device=str(backend.device))
     except BuildError as error:

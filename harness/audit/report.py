@@ -10,8 +10,13 @@ from harness.audit.runner import AuditResult
 
 
 def column_label(result: AuditResult) -> str:
+    """"emulated bfloat16", "cuda float32", ...; a run inside emulate_cuda() is a column of its own,
+    "emulate_cuda bfloat16" (the emulated backend on the emulated CUDA device)."""
     meta = result.meta
-    return f"{meta.get('backend', '?')} {meta.get('dtype', '?')}"
+    backend = meta.get("backend", "?")
+    if meta.get("emulate_cuda"):
+        backend = "emulate_cuda" if backend == "emulated" else f"{backend} under emulate_cuda"
+    return f"{backend} {meta.get('dtype', '?')}"
 
 
 def verdict_cell(row: Row | None) -> str:
@@ -50,7 +55,10 @@ def render_markdown(results: list[AuditResult]) -> str:
         m = result.meta
         lines.append(f"- **{label}**: {m.get('date', '?')}, commit {m.get('commit', '?')}, torch "
                      f"{m.get('torch', '?')}, transformers {m.get('transformers', '?')}, "
-                     f"{m.get('machine', '?')}, {len(result.rows)} architectures in "
+                     f"{m.get('machine', '?')}, "
+                     + ("inside harness.emulate_cuda() (the model on the emulated cuda device), "
+                        if m.get("emulate_cuda") else "")
+                     + f"{len(result.rows)} architectures in "
                      f"{m.get('wall_s', '?')} s with {m.get('jobs', '?')} processes"
                      + (f"; **incomplete**: {m.get('remaining', '?')} of {m.get('total', '?')} not reached"
                         if m.get("complete") is False else "")

@@ -87,14 +87,19 @@ class _Children:
 def run_audit(archs: list[Architecture], *, dtype: str, backend: str, jobs: int = 2,
               timeout_s: float = 180.0, progress: TextIO | None = sys.stderr,
               checkpoint: Path | None = None, done: list[Row] = (),
-              done_meta: dict | None = None) -> AuditResult:
+              done_meta: dict | None = None, emulate_cuda: bool = False) -> AuditResult:
     """Audit `archs`, skipping those with a row in `done` (a resumed run, whose provenance
-    `done_meta` is kept under meta `resumed_from`, earliest first). With `checkpoint`, the
+    `done_meta` is kept under meta `resumed_from`, earliest first). With `emulate_cuda`, each child
+    runs inside `harness.emulate_cuda()` with the model on "cuda" (meta `emulate_cuda` true); a
+    resumed run keeps the mode of the rows it resumes. With `checkpoint`, the
     result so far is rewritten there after every row (meta `complete` false and `remaining` until
     the last), so a run killed midway keeps its rows. An interrupt (KeyboardInterrupt) kills the
     children and raises AuditInterrupted carrying the partial result."""
     if jobs < 1:
         raise ValueError(f"jobs must be at least 1, got {jobs}")
+    if done and done_meta is not None and bool(done_meta.get("emulate_cuda", False)) != emulate_cuda:
+        raise ValueError(f"the rows to resume ran with emulate_cuda={bool(done_meta.get('emulate_cuda'))}, "
+                         f"this run has emulate_cuda={emulate_cuda}: resume in the same mode")
     preload()
     started = time.perf_counter()
     wanted = {a.model_type for a in archs}
@@ -108,7 +113,7 @@ def run_audit(archs: list[Architecture], *, dtype: str, backend: str, jobs: int 
     children = _Children()
 
     def result() -> AuditResult:
-        meta = provenance(dtype=dtype, backend=backend, jobs=jobs,
+        meta = provenance(dtype=dtype, backend=backend, emulate_cuda=emulate_cuda, jobs=jobs,
                           wall_s=round(time.perf_counter() - started, 1), total=len(archs),
                           remaining=len(archs) - len(rows), complete=len(rows) == len(archs),
                           resumed=len(archs) - len(todo), start_method_fallbacks=len(fallbacks),
@@ -117,7 +122,8 @@ def run_audit(archs: list[Architecture], *, dtype: str, backend: str, jobs: int 
 
     pool = ThreadPoolExecutor(max_workers=jobs)
     try:
-        futures = {pool.submit(_run_one, a, dtype, backend, timeout_s, children): a for a in todo}
+        mode = _Mode(dtype, backend, emulate_cuda)
+        futures = {pool.submit(_run_one, a, mode, timeout_s, children): a for a in todo}
         for count, future in enumerate(as_completed(futures), len(archs) - len(todo) + 1):
             row, fallback = future.result()
             rows[row.model_type] = row
@@ -147,16 +153,29 @@ def run_audit(archs: list[Architecture], *, dtype: str, backend: str, jobs: int 
     return result()
 
 
-def _start(arch: Architecture, dtype: str, backend: str, log_name: str, children: _Children):
+@dataclass(frozen=True)
+class _Mode:
+    """How every child of one run audits: the dtype, the backend, inside emulate_cuda() or not."""
+
+    dtype: str
+    backend: str
+    emulate_cuda: bool
+
+
+def _start(arch: Architecture, mode: _Mode, log_name: str, children: _Children):
     """Start the child for one architecture; returns (process, pipe end, fallback note or "").
-    Forking is cheap (imports are shared) but unsafe once CUDA is in use, so cuda runs spawn; a fork
+    Forking is cheap (imports are shared) but unsafe once CUDA is in use, so cuda runs spawn (and so
+    do emulate_cuda runs on a machine with a GPU: the graph sanitizer uses the real device); a fork
     the parent refuses (filelock's fork-safety check raises RuntimeError) falls back to spawn, noted."""
-    methods = ["spawn"] if backend == "cuda" else ["fork", "spawn"]
+    import torch
+
+    uses_gpu = mode.backend == "cuda" or (mode.emulate_cuda and torch.cuda.is_available())
+    methods = ["spawn"] if uses_gpu else ["fork", "spawn"]
     note = ""
     for method in methods:
         context = multiprocessing.get_context(method)
         receive, send = context.Pipe(duplex=False)
-        child = context.Process(target=_child, args=(arch, dtype, backend, send, log_name), daemon=True)
+        child = context.Process(target=_child, args=(arch, mode, send, log_name), daemon=True)
         with children.lock:
             if children.stopping.is_set():
                 raise KeyboardInterrupt("audit stopping")
@@ -175,18 +194,18 @@ def _start(arch: Architecture, dtype: str, backend: str, log_name: str, children
     raise RuntimeError(f"no start method in {methods} could start a child for {arch.model_type}")
 
 
-def _run_one(arch: Architecture, dtype: str, backend: str, timeout_s: float,
+def _run_one(arch: Architecture, mode: _Mode, timeout_s: float,
              children: _Children) -> tuple[Row, str]:
     """One child per architecture; the parent has imported torch and transformers' shared modules
     already (`preload`), so a forked child pays only for its own model's module."""
     start = time.perf_counter()
 
     def failed(verdict: str, detail: str) -> Row:
-        return Row(arch.model_type, arch.class_name, dtype, backend, verdict, detail, None,
+        return Row(arch.model_type, arch.class_name, mode.dtype, mode.backend, verdict, detail, None,
                    round(time.perf_counter() - start, 2))
 
     with tempfile.NamedTemporaryFile(mode="w+", prefix="audit-", suffix=".log") as log:
-        child, receive, note = _start(arch, dtype, backend, log.name, children)
+        child, receive, note = _start(arch, mode, log.name, children)
         try:
             if receive.poll(timeout_s):
                 try:
@@ -206,7 +225,7 @@ def _run_one(arch: Architecture, dtype: str, backend: str, timeout_s: float,
         return failed(CRASHED, f"exit status {child.exitcode}: {last[:300]}"), note
 
 
-def _child(arch: Architecture, dtype: str, backend: str, send, log_path: str) -> None:
+def _child(arch: Architecture, mode: _Mode, send, log_path: str) -> None:
     # The child's chatter (transformers warnings) goes to a file the parent reads if it crashes.
     with open(log_path, "w") as log:
         os.dup2(log.fileno(), 1)
@@ -214,7 +233,15 @@ def _child(arch: Architecture, dtype: str, backend: str, send, log_path: str) ->
     import torch
 
     torch.set_num_threads(1)
-    send.send(audit_architecture(arch, dtype, backend).to_dict())
+    if mode.emulate_cuda:
+        # Entered here, in the child: the emulation is per process, and the parent stays out of it.
+        from harness import emulate_cuda
+
+        with emulate_cuda():
+            row = audit_architecture(arch, mode.dtype, mode.backend, device="cuda")
+    else:
+        row = audit_architecture(arch, mode.dtype, mode.backend)
+    send.send(row.to_dict())
     send.close()
 
 
