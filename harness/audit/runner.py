@@ -234,10 +234,14 @@ def _child(arch: Architecture, mode: _Mode, send, log_path: str) -> None:
 
     torch.set_num_threads(1)
     if mode.emulate_cuda:
-        # Entered here, in the child: the emulation is per process, and the parent stays out of it.
-        from harness import emulate_cuda
+        import contextlib
 
-        with emulate_cuda():
+        from harness import emulate_cuda
+        from harness.graphs.emulator.device import emulation_active
+
+        # Entered here, in the child: the emulation is per process. A child forked from a parent
+        # already inside emulate_cuda() (a pytest session under --emulate-cuda) has it already.
+        with contextlib.nullcontext() if emulation_active() else emulate_cuda():
             row = audit_architecture(arch, mode.dtype, mode.backend, device="cuda")
     else:
         row = audit_architecture(arch, mode.dtype, mode.backend)

@@ -27,7 +27,7 @@ from torch.overrides import TorchFunctionMode
 from torch.utils._device import DeviceContext, _device_constructors
 
 from harness.graphs.base import CaptureError
-from harness.graphs.emulator.device import transfers
+from harness.graphs.emulator.device import kernels, transfers
 from harness.graphs.emulator.device.memory import DEVICE, MEMORY_ATTR, PINNED
 from harness.graphs.emulator.device.rules import CPU, cuda_index, mixed_devices_error, names_cuda
 
@@ -77,6 +77,7 @@ class Placement(TorchFunctionMode):
             torch.nn.functional.layer_norm: self._layer_norm,
             torch.layer_norm: self._layer_norm, torch.native_layer_norm: self._layer_norm,
             Tensor.__repr__: self._repr,
+            **{func: self._cuda_kernel for func in kernels.REPLACEMENTS},
         }
 
     # --- the hot path ------------------------------------------------------------------------
@@ -226,6 +227,13 @@ class Placement(TorchFunctionMode):
                     self.state.refuse(CaptureError(f"{text} (CUDA's layer norm kernel takes {name} "
                                                    f"in the input's dtype)",
                                                    op="aten.native_layer_norm.default"))
+        return self._generic(func, args, kwargs)
+
+    def _cuda_kernel(self, func, args, kwargs):
+        """A kernel CUDA has and the cpu lacks (kernels.py), for device tensors only: a host call
+        keeps the cpu's answer, errors included."""
+        if _first_is_device(args, kwargs) and _scan(args, kwargs)[0]:
+            return self._generic(kernels.REPLACEMENTS[func], args, kwargs)
         return self._generic(func, args, kwargs)
 
     def _repr(self, func, args, kwargs) -> str:

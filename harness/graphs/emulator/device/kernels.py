@@ -1,0 +1,41 @@
+"""Kernels CUDA has and the CPU build of torch lacks, for device tensors: computed from CPU kernels
+that exist, with CUDA's result dtype. Code written for CUDA takes these paths when it sees a cuda
+device (transformers' grouped MoE counts tokens per expert with an integer `histc`, a router asks
+`mm(..., out_dtype=float32)`), and would otherwise fail eagerly where a GPU runs it.
+
+Each entry is called by the placement mode as `func` of its generic rule, so the outputs are
+device memory and a capture records the CPU ops they are made of."""
+
+from __future__ import annotations
+
+import torch
+
+Tensor = torch.Tensor
+
+
+def histc(input: Tensor, bins: int = 100, min: float = 0, max: float = 0, *, out: Tensor | None = None):
+    """CUDA's histc takes integer input (the CPU's raises "histogram_cpu" not implemented for
+    'Int'); counting in float64 places every int32 value in the bin CUDA places it, and the counts
+    come back in the input's dtype, as on CUDA."""
+    if input.is_floating_point() or input.is_complex():
+        return torch.histc(input, bins, min, max, out=out)
+    counts = torch.histc(input.double(), bins, min, max).to(input.dtype)
+    return counts if out is None else out.copy_(counts)
+
+
+def tensor_histc(self: Tensor, bins: int = 100, min: float = 0, max: float = 0) -> Tensor:
+    return histc(self, bins, min, max)
+
+
+def mm(input: Tensor, mat2: Tensor, out_dtype: torch.dtype | None = None, *, out: Tensor | None = None):
+    """`mm(a, b, out_dtype=torch.float32)` of reduced-precision inputs (CUDA only: the CPU build has
+    no `aten::mm.dtype` kernel): CUDA multiplies in float32 and writes float32; the product of the
+    inputs made float32 is that."""
+    if out_dtype is None or out_dtype == input.dtype:
+        return torch.mm(input, mat2, out=out) if out is not None else torch.mm(input, mat2)
+    result = torch.mm(input.to(torch.float32), mat2.to(torch.float32)).to(out_dtype)
+    return result if out is None else out.copy_(result)
+
+
+# The torch function each replaces, for the placement mode's table.
+REPLACEMENTS = {torch.histc: histc, Tensor.histc: tensor_histc, torch.mm: mm}
