@@ -13,7 +13,7 @@ from torch.utils._python_dispatch import _get_current_dispatch_mode_stack
 from harness.graphs.base import CapturedGraph, GraphBackend, released_graph_error
 from harness.graphs.emulator.capture_flag import reports_capturing
 from harness.graphs.emulator.cuda_paths import CudaPaths
-from harness.graphs.emulator.external import ExternalStorage, freed_error
+from harness.graphs.emulator.external import ExternalStorage, freed_error, moved_error
 from harness.graphs.emulator.host_guard import host_reads_raise
 from harness.graphs.emulator.host_tensors import HostTensors
 from harness.graphs.emulator.opinfo import ReplayStep
@@ -22,8 +22,10 @@ from harness.graphs.emulator.recorder import Recorder
 from harness.graphs.emulator.rng import rng_recorded
 
 
-# StorageWeakRef.expired() without its Python method call: one C call per storage at each replay.
+# StorageWeakRef.expired() without its Python method call: one C call per storage at each replay;
+# the address check is C calls too (dereference the storage objects, read their data pointers).
 _expired = torch.UntypedStorage._expired
+_data_ptr = torch.UntypedStorage.data_ptr
 
 
 class EmulatedGraph(CapturedGraph):
@@ -35,6 +37,8 @@ class EmulatedGraph(CapturedGraph):
         self._inference_mode = inference_mode
         self._external = external  # holds the weak references the raw pointers below stand for
         self._external_weak_refs = tuple(s.liveness.cdata for s in external)
+        self._external_objects = tuple(s.storage_object for s in external)
+        self._external_addresses = tuple(s.address for s in external)
 
     @property
     def num_ops(self) -> int:
@@ -47,6 +51,12 @@ class EmulatedGraph(CapturedGraph):
             raise released_graph_error()
         if any(map(_expired, self._external_weak_refs)):
             raise freed_error(next(s for s in self._external if s.liveness.expired()))
+        if self._external_addresses:
+            storages = [ref() for ref in self._external_objects]
+            if None in storages:
+                raise freed_error(next(s for s in self._external if s.storage_object() is None))
+            if tuple(map(_data_ptr, storages)) != self._external_addresses:
+                raise moved_error(next(s for s in self._external if s.moved()))
         # Autograd never sees a graph's work (as on CUDA); inference mode is kept as captured
         # because capture-time outputs are inference tensors exactly when it was on.
         with torch.inference_mode(self._inference_mode), torch._C._AutoDispatchBelowADInplaceOrView():
