@@ -104,6 +104,9 @@ class EmulatedBackend(GraphBackend):
                     stack.enter_context(HostTensors())
                 stack.enter_context(recorder)
                 output = fn()
+            unjoined = recorder.collectives.unjoined_error()
+            if unjoined is not None:
+                raise unjoined
         except BaseException:
             # The traceback keeps this frame (and the recorder) alive in a reference cycle; drop the
             # recording's non-owning aliases now, in order, instead of leaving them to the garbage

@@ -19,6 +19,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from harness.graphs.emulator import opinfo
 from harness.graphs.base import CaptureError
+from harness.graphs.emulator import collectives
 from harness.graphs.emulator.callsite import at_callsite, current_callsite, in_index_assignment
 from harness.graphs.emulator.cuda_paths import one_hot_without_sync
 from harness.graphs.emulator.external import ExternalMemory
@@ -57,9 +58,14 @@ class Recorder(TorchDispatchMode):
         self.steps: list[ReplayStep] = []
         self._replay_tensors: dict[tuple, torch.Tensor] = {}
         self.external = ExternalMemory()
+        self.collectives = collectives.PendingCollectives()
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
+        if collectives.is_collective(func):
+            return self._record_collective(func, args, kwargs)
+        if types and collectives.waits_on_subclass(types):
+            return NotImplemented
         if self._is_host_work(func, args, kwargs):
             # CUDA runs host work once, when capture meets it, and never replays it.
             return func(*args, **kwargs)
@@ -117,6 +123,7 @@ class Recorder(TorchDispatchMode):
         self.steps.clear()
         self._replay_tensors.clear()
         self.external = ExternalMemory()
+        self.collectives = collectives.PendingCollectives()
 
     # --- replay view of capture-time tensors -------------------------------------------------
 
@@ -195,6 +202,31 @@ class Recorder(TorchDispatchMode):
         return laid_out_like(storage, meta, device).fill_(poison_value(meta.dtype))
 
     # --- recording ---------------------------------------------------------------------------
+
+    def _record_collective(self, func, args, kwargs) -> Any:
+        if func.namespace == collectives.PROCESS_GROUP_NAMESPACE:
+            self.steps.append((collectives.run_process_group_collective,
+                               (func._op, *self._for_replay((args, kwargs))), {}))
+            return self.collectives.process_group_returns(func, args, kwargs)
+        if collectives.is_wait(func):
+            self.collectives.waited(args[0])
+            return args[0]
+        if collectives.is_pass_through(func):
+            return func(*args, **kwargs)  # wraps the result to wait on first use
+        if opinfo.op_kind(func) is OpKind.MUTATING:
+            self.steps.append((collectives.run_inplace_functional_collective,
+                               (func._op, *self._for_replay((args, kwargs))), {}))
+            result = opinfo.aliased_returns(func, args, kwargs)
+        else:
+            device = self._output_device(func, args, kwargs)
+            result = tree_map_only(torch.Tensor, lambda meta: self._allocate(meta, device),
+                                   self._result_shapes(func, args, kwargs))
+            replay_outs = [self._replay_tensor(t) for t in tree_flatten(result)[0]
+                           if isinstance(t, torch.Tensor)]
+            self.steps.append((collectives.run_functional_collective,
+                               (func._op, *self._for_replay((args, kwargs)), replay_outs), {}))
+        self.collectives.functional_result(func, result)
+        return result
 
     def _record_fresh(self, func, kind, args, kwargs, outputs) -> None:
         replay_args, replay_kwargs = self._for_replay((args, kwargs))

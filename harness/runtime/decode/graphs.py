@@ -37,7 +37,7 @@ from harness.graphs.base import GraphBackend
 from harness.ranking import RankedLogits, rank_logits
 from harness.ops.metadata import SequenceSpan
 from harness.ops.sizing import cdiv
-from harness.runtime.comm import Comm, SingleProcessComm
+from harness.runtime.comm import Comm, SingleProcessComm, agree_on_graph
 from harness.runtime.decode.runner import (DecodeGraphKey, GraphRunner, PaddedDecodeBatch, pad_decode_batch,
                                           sampling_variant)
 from harness.runtime.stats import StatsRecorder
@@ -317,9 +317,7 @@ class DecoderGraphs:
     def _line_up(self, key: DecodeGraphKey) -> None:
         """Before the replay that follows a capture: sync the device and meet every rank."""
         self.backend.synchronize()
-        seen = self.comm.allgather_object(str(key))
-        if len(set(seen)) != 1:
-            raise RuntimeError(f"ranks lined up at different decode graphs: {seen}")
+        agree_on_graph(key, self.comm)
 
     def _reserve_eager_workspace(self) -> None:
         """An eager forward of max_num_tokens padded rows, so that no eager step (a long prefill)
