@@ -26,21 +26,11 @@ from harness.graphs.emulator.external import ExternalMemory
 from harness.graphs.emulator.host_tensors import HOST_COPY_REFUSED
 from harness.graphs.emulator.opinfo import OpKind, ReplayStep
 from harness.graphs.emulator.pool import PoolArena, block_of, laid_out_like, laid_out_like_once, poison_value
+from harness.graphs.emulator.shapes import lacks_meta_kernel, result_shapes, to_meta
 
 
 def _error(message: str, func: Any) -> CaptureError:
     return CaptureError(at_callsite(message, current_callsite()), op=opinfo.op_name(func))
-
-
-def _to_meta(t: torch.Tensor) -> torch.Tensor:
-    return torch.empty_strided(t.size(), t.stride(), dtype=t.dtype, device="meta")
-
-
-def _lacks_meta_kernel(error: Exception) -> bool:
-    """Whether running an op on meta tensors failed for want of a meta kernel, rather than for a
-    shape error of the caller's, which must surface at capture as CUDA's host checks would."""
-    text = str(error).lower()
-    return isinstance(error, NotImplementedError) or "meta" in text or "fake" in text
 
 
 def _extent_bytes(t: torch.Tensor) -> int:
@@ -95,7 +85,7 @@ class Recorder(TorchDispatchMode):
             return opinfo.aliased_returns(func, args, kwargs)
         device = self._output_device(func, args, kwargs)
         shapes = opinfo.device_result_dtypes(func, args, kwargs,
-                                             self._result_shapes(func, args, kwargs), device)
+                                             result_shapes(func, args, kwargs), device)
         outputs = tree_map_only(torch.Tensor, lambda meta: self._allocate(meta, device), shapes)
         self._record_fresh(func, kind, args, kwargs, outputs)
         return outputs
@@ -138,37 +128,6 @@ class Recorder(TorchDispatchMode):
             return self.external.alias(t)
         # The block itself, not its id: a freed block's id can be reused by a later block.
         return laid_out_like_once(self._replay_tensors, block, block.replay_storage, t)
-
-    # --- shapes without running --------------------------------------------------------------
-
-    def _result_shapes(self, func, args, kwargs) -> Any:
-        if not func._schema.returns:
-            return None
-        meta_args, meta_kwargs = tree_map_only(torch.Tensor, _to_meta, (args, kwargs))
-        if "device" in {a.name for a in func._schema.arguments}:
-            meta_kwargs = {**meta_kwargs, "device": "meta"}
-        try:
-            return func(*meta_args, **meta_kwargs)
-        except (NotImplementedError, RuntimeError) as meta_error:
-            if not _lacks_meta_kernel(meta_error):
-                raise
-        return self._fake_shapes(func, args, kwargs)
-
-    def _fake_shapes(self, func, args, kwargs) -> Any:
-        from torch._subclasses.fake_tensor import FakeTensorMode
-
-        mode = FakeTensorMode(allow_non_fake_inputs=True)
-        try:
-            fake_args, fake_kwargs = tree_map_only(torch.Tensor, mode.from_tensor, (args, kwargs))
-            with mode:
-                return func(*fake_args, **fake_kwargs)
-        except Exception as fake_error:
-            hint = (" register one with torch.library.register_fake"
-                    if func.namespace not in ("aten", "prims") else "")
-            raise _error(
-                f"{opinfo.op_name(func)} returns fresh tensors, and the emulator needs their shapes "
-                f"without running it, but it has no meta or fake implementation;{hint} "
-                f"({type(fake_error).__name__}: {fake_error})", func) from fake_error
 
     def _is_host_work(self, func, args, kwargs) -> bool:
         """On a cuda device, an op that touches no tensor on it and makes none there (CPU tensor
@@ -220,7 +179,7 @@ class Recorder(TorchDispatchMode):
         else:
             device = self._output_device(func, args, kwargs)
             result = tree_map_only(torch.Tensor, lambda meta: self._allocate(meta, device),
-                                   self._result_shapes(func, args, kwargs))
+                                   result_shapes(func, args, kwargs))
             replay_outs = [self._replay_tensor(t) for t in tree_flatten(result)[0]
                            if isinstance(t, torch.Tensor)]
             self.steps.append((collectives.run_functional_collective,
@@ -256,7 +215,7 @@ class Recorder(TorchDispatchMode):
         mutated = [a for a in func._schema.arguments
                    if a.alias_info is not None and a.alias_info.is_write]
         named = opinfo.bind(func, args, kwargs)
-        meta_args, meta_kwargs = tree_map_only(torch.Tensor, _to_meta, (args, kwargs))
+        meta_args, meta_kwargs = tree_map_only(torch.Tensor, to_meta, (args, kwargs))
         try:
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore")
@@ -264,7 +223,7 @@ class Recorder(TorchDispatchMode):
         except Exception as meta_error:
             # An aten shape error is the user's; a custom op failing here has no fake, and so
             # nothing to validate against.
-            if func.namespace == "aten" and not _lacks_meta_kernel(meta_error):
+            if func.namespace == "aten" and not lacks_meta_kernel(meta_error):
                 raise
             return
         meta_named = opinfo.bind(func, meta_args, meta_kwargs)

@@ -1,0 +1,114 @@
+"""When device work runs. In issue order, an op runs when the host issues it; in the adversarial
+schedule each stream's work waits in a queue until something synchronizes with it: the host
+(`synchronize`, `Event.synchronize`, a blocking copy, `.item()`) or another stream's wait, which
+runs the waited-for work first. So work runs as late as the synchronization rules allow, and a
+missing wait shows the wrong values a loaded GPU shows, every time.
+
+`torch.cuda._sleep` holds its stream back in issue order too: the stream's later work queues
+until the host or another stream waits for it, as a stalled GPU stream would.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass
+from typing import Callable
+
+SCHEDULES = ("issue_order", "adversarial")
+
+
+@dataclass(frozen=True)
+class _After:
+    """A queued wait: before running further, the stream runs `stream`'s work up to `seq`."""
+
+    stream: int
+    seq: float
+
+
+@dataclass(frozen=True)
+class _Stall:
+    """`torch.cuda._sleep` on the stream: nothing to run, but the work behind it queues."""
+
+
+class Schedule:
+    def __init__(self, schedule: str = "issue_order") -> None:
+        if schedule not in SCHEDULES:
+            raise ValueError(f"schedule={schedule!r}; accepted: {', '.join(SCHEDULES)}")
+        self.name = schedule
+        self.adversarial = schedule == "adversarial"
+        self._queues: dict[int, deque] = {}
+        self._issued: dict[int, float] = {}  # stream -> seq of its last issued item
+        self._ran: dict[int, float] = {}  # stream -> seq of its last item run
+        self._events: dict[int, tuple[int, float]] = {}
+        self.deferred = 0  # ops that waited in a queue, for statistics
+
+    def _queue(self, stream: int) -> deque:
+        queue = self._queues.get(stream)
+        if queue is None:
+            queue = self._queues[stream] = deque()
+        return queue
+
+    def pending(self, stream: int) -> bool:
+        return bool(self._queues.get(stream))
+
+    def issue(self, stream: int, seq: int, run: Callable[[], None]) -> bool:
+        """Run `run` now or queue it on `stream`; True when it was queued."""
+        self._issued[stream] = seq
+        queue = self._queues.get(stream)
+        if not self.adversarial and not queue:
+            run()
+            self._ran[stream] = seq
+            return False
+        self._queue(stream).append((seq, run))
+        self.deferred += 1
+        return True
+
+    def stall(self, stream: int) -> None:
+        self._queue(stream).append((self._issued.get(stream, 0), _Stall()))
+
+    # --- waits between streams ---------------------------------------------------------------
+
+    def record_event(self, event: int, stream: int) -> None:
+        self._events[event] = (stream, self._issued.get(stream, 0))
+
+    def wait_event(self, stream: int, event: int) -> None:
+        known = self._events.get(event)
+        if known is not None:
+            self._wait(stream, *known)
+
+    def wait_stream(self, stream: int, other: int) -> None:
+        self._wait(stream, other, self._issued.get(other, 0))
+
+    def _wait(self, stream: int, other: int, seq: float) -> None:
+        if other == stream or self._ran.get(other, 0) >= seq or not self.pending(other):
+            return
+        # Half a step past the stream's last item: the wait sits between it and the next one.
+        self._queue(stream).append((self._issued.get(stream, 0) + 0.5, _After(other, seq)))
+
+    # --- the host waits ----------------------------------------------------------------------
+
+    def run_stream(self, stream: int, upto: float = float("inf")) -> None:
+        """Run `stream`'s queued work up to `seq` (all of it by default), and what it waits for."""
+        queue = self._queues.get(stream)
+        while queue and queue[0][0] <= upto:
+            seq, item = queue.popleft()
+            if isinstance(item, _After):
+                self.run_stream(item.stream, item.seq)
+            elif not isinstance(item, _Stall):
+                item()
+            self._ran[stream] = max(self._ran.get(stream, 0), seq)
+
+    def synchronize_event(self, event: int) -> None:
+        known = self._events.get(event)
+        if known is not None:
+            self.run_stream(*known)
+
+    def synchronize_device(self) -> None:
+        while any(self._queues.values()):
+            for stream in [s for s, q in self._queues.items() if q]:
+                self.run_stream(stream)
+
+    def event_done(self, event: int) -> bool:
+        """`Event.query()`: whether the work before the event has run."""
+        known = self._events.get(event)
+        return known is None or self._ran.get(known[0], 0) >= known[1] or not self.pending(known[0])
