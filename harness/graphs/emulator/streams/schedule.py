@@ -51,17 +51,28 @@ class Schedule:
     def pending(self, stream: int) -> bool:
         return bool(self._queues.get(stream))
 
+    def defers(self, stream: int) -> bool:
+        """Whether work issued to `stream` now waits in its queue."""
+        return self.adversarial or bool(self._queues.get(stream))
+
     def issue(self, stream: int, seq: int, run: Callable[[], None]) -> bool:
         """Run `run` now or queue it on `stream`; True when it was queued."""
+        if self.defers(stream):
+            self.queue(stream, seq, run)
+            return True
+        run()
+        self.ran(stream, seq)
+        return False
+
+    def queue(self, stream: int, seq: int, run: Callable[[], None]) -> None:
         self._issued[stream] = seq
-        queue = self._queues.get(stream)
-        if not self.adversarial and not queue:
-            run()
-            self._ran[stream] = seq
-            return False
         self._queue(stream).append((seq, run))
         self.deferred += 1
-        return True
+
+    def ran(self, stream: int, seq: int) -> None:
+        """An op of `stream` ran when issued (its queue was empty, or was run first)."""
+        self._issued[stream] = seq
+        self._ran[stream] = seq
 
     def stall(self, stream: int) -> None:
         self._queue(stream).append((self._issued.get(stream, 0), _Stall()))
@@ -91,12 +102,15 @@ class Schedule:
         """Run `stream`'s queued work up to `seq` (all of it by default), and what it waits for."""
         queue = self._queues.get(stream)
         while queue and queue[0][0] <= upto:
-            seq, item = queue.popleft()
-            if isinstance(item, _After):
-                self.run_stream(item.stream, item.seq)
-            elif not isinstance(item, _Stall):
-                item()
-            self._ran[stream] = max(self._ran.get(stream, 0), seq)
+            self._run_head(stream, queue)
+
+    def _run_head(self, stream: int, queue: deque) -> None:
+        seq, item = queue.popleft()
+        if isinstance(item, _After):
+            self.run_stream(item.stream, item.seq)
+        elif not isinstance(item, _Stall):
+            item()
+        self._ran[stream] = max(self._ran.get(stream, 0), seq)
 
     def synchronize_event(self, event: int) -> None:
         known = self._events.get(event)
@@ -104,9 +118,15 @@ class Schedule:
             self.run_stream(*known)
 
     def synchronize_device(self) -> None:
-        while any(self._queues.values()):
-            for stream in [s for s, q in self._queues.items() if q]:
-                self.run_stream(stream)
+        """Run everything queued, the most recently issued head first: between streams that
+        never waited for each other, the order a race needs to show is the one against issue
+        order (a consumer ahead of its producer, a writer ahead of an earlier reader)."""
+        while True:
+            heads = [(q[0][0], stream) for stream, q in self._queues.items() if q]
+            if not heads:
+                return
+            stream = max(heads)[1]
+            self._run_head(stream, self._queues[stream])
 
     def event_done(self, event: int) -> bool:
         """`Event.query()`: whether the work before the event has run."""

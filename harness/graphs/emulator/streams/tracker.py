@@ -70,6 +70,15 @@ class StreamTracker:
             state.reads = {}
         return seq
 
+    def record_write(self, key: int, stream: int, seq: int, *, op: str = "", where: str = "") -> None:
+        """A fresh result of op `seq` on `stream`: written by it, known to no one else yet."""
+        state = self._storages.get(key)
+        if state is None:
+            state = self._storages[key] = _StorageState()
+        state.write = Access(True, stream, seq, op, where)
+        state.reads = {}
+        state.recorded_streams.clear()
+
     def _pending_for(self, participant: int, state: _StorageState) -> list[Access]:
         """The accesses to a storage that `participant` is not ordered after (host accesses never
         are pending: the host issued every later op after them)."""

@@ -1,0 +1,41 @@
+"""A device op queued instead of run (the adversarial schedule): its results are allocated now,
+shaped by its meta kernel (as the recorder allocates a captured op's) and poisoned until it runs,
+so anything that reads them before the stream got to them sees NaN or an extreme int, every time."""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+import torch
+from torch.utils._pytree import tree_flatten, tree_map_only
+
+from harness.graphs.emulator import opinfo
+from harness.graphs.emulator.opinfo import OpKind
+from harness.graphs.emulator.pool import poison_value
+from harness.graphs.emulator.shapes import result_shapes
+
+
+def _poisoned_like(meta: torch.Tensor) -> torch.Tensor:
+    out = torch.empty_strided(meta.size(), meta.stride(), dtype=meta.dtype)
+    if out.numel():
+        out.fill_(poison_value(meta.dtype))
+    return out
+
+
+def can_defer(kind: OpKind) -> bool:
+    return kind in (OpKind.MUTATING, OpKind.FUNCTIONAL)
+
+
+def defer(func, args: tuple, kwargs: dict, kind: OpKind) -> tuple[Any, Callable[[], None]]:
+    """(what the op returns now, the call that does its work later)."""
+    if kind is OpKind.MUTATING:
+        return opinfo.aliased_returns(func, args, kwargs), lambda: func(*args, **kwargs)
+    outputs = tree_map_only(torch.Tensor, _poisoned_like, result_shapes(func, args, kwargs))
+    targets = [t for t in tree_flatten(outputs)[0] if isinstance(t, torch.Tensor)]
+
+    def run() -> None:
+        results = [r for r in tree_flatten(func(*args, **kwargs))[0] if isinstance(r, torch.Tensor)]
+        for dst, src in zip(targets, results):
+            dst.copy_(src)
+
+    return outputs, run

@@ -1,0 +1,153 @@
+"""The dispatch mode that sends every device op to its stream: checked by the tracker, then run
+or queued by the schedule. Host ops on pinned memory are the host's accesses; ops that make the
+host wait (`.item()`, a blocking copy) run the stream's queue first and join the host's clock.
+
+`memory` says what a tensor is (`is_device`, `is_pinned`, `call_targets_device`) and marks
+results (`mark_device`), `stream()` the
+current stream's id, `capturing()` whether a graph capture is underway (its ops are recorded, not
+issued: the recorder sees them first and nothing here applies).
+"""
+
+from __future__ import annotations
+
+import weakref
+from typing import Any, Callable
+
+import torch
+from torch.utils._pytree import tree_flatten
+from torch.utils._python_dispatch import TorchDispatchMode
+
+from harness.graphs.emulator import opinfo
+from harness.graphs.emulator.callsite import current_callsite
+from harness.graphs.emulator.opinfo import OpKind
+from harness.graphs.emulator.streams.accesses import blocks_host, is_seeded, split_accesses
+from harness.graphs.emulator.streams.deferral import can_defer, defer
+from harness.graphs.emulator.streams.names import label_of, storage_key
+from harness.graphs.emulator.streams.races import RaceError
+from harness.graphs.emulator.streams.schedule import Schedule
+from harness.graphs.emulator.streams.tracker import StreamTracker
+
+
+_TO_COPY = torch.ops.aten._to_copy.default
+
+
+def _storage(t: torch.Tensor) -> torch.UntypedStorage | None:
+    try:
+        return t.untyped_storage()
+    except (RuntimeError, NotImplementedError):
+        return None
+
+
+class StreamWork(TorchDispatchMode):
+    def __init__(self, memory: Any, stream: Callable[[], int], capturing: Callable[[], bool],
+                 tracker: StreamTracker, schedule: Schedule) -> None:
+        super().__init__()
+        self.memory = memory
+        self.stream = stream
+        self.capturing = capturing
+        self.tracker = tracker
+        self.schedule = schedule
+        self._allocations: dict[int, weakref.ref] = {}  # storage key -> weak ref noting its free
+        self._late: list[RaceError] = []  # strict races found where raising is impossible (a free)
+
+    def _tracked(self, t: torch.Tensor) -> bool:
+        return t.device.type == "cpu" and (self.memory.is_device(t) or self.memory.is_pinned(t))
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        if self._late:
+            raise self._late.pop(0)
+        if self.capturing():
+            return func(*args, **kwargs)
+        kind = opinfo.op_kind(func)
+        if kind is OpKind.VIEW:
+            return func(*args, **kwargs)  # an alias: no data touched
+        tensors = [t for t in tree_flatten((args, kwargs))[0] if isinstance(t, torch.Tensor)]
+        if any(t.device.type != "cpu" for t in tensors):
+            return func(*args, **kwargs)  # meta and fake tensors: shape work, not device work
+        is_device = self.memory.is_device
+        targets_device = bool(self.memory.call_targets_device())
+        if not targets_device and not any(is_device(t) for t in tensors):
+            return self._host_op(func, args, kwargs)
+        if opinfo.is_composite(func):
+            with self:
+                return func.decompose(*args, **kwargs)
+        return self._device_op(func, args, kwargs, kind, targets_device)
+
+    # --- the host's own work on pinned memory ------------------------------------------------
+
+    def _host_op(self, func, args, kwargs) -> Any:
+        reads, writes = split_accesses(func, args, kwargs, self.memory.is_pinned)
+        if reads or writes:
+            where = current_callsite()
+            name = opinfo.op_name(func)
+            for t in reads:
+                self._label(t)
+                self.tracker.host_read(storage_key(t), op=f"{name} on the host", where=where)
+            for t in writes:
+                self._label(t)
+                self.tracker.host_write(storage_key(t), op=f"{name} on the host", where=where)
+        return func(*args, **kwargs)
+
+    # --- device work -------------------------------------------------------------------------
+
+    def _device_op(self, func, args, kwargs, kind: OpKind, targets_device: bool) -> Any:
+        stream = self.stream()
+        reads, writes = split_accesses(func, args, kwargs, self._tracked)
+        name, where = opinfo.op_name(func), current_callsite()
+        for t in (*reads, *writes):
+            self._label(t)
+        seq = self.tracker.launch(stream, [storage_key(t) for t in reads],
+                                  [storage_key(t) for t in writes], op=name, where=where)
+        memory = self.memory
+        if blocks_host(func, args, kwargs, memory.is_device, memory.is_pinned, targets_device):
+            self.schedule.run_stream(stream)
+            out = func(*args, **kwargs)
+            self.schedule.ran(stream, seq)
+            self.tracker.synchronize_stream(stream)
+        elif (self.schedule.defers(stream) and can_defer(kind) and not is_seeded(func)
+              and any(memory.is_device(t) for t in (*reads, *writes))):
+            out, run = defer(func, args, kwargs, kind)
+            self.schedule.queue(stream, seq, run)
+        else:
+            if self.schedule.defers(stream):
+                self.schedule.run_stream(stream)  # what cannot wait in the queue runs in order
+            out = func(*args, **kwargs)
+            self.schedule.ran(stream, seq)
+        if kind is not OpKind.MUTATING and (targets_device or func is not _TO_COPY):
+            self._note_fresh(out, stream, seq, name, where)
+        return out
+
+    def _note_fresh(self, out: Any, stream: int, seq: int, op: str, where: str) -> None:
+        """Results of a device op are device memory, written by it, freed when dropped."""
+        for t in tree_flatten(out)[0]:
+            if not isinstance(t, torch.Tensor) or t.device.type != "cpu":
+                continue
+            storage = _storage(t)
+            if storage is None or storage.nbytes() == 0:
+                continue
+            self.memory.mark_device(t)
+            key = storage.data_ptr()
+            self.tracker.record_write(key, stream, seq, op=op, where=where)
+            self.tracker.labels[key] = label_of(t)
+            self._allocations[key] = weakref.ref(storage, self._freed(key, stream))
+
+    def _freed(self, key: int, stream: int) -> Callable[[weakref.ref], None]:
+        def freed(ref: weakref.ref) -> None:
+            if self._allocations.get(key) is ref:
+                del self._allocations[key]
+            try:
+                self.tracker.free(key, stream, where=current_callsite())
+            except RaceError as race:
+                self._late.append(race)  # raised at the next op: a finalizer cannot raise
+        return freed
+
+    def _label(self, t: torch.Tensor) -> None:
+        key = storage_key(t)
+        if key not in self.tracker.labels:
+            self.tracker.labels[key] = label_of(t)
+
+    def raise_late(self) -> None:
+        """Raise a strict race found during a free, if any (at the end of the tracked region)."""
+        if self._late:
+            raise self._late.pop(0)

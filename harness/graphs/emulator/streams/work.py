@@ -1,0 +1,117 @@
+"""Asynchrony for a device: the tracker, the schedule and the dispatch mode together, and the
+calls a device's stream, event and graph API makes into them (stream and event ids are ints).
+
+    work = AsyncWork(memory, current_stream_id, capturing, schedule="adversarial", races="report")
+    with work:
+        ...  # device ops go to the current stream
+    work.tracker.reports  # the races found (races="strict" raises the first instead)
+
+Leaving the context runs every queued op (as a device synchronization would), so nothing issued
+is lost; the races found are the tracker's.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from typing import Any, Callable, Iterable, Iterator
+
+import torch
+from torch.utils._python_dispatch import _disable_current_modes
+
+from harness.graphs.emulator.streams.mode import StreamWork
+from harness.graphs.emulator.streams.names import label_of, storage_key
+from harness.graphs.emulator.streams.schedule import Schedule
+from harness.graphs.emulator.streams.tracker import StreamTracker
+
+
+@contextlib.contextmanager
+def _outside_modes() -> Iterator[None]:
+    """Queued work runs as the device would run it: not seen again by any dispatch mode."""
+    with _disable_current_modes():
+        yield
+
+
+class AsyncWork:
+    def __init__(self, memory: Any, stream: Callable[[], int], capturing: Callable[[], bool], *,
+                 schedule: str = "issue_order", races: str = "strict") -> None:
+        self.tracker = StreamTracker(mode=races)
+        self.schedule = Schedule(schedule)
+        self.mode = StreamWork(memory, stream, capturing, self.tracker, self.schedule)
+        self._current = stream
+
+    def __enter__(self) -> "AsyncWork":
+        self.mode.__enter__()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        try:
+            with _outside_modes():
+                self.schedule.synchronize_device()
+        finally:
+            self.mode.__exit__(*exc)
+        if exc[0] is None:
+            self.mode.raise_late()
+
+    # --- the host waits ----------------------------------------------------------------------
+
+    def synchronize_stream(self, stream: int) -> None:
+        with _outside_modes():
+            self.schedule.run_stream(stream)
+        self.tracker.synchronize_stream(stream)
+
+    def synchronize_event(self, event: int) -> None:
+        with _outside_modes():
+            self.schedule.synchronize_event(event)
+        self.tracker.synchronize_event(event)
+
+    def synchronize_device(self) -> None:
+        with _outside_modes():
+            self.schedule.synchronize_device()
+        self.tracker.synchronize_device()
+
+    def host_reads(self, tensor: torch.Tensor, op: str, where: str = "") -> None:
+        """A host read that skips the dispatcher (`tolist`, `numpy`, printing) of a pinned buffer."""
+        key = storage_key(tensor)
+        self.tracker.labels.setdefault(key, label_of(tensor))
+        self.tracker.host_read(key, op=op, where=where)
+
+    # --- streams and events ------------------------------------------------------------------
+
+    def record_event(self, event: int, stream: int) -> None:
+        self.tracker.record_event(event, stream)
+        self.schedule.record_event(event, stream)
+
+    def wait_event(self, stream: int, event: int) -> None:
+        self.tracker.wait_event(stream, event)
+        self.schedule.wait_event(stream, event)
+
+    def wait_stream(self, stream: int, other: int) -> None:
+        self.tracker.wait_stream(stream, other)
+        self.schedule.wait_stream(stream, other)
+
+    def event_done(self, event: int) -> bool:
+        return self.schedule.event_done(event)
+
+    def stream_done(self, stream: int) -> bool:
+        return not self.schedule.pending(stream)
+
+    def sleep(self, stream: int, where: str = "") -> None:
+        """`torch.cuda._sleep`: the stream's later work waits until something waits for it."""
+        self.tracker.launch(stream, op="torch.cuda._sleep", where=where)
+        self.schedule.stall(stream)
+
+    def record_stream(self, tensor: torch.Tensor, stream: int) -> None:
+        self.tracker.record_stream(storage_key(tensor), stream)
+
+    # --- graphs ------------------------------------------------------------------------------
+
+    def replay(self, stream: int, reads: Iterable[int], writes: Iterable[int],
+               run: Callable[[], None], *, name: str = "a graph", where: str = "") -> None:
+        """A graph replay issued to `stream`: one op over every storage its recording touches."""
+        seq = self.tracker.launch(stream, reads, writes, op=f"replay of {name}", where=where)
+        with _outside_modes():
+            if self.schedule.defers(stream):
+                self.schedule.queue(stream, seq, run)
+            else:
+                run()
+                self.schedule.ran(stream, seq)
