@@ -36,6 +36,13 @@ def pytest_addoption(parser: pytest.Parser) -> None:
              "emulated), cuda, or emulated (CUDA-graph semantics on CPU). Default: auto.",
     )
     group.addoption(
+        "--emulate-cuda", action="store_true", default=False,
+        help="run the whole session inside harness.emulate_cuda(): code written for CUDA runs "
+             "unmodified (an emulated CUDA device on a machine without a GPU, the graph sanitizer "
+             "on one); the device fixture is cuda and graph_backend captures through "
+             "torch.cuda.graph",
+    )
+    group.addoption(
         "--plant-fault", metavar="NAME", default=None,
         help="plant the fault NAME of harness.faults.FAULTS for the whole session (run one "
              "detector with -p no:xdist); the summary says how many times it fired",
@@ -76,6 +83,7 @@ def pytest_configure(config: pytest.Config) -> None:
 
         settings.load_profile("ci")
 
+    _enter_emulated_cuda(config)  # before anything asks torch.cuda, collection included
     import torch
 
     cuda = torch.cuda.is_available()
@@ -86,6 +94,34 @@ def pytest_configure(config: pytest.Config) -> None:
     # thread per core would oversubscribe them all.
     if os.environ.get("PYTEST_XDIST_WORKER"):
         torch.set_num_threads(1)
+
+
+# --- --emulate-cuda: the whole session inside harness.emulate_cuda() ------------------------------
+_emulation = pytest.StashKey["contextlib.ExitStack"]()
+
+
+def _enter_emulated_cuda(config: pytest.Config) -> None:
+    if not config.getoption("emulate_cuda", default=False) or _emulation in config.stash:
+        return
+    from harness import emulate_cuda
+
+    stack = contextlib.ExitStack()
+    stack.enter_context(emulate_cuda())
+    config.stash[_emulation] = stack
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_unconfigure(config: pytest.Config) -> None:
+    stack = config.stash.get(_emulation, None)
+    if stack is not None:
+        del config.stash[_emulation]
+        stack.close()
+
+
+def _session_device(config: pytest.Config) -> str | None:
+    """"cuda" under --emulate-cuda, where the fixtures put the session on the (emulated) device."""
+    return "cuda" if config.getoption("emulate_cuda", default=False) else None
+# --- end of --emulate-cuda ---------------------------------------------------------------------
 
 
 def check_backend_option(name: str, *, cuda_available: bool) -> None:
@@ -242,7 +278,7 @@ def graph_backend(request: pytest.FixtureRequest):
     # Imported here: harness.graphs imports torch and is built alongside this plugin.
     from harness.graphs import get_backend
 
-    return get_backend(request.config.getoption("graph_backend"))
+    return get_backend(request.config.getoption("graph_backend"), device=_session_device(request.config))
 
 
 @pytest.fixture(scope="session")

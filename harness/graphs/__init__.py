@@ -16,7 +16,10 @@ def resolve_backend(name: str) -> str:
     if name not in BACKENDS:
         raise ValueError(f"unknown graph backend {name!r}; expected one of {', '.join(BACKENDS)}")
     if name == "auto":
-        return "cuda" if torch.cuda.is_available() else "emulated"
+        from harness.graphs.emulator.device.session import emulation_active
+
+        # The emulated CUDA device answers is_available(), but its graphs are the emulator's.
+        return "cuda" if torch.cuda.is_available() and emulation_active() != "cpu" else "emulated"
     return name
 
 

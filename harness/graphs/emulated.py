@@ -3,23 +3,17 @@
 
 from __future__ import annotations
 
-import contextlib
-import warnings
 from typing import Any, Callable
 
 import torch
 from torch.utils._python_dispatch import _get_current_dispatch_mode_stack
 
 from harness.graphs.base import CapturedGraph, GraphBackend, released_graph_error
-from harness.graphs.emulator.capture_flag import reports_capturing
-from harness.graphs.emulator.cuda_paths import CudaPaths
 from harness.graphs.emulator.external import ExternalStorage, freed_error, moved_error
-from harness.graphs.emulator.host_guard import host_reads_raise
-from harness.graphs.emulator.host_tensors import HostTensors
 from harness.graphs.emulator.opinfo import ReplayStep
 from harness.graphs.emulator.pool import PoolArena
 from harness.graphs.emulator.recorder import Recorder
-from harness.graphs.emulator.rng import rng_recorded
+from harness.graphs.emulator.session import CaptureSession
 
 
 # StorageWeakRef.expired() without its Python method call: one C call per storage at each replay;
@@ -75,9 +69,19 @@ class EmulatedBackend(GraphBackend):
         if device.type == "cuda" and device.index is None:
             device = torch.device("cuda", torch.cuda.current_device())
         self.device = device
+        self._stream = None  # the side stream of captures through torch.cuda.graph
 
     def graph_pool_handle(self) -> PoolArena:
+        if self._through_torch_cuda():
+            return torch.cuda.graph_pool_handle()
         return PoolArena(self.device)
+
+    def _through_torch_cuda(self) -> bool:
+        """Inside emulate_cuda() a cuda device's graphs are torch.cuda's (the emulated CUDAGraph):
+        captured as code written for CUDA captures them, on a side stream."""
+        from harness.graphs.emulator.device import emulation_active
+
+        return self.device.type == "cuda" and emulation_active() is not None
 
     def is_capturing(self) -> bool:
         return any(isinstance(mode, Recorder) for mode in _get_current_dispatch_mode_stack())
@@ -91,31 +95,28 @@ class EmulatedBackend(GraphBackend):
             raise TypeError(f"pool must be a handle from graph_pool_handle() or a graph's .pool "
                             f"of the emulated backend, got {type(pool).__name__}")
         arena = pool if pool is not None else self.graph_pool_handle()
+        if self._through_torch_cuda():
+            return self._capture_through_torch_cuda(fn, arena)
         if arena.device != self.device:
             raise ValueError(f"pool lives on {arena.device} but this backend captures on {self.device}")
-        recorder = Recorder(arena, self.device)
+        session = CaptureSession(arena, self.device)
+        recorder = session.recorder  # named in this frame: a failed capture's traceback shows it
+        session.begin()
         try:
-            with contextlib.ExitStack() as stack:
-                stack.enter_context(host_reads_raise(self.device))
-                stack.enter_context(reports_capturing())
-                stack.enter_context(rng_recorded(self.device, recorder.steps))
-                if self.device.type == "cpu":
-                    stack.enter_context(CudaPaths())
-                    stack.enter_context(HostTensors())
-                stack.enter_context(recorder)
-                output = fn()
-            unjoined = recorder.collectives.unjoined_error()
-            if unjoined is not None:
-                raise unjoined
+            output = fn()
         except BaseException:
-            # The traceback keeps this frame (and the recorder) alive in a reference cycle; drop the
-            # recording's non-owning aliases now, in order, instead of leaving them to the garbage
-            # collector at some later allocation.
-            recorder.discard()
+            session.abort()
             raise
-        if not recorder.steps:
-            # torch.cuda.graph's own words and category (CUDAGraph::capture_end, a TORCH_WARN).
-            warnings.warn("The CUDA Graph is empty. This usually means that the graph was attempted "
-                          "to be captured on wrong device or stream.", UserWarning, stacklevel=3)
-        return EmulatedGraph(output, arena, recorder.steps, torch.is_inference_mode_enabled(),
-                             recorder.external.storages())
+        recording = session.end(stacklevel=4)
+        return EmulatedGraph(output, arena, recording.steps, recording.inference_mode,
+                             recording.external)
+
+    def _capture_through_torch_cuda(self, fn: Callable[[], Any], arena: PoolArena) -> CapturedGraph:
+        from harness.graphs.cuda import CudaGraph
+
+        if self._stream is None:
+            self._stream = torch.cuda.Stream(self.device)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.device(self.device), torch.cuda.graph(graph, pool=arena, stream=self._stream):
+            output = fn()
+        return CudaGraph(graph, output, arena)

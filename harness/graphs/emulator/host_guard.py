@@ -12,12 +12,13 @@ import torch
 from harness.graphs.base import CaptureError
 from harness.graphs.emulator.callsite import at_callsite, current_callsite
 
-def _guarded(name: str, original: Callable, device: torch.device) -> Callable:
+def _guarded(name: str, original: Callable, on_device: Callable[[torch.Tensor], bool],
+             device: torch.device) -> Callable:
     @functools.wraps(original)
     def guard(self: torch.Tensor, *args, **kwargs):
-        if self.device.type == device.type:
+        if on_device(self):
             raise CaptureError(at_callsite(
-                f"Tensor.{name} reads {self.device} data on the host during capture (a sync); "
+                f"Tensor.{name} reads {device} data on the host during capture (a sync); "
                 f"move it out of the captured region", current_callsite()), op=f"Tensor.{name}")
         return original(self, *args, **kwargs)
     return guard
@@ -42,6 +43,10 @@ def wrapped_host_reads(wrap: Callable[[str, Callable], Callable]) -> Iterator[No
                 setattr(torch.Tensor, name, original)
 
 
-def host_reads_raise(device: torch.device) -> contextlib.AbstractContextManager[None]:
-    """Make host reads of `device` tensors raise `CaptureError` for the duration."""
-    return wrapped_host_reads(lambda name, original: _guarded(name, original, device))
+def host_reads_raise(device: torch.device, on_device: Callable[[torch.Tensor], bool] | None = None
+                     ) -> contextlib.AbstractContextManager[None]:
+    """Make host reads of `device` tensors (those `on_device` answers True for; by default, those
+    whose `.device` has `device`'s type) raise `CaptureError` for the duration."""
+    if on_device is None:
+        on_device = lambda t: t.device.type == device.type  # noqa: E731
+    return wrapped_host_reads(lambda name, original: _guarded(name, original, on_device, device))

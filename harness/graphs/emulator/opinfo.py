@@ -136,50 +136,63 @@ def _grouped_mm_reason(named: dict) -> str | None:
             f"cast the input and the expert weights to bf16")
 
 
-def _is_masked_fill(func: torch._ops.OpOverload, named: dict) -> bool:
+def _is_masked_fill(func: torch._ops.OpOverload, named: dict, memory: Any = None) -> bool:
     """`x[mask] = scalar`: index_put turns this into masked_fill_, which never syncs (ATen's
     canDispatchToMaskedFill: one mask on self's device, a one-element value on the host)."""
     if func not in (aten.index_put.default, aten.index_put_.default):
         return False
+    on_device = _on_device(memory)
     value, self = named["values"], named["self"]
     masks = [t for t in named["indices"] if t is not None]
-    return (value.numel() == 1 and value.device.type == "cpu" and len(masks) == 1
-            and masks[0].dtype in (torch.bool, torch.uint8) and masks[0].device == self.device)
+    return (value.numel() == 1 and not on_device(value) and len(masks) == 1
+            and masks[0].dtype in (torch.bool, torch.uint8) and on_device(masks[0]) == on_device(self))
+
+
+def _on_device(memory: Any) -> Callable[[torch.Tensor], bool]:
+    """Whether a tensor is accelerator memory: `memory`'s answer, else not on the host device."""
+    return memory.is_device if memory is not None else (lambda t: t.device.type != "cpu")
+
+
+def _pinned(memory: Any) -> Callable[[torch.Tensor], bool]:
+    return memory.is_pinned if memory is not None else (lambda t: t.is_pinned())
 
 
 def copy_reason(func: torch._ops.OpOverload, args: tuple, kwargs: dict,
-                device: torch.device) -> str | None:
-    """Why a copy between the host and an accelerator device cannot be captured, or None."""
-    if device.type == "cpu":
+                device: torch.device, memory: Any = None) -> str | None:
+    """Why a copy between the host and an accelerator device cannot be captured, or None.
+    `memory` (emulator/memory.py) says which tensors are device memory; by default, every tensor
+    not on the host device."""
+    if (device.type == "cpu" and memory is None) or getattr(memory, "all_device", False):
         return None
+    on_device, pinned = _on_device(memory), _pinned(memory)
     if func is aten._to_copy.default:
         named = bind(func, args, kwargs)
         target = named.get("device")
         source = named["self"]
         if target is not None and torch.device(target).type != source.device.type:
-            return _copy_problem(source, torch.device(target))
+            return _copy_problem(source, torch.device(target).type != "cpu", pinned)
     elif func is aten.copy_.default:
         named = bind(func, args, kwargs)
-        if named["self"].device.type != named["src"].device.type:
-            return _copy_problem(named["src"], named["self"].device)
+        if on_device(named["self"]) != on_device(named["src"]):
+            return _copy_problem(named["src"], on_device(named["self"]), pinned)
     elif func in _INDEX_PUTS:
         named = bind(func, args, kwargs)
         values, target = named["values"], named["self"]
-        if (values.device.type == "cpu" and target.device.type != "cpu" and not values.is_pinned()
-                and not _is_masked_fill(func, named)):
+        if (not on_device(values) and on_device(target) and not pinned(values)
+                and not _is_masked_fill(func, named, memory)):
             # `y[index] = 1.0`: ATen copies the host value to the device first (only a boolean mask
             # with a scalar becomes masked_fill_, which takes the value by argument).
             return (f"copies its host value (a tensor of shape {tuple(values.shape)}, as `y[index] = "
-                    f"scalar` makes) to {target.device}, a copy from pageable host memory, which CUDA "
+                    f"scalar` makes) to the device, a copy from pageable host memory, which CUDA "
                     f"refuses (\"Cannot copy between CPU and CUDA tensors during CUDA graph capture "
                     f"unless the CPU tensor is pinned\"); write `y.index_fill_(0, index, scalar)`, or "
-                    f"make the value a {target.device} tensor before capture")
+                    f"make the value a device tensor before capture")
     elif func in _WHERES:
         named = bind(func, args, kwargs)
         operands = [named[n] for n in ("condition", "self", "other")]
-        if any(t.device.type != "cpu" for t in operands):
+        if any(on_device(t) for t in operands):
             for t in operands:
-                if t.device.type == "cpu" and t.dim() == 0 and not t.is_pinned():
+                if not on_device(t) and t.dim() == 0 and not pinned(t):
                     # ATen's where moves 0-dim host operands to the device (`.to(device)`), where
                     # a binary op takes them as kernel arguments.
                     return (f"copies a 0-dim host tensor operand to the device, a copy from "
@@ -222,11 +235,12 @@ def _scalar_type(dtype: torch.dtype) -> str:
             torch.float64: "Double"}.get(dtype, str(dtype).removeprefix("torch."))
 
 
-def _copy_problem(source: torch.Tensor, target: torch.device) -> str | None:
-    if target.type == "cpu":
-        return f"copies {source.device} data to the host (a sync)"
-    if source.device.type == "cpu" and not source.is_pinned():
-        return f"copies from pageable host memory to {target}; only pinned memory is capturable"
+def _copy_problem(source: torch.Tensor, to_device: bool,
+                  pinned: Callable[[torch.Tensor], bool]) -> str | None:
+    if not to_device:
+        return "copies device data to the host (a sync)"
+    if not pinned(source):
+        return "copies from pageable host memory to the device; only pinned memory is capturable"
     return None
 
 

@@ -24,6 +24,7 @@ from harness.graphs.emulator.callsite import at_callsite, current_callsite, in_i
 from harness.graphs.emulator.cuda_paths import one_hot_without_sync
 from harness.graphs.emulator.external import ExternalMemory
 from harness.graphs.emulator.host_tensors import HOST_COPY_REFUSED
+from harness.graphs.emulator.memory import for_device
 from harness.graphs.emulator.opinfo import OpKind, ReplayStep
 from harness.graphs.emulator.pool import PoolArena, block_of, laid_out_like, laid_out_like_once, poison_value
 from harness.graphs.emulator.shapes import lacks_meta_kernel, result_shapes, to_meta
@@ -41,10 +42,17 @@ def _extent_bytes(t: torch.Tensor) -> int:
 
 
 class Recorder(TorchDispatchMode):
-    def __init__(self, arena: PoolArena, device: torch.device) -> None:
+    """`memory` (emulator/memory.py) says which tensors are device memory; by default what the
+    plain emulator on `device` assumes. `kernel_device` is whose kernels' rules apply (the emulated
+    CUDA device keeps its memory on the cpu but stands for cuda)."""
+
+    def __init__(self, arena: PoolArena, device: torch.device, memory=None,
+                 kernel_device: torch.device | None = None) -> None:
         super().__init__()
         self.arena = arena
         self.device = device
+        self.memory = memory if memory is not None else for_device(device)
+        self.kernel_device = kernel_device if kernel_device is not None else device
         self.steps: list[ReplayStep] = []
         self._replay_tensors: dict[tuple, torch.Tensor] = {}
         self.external = ExternalMemory()
@@ -69,8 +77,8 @@ class Recorder(TorchDispatchMode):
             with self:
                 return one_hot_without_sync(*args, **kwargs)
         reason = (opinfo.sync_reason(func, args, kwargs)
-                  or opinfo.copy_reason(func, args, kwargs, self.device)
-                  or opinfo.kernel_dtype_reason(func, args, kwargs, self.device))
+                  or opinfo.copy_reason(func, args, kwargs, self.device, self.memory)
+                  or opinfo.kernel_dtype_reason(func, args, kwargs, self.kernel_device))
         if reason:
             raise _error(f"{opinfo.op_name(func)} cannot be captured: {reason}", func)
         if opinfo.is_composite(func):
@@ -123,7 +131,7 @@ class Recorder(TorchDispatchMode):
     def _replay_tensor(self, t: torch.Tensor) -> torch.Tensor:
         block = block_of(t)
         if block is None:
-            if self.device.type != "cpu" and t.device.type == "cpu" and t.dim() == 0:
+            if t.dim() == 0 and not self.memory.is_device(t):
                 return self.external.host_scalar(t)
             return self.external.alias(t)
         # The block itself, not its id: a freed block's id can be reused by a later block.
@@ -132,11 +140,14 @@ class Recorder(TorchDispatchMode):
     def _is_host_work(self, func, args, kwargs) -> bool:
         """On a cuda device, an op that touches no tensor on it and makes none there (CPU tensor
         math, `torch.arange(n)` without a device) is host work, not part of the graph."""
-        if self.device.type == "cpu":
+        if self.memory.all_device:
             return False
         tensors = [t for t in tree_flatten((args, kwargs))[0] if isinstance(t, torch.Tensor)]
-        if any(t.device.type == self.device.type for t in tensors):
+        if any(self.memory.is_device(t) for t in tensors):
             return False
+        targets = self.memory.call_targets_device()
+        if targets is not None:
+            return not targets
         named = opinfo.bind(func, args, kwargs)
         target = named.get("device") or (None if tensors else torch.get_default_device())
         return target is None or torch.device(target).type != self.device.type
@@ -156,9 +167,12 @@ class Recorder(TorchDispatchMode):
     def _allocate(self, meta: torch.Tensor, device: torch.device) -> torch.Tensor:
         nbytes = _extent_bytes(meta)
         if nbytes == 0:
-            return torch.empty_strided(meta.size(), meta.stride(), dtype=meta.dtype, device=device)
-        storage, _ = self.arena.allocate(nbytes)
-        return laid_out_like(storage, meta, device).fill_(poison_value(meta.dtype))
+            out = torch.empty_strided(meta.size(), meta.stride(), dtype=meta.dtype, device=device)
+        else:
+            storage, _ = self.arena.allocate(nbytes)
+            out = laid_out_like(storage, meta, device).fill_(poison_value(meta.dtype))
+        self.memory.mark_device(out)
+        return out
 
     # --- recording ---------------------------------------------------------------------------
 

@@ -1,0 +1,268 @@
+"""The `torch.cuda` Python API on the emulated device: what `emulate_cuda()` puts in place of
+torch's functions for its duration (`patches(state)`), each answering from the device's state.
+
+Memory statistics come from the registry's live device bytes (memory.py): `memory_allocated` and
+`memory_reserved` are the bytes of device storages alive now, `max_*` their peak since the last
+reset. Random state: the emulated device draws from the cpu's default generator (device tensors are
+cpu tensors), so `torch.cuda.manual_seed` and `torch.manual_seed` seed the same generator.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Callable
+
+import torch
+import torch.cuda.graphs
+import torch.cuda.memory
+import torch.cuda.random
+import torch.cuda.streams
+
+from harness.graphs.emulator.device.rules import DeviceIndexError, cuda_index
+from harness.graphs.emulator.device.streams import Event, ExternalStream, Stream
+
+
+@dataclass(frozen=True)
+class CudaDeviceProperties:
+    """What torch's `_CudaDeviceProperties` shows, for one emulated device."""
+
+    name: str
+    major: int
+    minor: int
+    total_memory: int
+    multi_processor_count: int
+    is_integrated: int = 0
+    is_multi_gpu_board: int = 0
+    max_threads_per_multi_processor: int = 2048
+    warp_size: int = 32
+    regs_per_multiprocessor: int = 65536
+    L2_cache_size: int = 52_428_800
+    uuid: str = "00000000-0000-0000-0000-000000000000"
+    gcnArchName: str = "NVIDIA"
+
+    def __repr__(self) -> str:
+        return (f"_CudaDeviceProperties(name='{self.name}', major={self.major}, minor={self.minor}, "
+                f"total_memory={self.total_memory // (1024 * 1024)}MB, "
+                f"multi_processor_count={self.multi_processor_count}, uuid={self.uuid}, "
+                f"L2_cache_size={self.L2_cache_size // (1024 * 1024)}MB)")
+
+
+def patches(state) -> list[tuple[Any, str, Any]]:
+    """(owner, attribute, replacement) for every name emulate_cuda() replaces."""
+    props = state.properties
+    streams = state.streams
+
+    def index(device: Any = None) -> int:
+        if device is None:
+            return state.current_index
+        if isinstance(device, torch.device) and device.type != "cuda":
+            raise ValueError(f"Expected a cuda device, but got: {device}")
+        return cuda_index(device, state.current_index, props.count)
+
+    def is_available() -> bool:
+        return True
+
+    def device_count() -> int:
+        return props.count
+
+    def current_device() -> int:
+        state.initialized = True
+        return state.current_index
+
+    def set_device(device: Any) -> None:
+        if isinstance(device, int) and device < 0:
+            return  # torch: a negative index is a no-op
+        state.current_index = index(device)
+        state.initialized = True
+
+    class device:
+        """torch.cuda.device: a context manager that makes `device` the current one."""
+
+        def __init__(self, device: Any) -> None:
+            self.idx = -1 if device is None else index(device)
+            self.prev_idx = -1
+
+        def __enter__(self) -> None:
+            self.prev_idx = state.current_index
+            if self.idx >= 0:
+                state.current_index = self.idx
+
+        def __exit__(self, *exc) -> bool:
+            state.current_index = self.prev_idx
+            return False
+
+    class device_of(device):
+        def __init__(self, obj) -> None:
+            super().__init__(obj.get_device() if obj.is_cuda else -1)
+
+    def get_device_properties(device: Any = None) -> CudaDeviceProperties:
+        index(device)
+        return CudaDeviceProperties(props.name, props.major, props.minor, props.total_memory,
+                                    props.multi_processor_count)
+
+    def get_device_name(device: Any = None) -> str:
+        return get_device_properties(device).name
+
+    def get_device_capability(device: Any = None) -> tuple[int, int]:
+        index(device)
+        return (props.major, props.minor)
+
+    def mem_get_info(device: Any = None) -> tuple[int, int]:
+        index(device)
+        return (props.total_memory - state.memory.allocated_bytes(), props.total_memory)
+
+    def memory_allocated(device: Any = None) -> int:
+        index(device)
+        return state.memory.allocated_bytes()
+
+    def max_memory_allocated(device: Any = None) -> int:
+        index(device)
+        return state.memory.peak_bytes()
+
+    def reset_peak_memory_stats(device: Any = None) -> None:
+        index(device)
+        state.memory.reset_peak()
+
+    def memory_stats(device: Any = None) -> dict[str, int]:
+        now, peak = memory_allocated(device), max_memory_allocated(device)
+        return {f"{kind}.all.{which}": value for kind in ("allocated_bytes", "reserved_bytes")
+                for which, value in (("current", now), ("peak", peak))}
+
+    def memory_summary(device: Any = None, abbreviated: bool = False) -> str:
+        return (f"emulated CUDA device {index(device)}: {memory_allocated(device)} bytes allocated, "
+                f"peak {max_memory_allocated(device)} bytes, of {props.total_memory}")
+
+    def empty_cache() -> None:
+        pass  # no cache: freed device storages are gone at once
+
+    def is_initialized() -> bool:
+        return state.initialized
+
+    def init() -> None:
+        state.initialized = True
+
+    def synchronize(device: Any = None) -> None:
+        index(device)
+        state.notify_sync("torch.cuda.synchronize", None)
+
+    def current_stream(device: Any = None) -> Stream:
+        return streams.current(device)
+
+    def default_stream(device: Any = None) -> Stream:
+        return streams.default(device)
+
+    def set_stream(stream: Stream) -> None:
+        if stream is None:
+            return
+        streams.set_current(stream)
+
+    class StreamContext:
+        """torch.cuda.StreamContext: `stream` is current inside (None: nothing changes)."""
+
+        def __init__(self, stream: Stream | None) -> None:
+            self.stream = stream
+            self.idx = -1 if stream is None else stream.device_index
+            self._saved: list[Stream] = []
+            self._prev_index = state.current_index
+
+        def __enter__(self) -> None:
+            if self.stream is None:
+                return
+            self._prev_index = state.current_index
+            self._saved = [streams.current(self._prev_index), streams.current(self.stream.device_index)]
+            state.current_index = self.stream.device_index
+            streams.set_current(self.stream)
+
+        def __exit__(self, *exc) -> None:
+            if self.stream is None:
+                return
+            for saved in reversed(self._saved):
+                streams.set_current(saved)
+            state.current_index = self._prev_index
+
+    def stream(stream: Stream | None) -> StreamContext:
+        return StreamContext(stream)
+
+    def is_current_stream_capturing() -> bool:
+        return state.is_current_stream_capturing()
+
+    def graph_pool_handle():
+        from harness.graphs.emulator.pool import PoolArena
+
+        return PoolArena(state.storage_device)
+
+    def _sleep(cycles: int) -> None:
+        if state.observers:
+            state.notify_op("torch.cuda._sleep", (cycles,), {}, None)
+
+    generator = torch.default_generator
+
+    def manual_seed(seed: int) -> None:
+        if state.capturing():
+            torch.random.manual_seed(seed)  # the capture's RNG rules (emulator/rng.py) decide
+        else:
+            generator.manual_seed(int(seed))
+
+    def seed() -> None:
+        if state.capturing():
+            torch.random.seed()
+        else:
+            generator.seed()
+
+    def get_rng_state(device: Any = "cuda") -> torch.Tensor:
+        index(device)
+        return torch.random.get_rng_state()  # looked up at call time: a capture records it
+
+    def set_rng_state(new_state: torch.Tensor, device: Any = "cuda") -> None:
+        index(device)
+        torch.random.set_rng_state(new_state)
+
+    def get_rng_state_all() -> list[torch.Tensor]:
+        return [get_rng_state(i) for i in range(props.count)]
+
+    def set_rng_state_all(new_states) -> None:
+        for i, s in enumerate(new_states):
+            set_rng_state(s, i)
+
+    def initial_seed() -> int:
+        return generator.initial_seed()
+
+    from harness.graphs.emulator.device.session import CUDAGraph
+
+    api: dict[str, Callable] = {
+        "is_available": is_available, "device_count": device_count,
+        "current_device": current_device, "set_device": set_device, "device": device,
+        "device_of": device_of, "get_device_name": get_device_name,
+        "get_device_properties": get_device_properties,
+        "get_device_capability": get_device_capability, "mem_get_info": mem_get_info,
+        "memory_allocated": memory_allocated, "max_memory_allocated": max_memory_allocated,
+        "memory_reserved": memory_allocated, "max_memory_reserved": max_memory_allocated,
+        "reset_peak_memory_stats": reset_peak_memory_stats,
+        "reset_max_memory_allocated": reset_peak_memory_stats, "memory_stats": memory_stats,
+        "memory_summary": memory_summary, "empty_cache": empty_cache,
+        "is_initialized": is_initialized, "init": init, "_lazy_init": init,
+        "synchronize": synchronize, "Stream": Stream, "ExternalStream": ExternalStream,
+        "Event": Event, "current_stream": current_stream, "default_stream": default_stream,
+        "set_stream": set_stream, "stream": stream, "StreamContext": StreamContext,
+        "is_current_stream_capturing": is_current_stream_capturing,
+        "graph_pool_handle": graph_pool_handle, "CUDAGraph": CUDAGraph, "_sleep": _sleep,
+        "manual_seed": manual_seed, "manual_seed_all": manual_seed, "seed": seed,
+        "seed_all": seed, "get_rng_state": get_rng_state, "set_rng_state": set_rng_state,
+        "get_rng_state_all": get_rng_state_all, "set_rng_state_all": set_rng_state_all,
+        "initial_seed": initial_seed, "is_bf16_supported": lambda including_emulation=True: True,
+        "get_arch_list": lambda: [f"sm_{props.major}{props.minor}"],
+        "current_blas_handle": lambda: 0, "ipc_collect": lambda: None,
+    }
+    out: list[tuple[Any, str, Any]] = [(torch.cuda, name, fn) for name, fn in api.items()]
+    for module in (torch.cuda.memory, torch.cuda.random, torch.cuda.streams, torch.cuda.graphs):
+        out += [(module, name, fn) for name, fn in api.items() if name in module.__dict__]
+    out += [
+        (torch.cuda, "default_generators", (generator,) * props.count),
+        (torch.cuda.graph, "default_capture_stream", None),
+        (torch.version, "cuda", "12.8"),
+        (torch._C, "_host_emptyCache", lambda: None),
+    ]
+    return out
+
+
+__all__ = ["CudaDeviceProperties", "DeviceIndexError", "patches"]

@@ -1,0 +1,147 @@
+"""`torch.cuda.CUDAGraph` on the emulator, for the emulated CUDA device and for the graph
+sanitizer on a real GPU alike: `capture_begin()` starts a `CaptureSession` (the recorder with
+every rule of the backend contract), `capture_end()` ends it, `replay()` re-runs the recording.
+torch's own `torch.cuda.graph` and `make_graphed_callables` run on top of it unchanged.
+
+What it needs from the device (`host`): `memory` (which tensors are device memory), `storage_device`
+(where the emulator keeps device memory: the cpu, or the real cuda device), `kernel_device`,
+`current_stream()`, `default_stream()`, `begin_capture(graph, stream)`, `end_capture()`,
+`notify_replay(graph)`.
+"""
+
+from __future__ import annotations
+
+import sys
+
+import torch
+
+from harness.graphs.base import CaptureError
+from harness.graphs.emulated import EmulatedGraph
+from harness.graphs.emulator.pool import PoolArena
+from harness.graphs.emulator.session import CaptureSession
+
+CAPTURE_ERROR_MODES = ("global", "thread_local", "relaxed")
+_CAPTURE_BEGIN_OPTIONS = {"check_input_liveness"}
+
+
+class EmulatedCUDAGraph:
+    """torch.cuda.CUDAGraph's API (see the module docstring). `host` is the device it captures on."""
+
+    def __init__(self, host, keep_graph: bool = False) -> None:
+        self._host = host
+        self._keep_graph = bool(keep_graph)
+        self._arena: PoolArena | None = None
+        self._session: CaptureSession | None = None
+        self._graph: EmulatedGraph | None = None
+        self._captured = False
+        self.capture_error_mode: str | None = None
+
+    # --- capture -----------------------------------------------------------------------------
+
+    def capture_begin(self, pool=None, capture_error_mode: str = "global", **options) -> None:
+        host = self._host
+        unknown = set(options) - _CAPTURE_BEGIN_OPTIONS
+        if unknown:
+            raise TypeError(f"capture_begin() got unexpected keyword arguments {sorted(unknown)}; "
+                            f"accepted: pool, capture_error_mode, "
+                            f"{', '.join(sorted(_CAPTURE_BEGIN_OPTIONS))}")
+        if capture_error_mode not in CAPTURE_ERROR_MODES:
+            raise RuntimeError(f"Unknown capture_error_mode {capture_error_mode!r}. Expected "
+                               f"`global`, `thread_local`, or `relaxed`")
+        if self._captured or self._session is not None:
+            raise RuntimeError("This CUDAGraph instance already owns a captured graph. To capture "
+                               "a new graph, create a new instance.")
+        if host.capture is not None:
+            raise CaptureError("capture_begin() while another graph is being captured: CUDA "
+                               "allows one capture at a time in the process here (the emulator "
+                               "records one capture at a time)", op="capture_begin")
+        stream = host.current_stream()
+        if stream == host.default_stream():
+            raise RuntimeError("CUDA graphs must be captured on a non-default stream. (However, "
+                               "after capture, it's ok to replay them on the default stream.)")
+        if pool is not None and not isinstance(pool, PoolArena):
+            raise TypeError(f"pool must come from torch.cuda.graph_pool_handle() or another "
+                            f"graph's pool(), got {type(pool).__name__}")
+        arena = pool if pool is not None else PoolArena(host.storage_device)
+        session = CaptureSession(arena, host.storage_device, memory=host.memory,
+                                 kernel_device=host.kernel_device, report_capturing=False)
+        host.begin_capture(self, stream)
+        try:
+            session.begin()
+        except BaseException:
+            host.end_capture()
+            raise
+        self._arena, self._session = arena, session
+        self.capture_error_mode = capture_error_mode
+
+    def capture_end(self) -> None:
+        session = self._session
+        if session is None:
+            raise RuntimeError("capture_end() without a capture in progress: call capture_begin() "
+                               "first")
+        self._session = None
+        try:
+            if sys.exc_info()[1] is not None:
+                # Called from torch.cuda.graph's __exit__ while the captured code's exception
+                # propagates: drop the capture and let that exception be the one the caller sees.
+                session.abort()
+                return
+            recording = session.end(stacklevel=4)
+        finally:
+            self._host.end_capture()
+        self._graph = EmulatedGraph(None, self._arena, recording.steps, recording.inference_mode,
+                                    recording.external)
+        self._captured = True
+
+    # --- after capture -----------------------------------------------------------------------
+
+    def replay(self) -> None:
+        graph = self._graph
+        if graph is None:
+            raise RuntimeError("Called CUDAGraph::replay without a preceding successful capture.")
+        self._host.notify_replay(self)
+        # The recording is aten calls on the memory captured; the placement mode has nothing
+        # to decide there.
+        with torch._C.DisableTorchFunction():
+            graph.replay()
+
+    def reset(self) -> None:
+        if self._session is not None:
+            self._session.abort()
+            self._session = None
+            self._host.end_capture()
+        self._graph = None
+        self._captured = False
+
+    def pool(self) -> PoolArena:
+        if self._arena is None:
+            raise RuntimeError("Called CUDAGraph::pool() without a preceding successful capture.")
+        return self._arena
+
+    def instantiate(self) -> None:
+        if not self._captured:
+            raise RuntimeError("instantiate() without a preceding successful capture")
+
+    @property
+    def num_ops(self) -> int:
+        return 0 if self._graph is None else self._graph.num_ops
+
+    def register_generator_state(self, generator) -> None:
+        """Accepted and ignored: the emulator replays the default generator's draws; other
+        generators are a documented difference (docs/fidelity.md)."""
+
+    def enable_debug_mode(self) -> None:
+        raise NotImplementedError(_NO_CUDA_GRAPH.format("enable_debug_mode()"))
+
+    def debug_dump(self, debug_path: str) -> None:
+        raise NotImplementedError(_NO_CUDA_GRAPH.format("debug_dump()"))
+
+    def raw_cuda_graph(self) -> int:
+        raise NotImplementedError(_NO_CUDA_GRAPH.format("raw_cuda_graph()"))
+
+    def raw_cuda_graph_exec(self) -> int:
+        raise NotImplementedError(_NO_CUDA_GRAPH.format("raw_cuda_graph_exec()"))
+
+
+_NO_CUDA_GRAPH = ("CUDAGraph.{} is not supported by harness.emulate_cuda(): an emulated graph is a "
+                  "recording of torch ops, there is no cudaGraph_t to show")

@@ -1,0 +1,204 @@
+"""The emulated CUDA device's placement mode: a TorchFunctionMode over every torch call.
+
+Tensors stay CPU tensors; what makes one a cuda tensor is its storage's mark (memory.py). For each
+call the mode
+
+1. rewrites a device argument naming cuda ("cuda", "cuda:0", torch.device("cuda"), an index) to the
+   cpu, and `pin_memory=True` to a pinned mark;
+2. refuses, with CUDA's error, an op that mixes device tensors with a host tensor of one or more
+   dimensions (0-dim host tensors pass as scalars, as on CUDA; copies and indexing take host
+   tensors as CUDA's do);
+3. marks the outputs device memory when an input was device memory or the call named cuda;
+4. answers `x.device`, `x.is_cuda`, `x.is_cpu`, `x.get_device()` as CUDA would, and marks the
+   `.grad` of a device tensor;
+5. tells the device's observers about each device op (`DeviceState.notify_op`, the interface the
+   stream tracking builds on).
+
+Transfers (`.to`, `.cuda`, `.cpu`, `copy_`, pinning, host reads) are transfers.py; autograd's
+products are marked by backward.py.
+"""
+
+from __future__ import annotations
+
+import types
+
+import torch
+from torch.overrides import TorchFunctionMode
+
+from harness.graphs.emulator.device import transfers
+from harness.graphs.emulator.device.backward import run_backward
+from harness.graphs.emulator.device.memory import DEVICE, MEMORY_ATTR, PINNED
+from harness.graphs.emulator.device.rules import CPU, cuda_index, mixed_devices_error, names_cuda
+
+Tensor = torch.Tensor
+_MethodWrapper = types.MethodWrapperType
+_descriptor = torch._C.TensorBase.__dict__.__getitem__
+
+# Calls that take host tensors beside device tensors on CUDA too: copies, indexing (index tensors
+# and assigned values may live on the host), and calls that read only another tensor's size.
+_MIXING_ALLOWED = frozenset({
+    Tensor.copy_, Tensor.__getitem__, Tensor.__setitem__, Tensor.index_put_, Tensor.index_put,
+    torch.index_put, Tensor.set_, Tensor.expand_as, Tensor.view_as, Tensor.reshape_as,
+    Tensor.resize_as_, Tensor.new_tensor, torch.tensor_split, Tensor.tensor_split,
+    torch.nn.functional.ctc_loss, torch.as_tensor, torch.tensor, torch.asarray,
+    # No computation: metadata questions and bookkeeping.
+    torch._has_compatible_shallow_copy_type, torch.is_same_size, Tensor.is_set_to,
+    Tensor.__deepcopy__, Tensor.__setstate__, Tensor.__reduce_ex__,
+})
+_FROM_HOST_DATA = frozenset({torch.tensor, torch.as_tensor, torch.asarray})
+
+
+def _is_device(t: Tensor) -> bool:
+    try:
+        return getattr(t.untyped_storage(), MEMORY_ATTR, None) == DEVICE
+    except (RuntimeError, NotImplementedError):
+        return False
+
+
+class Placement(TorchFunctionMode):
+    def __init__(self, state) -> None:
+        super().__init__()
+        self.state = state
+        self.memory = state.memory
+        self._getters = {
+            _descriptor("device"): self._get_device,
+            _descriptor("is_cuda"): self._get_is_cuda,
+            _descriptor("is_cpu"): self._get_is_cpu,
+            _descriptor("grad"): self._get_grad,
+        }
+        self._calls = {
+            **transfers.handlers(self),
+            Tensor.get_device: self._get_device_index,
+            Tensor.backward: self._backward,
+            torch.autograd.backward: self._backward,
+            torch.autograd.grad: self._backward,
+            Tensor.__repr__: self._repr,
+            Tensor.record_stream: self._record_stream,
+        }
+
+    # --- the hot path ------------------------------------------------------------------------
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        if type(func) is _MethodWrapper:  # a property getter: x.shape, x.device, x.grad, ...
+            getter = self._getters.get(func.__self__)
+            return func(*args) if getter is None else getter(func, args[0])
+        kwargs = kwargs or {}
+        handler = self._calls.get(func)
+        if handler is not None:
+            return handler(func, args, kwargs)
+        device_in = False
+        host = None
+        for a in args:
+            if isinstance(a, Tensor):
+                if _is_device(a):
+                    device_in = True
+                elif host is None and a.dim():
+                    host = a
+            elif type(a) in (list, tuple):
+                for b in a:
+                    if isinstance(b, Tensor):
+                        if _is_device(b):
+                            device_in = True
+                        elif host is None and b.dim():
+                            host = b
+        named_device = False
+        pinned = False
+        if kwargs:
+            for v in kwargs.values():
+                if isinstance(v, Tensor):
+                    if _is_device(v):
+                        device_in = True
+                    elif host is None and v.dim():
+                        host = v
+            target = kwargs.get("device")
+            if target is not None and names_cuda(target):
+                self._check_index(target)
+                kwargs = {**kwargs, "device": CPU}
+                named_device = True
+            if kwargs.get("pin_memory"):
+                kwargs = {**kwargs, "pin_memory": False}
+                pinned = True
+        if not (device_in or named_device):
+            out = func(*args, **kwargs)
+            if pinned:
+                self._mark(out, PINNED)
+            return out
+        if host is not None and device_in and func not in _MIXING_ALLOWED:
+            first = "cuda:0" if _first_is_device(args, kwargs) else "cpu"
+            raise mixed_devices_error(first, "cpu" if first != "cpu" else "cuda:0")
+        if named_device:
+            if func in _FROM_HOST_DATA and self.state.capturing():
+                transfers.refuse_host_data(func, args)
+            memory = self.memory
+            previous, memory.call_on_device = memory.call_on_device, True
+            try:
+                out = func(*args, **kwargs)
+            finally:
+                memory.call_on_device = previous
+        else:
+            out = func(*args, **kwargs)
+        self._mark(out, DEVICE)
+        if self.state.observers:
+            self.state.notify_op(func, args, kwargs, out)
+        return out
+
+    # --- marking -----------------------------------------------------------------------------
+
+    def _mark(self, out, kind: str) -> None:
+        mark = self.memory.mark_device if kind == DEVICE else self.memory.mark_pinned
+        if isinstance(out, Tensor):
+            mark(out)
+        elif isinstance(out, (tuple, list)):
+            for o in out:
+                if isinstance(o, Tensor):
+                    mark(o)
+
+    def _check_index(self, target) -> None:
+        state = self.state
+        cuda_index(target, state.current_index, state.properties.count)
+
+    # --- getters -----------------------------------------------------------------------------
+
+    def _get_device(self, func, t: Tensor):
+        return self.state.device_object() if _is_device(t) else func(t)
+
+    def _get_is_cuda(self, func, t: Tensor) -> bool:
+        return _is_device(t)
+
+    def _get_is_cpu(self, func, t: Tensor) -> bool:
+        return not _is_device(t) and func(t)
+
+    def _get_grad(self, func, t: Tensor):
+        grad = func(t)
+        # The autograd engine made it without a torch call this mode could see.
+        if grad is not None and _is_device(t):
+            self.memory.mark_device(grad)
+        return grad
+
+    def _get_device_index(self, func, args, kwargs) -> int:
+        return 0 if _is_device(args[0]) else func(*args, **kwargs)
+
+    # --- calls that need more than the generic rule ------------------------------------------
+
+    def _backward(self, func, args, kwargs):
+        return run_backward(self.memory, func, args, kwargs)
+
+    def _repr(self, func, args, kwargs) -> str:
+        if not _is_device(args[0]):
+            return func(*args, **kwargs)
+        with self:  # torch's printer asks `.device`, which this mode answers
+            return torch._tensor_str._str(args[0], **kwargs)
+
+    def _record_stream(self, func, args, kwargs) -> None:
+        self.state.streams.record_stream(args[0], args[1] if len(args) > 1 else kwargs["stream"])
+
+
+def _first_is_device(args: tuple, kwargs: dict) -> bool:
+    for a in (*args, *kwargs.values()):
+        if isinstance(a, Tensor):
+            return _is_device(a)
+        if type(a) in (list, tuple):
+            for b in a:
+                if isinstance(b, Tensor):
+                    return _is_device(b)
+    return True

@@ -1,0 +1,65 @@
+"""The graph sanitizer: emulate_cuda() on a machine with a GPU. Tensors, streams and kernels stay
+real; only the graph API is replaced by the emulator (graphs.py), so unmodified code gets the
+emulator's named errors (freed memory, rebound inputs, host syncs with their source line) where
+CUDA would replay silently into stale memory."""
+
+from __future__ import annotations
+
+import contextlib
+
+import torch
+
+from harness.graphs.emulator.memory import ByDeviceType
+
+
+class SanitizerHost:
+    """What graphs.py's EmulatedCUDAGraph asks of its device, answered by the real GPU."""
+
+    kind = "cuda"
+
+    def __init__(self) -> None:
+        self.storage_device = torch.device("cuda", torch.cuda.current_device())
+        self.kernel_device = self.storage_device
+        self.memory = ByDeviceType(self.storage_device)
+        self.capture = None
+        self._capture_stream = None
+        self.observers: list = []
+
+    def current_stream(self):
+        return torch.cuda.current_stream()
+
+    def default_stream(self):
+        return torch.cuda.default_stream()
+
+    def begin_capture(self, graph, stream) -> None:
+        self.capture, self._capture_stream = graph, stream
+
+    def end_capture(self) -> None:
+        self.capture, self._capture_stream = None, None
+
+    def is_current_stream_capturing(self) -> bool:
+        return self.capture is not None and torch.cuda.current_stream() == self._capture_stream
+
+    def notify_replay(self, graph) -> None:
+        pass
+
+
+def enter_sanitizer(stack: contextlib.ExitStack) -> SanitizerHost:
+    import torch.cuda.graphs
+
+    from harness.graphs.emulator.device.session import CUDAGraph, _apply
+    from harness.graphs.emulator.pool import PoolArena
+
+    host = SanitizerHost()
+
+    def graph_pool_handle():
+        return PoolArena(host.storage_device)
+
+    def is_current_stream_capturing() -> bool:
+        return host.is_current_stream_capturing()
+
+    names = {"CUDAGraph": CUDAGraph, "graph_pool_handle": graph_pool_handle,
+             "is_current_stream_capturing": is_current_stream_capturing}
+    _apply([(module, name, value) for module in (torch.cuda, torch.cuda.graphs)
+            for name, value in names.items()], stack)
+    return host

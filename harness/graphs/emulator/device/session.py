@@ -1,0 +1,155 @@
+"""`emulate_cuda()`: entering and leaving the emulated CUDA device (or the graph sanitizer).
+
+Entering puts the `torch.cuda` replacements (cuda_api.py) in place and pushes the placement mode;
+leaving restores every replaced name exactly as it was (a name that was absent is removed again)
+and removes the placement mode from the mode stack by identity, whatever was pushed above it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from typing import Any, Iterator
+
+import torch
+from torch.overrides import _get_current_function_mode_stack
+from torch.utils._device import DeviceContext
+from torch.utils._python_dispatch import _get_current_dispatch_mode_stack
+
+from harness.graphs.emulator.device.graphs import EmulatedCUDAGraph
+from harness.graphs.emulator.device.state import DeviceProperties, DeviceState
+
+DEVICES = ("auto", "cpu", "cuda")
+OPTIONS = {"name": "name", "total_memory": "total_memory", "capability": None,
+           "multi_processor_count": "multi_processor_count", "device_count": "count"}
+_MISSING = object()
+# The emulation in force (at most one): the replaced torch.cuda functions and the CUDAGraph class
+# find their device here, as torch's own find the real one through the CUDA runtime.
+_ACTIVE: list[Any] = []
+
+
+def active_state():
+    if not _ACTIVE:
+        raise RuntimeError("the emulated CUDA device is not active: this object belongs to "
+                           "harness.emulate_cuda(), which has exited")
+    return _ACTIVE[-1]
+
+
+def emulation_active() -> str | None:
+    """"cpu" (the emulated device), "cuda" (the graph sanitizer on a real GPU) or None."""
+    return _ACTIVE[-1].kind if _ACTIVE else None
+
+
+class CUDAGraph(EmulatedCUDAGraph):
+    """What `torch.cuda.CUDAGraph` is inside emulate_cuda(): a graph on the active device."""
+
+    def __init__(self, keep_graph: bool = False) -> None:
+        super().__init__(active_state(), keep_graph)
+
+
+def _properties(options: dict) -> DeviceProperties:
+    unknown = set(options) - set(OPTIONS)
+    if unknown:
+        raise TypeError(f"emulate_cuda() got unknown option(s) {sorted(unknown)}; accepted: "
+                        f"device ({', '.join(DEVICES)}), {', '.join(OPTIONS)}")
+    fields = {OPTIONS[k]: v for k, v in options.items() if OPTIONS[k] is not None}
+    if "capability" in options:
+        capability = options["capability"]
+        if not (isinstance(capability, tuple) and len(capability) == 2
+                and all(isinstance(c, int) for c in capability)):
+            raise ValueError(f"capability must be a (major, minor) tuple of ints, got {capability!r}")
+        fields["major"], fields["minor"] = capability
+    return DeviceProperties(**fields)
+
+
+def _refuse_bad_use(device: str) -> None:
+    if device not in DEVICES:
+        raise ValueError(f"emulate_cuda(device={device!r}): unknown device; accepted: "
+                         f"{', '.join(repr(d) for d in DEVICES)}")
+    if _ACTIVE:
+        raise RuntimeError(f"emulate_cuda() entered inside another emulate_cuda() "
+                           f"(device={_ACTIVE[-1].kind!r}): one emulation at a time")
+    from harness.graphs.emulator.recorder import Recorder
+
+    if any(isinstance(m, Recorder) for m in _get_current_dispatch_mode_stack()) or (
+            torch.cuda.is_available() and torch.cuda.is_current_stream_capturing()):
+        raise RuntimeError("emulate_cuda() entered inside a graph capture; enter it before "
+                           "capturing")
+    contexts = [m for m in _get_current_function_mode_stack() if isinstance(m, DeviceContext)]
+    if contexts:
+        raise RuntimeError(f"emulate_cuda() entered inside a device mode (a torch.device("
+                           f"{contexts[-1].device!s}) context or torch.set_default_device); "
+                           f"enter emulate_cuda() first, then set the device")
+    if device == "cpu" and torch.cuda.is_available() and torch.cuda.is_initialized():
+        raise RuntimeError("emulate_cuda(device='cpu') after torch.cuda was initialized on the "
+                           "real GPU(s): tensors already on them cannot join the emulated device; "
+                           "enter it before any CUDA work, or use device='auto' (the sanitizer)")
+    if device == "cuda" and not torch.cuda.is_available():
+        raise RuntimeError("emulate_cuda(device='cuda') (the graph sanitizer) needs a GPU, and "
+                           "torch.cuda.is_available() is False; use device='auto' or 'cpu'")
+
+
+def _apply(patches: list[tuple[Any, str, Any]], stack: contextlib.ExitStack) -> None:
+    saved = [(owner, name, owner.__dict__.get(name, _MISSING) if hasattr(owner, "__dict__")
+              else getattr(owner, name, _MISSING)) for owner, name, _ in patches]
+
+    def restore() -> None:
+        for owner, name, original in reversed(saved):
+            if original is _MISSING:
+                if name in getattr(owner, "__dict__", {}):
+                    delattr(owner, name)
+            else:
+                setattr(owner, name, original)
+
+    stack.callback(restore)
+    for owner, name, value in patches:
+        setattr(owner, name, value)
+
+
+def _remove_function_mode(mode) -> None:
+    """Pop `mode` off the function-mode stack wherever it is, keeping the modes above it."""
+    above = []
+    while torch._C._len_torch_function_stack() > 0:
+        top = torch._C._pop_torch_function_stack()
+        if top is mode:
+            break
+        above.append(top)
+    for m in reversed(above):
+        torch._C._push_on_torch_function_stack(m)
+
+
+@contextlib.contextmanager
+def emulate_cuda(device: str = "auto", **options) -> Iterator[Any]:
+    """See harness.emulate_cuda."""
+    _refuse_bad_use(device)
+    properties = _properties(options)
+    kind = "cuda" if device == "cuda" or (device == "auto" and torch.cuda.is_available()) else "cpu"
+    with contextlib.ExitStack() as stack:
+        if kind == "cpu":
+            state = _enter_cpu(properties, stack)
+        else:
+            from harness.graphs.emulator.device.sanitizer import enter_sanitizer
+
+            state = enter_sanitizer(stack)
+        _ACTIVE.append(state)
+        stack.callback(_ACTIVE.pop)
+        yield state
+
+
+def _enter_cpu(properties: DeviceProperties, stack: contextlib.ExitStack) -> DeviceState:
+    from harness.graphs.emulator.device.cuda_api import patches
+    from harness.graphs.emulator.device.placement import Placement
+
+    state = DeviceState(properties)
+    state.kind = "cpu"
+    _apply(patches(state), stack)
+    placement = Placement(state)
+    placement.__enter__()
+    stack.callback(_remove_function_mode, placement)
+    stack.callback(_reset_default_device)
+    return state
+
+
+def _reset_default_device() -> None:
+    """A `torch.set_default_device("cuda")` made inside the emulation does not outlive it."""
+    if torch.get_default_device().type == "cuda":
+        torch.set_default_device(None)

@@ -1,0 +1,123 @@
+"""The emulated CUDA device's state while `emulate_cuda()` is active, and the interface that stream
+tracking hooks into.
+
+## The observer interface
+
+Every device op, host synchronization and stream/event operation goes through `DeviceState`; an
+observer registered with `DeviceState.observe(observer)` hears of each, in issue order, on the
+calling thread:
+
+- `on_op(op, args, kwargs, result, stream)`: a torch call that touched device memory (the placement
+  mode's view: one call per torch function, `op` the function, e.g. `torch.Tensor.add_`, or a
+  string for copies: "Tensor.to", "Tensor.cuda"), with its arguments, its result and the stream it
+  was issued to (`state.streams.current()`).
+- `on_sync(what, tensor, stream)`: the host waited for the device: a host read of a device tensor
+  (`item`, `tolist`, `__bool__`, a copy to the host) or `torch.cuda.synchronize()` (tensor None).
+- `on_stream(what, stream, other)`: "wait_stream" (other: a Stream), "wait_event" / "record_event"
+  (other: an Event), "synchronize" (other: None), "event_synchronize" (other: the Event).
+- `on_replay(graph, stream)`: a graph replay was issued.
+
+Observers may implement any subset; a missing method is skipped. Ops are synchronous for now:
+when an observer hears of an op, its result is already computed.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from dataclasses import dataclass
+from typing import Any, Iterator
+
+import torch
+
+from harness.graphs.emulator.device.memory import DeviceMemory
+
+
+@dataclass(frozen=True)
+class DeviceProperties:
+    """What `torch.cuda.get_device_properties()` reports for each emulated device."""
+
+    name: str = "NVIDIA H200 (emulated)"
+    total_memory: int = 143_771_287_552  # an H200's 141 GB as torch reports it
+    major: int = 9
+    minor: int = 0
+    multi_processor_count: int = 132
+    count: int = 1
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.count, int) or self.count < 1:
+            raise ValueError(f"device_count must be a positive int, got {self.count!r}")
+        if not isinstance(self.total_memory, int) or self.total_memory < 1:
+            raise ValueError(f"total_memory must be a positive int of bytes, got {self.total_memory!r}")
+
+
+class DeviceState:
+    """One emulated CUDA device set (`properties.count` devices sharing one memory registry)."""
+
+    def __init__(self, properties: DeviceProperties) -> None:
+        from harness.graphs.emulator.device.streams import Streams
+
+        self.properties = properties
+        self.memory = DeviceMemory()
+        self.current_index = 0
+        self.observers: list[Any] = []
+        self.streams = Streams(self)
+        self.capture = None  # the CUDAGraph being captured, if any
+        self.initialized = False
+        self._devices = tuple(torch.device("cuda", i) for i in range(properties.count))
+        self.storage_device = torch.device("cpu")  # where device memory really lives
+        self.kernel_device = torch.device("cuda", 0)  # whose kernels' rules a capture applies
+
+    def device_object(self) -> torch.device:
+        """What `tensor.device` answers for a device tensor."""
+        return self._devices[0]
+
+    def capturing(self) -> bool:
+        return self.capture is not None
+
+    # --- what graphs.py's EmulatedCUDAGraph asks of its device -------------------------------
+
+    def current_stream(self):
+        return self.streams.current()
+
+    def default_stream(self):
+        return self.streams.default()
+
+    def begin_capture(self, graph, stream) -> None:
+        self.capture = graph
+        self.streams.capturing = {stream}
+
+    def end_capture(self) -> None:
+        self.capture = None
+        self.streams.capturing = set()
+
+    def is_current_stream_capturing(self) -> bool:
+        return self.capture is not None and self.streams.current() in self.streams.capturing
+
+    # --- the observer interface --------------------------------------------------------------
+
+    @contextlib.contextmanager
+    def observe(self, observer: Any) -> Iterator[Any]:
+        """Register `observer` (see the module docstring) for the duration."""
+        self.observers.append(observer)
+        try:
+            yield observer
+        finally:
+            self.observers.remove(observer)
+
+    def _tell(self, method: str, *args) -> None:
+        for observer in tuple(self.observers):
+            hook = getattr(observer, method, None)
+            if hook is not None:
+                hook(*args)
+
+    def notify_op(self, op, args: tuple, kwargs: dict, result) -> None:
+        self._tell("on_op", op, args, kwargs, result, self.streams.current())
+
+    def notify_sync(self, what: str, tensor) -> None:
+        self._tell("on_sync", what, tensor, self.streams.current())
+
+    def notify_stream(self, what: str, stream, other) -> None:
+        self._tell("on_stream", what, stream, other)
+
+    def notify_replay(self, graph) -> None:
+        self._tell("on_replay", graph, self.streams.current())

@@ -1,0 +1,215 @@
+"""`torch.cuda.Stream`, `torch.cuda.Event` and the current stream, on the emulated device.
+
+Work runs when it is issued (in issue order), so waits and synchronizations have nothing to wait
+for yet: each one is reported to the device's observers (state.py), which is where tracking and
+an adversarial schedule hook in. The current stream is per thread and per device, as in CUDA; the
+default stream of each device has id 0 and `cuda_stream` 0.
+
+Event timing is emulated: `record()` notes the host's clock (`time.perf_counter`), and because work
+is synchronous, `start.elapsed_time(end)` is the host time between the two records in milliseconds:
+the time the work issued between them took on the cpu, not what a GPU would take.
+"""
+
+from __future__ import annotations
+
+import itertools
+import threading
+import time
+from typing import Any
+
+import torch
+
+_STREAM_HANDLE_BASE = 0x7E0000  # fake `cuda_stream` handles, distinct from 0 (the default stream)
+
+
+class Stream:
+    """An emulated CUDA stream (torch.cuda.Stream's API)."""
+
+    def __new__(cls, device: Any = None, priority: int = 0, **kwargs):
+        state = _state()
+        if kwargs.keys() - {"stream_id", "device_index", "device_type"}:
+            raise TypeError(f"Stream() got unexpected keyword arguments "
+                            f"{sorted(kwargs.keys() - {'stream_id', 'device_index', 'device_type'})}; "
+                            f"accepted: device, priority")
+        self = super().__new__(cls)
+        index = state.streams.device_index(device)
+        if "stream_id" in kwargs:
+            self.stream_id = int(kwargs["stream_id"])
+        else:
+            self.stream_id = next(state.streams.ids)
+        self.device_index = index
+        self.device_type = 1  # c10::DeviceType::CUDA
+        self._priority = max(-5, min(0, int(priority)))  # CUDA's range on an H200: 0 to -5
+        return self
+
+    def __init__(self, device: Any = None, priority: int = 0, **kwargs) -> None:
+        pass
+
+    @property
+    def device(self) -> torch.device:
+        return torch.device("cuda", self.device_index)
+
+    @property
+    def priority(self) -> int:
+        return self._priority
+
+    @staticmethod
+    def priority_range() -> tuple[int, int]:
+        return (0, -5)
+
+    @property
+    def cuda_stream(self) -> int:
+        return 0 if self.stream_id == 0 else _STREAM_HANDLE_BASE + self.stream_id
+
+    def query(self) -> bool:
+        return True  # synchronous: everything issued has finished
+
+    def synchronize(self) -> None:
+        _state().notify_stream("synchronize", self, None)
+
+    def wait_event(self, event: "Event") -> None:
+        state = _state()
+        state.streams.joins(self, event.recorded_on)
+        state.notify_stream("wait_event", self, event)
+
+    def wait_stream(self, stream: "Stream") -> None:
+        state = _state()
+        state.streams.joins(self, stream)
+        state.notify_stream("wait_stream", self, stream)
+
+    def record_event(self, event: "Event | None" = None) -> "Event":
+        event = Event() if event is None else event
+        event.record(self)
+        return event
+
+    def __eq__(self, other: object) -> bool:
+        return (isinstance(other, Stream) and self.stream_id == other.stream_id
+                and self.device_index == other.device_index)
+
+    def __hash__(self) -> int:
+        return hash((self.stream_id, self.device_index))
+
+    def __repr__(self) -> str:
+        return f"<torch.cuda.Stream device={self.device} cuda_stream={self.cuda_stream:#x}>"
+
+
+class ExternalStream(Stream):
+    """torch.cuda.ExternalStream: a stream named by a handle someone else made."""
+
+    def __new__(cls, stream_ptr: int, device: Any = None, **kwargs):
+        self = Stream.__new__(cls, device)
+        self._handle = int(stream_ptr)
+        return self
+
+    def __init__(self, stream_ptr: int, device: Any = None, **kwargs) -> None:
+        pass
+
+    @property
+    def cuda_stream(self) -> int:
+        return self._handle
+
+
+class Event:
+    """An emulated CUDA event (torch.cuda.Event's API); see the module docstring for its time."""
+
+    def __init__(self, enable_timing: bool = False, blocking: bool = False,
+                 interprocess: bool = False, external: bool = False) -> None:
+        self.enable_timing = bool(enable_timing)
+        self.blocking = bool(blocking)
+        self.interprocess = bool(interprocess)
+        self.event_id = next(_state().streams.event_ids)
+        self.recorded_on: Stream | None = None
+        self._time: float | None = None
+
+    @property
+    def cuda_event(self) -> int:
+        return self.event_id
+
+    def record(self, stream: Stream | None = None) -> None:
+        state = _state()
+        stream = state.streams.current() if stream is None else stream
+        self.recorded_on = stream
+        self._time = time.perf_counter()
+        state.notify_stream("record_event", stream, self)
+
+    def wait(self, stream: Stream | None = None) -> None:
+        stream = _state().streams.current() if stream is None else stream
+        stream.wait_event(self)
+
+    def query(self) -> bool:
+        return True
+
+    def synchronize(self) -> None:
+        state = _state()
+        state.notify_stream("event_synchronize", self.recorded_on, self)
+
+    def elapsed_time(self, end_event: "Event") -> float:
+        if not (self.enable_timing and end_event.enable_timing):
+            raise RuntimeError("Both events must be created with argument 'enable_timing=True'.")
+        if self._time is None or end_event._time is None:
+            raise RuntimeError("Both events must be recorded before calculating elapsed time.")
+        return (end_event._time - self._time) * 1e3
+
+    def ipc_handle(self):
+        raise NotImplementedError("Event.ipc_handle() is not supported on the emulated CUDA device "
+                                  "(one process, no interprocess events)")
+
+    def __repr__(self) -> str:
+        return f"<torch.cuda.Event {self.event_id:#x}>" if self.recorded_on else "<torch.cuda.Event uninitialized>"
+
+
+class Streams:
+    """Each thread's current stream per device, the default streams, and which streams have
+    joined a capture (by waiting on the capturing stream or an event recorded on it)."""
+
+    def __init__(self, state) -> None:
+        self._state = state
+        self.ids = itertools.count(1)
+        self.event_ids = itertools.count(1)
+        self._local = threading.local()
+        self._defaults: dict[int, Stream] = {}
+        self.capturing: set[Stream] = set()
+
+    def device_index(self, device: Any) -> int:
+        state = self._state
+        if device is None:
+            return state.current_index
+        if isinstance(device, torch.device) and device.type != "cuda":
+            raise ValueError(f"Expected a cuda device, but got: {device}")
+        from harness.graphs.emulator.device.rules import cuda_index
+
+        return cuda_index(device, state.current_index, state.properties.count)
+
+    def default(self, device: Any = None) -> Stream:
+        index = self.device_index(device)
+        stream = self._defaults.get(index)
+        if stream is None:
+            stream = self._defaults[index] = Stream(index, stream_id=0)
+        return stream
+
+    def _current_map(self) -> dict[int, Stream]:
+        current = getattr(self._local, "current", None)
+        if current is None:
+            current = self._local.current = {}
+        return current
+
+    def current(self, device: Any = None) -> Stream:
+        index = self.device_index(device)
+        return self._current_map().get(index) or self.default(index)
+
+    def set_current(self, stream: Stream) -> None:
+        self._current_map()[stream.device_index] = stream
+
+    def joins(self, stream: Stream, other: Stream | None) -> None:
+        """`stream` waited for `other`: during a capture it joins it when `other` captures."""
+        if other is not None and other in self.capturing:
+            self.capturing.add(stream)
+
+    def record_stream(self, tensor: torch.Tensor, stream: Stream) -> None:
+        self._state.notify_stream("record_stream", stream, tensor)
+
+
+def _state():
+    from harness.graphs.emulator.device.session import active_state
+
+    return active_state()

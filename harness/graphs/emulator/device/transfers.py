@@ -1,0 +1,181 @@
+"""Copies between the emulated device's memory and the host, and host reads of device tensors.
+
+On the cpu both memories are the same RAM, so `x.to("cpu")` of a device tensor would hand back the
+tensor itself; here every crossing really copies into a new storage, as on CUDA, and the copy is
+marked as the memory it lands in. Host reads (`.item()`, `.tolist()`, `bool()`, `.cpu()`) of device
+tensors are synchronizations: the device's observers hear of them (`DeviceState.notify_sync`), and
+during a capture CUDA refuses them. `.numpy()` of a device tensor raises CUDA's TypeError.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+import torch
+
+from harness.graphs.emulator.device.memory import DEVICE, MEMORY_ATTR, PINNED
+from harness.graphs.emulator.device.rules import (
+    CPU, cuda_index, host_copy_refused, names_cuda, numpy_of_device_error, pageable_copy_refused)
+from harness.graphs.emulator.host_tensors import HOST_COPY_REFUSED
+
+Tensor = torch.Tensor
+
+
+def _mark_of(t: Tensor):
+    try:
+        return getattr(t.untyped_storage(), MEMORY_ATTR, None)
+    except (RuntimeError, NotImplementedError):
+        return None
+
+
+def refuse_host_data(func, args: tuple) -> None:
+    from harness.graphs.base import CaptureError
+    from harness.graphs.emulator.callsite import at_callsite, current_callsite
+
+    if args and isinstance(args[0], Tensor) and _mark_of(args[0]) in (DEVICE, PINNED):
+        return  # device data, or a pinned buffer: no pageable copy
+    raise CaptureError(at_callsite(
+        f"torch.{func.__name__}(..., device='cuda') builds a device tensor from host data during "
+        f"capture, {HOST_COPY_REFUSED}", current_callsite()), op="aten.lift_fresh.default")
+
+
+def _parse_to(args: tuple, kwargs: dict) -> tuple[Any, dict, Tensor | None]:
+    """(the device named or None, the keyword arguments for a device-free `to`, the tensor given
+    as `other`) of `Tensor.to(*args, **kwargs)`, args without self."""
+    rest = dict(kwargs)
+    copy = rest.pop("copy", False)
+    positional = list(args)
+    other = next((a for a in positional if isinstance(a, Tensor)), None)
+    device = rest.pop("device", None)
+    if positional and (positional[0] is None or isinstance(positional[0], (str, torch.device)) or
+                       (isinstance(positional[0], int) and not isinstance(positional[0], bool))):
+        device = positional.pop(0)
+    if other is not None:
+        positional.remove(other)
+        rest.setdefault("dtype", other.dtype)
+    # What remains positionally: dtype, non_blocking, copy (the device and other forms alike).
+    for name, value in zip(("dtype", "non_blocking", "copy"), positional):
+        if name == "copy":
+            copy = value
+        else:
+            rest[name] = value
+    if rest.get("dtype") is None:
+        rest.pop("dtype", None)
+    rest["copy"] = copy
+    return device, rest, other
+
+
+def handlers(mode) -> dict[Callable, Callable]:
+    state, memory = mode.state, mode.memory
+
+    def is_device(t: Tensor) -> bool:
+        return _mark_of(t) == DEVICE
+
+    def to_device(t: Tensor, op: str, call: Callable[[], Tensor]) -> Tensor:
+        """A host tensor copied to the device: pinned memory is captured, pageable refused."""
+        if state.capturing() and _mark_of(t) != PINNED:
+            raise pageable_copy_refused(op, tuple(t.shape))
+        previous, memory.call_on_device = memory.call_on_device, True
+        try:
+            out = call()
+        finally:
+            memory.call_on_device = previous
+        memory.mark_device(out)
+        if state.observers:
+            state.notify_op(op, (t,), {}, out)
+        return out
+
+    def to_host(t: Tensor, op: str, call: Callable[[], Tensor]) -> Tensor:
+        if state.capturing():
+            raise host_copy_refused(op, tuple(t.shape))
+        state.notify_sync(op, t)
+        return call()
+
+    def to(func, args, kwargs):
+        t = args[0]
+        device, rest, other = _parse_to(args[1:], kwargs)
+        src = is_device(t)
+        if other is not None:
+            dst = is_device(other)
+        elif device is None:
+            dst = src
+        else:
+            dst = names_cuda(device)
+            if dst:
+                cuda_index(device, state.current_index, state.properties.count)
+        if dst == src:
+            out = func(t, **rest)
+            if src:
+                memory.mark_device(out)
+            return out
+        copied = {**rest, "copy": True}
+        if dst:
+            return to_device(t, "Tensor.to", lambda: func(t, CPU, **copied))
+        return to_host(t, "Tensor.to", lambda: func(t, CPU, **copied))
+
+    def cuda(func, args, kwargs):
+        t = args[0]
+        device = args[1] if len(args) > 1 else kwargs.get("device")
+        if device is not None:
+            cuda_index(device, state.current_index, state.properties.count)
+        rest = {k: v for k, v in kwargs.items() if k != "device"}
+        if is_device(t):
+            return t
+        return to_device(t, "Tensor.cuda", lambda: t.to(CPU, copy=True, **rest))
+
+    def cpu(func, args, kwargs):
+        t = args[0]
+        if not is_device(t):
+            return func(*args, **kwargs)
+        return to_host(t, "Tensor.cpu", lambda: t.to(CPU, copy=True, **kwargs))
+
+    def numpy(func, args, kwargs):
+        if is_device(args[0]):
+            raise numpy_of_device_error(state.current_index)
+        return func(*args, **kwargs)
+
+    def host_read(func, args, kwargs):
+        if is_device(args[0]):
+            state.notify_sync(getattr(func, "__name__", str(func)), args[0])
+        return func(*args, **kwargs)
+
+    def copy_(func, args, kwargs):
+        dst, src = args[0], args[1] if len(args) > 1 else kwargs["src"]
+        d, s = is_device(dst), is_device(src)
+        if d and not s and isinstance(src, Tensor):
+            if state.capturing() and _mark_of(src) != PINNED:
+                raise pageable_copy_refused("Tensor.copy_", tuple(src.shape))
+        elif s and not d:
+            return to_host(src, "Tensor.copy_", lambda: func(*args, **kwargs))
+        out = func(*args, **kwargs)
+        if (d or s) and state.observers:
+            state.notify_op(func, args, kwargs, out)
+        return out
+
+    def pin_memory(func, args, kwargs):
+        t = args[0]
+        if is_device(t):
+            raise RuntimeError(f"cannot pin 'torch.cuda.{_type_name(t)}' only dense CPU tensors "
+                               f"can be pinned")
+        if _mark_of(t) == PINNED:
+            return t
+        out = t.clone()
+        memory.mark_pinned(out)
+        return out
+
+    def is_pinned(func, args, kwargs) -> bool:
+        return _mark_of(args[0]) == PINNED
+
+    return {
+        Tensor.to: to, Tensor.cuda: cuda, Tensor.cpu: cpu, Tensor.numpy: numpy,
+        Tensor.__array__: numpy, Tensor.tolist: host_read, Tensor.item: host_read,
+        Tensor.__bool__: host_read, Tensor.__int__: host_read, Tensor.__float__: host_read,
+        Tensor.__index__: host_read, Tensor.copy_: copy_, Tensor.pin_memory: pin_memory,
+        Tensor.is_pinned: is_pinned,
+    }
+
+
+def _type_name(t: Tensor) -> str:
+    return {torch.float32: "FloatTensor", torch.float64: "DoubleTensor", torch.float16: "HalfTensor",
+            torch.bfloat16: "BFloat16Tensor", torch.int64: "LongTensor", torch.int32: "IntTensor",
+            torch.bool: "BoolTensor", torch.uint8: "ByteTensor"}.get(t.dtype, "Tensor")

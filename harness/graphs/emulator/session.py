@@ -1,0 +1,107 @@
+"""One emulated capture from its beginning to its end, in two calls: what `EmulatedBackend.capture`
+runs around a callable, and what the emulated `torch.cuda.CUDAGraph` runs between `capture_begin()`
+and `capture_end()`, where the captured code runs in between in the caller's own frames."""
+
+from __future__ import annotations
+
+import contextlib
+import warnings
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from harness.graphs.emulator.capture_flag import reports_capturing
+from harness.graphs.emulator.cuda_paths import CudaPaths
+from harness.graphs.emulator.external import ExternalStorage
+from harness.graphs.emulator.host_guard import host_reads_raise
+from harness.graphs.emulator.host_tensors import HostTensors
+from harness.graphs.emulator.memory import for_device
+from harness.graphs.emulator.opinfo import ReplayStep
+from harness.graphs.emulator.pool import PoolArena
+from harness.graphs.emulator.recorder import Recorder
+from harness.graphs.emulator.rng import rng_recorded
+
+EMPTY_GRAPH_WARNING = ("The CUDA Graph is empty. This usually means that the graph was attempted "
+                       "to be captured on wrong device or stream.")
+
+
+@dataclass(frozen=True)
+class Recording:
+    """What a finished capture hands to the graph that replays it."""
+
+    steps: list[ReplayStep]
+    inference_mode: bool
+    external: list[ExternalStorage]
+
+
+class CaptureSession:
+    """`begin()` enters the recorder and the guards a capture needs; `end()` leaves them and returns
+    the `Recording`; `abort()` leaves them after a failure and drops what was recorded.
+
+    `memory` says which tensors are device memory (emulator/memory.py; by default what the plain
+    emulator assumes on `device`); `kernel_device` whose kernels' rules apply; `report_capturing`
+    makes `torch.cuda.is_current_stream_capturing()` answer True meanwhile (the emulated CUDA device
+    answers it itself, by stream)."""
+
+    def __init__(self, arena: PoolArena, device: torch.device, *, memory: Any = None,
+                 kernel_device: torch.device | None = None, report_capturing: bool = True) -> None:
+        self.memory = memory if memory is not None else for_device(device)
+        self.recorder = Recorder(arena, device, self.memory, kernel_device)
+        self._device = device
+        self._report_capturing = report_capturing
+        self._stack: contextlib.ExitStack | None = None
+
+    @property
+    def active(self) -> bool:
+        return self._stack is not None
+
+    def begin(self) -> None:
+        device, recorder = self._device, self.recorder
+        stack = contextlib.ExitStack()
+        try:
+            on_device = None if self.memory.all_device else self.memory.is_device
+            stack.enter_context(host_reads_raise(device, on_device))
+            if self._report_capturing:
+                stack.enter_context(reports_capturing())
+            stack.enter_context(rng_recorded(device, recorder.steps))
+            if device.type == "cpu":
+                stack.enter_context(CudaPaths())
+                if self.memory.all_device:
+                    # Only the plain emulator guesses host tensors; the emulated CUDA device knows.
+                    stack.enter_context(HostTensors())
+            stack.enter_context(recorder)
+        except BaseException:
+            stack.close()
+            raise
+        self._stack = stack
+
+    def end(self, *, warn_if_empty: bool = True, stacklevel: int = 3) -> Recording:
+        """Leave the capture; errors of the guards' exits (the RNG state check) abort it."""
+        stack, self._stack = self._stack, None
+        if stack is None:
+            raise RuntimeError("CaptureSession.end() without a capture in progress")
+        try:
+            stack.close()
+            unjoined = self.recorder.collectives.unjoined_error()
+            if unjoined is not None:
+                raise unjoined
+        except BaseException:
+            self.recorder.discard()
+            raise
+        steps = self.recorder.steps
+        if warn_if_empty and not steps:
+            # torch.cuda.graph's own words and category (CUDAGraph::capture_end, a TORCH_WARN).
+            warnings.warn(EMPTY_GRAPH_WARNING, UserWarning, stacklevel=stacklevel)
+        return Recording(steps, torch.is_inference_mode_enabled(), self.recorder.external.storages())
+
+    def abort(self) -> None:
+        """Leave a failed capture. The traceback keeps the caller's frame (and the recorder) alive
+        in a reference cycle; the recording's non-owning aliases are dropped now, in order, instead
+        of at some later garbage collection."""
+        stack, self._stack = self._stack, None
+        try:
+            if stack is not None:
+                stack.close()
+        finally:
+            self.recorder.discard()
