@@ -24,11 +24,14 @@ _data_ptr = torch.UntypedStorage.data_ptr
 
 class EmulatedGraph(CapturedGraph):
     def __init__(self, output: Any, pool: PoolArena, steps: list[ReplayStep],
-                 inference_mode: bool, external: list[ExternalStorage]) -> None:
+                 inference_mode: bool, external: list[ExternalStorage], *,
+                 reads: frozenset[int] = frozenset(), writes: frozenset[int] = frozenset()) -> None:
         self.output = output
         self.pool = pool
         self._steps: list[ReplayStep] | None = steps
         self._inference_mode = inference_mode
+        self.reads = reads  # the storages a replay reads and writes, for stream tracking
+        self.writes = writes
         self._external = external  # holds the weak references the raw pointers below stand for
         self._external_weak_refs = tuple(s.liveness.cdata for s in external)
         self._external_objects = tuple(s.storage_object for s in external)
@@ -40,6 +43,15 @@ class EmulatedGraph(CapturedGraph):
         return len(self._steps or ())
 
     def replay(self) -> None:
+        steps = self.refuse_unreplayable()
+        # Autograd never sees a graph's work (as on CUDA); inference mode is kept as captured
+        # because capture-time outputs are inference tensors exactly when it was on.
+        with torch.inference_mode(self._inference_mode), torch._C._AutoDispatchBelowADInplaceOrView():
+            for fn, args, kwargs in steps:
+                fn(*args, **kwargs)
+
+    def refuse_unreplayable(self) -> list[ReplayStep]:
+        """The steps to replay, or the error a replay raises (released, freed or moved memory)."""
         steps = self._steps
         if steps is None:
             raise released_graph_error()
@@ -51,11 +63,7 @@ class EmulatedGraph(CapturedGraph):
                 raise freed_error(next(s for s in self._external if s.storage_object() is None))
             if tuple(map(_data_ptr, storages)) != self._external_addresses:
                 raise moved_error(next(s for s in self._external if s.moved()))
-        # Autograd never sees a graph's work (as on CUDA); inference mode is kept as captured
-        # because capture-time outputs are inference tensors exactly when it was on.
-        with torch.inference_mode(self._inference_mode), torch._C._AutoDispatchBelowADInplaceOrView():
-            for fn, args, kwargs in steps:
-                fn(*args, **kwargs)
+        return steps
 
     def reset(self) -> None:
         self._steps = None

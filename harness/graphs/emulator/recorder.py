@@ -28,6 +28,7 @@ from harness.graphs.emulator.memory import for_device
 from harness.graphs.emulator.opinfo import OpKind, ReplayStep
 from harness.graphs.emulator.pool import PoolArena, block_of, laid_out_like, laid_out_like_once, poison_value
 from harness.graphs.emulator.shapes import lacks_meta_kernel, result_shapes, to_meta
+from harness.graphs.emulator.streams.accesses import split_accesses
 
 
 def _error(message: str, func: Any) -> CaptureError:
@@ -57,6 +58,8 @@ class Recorder(TorchDispatchMode):
         self._replay_tensors: dict[tuple, torch.Tensor] = {}
         self.external = ExternalMemory()
         self.collectives = collectives.PendingCollectives()
+        self.reads: set[int] = set()  # storages the recording reads (data pointers)
+        self.writes: set[int] = set()  # and writes: what a replay touches as one stream op
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
@@ -89,6 +92,7 @@ class Recorder(TorchDispatchMode):
             return func(*args, **kwargs)
         if kind is OpKind.MUTATING:
             self._check_mutation(func, args, kwargs)
+            self._note_accesses(func, args, kwargs, None)
             self.steps.append((func._op, *self._for_replay((args, kwargs))))
             return opinfo.aliased_returns(func, args, kwargs)
         device = self._output_device(func, args, kwargs)
@@ -96,6 +100,7 @@ class Recorder(TorchDispatchMode):
                                              result_shapes(func, args, kwargs), device)
         outputs = tree_map_only(torch.Tensor, lambda meta: self._allocate(meta, device), shapes)
         self._record_fresh(func, kind, args, kwargs, outputs)
+        self._note_accesses(func, args, kwargs, outputs)
         return outputs
 
     def _lift_host_data(self, t: torch.Tensor) -> torch.Tensor:
@@ -122,6 +127,8 @@ class Recorder(TorchDispatchMode):
         self._replay_tensors.clear()
         self.external = ExternalMemory()
         self.collectives = collectives.PendingCollectives()
+        self.reads.clear()
+        self.writes.clear()
 
     # --- replay view of capture-time tensors -------------------------------------------------
 
@@ -175,6 +182,13 @@ class Recorder(TorchDispatchMode):
         return out
 
     # --- recording ---------------------------------------------------------------------------
+
+    def _note_accesses(self, func, args, kwargs, outputs) -> None:
+        reads, writes = split_accesses(func, args, kwargs, _has_storage)
+        self.reads.update(t.untyped_storage().data_ptr() for t in reads)
+        self.writes.update(t.untyped_storage().data_ptr() for t in writes)
+        self.writes.update(t.untyped_storage().data_ptr() for t in tree_flatten(outputs)[0]
+                           if isinstance(t, torch.Tensor) and _has_storage(t))
 
     def _record_collective(self, func, args, kwargs) -> Any:
         if func.namespace == collectives.PROCESS_GROUP_NAMESPACE:
@@ -250,6 +264,10 @@ class Recorder(TorchDispatchMode):
                 f"{opinfo.op_name(func)} would resize its {what} from {tuple(before.shape)} to "
                 f"{tuple(after.shape)} during capture; a graph cannot reallocate memory it "
                 f"recorded, so pass a tensor of the final shape", func)
+
+
+def _has_storage(t: torch.Tensor) -> bool:
+    return t.layout == torch.strided and t.device.type != "meta" and t.dim() > 0
 
 
 def _copy_results(fn, args, kwargs, outs) -> None:

@@ -33,6 +33,8 @@ class Recording:
     steps: list[ReplayStep]
     inference_mode: bool
     external: list[ExternalStorage]
+    reads: frozenset[int] = frozenset()  # storages (data pointers) a replay reads and writes
+    writes: frozenset[int] = frozenset()
 
 
 class CaptureSession:
@@ -93,7 +95,9 @@ class CaptureSession:
         if warn_if_empty and not steps:
             # torch.cuda.graph's own words and category (CUDAGraph::capture_end, a TORCH_WARN).
             warnings.warn(EMPTY_GRAPH_WARNING, UserWarning, stacklevel=stacklevel)
-        return Recording(steps, torch.is_inference_mode_enabled(), self.recorder.external.storages())
+        return Recording(steps, torch.is_inference_mode_enabled(), self.recorder.external.storages(),
+                         frozenset(self.recorder.reads - self.recorder.writes),
+                         frozenset(self.recorder.writes))
 
     def abort(self) -> None:
         """Leave a failed capture. The traceback keeps the caller's frame (and the recorder) alive

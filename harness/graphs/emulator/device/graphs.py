@@ -90,7 +90,8 @@ class EmulatedCUDAGraph:
         finally:
             self._host.end_capture()
         self._graph = EmulatedGraph(None, self._arena, recording.steps, recording.inference_mode,
-                                    recording.external)
+                                    recording.external, reads=recording.reads,
+                                    writes=recording.writes)
         self._captured = True
 
     # --- after capture -----------------------------------------------------------------------
@@ -100,6 +101,10 @@ class EmulatedCUDAGraph:
         if graph is None:
             raise RuntimeError("Called CUDAGraph::replay without a preceding successful capture.")
         self._host.notify_replay(self)
+        self._host.issue_replay(self, graph, self._run)
+
+    @staticmethod
+    def _run(graph: EmulatedGraph) -> None:
         # The recording is aten calls on the memory captured; the placement mode has nothing
         # to decide there.
         with torch._C.DisableTorchFunction():

@@ -43,6 +43,9 @@ class SanitizerHost:
     def notify_replay(self, graph) -> None:
         pass
 
+    def issue_replay(self, graph, recording, run) -> None:
+        run(recording)
+
 
 def enter_sanitizer(stack: contextlib.ExitStack) -> SanitizerHost:
     import torch.cuda.graphs

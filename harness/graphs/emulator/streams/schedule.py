@@ -99,18 +99,49 @@ class Schedule:
     # --- the host waits ----------------------------------------------------------------------
 
     def run_stream(self, stream: int, upto: float = float("inf")) -> None:
-        """Run `stream`'s queued work up to `seq` (all of it by default), and what it waits for."""
-        queue = self._queues.get(stream)
-        while queue and queue[0][0] <= upto:
-            self._run_head(stream, queue)
+        """Run `stream`'s queued work up to `upto` (all of it by default), and what it waits for."""
+        self._run({stream: upto})
 
-    def _run_head(self, stream: int, queue: deque) -> None:
-        seq, item = queue.popleft()
-        if isinstance(item, _After):
-            self.run_stream(item.stream, item.seq)
-        elif not isinstance(item, _Stall):
-            item()
-        self._ran[stream] = max(self._ran.get(stream, 0), seq)
+    def _run(self, needs: dict[int, float]) -> None:
+        """Run what `needs` names (stream -> last seq to run) and what it waits for, the most
+        recently issued ready head first: between streams that never waited for each other, the
+        order a race needs to show is against issue order (a consumer ahead of its producer, a
+        writer ahead of an earlier reader). A queued wait holds its stream until it is met."""
+        self._close(needs)
+        queues = self._queues
+        while True:
+            ready = []
+            for stream, upto in needs.items():
+                queue = queues.get(stream)
+                if not queue or queue[0][0] > upto:
+                    continue
+                item = queue[0][1]
+                if isinstance(item, _After) and self._waits(item):
+                    continue
+                ready.append((queue[0][0], stream))
+            if not ready:
+                return
+            stream = max(ready)[1]
+            seq, item = queues[stream].popleft()
+            if not isinstance(item, (_After, _Stall)):
+                item()
+            self._ran[stream] = max(self._ran.get(stream, 0), seq)
+
+    def _waits(self, wait: _After) -> bool:
+        queue = self._queues.get(wait.stream)
+        return bool(queue) and queue[0][0] <= wait.seq
+
+    def _close(self, needs: dict[int, float]) -> None:
+        """Add to `needs` the work its queued waits wait for, transitively."""
+        todo = list(needs.items())
+        while todo:
+            stream, upto = todo.pop()
+            for seq, item in self._queues.get(stream, ()):
+                if seq > upto:
+                    break
+                if isinstance(item, _After) and needs.get(item.stream, -1.0) < item.seq:
+                    needs[item.stream] = item.seq
+                    todo.append((item.stream, item.seq))
 
     def synchronize_event(self, event: int) -> None:
         known = self._events.get(event)
@@ -118,15 +149,7 @@ class Schedule:
             self.run_stream(*known)
 
     def synchronize_device(self) -> None:
-        """Run everything queued, the most recently issued head first: between streams that
-        never waited for each other, the order a race needs to show is the one against issue
-        order (a consumer ahead of its producer, a writer ahead of an earlier reader)."""
-        while True:
-            heads = [(q[0][0], stream) for stream, q in self._queues.items() if q]
-            if not heads:
-                return
-            stream = max(heads)[1]
-            self._run_head(stream, self._queues[stream])
+        self._run({stream: float("inf") for stream in self._queues})
 
     def event_done(self, event: int) -> bool:
         """`Event.query()`: whether the work before the event has run."""

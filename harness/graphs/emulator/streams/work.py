@@ -26,8 +26,9 @@ from harness.graphs.emulator.streams.tracker import StreamTracker
 
 @contextlib.contextmanager
 def _outside_modes() -> Iterator[None]:
-    """Queued work runs as the device would run it: not seen again by any dispatch mode."""
-    with _disable_current_modes():
+    """Queued work runs as the device would run it: aten calls on the memory they were issued
+    with, not seen again by any dispatch or function mode (the device's placement included)."""
+    with _disable_current_modes(), torch._C.DisableTorchFunction():
         yield
 
 

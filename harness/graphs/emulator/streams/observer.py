@@ -1,0 +1,73 @@
+"""Stream tracking and the schedules on the emulated CUDA device: an observer of its state
+(device/state.py's interface) that turns its streams, events, host reads and replays into
+`AsyncWork` calls, with stream ids made of the device index and the stream's id."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from harness.graphs.emulator.callsite import current_callsite
+from harness.graphs.emulator.streams.work import AsyncWork
+
+RACE_MODES = ("strict", "report", "off")
+
+
+def stream_key(stream: Any) -> int:
+    return (stream.device_index << 40) | stream.stream_id
+
+
+class DeviceStreams:
+    """Observer of one emulated device: `work` holds the tracker (`work.tracker.reports`)."""
+
+    def __init__(self, state: Any, *, schedule: str, races: str) -> None:
+        self.state = state
+        self.work = AsyncWork(state.memory, lambda: stream_key(state.streams.current()),
+                              state.capturing, schedule=schedule, races=races)
+
+    # --- device/state.py's observer interface ------------------------------------------------
+
+    def on_op(self, op, args, kwargs, result, stream) -> None:
+        if op == "torch.cuda._sleep" and not self.state.capturing():
+            self.work.sleep(stream_key(stream), where=current_callsite())
+
+    def on_sync(self, what: str, tensor, stream) -> None:
+        if tensor is None:
+            self.work.synchronize_device()
+        else:
+            self.work.synchronize_stream(stream_key(stream))
+
+    def on_host_read(self, what: str, tensor) -> None:
+        self.work.host_reads(tensor, f"Tensor.{what} on the host", current_callsite())
+
+    def on_stream(self, what: str, stream, other) -> None:
+        if self.state.capturing():
+            return  # inside a capture nothing runs: fork and join are the capture's business
+        work = self.work
+        if what == "wait_stream":
+            work.wait_stream(stream_key(stream), stream_key(other))
+        elif what == "wait_event":
+            if other.recorded_on is not None:
+                work.wait_event(stream_key(stream), other.event_id)
+        elif what == "record_event":
+            work.record_event(other.event_id, stream_key(stream))
+        elif what == "synchronize":
+            work.synchronize_stream(stream_key(stream))
+        elif what == "event_synchronize":
+            if other.recorded_on is not None:
+                work.synchronize_event(other.event_id)
+        elif what == "record_stream":
+            work.record_stream(other, stream_key(stream))
+
+    def issue_replay(self, graph, recording, run, stream) -> None:
+        recording.refuse_unreplayable()  # freed or moved memory raises at the call, not later
+        self.work.replay(stream_key(stream), recording.reads, recording.writes,
+                         lambda: run(recording), name=f"CUDAGraph {id(graph):#x}",
+                         where=current_callsite())
+
+    # --- what the device's stream and event API asks ------------------------------------------
+
+    def stream_done(self, stream) -> bool:
+        return self.work.stream_done(stream_key(stream))
+
+    def event_done(self, event) -> bool:
+        return self.work.event_done(event.event_id)
