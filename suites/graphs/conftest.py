@@ -10,6 +10,7 @@ import pytest
 import torch
 
 from harness.graphs import GraphBackend, get_backend
+from harness.graphs.emulator.device import emulation_active
 
 BACKEND_PARAMS = [
     pytest.param(("emulated", "cpu"), id="emulated"),
@@ -30,6 +31,9 @@ def _warm_cuda() -> None:
 @pytest.fixture(params=BACKEND_PARAMS)
 def backend(request: pytest.FixtureRequest) -> GraphBackend:
     name, device = request.param  # the gpu mark of the cuda params skips them without CUDA
+    if name == "cuda" and emulation_active() == "cpu":
+        pytest.skip("real CUDA graphs: the emulated CUDA device has none; the [emulated-cuda] id "
+                    "runs the emulator through torch.cuda.graph on it")
     if torch.cuda.is_available():
         _warm_cuda()
     return get_backend(name, device=device)

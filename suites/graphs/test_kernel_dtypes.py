@@ -11,6 +11,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from harness.graphs.emulator.device import emulation_active
 from harness.graphs import CaptureError
 
 from suites.graphs._decoders import captured_and_eager, decode_step, tiny_causal_lm
@@ -76,6 +77,12 @@ def test_reduced_precision_norm_replays_as_eager(backend, norm, dtype, param_dty
         # same case passes on cuda, on the emulator on the CPU, and on torch 2.13.
         pytest.xfail("torch 2.11: has_pyobject internal assert replaying cuDNN batch norm on the "
                      "emulator on a cuda device")
+    if (norm is _native_layer_norm_stats and _refused_by_the_cuda_kernel(norm, device, param_dtype)
+            and emulation_active() == "cpu"):
+        # Documented difference (docs/fidelity.md): an aten op called directly skips the torch
+        # function layer, where the emulated CUDA device checks CUDA's eager kernel rules.
+        pytest.xfail("emulated CUDA device: aten.native_layer_norm called directly runs the cpu "
+                     "kernel eagerly, which takes float32 parameters")
     with torch.no_grad():
         if _refused_by_the_cuda_kernel(norm, device, param_dtype):
             with pytest.raises(RuntimeError, match="expected scalar type"):

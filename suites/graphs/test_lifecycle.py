@@ -78,7 +78,12 @@ def test_get_backend_rejects_unknown_names():
 
 
 def test_auto_backend_follows_cuda_availability():
-    expected = "cuda" if torch.cuda.is_available() else "emulated"
+    from harness.graphs.emulator.device import emulation_active
+
+    # The emulated CUDA device (emulate_cuda() on a cpu) answers is_available(); its graphs are
+    # the emulator's.
+    real_cuda = torch.cuda.is_available() and emulation_active() != "cpu"
+    expected = "cuda" if real_cuda else "emulated"
     assert get_backend("auto").name == expected
 
 

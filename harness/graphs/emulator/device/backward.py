@@ -4,7 +4,10 @@ mode marks each fresh result device memory when one of the op's inputs is."""
 
 from __future__ import annotations
 
+import contextlib
+
 import torch
+from torch.overrides import _get_current_function_mode_stack
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 
@@ -25,7 +28,8 @@ class _MarkResults(TorchDispatchMode):
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
-        out = func(*args, **kwargs)
+        with torch._C.DisableTorchFunction():  # an aten op: nothing for the placement mode to place
+            out = func(*args, **kwargs)
         inputs = tree_flatten((args, kwargs))[0]
         if any(isinstance(t, torch.Tensor) and _is_device(t) for t in inputs):
             for t in tree_flatten(out)[0]:
@@ -34,15 +38,39 @@ class _MarkResults(TorchDispatchMode):
         return out
 
 
-def run_backward(memory, func, args: tuple, kwargs: dict):
-    """`func(*args, **kwargs)` (Tensor.backward, autograd.backward or autograd.grad) with its
-    results marked; autograd.grad's returned gradients follow their inputs."""
-    with _MarkResults(memory):
-        out = func(*args, **kwargs)
-    if func is torch.autograd.grad:
-        inputs = kwargs.get("inputs", args[1] if len(args) > 1 else ())
-        inputs = (inputs,) if isinstance(inputs, torch.Tensor) else tuple(inputs)
-        for grad, inp in zip(out, inputs):
-            if grad is not None and _is_device(inp):
-                memory.mark_device(grad)
-    return out
+def engine_with_placement(state, original):
+    """A replacement for torch.autograd's `_engine_run_backward` (what `backward()` and
+    `autograd.grad()` call once their torch-function check is done): it runs the engine with the
+    placement mode back on the stack, so hooks and recomputed forwards (activation checkpointing)
+    run on the emulated device as the caller's code does, and with gradients marked."""
+
+    def run(*args, **kwargs):
+        placement = state.placement
+        with contextlib.ExitStack() as stack:
+            if placement not in _get_current_function_mode_stack():
+                stack.enter_context(placement)
+            stack.enter_context(_MarkResults(state.memory))
+            return original(*args, **kwargs)
+
+    return run
+
+
+def saved_tensor_hooks_with_placement(state, original):
+    """A replacement for `torch._C._autograd._push_saved_tensors_default_hooks`: autograd calls
+    pack hooks from inside an op (where the placement mode is off the stack) and unpack hooks from
+    the engine; both run with it, so what they see (`x.device` in activation checkpointing's
+    metadata check) is the same at the forward and at the recompute."""
+
+    def with_placement(hook):
+        def run(*args):
+            placement = state.placement
+            if placement in _get_current_function_mode_stack():
+                return hook(*args)
+            with placement:
+                return hook(*args)
+        return run
+
+    def push(pack_hook, unpack_hook):
+        return original(with_placement(pack_hook), with_placement(unpack_hook))
+
+    return push

@@ -18,6 +18,8 @@ import torch.cuda.memory
 import torch.cuda.random
 import torch.cuda.streams
 
+from harness.graphs.emulator.device.backward import (
+    engine_with_placement, saved_tensor_hooks_with_placement)
 from harness.graphs.emulator.device.rules import DeviceIndexError, cuda_index
 from harness.graphs.emulator.device.streams import Event, ExternalStream, Stream
 
@@ -261,6 +263,10 @@ def patches(state) -> list[tuple[Any, str, Any]]:
         (torch.cuda.graph, "default_capture_stream", None),
         (torch.version, "cuda", "12.8"),
         (torch._C, "_host_emptyCache", lambda: None),
+        (torch.autograd, "_engine_run_backward",
+         engine_with_placement(state, torch.autograd._engine_run_backward)),
+        (torch._C._autograd, "_push_saved_tensors_default_hooks", saved_tensor_hooks_with_placement(
+            state, torch._C._autograd._push_saved_tensors_default_hooks)),
     ]
     return out
 

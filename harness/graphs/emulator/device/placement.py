@@ -25,8 +25,8 @@ import types
 import torch
 from torch.overrides import TorchFunctionMode
 
+from harness.graphs.base import CaptureError
 from harness.graphs.emulator.device import transfers
-from harness.graphs.emulator.device.backward import run_backward
 from harness.graphs.emulator.device.memory import DEVICE, MEMORY_ATTR, PINNED
 from harness.graphs.emulator.device.rules import CPU, cuda_index, mixed_devices_error, names_cuda
 
@@ -69,9 +69,8 @@ class Placement(TorchFunctionMode):
         self._calls = {
             **transfers.handlers(self),
             Tensor.get_device: self._get_device_index,
-            Tensor.backward: self._backward,
-            torch.autograd.backward: self._backward,
-            torch.autograd.grad: self._backward,
+            torch.nn.functional.layer_norm: self._layer_norm,
+            torch.layer_norm: self._layer_norm, torch.native_layer_norm: self._layer_norm,
             Tensor.__repr__: self._repr,
             Tensor.record_stream: self._record_stream,
         }
@@ -86,6 +85,9 @@ class Placement(TorchFunctionMode):
         handler = self._calls.get(func)
         if handler is not None:
             return handler(func, args, kwargs)
+        return self._generic(func, args, kwargs)
+
+    def _generic(self, func, args, kwargs):
         device_in = False
         host = None
         for a in args:
@@ -126,17 +128,16 @@ class Placement(TorchFunctionMode):
         if host is not None and device_in and func not in _MIXING_ALLOWED:
             first = "cuda:0" if _first_is_device(args, kwargs) else "cpu"
             raise mixed_devices_error(first, "cpu" if first != "cpu" else "cuda:0")
-        if named_device:
-            if func in _FROM_HOST_DATA and self.state.capturing():
-                transfers.refuse_host_data(func, args)
-            memory = self.memory
-            previous, memory.call_on_device = memory.call_on_device, True
-            try:
-                out = func(*args, **kwargs)
-            finally:
-                memory.call_on_device = previous
-        else:
+        if named_device and func in _FROM_HOST_DATA and self.state.capturing():
+            transfers.refuse_host_data(func, args)
+        # What the call makes inside (a composite's own factories: SDPA's causal mask) is device
+        # memory too; the recorder asks this flag for calls without device tensors.
+        memory = self.memory
+        previous, memory.call_on_device = memory.call_on_device, True
+        try:
             out = func(*args, **kwargs)
+        finally:
+            memory.call_on_device = previous
         self._mark(out, DEVICE)
         if self.state.observers:
             self.state.notify_op(func, args, kwargs, out)
@@ -180,8 +181,21 @@ class Placement(TorchFunctionMode):
 
     # --- calls that need more than the generic rule ------------------------------------------
 
-    def _backward(self, func, args, kwargs):
-        return run_backward(self.memory, func, args, kwargs)
+    def _layer_norm(self, func, args, kwargs):
+        """CUDA's layer norm kernel takes weight and bias in the input's dtype; the cpu kernel
+        also takes float32 parameters for reduced-precision input."""
+        x = args[0] if args else kwargs["input"]
+        if isinstance(x, Tensor) and _is_device(x):
+            for i, name in ((2, "weight"), (3, "bias")):
+                p = args[i] if len(args) > i else kwargs.get(name)
+                if isinstance(p, Tensor) and p.dtype != x.dtype:
+                    text = (f"expected scalar type {_scalar_name(x.dtype)} but found "
+                            f"{_scalar_name(p.dtype)}")
+                    if self.state.capturing():
+                        raise CaptureError(f"{text} (CUDA's layer norm kernel takes {name} in the "
+                                           f"input's dtype)", op="aten.native_layer_norm.default")
+                    raise RuntimeError(text)
+        return self._generic(func, args, kwargs)
 
     def _repr(self, func, args, kwargs) -> str:
         if not _is_device(args[0]):
@@ -202,3 +216,8 @@ def _first_is_device(args: tuple, kwargs: dict) -> bool:
                 if isinstance(b, Tensor):
                     return _is_device(b)
     return True
+
+
+def _scalar_name(dtype: torch.dtype) -> str:
+    return {torch.bfloat16: "BFloat16", torch.float16: "Half", torch.float32: "Float",
+            torch.float64: "Double"}.get(dtype, str(dtype).removeprefix("torch."))

@@ -151,7 +151,7 @@ def _enter_cpu(properties: DeviceProperties, stack: contextlib.ExitStack, schedu
     state = DeviceState(properties)
     state.kind = "cpu"
     _apply(patches(state), stack)
-    placement = Placement(state)
+    placement = state.placement = Placement(state)
     placement.__enter__()
     stack.callback(_remove_function_mode, placement)
     stack.callback(_reset_default_device)

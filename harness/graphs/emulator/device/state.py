@@ -67,6 +67,8 @@ class DeviceState:
         self.streams = Streams(self)
         self.capture = None  # the CUDAGraph being captured, if any
         self.initialized = False
+        self.kind = "cpu"
+        self.placement = None  # the placement mode (placement.py), once entered
         self._devices = tuple(torch.device("cuda", i) for i in range(properties.count))
         self.storage_device = torch.device("cpu")  # where device memory really lives
         self.kernel_device = torch.device("cuda", 0)  # whose kernels' rules a capture applies
