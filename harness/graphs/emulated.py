@@ -65,6 +65,10 @@ class EmulatedGraph(CapturedGraph):
                 raise moved_error(next(s for s in self._external if s.moved()))
         return steps
 
+    def external_storages(self) -> list[torch.UntypedStorage]:
+        """The live storages the graph uses but does not own (to keep them alive a while)."""
+        return [s for s in (ref() for ref in self._external_objects) if s is not None]
+
     def reset(self) -> None:
         self._steps = None
 

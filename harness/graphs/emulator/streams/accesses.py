@@ -50,19 +50,38 @@ def blocks_host(func, args: tuple, kwargs: dict, is_device: Callable[[torch.Tens
     into pinned memory."""
     if opinfo.sync_reason(func, args, kwargs) is not None and func not in _COPIES:
         return True
+    if _returns_host_value(func):
+        return True  # `torch.equal`, `is_nonzero`: the host gets a value computed from the data
     if func not in _COPIES:
         return False
     named = opinfo.bind(func, args, kwargs)
     if func is aten._to_copy.default:
         # The placement mode rewrote the device to the cpu: the call says where it lands.
         src = named["self"]
-        crosses = is_device(src) != targets_device
+        crosses = named.get("device") is not None and is_device(src) != targets_device
         return crosses and not (named.get("non_blocking") and is_pinned(src))
     dst, src = named["self"], named["src"]
     host = [t for t in (dst, src) if not is_device(t)]
     if not host or len(host) == 2:
         return False
     return not (named.get("non_blocking") and is_pinned(host[0]))
+
+
+@functools.lru_cache(maxsize=None)
+def _returns_host_value(func) -> bool:
+    returns = func._schema.returns
+    return bool(returns) and not any("Tensor" in str(r.type) for r in returns)
+
+
+_REALLOCATING = frozenset({"resize_", "resize_as_", "set_", "_resize_output_"})
+
+
+@functools.lru_cache(maxsize=None)
+def changes_metadata(func) -> bool:
+    """Ops that change a tensor's shape or memory on the host (`resize_`, `set_`, `t_`): the
+    allocator or the tensor's metadata acts when they are issued, never later."""
+    return (torch.Tag.inplace_view in func.tags
+            or func._schema.name.split("::")[-1] in _REALLOCATING)
 
 
 def is_seeded(func) -> bool:

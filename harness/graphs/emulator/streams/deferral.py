@@ -26,16 +26,34 @@ def can_defer(kind: OpKind) -> bool:
     return kind in (OpKind.MUTATING, OpKind.FUNCTIONAL)
 
 
+def _as_issued(call: Callable[[], Any]) -> Callable[[], None]:
+    """`call` run later as it would have run when issued: below autograd (the mode met it there),
+    in the inference mode of the moment it was issued."""
+    inference = torch.is_inference_mode_enabled()
+
+    def run() -> None:
+        with torch.inference_mode(inference), torch._C._AutoDispatchBelowADInplaceOrView():
+            call()
+
+    return run
+
+
 def defer(func, args: tuple, kwargs: dict, kind: OpKind) -> tuple[Any, Callable[[], None]]:
     """(what the op returns now, the call that does its work later)."""
     if kind is OpKind.MUTATING:
-        return opinfo.aliased_returns(func, args, kwargs), lambda: func(*args, **kwargs)
+        return opinfo.aliased_returns(func, args, kwargs), _as_issued(lambda: func(*args, **kwargs))
     outputs = tree_map_only(torch.Tensor, _poisoned_like, result_shapes(func, args, kwargs))
     targets = [t for t in tree_flatten(outputs)[0] if isinstance(t, torch.Tensor)]
 
     def run() -> None:
         results = [r for r in tree_flatten(func(*args, **kwargs))[0] if isinstance(r, torch.Tensor)]
         for dst, src in zip(targets, results):
-            dst.copy_(src)
+            if dst.shape == src.shape:
+                dst.copy_(src)
+            elif dst.numel() and src.numel():
+                raise RuntimeError(f"{opinfo.op_name(func)} ran late with a result of shape "
+                                   f"{tuple(src.shape)}, where its meta kernel gave "
+                                   f"{tuple(dst.shape)}: the adversarial schedule cannot defer it")
+            # else: an empty placeholder result (batch norm's saved statistics in eval mode)
 
-    return outputs, run
+    return outputs, _as_issued(run)

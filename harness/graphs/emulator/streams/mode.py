@@ -20,7 +20,8 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from harness.graphs.emulator import opinfo
 from harness.graphs.emulator.callsite import current_callsite
 from harness.graphs.emulator.opinfo import OpKind
-from harness.graphs.emulator.streams.accesses import blocks_host, is_seeded, split_accesses
+from harness.graphs.emulator.streams.accesses import (blocks_host, changes_metadata, is_seeded,
+                                                      split_accesses)
 from harness.graphs.emulator.streams.deferral import can_defer, defer
 from harness.graphs.emulator.streams.names import label_of, storage_key
 from harness.graphs.emulator.streams.races import RaceError
@@ -59,6 +60,10 @@ class StreamWork(TorchDispatchMode):
             raise self._late.pop(0)
         if self.capturing():
             return func(*args, **kwargs)
+        if opinfo.is_composite(func):
+            # `to`, `reshape`: "may alias" in their schema; what they run underneath is tracked.
+            with self:
+                return func.decompose(*args, **kwargs)
         kind = opinfo.op_kind(func)
         if kind is OpKind.VIEW:
             return func(*args, **kwargs)  # an alias: no data touched
@@ -69,9 +74,6 @@ class StreamWork(TorchDispatchMode):
         targets_device = bool(self.memory.call_targets_device())
         if not targets_device and not any(is_device(t) for t in tensors):
             return self._host_op(func, args, kwargs)
-        if opinfo.is_composite(func):
-            with self:
-                return func.decompose(*args, **kwargs)
         return self._device_op(func, args, kwargs, kind, targets_device)
 
     # --- the host's own work on pinned memory ------------------------------------------------
@@ -106,6 +108,7 @@ class StreamWork(TorchDispatchMode):
             self.schedule.ran(stream, seq)
             self.tracker.synchronize_stream(stream)
         elif (self.schedule.defers(stream) and can_defer(kind) and not is_seeded(func)
+              and not changes_metadata(func)
               and any(memory.is_device(t) for t in (*reads, *writes))):
             out, run = defer(func, args, kwargs, kind)
             self.schedule.queue(stream, seq, run)

@@ -60,9 +60,16 @@ class DeviceStreams:
 
     def issue_replay(self, graph, recording, run, stream) -> None:
         recording.refuse_unreplayable()  # freed or moved memory raises at the call, not later
-        self.work.replay(stream_key(stream), recording.reads, recording.writes,
-                         lambda: run(recording), name=f"CUDAGraph {id(graph):#x}",
-                         where=current_callsite())
+        # A replay that waits in its stream's queue holds the memory it uses, as the caching
+        # allocator holds a block that queued work still uses.
+        held = recording.external_storages()
+
+        def replay() -> None:
+            run(recording)
+            held.clear()
+
+        self.work.replay(stream_key(stream), recording.reads, recording.writes, replay,
+                         name=f"CUDAGraph {id(graph):#x}", where=current_callsite())
 
     # --- what the device's stream and event API asks ------------------------------------------
 
