@@ -263,6 +263,8 @@ def patches(state) -> list[tuple[Any, str, Any]]:
         (torch.cuda.graph, "default_capture_stream", None),
         (torch.version, "cuda", "12.8"),
         (torch._C, "_host_emptyCache", lambda: None),
+        # The argument parser refuses an emulated Stream before any mode could see the call.
+        (torch.Tensor, "record_stream", lambda tensor, stream: state.streams.record_stream(tensor, stream)),
         (torch.autograd, "_engine_run_backward",
          engine_with_placement(state, torch.autograd._engine_run_backward)),
         (torch._C._autograd, "_push_saved_tensors_default_hooks", saved_tensor_hooks_with_placement(

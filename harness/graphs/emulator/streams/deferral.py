@@ -38,11 +38,15 @@ def _as_issued(call: Callable[[], Any]) -> Callable[[], None]:
     return run
 
 
-def defer(func, args: tuple, kwargs: dict, kind: OpKind) -> tuple[Any, Callable[[], None]]:
-    """(what the op returns now, the call that does its work later)."""
+def defer(func, args: tuple, kwargs: dict, kind: OpKind,
+          held: tuple = ()) -> tuple[Any, Callable[[], None]]:
+    """(what the op returns now, the call that does its work later). `held` is `(args, kwargs)`
+    with the tensors the queued call keeps instead of the caller's (aliases of the same memory)."""
+    returns_from = (args, kwargs)
+    args, kwargs = held or (args, kwargs)
     if kind is OpKind.MUTATING:
-        return opinfo.aliased_returns(func, args, kwargs), _as_issued(lambda: func(*args, **kwargs))
-    outputs = tree_map_only(torch.Tensor, _poisoned_like, result_shapes(func, args, kwargs))
+        return opinfo.aliased_returns(func, *returns_from), _as_issued(lambda: func(*args, **kwargs))
+    outputs = tree_map_only(torch.Tensor, _poisoned_like, result_shapes(func, *returns_from))
     targets = [t for t in tree_flatten(outputs)[0] if isinstance(t, torch.Tensor)]
 
     def run() -> None:

@@ -14,7 +14,7 @@ import weakref
 from typing import Any, Callable
 
 import torch
-from torch.utils._pytree import tree_flatten
+from torch.utils._pytree import tree_flatten, tree_map_only
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from harness.graphs.emulator import opinfo
@@ -49,13 +49,21 @@ class StreamWork(TorchDispatchMode):
         self.tracker = tracker
         self.schedule = schedule
         self._allocations: dict[int, weakref.ref] = {}  # storage key -> weak ref noting its free
+        self._allocated_on: dict[int, int] = {}  # storage key -> the stream that allocated it
         self._late: list[RaceError] = []  # strict races found where raising is impossible (a free)
+        # Queued work keeps aliases of the memory it uses, not the caller's tensors, so the caller
+        # dropping its last tensor is seen when it happens (as the caching allocator sees it).
+        self._queued_aliases: dict[int, int] = {}  # storage key -> aliases held by queued work
+        self._watched: dict[int, weakref.ref] = {}  # id of a caller's tensor -> weak ref on it
+        self._dropped: list[int] = []  # storage keys whose caller tensors died since the last op
 
     def _tracked(self, t: torch.Tensor) -> bool:
         return t.device.type == "cpu" and (self.memory.is_device(t) or self.memory.is_pinned(t))
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
+        if self._dropped:
+            self.check_drops()
         if self._late:
             raise self._late.pop(0)
         if self.capturing():
@@ -110,8 +118,14 @@ class StreamWork(TorchDispatchMode):
         elif (self.schedule.defers(stream) and can_defer(kind) and not is_seeded(func)
               and not changes_metadata(func)
               and any(memory.is_device(t) for t in (*reads, *writes))):
-            out, run = defer(func, args, kwargs, kind)
-            self.schedule.queue(stream, seq, run)
+            held, release = self._aliases_for_queue((args, kwargs))
+            out, run = defer(func, args, kwargs, kind, held)
+
+            def run_and_release() -> None:
+                run()
+                release()
+
+            self.schedule.queue(stream, seq, run_and_release)
         else:
             if self.schedule.defers(stream):
                 self.schedule.run_stream(stream)  # what cannot wait in the queue runs in order
@@ -120,6 +134,58 @@ class StreamWork(TorchDispatchMode):
         if kind is not OpKind.MUTATING and (targets_device or func is not _TO_COPY):
             self._note_fresh(out, stream, seq, name, where)
         return out
+
+    def _aliases_for_queue(self, tree: Any) -> tuple[Any, Callable[[], None]]:
+        """`tree` with each tracked tensor replaced by an alias for the queued call, the caller's
+        tensor watched for its death; and the call that forgets the aliases once the work ran."""
+        keys: list[int] = []
+
+        def alias(t: torch.Tensor) -> torch.Tensor:
+            if not self._tracked(t):
+                return t
+            key = storage_key(t)
+            keys.append(key)
+            self._queued_aliases[key] = self._queued_aliases.get(key, 0) + 1
+            if id(t) not in self._watched:
+                self._watched[id(t)] = weakref.ref(t, self._caller_dropped(id(t), key))
+            return t.detach()
+
+        held = tree_map_only(torch.Tensor, alias, tree)
+
+        def release() -> None:
+            for key in keys:
+                left = self._queued_aliases.get(key, 1) - 1
+                if left:
+                    self._queued_aliases[key] = left
+                else:
+                    self._queued_aliases.pop(key, None)
+            keys.clear()
+
+        return held, release
+
+    def _caller_dropped(self, tensor_id: int, key: int) -> Callable[[weakref.ref], None]:
+        def dropped(ref: weakref.ref) -> None:
+            if self._watched.get(tensor_id) is ref:
+                del self._watched[tensor_id]
+            self._dropped.append(key)
+        return dropped
+
+    def check_drops(self) -> None:
+        """For storages whose caller tensors died: if only queued work still holds the memory,
+        the caller freed it while that work is pending (what the caching allocator would reuse)."""
+        dropped, self._dropped = self._dropped, []
+        for key in dict.fromkeys(dropped):
+            ref = self._allocations.get(key)
+            storage = ref() if ref is not None else None
+            if storage is None or key not in self._allocated_on:
+                continue
+            # The storage's own Python object holds one use; queued aliases hold the rest.
+            if torch._C._storage_Use_Count(storage._cdata) - 1 > self._queued_aliases.get(key, 0):
+                continue  # the caller still has a tensor on it
+            try:
+                self.tracker.free(key, self._allocated_on.pop(key), where=current_callsite())
+            except RaceError as race:
+                self._late.append(race)
 
     def _note_fresh(self, out: Any, stream: int, seq: int, op: str, where: str) -> None:
         """Results of a device op are device memory, written by it, freed when dropped."""
@@ -134,11 +200,14 @@ class StreamWork(TorchDispatchMode):
             self.tracker.record_write(key, stream, seq, op=op, where=where)
             self.tracker.labels[key] = label_of(t)
             self._allocations[key] = weakref.ref(storage, self._freed(key, stream))
+            self._allocated_on[key] = stream
 
     def _freed(self, key: int, stream: int) -> Callable[[weakref.ref], None]:
         def freed(ref: weakref.ref) -> None:
             if self._allocations.get(key) is ref:
                 del self._allocations[key]
+            if self._allocated_on.pop(key, None) is None:
+                return  # already judged when its caller dropped it (check_drops)
             try:
                 self.tracker.free(key, stream, where=current_callsite())
             except RaceError as race:

@@ -38,6 +38,7 @@ class StreamTracker:
         self.reports: list[RaceReport] = []
         self._describe = describe
         self._storages: dict[int, _StorageState] = {}
+        self._reported: set[tuple] = set()  # one report per race, however many calls meet it
 
     # --- device work -------------------------------------------------------------------------
 
@@ -174,6 +175,10 @@ class StreamTracker:
         return label or UNKNOWN_TENSOR
 
     def _race(self, kind: RaceKind, key: int, current: Access, previous: Access) -> None:
+        seen = (kind, key, previous.participant, previous.seq, current.participant, current.seq)
+        if seen in self._reported:
+            return  # `item()` reaches the tracker twice: through the device API and aten
+        self._reported.add(seen)
         report = RaceReport(kind, self._label(key), current, previous)
         if self.mode == "strict":
             raise RaceError(report)

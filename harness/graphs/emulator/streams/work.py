@@ -56,16 +56,19 @@ class AsyncWork:
     # --- the host waits ----------------------------------------------------------------------
 
     def synchronize_stream(self, stream: int) -> None:
+        self.mode.check_drops()
         with _outside_modes():
             self.schedule.run_stream(stream)
         self.tracker.synchronize_stream(stream)
 
     def synchronize_event(self, event: int) -> None:
+        self.mode.check_drops()
         with _outside_modes():
             self.schedule.synchronize_event(event)
         self.tracker.synchronize_event(event)
 
     def synchronize_device(self) -> None:
+        self.mode.check_drops()
         with _outside_modes():
             self.schedule.synchronize_device()
         self.tracker.synchronize_device()
@@ -83,10 +86,12 @@ class AsyncWork:
         self.schedule.record_event(event, stream)
 
     def wait_event(self, stream: int, event: int) -> None:
+        self.mode.check_drops()
         self.tracker.wait_event(stream, event)
         self.schedule.wait_event(stream, event)
 
     def wait_stream(self, stream: int, other: int) -> None:
+        self.mode.check_drops()
         self.tracker.wait_stream(stream, other)
         self.schedule.wait_stream(stream, other)
 
