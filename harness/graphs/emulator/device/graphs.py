@@ -71,6 +71,7 @@ class EmulatedCUDAGraph:
         except BaseException:
             host.end_capture()
             raise
+        host.notify_capture_begin(self, stream, capture_error_mode)
         self._arena, self._session = arena, session
         self.capture_error_mode = capture_error_mode
 
@@ -84,8 +85,14 @@ class EmulatedCUDAGraph:
             if sys.exc_info()[1] is not None:
                 # Called from torch.cuda.graph's __exit__ while the captured code's exception
                 # propagates: drop the capture and let that exception be the one the caller sees.
+                self._host.notify_capture_end(self, aborted=True)
                 session.abort()
                 return
+            try:
+                self._host.notify_capture_end(self, aborted=False)  # may raise: unjoined work
+            except BaseException:
+                session.abort()
+                raise
             recording = session.end(stacklevel=4)
         finally:
             self._host.end_capture()
@@ -112,6 +119,7 @@ class EmulatedCUDAGraph:
 
     def reset(self) -> None:
         if self._session is not None:
+            self._host.notify_capture_end(self, aborted=True)
             self._session.abort()
             self._session = None
             self._host.end_capture()

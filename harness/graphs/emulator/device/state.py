@@ -18,6 +18,8 @@ calling thread:
 - `on_host_read(what, tensor)`: the host read a pinned host tensor without the dispatcher
   (`tolist`, `item`, `numpy`): a non_blocking copy into it may still be pending.
 - `on_replay(graph, stream)`: a graph replay was issued.
+- `on_capture_begin(graph, stream, capture_error_mode)` once the recorder is in place;
+  `on_capture_end(graph, aborted)` before it is removed (it may raise when not `aborted`).
 - `issue_replay(graph, recording, run, stream)`: the first observer with this method runs the
   replay (`run(recording)`) when its stream gets to it; without one it runs at once.
 
@@ -130,6 +132,16 @@ class DeviceState:
 
     def notify_replay(self, graph) -> None:
         self._tell("on_replay", graph, self.streams.current())
+
+    def notify_capture_begin(self, graph, stream, mode: str) -> None:
+        self._tell("on_capture_begin", graph, stream, mode)
+
+    def notify_capture_end(self, graph, *, aborted: bool) -> None:
+        """Observers may raise (a capture ending with unjoined work) unless `aborted`."""
+        for observer in tuple(self.observers):
+            hook = getattr(observer, "on_capture_end", None)
+            if hook is not None:
+                hook(graph, aborted)
 
     def issue_replay(self, graph, recording, run) -> None:
         """Run `run(recording)`, the replay of `graph`, or hand it to the observer that issues

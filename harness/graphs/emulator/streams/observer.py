@@ -7,6 +7,7 @@ from __future__ import annotations
 from typing import Any
 
 from harness.graphs.emulator.callsite import current_callsite
+from harness.graphs.emulator.streams.capture import CaptureStreams
 from harness.graphs.emulator.streams.work import AsyncWork
 
 RACE_MODES = ("strict", "report", "off")
@@ -21,6 +22,7 @@ class DeviceStreams:
 
     def __init__(self, state: Any, *, schedule: str, races: str) -> None:
         self.state = state
+        self.capture: CaptureStreams | None = None
         self.work = AsyncWork(state.memory, lambda: stream_key(state.streams.current()),
                               state.capturing, schedule=schedule, races=races)
 
@@ -39,8 +41,23 @@ class DeviceStreams:
     def on_host_read(self, what: str, tensor) -> None:
         self.work.host_reads(tensor, f"Tensor.{what} on the host", current_callsite())
 
+    def on_capture_begin(self, graph, stream, mode: str) -> None:
+        self.capture = CaptureStreams(self.state, stream, mode, stream_key)
+        self.capture.__enter__()
+
+    def on_capture_end(self, graph, aborted: bool) -> None:
+        capture, self.capture = self.capture, None
+        if capture is None:
+            return
+        capture.__exit__(None, None, None)
+        if not aborted:
+            error = capture.end_error()
+            if error is not None:
+                raise error
+
     def on_stream(self, what: str, stream, other) -> None:
-        if self.state.capturing():
+        if self.capture is not None:
+            self._capture_stream_op(what, stream, other)
             return  # inside a capture nothing runs: fork and join are the capture's business
         work = self.work
         if what == "wait_stream":
@@ -57,6 +74,15 @@ class DeviceStreams:
                 work.synchronize_event(other.event_id)
         elif what == "record_stream":
             work.record_stream(other, stream_key(stream))
+
+    def _capture_stream_op(self, what: str, stream, other) -> None:
+        capture = self.capture
+        if what == "wait_stream":
+            capture.wait_stream(stream, other)
+        elif what == "wait_event" and other.recorded_on is not None:
+            capture.wait_event(stream, other.event_id)
+        elif what == "record_event":
+            capture.record_event(other.event_id, stream)
 
     def issue_replay(self, graph, recording, run, stream) -> None:
         recording.refuse_unreplayable()  # freed or moved memory raises at the call, not later
