@@ -20,15 +20,15 @@ import torch
 import torch.distributed as dist
 import torch.distributed._functional_collectives as funcol
 
+from harness.runtime.async_io import all_reduce_in_graph
+
 STEPS = 5
 ROWS, WIDTH = 4, 8
 
 
 def process_group_step(x: torch.Tensor, weight: torch.Tensor, gathered: torch.Tensor):
     def step():
-        hidden = x @ weight
-        work = dist.all_reduce(hidden, async_op=True)
-        work.wait()
+        hidden = all_reduce_in_graph(x @ weight)
         dist.all_gather_into_tensor(gathered, torch.relu(hidden) * (dist.get_rank() + 1))
         return hidden * 2, gathered.sum(dim=0)
     return step
@@ -104,6 +104,8 @@ def main(argv: list[str]) -> int:
         from harness.graphs import get_backend
         from harness.runtime.comm import TorchDistributedComm
 
+        from harness.faults import inherited_fault
+
         backend = get_backend("emulated" if device.type == "cpu" else "cuda", device)
         torch.manual_seed(0)
         weight = torch.randn(WIDTH, WIDTH, device=device)
@@ -116,12 +118,13 @@ def main(argv: list[str]) -> int:
             "unwaited_functional": lambda: capture_error(backend, unwaited_functional_step(x)),
             "disagreement": lambda: disagreement(TorchDistributedComm(device), rank),
         }
-        for name, run in scenarios.items():
-            try:
-                results[name] = run()
-            except Exception:
-                results[name] = {"error": traceback.format_exc()}
-                raise  # the peer may be waiting in a collective: stop rather than run on
+        with inherited_fault(backend.name):  # a fault the parent session planted reaches the ranks
+            for name, run in scenarios.items():
+                try:
+                    results[name] = run()
+                except Exception:
+                    results[name] = {"error": traceback.format_exc()}
+                    raise  # the peer may be waiting in a collective: stop rather than run on
     finally:
         with open(out, "w") as handle:
             json.dump(results, handle)
