@@ -19,6 +19,7 @@ from typing import Callable
 import torch
 
 from harness.bench._report import append_section, machine_line
+from harness.bench._tracking import TRACKING_TARGET, measure_tracking, render_tracking
 from harness.bench._tiny_decoder import TinyDecoder, TinyDecoderConfig
 from harness.graphs import get_backend
 
@@ -140,6 +141,9 @@ def main(argv: list[str]) -> int:
                              "and more threads only add OpenMP noise on a shared machine)")
     parser.add_argument("--case", choices=sorted(CASES), action="append",
                         help="run only this case (repeatable; default all)")
+    parser.add_argument("--no-tracking", action="store_true",
+                        help="skip the replay with stream tracking on vs off on the emulated "
+                             f"CUDA device (target <= {TRACKING_TARGET:.2f}x)")
     parser.add_argument("--output", default="docs/benchmarks.md", help="file the table is appended to")
     parser.add_argument("--no-write", action="store_true", help="print only; do not append to --output")
     parser.add_argument("--check", action="store_true",
@@ -156,10 +160,16 @@ def main(argv: list[str]) -> int:
     try:
         timings = [measure(case, batch=args.batch, iters=args.iters, warmup=args.warmup)
                    for case in (args.case or list(CASES))]
+        tracking = None if args.no_tracking else measure_tracking(
+            median_ms, batch=args.batch, iters=args.iters, warmup=args.warmup)
     finally:
         torch.set_num_threads(threads)  # main() also runs inside test processes
     table = render(timings, batch=args.batch, iters=args.iters)
     missed = [t.case for t in timings if t.ratio > TARGET]
+    if tracking is not None:
+        table += "\n\n" + render_tracking(tracking, batch=args.batch, iters=args.iters)
+        if tracking.ratio > TRACKING_TARGET:
+            missed.append("replay with stream tracking")
     print(table)
     print(machine_line())
     print(f"target ratio <= {TARGET:.2f}: " + (f"missed by {', '.join(missed)}" if missed else "met"))

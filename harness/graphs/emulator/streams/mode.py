@@ -18,7 +18,7 @@ from torch.utils._pytree import tree_flatten, tree_map_only
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from harness.graphs.emulator import opinfo
-from harness.graphs.emulator.callsite import current_callsite
+from harness.graphs.emulator.callsite import callsite_later, current_callsite
 from harness.graphs.emulator.opinfo import OpKind
 from harness.graphs.emulator.streams.accesses import (blocks_host, changes_metadata, is_seeded,
                                                       split_accesses)
@@ -104,7 +104,7 @@ class StreamWork(TorchDispatchMode):
     def _device_op(self, func, args, kwargs, kind: OpKind, targets_device: bool) -> Any:
         stream = self.stream()
         reads, writes = split_accesses(func, args, kwargs, self._tracked)
-        name, where = opinfo.op_name(func), current_callsite()
+        name, where = opinfo.op_name(func), callsite_later()
         for t in (*reads, *writes):
             self._label(t)
         seq = self.tracker.launch(stream, [storage_key(t) for t in reads],

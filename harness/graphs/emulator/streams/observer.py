@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from harness.graphs.emulator.callsite import current_callsite
+from harness.graphs.emulator.callsite import callsite_later, current_callsite
 from harness.graphs.emulator.streams.capture import CaptureStreams
 from harness.graphs.emulator.streams.work import AsyncWork
 
@@ -86,16 +86,9 @@ class DeviceStreams:
 
     def issue_replay(self, graph, recording, run, stream) -> None:
         recording.refuse_unreplayable()  # freed or moved memory raises at the call, not later
-        # A replay that waits in its stream's queue holds the memory it uses, as the caching
-        # allocator holds a block that queued work still uses.
-        held = recording.external_storages()
-
-        def replay() -> None:
-            run(recording)
-            held.clear()
-
-        self.work.replay(stream_key(stream), recording.reads, recording.writes, replay,
-                         name=f"CUDAGraph {id(graph):#x}", where=current_callsite())
+        self.work.replay(stream_key(stream), recording.reads, recording.writes,
+                         lambda: run(recording), name=f"CUDAGraph {id(graph):#x}",
+                         where=callsite_later(), hold=recording.external_storages)
 
     # --- what the device's stream and event API asks ------------------------------------------
 

@@ -56,7 +56,7 @@ class Access:
     participant: int
     seq: int
     op: str
-    where: str
+    where: object  # "file:line: source", or a callsite written out when a report names it
 
     def describe(self) -> str:
         by = "the host" if self.participant == HOST else f"stream {self.participant}"

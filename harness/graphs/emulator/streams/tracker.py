@@ -46,29 +46,34 @@ class StreamTracker:
                op: str = "", where: str = "") -> int:
         """A device op on `stream` reading and writing the given storages; returns its seq."""
         seq = self.clocks.launch(stream)
-        written = set(writes)
+        written = writes if isinstance(writes, (set, frozenset)) else set(writes)
         storages = self._storages
+        ordered = self.clocks.ordered
+        read_access = Access(False, stream, seq, op, where)
         for key in reads:
             if key in written:
                 continue
             state = storages.get(key)
             if state is None:
                 state = storages[key] = _StorageState()
-            access = Access(False, stream, seq, op, where)
             previous = state.write
-            if previous is not None and not self.clocks.ordered(stream, previous.participant, previous.seq):
-                self._race(RaceKind.UNSYNCHRONIZED_STREAMS, key, access, previous)
-            state.reads[stream] = access
-        for key in written:
-            state = storages.get(key)
-            if state is None:
-                state = storages[key] = _StorageState()
-            access = Access(True, stream, seq, op, where)
-            for previous in self._pending_for(stream, state):
-                self._race(RaceKind.UNSYNCHRONIZED_STREAMS, key, access, previous)
-                break
-            state.write = access
-            state.reads = {}
+            if previous is not None and previous.participant != stream and \
+                    not ordered(stream, previous.participant, previous.seq):
+                self._race(RaceKind.UNSYNCHRONIZED_STREAMS, key, read_access, previous)
+            state.reads[stream] = read_access
+        if written:
+            write_access = Access(True, stream, seq, op, where)
+            for key in written:
+                state = storages.get(key)
+                if state is None:
+                    state = storages[key] = _StorageState()
+                elif not self._only_by(stream, state):
+                    for previous in self._pending_for(stream, state):
+                        self._race(RaceKind.UNSYNCHRONIZED_STREAMS, key, write_access, previous)
+                        break
+                state.write = write_access
+                if state.reads:
+                    state.reads = {}
         return seq
 
     def record_write(self, key: int, stream: int, seq: int, *, op: str = "", where: str = "") -> None:
@@ -79,6 +84,14 @@ class StreamTracker:
         state.write = Access(True, stream, seq, op, where)
         state.reads = {}
         state.recorded_streams.clear()
+
+    @staticmethod
+    def _only_by(stream: int, state: _StorageState) -> bool:
+        """Whether only `stream` touched the storage since its last write (the common case of a
+        replay after a replay on the same stream): nothing to check."""
+        write, reads = state.write, state.reads
+        return ((write is None or write.participant == stream)
+                and (not reads or (len(reads) == 1 and stream in reads)))
 
     def _pending_for(self, participant: int, state: _StorageState) -> list[Access]:
         """The accesses to a storage that `participant` is not ordered after (host accesses never

@@ -112,12 +112,22 @@ class AsyncWork:
     # --- graphs ------------------------------------------------------------------------------
 
     def replay(self, stream: int, reads: Iterable[int], writes: Iterable[int],
-               run: Callable[[], None], *, name: str = "a graph", where: str = "") -> None:
-        """A graph replay issued to `stream`: one op over every storage its recording touches."""
+               run: Callable[[], None], *, name: str = "a graph", where: object = "",
+               hold: Callable[[], list] | None = None) -> None:
+        """A graph replay issued to `stream`: one op over every storage its recording touches.
+        A replay that waits in its stream's queue keeps what `hold()` returns alive until it
+        runs (the memory it uses but does not own, as the caching allocator keeps a block that
+        queued work uses)."""
         seq = self.tracker.launch(stream, reads, writes, op=f"replay of {name}", where=where)
         with _outside_modes():
             if self.schedule.defers(stream):
-                self.schedule.queue(stream, seq, run)
+                held = hold() if hold is not None else []
+
+                def run_holding() -> None:
+                    run()
+                    held.clear()
+
+                self.schedule.queue(stream, seq, run_holding)
             else:
                 run()
                 self.schedule.ran(stream, seq)
