@@ -143,12 +143,31 @@ def cmd_lint(args) -> int:
     from harness.check.lint import lint_target
 
     try:
-        report = lint_target(args.target, factory=args.factory)
+        with _emulated_cuda(args.emulate_cuda):
+            report = lint_target(args.target, factory=args.factory)
     except (ImportError, AttributeError, ValueError) as error:
         print(f"harness lint: {error}", file=sys.stderr)
         return 2
     print(report)
     return 0 if report.clean else 1
+
+
+def _emulated_cuda(on: bool):
+    """`harness.emulate_cuda()` for the duration when `on` (the verbs' --emulate-cuda)."""
+    import contextlib
+
+    if not on:
+        return contextlib.nullcontext()
+    from harness import emulate_cuda
+
+    return emulate_cuda()
+
+
+def _emulate_cuda_option(parser: argparse.ArgumentParser, what: str) -> None:
+    parser.add_argument("--emulate-cuda", action="store_true",
+                        help=f"{what} inside harness.emulate_cuda(): code written for CUDA runs "
+                             f"unmodified (the emulated CUDA device without a GPU, the graph "
+                             f"sanitizer with one)")
 
 
 def _commit(root: Path) -> str:
@@ -209,7 +228,9 @@ def cmd_repro(args) -> int:
     kind = "scenario" if record.scenario is not None else "pytest"
     print(f"[repro] {record.node_id} ({kind}, {record.backend}{fault}; recorded with torch {record.torch})",
           file=sys.stderr, flush=True)
-    result = replay(record, without_fault=args.without_fault)
+    with _emulated_cuda(args.emulate_cuda and record.scenario is not None):
+        result = replay(record, without_fault=args.without_fault,
+                        extra_options=("--emulate-cuda",) if args.emulate_cuda else ())
     print(result.report)
     print(f"[repro] {'passes' if result.ok else 'still fails'}", file=sys.stderr)
     return 0 if result.ok else 1
@@ -267,6 +288,7 @@ def build_parser() -> argparse.ArgumentParser:
     lint.add_argument("target", help="MODULE:CALLABLE, a callable taking no arguments (the step to lint)")
     lint.add_argument("--factory", action="store_true",
                       help="CALLABLE() builds the step (model, buffers) and returns the callable to lint")
+    _emulate_cuda_option(lint, "lint")
     lint.set_defaults(func=cmd_lint)
 
 
@@ -287,6 +309,7 @@ def build_parser() -> argparse.ArgumentParser:
     repro.add_argument("file", type=Path)
     repro.add_argument("--without-fault", action="store_true",
                        help="replay without the planted fault the file names")
+    _emulate_cuda_option(repro, "replay")
     repro.set_defaults(func=cmd_repro)
 
     bench = verbs.add_parser("bench", help="run a benchmark from harness.bench")

@@ -256,6 +256,8 @@ def write_repro_file(item: pytest.Item, report: pytest.TestReport, folder: Path)
     config = item.config
     backend = resolve_backend(config.getoption("graph_backend"))
     options = [f"--graph-backend={backend}"]
+    if config.getoption("emulate_cuda", default=False):
+        options.append("--emulate-cuda")
     profile = config.getoption("hypothesis_profile", default=None)
     seed = config.getoption("hypothesis_seed", default=None)
     if profile:

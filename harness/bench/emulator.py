@@ -4,7 +4,8 @@ asks at most 0.9x for the reference model's decode step, which this does not tim
 
 Two steps are timed: a hand-written Llama-shaped step over a static KV cache, and transformers'
 LlamaForCausalLM (seeded random weights, no download) with a StaticCache. Each ratio comes from one
-run: the median of many timed iterations after warmup.
+run: the median of many timed iterations after warmup. A second table (emulated_device.py) times
+the same steps on the emulated CUDA device against CPU eager.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ import torch
 from harness.bench._report import append_section, machine_line
 from harness.bench._tracking import TRACKING_TARGET, measure_tracking, render_tracking
 from harness.bench._tiny_decoder import TinyDecoder, TinyDecoderConfig
+from harness.bench.emulated_device import EAGER_TARGET, measure_device, render_device
 from harness.graphs import get_backend
 
 TARGET = 1.0
@@ -53,17 +55,17 @@ def median_ms(*fns: Callable[[], object], iters: int, warmup: int) -> list[float
     return [statistics.median(times) * 1e3 for times in samples]
 
 
-def _hand_written(batch: int) -> tuple[Callable, Callable]:
+def _hand_written(batch: int, device: str = "cpu") -> tuple[Callable, Callable]:
     """(eager step, capture fn) on two decoders with the same weights and inputs."""
     config = TinyDecoderConfig(batch=batch)
-    eager, graphed = TinyDecoder(config, seed=0), TinyDecoder(config, seed=0)
+    eager, graphed = TinyDecoder(config, seed=0, device=device), TinyDecoder(config, seed=0, device=device)
     for decoder in (eager, graphed):
         decoder.tokens.copy_(torch.arange(batch) * 7 % config.vocab)
         decoder.positions.copy_(torch.arange(batch) % config.max_seq)
     return eager.step, graphed.step
 
 
-def _transformers_llama(batch: int) -> tuple[Callable, Callable]:
+def _transformers_llama(batch: int, device: str = "cpu") -> tuple[Callable, Callable]:
     from transformers import LlamaConfig, LlamaForCausalLM, StaticCache
 
     shape = TinyDecoderConfig()  # the same shape as the hand-written case
@@ -72,12 +74,12 @@ def _transformers_llama(batch: int) -> tuple[Callable, Callable]:
                          intermediate_size=shape.intermediate, vocab_size=shape.vocab,
                          max_position_embeddings=128)
     torch.manual_seed(0)
-    model = LlamaForCausalLM(config).to(torch.bfloat16).eval()
+    model = LlamaForCausalLM(config).to(torch.bfloat16).to(device).eval()
 
     def step_on(cache: StaticCache) -> Callable[[], torch.Tensor]:
-        tokens = (torch.arange(batch) * 7 % config.vocab_size)[:, None]
-        positions = torch.full((batch, 1), 3)
-        cache_position = torch.tensor([3])
+        tokens = (torch.arange(batch, device=device) * 7 % config.vocab_size)[:, None]
+        positions = torch.full((batch, 1), 3, device=device)
+        cache_position = torch.tensor([3], device=device)
         kwargs = dict(input_ids=tokens, position_ids=positions, cache_position=cache_position,
                       past_key_values=cache, use_cache=True)
         with torch.inference_mode(), warnings.catch_warnings():
@@ -100,7 +102,7 @@ def _transformers_llama(batch: int) -> tuple[Callable, Callable]:
             step_on(StaticCache(config=config, max_cache_len=64)))
 
 
-CASES: dict[str, Callable[[int], tuple[Callable, Callable]]] = {
+CASES: dict[str, Callable[..., tuple[Callable, Callable]]] = {
     "hand-written decode step": _hand_written,
     "transformers Llama decode step": _transformers_llama,
 }
@@ -146,6 +148,8 @@ def main(argv: list[str]) -> int:
                              f"CUDA device (target <= {TRACKING_TARGET:.2f}x)")
     parser.add_argument("--output", default="docs/benchmarks.md", help="file the table is appended to")
     parser.add_argument("--no-write", action="store_true", help="print only; do not append to --output")
+    parser.add_argument("--no-device", action="store_true",
+                        help="skip the emulated CUDA device's table (eager on it vs CPU eager)")
     parser.add_argument("--check", action="store_true",
                         help=f"exit 1 when a ratio is above the target {TARGET:.2f}")
     args = parser.parse_args(argv)
@@ -160,12 +164,19 @@ def main(argv: list[str]) -> int:
     try:
         timings = [measure(case, batch=args.batch, iters=args.iters, warmup=args.warmup)
                    for case in (args.case or list(CASES))]
+        device_timings = [] if args.no_device else [
+            measure_device(case, CASES[case], batch=args.batch, iters=args.iters, warmup=args.warmup)
+            for case in (args.case or list(CASES))]
         tracking = None if args.no_tracking else measure_tracking(
             median_ms, batch=args.batch, iters=args.iters, warmup=args.warmup)
     finally:
         torch.set_num_threads(threads)  # main() also runs inside test processes
     table = render(timings, batch=args.batch, iters=args.iters)
+    if device_timings:
+        table += "\n\n" + render_device(device_timings, batch=args.batch, iters=args.iters)
     missed = [t.case for t in timings if t.ratio > TARGET]
+    missed += [f"{t.case} (device eager)" for t in device_timings if t.eager_ratio > EAGER_TARGET]
+    missed += [f"{t.case} (device replay)" for t in device_timings if t.replay_ratio > TARGET]
     if tracking is not None:
         table += "\n\n" + render_tracking(tracking, batch=args.batch, iters=args.iters)
         if tracking.ratio > TRACKING_TARGET:

@@ -123,15 +123,23 @@ def capture_lint(fn: Callable[[], Any], *, context: tuple[Any, ...] = (), name: 
     modules' parameters and buffers are not reported as external memory, and their other tensors
     are named by path in the report (`Engine.metadata.positions`)."""
     owners = _reachable(fn) + [obj for c in context for obj in [c, *_reachable_from(c)]]
-    device = torch.device(device) if device is not None else _device_of(owners)
+    device = torch.device(device) if device is not None else (_closure_device(fn) or _device_of(owners))
     exempt = {_storage(t) for m in owners if isinstance(m, nn.Module)
               for t in [*m.parameters(), *m.buffers()]}
     names = _tensor_names(owners)
-    recorder = _LintRecorder(PoolArena(device), device, exempt, names)
     stopped = None
-    # On a cpu device host and device tensors share memory; HostTensors tells them apart.
-    host_tensors = HostTensors(report=lambda op, message: recorder.hazard(HOST_COPY, op, message)) \
-        if device.type == "cpu" else contextlib.nullcontext()
+    emulated = _emulated_device(device)
+    if emulated is not None:
+        # The emulated CUDA device: its memory lives on the cpu, its registry says what is device
+        # memory, and the device reports what it refuses (copies) to the lint instead of raising.
+        recorder = _LintRecorder(PoolArena(emulated.storage_device), emulated.storage_device,
+                                 exempt, names, memory=emulated.memory, kernel_device=device)
+        host_tensors = _device_reports_to(emulated, recorder)
+    else:
+        recorder = _LintRecorder(PoolArena(device), device, exempt, names)
+        # On a cpu device host and device tensors share memory; HostTensors tells them apart.
+        host_tensors = HostTensors(report=lambda op, message: recorder.hazard(HOST_COPY, op, message)) \
+            if device.type == "cpu" else contextlib.nullcontext()
     with torch.inference_mode(torch.is_inference_mode_enabled()), _host_reads_recorded(recorder), \
             host_tensors, recorder:
         try:
@@ -159,9 +167,30 @@ def lint_target(target: str, *, factory: bool = False) -> LintReport:
     return capture_lint(fn, name=target)
 
 
+def _emulated_device(device: torch.device):
+    """The emulated CUDA device's state when `device` is one of its devices, else None."""
+    from harness.graphs.emulator.device import emulation_active
+    from harness.graphs.emulator.device.session import active_state
+
+    return active_state() if device.type == "cuda" and emulation_active() == "cpu" else None
+
+
+@contextlib.contextmanager
+def _device_reports_to(state, recorder: "_LintRecorder"):
+    def report(op: str, message: str) -> None:
+        recorder.hazard(HOST_COPY if "cop" in message else REFUSED, op, message.split(" (at ")[0])
+
+    state.reporter = report
+    try:
+        yield
+    finally:
+        state.reporter = None
+
+
 class _LintRecorder(Recorder):
-    def __init__(self, arena: PoolArena, device: torch.device, exempt: set[int], names: dict[int, str]) -> None:
-        super().__init__(arena, device)
+    def __init__(self, arena: PoolArena, device: torch.device, exempt: set[int], names: dict[int, str],
+                 memory=None, kernel_device: torch.device | None = None) -> None:
+        super().__init__(arena, device, memory, kernel_device)
         self._hazards: dict[tuple[str, str, str], Hazard] = {}
         self._exempt = exempt
         self._names = names
@@ -187,7 +216,7 @@ class _LintRecorder(Recorder):
             self._lifted.add(_storage(args[0]))
         self._note_external(func, args, kwargs)
         reason = opinfo.sync_reason(func, args, kwargs)
-        copy = opinfo.copy_reason(func, args, kwargs, self.device)
+        copy = opinfo.copy_reason(func, args, kwargs, self.device, self.memory)
         if reason or copy:
             kind = HOST_COPY if copy else (HOST_SYNC if "sync" in reason else DYNAMIC_SHAPE)
             self.hazard(kind, name, reason or copy)
@@ -223,7 +252,7 @@ class _LintRecorder(Recorder):
             storage = _storage(t)
             if storage in self._exempt or storage in self._lifted or storage in self._seen_external:
                 continue
-            if t.dim() == 0 and t.device.type == "cpu" and self.device.type != "cpu":
+            if t.dim() == 0 and not self.memory.all_device and not self.memory.is_device(t):
                 continue  # a host scalar argument, passed by value
             self._seen_external.add(storage)
             self.external_reads.append(ExternalRead(self._names.get(t.data_ptr(), "<unnamed tensor>"), tuple(t.shape),
@@ -236,7 +265,9 @@ def _host_reads_recorded(recorder: _LintRecorder) -> contextlib.AbstractContextM
     def guarded(name: str, original: Callable) -> Callable:
         @functools.wraps(original)
         def read(self: torch.Tensor, *args, **kwargs):
-            if self.device.type == recorder.device.type and not _is_internal_caller():
+            on_device = (self.device.type == recorder.device.type if recorder.memory.all_device
+                         else recorder.memory.is_device(self))
+            if on_device and not _is_internal_caller():
                 recorder.hazard(HOST_SYNC, f"Tensor.{name}", f"reads {self.device} data on the host")
             return original(self, *args, **kwargs)
         return read
@@ -340,3 +371,13 @@ def _device_of(owners: list[Any]) -> torch.device:
             for p in owner.parameters():
                 return p.device
     return torch.device("cpu")
+
+
+def _closure_device(fn: Any) -> torch.device | None:
+    """The device of the first accelerator tensor in the callable's closure (a step over bare
+    buffers, without a module), or None."""
+    for cell in getattr(fn, "__closure__", None) or ():
+        value = cell.cell_contents if _has_contents(cell) else None
+        if isinstance(value, torch.Tensor) and value.device.type != "cpu":
+            return value.device
+    return None

@@ -18,9 +18,11 @@ class ReplayResult:
     report: str
 
 
-def replay(record: ReproRecord, *, without_fault: bool = False, root: Path | None = None) -> ReplayResult:
+def replay(record: ReproRecord, *, without_fault: bool = False, root: Path | None = None,
+           extra_options: tuple[str, ...] = ()) -> ReplayResult:
     """A scenario runs in this process (the fault planted for the duration, unless `without_fault`);
-    any other test re-runs alone under pytest with its recorded options."""
+    any other test re-runs alone under pytest with its recorded options and `extra_options`
+    (`--emulate-cuda`) not recorded already."""
     fault = None if without_fault else record.fault
     if record.scenario is not None:
         if fault is None:
@@ -36,7 +38,7 @@ def replay(record: ReproRecord, *, without_fault: bool = False, root: Path | Non
         recorded = Path(record.root) if record.root else None
         # A file carried to another checkout re-runs against that checkout's suites.
         root = recorded if recorded is not None and recorded.is_dir() else _project_root()
-    return _rerun_test(record, fault, root)
+    return _rerun_test(record, fault, root, extra_options)
 
 
 def _project_root() -> Path:
@@ -45,9 +47,10 @@ def _project_root() -> Path:
     return project_root()
 
 
-def _rerun_test(record: ReproRecord, fault: str | None, root: Path) -> ReplayResult:
+def _rerun_test(record: ReproRecord, fault: str | None, root: Path,
+                extra_options: tuple[str, ...] = ()) -> ReplayResult:
     cmd = [sys.executable, "-m", "pytest", record.node_id, "-p", "no:xdist", "-q",
-           *record.pytest_options]
+           *record.pytest_options, *(o for o in extra_options if o not in record.pytest_options)]
     if fault is not None:
         cmd += ["--plant-fault", fault]
     env = {k: v for k, v in os.environ.items() if not k.startswith("PYTEST_")}

@@ -64,8 +64,10 @@ class _RngRecording:
         asked = "a fresh random seed" if seed is None else f"seed {seed}"
         raise CaptureError(at_callsite(
             f"{call} during capture reseeds the {self.device} generator the graph draws from with "
-            f"{asked}, but it was seeded with {current}; CUDA refuses this (a graph cannot change "
-            f"its seed), and allows only the same seed: seed before capture", current_callsite()),
+            f"{asked}, but it was seeded with {current}; CUDA refuses this (\"CUDAGeneratorImpl::"
+            f"set_current_seed can be called during stream capture only if new seed is the same as "
+            f"the original seed.\"), and allows only the same seed: seed before capture",
+            current_callsite()),
             op=call)
 
 

@@ -70,7 +70,18 @@ def saved_tensor_hooks_with_placement(state, original):
                 return hook(*args)
         return run
 
+    def pack_on_device(pack_hook):
+        run = with_placement(pack_hook)
+
+        def pack(tensor):
+            # Called inside the op that saves `tensor` (often its own output, not yet marked):
+            # inside a device op every tensor is device memory.
+            if state.memory.call_on_device and isinstance(tensor, torch.Tensor):
+                state.memory.mark_device(tensor)
+            return run(tensor)
+        return pack
+
     def push(pack_hook, unpack_hook):
-        return original(with_placement(pack_hook), with_placement(unpack_hook))
+        return original(pack_on_device(pack_hook), with_placement(unpack_hook))
 
     return push

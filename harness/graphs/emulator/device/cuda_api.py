@@ -9,10 +9,12 @@ cpu tensors), so `torch.cuda.manual_seed` and `torch.manual_seed` seed the same 
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 from typing import Any, Callable
 
 import torch
+import torch.accelerator
 import torch.cuda.graphs
 import torch.cuda.memory
 import torch.cuda.random
@@ -229,6 +231,27 @@ def patches(state) -> list[tuple[Any, str, Any]]:
     def initial_seed() -> int:
         return generator.initial_seed()
 
+    def _cuda_setStream(stream_id: int = 0, device_index: int = 0, device_type: int = 1) -> None:
+        stream = streams.by_id.get((stream_id, device_index))
+        if stream is None:
+            stream = streams.default(device_index) if stream_id == 0 else Stream(
+                device_index, stream_id=stream_id)
+        streams.set_current(stream)
+        state.current_index = stream.device_index
+
+    # torch._C's own names, which torch's Python helpers (and torch.testing's TestCase) call.
+    # Each its own function object: torch._dynamo's trace rules refuse one object under two names.
+    private = {
+        "_cuda_setStream": _cuda_setStream,
+        "_cuda_setDevice": lambda device: set_device(device),
+        "_cuda_getDevice": lambda: current_device(),
+        "_cuda_clearCublasWorkspaces": lambda: None,
+        "_cuda_emptyCache": lambda: None,
+        "_cuda_synchronize": lambda: synchronize(),
+        "_cuda_isCurrentStreamCapturing": lambda: is_current_stream_capturing(),
+        "_host_emptyCache": lambda: None,
+    }  # not _cuda_getDeviceCount: torch.cuda._is_compiled() asks for it to tell a CUDA build
+
     from harness.graphs.emulator.device.session import CUDAGraph
 
     api: dict[str, Callable] = {
@@ -255,21 +278,57 @@ def patches(state) -> list[tuple[Any, str, Any]]:
         "get_arch_list": lambda: [f"sm_{props.major}{props.minor}"],
         "current_blas_handle": lambda: 0, "ipc_collect": lambda: None,
     }
+    accelerator = {
+        "is_available": lambda: True, "device_count": lambda: props.count,
+        "current_accelerator": lambda check_available=False: torch.device("cuda"),
+        "current_device_index": lambda: state.current_index,
+        "current_device_idx": lambda: state.current_index,
+        "set_device_index": lambda device: set_device(device),
+        "set_device_idx": lambda device: set_device(device),
+        "current_stream": lambda device=None: streams.current(device),
+        "set_stream": lambda stream: set_stream(stream),
+        "synchronize": lambda device=None: synchronize(device),
+        "memory_allocated": lambda device=None: memory_allocated(device),
+        "max_memory_allocated": lambda device=None: max_memory_allocated(device),
+        "memory_reserved": lambda device=None: memory_allocated(device),
+        "max_memory_reserved": lambda device=None: max_memory_allocated(device),
+        "reset_peak_memory_stats": lambda device=None: reset_peak_memory_stats(device),
+        "memory_stats": lambda device=None: memory_stats(device),
+        "empty_cache": lambda: None,
+    }
+    api = _distinct(api)
     out: list[tuple[Any, str, Any]] = [(torch.cuda, name, fn) for name, fn in api.items()]
     for module in (torch.cuda.memory, torch.cuda.random, torch.cuda.streams, torch.cuda.graphs):
         out += [(module, name, fn) for name, fn in api.items() if name in module.__dict__]
+    out += [(torch.accelerator, name, fn) for name, fn in accelerator.items()
+            if name in torch.accelerator.__dict__]
     out += [
         (torch.cuda, "default_generators", (generator,) * props.count),
         (torch.cuda.graph, "default_capture_stream", None),
         (torch.version, "cuda", "12.8"),
-        (torch._C, "_host_emptyCache", lambda: None),
-        # The argument parser refuses an emulated Stream before any mode could see the call.
-        (torch.Tensor, "record_stream", lambda tensor, stream: state.streams.record_stream(tensor, stream)),
+        *[(torch._C, name, fn) for name, fn in private.items()],
+        # The optimizers' capture health check and others ask whether torch was built with CUDA.
+        (torch.backends.cuda, "is_built", lambda: True),
+        # Its C++ argument parser takes only torch's own Stream type.
+        (torch.Tensor, "record_stream", lambda self, stream: streams.record_stream(self, stream)),
         (torch.autograd, "_engine_run_backward",
          engine_with_placement(state, torch.autograd._engine_run_backward)),
         (torch._C._autograd, "_push_saved_tensors_default_hooks", saved_tensor_hooks_with_placement(
             state, torch._C._autograd._push_saved_tensors_default_hooks)),
     ]
+    return out
+
+
+def _distinct(api: dict[str, Any]) -> dict[str, Any]:
+    """Each name its own function object (an alias gets a wrapper): torch._dynamo's trace rules
+    refuse one object known under two names with different rules."""
+    seen: set[int] = set()
+    out = {}
+    for name, fn in api.items():
+        if id(fn) in seen and callable(fn) and not isinstance(fn, type):
+            fn = functools.wraps(fn)(lambda *a, _fn=fn, **k: _fn(*a, **k))
+        seen.add(id(fn))
+        out[name] = fn
     return out
 
 

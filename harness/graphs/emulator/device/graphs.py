@@ -144,10 +144,22 @@ class EmulatedCUDAGraph:
         generators are a documented difference (docs/fidelity.md)."""
 
     def enable_debug_mode(self) -> None:
-        raise NotImplementedError(_NO_CUDA_GRAPH.format("enable_debug_mode()"))
+        """Accepted: an emulated graph keeps its recording anyway, for debug_dump()."""
 
     def debug_dump(self, debug_path: str) -> None:
-        raise NotImplementedError(_NO_CUDA_GRAPH.format("debug_dump()"))
+        """Write the recording as a Graphviz DOT file: one node per recorded call, in replay
+        order (an emulated graph is a sequence; CUDA's dump shows its kernel nodes)."""
+        if self._graph is None:
+            raise RuntimeError("debug_dump() without a preceding successful capture")
+        lines = ["digraph emulated_cuda_graph {"]
+        for i, (fn, _, _) in enumerate(self._graph._steps or ()):
+            name = str(getattr(fn, "__qualname__", None) or getattr(fn, "__name__", None) or fn)
+            lines.append(f'  n{i} [label="{name}"];')
+            if i:
+                lines.append(f"  n{i - 1} -> n{i};")
+        lines.append("}")
+        with open(debug_path, "w") as out:
+            out.write("\n".join(lines) + "\n")
 
     def raw_cuda_graph(self) -> int:
         raise NotImplementedError(_NO_CUDA_GRAPH.format("raw_cuda_graph()"))

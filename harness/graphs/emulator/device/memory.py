@@ -44,7 +44,7 @@ class DeviceMemory:
 
     def is_device(self, t: torch.Tensor) -> bool:
         storage = _storage(t)
-        return storage is not None and getattr(storage, MEMORY_ATTR, None) == DEVICE
+        return storage is not None and getattr(storage, MEMORY_ATTR, None) is DEVICE
 
     def is_pinned(self, t: torch.Tensor) -> bool:
         storage = _storage(t)
@@ -57,8 +57,11 @@ class DeviceMemory:
 
     def mark_device(self, t: torch.Tensor) -> None:
         storage = _storage(t)
-        if storage is None or getattr(storage, MEMORY_ATTR, None) == DEVICE:
-            return
+        if storage is not None and getattr(storage, MEMORY_ATTR, None) is not DEVICE:
+            self.adopt(storage)
+
+    def adopt(self, storage: torch.UntypedStorage) -> None:
+        """Mark `storage` device memory and count its bytes while it lives."""
         setattr(storage, MEMORY_ATTR, DEVICE)
         nbytes = storage.nbytes()
         self._sizes[weakref.ref(storage, self._freed)] = nbytes

@@ -24,6 +24,7 @@ import types
 
 import torch
 from torch.overrides import TorchFunctionMode
+from torch.utils._device import DeviceContext, _device_constructors
 
 from harness.graphs.base import CaptureError
 from harness.graphs.emulator.device import transfers
@@ -31,6 +32,7 @@ from harness.graphs.emulator.device.memory import DEVICE, MEMORY_ATTR, PINNED
 from harness.graphs.emulator.device.rules import CPU, cuda_index, mixed_devices_error, names_cuda
 
 Tensor = torch.Tensor
+_CONSTRUCTORS = _device_constructors()
 _MethodWrapper = types.MethodWrapperType
 _descriptor = torch._C.TensorBase.__dict__.__getitem__
 
@@ -69,49 +71,59 @@ class Placement(TorchFunctionMode):
         self._calls = {
             **transfers.handlers(self),
             Tensor.get_device: self._get_device_index,
+            # Parses a device argument without making a tensor (Module.to): the device stays.
+            torch._C._nn._parse_to: lambda func, args, kwargs: func(*args, **kwargs),
             torch.nn.functional.layer_norm: self._layer_norm,
             torch.layer_norm: self._layer_norm, torch.native_layer_norm: self._layer_norm,
             Tensor.__repr__: self._repr,
-            Tensor.record_stream: self._record_stream,
         }
 
     # --- the hot path ------------------------------------------------------------------------
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
-        if type(func) is _MethodWrapper:  # a property getter: x.shape, x.device, x.grad, ...
+        # The hot path: one Python call per torch call, so the checks are inlined.
+        if type(func) is _MethodWrapper:  # a property: x.shape, x.device, x.grad = g, ...
             getter = self._getters.get(func.__self__)
-            return func(*args) if getter is None else getter(func, args[0])
-        kwargs = kwargs or {}
+            if getter is None or func.__name__ != "__get__":
+                return func(*args)
+            return getter(func, args[0])
         handler = self._calls.get(func)
         if handler is not None:
-            return handler(func, args, kwargs)
-        return self._generic(func, args, kwargs)
+            return handler(func, args, kwargs or {})
+        return self._generic(func, args, {} if kwargs is None else kwargs)
 
     def _generic(self, func, args, kwargs):
+        """The rule for every call without a handler of its own (see the module docstring)."""
+        if func in _CONSTRUCTORS and kwargs.get("device") is None:
+            default = _default_device()
+            if default is not None and default.type == "cuda":
+                kwargs = {**kwargs, "device": default}
         device_in = False
         host = None
-        for a in args:
-            if isinstance(a, Tensor):
-                if _is_device(a):
-                    device_in = True
-                elif host is None and a.dim():
-                    host = a
-            elif type(a) in (list, tuple):
-                for b in a:
-                    if isinstance(b, Tensor):
-                        if _is_device(b):
-                            device_in = True
-                        elif host is None and b.dim():
-                            host = b
-        named_device = False
-        pinned = False
-        if kwargs:
+        try:
+            for a in args:
+                if isinstance(a, Tensor):
+                    if getattr(a.untyped_storage(), MEMORY_ATTR, None) is DEVICE:
+                        device_in = True
+                    elif host is None and a.dim():
+                        host = a
+                elif type(a) is list or type(a) is tuple:
+                    for b in a:
+                        if isinstance(b, Tensor):
+                            if getattr(b.untyped_storage(), MEMORY_ATTR, None) is DEVICE:
+                                device_in = True
+                            elif host is None and b.dim():
+                                host = b
             for v in kwargs.values():
                 if isinstance(v, Tensor):
-                    if _is_device(v):
+                    if getattr(v.untyped_storage(), MEMORY_ATTR, None) is DEVICE:
                         device_in = True
                     elif host is None and v.dim():
                         host = v
+        except (RuntimeError, NotImplementedError):  # a tensor without storage (sparse, nested)
+            device_in, host = _scan(args, kwargs)
+        named_device = pinned = False
+        if kwargs:
             target = kwargs.get("device")
             if target is not None and names_cuda(target):
                 self._check_index(target)
@@ -129,16 +141,28 @@ class Placement(TorchFunctionMode):
             first = "cuda:0" if _first_is_device(args, kwargs) else "cpu"
             raise mixed_devices_error(first, "cpu" if first != "cpu" else "cuda:0")
         if named_device and func in _FROM_HOST_DATA and self.state.capturing():
-            transfers.refuse_host_data(func, args)
+            transfers.refuse_host_data(self.state, func, args)
         # What the call makes inside (a composite's own factories: SDPA's causal mask) is device
         # memory too; the recorder asks this flag for calls without device tensors.
         memory = self.memory
         previous, memory.call_on_device = memory.call_on_device, True
         try:
             out = func(*args, **kwargs)
+        except RuntimeError as error:
+            if "can't allocate memory" in str(error):
+                raise self.state.out_of_memory(error) from error
+            raise
         finally:
             memory.call_on_device = previous
-        self._mark(out, DEVICE)
+        if isinstance(out, Tensor):
+            try:
+                storage = out.untyped_storage()
+                if getattr(storage, MEMORY_ATTR, None) is not DEVICE:
+                    memory.adopt(storage)
+            except (RuntimeError, NotImplementedError):
+                pass
+        elif out is not None:
+            self._mark(out, DEVICE)
         if self.state.observers:
             self.state.notify_op(func, args, kwargs, out)
         return out
@@ -191,10 +215,11 @@ class Placement(TorchFunctionMode):
                 if isinstance(p, Tensor) and p.dtype != x.dtype:
                     text = (f"expected scalar type {_scalar_name(x.dtype)} but found "
                             f"{_scalar_name(p.dtype)}")
-                    if self.state.capturing():
-                        raise CaptureError(f"{text} (CUDA's layer norm kernel takes {name} in the "
-                                           f"input's dtype)", op="aten.native_layer_norm.default")
-                    raise RuntimeError(text)
+                    if not self.state.capturing():
+                        raise RuntimeError(text)
+                    self.state.refuse(CaptureError(f"{text} (CUDA's layer norm kernel takes {name} "
+                                                   f"in the input's dtype)",
+                                                   op="aten.native_layer_norm.default"))
         return self._generic(func, args, kwargs)
 
     def _repr(self, func, args, kwargs) -> str:
@@ -203,8 +228,28 @@ class Placement(TorchFunctionMode):
         with self:  # torch's printer asks `.device`, which this mode answers
             return torch._tensor_str._str(args[0], **kwargs)
 
-    def _record_stream(self, func, args, kwargs) -> None:
-        self.state.streams.record_stream(args[0], args[1] if len(args) > 1 else kwargs["stream"])
+def _default_device() -> torch.device | None:
+    """The device of `torch.set_default_device` / `with torch.device(...)`: a DeviceContext, which
+    torch keeps at the bottom of the mode stack, below this mode, so it would name the device only
+    after this mode has placed the call."""
+    if torch._C._len_torch_function_stack() == 0:
+        return None
+    bottom = torch._C._get_function_stack_at(0)
+    return bottom.device if isinstance(bottom, DeviceContext) else None
+
+
+def _scan(args: tuple, kwargs: dict) -> tuple[bool, Tensor | None]:
+    """The hot path's scan, for tensors that may lack a storage: (any device tensor, the first
+    host tensor of one or more dimensions)."""
+    device_in, host = False, None
+    for a in (*args, *kwargs.values()):
+        for t in (a if type(a) in (list, tuple) else (a,)):
+            if isinstance(t, Tensor):
+                if _is_device(t):
+                    device_in = True
+                elif host is None and t.dim():
+                    host = t
+    return device_in, host
 
 
 def _first_is_device(args: tuple, kwargs: dict) -> bool:

@@ -68,6 +68,7 @@ class DeviceState:
         self.observers: list[Any] = []
         self.streams = Streams(self)
         self.capture = None  # the CUDAGraph being captured, if any
+        self.reporter = None  # (op, message) -> None while the capture lint runs
         self.initialized = False
         self.kind = "cpu"
         self.placement = None  # the placement mode (placement.py), once entered
@@ -80,7 +81,14 @@ class DeviceState:
         return self._devices[0]
 
     def capturing(self) -> bool:
-        return self.capture is not None
+        """True while a capture records, or a lint checks, what a capture would refuse."""
+        return self.capture is not None or self.reporter is not None
+
+    def refuse(self, error: Exception) -> None:
+        """Raise what a capture refuses; while a lint runs (`reporter` set), report it and go on."""
+        if self.reporter is None:
+            raise error
+        self.reporter(getattr(error, "op", None) or type(error).__name__, str(error))
 
     # --- what graphs.py's EmulatedCUDAGraph asks of its device -------------------------------
 
@@ -100,6 +108,20 @@ class DeviceState:
 
     def is_current_stream_capturing(self) -> bool:
         return self.capture is not None and self.streams.current() in self.streams.capturing
+
+    def out_of_memory(self, error: Exception) -> Exception:
+        """CUDA's out-of-memory error for a cpu allocation that failed (`error`, whose text
+        names the bytes asked for)."""
+        import re
+
+        asked = re.search(r"allocate (\d+) bytes", str(error))
+        gib = int(asked.group(1)) / 2**30 if asked else float("nan")
+        total = self.properties.total_memory
+        free = total - self.memory.allocated_bytes()
+        return torch.OutOfMemoryError(
+            f"CUDA out of memory. Tried to allocate {gib:.2f} GiB. GPU {self.current_index} has a "
+            f"total capacity of {total / 2**30:.2f} GiB of which {free / 2**30:.2f} GiB is free. "
+            f"(emulated device: the host could not allocate it)")
 
     # --- the observer interface --------------------------------------------------------------
 

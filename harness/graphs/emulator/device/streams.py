@@ -40,6 +40,7 @@ class Stream:
         self.device_index = index
         self.device_type = 1  # c10::DeviceType::CUDA
         self._priority = max(-5, min(0, int(priority)))  # CUDA's range on an H200: 0 to -5
+        state.streams.by_id.setdefault((self.stream_id, index), self)
         return self
 
     def __init__(self, device: Any = None, priority: int = 0, **kwargs) -> None:
@@ -63,6 +64,11 @@ class Stream:
 
     def query(self) -> bool:
         return True  # synchronous: everything issued has finished
+
+    def is_capturing(self) -> bool:
+        """Whether this stream takes part in the capture in progress."""
+        state = _state()
+        return state.capture is not None and self in state.streams.capturing
 
     def synchronize(self) -> None:
         _state().notify_stream("synchronize", self, None)
@@ -168,6 +174,7 @@ class Streams:
         self.event_ids = itertools.count(1)
         self._local = threading.local()
         self._defaults: dict[int, Stream] = {}
+        self.by_id: dict[tuple[int, int], Stream] = {}  # what torch._C._cuda_setStream names
         self.capturing: set[Stream] = set()
 
     def device_index(self, device: Any) -> int:

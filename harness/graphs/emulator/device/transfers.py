@@ -28,15 +28,15 @@ def _mark_of(t: Tensor):
         return None
 
 
-def refuse_host_data(func, args: tuple) -> None:
+def refuse_host_data(state, func, args: tuple) -> None:
     from harness.graphs.base import CaptureError
     from harness.graphs.emulator.callsite import at_callsite, current_callsite
 
     if args and isinstance(args[0], Tensor) and _mark_of(args[0]) in (DEVICE, PINNED):
         return  # device data, or a pinned buffer: no pageable copy
-    raise CaptureError(at_callsite(
+    state.refuse(CaptureError(at_callsite(
         f"torch.{func.__name__}(..., device='cuda') builds a device tensor from host data during "
-        f"capture, {HOST_COPY_REFUSED}", current_callsite()), op="aten.lift_fresh.default")
+        f"capture, {HOST_COPY_REFUSED}", current_callsite()), op="aten.lift_fresh.default"))
 
 
 def _parse_to(args: tuple, kwargs: dict) -> tuple[Any, dict, Tensor | None]:
@@ -74,7 +74,7 @@ def handlers(mode) -> dict[Callable, Callable]:
     def to_device(t: Tensor, op: str, call: Callable[[], Tensor]) -> Tensor:
         """A host tensor copied to the device: pinned memory is captured, pageable refused."""
         if state.capturing() and _mark_of(t) != PINNED:
-            raise pageable_copy_refused(op, tuple(t.shape))
+            state.refuse(pageable_copy_refused(op, tuple(t.shape)))
         previous, memory.call_on_device = memory.call_on_device, True
         try:
             out = call()
@@ -87,7 +87,7 @@ def handlers(mode) -> dict[Callable, Callable]:
 
     def to_host(t: Tensor, op: str, call: Callable[[], Tensor]) -> Tensor:
         if state.capturing():
-            raise host_copy_refused(op, tuple(t.shape))
+            state.refuse(host_copy_refused(op, tuple(t.shape)))
         state.notify_sync(op, t)
         return call()
 
@@ -148,7 +148,7 @@ def handlers(mode) -> dict[Callable, Callable]:
         d, s = is_device(dst), is_device(src)
         if d and not s and isinstance(src, Tensor):
             if state.capturing() and _mark_of(src) != PINNED:
-                raise pageable_copy_refused("Tensor.copy_", tuple(src.shape))
+                state.refuse(pageable_copy_refused("Tensor.copy_", tuple(src.shape)))
         elif s and not d:
             non_blocking = args[2] if len(args) > 2 else kwargs.get("non_blocking", False)
             if not (non_blocking and _mark_of(dst) == PINNED):

@@ -1,0 +1,78 @@
+"""The runner's own suite: graphs agree with eager, the ladder shares one pool, padding rows
+never touch real KV, and two planted capture bugs are caught."""
+
+from __future__ import annotations
+
+import torch
+
+from conftest import PROMPTS
+from model_runner import ModelRunner
+
+
+def test_decode_graphs_agree_with_eager(eager_tokens):
+    runner = ModelRunner()
+    assert runner.generate(PROMPTS, 6) == eager_tokens
+    assert runner.replays, "no decode step replayed a graph"
+
+
+def test_the_ladder_is_captured_largest_first_into_one_pool():
+    runner = ModelRunner()
+    assert runner.capture_order == sorted(runner.graph_bs, reverse=True)
+    assert all(graph.pool() == runner.graph_pool for graph in runner.graphs.values())
+
+
+@torch.inference_mode()
+def test_a_padded_batch_replays_as_eager():
+    graphed, eager = ModelRunner(), ModelRunner(enforce_eager=True)
+    graphed.model.k_cache.zero_()
+    seqs, positions = [[0], [8], [16]], [0, 0, 0]  # three sequences, padded to the graph of 4
+    ids = torch.tensor([3, 4, 5], device="cuda")
+    results = []
+    for runner in (graphed, eager):
+        pos = runner.prepare(seqs, positions)
+        results.append(runner.run_model(ids, pos, is_prefill=False))
+    torch.testing.assert_close(results[0], results[1])
+    assert graphed.replays == {4: 1}
+    # Only the three real rows' slots were written; the padding row wrote to the sink slot.
+    sink = graphed.model.k_cache.size(1) - 1
+    written = graphed.model.k_cache[:, :sink].abs().sum(dim=(0, 2, 3)).nonzero().flatten().tolist()
+    assert written == [0, 32, 64]
+
+
+class RebindsInputs(ModelRunner):
+    """Planted bug: the step's token ids are rebound instead of copied into the static buffer."""
+
+    def run_model(self, input_ids, positions, is_prefill):
+        if not is_prefill and input_ids.size(0) <= self.max_bs:
+            self.graph_vars["input_ids"] = torch.zeros_like(self.graph_vars["input_ids"])
+        return super().run_model(input_ids, positions, is_prefill)
+
+
+class RegrowsWorkspace(ModelRunner):
+    """Planted bug: the workspace is sized lazily, so a larger eager batch regrows it after capture."""
+
+    def reserve(self) -> None:
+        self.model.reserve_workspace(self.max_bs)
+
+
+def _caught(runner_class, eager_tokens, prompts=PROMPTS) -> bool:
+    """A planted bug is caught when the run raises a named error (the harness's emulated or
+    sanitized graphs) or its tokens differ from eager (real graphs replaying stale memory)."""
+    runner = runner_class()
+    try:
+        return runner.generate(prompts, 6) != eager_tokens
+    except RuntimeError as error:
+        return "freed" in str(error) or "graph" in str(error).lower()
+
+
+def test_a_rebound_static_input_is_caught(eager_tokens):
+    assert _caught(RebindsInputs, eager_tokens)
+
+
+def test_a_workspace_regrown_after_capture_is_caught():
+    # Twelve sequences (above max_bs: the first steps run eagerly) of lengths 1 to 12: the short
+    # ones finish first, and the rest decode through the graphs.
+    many = [list(range(1, n + 1)) for n in range(1, 13)]
+    eager = ModelRunner(enforce_eager=True).generate(many, 6)
+    assert ModelRunner().generate(many, 6) == eager
+    assert _caught(RegrowsWorkspace, eager, many)

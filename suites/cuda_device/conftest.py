@@ -1,0 +1,33 @@
+"""The emulated CUDA device's checks run inside `harness.emulate_cuda(device="cpu")`, or inside the
+session's emulation under `--emulate-cuda`. On a machine with a GPU they are skipped: there the
+context is the graph sanitizer (its own gpu-marked tests)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import harness
+from harness.graphs.emulator.device import emulation_active
+from harness.graphs.emulator.device.session import active_state
+
+
+@pytest.fixture
+def cuda_device():
+    """The emulated device's state (what emulate_cuda() yields)."""
+    if emulation_active() == "cpu":
+        yield active_state()
+    elif emulation_active() is not None or torch.cuda.is_available():
+        pytest.skip("a real GPU: the emulated CUDA device is checked without one")
+    else:
+        with harness.emulate_cuda(device="cpu") as state:
+            yield state
+
+
+@pytest.fixture
+def outside_emulation():
+    """For checks of entering and leaving: no emulation may be active around them."""
+    if emulation_active() is not None:
+        pytest.skip("runs outside emulate_cuda(); the session is inside it (--emulate-cuda)")
+    if torch.cuda.is_available():
+        pytest.skip("a real GPU: device='cpu' cannot be entered after CUDA was initialized")

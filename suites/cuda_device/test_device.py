@@ -1,0 +1,116 @@
+"""The emulated CUDA device: torch.cuda's answers, device memory kept apart from host memory, and
+CUDA's rules for mixing, copying, pinning and host reads."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+MIXED = "Expected all tensors to be on the same device, but found at least two devices"
+
+
+def test_torch_cuda_answers_for_the_emulated_device(cuda_device):
+    assert torch.cuda.is_available() and torch.cuda.device_count() == 1
+    assert torch.cuda.current_device() == 0
+    props = torch.cuda.get_device_properties(0)
+    assert props.name == torch.cuda.get_device_name() == "NVIDIA H200 (emulated)"
+    assert torch.cuda.get_device_capability() == (props.major, props.minor) == (9, 0)
+    free, total = torch.cuda.mem_get_info()
+    assert total == props.total_memory and free <= total
+    with pytest.raises(RuntimeError, match="invalid device ordinal"):
+        torch.cuda.set_device(3)
+
+
+def test_tensors_on_cuda_are_device_tensors(cuda_device):
+    for device in ("cuda", "cuda:0", torch.device("cuda"), 0):
+        x = torch.zeros(2, device=device)
+        assert x.is_cuda and x.device == torch.device("cuda", 0) and x.device.type == "cuda"
+        assert x.get_device() == 0 and not x.is_cpu
+    host = torch.zeros(2)
+    assert not host.is_cuda and host.device.type == "cpu" and host.get_device() == -1
+    assert host.cuda().is_cuda and host.to("cuda").is_cuda and torch.nn.Linear(2, 2).cuda().weight.is_cuda
+    assert "device='cuda:0'" in repr(torch.ones(1, device="cuda"))
+
+
+def test_default_device_and_device_context_make_device_tensors(cuda_device):
+    with torch.device("cuda"):
+        assert torch.zeros(2).is_cuda
+    torch.set_default_device("cuda")
+    try:
+        assert torch.ones(2).is_cuda and torch.nn.Linear(2, 2).weight.is_cuda
+    finally:
+        torch.set_default_device(None)
+    assert not torch.ones(2).is_cuda
+
+
+def test_an_op_mixing_device_and_host_tensors_raises_cudas_error(cuda_device):
+    x = torch.ones(3, device="cuda")
+    with pytest.raises(RuntimeError, match=MIXED):
+        x + torch.ones(3)
+    with pytest.raises(RuntimeError, match=MIXED):
+        torch.ones(3, 3) @ torch.ones(3, 3, device="cuda")
+    assert (x + torch.tensor(2.0)).tolist() == [3.0, 3.0, 3.0]  # a 0-dim host tensor is a scalar
+    x[torch.tensor([0, 2])] = torch.tensor([5.0, 6.0])  # indexing takes host indices and values
+    assert x.tolist() == [5.0, 1.0, 6.0]
+
+
+def test_crossing_between_the_memories_copies(cuda_device):
+    host = torch.ones(3)
+    device = host.to("cuda")
+    host.fill_(7)
+    assert device.tolist() == [1.0, 1.0, 1.0]
+    back = device.cpu()
+    back.fill_(9)
+    assert device.tolist() == [1.0, 1.0, 1.0] and not back.is_cuda
+    assert device.to("cuda") is device and host.cpu() is host
+    with pytest.raises(TypeError, match="can't convert cuda:0 device type tensor to numpy"):
+        device.numpy()
+    with pytest.raises(TypeError, match="Use Tensor.cpu"):
+        np.asarray(device)
+
+
+def test_pinned_host_memory(cuda_device):
+    assert torch.ones(3).pin_memory().is_pinned()
+    assert torch.empty(3, pin_memory=True).is_pinned()
+    assert not torch.ones(3).is_pinned()
+    assert not torch.ones(3).pin_memory().cuda().is_pinned()
+
+
+def test_host_reads_of_device_tensors_are_syncs_the_observer_hears(cuda_device):
+    class Syncs:
+        def __init__(self):
+            self.seen = []
+
+        def on_sync(self, what, tensor, stream):
+            self.seen.append(what)
+
+    x = torch.ones(2, device="cuda")
+    with cuda_device.observe(Syncs()) as syncs:
+        x.sum().item()
+        x.tolist()
+        bool(x[0])
+        x.cpu()
+        torch.cuda.synchronize()
+    assert syncs.seen == ["item", "tolist", "__bool__", "Tensor.cpu", "torch.cuda.synchronize"]
+
+
+def test_memory_statistics_follow_live_device_tensors(cuda_device):
+    before = torch.cuda.memory_allocated()
+    x = torch.empty(1024, device="cuda")
+    assert torch.cuda.memory_allocated() == before + 4096
+    assert torch.cuda.max_memory_allocated() >= before + 4096
+    del x
+    assert torch.cuda.memory_allocated() == before
+    torch.cuda.reset_peak_memory_stats()
+    assert torch.cuda.max_memory_allocated() == before
+
+
+def test_gradients_of_device_parameters_are_device_tensors(cuda_device):
+    layer = torch.nn.Linear(3, 2).cuda()
+    layer(torch.ones(4, 3, device="cuda")).sum().backward()
+    assert layer.weight.grad.is_cuda
+    opt = torch.optim.SGD(layer.parameters(), lr=0.1)
+    opt.step()  # would mix devices if a gradient were host memory
+    (grad,) = torch.autograd.grad(layer(torch.ones(1, 3, device="cuda")).sum(), [layer.bias])
+    assert grad.is_cuda

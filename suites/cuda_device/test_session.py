@@ -1,0 +1,79 @@
+"""Entering and leaving emulate_cuda(): bad use is refused with the value and what is accepted,
+and leaving restores torch.cuda exactly."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import harness
+from harness.graphs import get_backend
+
+PATCHED = [(torch.cuda, "is_available"), (torch.cuda, "CUDAGraph"), (torch.cuda, "Stream"),
+           (torch.cuda, "current_stream"), (torch.cuda, "memory_allocated"), (torch.cuda, "_sleep"),
+           (torch.cuda.graphs, "graph_pool_handle"), (torch.version, "cuda"),
+           (torch.Tensor, "record_stream"), (torch.accelerator, "current_stream")]
+
+
+def test_leaving_restores_torch_cuda_exactly(outside_emulation):
+    before = [(owner.__dict__.get(name, "<absent>")) for owner, name in PATCHED]
+    absent = [hasattr(torch._C, n) for n in ("_host_emptyCache", "_cuda_setStream")]
+    modes = torch._C._len_torch_function_stack()
+    with harness.emulate_cuda(device="cpu"):
+        assert torch.cuda.is_available()
+    assert [(owner.__dict__.get(name, "<absent>")) for owner, name in PATCHED] == before
+    assert [hasattr(torch._C, n) for n in ("_host_emptyCache", "_cuda_setStream")] == absent
+    assert torch._C._len_torch_function_stack() == modes and not torch.cuda.is_available()
+
+
+def test_bad_use_names_the_value_and_what_is_accepted(outside_emulation):
+    with pytest.raises(ValueError, match="device='tpu'.*'auto', 'cpu', 'cuda'"):
+        with harness.emulate_cuda(device="tpu"):
+            pass
+    with pytest.raises(TypeError, match="unknown option.*'colour'.*accepted"):
+        with harness.emulate_cuda(colour="red"):
+            pass
+    with harness.emulate_cuda(device="cpu"):
+        with pytest.raises(RuntimeError, match="inside another emulate_cuda"):
+            with harness.emulate_cuda():
+                pass
+    with torch.device("meta"):
+        with pytest.raises(RuntimeError, match="inside a device mode"):
+            with harness.emulate_cuda():
+                pass
+    x = torch.ones(2)
+
+    def capture_entering():
+        with harness.emulate_cuda():
+            pass
+        return x + 1
+
+    with pytest.raises(RuntimeError, match="inside a graph capture"):
+        get_backend("emulated").capture(capture_entering)
+
+
+def test_options_configure_the_device(outside_emulation):
+    with harness.emulate_cuda(device="cpu", name="Tiny GPU", total_memory=2**30, device_count=2,
+                              capability=(8, 0)):
+        assert torch.cuda.get_device_name() == "Tiny GPU" and torch.cuda.device_count() == 2
+        assert torch.cuda.get_device_capability(1) == (8, 0)
+        assert torch.cuda.mem_get_info()[1] == 2**30
+
+
+@pytest.mark.gpu
+def test_on_a_gpu_the_sanitizer_keeps_real_tensors_and_names_freed_memory():
+    from harness.graphs import FreedMemoryError
+    from harness.graphs.emulator.device import emulation_active
+
+    if emulation_active() is not None:
+        pytest.skip("checks emulate_cuda() entered on a real GPU, outside any emulation")
+    with harness.emulate_cuda():
+        x = torch.ones(4, device="cuda")
+        assert type(x).__name__ == "Tensor" and x.device.type == "cuda"
+        w = torch.ones(4, device="cuda")
+        g = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(g):
+            y = x * w
+        del w
+        with pytest.raises(FreedMemoryError):
+            g.replay()
