@@ -12,7 +12,6 @@ import functools
 from typing import Any, Callable
 
 import torch
-from torch.utils._pytree import tree_flatten
 
 from harness.graphs.emulator import opinfo
 
@@ -26,20 +25,28 @@ def _written_names(func) -> frozenset[str]:
                      if a.alias_info is not None and a.alias_info.is_write)
 
 
+def tensors_of(values) -> list[torch.Tensor]:
+    """The tensors among an op's argument values (aten arguments nest at most a list deep)."""
+    out = []
+    for value in values:
+        if isinstance(value, torch.Tensor):
+            out.append(value)
+        elif isinstance(value, (list, tuple)):
+            out.extend(v for v in value if isinstance(v, torch.Tensor))
+    return out
+
+
 def split_accesses(func, args: tuple, kwargs: dict, tracked: Callable[[torch.Tensor], bool]
                    ) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
     """(read, written) tensors among the op's arguments that `tracked` accepts."""
     written_names = _written_names(func)
     if not written_names:
-        reads = [t for t in tree_flatten((args, kwargs))[0]
-                 if isinstance(t, torch.Tensor) and tracked(t)]
+        reads = [t for t in tensors_of((*args, *kwargs.values())) if tracked(t)]
         return reads, []
     reads, writes = [], []
     for name, value in opinfo.bind(func, args, kwargs, defaults=False).items():
         into = writes if name in written_names else reads
-        for t in tree_flatten(value)[0]:
-            if isinstance(t, torch.Tensor) and tracked(t):
-                into.append(t)
+        into.extend(t for t in tensors_of((value,)) if tracked(t))
     return reads, writes
 
 

@@ -21,7 +21,7 @@ from harness.graphs.emulator import opinfo
 from harness.graphs.emulator.callsite import callsite_later, current_callsite
 from harness.graphs.emulator.opinfo import OpKind
 from harness.graphs.emulator.streams.accesses import (blocks_host, changes_metadata, is_seeded,
-                                                      split_accesses)
+                                                      split_accesses, tensors_of)
 from harness.graphs.emulator.streams.deferral import can_defer, defer
 from harness.graphs.emulator.streams.names import label_of, storage_key
 from harness.graphs.emulator.streams.races import RaceError
@@ -30,6 +30,7 @@ from harness.graphs.emulator.streams.tracker import StreamTracker
 
 
 _TO_COPY = torch.ops.aten._to_copy.default
+DEFAULT_STREAM = 0  # device 0's default stream: where memory made before tracking began lives
 
 
 def _storage(t: torch.Tensor) -> torch.UntypedStorage | None:
@@ -58,10 +59,15 @@ class StreamWork(TorchDispatchMode):
         self._dropped: list[int] = []  # storage keys whose caller tensors died since the last op
 
     def _tracked(self, t: torch.Tensor) -> bool:
-        return t.device.type == "cpu" and (self.memory.is_device(t) or self.memory.is_pinned(t))
+        return not t.is_meta and (self.memory.is_device(t) or self.memory.is_pinned(t))
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        kwargs = kwargs or {}
+        # The device's placement mode acted on the torch call above this op; what runs here
+        # (attribute reads, allocations, the op itself) must not pass through it again.
+        with torch._C.DisableTorchFunction():
+            return self._dispatch(func, args, kwargs or {})
+
+    def _dispatch(self, func, args, kwargs):
         if self._dropped:
             self.check_drops()
         if self._late:
@@ -75,7 +81,7 @@ class StreamWork(TorchDispatchMode):
         kind = opinfo.op_kind(func)
         if kind is OpKind.VIEW:
             return func(*args, **kwargs)  # an alias: no data touched
-        tensors = [t for t in tree_flatten((args, kwargs))[0] if isinstance(t, torch.Tensor)]
+        tensors = tensors_of((*args, *kwargs.values()))
         if any(t.device.type != "cpu" for t in tensors):
             return func(*args, **kwargs)  # meta and fake tensors: shape work, not device work
         is_device = self.memory.is_device
@@ -107,6 +113,8 @@ class StreamWork(TorchDispatchMode):
         name, where = opinfo.op_name(func), callsite_later()
         for t in (*reads, *writes):
             self._label(t)
+            if storage_key(t) not in self._allocations and self.memory.is_device(t):
+                self._note_allocation(t, DEFAULT_STREAM)  # made before tracking began
         seq = self.tracker.launch(stream, [storage_key(t) for t in reads],
                                   [storage_key(t) for t in writes], op=name, where=where)
         memory = self.memory
@@ -131,7 +139,8 @@ class StreamWork(TorchDispatchMode):
                 self.schedule.run_stream(stream)  # what cannot wait in the queue runs in order
             out = func(*args, **kwargs)
             self.schedule.ran(stream, seq)
-        if kind is not OpKind.MUTATING and (targets_device or func is not _TO_COPY):
+        to_host = func is _TO_COPY and kwargs.get("device") is not None and not targets_device
+        if kind is not OpKind.MUTATING and not to_host:
             self._note_fresh(out, stream, seq, name, where)
         return out
 
@@ -189,8 +198,8 @@ class StreamWork(TorchDispatchMode):
 
     def _note_fresh(self, out: Any, stream: int, seq: int, op: str, where: str) -> None:
         """Results of a device op are device memory, written by it, freed when dropped."""
-        for t in tree_flatten(out)[0]:
-            if not isinstance(t, torch.Tensor) or t.device.type != "cpu":
+        for t in ((out,) if isinstance(out, torch.Tensor) else tensors_of(out if isinstance(out, (list, tuple)) else ())):
+            if t.device.type != "cpu":
                 continue
             storage = _storage(t)
             if storage is None or storage.nbytes() == 0:
@@ -199,8 +208,13 @@ class StreamWork(TorchDispatchMode):
             key = storage.data_ptr()
             self.tracker.record_write(key, stream, seq, op=op, where=where)
             self.tracker.labels[key] = label_of(t)
-            self._allocations[key] = weakref.ref(storage, self._freed(key, stream))
-            self._allocated_on[key] = stream
+            self._note_allocation(t, stream)
+
+    def _note_allocation(self, t: torch.Tensor, stream: int) -> None:
+        storage = t.untyped_storage()
+        key = storage.data_ptr()
+        self._allocations[key] = weakref.ref(storage, self._freed(key, stream))
+        self._allocated_on[key] = stream
 
     def _freed(self, key: int, stream: int) -> Callable[[weakref.ref], None]:
         def freed(ref: weakref.ref) -> None:

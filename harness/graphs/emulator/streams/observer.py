@@ -24,12 +24,48 @@ class DeviceStreams:
         self.state = state
         self.capture: CaptureStreams | None = None
         self.work = AsyncWork(state.memory, lambda: stream_key(state.streams.current()),
-                              state.capturing, schedule=schedule, races=races)
+                              state.capturing, schedule=schedule, races=races,
+                              lazy=schedule == "issue_order")
+        self._pending_activation = False
+        self._watch_for_asynchrony()
+
+    def _watch_for_asynchrony(self) -> None:
+        """Until the program leaves the default stream or pins memory, every op is ordered with
+        the host and nothing can race: the dispatch mode waits for the first sign."""
+        streams, memory = self.state.streams, self.state.memory
+        set_current, mark_pinned = streams.set_current, memory.mark_pinned
+
+        def set_current_watched(stream) -> None:
+            if stream.stream_id != 0:
+                self.activate()
+            set_current(stream)
+
+        def mark_pinned_watched(t) -> None:
+            self.activate()
+            mark_pinned(t)
+
+        def ids_watched(ids):
+            for stream_id in ids:  # a stream is made: the program is about to use it
+                self.activate()
+                yield stream_id
+
+        streams.set_current = set_current_watched
+        memory.mark_pinned = mark_pinned_watched
+        streams.ids = ids_watched(streams.ids)
+
+    def activate(self) -> None:
+        if self.work.active:
+            return
+        if self.capture is not None:
+            self._pending_activation = True  # not above the recorder: after the capture
+            return
+        self.work.activate()
 
     # --- device/state.py's observer interface ------------------------------------------------
 
     def on_op(self, op, args, kwargs, result, stream) -> None:
         if op == "torch.cuda._sleep" and not self.state.capturing():
+            self.activate()
             self.work.sleep(stream_key(stream), where=current_callsite())
 
     def on_sync(self, what: str, tensor, stream) -> None:
@@ -50,6 +86,9 @@ class DeviceStreams:
         if capture is None:
             return
         capture.__exit__(None, None, None)
+        if self._pending_activation:
+            self._pending_activation = False
+            self.work.activate()
         if not aborted:
             error = capture.end_error()
             if error is not None:
@@ -59,6 +98,7 @@ class DeviceStreams:
         if self.capture is not None:
             self._capture_stream_op(what, stream, other)
             return  # inside a capture nothing runs: fork and join are the capture's business
+        self.activate()
         work = self.work
         if what == "wait_stream":
             work.wait_stream(stream_key(stream), stream_key(other))

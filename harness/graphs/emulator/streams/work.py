@@ -16,7 +16,8 @@ import contextlib
 from typing import Any, Callable, Iterable, Iterator
 
 import torch
-from torch.utils._python_dispatch import _disable_current_modes
+from torch.utils._python_dispatch import (TorchDispatchMode, _disable_current_modes,
+                                          _get_current_dispatch_mode_stack, _pop_mode, _push_mode)
 
 from harness.graphs.emulator.streams.mode import StreamWork
 from harness.graphs.emulator.streams.names import label_of, storage_key
@@ -32,16 +33,40 @@ def _outside_modes() -> Iterator[None]:
         yield
 
 
+def _remove_dispatch_mode(mode: TorchDispatchMode) -> None:
+    """Pop `mode` off the dispatch-mode stack wherever it is, keeping the modes above it."""
+    above = []
+    while _get_current_dispatch_mode_stack():
+        top = _pop_mode()
+        if top is mode:
+            break
+        above.append(top)
+    for m in reversed(above):
+        _push_mode(m)
+
+
 class AsyncWork:
+    """`lazy`: the dispatch mode goes in only at `activate()` (the first sign of asynchrony: a
+    second stream, pinned memory, `_sleep`), so code that never leaves the default stream runs
+    without a Python call per aten op; a replay is tracked either way."""
+
     def __init__(self, memory: Any, stream: Callable[[], int], capturing: Callable[[], bool], *,
-                 schedule: str = "issue_order", races: str = "strict") -> None:
+                 schedule: str = "issue_order", races: str = "strict", lazy: bool = False) -> None:
         self.tracker = StreamTracker(mode=races)
         self.schedule = Schedule(schedule)
         self.mode = StreamWork(memory, stream, capturing, self.tracker, self.schedule)
         self._current = stream
+        self._lazy = lazy
+        self.active = False
+
+    def activate(self) -> None:
+        if not self.active:
+            self.mode.__enter__()
+            self.active = True
 
     def __enter__(self) -> "AsyncWork":
-        self.mode.__enter__()
+        if not self._lazy:
+            self.activate()
         return self
 
     def __exit__(self, *exc) -> None:
@@ -49,7 +74,9 @@ class AsyncWork:
             with _outside_modes():
                 self.schedule.synchronize_device()
         finally:
-            self.mode.__exit__(*exc)
+            if self.active:
+                _remove_dispatch_mode(self.mode)
+                self.active = False
         if exc[0] is None:
             self.mode.raise_late()
 
