@@ -10,11 +10,9 @@ that disagree on the graph they replay. Every scenario's result (or traceback) g
 
 from __future__ import annotations
 
-import datetime
-import json
 import sys
-import traceback
 import warnings
+from pathlib import Path
 
 import torch
 import torch.distributed as dist
@@ -90,47 +88,25 @@ def disagreement(comm, rank: int) -> dict:
     return {"raised": False}
 
 
-def main(argv: list[str]) -> int:
-    rank, world, port = int(argv[0]), int(argv[1]), int(argv[2])
-    pg_backend, device_type, out = argv[3], argv[4], argv[5]
-    device = torch.device(device_type if device_type == "cpu" else f"cuda:{rank}")
-    if device.type == "cuda":
-        torch.cuda.set_device(device)
-    dist.init_process_group(pg_backend, init_method=f"tcp://127.0.0.1:{port}", rank=rank,
-                            world_size=world, timeout=datetime.timedelta(seconds=60))
+def scenarios(rank: int, world: int, device: torch.device, backend) -> dict:
+    from harness.runtime.comm import TorchDistributedComm
+
     warnings.filterwarnings("ignore", category=FutureWarning)
-    results: dict[str, dict] = {}
-    try:
-        from harness.graphs import get_backend
-        from harness.runtime.comm import TorchDistributedComm
-
-        from harness.faults import inherited_fault
-
-        backend = get_backend("emulated" if device.type == "cpu" else "cuda", device)
-        torch.manual_seed(0)
-        weight = torch.randn(WIDTH, WIDTH, device=device)
-        x = torch.zeros(ROWS, WIDTH, device=device)
-        gathered = torch.zeros(world * ROWS, WIDTH, device=device)
-        scenarios = {
-            "process_group": lambda: replays_agree(backend, process_group_step(x, weight, gathered), x, rank),
-            "functional": lambda: replays_agree(backend, functional_step(x, weight), x, rank),
-            "unwaited_process_group": lambda: capture_error(backend, unwaited_process_group_step(x)),
-            "unwaited_functional": lambda: capture_error(backend, unwaited_functional_step(x)),
-            "disagreement": lambda: disagreement(TorchDistributedComm(device), rank),
-        }
-        with inherited_fault(backend.name):  # a fault the parent session planted reaches the ranks
-            for name, run in scenarios.items():
-                try:
-                    results[name] = run()
-                except Exception:
-                    results[name] = {"error": traceback.format_exc()}
-                    raise  # the peer may be waiting in a collective: stop rather than run on
-    finally:
-        with open(out, "w") as handle:
-            json.dump(results, handle)
-        dist.destroy_process_group()
-    return 0
+    torch.manual_seed(0)
+    weight = torch.randn(WIDTH, WIDTH, device=device)
+    x = torch.zeros(ROWS, WIDTH, device=device)
+    gathered = torch.zeros(world * ROWS, WIDTH, device=device)
+    return {
+        "process_group": lambda: replays_agree(backend, process_group_step(x, weight, gathered), x, rank),
+        "functional": lambda: replays_agree(backend, functional_step(x, weight), x, rank),
+        "unwaited_process_group": lambda: capture_error(backend, unwaited_process_group_step(x)),
+        "unwaited_functional": lambda: capture_error(backend, unwaited_functional_step(x)),
+        "disagreement": lambda: disagreement(TorchDistributedComm(device), rank),
+    }
 
 
 if __name__ == "__main__":
-    sys.exit(main(sys.argv[1:]))
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    from _ranks import rank_main
+
+    sys.exit(rank_main(sys.argv[1:], scenarios))

@@ -8,18 +8,13 @@ graphs), each bounded by a timeout so a rank stuck in a collective fails the tes
 
 from __future__ import annotations
 
-import json
-import os
-import socket
-import subprocess
-import sys
-import time
 from pathlib import Path
 
 import pytest
 import torch
 
-ROOT = Path(__file__).resolve().parents[2]
+from suites.distributed._ranks import run_ranks
+
 WORKER = Path(__file__).with_name("collective_worker.py")
 WORLD = 2
 TIMEOUT_S = 120
@@ -34,41 +29,11 @@ PROCESS_GROUPS = [
 ]
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
 @pytest.fixture(scope="module", params=PROCESS_GROUPS)
 def ranks(request, tmp_path_factory) -> list[dict]:
     pg_backend, device = request.param
     folder = tmp_path_factory.mktemp(f"collectives-{pg_backend}")
-    port = _free_port()
-    env = {**os.environ, "PYTHONPATH": f"{ROOT}{os.pathsep}{os.environ.get('PYTHONPATH', '')}",
-           "OMP_NUM_THREADS": "1", "NCCL_NVLS_ENABLE": "0"}
-    outs = [folder / f"rank{rank}.json" for rank in range(WORLD)]
-    procs = [subprocess.Popen([sys.executable, str(WORKER), str(rank), str(WORLD), str(port),
-                               pg_backend, device, str(outs[rank])], cwd=ROOT, env=env,
-                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-             for rank in range(WORLD)]
-    logs, timed_out = [], False
-    deadline = time.monotonic() + TIMEOUT_S
-    for proc in procs:
-        try:
-            logs.append(proc.communicate(timeout=max(deadline - time.monotonic(), 1))[0])
-        except subprocess.TimeoutExpired:
-            timed_out = True
-            for other in procs:
-                other.kill()
-            logs.append(proc.communicate()[0])
-    text = "\n".join(f"--- rank {r} (exit {p.returncode}) ---\n{log[-6000:]}"
-                     for r, (p, log) in enumerate(zip(procs, logs)))
-    if timed_out:
-        pytest.fail(f"a rank did not finish within {TIMEOUT_S} s (a hang in a collective?):\n{text}")
-    if any(p.returncode for p in procs):
-        pytest.fail(f"a rank failed:\n{text}")
-    return [json.loads(out.read_text()) for out in outs]
+    return run_ranks(WORKER, pg_backend, device, folder, world=WORLD, timeout_s=TIMEOUT_S)
 
 
 def _result(rank_results: dict, name: str) -> dict:
