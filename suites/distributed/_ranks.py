@@ -27,6 +27,21 @@ import pytest
 ROOT = Path(__file__).resolve().parents[2]
 
 
+def _cuda_devices() -> int:
+    import torch
+
+    return torch.cuda.device_count()
+
+
+# gloo on CPU with the emulator; nccl on two GPUs with CUDA graphs.
+PROCESS_GROUPS = [
+    pytest.param(("gloo", "cpu"), id="gloo-cpu"),
+    pytest.param(("nccl", "cuda"), id="nccl-cuda", marks=[
+        pytest.mark.gpu,
+        pytest.mark.skipif(_cuda_devices() < 2, reason="needs 2 CUDA devices")]),
+]
+
+
 def _free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))

@@ -12,21 +12,13 @@ from pathlib import Path
 import pytest
 import torch
 
-from suites.distributed._ranks import run_ranks
+from suites.distributed._ranks import PROCESS_GROUPS, run_ranks
 
 WORKER = Path(__file__).with_name("rank_worker.py")
 WORLD = 2
 TIMEOUT_S = 180
 
 pytestmark = pytest.mark.multirank
-
-PROCESS_GROUPS = [
-    pytest.param(("gloo", "cpu"), id="gloo-cpu"),
-    pytest.param(("nccl", "cuda"), id="nccl-cuda", marks=[
-        pytest.mark.gpu,
-        pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs 2 CUDA devices")]),
-]
-
 
 @pytest.fixture(scope="module", params=PROCESS_GROUPS)
 def ranks(request, tmp_path_factory) -> list[dict]:
