@@ -1,4 +1,4 @@
-"""The `harness` command: run | testdb | audit | lint | bench | faults | repro."""
+"""The `harness` command: run | testdb | audit | lint | bench | faults | repro | explain."""
 
 from __future__ import annotations
 
@@ -8,78 +8,23 @@ import pkgutil
 import sys
 from pathlib import Path
 
-from harness.testdb.schema import TERM_VALUES, TestDbError
+from harness.cli_support import (
+    OneLineParser, UsageError, positive_int, read_json, report_usage_error, require_backend,
+)
+from harness.testdb.commands import (
+    cmd_check, cmd_lists, cmd_render, cmd_run, machine_options, project_options,
+)
+from harness.testdb.schema import TestDbError
 
 
-def _machine_options(parser: argparse.ArgumentParser) -> None:
-    group = parser.add_argument_group("machine facts (default: this machine, as torch sees it)")
-    group.add_argument("--gpu-count", type=int, help="number of GPUs (default: torch.cuda.device_count())")
-    group.add_argument("--gpu", help="GPU name matched by wildcards (default: torch.cuda.get_device_name(0))")
-    group.add_argument("--stage", choices=TERM_VALUES["stage"], default="pre_merge", help="default: pre_merge")
-    group.add_argument("--backend", choices=TERM_VALUES["backend"],
-                       help="graph backend (default: cuda when available, else emulated)")
-    parser.add_argument("--test-db", type=Path, help="folder of list files (default: <project root>/test-db)")
+def benchmarks() -> list[str]:
+    import harness.bench as bench
 
-
-def _machine(args):
-    from harness.testdb import detect_machine
-
-    return detect_machine(gpu_count=args.gpu_count, gpu=args.gpu, stage=args.stage, backend=args.backend)
-
-
-def _testdb_dir(args) -> Path:
-    from harness.testdb import project_root
-
-    return args.test_db or project_root() / "test-db"
-
-
-def cmd_run(args) -> int:
-    from harness.testdb import get_list, project_root, run_list
-
-    root = project_root()
-    test_list = get_list(_testdb_dir(args), args.name)
-    extra = list(args.pytest_args)
-    if args.hypothesis_profile:
-        extra += ["--hypothesis-profile", args.hypothesis_profile]
-    if args.hypothesis_seed is not None:
-        extra += ["--hypothesis-seed", str(args.hypothesis_seed)]
-    return run_list(test_list, _machine(args), root=root, results_dir=args.results or root / "results",
-                    extra_args=tuple(extra))
-
-
-def cmd_render(args) -> int:
-    from harness.testdb import get_list, render_lines, select
-    from harness.testdb.render import nothing_selected
-
-    test_list = get_list(_testdb_dir(args), args.name)
-    machine = _machine(args)
-    lines = select(test_list, machine)
-    if not lines:
-        print(nothing_selected(test_list, machine), file=sys.stderr)
-    sys.stdout.write(render_lines(lines))
-    return 0
-
-
-def cmd_lists(args) -> int:
-    from harness.testdb import load_lists
-
-    for name, test_list in sorted(load_lists(_testdb_dir(args)).items()):
-        print(f"{name}  ({test_list.source}, {sum(len(b.tests) for b in test_list.blocks)} lines)")
-    return 0
-
-
-def cmd_check(args) -> int:
-    from harness.testdb import check_coverage, collect_node_ids, load_lists, project_root
-
-    report = check_coverage(load_lists(_testdb_dir(args)), collect_node_ids(project_root()))
-    print(report)
-    return 0 if report.ok else 1
+    return sorted(m.name for m in pkgutil.iter_modules(bench.__path__) if not m.name.startswith("_"))
 
 
 def cmd_bench(args) -> int:
-    import harness.bench as bench
-
-    available = sorted(m.name for m in pkgutil.iter_modules(bench.__path__) if not m.name.startswith("_"))
+    available = benchmarks()
     if args.name not in available:
         print(f"harness bench: unknown benchmark {args.name!r}; available: {', '.join(available) or 'none'}",
               file=sys.stderr)
@@ -96,9 +41,13 @@ def cmd_audit_transformers(args) -> int:
     try:
         archs = select(args.arch)
     except ValueError as error:
-        print(f"harness audit: {error}", file=sys.stderr)
-        return 2
-    resumed = AuditResult.load(args.resume) if args.resume else None
+        raise UsageError(str(error)) from None
+    if args.list:
+        for arch in archs:
+            print(f"{arch.model_type}  {arch.class_name}")
+        return 0
+    require_backend("--graph-backend", args.graph_backend)
+    resumed = _audit_file(args.resume, "--resume") if args.resume else None
 
     def terminated(signum, frame):
         raise KeyboardInterrupt(f"signal {signum}")
@@ -121,6 +70,17 @@ def cmd_audit_transformers(args) -> int:
     return 0
 
 
+def _audit_file(path: Path, option: str):
+    from harness.audit.runner import AuditResult
+
+    data = read_json(path, "an audit JSON file written by --json")
+    try:
+        return AuditResult.from_dict(data)
+    except (KeyError, TypeError, ValueError) as error:
+        raise UsageError(f"{option} {path}: not an audit JSON file ({type(error).__name__}: {error}); "
+                         f"expected one written by harness audit transformers --json") from None
+
+
 def _resolved(backend: str) -> str:
     from harness.graphs import resolve_backend
 
@@ -129,9 +89,7 @@ def _resolved(backend: str) -> str:
 
 def cmd_audit_merge(args) -> int:
     from harness.audit.report import render_markdown, render_text
-    from harness.audit.runner import AuditResult
-
-    results = [AuditResult.load(path) for path in args.files]
+    results = [_audit_file(path, "merge") for path in args.files]
     if args.markdown or len(results) > 1:
         sys.stdout.write(render_markdown(results))
     else:
@@ -139,16 +97,27 @@ def cmd_audit_merge(args) -> int:
     return 0
 
 
+LINT_TARGET_FAILED = 3
+
+
 def cmd_lint(args) -> int:
-    from harness.check.lint import lint_target
+    import dataclasses
+    import json
+
+    from harness.check.lint import TargetFailed, lint_target
 
     try:
         with _emulated_cuda(args.emulate_cuda):
             report = lint_target(args.target, factory=args.factory)
+    except TargetFailed as error:
+        print(f"harness lint: the target failed, nothing was linted: {error}", file=sys.stderr)
+        return LINT_TARGET_FAILED
     except (ImportError, AttributeError, ValueError) as error:
-        print(f"harness lint: {error}", file=sys.stderr)
-        return 2
-    print(report)
+        raise UsageError(str(error)) from None
+    if args.json:
+        print(json.dumps({"clean": report.clean, **dataclasses.asdict(report)}, indent=1))
+    else:
+        print(report)
     return 0 if report.clean else 1
 
 
@@ -187,7 +156,12 @@ def cmd_faults(args) -> int:
         if not args.files:
             print("harness faults merge: name one or more JSON files written by --json", file=sys.stderr)
             return 2
-        documents = [json.loads(Path(f).read_text()) for f in args.files]
+        expected = "a JSON file written by harness faults --json"
+        documents = [read_json(f, expected) for f in args.files]
+        for path, document in zip(args.files, documents):
+            missing = [key for key in ("backend", "device", "torch", "runs") if key not in document]
+            if missing:
+                raise UsageError(f"{path}: no {', '.join(missing)}; expected {expected}")
         print(markdown_table(FAULTS, documents), end="")
         return 0
     if args.files:
@@ -201,6 +175,7 @@ def cmd_faults(args) -> int:
         print(f"harness faults: unknown faults {unknown}; known: {', '.join(FAULTS)}", file=sys.stderr)
         return 2
     faults = [FAULTS[name] for name in args.only] if args.only else list(FAULTS.values())
+    require_backend("--graph-backend", args.graph_backend)
     backend = resolve_backend(args.graph_backend)
     root = project_root()
     print(f"[faults] {len(faults)} fault(s) on the {backend} backend, {args.jobs} at a time",
@@ -236,30 +211,69 @@ def cmd_repro(args) -> int:
     return 0 if result.ok else 1
 
 
+# --- harness explain (issue 20): kept in one block -------------------------------------------------
+
+def cmd_explain(args) -> int:
+    from harness.repro.explain import explain_fault, explain_file
+
+    if (args.file is None) == (args.fault is None):
+        print("harness explain: give a reproduction FILE or --fault NAME (one of them)", file=sys.stderr)
+        return 2
+    try:
+        if args.fault is not None:
+            explanation = explain_fault(args.fault, context=args.context)
+        else:
+            explanation = explain_file(args.file, without_fault=args.without_fault, context=args.context)
+    except (ValueError, KeyError) as error:
+        print(f"harness explain: {error}", file=sys.stderr)
+        return 2
+    print(explanation)
+    return 1 if explanation.diverged or explanation.raised else 0
+
+
+def _add_explain(verbs) -> None:
+    explain = verbs.add_parser("explain", help="the first op (and source line) where a replay departs "
+                               "from eager, the input that differs and why; exit 1 when one does")
+    explain.add_argument("file", type=Path, nargs="?", help="a reproduction file with an engine scenario")
+    explain.add_argument("--fault", metavar="NAME", help="explain the fault zoo entry's own reproduction")
+    explain.add_argument("--without-fault", action="store_true", help="explain without the file's fault")
+    explain.add_argument("--context", type=int, default=3, help="agreeing ops shown before it (default 3)")
+    explain.set_defaults(func=cmd_explain)
+
+# --- end of harness explain ----------------------------------------------------------------------
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="harness", description="capture-harness: graph-capture correctness harness")
+    parser = OneLineParser(prog="harness", description="capture-harness: graph-capture correctness harness")
+    parser.add_argument("--version", action="version", version=f"%(prog)s {_version()}")
     verbs = parser.add_subparsers(dest="verb", required=True)
 
     run = verbs.add_parser("run", help="run a test-db list for this machine and summarise per suite")
     run.add_argument("name", help="list name, e.g. l0_cpu")
-    _machine_options(run)
+    machine_options(run)
     run.add_argument("--results", type=Path, help="folder for JUnit XML (default: <project root>/results)")
     run.add_argument("--hypothesis-profile", choices=("ci", "nightly", "repro"),
                      help="Hypothesis profile for every pytest run (default: ci)")
     run.add_argument("--hypothesis-seed", type=int, help="Hypothesis seed for every pytest run")
-    run.epilog = "Arguments after -- go to every pytest run, e.g. harness run l0_cpu -- -x"
+    run.add_argument("--json", type=Path, metavar="FILE",
+                     help="also write the summary (suites, failed tests, reproduction files, skips by "
+                          "reason, what a signal cut) as JSON to FILE")
+    run.epilog = ("Arguments after -- go to every pytest run, e.g. harness run l0_cpu -- -x --lf. "
+                  "SIGINT or SIGTERM stops the run's pytest processes, prints the partial table and "
+                  "exits 130 or 143.")
     run.set_defaults(func=cmd_run)
 
     testdb = verbs.add_parser("testdb", help="inspect test-db lists").add_subparsers(dest="action", required=True)
     render = testdb.add_parser("render", help="print the tests a list selects for a machine")
     render.add_argument("name")
-    _machine_options(render)
+    machine_options(render)
     render.set_defaults(func=cmd_render)
     lists = testdb.add_parser("lists", help="print the list names and their files")
-    lists.add_argument("--test-db", type=Path)
+    project_options(lists)
     lists.set_defaults(func=cmd_lists)
-    check = testdb.add_parser("check", help="fail when a list names a missing test or a test is in no list")
-    check.add_argument("--test-db", type=Path)
+    check = testdb.add_parser("check", help="fail when a list names a missing test or a test in the "
+                              "folders the lists name is in no list")
+    project_options(check)
     check.set_defaults(func=cmd_check)
 
     audit = verbs.add_parser("audit", help="capture audit of a model family").add_subparsers(
@@ -267,11 +281,13 @@ def build_parser() -> argparse.ArgumentParser:
     hf = audit.add_parser("transformers", help="every transformers causal LM built tiny: capture a decode "
                           "step with a static cache, replay it against eager, classify")
     hf.add_argument("--arch", action="append", metavar="PATTERN",
-                    help="glob on model_type or class name (repeatable; default: all)")
+                    help="glob on model_type or class name, any case (repeatable; default: all)")
+    hf.add_argument("--list", action="store_true",
+                    help="print the model types (and classes) --arch selects, and run nothing")
     hf.add_argument("--dtype", choices=("bfloat16", "float32"), default="bfloat16")
     hf.add_argument("--graph-backend", choices=("auto", "cuda", "emulated"), default="auto",
                     help="default auto: cuda when available, else emulated")
-    hf.add_argument("-j", "--jobs", type=int, default=2, help="processes at a time (default 2)")
+    hf.add_argument("-j", "--jobs", type=positive_int, default=2, help="processes at a time (default 2)")
     hf.add_argument("--timeout", type=float, default=180.0, help="seconds per architecture (default 180)")
     hf.add_argument("--json", type=Path, help="also write the rows and their provenance to this file, "
                     "rewritten after every row (meta complete=false and remaining=N until the end)")
@@ -289,6 +305,9 @@ def build_parser() -> argparse.ArgumentParser:
     lint.add_argument("--factory", action="store_true",
                       help="CALLABLE() builds the step (model, buffers) and returns the callable to lint")
     _emulate_cuda_option(lint, "lint")
+    lint.add_argument("--json", action="store_true", help="print the report as JSON")
+    lint.epilog = (f"Exit code 0 clean, 1 hazards found, 2 a bad target, {LINT_TARGET_FAILED} the target "
+                   "raised while being imported or built (the message names the file)")
     lint.set_defaults(func=cmd_lint)
 
 
@@ -300,7 +319,7 @@ def build_parser() -> argparse.ArgumentParser:
                         help="backend the detectors run on (default: auto)")
     faults.add_argument("--only", action="append", default=[], metavar="NAME",
                         help="run only this fault (repeatable)")
-    faults.add_argument("-j", "--jobs", type=int, default=1, help="faults run at a time (default 1)")
+    faults.add_argument("-j", "--jobs", type=positive_int, default=1, help="faults run at a time (default 1)")
     faults.add_argument("--markdown", action="store_true", help="print the table as markdown")
     faults.add_argument("--json", type=Path, metavar="PATH", help="also write the run as JSON to PATH")
     faults.set_defaults(func=cmd_faults)
@@ -311,9 +330,13 @@ def build_parser() -> argparse.ArgumentParser:
                        help="replay without the planted fault the file names")
     _emulate_cuda_option(repro, "replay")
     repro.set_defaults(func=cmd_repro)
+    _add_explain(verbs)
 
-    bench = verbs.add_parser("bench", help="run a benchmark from harness.bench")
-    bench.add_argument("name")
+    bench = verbs.add_parser("bench", help="run a benchmark from harness.bench",
+                             description="Benchmarks: " + ", ".join(benchmarks()) + ". Each prints its "
+                             "table and writes a file only where --output says.")
+    bench.add_argument("name", help=f"one of: {', '.join(benchmarks())}; `harness bench NAME --help` "
+                       "for its options")
     bench.add_argument("bench_args", nargs=argparse.REMAINDER)
     bench.set_defaults(func=cmd_bench)
     return parser
@@ -326,13 +349,30 @@ def main(argv: list[str] | None = None) -> int:
     if argv[:1] == ["run"] and "--" in argv:
         cut = argv.index("--")
         argv, pytest_args = argv[:cut], argv[cut + 1:]
-    args = build_parser().parse_args(argv)
+    try:
+        args = build_parser().parse_args(argv)
+    except SystemExit as stop:  # --help, --version, or a usage error already printed
+        return stop.code if isinstance(stop.code, int) else 2
     args.pytest_args = pytest_args
     try:
         return args.func(args)
     except TestDbError as err:
         print(f"harness: {err}", file=sys.stderr)
         return 2
+    except UsageError as error:
+        return report_usage_error(" ".join(v for v in (args.verb, getattr(args, "family", None),
+                                                      getattr(args, "action", None)) if v), error)
+    except SystemExit as stop:  # a benchmark's own argparse
+        return stop.code if isinstance(stop.code, int) else 2
+
+
+def _version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("capture-harness")
+    except PackageNotFoundError:
+        return "(not installed)"
 
 
 if __name__ == "__main__":

@@ -2,7 +2,10 @@
 fixtures (`graph_backend`, `device`), planting a fault for a whole session (`--plant-fault`), and
 reproduction files written for failing tests (`--repro-dir`, the `repro_scenario` fixture).
 
-Loaded through the `pytest11` entry point, so any project that installs the harness gets it.
+Loaded through the `pytest11` entry point, so every pytest session of an environment that has the
+harness installed loads it. It is a guest there: a session that does not use the harness (no harness
+option on the command line, no `capture_harness = true` ini setting, no test asking for its fixtures
+or markers) sees no profile loaded, no torch imported, no thread count changed and no file written.
 """
 
 from __future__ import annotations
@@ -10,6 +13,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import shlex
 from pathlib import Path
 
 import pytest
@@ -22,10 +26,16 @@ MARKERS = {
     "slow": "too long for pre-merge; runs in the nightly lists",
     "property": "Hypothesis property test (profile: --hypothesis-profile ci|nightly|repro)",
 }
+FIXTURES = ("graph_backend", "repro_scenario")  # `device` always comes with graph_backend
+PROFILES = ("ci", "nightly", "repro")
+USE_INI = "capture_harness"
+DEFAULT_REPRO_DIR = "repro"
 
 # Stash keys rather than config attributes, so state lives with the session that made it.
+_in_use = pytest.StashKey[bool]()
 _cuda_available = pytest.StashKey[bool]()
 _planted = pytest.StashKey["tuple[contextlib.ExitStack, object]"]()
+_worker_firings = pytest.StashKey[int]()
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -56,30 +66,60 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     )
     group.addoption(
         "--plant-fault", metavar="NAME", default=None,
-        help="plant the fault NAME of harness.faults.FAULTS for the whole session (run one "
-             "detector with -p no:xdist); the summary says how many times it fired",
+        help="plant the fault NAME of harness.faults.FAULTS for the whole session; the summary "
+             "says how many times it fired (xdist workers' firings included)",
     )
     group.addoption(
         "--fault-report", metavar="PATH", type=Path, default=None,
         help="with --plant-fault: write {fault, fired, exitstatus} as JSON to PATH",
     )
     group.addoption(
-        "--repro-dir", metavar="DIR", default="repro",
-        help="where a failing test writes its reproduction file <test id>.json, relative to the "
-             "rootdir (default: repro); 'none' writes nothing",
+        "--repro-dir", metavar="DIR", default=None,
+        help=f"where a failing test of a harness session writes its reproduction file <test id>.json, "
+             f"relative to the rootdir (default: {DEFAULT_REPRO_DIR}); 'none' writes nothing",
     )
+    parser.addini(USE_INI, type="bool", default=False,
+                  help="use the harness in every session of this project (its Hypothesis profile "
+                       "ci by default, one torch thread per xdist worker, reproduction files)")
 
 
-def _register_hypothesis_profiles() -> None:
+def _named_on_command_line(config: pytest.Config, option: str) -> bool:
+    words = [*config.invocation_params.args, *shlex.split(os.environ.get("PYTEST_ADDOPTS", "")),
+             *config.getini("addopts")]
+    return any(str(word) == option or str(word).startswith(option + "=") for word in words)
+
+
+def uses_harness_by_configuration(config: pytest.Config) -> bool:
+    """The session asked for the harness before collection: a harness option or the ini setting."""
+    return bool(config.getini(USE_INI) or _named_on_command_line(config, "--graph-backend")
+                or config.getoption("plant_fault") or config.getoption("fault_report")
+                or config.getoption("repro_dir"))
+
+
+def uses_harness(item: pytest.Item) -> bool:
+    """A test asks for the harness: one of its fixtures or markers."""
+    return (any(name in item.fixturenames for name in FIXTURES)
+            or any(item.get_closest_marker(name) is not None for name in MARKERS))
+
+
+def _register_hypothesis_profiles(names, *, keep_existing: bool) -> None:
     from hypothesis import HealthCheck, settings
+    from hypothesis.errors import InvalidArgument
 
-    # Pre-merge runs must be reproducible and bounded: a red CI run reruns red.
-    settings.register_profile("ci", derandomize=True, max_examples=25, deadline=None, database=None,
-                              suppress_health_check=[HealthCheck.too_slow])
-    settings.register_profile("nightly", max_examples=500, deadline=None,
-                              suppress_health_check=[HealthCheck.too_slow])
-    settings.register_profile("repro", derandomize=True, print_blob=True, deadline=None,
-                              suppress_health_check=[HealthCheck.too_slow])
+    profiles = {
+        # Pre-merge runs must be reproducible and bounded: a red CI run reruns red.
+        "ci": dict(derandomize=True, max_examples=25, deadline=None, database=None,
+                   suppress_health_check=[HealthCheck.too_slow]),
+        "nightly": dict(max_examples=500, deadline=None, suppress_health_check=[HealthCheck.too_slow]),
+        "repro": dict(derandomize=True, print_blob=True, deadline=None,
+                      suppress_health_check=[HealthCheck.too_slow]),
+    }
+    for name in names:
+        if keep_existing:
+            with contextlib.suppress(InvalidArgument):
+                settings.get_profile(name)
+                continue
+        settings.register_profile(name, **profiles[name])
 
 
 # tryfirst: Hypothesis' own plugin loads --hypothesis-profile in its pytest_configure, and the
@@ -88,23 +128,45 @@ def _register_hypothesis_profiles() -> None:
 def pytest_configure(config: pytest.Config) -> None:
     for name, text in MARKERS.items():
         config.addinivalue_line("markers", f"{name}: {text}")
+    in_use = uses_harness_by_configuration(config)
+    config.stash[_in_use] = in_use
 
-    _register_hypothesis_profiles()
-    if not config.getoption("hypothesis_profile", default=None):
+    profile = config.getoption("hypothesis_profile", default=None)
+    if in_use:
+        _register_hypothesis_profiles(PROFILES, keep_existing=False)
         from hypothesis import settings
 
-        settings.load_profile("ci")
+        # Hypothesis itself loads its own `ci` profile where it detects CI; a profile the project
+        # loaded itself under another name is kept.
+        if not profile and settings.get_current_profile_name() in ("default", "ci"):
+            settings.load_profile("ci")
+    elif profile in PROFILES:
+        # Not a harness session: a profile of that name the project registered itself wins.
+        _register_hypothesis_profiles([profile], keep_existing=True)
 
     _enter_emulated_cuda(config)  # before anything asks torch.cuda, collection included
-    import torch
+    backend_option = config.getoption("graph_backend")
+    if backend_option == "cuda":
+        check_backend_option(backend_option, cuda_available=_cuda(config))
+    check_fault_option(config.getoption("plant_fault"), backend_option)
+    if in_use:
+        _one_thread_per_worker()
 
-    cuda = torch.cuda.is_available()
-    config.stash[_cuda_available] = cuda
-    check_backend_option(config.getoption("graph_backend"), cuda_available=cuda)
-    check_fault_option(config.getoption("plant_fault"), config.getoption("graph_backend"))
+
+def _cuda(config: pytest.Config) -> bool:
+    if _cuda_available not in config.stash:
+        import torch
+
+        config.stash[_cuda_available] = torch.cuda.is_available()
+    return config.stash[_cuda_available]
+
+
+def _one_thread_per_worker() -> None:
     # Each xdist worker is one process of several on the same cores; torch's default of one
     # thread per core would oversubscribe them all.
     if os.environ.get("PYTEST_XDIST_WORKER"):
+        import torch
+
         torch.set_num_threads(1)
 
 
@@ -207,11 +269,23 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
         return
     stack, handle = planted
     stack.close()
+    handle.fired += session.config.stash.get(_worker_firings, 0)
+    workeroutput = getattr(session.config, "workeroutput", None)
+    if workeroutput is not None:  # an xdist worker: the controller adds this to its count
+        workeroutput["harness_fault_fired"] = handle.fired
     path = session.config.getoption("fault_report")
-    if path is not None:
+    if path is not None and workeroutput is None:
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(json.dumps({"fault": handle.name, "fired": handle.fired,
                                     "exitstatus": int(exitstatus)}) + "\n")
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_testnodedown(node, error) -> None:
+    """xdist's controller, as a worker ends: its firings of the planted fault join the count."""
+    fired = getattr(node, "workeroutput", {}).get("harness_fault_fired", 0)
+    config = node.config
+    config.stash[_worker_firings] = config.stash.get(_worker_firings, 0) + fired
 
 
 def pytest_terminal_summary(terminalreporter, exitstatus: int, config: pytest.Config) -> None:
@@ -237,14 +311,19 @@ def repro_scenario() -> ScenarioSlot:
     return ScenarioSlot()
 
 
-@pytest.hookimpl(hookwrapper=True)
+@pytest.hookimpl(wrapper=True)
 def pytest_runtest_makereport(item: pytest.Item, call):
-    outcome = yield
-    report = outcome.get_result()
-    folder = item.config.getoption("repro_dir")
-    if report.failed and report.when in ("setup", "call") and folder != "none":
+    report = yield
+    folder = item.config.getoption("repro_dir") or DEFAULT_REPRO_DIR
+    if (report.failed and report.when in ("setup", "call") and folder != "none"
+            and (item.config.stash.get(_in_use, False) or uses_harness(item))):
         path = write_repro_file(item, report, item.config.rootpath / folder)
-        report.sections.append(("reproduction", f"harness repro {path}"))
+        slot = getattr(item, "funcargs", {}).get("repro_scenario")
+        explain = f"\nharness explain {path}" if getattr(slot, "scenario", None) is not None else ""
+        report.sections.append(("reproduction", f"harness repro {path}{explain}"))
+        # Reported with the test (JUnit XML <properties>), so `harness run` can list the files.
+        item.user_properties.append(("reproduction", str(path)))
+    return report
 
 
 def write_repro_file(item: pytest.Item, report: pytest.TestReport, folder: Path) -> Path:
@@ -279,12 +358,15 @@ def write_repro_file(item: pytest.Item, report: pytest.TestReport, folder: Path)
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    if config.stash.get(_cuda_available, False):
+    if not config.stash.get(_in_use, False) and any(uses_harness(item) for item in items):
+        config.stash[_in_use] = True
+        _one_thread_per_worker()
+    needs_cuda = [item for item in items if item.get_closest_marker("gpu") is not None]
+    if not needs_cuda or _cuda(config):
         return
     skip = pytest.mark.skip(reason="needs CUDA: torch.cuda.is_available() is False")
-    for item in items:
-        if item.get_closest_marker("gpu") is not None:
-            item.add_marker(skip)
+    for item in needs_cuda:
+        item.add_marker(skip)
 
 
 @pytest.fixture(scope="session")

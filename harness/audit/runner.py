@@ -45,15 +45,16 @@ class AuditResult:
 
 
 def select(patterns: list[str] | None) -> list[Architecture]:
-    """Architectures whose model_type or class name matches one of the glob patterns (all if none);
-    a pattern matching nothing is a ValueError naming it."""
+    """Architectures whose model_type or class name matches one of the glob patterns, in any case
+    (all if none); a pattern matching nothing is a ValueError naming it."""
     archs = causal_lm_architectures()
     if not patterns:
         return archs
     chosen = []
     for pattern in patterns:
-        matched = [a for a in archs if fnmatch.fnmatchcase(a.model_type, pattern)
-                   or fnmatch.fnmatchcase(a.class_name, pattern)]
+        # Any case: `--arch Llama` finds llama.
+        matched = [a for a in archs if fnmatch.fnmatchcase(a.model_type.lower(), pattern.lower())
+                   or fnmatch.fnmatchcase(a.class_name.lower(), pattern.lower())]
         if not matched:
             raise ValueError(f"--arch {pattern!r} matches no causal LM architecture of transformers "
                              f"(model types such as {', '.join(a.model_type for a in archs[:5])}, ...)")

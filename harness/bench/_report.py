@@ -1,5 +1,5 @@
-"""Where a benchmark result came from (date, commit, machine) and how it lands in
-docs/benchmarks.md."""
+"""Where a benchmark result came from (date, commit, machine, threads) and how it is appended to
+the file `--output` names (the project's own record is docs/benchmarks.md)."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from pathlib import Path
 
 import torch
 
-_HEADER = "# Benchmarks\n\nAppended by `harness bench NAME`; newest last.\n"
+_HEADER = "# Benchmarks\n\nAppended by `harness bench NAME --output FILE`; newest last.\n"
 
 
 def git_commit() -> str:
@@ -30,16 +30,17 @@ def git_commit() -> str:
     return f"{commit}+dirty" if dirty else commit
 
 
-def machine_line() -> str:
+def machine_line(threads: int) -> str:
+    """The machine a result was timed on; `threads` is the torch thread count it was timed with."""
     return (f"machine: {platform.platform()}, {os.cpu_count()} cores "
-            f"({torch.get_num_threads()} torch threads), python {platform.python_version()}, "
+            f"(timed with {threads} torch threads), python {platform.python_version()}, "
             f"torch {torch.__version__}")
 
 
-def append_section(path: str | os.PathLike, title: str, body: str) -> None:
+def append_section(path: str | os.PathLike, title: str, body: str, *, threads: int) -> None:
     target = Path(path)
     target.parent.mkdir(parents=True, exist_ok=True)
     now = datetime.datetime.now().astimezone().strftime("%Y-%m-%d %H:%M %Z")
-    section = f"\n## {title} ({now})\n\ncommit: {git_commit()}; {machine_line()}\n\n{body}\n"
+    section = f"\n## {title} ({now})\n\ncommit: {git_commit()}; {machine_line(threads)}\n\n{body}\n"
     existing = target.read_text() if target.exists() else _HEADER
     target.write_text(existing + section)

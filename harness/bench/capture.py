@@ -12,6 +12,11 @@ Two measurements per model shape (the tiny CPU-suite model and the Llama-3.2-1B 
 
 Each ratio comes from one run: the median of many timed iterations after warmup.
 
+Then, in the same run: the decode step through `Engine.generate`, eager and with graphs, overlap off
+and on (_engine_steps.py; targets at batch 1 with graphs and overlap: tiny <= 0.25 ms, 1b <= 1.2 ms
+on an H200), the ops per layer of a decode step as a CPU proxy for kernels (_kernels.py), and on cuda
+the kernels one replay of batch 1 launches (torch.profiler).
+
 `--profile` (one model, one `--batch`): the engine's graph step (prepare, replay, ranking and its
 device-to-host transfer) under torch.profiler, the top host-side costs, and a perf_counter breakdown
 of the step with the share that is graph replay against host work. Prints only; writes nothing.
@@ -28,6 +33,9 @@ from typing import Callable
 import torch
 
 from harness.bench._report import append_section, machine_line
+from harness.bench._engine_steps import render_steps, step_misses, time_engine_steps
+from harness.bench._kernels import cuda_kernels_per_replay, op_counts, render_op_counts
+from harness.cli_support import require_backend
 from harness.graphs import get_backend
 from harness.model import ReferenceLlama, llama_1b_config, random_llama, tiny_llama_config
 from harness.ops.metadata import SequenceSpan
@@ -121,7 +129,10 @@ def time_capture(name: str, model: ReferenceLlama, backend) -> CaptureTiming:
     return CaptureTiming(name, two_pass_ms=times[False], single_pass_ms=times[True])
 
 
-def time_replay(name: str, model: ReferenceLlama, backend, *, iters: int, warmup: int) -> list[ReplayTiming]:
+def time_replay(name: str, model: ReferenceLlama, backend, *, iters: int, warmup: int,
+                kernels: dict[str, float] | None = None) -> list[ReplayTiming]:
+    """Eager against replay at every batch; on cuda `kernels[name]` gets the kernels one replay of
+    batch 1 launches."""
     engine = _new_engine(model, backend, single_pass=False)
     engine.decode_graphs.warmup_and_capture("serve")
     device = model.device
@@ -148,6 +159,8 @@ def time_replay(name: str, model: ReferenceLlama, backend, *, iters: int, warmup
                                f"{(expected - got).abs().max().item()}")
         eager_ms, replay_ms = median_ms(device, eager, replay, iters=iters, warmup=warmup)
         timings.append(ReplayTiming(name, batch, eager_ms, replay_ms))
+        if batch == 1 and kernels is not None and device.type == "cuda":
+            kernels[name] = cuda_kernels_per_replay(replay)
         for b in blocks:
             cache.allocator.free(b)
     return timings
@@ -274,19 +287,26 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--backend", default="auto", choices=("auto", "cuda", "emulated"))
     parser.add_argument("--iters", type=int, default=100, help="timed iterations (default 100)")
     parser.add_argument("--warmup", type=int, default=10, help="untimed iterations first (default 10)")
-    parser.add_argument("--output", default="docs/benchmarks.md", help="file the tables are appended to")
-    parser.add_argument("--no-write", action="store_true", help="print only; do not append to --output")
+    parser.add_argument("--output", metavar="FILE", help="also append the tables to FILE "
+                        "(e.g. docs/benchmarks.md); default: print only")
+    parser.add_argument("--no-write", action="store_true", help="print only, even with --output")
     parser.add_argument("--check", action="store_true", help="exit 1 when a target is missed")
     parser.add_argument("--profile", action="store_true",
                         help="profile the graph step of one --model at one --batch; prints only")
     parser.add_argument("--batch", type=int, default=1, choices=BATCHES, help="--profile's batch (default 1)")
+    parser.add_argument("--step-repeats", type=int, default=5,
+                        help="repeats of the engine-step timing, eager and graphs, overlap off and on "
+                             "(default 5; 0 skips it)")
     args = parser.parse_args(argv)
-    if args.iters < 1 or args.warmup < 0:
-        parser.error(f"--iters must be at least 1 and --warmup at least 0, got {args.iters}, {args.warmup}")
+    if args.iters < 1 or args.warmup < 0 or args.step_repeats < 0:
+        parser.error(f"--iters must be at least 1, --warmup and --step-repeats at least 0, got "
+                     f"{args.iters}, {args.warmup}, {args.step_repeats}")
     if args.profile and args.model and len(args.model) > 1:
         parser.error(f"--profile takes one --model, got {args.model}")
+    require_backend("--backend", args.backend)
     backend = get_backend(args.backend)
     device = torch.device(backend.device)
+    timed_threads = torch.get_num_threads()
     if args.profile:
         name = (args.model or ["tiny"])[0]
         with torch.inference_mode():
@@ -295,20 +315,31 @@ def main(argv: list[str]) -> int:
         print(render_profile(table, breakdown, backend.name, args.iters))
         return 0
     models = args.model or (["tiny", "1b"] if device.type == "cuda" else ["tiny"])
-    captures, replays, floors = [], [], {}
+    captures, replays, floors, steps, kernels, layers = [], [], {}, [], {}, {}
     with torch.inference_mode():
         for name in models:
             model = build_model(name, device)
-            floors[name] = weight_floor_ms(model)
+            floors[name], layers[name] = weight_floor_ms(model), model.num_layers
             captures.append(time_capture(name, model, backend))
-            replays += time_replay(name, model, backend, iters=args.iters, warmup=args.warmup)
+            replays += time_replay(name, model, backend, iters=args.iters, warmup=args.warmup,
+                                   kernels=kernels)
+            if args.step_repeats:
+                steps += time_engine_steps(name, model, backend, (1,), repeats=args.step_repeats)
             del model
-    table = render(backend.name, captures, replays, floors, args.iters)
-    missed = misses(captures, replays)
+    tables = [render(backend.name, captures, replays, floors, args.iters)]
+    if steps:
+        tables.append(render_steps(steps, args.step_repeats))
+    tables.append(render_op_counts([op_counts(1)]))
+    if kernels:
+        tables.append("CUDA kernels per decode replay at batch 1 (torch.profiler; greedy graphs: the "
+                      "ranking runs after the replay): " + ", ".join(
+                          f"{n} {k:g} ({k / layers[n]:.1f} per layer)" for n, k in kernels.items()))
+    table = "\n\n".join(tables)
+    missed = misses(captures, replays) + step_misses(steps)
     print(table)
-    print(machine_line())
+    print(machine_line(timed_threads))
     print("targets: " + (f"missed: {'; '.join(missed)}" if missed else "met"))
-    if not args.no_write:
-        append_section(args.output, "harness bench capture", table)
+    if args.output and not args.no_write:
+        append_section(args.output, "harness bench capture", table, threads=timed_threads)
         print(f"appended to {args.output}")
     return 1 if args.check and missed else 0

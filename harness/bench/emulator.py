@@ -146,10 +146,11 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--no-tracking", action="store_true",
                         help="skip the replay with stream tracking on vs off on the emulated "
                              f"CUDA device (target <= {TRACKING_TARGET:.2f}x)")
-    parser.add_argument("--output", default="docs/benchmarks.md", help="file the table is appended to")
-    parser.add_argument("--no-write", action="store_true", help="print only; do not append to --output")
     parser.add_argument("--no-device", action="store_true",
                         help="skip the emulated CUDA device's table (eager on it vs CPU eager)")
+    parser.add_argument("--output", metavar="FILE", help="also append the table to FILE "
+                        "(e.g. docs/benchmarks.md); default: print only")
+    parser.add_argument("--no-write", action="store_true", help="print only, even with --output")
     parser.add_argument("--check", action="store_true",
                         help=f"exit 1 when a ratio is above the target {TARGET:.2f}")
     args = parser.parse_args(argv)
@@ -182,9 +183,9 @@ def main(argv: list[str]) -> int:
         if tracking.ratio > TRACKING_TARGET:
             missed.append("replay with stream tracking")
     print(table)
-    print(machine_line())
+    print(machine_line(args.threads))
     print(f"target ratio <= {TARGET:.2f}: " + (f"missed by {', '.join(missed)}" if missed else "met"))
-    if not args.no_write:
-        append_section(args.output, "harness bench emulator", table)
+    if args.output and not args.no_write:
+        append_section(args.output, "harness bench emulator", table, threads=args.threads)
         print(f"appended to {args.output}")
     return 1 if args.check and missed else 0

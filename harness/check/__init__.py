@@ -1,12 +1,13 @@
-"""What suites assert with: BF16-step comparison of generations, tensor pointer snapshots and the
-capture lint."""
+"""What suites assert with: BF16-step comparison of generations, tensor pointer snapshots, the
+capture lint, and the explanation of a divergence op by op."""
 
 from harness.check.lint import LintReport, capture_lint
 from harness.check.compare import Comparison, Divergence, compare_generations
+from harness.check.explain import Explanation, explain_divergence
 from harness.check.tolerance import bf16_step, logprob_tolerance
 from harness.graphs.pointers import TensorRecord, describe_moved, moved_tensors, snapshot_tensors
 
 __all__ = [
-    "Comparison", "Divergence", "LintReport", "capture_lint", "TensorRecord", "bf16_step", "compare_generations", "describe_moved",
-    "logprob_tolerance", "moved_tensors", "snapshot_tensors",
+    "Comparison", "Divergence", "Explanation", "LintReport", "capture_lint", "TensorRecord", "bf16_step", "compare_generations", "describe_moved",
+    "explain_divergence", "logprob_tolerance", "moved_tensors", "snapshot_tensors",
 ]

@@ -30,6 +30,7 @@ import importlib
 import linecache
 import os
 import sys
+import traceback
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
@@ -151,6 +152,11 @@ def capture_lint(fn: Callable[[], Any], *, context: tuple[Any, ...] = (), name: 
                       recorder.external_reads, stopped)
 
 
+class TargetFailed(Exception):
+    """The lint target raised while being imported or built: its own error, not a capture hazard.
+    The message names the file and line that raised."""
+
+
 def lint_target(target: str, *, factory: bool = False) -> LintReport:
     """`MODULE:CALLABLE` imported and linted; with `factory`, CALLABLE() builds the callable to lint."""
     module_name, sep, attr = target.partition(":")
@@ -158,13 +164,30 @@ def lint_target(target: str, *, factory: bool = False) -> LintReport:
         raise ValueError(f"lint target {target!r} must be MODULE:CALLABLE, e.g. mypkg.steps:decode_step")
     if os.getcwd() not in sys.path:
         sys.path.insert(0, os.getcwd())
-    obj: Any = importlib.import_module(module_name)
+    try:
+        obj: Any = importlib.import_module(module_name)
+    except ModuleNotFoundError as error:
+        if error.name != module_name:
+            raise TargetFailed(_raised_where(error, f"importing {module_name}")) from error
+        raise
+    except Exception as error:
+        raise TargetFailed(_raised_where(error, f"importing {module_name}")) from error
     for part in attr.split("."):
         obj = getattr(obj, part)
-    fn = obj() if factory else obj
-    if not callable(fn):
-        raise ValueError(f"{target}{'()' if factory else ''} is a {type(fn).__name__}, not a callable")
-    return capture_lint(fn, name=target)
+    if factory:
+        try:
+            obj = obj()
+        except Exception as error:
+            raise TargetFailed(_raised_where(error, f"calling {target}()")) from error
+    if not callable(obj):
+        raise ValueError(f"{target}{'()' if factory else ''} is a {type(obj).__name__}, not a callable")
+    return capture_lint(obj, name=target)
+
+
+def _raised_where(error: BaseException, doing: str) -> str:
+    frames = traceback.extract_tb(error.__traceback__)
+    where = f"{frames[-1].filename}:{frames[-1].lineno}" if frames else "<unknown>"
+    return f"{doing}: {type(error).__name__}: {error} (raised at {where})"
 
 
 def _emulated_device(device: torch.device):

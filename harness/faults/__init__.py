@@ -7,8 +7,9 @@ reference runtime and names the test expected to catch it.
 
 Faults by family: ops.py (attention ops and metadata), model.py (weights, scratch), runtime.py
 (graph machinery), decoder.py (decode
-graphs and their phases), piecewise.py (piecewise prefill graphs), asynchrony.py (streams,
-non_blocking copies and captured collectives). `harness faults` (run.py) proves each one is caught.
+graphs and their phases), piecewise.py (piecewise prefill graphs), overlap.py (the overlap loop's
+staging, events and stream order), asynchrony.py (streams, non_blocking copies and captured
+collectives, in runtime.async_io). `harness faults` (run.py) proves each one is caught.
 """
 
 from __future__ import annotations
@@ -22,12 +23,13 @@ from harness.faults.asynchrony import ASYNC_FAULTS
 from harness.faults.decoder import DECODER_FAULTS
 from harness.faults.model import MODEL_FAULTS
 from harness.faults.ops import OPS_FAULTS
+from harness.faults.overlap import OVERLAP_FAULTS
 from harness.faults.piecewise import PIECEWISE_FAULTS
 from harness.faults.registry import Fault, FaultHandle, NotPlantableError, get_fault, inject_fault, registry
 from harness.faults.runtime import RUNTIME_FAULTS
 
 FAULTS = registry(OPS_FAULTS, MODEL_FAULTS, RUNTIME_FAULTS, DECODER_FAULTS, PIECEWISE_FAULTS,
-                  ASYNC_FAULTS)
+                  OVERLAP_FAULTS, ASYNC_FAULTS)
 
 # Set by `--plant-fault` for the processes a planted session spawns (torch.distributed ranks start
 # fresh interpreters, so the parent's planting does not reach them).

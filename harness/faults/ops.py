@@ -53,19 +53,16 @@ def pad_slot_minus_one_wraps(handle: FaultHandle) -> Iterator[None]:
 @contextlib.contextmanager
 def pad_nan_leaks_into_real_rows(handle: FaultHandle) -> Iterator[None]:
     def make(dense_attention):
-        def planted(q, keys, values, visible, scale):
+        def planted(q, keys, values, hidden, scale):
             handle.fire()
-            # Masks the probabilities only: a hidden position's value still enters the sum as
+            # Masks the scores only: a hidden position's value still enters the sum as
             # 0 * value, and 0 * NaN from a padded row's K/V is NaN.
             tokens, heads, head_dim = q.shape
-            kv_heads = keys.shape[2]
-            qf = q.float().view(tokens, kv_heads, heads // kv_heads, head_dim)
-            hidden = ~visible[:, None, None, :]
-            scores = torch.einsum("tkgd,tckd->tkgc", qf, keys.float()) * scale
-            probs = torch.softmax(scores.masked_fill(hidden, float("-inf")), dim=-1)
-            probs = probs.masked_fill(hidden, 0.0)
-            return torch.einsum("tkgc,tckd->tkgd", probs, values.float()).reshape(tokens, heads,
-                                                                                   head_dim)
+            kv_heads = keys.shape[0]
+            qs = q.view(tokens, kv_heads, heads // kv_heads, head_dim).transpose(0, 1) * scale
+            scores = torch.matmul(qs, keys.transpose(-1, -2))
+            scores = scores.masked_fill(hidden[None, :, None, :], torch.finfo(scores.dtype).min)
+            return torch.matmul(torch.softmax(scores, dim=-1), values)
         return planted
 
     with replace_function(attention, "dense_attention", make):
@@ -75,10 +72,10 @@ def pad_nan_leaks_into_real_rows(handle: FaultHandle) -> Iterator[None]:
 @contextlib.contextmanager
 def attention_returns_new_tensor(handle: FaultHandle) -> Iterator[None]:
     def make(paged_attention):
-        def planted(q, k, v, kv_layer, metadata, scale, out, workspace=None):
+        def planted(q, k, v, kv_layer, metadata, scale, out, workspace=None, plan=None):
             handle.fire()
             fresh = torch.empty_like(out)
-            paged_attention(q, k, v, kv_layer, metadata, scale, fresh, workspace)
+            paged_attention(q, k, v, kv_layer, metadata, scale, fresh, workspace, plan)
             return fresh
         return planted
 
@@ -135,7 +132,7 @@ def max_seq_len_baked(handle: FaultHandle) -> Iterator[None]:
         return planted
 
     def make_attention(paged_attention):
-        def planted(q, k, v, kv_layer, metadata, scale, out, workspace=None):
+        def planted(q, k, v, kv_layer, metadata, scale, out, workspace=None, plan=None):
             handle.fire()
             # The kernel reads as many KV blocks as the batch's longest sequence needs, a Python int
             # taken on the host when the step runs: a graph keeps the capture batch's value.

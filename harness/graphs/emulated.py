@@ -14,6 +14,7 @@ from harness.graphs.emulator.opinfo import ReplayStep
 from harness.graphs.emulator.pool import PoolArena
 from harness.graphs.emulator.recorder import Recorder
 from harness.graphs.emulator.session import CaptureSession
+from harness.graphs.emulator.trace import OpRecord
 
 
 # StorageWeakRef.expired() without its Python method call: one C call per storage at each replay;
@@ -24,7 +25,8 @@ _data_ptr = torch.UntypedStorage.data_ptr
 
 class EmulatedGraph(CapturedGraph):
     def __init__(self, output: Any, pool: PoolArena, steps: list[ReplayStep],
-                 inference_mode: bool, external: list[ExternalStorage], *,
+                 inference_mode: bool, external: list[ExternalStorage],
+                 records: list[OpRecord] | None = None, *,
                  reads: frozenset[int] = frozenset(), writes: frozenset[int] = frozenset()) -> None:
         self.output = output
         self.pool = pool
@@ -36,6 +38,7 @@ class EmulatedGraph(CapturedGraph):
         self._external_weak_refs = tuple(s.liveness.cdata for s in external)
         self._external_objects = tuple(s.storage_object for s in external)
         self._external_addresses = tuple(s.address for s in external)
+        self.records: tuple[OpRecord, ...] = tuple(records or ())
 
     @property
     def num_ops(self) -> int:
@@ -49,6 +52,31 @@ class EmulatedGraph(CapturedGraph):
         with torch.inference_mode(self._inference_mode), torch._C._AutoDispatchBelowADInplaceOrView():
             for fn, args, kwargs in steps:
                 fn(*args, **kwargs)
+
+    def replay_observed(self, before: Callable[[OpRecord], Any],
+                        after: Callable[[OpRecord], Any]) -> None:
+        """`replay()`, calling `before(record)` ahead of each recorded op's replay call and
+        `after(record)` once its outputs hold its results (for harness.check.explain)."""
+        steps = self.refuse_unreplayable()
+        by_step: dict[int, list[OpRecord]] = {}
+        for record in self.records:
+            by_step.setdefault(record.step, []).append(record)
+        with torch.inference_mode(self._inference_mode), torch._C._AutoDispatchBelowADInplaceOrView():
+            for index, (fn, args, kwargs) in enumerate(steps):
+                records = by_step.get(index, ())
+                for record in records:
+                    before(record)
+                fn(*args, **kwargs)
+                for record in records:
+                    after(record)
+
+    def first_use(self, address: int) -> str:
+        """Where the capture first used the external storage that holds `address`, or ""."""
+        for storage in self._external:
+            start = storage.replay_storage.data_ptr()
+            if start <= address < start + storage.replay_storage.nbytes():
+                return storage.first_use
+        return ""
 
     def refuse_unreplayable(self) -> list[ReplayStep]:
         """The steps to replay, or the error a replay raises (released, freed or moved memory)."""
@@ -76,7 +104,10 @@ class EmulatedGraph(CapturedGraph):
 class EmulatedBackend(GraphBackend):
     name = "emulated"
 
-    def __init__(self, device: torch.device | str | None = None) -> None:
+    def __init__(self, device: torch.device | str | None = None, *, trace: bool = False) -> None:
+        """`trace`: keep, per recorded op, its source line, arguments and outputs, so that
+        `EmulatedGraph.replay_observed` can show each op's results (harness.check.explain)."""
+        self.trace = trace
         device = torch.device("cpu" if device is None else device)
         if device.type == "cuda" and device.index is None:
             device = torch.device("cuda", torch.cuda.current_device())
@@ -111,7 +142,7 @@ class EmulatedBackend(GraphBackend):
             return self._capture_through_torch_cuda(fn, arena)
         if arena.device != self.device:
             raise ValueError(f"pool lives on {arena.device} but this backend captures on {self.device}")
-        session = CaptureSession(arena, self.device)
+        session = CaptureSession(arena, self.device, trace=self.trace)
         recorder = session.recorder  # named in this frame: a failed capture's traceback shows it
         session.begin()
         try:
@@ -121,7 +152,7 @@ class EmulatedBackend(GraphBackend):
             raise
         recording = session.end(stacklevel=4)
         return EmulatedGraph(output, arena, recording.steps, recording.inference_mode,
-                             recording.external)
+                             recording.external, recording.records)
 
     def _capture_through_torch_cuda(self, fn: Callable[[], Any], arena: PoolArena) -> CapturedGraph:
         from harness.graphs.cuda import CudaGraph

@@ -6,7 +6,13 @@ the attention metadata says which sequence, position and KV slot each row belong
 forward can be captured into a graph for one padded shape and replayed for any batch of that shape.
 
 Numerics mirror transformers' Llama so it serves as an independent oracle: weights and activations in
-the model dtype (bf16), RMSNorm and softmax in fp32, RoPE applied in the model dtype. The returned
+the model dtype (bf16), RMSNorm and softmax in fp32, RoPE applied in the model dtype. The decode step
+is laid out for few, large kernels (the ones a serving runtime fuses with torch ops alone): q/k/v and
+gate/up each one GEMM over weights concatenated at load, RMSNorm one `rms_norm`, rotary from one
+table gathered once per forward and applied in place, each residual add folded into the GEMM before
+it, and what each token attends to (`ContextPlan`) computed once per forward for every layer. These
+round differently from transformers at a few points (one rounding where it rounds twice); the model
+suites hold them to BF16 tolerance. The returned
 logits are the lm_head output in the model dtype, cast to fp32 ([num_seqs, vocab], float32).
 """
 
@@ -17,8 +23,9 @@ import torch.nn.functional as F
 from torch import nn
 from transformers import LlamaConfig
 
-from harness.model.rope import RotaryTable, apply_rotary
-from harness.ops.attention import paged_attention
+from harness.model.rope import RotaryTable, apply_rotary_
+from harness.model.weights import hf_state_dict
+from harness.ops.attention import ContextPlan, metadata_plan, paged_attention
 from harness.ops.kv_cache import PagedKVCache
 from harness.ops.metadata import AttentionMetadata
 from harness.ops.workspace import Workspace
@@ -31,12 +38,26 @@ class RMSNorm(nn.Module):
         self.eps = eps
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        x32 = x.float()
-        x32 = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)
-        return self.weight * x32.to(x.dtype)
+        # transformers' numerics (normalize in fp32, round, then scale by the weight), and one
+        # kernel where torch fuses it (CUDA); elsewhere torch runs the same steps one op each.
+        return F.rms_norm(x, self.weight.shape, self.weight, self.eps)
+
+
+def add_linear_(residual: torch.Tensor, x: torch.Tensor, linear: nn.Linear, *,
+                in_place: bool = True) -> torch.Tensor:
+    """residual + linear(x) as one GEMM that accumulates into the residual (`addmm` with beta=1),
+    in place unless `in_place` is False (a compiled segment may not write its inputs)."""
+    if in_place:
+        out = residual.addmm_(x, linear.weight.t())
+    else:
+        out = torch.addmm(residual, x, linear.weight.t())
+    return out if linear.bias is None else out.add_(linear.bias)
 
 
 class Attention(nn.Module):
+    """q, k and v come from one fused projection (`qkv_proj`, the three weights concatenated at
+    load); q and k are rotated together, in place, since they are adjacent in its output."""
+
     def __init__(self, config: LlamaConfig) -> None:
         super().__init__()
         self.num_heads = config.num_attention_heads
@@ -44,34 +65,46 @@ class Attention(nn.Module):
         self.head_dim = getattr(config, "head_dim", None) or config.hidden_size // self.num_heads
         self.scale = self.head_dim ** -0.5
         bias = bool(getattr(config, "attention_bias", False))
-        self.q_proj = nn.Linear(config.hidden_size, self.num_heads * self.head_dim, bias=bias)
-        self.k_proj = nn.Linear(config.hidden_size, self.num_kv_heads * self.head_dim, bias=bias)
-        self.v_proj = nn.Linear(config.hidden_size, self.num_kv_heads * self.head_dim, bias=bias)
+        heads = self.num_heads + 2 * self.num_kv_heads
+        self.qkv_proj = nn.Linear(config.hidden_size, heads * self.head_dim, bias=bias)
         self.o_proj = nn.Linear(self.num_heads * self.head_dim, config.hidden_size, bias=bias)
 
-    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, kv_layer: torch.Tensor,
-                metadata: AttentionMetadata, workspace: Workspace) -> torch.Tensor:
+    def qkv(self, x: torch.Tensor, cos: torch.Tensor,
+            sin: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """q [tokens, heads, head_dim], k and v [tokens, kv_heads, head_dim]: views of one buffer."""
         tokens = x.shape[0]
-        q = apply_rotary(self.q_proj(x).view(tokens, self.num_heads, self.head_dim), cos, sin)
-        k = apply_rotary(self.k_proj(x).view(tokens, self.num_kv_heads, self.head_dim), cos, sin)
-        v = self.v_proj(x).view(tokens, self.num_kv_heads, self.head_dim)
-        out = torch.empty_like(q)
-        paged_attention(q, k, v, kv_layer, metadata, self.scale, out, workspace=workspace)
-        return self.o_proj(out.view(tokens, self.num_heads * self.head_dim))
+        qkv = self.qkv_proj(x).view(tokens, self.num_heads + 2 * self.num_kv_heads, self.head_dim)
+        apply_rotary_(qkv[:, : self.num_heads + self.num_kv_heads], cos, sin)
+        return qkv.split((self.num_heads, self.num_kv_heads, self.num_kv_heads), dim=1)
+
+    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, kv_layer: torch.Tensor,
+                metadata: AttentionMetadata, workspace: Workspace,
+                plan: ContextPlan | None = None) -> torch.Tensor:
+        """The attention output before o_proj, [tokens, heads * head_dim]."""
+        q, k, v = self.qkv(x, cos, sin)
+        out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
+        paged_attention(q, k, v, kv_layer, metadata, self.scale, out, workspace=workspace, plan=plan)
+        return out.view(x.shape[0], self.num_heads * self.head_dim)
 
 
 class MLP(nn.Module):
+    """gate and up come from one fused projection (`gate_up_proj`, concatenated at load)."""
+
     def __init__(self, config: LlamaConfig) -> None:
         super().__init__()
         if config.hidden_act != "silu":
             raise ValueError(f"hidden_act {config.hidden_act!r} is not supported; ReferenceLlama implements 'silu'")
         bias = bool(getattr(config, "mlp_bias", False))
-        self.gate_proj = nn.Linear(config.hidden_size, config.intermediate_size, bias=bias)
-        self.up_proj = nn.Linear(config.hidden_size, config.intermediate_size, bias=bias)
+        self.gate_up_proj = nn.Linear(config.hidden_size, 2 * config.intermediate_size, bias=bias)
         self.down_proj = nn.Linear(config.intermediate_size, config.hidden_size, bias=bias)
 
+    def activation(self, x: torch.Tensor) -> torch.Tensor:
+        """silu(gate(x)) * up(x), the input of down_proj."""
+        gate, up = self.gate_up_proj(x).chunk(2, dim=-1)
+        return F.silu(gate) * up
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+        return self.down_proj(self.activation(x))
 
 
 class DecoderLayer(nn.Module):
@@ -82,9 +115,16 @@ class DecoderLayer(nn.Module):
         self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.mlp = MLP(config)
 
-    def forward(self, x, cos, sin, kv_layer, metadata, workspace):
-        x = x + self.self_attn(self.input_layernorm(x), cos, sin, kv_layer, metadata, workspace)
-        return x + self.mlp(self.post_attention_layernorm(x))
+    def after_attention(self, x: torch.Tensor, attended: torch.Tensor, *,
+                        in_place: bool = True) -> torch.Tensor:
+        """The layer's output from its input `x` and its attention output: both residual adds
+        ride on the GEMM before them (o_proj, down_proj)."""
+        x = add_linear_(x, attended, self.self_attn.o_proj, in_place=in_place)
+        return add_linear_(x, self.mlp.activation(self.post_attention_layernorm(x)), self.mlp.down_proj)
+
+    def forward(self, x, cos, sin, kv_layer, metadata, workspace, plan=None):
+        attended = self.self_attn(self.input_layernorm(x), cos, sin, kv_layer, metadata, workspace, plan)
+        return self.after_attention(x, attended)
 
 
 class ReferenceLlama(nn.Module):
@@ -146,12 +186,10 @@ class ReferenceLlama(nn.Module):
         cuda = [weight.device] if weight.device.type == "cuda" else []
         with torch.random.fork_rng(devices=cuda), torch.device(weight.device):
             model = cls(config, dtype=weight.dtype)
-        state = {name.removeprefix("model."): tensor for name, tensor in hf_model.state_dict().items()}
-        missing, unexpected = model.load_state_dict(state, strict=False)
+        missing, unexpected = model.load_state_dict(hf_state_dict(hf_model), strict=False)
         missing = [m for m in missing if not m.startswith("rotary.")]
         if config.tie_word_embeddings:
             missing = [m for m in missing if m != "lm_head.weight"]
-        unexpected = [u for u in unexpected if not u.startswith("rotary_emb.")]
         if missing or unexpected:
             raise ValueError(f"weights of {type(hf_model).__name__} do not fit ReferenceLlama: "
                              f"missing {missing}, unexpected {unexpected}")
@@ -175,8 +213,9 @@ class ReferenceLlama(nn.Module):
                              f"the metadata describes {num_tokens}")
         positions = metadata.positions[:num_tokens]
         cos, sin = self.rotary(positions)
+        plan = metadata_plan(metadata)  # what each token attends to: the same in every layer
         x = self.embed_tokens(input_ids[:num_tokens])
         for i, layer in enumerate(self.layers):
-            x = layer(x, cos, sin, kv_cache.layer(i), metadata, self.workspace)
+            x = layer(x, cos, sin, kv_cache.layer(i), metadata, self.workspace, plan)
         last = x.index_select(0, metadata.logits_indices[:num_seqs])
         return self.lm_head(self.norm(last)).float()

@@ -3,7 +3,8 @@
 The inverse frequencies come from transformers' own RoPE initialisers (`rope_parameters` in 5.x,
 `rope_theta` / `rope_scaling` before), so llama3-style scaling is read from the config, not assumed.
 cos and sin are tabulated per position once: a lookup by the metadata's positions is a device gather,
-which a graph can replay, and yields the same values transformers computes on the fly.
+which a graph can replay, and yields the same values transformers computes on the fly. (-sin is
+exact, so the signed table holds transformers' values too.)
 """
 
 from __future__ import annotations
@@ -39,27 +40,33 @@ def inverse_frequencies(config: LlamaConfig) -> tuple[torch.Tensor, float]:
 
 
 class RotaryTable(nn.Module):
-    """cos/sin for every position up to `max_positions`, in the model dtype."""
+    """cos and signed sin for every position up to `max_positions`, in the model dtype, stacked in
+    one table so that a batch's rows are one gather.
+
+    The signed sin is (-sin, sin) over the two halves of a head: rotate_half(x) * sin equals
+    roll(x, half) * signed_sin, which `apply_rotary_` uses to rotate in three kernels."""
 
     def __init__(self, config: LlamaConfig, dtype: torch.dtype) -> None:
         super().__init__()
         inv_freq, scaling = inverse_frequencies(config)  # on the CPU
         positions = torch.arange(config.max_position_embeddings, dtype=torch.float32, device="cpu")
         freqs = positions[:, None] * inv_freq[None, :]
-        angles = torch.cat((freqs, freqs), dim=-1)
         # Rounded to the model dtype after scaling, as transformers does; built on the CPU and moved
         # to the default device, so a model built under `with torch.device(...)` gets it there.
+        cos = (freqs.cos() * scaling).to(dtype)
+        sin = (freqs.sin() * scaling).to(dtype)
+        table = torch.stack((torch.cat((cos, cos), dim=-1), torch.cat((-sin, sin), dim=-1)), dim=1)
         device = torch.empty(0).device
-        self.register_buffer("cos", (angles.cos() * scaling).to(device, dtype), persistent=False)
-        self.register_buffer("sin", (angles.sin() * scaling).to(device, dtype), persistent=False)
+        self.register_buffer("table", table.to(device), persistent=False)  # [positions, 2, head_dim]
 
     def forward(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """cos, sin of shape [tokens, 1, head_dim], broadcasting over heads."""
-        return self.cos[positions].unsqueeze(1), self.sin[positions].unsqueeze(1)
+        """cos, signed sin of shape [tokens, 1, head_dim], broadcasting over heads."""
+        rows = self.table.index_select(0, positions)
+        return rows[:, 0:1], rows[:, 1:2]
 
 
-def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """Rotate x [tokens, heads, head_dim] in its own dtype (transformers' rounding points)."""
-    half = x.shape[-1] // 2
-    rotated = torch.cat((-x[..., half:], x[..., :half]), dim=-1)
-    return x * cos + rotated * sin
+def apply_rotary_(x: torch.Tensor, cos: torch.Tensor, signed_sin: torch.Tensor) -> torch.Tensor:
+    """Rotate x [tokens, heads, head_dim] in place, in its own dtype: x * cos + rotate_half(x) * sin,
+    with x * cos rounded first as transformers rounds it."""
+    rolled = x.roll(x.shape[-1] // 2, dims=-1)  # (x2, x1): rotate_half(x) up to the sign in signed_sin
+    return x.mul_(cos).addcmul_(rolled, signed_sin)

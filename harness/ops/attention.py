@@ -1,20 +1,59 @@
 """Dense paged attention as a `torch.library` custom op that writes into the caller's `out`.
 
-One vectorized pass for prefill, decode and mixed batches: every token gathers the K/V of its
-sequence through the block table (max_blocks_per_seq * block_size slots) and masks by position
-(causal) and by its sequence's length (padding). No loop over sequences and no host read of
-device data, so the op can be recorded inside a graph; every shape comes from the tensors.
+One vectorized pass for prefill, decode and mixed batches, in the model dtype: every token gathers
+the KV blocks of its sequence through the block table (max_blocks_per_seq blocks, one gather for K
+and V together) and masks by position (causal) and by its sequence's length (padding). No loop over
+sequences and no host read of device data, so the op can be recorded inside a graph; every shape
+comes from the tensors.
 
-Masking uses `masked_fill`, not additive -inf: padded rows carry arbitrary (even NaN) q/k/v and
-the pad sink holds whatever they wrote, and NaN + -inf is still NaN.
+What each token reads and sees (`ContextPlan`: its blocks, its visible positions) depends only on
+the batch, not on the layer: a model computes it once per forward (`context_plan`) and hands it to
+every layer's op; without one the op computes it itself.
+
+Numerics follow transformers' eager Llama attention: scores and the weighted sum are GEMMs in the
+model dtype with fp32 accumulation (the scale applied to the accumulator), the softmax accumulates in fp32 and is
+rounded to the model dtype.
+
+Masking uses `masked_fill`, not an additive mask: padded rows carry arbitrary (even NaN) q/k/v and
+the pad sink holds whatever they wrote, and NaN + -inf is still NaN. For the same reason hidden
+values are zeroed before the weighted sum (0 * NaN is NaN).
 """
 
+from __future__ import annotations
+
+from dataclasses import dataclass
 from typing import Optional
 
 import torch
 
 from harness.ops.metadata import AttentionMetadata
 from harness.ops.workspace import Workspace
+
+
+@dataclass(frozen=True)
+class ContextPlan:
+    """What every token of a batch attends to, the same for every layer.
+
+    - `blocks` [tokens, max_blocks_per_seq] int64: the KV blocks of each token's sequence, in order
+      (entries past the sequence are the pad block).
+    - `hidden` [tokens, max_blocks_per_seq * block_size] bool: context position c is visible to a
+      token iff c <= its position (causal) and c < its sequence's length (all hidden for padded
+      tokens, whose sequence has length 0); `hidden` marks the others, as the masks take it.
+    """
+
+    blocks: torch.Tensor
+    hidden: torch.Tensor
+
+
+def context_plan(positions: torch.Tensor, token_to_seq: torch.Tensor, seq_lens: torch.Tensor,
+                 block_tables: torch.Tensor, block_size: int) -> ContextPlan:
+    """The plan of a batch from its metadata rows (cut to its padded token rows)."""
+    blocks = block_tables.index_select(0, token_to_seq)
+    context = torch.arange(blocks.shape[1] * block_size, device=positions.device)
+    # A real token's position is below its sequence's length, so c <= position covers both rules
+    # there; a padded token (length 0) must see nothing.
+    limit = torch.minimum(positions + 1, seq_lens.index_select(0, token_to_seq))
+    return ContextPlan(blocks=blocks, hidden=context[None, :] >= limit[:, None])
 
 
 def write_kv(kv_layer: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
@@ -25,59 +64,64 @@ def write_kv(kv_layer: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
     flat[1].index_copy_(0, slot_mapping, v)
 
 
-def context_slots(kv_layer: torch.Tensor, block_tables: torch.Tensor,
-                  token_to_seq: torch.Tensor) -> torch.Tensor:
-    """[tokens, max_blocks_per_seq * block_size]: the slot of every context position of each
-    token's sequence (positions past the sequence map into the pad block)."""
-    block_size = kv_layer.shape[2]
-    tables = block_tables.index_select(0, token_to_seq)
-    offsets = torch.arange(block_size, device=tables.device)
-    return (tables[:, :, None] * block_size + offsets).flatten(1)
+def gather_context(kv_layer: torch.Tensor, blocks: torch.Tensor,
+                   scratch: Optional[torch.Tensor]) -> torch.Tensor:
+    """K/V of every token's context, [2, kv_heads, tokens, context, head_dim], in one gather.
 
-
-def context_mask(num_context: int, positions: torch.Tensor, seq_lens: torch.Tensor,
-                 token_to_seq: torch.Tensor) -> torch.Tensor:
-    """[tokens, num_context] bool: position c is visible to a token iff c <= its position (causal)
-    and c < its sequence's length (all False for padded tokens, whose sequence has length 0)."""
-    context = torch.arange(num_context, device=positions.device)
-    token_seq_lens = seq_lens.index_select(0, token_to_seq)
-    return (context[None, :] <= positions[:, None]) & (context[None, :] < token_seq_lens[:, None])
+    The gather reads the cache through a head-major view, so its output is already laid out for
+    batched GEMMs over (kv head, token) without another copy."""
+    _, num_blocks, block_size, kv_heads, head_dim = kv_layer.shape
+    tokens, max_blocks = blocks.shape
+    head_major = kv_layer.permute(0, 3, 1, 2, 4)  # [2, kv_heads, blocks, block_size, head_dim]
+    if scratch is None:
+        context = head_major.index_select(2, blocks.flatten())
+    else:
+        context = torch.index_select(head_major, 2, blocks.flatten(), out=scratch.view(
+            2, kv_heads, tokens * max_blocks, block_size, head_dim))
+    return context.view(2, kv_heads, tokens, max_blocks * block_size, head_dim)
 
 
 def dense_attention(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor,
-                    visible: torch.Tensor, scale: float) -> torch.Tensor:
-    """q [T, H, D], keys/values [T, C, KVH, D], visible [T, C] -> fp32 [T, H, D]; query head h
-    reads kv head h // (H // KVH), as transformers' repeat_kv does. Rows that see nothing get 0."""
+                    hidden: torch.Tensor, scale: float) -> torch.Tensor:
+    """q [T, H, D], keys/values [KVH, T, C, D], hidden [T, C] -> [KVH, T, H // KVH, D] in q's
+    dtype; query head h reads kv head h // (H // KVH), as transformers' repeat_kv does. Rows that
+    see nothing get 0. `values` is zeroed in place where hidden (it is the caller's gather)."""
     tokens, heads, head_dim = q.shape
-    kv_heads = keys.shape[2]
-    qf = q.float().view(tokens, kv_heads, heads // kv_heads, head_dim)
-    hidden = ~visible[:, None, None, :]
-    scores = torch.einsum("tkgd,tckd->tkgc", qf, keys.float()) * scale
-    probs = torch.softmax(scores.masked_fill(hidden, float("-inf")), dim=-1)
-    probs = probs.masked_fill(hidden, 0.0)  # a row that sees nothing softmaxes to NaN
-    values = values.float().masked_fill(~visible[:, :, None, None], 0.0)
-    return torch.einsum("tkgc,tckd->tkgd", probs, values).reshape(tokens, heads, head_dim)
+    kv_heads = keys.shape[0]
+    group = heads // kv_heads
+    # [KVH * T, G, D] and [KVH * T, D, C] for one batched GEMM (q is made contiguous: one small copy),
+    # which applies the scale to the fp32 accumulator, before the one rounding of the scores.
+    qb = q.view(tokens, kv_heads, group, head_dim).transpose(0, 1).reshape(-1, group, head_dim)
+    kb = keys.reshape(-1, keys.shape[2], head_dim).transpose(-1, -2)
+    unused = torch.empty((), dtype=q.dtype, device=q.device).expand(qb.shape[0], group, kb.shape[2])
+    scores = torch.baddbmm(unused, qb, kb, beta=0, alpha=scale).view(kv_heads, tokens, group, -1)
+    # The lowest finite value, not -inf: a row that sees nothing then softmaxes to a uniform row
+    # (not NaN) over values zeroed below, so it comes out 0 without masking the probabilities too.
+    scores.masked_fill_(hidden[None, :, None, :], torch.finfo(scores.dtype).min)
+    # A bf16 softmax accumulates in fp32: transformers' fp32 softmax rounded to bf16.
+    probs = torch.softmax(scores, dim=-1)
+    values.masked_fill_(hidden[None, :, :, None], 0.0)
+    return torch.matmul(probs, values)
 
 
 def paged_attention_impl(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                          kv_layer: torch.Tensor, slot_mapping: torch.Tensor,
                          positions: torch.Tensor, token_to_seq: torch.Tensor,
                          seq_lens: torch.Tensor, block_tables: torch.Tensor, scale: float,
-                         out: torch.Tensor, scratch: Optional[torch.Tensor]) -> None:
+                         out: torch.Tensor, scratch: Optional[torch.Tensor],
+                         plan_blocks: Optional[torch.Tensor] = None,
+                         plan_hidden: Optional[torch.Tensor] = None) -> None:
     """Write k/v into the cache at slot_mapping, then out = softmax(q K^T * scale) V over each
-    token's visible context. `scratch`, when given, holds the gathered K/V [2, T, C, KVH, D]."""
+    token's visible context. `scratch`, when given, holds the gathered K/V [2, KVH, T, C, D];
+    `plan_blocks`/`plan_hidden` (a `ContextPlan`), when given, spare recomputing it."""
     write_kv(kv_layer, k, v, slot_mapping)
-    slots = context_slots(kv_layer, block_tables, token_to_seq)
-    tokens, num_context = slots.shape
-    flat = kv_layer.flatten(1, 2)
-    if scratch is None:
-        context = flat.index_select(1, slots.flatten())
-    else:
-        context = torch.index_select(flat, 1, slots.flatten(), out=scratch.view(
-            2, tokens * num_context, *flat.shape[2:]))
-    context = context.view(2, tokens, num_context, *flat.shape[2:])
-    visible = context_mask(num_context, positions, seq_lens, token_to_seq)
-    out.copy_(dense_attention(q, context[0], context[1], visible, scale))
+    if plan_blocks is None or plan_hidden is None:
+        plan = context_plan(positions, token_to_seq, seq_lens, block_tables, kv_layer.shape[2])
+        plan_blocks, plan_hidden = plan.blocks, plan.hidden
+    context = gather_context(kv_layer, plan_blocks, scratch)
+    attended = dense_attention(q, context[0], context[1], plan_hidden, scale)  # [KVH, T, G, D]
+    tokens, heads, head_dim = q.shape
+    out.view(tokens, attended.shape[0], attended.shape[2], head_dim).copy_(attended.transpose(0, 1))
 
 
 # The op wraps the plain function, which stays callable on its own (tests trace its aten ops).
@@ -87,7 +131,7 @@ paged_attention_op = torch.library.custom_op(
 
 @paged_attention_op.register_fake
 def _(q, k, v, kv_layer, slot_mapping, positions, token_to_seq, seq_lens, block_tables, scale,
-      out, scratch) -> None:
+      out, scratch, plan_blocks=None, plan_hidden=None) -> None:
     return None
 
 
@@ -119,11 +163,19 @@ def check_inputs(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, kv_layer: to
         raise ValueError(f"k/v dtype {k.dtype}/{v.dtype} must match the cache dtype {kv_layer.dtype}")
 
 
+def metadata_plan(metadata: AttentionMetadata) -> ContextPlan:
+    """`context_plan` of the batch the metadata holds (its padded token rows)."""
+    _, positions, token_to_seq, seq_lens, block_tables = metadata.op_inputs()
+    return context_plan(positions, token_to_seq, seq_lens, block_tables, metadata.block_size)
+
+
 def paged_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, kv_layer: torch.Tensor,
                     metadata: AttentionMetadata, scale: float, out: torch.Tensor,
-                    workspace: Optional[Workspace] = None) -> torch.Tensor:
+                    workspace: Optional[Workspace] = None,
+                    plan: Optional[ContextPlan] = None) -> torch.Tensor:
     """q/out [num_tokens, heads, head_dim], k/v [num_tokens, kv_heads, head_dim] (num_tokens =
-    metadata.num_tokens, padding included), kv_layer = PagedKVCache.layer(i). Returns `out`."""
+    metadata.num_tokens, padding included), kv_layer = PagedKVCache.layer(i); `plan` from
+    `metadata_plan(metadata)` when the caller shares one across layers. Returns `out`."""
     check_inputs(q, k, v, kv_layer, metadata, out)
     tokens = metadata.num_tokens
     scratch = None
@@ -133,5 +185,6 @@ def paged_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, kv_layer:
                              f"{kv_layer.dtype}")
         context = metadata.max_blocks_per_seq * metadata.block_size
         scratch = workspace.get(2 * tokens * context * k.shape[1] * k.shape[2])
-    paged_attention_op(q, k, v, kv_layer, *metadata.op_inputs(), scale, out, scratch)
+    blocks, hidden = (None, None) if plan is None else (plan.blocks, plan.hidden)
+    paged_attention_op(q, k, v, kv_layer, *metadata.op_inputs(), scale, out, scratch, blocks, hidden)
     return out

@@ -24,6 +24,7 @@ import torch
 from harness.ops.sizing import cdiv, require_positive
 
 _NUMPY = {torch.int32: np.int32, torch.int64: np.int64}
+STAGING_BUFFERS = 2
 
 
 @dataclass(frozen=True)
@@ -106,20 +107,26 @@ class AttentionMetadata:
             nbytes += math.prod(shape) * dtype.itemsize
         flat = torch.zeros(nbytes, dtype=torch.uint8, device=self.device)
         pinned = self.device.type == "cuda"
-        self._staging = torch.zeros(nbytes, dtype=torch.uint8, pin_memory=pinned)
-        staging_np = self._staging.numpy()
-        self._host: dict[str, np.ndarray] = {}
+        # Two host staging buffers, used in turn: a non-blocking copy from pinned memory reads its
+        # buffer when the device reaches it, so the host may fill one buffer for the next step while
+        # the device has yet to read the other (the overlap loop stages step n + 1 while step n is
+        # queued). Each buffer's event marks when the device has read it; `prepare` waits on the
+        # event of the buffer it is about to fill, which is two steps old.
+        self._stagings = tuple(torch.zeros(nbytes, dtype=torch.uint8, pin_memory=pinned)
+                               for _ in range(STAGING_BUFFERS))
+        self._hosts: tuple[dict[str, np.ndarray], ...] = tuple({} for _ in self._stagings)
         for name, (shape, dtype) in shapes.items():
             start, end = offsets[name], offsets[name] + math.prod(shape) * dtype.itemsize
             setattr(self, name, flat[start:end].view(dtype).view(shape))
-            self._host[name] = staging_np[start:end].view(_NUMPY[dtype]).reshape(shape)
+            for staging, host in zip(self._stagings, self._hosts):
+                host[name] = staging.numpy()[start:end].view(_NUMPY[dtype]).reshape(shape)
+        # The first buffer's arrays, by name (what every staging buffer holds).
+        self._host = self._hosts[0]
         # Set after the views, so that tools naming a storage by its first path (the capture lint)
         # name a public buffer.
         self._flat = flat
-        # The staging buffer is rewritten by the next prepare: with a non-blocking copy from pinned
-        # memory, that must wait until the device has read it (prepare can run twice with no host
-        # sync in between, as the warmup of two shapes does). The event marks the copy's completion.
-        self._copy_done = torch.cuda.Event() if pinned else None
+        self._copies_done = tuple(torch.cuda.Event() if pinned else None for _ in self._stagings)
+        self._turn = 0
         self.counts = BatchCounts(0, 0, 0, 0, 0, 0)
         self.prepare([])
 
@@ -191,9 +198,8 @@ class AttentionMetadata:
             raise RuntimeError(f"AttentionMetadata.prepare: the array checks rejected a batch that "
                                f"_validate accepts: {list(spans)}")
         ends = np.cumsum(query_lens)
-        host = self._host
-        if self._copy_done is not None:
-            self._copy_done.synchronize()  # the previous step's copy has read the staging buffer
+        turn = self.next_staging()
+        host, staging, copy_done = self._hosts[turn], self._stagings[turn], self._copies_done[turn]
 
         tables = host["block_tables"]
         tables.fill(self.pad_block)
@@ -224,9 +230,9 @@ class AttentionMetadata:
         last_row = max(num_tokens - 1, 0)
         logits_indices[n:] = np.minimum(np.arange(actual_tokens, actual_tokens + self.max_batch_size - n),
                                         last_row)
-        self._flat.copy_(self._staging, non_blocking=self._copy_done is not None)
-        if self._copy_done is not None:
-            self._copy_done.record(torch.cuda.current_stream(self.device))  # the copy's stream
+        self._flat.copy_(staging, non_blocking=copy_done is not None)
+        if copy_done is not None:
+            copy_done.record(torch.cuda.current_stream(self.device))  # the copy's stream
 
         self.counts = BatchCounts(
             num_tokens=num_tokens,
@@ -237,6 +243,15 @@ class AttentionMetadata:
             num_actual_seqs=n,
         )
         return self.counts
+
+    def next_staging(self) -> int:
+        """The staging buffer the next `prepare` fills, once the device has read it (its last copy
+        is two prepares old, so on a queue no deeper than one step this does not wait)."""
+        turn = self._turn
+        self._turn = (turn + 1) % len(self._stagings)
+        if self._copies_done[turn] is not None:
+            self._copies_done[turn].synchronize()
+        return turn
 
     def _batch_fits(self, n: int, num_tokens: int, num_seqs: int, actual_tokens: int,
                     seq_lens: np.ndarray, query_lens: np.ndarray, table_lens: np.ndarray,

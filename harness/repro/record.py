@@ -65,13 +65,18 @@ def file_name(node_id: str) -> str:
 def write_record(record: ReproRecord, folder: Path) -> Path:
     folder.mkdir(parents=True, exist_ok=True)
     path = folder / file_name(record.node_id)
-    path.write_text(json.dumps(record.to_dict(), indent=1) + "\n")
+    data = record.to_dict()
+    if record.scenario is not None:
+        data["explain"] = f"harness explain {path}"  # the command that explains it, for the reader
+    path.write_text(json.dumps(data, indent=1) + "\n")
     return path
 
 
 def load_record(path: Path) -> ReproRecord:
     try:
         data = json.loads(Path(path).read_text())
+        if not isinstance(data, dict):
+            raise TypeError(f"a JSON {type(data).__name__}, expected an object")
         return ReproRecord.from_dict(data)
     except (OSError, ValueError, KeyError, TypeError) as error:
         raise ValueError(f"{path} is not a reproduction file: {type(error).__name__}: {error}") from error

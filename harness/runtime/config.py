@@ -34,6 +34,14 @@ class EngineConfig:
       them (variant "greedy"). Set: one graph per (size, k), variant f"top{k}"; a decode batch
       replays the smallest k >= its largest requested `logprobs` (at least 1), and a batch wanting
       more than every k runs eagerly, counted in `stats.fallbacks`.
+
+    Step loop:
+    - `overlap`: TensorRT-LLM's overlap scheduler (overlap.py). Tokens are sampled on the device and
+      come back through pinned host memory behind an event; step n + 1 is scheduled, staged and
+      launched before the host reads step n's tokens, which it feeds to step n + 1 on the device.
+      The host learns that a request finished one step late: the extra token computed for it is
+      dropped, so the generations are those of the loop without overlap. Each request reserves KV
+      room for that extra token.
     """
 
     max_batch_size: int = 8
@@ -48,6 +56,7 @@ class EngineConfig:
     single_pass_capture: bool = False
     strict_graph_buffers: bool = False
     graph_top_k: tuple[int, ...] = ()
+    overlap: bool = False
 
     def __post_init__(self) -> None:
         if skip_warmup_pass_from_env():

@@ -12,12 +12,14 @@ passes, then releases every graph; phase 2 (`finalize_kv_cache`) reallocates the
 metadata and captures again against them. `generate` runs both on first use if no one did.
 With `EngineConfig.graph_top_k` the decode graphs rank the logits themselves (one graph per size
 and k), and the step loop turns their ranking into Steps, each request keeping its own `logprobs`.
+With `EngineConfig.overlap` the steps run through the overlap loop (overlap.py) instead: the same
+`_forward`, one step in flight, tokens read one step late.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Sequence as Seq
+from typing import Callable, Sequence as Seq
 
 import torch
 
@@ -34,6 +36,7 @@ from harness.runtime.decode.graphs import (ESTIMATE, SERVE, CaptureFeatures, Cap
                                             DecoderGraphs, ScopeFactory, no_scope)
 from harness.runtime import dispatch
 from harness.runtime.dispatch import DECODE, EAGER_ROUTE, PIECEWISE
+from harness.runtime.overlap import InputFeed, OverlapLoop
 from harness.runtime.piecewise.model import PiecewiseGraphs, bucket_key
 from harness.runtime.sampling import SampledRow, greedy_with_logprobs, rows_from_ranked
 from harness.runtime.scheduler import ScheduledBatch, Scheduler, Sequence
@@ -93,6 +96,11 @@ class Engine:
         self._allocate_kv_cache(config.num_blocks or config.max_batch_size * blocks_per_seq)
         # Token ids live in one preallocated buffer, like the metadata, so a graph can read them.
         self.input_ids = torch.zeros(config.max_num_tokens, dtype=torch.int64, device=self.device)
+        # The overlap loop (overlap.py) writes token ids through pinned staging and feeds pending
+        # tokens from the device; `before_launch`, when set, is called at the start of each of its
+        # steps, before any of the step's device work is queued (tests stall the stream there).
+        self.input_feed = InputFeed(self.input_ids, config.max_batch_size) if config.overlap else None
+        self.before_launch: Callable[[], None] | None = None
         self._stats = StatsRecorder()
         if self.backend is None and (config.decode_graph_sizes or config.piecewise_buckets):
             self.backend = get_backend("cuda" if self.device.type == "cuda" else "emulated", self.device)
@@ -110,7 +118,13 @@ class Engine:
                                           config.block_size, self.kv_cache.pad_slot, device=self.device)
         self.limits = RequestLimits(vocab_size=model.vocab_size, max_model_len=self.max_model_len,
                                     max_prompt_len=config.max_num_tokens, num_blocks=num_blocks,
-                                    block_size=config.block_size)
+                                    block_size=config.block_size,
+                                    lookahead_tokens=self._lookahead_tokens)
+
+    @property
+    def _lookahead_tokens(self) -> int:
+        """KV room a request reserves past its last fed token: the overlap loop's extra step."""
+        return 1 if self.config.overlap else 0
 
     def _make_decode_graphs(self, backend, comm, capture_scope, features) -> DecoderGraphs | None:
         config = self.config
@@ -212,11 +226,16 @@ class Engine:
 
     def _run(self, sequences: list[Sequence]) -> None:
         scheduler = Scheduler(self.kv_cache.allocator, max_batch_size=self.config.max_batch_size,
-                              max_num_tokens=self.config.max_num_tokens, block_size=self.config.block_size)
+                              max_num_tokens=self.config.max_num_tokens, block_size=self.config.block_size,
+                              lookahead_tokens=self._lookahead_tokens)
         for sequence in sequences:
             scheduler.add(sequence)
         try:
-            self._step_until_done(scheduler)
+            if self.config.overlap:
+                widths = [s.request.logprobs for s in sequences]
+                OverlapLoop(self, max(widths, default=1)).run(scheduler)
+            else:
+                self._step_until_done(scheduler)
         finally:
             # After an error mid-run, unfinished sequences still hold blocks: give them back.
             for sequence in sequences:
@@ -252,7 +271,10 @@ class Engine:
         padded = self.metadata.num_tokens
         if padded:
             ids = list(input_ids) + [0] * (padded - len(input_ids))
-            self.input_ids[:padded].copy_(torch.tensor(ids, dtype=torch.int64))
+            if self.input_feed is not None:
+                self.input_feed.write(self.input_ids, ids)
+            else:
+                self.input_ids[:padded].copy_(torch.tensor(ids, dtype=torch.int64))
 
     def _forward(self, batch: ScheduledBatch) -> ForwardResult:
         buckets = self.piecewise.buckets if self.piecewise is not None else ()

@@ -19,6 +19,9 @@ from harness.records import Request, Step
 from harness.runtime.validation import blocks_needed
 
 
+PENDING_TOKEN = 0  # the host's placeholder for a token still on the device
+
+
 class Sequence:
     """A running request: its tokens so far (prompt + generated), KV blocks and generated steps."""
 
@@ -27,6 +30,9 @@ class Sequence:
         self.request = request
         self.tokens = list(request.prompt)
         self.num_cached = 0  # tokens whose K/V is in the cache
+        # Sampled on the device but not yet read by the host (the overlap loop): the next step feeds
+        # it from the device, so it counts in the span but its value is unknown here.
+        self.pending = 0
         self.blocks: list[int] = []
         self.steps: list[Step] = []
 
@@ -34,12 +40,18 @@ class Sequence:
     def finished(self) -> bool:
         return len(self.steps) >= self.request.max_new_tokens
 
+    @property
+    def num_tokens(self) -> int:
+        return len(self.tokens) + self.pending
+
     def span(self) -> SequenceSpan:
-        return SequenceSpan(seq_len=len(self.tokens), query_len=len(self.tokens) - self.num_cached,
+        return SequenceSpan(seq_len=self.num_tokens, query_len=self.num_tokens - self.num_cached,
                             block_table=tuple(self.blocks))
 
     def new_tokens(self) -> list[int]:
-        return self.tokens[self.num_cached:]
+        """The tokens this step feeds; a pending token (its value still on the device) reads
+        PENDING_TOKEN here and is fed from the device."""
+        return self.tokens[self.num_cached:] + [PENDING_TOKEN] * self.pending
 
 
 @dataclass(frozen=True)
@@ -78,8 +90,9 @@ class ScheduledBatch:
 
 class Scheduler:
     def __init__(self, allocator: BlockAllocator, *, max_batch_size: int, max_num_tokens: int,
-                 block_size: int) -> None:
+                 block_size: int, lookahead_tokens: int = 0) -> None:
         self.allocator = allocator
+        self.lookahead_tokens = lookahead_tokens
         self.max_batch_size = max_batch_size
         self.max_num_tokens = max_num_tokens
         self.block_size = block_size
@@ -100,7 +113,7 @@ class Scheduler:
         while self.waiting:
             candidate = self.waiting[0]
             prompt = len(candidate.tokens)
-            blocks = blocks_needed(candidate.request, self.block_size)
+            blocks = blocks_needed(candidate.request, self.block_size, self.lookahead_tokens)
             if (len(decodes) + len(prefills) + 1 > self.max_batch_size
                     or tokens + prompt > self.max_num_tokens
                     or blocks > self.allocator.num_free):
@@ -125,5 +138,21 @@ class Scheduler:
                 self.allocator.free(sequence.blocks)
                 sequence.blocks = []
                 finished.append(sequence)
+        self.running = [s for s in self.running if not s.finished]
+        return finished
+
+    def launched(self, batch: ScheduledBatch) -> None:
+        """The overlap loop's half of `finish_step`, at launch: the batch's tokens are cached and
+        each sequence has one more token pending on the device."""
+        for sequence in batch.sequences:
+            sequence.num_cached = sequence.num_tokens
+            sequence.pending += 1
+
+    def retire_finished(self) -> list[Sequence]:
+        """The other half, once the host has read a step: release the sequences it finished."""
+        finished = [s for s in self.running if s.finished]
+        for sequence in finished:
+            self.allocator.free(sequence.blocks)
+            sequence.blocks = []
         self.running = [s for s in self.running if not s.finished]
         return finished

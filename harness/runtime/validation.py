@@ -24,6 +24,7 @@ class RequestLimits:
     max_prompt_len: int  # a prompt is prefilled in one step: at most max_num_tokens
     num_blocks: int  # KV blocks for the whole sequence
     block_size: int
+    lookahead_tokens: int = 0  # K/V stored past the last fed token (the overlap's extra step)
 
 
 @dataclass(frozen=True)
@@ -47,9 +48,10 @@ class BadRequestError(ValueError):
                          f"(the others completed; see .generations):\n{lines}")
 
 
-def blocks_needed(request: Request, block_size: int) -> int:
-    # The last generated token is never fed back, so its K/V is never stored.
-    stored = len(request.prompt) + request.max_new_tokens - 1
+def blocks_needed(request: Request, block_size: int, lookahead_tokens: int = 0) -> int:
+    # The last generated token is never fed back, so its K/V is never stored -- except by the
+    # overlap loop's extra step (`lookahead_tokens`), which runs before the host knows it finished.
+    stored = len(request.prompt) + request.max_new_tokens - 1 + lookahead_tokens
     return cdiv(stored, block_size)
 
 
@@ -71,7 +73,7 @@ def check_request(request: Request, limits: RequestLimits) -> str | None:
         return f"prompt length {len(prompt)} exceeds max_num_tokens {limits.max_prompt_len}"
     if not isinstance(request.logprobs, numbers.Integral) or not 0 <= request.logprobs <= limits.vocab_size:
         return f"logprobs {request.logprobs!r} must lie in [0, vocab size {limits.vocab_size}]"
-    blocks = blocks_needed(request, limits.block_size)
+    blocks = blocks_needed(request, limits.block_size, limits.lookahead_tokens)
     if blocks > limits.num_blocks:
         return f"needs {blocks} KV blocks of {limits.block_size} tokens, the cache has {limits.num_blocks}"
     return None

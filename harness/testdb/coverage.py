@@ -45,6 +45,14 @@ def check_coverage(lists: dict[str, TestList], node_ids: list[str]) -> CoverageR
     return CoverageReport(missing=missing, uncovered=uncovered)
 
 
+def folders_named(lists: dict[str, TestList]) -> tuple[str, ...]:
+    """The top-level folders (or files) the lines of `lists` name: what the coverage check collects,
+    so that a test in a folder of the lists but in no line is found."""
+    tops = {line.path.removeprefix("./").split("/")[0] for test_list in lists.values()
+            for block in test_list.blocks for line in block.tests}
+    return tuple(sorted(tops))
+
+
 def collect_node_ids(root: Path, paths: tuple[str, ...] = ("suites",)) -> list[str]:
     """The node ids pytest collects under `paths`, from `pytest --collect-only -q` in a subprocess
     (a fresh process: collection imports every test module)."""

@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import xml.etree.ElementTree as ET
-from dataclasses import dataclass
+from collections import Counter
+from dataclasses import dataclass, field
 from pathlib import Path
 
 TOTAL = "total"
@@ -37,10 +38,16 @@ def _testcase_path(case: ET.Element) -> str:
     return dotted.replace(".", "/")
 
 
+def test_cases(path: Path) -> list[ET.Element]:
+    """The <testcase>s of a JUnit file, less the nameless one xdist leaves for a test cut short by
+    an interrupt (what a stopped run cut is reported apart)."""
+    return [case for case in ET.parse(path).getroot().iter("testcase") if case.get("classname") or case.get("name")]
+
+
 def results_by_suite(junit_files: list[Path]) -> dict[str, SuiteResult]:
     results: dict[str, SuiteResult] = {}
     for path in junit_files:
-        for case in ET.parse(path).getroot().iter("testcase"):
+        for case in test_cases(path):
             tags = {child.tag for child in case}
             failed = bool(tags & {"failure", "error"})
             skipped = "skipped" in tags and not failed
@@ -49,6 +56,48 @@ def results_by_suite(junit_files: list[Path]) -> dict[str, SuiteResult]:
                               seconds=float(case.get("time") or 0.0))
             results[one.suite] = results.get(one.suite, SuiteResult(one.suite)) + one
     return results
+
+
+@dataclass(frozen=True)
+class CaseDetails:
+    """What a CI reader looks for beyond the counts: which tests failed, the reproduction files they
+    wrote (the plugin's `reproduction` property), and why tests were skipped."""
+
+    failed: tuple[str, ...] = ()
+    reproductions: tuple[str, ...] = ()
+    skipped_by_reason: dict[str, int] = field(default_factory=dict)
+
+
+def node_id(case: ET.Element, root: Path) -> str:
+    """The pytest node id of a JUnit test case: the dotted classname back to its file under `root`."""
+    parts = (case.get("classname") or "").split(".")
+    name = case.get("name", "")
+    for cut in range(len(parts), 0, -1):
+        path = "/".join(parts[:cut]) + ".py"
+        if (root / path).is_file():
+            return "::".join([path, *parts[cut:], name])
+    return "::".join([p for p in (case.get("classname"), name) if p])
+
+
+def case_details(junit_files: list[Path], root: Path) -> CaseDetails:
+    failed, reproductions, skipped = [], [], Counter()
+    for path in junit_files:
+        for case in test_cases(path):
+            problems = [child for child in case if child.tag in ("failure", "error")]
+            if problems:
+                failed.append(node_id(case, root))
+            else:
+                for child in case.iter("skipped"):
+                    skipped[_skip_reason(child)] += 1
+            reproductions += [prop.get("value", "") for prop in case.iter("property")
+                              if prop.get("name") == "reproduction"]
+    return CaseDetails(tuple(failed), tuple(reproductions), dict(skipped.most_common()))
+
+
+def _skip_reason(skipped: ET.Element) -> str:
+    # pytest writes "reason" or "xfail-reason"; a skip with no reason keeps pytest's own wording.
+    message = skipped.get("message") or skipped.get("type") or "no reason given"
+    return message.removeprefix("Skipped: ")
 
 
 def merge(junit_files: list[Path], target: Path) -> Path:

@@ -16,11 +16,11 @@ BLOCK_KEYS = ("condition", "tests")
 
 
 def project_root(start: Path | None = None) -> Path:
-    """The nearest folder at or above `start` (default: the working directory) holding test-db/ and
-    pyproject.toml; else the checkout this package was installed from."""
+    """The nearest folder at or above `start` (default: the working directory) holding a test-db/
+    folder; else the checkout this package was installed from."""
     here = (start or Path.cwd()).resolve()
     for folder in (here, *here.parents):
-        if (folder / "test-db").is_dir() and (folder / "pyproject.toml").is_file():
+        if (folder / "test-db").is_dir():
             return folder
     return Path(__file__).resolve().parents[2]
 

@@ -12,26 +12,21 @@ import os
 import re
 import shlex
 import shutil
-import signal
-import subprocess
 import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
-from harness.testdb.junit import SuiteResult, format_table, merge, results_by_suite, suite_of
 from harness.testdb.matching import Machine, select
+from harness.testdb.processes import StopRequest, execute, stopping_on_signals
 from harness.testdb.render import nothing_selected
 from harness.testdb.schema import TestDbError, TestLine, TestList
+from harness.testdb.summary import Outcome, report
 
 # Below this many tests, starting xdist workers (each imports torch) costs more than it saves.
 HANDFUL = 8
-PYTEST_EXIT = {2: "interrupted or collection errors", 3: "internal error", 4: "usage error",
-               5: "no tests collected"}
 _TEST_DEF = re.compile(r"^\s*(?:async\s+)?def test", re.MULTILINE)
-_INHERITED_PYTEST_VARS = ("PYTEST_XDIST_WORKER", "PYTEST_XDIST_WORKER_COUNT", "PYTEST_XDIST_TESTRUNUID",
-                          "PYTEST_CURRENT_TEST")
 
 
 @dataclass(frozen=True)
@@ -42,17 +37,6 @@ class Invocation:
     keyword: str | None = None
     marker: str | None = None
     timeout: float | None = None
-
-
-@dataclass(frozen=True)
-class Outcome:
-    invocation: Invocation
-    returncode: int | None  # None when killed for its timeout
-    junit: Path
-
-    @property
-    def timed_out(self) -> bool:
-        return self.returncode is None
 
 
 def plan(lines: list[TestLine]) -> list[Invocation]:
@@ -98,31 +82,29 @@ def pytest_command(invocation: Invocation, *, backend: str, junit: Path, workers
         cmd += ["-k", invocation.keyword]
     if invocation.marker is not None:
         cmd += ["-m", invocation.marker]
-    if workers:
+    if workers and not decides_xdist(extra_args):
         cmd += ["-n", str(workers)]
     return cmd + list(extra_args)
 
 
-def execute(cmd: list[str], *, cwd: Path, timeout: float | None) -> int | None:
-    """Run `cmd` with inherited stdout; its exit code, or None if it ran past `timeout` seconds."""
-    env = {k: v for k, v in os.environ.items() if k not in _INHERITED_PYTEST_VARS}
-    # Its own session, so a timeout kills xdist workers too and not just the controller.
-    proc = subprocess.Popen(cmd, cwd=cwd, env=env, start_new_session=timeout is not None)
-    try:
-        return proc.wait(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        proc.wait()
-        return None
-    except BaseException:
-        proc.kill()
-        proc.wait()
-        raise
+def decides_xdist(extra_args: tuple[str, ...]) -> bool:
+    """The user's pytest arguments choose the workers themselves, or turn xdist off."""
+    words = list(extra_args)
+    for word, following in zip(words, [*words[1:], ""]):
+        if word in ("-n", "--numprocesses", "--dist", "-pno:xdist") or word.startswith(("--numprocesses=", "--dist=")):
+            return True
+        if word.startswith("-n") and (word[2:].isdigit() or word[2:] in ("auto", "logical")):
+            return True
+        if word == "-p" and following == "no:xdist":
+            return True
+    return False
 
 
 def run_list(test_list: TestList, machine: Machine, *, root: Path, results_dir: Path,
-             extra_args: tuple[str, ...] = (), log: Callable[[str], None] | None = None) -> int:
-    """Run the lines of `test_list` that apply to `machine`; 0 when everything passed, 1 otherwise."""
+             extra_args: tuple[str, ...] = (), log: Callable[[str], None] | None = None,
+             json_path: Path | None = None) -> int:
+    """Run the lines of `test_list` that apply to `machine`, with pytest rooted at `root`; 0 when
+    everything passed, 1 otherwise, 128 + the signal's number when SIGINT or SIGTERM stopped it."""
     # Flushed, so that our lines land in order among the output of the pytest processes.
     log = log or functools.partial(print, flush=True)
     lines = select(test_list, machine)
@@ -133,41 +115,27 @@ def run_list(test_list: TestList, machine: Machine, *, root: Path, results_dir: 
     shutil.rmtree(parts_dir, ignore_errors=True)
     parts_dir.mkdir(parents=True)
     log(f"[harness] {test_list.name} ({test_list.source}) on {machine}: "
-        f"{len(lines)} lines in {len(invocations)} pytest run(s)")
+        f"{len(lines)} lines in {len(invocations)} pytest run(s), rooted at {root}")
 
     started = time.monotonic()
-    outcomes = []
-    for i, invocation in enumerate(invocations, start=1):
-        workers = worker_count(estimate_test_count(invocation.lines, root), available_cpus())
-        cmd = pytest_command(invocation, backend=machine.backend, junit=parts_dir / f"{i}.xml",
-                             workers=workers, extra_args=extra_args)
-        log(f"[harness] run {i}/{len(invocations)}: {shlex.join(['python', *cmd[1:]])}")
-        outcomes.append(Outcome(invocation, execute(cmd, cwd=root, timeout=invocation.timeout), parts_dir / f"{i}.xml"))
-    return _report(outcomes, results_dir / f"{test_list.name}.xml", time.monotonic() - started, log)
+    outcomes: list[Outcome] = []
+    with stopping_on_signals() as stop:
+        for i, invocation in enumerate(invocations, start=1):
+            junit = parts_dir / f"{i}.xml"
+            if stop.signum is not None:
+                outcomes.append(Outcome(invocation, None, junit, cut="not started"))
+                continue
+            outcomes.append(_run_one(i, len(invocations), invocation, machine, root, junit, extra_args, stop, log))
+        return report(outcomes, test_list=test_list, machine=machine, root=root,
+                      merged=results_dir / f"{test_list.name}.xml", wall=time.monotonic() - started,
+                      stopped_by=stop.signum, json_path=json_path, log=log)
 
 
-def _report(outcomes: list[Outcome], merged: Path, wall: float, log: Callable[[str], None]) -> int:
-    junit_files = [o.junit for o in outcomes if o.junit.is_file()]
-    results = results_by_suite(junit_files)
-    problems = []
-    for outcome in outcomes:
-        lines = ", ".join(str(line) for line in outcome.invocation.lines)
-        if outcome.timed_out:
-            line = outcome.invocation.lines[0]
-            problems.append(f"TIMEOUT after {line.timeout} s: {line}")
-            suite = suite_of(line.path)
-            results[suite] = results.get(suite, SuiteResult(suite)) + SuiteResult(suite, failed=1)
-        elif outcome.returncode not in (0, 1):
-            meaning = PYTEST_EXIT.get(outcome.returncode, "unexpected exit code")
-            problems.append(f"pytest exited {outcome.returncode} ({meaning}) for: {lines}")
-    merge(junit_files, merged)
-
-    log("")
-    log(format_table(results))
-    for problem in problems:
-        log(f"[harness] FAILED {problem}")
-    # A timeout (returncode None) and every abnormal exit are also non-zero.
-    failed = any(o.returncode != 0 for o in outcomes) or any(r.failed for r in results.values())
-    log(f"[harness] JUnit XML: {merged}")
-    log(f"[harness] {'FAILED' if failed else 'passed'} in {wall:.1f} s wall")
-    return 1 if failed else 0
+def _run_one(i: int, total: int, invocation: Invocation, machine: Machine, root: Path, junit: Path,
+             extra_args: tuple[str, ...], stop: StopRequest, log: Callable[[str], None]) -> Outcome:
+    workers = worker_count(estimate_test_count(invocation.lines, root), available_cpus())
+    cmd = pytest_command(invocation, backend=machine.backend, junit=junit, workers=workers,
+                         extra_args=extra_args)
+    log(f"[harness] run {i}/{total}: {shlex.join(['python', *cmd[1:]])}")
+    code = execute(cmd, cwd=root, timeout=invocation.timeout, stop=stop)
+    return Outcome(invocation, code, junit, cut="interrupted" if stop.signum is not None else None)

@@ -32,3 +32,38 @@ def test_profile_breakdown_names_the_replay_share():
     assert (round(b.host_ms, 6), b.replay_share) == (0.4, 0.6)
     text = capture.render_profile("TABLE", b, "emulated", iters=3)
     assert "TABLE" in text and "graph replay 0.600 ms = 60% of the step; host work 0.400 ms = 40%" in text
+
+
+def test_engine_step_targets_name_the_overlapped_graph_step_at_batch_1():
+    from harness.bench._engine_steps import StepTiming, render_steps, step_misses
+
+    steps = [StepTiming("tiny", 1, False, eager_ms=0.9, graph_ms=0.5),
+             StepTiming("tiny", 1, True, eager_ms=0.8, graph_ms=0.3),
+             StepTiming("1b", 1, True, eager_ms=9.0, graph_ms=1.1)]
+    assert step_misses(steps) == ["tiny step at batch 1 with overlap 0.300 ms > 0.25 ms"]
+    table = render_steps(steps, repeats=3)
+    assert "| tiny | 1 | on | 0.800 | 0.300 |" in table and "| 1b | 1 | on | 9.000 | 1.100 |" in table
+
+
+def test_the_op_counter_counts_a_custom_ops_body_and_no_views():
+    import torch
+
+    from harness.bench._kernels import AtenOpCounter
+    from suites.ops.batches import make_batch
+    from harness.ops import paged_attention
+
+    batch = make_batch([(5, 1), (3, 1)])
+    counter = AtenOpCounter()
+    with torch.inference_mode(), counter:
+        paged_attention(batch.q, batch.k, batch.v, batch.cache.layer(0), batch.metadata, 0.5,
+                        torch.empty_like(batch.q))
+    assert "index_copy_.default" in counter.ops and "baddbmm.default" in counter.ops
+    assert not [op for op in counter.ops if op.startswith(("view", "transpose", "permute", "empty"))]
+
+
+def test_the_proxy_counts_at_most_20_ops_per_decoder_layer():
+    from harness.bench._kernels import op_counts
+
+    counts = op_counts(1)
+    assert counts.aten_per_layer <= 20, counts
+    assert counts.aten_per_layer == int(counts.aten_per_layer)  # every layer runs the same ops

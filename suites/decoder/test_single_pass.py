@@ -32,6 +32,32 @@ def test_single_pass_keeps_the_keys_and_runs_one_pass_in_the_final_phase(make_en
         assert comparison.ok, str(comparison)
 
 
+def final_phase_forwards(engine) -> int:
+    """Model forwards (eager, or recorded by a capture) of the final phase."""
+    engine.decode_graphs.warmup_and_capture("estimate")
+    engine.decode_graphs.release()
+    calls = []
+    handle = engine.model.register_forward_pre_hook(lambda module, args: calls.append(1))
+    try:
+        engine.finalize_kv_cache()
+    finally:
+        handle.remove()
+    return len(calls)
+
+
+def test_the_single_pass_does_nothing_twice(make_engine):
+    # Two passes: the eager-workspace reservation, then per size a warmup-only forward, a warmup
+    # forward and a capture. One pass: per size a warmup forward and a capture; the reservation the
+    # estimation phase made is not repeated.
+    sizes = len(make_engine().config.decode_graph_sizes)
+    assert final_phase_forwards(make_engine()) == 1 + 3 * sizes
+    assert final_phase_forwards(make_engine(single_pass_capture=True)) == 2 * sizes
+    # Two sampling variants per size: the second captures without warming the model again.
+    variants = dict(graph_top_k=(1, 2))
+    assert final_phase_forwards(make_engine(**variants)) == 1 + 5 * sizes
+    assert final_phase_forwards(make_engine(single_pass_capture=True, **variants)) == 3 * sizes
+
+
 def test_the_environment_switch_opts_in(monkeypatch, make_engine):
     monkeypatch.setenv("HARNESS_SKIP_WARMUP_PASS", "1")
     engine = make_engine()

@@ -45,3 +45,18 @@ def bf16_tolerance(reference: torch.Tensor, steps: int = 2) -> torch.Tensor:
     magnitude = reference.abs().amax(dim=-1, keepdim=True).clamp_min(2.0 ** -100)
     spacing = torch.pow(2.0, torch.floor(torch.log2(magnitude)) - 7)  # bf16 keeps 8 bits
     return steps * spacing
+
+
+def averaged_values_tolerance(values: list[torch.Tensor], queries: list[torch.Tensor],
+                              steps: int = 2) -> torch.Tensor:
+    """Per token row: `steps` bf16 spacings at the largest |value| of its sequence, [T, 1, 1].
+
+    An attention whose probabilities are rounded to bf16 (as transformers' eager attention rounds
+    them) errs by a few bf16 steps of the values it averages, which exceeds the output's own
+    spacing when the average cancels."""
+    rows = []
+    for q, v in zip(queries, values):
+        magnitude = v.abs().max().double().clamp_min(2.0 ** -100).cpu()
+        rows.append(torch.full((q.shape[0],), steps * 2.0 ** (torch.floor(torch.log2(magnitude)) - 7).item(),
+                               dtype=torch.float64))
+    return torch.cat(rows)[:, None, None]

@@ -8,7 +8,7 @@ from hypothesis import given, strategies as st
 
 from harness.ops import Workspace, paged_attention
 from suites.ops.batches import Batch, make_batch
-from suites.ops.reference import bf16_tolerance, naive_attention
+from suites.ops.reference import averaged_values_tolerance, bf16_tolerance, naive_attention
 
 SCALE = 0.35
 
@@ -23,7 +23,8 @@ def assert_matches_reference(batch: Batch, out: torch.Tensor) -> None:
     expected = naive_attention(batch.queries, batch.keys, batch.values, SCALE)
     real = out[: batch.num_actual_tokens].double()
     error = (real - expected).abs()
-    tolerance = bf16_tolerance(expected)
+    # Probabilities are rounded to bf16 (transformers' rounding): a few steps of the values averaged.
+    tolerance = torch.maximum(bf16_tolerance(expected), averaged_values_tolerance(batch.values, batch.queries))
     worst = (error / tolerance).max().item()
     assert worst <= 1.0, f"error reaches {worst:.2f}x the 2-bf16-step tolerance"
 
@@ -180,5 +181,7 @@ def test_cuda_matches_reference_and_cpu(case: str) -> None:
     assert_matches_reference(on_gpu, gpu_out)
     n = on_cpu.num_actual_tokens
     error = (gpu_out[:n].double() - cpu_out[:n].double()).abs()
-    assert (error <= bf16_tolerance(cpu_out[:n].double())).all()
+    tolerance = torch.maximum(bf16_tolerance(cpu_out[:n].double()),
+                              averaged_values_tolerance(on_cpu.values, on_cpu.queries))
+    assert (error <= tolerance).all()
     assert not gpu_out[n:].any()

@@ -164,3 +164,20 @@ def test_a_forward_that_bypasses_the_graphs_is_counted(piecewise_engine, eager_r
     requests = mixed_requests(prompt_lens=(4, 5), max_new_tokens=(1, 1))
     assert compare_generations(eager_run(requests), engine.generate(requests)).ok
     assert engine.stats.fallbacks["piecewise graphs bypassed at tokens=16: 0 of 3 segments ran"] == 1
+
+
+def test_only_the_graphs_boundary_inputs_are_copied(piecewise_engine, eager_run):
+    """A segment after the first reads the earlier segments' static outputs where they are (hidden
+    states, attention output, rotary rows): no copy into a static buffer of its own."""
+    from fixtures.models import mixed_requests
+    from harness.check.compare import compare_generations
+
+    engine = piecewise_engine()
+    runners = engine.piecewise.compile_backend.live_runners
+    for bucket in engine.piecewise.buckets:
+        first, *later = sorted(runners, key=lambda r: r.index)
+        assert first.entries[bucket].copied, "the boundary inputs (token ids, metadata) are copied"
+        assert [r.entries[bucket].copied for r in later] == [()] * len(later)
+    requests = mixed_requests(logprobs=2, max_new_tokens=(3,) * 8)
+    comparison = compare_generations(eager_run(requests), engine.generate(requests))
+    assert comparison.ok, str(comparison)

@@ -90,10 +90,11 @@ class EngineCache:
         self.model, self.graph_backend = model, graph_backend
         self._engines: dict[tuple, Engine] = {}
 
-    def get(self, max_batch_size: int, buckets: tuple[int, ...] = ()) -> Engine:
-        key = (max_batch_size, buckets)
+    def get(self, max_batch_size: int, buckets: tuple[int, ...] = (), overlap: bool = False) -> Engine:
+        key = (max_batch_size, buckets, overlap)
         if key not in self._engines:
-            config = replace(TINY_ENGINE_CONFIG, max_batch_size=max_batch_size, piecewise_buckets=buckets)
+            config = replace(TINY_ENGINE_CONFIG, max_batch_size=max_batch_size, piecewise_buckets=buckets,
+                             overlap=overlap)
             self._engines[key] = Engine(self.model, config, backend=self.graph_backend if buckets else None)
         return self._engines[key]
 
@@ -103,12 +104,12 @@ def engines(device_reference_llama, graph_backend):
     return EngineCache(device_reference_llama, graph_backend)
 
 
-def workload_problem(engines: EngineCache, workload: Workload) -> str | None:
-    """None when the workload in graph mode agrees with eager and every batch went where dispatch
-    says; else what went wrong, with the workload."""
+def workload_problem(engines: EngineCache, workload: Workload, overlap: bool = False) -> str | None:
+    """None when the workload in graph mode (through the overlap loop if `overlap`) agrees with
+    eager without overlap and every batch went where dispatch says; else what went wrong."""
     requests = workload.make_requests()
     expected = engines.get(workload.max_batch_size).generate(requests)
-    engine = engines.get(workload.max_batch_size, workload.buckets)
+    engine = engines.get(workload.max_batch_size, workload.buckets, overlap)
     start = len(engine.stats.batches)
     actual = engine.generate(requests)
     comparison = compare_generations(expected, actual)
@@ -145,6 +146,23 @@ def test_random_workloads_agree_with_eager_in_graph_mode(engines, workload):
 @given(workload=workloads())
 def test_random_workloads_with_random_buckets_agree_with_eager(engines, workload):
     problem = workload_problem(engines, workload)
+    assert problem is None, problem
+
+
+# The overlap loop on the same two engine shapes (one more compile each), few examples pre-merge.
+@settings(max_examples=3, suppress_health_check=[HealthCheck.too_slow])
+@given(workload=PRE_MERGE_WORKLOADS)
+@example(workload=Workload(requests=((3, 3), (9, 2), (16, 2)), max_batch_size=2, buckets=(16, 64)))
+def test_random_workloads_through_the_overlap_loop_agree_with_eager(engines, workload):
+    problem = workload_problem(engines, workload, overlap=True)
+    assert problem is None, problem
+
+
+@pytest.mark.slow
+@settings(max_examples=40, suppress_health_check=[HealthCheck.too_slow])
+@given(workload=workloads())
+def test_random_workloads_with_random_buckets_agree_with_eager_through_the_overlap_loop(engines, workload):
+    problem = workload_problem(engines, workload, overlap=True)
     assert problem is None, problem
 
 

@@ -35,6 +35,7 @@ def scenario_file(tmp_path_factory, graph_backend) -> Path:
     files = list(folder.glob("*.json"))
     assert [f.name for f in files] == ["suites_model_test_capturable.py__test_decode_graph_replays_match_eager.json"]
     assert f"harness repro {files[0]}" in proc.stdout
+    assert f"harness explain {files[0]}" in proc.stdout  # the test recorded a scenario: explainable
     return files[0]
 
 
@@ -74,6 +75,16 @@ def test_replay_fails_the_same_way_then_passes_without_the_fault(scenario_file, 
     [(code, report)] = replays(scenario_file, 1, capsys, "--without-fault")
     assert code == 0, report
     assert "compare_generations: ok" in report
+
+
+def test_explain_of_the_file_names_the_first_read_of_the_rebound_metadata(scenario_file, graph_backend,
+                                                                          capsys):
+    if graph_backend.name != "emulated":
+        pytest.skip("harness explain observes emulated replays; this file was recorded on cuda")
+    assert main(["explain", str(scenario_file)]) == 1
+    out = capsys.readouterr().out
+    assert "first divergent op: aten.index_select.default\n  at harness/model/rope.py:" in out, out
+    assert "buffer rebound since capture" in out and "eager reads `metadata.positions`" in out, out
 
 
 def test_ten_replays_in_a_row_give_the_same_verdict_and_report(scenario_file, capsys):

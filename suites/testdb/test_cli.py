@@ -32,7 +32,8 @@ def test_render_prints_the_lines_for_the_given_machine(testdb, capsys):
     assert main(["testdb", "render", "l0_demo", "--test-db", testdb, "--gpu-count", "2", "--gpu", "NVIDIA H200",
                  "--stage", "nightly"]) == 0
     assert capsys.readouterr().out == 'suites/ops -m "not slow"\nsuites/e2e TIMEOUT (600)\n'
-    assert main(["testdb", "render", "l0_demo", "--test-db", testdb, "--gpu-count", "2", "--gpu", "NVIDIA A10"]) == 0
+    # Selecting nothing means what it means for `harness run`: exit 2.
+    assert main(["testdb", "render", "l0_demo", "--test-db", testdb, "--gpu-count", "2", "--gpu", "NVIDIA A10"]) == 2
     captured = capsys.readouterr()
     assert captured.out == ""
     assert "selects no tests for gpu_count=2 gpu='NVIDIA A10'" in captured.err

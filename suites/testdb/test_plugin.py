@@ -1,5 +1,6 @@
 """The pytest plugin, exercised in planted projects run by a pytest subprocess."""
 
+import json
 import os
 import shutil
 import subprocess
@@ -13,6 +14,7 @@ from harness.pytest_plugin import check_backend_option
 ROOT = Path(__file__).resolve().parents[2]
 
 PLANTED_TESTS = '''
+import json
 import os
 import pytest
 import torch
@@ -59,10 +61,12 @@ def run_pytest(project: Path, *args: str, **expect: str) -> subprocess.Completed
 
 @pytest.fixture(scope="module")
 def project(tmp_path_factory) -> Path:
-    """A project with the repository's root conftest.py and one fixture module in fixtures/."""
+    """A project using the harness (its ini setting), with the repository's root conftest.py and one
+    fixture module in fixtures/."""
     root = tmp_path_factory.mktemp("planted")
     shutil.copy(ROOT / "conftest.py", root / "conftest.py")
-    (root / "pytest.ini").write_text("[pytest]\naddopts = --import-mode=importlib\npythonpath = .\n")
+    (root / "pytest.ini").write_text("[pytest]\naddopts = --import-mode=importlib\npythonpath = .\n"
+                                     "capture_harness = true\n")
     (root / "fixtures").mkdir()
     (root / "fixtures" / "__init__.py").write_text("")
     (root / "fixtures" / "planted.py").write_text(
@@ -111,3 +115,17 @@ def test_graph_backend_fixture_follows_the_option(graph_backend, device, pytestc
     expected = {"auto": "cuda" if torch.cuda.is_available() else "emulated"}.get(option, option)
     assert graph_backend.name == expected
     assert device == torch.device(graph_backend.device)
+
+
+def test_a_planted_fault_counts_the_firings_of_xdist_workers(tmp_path):
+    """Workers plant the fault and fire it; the controller's summary and report add their counts."""
+    report = tmp_path / "fault.json"
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PYTEST_")}
+    cmd = [sys.executable, "-m", "pytest", "suites/ops/test_attention.py", "-k", "nan_padding", "-n", "2",
+           "--plant-fault", "pad-rows-write-real-kv", "--graph-backend", "emulated", "--repro-dir", "none",
+           "--fault-report", str(report), "-p", "no:cacheprovider", "-q"]
+    proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+    document = json.loads(report.read_text())
+    assert proc.returncode == 1 and document["exitstatus"] == 1, proc.stdout[-3000:]
+    assert document["fired"] > 0
+    assert f"planted fault pad-rows-write-real-kv: fired {document['fired']} times" in proc.stdout

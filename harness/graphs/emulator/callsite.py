@@ -84,3 +84,24 @@ def traceback_callsite(tb: TracebackType | None) -> str:
         if _is_user_file(summary.filename):
             found = _describe(summary.filename, summary.lineno or 0)
     return found
+
+
+Frame = tuple[str, int]  # (filename, line)
+
+
+def user_frames(limit: int = 4, skip: tuple[str, ...] = ()) -> tuple[Frame, ...]:
+    """The innermost `limit` caller frames outside torch, this package and the files in `skip`,
+    innermost first, kept as (filename, line) so that recording them costs no source lookup."""
+    frames: list[Frame] = []
+    frame = _user_frame()
+    while frame is not None and len(frames) < limit:
+        name = frame.f_code.co_filename
+        if _is_user_file(name) and name not in skip:
+            frames.append((frame.f_code.co_filename, frame.f_lineno))
+        frame = frame.f_back
+    return tuple(frames)
+
+
+def describe_frame(frame: Frame) -> str:
+    """`file:line: source` of a frame from `user_frames`."""
+    return _describe(*frame)

@@ -99,6 +99,10 @@ class ExternalMemory:
         self._held.append(tensor)
         self._held_storages.add(tensor.untyped_storage()._cdata)
 
+    def holds(self, tensor: torch.Tensor) -> bool:
+        """Whether `tensor` is host data this recording keeps as a constant (see `hold`)."""
+        return tensor.layout == torch.strided and tensor.untyped_storage()._cdata in self._held_storages
+
     def host_scalar(self, t: torch.Tensor) -> torch.Tensor:
         """A 0-dim host tensor passed to an op on an accelerator device: CUDA passes its value in
         the kernel's arguments when capture meets it, so it is a constant of the graph (a snapshot

@@ -20,7 +20,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from harness.graphs.emulator import opinfo
 from harness.graphs.base import CaptureError
 from harness.graphs.emulator import collectives
-from harness.graphs.emulator.callsite import at_callsite, current_callsite, in_index_assignment
+from harness.graphs.emulator.callsite import at_callsite, current_callsite, in_index_assignment, user_frames
 from harness.graphs.emulator.cuda_paths import one_hot_without_sync
 from harness.graphs.emulator.external import ExternalMemory
 from harness.graphs.emulator.host_tensors import HOST_COPY_REFUSED
@@ -29,6 +29,7 @@ from harness.graphs.emulator.opinfo import OpKind, ReplayStep
 from harness.graphs.emulator.pool import PoolArena, block_of, laid_out_like, laid_out_like_once, poison_value
 from harness.graphs.emulator.shapes import lacks_meta_kernel, result_shapes, to_meta
 from harness.graphs.emulator.streams.accesses import split_accesses
+from harness.graphs.emulator.trace import Argument, OpRecord, Origin
 
 
 def _error(message: str, func: Any) -> CaptureError:
@@ -45,16 +46,19 @@ def _extent_bytes(t: torch.Tensor) -> int:
 class Recorder(TorchDispatchMode):
     """`memory` (emulator/memory.py) says which tensors are device memory; by default what the
     plain emulator on `device` assumes. `kernel_device` is whose kernels' rules apply (the emulated
-    CUDA device keeps its memory on the cpu but stands for cuda)."""
+    CUDA device keeps its memory on the cpu but stands for cuda). `trace`: keep an OpRecord per op
+    (trace.py): what a reader of the replay needs."""
 
     def __init__(self, arena: PoolArena, device: torch.device, memory=None,
-                 kernel_device: torch.device | None = None) -> None:
+                 kernel_device: torch.device | None = None, *, trace: bool = False) -> None:
         super().__init__()
         self.arena = arena
         self.device = device
         self.memory = memory if memory is not None else for_device(device)
         self.kernel_device = kernel_device if kernel_device is not None else device
+        self.trace = trace
         self.steps: list[ReplayStep] = []
+        self.records: list[OpRecord] = []
         self._replay_tensors: dict[tuple, torch.Tensor] = {}
         self.external = ExternalMemory()
         self.collectives = collectives.PendingCollectives()
@@ -94,6 +98,7 @@ class Recorder(TorchDispatchMode):
             self._check_mutation(func, args, kwargs)
             self._note_accesses(func, args, kwargs, None)
             self.steps.append((func._op, *self._for_replay((args, kwargs))))
+            self._trace(func, args, kwargs, ())
             return opinfo.aliased_returns(func, args, kwargs)
         device = self._output_device(func, args, kwargs)
         shapes = opinfo.device_result_dtypes(func, args, kwargs,
@@ -124,6 +129,7 @@ class Recorder(TorchDispatchMode):
     def discard(self) -> None:
         """Forget a failed capture's recording: its steps and every alias it made."""
         self.steps.clear()
+        self.records.clear()
         self._replay_tensors.clear()
         self.external = ExternalMemory()
         self.collectives = collectives.PendingCollectives()
@@ -225,6 +231,7 @@ class Recorder(TorchDispatchMode):
                 if maker is not None:
                     named = opinfo.bind(func, replay_args, replay_kwargs)
                     self.steps.append(maker(named, replay_outs[0]))
+                    self._trace(func, args, kwargs, replay_outs)
                 return
             out_op = opinfo.out_overload(func)
             if out_op is not None:
@@ -234,8 +241,43 @@ class Recorder(TorchDispatchMode):
                 call = {k: v for k, v in named.items() if k in allowed}
                 call.update(zip(opinfo.out_names(out_op), replay_outs))
                 self.steps.append((out_op._op, (), call))
+                self._trace(func, args, kwargs, replay_outs)
                 return
         self.steps.append((_copy_results, (func._op, replay_args, replay_kwargs, replay_outs), {}))
+        self._trace(func, args, kwargs, replay_outs)
+
+    def _trace(self, func, args, kwargs, outputs: list[torch.Tensor] | tuple) -> None:
+        """What a reader of the replay needs to know about the op just recorded (trace.py)."""
+        if not self.trace:
+            return
+        arguments: list[Argument] = []
+        written: list[torch.Tensor] = []
+        external: list[torch.Tensor] = []
+        writes = {a.name for a in func._schema.arguments if a.alias_info is not None and a.alias_info.is_write}
+        for name, value in opinfo.bind(func, args, kwargs).items():
+            items = ([(name, value)] if not isinstance(value, (list, tuple)) else
+                     [(f"{name}[{i}]", v) for i, v in enumerate(value)])
+            for label, item in items:
+                if isinstance(item, torch.Tensor):
+                    replay = self._replay_tensor(item)
+                    arguments.append(Argument(label, replay, self._origin(item), name in writes))
+                    if name in writes:
+                        written.append(replay)
+                        if arguments[-1].origin is Origin.EXTERNAL:
+                            external.append(replay)
+                elif item is value:
+                    arguments.append(Argument(label, item, Origin.HOST))
+            if isinstance(value, (list, tuple)) and not any(isinstance(v, torch.Tensor) for v in value):
+                arguments.append(Argument(name, value, Origin.HOST))
+        self.records.append(OpRecord(len(self.steps) - 1, opinfo.op_name(func), user_frames(),
+                                     tuple(arguments), (*written, *outputs), tuple(external)))
+
+    def _origin(self, t: torch.Tensor) -> Origin:
+        if block_of(t) is not None:
+            return Origin.POOL
+        if self.external.holds(t) or (self.device.type != "cpu" and t.device.type == "cpu" and t.dim() == 0):
+            return Origin.CONSTANT
+        return Origin.EXTERNAL
 
     def _check_mutation(self, func, args, kwargs) -> None:
         """Run the op on meta copies: a shape error surfaces now, as CUDA's host-side checks would,

@@ -35,6 +35,7 @@ class Recording:
     external: list[ExternalStorage]
     reads: frozenset[int] = frozenset()  # storages (data pointers) a replay reads and writes
     writes: frozenset[int] = frozenset()
+    records: tuple = ()  # the recorder's OpRecords when it traced (trace.py)
 
 
 class CaptureSession:
@@ -47,9 +48,10 @@ class CaptureSession:
     answers it itself, by stream)."""
 
     def __init__(self, arena: PoolArena, device: torch.device, *, memory: Any = None,
-                 kernel_device: torch.device | None = None, report_capturing: bool = True) -> None:
+                 kernel_device: torch.device | None = None, report_capturing: bool = True,
+                 trace: bool = False) -> None:
         self.memory = memory if memory is not None else for_device(device)
-        self.recorder = Recorder(arena, device, self.memory, kernel_device)
+        self.recorder = Recorder(arena, device, self.memory, kernel_device, trace=trace)
         self._device = device
         self._report_capturing = report_capturing
         self._stack: contextlib.ExitStack | None = None
@@ -97,7 +99,7 @@ class CaptureSession:
             warnings.warn(EMPTY_GRAPH_WARNING, UserWarning, stacklevel=stacklevel)
         return Recording(steps, torch.is_inference_mode_enabled(), self.recorder.external.storages(),
                          frozenset(self.recorder.reads - self.recorder.writes),
-                         frozenset(self.recorder.writes))
+                         frozenset(self.recorder.writes), tuple(self.recorder.records))
 
     def abort(self) -> None:
         """Leave a failed capture. The traceback keeps the caller's frame (and the recorder) alive

@@ -12,6 +12,9 @@ clears its graphs and captures again with two passes, warning with the moved ten
 - The ranks also agree which shapes every rank can build (a rank whose KV cache is too small for a
   shape's dummy batch would skip it), so no rank waits in a line-up its peers skip.
 - The KV-cache estimation phase always captures with two passes.
+- The single pass does nothing twice: not the eager-workspace reservation (an eager forward of
+  max_num_tokens rows) that an earlier phase made in the same workspace (the workspace only grows),
+  nor a size's model warmup for its second and later sampling variants.
 - Every warmup forward runs under the caller's "warmup" scope and every capture under "serving"
   (the reference: communication timeouts; the graph keeps the serving ones).
 - After each capture the ranks line up (device sync + one allgather) before the replay that follows.
@@ -139,6 +142,9 @@ class DecoderGraphs:
         self.capture_scope = capture_scope
         self.single_pass_requested = single_pass
         self.features = features
+        # (workspace, capacity) after the last eager-workspace reservation: the workspace only grows,
+        # so a later single pass against the same workspace need not reserve it again.
+        self._reserved: tuple[Any, int] | None = None
         # Switched off only by tests that show what the fallback prevents.
         self.fallback_on_moved = True
         self.runner = GraphRunner(backend, self._roots, self._prepared_shape, strict=strict)
@@ -224,7 +230,8 @@ class DecoderGraphs:
         moved: list[str] = []
         fell_back = False
         with self.capture_scope(WARMUP_SCOPE):
-            self._reserve_eager_workspace()
+            if not (single and self._still_reserved()):
+                self._reserve_eager_workspace()
             if single:
                 passes = self._capture_single_pass(sizes)
                 moved = self.runner.moved_tensors()
@@ -264,8 +271,9 @@ class DecoderGraphs:
 
     def _capture_single_pass(self, sizes: list[int]) -> int:
         for size in sizes:
-            for top_k in self._variants():
-                self._warmup_and_capture_one(size, top_k, record=True)
+            for i, top_k in enumerate(self._variants()):
+                # A size's later variants capture the same model step: its warmup ran for the first.
+                self._warmup_and_capture_one(size, top_k, record=True, warm_model=i == 0)
         return 1
 
     def _warmup_only(self, size: int) -> None:
@@ -273,13 +281,15 @@ class DecoderGraphs:
             self._prepare(batch)
             self._warmup_forward(size)
 
-    def _warmup_and_capture_one(self, size: int, top_k: int | None, *, record: bool) -> None:
+    def _warmup_and_capture_one(self, size: int, top_k: int | None, *, record: bool,
+                                warm_model: bool = True) -> None:
         key = self.graph_key(size, top_k)
         if key in self.runner:
             return
         with self._dummy_batch(size) as batch:
             self._prepare(batch)
-            self._warmup_forward(size)
+            if warm_model:
+                self._warmup_forward(size)
             if top_k is not None:
                 self._warmup_ranking(size, top_k)
             self.runner.capture(key, self._captured_step(top_k), scope=self._serving_scope,
@@ -324,6 +334,17 @@ class DecoderGraphs:
         regrows the workspace after a graph baked in its address."""
         self.host.prepare_padded((), num_tokens=self.max_num_tokens, num_seqs=0, input_ids=())
         self._model_step()
+        workspace = self.host.model.workspace
+        self._reserved = (workspace, workspace.capacity)
+
+    def _still_reserved(self) -> bool:
+        """Whether an earlier phase's reservation still holds: the same workspace, not smaller.
+        What the single pass would otherwise do twice (the estimation phase reserved it already);
+        should anything regrow anyway, the moved-tensor check after the pass sees it."""
+        if self._reserved is None:
+            return False
+        workspace, capacity = self._reserved
+        return workspace is self.host.model.workspace and workspace.capacity >= capacity
 
     @contextlib.contextmanager
     def _dummy_batch(self, size: int) -> Iterator[PaddedDecodeBatch]:

@@ -104,4 +104,5 @@ class PiecewiseCompileBackend:
             old = group.pool
             self.released_pools.append(old)
             group.pool = fresh_pool(self.graph_backend, old)
+            group.static_outputs.clear()
         self.clears += 1

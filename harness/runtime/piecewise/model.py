@@ -22,8 +22,7 @@ from typing import Callable, Sequence
 import torch
 
 from harness.graphs.base import GraphBackend
-from harness.model.rope import apply_rotary
-from harness.ops.attention import paged_attention_op
+from harness.ops.attention import context_plan, paged_attention_op
 from harness.ops.kv_cache import PagedKVCache
 from harness.ops.metadata import AttentionMetadata
 from harness.runtime.piecewise import buckets as bucket_rules
@@ -41,25 +40,22 @@ def bucket_key(bucket: int) -> str:
 
 def make_token_body(model) -> Callable[..., torch.Tensor]:
     """The token body of `model` as a function of tensors; the hidden states [tokens, hidden] before
-    the final norm. Mirrors `DecoderLayer.forward` and `Attention.forward` (suite piecewise checks it
-    against the eager engine)."""
+    the final norm. Mirrors `ReferenceLlama.forward` through the layers' own pieces (`Attention.qkv`,
+    `DecoderLayer.after_attention`); suite piecewise checks it against the eager engine."""
 
     def token_body(input_ids, positions, slot_mapping, token_to_seq, seq_lens, block_tables,
                    kv_layers, scratch):
         cos, sin = model.rotary(positions)
+        plan = context_plan(positions, token_to_seq, seq_lens, block_tables, kv_layers[0].shape[2])
         x = model.embed_tokens(input_ids)
         for layer, kv_layer in zip(model.layers, kv_layers):
             attn = layer.self_attn
-            h = layer.input_layernorm(x)
-            tokens = h.shape[0]
-            q = apply_rotary(attn.q_proj(h).view(tokens, attn.num_heads, attn.head_dim), cos, sin)
-            k = apply_rotary(attn.k_proj(h).view(tokens, attn.num_kv_heads, attn.head_dim), cos, sin)
-            v = attn.v_proj(h).view(tokens, attn.num_kv_heads, attn.head_dim)
-            out = torch.empty_like(q)
+            q, k, v = attn.qkv(layer.input_layernorm(x), cos, sin)
+            out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
             paged_attention_op(q, k, v, kv_layer, slot_mapping, positions, token_to_seq, seq_lens,
-                               block_tables, attn.scale, out, scratch)
-            x = x + attn.o_proj(out.view(tokens, attn.num_heads * attn.head_dim))
-            x = x + layer.mlp(layer.post_attention_layernorm(x))
+                               block_tables, attn.scale, out, scratch, plan.blocks, plan.hidden)
+            # x is this segment's input (it crosses the attention op): not written in place.
+            x = layer.after_attention(x, out.view(x.shape[0], -1), in_place=False)
         return x
 
     return own_code(token_body)

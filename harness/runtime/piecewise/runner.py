@@ -1,7 +1,8 @@
 """A `PiecewiseRunner` stands in for one static partition of a split graph. It keeps one entry per
 token bucket and goes through three phases that its owner selects with a `CaptureControl`: warmup
 (eager runs), capture (static input buffers allocated, the partition recorded into the owner's pool),
-and serving (every input that is not a weight copied into its static buffer, then replay). The key of
+and serving (every input at the graph's boundary copied into its static buffer, then replay; weights
+and the outputs of earlier segments are read where they are). The key of
 an entry is the bucket the owner announces, not the inputs' shapes, so an input of the wrong shape is
 an error that names it rather than a silent miss.
 """
@@ -45,10 +46,23 @@ class CaptureControl:
 @dataclass
 class PoolGroup:
     """Runners that capture into one pool. `clear_piecewise_graphs()` replaces `pool` by a fresh
-    handle and remembers the old one in `released`."""
+    handle and remembers the old one in `released`.
+
+    `static_outputs[bucket]` holds the storages of the captured outputs of the group's runners for
+    that bucket: a later segment reads them where they are (a replay rewrites them in place), so
+    only the inputs at the boundary of the whole graph are copied into static buffers."""
 
     pool: Any
     released: list[Any] = field(default_factory=list)
+    static_outputs: dict[int, set[int]] = field(default_factory=dict)
+
+    def record_outputs(self, bucket: int, output: Any) -> None:
+        storages = self.static_outputs.setdefault(bucket, set())
+        for tensor in _tensors(output):
+            storages.add(tensor.untyped_storage().data_ptr())
+
+    def is_static_output(self, bucket: int, tensor: torch.Tensor) -> bool:
+        return tensor.untyped_storage().data_ptr() in self.static_outputs.get(bucket, ())
 
 
 @dataclass
@@ -154,8 +168,10 @@ class PiecewiseRunner:
                 f"piecewise segment {self.index}: capture for tokens={bucket} would record into pool "
                 f"{pool!r}, which clear_piecewise_graphs() released; a recapture needs a fresh pool "
                 f"(graph_pool_handle()), a released one may still back memory that is in use")
+        # Weights, and the outputs of the segments captured before this one, are read in place.
         copied = tuple(i for i, a in enumerate(args)
-                       if isinstance(a, torch.Tensor) and not self.static_input(a))
+                       if isinstance(a, torch.Tensor) and not self.static_input(a)
+                       and not self.group.is_static_output(bucket, a))
         # Static buffers live outside the pool: they are this runner's, kept across replays.
         static_inputs = tuple(a.clone() if i in copied else a for i, a in enumerate(args))
         module = self.module
@@ -164,6 +180,7 @@ class PiecewiseRunner:
         # Capture ran nothing: one replay gives this call its outputs.
         graph.replay()
         entry.replays += 1
+        self.group.record_outputs(bucket, graph.output)
         return graph.output
 
     def _missing(self, bucket: int, args: tuple[Any, ...]) -> Any:
@@ -184,11 +201,13 @@ class PiecewiseRunner:
             if i in entry.copied:
                 continue
             if isinstance(captured, torch.Tensor):
-                # A weight is read at its captured address: another tensor in its place is not seen.
+                # A weight, or an earlier segment's output, is read at its captured address: another
+                # tensor in its place is not seen.
                 if new is not captured and (not isinstance(new, torch.Tensor)
                                             or new.data_ptr() != captured.data_ptr()):
-                    raise ReplayInputError(f"{self._input_name(i)}: a static input (weight) was replaced "
-                                           f"after capture; the graph still reads the captured tensor")
+                    raise ReplayInputError(f"{self._input_name(i)}: a static input (a weight or an "
+                                           f"earlier segment's output) was replaced after capture; the "
+                                           f"graph still reads the captured tensor")
             elif not _equal_host_value(captured, new):
                 raise ReplayInputError(f"{self._input_name(i)}: host value {new!r} differs from "
                                        f"{captured!r} frozen at capture")
@@ -197,6 +216,14 @@ class PiecewiseRunner:
         names = _placeholder_names(self.module)
         label = names[i] if i < len(names) else f"#{i}"
         return f"piecewise segment {self.index} input {i} ({label})"
+
+
+def _tensors(output: Any) -> list[torch.Tensor]:
+    if isinstance(output, torch.Tensor):
+        return [output]
+    if isinstance(output, (tuple, list)):
+        return [t for item in output for t in _tensors(item)]
+    return []
 
 
 def _equal_host_value(a: Any, b: Any) -> bool:

@@ -1,0 +1,94 @@
+"""Decode steps through the whole engine (`Engine.generate`), eager and with decode graphs, with the
+overlap loop off and on: what a serving step costs, host work included.
+
+A step's time is the difference of two generations of `batch` requests, one of `NEW_TOKENS` new
+tokens and one of 1, divided by the `NEW_TOKENS - 1` decode steps between them, so the prefill and
+the per-call work cancel. Each figure is the median of `repeats` such differences.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from dataclasses import dataclass
+
+import torch
+
+from harness.records import Request
+from harness.runtime import Engine, EngineConfig
+
+PROMPT = 16
+NEW_TOKENS = 48
+TARGETS_MS = {"tiny": 0.25, "1b": 1.2}  # per step at batch 1, graphs and overlap, on an H200
+
+
+@dataclass(frozen=True)
+class StepTiming:
+    model: str
+    batch: int
+    overlap: bool
+    eager_ms: float
+    graph_ms: float
+
+
+def _requests(batch: int, new_tokens: int, vocab: int) -> list[Request]:
+    return [Request(prompt=[(7 * i + 3 * r + 1) % vocab for i in range(PROMPT)],
+                    max_new_tokens=new_tokens, logprobs=1) for r in range(batch)]
+
+
+def _engine(model, backend, batch: int, *, graphs: bool, overlap: bool) -> Engine:
+    config = EngineConfig(max_batch_size=batch, max_num_tokens=max(batch * PROMPT, 2 * batch),
+                          block_size=16, max_model_len=PROMPT + NEW_TOKENS + 16,
+                          decode_graph_sizes=(batch,) if graphs else (),
+                          graph_top_k=(1,) if graphs else (), overlap=overlap)
+    engine = Engine(model, config, backend=backend if graphs else None)
+    if graphs:
+        engine.prepare_graphs()
+    return engine
+
+
+def _ms_per_step(engine: Engine, batch: int, repeats: int) -> float:
+    vocab = engine.model.vocab_size
+    long, short = _requests(batch, NEW_TOKENS, vocab), _requests(batch, 1, vocab)
+    engine.generate(long)  # warm
+    samples = []
+    for _ in range(repeats):
+        times = []
+        for requests in (long, short):
+            if engine.device.type == "cuda":
+                torch.cuda.synchronize(engine.device)
+            start = time.perf_counter()
+            engine.generate(requests)
+            times.append(time.perf_counter() - start)
+        samples.append((times[0] - times[1]) / (NEW_TOKENS - 1) * 1e3)
+    return statistics.median(samples)
+
+
+def time_engine_steps(name: str, model, backend, batches: tuple[int, ...], *,
+                      repeats: int) -> list[StepTiming]:
+    timings = []
+    with torch.inference_mode():
+        for batch in batches:
+            for overlap in (False, True):
+                eager = _ms_per_step(_engine(model, backend, batch, graphs=False, overlap=overlap),
+                                     batch, repeats)
+                graph = _ms_per_step(_engine(model, backend, batch, graphs=True, overlap=overlap),
+                                     batch, repeats)
+                timings.append(StepTiming(name, batch, overlap, eager, graph))
+    return timings
+
+
+def render_steps(timings: list[StepTiming], repeats: int) -> str:
+    lines = [f"Decode step through Engine.generate (prompt {PROMPT}, {NEW_TOKENS} new tokens minus 1, "
+             f"median of {repeats}; targets with graphs and overlap at batch 1: "
+             + ", ".join(f"{k} <= {v:g} ms" for k, v in TARGETS_MS.items()) + "):", "",
+             "| model | batch | overlap | eager ms/step | graph ms/step |", "|---|---:|---|---:|---:|"]
+    lines += [f"| {t.model} | {t.batch} | {'on' if t.overlap else 'off'} | {t.eager_ms:.3f} | "
+              f"{t.graph_ms:.3f} |" for t in timings]
+    return "\n".join(lines)
+
+
+def step_misses(timings: list[StepTiming]) -> list[str]:
+    return [f"{t.model} step at batch 1 with overlap {t.graph_ms:.3f} ms > {TARGETS_MS[t.model]:g} ms"
+            for t in timings if t.batch == 1 and t.overlap and t.model in TARGETS_MS
+            and t.graph_ms > TARGETS_MS[t.model]]

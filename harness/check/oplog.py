@@ -1,0 +1,197 @@
+"""Op streams to compare: each op of an eager run (a TorchDispatchMode that logs as it runs) or of
+an observed emulated replay, with its callsite, its inputs as they were when it ran and its outputs
+as it left them, and the comparison of two such ops within BF16 steps (harness.check.tolerance).
+
+The eager log sees the op stream the emulator's recorder sees: views are not logged (they only
+alias) and composite ops are decomposed, so a replay's records and an eager run of the same
+callable line up op by op.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch.utils._pytree import tree_flatten
+from torch.utils._python_dispatch import TorchDispatchMode
+
+from harness.check.tolerance import bf16_step
+from harness.graphs.emulator import opinfo
+from harness.graphs.emulator.callsite import Frame, describe_frame, user_frames
+from harness.graphs.emulator.opinfo import OpKind
+from harness.graphs.emulator.trace import Argument, OpRecord, Origin
+
+
+_THIS_FILE = (__file__,)
+
+
+@dataclass(frozen=True)
+class Value:
+    """One input as an op saw it: a tensor's copy and the address it was read at, or a host value."""
+
+    name: str
+    value: Any
+    address: int | None = None
+    origin: Origin = Origin.HOST
+    storage: int | None = None  # where the storage it was read from begins
+    written: bool = False  # the op writes it: its contents before the op may be a mere destination
+    allocated_at: str = ""  # eager only: where the `empty` that made it ran, when no op wrote it since
+
+
+@dataclass(frozen=True)
+class OpEvent:
+    op: str
+    frames: tuple[Frame, ...]
+    inputs: tuple[Value, ...]
+    outputs: tuple[torch.Tensor, ...]
+    writes: int = 0  # how many of the outputs (the first ones) are arguments it wrote in place
+
+    @property
+    def key(self) -> tuple[str, Frame | None]:
+        """What aligns an eager op with a recorded one: the op and the line that issued it."""
+        return self.op, self.frames[0] if self.frames else None
+
+    def where(self) -> str:
+        return describe_frame(self.frames[0]) if self.frames else "(no caller outside torch)"
+
+
+def address(t: torch.Tensor) -> int:
+    return t.untyped_storage().data_ptr() + t.storage_offset() * t.element_size()
+
+
+def _copy(t: torch.Tensor) -> torch.Tensor:
+    return t.detach().clone()
+
+
+def snapshot(argument: Argument) -> Value:
+    value = argument.value
+    if isinstance(value, torch.Tensor):
+        return Value(argument.name, _copy(value), address(value), argument.origin,
+                     value.untyped_storage().data_ptr(), argument.written)
+    return Value(argument.name, value, None, argument.origin)
+
+
+def record_inputs(record: OpRecord) -> tuple[Value, ...]:
+    return tuple(snapshot(a) for a in record.arguments)
+
+
+def record_event(record: OpRecord, inputs: tuple[Value, ...]) -> OpEvent:
+    return OpEvent(record.op, record.frames, inputs, tuple(_copy(t) for t in record.outputs))
+
+
+_UNINITIALIZED = frozenset({torch.ops.aten.empty.memory_format, torch.ops.aten.empty_like.default,
+                            torch.ops.aten.empty_strided.default, torch.ops.aten.new_empty.default})
+
+
+def _eager_value(name: str, t: torch.Tensor, unwritten: dict[int, str]) -> Value:
+    storage = t.untyped_storage().data_ptr()
+    return Value(name, _copy(t), address(t), Origin.EXTERNAL, storage,
+                 allocated_at=unwritten.get(storage, ""))
+
+
+def _named_values(func, args, kwargs, unwritten: dict[int, str]) -> tuple[Value, ...]:
+    values: list[Value] = []
+    for name, value in opinfo.bind(func, args, kwargs).items():
+        if isinstance(value, (list, tuple)) and any(isinstance(v, torch.Tensor) for v in value):
+            values.extend(_eager_value(f"{name}[{i}]", v, unwritten)
+                          for i, v in enumerate(value) if isinstance(v, torch.Tensor))
+        elif isinstance(value, torch.Tensor):
+            values.append(_eager_value(name, value, unwritten))
+        else:
+            values.append(Value(name, value))
+    return tuple(values)
+
+
+class EagerOpLog(TorchDispatchMode):
+    """Runs every op for real and logs it as an `OpEvent`. It also keeps the storages made by an
+    `empty` op that no op has written since (storage -> where it was made): reading one is reading
+    memory nothing computed, in the graph and eagerly alike."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.events: list[OpEvent] = []
+        self._unwritten: dict[int, str] = {}
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        if opinfo.is_composite(func):
+            with self:
+                return func.decompose(*args, **kwargs)
+        if opinfo.op_kind(func) is OpKind.VIEW:
+            return func(*args, **kwargs)
+        inputs = _named_values(func, args, kwargs, self._unwritten)
+        result = func(*args, **kwargs)
+        named = opinfo.bind(func, args, kwargs)
+        written = [t for name in written_arguments(func) for t in tree_flatten(named.get(name))[0]
+                   if isinstance(t, torch.Tensor)]
+        fresh = ([] if opinfo.op_kind(func) is OpKind.MUTATING else
+                 [t for t in tree_flatten(result)[0] if isinstance(t, torch.Tensor)])
+        frames = user_frames(skip=_THIS_FILE)
+        for t in written:
+            self._unwritten.pop(t.untyped_storage().data_ptr(), None)
+        if func in _UNINITIALIZED:
+            for t in fresh:
+                self._unwritten[t.untyped_storage().data_ptr()] = describe_frame(frames[0]) if frames else ""
+            return result  # an allocation: nothing computed, and the recorder keeps no record of it
+        self.events.append(OpEvent(opinfo.op_name(func), frames, inputs,
+                                   tuple(_copy(t) for t in (*written, *fresh)), len(written)))
+        return result
+
+
+def written_arguments(func) -> list[str]:
+    """The names of the arguments an op writes, in schema order."""
+    return [a.name for a in func._schema.arguments if a.alias_info is not None and a.alias_info.is_write]
+
+
+def tensor_difference(expected: Any, actual: Any, steps: float) -> str | None:
+    """How `actual` departs from `expected` beyond `steps` bf16 steps at `expected`'s scale (its
+    largest finite magnitude), or None. Integers and booleans must be equal; a NaN must match a NaN."""
+    if not isinstance(expected, torch.Tensor) or not isinstance(actual, torch.Tensor):
+        return None if _same_host_value(expected, actual) else f"{actual!r} where eager has {expected!r}"
+    if expected.shape != actual.shape:
+        return f"shape {tuple(actual.shape)} where eager has {tuple(expected.shape)}"
+    if expected.dtype != actual.dtype:
+        return f"dtype {actual.dtype} where eager has {expected.dtype}"
+    if expected.numel() == 0:
+        return None
+    if not (expected.dtype.is_floating_point or expected.dtype.is_complex):
+        unequal = expected != actual
+        count = int(unequal.sum())
+        return None if count == 0 else f"{count} of {expected.numel()} elements differ (exact dtype)"
+    e, a = expected.double(), actual.double()
+    nan_mismatch = int((e.isnan() != a.isnan()).sum())
+    if nan_mismatch:
+        return f"{nan_mismatch} of {expected.numel()} elements are NaN on one side only"
+    finite = e.isfinite() & a.isfinite()
+    if bool((e[~finite] != a[~finite]).any()):
+        return "an infinity on one side only"
+    scale = float(e[finite].abs().max()) if bool(finite.any()) else 0.0
+    tolerance = steps * bf16_step(scale)
+    gap = (e - a).abs()[finite]
+    worst = float(gap.max()) if gap.numel() else 0.0
+    if worst <= tolerance:
+        return None
+    count = int((gap > tolerance).sum())
+    return (f"max |diff| {worst:.4g} beyond {steps:g} bf16 steps ({tolerance:.3g} at scale "
+            f"{scale:.4g}) in {count} of {expected.numel()} elements")
+
+
+def _same_host_value(a: Any, b: Any) -> bool:
+    if isinstance(a, float) and isinstance(b, float) and math.isnan(a) and math.isnan(b):
+        return True
+    try:
+        return bool(a == b)
+    except Exception:  # values without a plain ==: judged equal by their text
+        return repr(a) == repr(b)
+
+
+def output_difference(expected: OpEvent, actual: OpEvent, steps: float) -> str | None:
+    if len(expected.outputs) != len(actual.outputs):
+        return f"{len(actual.outputs)} outputs where eager has {len(expected.outputs)}"
+    for i, (e, a) in enumerate(zip(expected.outputs, actual.outputs)):
+        found = tensor_difference(e, a, steps)
+        if found:
+            return found if len(expected.outputs) == 1 else f"output {i}: {found}"
+    return None

@@ -1,0 +1,89 @@
+"""`harness explain`: the engine-side glue of `harness.check.explain_divergence` for a reproduction
+file or a `Scenario`: the scenario's candidate engine is built on the explaining backend (with the
+file's fault planted) and its requests run; every graph replay is compared op by op with an eager
+run of what the graph captured. Tensors are named by their paths in the engine's decode-graph roots
+and the model's parameters."""
+
+from __future__ import annotations
+
+import contextlib
+from pathlib import Path
+from typing import Any, Callable
+
+from harness.check.explain import Explanation, explain_divergence
+from harness.repro.record import ReproRecord, load_record
+from harness.repro.scenario import Scenario
+
+
+def engine_roots(engines: list[Any]) -> Callable[[], dict[str, Any]]:
+    """What names a tensor in the report: the latest engine's decode-graph roots and its model."""
+    def roots() -> dict[str, Any]:
+        if not engines:
+            return {}
+        engine = engines[-1]
+        runner = engine.decode_graphs.runner if engine.decode_graphs is not None else None
+        return {**(runner.roots() if runner is not None else {}), "model": engine.model}
+    return roots
+
+
+def explain_engine_step(step: Callable[[Any, list[Any]], Any], requests: list[Any], *,
+                        fault: str | None = None, steps: float = 0, context: int = 3) -> Explanation:
+    """Explain `step(backend, engines)`, which builds an engine on `backend` (appending it to
+    `engines` as soon as it is built) and returns it, then its `generate(requests)`, with `fault`
+    planted for the duration; an error the engine raises is reported in the explanation."""
+    engines: list[Any] = []
+    planted = contextlib.nullcontext()
+    if fault is not None:
+        from harness.faults import inject
+
+        planted = inject(fault, "emulated")
+    with planted:
+        return explain_divergence(lambda backend: step(backend, engines), requests=requests, steps=steps,
+                                  context=context, roots=engine_roots(engines))
+
+
+def explain_scenario(scenario: Scenario, *, fault: str | None = None, context: int = 3) -> Explanation:
+    """Explain the first replayed op of `scenario`'s candidate that departs from eager, with `fault`
+    planted for the duration. Only the emulated backend can observe a replay op by op."""
+    import torch
+
+    from harness.model import ReferenceLlama, tiny_llama
+    from harness.runtime import Engine, EngineConfig
+
+    if scenario.backend != "emulated":
+        raise ValueError(f"harness explain observes emulated replays; the scenario ran on "
+                         f"{scenario.backend!r}: record it with --graph-backend emulated (accepted: 'emulated')")
+    config = EngineConfig.from_dict(dict(scenario.engine))
+    model = ReferenceLlama.from_hf(tiny_llama(scenario.model_seed, **scenario.model_overrides)).to(torch.device("cpu"))
+
+    def step(backend, engines: list[Any]) -> Any:
+        engine = Engine(model, config, backend=backend)
+        engines.append(engine)
+        engine.prepare_graphs()
+        return engine
+
+    return explain_engine_step(step, list(scenario.requests), fault=fault, steps=scenario.tolerance_steps,
+                               context=context)
+
+
+def explain_record(record: ReproRecord, *, without_fault: bool = False, context: int = 3) -> Explanation:
+    if record.scenario is None:
+        raise ValueError(f"{record.node_id}: the reproduction file carries no engine scenario to explain; "
+                         f"only tests that record one (the repro_scenario fixture) can be explained, "
+                         f"re-run it with `harness repro` instead")
+    return explain_scenario(record.scenario, fault=None if without_fault else record.fault, context=context)
+
+
+def explain_file(path: Path, *, without_fault: bool = False, context: int = 3) -> Explanation:
+    """`harness explain FILE`: explain the reproduction file at `path`."""
+    return explain_record(load_record(Path(path)), without_fault=without_fault, context=context)
+
+
+def explain_fault(name: str, *, context: int = 3) -> Explanation:
+    """`harness explain --fault NAME`: explain a diverging fault zoo entry's own reproduction."""
+    from harness.repro.fault_cases import DIVERGING, fault_record
+
+    if name not in DIVERGING:
+        raise KeyError(f"fault {name!r} has no reproduction that diverges; those that do: "
+                       f"{', '.join(DIVERGING)}")
+    return explain_record(fault_record(name), context=context)

@@ -1,0 +1,30 @@
+#!/usr/bin/env bash
+# The H200 runs for the overlap loop and the decode step near the hardware. Each part is one command
+# and runs in under 5 minutes on one H200; run from the repository root with its venv:
+#   bash scripts/h200_issue19.sh bench      # harness bench capture + piecewise (tiny and 1b)
+#   bash scripts/h200_issue19.sh tests      # the overlap, model and attention suites on cuda
+#   bash scripts/h200_issue19.sh faults     # the three overlap faults, as JSON for `harness faults merge`
+set -euo pipefail
+PY=${PY:-.venv/bin/python}
+case "${1:-}" in
+  bench)
+    "$PY" -m harness.cli bench capture --backend cuda --iters 50 --warmup 10 --step-repeats 5 --output docs/benchmarks.md
+    "$PY" -m harness.cli bench piecewise --shape tiny --prompt 16 --prompt 64 --prompt 256 --iters 50 --output docs/benchmarks.md
+    "$PY" -m harness.cli bench piecewise --shape 1b --prompt 16 --prompt 64 --prompt 256 --iters 20 --output docs/benchmarks.md
+    ;;
+  tests)
+    "$PY" -m pytest -q -n 0 --graph-backend cuda -p no:cacheprovider \
+      suites/decoder/test_overlap.py suites/e2e/test_overlap.py suites/decoder/test_single_pass.py \
+      suites/decoder/test_bench_capture.py suites/model suites/ops/test_attention.py \
+      suites/ops/test_capture.py suites/piecewise/test_prefill.py suites/e2e/test_grounding.py
+    ;;
+  faults)
+    "$PY" -m harness.cli faults --graph-backend cuda --only one-staging-buffer-for-two-steps \
+      --only tokens-read-before-their-event --only inputs-written-while-a-replay-is-in-flight \
+      --only pad-nan-leaks-into-real-rows --only max-seq-len-baked --markdown --json h200-overlap-faults.json
+    ;;
+  *)
+    echo "usage: bash scripts/h200_issue19.sh bench|tests|faults" >&2
+    exit 2
+    ;;
+esac

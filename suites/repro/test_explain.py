@@ -1,0 +1,89 @@
+"""`harness explain` of each diverging fault's reproduction file names the op and the line of the
+planted bug (docs/faults.md, "Explained"), and finds nothing without the fault. Faults whose bug is
+outside the replayed ops (the padding fed to a graph, the inputs not copied into it, the key that
+picks it) are explained as "no replayed op departs": an outcome, asserted, that shows the limit."""
+
+from __future__ import annotations
+
+import inspect
+import json
+import os
+
+import pytest
+
+import harness.faults.ops
+import harness.model.llama
+import harness.model.rope
+from harness import cli
+from harness.check.causes import BUFFER_REBOUND, HOST_VALUE_FROZEN, NEVER_WRITTEN
+from harness.repro import write_record
+from harness.repro.fault_cases import DIVERGING, fault_record
+
+
+def line_of(module, snippet: str) -> str:
+    """`path:N` (as explain prints it) of the first line of `module` holding `snippet`."""
+    lines, _ = inspect.getsourcelines(module)
+    number = next(i for i, line in enumerate(lines, 1) if snippet in line)
+    return f"{os.path.relpath(inspect.getsourcefile(module))}:{number}"
+
+
+# fault -> (first divergent op, where it is issued, cause, a text the cause names: the planted line or
+# the buffer the fault rebinds)
+NAMED = {
+    "max-seq-len-baked": ("harness.paged_attention.default",
+                          lambda: line_of(harness.faults.ops, "attention.paged_attention_op(q, k, v"),
+                          HOST_VALUE_FROZEN, lambda: "`block_tables` has shape"),
+    "metadata-rebound": ("aten.index_select.default",
+                         lambda: line_of(harness.model.rope, "self.table.index_select(0, positions)"),
+                         BUFFER_REBOUND,
+                         lambda: "where `metadata.positions` was at capture; eager reads `metadata.positions`"),
+    "attention-returns-new-tensor": ("aten.addmm_.default",
+                                     lambda: line_of(harness.model.llama, "out = residual.addmm_(x, linear.weight.t())"),
+                                     NEVER_WRITTEN,
+                                     lambda: line_of(harness.faults.ops, "metadata, scale, fresh, workspace")),
+}
+OUTSIDE_THE_REPLAY = ("graph-key-ignores-sampling-variant", "padding-dummy-aliases-live-blocks",
+                      "piecewise-inputs-not-copied")
+FAST = "max-seq-len-baked"
+
+
+def test_every_diverging_fault_is_expected_here():
+    assert sorted(DIVERGING) == sorted([*NAMED, *OUTSIDE_THE_REPLAY])
+
+
+def explain(tmp_path, capsys, name: str, *extra: str) -> tuple[int, str, dict]:
+    path = write_record(fault_record(name), tmp_path)
+    code = cli.main(["explain", str(path), *extra])
+    return code, capsys.readouterr().out, json.loads(path.read_text())
+
+
+@pytest.mark.parametrize("name", [pytest.param(n, marks=() if n == FAST else pytest.mark.slow)
+                                  for n in NAMED])
+def test_explain_names_the_op_and_line_of_the_planted_bug(tmp_path, capsys, name):
+    op, where, cause, named = NAMED[name]
+    code, out, data = explain(tmp_path, capsys, name)
+    assert data["explain"] == f"harness explain {tmp_path / (data['node_id'].replace(':', '_') + '.json')}"
+    assert code == 1, out
+    assert f"first divergent op: {op}\n  at {where()}" in out, out
+    assert f"differs: {cause}" in out, out
+    assert named() in out, out
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", OUTSIDE_THE_REPLAY)
+def test_a_bug_outside_the_replayed_ops_is_reported_as_none_departing(tmp_path, capsys, name):
+    code, out, _ = explain(tmp_path, capsys, name)
+    assert code == 0 and "no replayed op departs from eager" in out, out
+
+
+def test_without_the_fault_no_op_departs(tmp_path, capsys):
+    code, out, _ = explain(tmp_path, capsys, FAST, "--without-fault")
+    assert code == 0 and "no replayed op departs from eager beyond 0 bf16 steps" in out, out
+
+
+def test_a_file_without_a_scenario_is_refused_by_name(tmp_path, capsys):
+    from dataclasses import replace
+
+    path = write_record(replace(fault_record(FAST), scenario=None), tmp_path)
+    assert cli.main(["explain", str(path)]) == 2
+    assert "carries no engine scenario to explain" in capsys.readouterr().err
