@@ -58,6 +58,13 @@ class StreamWork(TorchDispatchMode):
         self._watched: dict[int, weakref.ref] = {}  # id of a caller's tensor -> weak ref on it
         self._dropped: list[int] = []  # storage keys whose caller tensors died since the last op
 
+    @classmethod
+    def ignore_compile_internals(cls) -> bool:
+        # torch.compile refuses to trace under other dispatch modes; this one steps aside while
+        # it compiles. A compiled region's own kernels run untracked (the ops it falls back to
+        # are still seen); under the adversarial schedule, synchronize before calling one.
+        return True
+
     def _tracked(self, t: torch.Tensor) -> bool:
         return not t.is_meta and (self.memory.is_device(t) or self.memory.is_pinned(t))
 
