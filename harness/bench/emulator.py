@@ -4,7 +4,7 @@ asks at most 0.9x for the reference model's decode step, which this does not tim
 
 Two steps are timed: a hand-written Llama-shaped step over a static KV cache, and transformers'
 LlamaForCausalLM (seeded random weights, no download) with a StaticCache. Each ratio comes from one
-run: the median of many timed iterations after warmup. A second table (emulated_device.py) times
+run: the median of many timed iterations after warmup. A second table (_emulated_device.py) times
 the same steps on the emulated CUDA device against CPU eager.
 """
 
@@ -22,7 +22,7 @@ import torch
 from harness.bench._report import append_section, machine_line
 from harness.bench._tracking import TRACKING_TARGET, measure_tracking, render_tracking
 from harness.bench._tiny_decoder import TinyDecoder, TinyDecoderConfig
-from harness.bench.emulated_device import EAGER_TARGET, measure_device, render_device
+from harness.bench._emulated_device import EAGER_TARGET, measure_device, render_device
 from harness.graphs import get_backend
 
 TARGET = 1.0
