@@ -20,6 +20,8 @@ from harness.graphs.emulator.device import emulation_active
 def cuda() -> Iterator[None]:
     if emulation_active():
         pytest.skip("runs its own emulate_cuda(); the session is already inside one")
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        pytest.skip("emulate_cuda(device='cpu') needs a process where the real GPU is untouched")
     with harness.emulate_cuda(device="cpu"):
         yield
 
