@@ -16,7 +16,7 @@ def emulate_cuda(device: str = "auto", *, schedule: str = "issue_order", races: 
     between streams, or between a stream and the host (a pinned buffer rewritten before its
     non_blocking copy ran, read before its copy landed; a side stream without wait_stream; a tensor
     freed without record_stream; a graph replay still in flight) raises `RaceError` (`races=
-    "strict"`), is collected in `state.streams_tracking.work.tracker.reports` (`"report"`), or is
+    "strict"`), is collected in `state.streams_tracking.reports` (`"report"`), or is
     not looked for (`"off"`). `schedule="adversarial"` runs each stream's work as late as
     synchronization allows, so such a race gives the wrong values a loaded GPU gives, every time;
     `"issue_order"` (default) runs work when issued, except after `torch.cuda._sleep` on a stream."""

@@ -62,7 +62,7 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         "--cuda-races", choices=("strict", "report", "off"), default="strict",
         help="with --emulate-cuda: what a race between streams and the host does: strict (raises "
              "RaceError at the second access, default), report (collected on the device state's "
-             "streams_tracking.work.tracker.reports), off (no tracking)",
+             "streams_tracking.reports), off (no tracking)",
     )
     group.addoption(
         "--plant-fault", metavar="NAME", default=None,

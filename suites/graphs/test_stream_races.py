@@ -33,6 +33,13 @@ WHERE = [
 @contextlib.contextmanager
 def on_device(where: str, races: str = "report") -> Iterator[list | None]:
     """The device a case runs on; yields the tracker's reports (None natively)."""
+    with tracked_device(where, races) as tracking:
+        yield None if tracking is None else tracking.reports
+
+
+@contextlib.contextmanager
+def tracked_device(where: str, races: str = "report") -> Iterator:
+    """The device a case runs on; yields its stream tracking (None natively)."""
     if where == "native":
         if emulation_active():
             pytest.skip("the native column needs the real GPU, not an emulation")
@@ -43,7 +50,7 @@ def on_device(where: str, races: str = "report") -> Iterator[list | None]:
     if torch.cuda.is_available() and torch.cuda.is_initialized():
         pytest.skip("emulate_cuda(device='cpu') needs a process where the real GPU is untouched")
     with harness.emulate_cuda(device="cpu", schedule=where, races=races) as state:
-        yield state.streams_tracking.work.tracker.reports
+        yield state.streams_tracking
 
 
 def main() -> torch.cuda.Stream:
@@ -233,3 +240,17 @@ def test_strict_tracking_raises_at_the_race(case):
         with on_device("issue_order", races="strict"):
             run(False)
     assert caught.value.report.kind is kind
+
+
+def test_a_report_names_the_tensor_by_its_path_from_an_object_given():
+    class Loop:
+        def __init__(self) -> None:
+            self.staging = torch.zeros(8, pin_memory=True)
+            self.inputs = torch.zeros(8, device="cuda")
+
+    with tracked_device("issue_order") as tracking:
+        loop = Loop()
+        tracking.name_tensors(loop, "loop")
+        loop.inputs.copy_(loop.staging, non_blocking=True)
+        loop.staging.fill_(1.0)
+    assert "race on tensor loop.staging (shape (8,), torch.float32)" in str(tracking.reports[0])

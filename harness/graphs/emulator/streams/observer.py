@@ -8,6 +8,7 @@ from typing import Any
 
 from harness.graphs.emulator.callsite import callsite_later, current_callsite
 from harness.graphs.emulator.streams.capture import CaptureStreams
+from harness.graphs.emulator.streams.names import name_tensors
 from harness.graphs.emulator.streams.work import AsyncWork
 
 RACE_MODES = ("strict", "report", "off")
@@ -129,6 +130,16 @@ class DeviceStreams:
         self.work.replay(stream_key(stream), recording.reads, recording.writes,
                          lambda: run(recording), name=f"CUDAGraph {id(graph):#x}",
                          where=callsite_later(), hold=recording.external_storages)
+
+    # --- naming --------------------------------------------------------------------------------
+
+    def name_tensors(self, obj: Any, root: str = "") -> None:
+        """Reports name the tensors reachable from `obj` by their path (`engine.staging`)."""
+        self.work.tracker.labels.update(name_tensors(obj, root))
+
+    @property
+    def reports(self) -> list:
+        return self.work.tracker.reports
 
     # --- what the device's stream and event API asks ------------------------------------------
 
