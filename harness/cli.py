@@ -304,8 +304,8 @@ def build_parser() -> argparse.ArgumentParser:
     lint.add_argument("target", help="MODULE:CALLABLE, a callable taking no arguments (the step to lint)")
     lint.add_argument("--factory", action="store_true",
                       help="CALLABLE() builds the step (model, buffers) and returns the callable to lint")
-    _emulate_cuda_option(lint, "lint")
     lint.add_argument("--json", action="store_true", help="print the report as JSON")
+    _emulate_cuda_option(lint, "lint")
     lint.epilog = (f"Exit code 0 clean, 1 hazards found, 2 a bad target, {LINT_TARGET_FAILED} the target "
                    "raised while being imported or built (the message names the file)")
     lint.set_defaults(func=cmd_lint)

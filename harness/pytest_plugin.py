@@ -93,6 +93,7 @@ def uses_harness_by_configuration(config: pytest.Config) -> bool:
     """The session asked for the harness before collection: a harness option or the ini setting."""
     return bool(config.getini(USE_INI) or _named_on_command_line(config, "--graph-backend")
                 or config.getoption("plant_fault") or config.getoption("fault_report")
+                or config.getoption("emulate_cuda", default=False)
                 or config.getoption("repro_dir"))
 
 

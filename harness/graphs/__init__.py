@@ -18,8 +18,9 @@ def resolve_backend(name: str) -> str:
     if name == "auto":
         from harness.graphs.emulator.device.session import emulation_active
 
-        # The emulated CUDA device answers is_available(), but its graphs are the emulator's.
-        return "cuda" if torch.cuda.is_available() and emulation_active() != "cpu" else "emulated"
+        # Inside emulate_cuda() torch.cuda's graphs are the emulator's (the emulated device, or the
+        # sanitizer on a GPU), whatever is_available() answers.
+        return "cuda" if torch.cuda.is_available() and emulation_active() is None else "emulated"
     return name
 
 

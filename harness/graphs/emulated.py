@@ -160,6 +160,11 @@ class EmulatedBackend(GraphBackend):
         if self._stream is None:
             self._stream = torch.cuda.Stream(self.device)
         graph = torch.cuda.CUDAGraph()
-        with torch.cuda.device(self.device), torch.cuda.graph(graph, pool=arena, stream=self._stream):
-            output = fn()
+        caller_stream = torch.cuda.current_stream(self.device)
+        try:
+            with torch.cuda.device(self.device), torch.cuda.graph(graph, pool=arena, stream=self._stream):
+                output = fn()
+        finally:
+            # torch.cuda.graph leaves its side stream current when the capture's end raises.
+            torch.cuda.set_stream(caller_stream)
         return CudaGraph(graph, output, arena)

@@ -100,8 +100,11 @@ def test_memory_statistics_follow_live_device_tensors(cuda_device):
     x = torch.empty(1024, device="cuda")
     assert torch.cuda.memory_allocated() == before + 4096
     assert torch.cuda.max_memory_allocated() >= before + 4096
+    assert torch.cuda.memory_stats()["active_bytes.all.current"] == before + 4096
+    freed = torch.cuda.memory_stats()["allocated_bytes.all.freed"]
     del x
     assert torch.cuda.memory_allocated() == before
+    assert torch.cuda.memory_stats()["allocated_bytes.all.freed"] == freed + 4096
     torch.cuda.reset_peak_memory_stats()
     assert torch.cuda.max_memory_allocated() == before
 
@@ -114,3 +117,15 @@ def test_gradients_of_device_parameters_are_device_tensors(cuda_device):
     opt.step()  # would mix devices if a gradient were host memory
     (grad,) = torch.autograd.grad(layer(torch.ones(1, 3, device="cuda")).sum(), [layer.bias])
     assert grad.is_cuda
+
+
+def test_compiled_code_on_device_tensors_returns_device_tensors(cuda_device):
+    @torch.compile(backend="eager")
+    def norm(x, w):
+        return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-6) * w
+
+    x, w = torch.randn(4, 8, device="cuda"), torch.ones(8, device="cuda")
+    out = norm(x, w)
+    assert out.is_cuda
+    torch.testing.assert_close(out + x, x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-6) + x)
+    assert not norm(torch.ones(2, 8), torch.ones(8)).is_cuda

@@ -80,9 +80,9 @@ def test_get_backend_rejects_unknown_names():
 def test_auto_backend_follows_cuda_availability():
     from harness.graphs.emulator.device import emulation_active
 
-    # The emulated CUDA device (emulate_cuda() on a cpu) answers is_available(); its graphs are
-    # the emulator's.
-    real_cuda = torch.cuda.is_available() and emulation_active() != "cpu"
+    # Inside emulate_cuda() (the emulated device, or the sanitizer on a GPU) torch.cuda's graphs
+    # are the emulator's.
+    real_cuda = torch.cuda.is_available() and emulation_active() is None
     expected = "cuda" if real_cuda else "emulated"
     assert get_backend("auto").name == expected
 

@@ -2,5 +2,7 @@
 classification (`opinfo.py`), the pool arena (`pool.py`), memory a graph reads but does not own
 (`external.py`), generator state (`rng.py`), host reads and host tensors (`host_guard.py`,
 `host_tensors.py`), ops whose CPU kernel syncs where CUDA's does not (`cuda_paths.py`), the
-capture flag and op names (`capture_flag.py`, `op_tracker.py`), and the user's line in errors
-(`callsite.py`). The backend built on them is `harness.graphs.emulated`."""
+capture flag and op names (`capture_flag.py`, `op_tracker.py`), the user's line in errors
+(`callsite.py`), which tensors a capture treats as device memory (`memory.py`), one capture from
+its beginning to its end (`session.py`), and the emulated CUDA device behind
+`harness.emulate_cuda()` (`device/`). The backend built on them is `harness.graphs.emulated`."""

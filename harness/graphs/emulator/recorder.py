@@ -56,7 +56,7 @@ class Recorder(TorchDispatchMode):
         self.device = device
         self.memory = memory if memory is not None else for_device(device)
         self.kernel_device = kernel_device if kernel_device is not None else device
-        self.trace = trace
+        self.trace = trace  # keep an OpRecord per op (trace.py): what a reader of the replay needs
         self.steps: list[ReplayStep] = []
         self.records: list[OpRecord] = []
         self._replay_tensors: dict[tuple, torch.Tensor] = {}

@@ -33,9 +33,9 @@ class Recording:
     steps: list[ReplayStep]
     inference_mode: bool
     external: list[ExternalStorage]
+    records: list  # trace.OpRecord per op when traced
     reads: frozenset[int] = frozenset()  # storages (data pointers) a replay reads and writes
     writes: frozenset[int] = frozenset()
-    records: tuple = ()  # the recorder's OpRecords when it traced (trace.py)
 
 
 class CaptureSession:
@@ -45,7 +45,7 @@ class CaptureSession:
     `memory` says which tensors are device memory (emulator/memory.py; by default what the plain
     emulator assumes on `device`); `kernel_device` whose kernels' rules apply; `report_capturing`
     makes `torch.cuda.is_current_stream_capturing()` answer True meanwhile (the emulated CUDA device
-    answers it itself, by stream)."""
+    answers it itself, by stream); `trace` keeps an OpRecord per op (the recorder's)."""
 
     def __init__(self, arena: PoolArena, device: torch.device, *, memory: Any = None,
                  kernel_device: torch.device | None = None, report_capturing: bool = True,
@@ -98,8 +98,9 @@ class CaptureSession:
             # torch.cuda.graph's own words and category (CUDAGraph::capture_end, a TORCH_WARN).
             warnings.warn(EMPTY_GRAPH_WARNING, UserWarning, stacklevel=stacklevel)
         return Recording(steps, torch.is_inference_mode_enabled(), self.recorder.external.storages(),
+                         self.recorder.records,
                          frozenset(self.recorder.reads - self.recorder.writes),
-                         frozenset(self.recorder.writes), tuple(self.recorder.records))
+                         frozenset(self.recorder.writes))
 
     def abort(self) -> None:
         """Leave a failed capture. The traceback keeps the caller's frame (and the recorder) alive

@@ -21,7 +21,7 @@ import torch.cuda.random
 import torch.cuda.streams
 
 from harness.graphs.emulator.device.backward import (
-    engine_with_placement, saved_tensor_hooks_with_placement)
+    compile_marking_outputs, engine_with_placement, saved_tensor_hooks_with_placement)
 from harness.graphs.emulator.device.rules import DeviceIndexError, cuda_index
 from harness.graphs.emulator.device.streams import Event, ExternalStream, Stream
 
@@ -128,9 +128,18 @@ def patches(state) -> list[tuple[Any, str, Any]]:
         state.memory.reset_peak()
 
     def memory_stats(device: Any = None) -> dict[str, int]:
-        now, peak = memory_allocated(device), max_memory_allocated(device)
-        return {f"{kind}.all.{which}": value for kind in ("allocated_bytes", "reserved_bytes")
-                for which, value in (("current", now), ("peak", peak))}
+        """The caching allocator's keys, from live device bytes: every byte counts as allocated,
+        active, requested and reserved, all in `all` (the pools are not split small and large)."""
+        index(device)
+        memory = state.memory
+        values = {"current": memory.allocated_bytes(), "peak": memory.peak_bytes(),
+                  "allocated": memory.allocated_total, "freed": memory.freed_total}
+        stats = {f"{kind}.{pool}.{which}": (value if pool == "all" else 0)
+                 for kind in ("allocated_bytes", "active_bytes", "requested_bytes", "reserved_bytes")
+                 for pool in ("all", "small_pool", "large_pool") for which, value in values.items()}
+        stats.update({"num_alloc_retries": 0, "num_ooms": 0, "num_sync_all_streams": 0,
+                      "num_device_alloc": 0, "num_device_free": 0})
+        return stats
 
     def memory_summary(device: Any = None, abbreviated: bool = False) -> str:
         return (f"emulated CUDA device {index(device)}: {memory_allocated(device)} bytes allocated, "
@@ -313,6 +322,7 @@ def patches(state) -> list[tuple[Any, str, Any]]:
         (torch.Tensor, "record_stream", lambda self, stream: streams.record_stream(self, stream)),
         (torch.autograd, "_engine_run_backward",
          engine_with_placement(state, torch.autograd._engine_run_backward)),
+        (torch, "compile", compile_marking_outputs(state, torch.compile)),
         (torch._C._autograd, "_push_saved_tensors_default_hooks", saved_tensor_hooks_with_placement(
             state, torch._C._autograd._push_saved_tensors_default_hooks)),
     ]

@@ -97,8 +97,8 @@ class EmulatedCUDAGraph:
         finally:
             self._host.end_capture()
         self._graph = EmulatedGraph(None, self._arena, recording.steps, recording.inference_mode,
-                                    recording.external, reads=recording.reads,
-                                    writes=recording.writes)
+                                    recording.external, recording.records,
+                                    reads=recording.reads, writes=recording.writes)
         self._captured = True
 
     # --- after capture -----------------------------------------------------------------------

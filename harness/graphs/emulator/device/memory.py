@@ -36,6 +36,8 @@ class DeviceMemory:
         self._sizes: dict[weakref.ref, int] = {}
         self._allocated = 0
         self._peak = 0
+        self.allocated_total = 0  # bytes ever marked device memory, and ever freed of it
+        self.freed_total = 0
         # Set by the placement mode around a call that names the device (a factory with
         # device="cuda", a copy to it): the recorder cannot see the device once it is rewritten.
         self.call_on_device = False
@@ -66,11 +68,14 @@ class DeviceMemory:
         nbytes = storage.nbytes()
         self._sizes[weakref.ref(storage, self._freed)] = nbytes
         self._allocated += nbytes
+        self.allocated_total += nbytes
         if self._allocated > self._peak:
             self._peak = self._allocated
 
     def _freed(self, ref: weakref.ref) -> None:
-        self._allocated -= self._sizes.pop(ref, 0)
+        nbytes = self._sizes.pop(ref, 0)
+        self._allocated -= nbytes
+        self.freed_total += nbytes
 
     def mark_pinned(self, t: torch.Tensor) -> None:
         storage = _storage(t)

@@ -32,6 +32,7 @@ from harness.graphs.emulator.device.memory import DEVICE, MEMORY_ATTR, PINNED
 from harness.graphs.emulator.device.rules import CPU, cuda_index, mixed_devices_error, names_cuda
 
 Tensor = torch.Tensor
+_compiling = torch.compiler.is_compiling
 _CONSTRUCTORS = _device_constructors()
 _MethodWrapper = types.MethodWrapperType
 _descriptor = torch._C.TensorBase.__dict__.__getitem__
@@ -82,6 +83,11 @@ class Placement(TorchFunctionMode):
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
         # The hot path: one Python call per torch call, so the checks are inlined.
+        if _compiling():
+            # Dynamo traces this method: the graph gets the call as written (its backend's code
+            # runs through this mode when it runs; compiled outputs are marked by cuda_api's
+            # torch.compile wrapper).
+            return func(*args, **(kwargs or {}))
         if type(func) is _MethodWrapper:  # a property: x.shape, x.device, x.grad = g, ...
             getter = self._getters.get(func.__self__)
             if getter is None or func.__name__ != "__get__":

@@ -57,12 +57,6 @@ def numpy_of_device_error(index: int) -> TypeError:
                      f"copy the tensor to host memory first.")
 
 
-def capture_refusal(what: str, op: str) -> CaptureError:
-    return CaptureError(at_callsite(f"{what} during CUDA graph capture: CUDA refuses it "
-                                    f"(\"{PAGEABLE_COPY_TEXT}\" for a pageable host-to-device copy, "
-                                    f"a sync for a copy to the host)", current_callsite()), op=op)
-
-
 def pageable_copy_refused(op: str, shape: tuple) -> CaptureError:
     return CaptureError(at_callsite(
         f"{op} copies a pageable host tensor of shape {shape} to the device during capture: "
