@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import pkgutil
 import sys
 from pathlib import Path
@@ -14,6 +15,8 @@ from harness.cli_support import (
 from harness.testdb.commands import (
     cmd_check, cmd_lists, cmd_render, cmd_run, machine_options, project_options,
 )
+from harness.pytest_plugin import PROFILES as HYPOTHESIS_PROFILES
+from harness.records import BACKENDS
 from harness.testdb.schema import TestDbError
 
 
@@ -139,13 +142,6 @@ def _emulate_cuda_option(parser: argparse.ArgumentParser, what: str) -> None:
                              f"sanitizer with one)")
 
 
-def _commit(root: Path) -> str:
-    import subprocess
-
-    proc = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=root, capture_output=True, text=True)
-    return proc.stdout.strip() if proc.returncode == 0 else ""
-
-
 def cmd_faults(args) -> int:
     import json
 
@@ -167,7 +163,8 @@ def cmd_faults(args) -> int:
     if args.files:
         print(f"harness faults: unexpected arguments {args.files}", file=sys.stderr)
         return 2
-    from harness.faults.run import project_root, run_zoo
+    from harness.faults.run import run_zoo
+    from harness.provenance import checkout_root
     from harness.graphs import resolve_backend
 
     unknown = [name for name in args.only if name not in FAULTS]
@@ -177,12 +174,12 @@ def cmd_faults(args) -> int:
     faults = [FAULTS[name] for name in args.only] if args.only else list(FAULTS.values())
     require_backend("--graph-backend", args.graph_backend)
     backend = resolve_backend(args.graph_backend)
-    root = project_root()
+    root = checkout_root()
     print(f"[faults] {len(faults)} fault(s) on the {backend} backend, {args.jobs} at a time",
           file=sys.stderr, flush=True)
     runs = run_zoo(faults, backend=backend, jobs=args.jobs, root=root,
                    log=lambda line: print(line, file=sys.stderr, flush=True))
-    document = run_document(runs, backend=backend, commit=_commit(root))
+    document = run_document(runs, backend=backend)
     if args.json:
         args.json.write_text(json.dumps(document, indent=1) + "\n")
     print(markdown_table({r.name: FAULTS[r.name] for r in runs}, [document]) if args.markdown
@@ -203,8 +200,11 @@ def cmd_repro(args) -> int:
     kind = "scenario" if record.scenario is not None else "pytest"
     print(f"[repro] {record.node_id} ({kind}, {record.backend}{fault}; recorded with torch {record.torch})",
           file=sys.stderr, flush=True)
+    from harness.runtime.config import engine_defaults_from_env
+
     with _emulated_cuda(args.emulate_cuda and record.scenario is not None):
         result = replay(record, without_fault=args.without_fault,
+                        engine_defaults=engine_defaults_from_env(os.environ),
                         extra_options=("--emulate-cuda",) if args.emulate_cuda else ())
     print(result.report)
     print(f"[repro] {'passes' if result.ok else 'still fails'}", file=sys.stderr)
@@ -252,7 +252,7 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("name", help="list name, e.g. l0_cpu")
     machine_options(run)
     run.add_argument("--results", type=Path, help="folder for JUnit XML (default: <project root>/results)")
-    run.add_argument("--hypothesis-profile", choices=("ci", "nightly", "repro"),
+    run.add_argument("--hypothesis-profile", choices=HYPOTHESIS_PROFILES,
                      help="Hypothesis profile for every pytest run (default: ci)")
     run.add_argument("--hypothesis-seed", type=int, help="Hypothesis seed for every pytest run")
     run.add_argument("--json", type=Path, metavar="FILE",
@@ -285,7 +285,7 @@ def build_parser() -> argparse.ArgumentParser:
     hf.add_argument("--list", action="store_true",
                     help="print the model types (and classes) --arch selects, and run nothing")
     hf.add_argument("--dtype", choices=("bfloat16", "float32"), default="bfloat16")
-    hf.add_argument("--graph-backend", choices=("auto", "cuda", "emulated"), default="auto",
+    hf.add_argument("--graph-backend", choices=BACKENDS, default="auto",
                     help="default auto: cuda when available, else emulated")
     hf.add_argument("-j", "--jobs", type=positive_int, default=2, help="processes at a time (default 2)")
     hf.add_argument("--timeout", type=float, default=180.0, help="seconds per architecture (default 180)")
@@ -315,7 +315,7 @@ def build_parser() -> argparse.ArgumentParser:
     faults.add_argument("action", nargs="?", choices=("run", "merge"), default="run",
                         help="run (default) the zoo, or merge JSON files of earlier runs into markdown")
     faults.add_argument("files", nargs="*", type=Path, help="with merge: JSON files written by --json")
-    faults.add_argument("--graph-backend", choices=("auto", "cuda", "emulated"), default="auto",
+    faults.add_argument("--graph-backend", choices=BACKENDS, default="auto",
                         help="backend the detectors run on (default: auto)")
     faults.add_argument("--only", action="append", default=[], metavar="NAME",
                         help="run only this fault (repeatable)")

@@ -18,7 +18,8 @@ from pathlib import Path
 
 import pytest
 
-BACKEND_CHOICES = ("auto", "cuda", "emulated")
+from harness.records import BACKENDS as BACKEND_CHOICES
+
 
 MARKERS = {
     "gpu": "needs CUDA; skipped with a reason where torch.cuda.is_available() is False",

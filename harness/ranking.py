@@ -1,4 +1,5 @@
-"""Reading a step's logits the one way every producer must: ranked tokens, fp32 logprobs, scale.
+"""Reading a step's logits the one way every producer must: ranked tokens, fp32 logprobs, scale,
+and from them the `Step`s every runtime returns (`logits_to_steps`, `steps_from_ranked`).
 
 The ranking is by logit, best first; equal logits keep ascending token order, so the first entry is
 the greedy token with ties to the lowest id. It is a `topk` over keys that break ties by id, not a
@@ -9,8 +10,11 @@ in fp32. The scale is max |logit|, which sets the bf16 spacing comparisons count
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Sequence
 
 import torch
+
+from harness.records import Step
 
 
 @dataclass(frozen=True)
@@ -40,3 +44,56 @@ def rank_logits(logits: torch.Tensor, width: int) -> RankedLogits:
     logprobs = torch.log_softmax(logits, dim=-1)
     return RankedLogits(order=order, top_logprobs=logprobs.gather(1, order), logprobs=logprobs,
                         scales=logits.abs().amax(dim=-1))
+
+
+def pack_ranked(ranked: RankedLogits, n: int, width: int | None = None) -> torch.Tensor:
+    """The first `n` rows of a ranking as one device tensor [n, 2 * width + 1] (float32: ids,
+    logprobs, scale), so that one device-to-host transfer (each one is a sync, or an event to wait
+    for) carries the whole batch. float32 holds the logprobs and scales as they are and token ids
+    below 2**24 exactly."""
+    if ranked.order.shape[0] < n:
+        raise ValueError(f"{ranked.order.shape[0]} ranked rows for {n} sequences")
+    if ranked.logprobs.shape[-1] > 2 ** 24:
+        raise ValueError(f"a vocabulary of {ranked.logprobs.shape[-1]} tokens has ids float32 cannot "
+                         f"hold exactly (at most 2**24)")
+    width = ranked.order.shape[1] if width is None else width
+    return torch.cat([ranked.order[:n, :width].float(), ranked.top_logprobs[:n, :width],
+                      ranked.scales[:n, None]], dim=1)
+
+
+def steps_from_packed(packed: torch.Tensor, widths: Sequence[int], producer: str, *,
+                      tokens: Sequence[int] | None = None) -> list[Step]:
+    """One `Step` per entry of `widths` from `pack_ranked`'s output on the host (one read of the
+    whole tensor), row i keeping its best `widths[i]` pairs. The token is the ranking's first
+    (greedy, ties to the lowest id), or `tokens[i]` where the producer chose its own; its logprob is
+    then the packed tensor's extra last column (`steps_from_ranked` adds it)."""
+    width = (packed.shape[1] - 1 - (tokens is not None)) // 2
+    steps = []
+    for i, (values, k) in enumerate(zip(packed.tolist(), widths)):
+        ids = [int(t) for t in values[:width]]
+        lps = values[width:2 * width]
+        token, logprob = (ids[0], lps[0]) if tokens is None else (int(tokens[i]), values[-1])
+        steps.append(Step(token=token, logprob=logprob, top=tuple(zip(ids[:k], lps[:k])),
+                          logit_scale=values[2 * width], producer=producer))
+    return steps
+
+
+def steps_from_ranked(ranked: RankedLogits, widths: Sequence[int], producer: str, *,
+                      tokens: Sequence[int] | None = None) -> list[Step]:
+    """One `Step` per entry of `widths`; rows past `len(widths)` (a graph's padding) are dropped.
+    `tokens`: the producer's own tokens (their logprobs read from the full log_softmax)."""
+    n = len(widths)
+    packed = pack_ranked(ranked, n)
+    if tokens is not None:
+        chosen = torch.tensor(list(tokens), dtype=torch.int64, device=ranked.logprobs.device)[:, None]
+        packed = torch.cat([packed, ranked.logprobs[:n].gather(1, chosen)], dim=1)
+    return steps_from_packed(packed.cpu(), widths, producer, tokens=tokens)
+
+
+def logits_to_steps(logits: torch.Tensor, widths: Sequence[int], producer: str, *,
+                    tokens: Sequence[int] | None = None) -> list[Step]:
+    """`steps_from_ranked(rank_logits(logits, max(widths)), ...)`: one Step per row of `logits`
+    [rows, vocab]; how every producer of Steps reads a step's logits."""
+    if logits.shape[0] != len(widths):
+        raise ValueError(f"{logits.shape[0]} logit rows for {len(widths)} sequences")
+    return steps_from_ranked(rank_logits(logits, max(widths, default=1)), widths, producer, tokens=tokens)

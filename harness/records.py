@@ -11,6 +11,9 @@ from typing import Any, Protocol, Sequence, runtime_checkable
 
 
 EAGER = "eager"  # the producer of a step that no graph ran
+# The graph backends by name (`harness.graphs.get_backend`, `--graph-backend`, test-db `backend`
+# terms): "auto" stands for cuda where it is available, else the emulator.
+BACKENDS = ("auto", "cuda", "emulated")
 
 
 @dataclass(frozen=True)
@@ -86,13 +89,49 @@ class Generation:
         return cls(tokens=[int(t) for t in data["tokens"]], steps=[Step.from_dict(s) for s in data.get("steps", [])])
 
 
+@dataclass(frozen=True)
+class RequestProblem:
+    """Why request `index` was not run: the value and the limit it broke."""
+
+    index: int
+    reason: str
+
+    def __str__(self) -> str:
+        return f"request {self.index}: {self.reason}"
+
+
+class BadRequestError(ValueError):
+    """Some requests broke a limit. `.problems` names each (index, reason with the limit);
+    `.generations` holds the results of the others (None at the bad positions)."""
+
+    def __init__(self, problems: Sequence[RequestProblem], generations: list[Generation | None]) -> None:
+        self.problems = tuple(problems)
+        self.generations = generations
+        lines = "\n".join(f"  {p}" for p in self.problems)
+        super().__init__(f"{len(self.problems)} of {len(generations)} requests rejected "
+                         f"(the others completed; see .generations):\n{lines}")
+
+
 @runtime_checkable
 class Runtime(Protocol):
-    """What the checks can compare: anything that turns requests into one `Generation` per request,
-    in order. Each `Step` must carry the generated `token` and its `logprob` (log_softmax in fp32),
-    `top` (the best `request.logprobs` pairs by logit, best first, the generated token first),
-    `logit_scale` (max |logit| of that step: the comparison counts its tolerance in bf16 steps at
-    this scale) and `producer` ("eager", or the text of the graph key that ran the step, which the
-    divergence report names)."""
+    """What the checks can compare. The contract every runtime follows (the reference `Engine` and
+    `harness.adapters.transformers.TransformersRuntime` alike; `suites/check/test_runtime_contract.py`
+    holds any runtime to it):
+
+    - `generate(requests)` returns one `Generation` per request, in order, each of exactly
+      `max_new_tokens` greedy steps (no end-of-sequence token stops a request early).
+    - Each `Step` carries the generated `token` (the argmax, ties to the lowest id) and its
+      `logprob` (log_softmax in fp32); `top`, the best `request.logprobs` pairs by logit, best
+      first, the generated token first; `logit_scale`, max |logit| at that step (the comparison
+      counts its tolerance in bf16 steps at this scale); and `producer`, "eager" or the text of the
+      graph key that ran the step (`decode[bs=4,greedy]`), which the divergence report names.
+    - `logprobs` may be 0: the steps then carry no pairs (`top == ()`). It may not be negative or
+      exceed the vocabulary.
+    - A request the runtime cannot run (an empty prompt, a token outside the vocabulary,
+      `max_new_tokens < 1`, too long for the runtime, `logprobs` out of range) does not cost the
+      others their results: every valid request runs first, then `BadRequestError` (a ValueError)
+      is raised, naming each bad request's index, value and limit, with `.generations` holding the
+      valid requests' results (None at the bad positions).
+    """
 
     def generate(self, requests: Sequence[Request]) -> list[Generation]: ...

@@ -11,6 +11,7 @@ from __future__ import annotations
 import torch
 from transformers import StaticCache
 
+from harness.ranking import logits_to_steps
 from harness.records import Generation, Request, Step
 
 
@@ -50,7 +51,7 @@ class MyRuntime:
             self.set_inputs(steps[-1].token, len(request.prompt) + t - 1)
             if self.graph is not None:
                 self.graph.replay()
-                steps.append(self._step(self.graph.output, request.logprobs, "decode(batch=1)"))
+                steps.append(self._step(self.graph.output, request.logprobs, "decode[bs=1,greedy]"))
             else:
                 steps.append(self._step(self.decode_step(), request.logprobs, "eager"))
         return Generation.from_steps(steps)
@@ -65,12 +66,8 @@ class MyRuntime:
 
     @staticmethod
     def _step(logits: torch.Tensor, k: int, producer: str) -> Step:
-        logits = logits[0].float()
-        logprobs = torch.log_softmax(logits, dim=-1)
-        order = torch.sort(logits, descending=True, stable=True).indices[:k].tolist()
-        top = tuple((token, float(logprobs[token])) for token in order)
-        return Step(token=order[0], logprob=top[0][1], top=top, logit_scale=float(logits.abs().max()),
-                    producer=producer)
+        # The harness's own reading of logits: greedy token, fp32 log_softmax, top-k, max |logit|.
+        return logits_to_steps(logits[:1], [k], producer)[0]
 
 
 def make_decode_step():

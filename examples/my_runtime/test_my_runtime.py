@@ -23,7 +23,7 @@ def test_graph_replay_agrees_with_eager(eager_runtime, graph_runtime, requests):
     eager, graphed = eager_runtime.generate(requests), graph_runtime.generate(requests)
     comparison = compare_generations(eager, graphed)
     assert comparison.ok, str(comparison)
-    assert graphed[0].steps[1].producer == "decode(batch=1)"  # the comparison judged replays
+    assert graphed[0].steps[1].producer == "decode[bs=1,greedy]"  # the comparison judged replays
 
 
 def test_decode_step_has_no_capture_hazards(eager_runtime):
@@ -35,24 +35,37 @@ def test_decode_step_has_no_capture_hazards(eager_runtime):
 
 
 class ForgetsToAdvance(MyRuntime):
-    """Planted bug: the position buffer is rebound instead of copied into, so replays keep the old one."""
+    """Planted bug: the position buffer is rebound instead of copied into, so replays keep reading
+    the captured one. The old buffers stay referenced (as a runtime that keeps them in a list would),
+    so the graph reads live, stale positions on every backend."""
+
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.retired = []
 
     def set_inputs(self, token, position):
+        self.retired.append(self.position)
         self.position = self.position.clone()
         super().set_inputs(token, position)
 
 
 def test_comparison_catches_a_planted_bug(hf_model, graph_backend, eager_runtime, requests):
     broken = ForgetsToAdvance(hf_model, backend=graph_backend)
-    expected = eager_runtime.generate(requests)
-    if graph_backend.name == "emulated":
-        # The emulator sees the rebound buffer's old storage freed and names it at the first replay;
-        # on CUDA the replay reads the stale address and the tokens diverge.
-        with pytest.raises(FreedMemoryError, match="freed after capture"):
-            broken.generate(requests)
-        return
-    comparison = compare_generations(expected, broken.generate(requests))
-    assert not comparison.ok
+    comparison = compare_generations(eager_runtime.generate(requests), broken.generate(requests))
+    assert not comparison.ok, "replays that read a stale position buffer agreed with eager"
+    assert comparison.divergences[0].producer == "decode[bs=1,greedy]", str(comparison)
+
+
+def test_a_rebound_buffer_that_is_freed_is_named_on_the_emulator(hf_model, graph_backend, requests):
+    class RebindsAndFrees(MyRuntime):
+        def set_inputs(self, token, position):
+            self.position = self.position.clone()
+            super().set_inputs(token, position)
+
+    if graph_backend.name != "emulated":
+        pytest.skip("on CUDA the replay reads the freed address; the emulator names the freed tensor")
+    with pytest.raises(FreedMemoryError, match="freed after capture"):
+        RebindsAndFrees(hf_model, backend=graph_backend).generate(requests)
 
 
 def test_lint_from_the_command_line(capsys):

@@ -14,7 +14,8 @@
   reset in place between batches, so the graph keeps its addresses.
 - Records. Greedy with ties to the lowest token id, top-k logprobs, logit scale (max |logit|) from
   `harness.ranking.rank_logits`, as the reference engine ranks; `producer` is "eager" for eager
-  steps and prefills, the graph key's text (`decode(batch=4)`) for replays.
+  steps and prefills, the graph key's text (`decode[bs=4,greedy]`: logits out, ranked on the host, as the engine's
+  "greedy" graphs) for replays.
 
 What this does not hide: host state a model keeps in Python (a sliding-window layer's fill level)
 is frozen into the graph at capture, as on a GPU. That is what the audit looks for.
@@ -25,13 +26,14 @@ from __future__ import annotations
 import warnings
 from collections import Counter
 from dataclasses import dataclass, field
-from typing import Any, Callable, Sequence
+from types import MappingProxyType
+from typing import Any, Callable, Mapping, Sequence
 
 import torch
 
 from harness.graphs.base import CapturedGraph, GraphBackend
-from harness.ranking import rank_logits
-from harness.records import EAGER, Generation, Request, Step
+from harness.ranking import rank_logits, steps_from_ranked
+from harness.records import EAGER, BadRequestError, Generation, Request, RequestProblem, Step
 
 
 @dataclass(frozen=True)
@@ -41,15 +43,16 @@ class DecodeKey:
     batch_size: int
 
     def __str__(self) -> str:
-        return f"decode(batch={self.batch_size})"
+        return f"decode[bs={self.batch_size},greedy]"
 
 
 @dataclass(frozen=True)
 class AdapterStats:
-    """What the runtime did so far: captures and replays per graph key, eager decode steps, prefills."""
+    """What the runtime did so far: captures and replays per graph key (read-only mappings, as in
+    the engine's `EngineStats`), eager decode steps, prefills."""
 
-    captures: dict[str, int] = field(default_factory=dict)
-    replays: dict[str, int] = field(default_factory=dict)
+    captures: Mapping[str, int] = field(default_factory=dict)
+    replays: Mapping[str, int] = field(default_factory=dict)
     eager_steps: int = 0
     prefills: int = 0
 
@@ -99,8 +102,8 @@ class TransformersRuntime:
     @property
     def stats(self) -> AdapterStats:
         """A snapshot: it does not change as the runtime goes on."""
-        def per_key(prefix: str) -> dict[str, int]:
-            return {k[len(prefix):]: n for k, n in self._counts.items() if k.startswith(prefix)}
+        def per_key(prefix: str) -> Mapping[str, int]:
+            return MappingProxyType({k[len(prefix):]: n for k, n in self._counts.items() if k.startswith(prefix)})
 
         return AdapterStats(captures=per_key("capture:"), replays=per_key("replay:"),
                             eager_steps=self._counts["eager"], prefills=self._counts["prefill"])
@@ -113,15 +116,18 @@ class TransformersRuntime:
 
     @torch.inference_mode()
     def generate(self, requests: Sequence[Request]) -> list[Generation]:
-        """One Generation per request, in order. A request over a limit raises ValueError naming
-        its index, the value and the limit, before anything runs."""
-        for index, request in enumerate(requests):
-            self._check(index, request)
+        """One Generation per request, in order (the `harness.records.Runtime` contract): the valid
+        requests run, then `BadRequestError` names each request over a limit (index, value, limit)."""
+        problems = [RequestProblem(i, reason) for i, r in enumerate(requests)
+                    if (reason := self._problem(r)) is not None]
+        bad = {p.index for p in problems}
         results: list[Generation | None] = [None] * len(requests)
-        for batch in self._batches(requests):
+        for batch in self._batches([i for i in range(len(requests)) if i not in bad], requests):
             steps = self._run_batch([requests[i] for i in batch])
             for i, request_steps in zip(batch, steps):
                 results[i] = Generation.from_steps(request_steps)
+        if problems:
+            raise BadRequestError(problems, results)
         return results  # type: ignore[return-value]
 
     @torch.inference_mode()
@@ -148,25 +154,27 @@ class TransformersRuntime:
 
     # --- batching ----------------------------------------------------------------------------
 
-    def _check(self, index: int, request: Request) -> None:
+    def _problem(self, request: Request) -> str | None:
+        """Why `request` cannot run here (the value and the limit), or None."""
         if not request.prompt:
-            raise ValueError(f"request {index}: empty prompt")
+            return "empty prompt (at least 1 token needed)"
         if request.max_new_tokens < 1:
-            raise ValueError(f"request {index}: max_new_tokens {request.max_new_tokens} < 1")
+            return f"max_new_tokens {request.max_new_tokens!r} must be an integer >= 1"
         total = len(request.prompt) + request.max_new_tokens
         if total > self.max_cache_len:
-            raise ValueError(f"request {index}: prompt {len(request.prompt)} + max_new_tokens "
-                             f"{request.max_new_tokens} = {total} exceeds max_cache_len {self.max_cache_len}")
+            return (f"prompt length {len(request.prompt)} + max_new_tokens {request.max_new_tokens} = "
+                    f"{total} exceeds max_cache_len {self.max_cache_len}")
         bad = [t for t in request.prompt if not 0 <= t < self.vocab_size]
         if bad:
-            raise ValueError(f"request {index}: token ids {bad[:4]} outside the vocabulary [0, {self.vocab_size})")
-        if not 1 <= request.logprobs <= self.vocab_size:
-            raise ValueError(f"request {index}: logprobs {request.logprobs} outside [1, {self.vocab_size}]")
+            return f"prompt tokens {bad[:5]} outside the vocabulary [0, {self.vocab_size})"
+        if not 0 <= request.logprobs <= self.vocab_size:
+            return f"logprobs {request.logprobs!r} must lie in [0, vocab size {self.vocab_size}]"
+        return None
 
-    def _batches(self, requests: Sequence[Request]) -> list[list[int]]:
+    def _batches(self, indices: Sequence[int], requests: Sequence[Request]) -> list[list[int]]:
         by_length: dict[int, list[int]] = {}
-        for index, request in enumerate(requests):
-            by_length.setdefault(len(request.prompt), []).append(index)
+        for index in indices:
+            by_length.setdefault(len(requests[index].prompt), []).append(index)
         batches = []
         for indices in by_length.values():
             for start in range(0, len(indices), self.max_batch_size):
@@ -217,12 +225,9 @@ class TransformersRuntime:
                 producer: str) -> list[int]:
         """Append each real row's step; return every row's greedy token (dummy rows included)."""
         ranked = rank_logits(logits, max(widths))
-        order, top_lps, scales = ranked.order.tolist(), ranked.top_logprobs.tolist(), ranked.scales.tolist()
-        for row, k in enumerate(widths):
-            steps[row].append(Step(token=order[row][0], logprob=top_lps[row][0],
-                                   top=tuple(zip(order[row][:k], top_lps[row][:k])),
-                                   logit_scale=scales[row], producer=producer))
-        return [ids[0] for ids in order]
+        for row, step in enumerate(steps_from_ranked(ranked, widths, producer)):
+            steps[row].append(step)
+        return ranked.order[:, 0].tolist()
 
     def _forward(self, input_ids: torch.Tensor, position_ids: torch.Tensor, cache: Any) -> torch.Tensor:
         with warnings.catch_warnings():

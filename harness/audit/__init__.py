@@ -1,2 +1,2 @@
 """Capture audit of a model family: build each architecture tiny, capture a decode step, replay it
-against eager, compare, classify (DESIGN.md, "Runtimes we did not write")."""
+against eager, compare, classify (docs/design.md, "Runtimes we did not write")."""

@@ -15,7 +15,6 @@ import os
 import re
 import sys
 import time
-import traceback
 import warnings
 from dataclasses import asdict, dataclass
 
@@ -25,7 +24,8 @@ from harness.adapters.transformers import TransformersRuntime
 from harness.audit.tiny import Architecture, BuildError, build_tiny, causal_lm_architectures
 from harness.check import compare_generations
 from harness.graphs import CaptureError, get_backend
-from harness.ranking import rank_logits
+from harness.graphs.emulator.callsite import traceback_callsite
+from harness.ranking import rank_logits, steps_from_ranked
 from harness.records import Generation, Request, Step
 
 AGREES = "agrees"
@@ -126,11 +126,8 @@ def cache_free_generations(model, batch: list[Request]) -> list[Generation]:
     for _ in range(max(r.max_new_tokens for r in batch)):
         logits = model(input_ids=sequences, use_cache=False).logits[:, -1]
         ranked = rank_logits(logits, max(r.logprobs for r in batch))
-        for row, (ids, lps, scale) in enumerate(zip(ranked.order.tolist(), ranked.top_logprobs.tolist(),
-                                                    ranked.scales.tolist())):
-            k = batch[row].logprobs
-            steps[row].append(Step(token=ids[0], logprob=lps[0], top=tuple(zip(ids[:k], lps[:k])),
-                                   logit_scale=scale, producer="cache-free"))
+        for row, step in enumerate(steps_from_ranked(ranked, [r.logprobs for r in batch], "cache-free")):
+            steps[row].append(step)
         sequences = torch.cat([sequences, ranked.order[:, :1]], dim=1)
     return [Generation.from_steps(s[:r.max_new_tokens]) for s, r in zip(steps, batch)]
 
@@ -141,12 +138,7 @@ def _describe(error: BaseException) -> str:
 
 
 def _innermost_transformers_frame(error: BaseException) -> str:
-    found = ""
-    for frame in traceback.extract_tb(error.__traceback__):
-        if f"{os.sep}transformers{os.sep}" in frame.filename:
-            path = frame.filename.split(f"{os.sep}site-packages{os.sep}")[-1]
-            found = f"{path}:{frame.lineno}: {(frame.line or '').strip()}"
-    return found
+    return traceback_callsite(error.__traceback__, in_file=lambda name: f"{os.sep}transformers{os.sep}" in name)
 
 
 def _first_line(error: BaseException) -> str:

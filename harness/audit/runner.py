@@ -3,13 +3,10 @@ progress on stderr. A process that crashes or hangs costs its own row only."""
 
 from __future__ import annotations
 
-import datetime
 import fnmatch
 import json
 import os
-import platform
 import multiprocessing
-import subprocess
 import sys
 import tempfile
 import threading
@@ -164,7 +161,7 @@ def _start(arch: Architecture, dtype: str, backend: str, log_name: str, children
             if children.stopping.is_set():
                 raise KeyboardInterrupt("audit stopping")
             try:
-                _start_process(child)
+                child.start()
             except RuntimeError as error:
                 if method == methods[-1]:
                     raise
@@ -176,10 +173,6 @@ def _start(arch: Architecture, dtype: str, backend: str, log_name: str, children
         send.close()
         return child, receive, note
     raise RuntimeError(f"no start method in {methods} could start a child for {arch.model_type}")
-
-
-def _start_process(child) -> None:
-    child.start()
 
 
 def _run_one(arch: Architecture, dtype: str, backend: str, timeout_s: float,
@@ -235,34 +228,9 @@ def preload() -> None:
 
 
 def provenance(**extra) -> dict:
-    import torch
-    import transformers
+    """Where this audit ran (harness.provenance), with `extra` (dtype, backend, jobs, ...)."""
+    from harness.provenance import git_commit, machine_line, utc_now, versions
 
-    return {
-        "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
-        "commit": _commit(),
-        "torch": torch.__version__,
-        "transformers": transformers.__version__,
-        "python": platform.python_version(),
-        "machine": _machine(),
-        **extra,
-    }
-
-
-def _commit() -> str:
-    root = Path(__file__).resolve().parents[2]
-    try:
-        return subprocess.run(["git", "-C", str(root), "rev-parse", "--short", "HEAD"], capture_output=True,
-                              text=True, timeout=10).stdout.strip() or "unknown"
-    except (OSError, subprocess.SubprocessError):
-        return "unknown"
-
-
-def _machine() -> str:
-    import torch
-
-    if torch.cuda.is_available():
-        return f"{torch.cuda.get_device_name(0)}, {os.cpu_count()} CPU cores"
-    return f"CPU only, {os.cpu_count()} cores"
+    return {"date": utc_now(), "commit": git_commit(), **versions(), "machine": machine_line(), **extra}
 
 

@@ -5,36 +5,13 @@ from __future__ import annotations
 
 import datetime
 import os
-import platform
-import subprocess
 from pathlib import Path
 
-import torch
+from harness.provenance import git_commit, machine_line
+
+__all__ = ["append_section", "machine_line"]
 
 _HEADER = "# Benchmarks\n\nAppended by `harness bench NAME --output FILE`; newest last.\n"
-
-
-def git_commit() -> str:
-    """Short hash of HEAD, with "+dirty" for local changes; "uncommitted" where there is none."""
-    def git(*args: str) -> str:
-        return subprocess.run(["git", *args], capture_output=True, text=True, check=True).stdout.strip()
-
-    try:
-        commit = git("rev-parse", "--short", "HEAD")
-    except (OSError, subprocess.CalledProcessError):
-        return "uncommitted"
-    try:
-        dirty = bool(git("status", "--porcelain", "--untracked-files=no"))
-    except (OSError, subprocess.CalledProcessError):
-        dirty = False
-    return f"{commit}+dirty" if dirty else commit
-
-
-def machine_line(threads: int) -> str:
-    """The machine a result was timed on; `threads` is the torch thread count it was timed with."""
-    return (f"machine: {platform.platform()}, {os.cpu_count()} cores "
-            f"(timed with {threads} torch threads), python {platform.python_version()}, "
-            f"torch {torch.__version__}")
 
 
 def append_section(path: str | os.PathLike, title: str, body: str, *, threads: int) -> None:

@@ -4,7 +4,7 @@ Two measurements per model shape (the tiny CPU-suite model and the Llama-3.2-1B 
 
 - capture: the final phase's `warmup_and_capture` with one pass against two passes, graphs of batch
   1, 8 and 64, each on a fresh engine after one untimed capture warmed the kernels up. Target
-  (DESIGN.md): single/two <= 0.7 (the floor is about 0.67 when a capture costs one eager forward).
+  (docs/design.md, "Performance targets"): single/two <= 0.7 (the floor is about 0.67 when a capture costs one eager forward).
 - replay: one decode step of batch 1, 8 and 64 through the engine's graph path (prepare, pad,
   replay) against its eager path (prepare, forward). Targets on an H200: eager/replay >= 15x for
   the tiny model and >= 6x for the 1B shape at batch 1; the 1B shape's replay time is printed
@@ -25,7 +25,6 @@ of the step with the share that is graph replay against host work. Prints only; 
 from __future__ import annotations
 
 import argparse
-import statistics
 import time
 from dataclasses import dataclass
 from typing import Callable
@@ -35,13 +34,15 @@ import torch
 from harness.bench._report import append_section, machine_line
 from harness.bench._engine_steps import render_steps, step_misses, time_engine_steps
 from harness.bench._kernels import cuda_kernels_per_replay, op_counts, render_op_counts
+from harness.bench.timing import median_ms
+from harness.records import BACKENDS
 from harness.cli_support import require_backend
 from harness.graphs import get_backend
 from harness.model import ReferenceLlama, llama_1b_config, random_llama, tiny_llama_config
 from harness.ops.metadata import SequenceSpan
 from harness.runtime import Engine, EngineConfig
 from harness.runtime.decode.runner import pad_decode_batch
-from harness.runtime.sampling import greedy_with_logprobs
+from harness.ranking import logits_to_steps
 
 BATCHES = (1, 8, 64)
 CAPTURE_TARGET = 0.7
@@ -77,22 +78,6 @@ class ReplayTiming:
 def _sync(device: torch.device) -> None:
     if device.type == "cuda":
         torch.cuda.synchronize(device)
-
-
-def median_ms(device: torch.device, *fns: Callable[[], object], iters: int, warmup: int) -> list[float]:
-    """Median milliseconds of each function, taking turns within every iteration."""
-    for _ in range(warmup):
-        for fn in fns:
-            fn()
-    _sync(device)
-    samples: list[list[float]] = [[] for _ in fns]
-    for _ in range(iters):
-        for fn, times in zip(fns, samples):
-            start = time.perf_counter()
-            fn()
-            _sync(device)
-            times.append(time.perf_counter() - start)
-    return [statistics.median(times) * 1e3 for times in samples]
 
 
 def build_model(name: str, device: torch.device) -> ReferenceLlama:
@@ -157,7 +142,7 @@ def time_replay(name: str, model: ReferenceLlama, backend, *, iters: int, warmup
         if not torch.allclose(expected, got, atol=0.5, rtol=0.05):
             raise RuntimeError(f"{name} batch {batch}: replay disagrees with eager by up to "
                                f"{(expected - got).abs().max().item()}")
-        eager_ms, replay_ms = median_ms(device, eager, replay, iters=iters, warmup=warmup)
+        eager_ms, replay_ms = median_ms(eager, replay, iters=iters, warmup=warmup, device=device)
         timings.append(ReplayTiming(name, batch, eager_ms, replay_ms))
         if batch == 1 and kernels is not None and device.type == "cuda":
             kernels[name] = cuda_kernels_per_replay(replay)
@@ -206,9 +191,9 @@ def profile_step(name: str, model: ReferenceLlama, backend, batch: int, *, iters
     key = graphs.graph_key(graphs.size_for(batch), None)
     parts: dict[str, Callable[[], object]] = {}
 
-    def step() -> object:  # what Engine._forward and its ForwardResult.rows do for a decode batch
+    def step() -> object:  # what Engine._forward and its ForwardResult.steps do for a decode batch
         result = graphs.run(spans, ids, logprobs)
-        return greedy_with_logprobs(result.logits, logprobs)
+        return logits_to_steps(result.logits, logprobs, str(result.key))
 
     def prepare() -> None:
         graphs._prepare(pad_decode_batch(spans, key.batch_size), ids)
@@ -217,9 +202,9 @@ def profile_step(name: str, model: ReferenceLlama, backend, batch: int, *, iters
         parts["logits"] = graphs.runner.replay(key)[:batch]
 
     def rank() -> object:
-        return greedy_with_logprobs(parts["logits"], logprobs)
+        return logits_to_steps(parts["logits"], logprobs, str(key))
 
-    prepare_ms, replay_ms, rank_ms, step_ms = median_ms(device, prepare, replay, rank, step,
+    prepare_ms, replay_ms, rank_ms, step_ms = median_ms(prepare, replay, rank, step, device=device,
                                                         iters=iters, warmup=warmup)
     breakdown = StepBreakdown(name, batch, prepare_ms, replay_ms, rank_ms, step_ms)
     activities = [torch.profiler.ProfilerActivity.CPU]
@@ -284,7 +269,7 @@ def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(prog="harness bench capture", description=__doc__.splitlines()[0])
     parser.add_argument("--model", choices=sorted(CONFIGS), action="append",
                         help="model shape (repeatable; default tiny and 1b on cuda, tiny on cpu)")
-    parser.add_argument("--backend", default="auto", choices=("auto", "cuda", "emulated"))
+    parser.add_argument("--backend", default="auto", choices=BACKENDS)
     parser.add_argument("--iters", type=int, default=100, help="timed iterations (default 100)")
     parser.add_argument("--warmup", type=int, default=10, help="untimed iterations first (default 10)")
     parser.add_argument("--output", metavar="FILE", help="also append the tables to FILE "

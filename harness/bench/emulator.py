@@ -1,6 +1,6 @@
 """`harness bench emulator`: emulated graph replay against eager for a 4-layer tiny decode step on
-CPU. Target (the foundation issue): replay no slower than eager, ratio replay/eager <= 1.0. DESIGN.md
-asks at most 0.9x for the reference model's decode step, which this does not time.
+CPU. Target (docs/design.md, "Performance targets"): replay no slower than eager, ratio replay/eager
+<= 1.0; the reference model's decode step (at most 0.9x) is not timed here.
 
 Two steps are timed: a hand-written Llama-shaped step over a static KV cache, and transformers'
 LlamaForCausalLM (seeded random weights, no download) with a StaticCache. Each ratio comes from one
@@ -11,8 +11,6 @@ the same steps on the emulated CUDA device against CPU eager.
 from __future__ import annotations
 
 import argparse
-import statistics
-import time
 import warnings
 from dataclasses import dataclass
 from typing import Callable
@@ -21,6 +19,7 @@ import torch
 
 from harness.bench._report import append_section, machine_line
 from harness.bench._tracking import TRACKING_TARGET, measure_tracking, render_tracking
+from harness.bench.timing import median_ms
 from harness.bench._tiny_decoder import TinyDecoder, TinyDecoderConfig
 from harness.bench._emulated_device import EAGER_TARGET, measure_device, render_device
 from harness.graphs import get_backend
@@ -38,21 +37,6 @@ class Timing:
     @property
     def ratio(self) -> float:
         return self.replay_ms / self.eager_ms
-
-
-def median_ms(*fns: Callable[[], object], iters: int, warmup: int) -> list[float]:
-    """Median milliseconds of each function. They take turns within every iteration, so load from
-    other processes on a shared machine falls on all of them alike."""
-    for _ in range(warmup):
-        for fn in fns:
-            fn()
-    samples: list[list[float]] = [[] for _ in fns]
-    for _ in range(iters):
-        for fn, times in zip(fns, samples):
-            start = time.perf_counter()
-            fn()
-            times.append(time.perf_counter() - start)
-    return [statistics.median(times) * 1e3 for times in samples]
 
 
 def _hand_written(batch: int, device: str = "cpu") -> tuple[Callable, Callable]:

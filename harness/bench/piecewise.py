@@ -1,7 +1,7 @@
 """`harness bench piecewise`: prefill of one prompt through piecewise graphs against the eager
-forward, for 16, 64 and 256-token prompts (each exactly a bucket, so no padding is timed). Target:
-piecewise/eager <= 0.8 at 16 and 64 tokens. On cuda the kernels one piecewise run launches are
-counted too (torch.profiler).
+forward, for 16, 64 and 256-token prompts (each exactly a bucket, so no padding is timed). Target
+(docs/design.md, "Performance targets"): piecewise/eager <= 0.8 at 16 and 64 tokens. On cuda the
+kernels one piecewise run launches are counted too (torch.profiler).
 
 Both run the same engine's prepared batch: eager is `ReferenceLlama.forward`, piecewise is the
 engine's `PiecewiseGraphs.run` (static pieces replayed, attention eager between them, lm_head on the
@@ -17,8 +17,8 @@ from dataclasses import dataclass
 import torch
 
 from harness.bench._report import append_section, machine_line
+from harness.bench.timing import median_ms
 from harness.cli_support import require_cuda
-from harness.bench.emulator import median_ms
 
 PROMPTS = (16, 64, 256)
 TARGET = 0.8  # piecewise/eager at the short prompts

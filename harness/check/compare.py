@@ -1,11 +1,11 @@
 """Compare greedy generations of a candidate run (graphs) against a baseline run (eager).
 
-The rule (DESIGN.md, "Checks"), per request, step by step:
+The rule (docs/design.md, "Checks"), per request, step by step:
 
 - Tokens must match until one flips. A flip is allowed only where the baseline's generated token and
   its runner-up by logprob are within the tolerance (a near tie), and only to a token of the
   baseline's top-k that is within the tolerance of the generated one: the runner-up, or a third token
-  in a three-way tie (DESIGN.md names only the runner-up; bf16 logits over a 128k vocabulary tie three
+  in a three-way tie (the rule names only the runner-up; bf16 logits over a 128k vocabulary tie three
   ways in practice). After an allowed flip the two continuations are different texts, so that request
   is compared no further.
 - On every matched step the generated token's logprob agrees within `steps` bf16 steps at the

@@ -27,11 +27,10 @@ from __future__ import annotations
 import contextlib
 import functools
 import importlib
-import linecache
 import os
 import sys
 import traceback
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Callable
 
 import torch
@@ -40,6 +39,7 @@ from torch.utils._pytree import tree_flatten
 
 from harness.graphs.emulator import opinfo
 from harness.graphs.base import CaptureError
+from harness.graphs.emulator.callsite import current_callsite, traceback_callsite
 from harness.graphs.emulator.host_guard import wrapped_host_reads
 from harness.graphs.emulator.host_tensors import HostTensors
 from harness.graphs.emulator.opinfo import OpKind
@@ -59,7 +59,7 @@ _RANDOM_OPS = frozenset({
     "bernoulli_", "normal", "normal_", "uniform_", "exponential_", "geometric_", "cauchy_",
     "log_normal_", "multinomial", "native_dropout", "rrelu_with_noise", "poisson", "random_",
 })
-_SKIPPED = (os.path.dirname(torch.__file__), os.path.dirname(opinfo.__file__), os.path.abspath(__file__))
+_LINT_FILE = (os.path.abspath(__file__),)  # besides torch and the emulator, which callsite skips
 
 
 @dataclass(frozen=True)
@@ -147,7 +147,7 @@ def capture_lint(fn: Callable[[], Any], *, context: tuple[Any, ...] = (), name: 
             fn()
         except Exception as error:  # the hazards so far still stand
             stopped = f"{type(error).__name__}: {str(error).strip().splitlines()[0] if str(error).strip() else ''}" \
-                      f" (at {_callsite_of_traceback(error)})"
+                      f" (at {traceback_callsite(error.__traceback__, also_skip=_LINT_FILE)})"
     return LintReport(name or getattr(fn, "__qualname__", repr(fn)), recorder.hazard_list(),
                       recorder.external_reads, stopped)
 
@@ -305,30 +305,7 @@ def _is_internal_caller() -> bool:
 
 
 def _callsite() -> str:
-    frame = sys._getframe(1)
-    while frame is not None and frame.f_code.co_filename.startswith(_SKIPPED):
-        frame = frame.f_back
-    if frame is None:
-        return ""
-    return _describe(frame.f_code.co_filename, frame.f_lineno)
-
-
-def _callsite_of_traceback(error: BaseException) -> str:
-    found = ""
-    tb = error.__traceback__
-    while tb is not None:
-        if not tb.tb_frame.f_code.co_filename.startswith(_SKIPPED):
-            found = _describe(tb.tb_frame.f_code.co_filename, tb.tb_lineno)
-        tb = tb.tb_next
-    return found
-
-
-def _describe(filename: str, lineno: int) -> str:
-    source = linecache.getline(filename, lineno).strip()
-    short = filename.split(f"site-packages{os.sep}")[-1]
-    if short == filename and filename.startswith(os.getcwd() + os.sep):
-        short = os.path.relpath(filename)
-    return f"{short}:{lineno}: {source}" if source else f"{short}:{lineno}"
+    return current_callsite(also_skip=_LINT_FILE)
 
 
 def _storage(t: torch.Tensor) -> int:

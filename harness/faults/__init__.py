@@ -1,4 +1,4 @@
-"""The fault zoo (DESIGN.md, "Faults"): each entry plants one real class of capture bug into the
+"""The fault zoo (docs/design.md, "Faults"): each entry plants one real class of capture bug into the
 reference runtime and names the test expected to catch it.
 
     with inject("metadata-rebound") as handle:
@@ -6,10 +6,11 @@ reference runtime and names the test expected to catch it.
     handle.fired                 # how many times the planted code ran
 
 Faults by family: ops.py (attention ops and metadata), model.py (weights, scratch), runtime.py
-(graph machinery), decoder.py (decode
-graphs and their phases), piecewise.py (piecewise prefill graphs), overlap.py (the overlap loop's
-staging, events and stream order), asynchrony.py (streams, non_blocking copies and captured
-collectives, in runtime.async_io). `harness faults` (run.py) proves each one is caught.
+(what the runtime hands out of its graphs), decoder.py (decode graphs, their phases and rank
+agreement, planted through the engine's capture policy), piecewise.py (piecewise prefill graphs,
+planted through the piecewise policy), overlap.py (the overlap loop's staging, events and stream
+order), asynchrony.py (streams, non_blocking copies and captured collectives, planted in
+runtime.async_io). `harness faults` (run.py) proves each one is caught.
 """
 
 from __future__ import annotations

@@ -38,6 +38,19 @@ def replace_function(module: ModuleType, name: str,
 
 
 @contextlib.contextmanager
+def replace_default(module: ModuleType, name: str, change: Callable[[Any], Any]) -> Iterator[None]:
+    """Make the default factory `module.name` (a policy's default, which an engine built without
+    one asks) return `change(default)` for the duration, wherever it is bound."""
+    def make(factory: Callable[[], Any]) -> Callable[[], Any]:
+        def planted() -> Any:
+            return change(factory())
+        return planted
+
+    with replace_function(module, name, make):
+        yield
+
+
+@contextlib.contextmanager
 def replace_method(cls: type, name: str, make: Callable[[Callable], Callable]) -> Iterator[None]:
     """Set `cls.name` to `make(original)` for the duration (instances see it at once)."""
     original = cls.__dict__.get(name)

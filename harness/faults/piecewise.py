@@ -1,43 +1,71 @@
-"""Faults planted in the piecewise prefill graphs (harness.runtime.piecewise.runner, compile_backend, buckets)."""
+"""Faults planted in the piecewise prefill graphs (harness.runtime.piecewise).
+
+The pool factory and the split predicate are planted through the engine's piecewise policy
+(runtime/piecewise/policy.py): every engine built while the fault is planted gets a policy with the
+planted part, by replacing `default_piecewise_policy`, which an engine built without a policy asks.
+Bucket validation and the input copy are planted in the public functions that do them.
+"""
 
 from __future__ import annotations
 
 import contextlib
-from typing import Iterator
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Any, Callable, ContextManager, Iterator
 
-from harness.faults.patching import replace_function
+from torch import fx
+
+from harness.faults.patching import replace_default, replace_function
 from harness.faults.registry import Fault, FaultHandle
-from harness.runtime.piecewise import buckets, compile_backend
+from harness.graphs.base import GraphBackend
+from harness.runtime.piecewise import buckets
+from harness.runtime.piecewise import policy as piecewise_policy
 from harness.runtime.piecewise import runner as piecewise
+from harness.runtime.piecewise.policy import PoolFactory, SplitPredicate
 
 PIECEWISE_PR = "https://github.com/NVIDIA/TensorRT-LLM/pull/11515"
 
 
-@contextlib.contextmanager
-def released_pool_reused(handle: FaultHandle) -> Iterator[None]:
-    def make(fresh_pool):
-        def planted(graph_backend, released):
-            if released is not None:
-                handle.fire()
-                return released
-            return fresh_pool(graph_backend, released)
-        return planted
-
-    with replace_function(compile_backend, "fresh_pool", make):
-        yield
+def planted_policy(**parts: Callable[[], Any]) -> ContextManager[None]:
+    """Every engine built without a piecewise policy gets the default one with each named part
+    replaced by a new one (`parts[name]()`, so no two engines share a planted part's state)."""
+    return replace_default(piecewise_policy, "default_piecewise_policy",
+                           lambda default: dataclasses.replace(default, **{n: p() for n, p in parts.items()}))
 
 
-@contextlib.contextmanager
-def attention_not_a_split_point(handle: FaultHandle) -> Iterator[None]:
-    def make(is_dynamic_node):
-        def planted(node):
-            if is_dynamic_node(node):
-                handle.fire()
-            return False  # the attention op stays inside a static segment, metadata frozen
-        return planted
+@dataclass(frozen=True)
+class RecyclingPools(PoolFactory):
+    """Hands out the pool it handed out last, once it has one: after clear() that is a released pool."""
 
-    with replace_function(compile_backend, "is_dynamic_node", make):
-        yield
+    handle: Any = None
+    handed: list = field(default_factory=list)
+
+    def new_pool(self, graph_backend: GraphBackend) -> Any:
+        if self.handed:
+            self.handle.fire()
+            return self.handed[-1]
+        self.handed.append(super().new_pool(graph_backend))
+        return self.handed[-1]
+
+
+@dataclass(frozen=True)
+class AttentionKeptStatic(SplitPredicate):
+    """No node is dynamic: the attention op stays inside a static segment, its metadata frozen."""
+
+    handle: Any = None
+
+    def __call__(self, node: fx.Node) -> bool:
+        if super().__call__(node):
+            self.handle.fire()
+        return False
+
+
+def released_pool_reused(handle: FaultHandle):
+    return planted_policy(pools=lambda: RecyclingPools(handle=handle))
+
+
+def attention_not_a_split_point(handle: FaultHandle):
+    return planted_policy(split_at=lambda: AttentionKeptStatic(handle=handle))
 
 
 @contextlib.contextmanager
@@ -73,7 +101,7 @@ PIECEWISE_FAULTS = (
         link="https://github.com/NVIDIA/TensorRT-LLM/pull/16952",
         detector="suites/piecewise/test_recapture.py::"
                  "test_phase_two_recaptures_into_fresh_pools_and_agrees_with_eager",
-        expected=r"ReleasedPoolError|same_pool",
+        expected=r"would record into pool .+, which clear_piecewise_graphs\(\) released",
         plant=released_pool_reused,
     ),
     Fault(
@@ -82,7 +110,7 @@ PIECEWISE_FAULTS = (
                   "with its metadata frozen",
         link=PIECEWISE_PR,
         detector="suites/piecewise/test_split.py::test_the_engine_predicate_splits_at_both_attention_ops",
-        expected=r"is_dynamic_node",
+        expected=r"keeps \['harness\.paged_attention\S*', 'harness\.block_sparse_attention\S*'\] inside a static segment",
         plant=attention_not_a_split_point,
     ),
     Fault(
@@ -92,7 +120,7 @@ PIECEWISE_FAULTS = (
         link="https://github.com/NVIDIA/TensorRT-LLM/issues/10688",
         detector="suites/piecewise/test_buckets.py::"
                  "test_a_bad_bucket_is_named_with_its_limit[buckets3-piecewise bucket 300 exceeds max_num_tokens 256]",
-        expected=r"DID NOT RAISE",
+        expected=r"piecewise buckets \[8, 300\] were accepted as \(8, 300\) with max_num_tokens 256",
         plant=bucket_above_max_num_tokens,
     ),
     Fault(

@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Callable, Iterable
 
 from harness.faults.registry import Fault
+from harness.provenance import checkout_root
 
 VERDICTS = ("detected", "missed", "not fired", "wrong diagnosis", "false positive", "error",
             "not plantable")
@@ -51,11 +52,6 @@ class FaultRun:
 
     def to_dict(self) -> dict:
         return asdict(self)
-
-
-def project_root() -> Path:
-    """The checkout this package runs from: its suites/ are the detectors."""
-    return Path(__file__).resolve().parents[2]
 
 
 def run_detector(node_id: str, *, backend: str, fault: str | None, root: Path,
@@ -93,7 +89,7 @@ def judge(fault: Fault, planted: PytestRun, clean: PytestRun | None) -> tuple[st
 
 
 def run_fault(fault: Fault, *, backend: str, root: Path | None = None) -> FaultRun:
-    root = root or project_root()
+    root = root or checkout_root()
     reason = fault.unplantable(backend)
     if reason:
         return FaultRun(fault.name, "not plantable", fault.detector, 0.0, detail=reason)

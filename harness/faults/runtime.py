@@ -1,4 +1,4 @@
-"""Faults planted in the graph machinery of the reference runtime (harness.runtime)."""
+"""Faults planted in what the reference runtime hands out of its graphs (harness.runtime.decode.serving)."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from typing import Iterator
 
 from harness.faults.patching import replace_function
 from harness.faults.registry import Fault, FaultHandle
-from harness.runtime.decode import graphs as decoder_graphs
+from harness.runtime.decode import serving
 
 
 @contextlib.contextmanager
@@ -18,7 +18,7 @@ def graph_output_held(handle: FaultHandle) -> Iterator[None]:
             return static_output  # a view of the graph's output: the next replay rewrites it
         return planted
 
-    with replace_function(decoder_graphs, "copy_out", make):
+    with replace_function(serving, "copy_out", make):
         yield
 
 

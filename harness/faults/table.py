@@ -3,20 +3,18 @@ H200) merged into the markdown of docs/faults.md."""
 
 from __future__ import annotations
 
-import platform
 from typing import Mapping, Sequence
 
 from harness.faults.registry import Fault
 from harness.faults.run import FaultRun
 
 
-def run_document(runs: Sequence[FaultRun], *, backend: str, commit: str = "") -> dict:
-    """A run as JSON-able data, with where it ran."""
-    import torch
+def run_document(runs: Sequence[FaultRun], *, backend: str, commit: str | None = None) -> dict:
+    """A run as JSON-able data, with where it ran (commit: the checkout's, unless given)."""
+    from harness.provenance import device_name, git_commit, versions
 
-    device = torch.cuda.get_device_name(0) if backend == "cuda" else platform.processor() or "cpu"
-    return {"backend": backend, "device": device, "torch": torch.__version__, "commit": commit,
-            "runs": [r.to_dict() for r in runs]}
+    return {"backend": backend, "device": device_name(backend), "torch": versions()["torch"],
+            "commit": git_commit() if commit is None else commit, "runs": [r.to_dict() for r in runs]}
 
 
 def text_table(runs: Sequence[FaultRun]) -> str:

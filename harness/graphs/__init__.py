@@ -1,13 +1,13 @@
-"""Graph backends behind one contract (DESIGN.md, "The graph backend contract"): real CUDA graphs
-and an emulator with the same semantics on CPU. Imports only torch."""
+"""Graph backends behind one contract (docs/design.md, "The graph backend contract"): real CUDA
+graphs and an emulator with the same semantics on CPU. Imports only torch (and the backend names
+from harness.records)."""
 
 from __future__ import annotations
 
 import torch
 
 from harness.graphs.base import CaptureError, CapturedGraph, FreedMemoryError, GraphBackend
-
-BACKENDS = ("auto", "cuda", "emulated")
+from harness.records import BACKENDS
 
 
 def resolve_backend(name: str) -> str:

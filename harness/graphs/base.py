@@ -1,4 +1,4 @@
-"""The contract both graph backends obey (DESIGN.md, "The graph backend contract")."""
+"""The contract both graph backends obey (docs/design.md, "The graph backend contract")."""
 
 from __future__ import annotations
 

@@ -12,7 +12,7 @@ from typing import Sequence
 
 import torch
 
-from harness.ranking import rank_logits
+from harness.ranking import logits_to_steps
 from harness.records import Generation, Request, Step
 
 PRODUCER = "transformers"
@@ -34,12 +34,5 @@ def hf_greedy_generations(hf_model, requests: Sequence[Request]) -> list[Generat
 
 
 def _steps(logits: torch.Tensor, tokens: list[int], k: int) -> list[Step]:
-    ranked = rank_logits(logits, k)
     # transformers' own token, which in a tie need not be the first of the ranking
-    token_lp = ranked.logprobs.gather(1, torch.tensor(tokens, device=logits.device)[:, None])[:, 0]
-    return [
-        Step(token=token, logprob=float(lp), top=tuple(zip(ids[:k], lps[:k])), logit_scale=float(scale),
-             producer=PRODUCER)
-        for token, lp, ids, lps, scale in zip(tokens, token_lp.tolist(), ranked.order.tolist(),
-                                              ranked.top_logprobs.tolist(), ranked.scales.tolist())
-    ]
+    return logits_to_steps(logits, [k] * len(tokens), PRODUCER, tokens=tokens)

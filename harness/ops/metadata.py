@@ -73,7 +73,12 @@ class AttentionMetadata:
     - `block_tables` int64 [max_batch_size + 1, max_blocks_per_seq]: unused entries = pad block.
     - `logits_indices` int64 [max_batch_size]: the row of each sequence's last token (padded
       sequences take a padded token row where one exists, else the last row).
+
+    Each is a typed view of `flat`, one uint8 device buffer; `BUFFERS` names them in layout order.
     """
+
+    BUFFERS = ("positions", "slot_mapping", "token_to_seq", "block_tables", "logits_indices",
+               "seq_lens", "query_start_loc")
 
     def __init__(self, max_batch_size: int, max_num_tokens: int, max_blocks_per_seq: int,
                  block_size: int, pad_slot: int, device: torch.device | str = "cpu") -> None:
@@ -124,7 +129,7 @@ class AttentionMetadata:
         self._host = self._hosts[0]
         # Set after the views, so that tools naming a storage by its first path (the capture lint)
         # name a public buffer.
-        self._flat = flat
+        self.flat = flat
         self._copies_done = tuple(torch.cuda.Event() if pinned else None for _ in self._stagings)
         self._turn = 0
         self.counts = BatchCounts(0, 0, 0, 0, 0, 0)
@@ -191,12 +196,8 @@ class AttentionMetadata:
         num_tokens = actual_tokens if num_tokens is None else num_tokens
         num_seqs = n if num_seqs is None else num_seqs
         is_decode = (query_lens == 1) & (seq_lens > 1)
-        if not self._batch_fits(n, num_tokens, num_seqs, actual_tokens, seq_lens, query_lens,
-                                table_lens, block_ids, is_decode):
-            # The per-sequence checks name the first bad value; the array checks only find one.
-            self._validate(spans, num_tokens, num_seqs, actual_tokens)
-            raise RuntimeError(f"AttentionMetadata.prepare: the array checks rejected a batch that "
-                               f"_validate accepts: {list(spans)}")
+        self._check_batch(spans, num_tokens, num_seqs, actual_tokens, seq_lens, query_lens,
+                          table_lens, block_ids, is_decode)
         ends = np.cumsum(query_lens)
         turn = self.next_staging()
         host, staging, copy_done = self._hosts[turn], self._stagings[turn], self._copies_done[turn]
@@ -230,7 +231,7 @@ class AttentionMetadata:
         last_row = max(num_tokens - 1, 0)
         logits_indices[n:] = np.minimum(np.arange(actual_tokens, actual_tokens + self.max_batch_size - n),
                                         last_row)
-        self._flat.copy_(staging, non_blocking=copy_done is not None)
+        self.flat.copy_(staging, non_blocking=copy_done is not None)
         if copy_done is not None:
             copy_done.record(torch.cuda.current_stream(self.device))  # the copy's stream
 
@@ -253,50 +254,48 @@ class AttentionMetadata:
             self._copies_done[turn].synchronize()
         return turn
 
-    def _batch_fits(self, n: int, num_tokens: int, num_seqs: int, actual_tokens: int,
-                    seq_lens: np.ndarray, query_lens: np.ndarray, table_lens: np.ndarray,
-                    block_ids: np.ndarray, is_decode: np.ndarray) -> bool:
-        """`_validate`'s checks on whole arrays, without its per-sequence loop."""
-        return bool(
-            n <= num_seqs <= self.max_batch_size
-            and actual_tokens <= num_tokens <= self.max_num_tokens
-            and (query_lens >= 1).all() and (query_lens <= seq_lens).all()
-            and (table_lens <= self.max_blocks_per_seq).all()
-            and (table_lens * self.block_size >= seq_lens).all()
-            and ((block_ids >= 0) & (block_ids < self.pad_block)).all()
-            # no prefill after a decode
-            and not (is_decode[:-1] & ~is_decode[1:]).any())
-
-    def _validate(self, spans: Sequence[SequenceSpan], num_tokens: int, num_seqs: int,
-                  actual_tokens: int) -> None:
-        if len(spans) > self.max_batch_size:
-            raise ValueError(f"{len(spans)} sequences exceed max_batch_size {self.max_batch_size}")
-        if not len(spans) <= num_seqs <= self.max_batch_size:
-            raise ValueError(f"num_seqs {num_seqs} must lie in [{len(spans)} (real sequences), "
+    def _check_batch(self, spans: Sequence[SequenceSpan], num_tokens: int, num_seqs: int,
+                     actual_tokens: int, seq_lens: np.ndarray, query_lens: np.ndarray,
+                     table_lens: np.ndarray, block_ids: np.ndarray, is_decode: np.ndarray) -> None:
+        """Refuse a batch that does not fit the buffers, naming the first bad sequence and its value.
+        The checks run on whole arrays (prepare runs every step); only a failure looks closer."""
+        n = len(spans)
+        if n > self.max_batch_size:
+            raise ValueError(f"{n} sequences exceed max_batch_size {self.max_batch_size}")
+        if not n <= num_seqs <= self.max_batch_size:
+            raise ValueError(f"num_seqs {num_seqs} must lie in [{n} (real sequences), "
                              f"{self.max_batch_size} (max_batch_size)]")
         if actual_tokens > self.max_num_tokens:
             raise ValueError(f"{actual_tokens} tokens exceed max_num_tokens {self.max_num_tokens}")
         if not actual_tokens <= num_tokens <= self.max_num_tokens:
             raise ValueError(f"num_tokens {num_tokens} must lie in [{actual_tokens} (real tokens), "
                              f"{self.max_num_tokens} (max_num_tokens)]")
-        seen_decode = False
-        for i, span in enumerate(spans):
-            if not 1 <= span.query_len <= span.seq_len:
-                raise ValueError(f"sequence {i}: query_len {span.query_len} must lie in "
-                                 f"[1, seq_len {span.seq_len}]")
-            table = span.block_table
-            if len(table) > self.max_blocks_per_seq:
-                raise ValueError(f"sequence {i}: {len(table)} blocks exceed max_blocks_per_seq "
-                                 f"{self.max_blocks_per_seq}")
-            if len(table) * self.block_size < span.seq_len:
-                raise ValueError(f"sequence {i}: seq_len {span.seq_len} needs "
-                                 f"{cdiv(span.seq_len, self.block_size)} blocks of "
-                                 f"{self.block_size}, block_table has {len(table)}")
+        owner = np.repeat(np.arange(n), table_lens)
+        bad_block = np.zeros(n, dtype=bool)
+        bad_block[owner[(block_ids < 0) | (block_ids >= self.pad_block)]] = True
+        checks = (
+            (query_lens < 1) | (query_lens > seq_lens),
+            table_lens > self.max_blocks_per_seq,
+            table_lens * self.block_size < seq_lens,
+            bad_block,
+            np.maximum.accumulate(is_decode) & ~is_decode,  # a prefill after some decode
+        )
+        failing = np.logical_or.reduce(checks)
+        if failing.any():
+            i = int(failing.argmax())
+            raise ValueError(self._problem(i, spans[i], [bool(check[i]) for check in checks]))
+
+    def _problem(self, i: int, span: SequenceSpan, failed: list[bool]) -> str:
+        table = span.block_table
+        if failed[0]:
+            return f"sequence {i}: query_len {span.query_len} must lie in [1, seq_len {span.seq_len}]"
+        if failed[1]:
+            return f"sequence {i}: {len(table)} blocks exceed max_blocks_per_seq {self.max_blocks_per_seq}"
+        if failed[2]:
+            return (f"sequence {i}: seq_len {span.seq_len} needs {cdiv(span.seq_len, self.block_size)} "
+                    f"blocks of {self.block_size}, block_table has {len(table)}")
+        if failed[3]:
             bad = [b for b in table if not 0 <= b < self.pad_block]
-            if bad:
-                raise ValueError(f"sequence {i}: block ids {bad} outside [0, {self.pad_block - 1}] "
-                                 f"(block {self.pad_block} is the pad sink)")
-            if span.is_decode:
-                seen_decode = True
-            elif seen_decode:
-                raise ValueError(f"sequence {i} is a prefill after a decode: prefills come first")
+            return (f"sequence {i}: block ids {bad} outside [0, {self.pad_block - 1}] "
+                    f"(block {self.pad_block} is the pad sink)")
+        return f"sequence {i} is a prefill after a decode: prefills come first"

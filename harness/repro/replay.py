@@ -5,35 +5,29 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
-from dataclasses import dataclass
 from pathlib import Path
+from typing import Any, Mapping
 
 from harness.repro.record import ReproRecord
-from harness.repro.scenario import run_scenario
-
-
-@dataclass(frozen=True)
-class ReplayResult:
-    ok: bool
-    report: str
+from harness.repro.scenario import ReplayResult, run_scenario
 
 
 def replay(record: ReproRecord, *, without_fault: bool = False, root: Path | None = None,
-           extra_options: tuple[str, ...] = ()) -> ReplayResult:
-    """A scenario runs in this process (the fault planted for the duration, unless `without_fault`);
-    any other test re-runs alone under pytest with its recorded options and `extra_options`
-    (`--emulate-cuda`) not recorded already."""
+           engine_defaults: Mapping[str, Any] = {}, extra_options: tuple[str, ...] = ()) -> ReplayResult:
+    """A scenario runs in this process (the fault planted for the duration, unless `without_fault`;
+    `engine_defaults` fill the engine fields it leaves unset); any other test re-runs alone under
+    pytest with its recorded options and `extra_options` (`--emulate-cuda`) not recorded already."""
     fault = None if without_fault else record.fault
     if record.scenario is not None:
         if fault is None:
-            result = run_scenario(record.scenario)
+            result = run_scenario(record.scenario, defaults=engine_defaults)
         else:
             from harness.faults import inject
 
             with inject(fault, record.scenario.backend) as handle:
-                result = run_scenario(record.scenario)
+                result = run_scenario(record.scenario, defaults=engine_defaults)
             result = type(result)(result.ok, f"{result.report}\nfault {fault} planted, fired {handle.fired} times")
-        return ReplayResult(result.ok, result.report)
+        return result
     if root is None:
         recorded = Path(record.root) if record.root else None
         # A file carried to another checkout re-runs against that checkout's suites.
@@ -42,7 +36,7 @@ def replay(record: ReproRecord, *, without_fault: bool = False, root: Path | Non
 
 
 def _project_root() -> Path:
-    from harness.testdb import project_root
+    from harness.testdb import project_root  # the project the test belongs to: the user's
 
     return project_root()
 

@@ -46,25 +46,29 @@ class Scenario:
 
 
 @dataclass(frozen=True)
-class ScenarioResult:
+class ReplayResult:
+    """The verdict of a replayed reproduction (a scenario, or a test re-run alone) and its report."""
+
     ok: bool
     report: str
 
 
-def run_scenario(scenario: Scenario) -> ScenarioResult:
+def run_scenario(scenario: Scenario, *, defaults: Mapping[str, Any] = {}) -> ReplayResult:
     """Run eager and the candidate; the verdict and a report: the divergence report with the
-    tensors moved since capture, or the error the candidate raised (a CaptureError names its op)."""
+    tensors moved since capture, or the error the candidate raised (a CaptureError names its op).
+    `defaults` fill the engine fields the scenario leaves unset (`fill_unset`)."""
     import torch
 
     from harness.check import compare_generations, describe_moved
     from harness.graphs import get_backend
     from harness.model import ReferenceLlama, tiny_llama
     from harness.runtime import Engine, EngineConfig
+    from harness.runtime.config import fill_unset
     from harness.graphs.pointers import rebound_tensors, snapshot_tensors, tensor_refs
 
     backend = get_backend(scenario.backend)
     device = torch.device(backend.device)
-    config = EngineConfig.from_dict(dict(scenario.engine))
+    config = fill_unset(EngineConfig.from_dict(dict(scenario.engine)), defaults)
     model = ReferenceLlama.from_hf(tiny_llama(scenario.model_seed, **scenario.model_overrides)).to(device)
     requests = list(scenario.requests)
     eager_config = replace(config, decode_graph_sizes=(), piecewise_buckets=(), single_pass_capture=False,
@@ -98,6 +102,6 @@ def run_scenario(scenario: Scenario) -> ScenarioResult:
         generations = candidate.generate(requests)
     except Exception as error:  # the verdict of the scenario: reported, exit 1
         lines = [f"candidate raised {type(error).__module__}.{type(error).__name__}: {error}"]
-        return ScenarioResult(False, "\n".join(after_capture(lines) if captured is not None else lines))
+        return ReplayResult(False, "\n".join(after_capture(lines) if captured is not None else lines))
     comparison = compare_generations(baseline, generations, steps=scenario.tolerance_steps)
-    return ScenarioResult(comparison.ok, "\n".join(after_capture([str(comparison)])))
+    return ReplayResult(comparison.ok, "\n".join(after_capture([str(comparison)])))

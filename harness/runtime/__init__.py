@@ -1,4 +1,5 @@
-"""The reference runtime: an engine on the reference model, and (later) its graph machinery."""
+"""The reference runtime: the engine on the reference model (engine.py and its neighbours), its decode
+graphs (decode/) and its piecewise prefill graphs (piecewise/)."""
 
 from harness.records import Generation, Request, Step
 from harness.runtime.config import EngineConfig

@@ -2,9 +2,8 @@
 
 from __future__ import annotations
 
-import os
-from dataclasses import dataclass, fields
-from typing import Any
+from dataclasses import dataclass, fields, replace
+from typing import Any, Mapping
 
 import torch
 
@@ -23,10 +22,12 @@ class EngineConfig:
 
     Graph options:
     - `decode_graph_sizes`: batch sizes to capture decode graphs for (empty: no decode graphs).
-    - `piecewise_buckets`: token counts to capture piecewise prefill graphs for (empty: none); the
-      engine refuses them for now rather than run eager while a graph run was asked for.
-    - `single_pass_capture`: opt in to single-pass decode capture (default two passes). Also set by
-      the environment variable HARNESS_SKIP_WARMUP_PASS=1, read when a config is built.
+    - `piecewise_buckets`: token counts to capture piecewise prefill graphs for (empty: none): a
+      prefill or mixed batch replays the smallest bucket that holds its token rows.
+    - `single_pass_capture`: opt in to single-pass decode capture. None (the default) means not
+      given: two passes, unless a session default fills it (`fill_unset`, with
+      `engine_defaults_from_env`: HARNESS_SKIP_WARMUP_PASS=1, read once by the pytest fixtures and
+      the CLI). An explicit True or False, from the constructor, `from_dict` or `replace()`, stays.
     - `strict_graph_buffers`: check, before every decode-graph replay, that no tensor the graph
       baked in has moved, and raise naming it.
     - `graph_top_k`: the sampling variants of the decode graphs, as how many top logprobs each graph
@@ -53,14 +54,15 @@ class EngineConfig:
     dtype: torch.dtype | None = None
     decode_graph_sizes: tuple[int, ...] = ()
     piecewise_buckets: tuple[int, ...] = ()
-    single_pass_capture: bool = False
+    single_pass_capture: bool | None = None
     strict_graph_buffers: bool = False
     graph_top_k: tuple[int, ...] = ()
     overlap: bool = False
 
     def __post_init__(self) -> None:
-        if skip_warmup_pass_from_env():
-            object.__setattr__(self, "single_pass_capture", True)
+        if self.single_pass_capture is not None and not isinstance(self.single_pass_capture, bool):
+            raise ValueError(f"EngineConfig.single_pass_capture must be True, False or None (not given), "
+                             f"got {self.single_pass_capture!r}")
         for name in ("max_batch_size", "max_num_tokens", "block_size"):
             _require_positive(name, getattr(self, name))
         for name in ("num_blocks", "max_model_len"):
@@ -98,9 +100,24 @@ class EngineConfig:
         return cls(**data)
 
 
-def skip_warmup_pass_from_env() -> bool:
-    """HARNESS_SKIP_WARMUP_PASS=1 opts every config built while it is set into the single pass."""
-    return os.environ.get("HARNESS_SKIP_WARMUP_PASS", "") == "1"
+SKIP_WARMUP_PASS_VARIABLE = "HARNESS_SKIP_WARMUP_PASS"
+
+
+def engine_defaults_from_env(environ: Mapping[str, str]) -> dict[str, Any]:
+    """The session defaults the environment asks for, as EngineConfig fields: `single_pass_capture`
+    True when HARNESS_SKIP_WARMUP_PASS=1. Read once where a session starts (the pytest fixtures, the
+    CLI), never when a config is built."""
+    return {"single_pass_capture": True} if environ.get(SKIP_WARMUP_PASS_VARIABLE, "") == "1" else {}
+
+
+def fill_unset(config: EngineConfig, defaults: Mapping[str, Any]) -> EngineConfig:
+    """`config` with each field in `defaults` filled where the config leaves it None (not given)."""
+    unknown = sorted(set(defaults) - {f.name for f in fields(config)})
+    if unknown:
+        raise ValueError(f"unknown EngineConfig fields {unknown} in defaults; known are "
+                         f"{sorted(f.name for f in fields(config))}")
+    unset = {name: value for name, value in defaults.items() if getattr(config, name) is None}
+    return replace(config, **unset) if unset else config
 
 
 def _require_positive(name: str, value: Any) -> None:

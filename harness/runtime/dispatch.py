@@ -1,4 +1,4 @@
-"""Which producer runs a batch (DESIGN.md, "dispatch").
+"""Which producer runs a batch (docs/design.md, "The reference runtime", dispatch).
 
 - decode-only: the smallest captured decode graph that holds the batch's sequences;
 - prefill or mixed: the smallest piecewise bucket that holds its token rows (the output is
@@ -20,7 +20,7 @@ from harness.runtime.piecewise import buckets as bucket_rules
 DECODE, PIECEWISE, EAGER_ROUTE = "decode", "piecewise", "eager"
 
 
-class DecodeGraphs(Protocol):
+class DecodeSizes(Protocol):
     """What dispatch needs of the decode graphs: which captured batch size holds `num_seqs`
     sequences (None when none does), and why none does. The engine runs the chosen size."""
 
@@ -41,7 +41,7 @@ class Route:
     fallback: bool = False
 
 
-def route(kind: str, num_seqs: int, num_tokens: int, *, decode_graphs: DecodeGraphs | None = None,
+def route(kind: str, num_seqs: int, num_tokens: int, *, decode_graphs: DecodeSizes | None = None,
           buckets: Sequence[int] = ()) -> Route:
     """The route of a batch of `kind` ("prefill", "decode" or "mixed") with `num_seqs` sequences
     and `num_tokens` token rows."""

@@ -1,12 +1,12 @@
 """The engine: requests in, greedy generations with top-k logprobs out.
 
 A step is: schedule a batch (scheduler.py), run the model on it (`_forward`), pick tokens and
-logprobs (sampling.py), record the step. `_forward(batch)` is where graph dispatch plugs in: it
-prepares the metadata for the batch, at the padded shape it chooses, and returns the logits of the
+logprobs (`harness.ranking.logits_to_steps`: greedy, ties to the lowest id), record the step.
+`_forward(batch)` is where graph dispatch plugs in: it prepares the metadata for the batch, at the padded shape it chooses, and returns the logits of the
 batch's real sequences with the name of whatever produced them ("eager" or a graph key).
 
 Graph mode (`EngineConfig.decode_graph_sizes`): the engine holds a `DecoderGraphs`
-(decoder_graphs.py). Graphs are captured in two phases, as a serving runtime does: phase 1
+(runtime/decode/graphs.py). Graphs are captured in two phases, as a serving runtime does: phase 1
 (`estimate_kv_cache`) captures against a first KV cache to size the final one, always with two
 passes, then releases every graph; phase 2 (`finalize_kv_cache`) reallocates the KV cache and the
 metadata and captures again against them. `generate` runs both on first use if no one did.
@@ -25,20 +25,22 @@ import torch
 
 from harness.graphs import get_backend
 from harness.graphs.base import GraphBackend
-from harness.ranking import RankedLogits
+from harness.ranking import RankedLogits, logits_to_steps, steps_from_ranked
 from harness.ops.kv_cache import PagedKVCache
 from harness.ops.metadata import AttentionMetadata
 from harness.ops.sizing import cdiv
 from harness.records import EAGER, Generation, Request, Step
 from harness.runtime.comm import Comm
 from harness.runtime.config import EngineConfig
-from harness.runtime.decode.graphs import (ESTIMATE, SERVE, CaptureFeatures, CaptureReport,
-                                            DecoderGraphs, ScopeFactory, no_scope)
+from harness.runtime.decode.blockers import CaptureFeatures
+from harness.runtime.decode.graphs import CaptureReport, DecoderGraphs
+from harness.runtime.decode.policy import (ESTIMATE, SERVE, CapturePolicy, ScopeFactory,
+                                           default_capture_policy, no_scope)
 from harness.runtime import dispatch
-from harness.runtime.dispatch import DECODE, EAGER_ROUTE, PIECEWISE
+from harness.runtime.dispatch import DECODE, PIECEWISE
 from harness.runtime.overlap import InputFeed, OverlapLoop
 from harness.runtime.piecewise.model import PiecewiseGraphs, bucket_key
-from harness.runtime.sampling import SampledRow, greedy_with_logprobs, rows_from_ranked
+from harness.runtime.piecewise.policy import PiecewisePolicy, default_piecewise_policy
 from harness.runtime.scheduler import ScheduledBatch, Scheduler, Sequence
 from harness.runtime.stats import BatchRecord, EngineStats, StatsRecorder
 from harness.runtime.validation import BadRequestError, RequestLimits, RequestProblem, check_request
@@ -53,11 +55,11 @@ class ForwardResult:
     producer: str
     ranked: RankedLogits | None = None
 
-    def rows(self, logprobs: list[int]) -> list[SampledRow]:
-        """One SampledRow per sequence, each keeping its own `logprobs` top entries."""
+    def steps(self, logprobs: list[int]) -> list[Step]:
+        """One Step per sequence, greedy, each keeping its own `logprobs` top entries."""
         if self.ranked is not None:
-            return rows_from_ranked(self.ranked, logprobs)
-        return greedy_with_logprobs(self.logits, logprobs)
+            return steps_from_ranked(self.ranked, logprobs, self.producer)
+        return logits_to_steps(self.logits, logprobs, self.producer)
 
 
 class Engine:
@@ -71,12 +73,18 @@ class Engine:
     - `backend` (a GraphBackend) captures the graphs; eager mode never uses it. In graph mode it
       defaults to real CUDA graphs for a model on cuda and the emulator otherwise.
     - `comm`, `capture_scope`, `capture_features`: rank agreement, the warmup/serving scope factory
-      and the warmup-pass duties, handed to the decode graph manager (decoder_graphs.py).
+      and the warmup-pass duties, handed to the decode graph manager (runtime/decode/graphs.py).
+    - `capture_policy` (runtime/decode/policy.py) and `piecewise_policy` (runtime/piecewise/
+      policy.py): the decisions of decode capture (rank agreement, phases, scopes) and the pool
+      factory and split predicate of the piecewise backend; None takes `default_capture_policy()`
+      and `default_piecewise_policy()`.
     """
 
     def __init__(self, model, config: EngineConfig | None = None, backend: GraphBackend | None = None,
                  *, comm: Comm | None = None, capture_scope: ScopeFactory = no_scope,
-                 capture_features: CaptureFeatures = CaptureFeatures()) -> None:
+                 capture_features: CaptureFeatures = CaptureFeatures(),
+                 capture_policy: CapturePolicy | None = None,
+                 piecewise_policy: PiecewisePolicy | None = None) -> None:
         self.model = model
         self.config = config = config or EngineConfig()
         self.backend = backend
@@ -104,8 +112,9 @@ class Engine:
         self._stats = StatsRecorder()
         if self.backend is None and (config.decode_graph_sizes or config.piecewise_buckets):
             self.backend = get_backend("cuda" if self.device.type == "cuda" else "emulated", self.device)
+        self.capture_policy = capture_policy if capture_policy is not None else default_capture_policy()
         self.decode_graphs = self._make_decode_graphs(self.backend, comm, capture_scope, capture_features)
-        self.piecewise = self._build_piecewise(config, self.backend)
+        self.piecewise = self._build_piecewise(config, self.backend, piecewise_policy)
         self._graphs_ready = False
 
     def _allocate_kv_cache(self, num_blocks: int) -> None:
@@ -143,9 +152,9 @@ class Engine:
                              f"{config.max_batch_size}")
         return DecoderGraphs(self, backend, config.decode_graph_sizes, stats=self._stats,
                              max_num_tokens=config.max_num_tokens, comm=comm,
-                             capture_scope=capture_scope, single_pass=config.single_pass_capture,
+                             capture_scope=capture_scope, single_pass=bool(config.single_pass_capture),
                              strict=config.strict_graph_buffers, features=features,
-                             top_ks=config.graph_top_k)
+                             top_ks=config.graph_top_k, policy=self.capture_policy)
 
     # --- phases (graph mode) ----------------------------------------------------------------------
 
@@ -155,7 +164,8 @@ class Engine:
         reference runtime measures no memory)."""
         if self.decode_graphs is not None:
             self.decode_graphs.warmup_and_capture(ESTIMATE)
-            self.decode_graphs.release()
+            if self.capture_policy.recaptures_for_final_cache():
+                self.decode_graphs.release()
         if self.piecewise is not None:
             self.piecewise.capture()
             self.piecewise.clear()
@@ -165,17 +175,14 @@ class Engine:
         """Phase 2: reallocate the KV cache (and the metadata pointing into it) with `num_blocks`,
         then capture every decode graph again against them."""
         self._allocate_kv_cache(num_blocks or self.kv_cache.num_blocks)
-        self._recapture_for_final_cache()
-        self._graphs_ready = True
-
-    def _recapture_for_final_cache(self) -> None:
-        if self.decode_graphs is not None:
+        if self.decode_graphs is not None and self.capture_policy.recaptures_for_final_cache():
             self.decode_graphs.release()
             self.decode_graphs.warmup_and_capture(SERVE)
         if self.piecewise is not None:
             self.piecewise.clear()
             self.piecewise.attach(self.kv_cache, self.metadata)
             self.piecewise.capture()
+        self._graphs_ready = True
 
     def prepare_graphs(self) -> None:
         """Both phases, as a serving runtime runs them at startup."""
@@ -185,11 +192,13 @@ class Engine:
     def capture_reports(self) -> list[CaptureReport]:
         return [] if self.decode_graphs is None else list(self.decode_graphs.reports)
 
-    def _build_piecewise(self, config: EngineConfig, backend: GraphBackend | None) -> PiecewiseGraphs | None:
+    def _build_piecewise(self, config: EngineConfig, backend: GraphBackend | None,
+                         policy: PiecewisePolicy | None) -> PiecewiseGraphs | None:
         if not config.piecewise_buckets:
             return None
         return PiecewiseGraphs(self.model, self.kv_cache, self.metadata, self.input_ids,
-                               config.piecewise_buckets, backend, self._stats)
+                               config.piecewise_buckets, backend, self._stats,
+                               policy=policy if policy is not None else default_piecewise_policy())
 
     @property
     def stats(self) -> EngineStats:
@@ -247,11 +256,10 @@ class Engine:
         while not scheduler.done:
             batch = scheduler.schedule()
             result = self._forward(batch)
-            rows = result.rows([s.request.logprobs for s in batch.sequences])
-            for sequence, row in zip(batch.sequences, rows):
-                sequence.steps.append(Step(token=row.token, logprob=row.logprob, top=row.top,
-                                           logit_scale=row.logit_scale, producer=result.producer))
-                sequence.tokens.append(row.token)
+            steps = result.steps([s.request.logprobs for s in batch.sequences])
+            for sequence, step in zip(batch.sequences, steps):
+                sequence.steps.append(step)
+                sequence.tokens.append(step.token)
             scheduler.finish_step(batch)
             self._stats.record_batch(BatchRecord(kind=batch.kind, num_seqs=batch.num_seqs,
                                                  num_tokens=batch.num_tokens, producer=result.producer,

@@ -30,9 +30,7 @@ from typing import Any, Callable
 
 import torch
 
-from harness.ranking import rank_logits
-from harness.records import Step
-from harness.runtime.sampling import pack_ranked, rows_from_packed
+from harness.ranking import pack_ranked, rank_logits, steps_from_packed
 from harness.runtime.scheduler import ScheduledBatch, Scheduler
 from harness.runtime.stats import BatchRecord
 
@@ -198,13 +196,13 @@ class OverlapLoop:
     def read(self, step: InFlightStep, scheduler: Scheduler) -> None:
         """Wait for the step's tokens, record them, and retire the sequences they finish."""
         wait_for_tokens(step)
-        rows = rows_from_packed(step.packed, [s.request.logprobs for s in step.batch.sequences])
-        for sequence, row in zip(step.batch.sequences, rows):
+        steps = steps_from_packed(step.packed, [s.request.logprobs for s in step.batch.sequences],
+                                  step.producer)
+        for sequence, record in zip(step.batch.sequences, steps):
             sequence.pending -= 1
             if sequence.finished:  # the extra step after its last token: dropped
                 self.dropped += 1
                 continue
-            sequence.steps.append(Step(token=row.token, logprob=row.logprob, top=row.top,
-                                       logit_scale=row.logit_scale, producer=step.producer))
-            sequence.tokens.append(row.token)
+            sequence.steps.append(record)
+            sequence.tokens.append(record.token)
         scheduler.retire_finished()

@@ -52,7 +52,7 @@ class EngineStats:
 
 
 class StatsRecorder:
-    """Counters the engine (and later the graph machinery) bumps; `snapshot()` freezes them."""
+    """Counters the engine and its graph managers bump; `snapshot()` freezes them."""
 
     def __init__(self) -> None:
         self.captures: Counter[str] = Counter()

@@ -1,18 +1,21 @@
 """Checking requests against the engine's limits before any work is done.
 
 A bad request must not cost the good ones their results: `Engine.generate` runs every valid request
-and then raises `BadRequestError` (a `ValueError`) listing each bad one with the limit it broke. The
-error carries `.generations`, one entry per request in order, `None` where the request was bad.
+and then raises `BadRequestError` (a `ValueError`, defined with the Runtime contract in
+`harness.records`) listing each bad one with the limit it broke. The error carries `.generations`,
+one entry per request in order, `None` where the request was bad.
 """
 
 from __future__ import annotations
 
 import numbers
 from dataclasses import dataclass
-from typing import Sequence
+
 
 from harness.ops.sizing import cdiv
-from harness.records import Generation, Request
+from harness.records import BadRequestError, Request, RequestProblem
+
+__all__ = ["BadRequestError", "RequestLimits", "RequestProblem", "blocks_needed", "check_request"]
 
 
 @dataclass(frozen=True)
@@ -25,27 +28,6 @@ class RequestLimits:
     num_blocks: int  # KV blocks for the whole sequence
     block_size: int
     lookahead_tokens: int = 0  # K/V stored past the last fed token (the overlap's extra step)
-
-
-@dataclass(frozen=True)
-class RequestProblem:
-    index: int
-    reason: str
-
-    def __str__(self) -> str:
-        return f"request {self.index}: {self.reason}"
-
-
-class BadRequestError(ValueError):
-    """Some requests broke a limit. `.problems` names each (index, reason with the limit);
-    `.generations` holds the results of the others (None at the bad positions)."""
-
-    def __init__(self, problems: Sequence[RequestProblem], generations: list[Generation | None]) -> None:
-        self.problems = tuple(problems)
-        self.generations = generations
-        lines = "\n".join(f"  {p}" for p in self.problems)
-        super().__init__(f"{len(self.problems)} of {len(generations)} requests rejected "
-                         f"(the others completed; see .generations):\n{lines}")
 
 
 def blocks_needed(request: Request, block_size: int, lookahead_tokens: int = 0) -> int:

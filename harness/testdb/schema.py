@@ -10,11 +10,13 @@ import re
 import shlex
 from dataclasses import dataclass
 
+from harness.records import BACKENDS
+
 RANGE_KEYS = ("gpu_count",)
 WILDCARD_KEYS = ("gpu",)
 TERM_VALUES = {
     "stage": ("pre_merge", "nightly"),
-    "backend": ("emulated", "cuda"),
+    "backend": tuple(name for name in reversed(BACKENDS) if name != "auto"),  # emulated, cuda
 }
 
 _TIMEOUT = re.compile(r"\((\d+)\)")

@@ -13,7 +13,7 @@ from harness.check import compare_generations
 from harness.graphs import FreedMemoryError
 from harness.model import tiny_llama
 from harness.model.hf_generate import hf_greedy_generations
-from harness.records import EAGER, Request, Runtime
+from harness.records import EAGER, BadRequestError, Request, Runtime
 
 # Prompts of repeated lengths, so batches of 1, 2 and 3 requests form (the 3 is padded to 4).
 BATCHED = mixed_requests(seed=3, prompt_lens=(7, 7, 7, 12, 12, 3), max_new_tokens=(6, 9, 4, 8, 5, 7))
@@ -57,9 +57,9 @@ def test_graph_mode_replays_and_agrees_with_eager(device_hf_model, graph_backend
     comparison = compare_generations(adapter_eager, generations)
     assert comparison.ok, str(comparison)
     # Batches: three requests of 7 tokens (padded to 4), two of 12, one of 3.
-    assert runtime.stats.captures == {"decode(batch=1)": 1, "decode(batch=2)": 1, "decode(batch=4)": 1}
-    assert runtime.stats.replays == {"decode(batch=4)": 8, "decode(batch=2)": 7, "decode(batch=1)": 6}
-    assert [s.producer for s in generations[0].steps] == [EAGER] + ["decode(batch=4)"] * 5
+    assert runtime.stats.captures == {"decode[bs=1,greedy]": 1, "decode[bs=2,greedy]": 1, "decode[bs=4,greedy]": 1}
+    assert runtime.stats.replays == {"decode[bs=4,greedy]": 8, "decode[bs=2,greedy]": 7, "decode[bs=1,greedy]": 6}
+    assert [s.producer for s in generations[0].steps] == [EAGER] + ["decode[bs=4,greedy]"] * 5
     assert runtime.stats.eager_steps == 0 and runtime.stats.prefills == 3
 
 
@@ -97,7 +97,7 @@ def test_comparison_catches_a_rebound_input_buffer(device_hf_model, graph_backen
     runtime = RebindsPositions(device_hf_model, backend=graph_backend, graph_sizes=(4,), max_cache_len=64)
     comparison = compare_generations(adapter_eager, runtime.generate(BATCHED))
     assert not comparison.ok
-    assert comparison.divergences[0].producer == "decode(batch=4)"
+    assert comparison.divergences[0].producer == "decode[bs=4,greedy]"
 
 
 def test_a_rebound_and_freed_input_buffer_is_named(device_hf_model, graph_backend):
@@ -111,11 +111,14 @@ def test_a_rebound_and_freed_input_buffer_is_named(device_hf_model, graph_backen
         runtime.generate(BATCHED)
 
 
-def test_requests_over_the_cache_are_refused_before_running(tiny_hf_model):
+def test_a_request_over_the_cache_is_refused_after_the_others_ran(tiny_hf_model):
     runtime = TransformersRuntime(tiny_hf_model, max_cache_len=16)
-    with pytest.raises(ValueError, match=r"request 1: prompt 12 \+ max_new_tokens 5 = 17 exceeds max_cache_len 16"):
+    with pytest.raises(BadRequestError, match=r"request 1: prompt length 12 \+ max_new_tokens 5 = 17 "
+                                              r"exceeds max_cache_len 16") as caught:
         runtime.generate([Request([1, 2], 3), Request(list(range(12)), 5)])
-    assert runtime.stats.prefills == 0
+    good, bad = caught.value.generations
+    assert bad is None and len(good.tokens) == 3
+    assert runtime.stats.prefills == 1
 
 
 def test_graph_mode_needs_a_backend_and_sizes(tiny_hf_model, graph_backend):

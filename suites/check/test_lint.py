@@ -80,14 +80,14 @@ def test_reference_runtime_decode_step_is_clean(engine_factory, grounding_reques
         scheduler.add(Sequence(index, request))
     with torch.inference_mode():
         batch = scheduler.schedule()
-        engine._prepare(batch)
+        engine.prepare_padded(batch.spans, input_ids=batch.input_ids)
         engine.model(engine.input_ids, engine.metadata, engine.kv_cache)
         for sequence in batch.sequences:
             sequence.tokens.append(1)
         scheduler.finish_step(batch)
         batch = scheduler.schedule()
         assert batch.kind == "decode"
-        engine._prepare(batch)
+        engine.prepare_padded(batch.spans, input_ids=batch.input_ids)
         report = capture_lint(lambda: engine.model(engine.input_ids, engine.metadata, engine.kv_cache),
                               context=(engine,))
     assert report.clean, str(report)

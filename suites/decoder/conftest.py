@@ -12,6 +12,7 @@ import pytest
 
 from fixtures.models import TINY_ENGINE_CONFIG, mixed_requests
 from harness.runtime import Engine
+from harness.runtime.config import fill_unset
 
 SIZES = (8, 4, 2, 1)
 # The last request runs one step longer than any other, so a decode batch of 1 happens.
@@ -29,13 +30,16 @@ def eager_decode(device_reference_llama, decode_requests):
 
 
 @pytest.fixture
-def make_engine(device_reference_llama, graph_backend):
+def make_engine(device_reference_llama, graph_backend, engine_defaults):
     """make(**config_overrides, engine_kwargs...) -> an Engine in graph mode (sizes SIZES)."""
 
-    def make(*, comm=None, capture_scope=None, capture_features=None, **overrides) -> Engine:
-        config = replace(TINY_ENGINE_CONFIG, **{"decode_graph_sizes": SIZES, **overrides})
+    def make(*, comm=None, capture_scope=None, capture_features=None, capture_policy=None,
+             **overrides) -> Engine:
+        config = fill_unset(replace(TINY_ENGINE_CONFIG, **{"decode_graph_sizes": SIZES, **overrides}),
+                            engine_defaults)
         kwargs = {k: v for k, v in dict(comm=comm, capture_scope=capture_scope,
-                                        capture_features=capture_features).items() if v is not None}
+                                        capture_features=capture_features,
+                                        capture_policy=capture_policy).items() if v is not None}
         return Engine(device_reference_llama, config, backend=graph_backend, **kwargs)
 
     return make

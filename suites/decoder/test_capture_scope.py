@@ -1,10 +1,14 @@
-"""d. Every warmup forward runs under the warmup scope and every capture under the serving scope."""
+"""d. Every warmup forward runs under the warmup scope and every capture under the serving scope,
+and after each capture the ranks line up at the same graph."""
 
 from __future__ import annotations
 
 import contextlib
+from dataclasses import dataclass
 
-from harness.runtime.decode.graphs import DecoderGraphs
+import pytest
+
+from harness.runtime.decode.policy import CapturePolicy
 
 
 class ScopeLog:
@@ -56,11 +60,43 @@ def test_warmups_run_under_warmup_and_captures_under_serving(make_engine, graph_
         captures = sum(capturing for _, capturing in log.forwards)
         assert captures == 2 * 4  # four sizes in each phase
         assert captures < len(log.forwards)
-        assert scope_violations(log.forwards) == []
+        problems = scope_violations(log.forwards)
+        assert not problems, "forwards under the wrong scope:\n" + "\n".join(problems)
 
 
-def test_a_capture_without_its_scope_is_caught(make_engine, graph_backend, monkeypatch):
-    monkeypatch.setattr(DecoderGraphs, "_serving_scope", lambda self: contextlib.nullcontext())
-    log = _capture_logging_scopes(make_engine, graph_backend, single_pass_capture=True)
+@dataclass(frozen=True)
+class NoCaptureScope(CapturePolicy):
+    """Planted bug: captures run under no scope of their own."""
+
+    def capture_scope(self, scopes):
+        return contextlib.nullcontext()
+
+
+def test_a_capture_without_its_scope_is_caught(make_engine, graph_backend):
+    log = _capture_logging_scopes(make_engine, graph_backend, single_pass_capture=True,
+                                  capture_policy=NoCaptureScope())
     problems = scope_violations(log.forwards)
     assert len(problems) == 8 and "(capture) ran under 'warmup', not 'serving'" in problems[0]
+
+
+class PeerAtAnotherKey:
+    """A two-rank Comm whose peer answers like this rank, except that it lines up at the next
+    smaller decode graph: the ranks capture their keys in different orders."""
+
+    rank, world_size = 0, 2
+
+    def allgather_object(self, obj):
+        if isinstance(obj, str) and obj.startswith("decode[bs="):
+            size = int(obj.removeprefix("decode[bs=").split(",")[0])
+            return [obj, obj.replace(f"bs={size},", f"bs={max(size // 2, 1)},")]
+        return [obj, obj]
+
+    def barrier(self) -> None:
+        return None
+
+
+def test_ranks_lining_up_at_different_graphs_are_an_error_naming_both(make_engine):
+    engine = make_engine(comm=PeerAtAnotherKey())
+    with pytest.raises(RuntimeError, match=r"ranks lined up at different decode graphs: "
+                                           r"\['decode\[bs=8,greedy\]', 'decode\[bs=4,greedy\]'\]"):
+        engine.prepare_graphs()

@@ -43,4 +43,7 @@ def test_the_dummy_row_writes_nothing_into_live_blocks(make_engine):
     pad_sink = set(range(cache.pad_slot, cache.pad_slot + bs))
     wrote = set(torch.nonzero(written).flatten().tolist())
     assert new_slots <= wrote  # each live sequence wrote its new token
-    assert wrote - new_slots <= pad_sink and wrote & pad_sink  # and the dummy row only the pad sink
+    stray = sorted(wrote - new_slots - pad_sink)
+    assert not stray and wrote & pad_sink, (
+        f"the dummy row wrote KV slots {stray} of live blocks and {len(wrote & pad_sink)} slots of the "
+        f"pad sink; it must write only the pad sink (slots {cache.pad_slot}..{cache.pad_slot + bs - 1})")

@@ -13,6 +13,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 import pytest
+import torch
 
 from fixtures.models import TINY_ENGINE_CONFIG, mixed_requests
 from harness.check import compare_generations
@@ -124,3 +125,25 @@ def test_graph_top_k_is_validated_deduplicated_and_sorted(make_engine):
         make_engine(decode_graph_sizes=(), graph_top_k=(2,))
     with pytest.raises(ValueError, match=r"graph_top_k \[100000\] exceed the vocabulary size 512"):
         make_engine(graph_top_k=(2, 100000))
+
+
+@pytest.mark.parametrize("top_k", [None, 2], ids=["greedy", "top2"])
+def test_a_step_held_past_the_next_replay_keeps_its_values(make_engine, top_k):
+    """A graph's outputs are static: the next replay overwrites them. What a step hands out, logits
+    or the ranking a top-k graph made, must be a copy that a caller can hold past the next replay."""
+    from harness.ops.metadata import SequenceSpan
+
+    engine = make_engine(decode_graph_sizes=(2,), graph_top_k=(top_k,) if top_k else ())
+    engine.prepare_graphs()
+    bs = engine.kv_cache.block_size
+    spans = tuple(SequenceSpan(seq_len=3, query_len=1, block_table=tuple(engine.kv_cache.allocator.allocate(1)))
+                  for _ in range(2))
+    held = engine.decode_graphs.run(spans, (5, 6), [top_k or 1] * 2)
+    assert held is not None and bs >= 3
+    values = held.logits if top_k is None else held.ranked.top_logprobs
+    before = values.clone()
+    engine.decode_graphs.run(spans, (7, 8), [top_k or 1] * 2)  # other tokens: other logits
+    engine.backend.synchronize()
+    assert torch.equal(values, before), (
+        f"the {held.key} step's {'logits' if top_k is None else 'ranking'} changed under the holder "
+        f"after the next replay: the graph's static output was handed out uncopied")

@@ -7,12 +7,17 @@ scratch would: the graph captured first baked in the old workspace, whose memory
 from __future__ import annotations
 
 import logging
+from dataclasses import dataclass, replace
 
 import pytest
 import torch
 
 from harness.check import compare_generations
 from harness.graphs import FreedMemoryError
+from harness.runtime import EngineConfig
+from harness.runtime.config import engine_defaults_from_env, fill_unset
+from harness.runtime.decode.agreement import RankAgreement
+from harness.runtime.decode.policy import CapturePolicy
 
 
 def test_single_pass_keeps_the_keys_and_runs_one_pass_in_the_final_phase(make_engine, two_pass_run,
@@ -23,7 +28,9 @@ def test_single_pass_keeps_the_keys_and_runs_one_pass_in_the_final_phase(make_en
     stats = engine.stats
     assert set(stats.captures) == set(baseline_engine.stats.captures)
     assert dict(stats.replays) == dict(baseline_engine.stats.replays)
-    assert dict(stats.capture_passes) == {"estimate": 2, "serve": 1}
+    assert dict(stats.capture_passes) == {"estimate": 2, "serve": 1}, (
+        f"capture passes per phase {dict(stats.capture_passes)}: the estimation phase must run both "
+        f"passes and the final phase one")
     estimate, serve = engine.capture_reports
     assert (estimate.single_pass_tried, serve.single_pass_tried, serve.fell_back) == (False, True, False)
     assert not stats.fallbacks
@@ -58,57 +65,82 @@ def test_the_single_pass_does_nothing_twice(make_engine):
     assert final_phase_forwards(make_engine(single_pass_capture=True, **variants)) == 3 * sizes
 
 
-def test_the_environment_switch_opts_in(monkeypatch, make_engine):
-    monkeypatch.setenv("HARNESS_SKIP_WARMUP_PASS", "1")
-    engine = make_engine()
-    assert engine.config.single_pass_capture
+def test_the_environment_fills_only_an_unset_switch(make_engine):
+    defaults = engine_defaults_from_env({"HARNESS_SKIP_WARMUP_PASS": "1"})
+    assert defaults == {"single_pass_capture": True}
+    assert engine_defaults_from_env({}) == {} == engine_defaults_from_env({"HARNESS_SKIP_WARMUP_PASS": "0"})
+    given = EngineConfig(single_pass_capture=False)
+    for explicit in (given, EngineConfig.from_dict(given.to_dict()), replace(EngineConfig(), single_pass_capture=False)):
+        assert fill_unset(explicit, defaults).single_pass_capture is False
+    assert fill_unset(EngineConfig(), defaults).single_pass_capture is True
+    assert EngineConfig().single_pass_capture is None
+    with pytest.raises(ValueError, match=r"unknown EngineConfig fields \['single_pass'\] in defaults"):
+        fill_unset(EngineConfig(), {"single_pass": True})
+    with pytest.raises(ValueError, match="single_pass_capture must be True, False or None"):
+        EngineConfig(single_pass_capture="1")
+    engine = make_engine(single_pass_capture=fill_unset(EngineConfig(), defaults).single_pass_capture)
     engine.prepare_graphs()
     assert engine.capture_reports[-1].passes == 1
 
 
+def test_a_set_environment_does_not_reach_an_explicit_config(monkeypatch, make_engine):
+    monkeypatch.setenv("HARNESS_SKIP_WARMUP_PASS", "1")
+    engine = make_engine(single_pass_capture=False)
+    assert EngineConfig().single_pass_capture is None  # the variable is not read when a config is built
+    engine.prepare_graphs()
+    assert engine.capture_reports[-1].passes == 2
+
+
 class ForcedRegrowth:
-    """Regrows the model's workspace before the second shape's warmup forward (after the first
-    capture) of the final phase. On CUDA a tensor of the old size then takes the freed address
-    (the canary); a graph that still uses it writes into the canary."""
+    """Regrows the model's workspace in the first eager forward after a capture (the second shape's
+    warmup forward, in a single pass), as a smaller shape needing more scratch would. On CUDA a
+    tensor of the old size then takes the freed address (the canary); a graph that still uses it
+    writes into the canary."""
 
-    def __init__(self, engine) -> None:
+    def __init__(self, engine, monkeypatch) -> None:
         self.engine = engine
-        self.calls = 0
+        self.eager_calls = 0
+        self.captured = False
         self.canary: torch.Tensor | None = None
-        graphs = engine.decode_graphs
-        self._warmup_forward = graphs._warmup_forward
-        graphs._warmup_forward = self
+        self._forward = engine.model.forward
+        monkeypatch.setattr(engine.model, "forward", self)  # undone after the test: the model is shared
 
-    def __call__(self, size: int) -> None:
-        self.calls += 1
-        if self.calls == 2:
-            workspace = self.engine.model.workspace
-            old = workspace.capacity
-            workspace.get(2 * old)
-            self.canary = torch.full((old,), 3.0, dtype=workspace.dtype, device=workspace.device)
-        self._warmup_forward(size)
+    def __call__(self, *args):
+        if self.engine.backend.is_capturing():
+            self.captured = True
+        else:
+            self.eager_calls += 1
+            if self.captured and self.canary is None:
+                workspace = self.engine.model.workspace
+                old = workspace.capacity
+                workspace.get(2 * old)
+                self.canary = torch.full((old,), 3.0, dtype=workspace.dtype, device=workspace.device)
+        return self._forward(*args)
 
     def canary_clobbered(self) -> bool:
         return bool((self.canary != 3.0).any())
 
 
-def _capture_with_forced_regrowth(engine) -> ForcedRegrowth:
+def _capture_with_forced_regrowth(engine, monkeypatch) -> ForcedRegrowth:
     engine.decode_graphs.warmup_and_capture("estimate")
     engine.decode_graphs.release()
-    regrowth = ForcedRegrowth(engine)
+    regrowth = ForcedRegrowth(engine, monkeypatch)
     engine.finalize_kv_cache()
     return regrowth
 
 
 def test_a_moved_workspace_discards_the_single_pass_and_falls_back(make_engine, two_pass_run,
-                                                                    decode_requests, eager_decode, caplog):
+                                                                    decode_requests, eager_decode, caplog,
+                                                                    monkeypatch):
     baseline_engine, baseline = two_pass_run
     engine = make_engine(single_pass_capture=True)
     with caplog.at_level(logging.WARNING, logger="harness.runtime.decode.graphs"):
-        regrowth = _capture_with_forced_regrowth(engine)
-    assert regrowth.calls > 2 and engine.model.workspace.growths >= 1
+        regrowth = _capture_with_forced_regrowth(engine, monkeypatch)
+    assert regrowth.canary is not None and engine.model.workspace.growths >= 1
     report = engine.capture_reports[-1]
-    assert report.single_pass_tried and report.fell_back and report.passes == 3
+    assert report.fell_back, (f"tensors moved after their single-pass capture ({list(report.moved)}) "
+                              f"but the single-pass graphs were kept: no fallback to two passes")
+    assert report.single_pass_tried and report.passes == 3, report
     assert "decode[bs=8,greedy]: workspace.tensor" in report.moved
     assert "workspace.tensor: data pointer changed from" in caplog.text
     assert engine.decode_graphs.runner.moved_tensors() == []  # the two passes captured the new one
@@ -123,10 +155,18 @@ def test_a_moved_workspace_discards_the_single_pass_and_falls_back(make_engine, 
         assert comparison.ok, str(comparison)
 
 
-def test_with_the_fallback_switched_off_the_stale_graph_fails(make_engine, decode_requests, eager_decode):
-    engine = make_engine(single_pass_capture=True)
-    engine.decode_graphs.fallback_on_moved = False
-    regrowth = _capture_with_forced_regrowth(engine)
+@dataclass(frozen=True)
+class NothingMoved(RankAgreement):
+    """Planted bug: the ranks agree that nothing moved, whatever moved."""
+
+    def moved(self, comm, moved) -> bool:
+        return False
+
+
+def test_without_the_fallback_the_stale_graph_fails(make_engine, decode_requests, eager_decode, monkeypatch):
+    engine = make_engine(single_pass_capture=True,
+                         capture_policy=CapturePolicy(agreement=NothingMoved()))
+    regrowth = _capture_with_forced_regrowth(engine, monkeypatch)
     report = engine.capture_reports[-1]
     assert report.single_pass_tried and not report.fell_back and report.moved
     if engine.backend.name == "emulated":

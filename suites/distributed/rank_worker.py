@@ -33,19 +33,23 @@ def scenarios(rank: int):
     }
 
 
-def force_regrowth_before_second_capture(engine) -> None:
-    graphs = engine.decode_graphs
-    warmup = graphs._warmup_forward
-    calls = [0]
+class RegrowAfterFirstCapture:
+    """Wraps the model's forward: the first eager forward after a capture (the second shape's
+    warmup, in a single pass) regrows the workspace, as a smaller shape needing more scratch would."""
 
-    def regrow_then_warm_up(size: int) -> None:
-        calls[0] += 1
-        if calls[0] == 2:
-            workspace = engine.model.workspace
+    def __init__(self, engine) -> None:
+        self.engine = engine
+        self.forward = engine.model.forward
+        self.captured = self.regrown = False
+
+    def __call__(self, *args):
+        if self.engine.backend.is_capturing():
+            self.captured = True
+        elif self.captured and not self.regrown:
+            self.regrown = True
+            workspace = self.engine.model.workspace
             workspace.get(2 * workspace.capacity)
-        warmup(size)
-
-    graphs._warmup_forward = regrow_then_warm_up
+        return self.forward(*args)
 
 
 def run_scenario(model, backend, comm, overrides: dict, regrow: bool, device: torch.device) -> dict:
@@ -57,8 +61,11 @@ def run_scenario(model, backend, comm, overrides: dict, regrow: bool, device: to
     engine.decode_graphs.warmup_and_capture("estimate")
     engine.decode_graphs.release()
     if regrow:
-        force_regrowth_before_second_capture(engine)
-    engine.finalize_kv_cache()
+        engine.model.forward = RegrowAfterFirstCapture(engine)
+    try:
+        engine.finalize_kv_cache()
+    finally:
+        vars(engine.model).pop("forward", None)  # the model is shared by the scenarios
     requests = mixed_requests(prompt_lens=(3, 5), max_new_tokens=(3, 2), logprobs=2)
     eager = Engine(model, replace(TINY_ENGINE_CONFIG, max_batch_size=4)).generate(requests)
     generated = engine.generate(requests)

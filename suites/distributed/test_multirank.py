@@ -37,7 +37,10 @@ def _serve(result: dict) -> dict:
 def test_a_rank_without_the_switch_keeps_both_on_two_passes(ranks):
     serve = [_serve(r["switch_on_one_rank"]) for r in ranks]
     assert [s["single_pass_requested"] for s in serve] == [True, False]
-    assert [(s["single_pass_tried"], s["passes"]) for s in serve] == [(False, 2), (False, 2)]
+    paths = [(s["single_pass_tried"], s["passes"]) for s in serve]
+    assert paths == [(False, 2), (False, 2)], (
+        f"the ranks took different capture paths (single pass tried, passes) by rank: {paths}; a rank "
+        f"without the switch must keep every rank on two passes")
     assert serve[0]["keys"] == serve[1]["keys"]
     assert all(r["switch_on_one_rank"]["agrees_with_eager"] for r in ranks), \
         [r["switch_on_one_rank"]["comparison"] for r in ranks]

@@ -10,7 +10,7 @@ import torch
 from fixtures.models import TINY_ENGINE_CONFIG, mixed_requests
 from harness.check import compare_generations
 from harness.runtime import BadRequestError, Engine, EngineConfig, Request
-from harness.runtime.sampling import greedy_with_logprobs
+from harness.ranking import logits_to_steps
 
 
 def test_every_step_is_recorded_eager_with_top_k(eager_generations, grounding_requests):
@@ -43,7 +43,7 @@ def test_logprobs_are_fp32_log_softmax_of_the_logits(engine_factory, reference_l
 
 def test_ties_go_to_the_lowest_token_id():
     logits = torch.tensor([[0.0, 3.0, 1.0, 3.0, 3.0], [2.0, 2.0, 2.0, 2.0, 2.0]])
-    rows = greedy_with_logprobs(logits, [3, 2])
+    rows = logits_to_steps(logits, [3, 2], "eager")
     assert rows[0].token == 1 and [t for t, _ in rows[0].top] == [1, 3, 4]
     assert rows[1].token == 0 and [t for t, _ in rows[1].top] == [0, 1]
     assert rows[1].logprob == pytest.approx(-math.log(5))

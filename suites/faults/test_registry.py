@@ -8,9 +8,8 @@ from pathlib import Path
 import pytest
 import torch
 
-import harness.graphs
 from harness.faults import FAULTS, Fault, NotPlantableError, inject
-from harness.faults.registry import registry
+from harness.faults.registry import inject_fault, registry
 from harness.faults.run import FaultRun, PytestRun, judge
 from harness.faults.table import markdown_table, text_table
 from harness.ops import attention
@@ -69,27 +68,29 @@ def test_planting_fires_and_is_undone_everywhere():
     assert AttentionMetadata.__dict__["prepare"] is original_prepare
 
 
-def test_freed_buffer_fault_says_why_it_cannot_be_planted_on_this_build():
-    fault = FAULTS["captured-buffer-freed"]
-    if getattr(harness.graphs, "FreedMemoryError", None) is not None:
-        assert fault.unplantable("emulated") is None
-        return
-    assert "FreedMemoryError is absent" in fault.unplantable("emulated")
-    assert fault.unplantable("cuda") is None
-    with pytest.raises(NotPlantableError, match="not plantable on this build for the emulated backend"):
-        with inject("captured-buffer-freed", "emulated"):
+def test_a_fault_unplantable_on_a_backend_is_refused_naming_why():
+    base = FAULTS["host-sync-in-capture"]
+    fault = Fault(name="cuda-only", bug_class=base.bug_class, link=base.link, detector=base.detector,
+                  expected=base.expected, plant=base.plant,
+                  unplantable=lambda backend: "needs CUDA's allocator" if backend == "emulated" else None)
+    with pytest.raises(NotPlantableError, match="'cuda-only' is not plantable on this build for the "
+                                                "emulated backend: needs CUDA's allocator"):
+        with inject_fault(fault, "emulated"):
             pass
+    with inject_fault(fault, "cuda") as handle:
+        assert handle.fired == 0
 
 
 FAULT = FAULTS["host-sync-in-capture"]
+SYNC = "E   CaptureError: aten.x cannot be captured: reads device data on the host (a sync)"
 
 
 @pytest.mark.parametrize("planted,clean,verdict", [
-    (PytestRun(1, "E   CaptureError: x", 3, 1.0), PytestRun(0, "", None, 1.0), "detected"),
+    (PytestRun(1, SYNC, 3, 1.0), PytestRun(0, "", None, 1.0), "detected"),
     (PytestRun(0, "1 passed", 3, 1.0), None, "missed"),
-    (PytestRun(1, "E   CaptureError: x", 0, 1.0), PytestRun(0, "", None, 1.0), "not fired"),
+    (PytestRun(1, SYNC, 0, 1.0), PytestRun(0, "", None, 1.0), "not fired"),
     (PytestRun(1, "E   AssertionError", 2, 1.0), PytestRun(0, "", None, 1.0), "wrong diagnosis"),
-    (PytestRun(1, "E   CaptureError: x", 2, 1.0), PytestRun(1, "E  boom", None, 1.0), "false positive"),
+    (PytestRun(1, SYNC, 2, 1.0), PytestRun(1, "E  boom", None, 1.0), "false positive"),
     (PytestRun(4, "ERROR: usage", None, 1.0), None, "error"),
 ])
 def test_judge_gives_each_verdict(planted, clean, verdict):
@@ -137,8 +138,5 @@ def test_plant_fault_option_refuses_an_unknown_or_unplantable_fault():
 
     with pytest.raises(pytest.UsageError, match="--plant-fault nope: no such fault; known faults: "):
         check_fault_option("nope", "emulated")
-    if getattr(harness.graphs, "FreedMemoryError", None) is None:
-        with pytest.raises(pytest.UsageError, match="not plantable on this build for the emulated"):
-            check_fault_option("captured-buffer-freed", "emulated")
     check_fault_option("metadata-rebound", "emulated")
     check_fault_option(None, "emulated")

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import pytest
 import torch
+
+from harness.graphs.pointers import snapshot_tensors
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from harness.ops import AttentionMetadata, SequenceSpan
@@ -62,11 +64,6 @@ def test_a_smaller_batch_resets_what_the_larger_one_left() -> None:
 
 
 def addresses(md: AttentionMetadata) -> dict[str, tuple[int, tuple[int, ...]]]:
-    try:
-        from harness.graphs.pointers import snapshot_tensors
-    except ImportError:  # the check helper's module; fall back to raw pointers
-        return {name: (t.data_ptr(), tuple(t.shape)) for name, t in vars(md).items()
-                if isinstance(t, torch.Tensor)}
     return {path: (rec.address, rec.shape) for path, rec in snapshot_tensors(md).items()}
 
 

@@ -83,7 +83,7 @@ def test_padded_tokens_write_only_the_pad_sink(engine):
     cache = engine.kv_cache
     cache.tensor.fill_(7.0)
     blocks = cache.allocator.allocate(1)
-    engine._prepare(_batch([5, 1, 2, 3, 4], blocks), num_tokens=16)
+    prepare(engine, _batch([5, 1, 2, 3, 4], blocks), num_tokens=16)
     engine.piecewise.run(1, 16)
     written = (cache.tensor != 7.0).flatten(4).any(-1)  # [layers, 2, blocks + 1, block_size]
     assert written[:, :, blocks[0], :5].all() and not written[:, :, blocks[0], 5:].any()
@@ -97,12 +97,17 @@ def test_poisoned_padding_does_not_reach_real_rows(engine):
     unchanged."""
     blocks = engine.kv_cache.allocator.allocate(1)
     batch = _batch([11, 12, 13], blocks)
-    engine._prepare(batch, num_tokens=16)
+    prepare(engine, batch, num_tokens=16)
     clean = engine.piecewise.run(1, 16).clone()
     engine.kv_cache.tensor[:, :, engine.kv_cache.pad_block].fill_(float("nan"))
-    engine._prepare(batch, num_tokens=16)
+    prepare(engine, batch, num_tokens=16)
     poisoned = engine.piecewise.run(1, 16)
     assert torch.isfinite(poisoned).all() and torch.equal(clean, poisoned)
+
+
+def prepare(engine, batch, **padding) -> None:
+    """The batch copied into the engine's buffers, padded as `padding` says (the public seam)."""
+    engine.prepare_padded(batch.spans, input_ids=batch.input_ids, **padding)
 
 
 def _batch(tokens, blocks):
@@ -113,7 +118,7 @@ def _batch(tokens, blocks):
 
 
 def test_the_bucket_must_match_the_prepared_batch(engine):
-    engine._prepare(_batch([1, 2, 3], engine.kv_cache.allocator.allocate(1)), num_tokens=16)
+    prepare(engine, _batch([1, 2, 3], engine.kv_cache.allocator.allocate(1)), num_tokens=16)
     with pytest.raises(ValueError, match="metadata holds 16 token rows, the bucket is 64"):
         engine.piecewise.run(1, 64)
     with pytest.raises(ValueError, match=r"tokens=32 is not a piecewise bucket; buckets are \[16, 64, 256\]"):

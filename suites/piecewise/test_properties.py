@@ -27,7 +27,7 @@ from harness.runtime.piecewise import runner as piecewise
 from harness.runtime.piecewise.buckets import bucket_for, validate_buckets
 from harness.runtime.piecewise.compile_backend import PiecewiseCompileBackend
 from harness.runtime.dispatch import EAGER_ROUTE, PIECEWISE, route
-from harness.runtime.piecewise.runner import CAPTURE, SERVE, WARMUP
+from harness.runtime.piecewise.runner import CAPTURE, REPLAY, WARMUP
 from harness.runtime.piecewise.split import split_graph_at_dynamic_ops
 from harness.runtime.piecewise.model import bucket_key
 from suites.piecewise.fx_graphs import build_fx_graph, inputs_for, is_test_dynamic
@@ -42,13 +42,13 @@ def test_random_fx_graphs_split_correctly_and_replay_equal_to_eager(graph_backen
     gm = build_fx_graph(spec, packet=packet)
     check_partitions(spec, gm, split_graph_at_dynamic_ops(gm, is_test_dynamic))
 
-    backend = PiecewiseCompileBackend(graph_backend, is_dynamic=is_test_dynamic)
+    backend = PiecewiseCompileBackend(graph_backend, split_at=is_test_dynamic)
     split = backend(gm, [])
     control = backend.control
-    for mode in (WARMUP, CAPTURE, SERVE):
+    for mode in (WARMUP, CAPTURE, REPLAY):
         for tokens in buckets:
             control.mode, control.num_tokens = mode, tokens
-            seed = tokens + (1000 if mode == SERVE else 0)  # serving inputs differ from capture's
+            seed = tokens + (1000 if mode == REPLAY else 0)  # serving inputs differ from capture's
             actual = split(*inputs_for(tokens, seed, device))
             expected = gm(*inputs_for(tokens, seed, device))
             for a, e in zip(actual, expected):

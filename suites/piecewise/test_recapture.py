@@ -8,12 +8,12 @@ from dataclasses import replace
 import pytest
 
 from harness.check import compare_generations
-from harness.runtime.piecewise import compile_backend
+from harness.runtime.piecewise.policy import PiecewisePolicy
 from harness.runtime.piecewise.runner import ReleasedPoolError, same_pool
 from harness.runtime.piecewise.model import bucket_key
 from fixtures.models import TINY_ENGINE_CONFIG
 from harness.runtime import Engine
-from suites.piecewise.conftest import BUCKETS
+from suites.piecewise.conftest import BUCKETS, FirstPoolAgain
 
 
 def pools(engine) -> list:
@@ -54,14 +54,14 @@ def test_serving_after_clear_without_recapture_is_a_counted_eager_run(piecewise_
     assert sum(missing.values()) == len(engine.piecewise.compile_backend.runners) == 3
 
 
-def test_a_recapture_into_a_released_pool_is_caught(piecewise_engine, monkeypatch):
+def test_a_recapture_into_a_released_pool_is_caught(device_reference_llama, graph_backend):
     """Planted bug: the fresh-pool factory returns the group's released pool. On CUDA the caching
     allocator may still hold that pool for a live allocation (an assertion on its use count, or
     silent sharing); the runner refuses the capture by pool identity on every backend."""
-    engine = piecewise_engine()
-    monkeypatch.setattr(compile_backend, "fresh_pool",
-                        lambda graph_backend, released: released if released is not None
-                        else graph_backend.graph_pool_handle())
+    config = replace(TINY_ENGINE_CONFIG, piecewise_buckets=BUCKETS)
+    engine = Engine(device_reference_llama, config, backend=graph_backend,
+                    piecewise_policy=PiecewisePolicy(pools=FirstPoolAgain()))
+    engine.piecewise.capture()
     released = pools(engine)
     engine.piecewise.clear()
     assert any(same_pool(new, old) for new in pools(engine) for old in released)

@@ -8,7 +8,7 @@ import torch
 from torch import fx
 
 from harness.check.strategies import FxGraphSpec, FxNodeSpec
-from harness.runtime.piecewise.compile_backend import is_dynamic_node
+from harness.runtime.piecewise.policy import default_piecewise_policy
 from harness.runtime.piecewise.split import SplitInfo, op_name, split_graph_at_dynamic_ops
 from suites.piecewise.fx_graphs import build_fx_graph, dynamic_op, inputs_for, is_test_dynamic
 
@@ -85,13 +85,17 @@ def test_op_names_of_every_spelling():
 
 
 def test_the_engine_predicate_splits_at_both_attention_ops():
+    split_at = default_piecewise_policy().split_at  # what an engine's piecewise backend splits with
     graph = fx.Graph()
     q = graph.placeholder("q")
     for target in (torch.ops.harness.paged_attention.default, torch.ops.harness.block_sparse_attention,
                    torch.relu):
         graph.call_function(target, (q,))
-    nodes = [n for n in graph.nodes if n.op == "call_function"]
-    assert [is_dynamic_node(n) for n in nodes] == [True, True, False]
+    *attention, relu = [n for n in graph.nodes if n.op == "call_function"]
+    kept_static = [str(n.target) for n in attention if not split_at(n)]
+    assert not kept_static, (f"the engine's split predicate keeps {kept_static} inside a static segment: "
+                             f"a graph would freeze their metadata at capture")
+    assert not split_at(relu), "the engine's split predicate cuts at torch.relu, a static op"
 
 
 def test_a_graph_without_computing_nodes_has_no_partitions():

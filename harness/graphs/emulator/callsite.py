@@ -1,4 +1,9 @@
-"""Where in the caller's code a capture went wrong, so an error points at the offending line."""
+"""Where in the caller's code a capture went wrong, so an error points at the offending line.
+
+The one lookup of a call site for the emulator, the capture lint and the audit: the innermost frame
+outside torch and the emulator (and outside any `also_skip` folder or file), or of a traceback, the
+innermost frame in the files a caller asks for, each as `file:line: source`.
+"""
 
 from __future__ import annotations
 
@@ -8,20 +13,25 @@ import os
 import sys
 import traceback
 from types import FrameType, TracebackType
+from typing import Callable
 
 import torch
 
 _SKIPPED = (os.path.dirname(torch.__file__), os.path.dirname(__file__))
 
 
-def _is_user_file(filename: str) -> bool:
-    return not filename.startswith(_SKIPPED) and not filename.startswith("<frozen")
+def _is_user_file(filename: str, also_skip: tuple[str, ...] = ()) -> bool:
+    return not filename.startswith(_SKIPPED + also_skip) and not filename.startswith("<frozen")
 
 
-def _describe(filename: str, lineno: int) -> str:
+def describe_line(filename: str, lineno: int) -> str:
+    """`file:line: source`; a file in site-packages named from there on (the same on every machine),
+    one under the working directory relative to it."""
     source = linecache.getline(filename, lineno).strip()
-    where = f"{os.path.relpath(filename) if filename.startswith(os.getcwd()) else filename}:{lineno}"
-    return f"{where}: {source}" if source else where
+    short = filename.split(f"site-packages{os.sep}")[-1]
+    if short == filename and filename.startswith(os.getcwd() + os.sep):
+        short = os.path.relpath(filename)
+    return f"{short}:{lineno}: {source}" if source else f"{short}:{lineno}"
 
 
 def at_callsite(message: str, where: str) -> str:
@@ -29,17 +39,17 @@ def at_callsite(message: str, where: str) -> str:
     return f"{message} (at {where})" if where else message
 
 
-def _user_frame() -> FrameType | None:
+def _user_frame(also_skip: tuple[str, ...] = ()) -> FrameType | None:
     frame: FrameType | None = sys._getframe(2)
-    while frame is not None and not _is_user_file(frame.f_code.co_filename):
+    while frame is not None and not _is_user_file(frame.f_code.co_filename, also_skip):
         frame = frame.f_back
     return frame
 
 
-def current_callsite() -> str:
-    """The innermost caller frame outside torch and this package, as `file:line: source`."""
-    frame = _user_frame()
-    return "" if frame is None else _describe(frame.f_code.co_filename, frame.f_lineno)
+def current_callsite(also_skip: tuple[str, ...] = ()) -> str:
+    """The innermost caller frame outside torch, the emulator and `also_skip`, as `file:line: source`."""
+    frame = _user_frame(also_skip)
+    return "" if frame is None else describe_line(frame.f_code.co_filename, frame.f_lineno)
 
 
 class LaterCallsite:
@@ -53,7 +63,7 @@ class LaterCallsite:
         self._lineno = 0 if frame is None else frame.f_lineno
 
     def __str__(self) -> str:
-        return _describe(self._filename, self._lineno) if self._filename else ""
+        return describe_line(self._filename, self._lineno) if self._filename else ""
 
     def __bool__(self) -> bool:
         return bool(self._filename)
@@ -77,12 +87,15 @@ def in_index_assignment() -> bool:
 _STORE_SUBSCR = dis.opmap.get("STORE_SUBSCR", -1)  # -1: a Python without it never matches
 
 
-def traceback_callsite(tb: TracebackType | None) -> str:
-    """The innermost frame of a traceback outside torch and this package."""
+def traceback_callsite(tb: TracebackType | None, *, also_skip: tuple[str, ...] = (),
+                       in_file: Callable[[str], bool] | None = None) -> str:
+    """The innermost frame of a traceback outside torch, the emulator and `also_skip`, or (with
+    `in_file`) the innermost frame whose file it accepts."""
+    accept = in_file or (lambda filename: _is_user_file(filename, also_skip))
     found = ""
     for summary in traceback.extract_tb(tb):
-        if _is_user_file(summary.filename):
-            found = _describe(summary.filename, summary.lineno or 0)
+        if accept(summary.filename):
+            found = describe_line(summary.filename, summary.lineno or 0)
     return found
 
 
@@ -104,4 +117,4 @@ def user_frames(limit: int = 4, skip: tuple[str, ...] = ()) -> tuple[Frame, ...]
 
 def describe_frame(frame: Frame) -> str:
     """`file:line: source` of a frame from `user_frames`."""
-    return _describe(*frame)
+    return describe_line(*frame)

@@ -21,6 +21,7 @@ from typing import Any, Callable, ContextManager, Mapping
 from harness.graphs.base import CapturedGraph, GraphBackend
 from harness.graphs.pointers import TensorRecord, describe_moved_tensor, moved_tensors, snapshot_tensors
 from harness.ops.metadata import SequenceSpan
+from harness.ops.sizing import smallest_fitting
 
 GREEDY = "greedy"
 
@@ -72,13 +73,13 @@ class GraphShapeError(ValueError):
 
 
 @dataclass
-class _Entry:
+class CapturedDecodeGraph:
     graph: CapturedGraph
     records: Mapping[str, TensorRecord] | None
 
 
 Roots = Callable[[], Mapping[str, Any]]
-ScopeFactory = Callable[[], ContextManager[Any]]
+CaptureScope = Callable[[], ContextManager[Any]]
 
 
 class GraphRunner:
@@ -96,7 +97,7 @@ class GraphRunner:
         self.prepared_shape = prepared_shape
         self.strict = strict
         self.pool = backend.graph_pool_handle()
-        self._entries: dict[DecodeGraphKey, _Entry] = {}
+        self._entries: dict[DecodeGraphKey, CapturedDecodeGraph] = {}
 
     @property
     def keys(self) -> list[DecodeGraphKey]:
@@ -110,8 +111,12 @@ class GraphRunner:
 
     def key_for(self, batch_size: int, sampling: str = GREEDY) -> DecodeGraphKey | None:
         """The smallest captured key of this sampling variant that fits `batch_size`, or None."""
-        fitting = [k for k in self._entries if k.sampling == sampling and k.batch_size >= batch_size]
-        return min(fitting, default=None)
+        size = smallest_fitting(batch_size, (k.batch_size for k in self._entries if k.sampling == sampling))
+        return None if size is None else DecodeGraphKey.of(size, sampling)
+
+    def records(self, key: DecodeGraphKey) -> Mapping[str, TensorRecord] | None:
+        """The addresses `key`'s graph baked in, by path (None: captured without records)."""
+        return self._entries[key].records
 
     def snapshot(self) -> dict[str, TensorRecord]:
         records: dict[str, TensorRecord] = {}
@@ -120,14 +125,14 @@ class GraphRunner:
         return records
 
     def capture(self, key: DecodeGraphKey, fn: Callable[[], Any], *,
-                scope: ScopeFactory | None = None, record: bool = False) -> CapturedGraph:
+                scope: CaptureScope | None = None, record: bool = False) -> CapturedGraph:
         """Capture `fn()` for `key` under `scope()` (the serving scope the graph keeps)."""
         if key in self._entries:
             raise ValueError(f"decode graph {key} is already captured; clear() before capturing again")
         with (scope() if scope is not None else contextlib.nullcontext()):
             graph = self.backend.capture(fn, pool=self.pool)
         records = self.snapshot() if (record or self.strict) else None
-        self._entries[key] = _Entry(graph, records)
+        self._entries[key] = CapturedDecodeGraph(graph, records)
         return graph
 
     def replay(self, key: DecodeGraphKey) -> Any:

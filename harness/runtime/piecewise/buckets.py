@@ -11,6 +11,8 @@ from __future__ import annotations
 
 from typing import Iterable, Sequence
 
+from harness.ops.sizing import smallest_fitting
+
 # dynamo treats sizes 0 and 1 as constants; a graph traced for them would be a surprise recompile.
 MIN_BUCKET = 2
 # Powers of two up to 512, then every 256: like the ladders serving runtimes capture by default.
@@ -61,9 +63,4 @@ def default_buckets(max_num_tokens: int) -> tuple[int, ...]:
 def bucket_for(num_tokens: int, buckets: Sequence[int]) -> int | None:
     """The smallest bucket that holds `num_tokens` token rows, or None when none does (and for a
     count below 1, which no batch has)."""
-    if num_tokens < 1:
-        return None
-    for bucket in sorted(buckets):
-        if bucket >= num_tokens:
-            return bucket
-    return None
+    return smallest_fitting(num_tokens, buckets)

@@ -4,8 +4,9 @@ warmup and as recorded graphs after capture.
 
 The backend owns what all its runners share: the `CaptureControl` (phase and token bucket), the pool
 groups (one per compiled graph, its runners capture into one pool), and the pools released so far.
-`clear_piecewise_graphs()` resets every runner and gives each former pool group a fresh pool, so a
-recapture (phase 2, against the final KV cache) never records into a released pool.
+`clear_piecewise_graphs()` resets every runner and gives each former pool group a fresh pool from its
+`PoolFactory` (policy.py), so a recapture (phase 2, against the final KV cache) never records into a
+released pool; the split predicate is the policy's too.
 
 Every call of the backend is one compile; `compiles` counts them, so a caller can tell a
 recompile while serving (dynamo's guards failed: a new graph without captures) from a replay.
@@ -19,23 +20,9 @@ import torch
 from torch import fx
 
 from harness.graphs.base import GraphBackend
+from harness.runtime.piecewise.policy import PoolFactory, SplitPredicate
 from harness.runtime.piecewise.runner import CaptureControl, PiecewiseRunner, PoolGroup, is_weight
-from harness.runtime.piecewise.split import (SplitInfo, mutated_inputs, node_calls_ops, split_graph_at_dynamic_ops,
-                                             submodule_name)
-
-# The ops whose work depends on the host-side batch layout: they run eagerly between the pieces.
-DYNAMIC_OPS = frozenset({"harness::paged_attention", "harness::block_sparse_attention"})
-
-
-def is_dynamic_node(node: fx.Node) -> bool:
-    """The split predicate: a call of one of `DYNAMIC_OPS`, however dynamo spelled the target."""
-    return node_calls_ops(node, DYNAMIC_OPS)
-
-
-def fresh_pool(graph_backend: GraphBackend, released: Any | None) -> Any:
-    """A new pool handle for a pool group; `released` is the group's previous pool (None at first
-    compile), which must never be handed out again."""
-    return graph_backend.graph_pool_handle()
+from harness.runtime.piecewise.split import SplitInfo, mutated_inputs, split_graph_at_dynamic_ops, submodule_name
 
 
 class PiecewiseCompileBackend:
@@ -44,37 +31,37 @@ class PiecewiseCompileBackend:
     - `static_input(tensor)`: inputs that keep their address (weights, model buffers); the runners
       copy every other tensor input into static buffers.
     - `on_missing(reason)`: given to every runner; see `PiecewiseRunner`.
-    - `is_dynamic(node)`: the split predicate (default `is_dynamic_node`).
+    - `pools` (a `PoolFactory`, policy.py): where every pool group gets its pool.
+    - `split_at(node)`: the split predicate (default `SplitPredicate()`: the attention ops).
     """
 
     def __init__(self, graph_backend: GraphBackend, *,
                  static_input: Callable[[torch.Tensor], bool] = is_weight,
                  on_missing: Callable[[str], None] | None = None,
-                 is_dynamic: Callable[[fx.Node], bool] | None = None) -> None:
+                 pools: PoolFactory = PoolFactory(),
+                 split_at: Callable[[fx.Node], bool] = SplitPredicate()) -> None:
         self.graph_backend = graph_backend
         self.static_input = static_input
         self.on_missing = on_missing
-        self.is_dynamic = is_dynamic
+        self.pools = pools
+        self.split_at = split_at
         self.control = CaptureControl()
         self.groups: list[PoolGroup] = []
         self.runners: list[PiecewiseRunner] = []
         self.splits: list[SplitInfo] = []
         self.released_pools: list[Any] = []
         self.compiles = 0
-        self.clears = 0
 
     def __call__(self, gm: fx.GraphModule, example_inputs: list[Any]) -> Callable[..., Any]:
         self.compiles += 1
-        # Looked up at compile time, so a planted predicate takes effect on the next compile.
-        predicate = self.is_dynamic or is_dynamic_node
-        split = split_graph_at_dynamic_ops(gm, predicate)
+        split = split_graph_at_dynamic_ops(gm, self.split_at)
         for index in split.static:
             written = mutated_inputs(split.submodule(index))
             if written:
                 raise ValueError(f"static piece {submodule_name(index)} writes its inputs {written} in "
                                  f"place; a replay would write the runner's static copies instead. Move "
                                  f"the write into a dynamic op (a custom op with mutates_args)")
-        group = PoolGroup(pool=fresh_pool(self.graph_backend, None), released=self.released_pools)
+        group = PoolGroup(pool=self.pools.new_pool(self.graph_backend), released=self.released_pools)
         self.groups.append(group)
         for index in split.static:
             runner = PiecewiseRunner(split.submodule(index), index=index, backend=self.graph_backend,
@@ -103,6 +90,5 @@ class PiecewiseCompileBackend:
         for group in self.groups:
             old = group.pool
             self.released_pools.append(old)
-            group.pool = fresh_pool(self.graph_backend, old)
+            group.pool = self.pools.new_pool(self.graph_backend)
             group.static_outputs.clear()
-        self.clears += 1

@@ -27,7 +27,8 @@ from harness.ops.kv_cache import PagedKVCache
 from harness.ops.metadata import AttentionMetadata
 from harness.runtime.piecewise import buckets as bucket_rules
 from harness.runtime.piecewise.compile_backend import PiecewiseCompileBackend
-from harness.runtime.piecewise.runner import CAPTURE, SERVE, WARMUP
+from harness.runtime.piecewise.policy import PiecewisePolicy
+from harness.runtime.piecewise.runner import CAPTURE, REPLAY, WARMUP
 from harness.runtime.stats import StatsRecorder
 
 CAPTURE_PHASE = "piecewise"
@@ -88,14 +89,15 @@ class PiecewiseGraphs:
 
     def __init__(self, model, kv_cache: PagedKVCache, metadata: AttentionMetadata,
                  input_ids: torch.Tensor, buckets: Sequence[int], graph_backend: GraphBackend,
-                 stats: StatsRecorder) -> None:
+                 stats: StatsRecorder, *, policy: PiecewisePolicy = PiecewisePolicy()) -> None:
         self.model = model
         self.input_ids = input_ids
         self.buckets = bucket_rules.validate_buckets(buckets, metadata.max_num_tokens)
         self.stats = stats
         persistent = {id(t) for t in (*model.parameters(), *model.buffers())}
         self.compile_backend = PiecewiseCompileBackend(
-            graph_backend, static_input=lambda t: id(t) in persistent, on_missing=self._count_fallback)
+            graph_backend, static_input=lambda t: id(t) in persistent, on_missing=self._count_fallback,
+            pools=policy.pools, split_at=policy.split_at)
         self.attach(kv_cache, metadata)
         self._compiled = torch.compile(make_token_body(model), backend=self.compile_backend,
                                        dynamic=False, fullgraph=True)
@@ -111,9 +113,6 @@ class PiecewiseGraphs:
     @property
     def compiles(self) -> int:
         return self.compile_backend.compiles
-
-    def bucket_for(self, num_tokens: int) -> int | None:
-        return bucket_rules.bucket_for(num_tokens, self.buckets)
 
     def capture(self) -> None:
         """Two passes over the buckets, largest first: every bucket warms up eagerly (the attention
@@ -142,7 +141,7 @@ class PiecewiseGraphs:
             raise ValueError(f"the metadata holds {self.metadata.num_tokens} token rows, the bucket is "
                              f"{bucket}: prepare the batch padded to its bucket")
         compiles = self.compile_backend.compiles
-        hidden, segment_calls = self._call(bucket, SERVE)
+        hidden, segment_calls = self._call(bucket, REPLAY)
         if self.compile_backend.compiles != compiles:
             self.recompiles += 1
             self._count_fallback(f"piecewise recompile while serving tokens={bucket}")
@@ -166,7 +165,7 @@ class PiecewiseGraphs:
                 hidden = self._compiled(*per_token, md.seq_lens, md.block_tables, self.kv_layers, scratch)
         finally:
             control.num_tokens = None
-            control.mode = SERVE
+            control.mode = REPLAY
         return hidden, control.segment_calls
 
     def _scratch_numel(self, bucket: int) -> int:

@@ -17,7 +17,7 @@ import torch
 
 from harness.graphs.base import CapturedGraph, GraphBackend
 
-WARMUP, CAPTURE, SERVE = "warmup", "capture", "serve"
+WARMUP, CAPTURE, REPLAY = "warmup", "capture", "replay"
 
 
 
@@ -38,7 +38,7 @@ class CaptureControl:
     """What the owner of a set of runners tells them: the phase and the current token bucket.
     One per compile backend (never class-level), set around each forward."""
 
-    mode: str = SERVE
+    mode: str = REPLAY
     num_tokens: int | None = None
     segment_calls: int = 0  # runner calls since the owner last reset it: detects a bypassed graph
 
@@ -66,7 +66,7 @@ class PoolGroup:
 
 
 @dataclass
-class Entry:
+class BucketEntry:
     """One bucket of one runner."""
 
     warmups: int = 0
@@ -120,7 +120,7 @@ class PiecewiseRunner:
         self.group = group
         self.static_input = static_input
         self.on_missing = on_missing
-        self.entries: dict[int, Entry] = {}
+        self.entries: dict[int, BucketEntry] = {}
 
     def __call__(self, *args: Any) -> Any:
         self.control.segment_calls += 1
@@ -130,12 +130,12 @@ class PiecewiseRunner:
                                f"inside the owner's bucket context")
         mode = self.control.mode
         if mode == WARMUP:
-            self.entries.setdefault(bucket, Entry()).warmups += 1
+            self.entries.setdefault(bucket, BucketEntry()).warmups += 1
             return self.module(*args)
         if mode == CAPTURE:
             return self._capture(bucket, args)
-        if mode != SERVE:
-            raise ValueError(f"unknown piecewise mode {mode!r}; expected {WARMUP}, {CAPTURE} or {SERVE}")
+        if mode != REPLAY:
+            raise ValueError(f"unknown piecewise mode {mode!r}; expected {WARMUP}, {CAPTURE} or {REPLAY}")
         entry = self.entries.get(bucket)
         if entry is None or entry.graph is None:
             return self._missing(bucket, args)
@@ -158,7 +158,7 @@ class PiecewiseRunner:
         self.entries.clear()
 
     def _capture(self, bucket: int, args: tuple[Any, ...]) -> Any:
-        entry = self.entries.setdefault(bucket, Entry())
+        entry = self.entries.setdefault(bucket, BucketEntry())
         if entry.graph is not None:
             raise RuntimeError(f"piecewise segment {self.index}: tokens={bucket} is captured already; "
                                f"clear_piecewise_graphs() before capturing it again")
@@ -190,10 +190,10 @@ class PiecewiseRunner:
         if self.on_missing is None:
             raise MissingCaptureError(reason + "; capture the bucket first or route the batch eagerly")
         self.on_missing(reason)
-        self.entries.setdefault(bucket, Entry()).eager_runs += 1
+        self.entries.setdefault(bucket, BucketEntry()).eager_runs += 1
         return self.module(*args)
 
-    def _check_frozen_args(self, entry: Entry, args: tuple[Any, ...]) -> None:
+    def _check_frozen_args(self, entry: BucketEntry, args: tuple[Any, ...]) -> None:
         if len(args) != len(entry.static_inputs):
             raise ReplayInputError(f"piecewise segment {self.index}: captured with {len(entry.static_inputs)} "
                                    f"inputs, replayed with {len(args)}")
