@@ -216,7 +216,7 @@ class HostDecisions:
                   f"{_line(padding.called_from)}")
         return Explanation(True, 0, 0, op=record.op if record else "(no recorded op reads them)",
                            where=_where(record)[0], stack=_where(record)[1],
-                           output=f"the K/V of padding rows lands in live row(s) {rows}' blocks",
+                           output=f"the K/V of padding rows lands in blocks of live row(s) {rows}",
                            argument="metadata.slot_mapping", cause=Cause(PADDING_ALIASES, detail))
 
     def _stale_input(self, graph: ExplainedGraph, first: StaleInput, others: list[StaleInput]) -> Explanation:
