@@ -1,7 +1,8 @@
 """capture-harness: graph-capture correctness harness."""
 
 
-def emulate_cuda(device: str = "auto", **options):
+def emulate_cuda(device: str = "auto", *, schedule: str = "issue_order", races: str = "strict",
+                 **options):
     """A context manager under which code written for CUDA runs unmodified.
 
     On a machine without a usable GPU (or with `device="cpu"`), an emulated CUDA device: tensors on
@@ -9,7 +10,16 @@ def emulate_cuda(device: str = "auto", **options):
     and `torch.cuda.CUDAGraph` / `torch.cuda.graph` capture on the emulator. With a GPU (`"auto"`
     or `device="cuda"`), a graph sanitizer: real tensors and streams, emulated graphs. Options:
     `name`, `total_memory` (bytes), `capability` ((major, minor)), `multi_processor_count`,
-    `device_count`. Yields the device's state (`state.observe(observer)` to hook its ops)."""
+    `device_count`. Yields the device's state (`state.observe(observer)` to hook its ops).
+
+    On the emulated device every device op is issued to the current stream and tracked: a race
+    between streams, or between a stream and the host (a pinned buffer rewritten before its
+    non_blocking copy ran, read before its copy landed; a side stream without wait_stream; a tensor
+    freed without record_stream; a graph replay still in flight) raises `RaceError` (`races=
+    "strict"`), is collected in `state.streams_tracking.reports` (`"report"`), or is
+    not looked for (`"off"`). `schedule="adversarial"` runs each stream's work as late as
+    synchronization allows, so such a race gives the wrong values a loaded GPU gives, every time;
+    `"issue_order"` (default) runs work when issued, except after `torch.cuda._sleep` on a stream."""
     from harness.graphs.emulator.device import emulate_cuda as _emulate_cuda
 
-    return _emulate_cuda(device, **options)
+    return _emulate_cuda(device, schedule=schedule, races=races, **options)

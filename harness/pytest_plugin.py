@@ -54,6 +54,18 @@ def pytest_addoption(parser: pytest.Parser) -> None:
              "torch.cuda.graph",
     )
     group.addoption(
+        "--cuda-schedule", choices=("issue_order", "adversarial"), default="issue_order",
+        help="with --emulate-cuda: when the emulated device runs each stream's work: issue_order "
+             "(at once, default) or adversarial (as late as synchronization allows, so a missing "
+             "wait gives wrong values every time)",
+    )
+    group.addoption(
+        "--cuda-races", choices=("strict", "report", "off"), default="strict",
+        help="with --emulate-cuda: what a race between streams and the host does: strict (raises "
+             "RaceError at the second access, default), report (collected on the device state's "
+             "streams_tracking.reports), off (no tracking)",
+    )
+    group.addoption(
         "--plant-fault", metavar="NAME", default=None,
         help="plant the fault NAME of harness.faults.FAULTS for the whole session; the summary "
              "says how many times it fired (xdist workers' firings included)",
@@ -170,7 +182,8 @@ def _enter_emulated_cuda(config: pytest.Config) -> None:
     from harness import emulate_cuda
 
     stack = contextlib.ExitStack()
-    stack.enter_context(emulate_cuda())
+    stack.enter_context(emulate_cuda(schedule=config.getoption("cuda_schedule"),
+                                     races=config.getoption("cuda_races")))
     config.stash[_emulation] = stack
 
 

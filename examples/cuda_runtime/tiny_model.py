@@ -42,7 +42,8 @@ class TinyDecoder(torch.nn.Module):
         gen = torch.Generator().manual_seed(seed)
 
         def weight(*shape):
-            return torch.nn.Parameter(torch.randn(*shape, generator=gen) / shape[-1] ** 0.5,
+            # drawn on the host (a cpu generator cannot drive CUDA's kernels), then moved with the module
+            return torch.nn.Parameter(torch.randn(*shape, generator=gen, device="cpu") / shape[-1] ** 0.5,
                                       requires_grad=False)
 
         self.embed = weight(c.vocab, c.hidden)

@@ -18,6 +18,7 @@ from typing import Callable
 import torch
 
 from harness.bench._report import append_section, machine_line
+from harness.bench._tracking import TRACKING_TARGET, measure_tracking, render_tracking
 from harness.bench.timing import median_ms
 from harness.bench._tiny_decoder import TinyDecoder, TinyDecoderConfig
 from harness.bench._emulated_device import EAGER_TARGET, measure_device, render_device
@@ -126,11 +127,14 @@ def main(argv: list[str]) -> int:
                              "and more threads only add OpenMP noise on a shared machine)")
     parser.add_argument("--case", choices=sorted(CASES), action="append",
                         help="run only this case (repeatable; default all)")
+    parser.add_argument("--no-tracking", action="store_true",
+                        help="skip the replay with stream tracking on vs off on the emulated "
+                             f"CUDA device (target <= {TRACKING_TARGET:.2f}x)")
+    parser.add_argument("--no-device", action="store_true",
+                        help="skip the emulated CUDA device's table (eager on it vs CPU eager)")
     parser.add_argument("--output", metavar="FILE", help="also append the table to FILE "
                         "(e.g. docs/benchmarks.md); default: print only")
     parser.add_argument("--no-write", action="store_true", help="print only, even with --output")
-    parser.add_argument("--no-device", action="store_true",
-                        help="skip the emulated CUDA device's table (eager on it vs CPU eager)")
     parser.add_argument("--check", action="store_true",
                         help=f"exit 1 when a ratio is above the target {TARGET:.2f}")
     args = parser.parse_args(argv)
@@ -148,6 +152,8 @@ def main(argv: list[str]) -> int:
         device_timings = [] if args.no_device else [
             measure_device(case, CASES[case], batch=args.batch, iters=args.iters, warmup=args.warmup)
             for case in (args.case or list(CASES))]
+        tracking = None if args.no_tracking else measure_tracking(
+            median_ms, batch=args.batch, iters=args.iters, warmup=args.warmup)
     finally:
         torch.set_num_threads(threads)  # main() also runs inside test processes
     table = render(timings, batch=args.batch, iters=args.iters)
@@ -156,6 +162,10 @@ def main(argv: list[str]) -> int:
     missed = [t.case for t in timings if t.ratio > TARGET]
     missed += [f"{t.case} (device eager)" for t in device_timings if t.eager_ratio > EAGER_TARGET]
     missed += [f"{t.case} (device replay)" for t in device_timings if t.replay_ratio > TARGET]
+    if tracking is not None:
+        table += "\n\n" + render_tracking(tracking, batch=args.batch, iters=args.iters)
+        if tracking.ratio > TRACKING_TARGET:
+            missed.append("replay with stream tracking")
     print(table)
     print(machine_line(args.threads))
     print(f"target ratio <= {TARGET:.2f}: " + (f"missed by {', '.join(missed)}" if missed else "met"))

@@ -9,7 +9,8 @@ Faults by family: ops.py (attention ops and metadata), model.py (weights, scratc
 (what the runtime hands out of its graphs), decoder.py (decode graphs, their phases and rank
 agreement, planted through the engine's capture policy), piecewise.py (piecewise prefill graphs,
 planted through the piecewise policy), overlap.py (the overlap loop's staging, events and stream
-order). `harness faults` (run.py) proves each one is caught.
+order), asynchrony.py (streams, non_blocking copies and captured collectives, planted in
+runtime.async_io). `harness faults` (run.py) proves each one is caught.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ import os
 from pathlib import Path
 from typing import Iterator
 
+from harness.faults.asynchrony import ASYNC_FAULTS
 from harness.faults.decoder import DECODER_FAULTS
 from harness.faults.model import MODEL_FAULTS
 from harness.faults.ops import OPS_FAULTS
@@ -28,7 +30,7 @@ from harness.faults.registry import Fault, FaultHandle, NotPlantableError, get_f
 from harness.faults.runtime import RUNTIME_FAULTS
 
 FAULTS = registry(OPS_FAULTS, MODEL_FAULTS, RUNTIME_FAULTS, DECODER_FAULTS, PIECEWISE_FAULTS,
-                  OVERLAP_FAULTS)
+                  OVERLAP_FAULTS, ASYNC_FAULTS)
 
 # Set by `--plant-fault` for the processes a planted session spawns (torch.distributed ranks start
 # fresh interpreters, so the parent's planting does not reach them).

@@ -9,7 +9,7 @@ import torch
 from torch.utils._python_dispatch import _get_current_dispatch_mode_stack
 
 from harness.graphs.base import CapturedGraph, GraphBackend, released_graph_error
-from harness.graphs.emulator.external import ExternalStorage, freed_error
+from harness.graphs.emulator.external import ExternalStorage, freed_error, moved_error
 from harness.graphs.emulator.opinfo import ReplayStep
 from harness.graphs.emulator.pool import PoolArena
 from harness.graphs.emulator.recorder import Recorder
@@ -17,20 +17,27 @@ from harness.graphs.emulator.session import CaptureSession
 from harness.graphs.emulator.trace import OpRecord
 
 
-# StorageWeakRef.expired() without its Python method call: one C call per storage at each replay.
+# StorageWeakRef.expired() without its Python method call: one C call per storage at each replay;
+# the address check is C calls too (dereference the storage objects, read their data pointers).
 _expired = torch.UntypedStorage._expired
+_data_ptr = torch.UntypedStorage.data_ptr
 
 
 class EmulatedGraph(CapturedGraph):
     def __init__(self, output: Any, pool: PoolArena, steps: list[ReplayStep],
                  inference_mode: bool, external: list[ExternalStorage],
-                 records: list[OpRecord] | None = None) -> None:
+                 records: list[OpRecord] | None = None, *,
+                 reads: frozenset[int] = frozenset(), writes: frozenset[int] = frozenset()) -> None:
         self.output = output
         self.pool = pool
         self._steps: list[ReplayStep] | None = steps
         self._inference_mode = inference_mode
+        self.reads = reads  # the storages a replay reads and writes, for stream tracking
+        self.writes = writes
         self._external = external  # holds the weak references the raw pointers below stand for
         self._external_weak_refs = tuple(s.liveness.cdata for s in external)
+        self._external_objects = tuple(s.storage_object for s in external)
+        self._external_addresses = tuple(s.address for s in external)
         self.records: tuple[OpRecord, ...] = tuple(records or ())
 
     @property
@@ -72,13 +79,23 @@ class EmulatedGraph(CapturedGraph):
         return ""
 
     def refuse_unreplayable(self) -> list[ReplayStep]:
-        """The steps to replay, or the error a replay raises (released or freed memory)."""
+        """The steps to replay, or the error a replay raises (released, freed or moved memory)."""
         steps = self._steps
         if steps is None:
             raise released_graph_error()
         if any(map(_expired, self._external_weak_refs)):
             raise freed_error(next(s for s in self._external if s.liveness.expired()))
+        if self._external_addresses:
+            storages = [ref() for ref in self._external_objects]
+            if None in storages:
+                raise freed_error(next(s for s in self._external if s.storage_object() is None))
+            if tuple(map(_data_ptr, storages)) != self._external_addresses:
+                raise moved_error(next(s for s in self._external if s.moved()))
         return steps
+
+    def external_storages(self) -> list[torch.UntypedStorage]:
+        """The live storages the graph uses but does not own (to keep them alive a while)."""
+        return [s for s in (ref() for ref in self._external_objects) if s is not None]
 
     def reset(self) -> None:
         self._steps = None

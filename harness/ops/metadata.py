@@ -245,6 +245,11 @@ class AttentionMetadata:
         )
         return self.counts
 
+    @property
+    def stagings(self) -> tuple[torch.Tensor, ...]:
+        """The host staging buffers `prepare` fills in turn (pinned where the device is cuda)."""
+        return self._stagings
+
     def next_staging(self) -> int:
         """The staging buffer the next `prepare` fills, once the device has read it (its last copy
         is two prepares old, so on a queue no deeper than one step this does not wait)."""

@@ -82,3 +82,32 @@ def default_comm(device: torch.device | str = "cpu") -> Comm:
     if dist.is_available() and dist.is_initialized():
         return TorchDistributedComm(device)
     return SingleProcessComm()
+
+
+class GraphDisagreementError(RuntimeError):
+    """Ranks about to replay different graphs: a collective captured in one would wait for a peer
+    that replays another (a hang), or pair up with a different collective (wrong results).
+    `keys` holds each rank's graph key, in rank order."""
+
+    def __init__(self, keys: list[str], step: object = None) -> None:
+        at = f" at step {step}" if step is not None else ""
+        by_rank = ", ".join(f"rank {rank}: {key}" for rank, key in enumerate(keys))
+        super().__init__(
+            f"ranks lined up at different graphs{at} ({by_rank}); a collective captured in a graph "
+            f"needs every rank to replay the same graph. Decide the graph from values all ranks "
+            f"share (gather the batch sizes first, then choose), not from a rank's local count")
+        self.keys = keys
+        self.step = step
+
+
+def agree_on_graph(key: object, comm: Comm | None = None, *, step: object = None) -> None:
+    """Before replaying a graph with a collective in it: check that every rank replays the same one.
+
+    `key` names the graph this rank is about to replay (its `str` is compared); `comm` defaults to
+    `default_comm()`. Every rank raises `GraphDisagreementError` naming each rank's key when they
+    differ, so the disagreement surfaces at once instead of as a collective that never completes.
+    Call it at the same point on every rank: it is one collective itself."""
+    comm = comm if comm is not None else default_comm()
+    keys = [str(k) for k in comm.allgather_object(str(key))]
+    if len(set(keys)) != 1:
+        raise GraphDisagreementError(keys, step)

@@ -134,6 +134,7 @@ def test_observers_hear_device_ops_with_their_stream(cuda_device):
 
     s = torch.cuda.Stream()
     x = torch.ones(2, device="cuda")
+    s.wait_stream(torch.cuda.current_stream())  # x is written on the default stream first
     with cuda_device.observe(Ops()) as seen, torch.cuda.stream(s):
         x.add_(1)
         torch.ones(2).cuda()

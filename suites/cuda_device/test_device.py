@@ -55,6 +55,18 @@ def test_an_op_mixing_device_and_host_tensors_raises_cudas_error(cuda_device):
     assert x.tolist() == [5.0, 1.0, 6.0]
 
 
+def test_a_cpu_generator_for_a_random_op_on_the_device_raises_cudas_error(cuda_device):
+    gen = torch.Generator().manual_seed(0)
+    with pytest.raises(RuntimeError, match="Expected a 'cuda' device type for generator but found 'cpu'"):
+        torch.randn(4, generator=gen, device="cuda")
+    with torch.device("cuda"), pytest.raises(RuntimeError, match="for generator but found 'cpu'"):
+        torch.randn(4, generator=gen)
+    with pytest.raises(RuntimeError, match="for generator but found 'cpu'"):
+        torch.empty(4, device="cuda").normal_(generator=gen)
+    assert torch.randn(4, generator=gen).device.type == "cpu"  # a host draw takes it
+    assert torch.randn(4, generator=gen, device="cpu").cuda().is_cuda
+
+
 def test_crossing_between_the_memories_copies(cuda_device):
     host = torch.ones(3)
     device = host.to("cuda")

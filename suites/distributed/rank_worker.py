@@ -9,14 +9,11 @@ traceback. A hang is bounded by the process-group timeout and by the test's proc
 
 from __future__ import annotations
 
-import datetime
-import json
 import sys
-import traceback
 from dataclasses import asdict, replace
+from pathlib import Path
 
 import torch
-import torch.distributed as dist
 
 from harness.check import compare_generations
 
@@ -79,38 +76,18 @@ def run_scenario(model, backend, comm, overrides: dict, regrow: bool, device: to
             "fallbacks": dict(engine.stats.fallbacks)}
 
 
-def main(argv: list[str]) -> int:
-    rank, world, port = int(argv[0]), int(argv[1]), int(argv[2])
-    pg_backend, device_type, out = argv[3], argv[4], argv[5]
-    device = torch.device(device_type if device_type == "cpu" else f"cuda:{rank}")
-    if device.type == "cuda":
-        torch.cuda.set_device(device)
-    dist.init_process_group(pg_backend, init_method=f"tcp://127.0.0.1:{port}", rank=rank,
-                            world_size=world, timeout=datetime.timedelta(seconds=60))
-    results: dict[str, dict] = {}
-    try:
-        from harness.graphs import get_backend
-        from harness.model import ReferenceLlama, tiny_llama
-        from harness.runtime.comm import TorchDistributedComm
+def rank_scenarios(rank: int, world: int, device: torch.device, backend) -> dict:
+    from harness.model import ReferenceLlama, tiny_llama
+    from harness.runtime.comm import TorchDistributedComm
 
-        comm = TorchDistributedComm(device)
-        model = ReferenceLlama.from_hf(tiny_llama(seed=0)).to(device)
-        backend = get_backend("emulated" if device.type == "cpu" else "cuda", device)
-        from harness.faults import inherited_fault
-
-        with inherited_fault(backend.name):  # a fault the parent session planted reaches the ranks
-            for name, (overrides, regrow) in scenarios(rank).items():
-                try:
-                    results[name] = run_scenario(model, backend, comm, overrides, regrow, device)
-                except Exception:
-                    results[name] = {"error": traceback.format_exc()}
-                    raise  # the peers may be waiting in a collective: stop rather than run on
-    finally:
-        with open(out, "w") as handle:
-            json.dump(results, handle)
-        dist.destroy_process_group()
-    return 0
+    comm = TorchDistributedComm(device)
+    model = ReferenceLlama.from_hf(tiny_llama(seed=0)).to(device)
+    return {name: (lambda o=overrides, r=regrow: run_scenario(model, backend, comm, o, r, device))
+            for name, (overrides, regrow) in scenarios(rank).items()}
 
 
 if __name__ == "__main__":
-    sys.exit(main(sys.argv[1:]))
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    from _ranks import rank_main
+
+    sys.exit(rank_main(sys.argv[1:], rank_scenarios))

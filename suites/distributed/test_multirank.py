@@ -7,68 +7,25 @@ collective fails the test instead of stalling CI; a failing rank's traceback is 
 
 from __future__ import annotations
 
-import json
-import os
-import socket
-import subprocess
-import sys
-import time
 from pathlib import Path
 
 import pytest
 import torch
 
-ROOT = Path(__file__).resolve().parents[2]
+from suites.distributed._ranks import PROCESS_GROUPS, run_ranks
+
 WORKER = Path(__file__).with_name("rank_worker.py")
 WORLD = 2
 TIMEOUT_S = 180
 
 pytestmark = pytest.mark.multirank
 
-PROCESS_GROUPS = [
-    pytest.param(("gloo", "cpu"), id="gloo-cpu"),
-    pytest.param(("nccl", "cuda"), id="nccl-cuda", marks=[
-        pytest.mark.gpu,
-        pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs 2 CUDA devices")]),
-]
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
 @pytest.fixture(scope="module", params=PROCESS_GROUPS)
 def ranks(request, tmp_path_factory) -> list[dict]:
     """Each rank's results by scenario, from one run of two processes."""
     pg_backend, device = request.param
     folder = tmp_path_factory.mktemp(f"ranks-{pg_backend}")
-    port = _free_port()
-    env = {**os.environ, "PYTHONPATH": f"{ROOT}{os.pathsep}{os.environ.get('PYTHONPATH', '')}",
-           "OMP_NUM_THREADS": "1", "NCCL_NVLS_ENABLE": "0"}
-    outs = [folder / f"rank{rank}.json" for rank in range(WORLD)]
-    procs = [subprocess.Popen([sys.executable, str(WORKER), str(rank), str(WORLD), str(port), pg_backend,
-                               device, str(outs[rank])], cwd=ROOT, env=env, stdout=subprocess.PIPE,
-                              stderr=subprocess.STDOUT, text=True)
-             for rank in range(WORLD)]
-    logs, timed_out = [], False
-    deadline = time.monotonic() + TIMEOUT_S
-    for proc in procs:
-        try:
-            logs.append(proc.communicate(timeout=max(deadline - time.monotonic(), 1))[0])
-        except subprocess.TimeoutExpired:
-            timed_out = True
-            for other in procs:
-                other.kill()
-            logs.append(proc.communicate()[0])
-    text = "\n".join(f"--- rank {r} (exit {p.returncode}) ---\n{log[-6000:]}"
-                     for r, (p, log) in enumerate(zip(procs, logs)))
-    if timed_out:
-        pytest.fail(f"a rank did not finish within {TIMEOUT_S} s (a hang in a collective?):\n{text}")
-    if any(p.returncode for p in procs):
-        pytest.fail(f"a rank failed:\n{text}")
-    return [json.loads(out.read_text()) for out in outs]
+    return run_ranks(WORKER, pg_backend, device, folder, world=WORLD, timeout_s=TIMEOUT_S)
 
 
 def _serve(result: dict) -> dict:

@@ -102,3 +102,57 @@ def test_a_model_whose_workspace_regrows_after_capture(backend):
             return
         with pytest.raises(FreedMemoryError, match=rf"shape \(32,\), torch.float32 \(on a storage of {4 * N} bytes\)"):
             graph.replay()
+
+
+def test_a_workspace_grown_in_place_with_resize_after_capture(backend):
+    """resize_() keeps the storage object and moves its bytes: the freed-memory check alone never
+    fires, and replay would write into the freed old memory."""
+    workspace = torch.zeros(N, device=backend.device)
+    source = torch.full((N,), 2.0, device=backend.device)
+
+    def step() -> None:
+        workspace.copy_(source)
+
+    graph = backend.capture(step)
+    address = workspace.data_ptr()
+    workspace.resize_(2 * N)  # grown in place for a larger shape
+    if backend.name == "cuda":
+        assert workspace.data_ptr() != address  # the captured address is freed memory now
+        return  # replaying would be undefined behaviour: nothing to show safely
+    with pytest.raises(FreedMemoryError) as caught:
+        graph.replay()
+    message = str(caught.value)
+    assert "resize_()" in message and "moved after capture" in message
+    assert f"shape ({N},), torch.float32" in message
+    assert f"from {4 * N} to {8 * N} bytes" in message and f"{address:#x}" in message
+    assert "workspace.copy_(source)" in message  # the capture's first use
+
+
+def test_a_small_resize_that_keeps_the_memory_replays(backend):
+    workspace = torch.zeros(64, device=backend.device)
+
+    def step() -> None:
+        workspace.fill_(3.0)
+
+    graph = backend.capture(step)
+    workspace.resize_(8)  # shrinking keeps the allocation
+    graph.replay()
+    backend.synchronize()
+    assert torch.equal(workspace, torch.full((8,), 3.0, device=backend.device))
+
+
+def test_set_after_capture_names_the_line_that_moved_the_tensor(backend):
+    workspace = torch.zeros(N, device=backend.device)
+
+    def step() -> None:
+        workspace.fill_(1.0)
+
+    graph = backend.capture(step)
+    workspace.set_(torch.zeros(2 * N, device=backend.device).untyped_storage())  # the moving call
+    if backend.name == "cuda":
+        return  # the captured address is freed memory: replaying would be undefined behaviour
+    with pytest.raises(FreedMemoryError) as caught:
+        graph.replay()
+    message = str(caught.value)
+    assert "test_freed_memory.py" in message and "workspace.set_(" in message
+    assert "set_() or `.data = ...`" in message and f"shape ({2 * N},)" in message

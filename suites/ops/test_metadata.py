@@ -136,7 +136,7 @@ def test_back_to_back_prepares_on_cuda_keep_the_second_batch() -> None:
     # the first copy before rewriting it, or the device would read a mix of the two batches.
     md = AttentionMetadata(max_batch_size=4, max_num_tokens=16, max_blocks_per_seq=3, block_size=BS,
                            pad_slot=PAD_SLOT, device="cuda")
-    assert md._staging.is_pinned()
+    assert len(md.stagings) == 2 and all(staging.is_pinned() for staging in md.stagings)
     for _ in range(20):
         md.prepare(MIXED)
         md.prepare([SequenceSpan(3, 1, [6])], num_tokens=2, num_seqs=2)

@@ -52,6 +52,31 @@ def current_callsite(also_skip: tuple[str, ...] = ()) -> str:
     return "" if frame is None else describe_line(frame.f_code.co_filename, frame.f_lineno)
 
 
+class LaterCallsite:
+    """`current_callsite()` found now and written out only if asked (`str()`): what a tracker
+    keeps for every access, most of which no report ever names."""
+
+    __slots__ = ("_filename", "_lineno")
+
+    def __init__(self, frame: FrameType | None) -> None:
+        self._filename = "" if frame is None else frame.f_code.co_filename
+        self._lineno = 0 if frame is None else frame.f_lineno
+
+    def __str__(self) -> str:
+        return describe_line(self._filename, self._lineno) if self._filename else ""
+
+    def __bool__(self) -> bool:
+        return bool(self._filename)
+
+    def __contains__(self, text: str) -> bool:
+        return text in str(self)
+
+
+def callsite_later() -> LaterCallsite:
+    """The innermost caller frame outside torch and this package, written out when needed."""
+    return LaterCallsite(_user_frame())
+
+
 def in_index_assignment() -> bool:
     """Whether the innermost caller frame outside torch is executing `x[...] = value`. A Python
     scalar assigned that way reaches aten as a tensor lifted from host data, like `torch.tensor`."""

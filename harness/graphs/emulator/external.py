@@ -3,11 +3,16 @@ static inputs). A CUDA graph keeps their addresses, not the buffers; once the la
 dropped, the allocator hands the address to the next allocation and replay clobbers it. The
 recording aliases each such storage without owning it (as pool.py does for blocks) and keeps a
 `StorageWeakRef`, so a replay can tell that the memory was freed and refuse, where CUDA is silent.
+It also keeps the address the capture saw: `resize_()` that grows a tensor reallocates its storage
+in place (the storage object lives on, its old memory is freed), and a replay refuses that too,
+naming the call; a weak reference on the storage object notes the line that dropped its last
+reference (a `set_()`, a rebinding, a `del`).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import weakref
+from dataclasses import dataclass, field
 
 import torch
 from torch.multiprocessing.reductions import StorageWeakRef
@@ -25,13 +30,48 @@ class ExternalStorage:
     replay_storage: torch.UntypedStorage
     tensor: str  # "shape (4, 8), torch.bfloat16 (on a storage of 64 bytes)"
     first_use: str  # "file:line: source" of the capture's first op on it
+    storage_object: weakref.ref  # the Python storage, preserved as long as its memory
+    address: int  # where the capture found the storage's bytes
+    nbytes: int
+    tensor_object: weakref.ref  # the tensor capture first met on it
+    freed_at: list[str] = field(default_factory=list)  # the line that dropped the last reference
+
+    def moved(self) -> bool:
+        storage = self.storage_object()
+        return storage is not None and storage.data_ptr() != self.address
+
+
+def _note_free(cell: list[str]) -> weakref.CallbackType:
+    def note(_: weakref.ref) -> None:
+        cell.append(current_callsite())
+    return note
+
+
+def moved_error(storage: ExternalStorage) -> FreedMemoryError:
+    """A storage the capture used, reallocated in place since (it is alive at another address)."""
+    now = storage.storage_object()
+    where = f" first used by the capture at {storage.first_use}" if storage.first_use else ""
+    return FreedMemoryError(
+        f"replay() of a graph whose memory moved after capture: the tensor of {storage.tensor}"
+        f"{where} was reallocated in place since capture: resize_() (Tensor.resize_ or "
+        f"UntypedStorage.resize_) grew its storage from {storage.nbytes} to {now.nbytes()} bytes, "
+        f"which moved its memory from {storage.address:#x} to {now.data_ptr():#x} and freed the "
+        f"old memory. On CUDA the graph keeps the captured address and replay would write into "
+        f"(or read from) freed memory. Size the buffer for its largest use before capture, or "
+        f"recapture after growing it", op="replay")
 
 
 def freed_error(storage: ExternalStorage) -> FreedMemoryError:
     where = f" first used by the capture at {storage.first_use}" if storage.first_use else ""
+    dropped = f" (at {storage.freed_at[0]})" if storage.freed_at and storage.freed_at[0] else ""
+    tensor = storage.tensor_object()
+    if tensor is not None:
+        dropped += (f"; the tensor itself is alive, now on other memory of shape {tuple(tensor.shape)}: "
+                    f"set_() or `.data = ...` pointed it elsewhere and its captured memory was freed")
     return FreedMemoryError(
         f"replay() of a graph whose memory was freed after capture: the tensor of {storage.tensor}"
-        f"{where} was allocated outside the graph, and its last reference was dropped since capture. "
+        f"{where} was allocated outside the graph, and its last reference was dropped since "
+        f"capture{dropped}. "
         f"On CUDA the graph keeps the address, not the buffer, and replay would write into (or read "
         f"from) whatever was allocated there next. Keep the buffer alive as long as the graph, copy "
         f"new values into it instead of reallocating it (a regrown workspace, a reloaded weight), "
@@ -90,11 +130,14 @@ class ExternalMemory:
             self._aliases = {k: v for k, v in self._aliases.items() if k[0] != address}
             known = None
         if known is None:
+            freed_at: list[str] = []
             known = ExternalStorage(
                 StorageWeakRef(storage),
                 torch._C._construct_storage_from_data_pointer(storage.data_ptr(), t.device,
                                                               storage.nbytes()),
                 f"shape {tuple(t.shape)}, {t.dtype} (on a storage of {storage.nbytes()} bytes)",
-                current_callsite())
+                current_callsite(),
+                weakref.ref(storage, _note_free(freed_at)), storage.data_ptr(), storage.nbytes(),
+                weakref.ref(t), freed_at)
             self._storages[address] = known
         return laid_out_like_once(self._aliases, address, known.replay_storage, t)

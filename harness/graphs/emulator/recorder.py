@@ -19,6 +19,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from harness.graphs.emulator import opinfo
 from harness.graphs.base import CaptureError
+from harness.graphs.emulator import collectives
 from harness.graphs.emulator.callsite import at_callsite, current_callsite, in_index_assignment, user_frames
 from harness.graphs.emulator.cuda_paths import one_hot_without_sync
 from harness.graphs.emulator.external import ExternalMemory
@@ -26,22 +27,13 @@ from harness.graphs.emulator.host_tensors import HOST_COPY_REFUSED
 from harness.graphs.emulator.memory import for_device
 from harness.graphs.emulator.opinfo import OpKind, ReplayStep
 from harness.graphs.emulator.pool import PoolArena, block_of, laid_out_like, laid_out_like_once, poison_value
+from harness.graphs.emulator.shapes import lacks_meta_kernel, result_shapes, to_meta
+from harness.graphs.emulator.streams.accesses import split_accesses
 from harness.graphs.emulator.trace import Argument, OpRecord, Origin
 
 
 def _error(message: str, func: Any) -> CaptureError:
     return CaptureError(at_callsite(message, current_callsite()), op=opinfo.op_name(func))
-
-
-def _to_meta(t: torch.Tensor) -> torch.Tensor:
-    return torch.empty_strided(t.size(), t.stride(), dtype=t.dtype, device="meta")
-
-
-def _lacks_meta_kernel(error: Exception) -> bool:
-    """Whether running an op on meta tensors failed for want of a meta kernel, rather than for a
-    shape error of the caller's, which must surface at capture as CUDA's host checks would."""
-    text = str(error).lower()
-    return isinstance(error, NotImplementedError) or "meta" in text or "fake" in text
 
 
 def _extent_bytes(t: torch.Tensor) -> int:
@@ -54,7 +46,8 @@ def _extent_bytes(t: torch.Tensor) -> int:
 class Recorder(TorchDispatchMode):
     """`memory` (emulator/memory.py) says which tensors are device memory; by default what the
     plain emulator on `device` assumes. `kernel_device` is whose kernels' rules apply (the emulated
-    CUDA device keeps its memory on the cpu but stands for cuda)."""
+    CUDA device keeps its memory on the cpu but stands for cuda). `trace`: keep an OpRecord per op
+    (trace.py): what a reader of the replay needs."""
 
     def __init__(self, arena: PoolArena, device: torch.device, memory=None,
                  kernel_device: torch.device | None = None, *, trace: bool = False) -> None:
@@ -68,9 +61,16 @@ class Recorder(TorchDispatchMode):
         self.records: list[OpRecord] = []
         self._replay_tensors: dict[tuple, torch.Tensor] = {}
         self.external = ExternalMemory()
+        self.collectives = collectives.PendingCollectives()
+        self.reads: set[int] = set()  # storages the recording reads (data pointers)
+        self.writes: set[int] = set()  # and writes: what a replay touches as one stream op
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
+        if collectives.is_collective(func):
+            return self._record_collective(func, args, kwargs)
+        if types and collectives.waits_on_subclass(types):
+            return NotImplemented
         if self._is_host_work(func, args, kwargs):
             # CUDA runs host work once, when capture meets it, and never replays it.
             return func(*args, **kwargs)
@@ -96,14 +96,16 @@ class Recorder(TorchDispatchMode):
             return func(*args, **kwargs)
         if kind is OpKind.MUTATING:
             self._check_mutation(func, args, kwargs)
+            self._note_accesses(func, args, kwargs, None)
             self.steps.append((func._op, *self._for_replay((args, kwargs))))
             self._trace(func, args, kwargs, ())
             return opinfo.aliased_returns(func, args, kwargs)
         device = self._output_device(func, args, kwargs)
         shapes = opinfo.device_result_dtypes(func, args, kwargs,
-                                             self._result_shapes(func, args, kwargs), device)
+                                             result_shapes(func, args, kwargs), device)
         outputs = tree_map_only(torch.Tensor, lambda meta: self._allocate(meta, device), shapes)
         self._record_fresh(func, kind, args, kwargs, outputs)
+        self._note_accesses(func, args, kwargs, outputs)
         return outputs
 
     def _lift_host_data(self, t: torch.Tensor) -> torch.Tensor:
@@ -130,6 +132,9 @@ class Recorder(TorchDispatchMode):
         self.records.clear()
         self._replay_tensors.clear()
         self.external = ExternalMemory()
+        self.collectives = collectives.PendingCollectives()
+        self.reads.clear()
+        self.writes.clear()
 
     # --- replay view of capture-time tensors -------------------------------------------------
 
@@ -144,37 +149,6 @@ class Recorder(TorchDispatchMode):
             return self.external.alias(t)
         # The block itself, not its id: a freed block's id can be reused by a later block.
         return laid_out_like_once(self._replay_tensors, block, block.replay_storage, t)
-
-    # --- shapes without running --------------------------------------------------------------
-
-    def _result_shapes(self, func, args, kwargs) -> Any:
-        if not func._schema.returns:
-            return None
-        meta_args, meta_kwargs = tree_map_only(torch.Tensor, _to_meta, (args, kwargs))
-        if "device" in {a.name for a in func._schema.arguments}:
-            meta_kwargs = {**meta_kwargs, "device": "meta"}
-        try:
-            return func(*meta_args, **meta_kwargs)
-        except (NotImplementedError, RuntimeError) as meta_error:
-            if not _lacks_meta_kernel(meta_error):
-                raise
-        return self._fake_shapes(func, args, kwargs)
-
-    def _fake_shapes(self, func, args, kwargs) -> Any:
-        from torch._subclasses.fake_tensor import FakeTensorMode
-
-        mode = FakeTensorMode(allow_non_fake_inputs=True)
-        try:
-            fake_args, fake_kwargs = tree_map_only(torch.Tensor, mode.from_tensor, (args, kwargs))
-            with mode:
-                return func(*fake_args, **fake_kwargs)
-        except Exception as fake_error:
-            hint = (" register one with torch.library.register_fake"
-                    if func.namespace not in ("aten", "prims") else "")
-            raise _error(
-                f"{opinfo.op_name(func)} returns fresh tensors, and the emulator needs their shapes "
-                f"without running it, but it has no meta or fake implementation;{hint} "
-                f"({type(fake_error).__name__}: {fake_error})", func) from fake_error
 
     def _is_host_work(self, func, args, kwargs) -> bool:
         """On a cuda device, an op that touches no tensor on it and makes none there (CPU tensor
@@ -214,6 +188,38 @@ class Recorder(TorchDispatchMode):
         return out
 
     # --- recording ---------------------------------------------------------------------------
+
+    def _note_accesses(self, func, args, kwargs, outputs) -> None:
+        reads, writes = split_accesses(func, args, kwargs, _has_storage)
+        self.reads.update(t.untyped_storage().data_ptr() for t in reads)
+        self.writes.update(t.untyped_storage().data_ptr() for t in writes)
+        self.writes.update(t.untyped_storage().data_ptr() for t in tree_flatten(outputs)[0]
+                           if isinstance(t, torch.Tensor) and _has_storage(t))
+
+    def _record_collective(self, func, args, kwargs) -> Any:
+        if func.namespace == collectives.PROCESS_GROUP_NAMESPACE:
+            self.steps.append((collectives.run_process_group_collective,
+                               (func._op, *self._for_replay((args, kwargs))), {}))
+            return self.collectives.process_group_returns(func, args, kwargs)
+        if collectives.is_wait(func):
+            self.collectives.waited(args[0])
+            return args[0]
+        if collectives.is_pass_through(func):
+            return func(*args, **kwargs)  # wraps the result to wait on first use
+        if opinfo.op_kind(func) is OpKind.MUTATING:
+            self.steps.append((collectives.run_inplace_functional_collective,
+                               (func._op, *self._for_replay((args, kwargs))), {}))
+            result = opinfo.aliased_returns(func, args, kwargs)
+        else:
+            device = self._output_device(func, args, kwargs)
+            result = tree_map_only(torch.Tensor, lambda meta: self._allocate(meta, device),
+                                   result_shapes(func, args, kwargs))
+            replay_outs = [self._replay_tensor(t) for t in tree_flatten(result)[0]
+                           if isinstance(t, torch.Tensor)]
+            self.steps.append((collectives.run_functional_collective,
+                               (func._op, *self._for_replay((args, kwargs)), replay_outs), {}))
+        self.collectives.functional_result(func, result)
+        return result
 
     def _record_fresh(self, func, kind, args, kwargs, outputs) -> None:
         replay_args, replay_kwargs = self._for_replay((args, kwargs))
@@ -279,7 +285,7 @@ class Recorder(TorchDispatchMode):
         mutated = [a for a in func._schema.arguments
                    if a.alias_info is not None and a.alias_info.is_write]
         named = opinfo.bind(func, args, kwargs)
-        meta_args, meta_kwargs = tree_map_only(torch.Tensor, _to_meta, (args, kwargs))
+        meta_args, meta_kwargs = tree_map_only(torch.Tensor, to_meta, (args, kwargs))
         try:
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore")
@@ -287,7 +293,7 @@ class Recorder(TorchDispatchMode):
         except Exception as meta_error:
             # An aten shape error is the user's; a custom op failing here has no fake, and so
             # nothing to validate against.
-            if func.namespace == "aten" and not _lacks_meta_kernel(meta_error):
+            if func.namespace == "aten" and not lacks_meta_kernel(meta_error):
                 raise
             return
         meta_named = opinfo.bind(func, meta_args, meta_kwargs)
@@ -300,6 +306,10 @@ class Recorder(TorchDispatchMode):
                 f"{opinfo.op_name(func)} would resize its {what} from {tuple(before.shape)} to "
                 f"{tuple(after.shape)} during capture; a graph cannot reallocate memory it "
                 f"recorded, so pass a tensor of the final shape", func)
+
+
+def _has_storage(t: torch.Tensor) -> bool:
+    return t.layout == torch.strided and t.device.type != "meta" and t.dim() > 0
 
 
 def _copy_results(fn, args, kwargs, outs) -> None:

@@ -34,6 +34,8 @@ class Recording:
     inference_mode: bool
     external: list[ExternalStorage]
     records: list  # trace.OpRecord per op when traced
+    reads: frozenset[int] = frozenset()  # storages (data pointers) a replay reads and writes
+    writes: frozenset[int] = frozenset()
 
 
 class CaptureSession:
@@ -85,6 +87,9 @@ class CaptureSession:
             raise RuntimeError("CaptureSession.end() without a capture in progress")
         try:
             stack.close()
+            unjoined = self.recorder.collectives.unjoined_error()
+            if unjoined is not None:
+                raise unjoined
         except BaseException:
             self.recorder.discard()
             raise
@@ -93,7 +98,9 @@ class CaptureSession:
             # torch.cuda.graph's own words and category (CUDAGraph::capture_end, a TORCH_WARN).
             warnings.warn(EMPTY_GRAPH_WARNING, UserWarning, stacklevel=stacklevel)
         return Recording(steps, torch.is_inference_mode_enabled(), self.recorder.external.storages(),
-                         self.recorder.records)
+                         self.recorder.records,
+                         frozenset(self.recorder.reads - self.recorder.writes),
+                         frozenset(self.recorder.writes))
 
     def abort(self) -> None:
         """Leave a failed capture. The traceback keeps the caller's frame (and the recorder) alive

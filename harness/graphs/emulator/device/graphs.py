@@ -71,6 +71,7 @@ class EmulatedCUDAGraph:
         except BaseException:
             host.end_capture()
             raise
+        host.notify_capture_begin(self, stream, capture_error_mode)
         self._arena, self._session = arena, session
         self.capture_error_mode = capture_error_mode
 
@@ -84,13 +85,20 @@ class EmulatedCUDAGraph:
             if sys.exc_info()[1] is not None:
                 # Called from torch.cuda.graph's __exit__ while the captured code's exception
                 # propagates: drop the capture and let that exception be the one the caller sees.
+                self._host.notify_capture_end(self, aborted=True)
                 session.abort()
                 return
+            try:
+                self._host.notify_capture_end(self, aborted=False)  # may raise: unjoined work
+            except BaseException:
+                session.abort()
+                raise
             recording = session.end(stacklevel=4)
         finally:
             self._host.end_capture()
         self._graph = EmulatedGraph(None, self._arena, recording.steps, recording.inference_mode,
-                                    recording.external, recording.records)
+                                    recording.external, recording.records,
+                                    reads=recording.reads, writes=recording.writes)
         self._captured = True
 
     # --- after capture -----------------------------------------------------------------------
@@ -100,6 +108,10 @@ class EmulatedCUDAGraph:
         if graph is None:
             raise RuntimeError("Called CUDAGraph::replay without a preceding successful capture.")
         self._host.notify_replay(self)
+        self._host.issue_replay(self, graph, self._run)
+
+    @staticmethod
+    def _run(graph: EmulatedGraph) -> None:
         # The recording is aten calls on the memory captured; the placement mode has nothing
         # to decide there.
         with torch._C.DisableTorchFunction():
@@ -107,6 +119,7 @@ class EmulatedCUDAGraph:
 
     def reset(self) -> None:
         if self._session is not None:
+            self._host.notify_capture_end(self, aborted=True)
             self._session.abort()
             self._session = None
             self._host.end_capture()

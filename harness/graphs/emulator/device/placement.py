@@ -29,7 +29,8 @@ from torch.utils._device import DeviceContext, _device_constructors
 from harness.graphs.base import CaptureError
 from harness.graphs.emulator.device import transfers
 from harness.graphs.emulator.device.memory import DEVICE, MEMORY_ATTR, PINNED
-from harness.graphs.emulator.device.rules import CPU, cuda_index, mixed_devices_error, names_cuda
+from harness.graphs.emulator.device.rules import (CPU, cuda_index, host_generator_error, mixed_devices_error,
+                                                 names_cuda)
 
 Tensor = torch.Tensor
 _compiling = torch.compiler.is_compiling
@@ -146,6 +147,9 @@ class Placement(TorchFunctionMode):
         if host is not None and device_in and func not in _MIXING_ALLOWED:
             first = "cuda:0" if _first_is_device(args, kwargs) else "cpu"
             raise mixed_devices_error(first, "cpu" if first != "cpu" else "cuda:0")
+        if kwargs and isinstance(kwargs.get("generator"), torch.Generator):
+            # A cpu generator cannot drive CUDA's random kernels; on a CPU build it would, silently.
+            raise host_generator_error()
         if named_device and func in _FROM_HOST_DATA and self.state.capturing():
             transfers.refuse_host_data(self.state, func, args)
         # What the call makes inside (a composite's own factories: SDPA's causal mask) is device

@@ -52,6 +52,11 @@ def mixed_devices_error(first: str, second: str) -> RuntimeError:
                         f"devices, {first} and {second}!")
 
 
+def host_generator_error() -> RuntimeError:
+    """CUDA's refusal of a cpu `torch.Generator` for a random op on the device."""
+    return RuntimeError("Expected a 'cuda' device type for generator but found 'cpu'")
+
+
 def numpy_of_device_error(index: int) -> TypeError:
     return TypeError(f"can't convert cuda:{index} device type tensor to numpy. Use Tensor.cpu() to "
                      f"copy the tensor to host memory first.")

@@ -43,6 +43,15 @@ class SanitizerHost:
     def notify_replay(self, graph) -> None:
         pass
 
+    def issue_replay(self, graph, recording, run) -> None:
+        run(recording)
+
+    def notify_capture_begin(self, graph, stream, mode) -> None:
+        pass  # real streams: CUDA itself enforces the capture's stream rules
+
+    def notify_capture_end(self, graph, *, aborted: bool) -> None:
+        pass
+
 
 def enter_sanitizer(stack: contextlib.ExitStack) -> SanitizerHost:
     import torch.cuda.graphs

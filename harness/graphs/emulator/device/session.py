@@ -118,14 +118,22 @@ def _remove_function_mode(mode) -> None:
 
 
 @contextlib.contextmanager
-def emulate_cuda(device: str = "auto", **options) -> Iterator[Any]:
+def emulate_cuda(device: str = "auto", *, schedule: str = "issue_order", races: str = "strict",
+                 **options) -> Iterator[Any]:
     """See harness.emulate_cuda."""
+    from harness.graphs.emulator.streams.observer import RACE_MODES
+    from harness.graphs.emulator.streams.schedule import SCHEDULES
+
+    if schedule not in SCHEDULES:
+        raise ValueError(f"emulate_cuda(schedule={schedule!r}); accepted: {', '.join(SCHEDULES)}")
+    if races not in RACE_MODES:
+        raise ValueError(f"emulate_cuda(races={races!r}); accepted: {', '.join(RACE_MODES)}")
     _refuse_bad_use(device)
     properties = _properties(options)
     kind = "cuda" if device == "cuda" or (device == "auto" and torch.cuda.is_available()) else "cpu"
     with contextlib.ExitStack() as stack:
         if kind == "cpu":
-            state = _enter_cpu(properties, stack)
+            state = _enter_cpu(properties, stack, schedule, races)
         else:
             from harness.graphs.emulator.device.sanitizer import enter_sanitizer
 
@@ -135,7 +143,8 @@ def emulate_cuda(device: str = "auto", **options) -> Iterator[Any]:
         yield state
 
 
-def _enter_cpu(properties: DeviceProperties, stack: contextlib.ExitStack) -> DeviceState:
+def _enter_cpu(properties: DeviceProperties, stack: contextlib.ExitStack, schedule: str,
+               races: str) -> DeviceState:
     from harness.graphs.emulator.device.cuda_api import patches
     from harness.graphs.emulator.device.placement import Placement
 
@@ -146,6 +155,14 @@ def _enter_cpu(properties: DeviceProperties, stack: contextlib.ExitStack) -> Dev
     placement.__enter__()
     stack.callback(_remove_function_mode, placement)
     stack.callback(_reset_default_device)
+    state.streams_tracking = None
+    if races != "off" or schedule != "issue_order":
+        from harness.graphs.emulator.streams.observer import DeviceStreams
+
+        tracking = DeviceStreams(state, schedule=schedule, races="report" if races == "off" else races)
+        stack.enter_context(tracking.work)
+        stack.enter_context(state.observe(tracking))
+        state.streams_tracking = tracking
     return state
 
 

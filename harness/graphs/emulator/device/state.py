@@ -15,7 +15,13 @@ calling thread:
   (`item`, `tolist`, `__bool__`, a copy to the host) or `torch.cuda.synchronize()` (tensor None).
 - `on_stream(what, stream, other)`: "wait_stream" (other: a Stream), "wait_event" / "record_event"
   (other: an Event), "synchronize" (other: None), "event_synchronize" (other: the Event).
+- `on_host_read(what, tensor)`: the host read a pinned host tensor without the dispatcher
+  (`tolist`, `item`, `numpy`): a non_blocking copy into it may still be pending.
 - `on_replay(graph, stream)`: a graph replay was issued.
+- `on_capture_begin(graph, stream, capture_error_mode)` once the recorder is in place;
+  `on_capture_end(graph, aborted)` before it is removed (it may raise when not `aborted`).
+- `issue_replay(graph, recording, run, stream)`: the first observer with this method runs the
+  replay (`run(recording)`) when its stream gets to it; without one it runs at once.
 
 Observers may implement any subset; a missing method is skipped. Ops are synchronous for now:
 when an observer hears of an op, its result is already computed.
@@ -140,8 +146,31 @@ class DeviceState:
     def notify_sync(self, what: str, tensor) -> None:
         self._tell("on_sync", what, tensor, self.streams.current())
 
+    def notify_host_read(self, what: str, tensor) -> None:
+        self._tell("on_host_read", what, tensor)
+
     def notify_stream(self, what: str, stream, other) -> None:
         self._tell("on_stream", what, stream, other)
 
     def notify_replay(self, graph) -> None:
         self._tell("on_replay", graph, self.streams.current())
+
+    def notify_capture_begin(self, graph, stream, mode: str) -> None:
+        self._tell("on_capture_begin", graph, stream, mode)
+
+    def notify_capture_end(self, graph, *, aborted: bool) -> None:
+        """Observers may raise (a capture ending with unjoined work) unless `aborted`."""
+        for observer in tuple(self.observers):
+            hook = getattr(observer, "on_capture_end", None)
+            if hook is not None:
+                hook(graph, aborted)
+
+    def issue_replay(self, graph, recording, run) -> None:
+        """Run `run(recording)`, the replay of `graph`, or hand it to the observer that issues
+        replays to their stream (`issue_replay(graph, recording, run, stream)`: stream tracking)."""
+        for observer in tuple(self.observers):
+            hook = getattr(observer, "issue_replay", None)
+            if hook is not None:
+                hook(graph, recording, run, self.streams.current())
+                return
+        run(recording)

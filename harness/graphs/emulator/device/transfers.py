@@ -132,11 +132,15 @@ def handlers(mode) -> dict[Callable, Callable]:
     def numpy(func, args, kwargs):
         if is_device(args[0]):
             raise numpy_of_device_error(state.current_index)
+        if state.observers and _mark_of(args[0]) == PINNED:
+            state.notify_host_read(getattr(func, "__name__", str(func)), args[0])
         return func(*args, **kwargs)
 
     def host_read(func, args, kwargs):
         if is_device(args[0]):
             state.notify_sync(getattr(func, "__name__", str(func)), args[0])
+        elif state.observers and _mark_of(args[0]) == PINNED:
+            state.notify_host_read(getattr(func, "__name__", str(func)), args[0])
         return func(*args, **kwargs)
 
     def copy_(func, args, kwargs):
@@ -146,7 +150,12 @@ def handlers(mode) -> dict[Callable, Callable]:
             if state.capturing() and _mark_of(src) != PINNED:
                 state.refuse(pageable_copy_refused("Tensor.copy_", tuple(src.shape)))
         elif s and not d:
-            return to_host(src, "Tensor.copy_", lambda: func(*args, **kwargs))
+            non_blocking = args[2] if len(args) > 2 else kwargs.get("non_blocking", False)
+            if not (non_blocking and _mark_of(dst) == PINNED):
+                return to_host(src, "Tensor.copy_", lambda: func(*args, **kwargs))
+            if state.capturing():
+                raise host_copy_refused("Tensor.copy_", tuple(src.shape))
+            # Into pinned memory, non_blocking: a stream op the host does not wait for.
         out = func(*args, **kwargs)
         if (d or s) and state.observers:
             state.notify_op(func, args, kwargs, out)

@@ -1,0 +1,11 @@
+"""Asynchrony on the emulated device: vector clocks of streams, events and the host (`clocks.py`),
+per-storage last writer and readers checked against them (`tracker.py`), and what a race report
+says (`races.py`). The tracker is pure: it takes stream, event and storage ids, so it can be
+driven by the emulated device, by a graph replay, or by a test with synthetic ids."""
+
+from harness.graphs.emulator.streams.clocks import HOST, Clocks
+from harness.graphs.emulator.streams.races import Access, RaceError, RaceKind, RaceReport, TensorLabel
+from harness.graphs.emulator.streams.tracker import StreamTracker
+
+__all__ = ["HOST", "Access", "Clocks", "RaceError", "RaceKind", "RaceReport", "StreamTracker",
+           "TensorLabel"]

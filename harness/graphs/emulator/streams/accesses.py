@@ -1,0 +1,96 @@
+"""What a device op reads and writes, by storage, and whether it makes the host wait.
+
+Written: the arguments the schema marks written (`Tensor(a!)`); read: every other tensor argument
+on the device, and pinned host tensors (a `non_blocking` copy reads or writes them when its stream
+gets to it). A pageable host tensor is read when the op is issued (a 0-dim host tensor is passed by
+value; a pageable copy is staged synchronously), so it is no stream's access.
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Any, Callable
+
+import torch
+
+from harness.graphs.emulator import opinfo
+
+aten = torch.ops.aten
+_COPIES = frozenset({aten.copy_.default, aten._to_copy.default, aten.copy.default})
+
+
+@functools.lru_cache(maxsize=None)
+def _written_names(func) -> frozenset[str]:
+    return frozenset(a.name for a in func._schema.arguments
+                     if a.alias_info is not None and a.alias_info.is_write)
+
+
+def tensors_of(values) -> list[torch.Tensor]:
+    """The tensors among an op's argument values (aten arguments nest at most a list deep)."""
+    out = []
+    for value in values:
+        if isinstance(value, torch.Tensor):
+            out.append(value)
+        elif isinstance(value, (list, tuple)):
+            out.extend(v for v in value if isinstance(v, torch.Tensor))
+    return out
+
+
+def split_accesses(func, args: tuple, kwargs: dict, tracked: Callable[[torch.Tensor], bool]
+                   ) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+    """(read, written) tensors among the op's arguments that `tracked` accepts."""
+    written_names = _written_names(func)
+    if not written_names:
+        reads = [t for t in tensors_of((*args, *kwargs.values())) if tracked(t)]
+        return reads, []
+    reads, writes = [], []
+    for name, value in opinfo.bind(func, args, kwargs, defaults=False).items():
+        into = writes if name in written_names else reads
+        into.extend(t for t in tensors_of((value,)) if tracked(t))
+    return reads, writes
+
+
+def blocks_host(func, args: tuple, kwargs: dict, is_device: Callable[[torch.Tensor], bool],
+                is_pinned: Callable[[torch.Tensor], bool], targets_device: bool) -> bool:
+    """Whether the host waits for the stream when it issues this op: a data-dependent result
+    (`.item()`, `nonzero`), or a copy between host and device that is not `non_blocking` from or
+    into pinned memory."""
+    if opinfo.sync_reason(func, args, kwargs) is not None and func not in _COPIES:
+        return True
+    if _returns_host_value(func):
+        return True  # `torch.equal`, `is_nonzero`: the host gets a value computed from the data
+    if func not in _COPIES:
+        return False
+    named = opinfo.bind(func, args, kwargs)
+    if func is aten._to_copy.default:
+        # The placement mode rewrote the device to the cpu: the call says where it lands.
+        src = named["self"]
+        crosses = named.get("device") is not None and is_device(src) != targets_device
+        return crosses and not (named.get("non_blocking") and is_pinned(src))
+    dst, src = named["self"], named["src"]
+    host = [t for t in (dst, src) if not is_device(t)]
+    if not host or len(host) == 2:
+        return False
+    return not (named.get("non_blocking") and is_pinned(host[0]))
+
+
+@functools.lru_cache(maxsize=None)
+def _returns_host_value(func) -> bool:
+    returns = func._schema.returns
+    return bool(returns) and not any("Tensor" in str(r.type) for r in returns)
+
+
+_REALLOCATING = frozenset({"resize_", "resize_as_", "set_", "_resize_output_"})
+
+
+@functools.lru_cache(maxsize=None)
+def changes_metadata(func) -> bool:
+    """Ops that change a tensor's shape or memory on the host (`resize_`, `set_`, `t_`): the
+    allocator or the tensor's metadata acts when they are issued, never later."""
+    return (torch.Tag.inplace_view in func.tags
+            or func._schema.name.split("::")[-1] in _REALLOCATING)
+
+
+def is_seeded(func) -> bool:
+    """Random ops take their generator offset when issued: they must not be reordered."""
+    return torch.Tag.nondeterministic_seeded in func.tags

@@ -1,0 +1,99 @@
+"""Streams during a capture, as CUDA has them. The capturing stream's work is recorded, and so is
+the work of a stream forked into the capture (it waited on the capturing stream, or on an event
+recorded on it). Work on the legacy default stream meanwhile would make it wait on the capturing
+stream, which CUDA refuses ("operation not permitted when stream is capturing") and which
+invalidates the capture: in "global" mode from any thread, in "thread_local" mode from the thread
+that began the capture, never in "relaxed" mode. Work on any other stream runs at once, outside
+the graph. A stream forked into the capture must be joined back (the capturing stream waits on it)
+before the capture ends, or the capture fails with CUDA's unjoined-work error.
+"""
+
+from __future__ import annotations
+
+import threading
+from typing import Any
+
+from torch.utils._pytree import tree_flatten
+from torch.utils._python_dispatch import TorchDispatchMode, _disable_current_modes
+
+import torch
+
+from harness.graphs.base import CaptureError
+from harness.graphs.emulator import opinfo
+from harness.graphs.emulator.callsite import at_callsite, current_callsite
+from harness.graphs.emulator.streams.clocks import Clocks
+
+NOT_PERMITTED = "operation not permitted when stream is capturing"
+UNJOINED = ("cudaErrorStreamCaptureUnjoined: capture sequence contains a fork that was not joined "
+            "to the primary stream")
+
+
+class CaptureStreams(TorchDispatchMode):
+    """Pushed above the recorder for one capture; `key(stream)` is the stream's int id."""
+
+    def __init__(self, state: Any, origin: Any, mode: str, key) -> None:
+        super().__init__()
+        self.state = state
+        self.origin = origin
+        self.mode = mode
+        self.key = key
+        self.thread = threading.get_ident()
+        self.clocks = Clocks()
+        self.last: dict[Any, tuple[int, str]] = {}  # forked stream -> (its last op's seq, line)
+        self.invalidated: CaptureError | None = None
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        memory = self.state.memory
+        tensors = [t for t in tree_flatten((args, kwargs))[0] if isinstance(t, torch.Tensor)]
+        if not (memory.call_targets_device() or any(memory.is_device(t) for t in tensors)):
+            return func(*args, **kwargs)  # host work: the recorder's business
+        stream = self.state.streams.current()
+        if stream in self.state.streams.capturing:
+            seq = self.clocks.launch(self.key(stream))
+            if stream != self.origin:
+                self.last[stream] = (seq, current_callsite())
+            return func(*args, **kwargs)
+        if stream.stream_id == 0 and (self.mode == "global" or (
+                self.mode == "thread_local" and threading.get_ident() == self.thread)):
+            self.invalidated = CaptureError(at_callsite(
+                f"{opinfo.op_name(func)} on the default stream while stream "
+                f"{self.origin.stream_id} captures: CUDA error: {NOT_PERMITTED} (the legacy "
+                f"default stream would wait on the capturing stream; capture_error_mode="
+                f"{self.mode!r}). The capture is invalidated. Issue the work on the capturing "
+                f"stream (inside `with torch.cuda.graph(g)` it is the current one), or on a side "
+                f"stream joined to the capture by an event", current_callsite()),
+                op=opinfo.op_name(func))
+            raise self.invalidated
+        # Another stream, not part of the capture: its work runs now and stays out of the graph.
+        with _disable_current_modes(), torch._C.DisableTorchFunction():
+            return func(*args, **kwargs)
+
+    # --- forks and joins ---------------------------------------------------------------------
+
+    def record_event(self, event: int, stream: Any) -> None:
+        self.clocks.record_event(event, self.key(stream))
+
+    def wait_event(self, stream: Any, event: int) -> None:
+        self.clocks.wait_event(self.key(stream), event)
+
+    def wait_stream(self, stream: Any, other: Any) -> None:
+        self.clocks.wait_stream(self.key(stream), self.key(other))
+
+    def end_error(self) -> CaptureError | None:
+        """What ending the capture raises: an invalidating call made during it, or a fork not
+        joined back to the capturing stream."""
+        if self.invalidated is not None:
+            return CaptureError(f"capture_end() of an invalidated capture (CUDA error: "
+                                f"cudaErrorStreamCaptureInvalidated): {self.invalidated}",
+                                op="capture_end")
+        origin = self.key(self.origin)
+        for stream, (seq, where) in self.last.items():
+            if not self.clocks.ordered(origin, self.key(stream), seq):
+                return CaptureError(at_callsite(
+                    f"capture_end() with work on stream {stream.stream_id} not joined back to the "
+                    f"capturing stream {self.origin.stream_id}: CUDA error: {UNJOINED}. Make the "
+                    f"capturing stream wait for it before the capture ends "
+                    f"(torch.cuda.current_stream().wait_stream(side), or wait_event on an event "
+                    f"recorded on the side stream after its last op)", where), op="capture_end")
+        return None

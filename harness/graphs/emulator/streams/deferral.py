@@ -1,0 +1,63 @@
+"""A device op queued instead of run (the adversarial schedule): its results are allocated now,
+shaped by its meta kernel (as the recorder allocates a captured op's) and poisoned until it runs,
+so anything that reads them before the stream got to them sees NaN or an extreme int, every time."""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+import torch
+from torch.utils._pytree import tree_flatten, tree_map_only
+
+from harness.graphs.emulator import opinfo
+from harness.graphs.emulator.opinfo import OpKind
+from harness.graphs.emulator.pool import poison_value
+from harness.graphs.emulator.shapes import result_shapes
+
+
+def _poisoned_like(meta: torch.Tensor) -> torch.Tensor:
+    out = torch.empty_strided(meta.size(), meta.stride(), dtype=meta.dtype)
+    if out.numel():
+        out.fill_(poison_value(meta.dtype))
+    return out
+
+
+def can_defer(kind: OpKind) -> bool:
+    return kind in (OpKind.MUTATING, OpKind.FUNCTIONAL)
+
+
+def _as_issued(call: Callable[[], Any]) -> Callable[[], None]:
+    """`call` run later as it would have run when issued: below autograd (the mode met it there),
+    in the inference mode of the moment it was issued."""
+    inference = torch.is_inference_mode_enabled()
+
+    def run() -> None:
+        with torch.inference_mode(inference), torch._C._AutoDispatchBelowADInplaceOrView():
+            call()
+
+    return run
+
+
+def defer(func, args: tuple, kwargs: dict, kind: OpKind,
+          held: tuple = ()) -> tuple[Any, Callable[[], None]]:
+    """(what the op returns now, the call that does its work later). `held` is `(args, kwargs)`
+    with the tensors the queued call keeps instead of the caller's (aliases of the same memory)."""
+    returns_from = (args, kwargs)
+    args, kwargs = held or (args, kwargs)
+    if kind is OpKind.MUTATING:
+        return opinfo.aliased_returns(func, *returns_from), _as_issued(lambda: func(*args, **kwargs))
+    outputs = tree_map_only(torch.Tensor, _poisoned_like, result_shapes(func, *returns_from))
+    targets = [t for t in tree_flatten(outputs)[0] if isinstance(t, torch.Tensor)]
+
+    def run() -> None:
+        results = [r for r in tree_flatten(func(*args, **kwargs))[0] if isinstance(r, torch.Tensor)]
+        for dst, src in zip(targets, results):
+            if dst.shape == src.shape:
+                dst.copy_(src)
+            elif dst.numel() and src.numel():
+                raise RuntimeError(f"{opinfo.op_name(func)} ran late with a result of shape "
+                                   f"{tuple(src.shape)}, where its meta kernel gave "
+                                   f"{tuple(dst.shape)}: the adversarial schedule cannot defer it")
+            # else: an empty placeholder result (batch norm's saved statistics in eval mode)
+
+    return outputs, _as_issued(run)

@@ -1,0 +1,246 @@
+"""The dispatch mode that sends every device op to its stream: checked by the tracker, then run
+or queued by the schedule. Host ops on pinned memory are the host's accesses; ops that make the
+host wait (`.item()`, a blocking copy) run the stream's queue first and join the host's clock.
+
+`memory` says what a tensor is (`is_device`, `is_pinned`, `call_targets_device`) and marks
+results (`mark_device`), `stream()` the
+current stream's id, `capturing()` whether a graph capture is underway (its ops are recorded, not
+issued: the recorder sees them first and nothing here applies).
+"""
+
+from __future__ import annotations
+
+import weakref
+from typing import Any, Callable
+
+import torch
+from torch.utils._pytree import tree_flatten, tree_map_only
+from torch.utils._python_dispatch import TorchDispatchMode
+
+from harness.graphs.emulator import opinfo
+from harness.graphs.emulator.callsite import callsite_later, current_callsite
+from harness.graphs.emulator.opinfo import OpKind
+from harness.graphs.emulator.streams.accesses import (blocks_host, changes_metadata, is_seeded,
+                                                      split_accesses, tensors_of)
+from harness.graphs.emulator.streams.deferral import can_defer, defer
+from harness.graphs.emulator.streams.names import label_of, storage_key
+from harness.graphs.emulator.streams.races import RaceError
+from harness.graphs.emulator.streams.schedule import Schedule
+from harness.graphs.emulator.streams.tracker import StreamTracker
+
+
+_TO_COPY = torch.ops.aten._to_copy.default
+DEFAULT_STREAM = 0  # device 0's default stream: where memory made before tracking began lives
+
+
+def _storage(t: torch.Tensor) -> torch.UntypedStorage | None:
+    try:
+        return t.untyped_storage()
+    except (RuntimeError, NotImplementedError):
+        return None
+
+
+class StreamWork(TorchDispatchMode):
+    def __init__(self, memory: Any, stream: Callable[[], int], capturing: Callable[[], bool],
+                 tracker: StreamTracker, schedule: Schedule) -> None:
+        super().__init__()
+        self.memory = memory
+        self.stream = stream
+        self.capturing = capturing
+        self.tracker = tracker
+        self.schedule = schedule
+        self._allocations: dict[int, weakref.ref] = {}  # storage key -> weak ref noting its free
+        self._allocated_on: dict[int, int] = {}  # storage key -> the stream that allocated it
+        self._late: list[RaceError] = []  # strict races found where raising is impossible (a free)
+        # Queued work keeps aliases of the memory it uses, not the caller's tensors, so the caller
+        # dropping its last tensor is seen when it happens (as the caching allocator sees it).
+        self._queued_aliases: dict[int, int] = {}  # storage key -> aliases held by queued work
+        self._watched: dict[int, weakref.ref] = {}  # id of a caller's tensor -> weak ref on it
+        self._dropped: list[int] = []  # storage keys whose caller tensors died since the last op
+
+    @classmethod
+    def ignore_compile_internals(cls) -> bool:
+        # torch.compile refuses to trace under other dispatch modes; this one steps aside while
+        # it compiles. A compiled region's own kernels run untracked (the ops it falls back to
+        # are still seen); under the adversarial schedule, synchronize before calling one.
+        return True
+
+    def _tracked(self, t: torch.Tensor) -> bool:
+        return not t.is_meta and (self.memory.is_device(t) or self.memory.is_pinned(t))
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        # The device's placement mode acted on the torch call above this op; what runs here
+        # (attribute reads, allocations, the op itself) must not pass through it again.
+        with torch._C.DisableTorchFunction():
+            return self._dispatch(func, args, kwargs or {})
+
+    def _dispatch(self, func, args, kwargs):
+        if self._dropped:
+            self.check_drops()
+        if self._late:
+            raise self._late.pop(0)
+        if self.capturing():
+            return func(*args, **kwargs)
+        if opinfo.is_composite(func):
+            # `to`, `reshape`: "may alias" in their schema; what they run underneath is tracked.
+            with self:
+                return func.decompose(*args, **kwargs)
+        kind = opinfo.op_kind(func)
+        if kind is OpKind.VIEW:
+            return func(*args, **kwargs)  # an alias: no data touched
+        tensors = tensors_of((*args, *kwargs.values()))
+        if any(t.device.type != "cpu" for t in tensors):
+            return func(*args, **kwargs)  # meta and fake tensors: shape work, not device work
+        is_device = self.memory.is_device
+        targets_device = bool(self.memory.call_targets_device())
+        if not targets_device and not any(is_device(t) for t in tensors):
+            return self._host_op(func, args, kwargs)
+        return self._device_op(func, args, kwargs, kind, targets_device)
+
+    # --- the host's own work on pinned memory ------------------------------------------------
+
+    def _host_op(self, func, args, kwargs) -> Any:
+        reads, writes = split_accesses(func, args, kwargs, self.memory.is_pinned)
+        if reads or writes:
+            where = current_callsite()
+            name = opinfo.op_name(func)
+            for t in reads:
+                self._label(t)
+                self.tracker.host_read(storage_key(t), op=f"{name} on the host", where=where)
+            for t in writes:
+                self._label(t)
+                self.tracker.host_write(storage_key(t), op=f"{name} on the host", where=where)
+        return func(*args, **kwargs)
+
+    # --- device work -------------------------------------------------------------------------
+
+    def _device_op(self, func, args, kwargs, kind: OpKind, targets_device: bool) -> Any:
+        stream = self.stream()
+        reads, writes = split_accesses(func, args, kwargs, self._tracked)
+        name, where = opinfo.op_name(func), callsite_later()
+        for t in (*reads, *writes):
+            self._label(t)
+            if storage_key(t) not in self._allocations and self.memory.is_device(t):
+                self._note_allocation(t, DEFAULT_STREAM)  # made before tracking began
+        seq = self.tracker.launch(stream, [storage_key(t) for t in reads],
+                                  [storage_key(t) for t in writes], op=name, where=where)
+        memory = self.memory
+        if blocks_host(func, args, kwargs, memory.is_device, memory.is_pinned, targets_device):
+            self.schedule.run_stream(stream)
+            out = func(*args, **kwargs)
+            self.schedule.ran(stream, seq)
+            self.tracker.synchronize_stream(stream)
+        elif (self.schedule.defers(stream) and can_defer(kind) and not is_seeded(func)
+              and not changes_metadata(func)
+              and any(memory.is_device(t) for t in (*reads, *writes))):
+            held, release = self._aliases_for_queue((args, kwargs))
+            out, run = defer(func, args, kwargs, kind, held)
+
+            def run_and_release() -> None:
+                run()
+                release()
+
+            self.schedule.queue(stream, seq, run_and_release)
+        else:
+            if self.schedule.defers(stream):
+                self.schedule.run_stream(stream)  # what cannot wait in the queue runs in order
+            out = func(*args, **kwargs)
+            self.schedule.ran(stream, seq)
+        to_host = func is _TO_COPY and kwargs.get("device") is not None and not targets_device
+        if kind is not OpKind.MUTATING and not to_host:
+            self._note_fresh(out, stream, seq, name, where)
+        return out
+
+    def _aliases_for_queue(self, tree: Any) -> tuple[Any, Callable[[], None]]:
+        """`tree` with each tracked tensor replaced by an alias for the queued call, the caller's
+        tensor watched for its death; and the call that forgets the aliases once the work ran."""
+        keys: list[int] = []
+
+        def alias(t: torch.Tensor) -> torch.Tensor:
+            if not self._tracked(t):
+                return t
+            key = storage_key(t)
+            keys.append(key)
+            self._queued_aliases[key] = self._queued_aliases.get(key, 0) + 1
+            if id(t) not in self._watched:
+                self._watched[id(t)] = weakref.ref(t, self._caller_dropped(id(t), key))
+            return t.detach()
+
+        held = tree_map_only(torch.Tensor, alias, tree)
+
+        def release() -> None:
+            for key in keys:
+                left = self._queued_aliases.get(key, 1) - 1
+                if left:
+                    self._queued_aliases[key] = left
+                else:
+                    self._queued_aliases.pop(key, None)
+            keys.clear()
+
+        return held, release
+
+    def _caller_dropped(self, tensor_id: int, key: int) -> Callable[[weakref.ref], None]:
+        def dropped(ref: weakref.ref) -> None:
+            if self._watched.get(tensor_id) is ref:
+                del self._watched[tensor_id]
+            self._dropped.append(key)
+        return dropped
+
+    def check_drops(self) -> None:
+        """For storages whose caller tensors died: if only queued work still holds the memory,
+        the caller freed it while that work is pending (what the caching allocator would reuse)."""
+        dropped, self._dropped = self._dropped, []
+        for key in dict.fromkeys(dropped):
+            ref = self._allocations.get(key)
+            storage = ref() if ref is not None else None
+            if storage is None or key not in self._allocated_on:
+                continue
+            # The storage's own Python object holds one use; queued aliases hold the rest.
+            if torch._C._storage_Use_Count(storage._cdata) - 1 > self._queued_aliases.get(key, 0):
+                continue  # the caller still has a tensor on it
+            try:
+                self.tracker.free(key, self._allocated_on.pop(key), where=current_callsite())
+            except RaceError as race:
+                self._late.append(race)
+
+    def _note_fresh(self, out: Any, stream: int, seq: int, op: str, where: str) -> None:
+        """Results of a device op are device memory, written by it, freed when dropped."""
+        for t in ((out,) if isinstance(out, torch.Tensor) else tensors_of(out if isinstance(out, (list, tuple)) else ())):
+            if t.device.type != "cpu":
+                continue
+            storage = _storage(t)
+            if storage is None or storage.nbytes() == 0:
+                continue
+            self.memory.mark_device(t)
+            key = storage.data_ptr()
+            self.tracker.record_write(key, stream, seq, op=op, where=where)
+            self.tracker.labels[key] = label_of(t)
+            self._note_allocation(t, stream)
+
+    def _note_allocation(self, t: torch.Tensor, stream: int) -> None:
+        storage = t.untyped_storage()
+        key = storage.data_ptr()
+        self._allocations[key] = weakref.ref(storage, self._freed(key, stream))
+        self._allocated_on[key] = stream
+
+    def _freed(self, key: int, stream: int) -> Callable[[weakref.ref], None]:
+        def freed(ref: weakref.ref) -> None:
+            if self._allocations.get(key) is ref:
+                del self._allocations[key]
+            if self._allocated_on.pop(key, None) is None:
+                return  # already judged when its caller dropped it (check_drops)
+            try:
+                self.tracker.free(key, stream, where=current_callsite())
+            except RaceError as race:
+                self._late.append(race)  # raised at the next op: a finalizer cannot raise
+        return freed
+
+    def _label(self, t: torch.Tensor) -> None:
+        key = storage_key(t)
+        if key not in self.tracker.labels:
+            self.tracker.labels[key] = label_of(t)
+
+    def raise_late(self) -> None:
+        """Raise a strict race found during a free, if any (at the end of the tracked region)."""
+        if self._late:
+            raise self._late.pop(0)

@@ -1,0 +1,150 @@
+"""Stream tracking and the schedules on the emulated CUDA device: an observer of its state
+(device/state.py's interface) that turns its streams, events, host reads and replays into
+`AsyncWork` calls, with stream ids made of the device index and the stream's id."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from harness.graphs.emulator.callsite import callsite_later, current_callsite
+from harness.graphs.emulator.streams.capture import CaptureStreams
+from harness.graphs.emulator.streams.names import name_tensors
+from harness.graphs.emulator.streams.work import AsyncWork
+
+RACE_MODES = ("strict", "report", "off")
+
+
+def stream_key(stream: Any) -> int:
+    return (stream.device_index << 40) | stream.stream_id
+
+
+class DeviceStreams:
+    """Observer of one emulated device: `work` holds the tracker (`work.tracker.reports`)."""
+
+    def __init__(self, state: Any, *, schedule: str, races: str) -> None:
+        self.state = state
+        self.capture: CaptureStreams | None = None
+        self.work = AsyncWork(state.memory, lambda: stream_key(state.streams.current()),
+                              state.capturing, schedule=schedule, races=races,
+                              lazy=schedule == "issue_order")
+        self._pending_activation = False
+        self._watch_for_asynchrony()
+
+    def _watch_for_asynchrony(self) -> None:
+        """Until the program leaves the default stream or pins memory, every op is ordered with
+        the host and nothing can race: the dispatch mode waits for the first sign."""
+        streams, memory = self.state.streams, self.state.memory
+        set_current, mark_pinned = streams.set_current, memory.mark_pinned
+
+        def set_current_watched(stream) -> None:
+            if stream.stream_id != 0:
+                self.activate()
+            set_current(stream)
+
+        def mark_pinned_watched(t) -> None:
+            self.activate()
+            mark_pinned(t)
+
+        def ids_watched(ids):
+            for stream_id in ids:  # a stream is made: the program is about to use it
+                self.activate()
+                yield stream_id
+
+        streams.set_current = set_current_watched
+        memory.mark_pinned = mark_pinned_watched
+        streams.ids = ids_watched(streams.ids)
+
+    def activate(self) -> None:
+        if self.work.active:
+            return
+        if self.capture is not None:
+            self._pending_activation = True  # not above the recorder: after the capture
+            return
+        self.work.activate()
+
+    # --- device/state.py's observer interface ------------------------------------------------
+
+    def on_op(self, op, args, kwargs, result, stream) -> None:
+        if op == "torch.cuda._sleep" and not self.state.capturing():
+            self.activate()
+            self.work.sleep(stream_key(stream), where=current_callsite())
+
+    def on_sync(self, what: str, tensor, stream) -> None:
+        if tensor is None:
+            self.work.synchronize_device()
+        else:
+            self.work.synchronize_stream(stream_key(stream))
+
+    def on_host_read(self, what: str, tensor) -> None:
+        self.work.host_reads(tensor, f"Tensor.{what} on the host", current_callsite())
+
+    def on_capture_begin(self, graph, stream, mode: str) -> None:
+        self.capture = CaptureStreams(self.state, stream, mode, stream_key)
+        self.capture.__enter__()
+
+    def on_capture_end(self, graph, aborted: bool) -> None:
+        capture, self.capture = self.capture, None
+        if capture is None:
+            return
+        capture.__exit__(None, None, None)
+        if self._pending_activation:
+            self._pending_activation = False
+            self.work.activate()
+        if not aborted:
+            error = capture.end_error()
+            if error is not None:
+                raise error
+
+    def on_stream(self, what: str, stream, other) -> None:
+        if self.capture is not None:
+            self._capture_stream_op(what, stream, other)
+            return  # inside a capture nothing runs: fork and join are the capture's business
+        self.activate()
+        work = self.work
+        if what == "wait_stream":
+            work.wait_stream(stream_key(stream), stream_key(other))
+        elif what == "wait_event":
+            if other.recorded_on is not None:
+                work.wait_event(stream_key(stream), other.event_id)
+        elif what == "record_event":
+            work.record_event(other.event_id, stream_key(stream))
+        elif what == "synchronize":
+            work.synchronize_stream(stream_key(stream))
+        elif what == "event_synchronize":
+            if other.recorded_on is not None:
+                work.synchronize_event(other.event_id)
+        elif what == "record_stream":
+            work.record_stream(other, stream_key(stream))
+
+    def _capture_stream_op(self, what: str, stream, other) -> None:
+        capture = self.capture
+        if what == "wait_stream":
+            capture.wait_stream(stream, other)
+        elif what == "wait_event" and other.recorded_on is not None:
+            capture.wait_event(stream, other.event_id)
+        elif what == "record_event":
+            capture.record_event(other.event_id, stream)
+
+    def issue_replay(self, graph, recording, run, stream) -> None:
+        recording.refuse_unreplayable()  # freed or moved memory raises at the call, not later
+        self.work.replay(stream_key(stream), recording.reads, recording.writes,
+                         lambda: run(recording), name=f"CUDAGraph {id(graph):#x}",
+                         where=callsite_later(), hold=recording.external_storages)
+
+    # --- naming --------------------------------------------------------------------------------
+
+    def name_tensors(self, obj: Any, root: str = "") -> None:
+        """Reports name the tensors reachable from `obj` by their path (`engine.staging`)."""
+        self.work.tracker.labels.update(name_tensors(obj, root))
+
+    @property
+    def reports(self) -> list:
+        return self.work.tracker.reports
+
+    # --- what the device's stream and event API asks ------------------------------------------
+
+    def stream_done(self, stream) -> bool:
+        return self.work.stream_done(stream_key(stream))
+
+    def event_done(self, event) -> bool:
+        return self.work.event_done(event.event_id)

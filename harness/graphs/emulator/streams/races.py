@@ -1,0 +1,85 @@
+"""What a race report says: the tensor (shape, dtype, its path where known), the two accesses
+with their source lines, and what would order them."""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass
+
+from harness.graphs.emulator.streams.clocks import HOST
+
+
+class RaceKind(enum.Enum):
+    HOST_WRITE_PENDING = "host write while device work on the memory is pending"
+    HOST_READ_PENDING = "host read before the device work writing the memory was waited for"
+    UNSYNCHRONIZED_STREAMS = "streams touching the same memory without an event or wait_stream"
+    FREED_IN_USE = "memory freed while another stream's work may still use it"
+
+
+_REMEDY = {
+    RaceKind.HOST_WRITE_PENDING: (
+        "wait for that work before writing (record an event after it and call event.synchronize(), "
+        "or stream.synchronize()), or write into another buffer (double-buffer the staging)"),
+    RaceKind.HOST_READ_PENDING: (
+        "wait for that work before reading (event.synchronize() on an event recorded after it, "
+        "or stream.synchronize())"),
+    RaceKind.UNSYNCHRONIZED_STREAMS: (
+        "order the streams: consumer.wait_stream(producer), or record an event on the producer "
+        "and consumer.wait_event(event)"),
+    RaceKind.FREED_IN_USE: (
+        "call tensor.record_stream(stream) for each other stream that used it, or make the "
+        "allocating stream wait for them before dropping the last reference"),
+}
+
+
+@dataclass(frozen=True)
+class TensorLabel:
+    """How a report names a storage: the tensor that reached it and its path from a given object."""
+
+    shape: tuple[int, ...]
+    dtype: str
+    path: str = ""
+
+    def __str__(self) -> str:
+        name = f"{self.path} " if self.path else ""
+        return f"tensor {name}(shape {self.shape}, {self.dtype})"
+
+
+UNKNOWN_TENSOR = TensorLabel((), "unknown dtype", "<a storage the tracker was never shown>")
+
+
+@dataclass(frozen=True)
+class Access:
+    """One read or write: by a stream (its id) or the host (`HOST`), at sequence number `seq`."""
+
+    write: bool
+    participant: int
+    seq: int
+    op: str
+    where: object  # "file:line: source", or a callsite written out when a report names it
+
+    def describe(self) -> str:
+        by = "the host" if self.participant == HOST else f"stream {self.participant}"
+        verb = "writes" if self.write else "reads"
+        at = f" at {self.where}" if self.where else ""
+        return f"{self.op} {verb} it on {by}{at}"
+
+
+@dataclass(frozen=True)
+class RaceReport:
+    kind: RaceKind
+    tensor: TensorLabel
+    current: Access
+    previous: Access
+
+    def __str__(self) -> str:
+        return (f"race on {self.tensor}: {self.kind.value}. Now: {self.current.describe()}; "
+                f"before, not waited for: {self.previous.describe()}. Fix: {_REMEDY[self.kind]}")
+
+
+class RaceError(RuntimeError):
+    """A race found in strict mode; `report` says which (a `RaceReport`)."""
+
+    def __init__(self, report: RaceReport) -> None:
+        super().__init__(str(report))
+        self.report = report

@@ -1,0 +1,157 @@
+"""When device work runs. In issue order, an op runs when the host issues it; in the adversarial
+schedule each stream's work waits in a queue until something synchronizes with it: the host
+(`synchronize`, `Event.synchronize`, a blocking copy, `.item()`) or another stream's wait, which
+runs the waited-for work first. So work runs as late as the synchronization rules allow, and a
+missing wait shows the wrong values a loaded GPU shows, every time.
+
+`torch.cuda._sleep` holds its stream back in issue order too: the stream's later work queues
+until the host or another stream waits for it, as a stalled GPU stream would.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass
+from typing import Callable
+
+SCHEDULES = ("issue_order", "adversarial")
+
+
+@dataclass(frozen=True)
+class _After:
+    """A queued wait: before running further, the stream runs `stream`'s work up to `seq`."""
+
+    stream: int
+    seq: float
+
+
+@dataclass(frozen=True)
+class _Stall:
+    """`torch.cuda._sleep` on the stream: nothing to run, but the work behind it queues."""
+
+
+class Schedule:
+    def __init__(self, schedule: str = "issue_order") -> None:
+        if schedule not in SCHEDULES:
+            raise ValueError(f"schedule={schedule!r}; accepted: {', '.join(SCHEDULES)}")
+        self.name = schedule
+        self.adversarial = schedule == "adversarial"
+        self._queues: dict[int, deque] = {}
+        self._issued: dict[int, float] = {}  # stream -> seq of its last issued item
+        self._ran: dict[int, float] = {}  # stream -> seq of its last item run
+        self._events: dict[int, tuple[int, float]] = {}
+        self.deferred = 0  # ops that waited in a queue, for statistics
+
+    def _queue(self, stream: int) -> deque:
+        queue = self._queues.get(stream)
+        if queue is None:
+            queue = self._queues[stream] = deque()
+        return queue
+
+    def pending(self, stream: int) -> bool:
+        return bool(self._queues.get(stream))
+
+    def defers(self, stream: int) -> bool:
+        """Whether work issued to `stream` now waits in its queue."""
+        return self.adversarial or bool(self._queues.get(stream))
+
+    def issue(self, stream: int, seq: int, run: Callable[[], None]) -> bool:
+        """Run `run` now or queue it on `stream`; True when it was queued."""
+        if self.defers(stream):
+            self.queue(stream, seq, run)
+            return True
+        run()
+        self.ran(stream, seq)
+        return False
+
+    def queue(self, stream: int, seq: int, run: Callable[[], None]) -> None:
+        self._issued[stream] = seq
+        self._queue(stream).append((seq, run))
+        self.deferred += 1
+
+    def ran(self, stream: int, seq: int) -> None:
+        """An op of `stream` ran when issued (its queue was empty, or was run first)."""
+        self._issued[stream] = seq
+        self._ran[stream] = seq
+
+    def stall(self, stream: int) -> None:
+        self._queue(stream).append((self._issued.get(stream, 0), _Stall()))
+
+    # --- waits between streams ---------------------------------------------------------------
+
+    def record_event(self, event: int, stream: int) -> None:
+        self._events[event] = (stream, self._issued.get(stream, 0))
+
+    def wait_event(self, stream: int, event: int) -> None:
+        known = self._events.get(event)
+        if known is not None:
+            self._wait(stream, *known)
+
+    def wait_stream(self, stream: int, other: int) -> None:
+        self._wait(stream, other, self._issued.get(other, 0))
+
+    def _wait(self, stream: int, other: int, seq: float) -> None:
+        if other == stream or self._ran.get(other, 0) >= seq or not self.pending(other):
+            return
+        # Half a step past the stream's last item: the wait sits between it and the next one.
+        self._queue(stream).append((self._issued.get(stream, 0) + 0.5, _After(other, seq)))
+
+    # --- the host waits ----------------------------------------------------------------------
+
+    def run_stream(self, stream: int, upto: float = float("inf")) -> None:
+        """Run `stream`'s queued work up to `upto` (all of it by default), and what it waits for."""
+        self._run({stream: upto})
+
+    def _run(self, needs: dict[int, float]) -> None:
+        """Run what `needs` names (stream -> last seq to run) and what it waits for, the most
+        recently issued ready head first: between streams that never waited for each other, the
+        order a race needs to show is against issue order (a consumer ahead of its producer, a
+        writer ahead of an earlier reader). A queued wait holds its stream until it is met."""
+        self._close(needs)
+        queues = self._queues
+        while True:
+            ready = []
+            for stream, upto in needs.items():
+                queue = queues.get(stream)
+                if not queue or queue[0][0] > upto:
+                    continue
+                item = queue[0][1]
+                if isinstance(item, _After) and self._waits(item):
+                    continue
+                ready.append((queue[0][0], stream))
+            if not ready:
+                return
+            stream = max(ready)[1]
+            seq, item = queues[stream].popleft()
+            if not isinstance(item, (_After, _Stall)):
+                item()
+            self._ran[stream] = max(self._ran.get(stream, 0), seq)
+
+    def _waits(self, wait: _After) -> bool:
+        queue = self._queues.get(wait.stream)
+        return bool(queue) and queue[0][0] <= wait.seq
+
+    def _close(self, needs: dict[int, float]) -> None:
+        """Add to `needs` the work its queued waits wait for, transitively."""
+        todo = list(needs.items())
+        while todo:
+            stream, upto = todo.pop()
+            for seq, item in self._queues.get(stream, ()):
+                if seq > upto:
+                    break
+                if isinstance(item, _After) and needs.get(item.stream, -1.0) < item.seq:
+                    needs[item.stream] = item.seq
+                    todo.append((item.stream, item.seq))
+
+    def synchronize_event(self, event: int) -> None:
+        known = self._events.get(event)
+        if known is not None:
+            self.run_stream(*known)
+
+    def synchronize_device(self) -> None:
+        self._run({stream: float("inf") for stream in self._queues})
+
+    def event_done(self, event: int) -> bool:
+        """`Event.query()`: whether the work before the event has run."""
+        known = self._events.get(event)
+        return known is None or self._ran.get(known[0], 0) >= known[1] or not self.pending(known[0])

@@ -1,0 +1,160 @@
+"""Asynchrony for a device: the tracker, the schedule and the dispatch mode together, and the
+calls a device's stream, event and graph API makes into them (stream and event ids are ints).
+
+    work = AsyncWork(memory, current_stream_id, capturing, schedule="adversarial", races="report")
+    with work:
+        ...  # device ops go to the current stream
+    work.tracker.reports  # the races found (races="strict" raises the first instead)
+
+Leaving the context runs every queued op (as a device synchronization would), so nothing issued
+is lost; the races found are the tracker's.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from typing import Any, Callable, Iterable, Iterator
+
+import torch
+from torch.utils._python_dispatch import (TorchDispatchMode, _disable_current_modes,
+                                          _get_current_dispatch_mode_stack, _pop_mode, _push_mode)
+
+from harness.graphs.emulator.streams.mode import StreamWork
+from harness.graphs.emulator.streams.names import label_of, storage_key
+from harness.graphs.emulator.streams.schedule import Schedule
+from harness.graphs.emulator.streams.tracker import StreamTracker
+
+
+@contextlib.contextmanager
+def _outside_modes() -> Iterator[None]:
+    """Queued work runs as the device would run it: aten calls on the memory they were issued
+    with, not seen again by any dispatch or function mode (the device's placement included)."""
+    with _disable_current_modes(), torch._C.DisableTorchFunction():
+        yield
+
+
+def _remove_dispatch_mode(mode: TorchDispatchMode) -> None:
+    """Pop `mode` off the dispatch-mode stack wherever it is, keeping the modes above it."""
+    above = []
+    while _get_current_dispatch_mode_stack():
+        top = _pop_mode()
+        if top is mode:
+            break
+        above.append(top)
+    for m in reversed(above):
+        _push_mode(m)
+
+
+class AsyncWork:
+    """`lazy`: the dispatch mode goes in only at `activate()` (the first sign of asynchrony: a
+    second stream, pinned memory, `_sleep`), so code that never leaves the default stream runs
+    without a Python call per aten op; a replay is tracked either way."""
+
+    def __init__(self, memory: Any, stream: Callable[[], int], capturing: Callable[[], bool], *,
+                 schedule: str = "issue_order", races: str = "strict", lazy: bool = False) -> None:
+        self.tracker = StreamTracker(mode=races)
+        self.schedule = Schedule(schedule)
+        self.mode = StreamWork(memory, stream, capturing, self.tracker, self.schedule)
+        self._current = stream
+        self._lazy = lazy
+        self.active = False
+
+    def activate(self) -> None:
+        if not self.active:
+            self.mode.__enter__()
+            self.active = True
+
+    def __enter__(self) -> "AsyncWork":
+        if not self._lazy:
+            self.activate()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        try:
+            with _outside_modes():
+                self.schedule.synchronize_device()
+        finally:
+            if self.active:
+                _remove_dispatch_mode(self.mode)
+                self.active = False
+        if exc[0] is None:
+            self.mode.raise_late()
+
+    # --- the host waits ----------------------------------------------------------------------
+
+    def synchronize_stream(self, stream: int) -> None:
+        self.mode.check_drops()
+        with _outside_modes():
+            self.schedule.run_stream(stream)
+        self.tracker.synchronize_stream(stream)
+
+    def synchronize_event(self, event: int) -> None:
+        self.mode.check_drops()
+        with _outside_modes():
+            self.schedule.synchronize_event(event)
+        self.tracker.synchronize_event(event)
+
+    def synchronize_device(self) -> None:
+        self.mode.check_drops()
+        with _outside_modes():
+            self.schedule.synchronize_device()
+        self.tracker.synchronize_device()
+
+    def host_reads(self, tensor: torch.Tensor, op: str, where: str = "") -> None:
+        """A host read that skips the dispatcher (`tolist`, `numpy`, printing) of a pinned buffer."""
+        key = storage_key(tensor)
+        self.tracker.labels.setdefault(key, label_of(tensor))
+        self.tracker.host_read(key, op=op, where=where)
+
+    # --- streams and events ------------------------------------------------------------------
+
+    def record_event(self, event: int, stream: int) -> None:
+        self.tracker.record_event(event, stream)
+        self.schedule.record_event(event, stream)
+
+    def wait_event(self, stream: int, event: int) -> None:
+        self.mode.check_drops()
+        self.tracker.wait_event(stream, event)
+        self.schedule.wait_event(stream, event)
+
+    def wait_stream(self, stream: int, other: int) -> None:
+        self.mode.check_drops()
+        self.tracker.wait_stream(stream, other)
+        self.schedule.wait_stream(stream, other)
+
+    def event_done(self, event: int) -> bool:
+        return self.schedule.event_done(event)
+
+    def stream_done(self, stream: int) -> bool:
+        return not self.schedule.pending(stream)
+
+    def sleep(self, stream: int, where: str = "") -> None:
+        """`torch.cuda._sleep`: the stream's later work waits until something waits for it."""
+        self.tracker.launch(stream, op="torch.cuda._sleep", where=where)
+        self.schedule.stall(stream)
+
+    def record_stream(self, tensor: torch.Tensor, stream: int) -> None:
+        self.tracker.record_stream(storage_key(tensor), stream)
+
+    # --- graphs ------------------------------------------------------------------------------
+
+    def replay(self, stream: int, reads: Iterable[int], writes: Iterable[int],
+               run: Callable[[], None], *, name: str = "a graph", where: object = "",
+               hold: Callable[[], list] | None = None) -> None:
+        """A graph replay issued to `stream`: one op over every storage its recording touches.
+        A replay that waits in its stream's queue keeps what `hold()` returns alive until it
+        runs (the memory it uses but does not own, as the caching allocator keeps a block that
+        queued work uses)."""
+        seq = self.tracker.launch(stream, reads, writes, op=f"replay of {name}", where=where)
+        with _outside_modes():
+            if self.schedule.defers(stream):
+                held = hold() if hold is not None else []
+
+                def run_holding() -> None:
+                    run()
+                    held.clear()
+
+                self.schedule.queue(stream, seq, run_holding)
+            else:
+                run()
+                self.schedule.ran(stream, seq)

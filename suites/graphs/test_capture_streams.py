@@ -1,0 +1,136 @@
+"""Streams during a capture on the emulated CUDA device, as CUDA has them: the legacy default
+stream refused while another stream captures (global and thread_local modes, and the capture
+invalidated), relaxed mode letting that work run outside the graph, fork and join through events,
+and a fork never joined back failing the capture."""
+
+from __future__ import annotations
+
+import threading
+from typing import Iterator
+
+import pytest
+import torch
+
+import harness
+from harness.graphs import CaptureError
+from harness.graphs.emulator.device import emulation_active
+
+
+@pytest.fixture
+def cuda() -> Iterator[None]:
+    if emulation_active():
+        pytest.skip("runs its own emulate_cuda(); the session is already inside one")
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        pytest.skip("emulate_cuda(device='cpu') needs a process where the real GPU is untouched")
+    with harness.emulate_cuda(device="cpu"):
+        yield
+
+
+def test_default_stream_work_during_a_global_capture_is_refused(cuda):
+    x = torch.zeros(4, device="cuda")
+    graph = torch.cuda.CUDAGraph()
+    with pytest.raises(CaptureError, match="not permitted when stream is capturing") as caught:
+        with torch.cuda.graph(graph):
+            x.add_(1)
+            with torch.cuda.stream(torch.cuda.default_stream()):
+                x.mul_(2)  # the legacy default stream would wait on the capturing stream
+    assert "x.mul_(2)" in str(caught.value)
+
+
+def test_a_caught_refusal_still_invalidates_the_capture(cuda):
+    x = torch.zeros(4, device="cuda")
+    graph = torch.cuda.CUDAGraph()
+    with pytest.raises(CaptureError, match="cudaErrorStreamCaptureInvalidated"):
+        with torch.cuda.graph(graph):
+            try:
+                with torch.cuda.stream(torch.cuda.default_stream()):
+                    x.mul_(2)
+            except CaptureError:
+                pass
+            x.add_(1)
+
+
+def test_relaxed_mode_runs_default_stream_work_outside_the_graph(cuda):
+    x = torch.zeros(4, device="cuda")
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph, capture_error_mode="relaxed"):
+        x.add_(1)  # captured
+        with torch.cuda.stream(torch.cuda.default_stream()):
+            x.add_(10)  # runs now, once
+    torch.cuda.synchronize()
+    assert x.tolist() == [10.0] * 4
+    graph.replay()
+    graph.replay()
+    torch.cuda.synchronize()
+    assert x.tolist() == [12.0] * 4
+
+
+def test_thread_local_mode_refuses_only_the_capturing_thread(cuda):
+    x = torch.zeros(4, device="cuda")
+    other_thread_ran: list[bool] = []
+
+    def from_another_thread() -> None:
+        with torch.cuda.stream(torch.cuda.default_stream()):
+            x.add_(10)
+        other_thread_ran.append(True)
+
+    graph = torch.cuda.CUDAGraph()
+    with pytest.raises(CaptureError, match="cudaErrorStreamCaptureInvalidated"):
+        with torch.cuda.graph(graph, capture_error_mode="thread_local"):
+            x.mul_(1)
+            worker = threading.Thread(target=from_another_thread)
+            worker.start()
+            worker.join()  # allowed: not the thread that began the capture
+            with pytest.raises(CaptureError, match="not permitted"):
+                with torch.cuda.stream(torch.cuda.default_stream()):
+                    x.add_(1)
+    assert other_thread_ran == [True]
+    torch.cuda.synchronize()
+    assert x.tolist() == [10.0] * 4  # the other thread's work ran, outside the graph
+
+
+def test_a_side_stream_forked_and_joined_by_events_is_captured(cuda):
+    x = torch.ones(4, device="cuda")
+    y = torch.zeros(4, device="cuda")
+    side = torch.cuda.Stream()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        forked = torch.cuda.Event()
+        forked.record()
+        side.wait_event(forked)  # fork: the side stream joins the capture
+        with torch.cuda.stream(side):
+            y.copy_(x * 3)
+        joined = torch.cuda.Event()
+        joined.record(side)
+        torch.cuda.current_stream().wait_event(joined)  # join
+        x.add_(y)
+    x.fill_(2.0)
+    graph.replay()
+    torch.cuda.synchronize()
+    assert y.tolist() == [6.0] * 4 and x.tolist() == [8.0] * 4
+
+
+def test_a_fork_never_joined_back_fails_the_capture(cuda):
+    x = torch.ones(4, device="cuda")
+    side = torch.cuda.Stream()
+    graph = torch.cuda.CUDAGraph()
+    with pytest.raises(CaptureError, match="cudaErrorStreamCaptureUnjoined") as caught:
+        with torch.cuda.graph(graph):
+            side.wait_stream(torch.cuda.current_stream())
+            with torch.cuda.stream(side):
+                x.mul_(3)  # forked, never joined
+    assert "x.mul_(3)" in str(caught.value)
+
+
+def test_a_stream_outside_the_capture_runs_at_once(cuda):
+    x = torch.zeros(4, device="cuda")
+    side = torch.cuda.Stream()  # never waits on the capturing stream: not part of the capture
+    graph = torch.cuda.CUDAGraph()
+    with pytest.warns(UserWarning, match="The CUDA Graph is empty"):  # nothing was captured
+        with torch.cuda.graph(graph):
+            with torch.cuda.stream(side):
+                x.add_(5)
+    torch.cuda.synchronize()
+    graph.replay()
+    torch.cuda.synchronize()
+    assert x.tolist() == [5.0] * 4

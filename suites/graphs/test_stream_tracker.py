@@ -1,0 +1,204 @@
+"""The stream tracker on synthetic stream, event and storage ids, as PyTorch's own stream
+sanitizer tests drive its detector: each rule shown catching its race and staying quiet once the
+accesses are ordered."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from harness.graphs.emulator.streams import HOST, RaceError, RaceKind, StreamTracker, TensorLabel
+from harness.graphs.emulator.streams.names import name_tensors, storage_key
+
+S0, S1, S2 = 0, 1, 2
+A, B, C = 100, 200, 300  # storages
+E = 7  # an event
+
+
+@pytest.fixture
+def tracker() -> StreamTracker:
+    return StreamTracker(mode="report")
+
+
+def kinds(tracker: StreamTracker) -> list[RaceKind]:
+    return [r.kind for r in tracker.reports]
+
+
+def test_same_stream_is_ordered(tracker):
+    tracker.launch(S1, writes=[A])
+    tracker.launch(S1, reads=[A], writes=[B])
+    tracker.launch(S1, reads=[B], writes=[A])
+    assert tracker.reports == []
+
+
+def test_read_on_another_stream_after_write_races(tracker):
+    tracker.launch(S1, writes=[A], op="fill_", where="a.py:1: x.fill_(1)")
+    tracker.launch(S2, reads=[A], writes=[B], op="add", where="a.py:2: y = x + 1")
+    assert kinds(tracker) == [RaceKind.UNSYNCHRONIZED_STREAMS]
+    report = tracker.reports[0]
+    assert (report.current.participant, report.previous.participant) == (S2, S1)
+    assert "a.py:1" in str(report) and "a.py:2" in str(report)
+
+
+def test_write_after_read_on_another_stream_races(tracker):
+    tracker.launch(S1, reads=[A], writes=[B])
+    tracker.launch(S2, writes=[A])
+    assert kinds(tracker) == [RaceKind.UNSYNCHRONIZED_STREAMS]
+
+
+def test_reads_on_two_streams_do_not_race(tracker):
+    tracker.launch(S1, reads=[A], writes=[B])
+    tracker.launch(S2, reads=[A], writes=[C])
+    assert tracker.reports == []
+
+
+def test_event_orders_streams(tracker):
+    tracker.launch(S1, writes=[A])
+    tracker.record_event(E, S1)
+    tracker.wait_event(S2, E)
+    tracker.launch(S2, reads=[A], writes=[B])
+    assert tracker.reports == []
+
+
+def test_event_recorded_before_the_write_does_not_order_it(tracker):
+    tracker.record_event(E, S1)
+    tracker.launch(S1, writes=[A])
+    tracker.wait_event(S2, E)
+    tracker.launch(S2, reads=[A])
+    assert kinds(tracker) == [RaceKind.UNSYNCHRONIZED_STREAMS]
+
+
+def test_wait_stream_orders_and_is_transitive(tracker):
+    tracker.launch(S0, writes=[A])
+    tracker.wait_stream(S1, S0)
+    tracker.launch(S1, reads=[A], writes=[B])
+    tracker.wait_stream(S2, S1)
+    tracker.launch(S2, reads=[A, B], writes=[C])
+    assert tracker.reports == []
+
+
+def test_wait_stream_is_not_symmetric(tracker):
+    tracker.launch(S1, writes=[A])
+    tracker.wait_stream(S1, S2)  # the wrong way round
+    tracker.launch(S2, reads=[A])
+    assert kinds(tracker) == [RaceKind.UNSYNCHRONIZED_STREAMS]
+
+
+def test_host_sync_orders_every_later_launch(tracker):
+    tracker.launch(S1, writes=[A])
+    tracker.synchronize_device()
+    tracker.launch(S2, reads=[A])
+    tracker.launch(S0, reads=[A])
+    assert tracker.reports == []
+    tracker.launch(S0, writes=[A])  # S2's read is not waited for
+    assert kinds(tracker) == [RaceKind.UNSYNCHRONIZED_STREAMS]
+
+
+def test_pinned_source_rewritten_before_its_copy_ran(tracker):
+    # staging.copy_(...) on the host; dev.copy_(staging, non_blocking=True) on S1; host rewrites staging
+    tracker.launch(S1, reads=[A], writes=[B], op="copy_ (non_blocking)", where="loop.py:10")
+    tracker.host_write(A, op="copy_ on the host", where="loop.py:12")
+    assert kinds(tracker) == [RaceKind.HOST_WRITE_PENDING]
+    assert "loop.py:10" in str(tracker.reports[0]) and "loop.py:12" in str(tracker.reports[0])
+
+
+@pytest.mark.parametrize("wait", ["stream", "event", "device"])
+def test_pinned_source_rewritten_after_waiting(tracker, wait):
+    tracker.launch(S1, reads=[A], writes=[B])
+    tracker.record_event(E, S1)
+    {"stream": lambda: tracker.synchronize_stream(S1),
+     "event": lambda: tracker.synchronize_event(E),
+     "device": tracker.synchronize_device}[wait]()
+    tracker.host_write(A)
+    assert tracker.reports == []
+
+
+def test_synchronizing_another_stream_does_not_order_the_copy(tracker):
+    tracker.launch(S1, reads=[A], writes=[B])
+    tracker.synchronize_stream(S2)
+    tracker.host_write(A)
+    assert kinds(tracker) == [RaceKind.HOST_WRITE_PENDING]
+
+
+def test_pinned_destination_read_before_its_copy_was_waited_for(tracker):
+    tracker.launch(S1, reads=[B], writes=[A], op="copy_ (non_blocking, to pinned)")
+    tracker.host_read(A, op="tolist")
+    assert kinds(tracker) == [RaceKind.HOST_READ_PENDING]
+    tracker.reports.clear()
+    tracker.synchronize_stream(S1)
+    tracker.host_read(A)
+    assert tracker.reports == []
+
+
+def test_host_access_before_a_launch_is_ordered(tracker):
+    tracker.host_write(A)
+    tracker.launch(S1, reads=[A], writes=[B])
+    tracker.synchronize_stream(S1)
+    tracker.host_write(A)
+    tracker.host_read(B)
+    assert tracker.reports == []
+
+
+def test_untouched_host_memory_has_nothing_pending(tracker):
+    tracker.host_write(C)
+    tracker.host_read(C)
+    assert tracker.reports == []
+
+
+def test_replay_in_flight_reads_its_static_input(tracker):
+    # a graph replay is one launch over every storage its recording reads and writes
+    tracker.launch(S1, reads=[A, B], writes=[C], op="replay of decode[bs=4]")
+    tracker.host_write(A, op="next step's inputs")
+    assert kinds(tracker) == [RaceKind.HOST_WRITE_PENDING]
+    assert "replay of decode[bs=4]" in str(tracker.reports[0])
+
+
+def test_free_without_record_stream_races(tracker):
+    tracker.launch(S0, writes=[A])             # allocated and filled on S0
+    tracker.wait_stream(S1, S0)
+    tracker.launch(S1, reads=[A], writes=[B])  # used on S1
+    tracker.free(A, allocation_stream=S0)
+    assert kinds(tracker) == [RaceKind.FREED_IN_USE]
+
+
+@pytest.mark.parametrize("order", ["record_stream", "wait_stream", "synchronize"])
+def test_free_after_ordering_is_quiet(tracker, order):
+    tracker.launch(S0, writes=[A])
+    tracker.wait_stream(S1, S0)
+    tracker.launch(S1, reads=[A], writes=[B])
+    {"record_stream": lambda: tracker.record_stream(A, S1),
+     "wait_stream": lambda: tracker.wait_stream(S0, S1),
+     "synchronize": tracker.synchronize_device}[order]()
+    tracker.free(A, allocation_stream=S0)
+    assert tracker.reports == []
+
+
+def test_strict_mode_raises_with_the_report():
+    strict = StreamTracker()
+    strict.labels[A] = TensorLabel((4, 8), "torch.float32", "engine.staging")
+    strict.launch(S1, reads=[A], writes=[B])
+    with pytest.raises(RaceError, match=r"engine.staging \(shape \(4, 8\), torch.float32\)") as info:
+        strict.host_write(A)
+    assert info.value.report.kind is RaceKind.HOST_WRITE_PENDING
+
+
+def test_mode_is_checked():
+    with pytest.raises(ValueError, match="mode='loud'; accepted: strict, report"):
+        StreamTracker(mode="loud")
+
+
+def test_host_id_is_not_a_stream(tracker):
+    with pytest.raises(ValueError, match="host"):
+        tracker.launch(HOST, writes=[A])
+
+
+def test_labels_name_tensors_by_path():
+    class Engine:
+        def __init__(self):
+            self.staging = torch.zeros(4, 2, dtype=torch.int32)
+            self.buffers = {"positions": torch.zeros(3)}
+
+    engine = Engine()
+    labels = name_tensors(engine, "engine")
+    assert str(labels[storage_key(engine.staging)]) == "tensor engine.staging (shape (4, 2), torch.int32)"
+    assert labels[storage_key(engine.buffers["positions"])].path == "engine.buffers['positions']"
