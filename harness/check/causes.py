@@ -25,6 +25,10 @@ POOL_OVERWRITTEN = "pool memory overwritten by another graph"
 NEVER_WRITTEN = "graph memory never written by the graph"
 UPSTREAM = "computed differently by an earlier op of the replay"
 RACE = "a race under the adversarial schedule"
+# Found before a replay, in what the host hands the graph (explain.py's `checks=`):
+PADDING_ALIASES = "padding rows alias live memory"
+STATIC_INPUT_STALE = "static input not refreshed since capture/last copy"
+WRONG_GRAPH_KEY = "graph chosen for another key"
 
 
 @dataclass(frozen=True)

@@ -10,6 +10,11 @@ what the recording knows about its inputs (causes.py). Later replays run plainly
 
 The eager run happens on the same objects just before the replay, so host state it advances (a
 Python counter the captured code bumps) is advanced once more than without the explanation.
+
+An eager run of the same callable shares a bug in what the host hands the graph (padding rows that
+alias live memory, inputs never copied into the graph's static buffers, the graph of another key).
+`checks=` are consulted before each replay for such bugs, at the level where they show: each is a
+callable `(ExplainedGraph) -> Explanation | None` (engine glue, harness.repro.replay_checks).
 """
 
 from __future__ import annotations
@@ -107,8 +112,9 @@ class _Session:
     """One explanation in progress: counts, and the first divergence once found."""
 
     def __init__(self, steps: float, context: int, classifiers: Sequence[Classifier],
-                 roots: Callable[[], Mapping[str, Any]] | None) -> None:
+                 roots: Callable[[], Mapping[str, Any]] | None, checks: Sequence[ReplayCheck] = ()) -> None:
         self.steps = steps
+        self.checks = tuple(checks)
         self.context = context
         self.classifiers = tuple(classifiers)
         self.roots = roots
@@ -122,6 +128,13 @@ class _Session:
         if self.found is not None:
             graph.inner.replay()
             return
+        for check in self.checks:
+            finding = check(graph)
+            if finding is not None:
+                self.found = dataclasses.replace(finding, graph=f"{graph.label}, replay {graph.replays}",
+                                                 tolerance_steps=self.steps)
+                graph.inner.replay()
+                return
         writes = {id(t): t for r in graph.inner.records for t in r.external_writes}
         saved = [(t, t.detach().clone()) for t in writes.values()]
         log = EagerOpLog()
@@ -259,6 +272,9 @@ class ExplainedGraph(CapturedGraph):
         self.inner.reset()
 
 
+ReplayCheck = Callable[[ExplainedGraph], "Explanation | None"]
+
+
 class ExplainingBackend(GraphBackend):
     """The emulated backend, keeping each capture's callable for the session's comparisons."""
 
@@ -291,7 +307,7 @@ class ExplainingBackend(GraphBackend):
 def explain_divergence(step: Callable[..., Any], *inputs: Any, requests: Sequence[Any] | None = None,
                        steps: float = 2, context: int = 3,
                        roots: Callable[[], Mapping[str, Any]] | None = None,
-                       classifiers: Sequence[Classifier] = (),
+                       classifiers: Sequence[Classifier] = (), checks: Sequence[ReplayCheck] = (),
                        device: torch.device | str | None = None) -> Explanation:
     """The first replayed op that departs from eager, and why.
 
@@ -303,14 +319,16 @@ def explain_divergence(step: Callable[..., Any], *inputs: Any, requests: Sequenc
 
     `steps`: the tolerance in bf16 steps; `context`: how many agreeing ops before it to show;
     `roots()`: objects whose tensors name addresses in the report (pointer paths); `classifiers`:
-    more causes to consult before the built-in ones (causes.py). An error the step raises is
+    more causes to consult before the built-in ones (causes.py); `checks`: what to look at before
+    each replay, for a bug the eager run of the captured callable shares (the module's docstring).
+    An error the step raises is
     reported in the explanation's `raised` (with the divergence found before it, if any).
     """
     if steps < 0:
         raise ValueError(f"steps must be >= 0 bf16 steps, got {steps}")
     if context < 0:
         raise ValueError(f"context must be >= 0 ops, got {context}")
-    session = _Session(steps, context, [*classifiers, *CLASSIFIERS], roots)
+    session = _Session(steps, context, [*classifiers, *CLASSIFIERS], roots, checks)
     backend = ExplainingBackend(session, device)
     try:
         result = step(backend, *inputs) if requests is None else step(backend)

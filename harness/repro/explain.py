@@ -1,7 +1,9 @@
 """`harness explain`: the engine-side glue of `harness.check.explain_divergence` for a reproduction
 file or a `Scenario`: the scenario's candidate engine is built on the explaining backend (with the
 file's fault planted) and its requests run; every graph replay is compared op by op with an eager
-run of what the graph captured. Tensors are named by their paths in the engine's decode-graph roots
+run of what the graph captured, and before it the host's decisions that an eager run of the same
+callable shares are checked (replay_checks.py: the padding, the graph key, the copy into static
+inputs). Tensors are named by their paths in the engine's decode-graph roots
 and the model's parameters."""
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ from typing import Any, Callable
 
 from harness.check.explain import Explanation, explain_divergence
 from harness.repro.record import ReproRecord, load_record
+from harness.repro.replay_checks import HostDecisions
 from harness.repro.scenario import Scenario
 
 
@@ -37,9 +40,10 @@ def explain_engine_step(step: Callable[[Any, list[Any]], Any], requests: list[An
         from harness.faults import inject
 
         planted = inject(fault, "emulated")
-    with planted:
+    decisions = HostDecisions(engines)
+    with planted, decisions.planted():
         return explain_divergence(lambda backend: step(backend, engines), requests=requests, steps=steps,
-                                  context=context, roots=engine_roots(engines))
+                                  context=context, roots=engine_roots(engines), checks=(decisions.check,))
 
 
 def explain_scenario(scenario: Scenario, *, fault: str | None = None, context: int = 3) -> Explanation:

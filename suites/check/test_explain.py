@@ -193,3 +193,30 @@ def test_piecewise_and_decode_graphs_of_the_engine_agree_with_eager_op_by_op():
 def test_a_full_attention_transformers_model_agrees_with_eager_op_by_op():
     explanation = _explain_tiny_transformers("llama", "LlamaForCausalLM")
     assert not explanation.diverged and explanation.ops_compared > 100, explanation
+
+
+def _one_graph_replayed_twice(backend):
+    x = torch.arange(4, dtype=torch.float32)
+    graph = backend.capture(lambda: x * 2)
+    graph.replay()
+    graph.replay()
+
+
+def test_a_check_before_the_replay_reports_what_the_eager_run_would_share():
+    from harness.check.explain import Explanation
+
+    seen = []
+
+    def second_replay_is_wrong(graph):
+        seen.append(graph.replays)
+        if graph.replays < 2:
+            return None
+        return Explanation(True, 0, 0, op="host decision", where="here",
+                           cause=Cause("a cause the eager run shares", "the detail"))
+
+    explanation = explain_divergence(_one_graph_replayed_twice, checks=(second_replay_is_wrong,))
+    assert seen == [1, 2]
+    assert explanation.diverged and explanation.op == "host decision", explanation
+    assert explanation.graph.endswith("replay 2") and explanation.replays_compared == 1
+    assert "differs: a cause the eager run shares\n    the detail" in str(explanation)
+    assert not explain_divergence(_one_graph_replayed_twice, checks=(lambda graph: None,)).diverged
