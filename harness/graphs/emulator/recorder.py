@@ -234,7 +234,9 @@ class Recorder(TorchDispatchMode):
                     self._trace(func, args, kwargs, replay_outs)
                 return
             out_op = opinfo.out_overload(func)
-            if out_op is not None:
+            # An op that returned an undefined tensor (cuDNN's RNN without a dropout state) has no
+            # out= tensor for it: its out= overload cannot be called.
+            if out_op is not None and len(replay_outs) == len(opinfo.out_names(out_op)):
                 # Only the arguments the caller gave: every default passed costs parsing at replay.
                 named = opinfo.bind(func, replay_args, replay_kwargs, defaults=False)
                 allowed = {a.name for a in out_op._schema.arguments}
