@@ -53,7 +53,9 @@ def test_pinned_staging_refills_a_buffer_after_its_copy(cuda):
 def test_pinned_readback_reads_what_the_device_wrote(cuda):
     readback = PinnedReadback((N,), torch.float32)
     x = full(3.0)
-    readback.start(x)  # warm up
+    readback.start(x * 2)  # warm up, the multiply's kernel too: a kernel's first launch loads its
+    readback.result()      # module, which synchronizes the device and would hide the race
+    readback.start(x)
     readback.result()
     torch.cuda._sleep(CYCLES)
     readback.start(x * 2)
@@ -64,6 +66,8 @@ def test_side_stream_work_sees_the_producers_writes(cuda):
     side = torch.cuda.Stream()
     x = torch.ones(N, device="cuda")
     run_on_side_stream(lambda t: t + 1, x, stream=side)  # warm up
+    torch.cuda.synchronize()
+    x.mul_(1)  # the multiply's too: a kernel's first launch loads its module, a device-wide sync
     torch.cuda.synchronize()
     torch.cuda._sleep(CYCLES)
     x.mul_(5)
