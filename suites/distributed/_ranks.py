@@ -91,6 +91,7 @@ def rank_main(argv: list[str], scenarios: Callable[..., dict[str, Callable[[], d
     dist.init_process_group(pg_backend, init_method=f"tcp://127.0.0.1:{port}", rank=rank,
                             world_size=world, timeout=datetime.timedelta(seconds=60))
     results: dict[str, dict] = {}
+    failed = True
     try:
         from harness.faults import inherited_fault
         from harness.graphs import get_backend
@@ -103,8 +104,15 @@ def rank_main(argv: list[str], scenarios: Callable[..., dict[str, Callable[[], d
                 except Exception:
                     results[name] = {"error": traceback.format_exc()}
                     raise  # the peers may be waiting in a collective: stop rather than run on
+        failed = False
     finally:
         with open(out, "w") as handle:
             json.dump(results, handle)
-        dist.destroy_process_group()
-    return 0
+        if failed:
+            traceback.print_exc()
+        sys.stdout.flush()
+        sys.stderr.flush()
+        # The results are written: leave without the process group's teardown, which aborted a rank
+        # now and then ("terminate called without an active exception", one run in three on the
+        # 2-core machine) after a scenario had left a collective's work unwaited on purpose.
+        os._exit(1 if failed else 0)
