@@ -106,7 +106,7 @@ def compile_marking_outputs(state, original):
             index = next((i for i, m in enumerate(stack) if m is placement), None)
             previous, memory.call_on_device = memory.call_on_device, True
             if index is not None:
-                _take_off(placement)
+                remove_function_mode(placement)
             try:
                 out = compiled(*args, **kwargs)
             finally:
@@ -132,7 +132,8 @@ def compile_marking_outputs(state, original):
     return compile
 
 
-def _take_off(mode) -> None:
+def remove_function_mode(mode) -> None:
+    """Pop `mode` off the function-mode stack wherever it is, keeping the modes above it."""
     above = []
     while torch._C._len_torch_function_stack() > 0:
         top = torch._C._pop_torch_function_stack()

@@ -15,6 +15,7 @@ from torch.overrides import _get_current_function_mode_stack
 from torch.utils._device import DeviceContext
 from torch.utils._python_dispatch import _get_current_dispatch_mode_stack
 
+from harness.graphs.emulator.device.backward import remove_function_mode
 from harness.graphs.emulator.device.graphs import EmulatedCUDAGraph
 from harness.graphs.emulator.device.state import DeviceProperties, DeviceState
 
@@ -105,18 +106,6 @@ def _apply(patches: list[tuple[Any, str, Any]], stack: contextlib.ExitStack) -> 
         setattr(owner, name, value)
 
 
-def _remove_function_mode(mode) -> None:
-    """Pop `mode` off the function-mode stack wherever it is, keeping the modes above it."""
-    above = []
-    while torch._C._len_torch_function_stack() > 0:
-        top = torch._C._pop_torch_function_stack()
-        if top is mode:
-            break
-        above.append(top)
-    for m in reversed(above):
-        torch._C._push_on_torch_function_stack(m)
-
-
 @contextlib.contextmanager
 def emulate_cuda(device: str = "auto", *, schedule: str = "issue_order", races: str = "strict",
                  **options) -> Iterator[Any]:
@@ -153,7 +142,7 @@ def _enter_cpu(properties: DeviceProperties, stack: contextlib.ExitStack, schedu
     _apply(patches(state), stack)
     placement = state.placement = Placement(state)
     placement.__enter__()
-    stack.callback(_remove_function_mode, placement)
+    stack.callback(remove_function_mode, placement)
     stack.callback(_reset_default_device)
     state.streams_tracking = None
     if races != "off" or schedule != "issue_order":
