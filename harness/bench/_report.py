@@ -3,15 +3,32 @@ the file `--output` names (the project's own record is docs/benchmarks.md)."""
 
 from __future__ import annotations
 
+import argparse
 import datetime
 import os
 from pathlib import Path
 
 from harness.provenance import git_commit, machine_line
 
-__all__ = ["append_section", "machine_line"]
+__all__ = ["add_output_options", "append_section", "machine_line", "require_at_least"]
 
 _HEADER = "# Benchmarks\n\nAppended by `harness bench NAME --output FILE`; newest last.\n"
+
+
+def add_output_options(parser: argparse.ArgumentParser) -> None:
+    """`--output FILE` and `--no-write`: a benchmark writes only where it is told to."""
+    parser.add_argument("--output", metavar="FILE", help="also append the results to FILE "
+                        "(e.g. docs/benchmarks.md); default: print only")
+    parser.add_argument("--no-write", action="store_true", help="print only, even with --output")
+
+
+def require_at_least(parser: argparse.ArgumentParser, args: argparse.Namespace, minimum: int,
+                     *names: str) -> None:
+    """A one-line usage error for the first option among `names` below `minimum`."""
+    for name in names:
+        value = getattr(args, name.replace("-", "_"))
+        if value < minimum:
+            parser.error(f"--{name} must be at least {minimum}, got {value}")
 
 
 def append_section(path: str | os.PathLike, title: str, body: str, *, threads: int) -> None:

@@ -31,7 +31,7 @@ from typing import Callable
 
 import torch
 
-from harness.bench._report import append_section, machine_line
+from harness.bench._report import add_output_options, append_section, machine_line
 from harness.bench._engine_steps import render_steps, step_misses, time_engine_steps
 from harness.bench._kernels import cuda_kernels_per_replay, op_counts, render_op_counts
 from harness.bench.timing import median_ms
@@ -272,9 +272,7 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--backend", default="auto", choices=BACKENDS)
     parser.add_argument("--iters", type=int, default=100, help="timed iterations (default 100)")
     parser.add_argument("--warmup", type=int, default=10, help="untimed iterations first (default 10)")
-    parser.add_argument("--output", metavar="FILE", help="also append the tables to FILE "
-                        "(e.g. docs/benchmarks.md); default: print only")
-    parser.add_argument("--no-write", action="store_true", help="print only, even with --output")
+    add_output_options(parser)
     parser.add_argument("--check", action="store_true", help="exit 1 when a target is missed")
     parser.add_argument("--profile", action="store_true",
                         help="profile the graph step of one --model at one --batch; prints only")

@@ -17,7 +17,7 @@ from typing import Callable
 
 import torch
 
-from harness.bench._report import append_section, machine_line
+from harness.bench._report import add_output_options, append_section, machine_line, require_at_least
 from harness.bench._tracking import TRACKING_TARGET, measure_tracking, render_tracking
 from harness.bench.timing import median_ms
 from harness.bench._tiny_decoder import TinyDecoder, TinyDecoderConfig
@@ -132,17 +132,12 @@ def main(argv: list[str]) -> int:
                              f"CUDA device (target <= {TRACKING_TARGET:.2f}x)")
     parser.add_argument("--no-device", action="store_true",
                         help="skip the emulated CUDA device's table (eager on it vs CPU eager)")
-    parser.add_argument("--output", metavar="FILE", help="also append the table to FILE "
-                        "(e.g. docs/benchmarks.md); default: print only")
-    parser.add_argument("--no-write", action="store_true", help="print only, even with --output")
+    add_output_options(parser)
     parser.add_argument("--check", action="store_true",
                         help=f"exit 1 when a ratio is above the target {TARGET:.2f}")
     args = parser.parse_args(argv)
-    for name in ("iters", "batch", "threads"):
-        if getattr(args, name) < 1:
-            parser.error(f"--{name} must be at least 1, got {getattr(args, name)}")
-    if args.warmup < 0:
-        parser.error(f"--warmup must be at least 0, got {args.warmup}")
+    require_at_least(parser, args, 1, "iters", "batch", "threads")
+    require_at_least(parser, args, 0, "warmup")
 
     threads = torch.get_num_threads()
     torch.set_num_threads(args.threads)

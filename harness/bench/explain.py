@@ -23,7 +23,7 @@ from typing import Callable
 
 import torch
 
-from harness.bench._report import append_section, machine_line
+from harness.bench._report import add_output_options, append_section, machine_line, require_at_least
 
 TARGET_S = 30.0
 
@@ -89,13 +89,9 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--repeat", type=int, default=3, help="runs per case, median kept (default 3)")
     parser.add_argument("--threads", type=int, default=torch.get_num_threads(),
                         help="torch intra-op threads (default: torch's, one per core)")
-    parser.add_argument("--output", metavar="FILE", help="also append the table to FILE "
-                        "(e.g. docs/benchmarks.md); without it nothing is written")
-    parser.add_argument("--no-write", action="store_true", help="print only, even with --output")
+    add_output_options(parser)
     args = parser.parse_args(argv)
-    for name in ("repeat", "threads"):
-        if getattr(args, name) < 1:
-            parser.error(f"--{name} must be at least 1, got {getattr(args, name)}")
+    require_at_least(parser, args, 1, "repeat", "threads")
     threads = torch.get_num_threads()
     torch.set_num_threads(args.threads)
     try:

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 import torch
 
-from harness.bench._report import append_section, machine_line
+from harness.bench._report import add_output_options, append_section, machine_line, require_at_least
 from harness.bench.timing import median_ms
 from harness.cli_support import require_cuda
 
@@ -115,15 +115,10 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--prompt", type=int, action="append",
                         help=f"prompt length (repeatable; default {', '.join(map(str, PROMPTS))})")
     parser.add_argument("--threads", type=int, default=1, help="torch intra-op threads on CPU (default 1)")
-    parser.add_argument("--output", metavar="FILE", help="also append the table to FILE "
-                        "(e.g. docs/benchmarks.md); default: print only")
-    parser.add_argument("--no-write", action="store_true", help="print only, even with --output")
+    add_output_options(parser)
     args = parser.parse_args(argv)
-    for name in ("iters", "threads"):
-        if getattr(args, name) < 1:
-            parser.error(f"--{name} must be at least 1, got {getattr(args, name)}")
-    if args.warmup < 0:
-        parser.error(f"--warmup must be at least 0, got {args.warmup}")
+    require_at_least(parser, args, 1, "iters", "threads")
+    require_at_least(parser, args, 0, "warmup")
     prompts = tuple(args.prompt or PROMPTS)
     if min(prompts) < 2:
         parser.error(f"--prompt must be at least 2 (the smallest bucket), got {min(prompts)}")
