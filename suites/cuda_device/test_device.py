@@ -7,6 +7,8 @@ import numpy as np
 import pytest
 import torch
 
+import harness
+
 MIXED = "Expected all tensors to be on the same device, but found at least two devices"
 
 
@@ -141,3 +143,32 @@ def test_compiled_code_on_device_tensors_returns_device_tensors(cuda_device):
     assert out.is_cuda
     torch.testing.assert_close(out + x, x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-6) + x)
     assert not norm(torch.ones(2, 8), torch.ones(8)).is_cuda
+
+
+def test_a_factory_beyond_the_device_capacity_raises_cudas_oom_before_touching_the_host(
+        outside_emulation):
+    with harness.emulate_cuda(device="cpu", total_memory=2**20):
+        kept = torch.empty(2**18 - 256, device="cuda")  # 1 KiB short of the device's 1 MiB
+        with pytest.raises(torch.OutOfMemoryError) as refused:
+            torch.zeros(512, device="cuda")
+        assert str(refused.value).startswith("CUDA out of memory. Tried to allocate 2.00 KiB. GPU 0 "
+                                             "has a total capacity of 1024.00 KiB of which 1024 bytes "
+                                             "is free.")
+        with pytest.raises(torch.OutOfMemoryError, match="CUDA out of memory"):
+            with torch.cuda.graph(torch.cuda.CUDAGraph()):
+                torch.zeros(2**40, device="cuda")
+        del kept
+        assert torch.zeros(512, device="cuda").sum().item() == 0  # fits once the memory is free
+
+
+def test_memory_made_on_a_side_stream_belongs_to_it(cuda_device):
+    # torch.as_tensor(x, device="cuda") is made in C++, not by an op the stream tracking sees;
+    # freeing it on the stream that made and used it is no race.
+    side = torch.cuda.Stream()
+    with torch.cuda.stream(side):
+        for _ in range(3):
+            scalar = torch.as_tensor(0.5, device="cuda").clone().detach()
+            scalar.mul_(2)
+            del scalar
+        torch.zeros(1, device="cuda").add_(1)
+    torch.cuda.synchronize()

@@ -28,6 +28,7 @@ from torch.utils._device import DeviceContext, _device_constructors
 
 from harness.graphs.base import CaptureError
 from harness.graphs.emulator.device import kernels, transfers
+from harness.graphs.emulator.device.capacity import requested_bytes
 from harness.graphs.emulator.device.memory import DEVICE, MEMORY_ATTR, PINNED
 from harness.graphs.emulator.device.rules import (CPU, cuda_index, host_generator_error, mixed_devices_error,
                                                  names_cuda)
@@ -153,6 +154,10 @@ class Placement(TorchFunctionMode):
             raise host_generator_error()
         if named_device and func in _FROM_HOST_DATA and self.state.capturing():
             transfers.refuse_host_data(self.state, func, args)
+        if named_device:
+            asked = requested_bytes(func, args, kwargs)
+            if asked:
+                self.state.check_capacity(asked)
         # What the call makes inside (a composite's own factories: SDPA's causal mask) is device
         # memory too; the recorder asks this flag for calls without device tensors.
         memory = self.memory

@@ -63,6 +63,10 @@ class AsyncWork:
         if not self.active:
             self.mode.__enter__()
             self.active = True
+            self._listeners().append(self.mode.adopted)
+
+    def _listeners(self) -> list:
+        return getattr(self.mode.memory, "adoption_listeners", [])
 
     def __enter__(self) -> "AsyncWork":
         if not self._lazy:
@@ -77,6 +81,9 @@ class AsyncWork:
             if self.active:
                 _remove_dispatch_mode(self.mode)
                 self.active = False
+                listeners = self._listeners()
+                if self.mode.adopted in listeners:
+                    listeners.remove(self.mode.adopted)
         if exc[0] is None:
             self.mode.raise_late()
 
