@@ -183,7 +183,7 @@ def _enter_emulated_cuda(config: pytest.Config) -> None:
 
     stack = contextlib.ExitStack()
     stack.enter_context(emulate_cuda(schedule=config.getoption("cuda_schedule"),
-                                     races=config.getoption("cuda_races")))
+                                     races=config.getoption("cuda_races"), children=True))
     config.stash[_emulation] = stack
 
 
