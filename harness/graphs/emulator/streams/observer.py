@@ -6,6 +6,8 @@ from __future__ import annotations
 
 from typing import Any
 
+import torch
+
 from harness.graphs.emulator.callsite import callsite_later, current_callsite
 from harness.graphs.emulator.streams.capture import CaptureStreams
 from harness.graphs.emulator.streams.names import name_tensors
@@ -127,9 +129,17 @@ class DeviceStreams:
 
     def issue_replay(self, graph, recording, run, stream) -> None:
         recording.refuse_unreplayable()  # freed or moved memory raises at the call, not later
+        def steps() -> list:
+            def without_torch_function(step):
+                def run_step() -> None:
+                    with torch._C.DisableTorchFunction():
+                        step()
+                return run_step
+            return [without_torch_function(step) for step in recording.replay_in_steps()]
+
         self.work.replay(stream_key(stream), recording.reads, recording.writes,
                          lambda: run(recording), name=f"CUDAGraph {id(graph):#x}",
-                         where=callsite_later(), hold=recording.external_storages)
+                         where=callsite_later(), hold=recording.external_storages, steps=steps)
 
     # --- naming --------------------------------------------------------------------------------
 
