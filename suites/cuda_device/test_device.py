@@ -69,6 +69,20 @@ def test_a_cpu_generator_for_a_random_op_on_the_device_raises_cudas_error(cuda_d
     assert torch.randn(4, generator=gen, device="cpu").cuda().is_cuda
 
 
+def test_a_cuda_generator_drives_the_devices_random_ops_and_only_those(cuda_device):
+    gen = torch.Generator(device="cuda")
+    assert gen.device == torch.device("cuda", 0) and isinstance(gen, torch.Generator)
+    assert isinstance(torch.default_generator, torch.Generator)
+    first = torch.randn(4, device="cuda", generator=gen.manual_seed(7))
+    again = torch.empty(4, device="cuda").normal_(generator=gen.manual_seed(7))
+    assert first.is_cuda and torch.equal(first, again)
+    with pytest.raises(RuntimeError, match="Expected a 'cpu' device type for generator but found 'cuda'"):
+        torch.randn(4, generator=gen)
+    with pytest.raises(RuntimeError, match="invalid device ordinal"):
+        torch.Generator(device="cuda:1")
+    assert torch.Generator().device == torch.device("cpu")
+
+
 def test_crossing_between_the_memories_copies(cuda_device):
     host = torch.ones(3)
     device = host.to("cuda")

@@ -22,7 +22,8 @@ import torch.cuda.streams
 
 from harness.graphs.emulator.device.backward import (
     compile_marking_outputs, engine_with_placement, saved_tensor_hooks_with_placement)
-from harness.graphs.emulator.device.rules import DeviceIndexError, cuda_index
+from harness.graphs.emulator.device.generators import generator_class
+from harness.graphs.emulator.device.rules import DeviceIndexError, cuda_index, names_cuda
 from harness.graphs.emulator.device.streams import Event, ExternalStream, Stream
 
 
@@ -313,6 +314,9 @@ def patches(state) -> list[tuple[Any, str, Any]]:
             if name in torch.accelerator.__dict__]
     out += [
         (torch.cuda, "default_generators", (generator,) * props.count),
+        (torch, "Generator", generator_class(
+            lambda device: cuda_index(device, state.current_index, props.count)
+            if names_cuda(device) else None)),
         (torch.cuda.graph, "default_capture_stream", None),
         (torch.version, "cuda", "12.8"),
         *[(torch._C, name, fn) for name, fn in private.items()],
