@@ -186,3 +186,17 @@ def test_memory_made_on_a_side_stream_belongs_to_it(cuda_device):
             del scalar
         torch.zeros(1, device="cuda").add_(1)
     torch.cuda.synchronize()
+
+
+def test_the_device_has_no_cudnn_whatever_torch_was_built_with(cuda_device):
+    import warnings
+
+    x = torch.zeros(2, 3, 4, device="cuda")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # a CPU build's "compiled without cuDNN" warning is not it
+        assert not torch.backends.cudnn.is_available()
+        assert not torch.backends.cudnn.is_acceptable(x)
+    lstm = torch.nn.LSTM(4, 5).cuda()  # flattens its weights through cuDNN when it is acceptable
+    out, _ = lstm(x)
+    out.sum().backward()
+    assert out.is_cuda and lstm.weight_ih_l0.grad.is_cuda

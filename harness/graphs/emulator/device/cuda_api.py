@@ -15,6 +15,7 @@ from typing import Any, Callable
 
 import torch
 import torch.accelerator
+import torch.backends.cudnn
 import torch.cuda.graphs
 import torch.cuda.memory
 import torch.cuda.random
@@ -322,6 +323,10 @@ def patches(state) -> list[tuple[Any, str, Any]]:
         *[(torch._C, name, fn) for name, fn in private.items()],
         # The optimizers' capture health check and others ask whether torch was built with CUDA.
         (torch.backends.cuda, "is_built", lambda: True),
+        # The device's kernels are the cpu's: no cuDNN, even where torch was built with it (a CUDA
+        # build on a machine without a GPU), or RNNs would flatten their weights with cuDNN.
+        (torch.backends.cudnn, "is_available", lambda: False),
+        (torch.backends.cudnn, "is_acceptable", lambda tensor: False),
         # Its C++ argument parser takes only torch's own Stream type.
         (torch.Tensor, "record_stream", lambda self, stream: streams.record_stream(self, stream)),
         (torch.autograd, "_engine_run_backward",

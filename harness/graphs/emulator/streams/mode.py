@@ -251,3 +251,10 @@ class StreamWork(TorchDispatchMode):
         """Raise a strict race found during a free, if any (at the end of the tracked region)."""
         if self._late:
             raise self._late.pop(0)
+
+    def take_late(self) -> list[RaceError]:
+        """The strict races found during frees since the last call (frees of tensors dropped
+        since the last op are judged first); they are not raised later."""
+        self.check_drops()
+        late, self._late = self._late, []
+        return late

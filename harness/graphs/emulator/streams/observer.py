@@ -151,6 +151,12 @@ class DeviceStreams:
     def reports(self) -> list:
         return self.work.tracker.reports
 
+    def take_late_races(self) -> list:
+        """Strict races found where raising was impossible (a tensor's free, judged in its
+        finalizer) and not raised yet; the caller raises them where they belong (pytest: at the
+        end of the test that freed the memory, not in the next test's first op)."""
+        return self.work.mode.take_late()
+
     # --- what the device's stream and event API asks ------------------------------------------
 
     def stream_done(self, stream) -> bool:
