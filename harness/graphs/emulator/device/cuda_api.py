@@ -18,6 +18,7 @@ import torch.accelerator
 import torch.backends.cudnn
 import torch.cuda.graphs
 import torch.cuda.memory
+import torch.cuda.nvtx
 import torch.cuda.random
 import torch.cuda.streams
 
@@ -26,6 +27,8 @@ from harness.graphs.emulator.device.backward import (
 from harness.graphs.emulator.device.generators import generator_class
 from harness.graphs.emulator.device.rules import DeviceIndexError, cuda_index, names_cuda
 from harness.graphs.emulator.device.streams import Event, ExternalStream, Stream
+from harness.graphs.emulator.device.tools import (NvtxRanges, check_memory_fraction,
+                                                 check_sync_debug_mode)
 
 
 @dataclass(frozen=True)
@@ -262,6 +265,13 @@ def patches(state) -> list[tuple[Any, str, Any]]:
         "_cuda_synchronize": lambda: synchronize(),
         "_cuda_isCurrentStreamCapturing": lambda: is_current_stream_capturing(),
         "_host_emptyCache": lambda: None,
+        "_cuda_set_sync_debug_mode": lambda mode: setattr(state, "sync_debug_mode",
+                                                          check_sync_debug_mode(mode)),
+        "_cuda_get_sync_debug_mode": lambda: state.sync_debug_mode,
+        "_cuda_setMemoryFraction": lambda fraction, device=None: setattr(
+            state, "memory_fraction", check_memory_fraction(fraction)),
+        "_cuda_canDeviceAccessPeer": lambda device, peer: (
+            device != peer and max(device, peer) < props.count and min(device, peer) >= 0),
     }  # not _cuda_getDeviceCount: torch.cuda._is_compiled() asks for it to tell a CUDA build
 
     from harness.graphs.emulator.device.session import CUDAGraph
@@ -316,6 +326,7 @@ def patches(state) -> list[tuple[Any, str, Any]]:
             if name in torch.accelerator.__dict__]
     out += [
         (torch.cuda, "default_generators", (generator,) * props.count),
+        (torch.cuda.nvtx, "_nvtx", NvtxRanges()),
         (torch, "Generator", generator_class(
             lambda device: cuda_index(device, state.current_index, props.count)
             if names_cuda(device) else None)),

@@ -76,6 +76,8 @@ class DeviceState:
         self._devices = tuple(torch.device("cuda", i) for i in range(properties.count))
         self.storage_device = torch.device("cpu")  # where device memory really lives
         self.kernel_device = torch.device("cuda", 0)  # whose kernels' rules a capture applies
+        self.sync_debug_mode = 0  # torch.cuda.set_sync_debug_mode: 0 default, 1 warn, 2 error
+        self.memory_fraction = 1.0  # torch.cuda.set_per_process_memory_fraction
 
     def device_object(self) -> torch.device:
         """What `tensor.device` answers for a device tensor."""
@@ -120,9 +122,13 @@ class DeviceState:
                                    "the host could not allocate it")
 
     def check_capacity(self, nbytes: int) -> None:
-        """Raise CUDA's out-of-memory error when `nbytes` more would not fit on the device."""
-        if nbytes > self.properties.total_memory - self.memory.allocated_bytes():
-            raise self._out_of_memory(nbytes, "")
+        """Raise CUDA's out-of-memory error when `nbytes` more would not fit on the device (in
+        the share `torch.cuda.set_per_process_memory_fraction` allows this process)."""
+        allowed = int(self.properties.total_memory * self.memory_fraction)
+        if nbytes > allowed - self.memory.allocated_bytes():
+            why = (f"the per-process memory fraction {self.memory_fraction:g} allows "
+                   f"{allowed} bytes" if self.memory_fraction < 1 else "")
+            raise self._out_of_memory(nbytes, why)
 
     def _out_of_memory(self, nbytes: float, why: str) -> Exception:
         from harness.graphs.emulator.device.capacity import out_of_memory_error
@@ -158,6 +164,10 @@ class DeviceState:
                 hook(op, args, kwargs, result, stream)
 
     def notify_sync(self, what: str, tensor) -> None:
+        if tensor is not None and self.sync_debug_mode:
+            from harness.graphs.emulator.device.tools import on_host_sync
+
+            on_host_sync(self.sync_debug_mode)
         self._tell("on_sync", what, tensor, self.streams.current())
 
     def notify_host_read(self, what: str, tensor) -> None:
