@@ -4,15 +4,20 @@ A storage is marked when the device makes it (an op with device inputs, a factor
 copy to the device, a capture's pool block); everything else is host memory, pinned when marked so
 (`pin_memory()`, `pin_memory=True`). The mark is an attribute of the storage's Python object, which
 PyTorch keeps with its StorageImpl, so views, `.data`, `module.to("cuda")` (which rebinds
-`param.data`) and `set_` share it without any bookkeeping. Live device bytes are counted from weak
-references to the marked storages (a storage's Python object dies with its StorageImpl), for `torch.cuda.memory_allocated()` and friends.
+`param.data`) and `set_` share it without any bookkeeping. Each marked storage is an allocation of CUDA's caching
+allocator, as its accounting has it (caching_allocator.py), made on the stream current then and
+freed when a weak reference to the storage says it died (a storage's Python object dies with its
+StorageImpl): what `torch.cuda.memory_stats()` and friends answer from.
 """
 
 from __future__ import annotations
 
 import weakref
+from typing import Any, Callable
 
 import torch
+
+from harness.graphs.emulator.device.caching_allocator import CachingAllocator
 
 MEMORY_ATTR = "_harness_memory"
 DEVICE = "device"
@@ -32,12 +37,12 @@ class DeviceMemory:
 
     all_device = False
 
-    def __init__(self) -> None:
-        self._sizes: dict[weakref.ref, int] = {}
-        self._allocated = 0
-        self._peak = 0
-        self.allocated_total = 0  # bytes ever marked device memory, and ever freed of it
-        self.freed_total = 0
+    def __init__(self, current_stream: Callable[[], Any]) -> None:
+        self.allocator = CachingAllocator()
+        self._current_stream = current_stream
+        self._blocks: dict[weakref.ref, Any] = {}
+        self._graphs: set[int] = set()
+        self._generator_state: tuple = ()
         # Set by the placement mode around a call that names the device (a factory with
         # device="cuda", a copy to it): the recorder cannot see the device once it is rewritten.
         self.call_on_device = False
@@ -63,33 +68,48 @@ class DeviceMemory:
             self.adopt(storage)
 
     def adopt(self, storage: torch.UntypedStorage) -> None:
-        """Mark `storage` device memory and count its bytes while it lives."""
+        """Mark `storage` device memory: an allocation on the current stream while it lives."""
         setattr(storage, MEMORY_ATTR, DEVICE)
         nbytes = storage.nbytes()
-        self._sizes[weakref.ref(storage, self._freed)] = nbytes
-        self._allocated += nbytes
-        self.allocated_total += nbytes
-        if self._allocated > self._peak:
-            self._peak = self._allocated
+        if nbytes:  # CUDA's allocator makes no block for an empty request
+            self._blocks[weakref.ref(storage, self._freed)] = self.allocator.malloc(
+                nbytes, self._current_stream())
 
     def _freed(self, ref: weakref.ref) -> None:
-        nbytes = self._sizes.pop(ref, 0)
-        self._allocated -= nbytes
-        self.freed_total += nbytes
+        block = self._blocks.pop(ref, None)
+        if block is not None:
+            self.allocator.free(block)
 
     def mark_pinned(self, t: torch.Tensor) -> None:
         storage = _storage(t)
         if storage is not None:
             setattr(storage, MEMORY_ATTR, PINNED)
 
+    # --- what CUDA graphs hold -----------------------------------------------------------------
+
+    def graph_registered(self, key: int, stream: Any) -> None:
+        """A capture begins (graph `key`, on `stream`): the default generator registers the graph
+        and, while any graph is registered, holds its seed and offset for replays in two
+        one-element int64 device tensors, made on the capture stream before the capture's pool
+        takes over (CUDAGeneratorState::register_graph)."""
+        if not self._graphs:
+            self._generator_state = (self.allocator.malloc(8, stream),
+                                     self.allocator.malloc(8, stream))
+        self._graphs.add(key)
+
+    def graph_unregistered(self, key: int) -> None:
+        """Graph `key` was destroyed: the last one frees the generator's seed and offset."""
+        self._graphs.discard(key)
+        if not self._graphs:
+            for block in self._generator_state:
+                self.allocator.free(block)
+            self._generator_state = ()
+
     # --- statistics --------------------------------------------------------------------------
 
     def allocated_bytes(self) -> int:
-        """Bytes of device storages still alive."""
-        return self._allocated
+        """Bytes of the blocks that device storages alive now hold (CUDA's allocated_bytes)."""
+        return self.allocator.allocated_bytes()
 
-    def peak_bytes(self) -> int:
-        return self._peak
-
-    def reset_peak(self) -> None:
-        self._peak = self._allocated
+    def reserved_bytes(self) -> int:
+        return self.allocator.reserved_bytes()
