@@ -37,8 +37,10 @@ SMALL_BUFFER = 2 << 20  # kSmallBuffer: a small-pool segment
 LARGE_BUFFER = 20 << 20  # kLargeBuffer: the segment for a large request below MIN_LARGE_ALLOC
 MIN_LARGE_ALLOC = 10 << 20  # kMinLargeAlloc
 ROUND_LARGE = 2 << 20  # kRoundLarge
-STAT_NAMES = ("allocation", "allocated_bytes", "requested_bytes", "inactive_split",
-              "inactive_split_bytes", "segment", "reserved_bytes")
+# The stats every allocation or free moves, by their index in a `_Counters`' lists.
+HOT_STATS = ("allocation", "allocated_bytes", "requested_bytes", "inactive_split",
+             "inactive_split_bytes")
+SEGMENT_STATS = ("segment", "reserved_bytes")
 FIELDS = ("current", "peak", "allocated", "freed")
 SCOPES = ("all", "small_pool", "large_pool")
 
@@ -58,7 +60,7 @@ def segment_size(size: int) -> int:
 
 
 class _Stat:
-    """One of CUDA's Stat counters."""
+    """One of CUDA's Stat counters (for the rare ones: segments and reserved bytes)."""
 
     __slots__ = ("current", "peak", "allocated", "freed")
 
@@ -76,6 +78,21 @@ class _Stat:
         self.freed += amount
 
 
+class _Counters:
+    """The HOT_STATS of one size class, one list entry per stat: `current`, `allocated` (the sum
+    of increases) and `peak`. What CUDA calls freed (the sum of decreases) is
+    `allocated - current + base`, `base` being `current` when the accumulated stats were reset:
+    a decrease only has to move `current`."""
+
+    __slots__ = ("current", "allocated", "peak", "base")
+
+    def __init__(self) -> None:
+        self.current = [0] * len(HOT_STATS)
+        self.allocated = [0] * len(HOT_STATS)
+        self.peak = [0] * len(HOT_STATS)
+        self.base = [0] * len(HOT_STATS)
+
+
 class Block:
     """A block of a segment: allocated, or free in `free_list` (its pool's, for its size class and
     stream). `prev`/`next` are its neighbours in the segment."""
@@ -84,12 +101,12 @@ class Block:
                  "free_list")
 
     def __init__(self, size: int, address: int, small: bool, pool: "Pool",
-                 free_list: "_FreeList") -> None:
+                 free_list: "_FreeList", prev: "Block | None", after: "Block | None") -> None:
         self.size = size
         self.requested = 0
         self.address = address
-        self.prev: Block | None = None
-        self.next: Block | None = None
+        self.prev = prev
+        self.next = after
         self.allocated = False
         self.small = small
         self.pool = pool
@@ -97,7 +114,8 @@ class Block:
 
 
 class _FreeList:
-    """Free blocks of one pool, size class and stream, ordered by (size, address)."""
+    """Free blocks of one pool, size class and stream: `keys` (size, address) sorted, `blocks` by
+    address. Best fit is the first key not below (size,)."""
 
     __slots__ = ("keys", "blocks")
 
@@ -105,40 +123,22 @@ class _FreeList:
         self.keys: list[tuple[int, int]] = []
         self.blocks: dict[int, Block] = {}
 
-    def add(self, block: Block) -> None:
-        bisect.insort(self.keys, (block.size, block.address))
-        self.blocks[block.address] = block
-
     def remove(self, block: Block) -> None:
         keys = self.keys
         del keys[bisect.bisect_left(keys, (block.size, block.address))]
         del self.blocks[block.address]
 
-    def take_best_fit(self, size: int) -> Block | None:
-        keys = self.keys
-        i = bisect.bisect_left(keys, (size,))
-        if i == len(keys):
-            return None
-        return self.blocks.pop(keys.pop(i)[1])
-
 
 class Pool:
-    """The regular pool or one graph pool: its free blocks by (small, stream), how many segments
-    it holds, and how many graphs use it."""
+    """The regular pool or one graph pool: its free lists by stream (small, large), how many
+    segments it holds, and how many graphs use it."""
 
     __slots__ = ("free_lists", "segments", "use_count", "__weakref__")
 
     def __init__(self) -> None:
-        self.free_lists: dict[tuple[bool, object], _FreeList] = {}
+        self.free_lists: dict[object, tuple[_FreeList, _FreeList]] = {}
         self.segments = 0
         self.use_count = 0
-
-    def free_list(self, small: bool, stream) -> _FreeList:
-        key = (small, stream)
-        free_list = self.free_lists.get(key)
-        if free_list is None:
-            free_list = self.free_lists[key] = _FreeList()
-        return free_list
 
 
 class CachingAllocator:
@@ -151,21 +151,13 @@ class CachingAllocator:
         self._capture_pool: Pool | None = None
         self._capture_streams: set = set()
         self._next_address = 1 << 40
-        self.stats = {name: (_Stat(), _Stat(), _Stat()) for name in STAT_NAMES}
+        self._small, self._large = _Counters(), _Counters()
+        self._all_peak = [0] * len(HOT_STATS)
+        self.segment_stats = {name: (_Stat(), _Stat(), _Stat()) for name in SEGMENT_STATS}
         self.num_device_alloc = 0
         self.num_device_free = 0
-        stats = self.stats
-        # Per size class (small: True), the stats every allocation and free moves.
-        self._usage = {small: tuple(stats[name][i] for name in ("allocation", "allocated_bytes",
-                                                                 "requested_bytes")
-                                    for i in (0, 1 if small else 2))
-                       for small in (True, False)}
-        self._split = {small: (stats["inactive_split"][0], stats["inactive_split"][1 if small else 2],
-                               stats["inactive_split_bytes"][0],
-                               stats["inactive_split_bytes"][1 if small else 2])
-                       for small in (True, False)}
 
-    # --- allocation --------------------------------------------------------------------------
+    # --- allocation (on every device allocation and free: kept to plain list and dict work) ----
 
     def malloc(self, nbytes: int, stream) -> Block:
         """A block for a request of `nbytes` (> 0) made on `stream`."""
@@ -174,70 +166,92 @@ class CachingAllocator:
         pool = self._capture_pool
         if pool is None or stream not in self._capture_streams:
             pool = self.regular
-        free_list = pool.free_list(small, stream)
-        block = free_list.take_best_fit(size)
-        if block is None:
+        lists = pool.free_lists.get(stream)
+        if lists is None:
+            lists = pool.free_lists[stream] = (_FreeList(), _FreeList())
+        free_list = lists[0] if small else lists[1]
+        keys = free_list.keys
+        i = bisect.bisect_left(keys, (size,))
+        if i < len(keys):
+            block = free_list.blocks.pop(keys.pop(i)[1])
+        else:
             block = self._new_segment(pool, small, free_list, segment_size(size))
+        mine, other = (self._small, self._large) if small else (self._large, self._small)
+        current, allocated, peak, all_peak = mine.current, mine.allocated, mine.peak, self._all_peak
         remaining = block.size - size
         already_split = block.prev is not None or block.next is not None
         if remaining >= MIN_BLOCK if small else remaining > SMALL_SIZE:
-            rest = Block(remaining, block.address + size, small, pool, free_list)
-            rest.prev, rest.next = block, block.next
+            rest = Block(remaining, block.address + size, small, pool, free_list, block, block.next)
             if block.next is not None:
                 block.next.prev = rest
             block.next = rest
             block.size = size
-            free_list.add(rest)
-            split_count, split_count_scope, split_bytes, split_bytes_scope = self._split[small]
+            bisect.insort(keys, (remaining, rest.address))
+            free_list.blocks[rest.address] = rest
+            if already_split:  # a split free block shrinks
+                current[4] -= size
+            else:  # a new split free block
+                current[3] += 1
+                current[4] += remaining
+                allocated[3] += 1
+                allocated[4] += remaining
+                self._peaks(mine, other, 3, 5)
+        else:  # the block is taken whole, larger than asked for when the rest is too small
+            size = block.size
             if already_split:
-                split_bytes.decrease(size)
-                split_bytes_scope.decrease(size)
-            else:
-                split_count.increase(1)
-                split_count_scope.increase(1)
-                split_bytes.increase(remaining)
-                split_bytes_scope.increase(remaining)
-        elif already_split:
-            split_count, split_count_scope, split_bytes, split_bytes_scope = self._split[small]
-            split_count.decrease(1)
-            split_count_scope.decrease(1)
-            split_bytes.decrease(block.size)
-            split_bytes_scope.decrease(block.size)
+                current[3] -= 1
+                current[4] -= size
         block.allocated = True
         block.requested = nbytes
-        count, count_scope, used, used_scope, requested, requested_scope = self._usage[small]
-        count.increase(1)
-        count_scope.increase(1)
-        used.increase(block.size)
-        used_scope.increase(block.size)
-        requested.increase(nbytes)
-        requested_scope.increase(nbytes)
+        current[0] += 1
+        current[1] += size
+        current[2] += nbytes
+        allocated[0] += 1
+        allocated[1] += size
+        allocated[2] += nbytes
+        if current[0] > peak[0]:
+            peak[0] = current[0]
+        if current[1] > peak[1]:
+            peak[1] = current[1]
+        if current[2] > peak[2]:
+            peak[2] = current[2]
+        others = other.current
+        if current[0] + others[0] > all_peak[0]:
+            all_peak[0] = current[0] + others[0]
+        if current[1] + others[1] > all_peak[1]:
+            all_peak[1] = current[1] + others[1]
+        if current[2] + others[2] > all_peak[2]:
+            all_peak[2] = current[2] + others[2]
         return block
 
+    def _peaks(self, mine: _Counters, other: _Counters, start: int, stop: int) -> None:
+        for i in range(start, stop):
+            now = mine.current[i]
+            if now > mine.peak[i]:
+                mine.peak[i] = now
+            if now + other.current[i] > self._all_peak[i]:
+                self._all_peak[i] = now + other.current[i]
+
     def _new_segment(self, pool: Pool, small: bool, free_list: _FreeList, nbytes: int) -> Block:
-        block = Block(nbytes, self._next_address, small, pool, free_list)
+        block = Block(nbytes, self._next_address, small, pool, free_list, None, None)
         self._next_address += nbytes
         pool.segments += 1
         self.num_device_alloc += 1
-        scope = 1 if small else 2
-        for name in ("segment", "reserved_bytes"):
-            amount = 1 if name == "segment" else nbytes
-            self.stats[name][0].increase(amount)
-            self.stats[name][scope].increase(amount)
+        for name, amount in (("segment", 1), ("reserved_bytes", nbytes)):
+            stats = self.segment_stats[name]
+            stats[0].increase(amount)
+            stats[1 if small else 2].increase(amount)
         return block
 
     def free(self, block: Block) -> None:
         """`block`'s tensor died: the block goes back to its free list, merged with its free
         neighbours."""
         block.allocated = False
-        small, size = block.small, block.size
-        count, count_scope, used, used_scope, requested, requested_scope = self._usage[small]
-        count.decrease(1)
-        count_scope.decrease(1)
-        used.decrease(size)
-        used_scope.decrease(size)
-        requested.decrease(block.requested)
-        requested_scope.decrease(block.requested)
+        mine = self._small if block.small else self._large
+        current = mine.current
+        current[0] -= 1
+        current[1] -= block.size
+        current[2] -= block.requested
         free_list = block.free_list
         net_count = net_bytes = 0
         prev = block.prev
@@ -256,16 +270,20 @@ class CachingAllocator:
                 block.next.prev = block
             net_count -= 1
             net_bytes -= after.size
-        free_list.add(block)
+        bisect.insort(free_list.keys, (block.size, block.address))
+        free_list.blocks[block.address] = block
         if block.prev is not None or block.next is not None:
             net_count += 1
             net_bytes += block.size
-        if net_count or net_bytes:
-            for stat, change in zip(self._split[small], (net_count, net_count, net_bytes, net_bytes)):
-                if change > 0:
-                    stat.increase(change)
-                elif change < 0:
-                    stat.decrease(-change)
+        current[3] += net_count
+        current[4] += net_bytes
+        if net_count > 0 or net_bytes > 0:
+            allocated = mine.allocated
+            if net_count > 0:
+                allocated[3] += net_count
+            if net_bytes > 0:
+                allocated[4] += net_bytes
+            self._peaks(mine, self._large if block.small else self._small, 3, 5)
 
     # --- graph pools -------------------------------------------------------------------------
 
@@ -302,43 +320,64 @@ class CachingAllocator:
                 self._freeable.discard(pool)
 
     def _release_free_segments(self, pool: Pool) -> None:
-        for free_list in pool.free_lists.values():
+        for free_list in (f for lists in pool.free_lists.values() for f in lists):
             whole = [b for b in free_list.blocks.values() if b.prev is None and b.next is None]
             for block in whole:
                 free_list.remove(block)
                 pool.segments -= 1
                 self.num_device_free += 1
-                scope = 1 if block.small else 2
                 for name, amount in (("segment", 1), ("reserved_bytes", block.size)):
-                    self.stats[name][0].decrease(amount)
-                    self.stats[name][scope].decrease(amount)
+                    stats = self.segment_stats[name]
+                    stats[0].decrease(amount)
+                    stats[1 if block.small else 2].decrease(amount)
 
     def allocated_bytes(self) -> int:
-        return self.stats["allocated_bytes"][0].current
+        return self._small.current[1] + self._large.current[1]
 
     def reserved_bytes(self) -> int:
-        return self.stats["reserved_bytes"][0].current
+        return self.segment_stats["reserved_bytes"][0].current
+
+    def stat(self, name: str, field: str) -> int:
+        """`{name}.all.{field}` of memory_stats(), for a stat that memory_allocated() and friends
+        read (allocated_bytes, reserved_bytes)."""
+        return self._stats(name)[0][FIELDS.index(field)]
 
     def reset_peak(self) -> None:
-        for stats in self.stats.values():
+        for counters in (self._small, self._large):
+            counters.peak[:] = counters.current
+        self._all_peak[:] = [s + l for s, l in zip(self._small.current, self._large.current)]
+        for stats in self.segment_stats.values():
             for stat in stats:
                 stat.peak = stat.current
 
     def reset_accumulated(self) -> None:
-        for stats in self.stats.values():
+        for counters in (self._small, self._large):
+            counters.allocated[:] = [0] * len(HOT_STATS)
+            counters.base[:] = counters.current
+        for stats in self.segment_stats.values():
             for stat in stats:
                 stat.allocated = stat.freed = 0
         self.num_device_alloc = self.num_device_free = 0
+
+    def _stats(self, name: str) -> list[tuple[int, int, int, int]]:
+        """(current, peak, allocated, freed) of `name` for all, small_pool, large_pool."""
+        if name in self.segment_stats:
+            return [(s.current, s.peak, s.allocated, s.freed) for s in self.segment_stats[name]]
+        i = HOT_STATS.index(name)
+        small, large = self._small, self._large
+        rows = [(c.current[i], c.peak[i], c.allocated[i], c.allocated[i] - c.current[i] + c.base[i])
+                for c in (small, large)]
+        whole = tuple(a + b for a, b in zip(*rows))
+        return [(whole[0], self._all_peak[i], whole[2], whole[3]), *rows]
 
     def memory_stats(self) -> "collections.OrderedDict[str, int]":
         """`torch.cuda.memory_stats()`'s keys and values, sorted by key as torch returns them.
         Active blocks are the allocated ones: no free is deferred here."""
         out: dict[str, int] = {}
-        for name, source in (*((n, n) for n in STAT_NAMES), ("active", "allocation"),
-                             ("active_bytes", "allocated_bytes")):
-            for scope, stat in zip(SCOPES, self.stats[source]):
-                for field in FIELDS:
-                    out[f"{name}.{scope}.{field}"] = getattr(stat, field)
+        for name, source in (*((n, n) for n in HOT_STATS + SEGMENT_STATS),
+                             ("active", "allocation"), ("active_bytes", "allocated_bytes")):
+            for scope, values in zip(SCOPES, self._stats(source)):
+                out.update({f"{name}.{scope}.{field}": v for field, v in zip(FIELDS, values)})
         for name in ("oversize_allocations", "oversize_segments"):  # none: no max_split_size
             out.update({f"{name}.{field}": 0 for field in FIELDS})
         out.update({"num_alloc_retries": 0, "num_ooms": 0, "num_sync_all_streams": 0,

@@ -121,7 +121,7 @@ def patches(state) -> list[tuple[Any, str, Any]]:
 
     def stat(name: str, field: str, device: Any = None) -> int:
         index(device)
-        return getattr(allocator.stats[name][0], field)
+        return allocator.stat(name, field)
 
     def reset_peak_memory_stats(device: Any = None) -> None:
         index(device)
