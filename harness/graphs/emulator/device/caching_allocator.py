@@ -37,6 +37,7 @@ SMALL_BUFFER = 2 << 20  # kSmallBuffer: a small-pool segment
 LARGE_BUFFER = 20 << 20  # kLargeBuffer: the segment for a large request below MIN_LARGE_ALLOC
 MIN_LARGE_ALLOC = 10 << 20  # kMinLargeAlloc
 ROUND_LARGE = 2 << 20  # kRoundLarge
+ADDRESS_BITS = 52  # the model's addresses: segments one after the other, never reused
 # The stats every allocation or free moves, by their index in a `_Counters`' lists.
 HOT_STATS = ("allocation", "allocated_bytes", "requested_bytes", "inactive_split",
              "inactive_split_bytes")
@@ -114,19 +115,15 @@ class Block:
 
 
 class _FreeList:
-    """Free blocks of one pool, size class and stream: `keys` (size, address) sorted, `blocks` by
-    address. Best fit is the first key not below (size,)."""
+    """Free blocks of one pool, size class and stream, by `size << ADDRESS_BITS | address` (one
+    int: cheaper to compare than a pair): `keys` sorted, `blocks` by key. Best fit is the first key
+    not below `size << ADDRESS_BITS`."""
 
     __slots__ = ("keys", "blocks")
 
     def __init__(self) -> None:
-        self.keys: list[tuple[int, int]] = []
+        self.keys: list[int] = []
         self.blocks: dict[int, Block] = {}
-
-    def remove(self, block: Block) -> None:
-        keys = self.keys
-        del keys[bisect.bisect_left(keys, (block.size, block.address))]
-        del self.blocks[block.address]
 
 
 class Pool:
@@ -150,7 +147,7 @@ class CachingAllocator:
         self._freeable: set[Pool] = set()
         self._capture_pool: Pool | None = None
         self._capture_streams: set = set()
-        self._next_address = 1 << 40
+        self._next_address = 0
         self._small, self._large = _Counters(), _Counters()
         self._all_peak = [0] * len(HOT_STATS)
         self.segment_stats = {name: (_Stat(), _Stat(), _Stat()) for name in SEGMENT_STATS}
@@ -171,9 +168,9 @@ class CachingAllocator:
             lists = pool.free_lists[stream] = (_FreeList(), _FreeList())
         free_list = lists[0] if small else lists[1]
         keys = free_list.keys
-        i = bisect.bisect_left(keys, (size,))
+        i = bisect.bisect_left(keys, size << ADDRESS_BITS)
         if i < len(keys):
-            block = free_list.blocks.pop(keys.pop(i)[1])
+            block = free_list.blocks.pop(keys.pop(i))
         else:
             block = self._new_segment(pool, small, free_list, segment_size(size))
         mine, other = (self._small, self._large) if small else (self._large, self._small)
@@ -186,8 +183,9 @@ class CachingAllocator:
                 block.next.prev = rest
             block.next = rest
             block.size = size
-            bisect.insort(keys, (remaining, rest.address))
-            free_list.blocks[rest.address] = rest
+            key = remaining << ADDRESS_BITS | rest.address
+            bisect.insort(keys, key)
+            free_list.blocks[key] = rest
             if already_split:  # a split free block shrinks
                 current[4] -= size
             else:  # a new split free block
@@ -253,10 +251,13 @@ class CachingAllocator:
         current[1] -= block.size
         current[2] -= block.requested
         free_list = block.free_list
+        keys, blocks = free_list.keys, free_list.blocks
         net_count = net_bytes = 0
         prev = block.prev
         if prev is not None and not prev.allocated:
-            free_list.remove(prev)
+            key = prev.size << ADDRESS_BITS | prev.address
+            del keys[bisect.bisect_left(keys, key)]
+            del blocks[key]
             block.address, block.size, block.prev = prev.address, block.size + prev.size, prev.prev
             if block.prev is not None:
                 block.prev.next = block
@@ -264,14 +265,17 @@ class CachingAllocator:
             net_bytes -= prev.size
         after = block.next
         if after is not None and not after.allocated:
-            free_list.remove(after)
+            key = after.size << ADDRESS_BITS | after.address
+            del keys[bisect.bisect_left(keys, key)]
+            del blocks[key]
             block.size, block.next = block.size + after.size, after.next
             if block.next is not None:
                 block.next.prev = block
             net_count -= 1
             net_bytes -= after.size
-        bisect.insort(free_list.keys, (block.size, block.address))
-        free_list.blocks[block.address] = block
+        key = block.size << ADDRESS_BITS | block.address
+        bisect.insort(keys, key)
+        blocks[key] = block
         if block.prev is not None or block.next is not None:
             net_count += 1
             net_bytes += block.size
@@ -321,9 +325,10 @@ class CachingAllocator:
 
     def _release_free_segments(self, pool: Pool) -> None:
         for free_list in (f for lists in pool.free_lists.values() for f in lists):
-            whole = [b for b in free_list.blocks.values() if b.prev is None and b.next is None]
-            for block in whole:
-                free_list.remove(block)
+            whole = [k for k, b in free_list.blocks.items() if b.prev is None and b.next is None]
+            for key in whole:
+                block = free_list.blocks.pop(key)
+                free_list.keys.remove(key)
                 pool.segments -= 1
                 self.num_device_free += 1
                 for name, amount in (("segment", 1), ("reserved_bytes", block.size)):
