@@ -63,7 +63,8 @@ def test_segment_sizes_of_the_small_and_large_pools(cuda_device):
     ]
     for nbytes, pool, segment in cases:
         with fresh_stream():
-            reserved, segments = stat(f"reserved_bytes.{pool}.current"), stat(f"segment.{pool}.current")
+            reserved = stat(f"reserved_bytes.{pool}.current")
+            segments = stat(f"segment.{pool}.current")
             x = bytes_on_device(nbytes)
             assert stat(f"reserved_bytes.{pool}.current") - reserved == segment, nbytes
             assert stat(f"segment.{pool}.current") - segments == 1, nbytes
@@ -76,7 +77,7 @@ def test_segment_sizes_of_the_small_and_large_pools(cuda_device):
 def test_a_block_is_split_only_when_the_rest_is_worth_keeping(cuda_device):
     with fresh_stream():
         reserved, allocated = torch.cuda.memory_reserved(), torch.cuda.memory_allocated()
-        # Small pool: a rest of 512 bytes or more is split off, so two 1 MiB blocks fill one segment.
+        # Small pool: a rest of 512 bytes or more is split off: two 1 MiB blocks fill one segment.
         a, b = bytes_on_device(MiB), bytes_on_device(MiB)
         assert torch.cuda.memory_reserved() - reserved == 2 * MiB
         # Large pool: 10 MiB - 512 leaves 10 MiB + 512 of its 20 MiB segment, split off; the next
@@ -91,7 +92,7 @@ def test_a_block_is_split_only_when_the_rest_is_worth_keeping(cuda_device):
 def test_freed_blocks_merge_and_whole_free_segments_go_back_on_empty_cache(cuda_device):
     with fresh_stream():
         reserved = torch.cuda.memory_reserved()
-        a, b, c = bytes_on_device(512 * 1024), bytes_on_device(512 * 1024), bytes_on_device(512 * 1024)
+        a, b, c = (bytes_on_device(512 * 1024) for _ in range(3))
         assert torch.cuda.memory_reserved() - reserved == 2 * MiB
         split = stat("inactive_split.small_pool.current")
         del a, b  # neighbours: one free block of 1 MiB once merged
@@ -171,7 +172,7 @@ def test_sharing_a_pool_between_two_graphs_saves_one_segment(cuda_device):
 def test_a_graph_pool_outlives_empty_cache_and_keeps_the_segment_of_a_kept_output(cuda_device):
     stream = torch.cuda.Stream()
     with torch.cuda.stream(stream):
-        x = torch.ones(1000, device="cuda")  # on the capture stream: the generator's blocks fit by it
+        x = torch.ones(1000, device="cuda")  # the generator's two blocks will fit in its segment
     segments, active = stat("segment.small_pool.current"), stat("active.small_pool.current")
     g = torch.cuda.CUDAGraph()
     with torch.cuda.graph(g, stream=stream):

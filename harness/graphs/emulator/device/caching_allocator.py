@@ -27,9 +27,9 @@ dies), out of memory by reserved bytes (the host's own allocation decides), one 
 
 from __future__ import annotations
 
-import bisect
 import collections
 import weakref
+from bisect import bisect_left, insort
 
 MIN_BLOCK = 512  # kMinBlockSize
 SMALL_SIZE = 1 << 20  # kSmallSize: the largest request the small pool serves
@@ -149,6 +149,11 @@ class CachingAllocator:
         self._capture_streams: set = set()
         self._next_address = 0
         self._small, self._large = _Counters(), _Counters()
+        self._pairs = {True: (self._small, self._large), False: (self._large, self._small)}
+        # The block the next split uses, made ahead: making an object may run the garbage
+        # collector, whose weakref callbacks free blocks, and no free may run while malloc is
+        # changing the lists.
+        self._spare = Block(0, 0, True, self.regular, None, None, None)
         self._all_peak = [0] * len(HOT_STATS)
         self.segment_stats = {name: (_Stat(), _Stat(), _Stat()) for name in SEGMENT_STATS}
         self.num_device_alloc = 0
@@ -168,31 +173,35 @@ class CachingAllocator:
             lists = pool.free_lists[stream] = (_FreeList(), _FreeList())
         free_list = lists[0] if small else lists[1]
         keys = free_list.keys
-        i = bisect.bisect_left(keys, size << ADDRESS_BITS)
+        i = bisect_left(keys, size << ADDRESS_BITS)
         if i < len(keys):
             block = free_list.blocks.pop(keys.pop(i))
         else:
             block = self._new_segment(pool, small, free_list, segment_size(size))
-        mine, other = (self._small, self._large) if small else (self._large, self._small)
-        current, allocated, peak, all_peak = mine.current, mine.allocated, mine.peak, self._all_peak
+        mine, other = self._pairs[small]
+        current = mine.current
         remaining = block.size - size
-        already_split = block.prev is not None or block.next is not None
+        after = block.next
+        already_split = after is not None or block.prev is not None
         if remaining >= MIN_BLOCK if small else remaining > SMALL_SIZE:
-            rest = Block(remaining, block.address + size, small, pool, free_list, block, block.next)
-            if block.next is not None:
-                block.next.prev = rest
+            rest, self._spare = self._spare, None
+            rest.size, rest.address, rest.small = remaining, block.address + size, small
+            rest.pool = pool
+            rest.free_list, rest.prev, rest.next = free_list, block, after
+            if after is not None:
+                after.prev = rest
             block.next = rest
             block.size = size
             key = remaining << ADDRESS_BITS | rest.address
-            bisect.insort(keys, key)
+            insort(keys, key)
             free_list.blocks[key] = rest
             if already_split:  # a split free block shrinks
                 current[4] -= size
             else:  # a new split free block
                 current[3] += 1
                 current[4] += remaining
-                allocated[3] += 1
-                allocated[4] += remaining
+                mine.allocated[3] += 1
+                mine.allocated[4] += remaining
                 self._peaks(mine, other, 3, 5)
         else:  # the block is taken whole, larger than asked for when the rest is too small
             size = block.size
@@ -201,25 +210,22 @@ class CachingAllocator:
                 current[4] -= size
         block.allocated = True
         block.requested = nbytes
-        current[0] += 1
-        current[1] += size
-        current[2] += nbytes
+        count, used, requested = current[0] + 1, current[1] + size, current[2] + nbytes
+        current[0], current[1], current[2] = count, used, requested
+        allocated = mine.allocated
         allocated[0] += 1
         allocated[1] += size
         allocated[2] += nbytes
-        if current[0] > peak[0]:
-            peak[0] = current[0]
-        if current[1] > peak[1]:
-            peak[1] = current[1]
-        if current[2] > peak[2]:
-            peak[2] = current[2]
-        others = other.current
-        if current[0] + others[0] > all_peak[0]:
-            all_peak[0] = current[0] + others[0]
-        if current[1] + others[1] > all_peak[1]:
-            all_peak[1] = current[1] + others[1]
-        if current[2] + others[2] > all_peak[2]:
-            all_peak[2] = current[2] + others[2]
+        peak, all_peak, others = mine.peak, self._all_peak, other.current
+        if used > peak[1] or count > peak[0] or requested > peak[2]:
+            peak[0], peak[1], peak[2] = (
+                max(peak[0], count), max(peak[1], used), max(peak[2], requested))
+        count, used, requested = count + others[0], used + others[1], requested + others[2]
+        if used > all_peak[1] or count > all_peak[0] or requested > all_peak[2]:
+            all_peak[0], all_peak[1], all_peak[2] = (
+                max(all_peak[0], count), max(all_peak[1], used), max(all_peak[2], requested))
+        if self._spare is None:
+            self._spare = Block(0, 0, True, self.regular, None, None, None)
         return block
 
     def _peaks(self, mine: _Counters, other: _Counters, start: int, stop: int) -> None:
@@ -245,7 +251,7 @@ class CachingAllocator:
         """`block`'s tensor died: the block goes back to its free list, merged with its free
         neighbours."""
         block.allocated = False
-        mine = self._small if block.small else self._large
+        mine, other = self._pairs[block.small]
         current = mine.current
         current[0] -= 1
         current[1] -= block.size
@@ -253,41 +259,40 @@ class CachingAllocator:
         free_list = block.free_list
         keys, blocks = free_list.keys, free_list.blocks
         net_count = net_bytes = 0
-        prev = block.prev
+        prev, after = block.prev, block.next
         if prev is not None and not prev.allocated:
             key = prev.size << ADDRESS_BITS | prev.address
-            del keys[bisect.bisect_left(keys, key)]
+            del keys[bisect_left(keys, key)]
             del blocks[key]
             block.address, block.size, block.prev = prev.address, block.size + prev.size, prev.prev
-            if block.prev is not None:
-                block.prev.next = block
+            if prev.prev is not None:
+                prev.prev.next = block
             net_count -= 1
             net_bytes -= prev.size
-        after = block.next
         if after is not None and not after.allocated:
             key = after.size << ADDRESS_BITS | after.address
-            del keys[bisect.bisect_left(keys, key)]
+            del keys[bisect_left(keys, key)]
             del blocks[key]
             block.size, block.next = block.size + after.size, after.next
-            if block.next is not None:
-                block.next.prev = block
+            if after.next is not None:
+                after.next.prev = block
             net_count -= 1
             net_bytes -= after.size
         key = block.size << ADDRESS_BITS | block.address
-        bisect.insort(keys, key)
+        insort(keys, key)
         blocks[key] = block
         if block.prev is not None or block.next is not None:
             net_count += 1
             net_bytes += block.size
-        current[3] += net_count
-        current[4] += net_bytes
-        if net_count > 0 or net_bytes > 0:
-            allocated = mine.allocated
-            if net_count > 0:
-                allocated[3] += net_count
-            if net_bytes > 0:
-                allocated[4] += net_bytes
-            self._peaks(mine, self._large if block.small else self._small, 3, 5)
+        if net_count or net_bytes:
+            current[3] += net_count
+            current[4] += net_bytes
+            if net_count > 0 or net_bytes > 0:
+                if net_count > 0:
+                    mine.allocated[3] += net_count
+                if net_bytes > 0:
+                    mine.allocated[4] += net_bytes
+                self._peaks(mine, other, 3, 5)
 
     # --- graph pools -------------------------------------------------------------------------
 
@@ -325,9 +330,11 @@ class CachingAllocator:
 
     def _release_free_segments(self, pool: Pool) -> None:
         for free_list in (f for lists in pool.free_lists.values() for f in lists):
-            whole = [k for k, b in free_list.blocks.items() if b.prev is None and b.next is None]
-            for key in whole:
-                block = free_list.blocks.pop(key)
+            whole = [b for b in list(free_list.blocks.values())
+                     if b.prev is None and b.next is None]
+            for block in whole:
+                key = block.size << ADDRESS_BITS | block.address
+                del free_list.blocks[key]
                 free_list.keys.remove(key)
                 pool.segments -= 1
                 self.num_device_free += 1

@@ -1,12 +1,13 @@
-"""The `torch.cuda` Python API on the emulated device: what `emulate_cuda()` puts in place of
-torch's functions for its duration (`patches(state)`), each answering from the device's state.
+"""The `torch.cuda` Python API on the emulated device: what `emulate_cuda()` puts in place of torch's
+functions for its duration (`patches(state)`), each answering from the device's state.
 
 Memory statistics come from the model of CUDA's caching allocator that the device's allocations and
 frees drive (caching_allocator.py): `memory_stats()` has the native allocator's keys,
 `memory_allocated`/`memory_reserved` and their `max_*` read its `allocated_bytes.all` and
 `reserved_bytes.all`, `empty_cache()` gives back its wholly free segments, and `mem_get_info` counts
-the reserved bytes as used. Random state: the emulated device draws from the cpu's default generator (device tensors are
-cpu tensors), so `torch.cuda.manual_seed` and `torch.manual_seed` seed the same generator.
+the reserved bytes as used. Random state: the emulated device draws from the cpu's default generator
+(device tensors are cpu tensors), so `torch.cuda.manual_seed` and `torch.manual_seed` seed the same
+generator.
 """
 
 from __future__ import annotations

@@ -4,10 +4,10 @@ A storage is marked when the device makes it (an op with device inputs, a factor
 copy to the device, a capture's pool block); everything else is host memory, pinned when marked so
 (`pin_memory()`, `pin_memory=True`). The mark is an attribute of the storage's Python object, which
 PyTorch keeps with its StorageImpl, so views, `.data`, `module.to("cuda")` (which rebinds
-`param.data`) and `set_` share it without any bookkeeping. Each marked storage is an allocation of CUDA's caching
-allocator, as its accounting has it (caching_allocator.py), made on the stream current then and
-freed when a weak reference to the storage says it died (a storage's Python object dies with its
-StorageImpl): what `torch.cuda.memory_stats()` and friends answer from.
+`param.data`) and `set_` share it without any bookkeeping. Each marked storage is an allocation of
+CUDA's caching allocator, as its accounting has it (caching_allocator.py), made on the stream
+current then and freed when a weak reference to the storage says it died (a storage's Python object
+dies with its StorageImpl): what `torch.cuda.memory_stats()` and friends answer from.
 """
 
 from __future__ import annotations
@@ -41,6 +41,7 @@ class DeviceMemory:
         self.allocator = CachingAllocator()
         self._current_stream = current_stream
         self._blocks: dict[weakref.ref, Any] = {}
+        self._on_freed = self._freed  # bound once: adopt() runs on every device allocation
         self._graphs: set[int] = set()
         self._generator_state: tuple = ()
         # Set by the placement mode around a call that names the device (a factory with
@@ -72,7 +73,7 @@ class DeviceMemory:
         setattr(storage, MEMORY_ATTR, DEVICE)
         nbytes = storage.nbytes()
         if nbytes:  # CUDA's allocator makes no block for an empty request
-            self._blocks[weakref.ref(storage, self._freed)] = self.allocator.malloc(
+            self._blocks[weakref.ref(storage, self._on_freed)] = self.allocator.malloc(
                 nbytes, self._current_stream())
 
     def _freed(self, ref: weakref.ref) -> None:
