@@ -47,6 +47,9 @@ class DeviceMemory:
         # Set by the placement mode around a call that names the device (a factory with
         # device="cuda", a copy to it): the recorder cannot see the device once it is rewritten.
         self.call_on_device = False
+        # Told of each storage made device memory, so stream tracking learns the stream of memory
+        # that no op it saw returned (`torch.as_tensor(x, device="cuda")` is made in C++).
+        self.adoption_listeners: list = []
 
     # --- what a tensor is --------------------------------------------------------------------
 
@@ -75,6 +78,8 @@ class DeviceMemory:
         if nbytes:  # CUDA's allocator makes no block for an empty request
             self._blocks[weakref.ref(storage, self._on_freed)] = self.allocator.malloc(
                 nbytes, self._current_stream())
+        for listener in self.adoption_listeners:
+            listener(storage)
 
     def _freed(self, ref: weakref.ref) -> None:
         block = self._blocks.pop(ref, None)

@@ -128,13 +128,20 @@ class DeviceState:
         import re
 
         asked = re.search(r"allocate (\d+) bytes", str(error))
-        gib = int(asked.group(1)) / 2**30 if asked else float("nan")
+        return self._out_of_memory(int(asked.group(1)) if asked else float("nan"),
+                                   "the host could not allocate it")
+
+    def check_capacity(self, nbytes: int) -> None:
+        """Raise CUDA's out-of-memory error when `nbytes` more would not fit on the device."""
+        if nbytes > self.properties.total_memory - self.memory.allocated_bytes():
+            raise self._out_of_memory(nbytes, "")
+
+    def _out_of_memory(self, nbytes: float, why: str) -> Exception:
+        from harness.graphs.emulator.device.capacity import out_of_memory_error
+
         total = self.properties.total_memory
-        free = total - self.memory.allocated_bytes()
-        return torch.OutOfMemoryError(
-            f"CUDA out of memory. Tried to allocate {gib:.2f} GiB. GPU {self.current_index} has a "
-            f"total capacity of {total / 2**30:.2f} GiB of which {free / 2**30:.2f} GiB is free. "
-            f"(emulated device: the host could not allocate it)")
+        return out_of_memory_error(nbytes, self.current_index, total,
+                                   total - self.memory.allocated_bytes(), why)
 
     # --- the observer interface --------------------------------------------------------------
 
