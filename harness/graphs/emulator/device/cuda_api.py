@@ -213,6 +213,7 @@ def patches(state) -> list[tuple[Any, str, Any]]:
     def _sleep(cycles: int) -> None:
         if state.observers:
             state.notify_op("torch.cuda._sleep", (cycles,), {}, None)
+            state.notify_stream("sleep", streams.current(), None)
 
     generator = torch.default_generator
 

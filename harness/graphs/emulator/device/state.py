@@ -14,7 +14,8 @@ calling thread:
 - `on_sync(what, tensor, stream)`: the host waited for the device: a host read of a device tensor
   (`item`, `tolist`, `__bool__`, a copy to the host) or `torch.cuda.synchronize()` (tensor None).
 - `on_stream(what, stream, other)`: "wait_stream" (other: a Stream), "wait_event" / "record_event"
-  (other: an Event), "synchronize" (other: None), "event_synchronize" (other: the Event).
+  (other: an Event), "synchronize" (other: None), "event_synchronize" (other: the Event), "sleep"
+  (`torch.cuda._sleep` on the stream; other: None; also heard by `on_op`).
 - `on_host_read(what, tensor)`: the host read a pinned host tensor without the dispatcher
   (`tolist`, `item`, `numpy`): a non_blocking copy into it may still be pending.
 - `on_replay(graph, stream)`: a graph replay was issued.
@@ -161,7 +162,13 @@ class DeviceState:
                 hook(*args)
 
     def notify_op(self, op, args: tuple, kwargs: dict, result) -> None:
-        self._tell("on_op", op, args, kwargs, result, self.streams.current())
+        # Called for every device op: the current stream is looked up only for someone to hear it.
+        hooks = [hook for observer in self.observers
+                 if (hook := getattr(observer, "on_op", None)) is not None]
+        if hooks:
+            stream = self.streams.current()
+            for hook in hooks:
+                hook(op, args, kwargs, result, stream)
 
     def notify_sync(self, what: str, tensor) -> None:
         self._tell("on_sync", what, tensor, self.streams.current())

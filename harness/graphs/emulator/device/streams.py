@@ -201,8 +201,8 @@ class Streams:
         return current
 
     def current(self, device: Any = None) -> Stream:
-        index = self.device_index(device)
-        return self._current_map().get(index) or self.default(index)
+        index = self._state.current_index if device is None else self.device_index(device)
+        return self._current_map().get(index) or self._defaults.get(index) or self.default(index)
 
     def current_of_current_device(self) -> Stream:
         """`current()` without an argument, on the path of every device allocation."""

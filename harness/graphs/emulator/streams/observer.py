@@ -66,11 +66,6 @@ class DeviceStreams:
 
     # --- device/state.py's observer interface ------------------------------------------------
 
-    def on_op(self, op, args, kwargs, result, stream) -> None:
-        if op == "torch.cuda._sleep" and not self.state.capturing():
-            self.activate()
-            self.work.sleep(stream_key(stream), where=current_callsite())
-
     def on_sync(self, what: str, tensor, stream) -> None:
         if tensor is None:
             self.work.synchronize_device()
@@ -98,6 +93,11 @@ class DeviceStreams:
                 raise error
 
     def on_stream(self, what: str, stream, other) -> None:
+        if what == "sleep":
+            if not self.state.capturing():
+                self.activate()
+                self.work.sleep(stream_key(stream), where=current_callsite())
+            return
         if self.capture is not None:
             self._capture_stream_op(what, stream, other)
             return  # inside a capture nothing runs: fork and join are the capture's business
