@@ -145,15 +145,11 @@ class CachingAllocator:
         self.regular = Pool()
         self._graph_pools: "weakref.WeakKeyDictionary[object, Pool]" = weakref.WeakKeyDictionary()
         self._freeable: set[Pool] = set()
-        self._capture_pool: Pool | None = None
-        self._capture_streams: set = set()
+        self.capture_pool: Pool | None = None
+        self.capture_streams: set = set()
         self._next_address = 0
         self._small, self._large = _Counters(), _Counters()
         self._pairs = {True: (self._small, self._large), False: (self._large, self._small)}
-        # The block the next split uses, made ahead: making an object may run the garbage
-        # collector, whose weakref callbacks free blocks, and no free may run while malloc is
-        # changing the lists.
-        self._spare = Block(0, 0, True, self.regular, None, None, None)
         self._all_peak = [0] * len(HOT_STATS)
         self.segment_stats = {name: (_Stat(), _Stat(), _Stat()) for name in SEGMENT_STATS}
         self.num_device_alloc = 0
@@ -161,12 +157,13 @@ class CachingAllocator:
 
     # --- allocation (on every device allocation and free: kept to plain list and dict work) ----
 
-    def malloc(self, nbytes: int, stream) -> Block:
-        """A block for a request of `nbytes` (> 0) made on `stream`."""
+    def malloc(self, nbytes: int, stream, pool: "Pool | None") -> Block:
+        """A block for a request of `nbytes` (> 0) made on `stream`, from `pool` (a graph pool:
+        `capture_pool` when `stream` is in `capture_streams`) or the regular pool (None). Not
+        re-entrant: nothing it calls frees."""
         size = MIN_BLOCK if nbytes < MIN_BLOCK else -(-nbytes // MIN_BLOCK) * MIN_BLOCK
         small = size <= SMALL_SIZE
-        pool = self._capture_pool
-        if pool is None or stream not in self._capture_streams:
+        if pool is None:
             pool = self.regular
         lists = pool.free_lists.get(stream)
         if lists is None:
@@ -184,10 +181,7 @@ class CachingAllocator:
         after = block.next
         already_split = after is not None or block.prev is not None
         if remaining >= MIN_BLOCK if small else remaining > SMALL_SIZE:
-            rest, self._spare = self._spare, None
-            rest.size, rest.address, rest.small = remaining, block.address + size, small
-            rest.pool = pool
-            rest.free_list, rest.prev, rest.next = free_list, block, after
+            rest = Block(remaining, block.address + size, small, pool, free_list, block, after)
             if after is not None:
                 after.prev = rest
             block.next = rest
@@ -224,8 +218,6 @@ class CachingAllocator:
         if used > all_peak[1] or count > all_peak[0] or requested > all_peak[2]:
             all_peak[0], all_peak[1], all_peak[2] = (
                 max(all_peak[0], count), max(all_peak[1], used), max(all_peak[2], requested))
-        if self._spare is None:
-            self._spare = Block(0, 0, True, self.regular, None, None, None)
         return block
 
     def _peaks(self, mine: _Counters, other: _Counters, start: int, stop: int) -> None:
@@ -298,16 +290,17 @@ class CachingAllocator:
 
     def begin_allocate_to_pool(self, handle, streams: set) -> None:
         """A capture into the pool of `handle` begins: allocations on `streams` (the set itself,
-        which grows as streams join the capture) come from that pool until it ends."""
+        which grows as streams join the capture) come from that pool (`capture_pool`) until it
+        ends; the caller reads both when each allocation is made."""
         pool = self._graph_pools.get(handle)
         if pool is None:
             pool = self._graph_pools[handle] = Pool()
         pool.use_count += 1
         self._freeable.discard(pool)
-        self._capture_pool, self._capture_streams = pool, streams
+        self.capture_pool, self.capture_streams = pool, streams
 
     def end_allocate_to_pool(self) -> None:
-        self._capture_pool, self._capture_streams = None, set()
+        self.capture_pool, self.capture_streams = None, set()
 
     def release_pool(self, handle) -> None:
         """A graph captured into `handle`'s pool was reset or destroyed."""

@@ -116,28 +116,28 @@ def patches(state) -> list[tuple[Any, str, Any]]:
         index(device)
         return (props.major, props.minor)
 
-    allocator = state.memory.allocator
+    accounting = state.memory.accounting  # the caching allocator's, up to date
 
     def mem_get_info(device: Any = None) -> tuple[int, int]:
         index(device)
-        return (props.total_memory - allocator.reserved_bytes(), props.total_memory)
+        return (props.total_memory - accounting().reserved_bytes(), props.total_memory)
 
     def stat(name: str, field: str, device: Any = None) -> int:
         index(device)
-        return allocator.stat(name, field)
+        return accounting().stat(name, field)
 
     def reset_peak_memory_stats(device: Any = None) -> None:
         index(device)
-        allocator.reset_peak()
+        accounting().reset_peak()
 
     def reset_accumulated_memory_stats(device: Any = None) -> None:
         index(device)
-        allocator.reset_accumulated()
+        accounting().reset_accumulated()
 
     def memory_stats(device: Any = None):
         """The native caching allocator's keys (caching_allocator.py: what it models)."""
         index(device)
-        return allocator.memory_stats()
+        return accounting().memory_stats()
 
     def memory_summary(device: Any = None, abbreviated: bool = False) -> str:
         stats = memory_stats(device)
@@ -152,7 +152,7 @@ def patches(state) -> list[tuple[Any, str, Any]]:
                 f"accounting of {props.total_memory} bytes:\n" + "\n".join(rows))
 
     def empty_cache() -> None:
-        allocator.empty_cache()
+        accounting().empty_cache()
 
     def is_initialized() -> bool:
         return state.initialized

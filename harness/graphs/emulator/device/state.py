@@ -67,7 +67,7 @@ class DeviceState:
         self.current_index = 0
         self.observers: list[Any] = []
         self.streams = Streams(self)
-        self.memory = DeviceMemory(self.streams.current_of_current_device)
+        self.memory = DeviceMemory(self.streams.current)
         self.capture = None  # the CUDAGraph being captured, if any
         self.reporter = None  # (op, message) -> None while the capture lint runs
         self.initialized = False
@@ -113,7 +113,8 @@ class DeviceState:
         self.memory.allocator.end_allocate_to_pool()
 
     def release_pool(self, pool) -> None:
-        """A graph captured into `pool` was reset or destroyed."""
+        """A graph captured into `pool` was reset or destroyed (maybe by a finalizer in the middle
+        of an allocation: a count that only empty_cache() reads)."""
         self.memory.allocator.release_pool(pool)
 
     def graph_destroyed(self, key: int) -> None:

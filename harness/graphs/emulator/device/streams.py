@@ -204,15 +204,6 @@ class Streams:
         index = self._state.current_index if device is None else self.device_index(device)
         return self._current_map().get(index) or self._defaults.get(index) or self.default(index)
 
-    def current_of_current_device(self) -> Stream:
-        """`current()` without an argument, on the path of every device allocation."""
-        index = self._state.current_index
-        current = getattr(self._local, "current", None)
-        stream = current.get(index) if current else None
-        if stream is None:
-            stream = self._defaults.get(index) or self.default(index)
-        return stream
-
     def set_current(self, stream: Stream) -> None:
         self._current_map()[stream.device_index] = stream
 
