@@ -130,12 +130,17 @@ class Pool:
     """The regular pool or one graph pool: its free lists by stream (small, large), how many
     segments it holds, and how many graphs use it."""
 
-    __slots__ = ("free_lists", "segments", "use_count", "__weakref__")
+    __slots__ = ("free_lists", "segments", "use_count", "last_stream", "last_lists",
+                 "__weakref__")
 
     def __init__(self) -> None:
         self.free_lists: dict[object, tuple[_FreeList, _FreeList]] = {}
         self.segments = 0
         self.use_count = 0
+        # The stream of the last allocation and its lists: most follow on the same stream, and a
+        # stream's hash is a Python call.
+        self.last_stream: object = None
+        self.last_lists: tuple[_FreeList, _FreeList] | None = None
 
 
 class CachingAllocator:
@@ -165,9 +170,13 @@ class CachingAllocator:
         small = size <= SMALL_SIZE
         if pool is None:
             pool = self.regular
-        lists = pool.free_lists.get(stream)
-        if lists is None:
-            lists = pool.free_lists[stream] = (_FreeList(), _FreeList())
+        if stream is pool.last_stream:
+            lists = pool.last_lists
+        else:
+            lists = pool.free_lists.get(stream)
+            if lists is None:
+                lists = pool.free_lists[stream] = (_FreeList(), _FreeList())
+            pool.last_stream, pool.last_lists = stream, lists
         free_list = lists[0] if small else lists[1]
         keys = free_list.keys
         i = bisect_left(keys, size << ADDRESS_BITS)
@@ -196,7 +205,7 @@ class CachingAllocator:
                 current[4] += remaining
                 mine.allocated[3] += 1
                 mine.allocated[4] += remaining
-                self._peaks(mine, other, 3, 5)
+                self._split_peaks(mine, other)
         else:  # the block is taken whole, larger than asked for when the rest is too small
             size = block.size
             if already_split:
@@ -220,13 +229,17 @@ class CachingAllocator:
                 max(all_peak[0], count), max(all_peak[1], used), max(all_peak[2], requested))
         return block
 
-    def _peaks(self, mine: _Counters, other: _Counters, start: int, stop: int) -> None:
-        for i in range(start, stop):
-            now = mine.current[i]
-            if now > mine.peak[i]:
-                mine.peak[i] = now
-            if now + other.current[i] > self._all_peak[i]:
-                self._all_peak[i] = now + other.current[i]
+    def _split_peaks(self, mine: _Counters, other: _Counters) -> None:
+        """After inactive_split (index 3) or its bytes (4) grew."""
+        current, peak, all_peak, others = mine.current, mine.peak, self._all_peak, other.current
+        if current[3] > peak[3]:
+            peak[3] = current[3]
+        if current[4] > peak[4]:
+            peak[4] = current[4]
+        if current[3] + others[3] > all_peak[3]:
+            all_peak[3] = current[3] + others[3]
+        if current[4] + others[4] > all_peak[4]:
+            all_peak[4] = current[4] + others[4]
 
     def _new_segment(self, pool: Pool, small: bool, free_list: _FreeList, nbytes: int) -> Block:
         block = Block(nbytes, self._next_address, small, pool, free_list, None, None)
@@ -284,7 +297,7 @@ class CachingAllocator:
                     mine.allocated[3] += net_count
                 if net_bytes > 0:
                     mine.allocated[4] += net_bytes
-                self._peaks(mine, other, 3, 5)
+                self._split_peaks(mine, other)
 
     # --- graph pools -------------------------------------------------------------------------
 
