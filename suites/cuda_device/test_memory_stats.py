@@ -213,3 +213,25 @@ def test_a_reset_graph_gives_its_pool_back(cuda_device):
     torch.cuda.empty_cache()
     assert torch.cuda.memory_reserved() == reserved
     del g, x
+
+
+def test_a_stream_that_joins_the_capture_allocates_from_the_graph_pool(cuda_device):
+    x = torch.ones(1000, device="cuda")
+    side = torch.cuda.Stream()
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        reserved = torch.cuda.memory_reserved()
+        y = x * 2  # the capture stream's block in the graph pool: one segment
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            z = y + 1  # the side stream's: its own segment of the same pool
+        torch.cuda.current_stream().wait_stream(side)
+        assert torch.cuda.memory_reserved() - reserved == 2 * 2 * MiB
+    del y, z
+    torch.cuda.empty_cache()
+    assert torch.cuda.memory_reserved() - reserved == 2 * 2 * MiB  # the graph still uses the pool
+    del g
+    gc.collect()
+    torch.cuda.empty_cache()
+    assert torch.cuda.memory_reserved() <= reserved  # both segments went back
+    del x
