@@ -4,7 +4,8 @@ small-pool segments, 20 MiB and rounded large-pool segments, splits, merges, cac
 
 Each check starts from an emptied cache and allocates on a stream of its own: the allocator caches
 per stream, so what other tests left cached cannot serve these requests, and the deltas are
-exact."""
+exact. On a machine with a GPU the same checks run against CUDA's own allocator, the rules' source
+(not under the graph sanitizer: its graph pools are the emulator's arena over real memory)."""
 
 from __future__ import annotations
 
@@ -14,14 +15,24 @@ import gc
 import pytest
 import torch
 
+import harness
+from harness.graphs.emulator.device import emulation_active
+
 MiB = 1 << 20
 
 
 @pytest.fixture(autouse=True)
-def emptied_cache(cuda_device):
-    """What earlier tests left cached goes back first: a later empty_cache() would move it."""
-    gc.collect()
-    torch.cuda.empty_cache()
+def caching_allocator():
+    """The emulated device's model of the caching allocator, or CUDA's own on a GPU; what earlier
+    tests left cached goes back first (a later empty_cache() would move it)."""
+    with contextlib.ExitStack() as stack:
+        if emulation_active() == "cuda":
+            pytest.skip("the graph sanitizer: graph pools are the emulator's arena, not CUDA's")
+        if emulation_active() is None and not torch.cuda.is_available():
+            stack.enter_context(harness.emulate_cuda(device="cpu"))
+        gc.collect()
+        torch.cuda.empty_cache()
+        yield
 
 
 def stat(name: str) -> int:
@@ -39,7 +50,7 @@ def bytes_on_device(nbytes: int) -> torch.Tensor:
     return torch.empty(nbytes, dtype=torch.uint8, device="cuda")
 
 
-def test_requests_are_rounded_to_512_bytes(cuda_device):
+def test_requests_are_rounded_to_512_bytes():
     with fresh_stream():
         before = torch.cuda.memory_allocated()
         one = bytes_on_device(1)
@@ -51,7 +62,7 @@ def test_requests_are_rounded_to_512_bytes(cuda_device):
         assert torch.cuda.memory_allocated() == before
 
 
-def test_segment_sizes_of_the_small_and_large_pools(cuda_device):
+def test_segment_sizes_of_the_small_and_large_pools():
     cases = [  # (request, the pool that serves it, the segment reserved for it)
         (4000, "small_pool", 2 * MiB),
         (MiB, "small_pool", 2 * MiB),
@@ -74,7 +85,7 @@ def test_segment_sizes_of_the_small_and_large_pools(cuda_device):
         assert stat(f"reserved_bytes.{pool}.current") == reserved, nbytes
 
 
-def test_a_block_is_split_only_when_the_rest_is_worth_keeping(cuda_device):
+def test_a_block_is_split_only_when_the_rest_is_worth_keeping():
     with fresh_stream():
         reserved, allocated = torch.cuda.memory_reserved(), torch.cuda.memory_allocated()
         # Small pool: a rest of 512 bytes or more is split off: two 1 MiB blocks fill one segment.
@@ -89,7 +100,7 @@ def test_a_block_is_split_only_when_the_rest_is_worth_keeping(cuda_device):
         del a, b, c, d
 
 
-def test_freed_blocks_merge_and_whole_free_segments_go_back_on_empty_cache(cuda_device):
+def test_freed_blocks_merge_and_whole_free_segments_go_back_on_empty_cache():
     with fresh_stream():
         reserved = torch.cuda.memory_reserved()
         a, b, c = (bytes_on_device(512 * 1024) for _ in range(3))
@@ -108,7 +119,7 @@ def test_freed_blocks_merge_and_whole_free_segments_go_back_on_empty_cache(cuda_
         assert torch.cuda.memory_reserved() == reserved
 
 
-def test_a_block_freed_on_one_stream_is_not_reused_by_another(cuda_device):
+def test_a_block_freed_on_one_stream_is_not_reused_by_another():
     with fresh_stream():
         x = bytes_on_device(4096)
         del x  # cached on this stream
@@ -123,7 +134,7 @@ def test_a_block_freed_on_one_stream_is_not_reused_by_another(cuda_device):
     torch.cuda.empty_cache()
 
 
-def test_peaks_reset_to_the_current_values(cuda_device):
+def test_peaks_reset_to_the_current_values():
     with fresh_stream():
         big = bytes_on_device(30 * MiB)
         allocated, reserved = torch.cuda.memory_allocated(), torch.cuda.memory_reserved()
@@ -159,7 +170,7 @@ def _capture_two(share: str) -> tuple[int, list]:
     return torch.cuda.memory_reserved() - reserved, [x, y, z, g0, g1]
 
 
-def test_sharing_a_pool_between_two_graphs_saves_one_segment(cuda_device):
+def test_sharing_a_pool_between_two_graphs_saves_one_segment():
     apart, kept = _capture_two("no")
     del kept
     via_pool, kept = _capture_two("pool")
@@ -169,7 +180,7 @@ def test_sharing_a_pool_between_two_graphs_saves_one_segment(cuda_device):
     assert apart - via_pool == apart - via_handle == 2 * MiB
 
 
-def test_a_graph_pool_outlives_empty_cache_and_keeps_the_segment_of_a_kept_output(cuda_device):
+def test_a_graph_pool_outlives_empty_cache_and_keeps_the_segment_of_a_kept_output():
     stream = torch.cuda.Stream()
     with torch.cuda.stream(stream):
         x = torch.ones(1000, device="cuda")  # the generator's two blocks will fit in its segment
@@ -196,7 +207,7 @@ def test_a_graph_pool_outlives_empty_cache_and_keeps_the_segment_of_a_kept_outpu
     del x
 
 
-def test_a_reset_graph_gives_its_pool_back(cuda_device):
+def test_a_reset_graph_gives_its_pool_back():
     x = torch.ones(1000, device="cuda")
     g = torch.cuda.CUDAGraph()
     with torch.cuda.graph(g):
@@ -215,7 +226,7 @@ def test_a_reset_graph_gives_its_pool_back(cuda_device):
     del g, x
 
 
-def test_a_stream_that_joins_the_capture_allocates_from_the_graph_pool(cuda_device):
+def test_a_stream_that_joins_the_capture_allocates_from_the_graph_pool():
     x = torch.ones(1000, device="cuda")
     side = torch.cuda.Stream()
     g = torch.cuda.CUDAGraph()
