@@ -17,6 +17,7 @@ that the garbage collector runs in the middle of an allocation only appends to t
 
 from __future__ import annotations
 
+import threading
 import weakref
 from typing import Any, Callable
 
@@ -59,6 +60,7 @@ class DeviceMemory:
         # Not yet played: (ref, nbytes, stream, graph pool or None) for an allocation, the ref for
         # a free, a Block for a free of the generator's seed or offset.
         self._pending: list = []
+        self._playing = threading.RLock()  # one thread plays at a time; the others wait for it
         self._on_freed = self._pending_free  # bound once: adopt() runs on every device allocation
         self._graphs: set[int] = set()
         self._generator_state: tuple = ()
@@ -110,17 +112,18 @@ class DeviceMemory:
 
     def _play(self) -> None:
         blocks, malloc, free = self._blocks, self.allocator.malloc, self.allocator.free
-        while self._pending:
-            events, self._pending = self._pending, []  # what callbacks add meanwhile: next round
-            for event in events:
-                if event.__class__ is tuple:
-                    blocks[event[0]] = malloc(event[1], event[2], event[3])
-                elif event.__class__ is Block:
-                    free(event)
-                else:
-                    block = blocks.pop(event, None)
-                    if block is not None:
-                        free(block)
+        with self._playing:
+            while self._pending:
+                events, self._pending = self._pending, []  # what callbacks add meanwhile: next
+                for event in events:
+                    if event.__class__ is tuple:
+                        blocks[event[0]] = malloc(event[1], event[2], event[3])
+                    elif event.__class__ is Block:
+                        free(event)
+                    else:
+                        block = blocks.pop(event, None)
+                        if block is not None:
+                            free(block)
 
     def accounting(self) -> CachingAllocator:
         """The caching allocator's accounting, up to date."""
