@@ -22,7 +22,8 @@ The rules, as CUDA's allocator applies them by default:
 Not modelled: expandable segments, `cudaMallocAsync`, `max_split_size_mb` and the other allocator
 options (each at its default), `record_stream`'s deferred frees (a block is free when its tensor
 dies), out of memory by reserved bytes (the host's own allocation decides), one pool set per device
-(the emulated devices share one).
+(the emulated devices share one), the bytes a capture's allocations asked for (its pool arena hands
+out blocks already rounded to 512 bytes).
 """
 
 from __future__ import annotations
