@@ -138,8 +138,7 @@ class Pool:
         self.free_lists: dict[object, tuple[_FreeList, _FreeList]] = {}
         self.segments = 0
         self.use_count = 0
-        # The stream of the last allocation and its lists: most follow on the same stream, and a
-        # stream's hash is a Python call.
+        # Most allocations follow on the last one's stream, whose hash is a Python call.
         self.last_stream: object = None
         self.last_lists: tuple[_FreeList, _FreeList] | None = None
 
@@ -352,9 +351,6 @@ class CachingAllocator:
 
     def allocated_bytes(self) -> int:
         return self._small.current[1] + self._large.current[1]
-
-    def reserved_bytes(self) -> int:
-        return self.segment_stats["reserved_bytes"][0].current
 
     def stat(self, name: str, field: str) -> int:
         """`{name}.all.{field}` of memory_stats(), for a stat that memory_allocated() and friends

@@ -120,7 +120,8 @@ def patches(state) -> list[tuple[Any, str, Any]]:
 
     def mem_get_info(device: Any = None) -> tuple[int, int]:
         index(device)
-        return (props.total_memory - accounting().reserved_bytes(), props.total_memory)
+        return (props.total_memory - accounting().stat("reserved_bytes", "current"),
+                props.total_memory)
 
     def stat(name: str, field: str, device: Any = None) -> int:
         index(device)
