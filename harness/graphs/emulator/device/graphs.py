@@ -5,13 +5,15 @@ torch's own `torch.cuda.graph` and `make_graphed_callables` run on top of it unc
 
 What it needs from the device (`host`): `memory` (which tensors are device memory), `storage_device`
 (where the emulator keeps device memory: the cpu, or the real cuda device), `kernel_device`,
-`current_stream()`, `default_stream()`, `begin_capture(graph, stream)`, `end_capture()`,
-`notify_replay(graph)`.
+`current_stream()`, `default_stream()`, `begin_capture(graph, stream, pool)`, `end_capture()`,
+`release_pool(pool)` (a graph captured into `pool` was reset or destroyed), `graph_destroyed(key)`
+(the graph whose `id()` was `key` is gone), `notify_replay(graph)`.
 """
 
 from __future__ import annotations
 
 import sys
+import weakref
 
 import torch
 
@@ -35,6 +37,10 @@ class EmulatedCUDAGraph:
         self._graph: EmulatedGraph | None = None
         self._captured = False
         self.capture_error_mode: str | None = None
+        # The pool whose use this graph holds (from capture_begin to reset or destruction), in a
+        # list its finalizer shares without keeping the graph alive.
+        self._pool_in_use: list[PoolArena] = []
+        self._finalizer: weakref.finalize | None = None
 
     # --- capture -----------------------------------------------------------------------------
 
@@ -65,11 +71,15 @@ class EmulatedCUDAGraph:
         arena = pool if pool is not None else PoolArena(host.storage_device)
         session = CaptureSession(arena, host.storage_device, memory=host.memory,
                                  kernel_device=host.kernel_device, report_capturing=False)
-        host.begin_capture(self, stream)
+        if self._finalizer is None:
+            self._finalizer = weakref.finalize(self, _graph_gone, host, id(self), self._pool_in_use)
+        host.begin_capture(self, stream, arena)
+        self._pool_in_use.append(arena)
         try:
             session.begin()
         except BaseException:
             host.end_capture()
+            self._release_pool()
             raise
         host.notify_capture_begin(self, stream, capture_error_mode)
         self._arena, self._session = arena, session
@@ -87,11 +97,13 @@ class EmulatedCUDAGraph:
                 # propagates: drop the capture and let that exception be the one the caller sees.
                 self._host.notify_capture_end(self, aborted=True)
                 session.abort()
+                self._release_pool()
                 return
             try:
                 self._host.notify_capture_end(self, aborted=False)  # may raise: unjoined work
             except BaseException:
                 session.abort()
+                self._release_pool()
                 raise
             recording = session.end(stacklevel=4)
         finally:
@@ -123,8 +135,13 @@ class EmulatedCUDAGraph:
             self._session.abort()
             self._session = None
             self._host.end_capture()
+        self._release_pool()
         self._graph = None
         self._captured = False
+
+    def _release_pool(self) -> None:
+        while self._pool_in_use:
+            self._host.release_pool(self._pool_in_use.pop())
 
     def pool(self) -> PoolArena:
         if self._arena is None:
@@ -166,6 +183,13 @@ class EmulatedCUDAGraph:
 
     def raw_cuda_graph_exec(self) -> int:
         raise NotImplementedError(_NO_CUDA_GRAPH.format("raw_cuda_graph_exec()"))
+
+
+def _graph_gone(host, key: int, pool_in_use: list) -> None:
+    """A graph was destroyed: as CUDA's destructor, reset (release its pool) and unregister it."""
+    while pool_in_use:
+        host.release_pool(pool_in_use.pop())
+    host.graph_destroyed(key)
 
 
 _NO_CUDA_GRAPH = ("CUDAGraph.{} is not supported by harness.emulate_cuda(): an emulated graph is a "

@@ -64,10 +64,10 @@ class DeviceState:
         from harness.graphs.emulator.device.streams import Streams
 
         self.properties = properties
-        self.memory = DeviceMemory()
         self.current_index = 0
         self.observers: list[Any] = []
         self.streams = Streams(self)
+        self.memory = DeviceMemory(self.streams.current)
         self.capture = None  # the CUDAGraph being captured, if any
         self.reporter = None  # (op, message) -> None while the capture lint runs
         self.initialized = False
@@ -101,13 +101,27 @@ class DeviceState:
     def default_stream(self):
         return self.streams.default()
 
-    def begin_capture(self, graph, stream) -> None:
+    def begin_capture(self, graph, stream, pool) -> None:
+        """`graph` captures on `stream` into `pool` (a pool handle: the allocations of the streams
+        in the capture come from its private pool)."""
+        self.memory.graph_registered(id(graph), stream)
         self.capture = graph
         self.streams.capturing = {stream}
+        self.memory.allocator.begin_allocate_to_pool(pool, self.streams.capturing)
 
     def end_capture(self) -> None:
         self.capture = None
         self.streams.capturing = set()
+        self.memory.allocator.end_allocate_to_pool()
+
+    def release_pool(self, pool) -> None:
+        """A graph captured into `pool` was reset or destroyed (maybe by a finalizer in the middle
+        of an allocation: a count that only empty_cache() reads)."""
+        self.memory.allocator.release_pool(pool)
+
+    def graph_destroyed(self, key: int) -> None:
+        """The graph whose `id()` was `key` is gone (after its `release_pool`)."""
+        self.memory.graph_unregistered(key)
 
     def is_current_stream_capturing(self) -> bool:
         return self.capture is not None and self.streams.current() in self.streams.capturing
