@@ -33,9 +33,10 @@ PLAY_AT = 2048  # pending allocations that are played into the accounting at onc
 
 class _StorageRef(weakref.ref):
     """A weak reference that hashes by identity: a pending one may be looked up after its storage
-    died, and a plain weakref hashes by its referent (an error once that is gone)."""
+    died, and a plain weakref hashes by its referent (an error once that is gone). It keeps the
+    storage's size for the live-bytes count."""
 
-    __slots__ = ()
+    __slots__ = ("nbytes",)
     __hash__ = object.__hash__
     __eq__ = object.__eq__
 
@@ -62,6 +63,7 @@ class DeviceMemory:
         self._pending: list = []
         self._playing = threading.RLock()  # one thread plays at a time; the others wait for it
         self._on_freed = self._pending_free  # bound once: adopt() runs on every device allocation
+        self._live = 0  # bytes of the device storages alive, counted without the accounting
         self._graphs: set[int] = set()
         self._generator_state: tuple = ()
         # Set by the placement mode around a call that names the device (a factory with
@@ -101,13 +103,17 @@ class DeviceMemory:
             if pool is not None and stream not in self.allocator.capture_streams:
                 pool = None
             pending = self._pending
-            pending.append((_StorageRef(storage, self._on_freed), nbytes, stream, pool))
+            ref = _StorageRef(storage, self._on_freed)
+            ref.nbytes = nbytes
+            self._live += nbytes
+            pending.append((ref, nbytes, stream, pool))
             if len(pending) >= PLAY_AT:
                 self._play()
         for listener in self.adoption_listeners:
             listener(storage)
 
     def _pending_free(self, ref: _StorageRef) -> None:
+        self._live -= ref.nbytes
         self._pending.append(ref)
 
     def _play(self) -> None:
@@ -157,6 +163,11 @@ class DeviceMemory:
             self._generator_state = ()
 
     # --- statistics --------------------------------------------------------------------------
+
+    def live_bytes(self) -> int:
+        """Bytes of the device storages alive now, as asked (no rounding): cheap enough for a
+        check before every factory, where `allocated_bytes()` plays the pending log first."""
+        return self._live
 
     def allocated_bytes(self) -> int:
         """Bytes of the blocks that device storages alive now hold (CUDA's allocated_bytes)."""

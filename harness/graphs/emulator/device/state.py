@@ -139,7 +139,7 @@ class DeviceState:
         """Raise CUDA's out-of-memory error when `nbytes` more would not fit on the device (in
         the share `torch.cuda.set_per_process_memory_fraction` allows this process)."""
         allowed = int(self.properties.total_memory * self.memory_fraction)
-        if nbytes > allowed - self.memory.allocated_bytes():
+        if nbytes > allowed - self.memory.live_bytes():
             why = (f"the per-process memory fraction {self.memory_fraction:g} allows "
                    f"{allowed} bytes" if self.memory_fraction < 1 else "")
             raise self._out_of_memory(nbytes, why)
@@ -149,7 +149,7 @@ class DeviceState:
 
         total = self.properties.total_memory
         return out_of_memory_error(nbytes, self.current_index, total,
-                                   total - self.memory.allocated_bytes(), why)
+                                   total - self.memory.live_bytes(), why)
 
     # --- the observer interface --------------------------------------------------------------
 
