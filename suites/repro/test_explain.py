@@ -56,9 +56,10 @@ NAMED = {
                                            WRONG_GRAPH_KEY,
                                            lambda: "chose decode[bs=8,top2] for a batch of 8 rows asking for "
                                                    "top-4 logprobs, which needs decode[bs=8,top4]"),
-    # The first op reading the stale input is in dynamo's generated code (<eval_with_key>): named by
-    # its op; the cause names the input, the place the copy belongs and the planted line.
-    "piecewise-inputs-not-copied": ("aten.index_select.default", lambda: "<eval_with_key>",
+    # The first op reading the stale input runs in dynamo's generated code: named by the model line
+    # its node was traced from; the cause names the input, the place the copy belongs and the planted line.
+    "piecewise-inputs-not-copied": ("aten.index_select.default",
+                                    lambda: line_of(harness.model.rope, "self.table.index_select(0, positions)"),
                                     STATIC_INPUT_STALE,
                                     lambda: "returned at " + line_of(harness.faults.piecewise,
                                                                      "handle.fire()  # the replay reads the inputs")),
