@@ -35,6 +35,7 @@ from harness.check.oplog import EagerOpLog, OpEvent, output_difference, record_e
 from harness.graphs.base import CapturedGraph, GraphBackend
 from harness.graphs.emulated import EmulatedBackend, EmulatedGraph
 from harness.graphs.emulator.callsite import describe_frame, user_frames
+from harness.graphs.emulator.device import emulation_active
 
 # Frames of this module and of the graph backends are machinery, not the user's code.
 _GRAPHS_DIR = os.path.dirname(harness.graphs.__file__)
@@ -281,6 +282,8 @@ class ExplainingBackend(GraphBackend):
     name = "emulated"
 
     def __init__(self, session: _Session, device: torch.device | str | None = None) -> None:
+        if device is None and emulation_active() is not None:
+            device = "cuda"  # inside emulate_cuda() the step's tensors live on the emulated device
         self._inner = EmulatedBackend(device, trace=True)
         self.device = self._inner.device
         self._session = session
@@ -316,6 +319,10 @@ def explain_divergence(step: Callable[..., Any], *inputs: Any, requests: Sequenc
     - A `Runtime` with its failing requests: `step(backend)` builds the runtime on `backend`, and
       `requests=` are passed to its `generate`; the runtime is also the root tensors are named from.
     - A reproduction file: `harness.repro.explain_file` builds the step from the file.
+
+    Inside `harness.emulate_cuda()` the graphs are captured through torch.cuda on the emulated
+    "cuda" device (`device` defaults to it there; the cpu elsewhere), as the `emulated` backend
+    captures there, with the issue-order schedule (an adversarial one defers the eager run's ops).
 
     `steps`: the tolerance in bf16 steps; `context`: how many agreeing ops before it to show;
     `roots()`: objects whose tensors name addresses in the report (pointer paths); `classifiers`:
