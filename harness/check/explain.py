@@ -337,6 +337,7 @@ def explain_divergence(step: Callable[..., Any], *inputs: Any, requests: Sequenc
         raise ValueError(f"context must be >= 0 ops, got {context}")
     session = _Session(steps, context, [*classifiers, *CLASSIFIERS], roots, checks)
     backend = ExplainingBackend(session, device)
+    activate_stream_work()
     try:
         result = step(backend, *inputs) if requests is None else step(backend)
         if requests is not None:
@@ -351,6 +352,19 @@ def explain_divergence(step: Callable[..., Any], *inputs: Any, requests: Sequenc
     except Exception as error:  # the step's own diagnosis (a CaptureError, a freed buffer): reported
         return session.result(f"{type(error).__module__}.{type(error).__name__}: {error}")
     return session.result()
+
+
+def activate_stream_work() -> None:
+    """Inside emulate_cuda(): put stream tracking's dispatch mode in place now. It goes in lazily at
+    the first sign of asynchrony (pinned memory), and pushed above an op log it would be popped in
+    the log's place when the log's `with` ends."""
+    if emulation_active() is None:
+        return
+    from harness.graphs.emulator.device.session import active_state
+
+    tracking = getattr(active_state(), "streams_tracking", None)
+    if tracking is not None:
+        tracking.work.activate()
 
 
 class _NotARuntime(TypeError):

@@ -84,3 +84,4 @@ def test_the_emulated_cuda_graph_keeps_its_recording_when_asked():
         assert float(y.sum()) == 8.0
         traced.reset()
         assert traced.recording is None
+

@@ -74,6 +74,7 @@ class EmulatedCUDAGraph:
             host.end_capture()
             raise
         host.notify_capture_begin(self, stream, capture_error_mode)
+        session.recorder.trace = session.recorder.trace or self._trace  # an observer may ask for it
         self._arena, self._session = arena, session
         self.capture_error_mode = capture_error_mode
 
