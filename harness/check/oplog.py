@@ -113,9 +113,12 @@ class EagerOpLog(TorchDispatchMode):
         super().__init__()
         self.events: list[OpEvent] = []
         self._unwritten: dict[int, str] = {}
+        self.paused = False  # ops run unlogged meanwhile (a graph's replay, logged from its records)
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
+        if self.paused:
+            return func(*args, **kwargs)
         if opinfo.is_composite(func):
             with self:
                 return func.decompose(*args, **kwargs)

@@ -7,6 +7,7 @@ from __future__ import annotations
 import inspect
 import os
 
+import pytest
 import torch
 
 import harness
@@ -85,3 +86,126 @@ def test_the_emulated_cuda_graph_keeps_its_recording_when_asked():
         traced.reset()
         assert traced.recording is None
 
+
+
+# --- code that captures its own graphs with torch.cuda, explained against its own eager path -------
+
+class Runner:
+    """A runtime written against torch.cuda: a static input buffer, one graph, replays after
+    copying each step's input in; `rebind` plants the bug of rebinding the buffer instead."""
+
+    def __init__(self, graphed: bool, rebind: bool = False) -> None:
+        generator = torch.Generator().manual_seed(0)
+        self.weight = torch.randn(8, 8, generator=generator).to("cuda")
+        self.graphed, self.rebind, self.kept = graphed, rebind, []
+        if graphed:
+            self.static = torch.zeros(4, 8, device="cuda")
+            self.forward(self.static)  # warmup
+            self.graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(self.graph):
+                self.out = self.forward(self.static)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.relu(x @ self.weight)  # the line the graph captures and eager runs alike
+
+    def step(self, x: torch.Tensor) -> torch.Tensor:
+        if not self.graphed:
+            return self.forward(x).clone()
+        if self.rebind:
+            self.kept.append(self.static)  # the old buffer stays alive, as a runtime's old references do
+            self.static = torch.zeros_like(self.static)  # the planted bug: rebound, not copied into
+        self.static.copy_(x)
+        self.graph.replay()
+        return self.out.clone()
+
+
+def _explain_runner(rebind: bool):
+    from harness.check.explain_cuda import explain_against_eager
+
+    runners = []
+
+    def run(graphed: bool):
+        runner = Runner(graphed, rebind)
+        runners.append(runner)
+        for i in range(3):
+            runner.step(torch.full((4, 8), float(i + 1), device="cuda"))
+
+    with harness.emulate_cuda():
+        return explain_against_eager(lambda: run(True), lambda: run(False),
+                                     roots=lambda: {"runner": runners[-1]})
+
+
+def test_a_static_input_rebound_in_user_cuda_graph_code_is_named():
+    explanation = _explain_runner(rebind=True)
+    assert explanation.diverged and explanation.op == "aten.mm.default", explanation
+    assert explanation.where.startswith(_line_of("return torch.relu(x @ self.weight)")), explanation.where
+    assert explanation.graph == "graph 1, replay 1", explanation
+    assert explanation.cause.kind == BUFFER_REBOUND, explanation
+    assert "(now `runner.kept[0]`)" in explanation.cause.detail, explanation.cause.detail
+    assert "the values eager reads are in `runner.static`, another buffer" in explanation.cause.detail
+
+
+def test_user_cuda_graph_code_without_the_bug_agrees_with_its_eager_path():
+    explanation = _explain_runner(rebind=False)
+    assert not explanation.diverged and not explanation.raised, explanation
+    assert explanation.replays_compared == 3 and explanation.ops_compared >= 6, explanation
+
+
+def _example_runner_module():
+    """examples/cuda_runtime/model_runner.py (a project of its own: imported from its folder)."""
+    import importlib
+    import sys
+    from pathlib import Path
+
+    folder = str(Path(__file__).resolve().parents[2] / "examples" / "cuda_runtime")
+    sys.path.insert(0, folder)
+    try:
+        return importlib.import_module("model_runner")
+    finally:
+        sys.path.remove(folder)
+
+
+def _explain_example(rebind: bool):
+    from harness.check.explain_cuda import explain_against_eager
+
+    prompts = [[1, 2, 3], [4, 5], [6, 7, 8, 9], [10], [11, 12], [13, 14, 15]]
+    with harness.emulate_cuda():
+        ModelRunner = _example_runner_module().ModelRunner
+
+        class RebindsInputs(ModelRunner):
+            """The example suite's planted bug: the step's token ids rebound, not copied in."""
+
+            def run_model(self, input_ids, positions, is_prefill):
+                if not is_prefill and input_ids.size(0) <= self.max_bs:
+                    self.replaced = [*getattr(self, "replaced", []), self.graph_vars["input_ids"]]
+                    self.graph_vars["input_ids"] = torch.zeros_like(self.graph_vars["input_ids"])
+                return super().run_model(input_ids, positions, is_prefill)
+
+        runners = []
+
+        def graphed():
+            runners.append((RebindsInputs if rebind else ModelRunner)())
+            runners[-1].generate(prompts, 4)
+
+        try:
+            return explain_against_eager(graphed, lambda: ModelRunner(enforce_eager=True).generate(prompts, 4),
+                                         roots=lambda: {"runner": runners[-1]})
+        finally:
+            torch.set_default_device(None)  # the runner leaves set_default_device("cpu") behind
+
+
+@pytest.mark.slow
+def test_the_example_runtimes_rebound_input_is_named_at_the_embedding():
+    explanation = _explain_example(rebind=True)
+    assert explanation.diverged and explanation.op == "aten.index.Tensor", explanation
+    assert explanation.where.startswith("examples/cuda_runtime/tiny_model.py:") and \
+        "self.embed[input_ids]" in explanation.where, explanation.where
+    assert explanation.cause.kind == BUFFER_REBOUND, explanation
+    assert "the values eager reads are in `runner.graph_vars['input_ids']`" in explanation.cause.detail
+
+
+@pytest.mark.slow
+def test_the_example_runtime_without_the_bug_agrees_with_its_eager_path():
+    explanation = _explain_example(rebind=False)
+    assert not explanation.diverged and not explanation.raised, explanation
+    assert explanation.replays_compared > 0, explanation

@@ -35,6 +35,7 @@ class EmulatedCUDAGraph:
         self._graph: EmulatedGraph | None = None
         self._captured = False
         self._trace = False
+        self._replay_observer = None
         self.capture_error_mode: str | None = None
 
     # --- capture -----------------------------------------------------------------------------
@@ -141,7 +142,21 @@ class EmulatedCUDAGraph:
         if graph is None:
             raise RuntimeError("Called CUDAGraph::replay without a preceding successful capture.")
         self._host.notify_replay(self)
-        self._host.issue_replay(self, graph, self._run)
+        observer = self._replay_observer
+        if observer is None:
+            self._host.issue_replay(self, graph, self._run)
+            return
+
+        def observed(recording: EmulatedGraph) -> None:
+            with torch._C.DisableTorchFunction():
+                observer(recording)
+
+        self._host.issue_replay(self, graph, observed)
+
+    def observe_replays(self, observer) -> None:
+        """From now on each `replay()` runs `observer(recording)` in place of the plain replay
+        (harness.check.explain_cuda runs `recording.replay_observed` there); None restores it."""
+        self._replay_observer = observer
 
     @staticmethod
     def _run(graph: EmulatedGraph) -> None:
