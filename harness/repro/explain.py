@@ -57,8 +57,13 @@ def explain_scenario(scenario: Scenario, *, fault: str | None = None, context: i
     if scenario.backend != "emulated":
         raise ValueError(f"harness explain observes emulated replays; the scenario ran on "
                          f"{scenario.backend!r}: record it with --graph-backend emulated (accepted: 'emulated')")
+    from harness.graphs.emulator.device import emulation_active
+
     config = EngineConfig.from_dict(dict(scenario.engine))
-    model = ReferenceLlama.from_hf(tiny_llama(scenario.model_seed, **scenario.model_overrides)).to(torch.device("cpu"))
+    # Inside emulate_cuda() (`harness explain --emulate-cuda`) the engine runs on the emulated "cuda"
+    # device and its graphs are captured through torch.cuda there.
+    device = torch.device("cuda" if emulation_active() is not None else "cpu")
+    model = ReferenceLlama.from_hf(tiny_llama(scenario.model_seed, **scenario.model_overrides)).to(device)
 
     def step(backend, engines: list[Any]) -> Any:
         engine = Engine(model, config, backend=backend)

@@ -111,3 +111,26 @@ def test_a_file_without_a_scenario_is_refused_by_name(tmp_path, capsys):
     path = write_record(replace(fault_record(FAST), scenario=None), tmp_path)
     assert cli.main(["explain", str(path)]) == 2
     assert "carries no engine scenario to explain" in capsys.readouterr().err
+
+
+@pytest.mark.slow
+def test_explain_with_emulate_cuda_runs_the_engine_on_the_emulated_device(tmp_path, capsys):
+    import harness
+    from harness.repro.explain import explain_file
+
+    op, where, cause, _ = NAMED[FAST]
+    path = write_record(fault_record(FAST), tmp_path)
+    assert cli.main(["explain", str(path), "--emulate-cuda"]) == 1
+    out = capsys.readouterr().out
+    assert f"first divergent op: {op}\n  at {where()}" in out and f"differs: {cause}" in out, out
+
+    captured = []
+
+    class Captures:
+        def on_capture_begin(self, graph, stream, mode):
+            captured.append(graph)
+
+    with harness.emulate_cuda() as device, device.observe(Captures()):
+        explanation = explain_file(path)
+    assert captured, "no graph was captured through torch.cuda on the emulated device"
+    assert explanation.diverged and explanation.where.startswith(where()), explanation
