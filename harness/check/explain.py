@@ -198,19 +198,20 @@ class _Comparison:
             self.session.ops += 1
             difference = output_difference(self.events[index], event, self.session.steps)
         if difference is not None:
-            self.session.found = self._explain(self.events[index], event, difference)
+            self.session.found = self._explain(index, event, difference)
             return
         self.written.update(t.untyped_storage().data_ptr() for t in record.outputs)
         if index is not None:
             self.agreed.append(OpLine(event.op, event.where()))
 
-    def _located(self, cause: Cause, pair, eager: OpEvent) -> Cause:
+    def _located(self, cause: Cause, pair, eager_index: int) -> Cause:
         """For memory no op wrote: the latest eager op before it that wrote an argument of its size
         and dtype in place, likely the one meant to fill it (and given another tensor), with its callers."""
         value = pair.eager.value
         if cause.kind != NEVER_WRITTEN or not isinstance(value, torch.Tensor):
             return cause
-        for event in reversed(self.events[:self.events.index(eager)]):
+        # By position: OpEvents compare by their tensors, which `==` cannot judge.
+        for event in reversed(self.events[:eager_index]):
             if any(o.numel() == value.numel() and o.dtype == value.dtype
                    for o in event.outputs[:event.writes]):
                 frames = " <- ".join(describe_frame(f) for f in event.frames[:3] if not _is_machinery(f))
@@ -226,12 +227,13 @@ class _Comparison:
         self.cursor = found[at] + 1
         return found[at]
 
-    def _explain(self, eager: OpEvent, replayed: OpEvent, difference: str) -> Explanation:
+    def _explain(self, eager_index: int, replayed: OpEvent, difference: str) -> Explanation:
+        eager = self.events[eager_index]
         session = self.session
         context = CauseContext(frozenset(self.written), session.roots, self.graph.inner.first_use,
                                self.graph.paths_at_capture)
         pairs = differing_arguments(eager.inputs, replayed.inputs, session.steps)
-        causes = [(pair, self._located(classify(pair, context, session.classifiers), pair, eager))
+        causes = [(pair, self._located(classify(pair, context, session.classifiers), pair, eager_index))
                   for pair in pairs]
         # A root cause before a knock-on one, an argument the op reads before one it only writes.
         causes.sort(key=lambda pc: (pc[0].replay.written, pc[1].kind == UPSTREAM))

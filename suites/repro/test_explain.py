@@ -89,6 +89,16 @@ def test_explain_names_the_op_and_line_of_the_planted_bug(tmp_path, capsys, name
     assert named() in out, out
 
 
+@pytest.mark.slow
+@pytest.mark.parametrize("name", list(NAMED))
+def test_explain_on_the_emulated_cuda_device_names_the_same_op_and_line(tmp_path, capsys, name):
+    op, where, cause, named = NAMED[name]
+    code, out, _ = explain(tmp_path, capsys, name, "--emulate-cuda")
+    assert code == 1, out
+    assert f"first divergent op: {op}\n  at {where()}" in out, out
+    assert f"differs: {cause}" in out and named() in out, out
+
+
 def test_without_the_fault_no_op_departs(tmp_path, capsys):
     code, out, _ = explain(tmp_path, capsys, FAST, "--without-fault")
     assert code == 0 and "no replayed op departs from eager beyond 0 bf16 steps" in out, out
