@@ -244,3 +244,14 @@ def test_a_check_before_the_replay_reports_what_the_eager_run_would_share():
     assert explanation.graph.endswith("replay 2") and explanation.replays_compared == 1
     assert "differs: a cause the eager run shares\n    the detail" in str(explanation)
     assert not explain_divergence(_one_graph_replayed_twice, checks=(lambda graph: None,)).diverged
+
+
+def test_the_eager_log_zeroes_what_an_empty_makes():
+    from harness.check.oplog import EagerOpLog
+
+    for _ in range(3):  # freed memory of the same size, full of sevens, is what the next empty gets
+        del_me = torch.full((16384,), 7.0)
+        del del_me
+        with EagerOpLog():
+            made = torch.empty(16384)
+        assert bool((made == 0).all())
