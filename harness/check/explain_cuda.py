@@ -24,13 +24,12 @@ from typing import Any, Callable, Mapping
 import torch
 
 from harness.check.causes import (BUFFER_REBOUND, CONTENTS_CHANGED, ArgumentPair, Cause, CauseContext,
-                                  classify, host_value, pool_memory, uninitialized, unwritten_pool,
-                                  upstream)
+                                  classify, host_value, path_at, pool_memory, tensors_under,
+                                  uninitialized, unwritten_pool, upstream)
 from harness.check.explain import Explanation, OpLine, _is_machinery, activate_stream_work
 from harness.check.oplog import EagerOpLog, OpEvent, Value, record_event, record_inputs, tensor_difference
 from harness.graphs.emulator.callsite import describe_frame
 from harness.graphs.emulator.trace import Origin
-from harness.graphs.pointers import tensor_refs
 
 
 @dataclass(frozen=True)
@@ -198,38 +197,13 @@ def _differing(eager: OpEvent, graphed: OpEvent, steps: float) -> list[ArgumentP
     return sorted(pairs, key=lambda pair: pair.replay.written)
 
 
-def _public_tensors(context: CauseContext):
-    """(path, tensor) under the roots, skipping paths through private attributes (a graph's own
-    recording, the device's observers: they alias what they record)."""
-    if context.roots is None:
-        return
-    for root_name, root in context.roots().items():
-        for path, ref in tensor_refs(root, root_name).items():
-            t = ref()
-            if t is not None and t.layout == torch.strided and "._" not in path:
-                yield path, t
-
-
-def _path_at(context: CauseContext, address: int | None) -> str:
-    if address is None:
-        return ""
-    holder = ""
-    for path, t in _public_tensors(context):
-        if t.data_ptr() == address:
-            return f"`{path}`"
-        storage = t.untyped_storage()
-        if not holder and storage.data_ptr() <= address < storage.data_ptr() + storage.nbytes():
-            holder = f"a view of `{path}`'s storage"
-    return holder
-
-
 def _holder_of(values: torch.Tensor, context: CauseContext, replay: Value) -> str:
     """The path of a tensor under the roots, other than the graph's buffer, holding `values` at the
     offset the graph reads its own buffer at."""
     if replay.address is None or replay.storage is None:
         return ""
     offset = (replay.address - replay.storage) // values.element_size()
-    for path, t in _public_tensors(context):
+    for path, t in tensors_under(context):
         if t.dtype != values.dtype or t.untyped_storage().data_ptr() == replay.storage:
             continue
         flat = t.detach().reshape(-1)
@@ -246,7 +220,7 @@ def _rebound_by_values(pair: ArgumentPair, context: CauseContext) -> Cause | Non
     holder = _holder_of(eager, context, pair.replay)
     if not holder:
         return None
-    now = _path_at(context, pair.replay.address)
+    now = path_at(context, pair.replay.address)
     first = context.first_use(pair.replay.address or 0)
     reads = f"the graph reads `{pair.name}` in its capture-time buffer at {pair.replay.address:#x}"
     reads += f" (now {now})" if now else ""
@@ -258,7 +232,7 @@ def _rebound_by_values(pair: ArgumentPair, context: CauseContext) -> Cause | Non
 def _other_contents(pair: ArgumentPair, context: CauseContext) -> Cause | None:
     if pair.replay.origin is not Origin.EXTERNAL:
         return None
-    now = _path_at(context, pair.replay.address)
+    now = path_at(context, pair.replay.address)
     return Cause(CONTENTS_CHANGED, f"`{pair.name}` is read at its capture-time address "
                                    f"({now or hex(pair.replay.address or 0)}), which holds other values "
                                    f"than eager reads: {pair.difference}")
