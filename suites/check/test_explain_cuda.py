@@ -199,3 +199,22 @@ def test_the_example_runtime_without_the_bug_agrees_with_its_eager_path():
     explanation = _explain_example(rebind=False)
     assert not explanation.diverged and not explanation.raised, explanation
     assert explanation.replays_compared > 0, explanation
+
+
+@pytest.mark.slow
+def test_the_transformers_sliding_window_mask_is_named_on_the_emulated_device():
+    import warnings
+
+    from harness.adapters.transformers import TransformersRuntime
+    from harness.audit.classify import MAX_CACHE_LEN, PROMPTS, requests
+    from harness.audit.tiny import Architecture, build_tiny
+
+    with harness.emulate_cuda(), warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        model = build_tiny(Architecture("mistral", "MistralForCausalLM"), torch.bfloat16).to("cuda")
+        explanation = explain_divergence(
+            lambda backend: TransformersRuntime(model, backend=backend, graph_sizes=(len(PROMPTS),),
+                                                max_cache_len=MAX_CACHE_LEN),
+            requests=requests())
+    assert explanation.diverged and "transformers/masking_utils.py" in explanation.where, explanation
+    assert explanation.cause.kind == HOST_VALUE_FROZEN and "the value it had at capture" in explanation.cause.detail
