@@ -284,8 +284,6 @@ class ExplainingBackend(GraphBackend):
     name = "emulated"
 
     def __init__(self, session: _Session, device: torch.device | str | None = None) -> None:
-        if device is None and emulation_active() is not None:
-            device = "cuda"  # inside emulate_cuda() the step's tensors live on the emulated device
         self._inner = EmulatedBackend(device, trace=True)
         self.device = self._inner.device
         self._session = session
@@ -322,9 +320,10 @@ def explain_divergence(step: Callable[..., Any], *inputs: Any, requests: Sequenc
       `requests=` are passed to its `generate`; the runtime is also the root tensors are named from.
     - A reproduction file: `harness.repro.explain_file` builds the step from the file.
 
-    Inside `harness.emulate_cuda()` the graphs are captured through torch.cuda on the emulated
-    "cuda" device (`device` defaults to it there; the cpu elsewhere), as the `emulated` backend
-    captures there, with the issue-order schedule (an adversarial one defers the eager run's ops).
+    `device`: where the backend captures (the cpu by default, as `get_backend("emulated")`). Inside
+    `harness.emulate_cuda()`, `device="cuda"` captures through torch.cuda on the emulated device,
+    as the `emulated` backend does there, with the issue-order schedule (an adversarial one defers
+    the eager run's ops).
 
     `steps`: the tolerance in bf16 steps; `context`: how many agreeing ops before it to show;
     `roots()`: objects whose tensors name addresses in the report (pointer paths); `classifiers`:

@@ -1,6 +1,7 @@
 """Explain under `harness.emulate_cuda()`: code on the emulated "cuda" device whose graphs the
 `emulated` backend captures through torch.cuda is explained op by op as on the cpu (the first
-divergent op, its line, the cause), through the emulated CUDAGraph's public recording."""
+divergent op, its line, the cause), through the emulated CUDAGraph's public recording; code that
+captures its own torch.cuda graphs is explained against its own eager path (explain_cuda.py)."""
 
 from __future__ import annotations
 
@@ -13,6 +14,20 @@ import torch
 import harness
 from harness.check import explain_divergence
 from harness.check.causes import BUFFER_REBOUND, HOST_VALUE_FROZEN
+
+
+def _on_the_emulated_device():
+    """`harness.emulate_cuda(device="cpu")`, or the session's own under `--emulate-cuda`; on a machine
+    with a GPU the test is skipped (there the context is the graph sanitizer)."""
+    import contextlib
+
+    from harness.graphs.emulator.device import emulation_active
+
+    if emulation_active() == "cpu":
+        return contextlib.nullcontext()
+    if emulation_active() is not None or torch.cuda.is_available():
+        pytest.skip("a real GPU: explain on the emulated CUDA device is checked without one")
+    return harness.emulate_cuda(device="cpu")
 
 
 def _line_of(snippet: str) -> str:
@@ -32,9 +47,9 @@ def _host_int_step(backend, change: bool):
 
 
 def test_a_host_int_frozen_at_capture_is_named_on_the_emulated_device():
-    with harness.emulate_cuda():
-        explanation = explain_divergence(_host_int_step, True)
-        clean = explain_divergence(_host_int_step, False)
+    with _on_the_emulated_device():
+        explanation = explain_divergence(_host_int_step, True, device="cuda")
+        clean = explain_divergence(_host_int_step, False, device="cuda")
     assert explanation.diverged and explanation.op == "aten.sum.default", explanation
     assert explanation.where.startswith(_line_of('x.narrow(0, 0, window["length"]).sum()')), explanation.where
     assert explanation.cause.kind == HOST_VALUE_FROZEN, explanation
@@ -47,7 +62,7 @@ class Weights:
 
 
 def test_a_buffer_rebound_since_capture_is_named_on_the_emulated_device():
-    with harness.emulate_cuda():
+    with _on_the_emulated_device():
         weights = Weights()
         kept = []
 
@@ -59,7 +74,7 @@ def test_a_buffer_rebound_since_capture_is_named_on_the_emulated_device():
             weights.scale = torch.full((8,), 3.0, device="cuda")  # the planted bug
             graph.replay()
 
-        explanation = explain_divergence(step, roots=lambda: {"weights": weights})
+        explanation = explain_divergence(step, roots=lambda: {"weights": weights}, device="cuda")
     assert explanation.diverged and explanation.op == "aten.mul.Tensor", explanation
     assert explanation.where.startswith(_line_of("lambda: x * weights.scale")), explanation.where
     assert explanation.cause.kind == BUFFER_REBOUND, explanation
@@ -67,7 +82,7 @@ def test_a_buffer_rebound_since_capture_is_named_on_the_emulated_device():
 
 
 def test_the_emulated_cuda_graph_keeps_its_recording_when_asked():
-    with harness.emulate_cuda():
+    with _on_the_emulated_device():
         x = torch.ones(4, device="cuda")
         plain, traced = torch.cuda.CUDAGraph(), torch.cuda.CUDAGraph()
         traced.keep_trace()
@@ -129,7 +144,7 @@ def _explain_runner(rebind: bool):
         for i in range(3):
             runner.step(torch.full((4, 8), float(i + 1), device="cuda"))
 
-    with harness.emulate_cuda():
+    with _on_the_emulated_device():
         return explain_against_eager(lambda: run(True), lambda: run(False),
                                      roots=lambda: {"runner": runners[-1]})
 
@@ -168,7 +183,7 @@ def _explain_example(rebind: bool):
     from harness.check.explain_cuda import explain_against_eager
 
     prompts = [[1, 2, 3], [4, 5], [6, 7, 8, 9], [10], [11, 12], [13, 14, 15]]
-    with harness.emulate_cuda():
+    with _on_the_emulated_device():
         ModelRunner = _example_module("model_runner").ModelRunner
         RebindsInputs = _example_module("planted").RebindsInputs  # the example suite's planted bug
         runners = []
@@ -209,12 +224,12 @@ def test_the_transformers_sliding_window_mask_is_named_on_the_emulated_device():
     from harness.audit.classify import MAX_CACHE_LEN, PROMPTS, requests
     from harness.audit.tiny import Architecture, build_tiny
 
-    with harness.emulate_cuda(), warnings.catch_warnings():
+    with _on_the_emulated_device(), warnings.catch_warnings():
         warnings.simplefilter("ignore")
         model = build_tiny(Architecture("mistral", "MistralForCausalLM"), torch.bfloat16).to("cuda")
         explanation = explain_divergence(
             lambda backend: TransformersRuntime(model, backend=backend, graph_sizes=(len(PROMPTS),),
                                                 max_cache_len=MAX_CACHE_LEN),
-            requests=requests())
+            requests=requests(), device="cuda")
     assert explanation.diverged and "transformers/masking_utils.py" in explanation.where, explanation
     assert explanation.cause.kind == HOST_VALUE_FROZEN and "the value it had at capture" in explanation.cause.detail

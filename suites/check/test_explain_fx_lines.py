@@ -40,7 +40,6 @@ def _dynamo_graph(module: torch.nn.Module) -> torch.fx.GraphModule:
         traced.append(gm)
         return gm
 
-    torch._dynamo.reset()
     torch.compile(module, backend=keep, dynamic=False)(torch.ones(8))
     return traced[0]
 

@@ -89,9 +89,21 @@ def test_explain_names_the_op_and_line_of_the_planted_bug(tmp_path, capsys, name
     assert named() in out, out
 
 
+def _without_a_gpu_or_emulation() -> None:
+    """`--emulate-cuda` enters the emulated device: not inside one already (a `--emulate-cuda`
+    session), nor on a machine with a GPU (where it would be the graph sanitizer)."""
+    import torch
+
+    from harness.graphs.emulator.device import emulation_active
+
+    if emulation_active() is not None or torch.cuda.is_available():
+        pytest.skip("explain --emulate-cuda is checked on the emulated device, outside any emulation")
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("name", list(NAMED))
 def test_explain_on_the_emulated_cuda_device_names_the_same_op_and_line(tmp_path, capsys, name):
+    _without_a_gpu_or_emulation()
     op, where, cause, named = NAMED[name]
     code, out, _ = explain(tmp_path, capsys, name, "--emulate-cuda")
     assert code == 1, out
@@ -125,6 +137,7 @@ def test_a_file_without_a_scenario_is_refused_by_name(tmp_path, capsys):
 
 @pytest.mark.slow
 def test_explain_with_emulate_cuda_runs_the_engine_on_the_emulated_device(tmp_path, capsys):
+    _without_a_gpu_or_emulation()
     import harness
     from harness.repro.explain import explain_file
 

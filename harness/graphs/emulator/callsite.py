@@ -125,7 +125,9 @@ def _source_frames(frame: FrameType) -> tuple[Frame, ...]:
     """The frame as (filename, line), or for FX-generated code its node's model frames, if traced."""
     name = frame.f_code.co_filename
     if fx_lines.is_generated(name):
-        traced = fx_lines.source_frames(frame)
+        # Dynamo traced through torch and through the emulated device's modes too: their frames
+        # are in the node's stack, and are not the model's.
+        traced = tuple(f for f in fx_lines.source_frames(frame) if _is_user_file(f[0]))
         if traced:
             return traced
     return ((name, frame.f_lineno),)
