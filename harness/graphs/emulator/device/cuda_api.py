@@ -275,6 +275,9 @@ def patches(state) -> list[tuple[Any, str, Any]]:
         "_cuda_get_sync_debug_mode": lambda: state.sync_debug_mode,
         "_cuda_setMemoryFraction": lambda fraction, device=None: setattr(
             state, "memory_fraction", check_memory_fraction(fraction)),
+        # What torch._inductor.cudagraph_trees imports once is_built() says CUDA (torch._dynamo.reset()
+        # imports it): a name only; the emulated device has no CUDA allocator to hand out states of.
+        "_cuda_CUDAAllocator_AllocatorState": type("AllocatorState", (), {}),
         "_cuda_canDeviceAccessPeer": lambda device, peer: (
             device != peer and max(device, peer) < props.count and min(device, peer) >= 0),
     }  # not _cuda_getDeviceCount: torch.cuda._is_compiled() asks for it to tell a CUDA build
