@@ -226,3 +226,29 @@ def test_tooling_calls_a_runtime_makes_in_passing_answer_as_on_cuda(outside_emul
         with pytest.raises(torch.OutOfMemoryError, match="per-process memory fraction 0.5"):
             torch.empty(2**17 + 64, device="cuda")  # more than half of the 1 MiB device
         assert torch.cuda.can_device_access_peer(0, 1) and not torch.cuda.can_device_access_peer(0, 0)
+
+
+def test_stream_tracking_that_starts_inside_a_users_dispatch_mode_leaves_that_mode_intact(cuda_device):
+    from torch.utils._python_dispatch import TorchDispatchMode, _get_current_dispatch_mode_stack
+
+    class Count(TorchDispatchMode):
+        def __init__(self):
+            super().__init__()
+            self.ops = 0
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            self.ops += 1
+            return func(*args, **(kwargs or {}))
+
+    x = torch.ones(4, device="cuda")
+    before = list(_get_current_dispatch_mode_stack())
+    with Count() as count:
+        side = torch.cuda.Stream()  # a second stream: tracking may begin here, inside Count
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            y = x * 2
+        torch.cuda.current_stream().wait_stream(side)
+        assert _get_current_dispatch_mode_stack()[-1] is count  # still the innermost mode
+    stack = _get_current_dispatch_mode_stack()
+    assert count not in stack and all(m in stack for m in before)
+    assert count.ops >= 1 and y.sum().item() == 8

@@ -61,7 +61,14 @@ class AsyncWork:
 
     def activate(self) -> None:
         if not self.active:
+            # Below any dispatch mode already in force (a user's, entered before the first sign
+            # of asynchrony): pushed above it, its own exit would pop this mode in its place.
+            above = []
+            while _get_current_dispatch_mode_stack():
+                above.append(_pop_mode())
             self.mode.__enter__()
+            for m in reversed(above):
+                _push_mode(m)
             self.active = True
             self._listeners().append(self.mode.adopted)
 
