@@ -173,6 +173,21 @@ def test_free_after_ordering_is_quiet(tracker, order):
     assert tracker.reports == []
 
 
+def test_a_freed_storage_is_reported_under_its_label_and_then_forgets_it(tracker):
+    # The next tensor at a freed address is another tensor: a race on it must not be reported
+    # under the freed one's shape and dtype (the emulated device keys storages by address).
+    tracker.labels[A] = TensorLabel((1, 64), "torch.bfloat16", "")
+    tracker.launch(S0, writes=[A])
+    tracker.wait_stream(S1, S0)
+    tracker.launch(S1, reads=[A], writes=[B])
+    tracker.free(A, allocation_stream=S0)
+    tracker.launch(S1, writes=[A], op="copy_")  # the address taken by a pinned buffer
+    tracker.host_read(A, op="tolist")
+    assert kinds(tracker) == [RaceKind.FREED_IN_USE, RaceKind.HOST_READ_PENDING]
+    assert "(shape (1, 64), torch.bfloat16)" in str(tracker.reports[0])
+    assert "torch.bfloat16" not in str(tracker.reports[1])
+
+
 def test_strict_mode_raises_with_the_report():
     strict = StreamTracker()
     strict.labels[A] = TensorLabel((4, 8), "torch.float32", "engine.staging")

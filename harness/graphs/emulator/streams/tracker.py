@@ -154,7 +154,14 @@ class StreamTracker:
 
     def free(self, key: int, allocation_stream: int, *, where: str = "") -> None:
         """The last reference to a storage allocated on `allocation_stream` was dropped: the
-        caching allocator may hand it to that stream's next allocation at once."""
+        caching allocator may hand it to that stream's next allocation at once. Its label goes
+        with it (reported first if the free races): the next tensor at that address is another."""
+        try:
+            self._check_free(key, allocation_stream, where)
+        finally:
+            self.labels.pop(key, None)
+
+    def _check_free(self, key: int, allocation_stream: int, where: str) -> None:
         state = self._storages.pop(key, None)
         if state is None:
             return
@@ -171,6 +178,7 @@ class StreamTracker:
     def forget(self, key: int) -> None:
         """Drop what is known of a storage without checking it (its memory left the device)."""
         self._storages.pop(key, None)
+        self.labels.pop(key, None)
 
     def pending_streams(self, key: int) -> set[int]:
         """The streams with work on a storage the host has not waited for."""
