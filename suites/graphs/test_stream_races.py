@@ -101,6 +101,24 @@ def side_stream_without_wait(wait: bool) -> float:
     return y[0].item()
 
 
+def side_stream_writes_under_a_queued_read(wait: bool) -> float:
+    side = torch.cuda.Stream()
+    x = torch.ones(N, device="cuda")
+    torch.cuda.synchronize()
+    torch.cuda._sleep(CYCLES)
+    y = x * 2  # on the main stream, stalled behind the sleep: still to read x
+    done = torch.cuda.Event()
+    done.record()
+    if wait:
+        side.wait_stream(main())
+    with torch.cuda.stream(side):
+        x.fill_(5.0)  # the next step's input, written on a side stream
+    done.synchronize()  # the host waits for y alone
+    seen = y[0].item()
+    torch.cuda.synchronize()
+    return seen
+
+
 def freed_without_record_stream(record: bool) -> float:
     side = torch.cuda.Stream()
     x = torch.full((N,), 1.0, device="cuda")  # allocated on the main stream
@@ -174,6 +192,9 @@ CASES = {
                           ("host.copy_(y, non_blocking=True)", "seen = host.tolist()[0]")),
     "side_stream_without_wait": (side_stream_without_wait, 2.0, 6.0, RaceKind.UNSYNCHRONIZED_STREAMS,
                                  ("x.mul_(5)", "y = x + 1")),
+    "side_stream_writes_under_a_queued_read": (side_stream_writes_under_a_queued_read, 10.0, 2.0,
+                                               RaceKind.UNSYNCHRONIZED_STREAMS,
+                                               ("y = x * 2", "x.fill_(5.0)")),
     "freed_without_record_stream": (freed_without_record_stream, 7.0, 1.0, RaceKind.FREED_IN_USE,
                                     ("total = x.sum()", "")),
     "replay_inputs_rewritten": (replay_inputs_rewritten, 4.0, 2.0, RaceKind.HOST_WRITE_PENDING,

@@ -122,15 +122,17 @@ class StreamWork(TorchDispatchMode):
             self._label(t)
             if storage_key(t) not in self._allocations and self.memory.is_device(t):
                 self._note_allocation(t, DEFAULT_STREAM)  # made before tracking began
+        reported = len(self.tracker.reports)
         seq = self.tracker.launch(stream, [storage_key(t) for t in reads],
                                   [storage_key(t) for t in writes], op=name, where=where)
+        overtakes = self._overtakes_queued_work(reported)
         memory = self.memory
         if blocks_host(func, args, kwargs, memory.is_device, memory.is_pinned, targets_device):
             self.schedule.run_stream(stream)
             out = func(*args, **kwargs)
             self.schedule.ran(stream, seq)
             self.tracker.synchronize_stream(stream)
-        elif (self.schedule.defers(stream) and can_defer(kind) and not is_seeded(func)
+        elif (not overtakes and self.schedule.defers(stream) and can_defer(kind) and not is_seeded(func)
               and not changes_metadata(func)
               and any(memory.is_device(t) for t in (*reads, *writes))):
             held, release = self._aliases_for_queue((args, kwargs))
@@ -150,6 +152,17 @@ class StreamWork(TorchDispatchMode):
         if kind is not OpKind.MUTATING and not to_host:
             self._note_fresh(out, stream, seq, name, where)
         return out
+
+    def _overtakes_queued_work(self, reported: int) -> bool:
+        """Whether the op just launched is a write that races with an access another stream still
+        has queued (reported since `reported`): then the adversarial schedule runs it at once,
+        ahead of that access, the order in which the race gives wrong values (a writer ahead of
+        an earlier reader). Nothing orders the two, so a GPU may run them so too."""
+        if not self.schedule.adversarial:
+            return False
+        return any(r.current.write and r.previous.participant != r.current.participant
+                   and self.schedule.queued(r.previous.participant, r.previous.seq)
+                   for r in self.tracker.reports[reported:])
 
     def _aliases_for_queue(self, tree: Any) -> tuple[Any, Callable[[], None]]:
         """`tree` with each tracked tensor replaced by an alias for the queued call, the caller's
