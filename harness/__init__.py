@@ -2,7 +2,7 @@
 
 
 def emulate_cuda(device: str = "auto", *, schedule: str = "issue_order", races: str = "strict",
-                 **options):
+                 children: bool = False, **options):
     """A context manager under which code written for CUDA runs unmodified.
 
     On a machine without a usable GPU (or with `device="cpu"`), an emulated CUDA device: tensors on
@@ -20,7 +20,11 @@ def emulate_cuda(device: str = "auto", *, schedule: str = "issue_order", races: 
     not looked for (`"off"`). `schedule="adversarial"` runs each stream's work as late as
     synchronization allows (a write racing with another stream's queued access runs ahead of it),
     so such a race gives the wrong values a loaded GPU gives, every time;
-    `"issue_order"` (default) runs work when issued, except after `torch.cuda._sleep` on a stream."""
+    `"issue_order"` (default) runs work when issued, except after `torch.cuda._sleep` on a stream.
+
+    `children=True` (what `--emulate-cuda` gives a pytest session): child Python processes started
+    meanwhile (`subprocess`, multiprocessing) enter the same emulation, each with its own emulated
+    device, once they import torch; on the emulated device only."""
     from harness.graphs.emulator.device import emulate_cuda as _emulate_cuda
 
-    return _emulate_cuda(device, schedule=schedule, races=races, **options)
+    return _emulate_cuda(device, schedule=schedule, races=races, children=children, **options)

@@ -183,8 +183,35 @@ def _enter_emulated_cuda(config: pytest.Config) -> None:
 
     stack = contextlib.ExitStack()
     stack.enter_context(emulate_cuda(schedule=config.getoption("cuda_schedule"),
-                                     races=config.getoption("cuda_races")))
+                                     races=config.getoption("cuda_races"), children=True))
     config.stash[_emulation] = stack
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_call(item: pytest.Item):
+    """Under --emulate-cuda, a strict race found when the test's tensors were freed fails that
+    test (a finalizer cannot raise; without this, the next test's first device op would)."""
+    if _emulation not in item.config.stash:
+        return (yield)
+    try:
+        result = yield
+    except BaseException:
+        _late_races()  # the test failed already: its frees' races must not reach the next one
+        raise
+    late = _late_races()
+    if late:
+        raise late[0]
+    return result
+
+
+def _late_races() -> list:
+    from harness.graphs.emulator.device import emulation_active
+    from harness.graphs.emulator.device.session import active_state
+
+    if emulation_active() != "cpu":
+        return []
+    tracking = getattr(active_state(), "streams_tracking", None)
+    return [] if tracking is None else tracking.take_late_races()
 
 
 @pytest.hookimpl(trylast=True)

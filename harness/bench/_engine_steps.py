@@ -47,7 +47,7 @@ def _engine(model, backend, batch: int, *, graphs: bool, overlap: bool) -> Engin
     return engine
 
 
-def _ms_per_step(engine: Engine, batch: int, repeats: int) -> float:
+def ms_per_step(engine: Engine, batch: int, repeats: int) -> float:
     vocab = engine.model.vocab_size
     long, short = _requests(batch, NEW_TOKENS, vocab), _requests(batch, 1, vocab)
     engine.generate(long)  # warm
@@ -61,6 +61,9 @@ def _ms_per_step(engine: Engine, batch: int, repeats: int) -> float:
             engine.generate(requests)
             times.append(time.perf_counter() - start)
         samples.append((times[0] - times[1]) / (NEW_TOKENS - 1) * 1e3)
+    fallbacks = {reason: n for reason, n in engine.stats.fallbacks.items() if n}
+    if fallbacks:  # a step that ran eagerly is not a graph step's figure
+        raise RuntimeError(f"decode steps at batch {batch} fell back: {fallbacks}")
     return statistics.median(samples)
 
 
@@ -70,9 +73,9 @@ def time_engine_steps(name: str, model, backend, batches: tuple[int, ...], *,
     with torch.inference_mode():
         for batch in batches:
             for overlap in (False, True):
-                eager = _ms_per_step(_engine(model, backend, batch, graphs=False, overlap=overlap),
+                eager = ms_per_step(_engine(model, backend, batch, graphs=False, overlap=overlap),
                                      batch, repeats)
-                graph = _ms_per_step(_engine(model, backend, batch, graphs=True, overlap=overlap),
+                graph = ms_per_step(_engine(model, backend, batch, graphs=True, overlap=overlap),
                                      batch, repeats)
                 timings.append(StepTiming(name, batch, overlap, eager, graph))
     return timings

@@ -49,7 +49,9 @@ def build_engine(shape: str, device: torch.device, prompts: tuple[int, ...]):
     longest = max(prompts)
     config = EngineConfig(max_batch_size=1, max_num_tokens=longest, block_size=16,
                           max_model_len=longest + 16, piecewise_buckets=tuple(sorted(prompts)))
-    return Engine(model, config, backend=backend)
+    engine = Engine(model, config, backend=backend)
+    engine.prepare_graphs()  # captures every bucket, as a serving runtime does at startup
+    return engine
 
 
 def measure(engine, tokens: int, *, iters: int, warmup: int) -> Timing:
@@ -88,6 +90,10 @@ def measure(engine, tokens: int, *, iters: int, warmup: int) -> Timing:
                 kernels = cuda_kernels_per_replay(piecewise)
     finally:
         engine.kv_cache.allocator.free(blocks)
+    fallbacks = {reason: n for reason, n in engine.stats.fallbacks.items() if n}
+    if fallbacks:
+        # A piece that ran eagerly (or a recompile) is not a piecewise figure.
+        raise RuntimeError(f"{tokens} tokens: the piecewise run fell back: {fallbacks}")
     return Timing(tokens, eager_ms, piecewise_ms, kernels)
 
 

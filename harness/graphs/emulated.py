@@ -53,6 +53,20 @@ class EmulatedGraph(CapturedGraph):
             for fn, args, kwargs in steps:
                 fn(*args, **kwargs)
 
+    def replay_in_steps(self) -> list[Callable[[], None]]:
+        """`replay()` cut at each recorded call, for a stream schedule that interleaves the
+        replay with other streams' work (two graphs replayed concurrently, as on a GPU)."""
+        steps = self.refuse_unreplayable()
+        inference = self._inference_mode
+
+        def step(fn, args, kwargs) -> Callable[[], None]:
+            def run() -> None:
+                with torch.inference_mode(inference), torch._C._AutoDispatchBelowADInplaceOrView():
+                    fn(*args, **kwargs)
+            return run
+
+        return [step(*s) for s in steps]
+
     def replay_observed(self, before: Callable[[OpRecord], Any],
                         after: Callable[[OpRecord], Any]) -> None:
         """`replay()`, calling `before(record)` ahead of each recorded op's replay call and

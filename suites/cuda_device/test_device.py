@@ -7,6 +7,8 @@ import numpy as np
 import pytest
 import torch
 
+import harness
+
 MIXED = "Expected all tensors to be on the same device, but found at least two devices"
 
 
@@ -65,6 +67,20 @@ def test_a_cpu_generator_for_a_random_op_on_the_device_raises_cudas_error(cuda_d
         torch.empty(4, device="cuda").normal_(generator=gen)
     assert torch.randn(4, generator=gen).device.type == "cpu"  # a host draw takes it
     assert torch.randn(4, generator=gen, device="cpu").cuda().is_cuda
+
+
+def test_a_cuda_generator_drives_the_devices_random_ops_and_only_those(cuda_device):
+    gen = torch.Generator(device="cuda")
+    assert gen.device == torch.device("cuda", 0) and isinstance(gen, torch.Generator)
+    assert isinstance(torch.default_generator, torch.Generator)
+    first = torch.randn(4, device="cuda", generator=gen.manual_seed(7))
+    again = torch.empty(4, device="cuda").normal_(generator=gen.manual_seed(7))
+    assert first.is_cuda and torch.equal(first, again)
+    with pytest.raises(RuntimeError, match="Expected a 'cpu' device type for generator but found 'cuda'"):
+        torch.randn(4, generator=gen)
+    with pytest.raises(RuntimeError, match="invalid device ordinal"):
+        torch.Generator(device="cuda:1")
+    assert torch.Generator().device == torch.device("cpu")
 
 
 def test_crossing_between_the_memories_copies(cuda_device):
@@ -141,3 +157,46 @@ def test_compiled_code_on_device_tensors_returns_device_tensors(cuda_device):
     assert out.is_cuda
     torch.testing.assert_close(out + x, x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-6) + x)
     assert not norm(torch.ones(2, 8), torch.ones(8)).is_cuda
+
+
+def test_a_factory_beyond_the_device_capacity_raises_cudas_oom_before_touching_the_host(
+        outside_emulation):
+    with harness.emulate_cuda(device="cpu", total_memory=2**20):
+        kept = torch.empty(2**18 - 256, device="cuda")  # 1 KiB short of the device's 1 MiB
+        with pytest.raises(torch.OutOfMemoryError) as refused:
+            torch.zeros(512, device="cuda")
+        assert str(refused.value).startswith("CUDA out of memory. Tried to allocate 2.00 KiB. GPU 0 "
+                                             "has a total capacity of 1024.00 KiB of which 1024 bytes "
+                                             "is free.")
+        with pytest.raises(torch.OutOfMemoryError, match="CUDA out of memory"):
+            with torch.cuda.graph(torch.cuda.CUDAGraph()):
+                torch.zeros(2**40, device="cuda")
+        del kept
+        assert torch.zeros(512, device="cuda").sum().item() == 0  # fits once the memory is free
+
+
+def test_memory_made_on_a_side_stream_belongs_to_it(cuda_device):
+    # torch.as_tensor(x, device="cuda") is made in C++, not by an op the stream tracking sees;
+    # freeing it on the stream that made and used it is no race.
+    side = torch.cuda.Stream()
+    with torch.cuda.stream(side):
+        for _ in range(3):
+            scalar = torch.as_tensor(0.5, device="cuda").clone().detach()
+            scalar.mul_(2)
+            del scalar
+        torch.zeros(1, device="cuda").add_(1)
+    torch.cuda.synchronize()
+
+
+def test_the_device_has_no_cudnn_whatever_torch_was_built_with(cuda_device):
+    import warnings
+
+    x = torch.zeros(2, 3, 4, device="cuda")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # a CPU build's "compiled without cuDNN" warning is not it
+        assert not torch.backends.cudnn.is_available()
+        assert not torch.backends.cudnn.is_acceptable(x)
+    lstm = torch.nn.LSTM(4, 5).cuda()  # flattens its weights through cuDNN when it is acceptable
+    out, _ = lstm(x)
+    out.sum().backward()
+    assert out.is_cuda and lstm.weight_ih_l0.grad.is_cuda

@@ -77,3 +77,28 @@ def test_on_a_gpu_the_sanitizer_keeps_real_tensors_and_names_freed_memory():
         del w
         with pytest.raises(FreedMemoryError):
             g.replay()
+
+
+_CHILD = ("import os, sys, torch\n"
+          "print(torch.cuda.is_available(), torch.cuda.get_device_properties(0).total_memory "
+          "if torch.cuda.is_available() else 0, 'sitecustomize' in sys.modules)\n")
+
+
+def test_children_enter_the_same_emulation_only_when_asked(outside_emulation):
+    import os
+    import subprocess
+    import sys
+
+    before = os.environ.get("PYTHONPATH")
+    with harness.emulate_cuda(device="cpu", children=True, total_memory=3 * 2**30):
+        inherited = subprocess.run([sys.executable, "-c", _CHILD], capture_output=True, text=True,
+                                   check=True)
+        untouched = subprocess.run([sys.executable, "-c", "import sys; print('torch' in sys.modules)"],
+                                   capture_output=True, text=True, check=True)
+    assert inherited.stdout.split() == ["True", str(3 * 2**30), "True"], inherited.stderr
+    assert untouched.stdout.strip() == "False"  # a child that never imports torch pays nothing
+    assert os.environ.get("PYTHONPATH") == before
+    with harness.emulate_cuda(device="cpu"):
+        alone = subprocess.run([sys.executable, "-c", _CHILD], capture_output=True, text=True,
+                               check=True)
+    assert alone.stdout.split()[0] == "False"

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import pytest
+
 from harness.bench import capture
 from harness.bench.capture import CaptureTiming, ReplayTiming
 
@@ -67,3 +69,21 @@ def test_the_proxy_counts_at_most_20_ops_per_decoder_layer():
     counts = op_counts(1)
     assert counts.aten_per_layer <= 20, counts
     assert counts.aten_per_layer == int(counts.aten_per_layer)  # every layer runs the same ops
+
+
+def test_engine_step_timing_refuses_steps_that_fell_back_to_eager():
+    import torch
+
+    from harness.bench._engine_steps import ms_per_step
+    from harness.graphs import get_backend
+    from harness.runtime import Engine, EngineConfig
+
+    model = capture.build_model("tiny", torch.device("cpu"))
+    config = EngineConfig(max_batch_size=2, max_num_tokens=32, block_size=16, max_model_len=80,
+                          decode_graph_sizes=(1,), graph_top_k=(1,))
+    engine = Engine(model, config, backend=get_backend("emulated", torch.device("cpu")))
+    engine.prepare_graphs()
+    with torch.inference_mode():
+        assert ms_per_step(engine, 1, repeats=1) > 0
+        with pytest.raises(RuntimeError, match="decode steps at batch 2 fell back: .*decode batch of 2 exceeds"):
+            ms_per_step(engine, 2, repeats=1)  # no graph holds two sequences: eager steps

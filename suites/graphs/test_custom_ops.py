@@ -34,6 +34,25 @@ def no_fake(x: torch.Tensor) -> torch.Tensor:
     return x * 3
 
 
+@torch.library.custom_op("graphs_suite::with_workspace", mutates_args=())
+def with_workspace(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    return x * 2, torch.zeros(1024, device=x.device)  # a workspace whose size only the kernel knows
+
+
+@with_workspace.register_fake
+def _(x):
+    return torch.empty_like(x), x.new_empty(0)  # as cuDNN's RNN reserve: its fake cannot size it
+
+
+def test_an_output_its_fake_leaves_empty_replays_and_the_others_hold_their_results(backend):
+    x = torch.ones(4, device=backend.device)
+    graph = backend.capture(lambda: with_workspace(x)[0] + 1)
+    x.fill_(3.0)
+    graph.replay()
+    backend.synchronize()
+    assert torch.equal(graph.output, torch.full((4,), 7.0, device=backend.device))
+
+
 def test_functional_custom_op_is_replayed_as_one_op(backend):
     x = torch.ones(4, device=backend.device)
     y = torch.arange(4.0, device=backend.device)

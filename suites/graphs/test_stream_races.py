@@ -19,6 +19,9 @@ import harness
 from harness.graphs.emulator.device import emulation_active
 from harness.graphs.emulator.streams import RaceError, RaceKind
 
+# These cases make races on purpose; report mode's RaceWarning for each is expected.
+pytestmark = pytest.mark.filterwarnings("ignore::harness.graphs.emulator.streams.RaceWarning")
+
 N = 1 << 20  # 4 MiB of float32: a copy long enough to race on a GPU
 CYCLES = 200_000_000  # about 0.1 s of torch.cuda._sleep on an H200
 
@@ -275,3 +278,57 @@ def test_a_report_names_the_tensor_by_its_path_from_an_object_given():
         loop.inputs.copy_(loop.staging, non_blocking=True)
         loop.staging.fill_(1.0)
     assert "race on tensor loop.staging (shape (8,), torch.float32)" in str(tracking.reports[0])
+
+
+def _two_graphs_replayed_at_once(share_pool: bool) -> tuple[float, float]:
+    """Two graphs with temporaries, replayed on two streams released together by one stall:
+    their kernels run concurrently. Returns their outputs' sums."""
+    def chain(t: torch.Tensor, add: float) -> torch.Tensor:
+        for _ in range(4):
+            t = (t.clone() + add) + (t.clone() + add)
+        return t
+
+    start = torch.ones(64, device="cuda")
+    first, second = torch.cuda.CUDAGraph(), torch.cuda.CUDAGraph()
+    capturing = torch.cuda.Stream()
+    capturing.wait_stream(main())
+    with torch.cuda.stream(capturing):
+        first.capture_begin()
+        out_first = chain(start, 1.0)
+        first.capture_end()
+        second.capture_begin(*((first.pool(),) if share_pool else ()))
+        out_second = chain(start, 2.0)
+        second.capture_end()
+    torch.cuda.synchronize()
+    left, right = torch.cuda.Stream(), torch.cuda.Stream()
+    with torch.cuda.stream(left):
+        torch.cuda._sleep(CYCLES)
+        right.wait_stream(left)  # both replays start when the stall ends
+        first.replay()
+    with torch.cuda.stream(right):
+        second.replay()
+    main().wait_stream(left)
+    main().wait_stream(right)
+    return out_first.sum().item() / 64, out_second.sum().item() / 64
+
+
+def test_two_graphs_sharing_a_pool_corrupt_each_other_when_replayed_concurrently():
+    # Per element: x -> 2 (x + add), four times from 1: 46 with add 1, 76 with add 2.
+    with on_device("issue_order") as reports:
+        assert _two_graphs_replayed_at_once(share_pool=False) == (46.0, 76.0)
+        assert reports == []
+        shared = _two_graphs_replayed_at_once(share_pool=True)
+    assert shared[0] != 46.0 and shared[1] != 76.0  # interleaved kernels clobber shared temporaries
+    assert reports and all("replay of CUDAGraph" in str(r) for r in reports)
+    with pytest.raises(RaceError, match="replay of CUDAGraph .* replay of CUDAGraph"):
+        with on_device("issue_order", races="strict"):
+            _two_graphs_replayed_at_once(share_pool=True)
+
+
+def test_report_mode_warns_of_each_race_where_it_happens():
+    from harness.graphs.emulator.streams import RaceWarning
+
+    with pytest.warns(RaceWarning, match="host write while device work on the memory is pending"):
+        with on_device("issue_order") as reports:
+            staging_reused(False)
+    assert len(reports) == 1

@@ -12,6 +12,9 @@ from harness.graphs.emulator.streams import RaceError, RaceKind
 from harness.graphs.emulator.streams.names import storage_key
 from harness.graphs.emulator.streams.work import AsyncWork
 
+# These cases make races on purpose; report mode's RaceWarning for each is expected.
+pytestmark = pytest.mark.filterwarnings("ignore::harness.graphs.emulator.streams.RaceWarning")
+
 MAIN, SIDE = 0, 1
 EVENT = 5
 SCHEDULES = ["issue_order", "adversarial"]

@@ -318,4 +318,11 @@ def _copy_results(fn, args, kwargs, outs) -> None:
     """Replay of an op without an out= overload: run it, copy its results into the captured outputs."""
     results = [r for r in tree_flatten(fn(*args, **kwargs))[0] if isinstance(r, torch.Tensor)]
     for dst, src in zip(outs, results):
-        dst.copy_(src)
+        if dst.shape == src.shape:
+            dst.copy_(src)
+        elif dst.numel():
+            raise RuntimeError(f"{getattr(fn, '__name__', fn)} replayed with a result of shape "
+                               f"{tuple(src.shape)} where its capture (its meta kernel) gave "
+                               f"{tuple(dst.shape)}: the emulator cannot hold it")
+        # else: an empty output its meta kernel could not size (cuDNN's RNN reserve, a
+        # kernel's workspace): the graph's caller got an empty tensor at capture, as it keeps.

@@ -15,6 +15,7 @@ from typing import Any, Callable
 
 import torch
 import torch.accelerator
+import torch.backends.cudnn
 import torch.cuda.graphs
 import torch.cuda.memory
 import torch.cuda.random
@@ -22,7 +23,8 @@ import torch.cuda.streams
 
 from harness.graphs.emulator.device.backward import (
     compile_marking_outputs, engine_with_placement, saved_tensor_hooks_with_placement)
-from harness.graphs.emulator.device.rules import DeviceIndexError, cuda_index
+from harness.graphs.emulator.device.generators import generator_class
+from harness.graphs.emulator.device.rules import DeviceIndexError, cuda_index, names_cuda
 from harness.graphs.emulator.device.streams import Event, ExternalStream, Stream
 
 
@@ -207,6 +209,7 @@ def patches(state) -> list[tuple[Any, str, Any]]:
     def _sleep(cycles: int) -> None:
         if state.observers:
             state.notify_op("torch.cuda._sleep", (cycles,), {}, None)
+            state.notify_stream("sleep", streams.current(), None)
 
     generator = torch.default_generator
 
@@ -313,11 +316,18 @@ def patches(state) -> list[tuple[Any, str, Any]]:
             if name in torch.accelerator.__dict__]
     out += [
         (torch.cuda, "default_generators", (generator,) * props.count),
+        (torch, "Generator", generator_class(
+            lambda device: cuda_index(device, state.current_index, props.count)
+            if names_cuda(device) else None)),
         (torch.cuda.graph, "default_capture_stream", None),
         (torch.version, "cuda", "12.8"),
         *[(torch._C, name, fn) for name, fn in private.items()],
         # The optimizers' capture health check and others ask whether torch was built with CUDA.
         (torch.backends.cuda, "is_built", lambda: True),
+        # The device's kernels are the cpu's: no cuDNN, even where torch was built with it (a CUDA
+        # build on a machine without a GPU), or RNNs would flatten their weights with cuDNN.
+        (torch.backends.cudnn, "is_available", lambda: False),
+        (torch.backends.cudnn, "is_acceptable", lambda tensor: False),
         # Its C++ argument parser takes only torch's own Stream type.
         (torch.Tensor, "record_stream", lambda self, stream: streams.record_stream(self, stream)),
         (torch.autograd, "_engine_run_backward",

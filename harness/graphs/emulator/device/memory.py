@@ -41,6 +41,9 @@ class DeviceMemory:
         # Set by the placement mode around a call that names the device (a factory with
         # device="cuda", a copy to it): the recorder cannot see the device once it is rewritten.
         self.call_on_device = False
+        # Told of each storage made device memory, so stream tracking learns the stream of memory
+        # that no op it saw returned (`torch.as_tensor(x, device="cuda")` is made in C++).
+        self.adoption_listeners: list = []
 
     # --- what a tensor is --------------------------------------------------------------------
 
@@ -71,6 +74,8 @@ class DeviceMemory:
         self.allocated_total += nbytes
         if self._allocated > self._peak:
             self._peak = self._allocated
+        for listener in self.adoption_listeners:
+            listener(storage)
 
     def _freed(self, ref: weakref.ref) -> None:
         nbytes = self._sizes.pop(ref, 0)

@@ -28,13 +28,17 @@ from torch.utils._device import DeviceContext, _device_constructors
 
 from harness.graphs.base import CaptureError
 from harness.graphs.emulator.device import kernels, transfers
+from harness.graphs.emulator.device.capacity import requested_bytes
+from harness.graphs.emulator.device.generators import DeviceGenerator
 from harness.graphs.emulator.device.memory import DEVICE, MEMORY_ATTR, PINNED
-from harness.graphs.emulator.device.rules import (CPU, cuda_index, host_generator_error, mixed_devices_error,
+from harness.graphs.emulator.device.rules import (CPU, cuda_index, device_generator_on_host_error,
+                                                 host_generator_error, mixed_devices_error,
                                                  names_cuda)
 
 Tensor = torch.Tensor
 _compiling = torch.compiler.is_compiling
 _CONSTRUCTORS = _device_constructors()
+_TorchGenerator = torch._C.Generator
 _MethodWrapper = types.MethodWrapperType
 _descriptor = torch._C.TensorBase.__dict__.__getitem__
 
@@ -141,6 +145,8 @@ class Placement(TorchFunctionMode):
                 kwargs = {**kwargs, "pin_memory": False}
                 pinned = True
         if not (device_in or named_device):
+            if kwargs and type(kwargs.get("generator")) is DeviceGenerator:
+                raise device_generator_on_host_error()
             out = func(*args, **kwargs)
             if pinned:
                 self._mark(out, PINNED)
@@ -148,11 +154,16 @@ class Placement(TorchFunctionMode):
         if host is not None and device_in and func not in _MIXING_ALLOWED:
             first = "cuda:0" if _first_is_device(args, kwargs) else "cpu"
             raise mixed_devices_error(first, "cpu" if first != "cpu" else "cuda:0")
-        if kwargs and isinstance(kwargs.get("generator"), torch.Generator):
+        if kwargs and isinstance(kwargs.get("generator"), _TorchGenerator) \
+                and not isinstance(kwargs["generator"], DeviceGenerator):
             # A cpu generator cannot drive CUDA's random kernels; on a CPU build it would, silently.
             raise host_generator_error()
         if named_device and func in _FROM_HOST_DATA and self.state.capturing():
             transfers.refuse_host_data(self.state, func, args)
+        if named_device:
+            asked = requested_bytes(func, args, kwargs)
+            if asked:
+                self.state.check_capacity(asked)
         # What the call makes inside (a composite's own factories: SDPA's causal mask) is device
         # memory too; the recorder asks this flag for calls without device tensors.
         memory = self.memory

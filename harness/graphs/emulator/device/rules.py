@@ -57,6 +57,11 @@ def host_generator_error() -> RuntimeError:
     return RuntimeError("Expected a 'cuda' device type for generator but found 'cpu'")
 
 
+def device_generator_on_host_error() -> RuntimeError:
+    """CUDA's refusal of a cuda `torch.Generator` for a random op on the host."""
+    return RuntimeError("Expected a 'cpu' device type for generator but found 'cuda'")
+
+
 def numpy_of_device_error(index: int) -> TypeError:
     return TypeError(f"can't convert cuda:{index} device type tensor to numpy. Use Tensor.cpu() to "
                      f"copy the tensor to host memory first.")

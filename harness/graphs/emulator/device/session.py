@@ -26,6 +26,9 @@ _MISSING = object()
 # The emulation in force (at most one): the replaced torch.cuda functions and the CUDAGraph class
 # find their device here, as torch's own find the real one through the CUDA runtime.
 _ACTIVE: list[Any] = []
+# The emulation a child process entered at startup because its parent ran inside one
+# (children.py): an explicit emulate_cuda() in the child replaces it.
+_INHERITED: list[Any] = []
 
 
 def active_state():
@@ -108,7 +111,7 @@ def _apply(patches: list[tuple[Any, str, Any]], stack: contextlib.ExitStack) -> 
 
 @contextlib.contextmanager
 def emulate_cuda(device: str = "auto", *, schedule: str = "issue_order", races: str = "strict",
-                 **options) -> Iterator[Any]:
+                 children: bool = False, **options) -> Iterator[Any]:
     """See harness.emulate_cuda."""
     from harness.graphs.emulator.streams.observer import RACE_MODES
     from harness.graphs.emulator.streams.schedule import SCHEDULES
@@ -117,12 +120,19 @@ def emulate_cuda(device: str = "auto", *, schedule: str = "issue_order", races: 
         raise ValueError(f"emulate_cuda(schedule={schedule!r}); accepted: {', '.join(SCHEDULES)}")
     if races not in RACE_MODES:
         raise ValueError(f"emulate_cuda(races={races!r}); accepted: {', '.join(RACE_MODES)}")
+    if _INHERITED:
+        _INHERITED.pop().__exit__(None, None, None)  # an explicit emulation takes its place
     _refuse_bad_use(device)
     properties = _properties(options)
     kind = "cuda" if device == "cuda" or (device == "auto" and torch.cuda.is_available()) else "cpu"
     with contextlib.ExitStack() as stack:
         if kind == "cpu":
             state = _enter_cpu(properties, stack, schedule, races)
+            if children:
+                from harness.graphs.emulator.device.children import inherit_in_children
+
+                inherit_in_children(stack, {"device": "cpu", "schedule": schedule, "races": races,
+                                            **options})
         else:
             from harness.graphs.emulator.device.sanitizer import enter_sanitizer
 
@@ -130,6 +140,16 @@ def emulate_cuda(device: str = "auto", *, schedule: str = "issue_order", races: 
         _ACTIVE.append(state)
         stack.callback(_ACTIVE.pop)
         yield state
+
+
+def enter_inherited(options: dict) -> None:
+    """This process is a child of one inside `emulate_cuda(children=True)` (children.py): enter
+    the same emulation for the rest of its life, unless one is already active."""
+    if _ACTIVE:
+        return
+    context = emulate_cuda(**options)
+    context.__enter__()
+    _INHERITED.append(context)
 
 
 def _enter_cpu(properties: DeviceProperties, stack: contextlib.ExitStack, schedule: str,

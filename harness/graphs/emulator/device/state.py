@@ -14,7 +14,8 @@ calling thread:
 - `on_sync(what, tensor, stream)`: the host waited for the device: a host read of a device tensor
   (`item`, `tolist`, `__bool__`, a copy to the host) or `torch.cuda.synchronize()` (tensor None).
 - `on_stream(what, stream, other)`: "wait_stream" (other: a Stream), "wait_event" / "record_event"
-  (other: an Event), "synchronize" (other: None), "event_synchronize" (other: the Event).
+  (other: an Event), "synchronize" (other: None), "event_synchronize" (other: the Event), "sleep"
+  (`torch.cuda._sleep` on the stream; other: None; also heard by `on_op`).
 - `on_host_read(what, tensor)`: the host read a pinned host tensor without the dispatcher
   (`tolist`, `item`, `numpy`): a non_blocking copy into it may still be pending.
 - `on_replay(graph, stream)`: a graph replay was issued.
@@ -115,13 +116,20 @@ class DeviceState:
         import re
 
         asked = re.search(r"allocate (\d+) bytes", str(error))
-        gib = int(asked.group(1)) / 2**30 if asked else float("nan")
+        return self._out_of_memory(int(asked.group(1)) if asked else float("nan"),
+                                   "the host could not allocate it")
+
+    def check_capacity(self, nbytes: int) -> None:
+        """Raise CUDA's out-of-memory error when `nbytes` more would not fit on the device."""
+        if nbytes > self.properties.total_memory - self.memory.allocated_bytes():
+            raise self._out_of_memory(nbytes, "")
+
+    def _out_of_memory(self, nbytes: float, why: str) -> Exception:
+        from harness.graphs.emulator.device.capacity import out_of_memory_error
+
         total = self.properties.total_memory
-        free = total - self.memory.allocated_bytes()
-        return torch.OutOfMemoryError(
-            f"CUDA out of memory. Tried to allocate {gib:.2f} GiB. GPU {self.current_index} has a "
-            f"total capacity of {total / 2**30:.2f} GiB of which {free / 2**30:.2f} GiB is free. "
-            f"(emulated device: the host could not allocate it)")
+        return out_of_memory_error(nbytes, self.current_index, total,
+                                   total - self.memory.allocated_bytes(), why)
 
     # --- the observer interface --------------------------------------------------------------
 
@@ -141,7 +149,13 @@ class DeviceState:
                 hook(*args)
 
     def notify_op(self, op, args: tuple, kwargs: dict, result) -> None:
-        self._tell("on_op", op, args, kwargs, result, self.streams.current())
+        # Called for every device op: the current stream is looked up only for someone to hear it.
+        hooks = [hook for observer in self.observers
+                 if (hook := getattr(observer, "on_op", None)) is not None]
+        if hooks:
+            stream = self.streams.current()
+            for hook in hooks:
+                hook(op, args, kwargs, result, stream)
 
     def notify_sync(self, what: str, tensor) -> None:
         self._tell("on_sync", what, tensor, self.streams.current())

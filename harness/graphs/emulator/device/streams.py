@@ -201,8 +201,8 @@ class Streams:
         return current
 
     def current(self, device: Any = None) -> Stream:
-        index = self.device_index(device)
-        return self._current_map().get(index) or self.default(index)
+        index = self._state.current_index if device is None else self.device_index(device)
+        return self._current_map().get(index) or self._defaults.get(index) or self.default(index)
 
     def set_current(self, stream: Stream) -> None:
         self._current_map()[stream.device_index] = stream

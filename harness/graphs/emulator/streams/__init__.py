@@ -4,8 +4,9 @@ says (`races.py`). The tracker is pure: it takes stream, event and storage ids, 
 driven by the emulated device, by a graph replay, or by a test with synthetic ids."""
 
 from harness.graphs.emulator.streams.clocks import HOST, Clocks
-from harness.graphs.emulator.streams.races import Access, RaceError, RaceKind, RaceReport, TensorLabel
+from harness.graphs.emulator.streams.races import (Access, RaceError, RaceKind, RaceReport,
+                                                   RaceWarning, TensorLabel)
 from harness.graphs.emulator.streams.tracker import StreamTracker
 
-__all__ = ["HOST", "Access", "Clocks", "RaceError", "RaceKind", "RaceReport", "StreamTracker",
+__all__ = ["HOST", "Access", "Clocks", "RaceError", "RaceKind", "RaceReport", "RaceWarning", "StreamTracker",
            "TensorLabel"]

@@ -230,8 +230,15 @@ class StreamWork(TorchDispatchMode):
             self.tracker.labels[key] = label_of(t)
             self._note_allocation(t, stream)
 
+    def adopted(self, storage: torch.UntypedStorage) -> None:
+        """Device memory made now, outside a capture: it belongs to the current stream."""
+        if not self.capturing() and storage.nbytes():
+            self._note_storage(storage, self.stream())
+
     def _note_allocation(self, t: torch.Tensor, stream: int) -> None:
-        storage = t.untyped_storage()
+        self._note_storage(t.untyped_storage(), stream)
+
+    def _note_storage(self, storage: torch.UntypedStorage, stream: int) -> None:
         key = storage.data_ptr()
         self._allocations[key] = weakref.ref(storage, self._freed(key, stream))
         self._allocated_on[key] = stream
@@ -257,3 +264,10 @@ class StreamWork(TorchDispatchMode):
         """Raise a strict race found during a free, if any (at the end of the tracked region)."""
         if self._late:
             raise self._late.pop(0)
+
+    def take_late(self) -> list[RaceError]:
+        """The strict races found during frees since the last call (frees of tensors dropped
+        since the last op are judged first); they are not raised later."""
+        self.check_drops()
+        late, self._late = self._late, []
+        return late

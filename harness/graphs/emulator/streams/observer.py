@@ -6,6 +6,8 @@ from __future__ import annotations
 
 from typing import Any
 
+import torch
+
 from harness.graphs.emulator.callsite import callsite_later, current_callsite
 from harness.graphs.emulator.streams.capture import CaptureStreams
 from harness.graphs.emulator.streams.names import name_tensors
@@ -64,11 +66,6 @@ class DeviceStreams:
 
     # --- device/state.py's observer interface ------------------------------------------------
 
-    def on_op(self, op, args, kwargs, result, stream) -> None:
-        if op == "torch.cuda._sleep" and not self.state.capturing():
-            self.activate()
-            self.work.sleep(stream_key(stream), where=current_callsite())
-
     def on_sync(self, what: str, tensor, stream) -> None:
         if tensor is None:
             self.work.synchronize_device()
@@ -96,6 +93,11 @@ class DeviceStreams:
                 raise error
 
     def on_stream(self, what: str, stream, other) -> None:
+        if what == "sleep":
+            if not self.state.capturing():
+                self.activate()
+                self.work.sleep(stream_key(stream), where=current_callsite())
+            return
         if self.capture is not None:
             self._capture_stream_op(what, stream, other)
             return  # inside a capture nothing runs: fork and join are the capture's business
@@ -127,9 +129,17 @@ class DeviceStreams:
 
     def issue_replay(self, graph, recording, run, stream) -> None:
         recording.refuse_unreplayable()  # freed or moved memory raises at the call, not later
+        def steps() -> list:
+            def without_torch_function(step):
+                def run_step() -> None:
+                    with torch._C.DisableTorchFunction():
+                        step()
+                return run_step
+            return [without_torch_function(step) for step in recording.replay_in_steps()]
+
         self.work.replay(stream_key(stream), recording.reads, recording.writes,
                          lambda: run(recording), name=f"CUDAGraph {id(graph):#x}",
-                         where=callsite_later(), hold=recording.external_storages)
+                         where=callsite_later(), hold=recording.external_storages, steps=steps)
 
     # --- naming --------------------------------------------------------------------------------
 
@@ -140,6 +150,12 @@ class DeviceStreams:
     @property
     def reports(self) -> list:
         return self.work.tracker.reports
+
+    def take_late_races(self) -> list:
+        """Strict races found where raising was impossible (a tensor's free, judged in its
+        finalizer) and not raised yet; the caller raises them where they belong (pytest: at the
+        end of the test that freed the memory, not in the next test's first op)."""
+        return self.work.mode.take_late()
 
     # --- what the device's stream and event API asks ------------------------------------------
 

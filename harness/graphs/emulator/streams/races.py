@@ -77,6 +77,10 @@ class RaceReport:
                 f"before, not waited for: {self.previous.describe()}. Fix: {_REMEDY[self.kind]}")
 
 
+class RaceWarning(UserWarning):
+    """A race found in report mode (it is also kept in the tracker's `reports`)."""
+
+
 class RaceError(RuntimeError):
     """A race found in strict mode; `report` says which (a `RaceReport`)."""
 

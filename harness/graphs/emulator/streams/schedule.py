@@ -9,6 +9,11 @@ as a GPU runs it while the reader's stream is busy).
 
 `torch.cuda._sleep` holds its stream back in issue order too: the stream's later work queues
 until the host or another stream waits for it, as a stalled GPU stream would.
+
+A queued graph replay runs one recorded call at a time (`Stepped`), and while one is under way the
+schedule alternates between the streams that are ready: two replays on streams that never waited
+for each other run interleaved, as their kernels do on a GPU, so graphs sharing a pool corrupt
+each other's intermediates exactly when CUDA lets them.
 """
 
 from __future__ import annotations
@@ -31,6 +36,31 @@ class _After:
 @dataclass(frozen=True)
 class _Stall:
     """`torch.cuda._sleep` on the stream: nothing to run, but the work behind it queues."""
+
+
+class Stepped:
+    """Queued work that runs in steps: `steps()` (called when the first step is due) gives the
+    calls, `done()` runs after the last."""
+
+    def __init__(self, steps: Callable[[], list], done: Callable[[], None]) -> None:
+        self._make = steps
+        self._done = done
+        self._left: deque | None = None
+
+    def step(self) -> bool:
+        """Run the next step; True while more are left."""
+        if self._left is None:
+            self._left = deque(self._make())
+        if self._left:
+            self._left.popleft()()
+        if self._left:
+            return True
+        self._done()
+        return False
+
+    def __call__(self) -> None:
+        while self.step():
+            pass
 
 
 class Schedule:
@@ -81,8 +111,11 @@ class Schedule:
         self._issued[stream] = seq
         self._ran[stream] = seq
 
-    def stall(self, stream: int) -> None:
-        self._queue(stream).append((self._issued.get(stream, 0), _Stall()))
+    def stall(self, stream: int, seq: int) -> None:
+        """The stall is an item of its own: a stream that waits for this one after it waits for
+        the stall to end."""
+        self._issued[stream] = seq
+        self._queue(stream).append((seq, _Stall()))
 
     # --- waits between streams ---------------------------------------------------------------
 
@@ -116,6 +149,7 @@ class Schedule:
         writer ahead of an earlier reader). A queued wait holds its stream until it is met."""
         self._close(needs)
         queues = self._queues
+        stepping = None  # the stream whose replay ran a step last, while one is under way
         while True:
             ready = []
             for stream, upto in needs.items():
@@ -128,9 +162,17 @@ class Schedule:
                 ready.append((queue[0][0], stream))
             if not ready:
                 return
-            stream = max(ready)[1]
-            seq, item = queues[stream].popleft()
-            if not isinstance(item, (_After, _Stall)):
+            others = [r for r in ready if r[1] != stepping] if stepping is not None else ready
+            stream = max(others or ready)[1]
+            seq, item = queues[stream][0]
+            if isinstance(item, Stepped):
+                stepping = stream
+                if item.step():
+                    continue
+            elif stepping is not None:
+                stepping = stream
+            queues[stream].popleft()
+            if not isinstance(item, (_After, _Stall, Stepped)):
                 item()
             self._ran[stream] = max(self._ran.get(stream, 0), seq)
 

@@ -10,12 +10,14 @@ part in asynchronous work has nothing pending.
 
 from __future__ import annotations
 
+import warnings
+
 from dataclasses import dataclass, field
 from typing import Callable, Iterable
 
 from harness.graphs.emulator.streams.clocks import HOST, Clocks
 from harness.graphs.emulator.streams.races import (UNKNOWN_TENSOR, Access, RaceError, RaceKind,
-                                                   RaceReport, TensorLabel)
+                                                   RaceReport, RaceWarning, TensorLabel)
 
 MODES = ("strict", "report")
 
@@ -204,3 +206,5 @@ class StreamTracker:
         if self.mode == "strict":
             raise RaceError(report)
         self.reports.append(report)
+        # Collected, not raised: still said where it happened (pytest lists it with its test).
+        warnings.warn(RaceWarning(str(report)), stacklevel=2)

@@ -21,7 +21,7 @@ from torch.utils._python_dispatch import (TorchDispatchMode, _disable_current_mo
 
 from harness.graphs.emulator.streams.mode import StreamWork
 from harness.graphs.emulator.streams.names import label_of, storage_key
-from harness.graphs.emulator.streams.schedule import Schedule
+from harness.graphs.emulator.streams.schedule import Schedule, Stepped
 from harness.graphs.emulator.streams.tracker import StreamTracker
 
 
@@ -63,6 +63,10 @@ class AsyncWork:
         if not self.active:
             self.mode.__enter__()
             self.active = True
+            self._listeners().append(self.mode.adopted)
+
+    def _listeners(self) -> list:
+        return getattr(self.mode.memory, "adoption_listeners", [])
 
     def __enter__(self) -> "AsyncWork":
         if not self._lazy:
@@ -77,6 +81,9 @@ class AsyncWork:
             if self.active:
                 _remove_dispatch_mode(self.mode)
                 self.active = False
+                listeners = self._listeners()
+                if self.mode.adopted in listeners:
+                    listeners.remove(self.mode.adopted)
         if exc[0] is None:
             self.mode.raise_late()
 
@@ -130,8 +137,7 @@ class AsyncWork:
 
     def sleep(self, stream: int, where: str = "") -> None:
         """`torch.cuda._sleep`: the stream's later work waits until something waits for it."""
-        self.tracker.launch(stream, op="torch.cuda._sleep", where=where)
-        self.schedule.stall(stream)
+        self.schedule.stall(stream, self.tracker.launch(stream, op="torch.cuda._sleep", where=where))
 
     def record_stream(self, tensor: torch.Tensor, stream: int) -> None:
         self.tracker.record_stream(storage_key(tensor), stream)
@@ -140,11 +146,13 @@ class AsyncWork:
 
     def replay(self, stream: int, reads: Iterable[int], writes: Iterable[int],
                run: Callable[[], None], *, name: str = "a graph", where: object = "",
-               hold: Callable[[], list] | None = None) -> None:
+               hold: Callable[[], list] | None = None,
+               steps: Callable[[], list] | None = None) -> None:
         """A graph replay issued to `stream`: one op over every storage its recording touches.
         A replay that waits in its stream's queue keeps what `hold()` returns alive until it
         runs (the memory it uses but does not own, as the caching allocator keeps a block that
-        queued work uses)."""
+        queued work uses); given `steps()` (its recorded calls one by one), the queued replay
+        runs step by step, interleaved with other streams' queued work."""
         seq = self.tracker.launch(stream, reads, writes, op=f"replay of {name}", where=where)
         with _outside_modes():
             if self.schedule.defers(stream):
@@ -154,7 +162,10 @@ class AsyncWork:
                     run()
                     held.clear()
 
-                self.schedule.queue(stream, seq, run_holding)
+                if steps is None:
+                    self.schedule.queue(stream, seq, run_holding)
+                else:
+                    self.schedule.queue(stream, seq, Stepped(steps, held.clear))
             else:
                 run()
                 self.schedule.ran(stream, seq)

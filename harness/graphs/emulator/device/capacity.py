@@ -1,0 +1,70 @@
+"""The emulated device's capacity: a factory asking for more than the device has free raises CUDA's
+out-of-memory error before any host memory is touched. Without it a request such as
+`torch.zeros(2**40, device="cuda")` becomes a 4 TiB host allocation, which a machine that
+overcommits memory grants and then kills the process for, instead of CUDA's catchable error.
+
+Only factories that name their size are checked ahead; any other op's result is counted when it
+is made (`DeviceMemory`), as its size is known only once its kernel has run.
+"""
+
+from __future__ import annotations
+
+import torch
+
+_SIZED = {torch.empty, torch.zeros, torch.ones, torch.rand, torch.randn, torch.full,
+          torch.empty_strided, torch.randint, torch.randperm}
+
+
+def _shape(func, args: tuple) -> tuple[int, ...] | None:
+    if func is torch.randperm:
+        return (args[0],) if args and isinstance(args[0], int) else None
+    if func is torch.randint:
+        sizes = [a for a in args if isinstance(a, (tuple, list, torch.Size))]
+        return tuple(sizes[-1]) if sizes else None
+    if not args:
+        return None
+    first = args[0]
+    if isinstance(first, (tuple, list, torch.Size)):
+        return tuple(first)
+    if func in (torch.full, torch.empty_strided):
+        return None
+    if all(isinstance(a, int) for a in args):
+        return tuple(args)
+    return None
+
+
+def requested_bytes(func, args: tuple, kwargs: dict) -> int:
+    """Bytes a sized factory asks for (0 when it is not one, or its size is not plain ints)."""
+    if func not in _SIZED:
+        return 0
+    shape = _shape(func, args)
+    if shape is None or not all(isinstance(n, int) for n in shape):
+        return 0
+    numel = 1
+    for n in shape:
+        numel *= max(n, 0)
+    dtype = kwargs.get("dtype")
+    if dtype is None:
+        dtype = torch.int64 if func in (torch.randint, torch.randperm) else torch.get_default_dtype()
+    return numel * dtype.itemsize
+
+
+def format_size(nbytes: float) -> str:
+    """Sizes as CUDA's caching allocator writes them in its messages."""
+    if nbytes != nbytes:
+        return "an unknown number of bytes"
+    if nbytes <= 1024:
+        return f"{int(nbytes)} bytes"
+    for unit, scale in (("KiB", 2**10), ("MiB", 2**20)):
+        if nbytes <= scale * 1024:
+            return f"{nbytes / scale:.2f} {unit}"
+    return f"{nbytes / 2**30:.2f} GiB"
+
+
+def out_of_memory_error(nbytes: float, index: int, total: int, free: int,
+                        why: str = "") -> torch.OutOfMemoryError:
+    """CUDA's caching allocator's text, with the emulated device's figures."""
+    note = f" (emulated device: {why})" if why else ""
+    return torch.OutOfMemoryError(
+        f"CUDA out of memory. Tried to allocate {format_size(nbytes)}. GPU {index} has a total "
+        f"capacity of {format_size(total)} of which {format_size(free)} is free.{note}")
