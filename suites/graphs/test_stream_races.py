@@ -76,6 +76,20 @@ def staging_reused(wait: bool) -> float:
     return on_gpu[0].item()
 
 
+def staging_rewritten_through_numpy(wait: bool) -> float:
+    staging = torch.zeros(N, pin_memory=True)
+    host = staging.numpy()  # writes through it reach no dispatcher (as a runtime's staging arrays)
+    on_gpu = torch.zeros(N, device="cuda")
+    host[:] = 1.0
+    torch.cuda._sleep(CYCLES)
+    on_gpu.copy_(staging, non_blocking=True)
+    if wait:
+        main().synchronize()
+    host[:] = 2.0  # the next step's inputs
+    torch.cuda.synchronize()
+    return on_gpu[0].item()
+
+
 def result_read_early(wait: bool) -> float:
     x = torch.full((N,), 3.0, device="cuda")
     host = torch.zeros(N, pin_memory=True)
@@ -191,6 +205,9 @@ def graph_output_read_early(wait: bool) -> float:
 CASES = {
     "staging_reused": (staging_reused, 2.0, 1.0, RaceKind.HOST_WRITE_PENDING,
                        ("on_gpu.copy_(staging, non_blocking=True)", "staging.fill_(2.0)")),
+    "staging_rewritten_through_numpy": (staging_rewritten_through_numpy, 2.0, 1.0,
+                                        RaceKind.HOST_WRITE_PENDING,
+                                        ("on_gpu.copy_(staging, non_blocking=True)", "numpy view")),
     "result_read_early": (result_read_early, 0.0, 6.0, RaceKind.HOST_READ_PENDING,
                           ("host.copy_(y, non_blocking=True)", "seen = host.tolist()[0]")),
     "side_stream_without_wait": (side_stream_without_wait, 2.0, 6.0, RaceKind.UNSYNCHRONIZED_STREAMS,

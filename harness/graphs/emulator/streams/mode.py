@@ -24,9 +24,10 @@ from harness.graphs.emulator.streams.accesses import (blocks_host, changes_metad
                                                       split_accesses, tensors_of)
 from harness.graphs.emulator.streams.deferral import can_defer, defer
 from harness.graphs.emulator.streams.names import label_of, storage_key
-from harness.graphs.emulator.streams.races import RaceError
+from harness.graphs.emulator.streams.races import Access, RaceError
 from harness.graphs.emulator.streams.schedule import Schedule
 from harness.graphs.emulator.streams.tracker import StreamTracker
+from harness.graphs.emulator.streams.unseen_writes import IssuedBytes
 
 
 _TO_COPY = torch.ops.aten._to_copy.default
@@ -137,8 +138,12 @@ class StreamWork(TorchDispatchMode):
               and any(memory.is_device(t) for t in (*reads, *writes))):
             held, release = self._aliases_for_queue((args, kwargs))
             out, run = defer(func, args, kwargs, kind, held)
+            issued = self._pinned_inputs_as_issued(reads)
+            access = Access(False, stream, seq, name, where)
 
             def run_and_release() -> None:
+                if issued:
+                    self._check_unseen_host_writes(issued, access)
                 run()
                 release()
 
@@ -163,6 +168,21 @@ class StreamWork(TorchDispatchMode):
         return any(r.current.write and r.previous.participant != r.current.participant
                    and self.schedule.queued(r.previous.participant, r.previous.seq)
                    for r in self.tracker.reports[reported:])
+
+    def _pinned_inputs_as_issued(self, reads: list[torch.Tensor]) -> IssuedBytes:
+        """The pinned buffers a queued op reads, as they are now; not those a device op still
+        queued will write first (their bytes change by right)."""
+        tracker = self.tracker
+        return IssuedBytes([(t, tracker.writes_so_far(storage_key(t))) for t in reads
+                            if self.memory.is_pinned(t)
+                            and not tracker.pending_device_write(storage_key(t), self.schedule.queued)])
+
+    def _check_unseen_host_writes(self, issued: IssuedBytes, access: Access) -> None:
+        for t, writes_at_issue in issued.changed():
+            try:
+                self.tracker.unseen_host_write(storage_key(t), access, writes_at_issue)
+            except RaceError as race:
+                self._late.append(race)  # raised at the next op: the host is inside a wait
 
     def _aliases_for_queue(self, tree: Any) -> tuple[Any, Callable[[], None]]:
         """`tree` with each tracked tensor replaced by an alias for the queued call, the caller's
