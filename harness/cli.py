@@ -233,10 +233,11 @@ def cmd_explain(args) -> int:
         print("harness explain: give a reproduction FILE or --fault NAME (one of them)", file=sys.stderr)
         return 2
     try:
-        if args.fault is not None:
-            explanation = explain_fault(args.fault, context=args.context)
-        else:
-            explanation = explain_file(args.file, without_fault=args.without_fault, context=args.context)
+        with _emulated_cuda(args.emulate_cuda):
+            if args.fault is not None:
+                explanation = explain_fault(args.fault, context=args.context)
+            else:
+                explanation = explain_file(args.file, without_fault=args.without_fault, context=args.context)
     except (ValueError, KeyError) as error:
         print(f"harness explain: {error}", file=sys.stderr)
         return 2
@@ -251,6 +252,7 @@ def _add_explain(verbs) -> None:
     explain.add_argument("--fault", metavar="NAME", help="explain the fault zoo entry's own reproduction")
     explain.add_argument("--without-fault", action="store_true", help="explain without the file's fault")
     explain.add_argument("--context", type=int, default=3, help="agreeing ops shown before it (default 3)")
+    _emulate_cuda_option(explain, "explain (the engine on the emulated \"cuda\" device, graphs through torch.cuda)")
     explain.set_defaults(func=cmd_explain)
 
 # --- end of harness explain ----------------------------------------------------------------------

@@ -92,8 +92,8 @@ def rebound(pair: ArgumentPair, context: CauseContext) -> Cause | None:
     if pair.replay.origin is not Origin.EXTERNAL or pair.replay.address == pair.eager.address:
         return None
     first = context.first_use(pair.replay.address or 0)
-    now = _path_at(context, pair.eager.address)
-    then = _path_at(context, pair.replay.address)
+    now = path_at(context, pair.eager.address)
+    then = path_at(context, pair.replay.address)
     captured = context.paths_at_capture.get(pair.replay.address or 0, "")
     reads = f"the graph reads `{pair.name}` at its capture-time address {pair.replay.address:#x}"
     if captured:
@@ -128,7 +128,7 @@ def pool_memory(pair: ArgumentPair, context: CauseContext) -> Cause | None:
 def contents_changed(pair: ArgumentPair, context: CauseContext) -> Cause | None:
     if pair.replay.origin is not Origin.EXTERNAL:
         return None
-    where = _path_at(context, pair.replay.address)
+    where = path_at(context, pair.replay.address)
     return Cause(CONTENTS_CHANGED,
                  f"`{pair.name}` is read at the same address by both ({where or hex(pair.replay.address or 0)}), "
                  f"and the graph finds other contents there: {pair.difference}")
@@ -180,19 +180,27 @@ def paths_by_address(roots: Callable[[], Mapping[str, Any]] | None) -> dict[int,
     return found
 
 
-def _path_at(context: CauseContext, address: int | None) -> str:
-    """The path of a tensor under the roots that starts at `address`, else one whose storage holds it."""
-    if context.roots is None or address is None:
-        return ""
-    holder = ""
+def tensors_under(context: CauseContext):
+    """(path, tensor) of every strided tensor under the roots, skipping paths through private
+    attributes (a graph's own recording, a device's observers: they alias what they hold)."""
+    if context.roots is None:
+        return
     for root_name, root in context.roots().items():
         for path, ref in tensor_refs(root, root_name).items():
             t = ref()
-            if t is None or t.layout != torch.strided:
-                continue
-            if t.data_ptr() == address:
-                return f"`{path}`"
-            storage = t.untyped_storage()
-            if not holder and storage.data_ptr() <= address < storage.data_ptr() + storage.nbytes():
-                holder = f"a view of `{path}`'s storage"
+            if t is not None and t.layout == torch.strided and "._" not in path:
+                yield path, t
+
+
+def path_at(context: CauseContext, address: int | None) -> str:
+    """The path of a tensor under the roots that starts at `address`, else one whose storage holds it."""
+    if address is None:
+        return ""
+    holder = ""
+    for path, t in tensors_under(context):
+        if t.data_ptr() == address:
+            return f"`{path}`"
+        storage = t.untyped_storage()
+        if not holder and storage.data_ptr() <= address < storage.data_ptr() + storage.nbytes():
+            holder = f"a view of `{path}`'s storage"
     return holder

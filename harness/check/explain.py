@@ -35,6 +35,7 @@ from harness.check.oplog import EagerOpLog, OpEvent, output_difference, record_e
 from harness.graphs.base import CapturedGraph, GraphBackend
 from harness.graphs.emulated import EmulatedBackend, EmulatedGraph
 from harness.graphs.emulator.callsite import describe_frame, user_frames
+from harness.graphs.emulator.device import emulation_active
 
 # Frames of this module and of the graph backends are machinery, not the user's code.
 _GRAPHS_DIR = os.path.dirname(harness.graphs.__file__)
@@ -197,19 +198,20 @@ class _Comparison:
             self.session.ops += 1
             difference = output_difference(self.events[index], event, self.session.steps)
         if difference is not None:
-            self.session.found = self._explain(self.events[index], event, difference)
+            self.session.found = self._explain(index, event, difference)
             return
         self.written.update(t.untyped_storage().data_ptr() for t in record.outputs)
         if index is not None:
             self.agreed.append(OpLine(event.op, event.where()))
 
-    def _located(self, cause: Cause, pair, eager: OpEvent) -> Cause:
+    def _located(self, cause: Cause, pair, eager_index: int) -> Cause:
         """For memory no op wrote: the latest eager op before it that wrote an argument of its size
         and dtype in place, likely the one meant to fill it (and given another tensor), with its callers."""
         value = pair.eager.value
         if cause.kind != NEVER_WRITTEN or not isinstance(value, torch.Tensor):
             return cause
-        for event in reversed(self.events[:self.events.index(eager)]):
+        # By position: OpEvents compare by their tensors, which `==` cannot judge.
+        for event in reversed(self.events[:eager_index]):
             if any(o.numel() == value.numel() and o.dtype == value.dtype
                    for o in event.outputs[:event.writes]):
                 frames = " <- ".join(describe_frame(f) for f in event.frames[:3] if not _is_machinery(f))
@@ -225,12 +227,13 @@ class _Comparison:
         self.cursor = found[at] + 1
         return found[at]
 
-    def _explain(self, eager: OpEvent, replayed: OpEvent, difference: str) -> Explanation:
+    def _explain(self, eager_index: int, replayed: OpEvent, difference: str) -> Explanation:
+        eager = self.events[eager_index]
         session = self.session
         context = CauseContext(frozenset(self.written), session.roots, self.graph.inner.first_use,
                                self.graph.paths_at_capture)
         pairs = differing_arguments(eager.inputs, replayed.inputs, session.steps)
-        causes = [(pair, self._located(classify(pair, context, session.classifiers), pair, eager))
+        causes = [(pair, self._located(classify(pair, context, session.classifiers), pair, eager_index))
                   for pair in pairs]
         # A root cause before a knock-on one, an argument the op reads before one it only writes.
         causes.sort(key=lambda pc: (pc[0].replay.written, pc[1].kind == UPSTREAM))
@@ -317,6 +320,11 @@ def explain_divergence(step: Callable[..., Any], *inputs: Any, requests: Sequenc
       `requests=` are passed to its `generate`; the runtime is also the root tensors are named from.
     - A reproduction file: `harness.repro.explain_file` builds the step from the file.
 
+    `device`: where the backend captures (the cpu by default, as `get_backend("emulated")`). Inside
+    `harness.emulate_cuda()`, `device="cuda"` captures through torch.cuda on the emulated device,
+    as the `emulated` backend does there, with the issue-order schedule (an adversarial one defers
+    the eager run's ops).
+
     `steps`: the tolerance in bf16 steps; `context`: how many agreeing ops before it to show;
     `roots()`: objects whose tensors name addresses in the report (pointer paths); `classifiers`:
     more causes to consult before the built-in ones (causes.py); `checks`: what to look at before
@@ -330,6 +338,7 @@ def explain_divergence(step: Callable[..., Any], *inputs: Any, requests: Sequenc
         raise ValueError(f"context must be >= 0 ops, got {context}")
     session = _Session(steps, context, [*classifiers, *CLASSIFIERS], roots, checks)
     backend = ExplainingBackend(session, device)
+    activate_stream_work()
     try:
         result = step(backend, *inputs) if requests is None else step(backend)
         if requests is not None:
@@ -344,6 +353,19 @@ def explain_divergence(step: Callable[..., Any], *inputs: Any, requests: Sequenc
     except Exception as error:  # the step's own diagnosis (a CaptureError, a freed buffer): reported
         return session.result(f"{type(error).__module__}.{type(error).__name__}: {error}")
     return session.result()
+
+
+def activate_stream_work() -> None:
+    """Inside emulate_cuda(): put stream tracking's dispatch mode in place now. It goes in lazily at
+    the first sign of asynchrony (pinned memory), and pushed above an op log it would be popped in
+    the log's place when the log's `with` ends."""
+    if emulation_active() is None:
+        return
+    from harness.graphs.emulator.device.session import active_state
+
+    tracking = getattr(active_state(), "streams_tracking", None)
+    if tracking is not None:
+        tracking.work.activate()
 
 
 class _NotARuntime(TypeError):

@@ -107,15 +107,18 @@ def _named_values(func, args, kwargs, unwritten: dict[int, str]) -> tuple[Value,
 class EagerOpLog(TorchDispatchMode):
     """Runs every op for real and logs it as an `OpEvent`. It also keeps the storages made by an
     `empty` op that no op has written since (storage -> where it was made): reading one is reading
-    memory nothing computed, in the graph and eagerly alike."""
+    memory nothing computed, in the graph and eagerly alike. What an `empty` makes is zeroed."""
 
     def __init__(self) -> None:
         super().__init__()
         self.events: list[OpEvent] = []
         self._unwritten: dict[int, str] = {}
+        self.paused = False  # ops run unlogged meanwhile (a graph's replay, logged from its records)
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
+        if self.paused:
+            return func(*args, **kwargs)
         if opinfo.is_composite(func):
             with self:
                 return func.decompose(*args, **kwargs)
@@ -134,6 +137,9 @@ class EagerOpLog(TorchDispatchMode):
         if func in _UNINITIALIZED:
             for t in fresh:
                 self._unwritten[t.untyped_storage().data_ptr()] = describe_frame(frames[0]) if frames else ""
+                # Zeros, not leftover memory (an earlier graph's poison among it): the reference of
+                # memory nothing wrote is the same on every run, and never the graph's poison.
+                t.zero_()
             return result  # an allocation: nothing computed, and the recorder keeps no record of it
         self.events.append(OpEvent(opinfo.op_name(func), frames, inputs,
                                    tuple(_copy(t) for t in (*written, *fresh)), len(written)))

@@ -9,6 +9,7 @@ import torch
 from torch.utils._python_dispatch import _get_current_dispatch_mode_stack
 
 from harness.graphs.base import CapturedGraph, GraphBackend, released_graph_error
+from harness.graphs.cuda import CudaGraph
 from harness.graphs.emulator.external import ExternalStorage, freed_error, moved_error
 from harness.graphs.emulator.opinfo import ReplayStep
 from harness.graphs.emulator.pool import PoolArena
@@ -169,11 +170,11 @@ class EmulatedBackend(GraphBackend):
                              recording.external, recording.records)
 
     def _capture_through_torch_cuda(self, fn: Callable[[], Any], arena: PoolArena) -> CapturedGraph:
-        from harness.graphs.cuda import CudaGraph
-
         if self._stream is None:
             self._stream = torch.cuda.Stream(self.device)
         graph = torch.cuda.CUDAGraph()
+        if self.trace:
+            graph.keep_trace()
         caller_stream = torch.cuda.current_stream(self.device)
         try:
             with torch.cuda.device(self.device), torch.cuda.graph(graph, pool=arena, stream=self._stream):
@@ -181,4 +182,25 @@ class EmulatedBackend(GraphBackend):
         finally:
             # torch.cuda.graph leaves its side stream current when the capture's end raises.
             torch.cuda.set_stream(caller_stream)
-        return CudaGraph(graph, output, arena)
+        return TorchCudaGraph(graph, output, arena) if self.trace else CudaGraph(graph, output, arena)
+
+
+class TorchCudaGraph(CudaGraph):
+    """A traced capture through torch.cuda inside emulate_cuda(): the emulated `CUDAGraph` and its
+    recording, read as an `EmulatedGraph` is (`records`, `replay_observed`, `first_use`)."""
+
+    def __init__(self, graph: Any, output: Any, pool: Any) -> None:
+        super().__init__(graph, output, pool)
+        self.cuda_graph = graph  # the emulated torch.cuda.CUDAGraph (device/graphs.py)
+
+    @property
+    def records(self) -> tuple[OpRecord, ...]:
+        recording = self.cuda_graph.recording
+        return () if recording is None else recording.records
+
+    def replay_observed(self, before: Callable[[OpRecord], Any], after: Callable[[OpRecord], Any]) -> None:
+        self.cuda_graph.replay_observed(before, after)
+
+    def first_use(self, address: int) -> str:
+        recording = self.cuda_graph.recording
+        return "" if recording is None else recording.first_use(address)

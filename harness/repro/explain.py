@@ -30,7 +30,8 @@ def engine_roots(engines: list[Any]) -> Callable[[], dict[str, Any]]:
 
 
 def explain_engine_step(step: Callable[[Any, list[Any]], Any], requests: list[Any], *,
-                        fault: str | None = None, steps: float = 0, context: int = 3) -> Explanation:
+                        fault: str | None = None, steps: float = 0, context: int = 3,
+                        device: Any = None) -> Explanation:
     """Explain `step(backend, engines)`, which builds an engine on `backend` (appending it to
     `engines` as soon as it is built) and returns it, then its `generate(requests)`, with `fault`
     planted for the duration; an error the engine raises is reported in the explanation."""
@@ -43,7 +44,8 @@ def explain_engine_step(step: Callable[[Any, list[Any]], Any], requests: list[An
     decisions = HostDecisions(engines)
     with planted, decisions.planted():
         return explain_divergence(lambda backend: step(backend, engines), requests=requests, steps=steps,
-                                  context=context, roots=engine_roots(engines), checks=(decisions.check,))
+                                  context=context, roots=engine_roots(engines), checks=(decisions.check,),
+                                  device=device)
 
 
 def explain_scenario(scenario: Scenario, *, fault: str | None = None, context: int = 3) -> Explanation:
@@ -57,8 +59,13 @@ def explain_scenario(scenario: Scenario, *, fault: str | None = None, context: i
     if scenario.backend != "emulated":
         raise ValueError(f"harness explain observes emulated replays; the scenario ran on "
                          f"{scenario.backend!r}: record it with --graph-backend emulated (accepted: 'emulated')")
+    from harness.graphs.emulator.device import emulation_active
+
     config = EngineConfig.from_dict(dict(scenario.engine))
-    model = ReferenceLlama.from_hf(tiny_llama(scenario.model_seed, **scenario.model_overrides)).to(torch.device("cpu"))
+    # Inside emulate_cuda() (`harness explain --emulate-cuda`) the engine runs on the emulated "cuda"
+    # device and its graphs are captured through torch.cuda there.
+    device = torch.device("cuda" if emulation_active() is not None else "cpu")
+    model = ReferenceLlama.from_hf(tiny_llama(scenario.model_seed, **scenario.model_overrides)).to(device)
 
     def step(backend, engines: list[Any]) -> Any:
         engine = Engine(model, config, backend=backend)
@@ -67,7 +74,7 @@ def explain_scenario(scenario: Scenario, *, fault: str | None = None, context: i
         return engine
 
     return explain_engine_step(step, list(scenario.requests), fault=fault, steps=scenario.tolerance_steps,
-                               context=context)
+                               context=context, device=device)
 
 
 def explain_record(record: ReproRecord, *, without_fault: bool = False, context: int = 3) -> Explanation:

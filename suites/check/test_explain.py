@@ -101,6 +101,30 @@ def test_memory_no_op_wrote_names_its_allocation():
     assert _line_of("torch.mul(x, 2, out=fresh)") in explanation.cause.detail
 
 
+def test_memory_no_op_wrote_is_located_among_agreeing_ops_of_the_same_line():
+    def fill_into(out: torch.Tensor, x: torch.Tensor, planted: bool) -> None:
+        torch.mul(x, 2, out=torch.empty_like(out) if planted else out)  # planted: another tensor
+
+    def step(backend):
+        x = torch.ones(8)
+
+        def body():
+            results = []
+            for planted in (False, True):  # the first pass agrees, at the same lines as the second
+                out = torch.empty_like(x)
+                fill_into(out, x, planted)
+                results.append(out + 1)
+            return results
+
+        graph = backend.capture(body)
+        graph.replay()
+
+    explanation = explain_divergence(step)
+    assert explanation.diverged and not explanation.raised, explanation
+    assert explanation.op == "aten.add.Tensor" and explanation.cause.kind == NEVER_WRITTEN, explanation
+    assert _line_of("torch.mul(x, 2, out=torch.empty_like(out)") in explanation.cause.detail
+
+
 def _pool_step(backend, release: bool):
     pool = backend.graph_pool_handle()
     x, y = torch.ones(64), torch.full((64,), 5.0)
@@ -220,3 +244,14 @@ def test_a_check_before_the_replay_reports_what_the_eager_run_would_share():
     assert explanation.graph.endswith("replay 2") and explanation.replays_compared == 1
     assert "differs: a cause the eager run shares\n    the detail" in str(explanation)
     assert not explain_divergence(_one_graph_replayed_twice, checks=(lambda graph: None,)).diverged
+
+
+def test_the_eager_log_zeroes_what_an_empty_makes():
+    from harness.check.oplog import EagerOpLog
+
+    for _ in range(3):  # freed memory of the same size, full of sevens, is what the next empty gets
+        del_me = torch.full((16384,), 7.0)
+        del del_me
+        with EagerOpLog():
+            made = torch.empty(16384)
+        assert bool((made == 0).all())

@@ -200,3 +200,29 @@ def test_the_device_has_no_cudnn_whatever_torch_was_built_with(cuda_device):
     out, _ = lstm(x)
     out.sum().backward()
     assert out.is_cuda and lstm.weight_ih_l0.grad.is_cuda
+
+
+def test_tooling_calls_a_runtime_makes_in_passing_answer_as_on_cuda(outside_emulation):
+    import warnings
+
+    with harness.emulate_cuda(device="cpu", total_memory=2**20, device_count=2):
+        assert [torch.cuda.nvtx.range_push("step"), torch.cuda.nvtx.range_push("attn"),
+                torch.cuda.nvtx.range_pop(), torch.cuda.nvtx.range_pop()] == [0, 1, 1, 0]
+        with torch.cuda.nvtx.range("decode"):
+            torch.cuda.nvtx.mark("replay")
+        x = torch.ones(4, device="cuda")
+        torch.cuda.set_sync_debug_mode("warn")
+        with pytest.warns(UserWarning, match="called a synchronizing CUDA operation"):
+            x.sum().item()
+        torch.cuda.set_sync_debug_mode("error")
+        assert torch.cuda.get_sync_debug_mode() == 2
+        with pytest.raises(RuntimeError, match="called a synchronizing CUDA operation"):
+            x.cpu()
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")
+            torch.cuda.synchronize()  # an explicit synchronize is not flagged, as on CUDA
+        torch.cuda.set_sync_debug_mode("default")
+        torch.cuda.set_per_process_memory_fraction(0.5)
+        with pytest.raises(torch.OutOfMemoryError, match="per-process memory fraction 0.5"):
+            torch.empty(2**17 + 64, device="cuda")  # more than half of the 1 MiB device
+        assert torch.cuda.can_device_access_peer(0, 1) and not torch.cuda.can_device_access_peer(0, 0)

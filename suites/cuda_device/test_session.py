@@ -102,3 +102,15 @@ def test_children_enter_the_same_emulation_only_when_asked(outside_emulation):
         alone = subprocess.run([sys.executable, "-c", _CHILD], capture_output=True, text=True,
                                check=True)
     assert alone.stdout.split()[0] == "False"
+
+
+def test_a_cpu_default_device_does_not_block_entering_and_dynamo_resets_inside(outside_emulation):
+    torch.set_default_device("cpu")  # what a runner may leave behind: the default anyway
+    try:
+        with harness.emulate_cuda(device="cpu"):
+            torch._dynamo.reset()  # imports inductor's cudagraph trees once CUDA looks built
+            compiled = torch.compile(lambda x: x * 2)
+            assert compiled(torch.ones(2, device="cuda")).is_cuda
+            torch._dynamo.reset()
+    finally:
+        torch.set_default_device(None)

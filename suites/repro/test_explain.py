@@ -56,9 +56,10 @@ NAMED = {
                                            WRONG_GRAPH_KEY,
                                            lambda: "chose decode[bs=8,top2] for a batch of 8 rows asking for "
                                                    "top-4 logprobs, which needs decode[bs=8,top4]"),
-    # The first op reading the stale input is in dynamo's generated code (<eval_with_key>): named by
-    # its op; the cause names the input, the place the copy belongs and the planted line.
-    "piecewise-inputs-not-copied": ("aten.index_select.default", lambda: "<eval_with_key>",
+    # The first op reading the stale input runs in dynamo's generated code: named by the model line
+    # its node was traced from; the cause names the input, the place the copy belongs and the planted line.
+    "piecewise-inputs-not-copied": ("aten.index_select.default",
+                                    lambda: line_of(harness.model.rope, "self.table.index_select(0, positions)"),
                                     STATIC_INPUT_STALE,
                                     lambda: "returned at " + line_of(harness.faults.piecewise,
                                                                      "handle.fire()  # the replay reads the inputs")),
@@ -88,6 +89,28 @@ def test_explain_names_the_op_and_line_of_the_planted_bug(tmp_path, capsys, name
     assert named() in out, out
 
 
+def _without_a_gpu_or_emulation() -> None:
+    """`--emulate-cuda` enters the emulated device: not inside one already (a `--emulate-cuda`
+    session), nor on a machine with a GPU (where it would be the graph sanitizer)."""
+    import torch
+
+    from harness.graphs.emulator.device import emulation_active
+
+    if emulation_active() is not None or torch.cuda.is_available():
+        pytest.skip("explain --emulate-cuda is checked on the emulated device, outside any emulation")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", list(NAMED))
+def test_explain_on_the_emulated_cuda_device_names_the_same_op_and_line(tmp_path, capsys, name):
+    _without_a_gpu_or_emulation()
+    op, where, cause, named = NAMED[name]
+    code, out, _ = explain(tmp_path, capsys, name, "--emulate-cuda")
+    assert code == 1, out
+    assert f"first divergent op: {op}\n  at {where()}" in out, out
+    assert f"differs: {cause}" in out and named() in out, out
+
+
 def test_without_the_fault_no_op_departs(tmp_path, capsys):
     code, out, _ = explain(tmp_path, capsys, FAST, "--without-fault")
     assert code == 0 and "no replayed op departs from eager beyond 0 bf16 steps" in out, out
@@ -110,3 +133,27 @@ def test_a_file_without_a_scenario_is_refused_by_name(tmp_path, capsys):
     path = write_record(replace(fault_record(FAST), scenario=None), tmp_path)
     assert cli.main(["explain", str(path)]) == 2
     assert "carries no engine scenario to explain" in capsys.readouterr().err
+
+
+@pytest.mark.slow
+def test_explain_with_emulate_cuda_runs_the_engine_on_the_emulated_device(tmp_path, capsys):
+    _without_a_gpu_or_emulation()
+    import harness
+    from harness.repro.explain import explain_file
+
+    op, where, cause, _ = NAMED[FAST]
+    path = write_record(fault_record(FAST), tmp_path)
+    assert cli.main(["explain", str(path), "--emulate-cuda"]) == 1
+    out = capsys.readouterr().out
+    assert f"first divergent op: {op}\n  at {where()}" in out and f"differs: {cause}" in out, out
+
+    captured = []
+
+    class Captures:
+        def on_capture_begin(self, graph, stream, mode):
+            captured.append(graph)
+
+    with harness.emulate_cuda() as device, device.observe(Captures()):
+        explanation = explain_file(path)
+    assert captured, "no graph was captured through torch.cuda on the emulated device"
+    assert explanation.diverged and explanation.where.startswith(where()), explanation

@@ -17,6 +17,8 @@ from typing import Callable
 
 import torch
 
+from harness.graphs.emulator import fx_lines
+
 _SKIPPED = (os.path.dirname(torch.__file__), os.path.dirname(__file__))
 
 
@@ -31,7 +33,7 @@ def describe_line(filename: str, lineno: int) -> str:
     short = filename.split(f"site-packages{os.sep}")[-1]
     if short == filename and filename.startswith(os.getcwd() + os.sep):
         short = os.path.relpath(filename)
-    return f"{short}:{lineno}: {source}" if source else f"{short}:{lineno}"
+    return fx_lines.describe(filename, f"{short}:{lineno}: {source}" if source else f"{short}:{lineno}")
 
 
 def at_callsite(message: str, where: str) -> str:
@@ -47,9 +49,12 @@ def _user_frame(also_skip: tuple[str, ...] = ()) -> FrameType | None:
 
 
 def current_callsite(also_skip: tuple[str, ...] = ()) -> str:
-    """The innermost caller frame outside torch, the emulator and `also_skip`, as `file:line: source`."""
+    """The innermost caller frame outside torch, the emulator and `also_skip`, as `file:line: source`
+    (for FX-generated code, the model line its node was traced from, fx_lines.py)."""
     frame = _user_frame(also_skip)
-    return "" if frame is None else describe_line(frame.f_code.co_filename, frame.f_lineno)
+    if frame is None:
+        return ""
+    return describe_frame(_source_frames(frame)[0])
 
 
 class LaterCallsite:
@@ -104,15 +109,28 @@ Frame = tuple[str, int]  # (filename, line)
 
 def user_frames(limit: int = 4, skip: tuple[str, ...] = ()) -> tuple[Frame, ...]:
     """The innermost `limit` caller frames outside torch, this package and the files in `skip`,
-    innermost first, kept as (filename, line) so that recording them costs no source lookup."""
+    innermost first, kept as (filename, line) so that recording them costs no source lookup. A frame
+    of FX-generated code stands for the model frames its node was traced from (fx_lines.py)."""
     frames: list[Frame] = []
     frame = _user_frame()
     while frame is not None and len(frames) < limit:
         name = frame.f_code.co_filename
         if _is_user_file(name) and name not in skip:
-            frames.append((frame.f_code.co_filename, frame.f_lineno))
+            frames.extend(_source_frames(frame))
         frame = frame.f_back
-    return tuple(frames)
+    return tuple(frames[:limit])
+
+
+def _source_frames(frame: FrameType) -> tuple[Frame, ...]:
+    """The frame as (filename, line), or for FX-generated code its node's model frames, if traced."""
+    name = frame.f_code.co_filename
+    if fx_lines.is_generated(name):
+        # Dynamo traced through torch and through the emulated device's modes too: their frames
+        # are in the node's stack, and are not the model's.
+        traced = tuple(f for f in fx_lines.source_frames(frame) if _is_user_file(f[0]))
+        if traced:
+            return traced
+    return ((name, frame.f_lineno),)
 
 
 def describe_frame(frame: Frame) -> str:

@@ -1,10 +1,13 @@
-"""The `torch.cuda` Python API on the emulated device: what `emulate_cuda()` puts in place of
-torch's functions for its duration (`patches(state)`), each answering from the device's state.
+"""The `torch.cuda` Python API on the emulated device: what `emulate_cuda()` puts in place of torch's
+functions for its duration (`patches(state)`), each answering from the device's state.
 
-Memory statistics come from the registry's live device bytes (memory.py): `memory_allocated` and
-`memory_reserved` are the bytes of device storages alive now, `max_*` their peak since the last
-reset. Random state: the emulated device draws from the cpu's default generator (device tensors are
-cpu tensors), so `torch.cuda.manual_seed` and `torch.manual_seed` seed the same generator.
+Memory statistics come from the model of CUDA's caching allocator that the device's allocations and
+frees drive (caching_allocator.py): `memory_stats()` has the native allocator's keys,
+`memory_allocated`/`memory_reserved` and their `max_*` read its `allocated_bytes.all` and
+`reserved_bytes.all`, `empty_cache()` gives back its wholly free segments, and `mem_get_info` counts
+the reserved bytes as used. Random state: the emulated device draws from the cpu's default generator
+(device tensors are cpu tensors), so `torch.cuda.manual_seed` and `torch.manual_seed` seed the same
+generator.
 """
 
 from __future__ import annotations
@@ -18,6 +21,7 @@ import torch.accelerator
 import torch.backends.cudnn
 import torch.cuda.graphs
 import torch.cuda.memory
+import torch.cuda.nvtx
 import torch.cuda.random
 import torch.cuda.streams
 
@@ -26,6 +30,8 @@ from harness.graphs.emulator.device.backward import (
 from harness.graphs.emulator.device.generators import generator_class
 from harness.graphs.emulator.device.rules import DeviceIndexError, cuda_index, names_cuda
 from harness.graphs.emulator.device.streams import Event, ExternalStream, Stream
+from harness.graphs.emulator.device.tools import (NvtxRanges, check_memory_fraction,
+                                                 check_sync_debug_mode)
 
 
 @dataclass(frozen=True)
@@ -113,42 +119,44 @@ def patches(state) -> list[tuple[Any, str, Any]]:
         index(device)
         return (props.major, props.minor)
 
+    accounting = state.memory.accounting  # the caching allocator's, up to date
+
     def mem_get_info(device: Any = None) -> tuple[int, int]:
         index(device)
-        return (props.total_memory - state.memory.allocated_bytes(), props.total_memory)
+        return (props.total_memory - accounting().stat("reserved_bytes", "current"),
+                props.total_memory)
 
-    def memory_allocated(device: Any = None) -> int:
+    def stat(name: str, field: str, device: Any = None) -> int:
         index(device)
-        return state.memory.allocated_bytes()
-
-    def max_memory_allocated(device: Any = None) -> int:
-        index(device)
-        return state.memory.peak_bytes()
+        return accounting().stat(name, field)
 
     def reset_peak_memory_stats(device: Any = None) -> None:
         index(device)
-        state.memory.reset_peak()
+        accounting().reset_peak()
 
-    def memory_stats(device: Any = None) -> dict[str, int]:
-        """The caching allocator's keys, from live device bytes: every byte counts as allocated,
-        active, requested and reserved, all in `all` (the pools are not split small and large)."""
+    def reset_accumulated_memory_stats(device: Any = None) -> None:
         index(device)
-        memory = state.memory
-        values = {"current": memory.allocated_bytes(), "peak": memory.peak_bytes(),
-                  "allocated": memory.allocated_total, "freed": memory.freed_total}
-        stats = {f"{kind}.{pool}.{which}": (value if pool == "all" else 0)
-                 for kind in ("allocated_bytes", "active_bytes", "requested_bytes", "reserved_bytes")
-                 for pool in ("all", "small_pool", "large_pool") for which, value in values.items()}
-        stats.update({"num_alloc_retries": 0, "num_ooms": 0, "num_sync_all_streams": 0,
-                      "num_device_alloc": 0, "num_device_free": 0})
-        return stats
+        accounting().reset_accumulated()
+
+    def memory_stats(device: Any = None):
+        """The native caching allocator's keys (caching_allocator.py: what it models)."""
+        index(device)
+        return accounting().memory_stats()
 
     def memory_summary(device: Any = None, abbreviated: bool = False) -> str:
-        return (f"emulated CUDA device {index(device)}: {memory_allocated(device)} bytes allocated, "
-                f"peak {max_memory_allocated(device)} bytes, of {props.total_memory}")
+        stats = memory_stats(device)
+        fields = ("current", "peak", "allocated", "freed")
+        rows = [f"{'':<36}" + "".join(f"{field:>16}" for field in fields)]
+        for name in ("allocated_bytes", "active_bytes", "requested_bytes", "reserved_bytes",
+                     "inactive_split_bytes", "allocation", "active", "segment", "inactive_split"):
+            for scope in ("all",) if abbreviated else ("all", "small_pool", "large_pool"):
+                rows.append(f"{name + '.' + scope:<36}" + "".join(
+                    f"{stats[f'{name}.{scope}.{field}']:>16}" for field in fields))
+        return (f"emulated CUDA device {index(device)} ({props.name}), caching allocator's "
+                f"accounting of {props.total_memory} bytes:\n" + "\n".join(rows))
 
     def empty_cache() -> None:
-        pass  # no cache: freed device storages are gone at once
+        accounting().empty_cache()
 
     def is_initialized() -> bool:
         return state.initialized
@@ -258,10 +266,20 @@ def patches(state) -> list[tuple[Any, str, Any]]:
         "_cuda_setDevice": lambda device: set_device(device),
         "_cuda_getDevice": lambda: current_device(),
         "_cuda_clearCublasWorkspaces": lambda: None,
-        "_cuda_emptyCache": lambda: None,
+        "_cuda_emptyCache": lambda: empty_cache(),
         "_cuda_synchronize": lambda: synchronize(),
         "_cuda_isCurrentStreamCapturing": lambda: is_current_stream_capturing(),
         "_host_emptyCache": lambda: None,
+        "_cuda_set_sync_debug_mode": lambda mode: setattr(state, "sync_debug_mode",
+                                                          check_sync_debug_mode(mode)),
+        "_cuda_get_sync_debug_mode": lambda: state.sync_debug_mode,
+        "_cuda_setMemoryFraction": lambda fraction, device=None: setattr(
+            state, "memory_fraction", check_memory_fraction(fraction)),
+        # What torch._inductor.cudagraph_trees imports once is_built() says CUDA (torch._dynamo.reset()
+        # imports it): a name only; the emulated device has no CUDA allocator to hand out states of.
+        "_cuda_CUDAAllocator_AllocatorState": type("AllocatorState", (), {}),
+        "_cuda_canDeviceAccessPeer": lambda device, peer: (
+            device != peer and max(device, peer) < props.count and min(device, peer) >= 0),
     }  # not _cuda_getDeviceCount: torch.cuda._is_compiled() asks for it to tell a CUDA build
 
     from harness.graphs.emulator.device.session import CUDAGraph
@@ -272,10 +290,15 @@ def patches(state) -> list[tuple[Any, str, Any]]:
         "device_of": device_of, "get_device_name": get_device_name,
         "get_device_properties": get_device_properties,
         "get_device_capability": get_device_capability, "mem_get_info": mem_get_info,
-        "memory_allocated": memory_allocated, "max_memory_allocated": max_memory_allocated,
-        "memory_reserved": memory_allocated, "max_memory_reserved": max_memory_allocated,
+        "memory_allocated": lambda device=None: stat("allocated_bytes", "current", device),
+        "max_memory_allocated": lambda device=None: stat("allocated_bytes", "peak", device),
+        "memory_reserved": lambda device=None: stat("reserved_bytes", "current", device),
+        "max_memory_reserved": lambda device=None: stat("reserved_bytes", "peak", device),
         "reset_peak_memory_stats": reset_peak_memory_stats,
-        "reset_max_memory_allocated": reset_peak_memory_stats, "memory_stats": memory_stats,
+        "reset_max_memory_allocated": reset_peak_memory_stats,
+        "reset_max_memory_cached": reset_peak_memory_stats,
+        "reset_accumulated_memory_stats": reset_accumulated_memory_stats,
+        "memory_stats": memory_stats,
         "memory_summary": memory_summary, "empty_cache": empty_cache,
         "is_initialized": is_initialized, "init": init, "_lazy_init": init,
         "synchronize": synchronize, "Stream": Stream, "ExternalStream": ExternalStream,
@@ -300,13 +323,13 @@ def patches(state) -> list[tuple[Any, str, Any]]:
         "current_stream": lambda device=None: streams.current(device),
         "set_stream": lambda stream: set_stream(stream),
         "synchronize": lambda device=None: synchronize(device),
-        "memory_allocated": lambda device=None: memory_allocated(device),
-        "max_memory_allocated": lambda device=None: max_memory_allocated(device),
-        "memory_reserved": lambda device=None: memory_allocated(device),
-        "max_memory_reserved": lambda device=None: max_memory_allocated(device),
+        "memory_allocated": lambda device=None: stat("allocated_bytes", "current", device),
+        "max_memory_allocated": lambda device=None: stat("allocated_bytes", "peak", device),
+        "memory_reserved": lambda device=None: stat("reserved_bytes", "current", device),
+        "max_memory_reserved": lambda device=None: stat("reserved_bytes", "peak", device),
         "reset_peak_memory_stats": lambda device=None: reset_peak_memory_stats(device),
         "memory_stats": lambda device=None: memory_stats(device),
-        "empty_cache": lambda: None,
+        "empty_cache": lambda: empty_cache(),
     }
     api = _distinct(api)
     out: list[tuple[Any, str, Any]] = [(torch.cuda, name, fn) for name, fn in api.items()]
@@ -316,6 +339,7 @@ def patches(state) -> list[tuple[Any, str, Any]]:
             if name in torch.accelerator.__dict__]
     out += [
         (torch.cuda, "default_generators", (generator,) * props.count),
+        (torch.cuda.nvtx, "_nvtx", NvtxRanges()),
         (torch, "Generator", generator_class(
             lambda device: cuda_index(device, state.current_index, props.count)
             if names_cuda(device) else None)),

@@ -5,13 +5,15 @@ torch's own `torch.cuda.graph` and `make_graphed_callables` run on top of it unc
 
 What it needs from the device (`host`): `memory` (which tensors are device memory), `storage_device`
 (where the emulator keeps device memory: the cpu, or the real cuda device), `kernel_device`,
-`current_stream()`, `default_stream()`, `begin_capture(graph, stream)`, `end_capture()`,
-`notify_replay(graph)`.
+`current_stream()`, `default_stream()`, `begin_capture(graph, stream, pool)`, `end_capture()`,
+`release_pool(pool)` (a graph captured into `pool` was reset or destroyed), `graph_destroyed(key)`
+(the graph whose `id()` was `key` is gone), `notify_replay(graph)`.
 """
 
 from __future__ import annotations
 
 import sys
+import weakref
 
 import torch
 
@@ -34,7 +36,13 @@ class EmulatedCUDAGraph:
         self._session: CaptureSession | None = None
         self._graph: EmulatedGraph | None = None
         self._captured = False
+        self._trace = False
+        self._replay_observer = None
         self.capture_error_mode: str | None = None
+        # The pool whose use this graph holds (from capture_begin to reset or destruction), in a
+        # list its finalizer shares without keeping the graph alive.
+        self._pool_in_use: list[PoolArena] = []
+        self._finalizer: weakref.finalize | None = None
 
     # --- capture -----------------------------------------------------------------------------
 
@@ -64,14 +72,20 @@ class EmulatedCUDAGraph:
                             f"graph's pool(), got {type(pool).__name__}")
         arena = pool if pool is not None else PoolArena(host.storage_device)
         session = CaptureSession(arena, host.storage_device, memory=host.memory,
-                                 kernel_device=host.kernel_device, report_capturing=False)
-        host.begin_capture(self, stream)
+                                 kernel_device=host.kernel_device, report_capturing=False,
+                                 trace=self._trace)
+        if self._finalizer is None:
+            self._finalizer = weakref.finalize(self, _graph_gone, host, id(self), self._pool_in_use)
+        host.begin_capture(self, stream, arena)
+        self._pool_in_use.append(arena)
         try:
             session.begin()
         except BaseException:
             host.end_capture()
+            self._release_pool()
             raise
         host.notify_capture_begin(self, stream, capture_error_mode)
+        session.recorder.trace = session.recorder.trace or self._trace  # an observer may ask for it
         self._arena, self._session = arena, session
         self.capture_error_mode = capture_error_mode
 
@@ -87,11 +101,13 @@ class EmulatedCUDAGraph:
                 # propagates: drop the capture and let that exception be the one the caller sees.
                 self._host.notify_capture_end(self, aborted=True)
                 session.abort()
+                self._release_pool()
                 return
             try:
                 self._host.notify_capture_end(self, aborted=False)  # may raise: unjoined work
             except BaseException:
                 session.abort()
+                self._release_pool()
                 raise
             recording = session.end(stacklevel=4)
         finally:
@@ -101,14 +117,58 @@ class EmulatedCUDAGraph:
                                     reads=recording.reads, writes=recording.writes)
         self._captured = True
 
+    def keep_trace(self) -> None:
+        """Keep, per op of this graph's capture, its source line, arguments and outputs
+        (emulator/trace.py), so that `recording.records` and `replay_observed` can show each op's
+        results (harness.check.explain). Call it before the capture or during it before its first
+        op (an observer's `on_capture_begin`)."""
+        self._trace = True
+        if self._session is not None:
+            self._session.recorder.trace = True
+
     # --- after capture -----------------------------------------------------------------------
+
+    @property
+    def recording(self) -> EmulatedGraph | None:
+        """The finished capture: an `EmulatedGraph` with `records` (one `OpRecord` per op when
+        `keep_trace()` was called, else none), `replay_observed`, `first_use`, `reads`, `writes`; None
+        before a successful capture and after `reset()`."""
+        return self._graph
+
+    def replay_observed(self, before, after) -> None:
+        """`replay()`, calling `before(record)` ahead of each recorded op and `after(record)` once
+        its outputs hold its results (`EmulatedGraph.replay_observed`), issued like `replay()`."""
+        graph = self._graph
+        if graph is None:
+            raise RuntimeError("Called CUDAGraph::replay_observed without a preceding successful capture.")
+        self._host.notify_replay(self)
+
+        def run(recording: EmulatedGraph) -> None:
+            with torch._C.DisableTorchFunction():
+                recording.replay_observed(before, after)
+
+        self._host.issue_replay(self, graph, run)
 
     def replay(self) -> None:
         graph = self._graph
         if graph is None:
             raise RuntimeError("Called CUDAGraph::replay without a preceding successful capture.")
         self._host.notify_replay(self)
-        self._host.issue_replay(self, graph, self._run)
+        observer = self._replay_observer
+        if observer is None:
+            self._host.issue_replay(self, graph, self._run)
+            return
+
+        def observed(recording: EmulatedGraph) -> None:
+            with torch._C.DisableTorchFunction():
+                observer(recording)
+
+        self._host.issue_replay(self, graph, observed)
+
+    def observe_replays(self, observer) -> None:
+        """From now on each `replay()` runs `observer(recording)` in place of the plain replay
+        (harness.check.explain_cuda runs `recording.replay_observed` there); None restores it."""
+        self._replay_observer = observer
 
     @staticmethod
     def _run(graph: EmulatedGraph) -> None:
@@ -123,8 +183,13 @@ class EmulatedCUDAGraph:
             self._session.abort()
             self._session = None
             self._host.end_capture()
+        self._release_pool()
         self._graph = None
         self._captured = False
+
+    def _release_pool(self) -> None:
+        while self._pool_in_use:
+            self._host.release_pool(self._pool_in_use.pop())
 
     def pool(self) -> PoolArena:
         if self._arena is None:
@@ -166,6 +231,13 @@ class EmulatedCUDAGraph:
 
     def raw_cuda_graph_exec(self) -> int:
         raise NotImplementedError(_NO_CUDA_GRAPH.format("raw_cuda_graph_exec()"))
+
+
+def _graph_gone(host, key: int, pool_in_use: list) -> None:
+    """A graph was destroyed: as CUDA's destructor, reset (release its pool) and unregister it."""
+    while pool_in_use:
+        host.release_pool(pool_in_use.pop())
+    host.graph_destroyed(key)
 
 
 _NO_CUDA_GRAPH = ("CUDAGraph.{} is not supported by harness.emulate_cuda(): an emulated graph is a "

@@ -4,19 +4,41 @@ A storage is marked when the device makes it (an op with device inputs, a factor
 copy to the device, a capture's pool block); everything else is host memory, pinned when marked so
 (`pin_memory()`, `pin_memory=True`). The mark is an attribute of the storage's Python object, which
 PyTorch keeps with its StorageImpl, so views, `.data`, `module.to("cuda")` (which rebinds
-`param.data`) and `set_` share it without any bookkeeping. Live device bytes are counted from weak
-references to the marked storages (a storage's Python object dies with its StorageImpl), for `torch.cuda.memory_allocated()` and friends.
+`param.data`) and `set_` share it without any bookkeeping. Each marked storage is an allocation of
+CUDA's caching allocator, as its accounting has it (caching_allocator.py), made on the stream
+current then and freed when a weak reference to the storage says it died (a storage's Python object
+dies with its StorageImpl): what `torch.cuda.memory_stats()` and friends answer from.
+
+The allocations and frees are logged as they happen and played into the accounting in batches
+(`accounting()` plays what is pending first): a batch runs with the accounting's data hot in the
+CPU's caches, about half the cost of each event played between the ops, and a weakref callback
+that the garbage collector runs in the middle of an allocation only appends to the log.
 """
 
 from __future__ import annotations
 
+import threading
 import weakref
+from typing import Any, Callable
 
 import torch
+
+from harness.graphs.emulator.device.caching_allocator import Block, CachingAllocator
 
 MEMORY_ATTR = "_harness_memory"
 DEVICE = "device"
 PINNED = "pinned"
+PLAY_AT = 2048  # pending allocations that are played into the accounting at once
+
+
+class _StorageRef(weakref.ref):
+    """A weak reference that hashes by identity: a pending one may be looked up after its storage
+    died, and a plain weakref hashes by its referent (an error once that is gone). It keeps the
+    storage's size for the live-bytes count."""
+
+    __slots__ = ("nbytes",)
+    __hash__ = object.__hash__
+    __eq__ = object.__eq__
 
 
 def _storage(t: torch.Tensor) -> torch.UntypedStorage | None:
@@ -32,12 +54,18 @@ class DeviceMemory:
 
     all_device = False
 
-    def __init__(self) -> None:
-        self._sizes: dict[weakref.ref, int] = {}
-        self._allocated = 0
-        self._peak = 0
-        self.allocated_total = 0  # bytes ever marked device memory, and ever freed of it
-        self.freed_total = 0
+    def __init__(self, current_stream: Callable[[], Any]) -> None:
+        self.allocator = CachingAllocator()
+        self._current_stream = current_stream
+        self._blocks: dict[_StorageRef, Block] = {}
+        # Not yet played: (ref, nbytes, stream, graph pool or None) for an allocation, the ref for
+        # a free, a Block for a free of the generator's seed or offset.
+        self._pending: list = []
+        self._playing = threading.RLock()  # one thread plays at a time; the others wait for it
+        self._on_freed = self._pending_free  # bound once: adopt() runs on every device allocation
+        self._live = 0  # bytes of the device storages alive, counted without the accounting
+        self._graphs: set[int] = set()
+        self._generator_state: tuple = ()
         # Set by the placement mode around a call that names the device (a factory with
         # device="cuda", a copy to it): the recorder cannot see the device once it is rewritten.
         self.call_on_device = False
@@ -66,35 +94,81 @@ class DeviceMemory:
             self.adopt(storage)
 
     def adopt(self, storage: torch.UntypedStorage) -> None:
-        """Mark `storage` device memory and count its bytes while it lives."""
+        """Mark `storage` device memory: an allocation on the current stream while it lives."""
         setattr(storage, MEMORY_ATTR, DEVICE)
         nbytes = storage.nbytes()
-        self._sizes[weakref.ref(storage, self._freed)] = nbytes
-        self._allocated += nbytes
-        self.allocated_total += nbytes
-        if self._allocated > self._peak:
-            self._peak = self._allocated
+        if nbytes:  # CUDA's allocator makes no block for an empty request
+            stream = self._current_stream()
+            pool = self.allocator.capture_pool
+            if pool is not None and stream not in self.allocator.capture_streams:
+                pool = None
+            pending = self._pending
+            ref = _StorageRef(storage, self._on_freed)
+            ref.nbytes = nbytes
+            self._live += nbytes
+            pending.append((ref, nbytes, stream, pool))
+            if len(pending) >= PLAY_AT:
+                self._play()
         for listener in self.adoption_listeners:
             listener(storage)
 
-    def _freed(self, ref: weakref.ref) -> None:
-        nbytes = self._sizes.pop(ref, 0)
-        self._allocated -= nbytes
-        self.freed_total += nbytes
+    def _pending_free(self, ref: _StorageRef) -> None:
+        self._live -= ref.nbytes
+        self._pending.append(ref)
+
+    def _play(self) -> None:
+        blocks, malloc, free = self._blocks, self.allocator.malloc, self.allocator.free
+        with self._playing:
+            while self._pending:
+                events, self._pending = self._pending, []  # what callbacks add meanwhile: next
+                for event in events:
+                    if event.__class__ is tuple:
+                        blocks[event[0]] = malloc(event[1], event[2], event[3])
+                    elif event.__class__ is Block:
+                        free(event)
+                    else:
+                        block = blocks.pop(event, None)
+                        if block is not None:
+                            free(block)
+
+    def accounting(self) -> CachingAllocator:
+        """The caching allocator's accounting, up to date."""
+        self._play()
+        return self.allocator
 
     def mark_pinned(self, t: torch.Tensor) -> None:
         storage = _storage(t)
         if storage is not None:
             setattr(storage, MEMORY_ATTR, PINNED)
 
+    # --- what CUDA graphs hold -----------------------------------------------------------------
+
+    def graph_registered(self, key: int, stream: Any) -> None:
+        """A capture begins (graph `key`, on `stream`): the default generator registers the graph
+        and, while any graph is registered, holds its seed and offset for replays in two
+        one-element int64 device tensors, made on the capture stream before the capture's pool
+        takes over (CUDAGeneratorState::register_graph)."""
+        if not self._graphs:
+            allocator = self.accounting()
+            self._generator_state = (allocator.malloc(8, stream, None),
+                                     allocator.malloc(8, stream, None))
+        self._graphs.add(key)
+
+    def graph_unregistered(self, key: int) -> None:
+        """Graph `key` was destroyed: the last one frees the generator's seed and offset (logged:
+        a graph's finalizer may run in the middle of an allocation)."""
+        self._graphs.discard(key)
+        if not self._graphs:
+            self._pending.extend(self._generator_state)
+            self._generator_state = ()
+
     # --- statistics --------------------------------------------------------------------------
 
+    def live_bytes(self) -> int:
+        """Bytes of the device storages alive now, as asked (no rounding): cheap enough for a
+        check before every factory, where `allocated_bytes()` plays the pending log first."""
+        return self._live
+
     def allocated_bytes(self) -> int:
-        """Bytes of device storages still alive."""
-        return self._allocated
-
-    def peak_bytes(self) -> int:
-        return self._peak
-
-    def reset_peak(self) -> None:
-        self._peak = self._allocated
+        """Bytes of the blocks that device storages alive now hold (CUDA's allocated_bytes)."""
+        return self.accounting().allocated_bytes()

@@ -31,8 +31,14 @@ class SanitizerHost:
     def default_stream(self):
         return torch.cuda.default_stream()
 
-    def begin_capture(self, graph, stream) -> None:
+    def begin_capture(self, graph, stream, pool) -> None:
         self.capture, self._capture_stream = graph, stream
+
+    def release_pool(self, pool) -> None:
+        pass  # real memory: CUDA's own allocator keeps its accounting
+
+    def graph_destroyed(self, key: int) -> None:
+        pass
 
     def end_capture(self) -> None:
         self.capture, self._capture_stream = None, None

@@ -78,8 +78,9 @@ def _refuse_bad_use(device: str) -> None:
             torch.cuda.is_available() and torch.cuda.is_current_stream_capturing()):
         raise RuntimeError("emulate_cuda() entered inside a graph capture; enter it before "
                            "capturing")
-    contexts = [m for m in _get_current_function_mode_stack() if isinstance(m, DeviceContext)]
-    if contexts:
+    contexts = [m for m in _get_current_function_mode_stack()
+                if isinstance(m, DeviceContext) and torch.device(m.device).type != "cpu"]
+    if contexts:  # a default of cpu, the default anyway, is harmless
         raise RuntimeError(f"emulate_cuda() entered inside a device mode (a torch.device("
                            f"{contexts[-1].device!s}) context or torch.set_default_device); "
                            f"enter emulate_cuda() first, then set the device")

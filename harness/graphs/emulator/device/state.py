@@ -64,10 +64,10 @@ class DeviceState:
         from harness.graphs.emulator.device.streams import Streams
 
         self.properties = properties
-        self.memory = DeviceMemory()
         self.current_index = 0
         self.observers: list[Any] = []
         self.streams = Streams(self)
+        self.memory = DeviceMemory(self.streams.current)
         self.capture = None  # the CUDAGraph being captured, if any
         self.reporter = None  # (op, message) -> None while the capture lint runs
         self.initialized = False
@@ -76,6 +76,8 @@ class DeviceState:
         self._devices = tuple(torch.device("cuda", i) for i in range(properties.count))
         self.storage_device = torch.device("cpu")  # where device memory really lives
         self.kernel_device = torch.device("cuda", 0)  # whose kernels' rules a capture applies
+        self.sync_debug_mode = 0  # torch.cuda.set_sync_debug_mode: 0 default, 1 warn, 2 error
+        self.memory_fraction = 1.0  # torch.cuda.set_per_process_memory_fraction
 
     def device_object(self) -> torch.device:
         """What `tensor.device` answers for a device tensor."""
@@ -99,13 +101,27 @@ class DeviceState:
     def default_stream(self):
         return self.streams.default()
 
-    def begin_capture(self, graph, stream) -> None:
+    def begin_capture(self, graph, stream, pool) -> None:
+        """`graph` captures on `stream` into `pool` (a pool handle: the allocations of the streams
+        in the capture come from its private pool)."""
+        self.memory.graph_registered(id(graph), stream)
         self.capture = graph
         self.streams.capturing = {stream}
+        self.memory.allocator.begin_allocate_to_pool(pool, self.streams.capturing)
 
     def end_capture(self) -> None:
         self.capture = None
         self.streams.capturing = set()
+        self.memory.allocator.end_allocate_to_pool()
+
+    def release_pool(self, pool) -> None:
+        """A graph captured into `pool` was reset or destroyed (maybe by a finalizer in the middle
+        of an allocation: a count that only empty_cache() reads)."""
+        self.memory.allocator.release_pool(pool)
+
+    def graph_destroyed(self, key: int) -> None:
+        """The graph whose `id()` was `key` is gone (after its `release_pool`)."""
+        self.memory.graph_unregistered(key)
 
     def is_current_stream_capturing(self) -> bool:
         return self.capture is not None and self.streams.current() in self.streams.capturing
@@ -120,16 +136,20 @@ class DeviceState:
                                    "the host could not allocate it")
 
     def check_capacity(self, nbytes: int) -> None:
-        """Raise CUDA's out-of-memory error when `nbytes` more would not fit on the device."""
-        if nbytes > self.properties.total_memory - self.memory.allocated_bytes():
-            raise self._out_of_memory(nbytes, "")
+        """Raise CUDA's out-of-memory error when `nbytes` more would not fit on the device (in
+        the share `torch.cuda.set_per_process_memory_fraction` allows this process)."""
+        allowed = int(self.properties.total_memory * self.memory_fraction)
+        if nbytes > allowed - self.memory.live_bytes():
+            why = (f"the per-process memory fraction {self.memory_fraction:g} allows "
+                   f"{allowed} bytes" if self.memory_fraction < 1 else "")
+            raise self._out_of_memory(nbytes, why)
 
     def _out_of_memory(self, nbytes: float, why: str) -> Exception:
         from harness.graphs.emulator.device.capacity import out_of_memory_error
 
         total = self.properties.total_memory
         return out_of_memory_error(nbytes, self.current_index, total,
-                                   total - self.memory.allocated_bytes(), why)
+                                   total - self.memory.live_bytes(), why)
 
     # --- the observer interface --------------------------------------------------------------
 
@@ -158,6 +178,10 @@ class DeviceState:
                 hook(op, args, kwargs, result, stream)
 
     def notify_sync(self, what: str, tensor) -> None:
+        if tensor is not None and self.sync_debug_mode:
+            from harness.graphs.emulator.device.tools import on_host_sync
+
+            on_host_sync(self.sync_debug_mode)
         self._tell("on_sync", what, tensor, self.streams.current())
 
     def notify_host_read(self, what: str, tensor) -> None:
