@@ -18,7 +18,8 @@ def emulate_cuda(device: str = "auto", *, schedule: str = "issue_order", races: 
     freed without record_stream; a graph replay still in flight) raises `RaceError` (`races=
     "strict"`), is collected in `state.streams_tracking.reports` (`"report"`), or is
     not looked for (`"off"`). `schedule="adversarial"` runs each stream's work as late as
-    synchronization allows, so such a race gives the wrong values a loaded GPU gives, every time;
+    synchronization allows (a write racing with another stream's queued access runs ahead of it),
+    so such a race gives the wrong values a loaded GPU gives, every time;
     `"issue_order"` (default) runs work when issued, except after `torch.cuda._sleep` on a stream.
 
     `children=True` (what `--emulate-cuda` gives a pytest session): child Python processes started

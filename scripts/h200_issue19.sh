@@ -4,6 +4,8 @@
 #   bash scripts/h200_issue19.sh bench      # harness bench capture + piecewise (tiny and 1b)
 #   bash scripts/h200_issue19.sh tests      # the overlap, model and attention suites on cuda
 #   bash scripts/h200_issue19.sh faults     # the three overlap faults, as JSON for `harness faults merge`
+#   bash scripts/h200_issue19.sh overlap    # overlap off and on in the engine suites on cuda, and the
+#                                           # side-stream write under a queued read natively
 set -euo pipefail
 PY=${PY:-.venv/bin/python}
 case "${1:-}" in
@@ -23,8 +25,14 @@ case "${1:-}" in
       --only tokens-read-before-their-event --only inputs-written-while-a-replay-is-in-flight \
       --only pad-nan-leaks-into-real-rows --only max-seq-len-baked --markdown --json h200-overlap-faults.json
     ;;
+  overlap)
+    "$PY" -m pytest -q -n 0 --graph-backend cuda -p no:cacheprovider -m "not slow" -k overlap \
+      suites/decoder suites/e2e suites/piecewise suites/faults/test_overlap_loop.py
+    "$PY" -m pytest -q -n 0 -p no:cacheprovider -m gpu suites/graphs/test_stream_races.py \
+      -k side_stream_writes_under_a_queued_read
+    ;;
   *)
-    echo "usage: bash scripts/h200_issue19.sh bench|tests|faults" >&2
+    echo "usage: bash scripts/h200_issue19.sh bench|tests|faults|overlap" >&2
     exit 2
     ;;
 esac

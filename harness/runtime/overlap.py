@@ -19,8 +19,9 @@ ones of the loop without overlap; each request reserves KV room for the extra to
 
 Each ordering the loop relies on is one of its classic bugs when missing: a staging buffer rewritten
 while the device has yet to read it, tokens read before their event, inputs written outside the
-stream order while a replay is in flight. On a CPU every copy is synchronous and none of them can
-show; the code is written as CUDA needs it (pinned buffers, events, no host read before its event).
+stream order while a replay is in flight. On a CPU device every copy is synchronous and none of
+them can show; on CUDA, and on the emulated CUDA device (`harness.emulate_cuda()`, whose adversarial
+schedule defers every copy, event and replay until something waits for it), each shows.
 """
 
 from __future__ import annotations

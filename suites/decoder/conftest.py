@@ -31,16 +31,18 @@ def eager_decode(device_reference_llama, decode_requests):
 
 @pytest.fixture
 def make_engine(device_reference_llama, graph_backend, engine_defaults):
-    """make(**config_overrides, engine_kwargs...) -> an Engine in graph mode (sizes SIZES)."""
+    """make(**config_overrides, engine_kwargs...) -> an Engine in graph mode (sizes SIZES); `model`
+    and `backend` default to the session's."""
 
-    def make(*, comm=None, capture_scope=None, capture_features=None, capture_policy=None,
-             **overrides) -> Engine:
+    def make(*, model=None, backend=None, comm=None, capture_scope=None, capture_features=None,
+             capture_policy=None, **overrides) -> Engine:
         config = fill_unset(replace(TINY_ENGINE_CONFIG, **{"decode_graph_sizes": SIZES, **overrides}),
                             engine_defaults)
         kwargs = {k: v for k, v in dict(comm=comm, capture_scope=capture_scope,
                                         capture_features=capture_features,
                                         capture_policy=capture_policy).items() if v is not None}
-        return Engine(device_reference_llama, config, backend=graph_backend, **kwargs)
+        return Engine(device_reference_llama if model is None else model, config,
+                      backend=graph_backend if backend is None else backend, **kwargs)
 
     return make
 

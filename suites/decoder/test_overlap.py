@@ -1,14 +1,22 @@
 """The overlap loop with decode graphs: the generations of the loop without overlap on the session's
-graph backend (exactly on the emulator), and, on CUDA, under a stalled stream that opens every
-window the loop's synchronization closes (the detector of the overlap faults)."""
+graph backend (exactly on the emulator), and under a stalled stream that opens every window the
+loop's synchronization closes, on a GPU or on the emulated CUDA device under its adversarial
+schedule with no race reported (the detector of the overlap faults)."""
 
 from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Iterator
 
 import pytest
 import torch
 
+import harness
 from fixtures.models import step_values
 from harness.check.compare import compare_generations
+from harness.graphs import GraphBackend, get_backend
+from harness.graphs.emulator.device import emulation_active
+from harness.model import ReferenceLlama
 
 STALL_CYCLES = 20_000_000  # about 10 ms on an H200: longer than a tiny decode step's host work
 
@@ -32,19 +40,62 @@ def stall_stream() -> None:
     torch.cuda._sleep(STALL_CYCLES)
 
 
-@pytest.mark.gpu
+@dataclass(frozen=True)
+class StalledDevice:
+    model: ReferenceLlama  # on "cuda"
+    backend: GraphBackend
+    tracking: Any | None  # the emulated device's stream tracking; None on a real GPU
+
+
+@pytest.fixture
+def stalled_device(request, graph_backend, tiny_hf_model) -> Iterator[StalledDevice]:
+    """CUDA for the stalled run: the real GPU under --graph-backend cuda; elsewhere the emulated
+    CUDA device under the adversarial schedule (each stream's work waits until something
+    synchronizes with it), its races reported rather than raised, so one run shows them all."""
+    if graph_backend.name == "cuda":
+        yield StalledDevice(request.getfixturevalue("device_reference_llama"), graph_backend, None)
+        return
+    if emulation_active():
+        pytest.skip("runs its own emulate_cuda(); the session is already inside one")
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        pytest.skip("emulate_cuda(device='cpu') needs a process where the real GPU is untouched")
+    with harness.emulate_cuda(device="cpu", schedule="adversarial", races="report") as state:
+        model = ReferenceLlama.from_hf(tiny_hf_model).to("cuda")
+        yield StalledDevice(model, get_backend("cuda", "cuda"), state.streams_tracking)
+
+
+def name_tensors(device: StalledDevice, engine) -> None:
+    """Race reports name the engine's tensors by path (`engine.input_ids`)."""
+    if device.tracking is not None:
+        device.tracking.name_tensors(engine, "engine")
+
+
+def races_found(tracking: Any | None) -> str:
+    reports = [] if tracking is None else tracking.reports
+    if not reports:
+        return ""
+    shown = "\n".join(str(r) for r in reports[:3])
+    return f"{len(reports)} race(s) on the emulated device, the first:\n{shown}\n"
+
+
 def test_overlap_under_a_stalled_stream_matches_the_loop_without(make_engine, decode_requests,
-                                                                  graph_backend):
+                                                                  stalled_device):
     """Every step's device work is queued behind a sleep: the host runs ahead as far as the loop
     lets it, so a staging buffer reused too early, tokens read before their event or inputs written
-    outside the stream order show up as different tokens."""
-    if graph_backend.name != "cuda":
-        pytest.skip("stalls a CUDA stream")
-    expected = make_engine(graph_top_k=(2,)).generate(decode_requests)
-    engine = make_engine(graph_top_k=(2,), overlap=True)
+    outside the stream order show up as different tokens (on a GPU and on the emulated device) or
+    as a race naming the tensor and both lines (on the emulated device)."""
+    model, backend = stalled_device.model, stalled_device.backend
+    expected = make_engine(model=model, backend=backend, graph_top_k=(2,)).generate(decode_requests)
+    engine = make_engine(model=model, backend=backend, graph_top_k=(2,), overlap=True)
+    name_tensors(stalled_device, engine)
     engine.prepare_graphs()
     torch.cuda.synchronize()
+    name_tensors(stalled_device, engine)  # the metadata of the final KV cache too
     engine.before_launch = stall_stream
     actual = engine.generate(decode_requests)
     comparison = compare_generations(expected, actual)
-    assert comparison.ok, f"overlap under a stalled stream: {comparison}"
+    races = races_found(stalled_device.tracking)
+    assert comparison.ok and not races, f"overlap under a stalled stream: {races}{comparison}"
+    if stalled_device.tracking is not None:  # the emulated device runs the cpu's kernels: exactly
+        assert step_values(actual) == step_values(expected)
+    assert sum(engine.stats.replays.values()) > 0

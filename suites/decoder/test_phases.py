@@ -19,8 +19,9 @@ class NoRecapture(CapturePolicy):
         return False
 
 
-def test_phase_two_recaptures_against_the_final_kv_cache(make_engine, decode_requests, eager_decode):
-    engine = make_engine(single_pass_capture=True)
+def test_phase_two_recaptures_against_the_final_kv_cache(make_engine, decode_requests, eager_decode,
+                                                         overlap):
+    engine = make_engine(single_pass_capture=True, overlap=overlap)
     num_blocks = engine.estimate_kv_cache()
     assert engine.capture_reports[-1].phase == "estimate" and engine.capture_reports[-1].passes == 2
     kept = engine.decode_graphs.runner.keys

@@ -21,13 +21,15 @@ from harness.runtime.decode.policy import CapturePolicy
 
 
 def test_single_pass_keeps_the_keys_and_runs_one_pass_in_the_final_phase(make_engine, two_pass_run,
-                                                                         decode_requests, eager_decode):
+                                                                         decode_requests, eager_decode,
+                                                                         overlap):
     baseline_engine, baseline = two_pass_run
-    engine = make_engine(single_pass_capture=True)
+    engine = make_engine(single_pass_capture=True, overlap=overlap)
     generations = engine.generate(decode_requests)
     stats = engine.stats
     assert set(stats.captures) == set(baseline_engine.stats.captures)
-    assert dict(stats.replays) == dict(baseline_engine.stats.replays)
+    if not overlap:  # the overlap loop replays one extra step, whose tokens it drops
+        assert dict(stats.replays) == dict(baseline_engine.stats.replays)
     assert dict(stats.capture_passes) == {"estimate": 2, "serve": 1}, (
         f"capture passes per phase {dict(stats.capture_passes)}: the estimation phase must run both "
         f"passes and the final phase one")

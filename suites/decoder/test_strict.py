@@ -21,8 +21,8 @@ def test_strict_mode_raises_on_a_rebound_metadata_tensor(make_engine, decode_req
     assert f"metadata.block_tables: data pointer changed from {old:#x} to {new:#x}" in message
 
 
-def test_strict_mode_passes_when_nothing_moved(make_engine, decode_requests, eager_decode):
-    engine = make_engine(strict_graph_buffers=True)
+def test_strict_mode_passes_when_nothing_moved(make_engine, decode_requests, eager_decode, overlap):
+    engine = make_engine(strict_graph_buffers=True, overlap=overlap)
     comparison = compare_generations(eager_decode, engine.generate(decode_requests))
     assert comparison.ok, str(comparison)
 

@@ -40,8 +40,8 @@ def test_a_step_records_the_smallest_graph_that_fits(two_pass_run):
 
 
 def test_a_decode_batch_larger_than_every_graph_runs_eagerly_and_is_counted(make_engine, decode_requests,
-                                                                            eager_decode):
-    engine = make_engine(decode_graph_sizes=(2, 1))
+                                                                            eager_decode, overlap):
+    engine = make_engine(decode_graph_sizes=(2, 1), overlap=overlap)
     generations = engine.generate(decode_requests)
     comparison = compare_generations(eager_decode, generations)
     assert comparison.ok, str(comparison)

@@ -93,17 +93,17 @@ def test_stats_count_eager_steps_and_no_graph_work(engine_factory, grounding_req
     assert engine.stats.eager_steps == 16 + grounding_requests[0].max_new_tokens
 
 
-def test_two_runs_are_identical(engine_factory, grounding_requests, eager_generations):
-    engine = engine_factory()
+def test_two_runs_are_identical(engine_factory, grounding_requests, eager_generations, overlap):
+    engine = engine_factory(overlap=overlap)
     first = engine.generate(grounding_requests)
     second = engine.generate(grounding_requests)  # same engine, reused cache blocks
-    other = engine_factory().generate(grounding_requests)
+    other = engine_factory(overlap=overlap).generate(grounding_requests)
     assert first == second == other == eager_generations
 
 
 def test_limits_on_batch_admit_later_requests_in_mixed_batches(engine_factory, grounding_requests,
-                                                               eager_generations):
-    engine = engine_factory(max_batch_size=3, max_num_tokens=64)
+                                                               eager_generations, overlap):
+    engine = engine_factory(max_batch_size=3, max_num_tokens=64, overlap=overlap)
     generations = engine.generate(grounding_requests)
     kinds = [b.kind for b in engine.stats.batches]
     assert "mixed" in kinds and all(b.num_seqs <= 3 and b.num_tokens <= 64 for b in engine.stats.batches)
@@ -112,8 +112,8 @@ def test_limits_on_batch_admit_later_requests_in_mixed_batches(engine_factory, g
 
 
 def test_few_kv_blocks_delay_admission_without_losing_requests(engine_factory, grounding_requests,
-                                                                 eager_generations):
-    engine = engine_factory(num_blocks=5)
+                                                                 eager_generations, overlap):
+    engine = engine_factory(num_blocks=5, overlap=overlap)
     generations = engine.generate(grounding_requests)
     assert engine.stats.batches[0].num_seqs < len(grounding_requests)
     assert compare_generations(eager_generations, generations).ok

@@ -76,6 +76,20 @@ def staging_reused(wait: bool) -> float:
     return on_gpu[0].item()
 
 
+def staging_rewritten_through_numpy(wait: bool) -> float:
+    staging = torch.zeros(N, pin_memory=True)
+    host = staging.numpy()  # writes through it reach no dispatcher (as a runtime's staging arrays)
+    on_gpu = torch.zeros(N, device="cuda")
+    host[:] = 1.0
+    torch.cuda._sleep(CYCLES)
+    on_gpu.copy_(staging, non_blocking=True)
+    if wait:
+        main().synchronize()
+    host[:] = 2.0  # the next step's inputs
+    torch.cuda.synchronize()
+    return on_gpu[0].item()
+
+
 def result_read_early(wait: bool) -> float:
     x = torch.full((N,), 3.0, device="cuda")
     host = torch.zeros(N, pin_memory=True)
@@ -102,6 +116,24 @@ def side_stream_without_wait(wait: bool) -> float:
     main().wait_stream(side)
     torch.cuda.synchronize()
     return y[0].item()
+
+
+def side_stream_writes_under_a_queued_read(wait: bool) -> float:
+    side = torch.cuda.Stream()
+    x = torch.ones(N, device="cuda")
+    torch.cuda.synchronize()
+    torch.cuda._sleep(CYCLES)
+    y = x * 2  # on the main stream, stalled behind the sleep: still to read x
+    done = torch.cuda.Event()
+    done.record()
+    if wait:
+        side.wait_stream(main())
+    with torch.cuda.stream(side):
+        x.fill_(5.0)  # the next step's input, written on a side stream
+    done.synchronize()  # the host waits for y alone
+    seen = y[0].item()
+    torch.cuda.synchronize()
+    return seen
 
 
 def freed_without_record_stream(record: bool) -> float:
@@ -173,10 +205,16 @@ def graph_output_read_early(wait: bool) -> float:
 CASES = {
     "staging_reused": (staging_reused, 2.0, 1.0, RaceKind.HOST_WRITE_PENDING,
                        ("on_gpu.copy_(staging, non_blocking=True)", "staging.fill_(2.0)")),
+    "staging_rewritten_through_numpy": (staging_rewritten_through_numpy, 2.0, 1.0,
+                                        RaceKind.HOST_WRITE_PENDING,
+                                        ("on_gpu.copy_(staging, non_blocking=True)", "numpy view")),
     "result_read_early": (result_read_early, 0.0, 6.0, RaceKind.HOST_READ_PENDING,
                           ("host.copy_(y, non_blocking=True)", "seen = host.tolist()[0]")),
     "side_stream_without_wait": (side_stream_without_wait, 2.0, 6.0, RaceKind.UNSYNCHRONIZED_STREAMS,
                                  ("x.mul_(5)", "y = x + 1")),
+    "side_stream_writes_under_a_queued_read": (side_stream_writes_under_a_queued_read, 10.0, 2.0,
+                                               RaceKind.UNSYNCHRONIZED_STREAMS,
+                                               ("y = x * 2", "x.fill_(5.0)")),
     "freed_without_record_stream": (freed_without_record_stream, 7.0, 1.0, RaceKind.FREED_IN_USE,
                                     ("total = x.sum()", "")),
     "replay_inputs_rewritten": (replay_inputs_rewritten, 4.0, 2.0, RaceKind.HOST_WRITE_PENDING,

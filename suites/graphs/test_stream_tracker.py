@@ -9,6 +9,7 @@ import torch
 
 from harness.graphs.emulator.streams import HOST, RaceError, RaceKind, StreamTracker, TensorLabel
 from harness.graphs.emulator.streams.names import name_tensors, storage_key
+from harness.graphs.emulator.streams.races import Access
 
 # These cases make races on purpose; report mode's RaceWarning for each is expected.
 pytestmark = pytest.mark.filterwarnings("ignore::harness.graphs.emulator.streams.RaceWarning")
@@ -174,6 +175,33 @@ def test_free_after_ordering_is_quiet(tracker, order):
      "synchronize": tracker.synchronize_device}[order]()
     tracker.free(A, allocation_stream=S0)
     assert tracker.reports == []
+
+
+def test_a_freed_storage_is_reported_under_its_label_and_then_forgets_it(tracker):
+    # The next tensor at a freed address is another tensor: a race on it must not be reported
+    # under the freed one's shape and dtype (the emulated device keys storages by address).
+    tracker.labels[A] = TensorLabel((1, 64), "torch.bfloat16", "")
+    tracker.launch(S0, writes=[A])
+    tracker.wait_stream(S1, S0)
+    tracker.launch(S1, reads=[A], writes=[B])
+    tracker.free(A, allocation_stream=S0)
+    tracker.launch(S1, writes=[A], op="copy_")  # the address taken by a pinned buffer
+    tracker.host_read(A, op="tolist")
+    assert kinds(tracker) == [RaceKind.FREED_IN_USE, RaceKind.HOST_READ_PENDING]
+    assert "(shape (1, 64), torch.bfloat16)" in str(tracker.reports[0])
+    assert "torch.bfloat16" not in str(tracker.reports[1])
+
+
+@pytest.mark.parametrize("between", ["nothing", "a tracked host write"])
+def test_a_queued_copy_finding_its_pinned_input_changed_reports_an_unseen_host_write(tracker, between):
+    seq = tracker.launch(S0, reads=[A], writes=[B], op="copy_", where="m.py:1: flat.copy_(staging)")
+    issued = tracker.writes_so_far(A)
+    if between == "a tracked host write":
+        tracker.host_write(A, op="fill_")  # reported itself: the copy's check must not repeat it
+    read = Access(False, S0, seq, "copy_", "m.py:1: flat.copy_(staging)")
+    tracker.unseen_host_write(A, read, issued)
+    assert kinds(tracker) == [RaceKind.HOST_WRITE_PENDING]
+    assert ("no dispatcher saw" in str(tracker.reports[0])) == (between == "nothing")
 
 
 def test_strict_mode_raises_with_the_report():

@@ -61,10 +61,10 @@ def test_an_engine_without_graph_options_counts_no_fallbacks(engine_factory):
 
 
 def test_decode_only_batches_replay_decode_graphs_and_prefills_piecewise(piecewise_engine, eager_run,
-                                                                         grounding_requests):
+                                                                         grounding_requests, overlap):
     """Decode batches of every size up to max_batch_size replay a decode graph, prefill and mixed
     batches a piecewise bucket, nothing runs eagerly."""
-    engine = piecewise_engine(max_batch_size=3, decode_graph_sizes=(1, 3))
+    engine = piecewise_engine(max_batch_size=3, decode_graph_sizes=(1, 3), overlap=overlap)
     generations = engine.generate(grounding_requests)
     for kind, _, producer in routed(engine):
         if kind == "decode":

@@ -34,8 +34,9 @@ def assert_buckets_captured_and_replayed(engine) -> None:
 
 @pytest.mark.parametrize("max_batch_size", [8, 3], ids=["prefill", "prefill+mixed"])
 def test_eight_prompts_through_piecewise_graphs_agree_with_eager(piecewise_engine, eager_run,
-                                                                  grounding_requests, max_batch_size):
-    engine = piecewise_engine(max_batch_size=max_batch_size)
+                                                                  grounding_requests, max_batch_size,
+                                                                  overlap):
+    engine = piecewise_engine(max_batch_size=max_batch_size, overlap=overlap)
     generations = engine.generate(grounding_requests)
     comparison = compare_generations(eager_run(grounding_requests, max_batch_size=max_batch_size), generations)
     assert comparison.ok, str(comparison)

@@ -21,8 +21,8 @@ def pools(engine) -> list:
 
 
 def test_phase_two_recaptures_into_fresh_pools_and_agrees_with_eager(device_reference_llama, graph_backend,
-                                                                      eager_run, grounding_requests):
-    config = replace(TINY_ENGINE_CONFIG, piecewise_buckets=BUCKETS, max_batch_size=3)
+                                                                      eager_run, grounding_requests, overlap):
+    config = replace(TINY_ENGINE_CONFIG, piecewise_buckets=BUCKETS, max_batch_size=3, overlap=overlap)
     engine = Engine(device_reference_llama, config, backend=graph_backend)
     engine.estimate_kv_cache()  # phase 1: capture every bucket, then clear
     assert all(runner.entries == {} for runner in engine.piecewise.compile_backend.runners)

@@ -24,9 +24,10 @@ from harness.graphs.emulator.streams.accesses import (blocks_host, changes_metad
                                                       split_accesses, tensors_of)
 from harness.graphs.emulator.streams.deferral import can_defer, defer
 from harness.graphs.emulator.streams.names import label_of, storage_key
-from harness.graphs.emulator.streams.races import RaceError
+from harness.graphs.emulator.streams.races import Access, RaceError
 from harness.graphs.emulator.streams.schedule import Schedule
 from harness.graphs.emulator.streams.tracker import StreamTracker
+from harness.graphs.emulator.streams.unseen_writes import IssuedBytes
 
 
 _TO_COPY = torch.ops.aten._to_copy.default
@@ -122,21 +123,27 @@ class StreamWork(TorchDispatchMode):
             self._label(t)
             if storage_key(t) not in self._allocations and self.memory.is_device(t):
                 self._note_allocation(t, DEFAULT_STREAM)  # made before tracking began
+        reported = len(self.tracker.reports)
         seq = self.tracker.launch(stream, [storage_key(t) for t in reads],
                                   [storage_key(t) for t in writes], op=name, where=where)
+        overtakes = self._overtakes_queued_work(reported)
         memory = self.memory
         if blocks_host(func, args, kwargs, memory.is_device, memory.is_pinned, targets_device):
             self.schedule.run_stream(stream)
             out = func(*args, **kwargs)
             self.schedule.ran(stream, seq)
             self.tracker.synchronize_stream(stream)
-        elif (self.schedule.defers(stream) and can_defer(kind) and not is_seeded(func)
+        elif (not overtakes and self.schedule.defers(stream) and can_defer(kind) and not is_seeded(func)
               and not changes_metadata(func)
               and any(memory.is_device(t) for t in (*reads, *writes))):
             held, release = self._aliases_for_queue((args, kwargs))
             out, run = defer(func, args, kwargs, kind, held)
+            issued = self._pinned_inputs_as_issued(reads)
+            access = Access(False, stream, seq, name, where)
 
             def run_and_release() -> None:
+                if issued:
+                    self._check_unseen_host_writes(issued, access)
                 run()
                 release()
 
@@ -150,6 +157,32 @@ class StreamWork(TorchDispatchMode):
         if kind is not OpKind.MUTATING and not to_host:
             self._note_fresh(out, stream, seq, name, where)
         return out
+
+    def _overtakes_queued_work(self, reported: int) -> bool:
+        """Whether the op just launched is a write that races with an access another stream still
+        has queued (reported since `reported`): then the adversarial schedule runs it at once,
+        ahead of that access, the order in which the race gives wrong values (a writer ahead of
+        an earlier reader). Nothing orders the two, so a GPU may run them so too."""
+        if not self.schedule.adversarial:
+            return False
+        return any(r.current.write and r.previous.participant != r.current.participant
+                   and self.schedule.queued(r.previous.participant, r.previous.seq)
+                   for r in self.tracker.reports[reported:])
+
+    def _pinned_inputs_as_issued(self, reads: list[torch.Tensor]) -> IssuedBytes:
+        """The pinned buffers a queued op reads, as they are now; not those a device op still
+        queued will write first (their bytes change by right)."""
+        tracker = self.tracker
+        return IssuedBytes([(t, tracker.writes_so_far(storage_key(t))) for t in reads
+                            if self.memory.is_pinned(t)
+                            and not tracker.pending_device_write(storage_key(t), self.schedule.queued)])
+
+    def _check_unseen_host_writes(self, issued: IssuedBytes, access: Access) -> None:
+        for t, writes_at_issue in issued.changed():
+            try:
+                self.tracker.unseen_host_write(storage_key(t), access, writes_at_issue)
+            except RaceError as race:
+                self._late.append(race)  # raised at the next op: the host is inside a wait
 
     def _aliases_for_queue(self, tree: Any) -> tuple[Any, Callable[[], None]]:
         """`tree` with each tracked tensor replaced by an alias for the queued call, the caller's

@@ -2,7 +2,10 @@
 schedule each stream's work waits in a queue until something synchronizes with it: the host
 (`synchronize`, `Event.synchronize`, a blocking copy, `.item()`) or another stream's wait, which
 runs the waited-for work first. So work runs as late as the synchronization rules allow, and a
-missing wait shows the wrong values a loaded GPU shows, every time.
+missing wait shows the wrong values a loaded GPU shows, every time. One exception, for the race
+that lateness hides: a write that races with an access another stream still has queued (the
+stream mode asks `queued`) runs at once, ahead of that access (a writer ahead of an earlier reader,
+as a GPU runs it while the reader's stream is busy).
 
 `torch.cuda._sleep` holds its stream back in issue order too: the stream's later work queues
 until the host or another stream waits for it, as a stalled GPU stream would.
@@ -80,6 +83,10 @@ class Schedule:
 
     def pending(self, stream: int) -> bool:
         return bool(self._queues.get(stream))
+
+    def queued(self, stream: int, seq: float) -> bool:
+        """Whether item `seq` of `stream` waits in its queue (issued, not run)."""
+        return self._ran.get(stream, 0) < seq and self.pending(stream)
 
     def defers(self, stream: int) -> bool:
         """Whether work issued to `stream` now waits in its queue."""

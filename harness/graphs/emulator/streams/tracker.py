@@ -18,6 +18,7 @@ from typing import Callable, Iterable
 from harness.graphs.emulator.streams.clocks import HOST, Clocks
 from harness.graphs.emulator.streams.races import (UNKNOWN_TENSOR, Access, RaceError, RaceKind,
                                                    RaceReport, RaceWarning, TensorLabel)
+from harness.graphs.emulator.streams.unseen_writes import UNSEEN_HOST_WRITE
 
 MODES = ("strict", "report")
 
@@ -27,6 +28,7 @@ class _StorageState:
     write: Access | None = None
     reads: dict[int, Access] = field(default_factory=dict)  # the latest read per participant
     recorded_streams: set[int] = field(default_factory=set)
+    writes: int = 0  # tracked writes so far, by anyone: unchanged means none came between
 
 
 class StreamTracker:
@@ -74,6 +76,7 @@ class StreamTracker:
                         self._race(RaceKind.UNSYNCHRONIZED_STREAMS, key, write_access, previous)
                         break
                 state.write = write_access
+                state.writes += 1
                 if state.reads:
                     state.reads = {}
         return seq
@@ -84,6 +87,7 @@ class StreamTracker:
         if state is None:
             state = self._storages[key] = _StorageState()
         state.write = Access(True, stream, seq, op, where)
+        state.writes += 1
         state.reads = {}
         state.recorded_streams.clear()
 
@@ -122,7 +126,28 @@ class StreamTracker:
             self._race(RaceKind.HOST_WRITE_PENDING, key, Access(True, HOST, 0, op, where), pending[0])
         # Every later device op is issued after this write, so nothing before it can race again.
         state.write = None
+        state.writes += 1
         state.reads = {}
+
+    def writes_so_far(self, key: int) -> int:
+        state = self._storages.get(key)
+        return 0 if state is None else state.writes
+
+    def unseen_host_write(self, key: int, read: Access, writes_at_issue: int) -> None:
+        """A queued op (`read`) found the storage it reads changed since it was issued: a race,
+        unless a tracked write came between (reported, or ordered, already)."""
+        state = self._storages.get(key)
+        if state is None or state.writes != writes_at_issue:
+            return
+        self._race(RaceKind.HOST_WRITE_PENDING, key, Access(True, HOST, 0, UNSEEN_HOST_WRITE, ""),
+                   read)
+
+    def pending_device_write(self, key: int, queued: Callable[[int, int], bool]) -> bool:
+        """Whether the storage's last tracked write is a device op that `queued(stream, seq)` says
+        has yet to run."""
+        state = self._storages.get(key)
+        write = None if state is None else state.write
+        return write is not None and write.participant != HOST and queued(write.participant, write.seq)
 
     # --- synchronization ---------------------------------------------------------------------
 
@@ -156,7 +181,14 @@ class StreamTracker:
 
     def free(self, key: int, allocation_stream: int, *, where: str = "") -> None:
         """The last reference to a storage allocated on `allocation_stream` was dropped: the
-        caching allocator may hand it to that stream's next allocation at once."""
+        caching allocator may hand it to that stream's next allocation at once. Its label goes
+        with it (reported first if the free races): the next tensor at that address is another."""
+        try:
+            self._check_free(key, allocation_stream, where)
+        finally:
+            self.labels.pop(key, None)
+
+    def _check_free(self, key: int, allocation_stream: int, where: str) -> None:
         state = self._storages.pop(key, None)
         if state is None:
             return
@@ -173,6 +205,7 @@ class StreamTracker:
     def forget(self, key: int) -> None:
         """Drop what is known of a storage without checking it (its memory left the device)."""
         self._storages.pop(key, None)
+        self.labels.pop(key, None)
 
     def pending_streams(self, key: int) -> set[int]:
         """The streams with work on a storage the host has not waited for."""
