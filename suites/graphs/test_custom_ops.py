@@ -44,6 +44,27 @@ def _(x):
     return torch.empty_like(x), x.new_empty(0)  # as cuDNN's RNN reserve: its fake cannot size it
 
 
+@torch.library.custom_op("graphs_suite::with_seed", mutates_args=())
+def with_seed(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    return x + 1, torch.tensor(5, device=x.device)  # a 0-dim seed, as SDPA's philox seed on CUDA
+
+
+@with_seed.register_fake
+def _(x):
+    return torch.empty_like(x), x.new_empty((2, 2), dtype=torch.int64)  # its fake shapes it otherwise
+
+
+def test_a_scalar_result_its_fake_shaped_otherwise_fills_the_captured_output(backend):
+    x = torch.ones(4, device=backend.device)
+    graph = backend.capture(lambda: with_seed(x))
+    graph.replay()
+    backend.synchronize()
+    out, seed = graph.output
+    assert torch.equal(out, torch.full((4,), 2.0, device=backend.device))
+    if backend.name == "emulated":
+        assert seed.shape == (2, 2) and bool((seed == 5).all())
+
+
 def test_an_output_its_fake_leaves_empty_replays_and_the_others_hold_their_results(backend):
     x = torch.ones(4, device=backend.device)
     graph = backend.capture(lambda: with_workspace(x)[0] + 1)
