@@ -252,3 +252,20 @@ def test_stream_tracking_that_starts_inside_a_users_dispatch_mode_leaves_that_mo
     stack = _get_current_dispatch_mode_stack()
     assert count not in stack and all(m in stack for m in before)
     assert count.ops >= 1 and y.sum().item() == 8
+
+
+def test_the_allocator_accounting_starts_when_first_asked_with_the_storages_alive_then(
+        outside_emulation):
+    with harness.emulate_cuda(device="cpu") as state:
+        kept = torch.empty(1000, device="cuda")  # 4000 bytes: one 4096-byte block once counted
+        for _ in range(50):
+            torch.empty(3000, device="cuda")  # made and freed before anyone asks
+        assert state.memory.live_bytes() == 4000
+        stats = torch.cuda.memory_stats()  # the accounting starts here
+        assert stats["allocated_bytes.all.current"] == 4096 and stats["allocation.all.current"] == 1
+        assert stats["allocation.all.allocated"] == 1  # counts start with the live storages
+        assert stats["reserved_bytes.all.current"] == 2 * 1024 * 1024  # one small segment
+        more = torch.empty(1000, device="cuda")
+        assert torch.cuda.memory_allocated() == 2 * 4096
+        del kept, more
+        assert torch.cuda.memory_allocated() == 0

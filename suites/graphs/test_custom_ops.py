@@ -46,7 +46,7 @@ def _(x):
 
 @torch.library.custom_op("graphs_suite::with_seed", mutates_args=())
 def with_seed(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    return x + 1, torch.tensor(5, device=x.device)  # a 0-dim seed, as SDPA's philox seed on CUDA
+    return x + 1, torch.full((), 5, dtype=torch.int64, device=x.device)  # a 0-dim seed, as SDPA's
 
 
 @with_seed.register_fake

@@ -13,6 +13,13 @@ The allocations and frees are logged as they happen and played into the accounti
 (`accounting()` plays what is pending first): a batch runs with the accounting's data hot in the
 CPU's caches, about half the cost of each event played between the ops, and a weakref callback
 that the garbage collector runs in the middle of an allocation only appends to the log.
+
+The accounting starts when it is first needed: the first statistics asked for (`memory_stats()`,
+`memory_reserved()`, `empty_cache()`, ...) or the first capture. Until then only the live storages
+are kept (with their size and stream), which costs eager code that never asks a fraction of the
+accounting; when it starts, the storages alive then are its first allocations, in the order they
+were made. So the peaks and the counts of bytes ever allocated and freed start there too, as if
+`reset_peak_memory_stats()` and `reset_accumulated_memory_stats()` had been called then.
 """
 
 from __future__ import annotations
@@ -64,6 +71,8 @@ class DeviceMemory:
         self._playing = threading.RLock()  # one thread plays at a time; the others wait for it
         self._on_freed = self._pending_free  # bound once: adopt() runs on every device allocation
         self._live = 0  # bytes of the device storages alive, counted without the accounting
+        self._modelled = False  # whether the accounting has started (see the module docstring)
+        self._unmodelled: dict[_StorageRef, Any] = {}  # before it: live storage -> its stream
         self._graphs: set[int] = set()
         self._generator_state: tuple = ()
         # Set by the placement mode around a call that names the device (a factory with
@@ -99,22 +108,38 @@ class DeviceMemory:
         nbytes = storage.nbytes()
         if nbytes:  # CUDA's allocator makes no block for an empty request
             stream = self._current_stream()
-            pool = self.allocator.capture_pool
-            if pool is not None and stream not in self.allocator.capture_streams:
-                pool = None
-            pending = self._pending
             ref = _StorageRef(storage, self._on_freed)
             ref.nbytes = nbytes
             self._live += nbytes
-            pending.append((ref, nbytes, stream, pool))
-            if len(pending) >= PLAY_AT:
-                self._play()
+            if not self._modelled:
+                self._unmodelled[ref] = stream
+            else:
+                pool = self.allocator.capture_pool
+                if pool is not None and stream not in self.allocator.capture_streams:
+                    pool = None
+                pending = self._pending
+                pending.append((ref, nbytes, stream, pool))
+                if len(pending) >= PLAY_AT:
+                    self._play()
         for listener in self.adoption_listeners:
             listener(storage)
 
     def _pending_free(self, ref: _StorageRef) -> None:
         self._live -= ref.nbytes
-        self._pending.append(ref)
+        if self._unmodelled.pop(ref, None) is None:
+            self._pending.append(ref)
+
+    def _start_accounting(self) -> None:
+        with self._playing:
+            if self._modelled:
+                return
+            # Switched first: a storage that dies meanwhile is logged, and its free finds its
+            # block (made below) or nothing (it died before it got one, and gets none).
+            alive, self._unmodelled, self._modelled = list(self._unmodelled.items()), {}, True
+            malloc, blocks = self.allocator.malloc, self._blocks
+            for ref, stream in alive:
+                if ref() is not None:
+                    blocks[ref] = malloc(ref.nbytes, stream, None)
 
     def _play(self) -> None:
         blocks, malloc, free = self._blocks, self.allocator.malloc, self.allocator.free
@@ -132,7 +157,9 @@ class DeviceMemory:
                             free(block)
 
     def accounting(self) -> CachingAllocator:
-        """The caching allocator's accounting, up to date."""
+        """The caching allocator's accounting, up to date (started now if it had not)."""
+        if not self._modelled:
+            self._start_accounting()
         self._play()
         return self.allocator
 
