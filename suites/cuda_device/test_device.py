@@ -269,3 +269,36 @@ def test_the_allocator_accounting_starts_when_first_asked_with_the_storages_aliv
         assert torch.cuda.memory_allocated() == 2 * 4096
         del kept, more
         assert torch.cuda.memory_allocated() == 0
+
+
+def test_stream_tracking_that_starts_inside_inference_mode_still_tracks_after_it(cuda_device):
+    from harness.graphs.emulator.streams import RaceError
+
+    with torch.inference_mode():
+        side = torch.cuda.Stream()
+        with torch.cuda.stream(side):  # the first sign of asynchrony: tracking may start here
+            torch.ones(4, device="cuda").mul_(2)
+        side.synchronize()
+    # Leaving the block restored the dispatch keys it found, without tracking's Python key.
+    staging = torch.zeros(4, pin_memory=True)
+    on_device = torch.zeros(4, device="cuda")
+    on_device.copy_(staging, non_blocking=True)
+    with pytest.raises(RaceError, match="host write while device work on the memory is pending"):
+        staging.fill_(1.0)
+    torch.cuda.synchronize()
+
+
+def test_a_capture_after_tracking_started_inside_inference_mode_records_its_ops(cuda_device):
+    from harness.graphs import get_backend
+
+    with torch.inference_mode():
+        side = torch.cuda.Stream()
+        with torch.cuda.stream(side):
+            torch.ones(4, device="cuda").mul_(2)
+        side.synchronize()
+    backend = get_backend("emulated", torch.device("cpu"))  # the plain emulator, inside the device
+    x, out = torch.ones(4), torch.zeros(4)
+    graph = backend.capture(lambda: out.copy_(x * 3))
+    x.fill_(2.0)
+    graph.replay()
+    assert out.tolist() == [6.0] * 4  # the replay ran the recorded ops on the new input

@@ -16,6 +16,7 @@ from harness.graphs.emulator.cuda_paths import CudaPaths
 from harness.graphs.emulator.external import ExternalStorage
 from harness.graphs.emulator.host_guard import host_reads_raise
 from harness.graphs.emulator.host_tensors import HostTensors
+from harness.graphs.emulator.dispatch_keys import keep_modes_reachable
 from harness.graphs.emulator.memory import for_device
 from harness.graphs.emulator.opinfo import ReplayStep
 from harness.graphs.emulator.pool import PoolArena
@@ -75,6 +76,7 @@ class CaptureSession:
                     # Only the plain emulator guesses host tensors; the emulated CUDA device knows.
                     stack.enter_context(HostTensors())
             stack.enter_context(recorder)
+            keep_modes_reachable()
         except BaseException:
             stack.close()
             raise

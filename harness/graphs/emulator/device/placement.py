@@ -28,6 +28,7 @@ from torch.utils._device import DeviceContext, _device_constructors
 
 from harness.graphs.base import CaptureError
 from harness.graphs.emulator.device import kernels, transfers
+from harness.graphs.emulator.dispatch_keys import keep_modes_reachable
 from harness.graphs.emulator.device.capacity import requested_bytes
 from harness.graphs.emulator.device.generators import DeviceGenerator
 from harness.graphs.emulator.device.memory import DEVICE, MEMORY_ATTR, PINNED
@@ -168,6 +169,7 @@ class Placement(TorchFunctionMode):
         # memory too; the recorder asks this flag for calls without device tensors.
         memory = self.memory
         previous, memory.call_on_device = memory.call_on_device, True
+        keep_modes_reachable()  # stream tracking, if an inference_mode block dropped its keys
         try:
             out = func(*args, **kwargs)
         except RuntimeError as error:

@@ -19,6 +19,7 @@ import torch
 from torch.utils._python_dispatch import (TorchDispatchMode, _disable_current_modes,
                                           _get_current_dispatch_mode_stack, _pop_mode, _push_mode)
 
+from harness.graphs.emulator.dispatch_keys import keep_modes_reachable
 from harness.graphs.emulator.streams.mode import StreamWork
 from harness.graphs.emulator.streams.names import label_of, storage_key
 from harness.graphs.emulator.streams.schedule import Schedule, Stepped
@@ -69,6 +70,7 @@ class AsyncWork:
             self.mode.__enter__()
             for m in reversed(above):
                 _push_mode(m)
+            keep_modes_reachable()
             self.active = True
             self._listeners().append(self.mode.adopted)
 
