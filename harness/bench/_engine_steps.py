@@ -14,6 +14,7 @@ from dataclasses import dataclass
 
 import torch
 
+from harness.bench._report import refuse_fallbacks
 from harness.records import Request
 from harness.runtime import Engine, EngineConfig
 
@@ -61,9 +62,7 @@ def ms_per_step(engine: Engine, batch: int, repeats: int) -> float:
             engine.generate(requests)
             times.append(time.perf_counter() - start)
         samples.append((times[0] - times[1]) / (NEW_TOKENS - 1) * 1e3)
-    fallbacks = {reason: n for reason, n in engine.stats.fallbacks.items() if n}
-    if fallbacks:  # a step that ran eagerly is not a graph step's figure
-        raise RuntimeError(f"decode steps at batch {batch} fell back: {fallbacks}")
+    refuse_fallbacks(engine, f"decode steps at batch {batch}")
     return statistics.median(samples)
 
 

@@ -31,6 +31,14 @@ def require_at_least(parser: argparse.ArgumentParser, args: argparse.Namespace, 
             parser.error(f"--{name} must be at least {minimum}, got {value}")
 
 
+def refuse_fallbacks(engine, what: str) -> None:
+    """Raise when `engine` fell back (a piece or a step ran eagerly, a recompile): what was timed
+    is then not the graphs' figure. `what` opens the message ("16 tokens: the piecewise run")."""
+    fallbacks = {reason: n for reason, n in engine.stats.fallbacks.items() if n}
+    if fallbacks:
+        raise RuntimeError(f"{what} fell back: {fallbacks}")
+
+
 def append_section(path: str | os.PathLike, title: str, body: str, *, threads: int) -> None:
     target = Path(path)
     target.parent.mkdir(parents=True, exist_ok=True)

@@ -16,7 +16,8 @@ from dataclasses import dataclass
 
 import torch
 
-from harness.bench._report import add_output_options, append_section, machine_line, require_at_least
+from harness.bench._report import (add_output_options, append_section, machine_line,
+                                   refuse_fallbacks, require_at_least)
 from harness.bench.timing import median_ms
 from harness.cli_support import require_cuda
 
@@ -90,10 +91,7 @@ def measure(engine, tokens: int, *, iters: int, warmup: int) -> Timing:
                 kernels = cuda_kernels_per_replay(piecewise)
     finally:
         engine.kv_cache.allocator.free(blocks)
-    fallbacks = {reason: n for reason, n in engine.stats.fallbacks.items() if n}
-    if fallbacks:
-        # A piece that ran eagerly (or a recompile) is not a piecewise figure.
-        raise RuntimeError(f"{tokens} tokens: the piecewise run fell back: {fallbacks}")
+    refuse_fallbacks(engine, f"{tokens} tokens: the piecewise run")
     return Timing(tokens, eager_ms, piecewise_ms, kernels)
 
 

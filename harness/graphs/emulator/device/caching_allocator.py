@@ -166,7 +166,7 @@ class CachingAllocator:
         """A block for a request of `nbytes` (> 0) made on `stream`, from `pool` (a graph pool:
         `capture_pool` when `stream` is in `capture_streams`) or the regular pool (None). Not
         re-entrant: nothing it calls frees."""
-        size = MIN_BLOCK if nbytes < MIN_BLOCK else -(-nbytes // MIN_BLOCK) * MIN_BLOCK
+        size = round_size(nbytes)
         small = size <= SMALL_SIZE
         if pool is None:
             pool = self.regular

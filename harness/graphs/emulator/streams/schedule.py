@@ -58,10 +58,6 @@ class Stepped:
         self._done()
         return False
 
-    def __call__(self) -> None:
-        while self.step():
-            pass
-
 
 class Schedule:
     def __init__(self, schedule: str = "issue_order") -> None:

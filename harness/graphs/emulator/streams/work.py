@@ -46,6 +46,16 @@ def _remove_dispatch_mode(mode: TorchDispatchMode) -> None:
         _push_mode(m)
 
 
+def _enter_below_all(mode: TorchDispatchMode) -> None:
+    """Enter `mode` at the bottom of the dispatch-mode stack, keeping the modes above it."""
+    above = []
+    while _get_current_dispatch_mode_stack():
+        above.append(_pop_mode())
+    mode.__enter__()
+    for m in reversed(above):
+        _push_mode(m)
+
+
 class AsyncWork:
     """`lazy`: the dispatch mode goes in only at `activate()` (the first sign of asynchrony: a
     second stream, pinned memory, `_sleep`), so code that never leaves the default stream runs
@@ -64,12 +74,7 @@ class AsyncWork:
         if not self.active:
             # Below any dispatch mode already in force (a user's, entered before the first sign
             # of asynchrony): pushed above it, its own exit would pop this mode in its place.
-            above = []
-            while _get_current_dispatch_mode_stack():
-                above.append(_pop_mode())
-            self.mode.__enter__()
-            for m in reversed(above):
-                _push_mode(m)
+            _enter_below_all(self.mode)
             keep_modes_reachable()
             self.active = True
             self._listeners().append(self.mode.adopted)
@@ -166,15 +171,14 @@ class AsyncWork:
         with _outside_modes():
             if self.schedule.defers(stream):
                 held = hold() if hold is not None else []
-
-                def run_holding() -> None:
-                    run()
-                    held.clear()
-
-                if steps is None:
-                    self.schedule.queue(stream, seq, run_holding)
-                else:
+                if steps is not None:
                     self.schedule.queue(stream, seq, Stepped(steps, held.clear))
+                else:
+                    def run_holding() -> None:
+                        run()
+                        held.clear()
+
+                    self.schedule.queue(stream, seq, run_holding)
             else:
                 run()
                 self.schedule.ran(stream, seq)
