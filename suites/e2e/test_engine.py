@@ -49,6 +49,21 @@ def test_ties_go_to_the_lowest_token_id():
     assert rows[1].logprob == pytest.approx(-math.log(5))
 
 
+def test_the_greedy_ranking_alone_picks_the_first_entry_of_a_wider_one():
+    """A width of one takes another path (one reduction, not a selection): it must pick the
+    token a wider ranking puts first, ties, signed zeros and infinities included."""
+    from harness.ranking import rank_logits
+
+    logits = torch.tensor([[0.0, 3.0, 1.0, 3.0, 3.0], [-0.0, 0.0, -1.0, 0.0, -0.0],
+                           [-math.inf, -math.inf, -5.0, -5.0, -math.inf],
+                           [math.inf, 1.0, math.inf, 2.0, 0.0]])
+    greedy, wider = rank_logits(logits, 1), rank_logits(logits, 3)
+    assert greedy.order.shape == (4, 1)
+    assert greedy.order[:, 0].tolist() == wider.order[:, 0].tolist() == [1, 0, 2, 0]
+    torch.testing.assert_close(greedy.top_logprobs[:, 0], wider.top_logprobs[:, 0], rtol=0, atol=0,
+                               equal_nan=True)  # a row holding +inf has NaN logprobs
+
+
 def test_logprobs_zero_keeps_no_pairs(engine_factory):
     generation = engine_factory().generate([Request([1, 2, 3], 2, logprobs=0)])[0]
     assert all(step.top == () for step in generation.steps)
