@@ -60,8 +60,24 @@ def write_kv(kv_layer: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
              slot_mapping: torch.Tensor) -> None:
     """Store each token's K/V at its slot; padded tokens all land in the pad sink."""
     flat = kv_layer.flatten(1, 2)  # [2, slots, kv_heads, head_dim], a view: writes reach the cache
-    flat[0].index_copy_(0, slot_mapping, k)
-    flat[1].index_copy_(0, slot_mapping, v)
+    pair = kv_pair(k, v)
+    if pair is not None:
+        flat.index_copy_(1, slot_mapping, pair)
+    else:
+        flat[0].index_copy_(0, slot_mapping, k)
+        flat[1].index_copy_(0, slot_mapping, v)
+
+
+def kv_pair(k: torch.Tensor, v: torch.Tensor) -> Optional[torch.Tensor]:
+    """k and v as one [2, tokens, kv_heads, head_dim] view when both are views of one storage with
+    the same shape and strides and v lies after k (the fused projection's output), else None: then
+    the cache takes both in one copy, one kernel per layer fewer on CUDA."""
+    if (k.shape != v.shape or k.stride() != v.stride() or k.dtype != v.dtype
+            or k.device != v.device or v.storage_offset() < k.storage_offset()
+            or k.untyped_storage().data_ptr() != v.untyped_storage().data_ptr()):
+        return None
+    return k.as_strided((2, *k.shape), (v.storage_offset() - k.storage_offset(), *k.stride()),
+                        k.storage_offset())
 
 
 def gather_context(kv_layer: torch.Tensor, blocks: torch.Tensor,

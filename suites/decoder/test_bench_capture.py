@@ -63,6 +63,26 @@ def test_the_op_counter_counts_a_custom_ops_body_and_no_views():
     assert not [op for op in counter.ops if op.startswith(("view", "transpose", "permute", "empty"))]
 
 
+def test_k_and_v_of_one_fused_buffer_reach_the_cache_in_one_copy():
+    import torch
+
+    from harness.bench._kernels import AtenOpCounter
+    from harness.ops.attention import write_kv
+    from suites.ops.batches import make_batch
+
+    batch = make_batch([(5, 1), (3, 1)])
+    fused = torch.cat((batch.k, batch.v), dim=1)  # [tokens, 2 * kv_heads, head_dim], as qkv_proj's
+    k, v = fused.split(batch.k.shape[1], dim=1)
+    for pair, copies in (((k, v), 1), ((batch.k.clone(), batch.v.clone()), 2)):
+        layer = torch.zeros_like(batch.cache.layer(0))
+        counter = AtenOpCounter()
+        with torch.inference_mode(), counter:
+            write_kv(layer, *pair, batch.metadata.slot_mapping[:2])
+        assert counter.ops.count("index_copy_.default") == copies, counter.ops
+        slots = layer.flatten(1, 2)[:, batch.metadata.slot_mapping[:2]]
+        assert torch.equal(slots[0], batch.k) and torch.equal(slots[1], batch.v)
+
+
 def test_the_proxy_counts_at_most_20_ops_per_decoder_layer():
     from harness.bench._kernels import op_counts
 
