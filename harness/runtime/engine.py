@@ -25,7 +25,7 @@ import torch
 
 from harness.graphs import get_backend
 from harness.graphs.base import GraphBackend
-from harness.ranking import RankedLogits, logits_to_steps, steps_from_ranked
+from harness.ranking import PackedRanking, logits_to_steps
 from harness.ops.kv_cache import PagedKVCache
 from harness.ops.metadata import AttentionMetadata
 from harness.ops.sizing import cdiv
@@ -49,16 +49,16 @@ from harness.runtime.validation import BadRequestError, RequestLimits, RequestPr
 @dataclass(frozen=True)
 class ForwardResult:
     """A step's model output: its logits, or (from a decode graph that ranks on the device) its
-    ranking, with the name of whatever produced it."""
+    packed ranking, with the name of whatever produced it."""
 
     logits: torch.Tensor | None  # [batch.num_seqs, vocab], float32
     producer: str
-    ranked: RankedLogits | None = None
+    packed: PackedRanking | None = None
 
     def steps(self, logprobs: list[int]) -> list[Step]:
         """One Step per sequence, greedy, each keeping its own `logprobs` top entries."""
-        if self.ranked is not None:
-            return steps_from_ranked(self.ranked, logprobs, self.producer)
+        if self.packed is not None:
+            return self.packed.steps(logprobs, self.producer)
         return logits_to_steps(self.logits, logprobs, self.producer)
 
 
@@ -284,7 +284,9 @@ class Engine:
             else:
                 self.input_ids[:padded].copy_(torch.tensor(ids, dtype=torch.int64))
 
-    def _forward(self, batch: ScheduledBatch) -> ForwardResult:
+    def _forward(self, batch: ScheduledBatch, *, copy: bool = True) -> ForwardResult:
+        """`copy=False`: a decode graph's static output is handed out uncopied (the overlap loop
+        queues its every read before the next replay)."""
         buckets = self.piecewise.buckets if self.piecewise is not None else ()
         chosen = dispatch.route(batch.kind, batch.num_seqs, batch.num_tokens,
                                 decode_graphs=self.decode_graphs, buckets=buckets)
@@ -292,9 +294,9 @@ class Engine:
             return self._forward_piecewise(batch, chosen.size)
         if chosen.kind == DECODE:
             step = self.decode_graphs.run(batch.spans, batch.input_ids,
-                                          [s.request.logprobs for s in batch.sequences])
+                                          [s.request.logprobs for s in batch.sequences], copy=copy)
             if step is not None:  # None: no graph of this batch's variant; run() counted it
-                return ForwardResult(logits=step.logits, producer=str(step.key), ranked=step.ranked)
+                return ForwardResult(logits=step.logits, producer=str(step.key), packed=step.packed)
         elif chosen.fallback:
             self._stats.fallbacks[chosen.reason] += 1
         return self._forward_eager(batch)

@@ -31,7 +31,7 @@ from typing import Any, Callable
 
 import torch
 
-from harness.ranking import pack_ranked, rank_logits, steps_from_packed
+from harness.ranking import pack_ranking, rank_logits, steps_from_packed
 from harness.runtime.scheduler import ScheduledBatch, Scheduler
 from harness.runtime.stats import BatchRecord
 
@@ -154,7 +154,8 @@ class OverlapLoop:
 
     def __init__(self, engine: Any, max_width: int) -> None:
         self.engine = engine
-        self.width_capacity = max(max_width, 1)
+        # A graph that ranks on the device packs its own k entries, which may exceed every request's.
+        self.width_capacity = max(max_width, 1, *engine.config.graph_top_k)
         rows = engine.config.max_batch_size
         self.outputs = PinnedTurns(rows * (2 * self.width_capacity + 1), torch.float32, engine.device)
         self.dropped = 0
@@ -178,20 +179,29 @@ class OverlapLoop:
             hook()
         engine.input_feed.feed = token_feed(batch, previous)
         try:
-            result = engine._forward(batch)
+            # A graph's static output needs no copy: its one transfer and the next step's token
+            # feed are queued before the next replay.
+            result = engine._forward(batch, copy=False)
         finally:
             engine.input_feed.feed = None
-        width = max(max((s.request.logprobs for s in batch.sequences), default=0), 1)
-        ranked = result.ranked if result.ranked is not None else rank_logits(result.logits, width)
-        packed = pack_ranked(ranked, batch.num_seqs, width)
+        n = batch.num_seqs
+        packed = result.packed
+        if packed is None:
+            width = max(max((s.request.logprobs for s in batch.sequences), default=0), 1)
+            packed = pack_ranking(rank_logits(result.logits, width), n, width)
+        values = packed.values[:n]
         buffer, event = self.outputs.next()
-        host = buffer[:packed.numel()].view(packed.shape)
-        host.copy_(packed, non_blocking=True)
+        if values.numel() > buffer.numel():
+            raise RuntimeError(f"a packed ranking of {tuple(values.shape)} exceeds the pinned output "
+                               f"buffer of {buffer.numel()} values (max_batch_size x (2 x "
+                               f"{self.width_capacity} + 1)): an overlap loop bug")
+        host = buffer[:values.numel()].view(values.shape)
+        host.copy_(values, non_blocking=True)
         self.outputs.record(event)
         engine._stats.record_batch(BatchRecord(kind=batch.kind, num_seqs=batch.num_seqs,
                                                num_tokens=batch.num_tokens, producer=result.producer,
                                                free_blocks=engine.num_free_blocks))
-        return InFlightStep(batch=batch, producer=result.producer, tokens=ranked.order[:, 0],
+        return InFlightStep(batch=batch, producer=result.producer, tokens=packed.tokens,
                             packed=host, copied=event)
 
     def read(self, step: InFlightStep, scheduler: Scheduler) -> None:

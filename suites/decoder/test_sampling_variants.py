@@ -142,7 +142,7 @@ def test_a_step_held_past_the_next_replay_keeps_its_values(make_engine, top_k):
                   for _ in range(2))
     held = engine.decode_graphs.run(spans, (5, 6), [top_k or 1] * 2)
     assert held is not None and bs >= 3
-    values = held.logits if top_k is None else held.ranked.top_logprobs
+    values = held.logits if top_k is None else held.packed.values
     before = values.clone()
     engine.decode_graphs.run(spans, (7, 8), [top_k or 1] * 2)  # other tokens: other logits
     engine.backend.synchronize()

@@ -24,7 +24,8 @@ batch replays and the fallbacks counted when none does (serving.py).
 
 Sampling variants (`top_ks`, from `EngineConfig.graph_top_k`): without them each size has one graph
 that outputs logits (variant "greedy"). With them each size has one graph per k, variant f"top{k}",
-whose captured step also ranks the logits (`rank_logits(logits, k)`). `graph_key` is the one place a
+whose captured step also ranks the logits and packs the ranking for its transfer to the host
+(`pack_ranking(rank_logits(logits, k), size)`). `graph_key` is the one place a
 key is made, at capture and at replay.
 """
 
@@ -38,14 +39,14 @@ import torch
 
 from harness.graphs.base import GraphBackend
 from harness.ops.metadata import SequenceSpan
-from harness.ranking import RankedLogits, rank_logits
+from harness.ranking import PackedRanking, pack_ranking, rank_logits
 from harness.runtime.comm import Comm, SingleProcessComm
 from harness.runtime.decode.blockers import CaptureFeatures, single_pass_blocker
 from harness.runtime.decode.dummy import buildable_sizes, dummy_batch
 from harness.runtime.decode.policy import (SERVE, WARMUP_SCOPE, CapturePolicy, ScopeFactory,
                                            default_capture_policy, no_scope)
 from harness.runtime.decode.runner import DecodeGraphKey, GraphRunner, PaddedDecodeBatch, pad_decode_batch, sampling_variant
-from harness.runtime.decode.serving import (GraphStep, choose_graph, copy_out, copy_ranked_out,
+from harness.runtime.decode.serving import (GraphStep, choose_graph, copy_out, copy_packed_out,
                                             missing_key_reason)
 from harness.runtime.stats import StatsRecorder
 
@@ -229,7 +230,8 @@ class DecoderGraphs:
     def _warmup_ranking(self, size: int, top_k: int) -> None:
         """The ranking's kernels run once before their capture, as the model's do."""
         model = self.host.model
-        rank_logits(torch.zeros(size, model.vocab_size, dtype=model.dtype, device=model.device), top_k)
+        logits = torch.zeros(size, model.vocab_size, dtype=model.dtype, device=model.device)
+        pack_ranking(rank_logits(logits, top_k), size)
 
     def _model_step(self) -> torch.Tensor:
         host = self.host
@@ -240,8 +242,9 @@ class DecoderGraphs:
         if top_k is None:
             return self._model_step
 
-        def step_and_rank() -> RankedLogits:
-            return rank_logits(self._model_step(), top_k)
+        def step_and_rank() -> PackedRanking:
+            logits = self._model_step()
+            return pack_ranking(rank_logits(logits, top_k), logits.shape[0])
 
         return step_and_rank
 
@@ -270,9 +273,11 @@ class DecoderGraphs:
     # --- serving ------------------------------------------------------------------------------
 
     def run(self, spans: tuple[SequenceSpan, ...], input_ids: tuple[int, ...],
-            logprobs: Sequence[int] = ()) -> GraphStep | None:
+            logprobs: Sequence[int] = (), *, copy: bool = True) -> GraphStep | None:
         """Replay the smallest fitting graph for a decode batch whose sequences asked for
-        `logprobs` top entries each; None (counted, with its reason) when no graph fits."""
+        `logprobs` top entries each; None (counted, with its reason) when no graph fits.
+        `copy=False` hands out the graph's static output, which the next replay overwrites: only
+        for a caller whose every read of it is queued before that replay (the overlap loop)."""
         n = len(spans)
         choice = choose_graph(self.runner.keys, self.top_ks, n, logprobs)
         if choice.reason is not None:
@@ -286,8 +291,8 @@ class DecoderGraphs:
         output = self.runner.replay(key)
         self.stats.replays[str(key)] += 1
         if choice.top_k is None:
-            return GraphStep(logits=copy_out(output[:n]), key=key)
-        return GraphStep(logits=None, key=key, ranked=copy_ranked_out(output, n))
+            return GraphStep(logits=copy_out(output[:n]) if copy else output[:n], key=key)
+        return GraphStep(logits=None, key=key, packed=copy_packed_out(output, n) if copy else output)
 
     def size_for(self, num_seqs: int) -> int | None:
         """The captured batch size a decode batch of `num_seqs` replays (None: no graph holds it);

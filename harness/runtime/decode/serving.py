@@ -15,18 +15,19 @@ from typing import Sequence
 import torch
 
 from harness.ops.sizing import smallest_fitting
-from harness.ranking import RankedLogits
+from harness.ranking import PackedRanking
 from harness.runtime.decode.runner import DecodeGraphKey
 
 
 @dataclass(frozen=True)
 class GraphStep:
-    """One replay's output for the real sequences: logits (a "greedy" graph) or the ranking a
-    f"top{k}" graph made on the device, both copies the next replay leaves alone."""
+    """One replay's output for the real sequences: logits (a "greedy" graph) or the packed ranking a
+    f"top{k}" graph made on the device; copies the next replay leaves alone unless the caller asked
+    for the static output itself (`DecoderGraphs.run(..., copy=False)`)."""
 
     logits: torch.Tensor | None  # [real sequences, vocab]
     key: DecodeGraphKey
-    ranked: RankedLogits | None = None
+    packed: PackedRanking | None = None
 
 
 @dataclass(frozen=True)
@@ -44,10 +45,9 @@ def copy_out(static_output: torch.Tensor) -> torch.Tensor:
     return static_output.clone()
 
 
-def copy_ranked_out(ranked: RankedLogits, rows: int) -> RankedLogits:
-    """The first `rows` rows of a graph's static ranking, each tensor through `copy_out`."""
-    return RankedLogits(order=copy_out(ranked.order[:rows]), top_logprobs=copy_out(ranked.top_logprobs[:rows]),
-                        logprobs=copy_out(ranked.logprobs[:rows]), scales=copy_out(ranked.scales[:rows]))
+def copy_packed_out(packed: PackedRanking, rows: int) -> PackedRanking:
+    """The first `rows` rows of a graph's static packed ranking, each tensor through `copy_out`."""
+    return PackedRanking(values=copy_out(packed.values[:rows]), tokens=copy_out(packed.tokens[:rows]))
 
 
 def choose_graph(keys: Sequence[DecodeGraphKey], top_ks: Sequence[int], num_seqs: int,
