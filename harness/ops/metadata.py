@@ -235,40 +235,43 @@ class AttentionMetadata:
             block_tables[:n][used] = block_ids
         host["seq_lens"][:n] = seq_lens
         token_to_seq, positions, slots = host["token_to_seq"], host["positions"], host["slot_mapping"]
+        # Prefills first (the check made sure of it), one sequence at a time: token i of a query
+        # sits at position seq_len - query_len + i.
+        num_decodes = is_decode.count(True)
+        num_prefills = n - num_decodes
+        row = 0
+        for i in range(num_prefills):
+            end = row + query_lens[i]
+            token_to_seq[row:end] = i
+            np.add(counting[:query_lens[i]], seq_lens[i] - query_lens[i], out=positions[row:end])
+            row = end
+        if row:
+            owner, prefill_positions = token_to_seq[:row], positions[:row]
+            slots[:row] = block_tables[owner, prefill_positions // bs] * bs + prefill_positions % bs
+        # Then the decodes, one token each at position seq_len - 1, computed as Python ints: for a
+        # few values that costs less than numpy calls.
+        decode_positions = [seq_len - 1 for seq_len in seq_lens[num_prefills:]]
+        token_to_seq[row:actual_tokens] = counting[num_prefills:n]
+        positions[row:actual_tokens] = decode_positions
+        slots[row:actual_tokens] = [table[p // bs] * bs + p % bs
+                                    for table, p in zip(tables[num_prefills:], decode_positions)]
         start_loc, logits_indices = host["query_start_loc"], host["logits_indices"]
         # Padded sequence i reads the i-th padded token row, so a padded decode batch keeps
         # sequence j <-> token j; rows past num_tokens are clamped to stay in range.
         last_row = max(num_tokens - 1, 0)
-        if actual_tokens == n:
-            # One new token per sequence (a decode step): token row i is sequence i, at position
-            # seq_len - 1, and the general forms below reduce to row numbers clamped at the end
-            # (the empty batch's), which cost fewer numpy calls.
-            token_to_seq[:n] = counting[:n]
-            decode_positions = [seq_len - 1 for seq_len in seq_lens]
-            positions[:n] = decode_positions
-            slots[:n] = [table[p // bs] * bs + p % bs for table, p in zip(tables, decode_positions)]
-            start_loc[n + 1:] = n
-            logits_indices[last_row:] = last_row
-        else:
-            owner = np.repeat(counting[:n], query_lens)
-            token_to_seq[:actual_tokens] = owner
-            # Token i of its sequence sits at seq_len - query_len + (i - first row of the sequence).
-            offsets = [seq_len - end for seq_len, end in zip(seq_lens, ends)]
-            real_positions = positions[:actual_tokens]
-            np.add(np.repeat(offsets, query_lens), counting[:actual_tokens], out=real_positions)
-            slots[:actual_tokens] = (block_tables[owner, real_positions // bs] * bs
-                                     + real_positions % bs)
+        if num_prefills:
             start_loc[1:n + 1] = ends  # start_loc[0] is 0, from the empty batch
             start_loc[n + 1:] = actual_tokens
             logits_indices[:n] = [end - 1 for end in ends]
             np.minimum(counting[actual_tokens:actual_tokens + self.max_batch_size - n], last_row,
                        out=logits_indices[n:])
+        else:  # token row i is sequence i: the row numbers of the empty batch, clamped at the end
+            start_loc[n + 1:] = n
+            logits_indices[last_row:] = last_row
         self.flat.copy_(staging, non_blocking=copy_done is not None)
         if copy_done is not None:
             copy_done.record(torch.cuda.current_stream(self.device))  # the copy's stream
 
-        num_decodes = is_decode.count(True)
-        num_prefills = n - num_decodes
         num_prefill_tokens = actual_tokens - num_decodes  # a decode has one new token
         # Positional: keywords make the frozen dataclass's constructor twice as slow.
         self.counts = BatchCounts(num_tokens, num_seqs, num_prefills, num_prefill_tokens,

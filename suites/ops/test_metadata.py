@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
 from hypothesis import given, settings, strategies as st
@@ -278,7 +280,7 @@ def test_refused_batches_name_the_reference_problem(batch, defect, data) -> None
             "pad block": dict(block_table=[limits["pad_slot"] // limits["block_size"]] + table[1:]),
         }.get(defect)
         if changed is not None:
-            spans[i] = SequenceSpan(**{**vars(span), **changed})
+            spans[i] = dataclasses.replace(span, **changed)
         if defect == "prefill last":
             spans.append(spans.pop(0))
     if defect == "one sequence too many":
