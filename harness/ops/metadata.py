@@ -234,7 +234,8 @@ class AttentionMetadata:
             used = counting[:self.max_blocks_per_seq] < np.array(table_lens)[:, None]
             block_tables[:n][used] = block_ids
         host["seq_lens"][:n] = seq_lens
-        token_to_seq, positions, slots = host["token_to_seq"], host["positions"], host["slot_mapping"]
+        token_to_seq, positions = host["token_to_seq"], host["positions"]
+        slots = host["slot_mapping"]
         # Prefills first (the check made sure of it), one sequence at a time: token i of a query
         # sits at position seq_len - query_len + i.
         num_decodes = is_decode.count(True)
@@ -322,16 +323,17 @@ class AttentionMetadata:
 
     def _problem(self, spans: Sequence[SequenceSpan]) -> str:
         """The first sequence that fails a check, with the first check it fails."""
-        after_decode = False
+        bs, after_decode = self.block_size, False
         for i, span in enumerate(spans):
-            table = span.block_table
-            if not 1 <= span.query_len <= span.seq_len:
-                return f"sequence {i}: query_len {span.query_len} must lie in [1, seq_len {span.seq_len}]"
+            seq_len, query_len, table = span.seq_len, span.query_len, span.block_table
+            if not 1 <= query_len <= seq_len:
+                return f"sequence {i}: query_len {query_len} must lie in [1, seq_len {seq_len}]"
             if len(table) > self.max_blocks_per_seq:
-                return f"sequence {i}: {len(table)} blocks exceed max_blocks_per_seq {self.max_blocks_per_seq}"
-            if len(table) * self.block_size < span.seq_len:
-                return (f"sequence {i}: seq_len {span.seq_len} needs {cdiv(span.seq_len, self.block_size)} "
-                        f"blocks of {self.block_size}, block_table has {len(table)}")
+                return (f"sequence {i}: {len(table)} blocks exceed max_blocks_per_seq "
+                        f"{self.max_blocks_per_seq}")
+            if len(table) * bs < seq_len:
+                return (f"sequence {i}: seq_len {seq_len} needs {cdiv(seq_len, bs)} blocks of "
+                        f"{bs}, block_table has {len(table)}")
             bad = [b for b in table if not 0 <= b < self.pad_block]
             if bad:
                 return (f"sequence {i}: block ids {bad} outside [0, {self.pad_block - 1}] "

@@ -12,6 +12,7 @@ from harness.graphs.pointers import snapshot_tensors
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from harness.ops import AttentionMetadata, SequenceSpan
+from harness.ops.sizing import cdiv
 
 BS = 4
 PAD_SLOT = 40  # pad block 10
@@ -169,22 +170,24 @@ def reference_prepare(limits: dict[str, int], spans: list[SequenceSpan], num_tok
                 f"(max_num_tokens)]")
     seen_decode = False
     for i, span in enumerate(spans):
-        table = list(span.block_table)
-        if not 1 <= span.query_len <= span.seq_len:
-            return f"sequence {i}: query_len {span.query_len} must lie in [1, seq_len {span.seq_len}]"
+        seq_len, query_len, table = span.seq_len, span.query_len, list(span.block_table)
+        bad = [b for b in table if not 0 <= b < pad_block]
+        if not 1 <= query_len <= seq_len:
+            return f"sequence {i}: query_len {query_len} must lie in [1, seq_len {seq_len}]"
         if len(table) > blocks:
             return f"sequence {i}: {len(table)} blocks exceed max_blocks_per_seq {blocks}"
-        if len(table) * bs < span.seq_len:
-            return (f"sequence {i}: seq_len {span.seq_len} needs {-(-span.seq_len // bs)} blocks of "
-                    f"{bs}, block_table has {len(table)}")
-        if any(not 0 <= b < pad_block for b in table):
-            return (f"sequence {i}: block ids {[b for b in table if not 0 <= b < pad_block]} outside "
-                    f"[0, {pad_block - 1}] (block {pad_block} is the pad sink)")
+        if len(table) * bs < seq_len:
+            return (f"sequence {i}: seq_len {seq_len} needs {cdiv(seq_len, bs)} blocks of {bs}, "
+                    f"block_table has {len(table)}")
+        if bad:
+            return (f"sequence {i}: block ids {bad} outside [0, {pad_block - 1}] "
+                    f"(block {pad_block} is the pad sink)")
         if seen_decode and not span.is_decode:
             return f"sequence {i} is a prefill after a decode: prefills come first"
         seen_decode = seen_decode or span.is_decode
     out = {"positions": [0] * max_tokens, "slot_mapping": [pad_slot] * max_tokens,
-           "token_to_seq": [max_bs] * max_tokens, "block_tables": [[pad_block] * blocks] * (max_bs + 1),
+           "token_to_seq": [max_bs] * max_tokens,
+           "block_tables": [[pad_block] * blocks for _ in range(max_bs + 1)],
            "seq_lens": [0] * (max_bs + 1), "query_start_loc": [actual] * (max_bs + 1),
            "logits_indices": [min(actual + j - n, max(num_tokens - 1, 0)) for j in range(max_bs)]}
     row = 0
@@ -270,12 +273,12 @@ def test_refused_batches_name_the_reference_problem(batch, defect, data) -> None
     if spans:
         i = data.draw(st.integers(0, len(spans) - 1))
         span = spans[i]
-        table = list(span.block_table)
+        table, bs = list(span.block_table), limits["block_size"]
         changed = {
             "query_len 0": dict(query_len=0),
             "query_len past seq_len": dict(query_len=span.seq_len + 1),
             "too many blocks": dict(block_table=table + [0] * (limits["max_blocks_per_seq"] + 1)),
-            "too few blocks": dict(block_table=table[:-(-span.seq_len // limits["block_size"]) - 1]),
+            "too few blocks": dict(block_table=table[:cdiv(span.seq_len, bs) - 1]),
             "negative block": dict(block_table=table[:-1] + [-1]),
             "pad block": dict(block_table=[limits["pad_slot"] // limits["block_size"]] + table[1:]),
         }.get(defect)
