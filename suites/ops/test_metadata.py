@@ -259,36 +259,65 @@ def test_accepted_batches_match_the_per_token_reference(batch) -> None:
     assert_prepare_matches_reference(*batch)
 
 
-DEFECTS = ("query_len 0", "query_len past seq_len", "too many blocks", "too few blocks",
-           "negative block", "pad block", "prefill last", "one sequence too many",
-           "num_seqs too small", "num_tokens too small", "num_tokens too large")
+SEQUENCE_DEFECTS = ("query_len 0", "seq_len below query_len", "too many blocks", "too few blocks",
+                    "negative block", "pad block")
+BATCH_DEFECTS = ("one sequence too many", "num_seqs too small", "num_tokens too small",
+                 "num_tokens too large")
+
+
+def plant(defect: str, span: SequenceSpan, limits: dict[str, int]) -> SequenceSpan:
+    table, bs, blocks = list(span.block_table), limits["block_size"], limits["max_blocks_per_seq"]
+    changed = {
+        "query_len 0": dict(query_len=0),
+        "seq_len below query_len": dict(seq_len=span.query_len - 1),
+        "too many blocks": dict(block_table=table + [0] * (blocks + 1 - len(table))),
+        "too few blocks": dict(block_table=table[:cdiv(span.seq_len, bs) - 1]),
+        "negative block": dict(block_table=table[:-1] + [-1]),
+        "pad block": dict(block_table=[limits["pad_slot"] // bs] + table[1:]),
+    }[defect]
+    return dataclasses.replace(span, **changed)
 
 
 @pytest.mark.property
 @settings(max_examples=50)
-@given(accepted_batches(), st.sampled_from(DEFECTS), st.data())
-def test_refused_batches_name_the_reference_problem(batch, defect, data) -> None:
+@given(accepted_batches(), st.sampled_from(("sequence", "order", "batch")),
+       st.permutations(SEQUENCE_DEFECTS), st.integers(1, 3), st.sampled_from(BATCH_DEFECTS),
+       st.data())
+def test_refused_batches_name_the_reference_problem(batch, kind, defects, count, batch_defect,
+                                                    data) -> None:
+    # One kind of trouble per batch: up to three defects in one sequence (which check a sequence
+    # fails first counts); the first sequence moved last (a prefill after the decodes); or a batch
+    # defect on top of one sequence defect (the batch's own checks come first). No sequence defect
+    # changes the token count, so the batch's checks pass unless a batch defect is planted.
     limits, spans, num_tokens, num_seqs = batch
     spans, actual = list(spans), sum(s.query_len for s in spans)
-    if spans:
+    if spans and kind != "order":
         i = data.draw(st.integers(0, len(spans) - 1))
-        span = spans[i]
-        table, bs = list(span.block_table), limits["block_size"]
-        changed = {
-            "query_len 0": dict(query_len=0),
-            "query_len past seq_len": dict(query_len=span.seq_len + 1),
-            "too many blocks": dict(block_table=table + [0] * (limits["max_blocks_per_seq"] + 1)),
-            "too few blocks": dict(block_table=table[:cdiv(span.seq_len, bs) - 1]),
-            "negative block": dict(block_table=table[:-1] + [-1]),
-            "pad block": dict(block_table=[limits["pad_slot"] // limits["block_size"]] + table[1:]),
-        }.get(defect)
-        if changed is not None:
-            spans[i] = dataclasses.replace(span, **changed)
-        if defect == "prefill last":
-            spans.append(spans.pop(0))
-    if defect == "one sequence too many":
-        spans += [SequenceSpan(1, 1, [0])] * (limits["max_batch_size"] + 1 - len(spans))
-    num_seqs = len(spans) - 1 if defect == "num_seqs too small" else num_seqs
-    num_tokens = {"num_tokens too small": actual - 1,
-                  "num_tokens too large": limits["max_num_tokens"] + 1}.get(defect, num_tokens)
+        for defect in defects[:count if kind == "sequence" else 1]:
+            spans[i] = plant(defect, spans[i], limits)
+    if kind == "order":
+        spans = spans[1:] + spans[:1]
+    if kind == "batch":
+        if batch_defect == "one sequence too many":
+            spans += [SequenceSpan(1, 1, [0])] * (limits["max_batch_size"] + 1 - len(spans))
+        if batch_defect == "num_seqs too small":
+            num_seqs = len(spans) - 1
+        if batch_defect == "num_tokens too small":
+            num_tokens = actual - 1
+        if batch_defect == "num_tokens too large":
+            num_tokens = limits["max_num_tokens"] + 1
     assert_prepare_matches_reference(limits, spans, num_tokens, num_seqs)
+
+
+@pytest.mark.parametrize("span,problem", [
+    (SequenceSpan(9, 0, [0, 10, 1, 2]), "query_len 0 must lie in [1, seq_len 9]"),
+    (SequenceSpan(9, 1, [0, 10, 1, 2]), "4 blocks exceed max_blocks_per_seq 3"),
+    (SequenceSpan(9, 1, [10, -1]), "seq_len 9 needs 3 blocks of 4, block_table has 2"),
+    (SequenceSpan(9, 9, [10, -1, 3]), "block ids [10, -1] outside [0, 9]"),
+])
+def test_a_sequence_failing_several_checks_is_named_by_the_first(span, problem) -> None:
+    # Checks in order: query_len, table length, blocks for seq_len, block ids, prefill order.
+    md = metadata()
+    with pytest.raises(ValueError) as refused:
+        md.prepare([SequenceSpan(5, 1, [0, 1]), span, SequenceSpan(3, 3, [12])])
+    assert str(refused.value).startswith(f"sequence 1: {problem}")
