@@ -1,14 +1,19 @@
 """Host microseconds of AttentionMetadata.prepare per call, for the batches a serving loop builds.
 
     .venv/bin/python scripts/bench_metadata_prepare.py [--device cuda] [--number 20000]
+        [--implementation FILE]
 
 The metadata is sized like `harness bench capture`'s engine (64 sequences, 128 token rows, 8 blocks
 of 16 per sequence). Each case runs with and without padding; the best of 5 repeats is printed.
+`--implementation` times the AttentionMetadata of another copy of harness/ops/metadata.py (an
+earlier commit's, from `git show COMMIT:harness/ops/metadata.py > FILE`) on the same batches.
 """
 
 from __future__ import annotations
 
 import argparse
+import importlib.util
+import sys
 import timeit
 
 from harness.ops import AttentionMetadata, SequenceSpan
@@ -43,8 +48,17 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--number", type=int, default=20000)
+    parser.add_argument("--implementation", help="another metadata.py to time instead")
     args = parser.parse_args()
-    md = AttentionMetadata(MAX_BATCH, MAX_TOKENS, BLOCKS, BLOCK_SIZE, PAD_SLOT, device=args.device)
+    metadata_class = AttentionMetadata
+    if args.implementation:
+        spec = importlib.util.spec_from_file_location("timed_metadata", args.implementation)
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[spec.name] = module  # dataclasses look their module up while defining
+        spec.loader.exec_module(module)
+        metadata_class = module.AttentionMetadata
+    md = metadata_class(MAX_BATCH, MAX_TOKENS, BLOCKS, BLOCK_SIZE, PAD_SLOT, device=args.device)
+    print(f"{args.implementation or 'harness.ops.metadata'} on {args.device}")
     for name, spans, tokens, seqs in cases():
         def call() -> None:
             md.prepare(spans, num_tokens=tokens, num_seqs=seqs)
