@@ -236,10 +236,10 @@ class AttentionMetadata:
         host["seq_lens"][:n] = seq_lens
         token_to_seq, positions = host["token_to_seq"], host["positions"]
         slots = host["slot_mapping"]
-        # Prefills first (the check made sure of it), one sequence at a time: token i of a query
-        # sits at position seq_len - query_len + i.
         num_decodes = is_decode.count(True)
         num_prefills = n - num_decodes
+        # Prefills first (the check made sure of it), one sequence at a time: token i of a query
+        # sits at position seq_len - query_len + i.
         row = 0
         for i in range(num_prefills):
             end = row + query_lens[i]
@@ -256,17 +256,19 @@ class AttentionMetadata:
         positions[row:actual_tokens] = decode_positions
         slots[row:actual_tokens] = [table[p // bs] * bs + p % bs
                                     for table, p in zip(tables[num_prefills:], decode_positions)]
+        # query_start_loc: each sequence's first token row (start_loc[0] is 0 in the empty batch),
+        # then actual_tokens. logits_indices: each sequence's last token row; padded sequence i
+        # reads the i-th padded token row, so a padded decode batch keeps sequence j <-> token j,
+        # and rows past num_tokens are clamped to stay in range.
         start_loc, logits_indices = host["query_start_loc"], host["logits_indices"]
-        # Padded sequence i reads the i-th padded token row, so a padded decode batch keeps
-        # sequence j <-> token j; rows past num_tokens are clamped to stay in range.
         last_row = max(num_tokens - 1, 0)
         if num_prefills:
-            start_loc[1:n + 1] = ends  # start_loc[0] is 0, from the empty batch
+            start_loc[1:n + 1] = ends
             start_loc[n + 1:] = actual_tokens
             logits_indices[:n] = [end - 1 for end in ends]
             np.minimum(counting[actual_tokens:actual_tokens + self.max_batch_size - n], last_row,
                        out=logits_indices[n:])
-        else:  # token row i is sequence i: the row numbers of the empty batch, clamped at the end
+        else:  # token row i is sequence i: both are the empty batch's row numbers, clamped
             start_loc[n + 1:] = n
             logits_indices[last_row:] = last_row
         self.flat.copy_(staging, non_blocking=copy_done is not None)
