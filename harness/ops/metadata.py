@@ -16,6 +16,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 import itertools
 import math
+import operator
 from typing import Sequence
 
 import numpy as np
@@ -25,6 +26,8 @@ from harness.ops.sizing import cdiv, require_positive
 
 _NUMPY = {torch.int32: np.int32, torch.int64: np.int64}
 STAGING_BUFFERS = 2
+# Up to this many sequences, prepare writes block tables one row at a time (cheaper than a mask).
+ROW_BY_ROW_TABLES = 8
 
 
 @dataclass(frozen=True)
@@ -93,6 +96,9 @@ class AttentionMetadata:
         self.pad_slot = pad_slot
         self.pad_block = pad_slot // block_size
         self.device = torch.device(device)
+        # 0, 1, 2, ...: prepare slices the ranges it needs from it instead of building them.
+        self._counting = np.arange(max(max_num_tokens + max_batch_size, max_blocks_per_seq),
+                                   dtype=np.int64)
 
         shapes = {
             "positions": ((max_num_tokens,), torch.int64),
@@ -119,12 +125,24 @@ class AttentionMetadata:
         # event of the buffer it is about to fill, which is two steps old.
         self._stagings = tuple(torch.zeros(nbytes, dtype=torch.uint8, pin_memory=pinned)
                                for _ in range(STAGING_BUFFERS))
-        self._hosts: tuple[dict[str, np.ndarray], ...] = tuple({} for _ in self._stagings)
+        self._staging_arrays = tuple(staging.numpy() for staging in self._stagings)
+        # Where every step starts: every row padded, and query_start_loc and logits_indices holding
+        # their row numbers. prepare copies it into a staging buffer and writes only the real rows
+        # and the ends that depend on the batch over it.
+        self._empty_batch = np.zeros(nbytes, dtype=np.uint8)
+        buffers = (*self._staging_arrays, self._empty_batch)
+        hosts: tuple[dict[str, np.ndarray], ...] = tuple({} for _ in buffers)
         for name, (shape, dtype) in shapes.items():
             start, end = offsets[name], offsets[name] + math.prod(shape) * dtype.itemsize
             setattr(self, name, flat[start:end].view(dtype).view(shape))
-            for staging, host in zip(self._stagings, self._hosts):
-                host[name] = staging.numpy()[start:end].view(_NUMPY[dtype]).reshape(shape)
+            for buffer, host in zip(buffers, hosts):
+                host[name] = buffer[start:end].view(_NUMPY[dtype]).reshape(shape)
+        self._hosts, empty = hosts[:-1], hosts[-1]
+        empty["block_tables"].fill(self.pad_block)
+        empty["token_to_seq"].fill(max_batch_size)  # the permanent padded sequence
+        empty["slot_mapping"].fill(pad_slot)
+        empty["query_start_loc"][:] = np.arange(max_batch_size + 1)
+        empty["logits_indices"][:] = np.arange(max_batch_size)
         # The first buffer's arrays, by name (what every staging buffer holds).
         self._host = self._hosts[0]
         # Set after the views, so that tools naming a storage by its first path (the capture lint)
@@ -186,63 +204,81 @@ class AttentionMetadata:
                 num_seqs: int | None = None) -> BatchCounts:
         """Copy a batch into the buffers, padded up to `num_tokens` token rows and `num_seqs`
         sequence rows (default: no padding). Call it outside capture: it builds host tensors."""
+        # prepare runs every step, for a handful of sequences: per-sequence values stay Python lists
+        # and are checked with builtins over them, which cost less than numpy calls on tiny arrays.
         n = len(spans)
-        seq_lens = np.fromiter((span.seq_len for span in spans), dtype=np.int64, count=n)
-        query_lens = np.fromiter((span.query_len for span in spans), dtype=np.int64, count=n)
-        table_lens = np.fromiter((len(span.block_table) for span in spans), dtype=np.int64, count=n)
-        block_ids = np.fromiter(itertools.chain.from_iterable(span.block_table for span in spans),
-                                dtype=np.int64, count=int(table_lens.sum()))
-        actual_tokens = int(query_lens.sum())
+        seq_lens = [span.seq_len for span in spans]
+        query_lens = [span.query_len for span in spans]
+        tables = [span.block_table for span in spans]
+        table_lens = list(map(len, tables))
+        block_ids = list(itertools.chain.from_iterable(tables))
+        ends = list(itertools.accumulate(query_lens))  # one past each sequence's last token row
+        actual_tokens = int(ends[-1]) if n else 0
         num_tokens = actual_tokens if num_tokens is None else num_tokens
         num_seqs = n if num_seqs is None else num_seqs
-        is_decode = (query_lens == 1) & (seq_lens > 1)
+        is_decode = [q == 1 and s > 1 for q, s in zip(query_lens, seq_lens)]
         self._check_batch(spans, num_tokens, num_seqs, actual_tokens, seq_lens, query_lens,
                           table_lens, block_ids, is_decode)
-        ends = np.cumsum(query_lens)
         turn = self.next_staging()
         host, staging, copy_done = self._hosts[turn], self._stagings[turn], self._copies_done[turn]
+        bs, counting = self.block_size, self._counting
 
-        tables = host["block_tables"]
-        tables.fill(self.pad_block)
-        tables[:n][np.arange(self.max_blocks_per_seq) < table_lens[:, None]] = block_ids
-        token_to_seq = host["token_to_seq"]
-        token_to_seq[:actual_tokens] = np.repeat(np.arange(n), query_lens)
-        token_to_seq[actual_tokens:] = self.max_batch_size  # the permanent padded sequence
-        owner = token_to_seq[:actual_tokens]
-        positions = host["positions"]
-        # Token i of its sequence sits at seq_len - query_len + (i - first row of the sequence).
-        positions[:actual_tokens] = (seq_lens - ends)[owner] + np.arange(actual_tokens)
-        positions[actual_tokens:] = 0
-        real_positions = positions[:actual_tokens]
-        bs = self.block_size
-        slots = host["slot_mapping"]
-        slots[:actual_tokens] = tables[owner, real_positions // bs] * bs + real_positions % bs
-        slots[actual_tokens:] = self.pad_slot
+        # From the empty batch: past the real rows, positions 0, slots the pad slot, token_to_seq
+        # and block tables the pad sequence and block, seq_lens 0.
+        np.copyto(self._staging_arrays[turn], self._empty_batch)
+        block_tables = host["block_tables"]
+        if n <= ROW_BY_ROW_TABLES:  # one slice assignment per row costs less than building a mask
+            for i, table in enumerate(tables):
+                block_tables[i, :len(table)] = table
+        else:
+            used = counting[:self.max_blocks_per_seq] < np.array(table_lens)[:, None]
+            block_tables[:n][used] = block_ids
         host["seq_lens"][:n] = seq_lens
-        host["seq_lens"][n:] = 0
-        start_loc = host["query_start_loc"]
-        start_loc[0] = 0
-        start_loc[1:n + 1] = ends
-        start_loc[n + 1:] = actual_tokens
-        # Padded sequence i reads the i-th padded token row, so a padded decode batch keeps
-        # sequence j <-> token j; rows past num_tokens are clamped to stay in range.
-        logits_indices = host["logits_indices"]
-        logits_indices[:n] = ends - 1
+        token_to_seq, positions = host["token_to_seq"], host["positions"]
+        slots = host["slot_mapping"]
+        num_decodes = is_decode.count(True)
+        num_prefills = n - num_decodes
+        # Prefills first (the check made sure of it), one sequence at a time: token i of a query
+        # sits at position seq_len - query_len + i.
+        row = 0
+        for i in range(num_prefills):
+            end = row + query_lens[i]
+            token_to_seq[row:end] = i
+            np.add(counting[:query_lens[i]], seq_lens[i] - query_lens[i], out=positions[row:end])
+            row = end
+        if row:
+            owner, prefill_positions = token_to_seq[:row], positions[:row]
+            slots[:row] = block_tables[owner, prefill_positions // bs] * bs + prefill_positions % bs
+        # Then the decodes, one token each at position seq_len - 1, computed as Python ints: for a
+        # few values that costs less than numpy calls.
+        decode_positions = [seq_len - 1 for seq_len in seq_lens[num_prefills:]]
+        token_to_seq[row:actual_tokens] = counting[num_prefills:n]
+        positions[row:actual_tokens] = decode_positions
+        slots[row:actual_tokens] = [table[p // bs] * bs + p % bs
+                                    for table, p in zip(tables[num_prefills:], decode_positions)]
+        # query_start_loc: each sequence's first token row (start_loc[0] is 0 in the empty batch),
+        # then actual_tokens. logits_indices: each sequence's last token row; padded sequence i
+        # reads the i-th padded token row, so a padded decode batch keeps sequence j <-> token j,
+        # and rows past num_tokens are clamped to stay in range.
+        start_loc, logits_indices = host["query_start_loc"], host["logits_indices"]
         last_row = max(num_tokens - 1, 0)
-        logits_indices[n:] = np.minimum(np.arange(actual_tokens, actual_tokens + self.max_batch_size - n),
-                                        last_row)
+        if num_prefills:
+            start_loc[1:n + 1] = ends
+            start_loc[n + 1:] = actual_tokens
+            logits_indices[:n] = [end - 1 for end in ends]
+            np.minimum(counting[actual_tokens:actual_tokens + self.max_batch_size - n], last_row,
+                       out=logits_indices[n:])
+        else:  # token row i is sequence i: both are the empty batch's row numbers, clamped
+            start_loc[n + 1:] = n
+            logits_indices[last_row:] = last_row
         self.flat.copy_(staging, non_blocking=copy_done is not None)
         if copy_done is not None:
             copy_done.record(torch.cuda.current_stream(self.device))  # the copy's stream
 
-        self.counts = BatchCounts(
-            num_tokens=num_tokens,
-            num_seqs=num_seqs,
-            num_prefills=int(n - is_decode.sum()),
-            num_prefill_tokens=int(query_lens[~is_decode].sum()),
-            num_actual_tokens=actual_tokens,
-            num_actual_seqs=n,
-        )
+        num_prefill_tokens = actual_tokens - num_decodes  # a decode has one new token
+        # Positional: keywords make the frozen dataclass's constructor twice as slow.
+        self.counts = BatchCounts(num_tokens, num_seqs, num_prefills, num_prefill_tokens,
+                                  actual_tokens, n)
         return self.counts
 
     @property
@@ -260,10 +296,10 @@ class AttentionMetadata:
         return turn
 
     def _check_batch(self, spans: Sequence[SequenceSpan], num_tokens: int, num_seqs: int,
-                     actual_tokens: int, seq_lens: np.ndarray, query_lens: np.ndarray,
-                     table_lens: np.ndarray, block_ids: np.ndarray, is_decode: np.ndarray) -> None:
+                     actual_tokens: int, seq_lens: list[int], query_lens: list[int],
+                     table_lens: list[int], block_ids: list[int], is_decode: list[bool]) -> None:
         """Refuse a batch that does not fit the buffers, naming the first bad sequence and its value.
-        The checks run on whole arrays (prepare runs every step); only a failure looks closer."""
+        The checks run on whole lists (prepare runs every step); only a failure looks closer."""
         n = len(spans)
         if n > self.max_batch_size:
             raise ValueError(f"{n} sequences exceed max_batch_size {self.max_batch_size}")
@@ -275,32 +311,37 @@ class AttentionMetadata:
         if not actual_tokens <= num_tokens <= self.max_num_tokens:
             raise ValueError(f"num_tokens {num_tokens} must lie in [{actual_tokens} (real tokens), "
                              f"{self.max_num_tokens} (max_num_tokens)]")
-        owner = np.repeat(np.arange(n), table_lens)
-        bad_block = np.zeros(n, dtype=bool)
-        bad_block[owner[(block_ids < 0) | (block_ids >= self.pad_block)]] = True
-        checks = (
-            (query_lens < 1) | (query_lens > seq_lens),
-            table_lens > self.max_blocks_per_seq,
-            table_lens * self.block_size < seq_lens,
-            bad_block,
-            np.maximum.accumulate(is_decode) & ~is_decode,  # a prefill after some decode
-        )
-        failing = np.logical_or.reduce(checks)
-        if failing.any():
-            i = int(failing.argmax())
-            raise ValueError(self._problem(i, spans[i], [bool(check[i]) for check in checks]))
+        if not n:
+            return
+        first_decode = is_decode.index(True) if True in is_decode else n
+        failing = (min(query_lens) < 1 or any(map(operator.gt, query_lens, seq_lens))
+                   or max(table_lens) > self.max_blocks_per_seq
+                   or any(map(operator.lt, [k * self.block_size for k in table_lens], seq_lens))
+                   # past the checks above every table holds a block (seq_len >= 1 needs one)
+                   or min(block_ids) < 0 or max(block_ids) >= self.pad_block
+                   or False in is_decode[first_decode:])  # a prefill after some decode
+        if failing:
+            raise ValueError(self._problem(spans))
 
-    def _problem(self, i: int, span: SequenceSpan, failed: list[bool]) -> str:
-        table = span.block_table
-        if failed[0]:
-            return f"sequence {i}: query_len {span.query_len} must lie in [1, seq_len {span.seq_len}]"
-        if failed[1]:
-            return f"sequence {i}: {len(table)} blocks exceed max_blocks_per_seq {self.max_blocks_per_seq}"
-        if failed[2]:
-            return (f"sequence {i}: seq_len {span.seq_len} needs {cdiv(span.seq_len, self.block_size)} "
-                    f"blocks of {self.block_size}, block_table has {len(table)}")
-        if failed[3]:
+    def _problem(self, spans: Sequence[SequenceSpan]) -> str:
+        """The first sequence that fails a check, with the first check it fails."""
+        bs, after_decode = self.block_size, False
+        for i, span in enumerate(spans):
+            seq_len, query_len, table = span.seq_len, span.query_len, span.block_table
+            if not 1 <= query_len <= seq_len:
+                return f"sequence {i}: query_len {query_len} must lie in [1, seq_len {seq_len}]"
+            if len(table) > self.max_blocks_per_seq:
+                return (f"sequence {i}: {len(table)} blocks exceed max_blocks_per_seq "
+                        f"{self.max_blocks_per_seq}")
+            if len(table) * bs < seq_len:
+                return (f"sequence {i}: seq_len {seq_len} needs {cdiv(seq_len, bs)} blocks of "
+                        f"{bs}, block_table has {len(table)}")
             bad = [b for b in table if not 0 <= b < self.pad_block]
-            return (f"sequence {i}: block ids {bad} outside [0, {self.pad_block - 1}] "
-                    f"(block {self.pad_block} is the pad sink)")
-        return f"sequence {i} is a prefill after a decode: prefills come first"
+            if bad:
+                return (f"sequence {i}: block ids {bad} outside [0, {self.pad_block - 1}] "
+                        f"(block {self.pad_block} is the pad sink)")
+            if after_decode and not span.is_decode:
+                return f"sequence {i} is a prefill after a decode: prefills come first"
+            after_decode = after_decode or span.is_decode
+        raise RuntimeError("a check over the whole batch failed but no sequence fails it: the two "
+                           "forms of the checks disagree")
