@@ -16,7 +16,7 @@ import torch
 from harness.check.oplog import Value, tensor_difference
 from harness.graphs.emulator.pool import is_poisoned
 from harness.graphs.emulator.trace import Origin
-from harness.graphs.pointers import snapshot_tensors, tensor_refs
+from harness.graphs.pointers import TensorRecord, public_tensor_refs
 
 HOST_VALUE_FROZEN = "host value frozen at capture"
 BUFFER_REBOUND = "buffer rebound since capture"
@@ -49,12 +49,14 @@ class ArgumentPair:
 class CauseContext:
     """What the comparison knows beyond the op: `written_by_graph` holds the addresses this replay
     wrote before the op (graph memory another graph can take over); `roots` name tensors by path
-    now, `paths_at_capture` (a pointer snapshot of the roots when the graph was captured) then."""
+    now, `paths_at_capture` (a pointer snapshot of the roots when the graph was captured) then.
+    `too_deep` collects the paths under the roots that walks skipped, for the explanation to report."""
 
     written_by_graph: frozenset[int]
     roots: Callable[[], Mapping[str, Any]] | None
     first_use: Callable[[int], str]  # the capture's first use of an external address, or ""
     paths_at_capture: Mapping[int, str] = field(default_factory=dict)  # address -> path
+    too_deep: set[str] = field(default_factory=set)
 
 
 Classifier = Callable[[ArgumentPair, CauseContext], "Cause | None"]
@@ -169,27 +171,37 @@ def classify(pair: ArgumentPair, context: CauseContext,
     return Cause("unclassified", pair.difference)
 
 
-def paths_by_address(roots: Callable[[], Mapping[str, Any]] | None) -> dict[int, str]:
-    """A pointer snapshot of the roots, by address: which path a tensor starting there has now."""
+def _public_tensors(roots: Callable[[], Mapping[str, Any]] | None, too_deep: set[str]):
+    """(path, tensor) of every tensor under the roots by a public path: private attributes (a
+    graph's own recording, a device's observers and allocator) are not entered, since they alias
+    what they hold; a path nested too deep is added to `too_deep` and skipped, the rest walked."""
     if roots is None:
-        return {}
-    found: dict[int, str] = {}
+        return
     for root_name, root in roots().items():
-        for path, record in snapshot_tensors(root, root_name).items():
-            found.setdefault(record.address, path)
+        walk = public_tensor_refs(root, root_name)
+        too_deep.update(walk.too_deep)
+        for path, ref in walk.refs.items():
+            t = ref()
+            if t is not None:
+                yield path, t
+
+
+def paths_by_address(roots: Callable[[], Mapping[str, Any]] | None,
+                     too_deep: set[str] | None = None) -> dict[int, str]:
+    """A pointer snapshot of the roots, by address: which path a tensor starting there has now
+    (the paths of `tensors_under`; those skipped as too deep are added to `too_deep`)."""
+    found: dict[int, str] = {}
+    for path, t in _public_tensors(roots, set() if too_deep is None else too_deep):
+        found.setdefault(TensorRecord.of(t).address, path)
     return found
 
 
 def tensors_under(context: CauseContext):
-    """(path, tensor) of every strided tensor under the roots, skipping paths through private
-    attributes (a graph's own recording, a device's observers: they alias what they hold)."""
-    if context.roots is None:
-        return
-    for root_name, root in context.roots().items():
-        for path, ref in tensor_refs(root, root_name).items():
-            t = ref()
-            if t is not None and t.layout == torch.strided and "._" not in path:
-                yield path, t
+    """(path, tensor) of every strided tensor under the roots by a public path; the paths skipped
+    as nested too deep are collected in `context.too_deep`."""
+    for path, t in _public_tensors(context.roots, context.too_deep):
+        if t.layout == torch.strided:
+            yield path, t
 
 
 def path_at(context: CauseContext, address: int | None) -> str:

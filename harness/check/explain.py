@@ -59,7 +59,8 @@ class OpLine:
 class Explanation:
     """The verdict. With `diverged`: the op, where it was issued (`where`, then its callers in
     `stack`), which graph and replay, how its output differs, the first input that differs and its
-    `cause`, the other differing inputs, and the `before` ops that agreed (oldest first)."""
+    `cause`, the other differing inputs, and the `before` ops that agreed (oldest first).
+    `paths_not_walked`: paths under the roots nested too deep to name tensors by, skipped."""
 
     diverged: bool
     replays_compared: int
@@ -77,6 +78,7 @@ class Explanation:
     eager_failures: tuple[str, ...] = ()
     tolerance_steps: float = 2
     raised: str = ""  # the step raised this (after the divergence, if one was found): its own diagnosis
+    paths_not_walked: tuple[str, ...] = ()
 
     def __str__(self) -> str:
         counted = (f"{self.replays_compared} replays, {self.ops_compared} ops compared with eager"
@@ -85,6 +87,9 @@ class Explanation:
                     for f in self.eager_failures]
         if self.raised:
             failures.append(f"the step raised {self.raised}")
+        if self.paths_not_walked:
+            failures.append(f"{len(self.paths_not_walked)} paths under the roots nested too deep to "
+                            f"name tensors by were skipped, the first: {self.paths_not_walked[0]}")
         if not self.diverged:
             head = ("no replayed op departed from eager before the step raised" if self.raised else
                     f"no replayed op departs from eager beyond {self.tolerance_steps:g} bf16 steps")
@@ -124,6 +129,7 @@ class _Session:
         self.ops = 0
         self.unmatched = 0
         self.eager_failures: list[str] = []
+        self.too_deep: set[str] = set()  # paths under the roots the walks skipped
 
     def replay(self, graph: ExplainedGraph) -> None:
         if self.found is not None:
@@ -157,10 +163,11 @@ class _Session:
         if self.found is not None:
             return dataclasses.replace(self.found, replays_compared=self.replays, ops_compared=self.ops,
                                        unmatched_ops=self.unmatched,
-                                       eager_failures=tuple(self.eager_failures), raised=raised)
+                                       eager_failures=tuple(self.eager_failures), raised=raised,
+                                       paths_not_walked=tuple(sorted(self.too_deep)))
         return Explanation(False, self.replays, self.ops, unmatched_ops=self.unmatched,
                            eager_failures=tuple(self.eager_failures), tolerance_steps=self.steps,
-                           raised=raised)
+                           raised=raised, paths_not_walked=tuple(sorted(self.too_deep)))
 
 
 class _Comparison:
@@ -231,7 +238,7 @@ class _Comparison:
         eager = self.events[eager_index]
         session = self.session
         context = CauseContext(frozenset(self.written), session.roots, self.graph.inner.first_use,
-                               self.graph.paths_at_capture)
+                               self.graph.paths_at_capture, too_deep=session.too_deep)
         pairs = differing_arguments(eager.inputs, replayed.inputs, session.steps)
         causes = [(pair, self._located(classify(pair, context, session.classifiers), pair, eager_index))
                   for pair in pairs]
@@ -302,7 +309,7 @@ class ExplainingBackend(GraphBackend):
         self.captures += 1
         frames = [f for f in user_frames(8) if not _is_machinery(f)]
         where = f" (captured at {describe_frame(frames[0])})" if frames else ""
-        paths = paths_by_address(self._session.roots)
+        paths = paths_by_address(self._session.roots, self._session.too_deep)
         inner = self._inner.capture(fn, pool=pool)
         return ExplainedGraph(inner, fn, f"graph {self.captures}{where}", self._session, paths)
 

@@ -55,6 +55,7 @@ class _Matcher:
         self.unmatched = 0
         self.agreed: deque[OpLine] = deque(maxlen=context)
         self.found: Explanation | None = None
+        self.too_deep: set[str] = set()  # paths under the roots the walks skipped
 
     def feed(self, event: OpEvent, replayed: _Replayed | None) -> None:
         if self.found is not None:
@@ -72,7 +73,8 @@ class _Matcher:
             self.agreed.append(OpLine(event.op, event.where()))
             return
         context = CauseContext(replayed.written if replayed else frozenset(), self.roots,
-                               replayed.first_use if replayed else (lambda address: ""))
+                               replayed.first_use if replayed else (lambda address: ""),
+                               too_deep=self.too_deep)
         pairs = [(p, classify(p, context, CLASSIFIERS)) for p in _differing(reference, event, self.steps)]
         first = pairs[0] if pairs else None
         self.found = Explanation(
@@ -87,9 +89,11 @@ class _Matcher:
     def result(self, replays: int, raised: str) -> Explanation:
         if self.found is not None:
             return replace(self.found, replays_compared=replays, ops_compared=self.compared,
-                           unmatched_ops=self.unmatched, raised=raised)
+                           unmatched_ops=self.unmatched, raised=raised,
+                           paths_not_walked=tuple(sorted(self.too_deep)))
         return Explanation(False, replays, self.compared, unmatched_ops=self.unmatched,
-                           tolerance_steps=self.steps, raised=raised)
+                           tolerance_steps=self.steps, raised=raised,
+                           paths_not_walked=tuple(sorted(self.too_deep)))
 
 
 class _GraphedRun:

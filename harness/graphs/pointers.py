@@ -74,6 +74,27 @@ def tensor_refs(obj: Any, root: str = "", *, max_depth: int = 64) -> dict[str, w
     return refs
 
 
+@dataclasses.dataclass(frozen=True)
+class PublicTensors:
+    """The tensors reachable from an object by public paths (weak references, by path), and the
+    paths the walk did not enter because they are nested deeper than its `max_depth`."""
+
+    refs: Mapping[str, weakref.ref]
+    too_deep: tuple[str, ...]
+
+
+def public_tensor_refs(obj: Any, root: str = "", *, max_depth: int = 64) -> PublicTensors:
+    """`tensor_refs` for naming tensors in a report: attributes whose names start with `_` are not
+    entered (an object's machinery, such as an emulated CUDAGraph's device state, aliases what it
+    holds and can be arbitrarily deep), and a path nested deeper than `max_depth` is listed in
+    `too_deep` and skipped while the rest of the walk goes on, where `tensor_refs` raises."""
+    refs: dict[str, weakref.ref] = {}
+    too_deep: list[str] = []
+    _walk(obj, root, refs, on_path=set(), depth=0, max_depth=max_depth, leaf=weakref.ref,
+          too_deep=too_deep, public=True)
+    return PublicTensors(refs, tuple(too_deep))
+
+
 def rebound_tensors(before: Mapping[str, weakref.ref], after: Mapping[str, weakref.ref]) -> list[str]:
     """Paths of `before` that now hold another tensor object (or none), whatever its address."""
     return [path for path, ref in before.items()
@@ -119,26 +140,32 @@ def _address(tensor: torch.Tensor) -> int:
 
 
 def _walk(obj: Any, path: str, out: dict[str, Any], *, on_path: set[int], depth: int,
-          max_depth: int, leaf: Callable[[torch.Tensor], Any]) -> None:
+          max_depth: int, leaf: Callable[[torch.Tensor], Any], too_deep: list[str] | None = None,
+          public: bool = False) -> None:
+    """With `too_deep` a list, a path nested deeper than `max_depth` is appended to it and not
+    entered; without, it raises. With `public`, attributes named `_...` are not entered."""
     if isinstance(obj, torch.Tensor):
         out[path] = leaf(obj)
         return
     if isinstance(obj, _ATOMS) or id(obj) in on_path:
         return
     if depth >= max_depth:
-        raise ValueError(f"snapshot_tensors: {path or '<root>'} is nested deeper than max_depth={max_depth}")
+        if too_deep is None:
+            raise ValueError(f"snapshot_tensors: {path or '<root>'} is nested deeper than max_depth={max_depth}")
+        too_deep.append(path or "<root>")
+        return
     on_path.add(id(obj))
     try:
-        for child_path, child in _children(obj, path):
+        for child_path, child in _children(obj, path, public):
             _walk(child, child_path, out, on_path=on_path, depth=depth + 1, max_depth=max_depth,
-                  leaf=leaf)
+                  leaf=leaf, too_deep=too_deep, public=public)
     finally:
         on_path.discard(id(obj))
 
 
-def _children(obj: Any, path: str):
+def _children(obj: Any, path: str, public: bool = False):
     if isinstance(obj, nn.Module):
-        yield from _module_children(obj, path)
+        yield from _module_children(obj, path, public)
     elif isinstance(obj, Mapping):
         for key, value in list(obj.items()):
             yield f"{path}[{key!r}]", value
@@ -150,10 +177,11 @@ def _children(obj: Any, path: str):
             yield f"{path}[{i}]", value
     else:
         for name, value in _attributes(obj):
-            yield _attr(path, name), value
+            if not (public and name.startswith("_")):
+                yield _attr(path, name), value
 
 
-def _module_children(module: nn.Module, path: str):
+def _module_children(module: nn.Module, path: str, public: bool):
     # Parameters, buffers and submodules live in private dicts; give them the paths users write.
     for name, value in module._parameters.items():
         yield _attr(path, name), value
@@ -162,7 +190,7 @@ def _module_children(module: nn.Module, path: str):
     for name, child in module._modules.items():
         yield (f"{path}[{name}]" if name.isdigit() else _attr(path, name)), child
     for name, value in vars(module).items():
-        if name not in _MODULE_INTERNALS:
+        if name not in _MODULE_INTERNALS and not (public and name.startswith("_")):
             yield _attr(path, name), value
 
 

@@ -133,7 +133,7 @@ class Runner:
         return self.out.clone()
 
 
-def _explain_runner(rebind: bool):
+def _explain_runner(rebind: bool, **more_roots):
     from harness.check.explain_cuda import explain_against_eager
 
     runners = []
@@ -146,7 +146,7 @@ def _explain_runner(rebind: bool):
 
     with _on_the_emulated_device():
         return explain_against_eager(lambda: run(True), lambda: run(False),
-                                     roots=lambda: {"runner": runners[-1]})
+                                     roots=lambda: {**more_roots, "runner": runners[-1]})
 
 
 def test_a_static_input_rebound_in_user_cuda_graph_code_is_named():
@@ -157,6 +157,38 @@ def test_a_static_input_rebound_in_user_cuda_graph_code_is_named():
     assert explanation.cause.kind == BUFFER_REBOUND, explanation
     assert "(now `runner.kept[0]`)" in explanation.cause.detail, explanation.cause.detail
     assert "the values eager reads are in `runner.static`, another buffer" in explanation.cause.detail
+
+
+class Block:
+    """A block of a linked list by `prev`, as a caching allocator chains the blocks of a segment."""
+
+    def __init__(self, prev: "Block | None") -> None:
+        self.prev = prev
+
+
+class Machinery:
+    """An object whose private attribute holds a structure too deep to walk."""
+
+    def __init__(self, blocks: Block) -> None:
+        self._blocks = blocks
+
+
+def _chain(length: int) -> Block:
+    block = None
+    for _ in range(length):
+        block = Block(block)
+    return block
+
+
+def test_a_root_nested_too_deep_is_skipped_and_reported_while_the_rest_is_walked():
+    # The example runtime's emulated CUDAGraph reaches the device's allocator, whose blocks chain
+    # by `prev` beyond the walk's depth; the divergence must still be named, the deep path listed.
+    explanation = _explain_runner(rebind=True, allocator=_chain(100), device=Machinery(_chain(100)))
+    assert explanation.diverged and explanation.op == "aten.mm.default", explanation
+    assert explanation.cause.kind == BUFFER_REBOUND, explanation
+    assert "the values eager reads are in `runner.static`, another buffer" in explanation.cause.detail
+    assert explanation.paths_not_walked == ("allocator" + ".prev" * 64,), explanation.paths_not_walked
+    assert "1 paths under the roots nested too deep to name tensors by were skipped" in str(explanation)
 
 
 def test_user_cuda_graph_code_without_the_bug_agrees_with_its_eager_path():

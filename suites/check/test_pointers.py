@@ -4,13 +4,15 @@ from __future__ import annotations
 
 from collections import namedtuple
 from dataclasses import dataclass, field
+from types import SimpleNamespace
 
 import pytest
 import torch
 from torch import nn
 
 from harness.check import moved_tensors, snapshot_tensors
-from harness.graphs.pointers import TensorRecord, describe_moved, describe_moved_tensor
+from harness.graphs.pointers import (TensorRecord, describe_moved, describe_moved_tensor, public_tensor_refs,
+                                     tensor_refs)
 
 
 @dataclass
@@ -170,6 +172,22 @@ def test_too_deep_structures_raise_naming_the_limit():
     with pytest.raises(ValueError, match="max_depth=5"):
         snapshot_tensors(chain, max_depth=5)
     assert len(snapshot_tensors(chain)) == 1
+
+
+def test_the_public_walk_skips_a_too_deep_path_and_private_attributes_and_walks_the_rest():
+    class Node:
+        def __init__(self, prev) -> None:
+            self.prev, self.value = prev, torch.zeros(1)
+
+    chain = None
+    for _ in range(10):
+        chain = Node(chain)
+    holder = SimpleNamespace(chain=chain, x=torch.ones(2), _machinery=torch.ones(3))
+    walk = public_tensor_refs(holder, "h", max_depth=5)
+    assert walk.too_deep == ("h.chain" + ".prev" * 4,)
+    assert set(walk.refs) == {"h.x", *("h.chain" + ".prev" * i + ".value" for i in range(4))}
+    with pytest.raises(ValueError, match="max_depth=5"):
+        tensor_refs(holder, "h", max_depth=5)
 
 
 @pytest.mark.gpu
