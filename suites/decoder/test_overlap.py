@@ -99,3 +99,23 @@ def test_overlap_under_a_stalled_stream_matches_the_loop_without(make_engine, de
     if stalled_device.tracking is not None:  # the emulated device runs the cpu's kernels: exactly
         assert step_values(actual) == step_values(expected)
     assert sum(engine.stats.replays.values()) > 0
+
+
+@pytest.mark.parametrize("rows, sources", [((0, 1, 2), (0, 1, 2)), ((2,), (0,)), ((0, 1), (1, 0))],
+                         ids=["steady-batch", "one-pending-row", "reordered"])
+def test_the_input_feed_writes_host_ids_and_feeds_pending_rows(rows, sources):
+    """A steady batch (every row fed from the same row of the step before) is one device copy and
+    leaves the staging buffers alone; any other feed stages the host ids and indexes the rest."""
+    from harness.runtime.overlap import InputFeed, TokenFeed
+
+    input_ids = torch.full((8,), -1, dtype=torch.int64)
+    feed = InputFeed(input_ids, max_batch_size=4)
+    previous_tokens = torch.tensor([70, 71, 72, 73])
+    feed.feed = TokenFeed(previous_tokens, rows, sources)
+    feed.write(input_ids, [5, 6, 7])
+    expected = [5, 6, 7]
+    for row, source in zip(rows, sources):
+        expected[row] = int(previous_tokens[source])
+    assert input_ids[:3].tolist() == expected and input_ids[3:].eq(-1).all()
+    staged = any(buffer.any() for buffer in feed.staging.buffers)
+    assert staged == (rows != (0, 1, 2)), "the steady batch staged host ids it does not need"
