@@ -194,7 +194,7 @@ class OverlapLoop:
         if packed is None:
             width = max(max((s.request.logprobs for s in batch.sequences), default=0), 1)
             packed = pack_ranking(rank_logits(result.logits, width), n, width)
-        values = packed.values[:n]
+        values = packed.values  # the batch's real rows, from a graph and from pack_ranking alike
         buffer, event = self.outputs.next()
         if values.numel() > buffer.numel():
             raise RuntimeError(f"a packed ranking of {tuple(values.shape)} exceeds the pinned output "

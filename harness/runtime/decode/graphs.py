@@ -291,8 +291,10 @@ class DecoderGraphs:
         output = self.runner.replay(key)
         self.stats.replays[str(key)] += 1
         if choice.top_k is None:
-            return GraphStep(logits=copy_out(output[:n]) if copy else output[:n], key=key)
-        return GraphStep(logits=None, key=key, packed=copy_packed_out(output, n) if copy else output)
+            logits = output[:n]
+            return GraphStep(logits=copy_out(logits) if copy else logits, key=key)
+        packed = PackedRanking(values=output.values[:n], tokens=output.tokens[:n])
+        return GraphStep(logits=None, key=key, packed=copy_packed_out(packed) if copy else packed)
 
     def size_for(self, num_seqs: int) -> int | None:
         """The captured batch size a decode batch of `num_seqs` replays (None: no graph holds it);

@@ -45,9 +45,9 @@ def copy_out(static_output: torch.Tensor) -> torch.Tensor:
     return static_output.clone()
 
 
-def copy_packed_out(packed: PackedRanking, rows: int) -> PackedRanking:
-    """The first `rows` rows of a graph's static packed ranking, each tensor through `copy_out`."""
-    return PackedRanking(values=copy_out(packed.values[:rows]), tokens=copy_out(packed.tokens[:rows]))
+def copy_packed_out(packed: PackedRanking) -> PackedRanking:
+    """A graph's static packed ranking (its real rows), each tensor through `copy_out`."""
+    return PackedRanking(values=copy_out(packed.values), tokens=copy_out(packed.tokens))
 
 
 def choose_graph(keys: Sequence[DecodeGraphKey], top_ks: Sequence[int], num_seqs: int,
