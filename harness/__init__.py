@@ -25,6 +25,6 @@ def emulate_cuda(device: str = "auto", *, schedule: str = "issue_order", races: 
     `children=True` (what `--emulate-cuda` gives a pytest session): child Python processes started
     meanwhile (`subprocess`, multiprocessing) enter the same emulation, each with its own emulated
     device, once they import torch; on the emulated device only."""
-    from harness.graphs.emulator.device import emulate_cuda as _emulate_cuda
+    from harness.emulation import emulate_cuda as _emulate_cuda
 
     return _emulate_cuda(device, schedule=schedule, races=races, children=children, **options)

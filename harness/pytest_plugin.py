@@ -205,8 +205,8 @@ def pytest_runtest_call(item: pytest.Item):
 
 
 def _late_races() -> list:
-    from harness.graphs.emulator.device import emulation_active
-    from harness.graphs.emulator.device.session import active_state
+    from harness.emulation import emulation_active
+    from harness.emulation.session import active_state
 
     if emulation_active() != "cpu":
         return []

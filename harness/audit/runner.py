@@ -237,7 +237,7 @@ def _child(arch: Architecture, mode: _Mode, send, log_path: str) -> None:
         import contextlib
 
         from harness import emulate_cuda
-        from harness.graphs.emulator.device import emulation_active
+        from harness.emulation import emulation_active
 
         # Entered here, in the child: the emulation is per process. A child forked from a parent
         # already inside emulate_cuda() (a pytest session under --emulate-cuda) has it already.

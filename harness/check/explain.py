@@ -28,22 +28,20 @@ from typing import Any, Callable, Mapping, Sequence
 
 import torch
 
-import harness.graphs
 from harness.check.causes import (CLASSIFIERS, NEVER_WRITTEN, UPSTREAM, Cause, CauseContext, Classifier, classify,
                                   differing_arguments, paths_by_address)
 from harness.check.oplog import EagerOpLog, OpEvent, output_difference, record_event, record_inputs
 from harness.graphs.base import CapturedGraph, GraphBackend
 from harness.graphs.emulated import EmulatedBackend, EmulatedGraph
-from harness.graphs.emulator.callsite import describe_frame, user_frames
-from harness.graphs.emulator.device import emulation_active
+from harness.graphs.emulator.callsite import MACHINERY_DIRS, describe_frame, user_frames
+from harness.emulation import emulation_active
 
 # Frames of this module and of the graph backends are machinery, not the user's code.
-_GRAPHS_DIR = os.path.dirname(harness.graphs.__file__)
 _THIS_FILE = (__file__,)
 
 
 def _is_machinery(frame: tuple[str, int]) -> bool:
-    return frame[0] in _THIS_FILE or frame[0].startswith(_GRAPHS_DIR)
+    return frame[0] in _THIS_FILE or frame[0].startswith(MACHINERY_DIRS)
 
 
 @dataclass(frozen=True)
@@ -368,7 +366,7 @@ def activate_stream_work() -> None:
     the log's place when the log's `with` ends."""
     if emulation_active() is None:
         return
-    from harness.graphs.emulator.device.session import active_state
+    from harness.emulation.session import active_state
 
     tracking = getattr(active_state(), "streams_tracking", None)
     if tracking is not None:

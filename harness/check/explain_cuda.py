@@ -256,8 +256,8 @@ def explain_against_eager(graphed: Callable[[], Any], eager: Callable[[], Any], 
         raise ValueError(f"steps must be >= 0 bf16 steps, got {steps}")
     if context < 0:
         raise ValueError(f"context must be >= 0 ops, got {context}")
-    from harness.graphs.emulator.device import emulate_cuda
-    from harness.graphs.emulator.device.session import active_state, emulation_active
+    from harness.emulation import emulate_cuda
+    from harness.emulation.session import active_state, emulation_active
 
     if emulation_active() is None:
         with emulate_cuda():

@@ -192,8 +192,8 @@ def _raised_where(error: BaseException, doing: str) -> str:
 
 def _emulated_device(device: torch.device):
     """The emulated CUDA device's state when `device` is one of its devices, else None."""
-    from harness.graphs.emulator.device import emulation_active
-    from harness.graphs.emulator.device.session import active_state
+    from harness.emulation import emulation_active
+    from harness.emulation.session import active_state
 
     return active_state() if device.type == "cuda" and emulation_active() == "cpu" else None
 

@@ -93,7 +93,7 @@ def _release_generator_captures(device: torch.device) -> None:
     the device raises "Offset increment outside graph capture encountered unexpectedly". Replacing the
     generator's state with a fresh one at the same seed and offset makes the device usable again.
     """
-    from harness.graphs.emulator.device import emulation_active
+    from harness.emulation import emulation_active
 
     if emulation_active() == "cpu":
         return  # the emulated CUDAGraph leaves the generator as it was

@@ -14,7 +14,7 @@ from harness.graphs.emulator.external import ExternalStorage, freed_error, moved
 from harness.graphs.emulator.opinfo import ReplayStep
 from harness.graphs.emulator.pool import PoolArena
 from harness.graphs.emulator.recorder import Recorder
-from harness.graphs.emulator.session import CaptureSession
+from harness.graphs.emulator.capture_session import CaptureSession
 from harness.graphs.emulator.trace import OpRecord
 
 
@@ -137,7 +137,7 @@ class EmulatedBackend(GraphBackend):
     def _through_torch_cuda(self) -> bool:
         """Inside emulate_cuda() a cuda device's graphs are torch.cuda's (the emulated CUDAGraph):
         captured as code written for CUDA captures them, on a side stream."""
-        from harness.graphs.emulator.device import emulation_active
+        from harness.emulation import emulation_active
 
         return self.device.type == "cuda" and emulation_active() is not None
 

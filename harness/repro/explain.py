@@ -59,7 +59,7 @@ def explain_scenario(scenario: Scenario, *, fault: str | None = None, context: i
     if scenario.backend != "emulated":
         raise ValueError(f"harness explain observes emulated replays; the scenario ran on "
                          f"{scenario.backend!r}: record it with --graph-backend emulated (accepted: 'emulated')")
-    from harness.graphs.emulator.device import emulation_active
+    from harness.emulation import emulation_active
 
     config = EngineConfig.from_dict(dict(scenario.engine))
     # Inside emulate_cuda() (`harness explain --emulate-cuda`) the engine runs on the emulated "cuda"

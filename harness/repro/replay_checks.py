@@ -24,14 +24,12 @@ from typing import Any, Callable, Iterator
 
 import torch
 
-import harness.graphs
 from harness.check.causes import PADDING_ALIASES, STATIC_INPUT_STALE, WRONG_GRAPH_KEY, Cause
 from harness.check.explain import Explanation, ExplainedGraph
 from harness.check.oplog import tensor_difference
-from harness.graphs.emulator.callsite import describe_frame, describe_line
+from harness.graphs.emulator.callsite import MACHINERY_DIRS, describe_frame, describe_line
 
 Line = tuple[str, int]
-_GRAPHS_DIR = os.path.dirname(harness.graphs.__file__)
 
 
 def call_noting_return(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> tuple[Any, Line | None]:
@@ -109,7 +107,7 @@ def _where(record) -> tuple[str, tuple[str, ...]]:
     """Where a recorded op was issued, and its callers outside the graph backends."""
     if record is None or not record.frames:
         return "", ()
-    callers = tuple(describe_frame(f) for f in record.frames[1:] if not f[0].startswith(_GRAPHS_DIR))
+    callers = tuple(describe_frame(f) for f in record.frames[1:] if not f[0].startswith(MACHINERY_DIRS))
     return describe_frame(record.frames[0]), callers
 
 

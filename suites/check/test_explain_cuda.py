@@ -21,7 +21,7 @@ def _on_the_emulated_device():
     with a GPU the test is skipped (there the context is the graph sanitizer)."""
     import contextlib
 
-    from harness.graphs.emulator.device import emulation_active
+    from harness.emulation import emulation_active
 
     if emulation_active() == "cpu":
         return contextlib.nullcontext()

@@ -8,8 +8,8 @@ import pytest
 import torch
 
 import harness
-from harness.graphs.emulator.device import emulation_active
-from harness.graphs.emulator.device.session import active_state
+from harness.emulation import emulation_active
+from harness.emulation.session import active_state
 
 
 @pytest.fixture

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from harness.bench import emulator
-from harness.graphs.emulator.device import emulation_active
+from harness.emulation import emulation_active
 
 
 @pytest.mark.parametrize("case", ["hand-written decode step", "transformers Llama decode step"])

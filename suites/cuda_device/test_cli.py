@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from harness import cli
-from harness.graphs.emulator.device import emulation_active
+from harness.emulation import emulation_active
 
 
 def test_lint_under_emulate_cuda_names_a_pageable_copy_to_the_device(tmp_path, monkeypatch, capsys):

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from harness.graphs.emulator.device import emulation_active
+from harness.emulation import emulation_active
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -272,7 +272,7 @@ def test_the_allocator_accounting_starts_when_first_asked_with_the_storages_aliv
 
 
 def test_stream_tracking_that_starts_inside_inference_mode_still_tracks_after_it(cuda_device):
-    from harness.graphs.emulator.streams import RaceError
+    from harness.emulation.tracking import RaceError
 
     with torch.inference_mode():
         side = torch.cuda.Stream()

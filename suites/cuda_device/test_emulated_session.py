@@ -9,7 +9,7 @@ import sys
 import pytest
 import torch
 
-from harness.graphs.emulator.device import emulation_active
+from harness.emulation import emulation_active
 
 _RACY_THEN_CLEAN = '''
 import torch

@@ -18,7 +18,7 @@ import pytest
 import torch
 
 import harness
-from harness.graphs.emulator.device import emulation_active
+from harness.emulation import emulation_active
 
 MiB = 1 << 20
 

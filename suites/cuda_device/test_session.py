@@ -63,7 +63,7 @@ def test_options_configure_the_device(outside_emulation):
 @pytest.mark.gpu
 def test_on_a_gpu_the_sanitizer_keeps_real_tensors_and_names_freed_memory():
     from harness.graphs import FreedMemoryError
-    from harness.graphs.emulator.device import emulation_active
+    from harness.emulation import emulation_active
 
     if emulation_active() is not None:
         pytest.skip("checks emulate_cuda() entered on a real GPU, outside any emulation")

@@ -15,7 +15,7 @@ import harness
 from fixtures.models import step_values
 from harness.check.compare import compare_generations
 from harness.graphs import GraphBackend, get_backend
-from harness.graphs.emulator.device import emulation_active
+from harness.emulation import emulation_active
 from harness.model import ReferenceLlama
 
 STALL_CYCLES = 20_000_000  # about 10 ms on an H200: longer than a tiny decode step's host work

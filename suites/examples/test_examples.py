@@ -36,7 +36,7 @@ def test_example_suite_passes(example, request):
 def _real_cuda() -> bool:
     import torch
 
-    from harness.graphs.emulator.device import emulation_active
+    from harness.emulation import emulation_active
 
     return torch.cuda.is_available() and emulation_active() != "cpu"
 

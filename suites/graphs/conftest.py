@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from harness.graphs import GraphBackend, get_backend
-from harness.graphs.emulator.device import emulation_active
+from harness.emulation import emulation_active
 
 BACKEND_PARAMS = [
     pytest.param(("emulated", "cpu"), id="emulated"),

@@ -13,7 +13,7 @@ import torch
 
 import harness
 from harness.graphs import CaptureError
-from harness.graphs.emulator.device import emulation_active
+from harness.emulation import emulation_active
 
 
 @pytest.fixture

@@ -11,7 +11,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from harness.graphs.emulator.device import emulation_active
+from harness.emulation import emulation_active
 from harness.graphs import CaptureError
 
 from suites.graphs._decoders import captured_and_eager, decode_step, tiny_causal_lm

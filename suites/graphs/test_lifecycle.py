@@ -78,7 +78,7 @@ def test_get_backend_rejects_unknown_names():
 
 
 def test_auto_backend_follows_cuda_availability():
-    from harness.graphs.emulator.device import emulation_active
+    from harness.emulation import emulation_active
 
     # Inside emulate_cuda() (the emulated device, or the sanitizer on a GPU) torch.cuda's graphs
     # are the emulator's.

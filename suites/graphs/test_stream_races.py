@@ -16,11 +16,11 @@ import pytest
 import torch
 
 import harness
-from harness.graphs.emulator.device import emulation_active
-from harness.graphs.emulator.streams import RaceError, RaceKind
+from harness.emulation import emulation_active
+from harness.emulation.tracking import RaceError, RaceKind
 
 # These cases make races on purpose; report mode's RaceWarning for each is expected.
-pytestmark = pytest.mark.filterwarnings("ignore::harness.graphs.emulator.streams.RaceWarning")
+pytestmark = pytest.mark.filterwarnings("ignore::harness.emulation.tracking.RaceWarning")
 
 N = 1 << 20  # 4 MiB of float32: a copy long enough to race on a GPU
 CYCLES = 200_000_000  # about 0.1 s of torch.cuda._sleep on an H200
@@ -343,7 +343,7 @@ def test_two_graphs_sharing_a_pool_corrupt_each_other_when_replayed_concurrently
 
 
 def test_report_mode_warns_of_each_race_where_it_happens():
-    from harness.graphs.emulator.streams import RaceWarning
+    from harness.emulation.tracking import RaceWarning
 
     with pytest.warns(RaceWarning, match="host write while device work on the memory is pending"):
         with on_device("issue_order") as reports:

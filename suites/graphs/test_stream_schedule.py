@@ -8,12 +8,12 @@ from __future__ import annotations
 import pytest
 import torch
 
-from harness.graphs.emulator.streams import RaceError, RaceKind
-from harness.graphs.emulator.streams.names import storage_key
-from harness.graphs.emulator.streams.work import AsyncWork
+from harness.emulation.tracking import RaceError, RaceKind
+from harness.emulation.tracking.names import storage_key
+from harness.emulation.tracking.work import AsyncWork
 
 # These cases make races on purpose; report mode's RaceWarning for each is expected.
-pytestmark = pytest.mark.filterwarnings("ignore::harness.graphs.emulator.streams.RaceWarning")
+pytestmark = pytest.mark.filterwarnings("ignore::harness.emulation.tracking.RaceWarning")
 
 MAIN, SIDE = 0, 1
 EVENT = 5

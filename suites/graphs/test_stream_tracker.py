@@ -7,12 +7,12 @@ from __future__ import annotations
 import pytest
 import torch
 
-from harness.graphs.emulator.streams import HOST, RaceError, RaceKind, StreamTracker, TensorLabel
-from harness.graphs.emulator.streams.names import name_tensors, storage_key
-from harness.graphs.emulator.streams.races import Access
+from harness.emulation.tracking import HOST, RaceError, RaceKind, StreamTracker, TensorLabel
+from harness.emulation.tracking.names import name_tensors, storage_key
+from harness.emulation.tracking.races import Access
 
 # These cases make races on purpose; report mode's RaceWarning for each is expected.
-pytestmark = pytest.mark.filterwarnings("ignore::harness.graphs.emulator.streams.RaceWarning")
+pytestmark = pytest.mark.filterwarnings("ignore::harness.emulation.tracking.RaceWarning")
 
 S0, S1, S2 = 0, 1, 2
 A, B, C = 100, 200, 300  # storages

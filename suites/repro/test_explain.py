@@ -94,7 +94,7 @@ def _without_a_gpu_or_emulation() -> None:
     session), nor on a machine with a GPU (where it would be the graph sanitizer)."""
     import torch
 
-    from harness.graphs.emulator.device import emulation_active
+    from harness.emulation import emulation_active
 
     if emulation_active() is not None or torch.cuda.is_available():
         pytest.skip("explain --emulate-cuda is checked on the emulated device, outside any emulation")

@@ -13,7 +13,7 @@ import pytest
 import torch
 
 import harness
-from harness.graphs.emulator.device import emulation_active
+from harness.emulation import emulation_active
 from harness.runtime.async_io import PinnedReadback, PinnedStaging, StagedGraph, run_on_side_stream
 
 N = 1 << 20

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from harness.bench import emulator
-from harness.graphs.emulator.device import emulation_active
+from harness.emulation import emulation_active
 
 
 def test_the_tracking_table_is_printed(capsys):

@@ -4,5 +4,6 @@ classification (`opinfo.py`), the pool arena (`pool.py`), memory a graph reads b
 `host_tensors.py`), ops whose CPU kernel syncs where CUDA's does not (`cuda_paths.py`), the
 capture flag and op names (`capture_flag.py`, `op_tracker.py`), the user's line in errors
 (`callsite.py`), which tensors a capture treats as device memory (`memory.py`), one capture from
-its beginning to its end (`session.py`), and the emulated CUDA device behind
-`harness.emulate_cuda()` (`device/`). The backend built on them is `harness.graphs.emulated`."""
+its beginning to its end (`capture_session.py`), and the storages each op reads and writes
+(`accesses.py`). The backend built on them is `harness.graphs.emulated`; the emulated CUDA device
+(`harness.emulation`) builds on them and nothing here imports it."""

@@ -19,7 +19,10 @@ import torch
 
 from harness.graphs.emulator import fx_lines
 
-_SKIPPED = (os.path.dirname(torch.__file__), os.path.dirname(__file__))
+_HARNESS_DIR = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+# The graph backends and the emulated device are machinery: an error names the line that called them.
+MACHINERY_DIRS = (os.path.join(_HARNESS_DIR, "graphs") + os.sep, os.path.join(_HARNESS_DIR, "emulation") + os.sep)
+_SKIPPED = (os.path.dirname(torch.__file__),) + MACHINERY_DIRS
 
 
 def _is_user_file(filename: str, also_skip: tuple[str, ...] = ()) -> bool:

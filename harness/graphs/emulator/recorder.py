@@ -28,7 +28,7 @@ from harness.graphs.emulator.memory import for_device
 from harness.graphs.emulator.opinfo import OpKind, ReplayStep
 from harness.graphs.emulator.pool import PoolArena, block_of, laid_out_like, laid_out_like_once, poison_value
 from harness.graphs.emulator.shapes import lacks_meta_kernel, result_shapes, to_meta
-from harness.graphs.emulator.streams.accesses import split_accesses
+from harness.graphs.emulator.accesses import split_accesses
 from harness.graphs.emulator.trace import Argument, OpRecord, Origin
 
 

@@ -21,7 +21,7 @@ import torch
 from harness.graphs.base import CaptureError
 from harness.graphs.emulator import opinfo
 from harness.graphs.emulator.callsite import at_callsite, current_callsite
-from harness.graphs.emulator.streams.clocks import Clocks
+from harness.emulation.tracking.clocks import Clocks
 
 NOT_PERMITTED = "operation not permitted when stream is capturing"
 UNJOINED = ("cudaErrorStreamCaptureUnjoined: capture sequence contains a fork that was not joined "

@@ -30,7 +30,7 @@ from typing import Any, Callable
 
 import torch
 
-from harness.graphs.emulator.device.caching_allocator import Block, CachingAllocator
+from harness.emulation.caching_allocator import Block, CachingAllocator
 
 MEMORY_ATTR = "_harness_memory"
 DEVICE = "device"

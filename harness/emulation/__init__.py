@@ -2,14 +2,15 @@
 `torch.cuda` and "cuda" tensors runs on a machine without CUDA, with CUDA's rules.
 
 One responsibility per file: `session.py` enters and leaves the emulation (and refuses bad use);
-`state.py` the device's state and the observer interface stream tracking hooks into; `memory.py`
+`state.py` the device's state and the observer interface stream tracking hooks into; `device_memory.py`
 which storages are device memory and which host memory is pinned; `placement.py` the
 TorchFunctionMode that places every op; `transfers.py` copies between the memories and host reads;
 `backward.py` autograd's products; `cuda_api.py` the replaced `torch.cuda` functions;
-`streams.py` streams and events; `graphs.py` `torch.cuda.CUDAGraph` on the emulator;
+`cuda_streams.py` streams and events; `cuda_graph.py` `torch.cuda.CUDAGraph` on the emulator;
+`tracking/` stream and race tracking;
 `rules.py` CUDA's error texts; `sanitizer.py` the same graph API over a real GPU.
 """
 
-from harness.graphs.emulator.device.session import emulate_cuda, emulation_active
+from harness.emulation.session import emulate_cuda, emulation_active
 
 __all__ = ["emulate_cuda", "emulation_active"]

@@ -25,12 +25,12 @@ import torch.cuda.nvtx
 import torch.cuda.random
 import torch.cuda.streams
 
-from harness.graphs.emulator.device.backward import (
+from harness.emulation.backward import (
     compile_marking_outputs, engine_with_placement, saved_tensor_hooks_with_placement)
-from harness.graphs.emulator.device.generators import generator_class
-from harness.graphs.emulator.device.rules import DeviceIndexError, cuda_index, names_cuda
-from harness.graphs.emulator.device.streams import Event, ExternalStream, Stream
-from harness.graphs.emulator.device.tools import (NvtxRanges, check_memory_fraction,
+from harness.emulation.generators import generator_class
+from harness.emulation.rules import DeviceIndexError, cuda_index, names_cuda
+from harness.emulation.cuda_streams import Event, ExternalStream, Stream
+from harness.emulation.tools import (NvtxRanges, check_memory_fraction,
                                                  check_sync_debug_mode)
 
 
@@ -282,7 +282,7 @@ def patches(state) -> list[tuple[Any, str, Any]]:
             device != peer and max(device, peer) < props.count and min(device, peer) >= 0),
     }  # not _cuda_getDeviceCount: torch.cuda._is_compiled() asks for it to tell a CUDA build
 
-    from harness.graphs.emulator.device.session import CUDAGraph
+    from harness.emulation.session import CUDAGraph
 
     api: dict[str, Callable] = {
         "is_available": is_available, "device_count": device_count,

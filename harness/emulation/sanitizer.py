@@ -62,7 +62,7 @@ class SanitizerHost:
 def enter_sanitizer(stack: contextlib.ExitStack) -> SanitizerHost:
     import torch.cuda.graphs
 
-    from harness.graphs.emulator.device.session import CUDAGraph, _apply
+    from harness.emulation.session import CUDAGraph, _apply
     from harness.graphs.emulator.pool import PoolArena
 
     host = SanitizerHost()

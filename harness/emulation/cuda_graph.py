@@ -20,7 +20,7 @@ import torch
 from harness.graphs.base import CaptureError
 from harness.graphs.emulated import EmulatedGraph
 from harness.graphs.emulator.pool import PoolArena
-from harness.graphs.emulator.session import CaptureSession
+from harness.graphs.emulator.capture_session import CaptureSession
 
 CAPTURE_ERROR_MODES = ("global", "thread_local", "relaxed")
 _CAPTURE_BEGIN_OPTIONS = {"check_input_liveness"}

@@ -31,7 +31,7 @@ _OPTIONS = {options!r}
 
 def _enter():
     try:
-        from harness.graphs.emulator.device.session import enter_inherited
+        from harness.emulation.session import enter_inherited
     except ImportError as error:
         sys.stderr.write(f"harness: this child of an emulate_cuda() process cannot import the "
                          f"harness ({{error}}); it runs without the emulated device\\n")

@@ -15,9 +15,9 @@ from torch.overrides import _get_current_function_mode_stack
 from torch.utils._device import DeviceContext
 from torch.utils._python_dispatch import _get_current_dispatch_mode_stack
 
-from harness.graphs.emulator.device.backward import remove_function_mode
-from harness.graphs.emulator.device.graphs import EmulatedCUDAGraph
-from harness.graphs.emulator.device.state import DeviceProperties, DeviceState
+from harness.emulation.backward import remove_function_mode
+from harness.emulation.cuda_graph import EmulatedCUDAGraph
+from harness.emulation.state import DeviceProperties, DeviceState
 
 DEVICES = ("auto", "cpu", "cuda")
 OPTIONS = {"name": "name", "total_memory": "total_memory", "capability": None,
@@ -114,8 +114,8 @@ def _apply(patches: list[tuple[Any, str, Any]], stack: contextlib.ExitStack) -> 
 def emulate_cuda(device: str = "auto", *, schedule: str = "issue_order", races: str = "strict",
                  children: bool = False, **options) -> Iterator[Any]:
     """See harness.emulate_cuda."""
-    from harness.graphs.emulator.streams.observer import RACE_MODES
-    from harness.graphs.emulator.streams.schedule import SCHEDULES
+    from harness.emulation.tracking.observer import RACE_MODES
+    from harness.emulation.tracking.schedule import SCHEDULES
 
     if schedule not in SCHEDULES:
         raise ValueError(f"emulate_cuda(schedule={schedule!r}); accepted: {', '.join(SCHEDULES)}")
@@ -130,12 +130,12 @@ def emulate_cuda(device: str = "auto", *, schedule: str = "issue_order", races: 
         if kind == "cpu":
             state = _enter_cpu(properties, stack, schedule, races)
             if children:
-                from harness.graphs.emulator.device.children import inherit_in_children
+                from harness.emulation.children import inherit_in_children
 
                 inherit_in_children(stack, {"device": "cpu", "schedule": schedule, "races": races,
                                             **options})
         else:
-            from harness.graphs.emulator.device.sanitizer import enter_sanitizer
+            from harness.emulation.sanitizer import enter_sanitizer
 
             state = enter_sanitizer(stack)
         _ACTIVE.append(state)
@@ -155,8 +155,8 @@ def enter_inherited(options: dict) -> None:
 
 def _enter_cpu(properties: DeviceProperties, stack: contextlib.ExitStack, schedule: str,
                races: str) -> DeviceState:
-    from harness.graphs.emulator.device.cuda_api import patches
-    from harness.graphs.emulator.device.placement import Placement
+    from harness.emulation.cuda_api import patches
+    from harness.emulation.placement import Placement
 
     state = DeviceState(properties)
     state.kind = "cpu"
@@ -167,7 +167,7 @@ def _enter_cpu(properties: DeviceProperties, stack: contextlib.ExitStack, schedu
     stack.callback(_reset_default_device)
     state.streams_tracking = None
     if races != "off" or schedule != "issue_order":
-        from harness.graphs.emulator.streams.observer import DeviceStreams
+        from harness.emulation.tracking.observer import DeviceStreams
 
         tracking = DeviceStreams(state, schedule=schedule, races="report" if races == "off" else races)
         stack.enter_context(tracking.work)

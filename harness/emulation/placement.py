@@ -27,12 +27,12 @@ from torch.overrides import TorchFunctionMode
 from torch.utils._device import DeviceContext, _device_constructors
 
 from harness.graphs.base import CaptureError
-from harness.graphs.emulator.device import kernels, transfers
+from harness.emulation import kernels, transfers
 from harness.graphs.emulator.dispatch_keys import keep_modes_reachable
-from harness.graphs.emulator.device.capacity import requested_bytes
-from harness.graphs.emulator.device.generators import DeviceGenerator
-from harness.graphs.emulator.device.memory import DEVICE, MEMORY_ATTR, PINNED
-from harness.graphs.emulator.device.rules import (CPU, cuda_index, device_generator_on_host_error,
+from harness.emulation.capacity import requested_bytes
+from harness.emulation.generators import DeviceGenerator
+from harness.emulation.device_memory import DEVICE, MEMORY_ATTR, PINNED
+from harness.emulation.rules import (CPU, cuda_index, device_generator_on_host_error,
                                                  host_generator_error, mixed_devices_error,
                                                  names_cuda)
 

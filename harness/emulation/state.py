@@ -36,7 +36,7 @@ from typing import Any, Iterator
 
 import torch
 
-from harness.graphs.emulator.device.memory import DeviceMemory
+from harness.emulation.device_memory import DeviceMemory
 
 
 @dataclass(frozen=True)
@@ -61,7 +61,7 @@ class DeviceState:
     """One emulated CUDA device set (`properties.count` devices sharing one memory registry)."""
 
     def __init__(self, properties: DeviceProperties) -> None:
-        from harness.graphs.emulator.device.streams import Streams
+        from harness.emulation.cuda_streams import Streams
 
         self.properties = properties
         self.current_index = 0
@@ -145,7 +145,7 @@ class DeviceState:
             raise self._out_of_memory(nbytes, why)
 
     def _out_of_memory(self, nbytes: float, why: str) -> Exception:
-        from harness.graphs.emulator.device.capacity import out_of_memory_error
+        from harness.emulation.capacity import out_of_memory_error
 
         total = self.properties.total_memory
         return out_of_memory_error(nbytes, self.current_index, total,
@@ -179,7 +179,7 @@ class DeviceState:
 
     def notify_sync(self, what: str, tensor) -> None:
         if tensor is not None and self.sync_debug_mode:
-            from harness.graphs.emulator.device.tools import on_host_sync
+            from harness.emulation.tools import on_host_sync
 
             on_host_sync(self.sync_debug_mode)
         self._tell("on_sync", what, tensor, self.streams.current())

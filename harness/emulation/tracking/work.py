@@ -20,10 +20,10 @@ from torch.utils._python_dispatch import (TorchDispatchMode, _disable_current_mo
                                           _get_current_dispatch_mode_stack, _pop_mode, _push_mode)
 
 from harness.graphs.emulator.dispatch_keys import keep_modes_reachable
-from harness.graphs.emulator.streams.mode import StreamWork
-from harness.graphs.emulator.streams.names import label_of, storage_key
-from harness.graphs.emulator.streams.schedule import Schedule, Stepped
-from harness.graphs.emulator.streams.tracker import StreamTracker
+from harness.emulation.tracking.mode import StreamWork
+from harness.emulation.tracking.names import label_of, storage_key
+from harness.emulation.tracking.schedule import Schedule, Stepped
+from harness.emulation.tracking.tracker import StreamTracker
 
 
 @contextlib.contextmanager

@@ -6,7 +6,7 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass
 
-from harness.graphs.emulator.streams.clocks import HOST
+from harness.emulation.tracking.clocks import HOST
 
 
 class RaceKind(enum.Enum):

@@ -15,10 +15,10 @@ import warnings
 from dataclasses import dataclass, field
 from typing import Callable, Iterable
 
-from harness.graphs.emulator.streams.clocks import HOST, Clocks
-from harness.graphs.emulator.streams.races import (UNKNOWN_TENSOR, Access, RaceError, RaceKind,
+from harness.emulation.tracking.clocks import HOST, Clocks
+from harness.emulation.tracking.races import (UNKNOWN_TENSOR, Access, RaceError, RaceKind,
                                                    RaceReport, RaceWarning, TensorLabel)
-from harness.graphs.emulator.streams.unseen_writes import UNSEEN_HOST_WRITE
+from harness.emulation.tracking.unseen_writes import UNSEEN_HOST_WRITE
 
 MODES = ("strict", "report")
 

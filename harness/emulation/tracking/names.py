@@ -8,7 +8,7 @@ from typing import Any
 import torch
 
 from harness.graphs.pointers import tensor_refs
-from harness.graphs.emulator.streams.races import TensorLabel
+from harness.emulation.tracking.races import TensorLabel
 
 
 def storage_key(tensor: torch.Tensor) -> int:

@@ -9,9 +9,9 @@ from typing import Any
 import torch
 
 from harness.graphs.emulator.callsite import callsite_later, current_callsite
-from harness.graphs.emulator.streams.capture import CaptureStreams
-from harness.graphs.emulator.streams.names import name_tensors
-from harness.graphs.emulator.streams.work import AsyncWork
+from harness.emulation.tracking.capture import CaptureStreams
+from harness.emulation.tracking.names import name_tensors
+from harness.emulation.tracking.work import AsyncWork
 
 RACE_MODES = ("strict", "report", "off")
 

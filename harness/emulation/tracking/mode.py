@@ -20,14 +20,14 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from harness.graphs.emulator import opinfo
 from harness.graphs.emulator.callsite import callsite_later, current_callsite
 from harness.graphs.emulator.opinfo import OpKind
-from harness.graphs.emulator.streams.accesses import (blocks_host, changes_metadata, is_seeded,
+from harness.graphs.emulator.accesses import (blocks_host, changes_metadata, is_seeded,
                                                       split_accesses, tensors_of)
-from harness.graphs.emulator.streams.deferral import can_defer, defer
-from harness.graphs.emulator.streams.names import label_of, storage_key
-from harness.graphs.emulator.streams.races import Access, RaceError
-from harness.graphs.emulator.streams.schedule import Schedule
-from harness.graphs.emulator.streams.tracker import StreamTracker
-from harness.graphs.emulator.streams.unseen_writes import IssuedBytes
+from harness.emulation.tracking.deferral import can_defer, defer
+from harness.emulation.tracking.names import label_of, storage_key
+from harness.emulation.tracking.races import Access, RaceError
+from harness.emulation.tracking.schedule import Schedule
+from harness.emulation.tracking.tracker import StreamTracker
+from harness.emulation.tracking.unseen_writes import IssuedBytes
 
 
 _TO_COPY = torch.ops.aten._to_copy.default

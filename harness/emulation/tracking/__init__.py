@@ -3,10 +3,10 @@ per-storage last writer and readers checked against them (`tracker.py`), and wha
 says (`races.py`). The tracker is pure: it takes stream, event and storage ids, so it can be
 driven by the emulated device, by a graph replay, or by a test with synthetic ids."""
 
-from harness.graphs.emulator.streams.clocks import HOST, Clocks
-from harness.graphs.emulator.streams.races import (Access, RaceError, RaceKind, RaceReport,
+from harness.emulation.tracking.clocks import HOST, Clocks
+from harness.emulation.tracking.races import (Access, RaceError, RaceKind, RaceReport,
                                                    RaceWarning, TensorLabel)
-from harness.graphs.emulator.streams.tracker import StreamTracker
+from harness.emulation.tracking.tracker import StreamTracker
 
 __all__ = ["HOST", "Access", "Clocks", "RaceError", "RaceKind", "RaceReport", "RaceWarning", "StreamTracker",
            "TensorLabel"]

@@ -183,7 +183,7 @@ class Streams:
             return state.current_index
         if isinstance(device, torch.device) and device.type != "cuda":
             raise ValueError(f"Expected a cuda device, but got: {device}")
-        from harness.graphs.emulator.device.rules import cuda_index
+        from harness.emulation.rules import cuda_index
 
         return cuda_index(device, state.current_index, state.properties.count)
 
@@ -217,6 +217,6 @@ class Streams:
 
 
 def _state():
-    from harness.graphs.emulator.device.session import active_state
+    from harness.emulation.session import active_state
 
     return active_state()

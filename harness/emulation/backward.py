@@ -12,7 +12,7 @@ from torch.overrides import _get_current_function_mode_stack
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 
-from harness.graphs.emulator.device.memory import DEVICE, MEMORY_ATTR
+from harness.emulation.device_memory import DEVICE, MEMORY_ATTR
 
 
 def _is_device(t) -> bool:

@@ -13,8 +13,8 @@ from typing import Any, Callable
 
 import torch
 
-from harness.graphs.emulator.device.memory import DEVICE, MEMORY_ATTR, PINNED
-from harness.graphs.emulator.device.rules import (
+from harness.emulation.device_memory import DEVICE, MEMORY_ATTR, PINNED
+from harness.emulation.rules import (
     CPU, cuda_index, host_copy_refused, names_cuda, numpy_of_device_error, pageable_copy_refused)
 from harness.graphs.emulator.host_tensors import HOST_COPY_REFUSED
 
