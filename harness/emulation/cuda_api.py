@@ -59,39 +59,46 @@ class CudaDeviceProperties:
                 f"L2_cache_size={self.L2_cache_size // (1024 * 1024)}MB)")
 
 
-def patches(state) -> list[tuple[Any, str, Any]]:
-    """(owner, attribute, replacement) for every name emulate_cuda() replaces."""
-    props = state.properties
-    streams = state.streams
+# --- the replacements: each a function of the device's state and torch's own arguments -------
+# (Installed bound to the state, each its own function object: torch._dynamo's trace rules refuse
+# one object known under two names with different rules.)
 
-    def index(device: Any = None) -> int:
-        if device is None:
-            return state.current_index
-        if isinstance(device, torch.device) and device.type != "cuda":
-            raise ValueError(f"Expected a cuda device, but got: {device}")
-        return cuda_index(device, state.current_index, props.count)
 
-    def is_available() -> bool:
-        return True
-
-    def device_count() -> int:
-        return props.count
-
-    def current_device() -> int:
-        state.initialized = True
+def index(state, device: Any = None) -> int:
+    """The device index `device` names (the current one for None), checked against the count."""
+    if device is None:
         return state.current_index
+    if isinstance(device, torch.device) and device.type != "cuda":
+        raise ValueError(f"Expected a cuda device, but got: {device}")
+    return cuda_index(device, state.current_index, state.properties.count)
 
-    def set_device(device: Any) -> None:
-        if isinstance(device, int) and device < 0:
-            return  # torch: a negative index is a no-op
-        state.current_index = index(device)
-        state.initialized = True
+
+def is_available(state) -> bool:
+    return True
+
+
+def device_count(state) -> int:
+    return state.properties.count
+
+
+def current_device(state) -> int:
+    state.initialized = True
+    return state.current_index
+
+
+def set_device(state, device: Any) -> None:
+    if isinstance(device, int) and device < 0:
+        return  # torch: a negative index is a no-op
+    state.current_index = index(state, device)
+    state.initialized = True
+
+
+def device_class(state) -> type:
+    """torch.cuda.device: a context manager that makes `device` the current one."""
 
     class device:
-        """torch.cuda.device: a context manager that makes `device` the current one."""
-
         def __init__(self, device: Any) -> None:
-            self.idx = -1 if device is None else index(device)
+            self.idx = -1 if device is None else index(state, device)
             self.prev_idx = -1
 
         def __enter__(self) -> None:
@@ -103,85 +110,128 @@ def patches(state) -> list[tuple[Any, str, Any]]:
             state.current_index = self.prev_idx
             return False
 
-    class device_of(device):
+    return device
+
+
+def device_of_class(state) -> type:
+    """torch.cuda.device_of: the device of a tensor (a cpu tensor: nothing changes)."""
+
+    class device_of(device_class(state)):
         def __init__(self, obj) -> None:
             super().__init__(obj.get_device() if obj.is_cuda else -1)
 
-    def get_device_properties(device: Any = None) -> CudaDeviceProperties:
-        index(device)
-        return CudaDeviceProperties(props.name, props.major, props.minor, props.total_memory,
-                                    props.multi_processor_count)
+    return device_of
 
-    def get_device_name(device: Any = None) -> str:
-        return get_device_properties(device).name
 
-    def get_device_capability(device: Any = None) -> tuple[int, int]:
-        index(device)
-        return (props.major, props.minor)
+def get_device_properties(state, device: Any = None) -> CudaDeviceProperties:
+    index(state, device)
+    props = state.properties
+    return CudaDeviceProperties(props.name, props.major, props.minor, props.total_memory,
+                                props.multi_processor_count)
 
-    accounting = state.memory.accounting  # the caching allocator's, up to date
 
-    def mem_get_info(device: Any = None) -> tuple[int, int]:
-        index(device)
-        return (props.total_memory - accounting().stat("reserved_bytes", "current"),
-                props.total_memory)
+def get_device_name(state, device: Any = None) -> str:
+    return get_device_properties(state, device).name
 
-    def stat(name: str, field: str, device: Any = None) -> int:
-        index(device)
-        return accounting().stat(name, field)
 
-    def reset_peak_memory_stats(device: Any = None) -> None:
-        index(device)
-        accounting().reset_peak()
+def get_device_capability(state, device: Any = None) -> tuple[int, int]:
+    index(state, device)
+    return (state.properties.major, state.properties.minor)
 
-    def reset_accumulated_memory_stats(device: Any = None) -> None:
-        index(device)
-        accounting().reset_accumulated()
 
-    def memory_stats(device: Any = None):
-        """The native caching allocator's keys (caching_allocator.py: what it models)."""
-        index(device)
-        return accounting().memory_stats()
+def mem_get_info(state, device: Any = None) -> tuple[int, int]:
+    index(state, device)
+    total = state.properties.total_memory
+    return (total - state.memory.accounting().stat("reserved_bytes", "current"), total)
 
-    def memory_summary(device: Any = None, abbreviated: bool = False) -> str:
-        stats = memory_stats(device)
-        fields = ("current", "peak", "allocated", "freed")
-        rows = [f"{'':<36}" + "".join(f"{field:>16}" for field in fields)]
-        for name in ("allocated_bytes", "active_bytes", "requested_bytes", "reserved_bytes",
-                     "inactive_split_bytes", "allocation", "active", "segment", "inactive_split"):
-            for scope in ("all",) if abbreviated else ("all", "small_pool", "large_pool"):
-                rows.append(f"{name + '.' + scope:<36}" + "".join(
-                    f"{stats[f'{name}.{scope}.{field}']:>16}" for field in fields))
-        return (f"emulated CUDA device {index(device)} ({props.name}), caching allocator's "
-                f"accounting of {props.total_memory} bytes:\n" + "\n".join(rows))
 
-    def empty_cache() -> None:
-        accounting().empty_cache()
+def _stat(state, name: str, field: str, device: Any) -> int:
+    index(state, device)
+    return state.memory.accounting().stat(name, field)
 
-    def is_initialized() -> bool:
-        return state.initialized
 
-    def init() -> None:
-        state.initialized = True
+def memory_allocated(state, device: Any = None) -> int:
+    return _stat(state, "allocated_bytes", "current", device)
 
-    def synchronize(device: Any = None) -> None:
-        index(device)
-        state.notify_sync("torch.cuda.synchronize", None)
 
-    def current_stream(device: Any = None) -> Stream:
-        return streams.current(device)
+def max_memory_allocated(state, device: Any = None) -> int:
+    return _stat(state, "allocated_bytes", "peak", device)
 
-    def default_stream(device: Any = None) -> Stream:
-        return streams.default(device)
 
-    def set_stream(stream: Stream) -> None:
-        if stream is None:
-            return
-        streams.set_current(stream)
+def memory_reserved(state, device: Any = None) -> int:
+    return _stat(state, "reserved_bytes", "current", device)
+
+
+def max_memory_reserved(state, device: Any = None) -> int:
+    return _stat(state, "reserved_bytes", "peak", device)
+
+
+def reset_peak_memory_stats(state, device: Any = None) -> None:
+    index(state, device)
+    state.memory.accounting().reset_peak()
+
+
+def reset_accumulated_memory_stats(state, device: Any = None) -> None:
+    index(state, device)
+    state.memory.accounting().reset_accumulated()
+
+
+def memory_stats(state, device: Any = None):
+    """The native caching allocator's keys (caching_allocator.py: what it models)."""
+    index(state, device)
+    return state.memory.accounting().memory_stats()
+
+
+def memory_summary(state, device: Any = None, abbreviated: bool = False) -> str:
+    stats = memory_stats(state, device)
+    fields = ("current", "peak", "allocated", "freed")
+    rows = [f"{'':<36}" + "".join(f"{field:>16}" for field in fields)]
+    for name in ("allocated_bytes", "active_bytes", "requested_bytes", "reserved_bytes",
+                 "inactive_split_bytes", "allocation", "active", "segment", "inactive_split"):
+        for scope in ("all",) if abbreviated else ("all", "small_pool", "large_pool"):
+            rows.append(f"{name + '.' + scope:<36}" + "".join(
+                f"{stats[f'{name}.{scope}.{field}']:>16}" for field in fields))
+    props = state.properties
+    return (f"emulated CUDA device {index(state, device)} ({props.name}), caching allocator's "
+            f"accounting of {props.total_memory} bytes:\n" + "\n".join(rows))
+
+
+def empty_cache(state) -> None:
+    state.memory.accounting().empty_cache()
+
+
+def is_initialized(state) -> bool:
+    return state.initialized
+
+
+def init(state) -> None:
+    state.initialized = True
+
+
+def synchronize(state, device: Any = None) -> None:
+    index(state, device)
+    state.notify_sync("torch.cuda.synchronize", None)
+
+
+def current_stream(state, device: Any = None) -> Stream:
+    return state.streams.current(device)
+
+
+def default_stream(state, device: Any = None) -> Stream:
+    return state.streams.default(device)
+
+
+def set_stream(state, stream: Stream) -> None:
+    if stream is None:
+        return
+    state.streams.set_current(stream)
+
+
+def stream_context_class(state) -> type:
+    """torch.cuda.StreamContext: `stream` is current inside (None: nothing changes)."""
+    streams = state.streams
 
     class StreamContext:
-        """torch.cuda.StreamContext: `stream` is current inside (None: nothing changes)."""
-
         def __init__(self, stream: Stream | None) -> None:
             self.stream = stream
             self.idx = -1 if stream is None else stream.device_index
@@ -192,7 +242,8 @@ def patches(state) -> list[tuple[Any, str, Any]]:
             if self.stream is None:
                 return
             self._prev_index = state.current_index
-            self._saved = [streams.current(self._prev_index), streams.current(self.stream.device_index)]
+            self._saved = [streams.current(self._prev_index),
+                           streams.current(self.stream.device_index)]
             state.current_index = self.stream.device_index
             streams.set_current(self.stream)
 
@@ -203,177 +254,359 @@ def patches(state) -> list[tuple[Any, str, Any]]:
                 streams.set_current(saved)
             state.current_index = self._prev_index
 
-    def stream(stream: Stream | None) -> StreamContext:
-        return StreamContext(stream)
+    return StreamContext
 
-    def is_current_stream_capturing() -> bool:
-        return state.is_current_stream_capturing()
 
-    def graph_pool_handle():
-        from harness.graphs.emulator.pool import PoolArena
+def stream(state, stream: Stream | None):
+    return torch.cuda.StreamContext(stream)  # the replaced class: looked up at call time
 
-        return PoolArena(state.storage_device)
 
-    def _sleep(cycles: int) -> None:
-        if state.observers:
-            state.notify_op("torch.cuda._sleep", (cycles,), {}, None)
-            state.notify_stream("sleep", streams.current(), None)
+def is_current_stream_capturing(state) -> bool:
+    return state.is_current_stream_capturing()
 
-    generator = torch.default_generator
 
-    def manual_seed(seed: int) -> None:
-        if state.capturing():
-            torch.random.manual_seed(seed)  # the capture's RNG rules (emulator/rng.py) decide
-        else:
-            generator.manual_seed(int(seed))
+def graph_pool_handle(state):
+    from harness.graphs.emulator.pool import PoolArena
 
-    def seed() -> None:
-        if state.capturing():
-            torch.random.seed()
-        else:
-            generator.seed()
+    return PoolArena(state.storage_device)
 
-    def get_rng_state(device: Any = "cuda") -> torch.Tensor:
-        index(device)
-        return torch.random.get_rng_state()  # looked up at call time: a capture records it
 
-    def set_rng_state(new_state: torch.Tensor, device: Any = "cuda") -> None:
-        index(device)
-        torch.random.set_rng_state(new_state)
+def sleep(state, cycles: int) -> None:
+    if state.observers:
+        state.notify_op("torch.cuda._sleep", (cycles,), {}, None)
+        state.notify_stream("sleep", state.streams.current(), None)
 
-    def get_rng_state_all() -> list[torch.Tensor]:
-        return [get_rng_state(i) for i in range(props.count)]
 
-    def set_rng_state_all(new_states) -> None:
-        for i, s in enumerate(new_states):
-            set_rng_state(s, i)
+def manual_seed(state, seed: int) -> None:
+    if state.capturing():
+        torch.random.manual_seed(seed)  # the capture's RNG rules (emulator/rng.py) decide
+    else:
+        torch.default_generator.manual_seed(int(seed))
 
-    def initial_seed() -> int:
-        return generator.initial_seed()
 
-    def _cuda_setStream(stream_id: int = 0, device_index: int = 0, device_type: int = 1) -> None:
-        stream = streams.by_id.get((stream_id, device_index))
-        if stream is None:
-            stream = streams.default(device_index) if stream_id == 0 else Stream(
-                device_index, stream_id=stream_id)
-        streams.set_current(stream)
-        state.current_index = stream.device_index
+def seed(state) -> None:
+    if state.capturing():
+        torch.random.seed()
+    else:
+        torch.default_generator.seed()
 
-    # torch._C's own names, which torch's Python helpers (and torch.testing's TestCase) call.
-    # Each its own function object: torch._dynamo's trace rules refuse one object under two names.
-    private = {
-        "_cuda_setStream": _cuda_setStream,
-        "_cuda_setDevice": lambda device: set_device(device),
-        "_cuda_getDevice": lambda: current_device(),
-        "_cuda_clearCublasWorkspaces": lambda: None,
-        "_cuda_emptyCache": lambda: empty_cache(),
-        "_cuda_synchronize": lambda: synchronize(),
-        "_cuda_isCurrentStreamCapturing": lambda: is_current_stream_capturing(),
-        "_host_emptyCache": lambda: None,
-        "_cuda_set_sync_debug_mode": lambda mode: setattr(state, "sync_debug_mode",
-                                                          check_sync_debug_mode(mode)),
-        "_cuda_get_sync_debug_mode": lambda: state.sync_debug_mode,
-        "_cuda_setMemoryFraction": lambda fraction, device=None: setattr(
-            state, "memory_fraction", check_memory_fraction(fraction)),
-        # What torch._inductor.cudagraph_trees imports once is_built() says CUDA (torch._dynamo.reset()
-        # imports it): a name only; the emulated device has no CUDA allocator to hand out states of.
-        "_cuda_CUDAAllocator_AllocatorState": type("AllocatorState", (), {}),
-        "_cuda_canDeviceAccessPeer": lambda device, peer: (
-            device != peer and max(device, peer) < props.count and min(device, peer) >= 0),
-    }  # not _cuda_getDeviceCount: torch.cuda._is_compiled() asks for it to tell a CUDA build
 
+def get_rng_state(state, device: Any = "cuda") -> torch.Tensor:
+    index(state, device)
+    return torch.random.get_rng_state()  # looked up at call time: a capture records it
+
+
+def set_rng_state(state, new_state: torch.Tensor, device: Any = "cuda") -> None:
+    index(state, device)
+    torch.random.set_rng_state(new_state)
+
+
+def get_rng_state_all(state) -> list[torch.Tensor]:
+    return [get_rng_state(state, i) for i in range(state.properties.count)]
+
+
+def set_rng_state_all(state, new_states) -> None:
+    for i, s in enumerate(new_states):
+        set_rng_state(state, s, i)
+
+
+def initial_seed(state) -> int:
+    return torch.default_generator.initial_seed()
+
+
+def is_bf16_supported(state, including_emulation: bool = True) -> bool:
+    return True
+
+
+def get_arch_list(state) -> list[str]:
+    return [f"sm_{state.properties.major}{state.properties.minor}"]
+
+
+def current_blas_handle(state) -> int:
+    return 0
+
+
+def nothing(state, *args, **kwargs) -> None:
+    """What has no effect on the emulated device (ipc_collect, cuBLAS workspaces, host cache)."""
+
+
+def accelerator_is_available(state) -> bool:
+    return True
+
+
+def current_accelerator(state, check_available: bool = False) -> torch.device:
+    return torch.device("cuda")
+
+
+def current_device_index(state) -> int:
+    return state.current_index
+
+
+def cuda_set_stream(state, stream_id: int = 0, device_index: int = 0, device_type: int = 1) -> None:
+    """torch._C._cuda_setStream: the stream torch's Python helpers name by id."""
+    streams = state.streams
+    stream = streams.by_id.get((stream_id, device_index))
+    if stream is None:
+        stream = streams.default(device_index) if stream_id == 0 else Stream(
+            device_index, stream_id=stream_id)
+    streams.set_current(stream)
+    state.current_index = stream.device_index
+
+
+def set_sync_debug_mode(state, mode) -> None:
+    state.sync_debug_mode = check_sync_debug_mode(mode)
+
+
+def get_sync_debug_mode(state) -> int:
+    return state.sync_debug_mode
+
+
+def set_memory_fraction(state, fraction, device: Any = None) -> None:
+    state.memory_fraction = check_memory_fraction(fraction)
+
+
+def can_device_access_peer(state, device: int, peer: int) -> bool:
+    return device != peer and max(device, peer) < state.properties.count and min(device, peer) >= 0
+
+
+def allocator_state_class(state) -> type:
+    """What torch._inductor.cudagraph_trees imports once is_built() says CUDA (torch._dynamo.reset()
+    imports it): a name only; the emulated device has no CUDA allocator to hand out states of."""
+    return type("AllocatorState", (), {})
+
+
+def cuda_graph_class(state) -> type:
     from harness.emulation.session import CUDAGraph
 
-    api: dict[str, Callable] = {
-        "is_available": is_available, "device_count": device_count,
-        "current_device": current_device, "set_device": set_device, "device": device,
-        "device_of": device_of, "get_device_name": get_device_name,
-        "get_device_properties": get_device_properties,
-        "get_device_capability": get_device_capability, "mem_get_info": mem_get_info,
-        "memory_allocated": lambda device=None: stat("allocated_bytes", "current", device),
-        "max_memory_allocated": lambda device=None: stat("allocated_bytes", "peak", device),
-        "memory_reserved": lambda device=None: stat("reserved_bytes", "current", device),
-        "max_memory_reserved": lambda device=None: stat("reserved_bytes", "peak", device),
-        "reset_peak_memory_stats": reset_peak_memory_stats,
-        "reset_max_memory_allocated": reset_peak_memory_stats,
-        "reset_max_memory_cached": reset_peak_memory_stats,
-        "reset_accumulated_memory_stats": reset_accumulated_memory_stats,
-        "memory_stats": memory_stats,
-        "memory_summary": memory_summary, "empty_cache": empty_cache,
-        "is_initialized": is_initialized, "init": init, "_lazy_init": init,
-        "synchronize": synchronize, "Stream": Stream, "ExternalStream": ExternalStream,
-        "Event": Event, "current_stream": current_stream, "default_stream": default_stream,
-        "set_stream": set_stream, "stream": stream, "StreamContext": StreamContext,
-        "is_current_stream_capturing": is_current_stream_capturing,
-        "graph_pool_handle": graph_pool_handle, "CUDAGraph": CUDAGraph, "_sleep": _sleep,
-        "manual_seed": manual_seed, "manual_seed_all": manual_seed, "seed": seed,
-        "seed_all": seed, "get_rng_state": get_rng_state, "set_rng_state": set_rng_state,
-        "get_rng_state_all": get_rng_state_all, "set_rng_state_all": set_rng_state_all,
-        "initial_seed": initial_seed, "is_bf16_supported": lambda including_emulation=True: True,
-        "get_arch_list": lambda: [f"sm_{props.major}{props.minor}"],
-        "current_blas_handle": lambda: 0, "ipc_collect": lambda: None,
-    }
-    accelerator = {
-        "is_available": lambda: True, "device_count": lambda: props.count,
-        "current_accelerator": lambda check_available=False: torch.device("cuda"),
-        "current_device_index": lambda: state.current_index,
-        "current_device_idx": lambda: state.current_index,
-        "set_device_index": lambda device: set_device(device),
-        "set_device_idx": lambda device: set_device(device),
-        "current_stream": lambda device=None: streams.current(device),
-        "set_stream": lambda stream: set_stream(stream),
-        "synchronize": lambda device=None: synchronize(device),
-        "memory_allocated": lambda device=None: stat("allocated_bytes", "current", device),
-        "max_memory_allocated": lambda device=None: stat("allocated_bytes", "peak", device),
-        "memory_reserved": lambda device=None: stat("reserved_bytes", "current", device),
-        "max_memory_reserved": lambda device=None: stat("reserved_bytes", "peak", device),
-        "reset_peak_memory_stats": lambda device=None: reset_peak_memory_stats(device),
-        "memory_stats": lambda device=None: memory_stats(device),
-        "empty_cache": lambda: empty_cache(),
-    }
-    api = _distinct(api)
-    out: list[tuple[Any, str, Any]] = [(torch.cuda, name, fn) for name, fn in api.items()]
-    for module in (torch.cuda.memory, torch.cuda.random, torch.cuda.streams, torch.cuda.graphs):
-        out += [(module, name, fn) for name, fn in api.items() if name in module.__dict__]
-    out += [(torch.accelerator, name, fn) for name, fn in accelerator.items()
-            if name in torch.accelerator.__dict__]
-    out += [
-        (torch.cuda, "default_generators", (generator,) * props.count),
-        (torch.cuda.nvtx, "_nvtx", NvtxRanges()),
-        (torch, "Generator", generator_class(
-            lambda device: cuda_index(device, state.current_index, props.count)
-            if names_cuda(device) else None)),
-        (torch.cuda.graph, "default_capture_stream", None),
-        (torch.version, "cuda", "12.8"),
-        *[(torch._C, name, fn) for name, fn in private.items()],
-        # The optimizers' capture health check and others ask whether torch was built with CUDA.
-        (torch.backends.cuda, "is_built", lambda: True),
-        # The device's kernels are the cpu's: no cuDNN, even where torch was built with it (a CUDA
-        # build on a machine without a GPU), or RNNs would flatten their weights with cuDNN.
-        (torch.backends.cudnn, "is_available", lambda: False),
-        (torch.backends.cudnn, "is_acceptable", lambda tensor: False),
-        # Its C++ argument parser takes only torch's own Stream type.
-        (torch.Tensor, "record_stream", lambda self, stream: streams.record_stream(self, stream)),
-        (torch.autograd, "_engine_run_backward",
-         engine_with_placement(state, torch.autograd._engine_run_backward)),
-        (torch, "compile", compile_marking_outputs(state, torch.compile)),
-        (torch._C._autograd, "_push_saved_tensors_default_hooks", saved_tensor_hooks_with_placement(
-            state, torch._C._autograd._push_saved_tensors_default_hooks)),
-    ]
+    return CUDAGraph
+
+
+def default_generators(state) -> tuple:
+    return (torch.default_generator,) * state.properties.count
+
+
+def nvtx_ranges(state) -> NvtxRanges:
+    return NvtxRanges()
+
+
+def device_generator_class(state) -> type:
+    count = state.properties.count
+    return generator_class(lambda device: cuda_index(device, state.current_index, count)
+                           if names_cuda(device) else None)
+
+
+def no_default_capture_stream(state) -> None:
+    return None
+
+
+def reported_cuda_version(state) -> str:
+    return "12.8"
+
+
+def is_built(state) -> bool:
+    """The optimizers' capture health check and others ask whether torch was built with CUDA."""
+    return True
+
+
+def cudnn_unavailable(state, *args) -> bool:
+    """The device's kernels are the cpu's: no cuDNN, even where torch was built with it (a CUDA
+    build on a machine without a GPU), or RNNs would flatten their weights with cuDNN."""
+    return False
+
+
+def record_stream(state, self, stream) -> None:
+    """Tensor.record_stream: its C++ argument parser takes only torch's own Stream type."""
+    state.streams.record_stream(self, stream)
+
+
+def backward_engine(state):
+    return engine_with_placement(state, torch.autograd._engine_run_backward)
+
+
+def saved_tensor_hooks(state):
+    return saved_tensor_hooks_with_placement(
+        state, torch._C._autograd._push_saved_tensors_default_hooks)
+
+
+def compile_function(state):
+    return compile_marking_outputs(state, torch.compile)
+
+
+# --- the table: which torch attribute gets which replacement ---------------------------------
+
+
+@dataclass(frozen=True)
+class Replacement:
+    """`owner.name` is replaced, for the emulation's duration, by what `build(state)` returns.
+
+    `call` (the default): `build` is a replacement function taking the state first; torch's
+    callers get it bound to the state. `value`: `build(state)` returns the replacement itself (a
+    class, a constant, a wrapped original). `if_present`: replaced only where this torch has the
+    name (`torch.accelerator` grows between releases). Rows of `torch.cuda` are also put in the
+    submodules that define the same name (`torch.cuda.memory.memory_stats`, ...).
+    """
+
+    owner: str
+    name: str
+    build: Callable[..., Any]
+    kind: str = "call"
+    if_present: bool = False
+
+    def __post_init__(self) -> None:
+        if self.kind not in ("call", "value"):
+            raise ValueError(f"Replacement({self.owner}.{self.name}): kind {self.kind!r}; "
+                             f"accepted: 'call', 'value'")
+
+    def replacement(self, state) -> Any:
+        if self.kind == "value":
+            return self.build(state)
+        fn = self.build
+
+        @functools.wraps(fn)
+        def bound(*args, **kwargs):
+            return fn(state, *args, **kwargs)
+
+        del bound.__wrapped__  # so inspect.signature shows torch's arguments, not the state
+        return bound
+
+
+def _cuda(name: str, build: Callable, kind: str = "call") -> Replacement:
+    return Replacement("torch.cuda", name, build, kind)
+
+
+def _private(name: str, build: Callable, kind: str = "call") -> Replacement:
+    # torch._C's own names, which torch's Python helpers (and torch.testing's TestCase) call.
+    return Replacement("torch._C", name, build, kind)
+
+
+def _accelerator(name: str, build: Callable) -> Replacement:
+    return Replacement("torch.accelerator", name, build, if_present=True)
+
+
+# Add rows at the end of their group; keep the order (other changes add rows at the same time).
+REPLACEMENTS: tuple[Replacement, ...] = (
+    _cuda("is_available", is_available),
+    _cuda("device_count", device_count),
+    _cuda("current_device", current_device),
+    _cuda("set_device", set_device),
+    _cuda("device", device_class, "value"),
+    _cuda("device_of", device_of_class, "value"),
+    _cuda("get_device_name", get_device_name),
+    _cuda("get_device_properties", get_device_properties),
+    _cuda("get_device_capability", get_device_capability),
+    _cuda("mem_get_info", mem_get_info),
+    _cuda("memory_allocated", memory_allocated),
+    _cuda("max_memory_allocated", max_memory_allocated),
+    _cuda("memory_reserved", memory_reserved),
+    _cuda("max_memory_reserved", max_memory_reserved),
+    _cuda("reset_peak_memory_stats", reset_peak_memory_stats),
+    _cuda("reset_max_memory_allocated", reset_peak_memory_stats),
+    _cuda("reset_max_memory_cached", reset_peak_memory_stats),
+    _cuda("reset_accumulated_memory_stats", reset_accumulated_memory_stats),
+    _cuda("memory_stats", memory_stats),
+    _cuda("memory_summary", memory_summary),
+    _cuda("empty_cache", empty_cache),
+    _cuda("is_initialized", is_initialized),
+    _cuda("init", init),
+    _cuda("_lazy_init", init),
+    _cuda("synchronize", synchronize),
+    _cuda("Stream", lambda state: Stream, "value"),
+    _cuda("ExternalStream", lambda state: ExternalStream, "value"),
+    _cuda("Event", lambda state: Event, "value"),
+    _cuda("current_stream", current_stream),
+    _cuda("default_stream", default_stream),
+    _cuda("set_stream", set_stream),
+    _cuda("stream", stream),
+    _cuda("StreamContext", stream_context_class, "value"),
+    _cuda("is_current_stream_capturing", is_current_stream_capturing),
+    _cuda("graph_pool_handle", graph_pool_handle),
+    _cuda("CUDAGraph", cuda_graph_class, "value"),
+    _cuda("_sleep", sleep),
+    _cuda("manual_seed", manual_seed),
+    _cuda("manual_seed_all", manual_seed),
+    _cuda("seed", seed),
+    _cuda("seed_all", seed),
+    _cuda("get_rng_state", get_rng_state),
+    _cuda("set_rng_state", set_rng_state),
+    _cuda("get_rng_state_all", get_rng_state_all),
+    _cuda("set_rng_state_all", set_rng_state_all),
+    _cuda("initial_seed", initial_seed),
+    _cuda("is_bf16_supported", is_bf16_supported),
+    _cuda("get_arch_list", get_arch_list),
+    _cuda("current_blas_handle", current_blas_handle),
+    _cuda("ipc_collect", nothing),
+    _cuda("default_generators", default_generators, "value"),
+
+    _accelerator("is_available", accelerator_is_available),
+    _accelerator("device_count", device_count),
+    _accelerator("current_accelerator", current_accelerator),
+    _accelerator("current_device_index", current_device_index),
+    _accelerator("current_device_idx", current_device_index),
+    _accelerator("set_device_index", set_device),
+    _accelerator("set_device_idx", set_device),
+    _accelerator("current_stream", current_stream),
+    _accelerator("set_stream", set_stream),
+    _accelerator("synchronize", synchronize),
+    _accelerator("memory_allocated", memory_allocated),
+    _accelerator("max_memory_allocated", max_memory_allocated),
+    _accelerator("memory_reserved", memory_reserved),
+    _accelerator("max_memory_reserved", max_memory_reserved),
+    _accelerator("reset_peak_memory_stats", reset_peak_memory_stats),
+    _accelerator("memory_stats", memory_stats),
+    _accelerator("empty_cache", empty_cache),
+
+    # not _cuda_getDeviceCount: torch.cuda._is_compiled() asks for it to tell a CUDA build
+    _private("_cuda_setStream", cuda_set_stream),
+    _private("_cuda_setDevice", set_device),
+    _private("_cuda_getDevice", current_device),
+    _private("_cuda_clearCublasWorkspaces", nothing),
+    _private("_cuda_emptyCache", empty_cache),
+    _private("_cuda_synchronize", synchronize),
+    _private("_cuda_isCurrentStreamCapturing", is_current_stream_capturing),
+    _private("_host_emptyCache", nothing),
+    _private("_cuda_set_sync_debug_mode", set_sync_debug_mode),
+    _private("_cuda_get_sync_debug_mode", get_sync_debug_mode),
+    _private("_cuda_setMemoryFraction", set_memory_fraction),
+    _private("_cuda_CUDAAllocator_AllocatorState", allocator_state_class, "value"),
+    _private("_cuda_canDeviceAccessPeer", can_device_access_peer),
+
+    Replacement("torch.cuda.nvtx", "_nvtx", nvtx_ranges, "value"),
+    Replacement("torch", "Generator", device_generator_class, "value"),
+    Replacement("torch.cuda.graph", "default_capture_stream", no_default_capture_stream, "value"),
+    Replacement("torch.version", "cuda", reported_cuda_version, "value"),
+    Replacement("torch.backends.cuda", "is_built", is_built),
+    Replacement("torch.backends.cudnn", "is_available", cudnn_unavailable),
+    Replacement("torch.backends.cudnn", "is_acceptable", cudnn_unavailable),
+    Replacement("torch.Tensor", "record_stream", record_stream),
+    Replacement("torch.autograd", "_engine_run_backward", backward_engine, "value"),
+    Replacement("torch", "compile", compile_function, "value"),
+    Replacement("torch._C._autograd", "_push_saved_tensors_default_hooks", saved_tensor_hooks,
+                "value"),
+)
+
+# torch.cuda's names that its submodules define too, and that code may reach through them.
+_CUDA_SUBMODULES = ("torch.cuda.memory", "torch.cuda.random", "torch.cuda.streams",
+                    "torch.cuda.graphs")
+
+
+def owner_object(path: str) -> Any:
+    """The torch module or class a table row names ("torch.cuda.graph" is the class)."""
+    return functools.reduce(getattr, path.split(".")[1:], torch)
+
+
+def patches(state, table: tuple[Replacement, ...] = REPLACEMENTS) -> list[tuple[Any, str, Any]]:
+    """(owner, attribute, replacement) for every row of `table` that applies to this torch."""
+    out: list[tuple[Any, str, Any]] = []
+    for row in table:
+        owner = owner_object(row.owner)
+        if row.if_present and row.name not in vars(owner):
+            continue
+        value = row.replacement(state)
+        out.append((owner, row.name, value))
+        if row.owner == "torch.cuda":
+            out += [(module, row.name, value) for module in map(owner_object, _CUDA_SUBMODULES)
+                    if row.name in vars(module)]
     return out
 
 
-def _distinct(api: dict[str, Any]) -> dict[str, Any]:
-    """Each name its own function object (an alias gets a wrapper): torch._dynamo's trace rules
-    refuse one object known under two names with different rules."""
-    seen: set[int] = set()
-    out = {}
-    for name, fn in api.items():
-        if id(fn) in seen and callable(fn) and not isinstance(fn, type):
-            fn = functools.wraps(fn)(lambda *a, _fn=fn, **k: _fn(*a, **k))
-        seen.add(id(fn))
-        out[name] = fn
-    return out
-
-
-__all__ = ["CudaDeviceProperties", "DeviceIndexError", "patches"]
+__all__ = ["REPLACEMENTS", "CudaDeviceProperties", "DeviceIndexError", "Replacement", "patches"]
