@@ -18,8 +18,8 @@ from dataclasses import dataclass
 from typing import Callable
 
 import torch
-from torch.utils._python_dispatch import TorchDispatchMode
 
+from harness.torch_internals import TorchDispatchMode
 from harness.graphs import get_backend
 from harness.graphs.emulator import opinfo
 from harness.model import ReferenceLlama, random_llama, tiny_llama_config

@@ -12,7 +12,8 @@ from dataclasses import dataclass
 from typing import Callable, Iterator
 
 import torch
-from torch.utils._python_dispatch import _disable_current_modes
+
+from harness.torch_internals import disable_current_modes
 
 TRACKING_TARGET = 1.1
 
@@ -31,7 +32,7 @@ class TrackingTiming:
 def _untracked(state) -> Iterator[None]:
     observers, state.observers = state.observers, []
     try:
-        with _disable_current_modes():
+        with disable_current_modes():
             yield
     finally:
         state.observers = observers

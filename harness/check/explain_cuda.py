@@ -23,6 +23,7 @@ from typing import Any, Callable, Mapping
 
 import torch
 
+from harness import torch_internals
 from harness.check.causes import (BUFFER_REBOUND, CONTENTS_CHANGED, ArgumentPair, Cause, CauseContext,
                                   classify, host_value, path_at, pool_memory, tensors_under,
                                   uninitialized, unwritten_pool, upstream)
@@ -271,7 +272,7 @@ def explain_against_eager(graphed: Callable[[], Any], eager: Callable[[], Any], 
     except Exception as error:
         return Explanation(False, 0, 0, tolerance_steps=steps, raised=f"the eager run raised {_named(error)}")
     # The logs' copies are plain cpu tensors, some marked device memory: compared as the host sees them.
-    with torch._C.DisableTorchFunction():
+    with torch_internals.DisableTorchFunction():
         matcher = _Matcher(reference.events, steps, context, roots)
     run = _GraphedRun(log, matcher)
     try:
@@ -279,7 +280,7 @@ def explain_against_eager(graphed: Callable[[], Any], eager: Callable[[], Any], 
             graphed()
     except Exception as error:  # the run's own diagnosis (a freed buffer, a CaptureError): reported
         raised = _named(error)
-    with torch._C.DisableTorchFunction():
+    with torch_internals.DisableTorchFunction():
         run.flush()
     return matcher.result(run.replays, raised)
 

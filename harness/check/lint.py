@@ -35,8 +35,8 @@ from typing import Any, Callable
 
 import torch
 from torch import nn
-from torch.utils._pytree import tree_flatten
 
+from harness.torch_internals import tree_flatten
 from harness.graphs.emulator import opinfo
 from harness.graphs.base import CaptureError
 from harness.graphs.emulator.callsite import current_callsite, traceback_callsite

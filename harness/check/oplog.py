@@ -14,9 +14,8 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
-from torch.utils._pytree import tree_flatten
-from torch.utils._python_dispatch import TorchDispatchMode
 
+from harness.torch_internals import TorchDispatchMode, tree_flatten
 from harness.check.tolerance import bf16_step
 from harness.graphs.emulator import opinfo
 from harness.graphs.emulator.callsite import Frame, describe_frame, user_frames

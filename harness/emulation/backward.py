@@ -8,10 +8,9 @@ import contextlib
 import functools
 
 import torch
-from torch.overrides import _get_current_function_mode_stack
-from torch.utils._python_dispatch import TorchDispatchMode
-from torch.utils._pytree import tree_flatten
 
+from harness import torch_internals
+from harness.torch_internals import TorchDispatchMode, get_current_function_mode_stack, tree_flatten
 from harness.emulation.device_memory import DEVICE, MEMORY_ATTR
 
 
@@ -29,7 +28,8 @@ class _MarkResults(TorchDispatchMode):
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
-        with torch._C.DisableTorchFunction():  # an aten op: nothing for the placement mode to place
+        # an aten op: nothing for the placement mode to place
+        with torch_internals.DisableTorchFunction():
             out = func(*args, **kwargs)
         inputs = tree_flatten((args, kwargs))[0]
         if any(isinstance(t, torch.Tensor) and _is_device(t) for t in inputs):
@@ -48,7 +48,7 @@ def engine_with_placement(state, original):
     def run(*args, **kwargs):
         placement = state.placement
         with contextlib.ExitStack() as stack:
-            if placement not in _get_current_function_mode_stack():
+            if placement not in get_current_function_mode_stack():
                 stack.enter_context(placement)
             stack.enter_context(_MarkResults(state.memory))
             return original(*args, **kwargs)
@@ -65,7 +65,7 @@ def saved_tensor_hooks_with_placement(state, original):
     def with_placement(hook):
         def run(*args):
             placement = state.placement
-            if placement in _get_current_function_mode_stack():
+            if placement in get_current_function_mode_stack():
                 return hook(*args)
             with placement:
                 return hook(*args)
@@ -93,7 +93,7 @@ def compile_marking_outputs(state, original):
     the cpu, opaque to the placement mode (taken off the mode stack for the call: inductor's code
     allocates buffers where no torch call shows), with every factory inside counted as device
     memory (a capture's recorder asks that); what it returns is device memory."""
-    from torch.utils._pytree import tree_flatten
+    from harness.torch_internals import tree_flatten
 
     def wrap(compiled):
         @functools.wraps(compiled)
@@ -102,7 +102,7 @@ def compile_marking_outputs(state, original):
                        for t in tree_flatten((args, kwargs))[0]):
                 return compiled(*args, **kwargs)
             memory, placement = state.memory, state.placement
-            stack = _get_current_function_mode_stack()
+            stack = get_current_function_mode_stack()
             index = next((i for i, m in enumerate(stack) if m is placement), None)
             previous, memory.call_on_device = memory.call_on_device, True
             if index is not None:
@@ -135,18 +135,18 @@ def compile_marking_outputs(state, original):
 def remove_function_mode(mode) -> None:
     """Pop `mode` off the function-mode stack wherever it is, keeping the modes above it."""
     above = []
-    while torch._C._len_torch_function_stack() > 0:
-        top = torch._C._pop_torch_function_stack()
+    while torch_internals.len_torch_function_stack() > 0:
+        top = torch_internals.pop_torch_function_stack()
         if top is mode:
             break
         above.append(top)
     for m in reversed(above):
-        torch._C._push_on_torch_function_stack(m)
+        torch_internals.push_on_torch_function_stack(m)
 
 
 def _put_back(mode, index: int) -> None:
-    above = [torch._C._pop_torch_function_stack()
-             for _ in range(torch._C._len_torch_function_stack() - index)]
-    torch._C._push_on_torch_function_stack(mode)
+    above = [torch_internals.pop_torch_function_stack()
+             for _ in range(torch_internals.len_torch_function_stack() - index)]
+    torch_internals.push_on_torch_function_stack(mode)
     for m in reversed(above):
-        torch._C._push_on_torch_function_stack(m)
+        torch_internals.push_on_torch_function_stack(m)

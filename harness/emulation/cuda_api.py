@@ -25,6 +25,7 @@ import torch.cuda.nvtx
 import torch.cuda.random
 import torch.cuda.streams
 
+from harness import torch_internals
 from harness.emulation.backward import (
     compile_marking_outputs, engine_with_placement, saved_tensor_hooks_with_placement)
 from harness.emulation.generators import generator_class
@@ -420,12 +421,12 @@ def record_stream(state, self, stream) -> None:
 
 
 def backward_engine(state):
-    return engine_with_placement(state, torch.autograd._engine_run_backward)
+    return engine_with_placement(state, torch_internals.engine_run_backward)
 
 
 def saved_tensor_hooks(state):
     return saved_tensor_hooks_with_placement(
-        state, torch._C._autograd._push_saved_tensors_default_hooks)
+        state, torch_internals.push_saved_tensors_default_hooks)
 
 
 def compile_function(state):
@@ -590,8 +591,9 @@ _CUDA_SUBMODULES = ("torch.cuda.memory", "torch.cuda.random", "torch.cuda.stream
 
 
 def owner_object(path: str) -> Any:
-    """The torch module or class a table row names ("torch.cuda.graph" is the class)."""
-    return functools.reduce(getattr, path.split(".")[1:], torch)
+    """The torch module or class a table row names ("torch.cuda.graph" is the class; "torch._C"
+    is reached through the door to torch's private names)."""
+    return torch_internals.torch_namespace(path)
 
 
 def patches(state, table: tuple[Replacement, ...] = REPLACEMENTS) -> list[tuple[Any, str, Any]]:

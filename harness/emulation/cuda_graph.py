@@ -17,6 +17,7 @@ import weakref
 
 import torch
 
+from harness import torch_internals
 from harness.graphs.base import CaptureError
 from harness.graphs.emulated import EmulatedGraph
 from harness.graphs.emulator.pool import PoolArena
@@ -144,7 +145,7 @@ class EmulatedCUDAGraph:
         self._host.notify_replay(self)
 
         def run(recording: EmulatedGraph) -> None:
-            with torch._C.DisableTorchFunction():
+            with torch_internals.DisableTorchFunction():
                 recording.replay_observed(before, after)
 
         self._host.issue_replay(self, graph, run)
@@ -160,7 +161,7 @@ class EmulatedCUDAGraph:
             return
 
         def observed(recording: EmulatedGraph) -> None:
-            with torch._C.DisableTorchFunction():
+            with torch_internals.DisableTorchFunction():
                 observer(recording)
 
         self._host.issue_replay(self, graph, observed)
@@ -174,7 +175,7 @@ class EmulatedCUDAGraph:
     def _run(graph: EmulatedGraph) -> None:
         # The recording is aten calls on the memory captured; the placement mode has nothing
         # to decide there.
-        with torch._C.DisableTorchFunction():
+        with torch_internals.DisableTorchFunction():
             graph.replay()
 
     def reset(self) -> None:

@@ -15,7 +15,9 @@ from typing import Any, Callable
 
 import torch
 
-_TorchGenerator = torch._C.Generator
+from harness import torch_internals
+
+_TorchGenerator = torch_internals.Generator
 
 
 class DeviceGenerator(_TorchGenerator):

@@ -24,8 +24,9 @@ import types
 
 import torch
 from torch.overrides import TorchFunctionMode
-from torch.utils._device import DeviceContext, _device_constructors
 
+from harness import torch_internals
+from harness.torch_internals import DeviceContext, device_constructors
 from harness.graphs.base import CaptureError
 from harness.emulation import kernels, transfers
 from harness.graphs.emulator.dispatch_keys import keep_modes_reachable
@@ -38,10 +39,10 @@ from harness.emulation.rules import (CPU, cuda_index, device_generator_on_host_e
 
 Tensor = torch.Tensor
 _compiling = torch.compiler.is_compiling
-_CONSTRUCTORS = _device_constructors()
-_TorchGenerator = torch._C.Generator
+_CONSTRUCTORS = device_constructors()
+_TorchGenerator = torch_internals.Generator
 _MethodWrapper = types.MethodWrapperType
-_descriptor = torch._C.TensorBase.__dict__.__getitem__
+_descriptor = torch_internals.TensorBase.__dict__.__getitem__
 
 # Calls that take host tensors beside device tensors on CUDA too: copies, indexing (index tensors
 # and assigned values may live on the host), and calls that read only another tensor's size.
@@ -51,7 +52,7 @@ _MIXING_ALLOWED = frozenset({
     Tensor.resize_as_, Tensor.new_tensor, torch.tensor_split, Tensor.tensor_split,
     torch.nn.functional.ctc_loss, torch.as_tensor, torch.tensor, torch.asarray,
     # No computation: metadata questions and bookkeeping.
-    torch._has_compatible_shallow_copy_type, torch.is_same_size, Tensor.is_set_to,
+    torch_internals.has_compatible_shallow_copy_type, torch.is_same_size, Tensor.is_set_to,
     Tensor.__deepcopy__, Tensor.__setstate__, Tensor.__reduce_ex__,
 })
 _FROM_HOST_DATA = frozenset({torch.tensor, torch.as_tensor, torch.asarray})
@@ -79,7 +80,7 @@ class Placement(TorchFunctionMode):
             **transfers.handlers(self),
             Tensor.get_device: self._get_device_index,
             # Parses a device argument without making a tensor (Module.to): the device stays.
-            torch._C._nn._parse_to: lambda func, args, kwargs: func(*args, **kwargs),
+            torch_internals.nn_parse_to: lambda func, args, kwargs: func(*args, **kwargs),
             torch.nn.functional.layer_norm: self._layer_norm,
             torch.layer_norm: self._layer_norm, torch.native_layer_norm: self._layer_norm,
             Tensor.__repr__: self._repr,
@@ -257,15 +258,15 @@ class Placement(TorchFunctionMode):
         if not _is_device(args[0]):
             return func(*args, **kwargs)
         with self:  # torch's printer asks `.device`, which this mode answers
-            return torch._tensor_str._str(args[0], **kwargs)
+            return torch_internals.tensor_str(args[0], **kwargs)
 
 def _default_device() -> torch.device | None:
     """The device of `torch.set_default_device` / `with torch.device(...)`: a DeviceContext, which
     torch keeps at the bottom of the mode stack, below this mode, so it would name the device only
     after this mode has placed the call."""
-    if torch._C._len_torch_function_stack() == 0:
+    if torch_internals.len_torch_function_stack() == 0:
         return None
-    bottom = torch._C._get_function_stack_at(0)
+    bottom = torch_internals.get_function_stack_at(0)
     return bottom.device if isinstance(bottom, DeviceContext) else None
 
 

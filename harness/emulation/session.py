@@ -11,10 +11,10 @@ import contextlib
 from typing import Any, Iterator
 
 import torch
-from torch.overrides import _get_current_function_mode_stack
-from torch.utils._device import DeviceContext
-from torch.utils._python_dispatch import _get_current_dispatch_mode_stack
 
+from harness import torch_internals
+from harness.torch_internals import (DeviceContext, get_current_dispatch_mode_stack,
+                                     get_current_function_mode_stack)
 from harness.emulation.backward import remove_function_mode
 from harness.emulation.cuda_graph import EmulatedCUDAGraph
 from harness.emulation.state import DeviceProperties, DeviceState
@@ -74,11 +74,11 @@ def _refuse_bad_use(device: str) -> None:
                            f"(device={_ACTIVE[-1].kind!r}): one emulation at a time")
     from harness.graphs.emulator.recorder import Recorder
 
-    if any(isinstance(m, Recorder) for m in _get_current_dispatch_mode_stack()) or (
+    if any(isinstance(m, Recorder) for m in get_current_dispatch_mode_stack()) or (
             torch.cuda.is_available() and torch.cuda.is_current_stream_capturing()):
         raise RuntimeError("emulate_cuda() entered inside a graph capture; enter it before "
                            "capturing")
-    contexts = [m for m in _get_current_function_mode_stack()
+    contexts = [m for m in get_current_function_mode_stack()
                 if isinstance(m, DeviceContext) and torch.device(m.device).type != "cpu"]
     if contexts:  # a default of cpu, the default anyway, is harmless
         raise RuntimeError(f"emulate_cuda() entered inside a device mode (a torch.device("
@@ -124,6 +124,7 @@ def emulate_cuda(device: str = "auto", *, schedule: str = "issue_order", races: 
     if _INHERITED:
         _INHERITED.pop().__exit__(None, None, None)  # an explicit emulation takes its place
     _refuse_bad_use(device)
+    torch_internals.check()  # a torch that moved a private name fails here, not with wrong answers
     properties = _properties(options)
     kind = "cuda" if device == "cuda" or (device == "auto" and torch.cuda.is_available()) else "cpu"
     with contextlib.ExitStack() as stack:

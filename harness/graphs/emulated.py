@@ -6,8 +6,9 @@ from __future__ import annotations
 from typing import Any, Callable
 
 import torch
-from torch.utils._python_dispatch import _get_current_dispatch_mode_stack
 
+from harness import torch_internals
+from harness.torch_internals import AutoDispatchBelowADInplaceOrView, get_current_dispatch_mode_stack
 from harness.graphs.base import CapturedGraph, GraphBackend, released_graph_error
 from harness.graphs.cuda import CudaGraph
 from harness.graphs.emulator.external import ExternalStorage, freed_error, moved_error
@@ -20,7 +21,7 @@ from harness.graphs.emulator.trace import OpRecord
 
 # StorageWeakRef.expired() without its Python method call: one C call per storage at each replay;
 # the address check is C calls too (dereference the storage objects, read their data pointers).
-_expired = torch.UntypedStorage._expired
+_expired = torch_internals.storage_expired
 _data_ptr = torch.UntypedStorage.data_ptr
 
 
@@ -50,7 +51,7 @@ class EmulatedGraph(CapturedGraph):
         steps = self.refuse_unreplayable()
         # Autograd never sees a graph's work (as on CUDA); inference mode is kept as captured
         # because capture-time outputs are inference tensors exactly when it was on.
-        with torch.inference_mode(self._inference_mode), torch._C._AutoDispatchBelowADInplaceOrView():
+        with torch.inference_mode(self._inference_mode), AutoDispatchBelowADInplaceOrView():
             for fn, args, kwargs in steps:
                 fn(*args, **kwargs)
 
@@ -62,7 +63,7 @@ class EmulatedGraph(CapturedGraph):
 
         def step(fn, args, kwargs) -> Callable[[], None]:
             def run() -> None:
-                with torch.inference_mode(inference), torch._C._AutoDispatchBelowADInplaceOrView():
+                with torch.inference_mode(inference), AutoDispatchBelowADInplaceOrView():
                     fn(*args, **kwargs)
             return run
 
@@ -76,7 +77,7 @@ class EmulatedGraph(CapturedGraph):
         by_step: dict[int, list[OpRecord]] = {}
         for record in self.records:
             by_step.setdefault(record.step, []).append(record)
-        with torch.inference_mode(self._inference_mode), torch._C._AutoDispatchBelowADInplaceOrView():
+        with torch.inference_mode(self._inference_mode), AutoDispatchBelowADInplaceOrView():
             for index, (fn, args, kwargs) in enumerate(steps):
                 records = by_step.get(index, ())
                 for record in records:
@@ -142,7 +143,7 @@ class EmulatedBackend(GraphBackend):
         return self.device.type == "cuda" and emulation_active() is not None
 
     def is_capturing(self) -> bool:
-        return any(isinstance(mode, Recorder) for mode in _get_current_dispatch_mode_stack())
+        return any(isinstance(mode, Recorder) for mode in get_current_dispatch_mode_stack())
 
     def synchronize(self) -> None:
         if self.device.type == "cuda":

@@ -13,11 +13,11 @@ from __future__ import annotations
 import threading
 from typing import Any
 
-from torch.utils._pytree import tree_flatten
-from torch.utils._python_dispatch import TorchDispatchMode, _disable_current_modes
 
 import torch
 
+from harness import torch_internals
+from harness.torch_internals import TorchDispatchMode, disable_current_modes, tree_flatten
 from harness.graphs.base import CaptureError
 from harness.graphs.emulator import opinfo
 from harness.graphs.emulator.callsite import at_callsite, current_callsite
@@ -66,7 +66,7 @@ class CaptureStreams(TorchDispatchMode):
                 op=opinfo.op_name(func))
             raise self.invalidated
         # Another stream, not part of the capture: its work runs now and stays out of the graph.
-        with _disable_current_modes(), torch._C.DisableTorchFunction():
+        with disable_current_modes(), torch_internals.DisableTorchFunction():
             return func(*args, **kwargs)
 
     # --- forks and joins ---------------------------------------------------------------------

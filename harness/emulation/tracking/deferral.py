@@ -7,8 +7,9 @@ from __future__ import annotations
 from typing import Any, Callable
 
 import torch
-from torch.utils._pytree import tree_flatten, tree_map_only
 
+from harness import torch_internals
+from harness.torch_internals import tree_flatten, tree_map_only
 from harness.graphs.emulator import opinfo
 from harness.graphs.emulator.opinfo import OpKind
 from harness.graphs.emulator.pool import poison_value
@@ -32,7 +33,7 @@ def _as_issued(call: Callable[[], Any]) -> Callable[[], None]:
     inference = torch.is_inference_mode_enabled()
 
     def run() -> None:
-        with torch.inference_mode(inference), torch._C._AutoDispatchBelowADInplaceOrView():
+        with torch.inference_mode(inference), torch_internals.AutoDispatchBelowADInplaceOrView():
             call()
 
     return run

@@ -14,9 +14,9 @@ import weakref
 from typing import Any, Callable
 
 import torch
-from torch.utils._pytree import tree_flatten, tree_map_only
-from torch.utils._python_dispatch import TorchDispatchMode
 
+from harness import torch_internals
+from harness.torch_internals import TorchDispatchMode, tree_flatten, tree_map_only
 from harness.graphs.emulator import opinfo
 from harness.graphs.emulator.callsite import callsite_later, current_callsite
 from harness.graphs.emulator.opinfo import OpKind
@@ -72,7 +72,7 @@ class StreamWork(TorchDispatchMode):
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         # The device's placement mode acted on the torch call above this op; what runs here
         # (attribute reads, allocations, the op itself) must not pass through it again.
-        with torch._C.DisableTorchFunction():
+        with torch_internals.DisableTorchFunction():
             return self._dispatch(func, args, kwargs or {})
 
     def _dispatch(self, func, args, kwargs):
@@ -229,7 +229,8 @@ class StreamWork(TorchDispatchMode):
             if storage is None or key not in self._allocated_on:
                 continue
             # The storage's own Python object holds one use; queued aliases hold the rest.
-            if torch._C._storage_Use_Count(storage._cdata) - 1 > self._queued_aliases.get(key, 0):
+            uses = torch_internals.storage_use_count(torch_internals.storage_key(storage))
+            if uses - 1 > self._queued_aliases.get(key, 0):
                 continue  # the caller still has a tensor on it
             try:
                 self.tracker.free(key, self._allocated_on.pop(key), where=current_callsite())

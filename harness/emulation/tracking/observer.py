@@ -8,6 +8,7 @@ from typing import Any
 
 import torch
 
+from harness import torch_internals
 from harness.graphs.emulator.callsite import callsite_later, current_callsite
 from harness.emulation.tracking.capture import CaptureStreams
 from harness.emulation.tracking.names import name_tensors
@@ -132,7 +133,7 @@ class DeviceStreams:
         def steps() -> list:
             def without_torch_function(step):
                 def run_step() -> None:
-                    with torch._C.DisableTorchFunction():
+                    with torch_internals.DisableTorchFunction():
                         step()
                 return run_step
             return [without_torch_function(step) for step in recording.replay_in_steps()]

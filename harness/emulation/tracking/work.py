@@ -16,9 +16,10 @@ import contextlib
 from typing import Any, Callable, Iterable, Iterator
 
 import torch
-from torch.utils._python_dispatch import (TorchDispatchMode, _disable_current_modes,
-                                          _get_current_dispatch_mode_stack, _pop_mode, _push_mode)
 
+from harness import torch_internals
+from harness.torch_internals import (TorchDispatchMode, disable_current_modes,
+                                     get_current_dispatch_mode_stack, pop_mode, push_mode)
 from harness.graphs.emulator.dispatch_keys import keep_modes_reachable
 from harness.emulation.tracking.mode import StreamWork
 from harness.emulation.tracking.names import label_of, storage_key
@@ -30,30 +31,30 @@ from harness.emulation.tracking.tracker import StreamTracker
 def _outside_modes() -> Iterator[None]:
     """Queued work runs as the device would run it: aten calls on the memory they were issued
     with, not seen again by any dispatch or function mode (the device's placement included)."""
-    with _disable_current_modes(), torch._C.DisableTorchFunction():
+    with disable_current_modes(), torch_internals.DisableTorchFunction():
         yield
 
 
 def _remove_dispatch_mode(mode: TorchDispatchMode) -> None:
     """Pop `mode` off the dispatch-mode stack wherever it is, keeping the modes above it."""
     above = []
-    while _get_current_dispatch_mode_stack():
-        top = _pop_mode()
+    while get_current_dispatch_mode_stack():
+        top = pop_mode()
         if top is mode:
             break
         above.append(top)
     for m in reversed(above):
-        _push_mode(m)
+        push_mode(m)
 
 
 def _enter_below_all(mode: TorchDispatchMode) -> None:
     """Enter `mode` at the bottom of the dispatch-mode stack, keeping the modes above it."""
     above = []
-    while _get_current_dispatch_mode_stack():
-        above.append(_pop_mode())
+    while get_current_dispatch_mode_stack():
+        above.append(pop_mode())
     mode.__enter__()
     for m in reversed(above):
-        _push_mode(m)
+        push_mode(m)
 
 
 class AsyncWork:

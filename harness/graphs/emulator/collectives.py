@@ -15,8 +15,8 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
-from torch.utils._pytree import tree_flatten
 
+from harness.torch_internals import tree_flatten
 from harness.graphs.base import CaptureError
 from harness.graphs.emulator.callsite import at_callsite, current_callsite
 

@@ -13,11 +13,13 @@ pushes a mode and before device work, this puts the keys back.
 from __future__ import annotations
 
 import torch
-_PYTHON = torch._C.DispatchKey.Python
-_SNAPSHOT = torch._C.DispatchKey.PythonTLSSnapshot
-_included = torch._C._dispatch_tls_is_dispatch_key_included
-_set_included = torch._C._dispatch_tls_set_dispatch_key_included
-_stack_length = torch._C._len_torch_dispatch_stack
+
+from harness import torch_internals
+_PYTHON = torch_internals.DISPATCH_KEY_PYTHON
+_SNAPSHOT = torch_internals.DISPATCH_KEY_PYTHON_TLS_SNAPSHOT
+_included = torch_internals.dispatch_tls_is_dispatch_key_included
+_set_included = torch_internals.dispatch_tls_set_dispatch_key_included
+_stack_length = torch_internals.len_torch_dispatch_stack
 
 
 def keep_modes_reachable() -> None:

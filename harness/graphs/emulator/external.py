@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 import torch
 from torch.multiprocessing.reductions import StorageWeakRef
 
+from harness import torch_internals
 from harness.graphs.base import FreedMemoryError
 from harness.graphs.emulator.callsite import current_callsite
 from harness.graphs.emulator.pool import laid_out_like_once
@@ -97,11 +98,12 @@ class ExternalMemory:
         """Keep `tensor` alive with the recording: host data lifted into a constant during capture,
         which nobody else holds."""
         self._held.append(tensor)
-        self._held_storages.add(tensor.untyped_storage()._cdata)
+        self._held_storages.add(torch_internals.storage_key(tensor.untyped_storage()))
 
     def holds(self, tensor: torch.Tensor) -> bool:
         """Whether `tensor` is host data this recording keeps as a constant (see `hold`)."""
-        return tensor.layout == torch.strided and tensor.untyped_storage()._cdata in self._held_storages
+        return (tensor.layout == torch.strided
+                and torch_internals.storage_key(tensor.untyped_storage()) in self._held_storages)
 
     def host_scalar(self, t: torch.Tensor) -> torch.Tensor:
         """A 0-dim host tensor passed to an op on an accelerator device: CUDA passes its value in
@@ -120,7 +122,7 @@ class ExternalMemory:
         if t.layout != torch.strided:
             return t.detach()  # sparse and other layouts have no single storage to alias
         storage = t.untyped_storage()
-        address = storage._cdata
+        address = torch_internals.storage_key(storage)
         if storage.nbytes() == 0 or address in self._held_storages:
             return t.detach()
         known = self._storages.get(address)
@@ -133,7 +135,7 @@ class ExternalMemory:
             freed_at: list[str] = []
             known = ExternalStorage(
                 StorageWeakRef(storage),
-                torch._C._construct_storage_from_data_pointer(storage.data_ptr(), t.device,
+                torch_internals.construct_storage_from_data_pointer(storage.data_ptr(), t.device,
                                                               storage.nbytes()),
                 f"shape {tuple(t.shape)}, {t.dtype} (on a storage of {storage.nbytes()} bytes)",
                 current_callsite(),

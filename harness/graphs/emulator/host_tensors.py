@@ -20,10 +20,9 @@ import weakref
 from typing import Callable
 
 import torch
-from torch.overrides import TorchFunctionMode, _get_current_function_mode_stack
-from torch.utils._device import DeviceContext
-from torch.utils._pytree import tree_flatten
+from torch.overrides import TorchFunctionMode
 
+from harness.torch_internals import DeviceContext, get_current_function_mode_stack, tree_flatten
 from harness.graphs.base import CaptureError
 from harness.graphs.emulator.callsite import at_callsite, current_callsite
 
@@ -101,7 +100,7 @@ class HostTensors(TorchFunctionMode):
         if func in _FACTORIES:
             # A device context below this mode adds the device only after this mode has run.
             return kwargs.get("device") is None and \
-                not any(isinstance(m, DeviceContext) for m in _get_current_function_mode_stack())
+                not any(isinstance(m, DeviceContext) for m in get_current_function_mode_stack())
         return bool(tensors) and len(host) == len(tensors)
 
     def _refuse(self, message: str, op: str) -> None:

@@ -4,8 +4,8 @@ the innermost op an exception left, so the CaptureError can name it as the emula
 
 from __future__ import annotations
 
-from torch.utils._python_dispatch import TorchDispatchMode
 
+from harness.torch_internals import TorchDispatchMode
 from harness.graphs.emulator.opinfo import op_name
 
 

@@ -9,6 +9,8 @@ from typing import Any, Callable
 
 import torch
 
+from harness import torch_internals
+
 aten = torch.ops.aten
 
 # Factory arguments that an `out=` overload takes from its `out` tensor instead.
@@ -35,7 +37,7 @@ def op_name(func: Any) -> str:
 
 
 @functools.lru_cache(maxsize=None)
-def op_kind(func: torch._ops.OpOverload) -> OpKind:
+def op_kind(func: torch_internals.OpOverload) -> OpKind:
     if func in _HIDDEN_VIEWS:
         return OpKind.VIEW
     schema = func._schema
@@ -49,13 +51,14 @@ def op_kind(func: torch._ops.OpOverload) -> OpKind:
 
 
 @functools.lru_cache(maxsize=None)
-def is_composite(func: torch._ops.OpOverload) -> bool:
+def is_composite(func: torch_internals.OpOverload) -> bool:
     """Ops that autograd normally decomposes; under inference mode they reach the recorder whole,
     and their alias annotation only means "may alias" (`to`, `reshape`), so they are decomposed."""
-    return torch._C._dispatch_has_kernel_for_dispatch_key(func.name(), "CompositeImplicitAutograd")
+    return torch_internals.dispatch_has_kernel_for_dispatch_key(func.name(),
+                                                               "CompositeImplicitAutograd")
 
 
-def bind(func: torch._ops.OpOverload, args: tuple, kwargs: dict, *,
+def bind(func: torch_internals.OpOverload, args: tuple, kwargs: dict, *,
          defaults: bool = True) -> dict[str, Any]:
     """Argument values by schema name, defaults filled in unless `defaults` is False."""
     named: dict[str, Any] = {}
@@ -76,7 +79,7 @@ def bind(func: torch._ops.OpOverload, args: tuple, kwargs: dict, *,
 _MISSING = object()
 
 
-def aliased_returns(func: torch._ops.OpOverload, args: tuple, kwargs: dict) -> Any:
+def aliased_returns(func: torch_internals.OpOverload, args: tuple, kwargs: dict) -> Any:
     """What an in-place or out= op returns: the very argument objects its returns alias."""
     schema = func._schema
     if not schema.returns:
@@ -88,7 +91,7 @@ def aliased_returns(func: torch._ops.OpOverload, args: tuple, kwargs: dict) -> A
     return values[0] if len(values) == 1 else values
 
 
-def sync_reason(func: torch._ops.OpOverload, args: tuple, kwargs: dict) -> str | None:
+def sync_reason(func: torch_internals.OpOverload, args: tuple, kwargs: dict) -> str | None:
     """Why a graph cannot record this op (a host sync or a data-dependent shape), or None."""
     tags = func.tags
     if torch.Tag.data_dependent_output in tags:
@@ -114,7 +117,8 @@ def equal_on_host(a: torch.Tensor, b: torch.Tensor) -> bool | None:
         return False
     if a.numel() == 0:
         return True
-    if (a.untyped_storage()._cdata == b.untyped_storage()._cdata and a.dtype == b.dtype
+    if (torch_internals.storage_key(a.untyped_storage())
+            == torch_internals.storage_key(b.untyped_storage()) and a.dtype == b.dtype
             and a.storage_offset() == b.storage_offset() and a.stride() == b.stride()
             and a.layout == b.layout and a.is_neg() == b.is_neg() and a.is_conj() == b.is_conj()):
         return True
@@ -136,7 +140,7 @@ def _grouped_mm_reason(named: dict) -> str | None:
             f"cast the input and the expert weights to bf16")
 
 
-def _is_masked_fill(func: torch._ops.OpOverload, named: dict, memory: Any = None) -> bool:
+def _is_masked_fill(func: torch_internals.OpOverload, named: dict, memory: Any = None) -> bool:
     """`x[mask] = scalar`: index_put turns this into masked_fill_, which never syncs (ATen's
     canDispatchToMaskedFill: one mask on self's device, a one-element value on the host)."""
     if func not in (aten.index_put.default, aten.index_put_.default):
@@ -157,7 +161,7 @@ def _pinned(memory: Any) -> Callable[[torch.Tensor], bool]:
     return memory.is_pinned if memory is not None else (lambda t: t.is_pinned())
 
 
-def copy_reason(func: torch._ops.OpOverload, args: tuple, kwargs: dict,
+def copy_reason(func: torch_internals.OpOverload, args: tuple, kwargs: dict,
                 device: torch.device, memory: Any = None) -> str | None:
     """Why a copy between the host and an accelerator device cannot be captured, or None.
     `memory` (emulator/memory.py) says which tensors are device memory; by default, every tensor
@@ -213,7 +217,7 @@ _INDEX_PUTS = frozenset({aten.index_put.default, aten.index_put_.default,
 _SAME_DTYPE_PARAMETERS_ON_CUDA = {aten.native_layer_norm.default: ("weight", "bias")}
 
 
-def kernel_dtype_reason(func: torch._ops.OpOverload, args: tuple, kwargs: dict,
+def kernel_dtype_reason(func: torch_internals.OpOverload, args: tuple, kwargs: dict,
                         device: torch.device) -> str | None:
     """Why `device`'s kernel refuses this dtype combination (which the meta kernel accepts), or None."""
     if device.type != "cuda" or func not in _SAME_DTYPE_PARAMETERS_ON_CUDA:
@@ -245,7 +249,7 @@ def _copy_problem(source: torch.Tensor, to_device: bool,
 
 
 @functools.lru_cache(maxsize=None)
-def out_overload(func: torch._ops.OpOverload) -> torch._ops.OpOverload | None:
+def out_overload(func: torch_internals.OpOverload) -> torch_internals.OpOverload | None:
     """The `out=` sibling of a functional op that takes the same arguments, or None."""
     schema = func._schema
     if not schema.returns or any(str(r.type) != "Tensor" for r in schema.returns):
@@ -273,7 +277,7 @@ def _takes_same_arguments(functional: Any, candidate: Any) -> bool:
     return all(a.has_default_value() or a.name in ours for a in theirs.values())
 
 
-def out_names(func: torch._ops.OpOverload) -> list[str]:
+def out_names(func: torch_internals.OpOverload) -> list[str]:
     return [a.name for a in func._schema.arguments if a.is_out]
 
 
@@ -287,7 +291,7 @@ _NORM_PARAMETERS = ("weight", "bias", "running_mean", "running_var")
 _REDUCED = (torch.bfloat16, torch.float16)
 
 
-def device_result_dtypes(func: torch._ops.OpOverload, args: tuple, kwargs: dict, results: Any,
+def device_result_dtypes(func: torch_internals.OpOverload, args: tuple, kwargs: dict, results: Any,
                          device: torch.device) -> Any:
     """`results` (from the meta kernel) with the dtypes `device`'s own kernel returns."""
     if device.type != "cpu" or func not in _CPU_STATS_IN_INPUT_DTYPE:

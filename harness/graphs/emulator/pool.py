@@ -18,6 +18,8 @@ from dataclasses import dataclass
 import torch
 from torch.multiprocessing.reductions import StorageWeakRef
 
+from harness import torch_internals
+
 # CUDA's allocator rounds every block to 512 bytes; matching it makes reuse decisions comparable.
 BLOCK_ALIGN = 512
 DEFAULT_SEGMENT_BYTES = 1 << 20
@@ -104,7 +106,7 @@ class PoolArena:
     def _non_owning(self, segment: int, offset: int, nbytes: int) -> torch.UntypedStorage:
         memory = self._segments[segment]
         address = memory.data_ptr() + offset
-        storage = torch._C._construct_storage_from_data_pointer(address, self.device, nbytes)
+        storage = torch_internals.construct_storage_from_data_pointer(address, self.device, nbytes)
         # The segment must outlive every storage over it, even after the arena itself is gone.
         storage._harness_segment = memory
         return storage

@@ -14,9 +14,8 @@ import warnings
 from typing import Any
 
 import torch
-from torch.utils._pytree import tree_flatten, tree_map_only
-from torch.utils._python_dispatch import TorchDispatchMode
 
+from harness.torch_internals import TorchDispatchMode, tree_flatten, tree_map_only
 from harness.graphs.emulator import opinfo
 from harness.graphs.base import CaptureError
 from harness.graphs.emulator import collectives

@@ -6,8 +6,9 @@ from __future__ import annotations
 from typing import Any
 
 import torch
-from torch.utils._pytree import tree_map_only
 
+from harness import torch_internals
+from harness.torch_internals import tree_map_only
 from harness.graphs.base import CaptureError
 from harness.graphs.emulator import opinfo
 from harness.graphs.emulator.callsite import at_callsite, current_callsite
@@ -40,9 +41,8 @@ def result_shapes(func, args, kwargs) -> Any:
 
 
 def _fake_shapes(func, args, kwargs) -> Any:
-    from torch._subclasses.fake_tensor import FakeTensorMode
 
-    mode = FakeTensorMode(allow_non_fake_inputs=True)
+    mode = torch_internals.fake_tensor_mode(allow_non_fake_inputs=True)
     try:
         fake_args, fake_kwargs = tree_map_only(torch.Tensor, mode.from_tensor, (args, kwargs))
         with mode:

@@ -21,6 +21,7 @@ from typing import Callable, Sequence
 
 import torch
 
+from harness import torch_internals
 from harness.graphs.base import GraphBackend
 from harness.ops.attention import context_plan, paged_attention_op
 from harness.ops.kv_cache import PagedKVCache
@@ -159,7 +160,7 @@ class PiecewiseGraphs:
         per_token = token_inputs(md, self.input_ids, bucket)
         scratch = self.model.workspace.get(self._scratch_numel(bucket))
         for tensor in (*per_token, scratch):
-            torch._dynamo.mark_dynamic(tensor, 0)
+            torch_internals.mark_dynamic(tensor, 0)
         try:
             with torch.no_grad():
                 hidden = self._compiled(*per_token, md.seq_lens, md.block_tables, self.kv_layers, scratch)

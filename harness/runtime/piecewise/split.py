@@ -15,6 +15,7 @@ import torch
 from torch import fx
 from torch.fx.passes.split_module import split_module
 
+from harness import torch_internals
 
 
 @dataclass(frozen=True)
@@ -42,12 +43,12 @@ def op_name(target: Any) -> str | None:
     """`namespace::name` of an op target however dynamo emits it: an OpOverload
     (`torch.ops.ns.op.default`), an OpOverloadPacket (`torch.ops.ns.op`), or a custom-op object that
     wraps one; None for anything else (Python functions, methods, modules)."""
-    if isinstance(target, torch._ops.OpOverload):
+    if isinstance(target, torch_internals.OpOverload):
         target = target.overloadpacket
-    if isinstance(target, torch._ops.OpOverloadPacket):
+    if isinstance(target, torch_internals.OpOverloadPacket):
         return target._qualified_op_name
     wrapped = getattr(target, "_opoverload", None)  # torch.library.custom_op's CustomOpDef
-    if isinstance(wrapped, torch._ops.OpOverload):
+    if isinstance(wrapped, torch_internals.OpOverload):
         return op_name(wrapped)
     return None
 

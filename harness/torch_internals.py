@@ -1,0 +1,285 @@
+"""The one door to torch's private names.
+
+Every name the harness reaches that torch does not promise to keep (`torch._C._*`,
+`torch.utils._python_dispatch`, `torch.utils._pytree`, `torch._ops`, `torch._dynamo`, ...) is
+resolved here and nowhere else (suites/graphs/test_torch_internals.py walks harness/ to hold that).
+It stands alone, like records.py, so that every layer may import it: the graph emulator
+(`graphs/emulator`) uses private names as much as the emulated device does, and must not import
+`harness.emulation`.
+
+A torch release that moves or changes one of these names must not give wrong answers: importing
+this module never fails (an absent name is bound to a stand-in that raises `TorchInternalsError`
+when used), and `check()`, which `emulate_cuda()` calls on entry, probes each name cheaply and
+refuses with one message naming the torch version and every missing or misbehaving piece.
+
+Two modules are heavy to import (`torch._dynamo`, `torch._subclasses.fake_tensor`): they stay
+unimported until first use, and the check on entry only asks that they can be found.
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib
+import importlib.util
+from dataclasses import dataclass
+from typing import Any, Callable
+
+import torch
+
+
+class TorchInternalsError(RuntimeError):
+    """This torch lacks (or changed) a private name the harness needs."""
+
+
+@dataclass(frozen=True)
+class Internal:
+    """One private torch name: `module` (imported) then the attributes of `attribute` (dotted).
+
+    `probe(obj)` returns True when the object behaves as the harness uses it (raising counts as
+    not behaving). `lazy`: the module is not imported on entry, only found.
+    """
+
+    module: str
+    attribute: str
+    probe: Callable[[Any], bool] = callable
+    lazy: bool = False
+
+    @property
+    def path(self) -> str:
+        return f"{self.module}.{self.attribute}" if self.attribute else self.module
+
+
+def resolve(entry: Internal) -> Any:
+    """The object `entry` names in this torch (AttributeError / ImportError when absent)."""
+    return functools.reduce(getattr, filter(None, entry.attribute.split(".")),
+                            importlib.import_module(entry.module))
+
+
+def _entered(factory: Any) -> bool:
+    with factory():
+        pass
+    return True
+
+
+def _is_class_with(*methods: str) -> Callable[[Any], bool]:
+    return lambda obj: isinstance(obj, type) and all(hasattr(obj, m) for m in methods)
+
+
+def _flattens(tree_flatten: Any) -> bool:
+    leaves, _ = tree_flatten([1, (2, {"a": 3})])
+    return leaves == [1, 2, 3]
+
+
+def _maps_only(tree_map_only: Any) -> bool:
+    return tree_map_only(int, lambda x: x + 1, [1, ("a", 2)]) == [2, ("a", 3)]
+
+
+def _counts(length: Any) -> bool:
+    return isinstance(length(), int)
+
+
+def _lists(stack: Any) -> bool:
+    return isinstance(stack(), list)
+
+
+def _counts_uses(use_count: Any) -> bool:
+    storage = torch.empty(1).untyped_storage()  # held: the count is of a live storage
+    return use_count(storage._cdata) >= 1
+
+
+def _tells_expired(expired: Any) -> bool:
+    storage = torch.empty(1).untyped_storage()
+    return expired(storage._cdata) is False
+
+
+def _found(module: str) -> Callable[[Any], bool]:
+    return lambda _: importlib.util.find_spec(module) is not None
+
+
+# Exported name -> what it is in torch. Add rows at the end (other changes add rows too).
+NAMES: dict[str, Internal] = {
+    # torch._C: modes, dispatch keys, storages
+    "DisableTorchFunction": Internal("torch._C", "DisableTorchFunction", _entered),
+    "AutoDispatchBelowADInplaceOrView": Internal("torch._C", "_AutoDispatchBelowADInplaceOrView",
+                                                 _entered),
+    "DISPATCH_KEY_PYTHON": Internal("torch._C", "DispatchKey.Python", lambda k: k is not None),
+    "DISPATCH_KEY_PYTHON_TLS_SNAPSHOT": Internal("torch._C", "DispatchKey.PythonTLSSnapshot",
+                                                 lambda k: k is not None),
+    "dispatch_tls_is_dispatch_key_included": Internal(
+        "torch._C", "_dispatch_tls_is_dispatch_key_included"),
+    "dispatch_tls_set_dispatch_key_included": Internal(
+        "torch._C", "_dispatch_tls_set_dispatch_key_included"),
+    "len_torch_dispatch_stack": Internal("torch._C", "_len_torch_dispatch_stack", _counts),
+    "dispatch_has_kernel_for_dispatch_key": Internal(
+        "torch._C", "_dispatch_has_kernel_for_dispatch_key"),
+    "construct_storage_from_data_pointer": Internal("torch._C",
+                                                    "_construct_storage_from_data_pointer"),
+    "storage_use_count": Internal("torch._C", "_storage_Use_Count", _counts_uses),
+    "storage_expired": Internal("torch", "UntypedStorage._expired", _tells_expired),
+    "len_torch_function_stack": Internal("torch._C", "_len_torch_function_stack", _counts),
+    "pop_torch_function_stack": Internal("torch._C", "_pop_torch_function_stack"),
+    "push_on_torch_function_stack": Internal("torch._C", "_push_on_torch_function_stack"),
+    "get_function_stack_at": Internal("torch._C", "_get_function_stack_at"),
+    "TensorBase": Internal("torch._C", "TensorBase", lambda c: "device" in c.__dict__),
+    "Generator": Internal("torch._C", "Generator", _is_class_with("manual_seed", "get_state")),
+    "nn_one_hot": Internal("torch._C", "_nn.one_hot"),
+    "nn_parse_to": Internal("torch._C", "_nn._parse_to"),
+    "autograd_C": Internal("torch._C", "_autograd", lambda m: m is not None),
+    "push_saved_tensors_default_hooks": Internal(
+        "torch._C", "_autograd._push_saved_tensors_default_hooks"),
+    "engine_run_backward": Internal("torch.autograd", "_engine_run_backward"),
+    "has_compatible_shallow_copy_type": Internal("torch", "_has_compatible_shallow_copy_type"),
+    # torch._ops
+    "OpOverload": Internal("torch._ops", "OpOverload", _is_class_with("name")),
+    "OpOverloadPacket": Internal("torch._ops", "OpOverloadPacket", _is_class_with("overloads")),
+    # torch.utils._pytree
+    "tree_flatten": Internal("torch.utils._pytree", "tree_flatten", _flattens),
+    "tree_map_only": Internal("torch.utils._pytree", "tree_map_only", _maps_only),
+    # torch.utils._python_dispatch and torch.overrides
+    "TorchDispatchMode": Internal("torch.utils._python_dispatch", "TorchDispatchMode",
+                                  _is_class_with("__torch_dispatch__", "__enter__")),
+    "get_current_dispatch_mode_stack": Internal(
+        "torch.utils._python_dispatch", "_get_current_dispatch_mode_stack", _lists),
+    "disable_current_modes": Internal("torch.utils._python_dispatch", "_disable_current_modes",
+                                      _entered),
+    "push_mode": Internal("torch.utils._python_dispatch", "_push_mode"),
+    "pop_mode": Internal("torch.utils._python_dispatch", "_pop_mode"),
+    "get_current_function_mode_stack": Internal("torch.overrides",
+                                                "_get_current_function_mode_stack", _lists),
+    # torch.utils._device
+    "DeviceContext": Internal("torch.utils._device", "DeviceContext",
+                              _is_class_with("__torch_function__")),
+    "device_constructors": Internal("torch.utils._device", "_device_constructors",
+                                    lambda f: len(f()) > 0),
+    # torch._tensor_str
+    "tensor_str": Internal("torch._tensor_str", "_str"),
+    # heavy modules: found on entry, imported at first use
+    "dynamo": Internal("torch._dynamo", "", _found("torch._dynamo"), lazy=True),
+    "fake_tensor": Internal("torch._subclasses.fake_tensor", "",
+                            _found("torch._subclasses.fake_tensor"), lazy=True),
+}
+
+
+def problems(names: dict[str, Internal] | None = None,
+             resolver: Callable[[Internal], Any] = resolve) -> list[str]:
+    """What is wrong with `names` (default: all of NAMES) in this torch, one line per name:
+    `path (missing: ...)` or `path (does not behave: ...)`. `resolver` finds an entry's object
+    (the seam a test plants a missing name through)."""
+    found = []
+    for entry in (NAMES if names is None else names).values():
+        try:
+            obj = None if entry.lazy else resolver(entry)
+        except (AttributeError, ImportError) as error:
+            found.append(f"{entry.path} (missing: {error})")
+            continue
+        try:
+            behaves = entry.probe(obj)
+        except Exception as error:  # noqa: BLE001 (any failure of a probe is the finding)
+            behaves, detail = False, f"{type(error).__name__}: {error}"
+        else:
+            detail = f"probe {getattr(entry.probe, '__name__', 'check')} returned {behaves!r}"
+        if behaves is not True:
+            found.append(f"{entry.path} (does not behave: {detail})")
+    return found
+
+
+def check(names: dict[str, Internal] | None = None,
+          resolver: Callable[[Internal], Any] = resolve) -> None:
+    """Raise one TorchInternalsError naming the torch version and every missing or misbehaving
+    private name, or return when all are there and behave."""
+    found = problems(names, resolver)
+    if found:
+        raise TorchInternalsError(
+            f"torch {torch.__version__} lacks or changed {len(found)} private name(s) the "
+            f"harness's emulated CUDA device needs: " + "; ".join(found)
+            + ". Use a torch in the range pyproject.toml declares, or update "
+              "harness/torch_internals.py for this release.")
+
+
+class _Absent:
+    """What a name this torch lacks is bound to: using it raises, naming it."""
+
+    def __init__(self, path: str, error: Exception) -> None:
+        self._message = (f"torch {torch.__version__} has no {path} ({error}), which the harness "
+                         f"needs; harness.torch_internals.check() lists every such name")
+
+    def __call__(self, *args, **kwargs):
+        raise TorchInternalsError(self._message)
+
+    def __getattr__(self, name: str):
+        if name.startswith("__"):
+            raise AttributeError(name)
+        raise TorchInternalsError(self._message)
+
+
+def bind(entry: Internal) -> Any:
+    try:
+        return resolve(entry)
+    except (AttributeError, ImportError) as error:
+        if entry.attribute in _BASE_CLASSES:
+            # the harness subclasses it at import: a class that refuses to be made instead
+            return type(entry.attribute, (), {"__init__": _Absent(entry.path, error)})
+        return _Absent(entry.path, error)
+
+
+_BASE_CLASSES = ("TorchDispatchMode", "DeviceContext", "Generator", "TensorBase")
+
+
+DisableTorchFunction = bind(NAMES["DisableTorchFunction"])
+AutoDispatchBelowADInplaceOrView = bind(NAMES["AutoDispatchBelowADInplaceOrView"])
+DISPATCH_KEY_PYTHON = bind(NAMES["DISPATCH_KEY_PYTHON"])
+DISPATCH_KEY_PYTHON_TLS_SNAPSHOT = bind(NAMES["DISPATCH_KEY_PYTHON_TLS_SNAPSHOT"])
+dispatch_tls_is_dispatch_key_included = bind(NAMES["dispatch_tls_is_dispatch_key_included"])
+dispatch_tls_set_dispatch_key_included = bind(NAMES["dispatch_tls_set_dispatch_key_included"])
+len_torch_dispatch_stack = bind(NAMES["len_torch_dispatch_stack"])
+dispatch_has_kernel_for_dispatch_key = bind(NAMES["dispatch_has_kernel_for_dispatch_key"])
+construct_storage_from_data_pointer = bind(NAMES["construct_storage_from_data_pointer"])
+storage_use_count = bind(NAMES["storage_use_count"])
+storage_expired = bind(NAMES["storage_expired"])
+len_torch_function_stack = bind(NAMES["len_torch_function_stack"])
+pop_torch_function_stack = bind(NAMES["pop_torch_function_stack"])
+push_on_torch_function_stack = bind(NAMES["push_on_torch_function_stack"])
+get_function_stack_at = bind(NAMES["get_function_stack_at"])
+TensorBase = bind(NAMES["TensorBase"])
+Generator = bind(NAMES["Generator"])
+nn_one_hot = bind(NAMES["nn_one_hot"])
+nn_parse_to = bind(NAMES["nn_parse_to"])
+autograd_C = bind(NAMES["autograd_C"])
+push_saved_tensors_default_hooks = bind(NAMES["push_saved_tensors_default_hooks"])
+engine_run_backward = bind(NAMES["engine_run_backward"])
+has_compatible_shallow_copy_type = bind(NAMES["has_compatible_shallow_copy_type"])
+OpOverload = bind(NAMES["OpOverload"])
+OpOverloadPacket = bind(NAMES["OpOverloadPacket"])
+tree_flatten = bind(NAMES["tree_flatten"])
+tree_map_only = bind(NAMES["tree_map_only"])
+TorchDispatchMode = bind(NAMES["TorchDispatchMode"])
+get_current_dispatch_mode_stack = bind(NAMES["get_current_dispatch_mode_stack"])
+disable_current_modes = bind(NAMES["disable_current_modes"])
+push_mode = bind(NAMES["push_mode"])
+pop_mode = bind(NAMES["pop_mode"])
+get_current_function_mode_stack = bind(NAMES["get_current_function_mode_stack"])
+DeviceContext = bind(NAMES["DeviceContext"])
+device_constructors = bind(NAMES["device_constructors"])
+tensor_str = bind(NAMES["tensor_str"])
+
+
+def storage_key(storage: Any) -> int:
+    """The address of a storage's C++ object: the same for every Python object of one storage."""
+    return storage._cdata
+
+
+def mark_dynamic(tensor: torch.Tensor, dim: int) -> None:
+    """torch._dynamo.mark_dynamic (imported at first use)."""
+    importlib.import_module("torch._dynamo").mark_dynamic(tensor, dim)
+
+
+def fake_tensor_mode(**options: Any) -> Any:
+    """A torch._subclasses.fake_tensor.FakeTensorMode (imported at first use)."""
+    return importlib.import_module("torch._subclasses.fake_tensor").FakeTensorMode(**options)
+
+
+def torch_namespace(path: str) -> Any:
+    """The torch module or class a dotted path names ("torch._C", "torch.cuda.graph"): what the
+    emulated device replaces attributes of, private owners included."""
+    return functools.reduce(getattr, path.split(".")[1:], torch)
+
