@@ -11,14 +11,7 @@ import torch
 
 from harness import torch_internals
 from harness.torch_internals import TorchDispatchMode, get_current_function_mode_stack, tree_flatten
-from harness.emulation.device_memory import DEVICE, MEMORY_ATTR
-
-
-def _is_device(t) -> bool:
-    try:
-        return getattr(t.untyped_storage(), MEMORY_ATTR, None) == DEVICE
-    except (RuntimeError, NotImplementedError):
-        return False
+from harness.emulation.device_memory import is_device_memory
 
 
 class _MarkResults(TorchDispatchMode):
@@ -32,7 +25,7 @@ class _MarkResults(TorchDispatchMode):
         with torch_internals.DisableTorchFunction():
             out = func(*args, **kwargs)
         inputs = tree_flatten((args, kwargs))[0]
-        if any(isinstance(t, torch.Tensor) and _is_device(t) for t in inputs):
+        if any(isinstance(t, torch.Tensor) and is_device_memory(t) for t in inputs):
             for t in tree_flatten(out)[0]:
                 if isinstance(t, torch.Tensor):
                     self.memory.mark_device(t)
@@ -98,7 +91,7 @@ def compile_marking_outputs(state, original):
     def wrap(compiled):
         @functools.wraps(compiled)
         def run(*args, **kwargs):
-            if not any(isinstance(t, torch.Tensor) and _is_device(t)
+            if not any(isinstance(t, torch.Tensor) and is_device_memory(t)
                        for t in tree_flatten((args, kwargs))[0]):
                 return compiled(*args, **kwargs)
             memory, placement = state.memory, state.placement

@@ -48,6 +48,16 @@ class _StorageRef(weakref.ref):
     __eq__ = object.__eq__
 
 
+def is_device_memory(x: torch.Tensor | torch.UntypedStorage) -> bool:
+    """Whether a tensor, or an untyped storage, is the emulated device's memory: the one answer
+    every part of the device asks (a tensor without a storage, sparse or nested, is not)."""
+    try:
+        storage = x if type(x) is torch.UntypedStorage else x.untyped_storage()
+    except (RuntimeError, NotImplementedError):
+        return False
+    return getattr(storage, MEMORY_ATTR, None) is DEVICE
+
+
 def _storage(t: torch.Tensor) -> torch.UntypedStorage | None:
     try:
         return t.untyped_storage()
@@ -85,8 +95,7 @@ class DeviceMemory:
     # --- what a tensor is --------------------------------------------------------------------
 
     def is_device(self, t: torch.Tensor) -> bool:
-        storage = _storage(t)
-        return storage is not None and getattr(storage, MEMORY_ATTR, None) is DEVICE
+        return is_device_memory(t)
 
     def is_pinned(self, t: torch.Tensor) -> bool:
         storage = _storage(t)
@@ -98,9 +107,10 @@ class DeviceMemory:
     # --- marking -----------------------------------------------------------------------------
 
     def mark_device(self, t: torch.Tensor) -> None:
-        storage = _storage(t)
-        if storage is not None and getattr(storage, MEMORY_ATTR, None) is not DEVICE:
-            self.adopt(storage)
+        if not is_device_memory(t):
+            storage = _storage(t)
+            if storage is not None:
+                self.adopt(storage)
 
     def adopt(self, storage: torch.UntypedStorage) -> None:
         """Mark `storage` device memory: an allocation on the current stream while it lives."""

@@ -32,7 +32,7 @@ from harness.emulation import kernels, transfers
 from harness.graphs.emulator.dispatch_keys import keep_modes_reachable
 from harness.emulation.capacity import requested_bytes
 from harness.emulation.generators import DeviceGenerator
-from harness.emulation.device_memory import DEVICE, MEMORY_ATTR, PINNED
+from harness.emulation.device_memory import DEVICE, PINNED, is_device_memory
 from harness.emulation.rules import (CPU, cuda_index, device_generator_on_host_error,
                                                  host_generator_error, mixed_devices_error,
                                                  names_cuda)
@@ -56,13 +56,6 @@ _MIXING_ALLOWED = frozenset({
     Tensor.__deepcopy__, Tensor.__setstate__, Tensor.__reduce_ex__,
 })
 _FROM_HOST_DATA = frozenset({torch.tensor, torch.as_tensor, torch.asarray})
-
-
-def _is_device(t: Tensor) -> bool:
-    try:
-        return getattr(t.untyped_storage(), MEMORY_ATTR, None) == DEVICE
-    except (RuntimeError, NotImplementedError):
-        return False
 
 
 class Placement(TorchFunctionMode):
@@ -117,20 +110,20 @@ class Placement(TorchFunctionMode):
         try:
             for a in args:
                 if isinstance(a, Tensor):
-                    if getattr(a.untyped_storage(), MEMORY_ATTR, None) is DEVICE:
+                    if is_device_memory(a):
                         device_in = True
                     elif host is None and a.dim():
                         host = a
                 elif type(a) is list or type(a) is tuple:
                     for b in a:
                         if isinstance(b, Tensor):
-                            if getattr(b.untyped_storage(), MEMORY_ATTR, None) is DEVICE:
+                            if is_device_memory(b):
                                 device_in = True
                             elif host is None and b.dim():
                                 host = b
             for v in kwargs.values():
                 if isinstance(v, Tensor):
-                    if getattr(v.untyped_storage(), MEMORY_ATTR, None) is DEVICE:
+                    if is_device_memory(v):
                         device_in = True
                     elif host is None and v.dim():
                         host = v
@@ -182,7 +175,7 @@ class Placement(TorchFunctionMode):
         if isinstance(out, Tensor):
             try:
                 storage = out.untyped_storage()
-                if getattr(storage, MEMORY_ATTR, None) is not DEVICE:
+                if not is_device_memory(storage):
                     memory.adopt(storage)
             except (RuntimeError, NotImplementedError):
                 pass
@@ -210,23 +203,23 @@ class Placement(TorchFunctionMode):
     # --- getters -----------------------------------------------------------------------------
 
     def _get_device(self, func, t: Tensor):
-        return self.state.device_object() if _is_device(t) else func(t)
+        return self.state.device_object() if is_device_memory(t) else func(t)
 
     def _get_is_cuda(self, func, t: Tensor) -> bool:
-        return _is_device(t)
+        return is_device_memory(t)
 
     def _get_is_cpu(self, func, t: Tensor) -> bool:
-        return not _is_device(t) and func(t)
+        return not is_device_memory(t) and func(t)
 
     def _get_grad(self, func, t: Tensor):
         grad = func(t)
         # The autograd engine made it without a torch call this mode could see.
-        if grad is not None and _is_device(t):
+        if grad is not None and is_device_memory(t):
             self.memory.mark_device(grad)
         return grad
 
     def _get_device_index(self, func, args, kwargs) -> int:
-        return 0 if _is_device(args[0]) else func(*args, **kwargs)
+        return 0 if is_device_memory(args[0]) else func(*args, **kwargs)
 
     # --- calls that need more than the generic rule ------------------------------------------
 
@@ -234,7 +227,7 @@ class Placement(TorchFunctionMode):
         """CUDA's layer norm kernel takes weight and bias in the input's dtype; the cpu kernel
         also takes float32 parameters for reduced-precision input."""
         x = args[0] if args else kwargs["input"]
-        if isinstance(x, Tensor) and _is_device(x):
+        if isinstance(x, Tensor) and is_device_memory(x):
             for i, name in ((2, "weight"), (3, "bias")):
                 p = args[i] if len(args) > i else kwargs.get(name)
                 if isinstance(p, Tensor) and p.dtype != x.dtype:
@@ -255,7 +248,7 @@ class Placement(TorchFunctionMode):
         return self._generic(func, args, kwargs)
 
     def _repr(self, func, args, kwargs) -> str:
-        if not _is_device(args[0]):
+        if not is_device_memory(args[0]):
             return func(*args, **kwargs)
         with self:  # torch's printer asks `.device`, which this mode answers
             return torch_internals.tensor_str(args[0], **kwargs)
@@ -277,7 +270,7 @@ def _scan(args: tuple, kwargs: dict) -> tuple[bool, Tensor | None]:
     for a in (*args, *kwargs.values()):
         for t in (a if type(a) in (list, tuple) else (a,)):
             if isinstance(t, Tensor):
-                if _is_device(t):
+                if is_device_memory(t):
                     device_in = True
                 elif host is None and t.dim():
                     host = t
@@ -287,11 +280,11 @@ def _scan(args: tuple, kwargs: dict) -> tuple[bool, Tensor | None]:
 def _first_is_device(args: tuple, kwargs: dict) -> bool:
     for a in (*args, *kwargs.values()):
         if isinstance(a, Tensor):
-            return _is_device(a)
+            return is_device_memory(a)
         if type(a) in (list, tuple):
             for b in a:
                 if isinstance(b, Tensor):
-                    return _is_device(b)
+                    return is_device_memory(b)
     return True
 
 
