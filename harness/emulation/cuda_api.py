@@ -24,10 +24,13 @@ import torch.cuda.memory
 import torch.cuda.nvtx
 import torch.cuda.random
 import torch.cuda.streams
+import torch.serialization
 
 from harness import torch_internals
+from harness.emulation.accelerator_streams import event_class, stream_class
 from harness.emulation.backward import (
     compile_marking_outputs, engine_with_placement, saved_tensor_hooks_with_placement)
+from harness.emulation.checkpoints import location_tag, restore_location
 from harness.emulation.generators import generator_class
 from harness.emulation.rules import DeviceIndexError, cuda_index, names_cuda
 from harness.emulation.cuda_streams import Event, ExternalStream, Stream
@@ -400,15 +403,6 @@ def no_default_capture_stream(state) -> None:
     return None
 
 
-def reported_cuda_version(state) -> str:
-    return "12.8"
-
-
-def is_built(state) -> bool:
-    """The optimizers' capture health check and others ask whether torch was built with CUDA."""
-    return True
-
-
 def cudnn_unavailable(state, *args) -> bool:
     """The device's kernels are the cpu's: no cuDNN, even where torch was built with it (a CUDA
     build on a machine without a GPU), or RNNs would flatten their weights with cuDNN."""
@@ -431,6 +425,14 @@ def saved_tensor_hooks(state):
 
 def compile_function(state):
     return compile_marking_outputs(state, torch.compile)
+
+
+def checkpoint_restore(state):
+    return restore_location(state, torch.serialization.default_restore_location)
+
+
+def checkpoint_tag(state):
+    return location_tag(state, torch.serialization.location_tag)
 
 
 # --- the table: which torch attribute gets which replacement ---------------------------------
@@ -574,8 +576,6 @@ REPLACEMENTS: tuple[Replacement, ...] = (
     Replacement("torch.cuda.nvtx", "_nvtx", nvtx_ranges, "value"),
     Replacement("torch", "Generator", device_generator_class, "value"),
     Replacement("torch.cuda.graph", "default_capture_stream", no_default_capture_stream, "value"),
-    Replacement("torch.version", "cuda", reported_cuda_version, "value"),
-    Replacement("torch.backends.cuda", "is_built", is_built),
     Replacement("torch.backends.cudnn", "is_available", cudnn_unavailable),
     Replacement("torch.backends.cudnn", "is_acceptable", cudnn_unavailable),
     Replacement("torch.Tensor", "record_stream", record_stream),
@@ -583,6 +583,11 @@ REPLACEMENTS: tuple[Replacement, ...] = (
     Replacement("torch", "compile", compile_function, "value"),
     Replacement("torch._C._autograd", "_push_saved_tensors_default_hooks", saved_tensor_hooks,
                 "value"),
+    Replacement("torch", "Stream", stream_class, "value"),
+    Replacement("torch", "Event", event_class, "value"),
+    Replacement("torch.serialization", "default_restore_location", checkpoint_restore, "value"),
+    Replacement("torch.serialization", "location_tag", checkpoint_tag, "value"),
+    Replacement("torch.accelerator", "device_index", device_class, "value", if_present=True),
 )
 
 # torch.cuda's names that its submodules define too, and that code may reach through them.

@@ -1,0 +1,49 @@
+"""`torch.load` of tensors saved on, or mapped to, "cuda": restored into the emulated device's
+memory.
+
+torch.load restores each storage through `torch.serialization.default_restore_location(storage,
+location)` (looked up at call time, for every `map_location` form); CUDA's deserializer copies the
+storage to the GPU named by the location. On a build or machine without CUDA that raises, so
+inside the emulation a location naming cuda gives a copy of the storage marked device memory
+(after the device's capacity check, as a GPU allocation would run out of memory); every other
+location goes to torch's own restore. Saving tags each storage with
+`torch.serialization.location_tag(storage)`: a storage of device memory is tagged "cuda:0", as
+CUDA tags a GPU storage, so a checkpoint saved from the device loads back onto it.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+import torch
+
+from harness.emulation.device_memory import is_device_memory
+from harness.emulation.rules import cuda_index, names_cuda
+
+
+def restore_location(state, original: Callable[[Any, str], Any]) -> Callable[[Any, str], Any]:
+    """A replacement for `torch.serialization.default_restore_location`."""
+
+    def restore(storage: Any, location: str):
+        if not (isinstance(location, str) and names_cuda(location)):
+            return original(storage, location)
+        cuda_index(location, state.current_index, state.properties.count)
+        # torch.load hands every storage over untyped (the zip and the legacy format alike)
+        state.check_capacity(storage.nbytes())
+        restored = storage.clone()
+        state.memory.adopt(restored)
+        return restored
+
+    return restore
+
+
+def location_tag(state, original: Callable[[Any], str]) -> Callable[[Any], str]:
+    """A replacement for `torch.serialization.location_tag`."""
+
+    def tag(storage: Any) -> str:
+        untyped = storage.untyped() if isinstance(storage, torch.TypedStorage) else storage
+        if isinstance(untyped, torch.UntypedStorage) and is_device_memory(untyped):
+            return str(state.device_object())
+        return original(storage)
+
+    return tag

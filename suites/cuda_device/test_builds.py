@@ -1,0 +1,102 @@
+"""Every torch build a user has: the CPU wheel and the CUDA wheel on a machine without a GPU (what
+`pip install torch` gives a Linux CI runner). Entering the emulation never changes what torch
+reports about its own build, and the device-generic APIs (`torch.load(map_location="cuda")`,
+`torch.Stream`, `torch.Event`, `torch.accelerator`) work on the emulated device as on CUDA."""
+
+from __future__ import annotations
+
+import io
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+import torch
+
+import harness
+
+
+def _build_report() -> dict:
+    return {"version": torch.__version__, "cuda": torch.version.cuda, "hip": torch.version.hip,
+            "git": torch.version.git_version, "cuda built": torch.backends.cuda.is_built(),
+            "mps built": torch.backends.mps.is_built()}
+
+
+def test_the_build_torch_reports_is_the_same_inside(outside_emulation):
+    before = _build_report()
+    with harness.emulate_cuda(device="cpu"):
+        inside = _build_report()
+    assert inside == before and _build_report() == before
+
+
+def test_torch_load_mapped_to_cuda_gives_device_tensors(cuda_device):
+    saved = io.BytesIO()
+    torch.save({"w": torch.arange(6.0).view(2, 3), "step": 3}, saved)
+    for where in ("cuda", "cuda:0", torch.device("cuda"), {"cpu": "cuda:0"}):
+        loaded = torch.load(io.BytesIO(saved.getvalue()), map_location=where)
+        w = loaded["w"]
+        assert w.is_cuda and w.device == torch.device("cuda", 0) and loaded["step"] == 3
+        assert torch.equal(w.cpu(), torch.arange(6.0).view(2, 3))
+        assert cuda_device.memory.is_device(w)
+    with pytest.raises(RuntimeError, match="invalid device ordinal"):
+        torch.load(io.BytesIO(saved.getvalue()), map_location="cuda:3")
+    host = torch.load(io.BytesIO(saved.getvalue()), map_location="cpu")["w"]
+    assert not host.is_cuda
+
+
+def test_a_checkpoint_saved_from_the_device_loads_back_onto_it(cuda_device):
+    saved = io.BytesIO()
+    torch.save(torch.ones(4, device="cuda") * 2, saved)
+    back = torch.load(io.BytesIO(saved.getvalue()))
+    assert back.is_cuda and back.tolist() == [2.0] * 4
+    assert not torch.load(io.BytesIO(saved.getvalue()), map_location="cpu").is_cuda
+
+
+def test_torch_stream_and_event_for_cuda_are_the_devices(cuda_device):
+    for stream in (torch.Stream("cuda"), torch.Stream(device="cuda"), torch.Stream()):
+        assert isinstance(stream, torch.Stream) and isinstance(stream, torch.cuda.Stream)
+        assert stream.device == torch.device("cuda", 0)
+    side = torch.Stream("cuda")
+    with torch.cuda.stream(side):
+        x = torch.ones(3, device="cuda") + 1
+    event = torch.Event("cuda", enable_timing=True)
+    assert isinstance(event, torch.Event) and isinstance(event, torch.cuda.Event)
+    event.record(side)
+    torch.cuda.current_stream().wait_event(event)
+    assert x.tolist() == [2.0] * 3 and event.query()
+    assert isinstance(torch.Event(device="cuda"), torch.Event)
+    with pytest.raises(RuntimeError, match="invalid device ordinal"):
+        torch.Event("cuda:3")
+    assert not isinstance(torch.Stream("cpu"), torch.cuda.Stream)  # torch's own, for the cpu
+
+
+def test_torch_accelerator_answers_for_the_device(cuda_device):
+    assert torch.accelerator.is_available() and torch.accelerator.device_count() == 1
+    assert torch.accelerator.current_accelerator() == torch.device("cuda")
+    assert torch.accelerator.current_accelerator(check_available=True) == torch.device("cuda")
+    assert torch.accelerator.current_device_index() == 0
+    assert torch.accelerator.current_stream() is torch.cuda.current_stream()
+    torch.accelerator.synchronize()
+    if hasattr(torch.accelerator, "device_index"):
+        with torch.accelerator.device_index(0):
+            assert torch.accelerator.current_device_index() == 0
+    if hasattr(torch.accelerator, "memory_allocated"):
+        before = torch.accelerator.memory_allocated()
+        keep = torch.empty(1 << 20, device="cuda")
+        assert torch.accelerator.memory_allocated() >= before + keep.nbytes
+
+
+def test_torchvision_imports_inside_the_emulation(outside_emulation):
+    pytest.importorskip("torchvision")  # imported here only to skip; the check runs fresh below
+    code = textwrap.dedent("""
+        import harness, torch
+        with harness.emulate_cuda(device="cpu"):
+            import torchvision
+            print("ok", torchvision.__version__, torch.version.cuda)
+    """)
+    env = dict(os.environ, CUDA_VISIBLE_DEVICES="")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env,
+                          timeout=300)
+    assert done.returncode == 0 and done.stdout.startswith("ok"), done.stderr[-3000:]
+    assert done.stdout.split()[-1] == str(torch.version.cuda)
