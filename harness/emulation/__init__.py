@@ -11,6 +11,7 @@ TorchFunctionMode that places every op; `transfers.py` copies between the memori
 `rules.py` CUDA's error texts; `sanitizer.py` the same graph API over a real GPU.
 """
 
-from harness.emulation.session import emulate_cuda, emulation_active
+from harness.emulation.active import emulation_active
+from harness.emulation.session import emulate_cuda
 
 __all__ = ["emulate_cuda", "emulation_active"]

@@ -33,6 +33,7 @@ from harness.emulation.backward import (
 from harness.emulation.checkpoints import location_tag, restore_location
 from harness.emulation.generators import generator_class
 from harness.emulation.rules import DeviceIndexError, cuda_index, names_cuda
+from harness.emulation.cuda_graph import CUDAGraph
 from harness.emulation.cuda_streams import Event, ExternalStream, Stream
 from harness.emulation.tools import (NvtxRanges, check_memory_fraction,
                                                  check_sync_debug_mode)
@@ -380,8 +381,6 @@ def allocator_state_class(state) -> type:
 
 
 def cuda_graph_class(state) -> type:
-    from harness.emulation.session import CUDAGraph
-
     return CUDAGraph
 
 

@@ -18,8 +18,9 @@ import weakref
 import torch
 
 from harness import torch_internals
+from harness.emulation.active import active_state
 from harness.graphs.base import CaptureError
-from harness.graphs.emulated import EmulatedGraph
+from harness.graphs.emulator.graph import EmulatedGraph
 from harness.graphs.emulator.pool import PoolArena
 from harness.graphs.emulator.capture_session import CaptureSession
 
@@ -243,3 +244,10 @@ def _graph_gone(host, key: int, pool_in_use: list) -> None:
 
 _NO_CUDA_GRAPH = ("CUDAGraph.{} is not supported by harness.emulate_cuda(): an emulated graph is a "
                   "recording of torch ops, there is no cudaGraph_t to show")
+
+
+class CUDAGraph(EmulatedCUDAGraph):
+    """What `torch.cuda.CUDAGraph` is inside emulate_cuda(): a graph on the active device."""
+
+    def __init__(self, keep_graph: bool = False) -> None:
+        super().__init__(active_state(), keep_graph)

@@ -19,6 +19,8 @@ from typing import Any
 
 import torch
 
+from harness.emulation.active import active_state
+
 _STREAM_HANDLE_BASE = 0x7E0000  # fake `cuda_stream` handles, distinct from 0 (the default stream)
 
 
@@ -217,6 +219,4 @@ class Streams:
 
 
 def _state():
-    from harness.emulation.session import active_state
-
     return active_state()

@@ -62,7 +62,8 @@ class SanitizerHost:
 def enter_sanitizer(stack: contextlib.ExitStack) -> SanitizerHost:
     import torch.cuda.graphs
 
-    from harness.emulation.session import CUDAGraph, _apply
+    from harness.emulation.cuda_graph import CUDAGraph
+    from harness.emulation.replacing import apply
     from harness.graphs.emulator.pool import PoolArena
 
     host = SanitizerHost()
@@ -75,6 +76,6 @@ def enter_sanitizer(stack: contextlib.ExitStack) -> SanitizerHost:
 
     names = {"CUDAGraph": CUDAGraph, "graph_pool_handle": graph_pool_handle,
              "is_current_stream_capturing": is_current_stream_capturing}
-    _apply([(module, name, value) for module in (torch.cuda, torch.cuda.graphs)
+    apply([(module, name, value) for module in (torch.cuda, torch.cuda.graphs)
             for name, value in names.items()], stack)
     return host

@@ -15,39 +15,19 @@ import torch
 from harness import torch_internals
 from harness.torch_internals import (DeviceContext, get_current_dispatch_mode_stack,
                                      get_current_function_mode_stack)
+# active_state and emulation_active are also reached here by the parts above the device
+from harness.emulation.active import active_state, emulation_active, in_force  # noqa: F401
 from harness.emulation.backward import remove_function_mode
-from harness.emulation.cuda_graph import EmulatedCUDAGraph
+from harness.emulation.cuda_graph import CUDAGraph
+from harness.emulation.replacing import apply
 from harness.emulation.state import DeviceProperties, DeviceState
 
 DEVICES = ("auto", "cpu", "cuda")
 OPTIONS = {"name": "name", "total_memory": "total_memory", "capability": None,
            "multi_processor_count": "multi_processor_count", "device_count": "count"}
-_MISSING = object()
-# The emulation in force (at most one): the replaced torch.cuda functions and the CUDAGraph class
-# find their device here, as torch's own find the real one through the CUDA runtime.
-_ACTIVE: list[Any] = []
 # The emulation a child process entered at startup because its parent ran inside one
 # (children.py): an explicit emulate_cuda() in the child replaces it.
 _INHERITED: list[Any] = []
-
-
-def active_state():
-    if not _ACTIVE:
-        raise RuntimeError("the emulated CUDA device is not active: this object belongs to "
-                           "harness.emulate_cuda(), which has exited")
-    return _ACTIVE[-1]
-
-
-def emulation_active() -> str | None:
-    """"cpu" (the emulated device), "cuda" (the graph sanitizer on a real GPU) or None."""
-    return _ACTIVE[-1].kind if _ACTIVE else None
-
-
-class CUDAGraph(EmulatedCUDAGraph):
-    """What `torch.cuda.CUDAGraph` is inside emulate_cuda(): a graph on the active device."""
-
-    def __init__(self, keep_graph: bool = False) -> None:
-        super().__init__(active_state(), keep_graph)
 
 
 def _properties(options: dict) -> DeviceProperties:
@@ -69,9 +49,9 @@ def _refuse_bad_use(device: str) -> None:
     if device not in DEVICES:
         raise ValueError(f"emulate_cuda(device={device!r}): unknown device; accepted: "
                          f"{', '.join(repr(d) for d in DEVICES)}")
-    if _ACTIVE:
+    if emulation_active() is not None:
         raise RuntimeError(f"emulate_cuda() entered inside another emulate_cuda() "
-                           f"(device={_ACTIVE[-1].kind!r}): one emulation at a time")
+                           f"(device={emulation_active()!r}): one emulation at a time")
     from harness.graphs.emulator.recorder import Recorder
 
     if any(isinstance(m, Recorder) for m in get_current_dispatch_mode_stack()) or (
@@ -91,23 +71,6 @@ def _refuse_bad_use(device: str) -> None:
     if device == "cuda" and not torch.cuda.is_available():
         raise RuntimeError("emulate_cuda(device='cuda') (the graph sanitizer) needs a GPU, and "
                            "torch.cuda.is_available() is False; use device='auto' or 'cpu'")
-
-
-def _apply(patches: list[tuple[Any, str, Any]], stack: contextlib.ExitStack) -> None:
-    saved = [(owner, name, owner.__dict__.get(name, _MISSING) if hasattr(owner, "__dict__")
-              else getattr(owner, name, _MISSING)) for owner, name, _ in patches]
-
-    def restore() -> None:
-        for owner, name, original in reversed(saved):
-            if original is _MISSING:
-                if name in getattr(owner, "__dict__", {}):
-                    delattr(owner, name)
-            else:
-                setattr(owner, name, original)
-
-    stack.callback(restore)
-    for owner, name, value in patches:
-        setattr(owner, name, value)
 
 
 @contextlib.contextmanager
@@ -139,15 +102,14 @@ def emulate_cuda(device: str = "auto", *, schedule: str = "issue_order", races: 
             from harness.emulation.sanitizer import enter_sanitizer
 
             state = enter_sanitizer(stack)
-        _ACTIVE.append(state)
-        stack.callback(_ACTIVE.pop)
+        stack.enter_context(in_force(state))
         yield state
 
 
 def enter_inherited(options: dict) -> None:
     """This process is a child of one inside `emulate_cuda(children=True)` (children.py): enter
     the same emulation for the rest of its life, unless one is already active."""
-    if _ACTIVE:
+    if emulation_active() is not None:
         return
     context = emulate_cuda(**options)
     context.__enter__()
@@ -161,7 +123,7 @@ def _enter_cpu(properties: DeviceProperties, stack: contextlib.ExitStack, schedu
 
     state = DeviceState(properties)
     state.kind = "cpu"
-    _apply(patches(state), stack)
+    apply(patches(state), stack)
     placement = state.placement = Placement(state)
     placement.__enter__()
     stack.callback(remove_function_mode, placement)

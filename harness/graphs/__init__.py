@@ -16,7 +16,7 @@ def resolve_backend(name: str) -> str:
     if name not in BACKENDS:
         raise ValueError(f"unknown graph backend {name!r}; expected one of {', '.join(BACKENDS)}")
     if name == "auto":
-        from harness.emulation.session import emulation_active
+        from harness.emulation import emulation_active
 
         # Inside emulate_cuda() torch.cuda's graphs are the emulator's (the emulated device, or the
         # sanitizer on a GPU), whatever is_available() answers.

@@ -7,114 +7,14 @@ from typing import Any, Callable
 
 import torch
 
-from harness import torch_internals
-from harness.torch_internals import AutoDispatchBelowADInplaceOrView, get_current_dispatch_mode_stack
-from harness.graphs.base import CapturedGraph, GraphBackend, released_graph_error
+from harness.torch_internals import get_current_dispatch_mode_stack
+from harness.graphs.base import GraphBackend
 from harness.graphs.cuda import CudaGraph
-from harness.graphs.emulator.external import ExternalStorage, freed_error, moved_error
-from harness.graphs.emulator.opinfo import ReplayStep
+from harness.graphs.emulator.graph import EmulatedGraph
 from harness.graphs.emulator.pool import PoolArena
 from harness.graphs.emulator.recorder import Recorder
 from harness.graphs.emulator.capture_session import CaptureSession
 from harness.graphs.emulator.trace import OpRecord
-
-
-# StorageWeakRef.expired() without its Python method call: one C call per storage at each replay;
-# the address check is C calls too (dereference the storage objects, read their data pointers).
-_expired = torch_internals.storage_expired
-_data_ptr = torch.UntypedStorage.data_ptr
-
-
-class EmulatedGraph(CapturedGraph):
-    def __init__(self, output: Any, pool: PoolArena, steps: list[ReplayStep],
-                 inference_mode: bool, external: list[ExternalStorage],
-                 records: list[OpRecord] | None = None, *,
-                 reads: frozenset[int] = frozenset(), writes: frozenset[int] = frozenset()) -> None:
-        self.output = output
-        self.pool = pool
-        self._steps: list[ReplayStep] | None = steps
-        self._inference_mode = inference_mode
-        self.reads = reads  # the storages a replay reads and writes, for stream tracking
-        self.writes = writes
-        self._external = external  # holds the weak references the raw pointers below stand for
-        self._external_weak_refs = tuple(s.liveness.cdata for s in external)
-        self._external_objects = tuple(s.storage_object for s in external)
-        self._external_addresses = tuple(s.address for s in external)
-        self.records: tuple[OpRecord, ...] = tuple(records or ())
-
-    @property
-    def num_ops(self) -> int:
-        """How many recorded calls a replay makes (views and `empty` need none)."""
-        return len(self._steps or ())
-
-    def replay(self) -> None:
-        steps = self.refuse_unreplayable()
-        # Autograd never sees a graph's work (as on CUDA); inference mode is kept as captured
-        # because capture-time outputs are inference tensors exactly when it was on.
-        with torch.inference_mode(self._inference_mode), AutoDispatchBelowADInplaceOrView():
-            for fn, args, kwargs in steps:
-                fn(*args, **kwargs)
-
-    def replay_in_steps(self) -> list[Callable[[], None]]:
-        """`replay()` cut at each recorded call, for a stream schedule that interleaves the
-        replay with other streams' work (two graphs replayed concurrently, as on a GPU)."""
-        steps = self.refuse_unreplayable()
-        inference = self._inference_mode
-
-        def step(fn, args, kwargs) -> Callable[[], None]:
-            def run() -> None:
-                with torch.inference_mode(inference), AutoDispatchBelowADInplaceOrView():
-                    fn(*args, **kwargs)
-            return run
-
-        return [step(*s) for s in steps]
-
-    def replay_observed(self, before: Callable[[OpRecord], Any],
-                        after: Callable[[OpRecord], Any]) -> None:
-        """`replay()`, calling `before(record)` ahead of each recorded op's replay call and
-        `after(record)` once its outputs hold its results (for harness.check.explain)."""
-        steps = self.refuse_unreplayable()
-        by_step: dict[int, list[OpRecord]] = {}
-        for record in self.records:
-            by_step.setdefault(record.step, []).append(record)
-        with torch.inference_mode(self._inference_mode), AutoDispatchBelowADInplaceOrView():
-            for index, (fn, args, kwargs) in enumerate(steps):
-                records = by_step.get(index, ())
-                for record in records:
-                    before(record)
-                fn(*args, **kwargs)
-                for record in records:
-                    after(record)
-
-    def first_use(self, address: int) -> str:
-        """Where the capture first used the external storage that holds `address`, or ""."""
-        for storage in self._external:
-            start = storage.replay_storage.data_ptr()
-            if start <= address < start + storage.replay_storage.nbytes():
-                return storage.first_use
-        return ""
-
-    def refuse_unreplayable(self) -> list[ReplayStep]:
-        """The steps to replay, or the error a replay raises (released, freed or moved memory)."""
-        steps = self._steps
-        if steps is None:
-            raise released_graph_error()
-        if any(map(_expired, self._external_weak_refs)):
-            raise freed_error(next(s for s in self._external if s.liveness.expired()))
-        if self._external_addresses:
-            storages = [ref() for ref in self._external_objects]
-            if None in storages:
-                raise freed_error(next(s for s in self._external if s.storage_object() is None))
-            if tuple(map(_data_ptr, storages)) != self._external_addresses:
-                raise moved_error(next(s for s in self._external if s.moved()))
-        return steps
-
-    def external_storages(self) -> list[torch.UntypedStorage]:
-        """The live storages the graph uses but does not own (to keep them alive a while)."""
-        return [s for s in (ref() for ref in self._external_objects) if s is not None]
-
-    def reset(self) -> None:
-        self._steps = None
 
 
 class EmulatedBackend(GraphBackend):
