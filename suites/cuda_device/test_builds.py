@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import io
 import os
+import pathlib
+import re
 import subprocess
 import sys
 import textwrap
@@ -100,3 +102,28 @@ def test_torchvision_imports_inside_the_emulation(outside_emulation):
                           timeout=300)
     assert done.returncode == 0 and done.stdout.startswith("ok"), done.stderr[-3000:]
     assert done.stdout.split()[-1] == str(torch.version.cuda)
+
+
+ROOT = pathlib.Path(__file__).resolve().parents[2]
+
+
+def _declared_torch_range() -> str:
+    # the dependency line itself (tomllib is not in python 3.10, which the project supports)
+    found = re.search(r'^\s*"(torch[<>=!~][^"]*)",?$', (ROOT / "pyproject.toml").read_text(), re.M)
+    assert found, "pyproject.toml declares no torch dependency"
+    return found.group(1)
+
+
+def test_the_declared_and_the_tested_torch_ranges_agree():
+    declared = _declared_torch_range()
+    tested = re.search(r'^torch_spec="([^"]+)"', (ROOT / "scripts/env.sh").read_text(), re.M)
+    assert tested, "scripts/env.sh names no torch_spec"
+    assert declared.replace(" ", "") == tested.group(1).replace(" ", "")
+    assert re.fullmatch(r"torch>=2\.11,<2\.\d+", declared), declared  # bounded above
+
+
+def test_this_torch_is_in_the_declared_range():
+    low, high = re.fullmatch(r"torch>=([\d.]+),<([\d.]+)", _declared_torch_range()).groups()
+    version = tuple(int(p) for p in torch.__version__.split("+")[0].split(".")[:2])
+    as_tuple = lambda v: tuple(int(p) for p in v.split("."))[:2]  # noqa: E731
+    assert as_tuple(low) <= version < as_tuple(high), (torch.__version__, low, high)
