@@ -2,8 +2,8 @@
 
 Every name the harness reaches that torch does not promise to keep (`torch._C._*`,
 `torch.utils._python_dispatch`, `torch.utils._pytree`, `torch._ops`, `torch._dynamo`, ...) is
-resolved here and nowhere else (suites/graphs/test_torch_internals.py walks harness/ to hold that).
-It stands alone, like records.py, so that every layer may import it: the graph emulator
+resolved here and nowhere else (suites/cuda_device/test_torch_internals.py walks harness/ to
+hold that). It stands alone, like records.py, so that every layer may import it: the graph emulator
 (`graphs/emulator`) uses private names as much as the emulated device does, and must not import
 `harness.emulation`.
 
