@@ -31,6 +31,7 @@ from harness.emulation.tracking.unseen_writes import IssuedBytes
 
 
 _TO_COPY = torch.ops.aten._to_copy.default
+_COMPOSITE = torch._C.DispatchKey.CompositeImplicitAutograd
 DEFAULT_STREAM = 0  # device 0's default stream: where memory made before tracking began lives
 
 
@@ -85,7 +86,9 @@ class StreamWork(TorchDispatchMode):
         if opinfo.is_composite(func):
             # `to`, `reshape`: "may alias" in their schema; what they run underneath is tracked.
             with self:
-                return func.decompose(*args, **kwargs)
+                # The C++ composite kernel, not torch._decomp's Python one that decompose()
+                # prefers (matmul's is a tenth of a step's cost): the same ops reach this mode.
+                return func._op_dk(_COMPOSITE, *args, **kwargs)
         kind = opinfo.op_kind(func)
         if kind is OpKind.VIEW:
             return func(*args, **kwargs)  # an alias: no data touched
@@ -271,7 +274,7 @@ class StreamWork(TorchDispatchMode):
             if self._allocated_on.pop(key, None) is None:
                 return  # already judged when its caller dropped it (check_drops)
             try:
-                self.tracker.free(key, stream, where=current_callsite())
+                self.tracker.free(key, stream, where=callsite_later())
             except RaceError as race:
                 self._late.append(race)  # raised at the next op: a finalizer cannot raise
         return freed

@@ -8,6 +8,7 @@ innermost frame in the files a caller asks for, each as `file:line: source`.
 from __future__ import annotations
 
 import dis
+import functools
 import linecache
 import os
 import sys
@@ -25,7 +26,9 @@ MACHINERY_DIRS = (os.path.join(_HARNESS_DIR, "graphs") + os.sep, os.path.join(_H
 _SKIPPED = (os.path.dirname(torch.__file__),) + MACHINERY_DIRS
 
 
+@functools.lru_cache(maxsize=4096)
 def _is_user_file(filename: str, also_skip: tuple[str, ...] = ()) -> bool:
+    # Cached: every tracked op walks its caller frames through here, a few files over and over.
     return not filename.startswith(_SKIPPED + also_skip) and not filename.startswith("<frozen")
 
 

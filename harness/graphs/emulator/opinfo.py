@@ -63,17 +63,24 @@ def bind(func: torch_internals.OpOverload, args: tuple, kwargs: dict, *,
     """Argument values by schema name, defaults filled in unless `defaults` is False."""
     named: dict[str, Any] = {}
     positional = iter(args)
-    for arg in func._schema.arguments:
-        if not arg.kwarg_only:
+    for name, kwarg_only, has_default, default in _arguments(func):
+        if not kwarg_only:
             value = next(positional, _MISSING)
             if value is not _MISSING:
-                named[arg.name] = value
+                named[name] = value
                 continue
-        if arg.name in kwargs:
-            named[arg.name] = kwargs[arg.name]
-        elif defaults and arg.has_default_value():
-            named[arg.name] = arg.default_value
+        if name in kwargs:
+            named[name] = kwargs[name]
+        elif defaults and has_default:
+            named[name] = default
     return named
+
+
+@functools.lru_cache(maxsize=None)
+def _arguments(func: torch._ops.OpOverload) -> tuple[tuple[str, bool, bool, Any], ...]:
+    # A schema's `arguments` builds new binding objects at every access: costly on the hot path.
+    return tuple((a.name, a.kwarg_only, a.has_default_value(),
+                  a.default_value if a.has_default_value() else None) for a in func._schema.arguments)
 
 
 _MISSING = object()
