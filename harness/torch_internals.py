@@ -157,6 +157,9 @@ NAMES: dict[str, Internal] = {
     "dynamo": Internal("torch._dynamo", "", _found("torch._dynamo"), lazy=True),
     "fake_tensor": Internal("torch._subclasses.fake_tensor", "",
                             _found("torch._subclasses.fake_tensor"), lazy=True),
+    "DISPATCH_KEY_COMPOSITE_IMPLICIT": Internal("torch._C", "DispatchKey.CompositeImplicitAutograd",
+                                                lambda k: k is not None),
+    "op_dk": Internal("torch", "ops.aten.matmul.default._op_dk"),
 }
 
 
@@ -261,6 +264,13 @@ get_current_function_mode_stack = bind(NAMES["get_current_function_mode_stack"])
 DeviceContext = bind(NAMES["DeviceContext"])
 device_constructors = bind(NAMES["device_constructors"])
 tensor_str = bind(NAMES["tensor_str"])
+DISPATCH_KEY_COMPOSITE_IMPLICIT = bind(NAMES["DISPATCH_KEY_COMPOSITE_IMPLICIT"])
+
+
+def call_composite_kernel(func: Any, *args: Any, **kwargs: Any) -> Any:
+    """`func`'s C++ CompositeImplicitAutograd kernel (not torch._decomp's Python one, which
+    `OpOverload.decompose` prefers): its ops go through the dispatcher, and the modes, one by one."""
+    return func._op_dk(DISPATCH_KEY_COMPOSITE_IMPLICIT, *args, **kwargs)
 
 
 def storage_key(storage: Any) -> int:

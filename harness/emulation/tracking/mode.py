@@ -31,7 +31,6 @@ from harness.emulation.tracking.unseen_writes import IssuedBytes
 
 
 _TO_COPY = torch.ops.aten._to_copy.default
-_COMPOSITE = torch._C.DispatchKey.CompositeImplicitAutograd
 DEFAULT_STREAM = 0  # device 0's default stream: where memory made before tracking began lives
 
 
@@ -88,7 +87,7 @@ class StreamWork(TorchDispatchMode):
             with self:
                 # The C++ composite kernel, not torch._decomp's Python one that decompose()
                 # prefers (matmul's is a tenth of a step's cost): the same ops reach this mode.
-                return func._op_dk(_COMPOSITE, *args, **kwargs)
+                return torch_internals.call_composite_kernel(func, *args, **kwargs)
         kind = opinfo.op_kind(func)
         if kind is OpKind.VIEW:
             return func(*args, **kwargs)  # an alias: no data touched

@@ -77,7 +77,7 @@ def bind(func: torch_internals.OpOverload, args: tuple, kwargs: dict, *,
 
 
 @functools.lru_cache(maxsize=None)
-def _arguments(func: torch._ops.OpOverload) -> tuple[tuple[str, bool, bool, Any], ...]:
+def _arguments(func: torch_internals.OpOverload) -> tuple[tuple[str, bool, bool, Any], ...]:
     # A schema's `arguments` builds new binding objects at every access: costly on the hot path.
     return tuple((a.name, a.kwarg_only, a.has_default_value(),
                   a.default_value if a.has_default_value() else None) for a in func._schema.arguments)
