@@ -360,6 +360,9 @@ def patches(state) -> list[tuple[Any, str, Any]]:
         (torch._C._autograd, "_push_saved_tensors_default_hooks", saved_tensor_hooks_with_placement(
             state, torch._C._autograd._push_saved_tensors_default_hooks)),
     ]
+    from harness.emulation.allocator_tools import patches as allocator_tool_patches
+
+    out += allocator_tool_patches(state)
     return out
 
 
