@@ -115,3 +115,42 @@ def test_a_fork_not_joined_back_gets_the_runtime_s_message(cuda_device):
             with torch.cuda.stream(side):
                 x.mul_(3)
     assert str(caught.value).startswith(UNJOINED + "\n"), str(caught.value)
+
+
+def _captured(keep_graph: bool) -> tuple[torch.cuda.CUDAGraph, torch.Tensor]:
+    graph = torch.cuda.CUDAGraph(keep_graph=keep_graph)
+    x = torch.zeros(8, device="cuda")
+    with torch.cuda.graph(graph, capture_error_mode="relaxed"):
+        x += 1.0
+    return graph, x
+
+
+def test_the_raw_graph_and_instantiate_follow_cuda_graph_cpp(cuda_device):
+    graph, _ = _captured(keep_graph=False)
+    with pytest.raises(RuntimeError, match=r"^instantiate\(\) is intended to be called by the "
+                                           r"user only when keep_graph=true$"):
+        graph.instantiate()
+    with pytest.raises(RuntimeError, match="^You cannot access the raw cudaGraph_t instance "
+                                           "unless CUDAGraph was initialized with keep_graph=true"):
+        graph.raw_cuda_graph()
+    kept, _ = _captured(keep_graph=True)
+    with pytest.raises(RuntimeError, match=r"^You cannot access the raw cudaGraphExec_t instance "
+                                           r"until instantiate\(\) has been called"):
+        kept.raw_cuda_graph_exec()
+    with pytest.raises(RuntimeError, match=r"^capture_end\(\) must have been called before "
+                                           r"calling instantiate"):
+        torch.cuda.CUDAGraph(keep_graph=True).instantiate()
+    with pytest.raises(RuntimeError, match=r"^capture_end\(\) called before capture_begin\(\)"):
+        torch.cuda.CUDAGraph().capture_end()
+
+
+def test_debug_dump_without_debug_mode_only_warns(cuda_device, tmp_path):
+    graph, _ = _captured(keep_graph=False)
+    path = tmp_path / "graph.dot"
+    with pytest.warns(UserWarning, match=r"CUDA Graphs debug not enabled, set with "
+                                         r"\[graph\].enable_debug_mode\(\)"):
+        graph.debug_dump(str(path))
+    assert not path.exists()
+    graph.enable_debug_mode()
+    graph.debug_dump(str(path))
+    assert path.read_text().startswith("digraph")
