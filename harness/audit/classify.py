@@ -107,7 +107,8 @@ def audit_architecture(arch: Architecture, dtype: str, backend_name: str,
         try:
             graphed = runtime.generate(requests())
         except CaptureError as error:
-            return row(CAPTURE_ERROR, _first_line(error))
+            # CUDA's message, then the harness's op and line (the refusals' two-line form).
+            return row(CAPTURE_ERROR, _first_line(error, lines=2))
         except Exception as error:
             # Not a CaptureError: the op failed under the backend (on the emulator, often a fidelity bug).
             return row(CAPTURE_ERROR, f"not a CaptureError: {_describe(error)}")
@@ -144,10 +145,10 @@ def _innermost_transformers_frame(error: BaseException) -> str:
     return traceback_callsite(error.__traceback__, in_file=lambda name: f"{os.sep}transformers{os.sep}" in name)
 
 
-def _first_line(error: BaseException) -> str:
-    lines = str(error).strip().splitlines()
+def _first_line(error: BaseException, lines: int = 1) -> str:
+    text = str(error).strip().splitlines()[:lines]
     # Paths inside the venv are the same on every machine from site-packages on.
-    return re.sub(r"\S*site-packages/", "", lines[0])[:400] if lines else ""
+    return re.sub(r"\S*site-packages/", "", ": ".join(text))[:400]
 
 
 def main(argv: list[str] | None = None) -> int:

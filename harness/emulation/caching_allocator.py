@@ -95,6 +95,43 @@ class _Counters:
         self.base = [0] * len(HOT_STATS)
 
 
+class EarlyCounts:
+    """What each allocation and free moves in the first three HOT_STATS (allocations, allocated
+    and requested bytes), per size class, kept before the block model starts (device_memory.py:
+    it starts when first asked), so that the peaks and totals reached before then are not lost.
+    A few integer operations per allocation; the blocks are built only when asked for."""
+
+    __slots__ = ("small", "large", "all_peak")
+
+    def __init__(self) -> None:
+        self.small, self.large = _Counters(), _Counters()
+        self.all_peak = [0, 0, 0]
+
+    def allocate(self, nbytes: int) -> None:
+        size = round_size(nbytes)
+        mine, other = (self.small, self.large) if size <= SMALL_SIZE else (self.large, self.small)
+        current, allocated, peak = mine.current, mine.allocated, mine.peak
+        current[0] += 1
+        current[1] += size
+        current[2] += nbytes
+        allocated[0] += 1
+        allocated[1] += size
+        allocated[2] += nbytes
+        others, all_peak = other.current, self.all_peak
+        for i in (0, 1, 2):
+            if current[i] > peak[i]:
+                peak[i] = current[i]
+            if current[i] + others[i] > all_peak[i]:
+                all_peak[i] = current[i] + others[i]
+
+    def free(self, nbytes: int) -> None:
+        size = round_size(nbytes)
+        current = (self.small if size <= SMALL_SIZE else self.large).current
+        current[0] -= 1
+        current[1] -= size
+        current[2] -= nbytes
+
+
 class Block:
     """A block of a segment: allocated, or free in `free_list` (its pool's, for its size class and
     stream). `prev`/`next` are its neighbours in the segment."""
@@ -131,10 +168,11 @@ class Pool:
     """The regular pool or one graph pool: its free lists by stream (small, large), how many
     segments it holds, and how many graphs use it."""
 
-    __slots__ = ("free_lists", "segments", "use_count", "last_stream", "last_lists",
+    __slots__ = ("free_lists", "segments", "use_count", "last_stream", "last_lists", "id",
                  "__weakref__")
 
-    def __init__(self) -> None:
+    def __init__(self, pool_id: tuple[int, int] = (0, 0)) -> None:
+        self.id = pool_id  # CUDA's MempoolId_t: (0, 0) the regular pool
         self.free_lists: dict[object, tuple[_FreeList, _FreeList]] = {}
         self.segments = 0
         self.use_count = 0
@@ -159,6 +197,11 @@ class CachingAllocator:
         self.segment_stats = {name: (_Stat(), _Stat(), _Stat()) for name in SEGMENT_STATS}
         self.num_device_alloc = 0
         self.num_device_free = 0
+        # CUDA numbers graph pools (uid, 0) and user-created MemPools (0, uid), each from 1.
+        self._next_graph_pool, self._next_mem_pool = 1, 1
+        # Segment start address -> (size, small, stream, pool): what snapshots list.
+        self.segments: dict[int, tuple[int, bool, object, Pool]] = {}
+        self.history = None  # a MemoryHistory while torch.cuda.memory._record_memory_history runs
 
     # --- allocation (on every device allocation and free: kept to plain list and dict work) ----
 
@@ -183,7 +226,7 @@ class CachingAllocator:
         if i < len(keys):
             block = free_list.blocks.pop(keys.pop(i))
         else:
-            block = self._new_segment(pool, small, free_list, segment_size(size))
+            block = self._new_segment(pool, small, free_list, segment_size(size), stream)
         mine, other = self._pairs[small]
         current = mine.current
         remaining = block.size - size
@@ -213,6 +256,8 @@ class CachingAllocator:
                 current[4] -= size
         block.allocated = True
         block.requested = nbytes
+        if self.history is not None:
+            self.history.alloc(block, stream)
         count, used, requested = current[0] + 1, current[1] + size, current[2] + nbytes
         current[0], current[1], current[2] = count, used, requested
         allocated = mine.allocated
@@ -241,8 +286,12 @@ class CachingAllocator:
         if current[4] + others[4] > all_peak[4]:
             all_peak[4] = current[4] + others[4]
 
-    def _new_segment(self, pool: Pool, small: bool, free_list: _FreeList, nbytes: int) -> Block:
+    def _new_segment(self, pool: Pool, small: bool, free_list: _FreeList, nbytes: int,
+                     stream) -> Block:
         block = Block(nbytes, self._next_address, small, pool, free_list, None, None)
+        self.segments[block.address] = (nbytes, small, stream, pool)
+        if self.history is not None:
+            self.history.segment("segment_alloc", block.address, nbytes, stream, pool)
         self._next_address += nbytes
         pool.segments += 1
         self.num_device_alloc += 1
@@ -256,6 +305,8 @@ class CachingAllocator:
         """`block`'s tensor died: the block goes back to its free list, merged with its free
         neighbours."""
         block.allocated = False
+        if self.history is not None:
+            self.history.free(block)
         mine, other = self._pairs[block.small]
         current = mine.current
         current[0] -= 1
@@ -305,12 +356,37 @@ class CachingAllocator:
         """A capture into the pool of `handle` begins: allocations on `streams` (the set itself,
         which grows as streams join the capture) come from that pool (`capture_pool`) until it
         ends; the caller reads both when each allocation is made."""
-        pool = self._graph_pools.get(handle)
-        if pool is None:
-            pool = self._graph_pools[handle] = Pool()
+        pool = self.pool_of(handle)
         pool.use_count += 1
         self._freeable.discard(pool)
         self.capture_pool, self.capture_streams = pool, streams
+
+    def pool_of(self, handle) -> Pool:
+        """The graph pool of a graph pool handle, made on first use."""
+        pool = self._graph_pools.get(handle)
+        if pool is None:
+            pool = self._graph_pools[handle] = Pool((self._next_graph_pool, 0))
+            self._next_graph_pool += 1
+        return pool
+
+    def new_mem_pool(self, handle) -> Pool:
+        """A user-created pool (torch.cuda.MemPool) for `handle`, in use once (by its MemPool)."""
+        pool = self._graph_pools[handle] = Pool((0, self._next_mem_pool))
+        self._next_mem_pool += 1
+        pool.use_count = 1
+        return pool
+
+    def use_pool(self, pool: Pool) -> None:
+        pool.use_count += 1
+        self._freeable.discard(pool)
+
+    def release(self, pool: Pool) -> None:
+        """One user of `pool` is done; unused, its free segments go back on empty_cache()."""
+        if pool.use_count == 0:
+            raise RuntimeError(f"release of pool {pool.id}: no one uses it")
+        pool.use_count -= 1
+        if pool.use_count == 0:
+            self._freeable.add(pool)
 
     def end_allocate_to_pool(self) -> None:
         self.capture_pool, self.capture_streams = None, set()
@@ -320,9 +396,7 @@ class CachingAllocator:
         pool = self._graph_pools.get(handle)
         if pool is None or pool.use_count == 0:
             raise RuntimeError(f"release_pool({handle!r}): no graph uses this pool")
-        pool.use_count -= 1
-        if pool.use_count == 0:
-            self._freeable.add(pool)
+        self.release(pool)
 
     # --- empty_cache and the statistics ------------------------------------------------------
 
@@ -344,10 +418,32 @@ class CachingAllocator:
                 free_list.keys.remove(key)
                 pool.segments -= 1
                 self.num_device_free += 1
+                _, _, stream, _ = self.segments.pop(block.address)
+                if self.history is not None:
+                    self.history.segment("segment_free", block.address, block.size, stream, pool)
                 for name, amount in (("segment", 1), ("reserved_bytes", block.size)):
                     stats = self.segment_stats[name]
                     stats[0].decrease(amount)
                     stats[1 if block.small else 2].decrease(amount)
+
+    def carry_over(self, early: EarlyCounts) -> None:
+        """Take the totals and peaks counted before the model started (`early`), once the blocks
+        of the storages alive then were made. The allocated and requested bytes and the counts
+        are CUDA's (a block the model then takes whole can make its own bytes larger); the
+        reserved bytes' peak is raised to at least the allocated peak, the one bound known for
+        it (segments are not built before the model starts)."""
+        for mine, before in ((self._small, early.small), (self._large, early.large)):
+            for i in (0, 1, 2):
+                # freed = allocated - current + base must come out as what was freed before.
+                mine.base[i] = mine.current[i] - before.current[i]
+                mine.allocated[i] = before.allocated[i]
+                mine.peak[i] = max(mine.peak[i], before.peak[i])
+        for i in (0, 1, 2):
+            self._all_peak[i] = max(self._all_peak[i], early.all_peak[i])
+        reserved = self.segment_stats["reserved_bytes"]
+        for stat, peak in zip(reserved, (early.all_peak[1], early.small.peak[1],
+                                         early.large.peak[1])):
+            stat.peak = max(stat.peak, peak)
 
     def allocated_bytes(self) -> int:
         return self._small.current[1] + self._large.current[1]
@@ -399,3 +495,46 @@ class CachingAllocator:
                     "num_device_alloc": self.num_device_alloc,
                     "num_device_free": self.num_device_free, "max_split_size": -1})
         return collections.OrderedDict(sorted(out.items()))
+
+
+def segments_snapshot(allocator: CachingAllocator, allocated: list[Block], frames_of,
+                      stream_handle, pool_id: tuple[int, int] | None) -> list[dict]:
+    """`torch.cuda.memory_snapshot()`'s segments, each with its blocks in address order, as
+    CUDACachingAllocator's snapshot() lays them out (`pool_id`: only that pool's segments).
+    `allocated` are the blocks in use, `frames_of(block)` their recorded frames,
+    `stream_handle(stream)` the int CUDA reports for a stream."""
+    starts = sorted(allocator.segments)
+    blocks: dict[int, list[Block]] = {start: [] for start in starts}
+
+    def place(block: Block) -> None:
+        i = bisect_left(starts, block.address + 1) - 1
+        if i >= 0:
+            blocks[starts[i]].append(block)
+
+    for block in allocated:
+        place(block)
+    pools = {allocator.regular, *allocator._graph_pools.values(), *allocator._freeable}
+    for pool in pools:
+        for lists in pool.free_lists.values():
+            for free_list in lists:
+                for block in free_list.blocks.values():
+                    place(block)
+    out = []
+    for start in starts:
+        size, small, stream, pool = allocator.segments[start]
+        if pool_id is not None and pool.id != pool_id:
+            continue
+        rows = []
+        for block in sorted(blocks[start], key=lambda b: b.address):
+            rows.append({"address": block.address, "size": block.size,
+                         "requested_size": block.requested if block.allocated else 0,
+                         "state": "active_allocated" if block.allocated else "inactive",
+                         "frames": frames_of(block) if block.allocated else []})
+        in_use = sum(r["size"] for r in rows if r["state"] == "active_allocated")
+        out.append({"device": 0, "address": start, "total_size": size,
+                    "allocated_size": in_use, "active_size": in_use,
+                    "requested_size": sum(r["requested_size"] for r in rows),
+                    "stream": stream_handle(stream), "segment_type": "small" if small else "large",
+                    "segment_pool_id": pool.id, "is_expandable": False, "frames": [],
+                    "blocks": rows})
+    return out

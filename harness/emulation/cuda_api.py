@@ -612,6 +612,11 @@ def patches(state, table: tuple[Replacement, ...] = REPLACEMENTS) -> list[tuple[
         if row.owner == "torch.cuda":
             out += [(module, row.name, value) for module in map(owner_object, _CUDA_SUBMODULES)
                     if row.name in vars(module)]
+    # The allocator tooling's replacements share one registry of pools and raw blocks, so they
+    # come as a group rather than as rows.
+    from harness.emulation.allocator_tools import patches as allocator_tool_patches
+
+    out += allocator_tool_patches(state)
     return out
 
 

@@ -13,6 +13,7 @@ What it needs from the device (`host`): `memory` (which tensors are device memor
 from __future__ import annotations
 
 import sys
+import warnings
 import weakref
 
 import torch
@@ -38,6 +39,10 @@ class EmulatedCUDAGraph:
         self._session: CaptureSession | None = None
         self._graph: EmulatedGraph | None = None
         self._captured = False
+        # CUDA's has_graph_exec_: made by capture_end() unless keep_graph, else by instantiate()
+        # or the first replay.
+        self._instantiated = False
+        self._debug = False
         self._trace = False
         self._replay_observer = None
         self.capture_error_mode: str | None = None
@@ -94,8 +99,7 @@ class EmulatedCUDAGraph:
     def capture_end(self) -> None:
         session = self._session
         if session is None:
-            raise RuntimeError("capture_end() without a capture in progress: call capture_begin() "
-                               "first")
+            raise RuntimeError("capture_end() called before capture_begin().")
         self._session = None
         try:
             if sys.exc_info()[1] is not None:
@@ -118,6 +122,7 @@ class EmulatedCUDAGraph:
                                     recording.external, recording.records,
                                     reads=recording.reads, writes=recording.writes)
         self._captured = True
+        self._instantiated = not self._keep_graph
 
     def keep_trace(self) -> None:
         """Keep, per op of this graph's capture, its source line, arguments and outputs
@@ -155,6 +160,7 @@ class EmulatedCUDAGraph:
         graph = self._graph
         if graph is None:
             raise RuntimeError("Called CUDAGraph::replay without a preceding successful capture.")
+        self._instantiated = True
         self._host.notify_replay(self)
         observer = self._replay_observer
         if observer is None:
@@ -188,6 +194,7 @@ class EmulatedCUDAGraph:
         self._release_pool()
         self._graph = None
         self._captured = False
+        self._instantiated = False
 
     def _release_pool(self) -> None:
         while self._pool_in_use:
@@ -199,8 +206,13 @@ class EmulatedCUDAGraph:
         return self._arena
 
     def instantiate(self) -> None:
+        """CUDAGraph.cpp's checks; the recording itself needs no instantiation."""
         if not self._captured:
-            raise RuntimeError("instantiate() without a preceding successful capture")
+            raise RuntimeError("capture_end() must have been called before calling instantiate")
+        if self._instantiated and not self._keep_graph:
+            raise RuntimeError("instantiate() is intended to be called by the user only when "
+                               "keep_graph=true")
+        self._instantiated = True
 
     @property
     def num_ops(self) -> int:
@@ -211,13 +223,18 @@ class EmulatedCUDAGraph:
         generators are a documented difference (docs/fidelity.md)."""
 
     def enable_debug_mode(self) -> None:
-        """Accepted: an emulated graph keeps its recording anyway, for debug_dump()."""
+        """An emulated graph keeps its recording anyway; this allows debug_dump(), as on CUDA."""
+        self._debug = True
 
     def debug_dump(self, debug_path: str) -> None:
         """Write the recording as a Graphviz DOT file: one node per recorded call, in replay
         order (an emulated graph is a sequence; CUDA's dump shows its kernel nodes)."""
+        if not (self._debug or self._keep_graph):
+            warnings.warn("CUDA Graphs debug not enabled, set with [graph].enable_debug_mode()",
+                          stacklevel=2)
+            return
         if self._graph is None:
-            raise RuntimeError("debug_dump() without a preceding successful capture")
+            return  # CUDA dumps nothing without a graph, and says nothing either
         lines = ["digraph emulated_cuda_graph {"]
         for i, (fn, _, _) in enumerate(self._graph._steps or ()):
             name = str(getattr(fn, "__qualname__", None) or getattr(fn, "__name__", None) or fn)
@@ -229,9 +246,18 @@ class EmulatedCUDAGraph:
             out.write("\n".join(lines) + "\n")
 
     def raw_cuda_graph(self) -> int:
+        if not self._keep_graph:
+            raise RuntimeError("You cannot access the raw cudaGraph_t instance unless CUDAGraph "
+                               "was initialized with keep_graph=true")
+        if not self._captured:
+            raise RuntimeError("You cannot access the raw cudaGraph_t instance until "
+                               "capture_end() has been called")
         raise NotImplementedError(_NO_CUDA_GRAPH.format("raw_cuda_graph()"))
 
     def raw_cuda_graph_exec(self) -> int:
+        if not self._instantiated:
+            raise RuntimeError("You cannot access the raw cudaGraphExec_t instance until "
+                               "instantiate() has been called")
         raise NotImplementedError(_NO_CUDA_GRAPH.format("raw_cuda_graph_exec()"))
 
 

@@ -14,12 +14,15 @@ The allocations and frees are logged as they happen and played into the accounti
 CPU's caches, about half the cost of each event played between the ops, and a weakref callback
 that the garbage collector runs in the middle of an allocation only appends to the log.
 
-The accounting starts when it is first needed: the first statistics asked for (`memory_stats()`,
-`memory_reserved()`, `empty_cache()`, ...) or the first capture. Until then only the live storages
-are kept (with their size and stream), which costs eager code that never asks a fraction of the
-accounting; when it starts, the storages alive then are its first allocations, in the order they
-were made. So the peaks and the counts of bytes ever allocated and freed start there too, as if
-`reset_peak_memory_stats()` and `reset_accumulated_memory_stats()` had been called then.
+The block model starts when it is first needed: the first statistics asked for
+(`memory_stats()`, `memory_reserved()`, `empty_cache()`, ...) or the first capture. Until then the
+live storages are kept (with their size and stream) and each allocation and free moves a few
+counters (caching_allocator.EarlyCounts), which costs eager code that never asks a fraction of the
+model; when it starts, the storages alive then are its first blocks, in the order they were made,
+and it takes the counters over: the peaks of allocations, allocated and requested bytes and the
+totals ever allocated and freed go back to the first allocation, as on CUDA. The segments (and so
+the reserved bytes and the split blocks) start there: the reserved peak is kept at least as high as
+the allocated peak.
 """
 
 from __future__ import annotations
@@ -30,7 +33,7 @@ from typing import Any, Callable
 
 import torch
 
-from harness.emulation.caching_allocator import Block, CachingAllocator
+from harness.emulation.caching_allocator import Block, CachingAllocator, EarlyCounts
 
 MEMORY_ATTR = "_harness_memory"
 DEVICE = "device"
@@ -83,6 +86,8 @@ class DeviceMemory:
         self._live = 0  # bytes of the device storages alive, counted without the accounting
         self._modelled = False  # whether the accounting has started (see the module docstring)
         self._unmodelled: dict[_StorageRef, Any] = {}  # before it: live storage -> its stream
+        self._early = EarlyCounts()  # before it: what the allocations and frees moved
+        self.thread_pools: dict[int, Any] = {}  # thread id -> the Pool use_mem_pool routes to
         self._graphs: set[int] = set()
         self._generator_state: tuple = ()
         # Set by the placement mode around a call that names the device (a factory with
@@ -123,13 +128,18 @@ class DeviceMemory:
             self._live += nbytes
             if not self._modelled:
                 self._unmodelled[ref] = stream
+                self._early.allocate(nbytes)
             else:
                 pool = self.allocator.capture_pool
                 if pool is not None and stream not in self.allocator.capture_streams:
                     pool = None
+                if self.thread_pools:  # torch.cuda.use_mem_pool: this thread's allocations
+                    pool = self.thread_pools.get(threading.get_ident(), pool)
                 pending = self._pending
                 pending.append((ref, nbytes, stream, pool))
-                if len(pending) >= PLAY_AT:
+                # While the history is recorded, each allocation is played at once: its trace
+                # entry and its block's frames are the caller's stack now.
+                if len(pending) >= PLAY_AT or self.allocator.history is not None:
                     self._play()
         for listener in self.adoption_listeners:
             listener(storage)
@@ -138,18 +148,24 @@ class DeviceMemory:
         self._live -= ref.nbytes
         if self._unmodelled.pop(ref, None) is None:
             self._pending.append(ref)
+        else:  # it died before the model started
+            self._early.free(ref.nbytes)
 
     def _start_accounting(self) -> None:
         with self._playing:
             if self._modelled:
                 return
             # Switched first: a storage that dies meanwhile is logged, and its free finds its
-            # block (made below) or nothing (it died before it got one, and gets none).
-            alive, self._unmodelled, self._modelled = list(self._unmodelled.items()), {}, True
+            # block (made below) or nothing (it died before it got one, and gets none). One that
+            # died before the switch left the dict taken here, its free counted early.
+            alive, self._unmodelled, self._modelled = self._unmodelled, {}, True
             malloc, blocks = self.allocator.malloc, self._blocks
-            for ref, stream in alive:
+            for ref, stream in list(alive.items()):
                 if ref() is not None:
                     blocks[ref] = malloc(ref.nbytes, stream, None)
+                else:
+                    self._early.free(ref.nbytes)
+            self.allocator.carry_over(self._early)
 
     def _play(self) -> None:
         blocks, malloc, free = self._blocks, self.allocator.malloc, self.allocator.free
@@ -172,6 +188,11 @@ class DeviceMemory:
             self._start_accounting()
         self._play()
         return self.allocator
+
+    def allocated_blocks(self) -> list[Block]:
+        """The blocks in use now (the accounting up to date): what a snapshot lists."""
+        self.accounting()
+        return [*self._blocks.values(), *self._generator_state]
 
     def mark_pinned(self, t: torch.Tensor) -> None:
         storage = _storage(t)

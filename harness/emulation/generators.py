@@ -36,6 +36,20 @@ class DeviceGenerator(_TorchGenerator):
     def __repr__(self) -> str:
         return f"<torch.Generator object on cuda:{self.index} (emulated)>"
 
+    def graphsafe_get_state(self) -> "DeviceGenerator":
+        """CUDA hands out the generator's state object itself, shared; a cpu generator's state
+        cannot be shared, so this is a generator holding a copy of it (docs/fidelity.md)."""
+        out = DeviceGenerator(self.index)
+        out.set_state(self.get_state())
+        return out
+
+    def graphsafe_set_state(self, state: _TorchGenerator) -> None:
+        """Draw from `state` (a generator of graphsafe_get_state, or any device generator) on."""
+        if not isinstance(state, DeviceGenerator):
+            raise RuntimeError(f"graphsafe_set_state takes a generator of the device, got "
+                               f"{getattr(state, 'device', type(state).__name__)}")
+        self.set_state(state.get_state())
+
 
 class _GeneratorType(type(_TorchGenerator)):
     def __instancecheck__(cls, obj: Any) -> bool:

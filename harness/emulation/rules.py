@@ -7,12 +7,12 @@ from typing import Any
 import torch
 
 from harness.graphs.base import CaptureError
+from harness.graphs.emulator import cuda_errors
 from harness.graphs.emulator.callsite import at_callsite, current_callsite
 
 CPU = torch.device("cpu")
 
-PAGEABLE_COPY_TEXT = ("Cannot copy between CPU and CUDA tensors during CUDA graph capture unless "
-                      "the CPU tensor is pinned")
+PAGEABLE_COPY_TEXT = cuda_errors.PAGEABLE_COPY
 
 
 class DeviceIndexError(RuntimeError):
@@ -68,16 +68,29 @@ def numpy_of_device_error(index: int) -> TypeError:
 
 
 def pageable_copy_refused(op: str, shape: tuple) -> CaptureError:
-    return CaptureError(at_callsite(
-        f"{op} copies a pageable host tensor of shape {shape} to the device during capture: "
-        f"{PAGEABLE_COPY_TEXT}. Copy into a static device buffer before capture, or copy from a "
-        f"pinned host buffer (`pin_memory()`), which the graph re-reads at every replay",
-        current_callsite()), op=op)
+    """A copy between pageable host memory and the device during capture (either direction):
+    Copy.cu's check, a RuntimeError."""
+    return cuda_errors.pageable_copy_refused(at_callsite(
+        f"{op} copies a pageable host tensor of shape {shape} to the device during capture. Copy "
+        f"into a static device buffer before capture, or copy from a pinned host buffer with "
+        f"non_blocking=True, which the graph re-reads at every replay", current_callsite()), op=op)
 
 
 def host_copy_refused(op: str, shape: tuple) -> CaptureError:
-    return CaptureError(at_callsite(
-        f"{op} copies a device tensor of shape {shape} to the host during capture: a copy to the "
-        f"host waits for the device (a sync), which a capturing stream refuses (\"operation not "
-        f"permitted when stream is capturing\"); read results after replay()",
+    """A copy of a device tensor into pageable host memory during capture (`.cpu()`, `.tolist()`,
+    `host.copy_(x)`): Copy.cu refuses it before it would sync."""
+    return cuda_errors.pageable_copy_refused(at_callsite(
+        f"{op} copies a device tensor of shape {shape} to pageable host memory during capture; "
+        f"read results after replay(), or copy into a pinned buffer with non_blocking=True",
         current_callsite()), op=op)
+
+
+def blocking_copy_refused(op: str, shape: tuple, direction: str) -> CaptureError:
+    """A copy with a pinned host side but without non_blocking during capture: Copy.cu captures
+    the cudaMemcpyAsync, then waits for the stream (memcpy_and_sync), which a capturing stream
+    refuses (torch.AcceleratorError)."""
+    return cuda_errors.sync_refused(at_callsite(
+        f"{op} copies a tensor of shape {shape} {direction} a pinned host buffer during capture "
+        f"without non_blocking=True, so the host waits for the stream (a sync); pass "
+        f"non_blocking=True", current_callsite()), op=op)
+

@@ -15,7 +15,9 @@ import torch
 
 from harness.emulation.device_memory import DEVICE, MEMORY_ATTR, PINNED
 from harness.emulation.rules import (
-    CPU, cuda_index, host_copy_refused, names_cuda, numpy_of_device_error, pageable_copy_refused)
+    CPU, blocking_copy_refused, cuda_index, host_copy_refused, names_cuda,
+    numpy_of_device_error, pageable_copy_refused)
+from harness.graphs.emulator import cuda_errors
 from harness.graphs.emulator.host_tensors import HOST_COPY_REFUSED
 
 Tensor = torch.Tensor
@@ -29,12 +31,11 @@ def _mark_of(t: Tensor):
 
 
 def refuse_host_data(state, func, args: tuple) -> None:
-    from harness.graphs.base import CaptureError
     from harness.graphs.emulator.callsite import at_callsite, current_callsite
 
     if args and isinstance(args[0], Tensor) and _mark_of(args[0]) in (DEVICE, PINNED):
         return  # device data, or a pinned buffer: no pageable copy
-    state.refuse(CaptureError(at_callsite(
+    state.refuse(cuda_errors.pageable_copy_refused(at_callsite(
         f"torch.{func.__name__}(..., device='cuda') builds a device tensor from host data during "
         f"capture, {HOST_COPY_REFUSED}", current_callsite()), op="aten.lift_fresh.default"))
 
@@ -71,10 +72,14 @@ def handlers(mode) -> dict[Callable, Callable]:
     def is_device(t: Tensor) -> bool:
         return _mark_of(t) == DEVICE
 
-    def to_device(t: Tensor, op: str, call: Callable[[], Tensor]) -> Tensor:
-        """A host tensor copied to the device: pinned memory is captured, pageable refused."""
-        if state.capturing() and _mark_of(t) != PINNED:
-            state.refuse(pageable_copy_refused(op, tuple(t.shape)))
+    def to_device(t: Tensor, op: str, call: Callable[[], Tensor], non_blocking: bool) -> Tensor:
+        """A host tensor copied to the device: from pinned memory with non_blocking it is captured;
+        pageable memory, or a blocking copy (it waits for the stream), is refused."""
+        if state.capturing():
+            if _mark_of(t) != PINNED:
+                state.refuse(pageable_copy_refused(op, tuple(t.shape)))
+            elif not non_blocking:
+                state.refuse(blocking_copy_refused(op, tuple(t.shape), "from"))
         previous, memory.call_on_device = memory.call_on_device, True
         try:
             out = call()
@@ -86,6 +91,7 @@ def handlers(mode) -> dict[Callable, Callable]:
         return out
 
     def to_host(t: Tensor, op: str, call: Callable[[], Tensor]) -> Tensor:
+        """A device tensor copied into fresh pageable host memory."""
         if state.capturing():
             state.refuse(host_copy_refused(op, tuple(t.shape)))
         state.notify_sync(op, t)
@@ -110,7 +116,8 @@ def handlers(mode) -> dict[Callable, Callable]:
             return out
         copied = {**rest, "copy": True}
         if dst:
-            return to_device(t, "Tensor.to", lambda: func(t, CPU, **copied))
+            return to_device(t, "Tensor.to", lambda: func(t, CPU, **copied),
+                             bool(rest.get("non_blocking")))
         return to_host(t, "Tensor.to", lambda: func(t, CPU, **copied))
 
     def cuda(func, args, kwargs):
@@ -121,7 +128,8 @@ def handlers(mode) -> dict[Callable, Callable]:
         rest = {k: v for k, v in kwargs.items() if k != "device"}
         if is_device(t):
             return t
-        return to_device(t, "Tensor.cuda", lambda: t.to(CPU, copy=True, **rest))
+        return to_device(t, "Tensor.cuda", lambda: t.to(CPU, copy=True, **rest),
+                         bool(args[2] if len(args) > 2 else rest.get("non_blocking")))
 
     def cpu(func, args, kwargs):
         t = args[0]
@@ -146,16 +154,23 @@ def handlers(mode) -> dict[Callable, Callable]:
     def copy_(func, args, kwargs):
         dst, src = args[0], args[1] if len(args) > 1 else kwargs["src"]
         d, s = is_device(dst), is_device(src)
+        non_blocking = bool(args[2] if len(args) > 2 else kwargs.get("non_blocking", False))
         if d and not s and isinstance(src, Tensor):
-            if state.capturing() and _mark_of(src) != PINNED:
-                state.refuse(pageable_copy_refused("Tensor.copy_", tuple(src.shape)))
-        elif s and not d:
-            non_blocking = args[2] if len(args) > 2 else kwargs.get("non_blocking", False)
-            if not (non_blocking and _mark_of(dst) == PINNED):
-                return to_host(src, "Tensor.copy_", lambda: func(*args, **kwargs))
             if state.capturing():
-                raise host_copy_refused("Tensor.copy_", tuple(src.shape))
-            # Into pinned memory, non_blocking: a stream op the host does not wait for.
+                if _mark_of(src) != PINNED:
+                    state.refuse(pageable_copy_refused("Tensor.copy_", tuple(src.shape)))
+                elif not non_blocking:
+                    state.refuse(blocking_copy_refused("Tensor.copy_", tuple(src.shape), "from"))
+        elif s and not d:
+            if _mark_of(dst) != PINNED:
+                return to_host(src, "Tensor.copy_", lambda: func(*args, **kwargs))
+            if not non_blocking:
+                if state.capturing():
+                    state.refuse(blocking_copy_refused("Tensor.copy_", tuple(src.shape), "into"))
+                state.notify_sync("Tensor.copy_", src)
+                return func(*args, **kwargs)
+            # Into pinned memory, non_blocking: a stream op the host does not wait for (captured,
+            # as on CUDA: each replay writes the buffer again).
         out = func(*args, **kwargs)
         if (d or s) and state.observers:
             state.notify_op(func, args, kwargs, out)

@@ -5,6 +5,8 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from typing import Any, Callable
 
+import torch
+
 
 class CaptureError(RuntimeError):
     """Something was done during capture that a graph cannot record (a host sync, a data-dependent
@@ -13,6 +15,13 @@ class CaptureError(RuntimeError):
     def __init__(self, message: str, *, op: str | None = None) -> None:
         super().__init__(message)
         self.op = op
+
+
+class CaptureSyncError(CaptureError, torch.AcceleratorError):
+    """A host sync during capture (`.item()`, a blocking copy, a device-wide synchronize). CUDA
+    raises these from `C10_CUDA_CHECK` as `torch.AcceleratorError` ("CUDA error: operation not
+    permitted when stream is capturing"); it is also a `CaptureError`, for code that catches the
+    harness's errors."""
 
 
 class FreedMemoryError(CaptureError):

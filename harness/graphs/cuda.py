@@ -11,6 +11,8 @@ import torch
 
 from harness.graphs.base import CaptureError, CapturedGraph, GraphBackend, released_graph_error
 from harness.graphs.emulator.callsite import at_callsite, traceback_callsite
+from harness.graphs.base import CaptureSyncError
+from harness.graphs.emulator.cuda_errors import cuda_first
 from harness.graphs.emulator.op_tracker import FailedOpTracker
 
 _ATEN_NAME = re.compile(r"\baten::\w+(?:\.\w+)?")
@@ -124,5 +126,8 @@ def _as_capture_error(error: BaseException, failed_op: str | None = None) -> Bas
     match = _ATEN_NAME.search(message)
     where = traceback_callsite(first.__traceback__)
     headline = message.splitlines()[0] if message else type(first).__name__
-    return CaptureError(at_callsite(f"{type(first).__name__} during CUDA graph capture: {headline}", where),
-                        op=failed_op or (match.group(0) if match else None))
+    kind = CaptureSyncError if isinstance(first, torch.AcceleratorError) else CaptureError
+    # CUDA's own words first (code matches them), then which error and where.
+    return kind(cuda_first(headline, at_callsite(
+        f"({type(first).__name__} during CUDA graph capture)", where)),
+        op=failed_op or (match.group(0) if match else None))

@@ -263,7 +263,10 @@ def test_the_allocator_accounting_starts_when_first_asked_with_the_storages_aliv
         assert state.memory.live_bytes() == 4000
         stats = torch.cuda.memory_stats()  # the accounting starts here
         assert stats["allocated_bytes.all.current"] == 4096 and stats["allocation.all.current"] == 1
-        assert stats["allocation.all.allocated"] == 1  # counts start with the live storages
+        # The counts and peaks go back to the first allocation, as on CUDA (counted cheaply).
+        assert stats["allocation.all.allocated"] == 51 and stats["allocation.all.peak"] == 2
+        assert stats["allocated_bytes.all.freed"] == 50 * 12288
+        assert stats["allocated_bytes.all.peak"] == 4096 + 12288
         assert stats["reserved_bytes.all.current"] == 2 * 1024 * 1024  # one small segment
         more = torch.empty(1000, device="cuda")
         assert torch.cuda.memory_allocated() == 2 * 4096

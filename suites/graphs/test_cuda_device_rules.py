@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from harness.graphs import CaptureError, get_backend
-from harness.graphs.emulator import opinfo
+from harness.graphs.emulator import cuda_errors, opinfo
 
 aten = torch.ops.aten
 CUDA = torch.device("cuda", 0)
@@ -17,8 +17,9 @@ def test_an_index_assigned_host_scalar_is_a_refused_copy_on_a_cuda_device():
     y = torch.zeros(4, device="meta")
     index = torch.tensor([1, 3], device="meta")
     value = torch.tensor(1.0)  # what `y[index] = 1.0` hands to index_put_
-    reason = opinfo.copy_reason(aten.index_put_.default, (y, [index], value), {}, CUDA)
-    assert reason is not None and "pinned" in reason and "index_fill_" in reason
+    refusal = opinfo.copy_refusal(aten.index_put_.default, (y, [index], value), {}, CUDA)
+    assert refusal is not None and refusal[0] == cuda_errors.PAGEABLE_COPY
+    assert "pageable" in refusal[1] and "index_fill_" in refusal[1]
     assert opinfo.copy_reason(aten.index_put_.default, (y, [index], value), {},
                               torch.device("cpu")) is None
 
@@ -68,8 +69,9 @@ def test_a_failed_capture_restores_what_the_capture_patched():
 def test_where_with_a_host_scalar_tensor_is_a_refused_copy_on_a_cuda_device():
     cond = torch.ones(3, dtype=torch.bool, device="meta")
     x = torch.ones(3, device="meta")
-    reason = opinfo.copy_reason(aten.where.self, (cond, x, torch.tensor(0.0)), {}, CUDA)
-    assert reason is not None and "pinned" in reason and "Python number" in reason
+    refusal = opinfo.copy_refusal(aten.where.self, (cond, x, torch.tensor(0.0)), {}, CUDA)
+    assert refusal is not None and refusal[0] == cuda_errors.PAGEABLE_COPY
+    assert "pageable" in refusal[1] and "Python number" in refusal[1]
     assert opinfo.copy_reason(aten.where.self, (cond, x, x), {}, CUDA) is None
     assert opinfo.copy_reason(aten.where.self, (cond, x, torch.tensor(0.0)), {},
                               torch.device("cpu")) is None

@@ -19,13 +19,10 @@ import torch
 from harness import torch_internals
 from harness.torch_internals import TorchDispatchMode, disable_current_modes, tree_flatten
 from harness.graphs.base import CaptureError
-from harness.graphs.emulator import opinfo
+from harness.graphs.emulator import cuda_errors, opinfo
 from harness.graphs.emulator.callsite import at_callsite, current_callsite
 from harness.emulation.tracking.clocks import Clocks
 
-NOT_PERMITTED = "operation not permitted when stream is capturing"
-UNJOINED = ("cudaErrorStreamCaptureUnjoined: capture sequence contains a fork that was not joined "
-            "to the primary stream")
 
 
 class CaptureStreams(TorchDispatchMode):
@@ -56,11 +53,10 @@ class CaptureStreams(TorchDispatchMode):
             return func(*args, **kwargs)
         if stream.stream_id == 0 and (self.mode == "global" or (
                 self.mode == "thread_local" and threading.get_ident() == self.thread)):
-            self.invalidated = CaptureError(at_callsite(
+            self.invalidated = cuda_errors.sync_refused(at_callsite(
                 f"{opinfo.op_name(func)} on the default stream while stream "
-                f"{self.origin.stream_id} captures: CUDA error: {NOT_PERMITTED} (the legacy "
-                f"default stream would wait on the capturing stream; capture_error_mode="
-                f"{self.mode!r}). The capture is invalidated. Issue the work on the capturing "
+                f"{self.origin.stream_id} captures (the legacy default stream would wait on the "
+                f"capturing stream; capture_error_mode={self.mode!r}). The capture is invalidated. Issue the work on the capturing "
                 f"stream (inside `with torch.cuda.graph(g)` it is the current one), or on a side "
                 f"stream joined to the capture by an event", current_callsite()),
                 op=opinfo.op_name(func))
@@ -84,16 +80,18 @@ class CaptureStreams(TorchDispatchMode):
         """What ending the capture raises: an invalidating call made during it, or a fork not
         joined back to the capturing stream."""
         if self.invalidated is not None:
-            return CaptureError(f"capture_end() of an invalidated capture (CUDA error: "
-                                f"cudaErrorStreamCaptureInvalidated): {self.invalidated}",
-                                op="capture_end")
+            return CaptureError(cuda_errors.cuda_first(
+                cuda_errors.INVALIDATED, f"capture_end() of an invalidated capture "
+                f"(cudaErrorStreamCaptureInvalidated); the call that "
+                f"invalidated it: {self.invalidated}"), op="capture_end")
         origin = self.key(self.origin)
         for stream, (seq, where) in self.last.items():
             if not self.clocks.ordered(origin, self.key(stream), seq):
-                return CaptureError(at_callsite(
+                return CaptureError(cuda_errors.cuda_first(cuda_errors.UNJOINED, at_callsite(
                     f"capture_end() with work on stream {stream.stream_id} not joined back to the "
-                    f"capturing stream {self.origin.stream_id}: CUDA error: {UNJOINED}. Make the "
+                    f"capturing stream {self.origin.stream_id} (cudaErrorStreamCaptureUnjoined). "
+                    f"Make the "
                     f"capturing stream wait for it before the capture ends "
                     f"(torch.cuda.current_stream().wait_stream(side), or wait_event on an event "
-                    f"recorded on the side stream after its last op)", where), op="capture_end")
+                    f"recorded on the side stream after its last op)", where)), op="capture_end")
         return None

@@ -9,7 +9,7 @@ from typing import Callable, Iterator
 
 import torch
 
-from harness.graphs.base import CaptureError
+from harness.graphs.emulator import cuda_errors
 from harness.graphs.emulator.callsite import at_callsite, current_callsite
 
 def _guarded(name: str, original: Callable, on_device: Callable[[torch.Tensor], bool],
@@ -17,14 +17,19 @@ def _guarded(name: str, original: Callable, on_device: Callable[[torch.Tensor], 
     @functools.wraps(original)
     def guard(self: torch.Tensor, *args, **kwargs):
         if on_device(self):
-            raise CaptureError(at_callsite(
-                f"Tensor.{name} reads {device} data on the host during capture (a sync); "
-                f"move it out of the captured region", current_callsite()), op=f"Tensor.{name}")
+            detail = at_callsite(f"Tensor.{name} reads {device} data on the host during capture "
+                                 f"(a sync); move it out of the captured region", current_callsite())
+            if name in _COPY_TO_HOST:
+                raise cuda_errors.pageable_copy_refused(detail, op=f"Tensor.{name}")
+            raise cuda_errors.sync_refused(detail, op=f"Tensor.{name}")
         return original(self, *args, **kwargs)
     return guard
 
 
 HOST_READS = ("tolist", "numpy", "__repr__", "__format__", "__array__")
+# These copy the tensor into fresh pageable host memory first, which Copy.cu refuses; printing
+# reads values through ops that sync (masked_select, item).
+_COPY_TO_HOST = frozenset({"tolist", "numpy", "__array__"})
 
 
 @contextlib.contextmanager

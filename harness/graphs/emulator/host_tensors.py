@@ -24,12 +24,11 @@ from torch.overrides import TorchFunctionMode
 
 from harness.torch_internals import DeviceContext, get_current_function_mode_stack, tree_flatten
 from harness.graphs.base import CaptureError
+from harness.graphs.emulator import cuda_errors
 from harness.graphs.emulator.callsite import at_callsite, current_callsite
 
-HOST_COPY_REFUSED = ("a copy from pageable host memory, which CUDA refuses (\"Cannot copy between "
-                     "CPU and CUDA tensors during CUDA graph capture unless the CPU tensor is "
-                     "pinned\"); build it before capture and copy new values into it, or pin the "
-                     "host data")
+HOST_COPY_REFUSED = ("a copy from pageable host memory; build it before capture and copy new values "
+                     "into it, or pin the host data")
 
 _FROM_HOST_DATA = (torch.tensor, torch.as_tensor, torch.asarray)
 _FACTORIES = frozenset({
@@ -72,7 +71,7 @@ class HostTensors(TorchFunctionMode):
                 and kwargs.get("device") is not None:
             self._refuse(f"torch.{func.__name__}(..., device={kwargs['device']}) builds a device "
                          f"tensor from host data during capture, {HOST_COPY_REFUSED}",
-                         "aten.lift_fresh.default")
+                         "aten.lift_fresh.default", cuda_errors.PAGEABLE_COPY)
         tensors = [t for t in tree_flatten((args, kwargs))[0] if isinstance(t, torch.Tensor)]
         host = [t for t in tensors if self.is_host(t)]
         if host and func in _TO:
@@ -82,13 +81,16 @@ class HostTensors(TorchFunctionMode):
             if target is not None:
                 self._refuse(f"Tensor.to moves a host tensor of shape {tuple(args[0].shape)}, built "
                              f"during capture without a device, to {target}: "
-                             f"{HOST_COPY_REFUSED}", "aten._to_copy.default")
+                             f"{HOST_COPY_REFUSED}", "aten._to_copy.default",
+                             cuda_errors.PAGEABLE_COPY)
         elif host and len(host) < len(tensors) and any(t.dim() > 0 for t in host):
             shape = next(tuple(t.shape) for t in host if t.dim() > 0)
+            devices = sorted({str(t.device) for t in tensors if not self.is_host(t)})
             self._refuse(f"{_name(func)} gets a host tensor of shape {shape}, built during capture "
-                         f"without a device, with device tensors: on CUDA an op refuses tensors "
-                         f"on two devices, and a copy of it to the device would be {HOST_COPY_REFUSED}",
-                         _name(func))
+                         f"without a device, with device tensors; a copy of it to the device "
+                         f"would be {HOST_COPY_REFUSED}", _name(func),
+                         f"Expected all tensors to be on the same device, but found at least two "
+                         f"devices, {devices[0] if devices[0] != 'cpu' else 'cuda:0'} and cpu!")
         result = func(*args, **kwargs)
         if self._makes_host_tensors(func, kwargs, tensors, host):
             for out in tree_flatten(result)[0]:
@@ -103,8 +105,9 @@ class HostTensors(TorchFunctionMode):
                 not any(isinstance(m, DeviceContext) for m in get_current_function_mode_stack())
         return bool(tensors) and len(host) == len(tensors)
 
-    def _refuse(self, message: str, op: str) -> None:
+    def _refuse(self, message: str, op: str, cuda_text: str) -> None:
         if self._report is not None:
             self._report(op, message)
             return
-        raise CaptureError(at_callsite(message, current_callsite()), op=op)
+        raise CaptureError(cuda_errors.cuda_first(cuda_text, at_callsite(message, current_callsite())),
+                           op=op)

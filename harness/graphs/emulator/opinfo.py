@@ -10,6 +10,7 @@ from typing import Any, Callable
 import torch
 
 from harness import torch_internals
+from harness.graphs.emulator import cuda_errors
 
 aten = torch.ops.aten
 
@@ -173,6 +174,15 @@ def copy_reason(func: torch_internals.OpOverload, args: tuple, kwargs: dict,
     """Why a copy between the host and an accelerator device cannot be captured, or None.
     `memory` (emulator/memory.py) says which tensors are device memory; by default, every tensor
     not on the host device."""
+    refusal = copy_refusal(func, args, kwargs, device, memory)
+    return None if refusal is None else refusal[1]
+
+
+def copy_refusal(func: torch_internals.OpOverload, args: tuple, kwargs: dict,
+                 device: torch.device, memory: Any = None) -> tuple[str, str] | None:
+    """(CUDA's message, why) for a copy between the host and an accelerator device that cannot be
+    captured, or None: Copy.cu refuses a pageable host side in either direction, and a pinned one
+    without non_blocking waits for the stream (a sync)."""
     if (device.type == "cpu" and memory is None) or getattr(memory, "all_device", False):
         return None
     on_device, pinned = _on_device(memory), _pinned(memory)
@@ -181,11 +191,16 @@ def copy_reason(func: torch_internals.OpOverload, args: tuple, kwargs: dict,
         target = named.get("device")
         source = named["self"]
         if target is not None and torch.device(target).type != source.device.type:
-            return _copy_problem(source, torch.device(target).type != "cpu", pinned)
+            to_device = torch.device(target).type != "cpu"
+            # A copy to the host lands in fresh pageable memory unless pin_memory=True asks.
+            host_pinned = pinned(source) if to_device else bool(named.get("pin_memory"))
+            return _copy_problem(to_device, host_pinned, bool(named.get("non_blocking")))
     elif func is aten.copy_.default:
         named = bind(func, args, kwargs)
         if on_device(named["self"]) != on_device(named["src"]):
-            return _copy_problem(named["src"], on_device(named["self"]), pinned)
+            to_device = on_device(named["self"])
+            host = named["src"] if to_device else named["self"]
+            return _copy_problem(to_device, pinned(host), bool(named.get("non_blocking")))
     elif func in _INDEX_PUTS:
         named = bind(func, args, kwargs)
         values, target = named["values"], named["self"]
@@ -193,11 +208,11 @@ def copy_reason(func: torch_internals.OpOverload, args: tuple, kwargs: dict,
                 and not _is_masked_fill(func, named, memory)):
             # `y[index] = 1.0`: ATen copies the host value to the device first (only a boolean mask
             # with a scalar becomes masked_fill_, which takes the value by argument).
-            return (f"copies its host value (a tensor of shape {tuple(values.shape)}, as `y[index] = "
-                    f"scalar` makes) to the device, a copy from pageable host memory, which CUDA "
-                    f"refuses (\"Cannot copy between CPU and CUDA tensors during CUDA graph capture "
-                    f"unless the CPU tensor is pinned\"); write `y.index_fill_(0, index, scalar)`, or "
-                    f"make the value a device tensor before capture")
+            return (cuda_errors.PAGEABLE_COPY,
+                    f"copies its host value (a tensor of shape {tuple(values.shape)}, as `y[index] = "
+                    f"scalar` makes) to the device, a copy from pageable host memory; write "
+                    f"`y.index_fill_(0, index, scalar)`, or make the value a device tensor before "
+                    f"capture")
     elif func in _WHERES:
         named = bind(func, args, kwargs)
         operands = [named[n] for n in ("condition", "self", "other")]
@@ -206,11 +221,10 @@ def copy_reason(func: torch_internals.OpOverload, args: tuple, kwargs: dict,
                 if not on_device(t) and t.dim() == 0 and not pinned(t):
                     # ATen's where moves 0-dim host operands to the device (`.to(device)`), where
                     # a binary op takes them as kernel arguments.
-                    return (f"copies a 0-dim host tensor operand to the device, a copy from "
-                            f"pageable host memory, which CUDA refuses (\"Cannot copy between CPU "
-                            f"and CUDA tensors during CUDA graph capture unless the CPU tensor is "
-                            f"pinned\"); pass a Python number instead, or a device tensor made "
-                            f"before capture")
+                    return (cuda_errors.PAGEABLE_COPY,
+                            f"copies a 0-dim host tensor operand to the device, a copy from "
+                            f"pageable host memory; pass a Python number instead, or a device "
+                            f"tensor made before capture")
     return None
 
 
@@ -246,12 +260,20 @@ def _scalar_type(dtype: torch.dtype) -> str:
             torch.float64: "Double"}.get(dtype, str(dtype).removeprefix("torch."))
 
 
-def _copy_problem(source: torch.Tensor, to_device: bool,
-                  pinned: Callable[[torch.Tensor], bool]) -> str | None:
-    if not to_device:
-        return "copies device data to the host (a sync)"
-    if not pinned(source):
-        return "copies from pageable host memory to the device; only pinned memory is capturable"
+def _copy_problem(to_device: bool, host_pinned: bool,
+                  non_blocking: bool) -> tuple[str, str] | None:
+    direction = "from pageable host memory to the device" if to_device else \
+        "from the device to pageable host memory"
+    if not host_pinned:
+        return (cuda_errors.PAGEABLE_COPY,
+                f"copies {direction}; only a pinned host buffer copied with non_blocking=True "
+                f"is capturable")
+    if not non_blocking:
+        side = "from a pinned host buffer to the device" if to_device else \
+            "from the device to a pinned host buffer"
+        return (cuda_errors.NOT_PERMITTED,
+                f"copies {side} without non_blocking=True, so the host waits for the stream "
+                f"(a sync); pass non_blocking=True")
     return None
 
 

@@ -18,7 +18,7 @@ import torch
 from harness.torch_internals import TorchDispatchMode, tree_flatten, tree_map_only
 from harness.graphs.emulator import opinfo
 from harness.graphs.base import CaptureError
-from harness.graphs.emulator import collectives
+from harness.graphs.emulator import collectives, cuda_errors
 from harness.graphs.emulator.callsite import at_callsite, current_callsite, in_index_assignment, user_frames
 from harness.graphs.emulator.cuda_paths import one_hot_without_sync
 from harness.graphs.emulator.external import ExternalMemory
@@ -82,11 +82,9 @@ class Recorder(TorchDispatchMode):
         if func is torch.ops.aten.one_hot.default and opinfo.bind(func, args, kwargs)["num_classes"] > 0:
             with self:
                 return one_hot_without_sync(*args, **kwargs)
-        reason = (opinfo.sync_reason(func, args, kwargs)
-                  or opinfo.copy_reason(func, args, kwargs, self.device, self.memory)
-                  or opinfo.kernel_dtype_reason(func, args, kwargs, self.kernel_device))
-        if reason:
-            raise _error(f"{opinfo.op_name(func)} cannot be captured: {reason}", func)
+        refusal = self._refusal(func, args, kwargs)
+        if refusal is not None:
+            raise refusal
         if opinfo.is_composite(func):
             with self:
                 return func.decompose(*args, **kwargs)
@@ -107,12 +105,31 @@ class Recorder(TorchDispatchMode):
         self._note_accesses(func, args, kwargs, outputs)
         return outputs
 
+    def _refusal(self, func, args: tuple, kwargs: dict) -> CaptureError | None:
+        """What CUDA raises for this op during capture, in its words, then the op and the line."""
+        name = opinfo.op_name(func)
+        reason = opinfo.sync_reason(func, args, kwargs)
+        if reason:
+            return cuda_errors.sync_refused(
+                at_callsite(f"{name} cannot be captured: {reason}", current_callsite()), op=name)
+        copy = opinfo.copy_refusal(func, args, kwargs, self.device, self.memory)
+        if copy is not None:
+            text, why = copy
+            detail = at_callsite(f"{name} cannot be captured: {why}", current_callsite())
+            if text == cuda_errors.NOT_PERMITTED:
+                return cuda_errors.sync_refused(detail, op=name)
+            return CaptureError(cuda_errors.cuda_first(text, detail), op=name)
+        reason = opinfo.kernel_dtype_reason(func, args, kwargs, self.kernel_device)
+        if reason:
+            return _error(f"{name} cannot be captured: {reason}", func)
+        return None
+
     def _lift_host_data(self, t: torch.Tensor) -> torch.Tensor:
         """`torch.tensor(data)` during capture: a copy of host data made when capture meets it."""
         if t.device.type != "cpu":
-            raise _error(f"torch.tensor(...) builds a {t.device} tensor from host data during "
-                         f"capture, {HOST_COPY_REFUSED}",
-                         torch.ops.aten.lift_fresh.default)
+            raise cuda_errors.pageable_copy_refused(at_callsite(
+                f"torch.tensor(...) builds a {t.device} tensor from host data during capture, "
+                f"{HOST_COPY_REFUSED}", current_callsite()), op="aten.lift_fresh.default")
         # A host tensor on a cpu device (HostTensors refused the device ones): keep it as a constant.
         self.external.hold(t)
         if in_index_assignment():

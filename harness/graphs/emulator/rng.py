@@ -19,6 +19,7 @@ import torch.cuda.random
 import torch.random
 
 from harness.graphs.base import CaptureError
+from harness.graphs.emulator import cuda_errors
 from harness.graphs.emulator.callsite import at_callsite, current_callsite
 from harness.graphs.emulator.opinfo import ReplayStep
 
@@ -62,13 +63,10 @@ class _RngRecording:
         if seed is not None and int(seed) == current:
             return False
         asked = "a fresh random seed" if seed is None else f"seed {seed}"
-        raise CaptureError(at_callsite(
+        raise CaptureError(cuda_errors.cuda_first(cuda_errors.RESEED, at_callsite(
             f"{call} during capture reseeds the {self.device} generator the graph draws from with "
-            f"{asked}, but it was seeded with {current}; CUDA refuses this (\"CUDAGeneratorImpl::"
-            f"set_current_seed can be called during stream capture only if new seed is the same as "
-            f"the original seed.\"), and allows only the same seed: seed before capture",
-            current_callsite()),
-            op=call)
+            f"{asked}, but it was seeded with {current}; CUDA allows only the same seed: seed "
+            f"before capture", current_callsite())), op=call)
 
 
 def _patches(rng: _RngRecording) -> list[tuple[Any, str, Callable]]:

@@ -1,0 +1,254 @@
+"""torch.cuda's allocator tooling on the emulated device, in the shapes CUDA's caching allocator
+gives it, answered from the model of that allocator (caching_allocator.py):
+
+- `caching_allocator_alloc(size)` / `caching_allocator_delete(ptr)`: a raw block of device memory,
+  counted in the statistics as any allocation; deleting a pointer the allocator did not hand out
+  raises CUDA's "invalid device pointer".
+- `torch.cuda.memory._record_memory_history()` and `_snapshot()` / `memory_snapshot()`: segments
+  with their blocks (address, size, requested size, state, the allocating stack's frames), and the
+  trace of alloc, free_requested, free_completed, segment_alloc and segment_free entries, in a
+  ring of `max_entries`. torch's own Python wrappers run; the names they call in `torch._C` are
+  what is replaced.
+- `torch.cuda.MemPool()` and `torch.cuda.use_mem_pool(pool)`: a user-created pool with id
+  `(0, n)`; allocations of the current thread inside `use_mem_pool` come from it, its blocks are
+  reused by it alone, it counts in the device's statistics, and its free segments go back on
+  `empty_cache()` once the MemPool is gone. A MemPool with a custom allocator
+  (`CUDAPluggableAllocator`: functions in a shared library that call cudaMalloc, or NCCL's
+  `ncclMemAlloc`) is refused: that code needs a GPU.
+
+The addresses are the model's, not the storages' `data_ptr()` (the data lives in cpu tensors).
+"""
+
+from __future__ import annotations
+
+import collections
+import contextlib
+import itertools
+import sys
+import threading
+import time
+import traceback
+import weakref
+from typing import Any, Iterator
+
+import torch
+
+from harness import torch_internals
+
+from harness.emulation.caching_allocator import Block, Pool, segments_snapshot
+
+
+class UnsupportedOnEmulatedDevice(NotImplementedError):
+    """A CUDA feature that torch on a CPU cannot provide; the message says which and why."""
+
+
+def _frames() -> list[dict]:
+    """The Python stack as CUDA's allocator records it (innermost first), without the emulated
+    device's own frames (its modes run inside torch's override and dynamo-disable wrappers)."""
+    out = []
+    for frame in reversed(traceback.extract_stack()):
+        path = frame.filename.replace("\\", "/")
+        if any(part in path for part in _OWN_FRAMES):
+            continue
+        out.append({"filename": frame.filename, "line": frame.lineno, "name": frame.name})
+    return out
+
+
+_OWN_FRAMES = ("/harness/emulation/", "/torch/_dynamo/", "/torch/overrides.py",
+               "/torch/utils/_device.py", "/torch/_compile.py")
+
+
+class MemoryHistory:
+    """What `_record_memory_history` keeps: the trace ring and each live block's frames."""
+
+    def __init__(self, stream_handle, max_entries: int, trace: bool, context: bool) -> None:
+        self._stream_handle = stream_handle
+        self.trace: collections.deque = collections.deque(maxlen=max(1, int(max_entries))
+                                                           if max_entries < sys.maxsize else None)
+        self._record_trace = trace
+        self._context = context
+        self.frames: dict[int, list[dict]] = {}  # id(block) -> frames, while it is allocated
+
+    def _entry(self, action: str, address: int, size: int, stream, pool_id, frames) -> None:
+        if self._record_trace:
+            self.trace.append({"action": action, "addr": address, "size": size,
+                               "stream": self._stream_handle(stream), "frames": frames,
+                               "time_us": time.time_ns() // 1000, "pool_id": pool_id,
+                               "device_free": 0, "compile_context": "N/A", "user_metadata": ""})
+
+    def alloc(self, block: Block, stream) -> None:
+        frames = _frames() if self._context else []
+        self.frames[id(block)] = frames
+        self._entry("alloc", block.address, block.size, stream, block.pool.id, frames)
+
+    def free(self, block: Block) -> None:
+        frames = self.frames.pop(id(block), [])
+        for action in ("free_requested", "free_completed"):
+            self._entry(action, block.address, block.size, None, block.pool.id, frames)
+
+    def segment(self, action: str, address: int, size: int, stream, pool: Pool) -> None:
+        self._entry(action, address, size, stream, pool.id, [])
+
+
+def patches(state) -> list[tuple[Any, str, Any]]:
+    """(owner, attribute, replacement) for the allocator tooling (see the module docstring)."""
+    memory = state.memory
+    raw: dict[int, torch.Tensor] = {}  # caching_allocator_alloc's pointers -> their storage
+    mem_pools: dict[tuple[int, int], Pool] = {}
+    pool_keys = itertools.count(1)
+
+    def stream_handle(stream) -> int:
+        return int(getattr(stream, "cuda_stream", 0) or 0)
+
+    def caching_allocator_alloc(size, device=None, stream=None) -> int:
+        if device is not None:
+            torch.cuda.device(device)  # an index the device lacks raises CUDA's error
+        if stream is not None and not isinstance(stream, (int, torch.cuda.Stream)):
+            raise TypeError("Invalid type for stream argument, must be `torch.cuda.Stream` or "
+                            "`int` representing a pointer to an existing stream")
+        context = torch.cuda.stream(stream) if isinstance(stream, torch.cuda.Stream) else \
+            contextlib.nullcontext()
+        with context:
+            block = torch.empty(int(size), dtype=torch.uint8, device="cuda")
+        pointer = block.data_ptr()
+        raw[pointer] = block
+        return pointer
+
+    def caching_allocator_delete(mem_ptr: int) -> None:
+        if raw.pop(int(mem_ptr), None) is None:
+            raise RuntimeError(f"invalid device pointer: {int(mem_ptr):#x}")
+
+    def record_memory_history(enabled="all", context="all", stacks="all",
+                              max_entries=sys.maxsize, clear_history=False, *rest) -> None:
+        if enabled not in (None, "state", "all"):
+            raise ValueError(f"enabled={enabled!r}; accepted: None, 'state', 'all'")
+        if context not in (None, "state", "alloc", "all"):
+            raise ValueError(f"context={context!r}; accepted: None, 'state', 'alloc', 'all'")
+        allocator = memory.accounting()  # what is pending is played outside the history
+        old = allocator.history
+        if enabled is None:
+            allocator.history = None
+            return
+        history = MemoryHistory(stream_handle, max_entries, enabled == "all", context is not None)
+        if old is not None:
+            history.frames = old.frames
+            if not clear_history:
+                history.trace.extend(old.trace)
+        allocator.history = history
+
+    def record_memory_history_legacy(enabled: bool, record_context=True, trace_alloc_max_entries=1,
+                                     trace_alloc_record_context=False, *rest) -> None:
+        record_memory_history("all" if enabled else None,
+                              "all" if record_context else None, "python",
+                              trace_alloc_max_entries if trace_alloc_record_context else 1)
+
+    def memory_snapshot(arg=None) -> dict:
+        """torch._C._cuda_memorySnapshot: None, or (pool id, pool id, include_traces)."""
+        pool_id, include_traces = None, True
+        if isinstance(arg, (tuple, list)) and len(arg) >= 2:
+            pool_id = (int(arg[0]), int(arg[1]))
+            if pool_id == (0, 0):
+                pool_id = None
+            if len(arg) > 2:
+                include_traces = bool(arg[2])
+        allocator = memory.accounting()
+        history = allocator.history
+        frames_of = (lambda block: history.frames.get(id(block), [])) if history else (
+            lambda block: [])
+        segments = segments_snapshot(allocator, memory.allocated_blocks(), frames_of,
+                                     stream_handle, pool_id)
+        trace = list(history.trace) if history is not None and include_traces else []
+        count = state.properties.count
+        return {"segments": segments, "device_traces": [trace] + [[] for _ in range(count - 1)],
+                "allocator_settings": {"PYTORCH_CUDA_ALLOC_CONF": "", "max_split_size": -1,
+                                       "garbage_collection_threshold": 0.0,
+                                       "expandable_segments": False,
+                                       "release_lock_on_cudamalloc": False,
+                                       "pinned_use_host_register": False}}
+
+    class MemPool:
+        """torch.cuda.MemPool on the emulated device: a pool of the caching allocator's model."""
+
+        def __init__(self, allocator=None, use_on_oom: bool = False, no_split: bool = False,
+                     **options) -> None:
+            if allocator is not None:
+                raise UnsupportedOnEmulatedDevice(
+                    f"torch.cuda.MemPool(allocator={type(allocator).__name__}) is not supported "
+                    f"by harness.emulate_cuda(): a custom allocator's alloc and free functions "
+                    f"(CUDAPluggableAllocator's shared library, NCCL's ncclMemAlloc) are device "
+                    f"code that needs a GPU; MemPool() without one (CUDA's caching allocator) "
+                    f"is modelled (docs/fidelity.md)")
+            key = _PoolKey(next(pool_keys))
+            self._key = key
+            self._pool = memory.accounting().new_mem_pool(key)
+            self._use_on_oom, self._no_split = use_on_oom, no_split
+            mem_pools[self._pool.id] = self._pool
+            weakref.finalize(self, _release, memory, self._pool, mem_pools, key)
+
+        @property
+        def id(self) -> tuple[int, int]:
+            return self._pool.id
+
+        @property
+        def allocator(self):
+            return None
+
+        def use_count(self) -> int:
+            return self._pool.use_count
+
+        def snapshot(self, include_traces: bool = True) -> list[dict]:
+            return torch.cuda.memory_snapshot(self.id, include_traces=include_traces)
+
+    @contextlib.contextmanager
+    def use_mem_pool(pool: MemPool, device=None) -> Iterator[None]:
+        if not isinstance(pool, MemPool):
+            raise TypeError(f"use_mem_pool() takes a torch.cuda.MemPool, got "
+                            f"{type(pool).__name__}")
+        if device is not None:
+            torch.cuda.device(device)
+        allocator = memory.accounting()
+        thread = threading.get_ident()
+        previous = memory.thread_pools.get(thread)
+        allocator.use_pool(pool._pool)
+        memory.thread_pools[thread] = pool._pool
+        try:
+            yield
+        finally:
+            if previous is None:
+                memory.thread_pools.pop(thread, None)
+            else:
+                memory.thread_pools[thread] = previous
+            allocator.release(pool._pool)
+
+    private = {
+        "_cuda_cudaCachingAllocator_raw_alloc": lambda size, stream: caching_allocator_alloc(size),
+        "_cuda_cudaCachingAllocator_raw_delete": lambda mem_ptr: caching_allocator_delete(mem_ptr),
+        "_cuda_record_memory_history": record_memory_history,
+        "_cuda_record_memory_history_legacy": record_memory_history_legacy,
+        "_cuda_memorySnapshot": memory_snapshot,
+    }
+    out = [(torch_internals.torch_namespace("torch._C"), name, fn) for name, fn in private.items()]
+    for owner in (torch.cuda, torch.cuda.memory):
+        out += [(owner, "caching_allocator_alloc", caching_allocator_alloc),
+                (owner, "caching_allocator_delete", caching_allocator_delete),
+                (owner, "MemPool", MemPool), (owner, "use_mem_pool", use_mem_pool)]
+    return out
+
+
+class _PoolKey:
+    """What the allocator's model keys a MemPool's pool by (weakly): alive until the MemPool's
+    finalizer has released the pool."""
+
+    __slots__ = ("n", "__weakref__")
+
+    def __init__(self, n: int) -> None:
+        self.n = n
+
+
+def _release(memory, pool: Pool, mem_pools: dict, key: _PoolKey) -> None:
+    mem_pools.pop(pool.id, None)
+    memory.allocator.release(pool)
+    del key  # the pool stays listed as freeable until empty_cache() gives its segments back
+
+
+__all__ = ["MemoryHistory", "UnsupportedOnEmulatedDevice", "patches"]

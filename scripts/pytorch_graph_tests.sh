@@ -1,0 +1,53 @@
+#!/usr/bin/env bash
+# PyTorch's own CUDA-graph tests, unmodified, on the emulated CUDA device, per torch build.
+# Usage, from the repository root:
+#
+#   bash scripts/pytorch_graph_tests.sh PATH/TO/test_cuda.py OUT_DIR [PYTHON ...]
+#
+# PATH/TO/test_cuda.py is PyTorch's test/test_cuda.py from a commit near each installed torch
+# (not part of this repository). Each PYTHON (default: python) is one build's interpreter; its
+# environment needs pytest, expecttest and psutil (torch.testing's helpers import them). The
+# harness is put on its path from this checkout. For each build the script runs the
+# test_graph_* / test_cuda_graph_* family:
+#   emulated: --emulate-cuda with the GPU hidden (CUDA_VISIBLE_DEVICES=): the CPU wheel, or the
+#             CUDA wheel on a machine without a GPU (what CI runners have);
+#   and, where that interpreter's torch sees a GPU,
+#   native:    real CUDA graphs, the verdicts to match;
+#   sanitizer: --emulate-cuda on the GPU (real tensors and streams, emulated graphs).
+# Each run leaves OUT_DIR/<build>-<run>.txt and .xml and prints its last line; docs/fidelity.md
+# lists the verdicts and every case that differs, with its reason.
+set -u
+if [ $# -lt 2 ]; then
+    echo "usage: $0 PATH/TO/test_cuda.py OUT_DIR [PYTHON ...]" >&2
+    exit 2
+fi
+TEST_FILE=$(realpath "$1")
+OUT=$(realpath -m "$2")
+shift 2
+PYTHONS=("$@")
+[ ${#PYTHONS[@]} -eq 0 ] && PYTHONS=(python)
+ROOT=$(pwd)
+SELECT="test_graph_ or test_cuda_graph_"
+mkdir -p "$OUT"
+status=0
+run() {  # build name, run name, python, extra environment, pytest arguments...
+    local build=$1 name=$2 python=$3 env=$4
+    shift 4
+    (cd "$(dirname "$TEST_FILE")" && env $env PYTHONPATH="$ROOT${PYTHONPATH:+:$PYTHONPATH}" \
+        timeout 1200 "$python" -m pytest -p no:cacheprovider -p no:xdist -q -rA \
+        --junitxml="$OUT/$build-$name.xml" "$(basename "$TEST_FILE")" -k "$SELECT" "$@") \
+        > "$OUT/$build-$name.txt" 2>&1
+    local rc=$?
+    [ $rc -gt 1 ] && status=1
+    echo "$build $name: exit $rc ($(tail -n 1 "$OUT/$build-$name.txt"))"
+}
+for python in "${PYTHONS[@]}"; do
+    build=$("$python" -c "import torch; print(torch.__version__)" 2>/dev/null) || {
+        echo "$python: no torch" >&2; status=1; continue; }
+    run "$build" emulated "$python" "CUDA_VISIBLE_DEVICES=" --emulate-cuda
+    if "$python" -c "import sys, torch; sys.exit(0 if torch.cuda.is_available() else 1)"; then
+        run "$build" native "$python" ""
+        run "$build" sanitizer "$python" "" --emulate-cuda
+    fi
+done
+exit $status

@@ -1,0 +1,147 @@
+"""torch.cuda's allocator tooling on the emulated device, in CUDA's shapes: raw allocations,
+memory history and snapshots, MemPool and use_mem_pool, graph-safe generator state, and statistics
+that keep a peak reached before the first statistics call."""
+
+from __future__ import annotations
+
+import gc
+import threading
+
+import pytest
+import torch
+
+import harness
+from harness.emulation.allocator_tools import UnsupportedOnEmulatedDevice
+
+MiB = 1 << 20
+HERE = "test_allocator_tools.py"
+
+
+def test_a_peak_reached_before_the_first_statistics_call_is_kept(outside_emulation):
+    with harness.emulate_cuda(device="cpu"):
+        big = torch.empty(30 * MiB, dtype=torch.uint8, device="cuda")
+        del big
+        small = torch.empty(100, dtype=torch.uint8, device="cuda")
+        # The first question comes after the peak: CUDA's allocator counted from the start.
+        assert torch.cuda.max_memory_allocated() == 30 * MiB
+        assert torch.cuda.memory_allocated() == 512
+        stats = torch.cuda.memory_stats()
+        assert stats["allocation.all.allocated"] == 2 and stats["allocation.all.peak"] == 1
+        assert stats["allocated_bytes.all.freed"] == 30 * MiB
+        assert stats["requested_bytes.all.peak"] == 30 * MiB
+        assert stats["allocated_bytes.large_pool.peak"] == 30 * MiB
+        assert torch.cuda.max_memory_reserved() >= torch.cuda.max_memory_allocated()
+        del small
+        assert torch.cuda.memory_stats()["allocation.all.freed"] == 2
+
+
+def test_caching_allocator_alloc_and_delete(cuda_device):
+    gc.collect()
+    before = torch.cuda.memory_allocated()
+    pointer = torch.cuda.caching_allocator_alloc(1)
+    assert isinstance(pointer, int) and torch.cuda.memory_allocated() == before + 512
+    torch.cuda.caching_allocator_delete(pointer)
+    assert torch.cuda.memory_allocated() == before
+    with pytest.raises(RuntimeError, match="^invalid device pointer"):
+        torch.cuda.caching_allocator_delete(pointer)
+
+
+def test_the_memory_history_and_snapshot_have_cuda_s_shapes(cuda_device):
+    torch.cuda.memory._record_memory_history(max_entries=1000)
+    try:
+        stream = torch.cuda.Stream()
+        with torch.cuda.stream(stream):
+            kept = torch.empty(12 * MiB, dtype=torch.uint8, device="cuda")  # its own segment
+            dropped = torch.empty(1000, device="cuda")
+            del dropped
+        snapshot = torch.cuda.memory._snapshot()
+    finally:
+        torch.cuda.memory._record_memory_history(enabled=None)
+    assert {"segments", "device_traces"} <= snapshot.keys()
+    segment = next(s for s in snapshot["segments"]
+                   if any(b["size"] == 12 * MiB and b["state"] == "active_allocated"
+                          for b in s["blocks"]))
+    assert segment["total_size"] == 12 * MiB and segment["segment_type"] == "large"
+    assert segment["segment_pool_id"] == (0, 0) and segment["stream"] == stream.cuda_stream
+    assert segment["allocated_size"] == 12 * MiB
+    block = segment["blocks"][0]
+    assert block["requested_size"] == 12 * MiB
+    assert block["frames"][0]["filename"].endswith(HERE)  # the allocating line, innermost first
+    trace = snapshot["device_traces"][0]
+    actions = [(e["action"], e["size"]) for e in trace]
+    assert ("segment_alloc", 12 * MiB) in actions and ("alloc", 12 * MiB) in actions
+    assert [a for a, size in actions if size == 4096][-3:] == [
+        "alloc", "free_requested", "free_completed"]
+    assert all({"action", "addr", "size", "stream", "frames"} <= e.keys() for e in trace)
+    segments = torch.cuda.memory_snapshot()
+    assert any(s["address"] == segment["address"] for s in segments)
+    del kept
+
+
+def test_a_mem_pool_takes_this_thread_s_allocations_and_reuses_its_blocks(cuda_device):
+    pool = torch.cuda.MemPool()
+    assert pool.id[0] == 0 and pool.id[1] >= 1 and pool.use_count() == 1
+    before = torch.cuda.memory_allocated()
+    in_other_thread = []
+    with torch.cuda.use_mem_pool(pool):
+        assert pool.use_count() == 2
+        first = torch.empty(MiB // 4, device="cuda")  # 1 MiB: a large-pool block
+        address = [b["address"] for s in pool.snapshot() for b in s["blocks"]
+                   if b["state"] == "active_allocated"]
+        del first
+        second = torch.empty(MiB // 4, device="cuda")
+        thread = threading.Thread(target=_allocate_into, args=(in_other_thread,))
+        thread.start()
+        thread.join()
+    assert pool.use_count() == 1
+    # Counted as any allocation (the other thread's tensor is device memory where threads are
+    # emulated, and then it must come from the regular pool).
+    threads_on_device = isinstance(in_other_thread[0], torch.Tensor) and in_other_thread[0].is_cuda
+    assert torch.cuda.memory_allocated() == before + MiB * (2 if threads_on_device else 1)
+    segments = pool.snapshot()
+    assert len(segments) == 1 and segments[0]["segment_pool_id"] == pool.id
+    active = [b["address"] for b in segments[0]["blocks"] if b["state"] == "active_allocated"]
+    assert active == address  # the freed block was taken again, and only this thread's
+    outside = torch.empty(MiB // 4, device="cuda")
+    assert len(pool.snapshot()[0]["blocks"]) == len(segments[0]["blocks"])
+    del second, outside, in_other_thread
+
+
+def _allocate_into(out: list) -> None:
+    try:
+        out.append(torch.empty(MiB // 4, device="cuda"))
+    except Exception as error:  # a thread the emulation does not reach: no device there
+        out.append(error)
+
+
+def test_a_dropped_mem_pool_gives_its_segments_back_on_empty_cache(cuda_device):
+    pool = torch.cuda.MemPool()
+    with torch.cuda.use_mem_pool(pool):
+        x = torch.empty(MiB, device="cuda")
+    pool_id = pool.id
+    del x
+    gc.collect()
+    torch.cuda.empty_cache()
+    reserved = torch.cuda.memory_reserved()
+    assert any(s["segment_pool_id"] == pool_id for s in torch.cuda.memory_snapshot())
+    del pool
+    gc.collect()
+    torch.cuda.empty_cache()
+    assert not any(s["segment_pool_id"] == pool_id for s in torch.cuda.memory_snapshot())
+    assert torch.cuda.memory_reserved() < reserved
+
+
+def test_a_mem_pool_with_a_custom_allocator_is_refused_by_name(cuda_device):
+    with pytest.raises(UnsupportedOnEmulatedDevice, match=r"MemPool\(allocator=.*needs a GPU"):
+        torch.cuda.MemPool(allocator=object())
+
+
+def test_graph_safe_state_of_a_device_generator(cuda_device):
+    generator = torch.Generator(device="cuda")
+    generator.manual_seed(3)
+    saved = generator.graphsafe_get_state()
+    drawn = torch.rand(4, generator=generator, device="cuda")
+    generator.graphsafe_set_state(saved)
+    assert torch.equal(torch.rand(4, generator=generator, device="cuda"), drawn)
+    with pytest.raises(RuntimeError, match="graphsafe_set_state takes a generator of the device"):
+        generator.graphsafe_set_state(torch.Generator())
