@@ -114,7 +114,8 @@ class EmulatedCUDAGraph:
             self._host.end_capture()
         self._graph = EmulatedGraph(None, self._arena, recording.steps, recording.inference_mode,
                                     recording.external, recording.records,
-                                    reads=recording.reads, writes=recording.writes)
+                                    reads=recording.reads, writes=recording.writes,
+                                    tensors=recording.tensors)
         self._captured = True
 
     def keep_trace(self) -> None:

@@ -147,6 +147,10 @@ class Recorder(TorchDispatchMode):
             if t.dim() == 0 and not self.memory.is_device(t):
                 return self.external.host_scalar(t)
             return self.external.alias(t)
+        if block.pool is not self.arena.token:
+            # Another graph's pool owns it (a workspace first allocated in that graph's capture):
+            # freed when that graph is reset, so its liveness is checked like external memory's.
+            return self.external.alias(t, pool_owner="another graph's private pool")
         # The block itself, not its id: a freed block's id can be reused by a later block.
         return laid_out_like_once(self._replay_tensors, block, block.replay_storage, t)
 
