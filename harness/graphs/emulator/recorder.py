@@ -30,6 +30,8 @@ from harness.graphs.emulator.pool import PoolArena, block_of, laid_out_like, lai
 from harness.graphs.emulator.shapes import lacks_meta_kernel, result_shapes, to_meta
 from harness.graphs.emulator.accesses import split_accesses
 from harness.graphs.emulator.trace import Argument, OpRecord, Origin
+from harness.graphs.emulator.private_generators import (is_registered, private_generator,
+                                                        unregistered_generator_error)
 
 
 def _error(message: str, func: Any) -> CaptureError:
@@ -62,6 +64,9 @@ class Recorder(TorchDispatchMode):
         self._replay_tensors: dict[tuple, torch.Tensor] = {}
         self.external = ExternalMemory()
         self.collectives = collectives.PendingCollectives()
+        # Generators registered with the graph (CUDAGraph.register_generator_state): random ops
+        # may draw from these besides the device's default generator (private_generators.py).
+        self.registered_generators: tuple[torch.Generator, ...] = ()
         self.reads: set[int] = set()  # storages the recording reads (data pointers)
         self.writes: set[int] = set()  # and writes: what a replay touches as one stream op
 
@@ -91,6 +96,7 @@ class Recorder(TorchDispatchMode):
         if opinfo.is_composite(func):
             with self:
                 return func.decompose(*args, **kwargs)
+        self._check_generator(func, kwargs)
         kind = opinfo.op_kind(func)
         if kind is OpKind.VIEW:
             return func(*args, **kwargs)
@@ -107,6 +113,11 @@ class Recorder(TorchDispatchMode):
         self._record_fresh(func, kind, args, kwargs, outputs)
         self._note_accesses(func, args, kwargs, outputs)
         return outputs
+
+    def _check_generator(self, func, kwargs) -> None:
+        generator = private_generator(kwargs, self.device)
+        if generator is not None and not is_registered(generator, self.registered_generators):
+            raise unregistered_generator_error(func, generator)
 
     def _lift_host_data(self, t: torch.Tensor) -> torch.Tensor:
         """`torch.tensor(data)` during capture: a copy of host data made when capture meets it."""
@@ -292,6 +303,9 @@ class Recorder(TorchDispatchMode):
                    if a.alias_info is not None and a.alias_info.is_write]
         named = opinfo.bind(func, args, kwargs)
         meta_args, meta_kwargs = tree_map_only(torch.Tensor, to_meta, (args, kwargs))
+        if meta_kwargs.get("generator") is not None:
+            # Shapes do not depend on it, and the meta kernels (torch's refs) refuse a generator.
+            meta_kwargs = {**meta_kwargs, "generator": None}
         try:
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore")
