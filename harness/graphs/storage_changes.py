@@ -52,10 +52,15 @@ class CapturedTensors:
         return tuple(entry for entry in self._seen.values() if entry.tensor() is not None)
 
 
+_data_ptr = torch.Tensor.data_ptr  # one C call: the storage's address plus the tensor's offset
+
+
 def first_changed(entries: tuple[CapturedTensor, ...]) -> CapturedTensor | None:
-    """The first entry whose tensor is alive on other memory than at capture, or None."""
+    """The first entry whose tensor is alive on other memory than at capture, or None. Runs before
+    every replay, so one call per tensor; the exact check confirms what it finds."""
     for entry in entries:
-        if entry.changed():
+        tensor = entry.tensor()
+        if tensor is not None and _data_ptr(tensor) != entry.address and entry.changed():
             return entry
     return None
 
