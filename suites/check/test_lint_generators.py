@@ -13,6 +13,7 @@ import torch
 import harness
 from harness.check import capture_lint
 from harness.check.lint import RANDOM
+from harness.emulation import emulation_active
 
 DEVICES = [
     pytest.param("emulated", id="emulated-cuda"),
@@ -22,7 +23,12 @@ DEVICES = [
 
 
 def _device_context(kind: str):
-    return harness.emulate_cuda() if kind == "emulated" else contextlib.nullcontext()
+    """The emulated CUDA device (the session's under --emulate-cuda), or the real one."""
+    if kind == "emulated" and emulation_active() is None:
+        if torch.cuda.is_available():
+            pytest.skip("a real GPU: the emulated CUDA device is checked without one")
+        return harness.emulate_cuda(device="cpu")
+    return contextlib.nullcontext()
 
 
 def _sampler(gen: torch.Generator):
@@ -62,7 +68,7 @@ def test_an_unregistered_private_generator_is_named_with_cudas_refusal(kind):
 
 
 def test_the_emulated_graph_in_context_tells_the_lint_what_it_registered():
-    with harness.emulate_cuda():
+    with _device_context("emulated"):
         gen = torch.Generator(device="cuda")
         graph = torch.cuda.CUDAGraph()
         graph.register_generator_state(gen)

@@ -204,9 +204,13 @@ class _GraphedRuntime:
 
 
 def test_snapshot_of_a_runtime_holding_a_cuda_graph_walks_only_public_state():
-    import harness
+    import contextlib
 
-    with harness.emulate_cuda():
+    import harness
+    from harness.emulation import emulation_active
+
+    # The emulated CUDA device, or the graph sanitizer on a GPU (the session's own under --emulate-cuda).
+    with harness.emulate_cuda() if emulation_active() is None else contextlib.nullcontext():
         runtime = _GraphedRuntime()
         before = snapshot_tensors(runtime, "runtime")
         runtime.static_in.copy_(torch.ones(4, device="cuda"))
