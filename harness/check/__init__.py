@@ -6,8 +6,10 @@ from harness.check.compare import Comparison, Divergence, compare_generations
 from harness.check.explain import Explanation, explain_divergence
 from harness.check.tolerance import bf16_step, logprob_tolerance
 from harness.graphs.pointers import TensorRecord, describe_moved, moved_tensors, snapshot_tensors
+from harness.runtime.comm import (GraphDisagreementError, GraphKeyTimeoutError,
+                                  agree_on_graph_key)
 
 __all__ = [
-    "Comparison", "Divergence", "Explanation", "LintReport", "capture_lint", "TensorRecord", "bf16_step", "compare_generations", "describe_moved",
+    "Comparison", "Divergence", "GraphDisagreementError", "GraphKeyTimeoutError", "agree_on_graph_key", "Explanation", "LintReport", "capture_lint", "TensorRecord", "bf16_step", "compare_generations", "describe_moved",
     "explain_divergence", "logprob_tolerance", "moved_tensors", "snapshot_tensors",
 ]

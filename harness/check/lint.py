@@ -13,7 +13,10 @@ Hazards (any of them makes the report unclean):
 - host copy: a copy between the host and the capture device; on a cpu device, a tensor built during
   capture without a device (a host tensor on CUDA) moved to the device or mixed with device tensors
 - host data: a tensor built from Python data during capture (`torch.tensor([...])`), frozen into it
-- random: a random op; it draws fresh values at every replay, not the eager ones
+- random: a random op; it draws fresh values at every replay, not the eager ones. A draw from a
+  `torch.Generator` of its own is no hazard once registered with the graph
+  (`graph.register_generator_state(gen)`: pass it in `generators`, or the emulated CUDAGraph in
+  `context`); unregistered, CUDA refuses the capture, and the lint says so
 - refused: anything else capture refuses (a resize of recorded memory, ...)
 
 Besides hazards the report lists external memory: tensors the graph reads but does not own, other
@@ -44,6 +47,8 @@ from harness.graphs.emulator.host_guard import wrapped_host_reads
 from harness.graphs.emulator.host_tensors import HostTensors
 from harness.graphs.emulator.opinfo import OpKind
 from harness.graphs.emulator.pool import PoolArena, block_of
+from harness.graphs.emulator.private_generators import (is_registered, private_generator,
+                                                        unregistered_generator_error)
 from harness.graphs.emulator.recorder import Recorder
 
 HOST_SYNC = "host sync"
@@ -118,12 +123,15 @@ class LintReport:
 
 
 def capture_lint(fn: Callable[[], Any], *, context: tuple[Any, ...] = (), name: str | None = None,
-                 device: torch.device | str | None = None) -> LintReport:
+                 device: torch.device | str | None = None,
+                 generators: tuple[torch.Generator, ...] = ()) -> LintReport:
     """Lint `fn()` (see the module docstring). `context`: objects `fn` works on (a model, an engine);
     with what `fn` holds itself (its `__self__`, closure and defaults, two attributes deep), their
     modules' parameters and buffers are not reported as external memory, and their other tensors
-    are named by path in the report (`Engine.metadata.positions`)."""
+    are named by path in the report (`Engine.metadata.positions`). `generators`: those the graph
+    registers (`graph.register_generator_state`), besides any an emulated CUDAGraph in reach holds."""
     owners = _reachable(fn) + [obj for c in context for obj in [c, *_reachable_from(c)]]
+    registered = tuple(generators) + tuple(g for o in owners for g in _registered_generators(o))
     device = torch.device(device) if device is not None else (_closure_device(fn) or _device_of(owners))
     exempt = {_storage(t) for m in owners if isinstance(m, nn.Module)
               for t in [*m.parameters(), *m.buffers()]}
@@ -141,6 +149,7 @@ def capture_lint(fn: Callable[[], Any], *, context: tuple[Any, ...] = (), name: 
         # On a cpu device host and device tensors share memory; HostTensors tells them apart.
         host_tensors = HostTensors(report=lambda op, message: recorder.hazard(HOST_COPY, op, message)) \
             if device.type == "cpu" else contextlib.nullcontext()
+    recorder.registered_generators = registered
     with torch.inference_mode(torch.is_inference_mode_enabled()), _host_reads_recorded(recorder), \
             host_tensors, recorder:
         try:
@@ -219,6 +228,7 @@ class _LintRecorder(Recorder):
         self._names = names
         self._lifted: set[int] = set()
         self._seen_external: set[int] = set()
+        self._arenas: dict[torch.device, PoolArena] = {}
         self.external_reads: list[ExternalRead] = []
 
     def hazard(self, kind: str, op: str, detail: str, where: str | None = None) -> None:
@@ -245,7 +255,7 @@ class _LintRecorder(Recorder):
             self.hazard(kind, name, reason or copy)
             return func(*args, **kwargs)  # eagerly, unrecorded: the run goes on with the true value
         if func.overloadpacket.__name__ in _RANDOM_OPS:
-            self.hazard(RANDOM, name, "draws fresh values at every replay; eager and graph runs differ")
+            self._random_hazard(func, name, kwargs)
         if opinfo.is_composite(func):
             return super().__torch_dispatch__(func, types, args, kwargs)
         try:
@@ -262,6 +272,34 @@ class _LintRecorder(Recorder):
                 if isinstance(out, torch.Tensor) and isinstance(value, torch.Tensor) and out is not value:
                     out.copy_(value)
         return result
+
+    def _random_hazard(self, func, name: str, kwargs: dict) -> None:
+        generator = private_generator(kwargs, self.device)
+        if generator is None:
+            self.hazard(RANDOM, name, "draws fresh values at every replay; eager and graph runs differ")
+        elif not is_registered(generator, self.registered_generators):
+            self.hazard(RANDOM, name, str(unregistered_generator_error(func, generator)).split(" (at ")[0])
+
+    def _check_generator(self, func, kwargs) -> None:
+        pass  # reported by _random_hazard, and the run goes on
+
+    def _allocate(self, meta: torch.Tensor, device: torch.device) -> torch.Tensor:
+        # The lint guesses its device from what the callable holds; an op whose results land on
+        # another device (a sampler over cuda logits the callable does not hold) gets a pool there.
+        device = torch.device(device)
+        if self.memory.all_device and device != self.arena.device:
+            if device.type == "cuda" and device.index is None:
+                device = torch.device("cuda", torch.cuda.current_device())
+            if device != self.arena.device:
+                arena = self._arenas.get(device)
+                if arena is None:
+                    arena = self._arenas[device] = PoolArena(device)
+                self.arena, saved = arena, self.arena
+                try:
+                    return super()._allocate(meta, device)
+                finally:
+                    self.arena = saved
+        return super()._allocate(meta, device)
 
     def _lift_host_data(self, t: torch.Tensor) -> torch.Tensor:
         # Reported as a HOST_DATA hazard already; neither the capture's warning nor its refusal.
@@ -335,6 +373,12 @@ def _reachable(fn: Any, depth: int = 2) -> list[Any]:
                 next_frontier += _reachable(obj, 0)
         frontier = next_frontier
     return found
+
+
+def _registered_generators(obj: Any) -> tuple[torch.Generator, ...]:
+    """The generators an emulated CUDAGraph has registered (a real one does not say)."""
+    found = getattr(type(obj), "registered_generators", None)
+    return tuple(obj.registered_generators) if isinstance(found, property) else ()
 
 
 def _reachable_from(obj: Any) -> list[Any]:

@@ -49,6 +49,7 @@ class EmulatedCUDAGraph:
         # The pool whose use this graph holds (from capture_begin to reset or destruction), in a
         # list its finalizer shares without keeping the graph alive.
         self._pool_in_use: list[PoolArena] = []
+        self._generators: list[torch.Generator] = []  # registered with register_generator_state
         self._finalizer: weakref.finalize | None = None
 
     # --- capture -----------------------------------------------------------------------------
@@ -93,6 +94,7 @@ class EmulatedCUDAGraph:
             raise
         host.notify_capture_begin(self, stream, capture_error_mode)
         session.recorder.trace = session.recorder.trace or self._trace  # an observer may ask for it
+        session.recorder.registered_generators = tuple(self._generators)
         self._arena, self._session = arena, session
         self.capture_error_mode = capture_error_mode
 
@@ -120,7 +122,8 @@ class EmulatedCUDAGraph:
             self._host.end_capture()
         self._graph = EmulatedGraph(None, self._arena, recording.steps, recording.inference_mode,
                                     recording.external, recording.records,
-                                    reads=recording.reads, writes=recording.writes)
+                                    reads=recording.reads, writes=recording.writes,
+                                    tensors=recording.tensors)
         self._captured = True
         self._instantiated = not self._keep_graph
 
@@ -219,8 +222,21 @@ class EmulatedCUDAGraph:
         return 0 if self._graph is None else self._graph.num_ops
 
     def register_generator_state(self, generator) -> None:
-        """Accepted and ignored: the emulator replays the default generator's draws; other
-        generators are a documented difference (docs/fidelity.md)."""
+        """Let the captured work draw from `generator` besides the device's default one, as on
+        CUDA: each replay draws fresh values from it (an unregistered one is refused at capture,
+        emulator/private_generators.py)."""
+        if not isinstance(generator, torch.Generator):
+            raise TypeError(f"register_generator_state() takes a torch.Generator, got "
+                            f"{type(generator).__name__}")
+        if not any(generator is g for g in self._generators):
+            self._generators.append(generator)
+        if self._session is not None:
+            self._session.recorder.registered_generators = tuple(self._generators)
+
+    @property
+    def registered_generators(self) -> tuple:
+        """The generators registered with this graph (for harness.check.capture_lint)."""
+        return tuple(self._generators)
 
     def enable_debug_mode(self) -> None:
         """An emulated graph keeps its recording anyway; this allows debug_dump(), as on CUDA."""

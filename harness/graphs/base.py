@@ -30,6 +30,12 @@ class FreedMemoryError(CaptureError):
     address, clobbering whatever the allocator put there; the emulator refuses instead."""
 
 
+class StorageChangedError(FreedMemoryError):
+    """`replay()` of a graph after a tensor it captured was pointed at other memory in place
+    (`set_()`, `resize_()` growing it, `.data = ...`): the same Python object, a new address. The
+    graph keeps the old address; the message names both addresses and the capture's line."""
+
+
 def released_graph_error() -> CaptureError:
     """What `replay()` raises once `reset()` released the recording, on every backend."""
     return CaptureError("replay() after reset(): this graph's recording was released", op="replay")

@@ -10,23 +10,38 @@ from typing import Any, Callable
 import torch
 
 from harness.graphs.base import CaptureError, CapturedGraph, GraphBackend, released_graph_error
+from harness.graphs.captured_memory import (CapturedMemory, ForeignRead, PoolStorage,
+                                            foreign_freed_error, register_allocations)
 from harness.graphs.emulator.callsite import at_callsite, traceback_callsite
 from harness.graphs.base import CaptureSyncError
 from harness.graphs.emulator.cuda_errors import cuda_first
 from harness.graphs.emulator.op_tracker import FailedOpTracker
+from harness.graphs.emulator.storage_changes import CapturedTensor, first_changed, storage_changed_error
 
 _ATEN_NAME = re.compile(r"\baten::\w+(?:\.\w+)?")
 
 
 class CudaGraph(CapturedGraph):
-    def __init__(self, graph: "torch.cuda.CUDAGraph", output: Any, pool: Any) -> None:
+    """`tensors` and `foreign`: what the capture met outside its pool (captured_memory.py), checked
+    before each replay; captures through the emulated CUDAGraph check that themselves."""
+
+    def __init__(self, graph: "torch.cuda.CUDAGraph", output: Any, pool: Any, *,
+                 tensors: tuple[CapturedTensor, ...] = (), foreign: tuple[ForeignRead, ...] = ()) -> None:
         self.output = output
         self.pool = pool
         self._graph: "torch.cuda.CUDAGraph | None" = graph
+        self._tensors = tensors
+        self._foreign = foreign
 
     def replay(self) -> None:
         if self._graph is None:
             raise released_graph_error()
+        for read in self._foreign:
+            if read.owner.liveness.expired():
+                raise foreign_freed_error(read)
+        changed = first_changed(self._tensors)
+        if changed is not None:
+            raise storage_changed_error(changed)
         self._graph.replay()
 
     def reset(self) -> None:
@@ -47,6 +62,8 @@ class CudaBackend(GraphBackend):
         if self.device.type != "cuda":
             raise ValueError(f"the cuda graph backend captures on a cuda device, got {self.device}")
         self._stream: "torch.cuda.Stream | None" = None
+        # What this backend's captures allocated, by StorageImpl address (captured_memory.py).
+        self._pool_storages: dict[int, PoolStorage] = {}
 
     def graph_pool_handle(self) -> Any:
         return torch.cuda.graph_pool_handle()
@@ -63,6 +80,7 @@ class CudaBackend(GraphBackend):
         graph = torch.cuda.CUDAGraph()
         caller_stream = torch.cuda.current_stream(self.device)
         tracker = FailedOpTracker()
+        memory = CapturedMemory(pool, self._pool_storages)
         # torch.cuda.graph collects garbage before the capture begins; a collection during it could
         # destroy an unreachable CUDAGraph (an engine dropped in a reference cycle), whose reset is
         # an illegal call while a stream captures and invalidates this capture.
@@ -71,7 +89,7 @@ class CudaBackend(GraphBackend):
             with torch.cuda.device(self.device), torch.cuda.graph(graph, pool=pool,
                                                                   stream=self._stream):
                 gc.disable()
-                with tracker:
+                with tracker, memory:
                     output = fn()
         except Exception as error:
             _release_generator_captures(self.device)
@@ -84,7 +102,10 @@ class CudaBackend(GraphBackend):
                 gc.enable()
             # torch.cuda.graph leaves its side stream current when the capture's end raises.
             torch.cuda.set_stream(caller_stream)
-        return CudaGraph(graph, output, graph.pool() if pool is None else pool)
+        pool = graph.pool() if pool is None else pool
+        register_allocations(self._pool_storages, memory, pool)
+        return CudaGraph(graph, output, pool, tensors=memory.tensors.frozen(),
+                         foreign=tuple(memory.foreign))
 
 
 def _release_generator_captures(device: torch.device) -> None:

@@ -68,7 +68,7 @@ class EmulatedBackend(GraphBackend):
             raise
         recording = session.end(stacklevel=4)
         return EmulatedGraph(output, arena, recording.steps, recording.inference_mode,
-                             recording.external, recording.records)
+                             recording.external, recording.records, tensors=recording.tensors)
 
     def _capture_through_torch_cuda(self, fn: Callable[[], Any], arena: PoolArena) -> CapturedGraph:
         if self._stream is None:

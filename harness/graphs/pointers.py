@@ -8,6 +8,13 @@ every tensor reachable from an object by a readable path (`metadata.block_tables
 The walk follows every path, not just the first one that reaches an object: two attributes sharing one
 tensor are both recorded, so rebinding either of them is caught. Cycles are cut at the object already on
 the current path.
+
+The walk enters what a runtime owns, including its own `_private` attributes (a runtime's `self._workspace`
+is what gets rebound), but not the private state of torch's and the harness's machinery: a
+`torch.cuda.CUDAGraph` under the emulation holds the device, its caching allocator and its block chain,
+which alias what the runtime holds and nest deeper than any runtime. Those attributes and any path nested
+deeper than `max_depth` are skipped and listed in the snapshot's `paths_not_walked`; a correct runtime
+never makes the walk raise.
 """
 
 from __future__ import annotations
@@ -31,6 +38,9 @@ _ATOMS = (
     type, types.ModuleType, types.FunctionType, types.BuiltinFunctionType, types.MethodType,
 )
 
+# Packages whose objects' `_private` attributes are machinery, not state a runtime owns.
+_MACHINERY_PACKAGES = ("torch", "harness.emulation", "harness.graphs")
+
 # nn.Module's own bookkeeping (hooks, flags); parameters, buffers and submodules are walked by name instead.
 _MODULE_INTERNALS = frozenset(vars(nn.Module()))
 
@@ -51,26 +61,44 @@ class TensorRecord:
         return f"{self.address:#x} {list(self.shape)} {self.dtype}"
 
 
-def snapshot_tensors(obj: Any, root: str = "", *, max_depth: int = 64) -> dict[str, TensorRecord]:
+class TensorSnapshot(dict):
+    """`snapshot_tensors`' result: path -> TensorRecord, and `paths_not_walked`, the paths the walk
+    skipped (machinery's private state, structures nested deeper than `max_depth`)."""
+
+    def __init__(self, records: Mapping[str, Any], paths_not_walked: tuple[str, ...]) -> None:
+        super().__init__(records)
+        self._paths_not_walked = paths_not_walked
+
+    @property
+    def paths_not_walked(self) -> tuple[str, ...]:
+        return self._paths_not_walked
+
+
+def snapshot_tensors(obj: Any, root: str = "", *, max_depth: int = 64) -> TensorSnapshot:
     """Record every tensor reachable from `obj`, keyed by its path from `obj` (prefixed with `root`).
 
     Walks tensors, nn.Modules (parameters, buffers, submodules and plain attributes), dicts, lists,
     tuples (namedtuple fields by name), and any object's `__dict__` and `__slots__` (dataclasses
-    included). Sets, callables and objects with neither `__dict__` nor `__slots__` are not entered.
-    A structure nested deeper than `max_depth` raises ValueError rather than being recorded partly.
+    included). Sets, callables and objects with neither `__dict__` nor `__slots__` are not entered,
+    nor the `_private` attributes of torch's and the harness's own objects (a CUDAGraph, a stream);
+    those and the paths nested deeper than `max_depth` are listed in `paths_not_walked`.
     """
     records: dict[str, TensorRecord] = {}
-    _walk(obj, root, records, on_path=set(), depth=0, max_depth=max_depth, leaf=TensorRecord.of)
-    return records
+    skipped: list[str] = []
+    _walk(obj, root, records, on_path=set(), depth=0, max_depth=max_depth, leaf=TensorRecord.of,
+          too_deep=skipped)
+    return TensorSnapshot(records, tuple(skipped))
 
 
 def tensor_refs(obj: Any, root: str = "", *, max_depth: int = 64) -> dict[str, weakref.ref]:
-    """A weak reference to every tensor reachable from `obj`, by the paths of `snapshot_tensors`.
+    """A weak reference to every tensor reachable from `obj`, by the paths of `snapshot_tensors`
+    (with the same paths skipped).
 
     Addresses alone miss a rebinding whose new tensor landed at the freed old one's address (the
     allocator reuses it at once); the tensor objects do not: compare with `rebound_tensors`."""
     refs: dict[str, weakref.ref] = {}
-    _walk(obj, root, refs, on_path=set(), depth=0, max_depth=max_depth, leaf=weakref.ref)
+    _walk(obj, root, refs, on_path=set(), depth=0, max_depth=max_depth, leaf=weakref.ref,
+          too_deep=[])
     return refs
 
 
@@ -87,7 +115,7 @@ def public_tensor_refs(obj: Any, root: str = "", *, max_depth: int = 64) -> Publ
     """`tensor_refs` for naming tensors in a report: attributes whose names start with `_` are not
     entered (an object's machinery, such as an emulated CUDAGraph's device state, aliases what it
     holds and can be arbitrarily deep), and a path nested deeper than `max_depth` is listed in
-    `too_deep` and skipped while the rest of the walk goes on, where `tensor_refs` raises."""
+    `too_deep` and skipped while the rest of the walk goes on."""
     refs: dict[str, weakref.ref] = {}
     too_deep: list[str] = []
     _walk(obj, root, refs, on_path=set(), depth=0, max_depth=max_depth, leaf=weakref.ref,
@@ -142,10 +170,14 @@ def _address(tensor: torch.Tensor) -> int:
 def _walk(obj: Any, path: str, out: dict[str, Any], *, on_path: set[int], depth: int,
           max_depth: int, leaf: Callable[[torch.Tensor], Any], too_deep: list[str] | None = None,
           public: bool = False) -> None:
-    """With `too_deep` a list, a path nested deeper than `max_depth` is appended to it and not
-    entered; without, it raises. With `public`, attributes named `_...` are not entered."""
+    """With `too_deep` a list, a path nested deeper than `max_depth` (or a machinery attribute
+    skipped) is appended to it and not entered; without, a path too deep raises. With `public`, attributes named `_...` are not entered."""
     if isinstance(obj, torch.Tensor):
         out[path] = leaf(obj)
+        return
+    if obj is _NOT_WALKED:
+        if too_deep is not None:
+            too_deep.append(path)
         return
     if isinstance(obj, _ATOMS) or id(obj) in on_path:
         return
@@ -176,9 +208,24 @@ def _children(obj: Any, path: str, public: bool = False):
         for i, value in enumerate(list(obj)):
             yield f"{path}[{i}]", value
     else:
+        machinery = _is_machinery(obj)
         for name, value in _attributes(obj):
-            if not (public and name.startswith("_")):
+            if not ((public or machinery) and name.startswith("_")):
                 yield _attr(path, name), value
+            elif machinery and not public and not isinstance(value, _ATOMS):
+                yield _attr(path, name), _NOT_WALKED
+
+
+def _is_machinery(obj: Any) -> bool:
+    module = getattr(type(obj), "__module__", "") or ""
+    return any(module == p or module.startswith(p + ".") for p in _MACHINERY_PACKAGES)
+
+
+class _NotWalked:
+    """Stands for a machinery attribute the walk skipped, so that its path is listed."""
+
+
+_NOT_WALKED = _NotWalked()
 
 
 def _module_children(module: nn.Module, path: str, public: bool):

@@ -7,6 +7,8 @@ and none waits in a collective that its peers skip.
 
 from __future__ import annotations
 
+import datetime
+import time
 from typing import Any, Protocol
 
 import torch
@@ -109,5 +111,59 @@ def agree_on_graph(key: object, comm: Comm | None = None, *, step: object = None
     Call it at the same point on every rank: it is one collective itself."""
     comm = comm if comm is not None else default_comm()
     keys = [str(k) for k in comm.allgather_object(str(key))]
+    if len(set(keys)) != 1:
+        raise GraphDisagreementError(keys, step)
+
+
+class GraphKeyTimeoutError(RuntimeError):
+    """A rank waited for its peers' graph keys past the timeout: some rank never reached the
+    agreement point (it took another path, or waits in another collective). `key` is this rank's."""
+
+    def __init__(self, rank: int, key: str, timeout: datetime.timedelta, step: object = None) -> None:
+        at = f" at step {step}" if step is not None else ""
+        super().__init__(
+            f"rank {rank} chose graph {key!r}{at} and waited {timeout.total_seconds():g} s for the "
+            f"other ranks' graph keys: at least one rank never reached agree_on_graph_key (it took "
+            f"another path, or waits in another collective). Call agree_on_graph_key at the same "
+            f"point on every rank, before the graph's collectives")
+        self.rank, self.key, self.timeout, self.step = rank, key, timeout, step
+
+
+def agree_on_graph_key(key: object, *, group: "dist.ProcessGroup | None" = None,
+                       timeout: datetime.timedelta = datetime.timedelta(seconds=60),
+                       step: object = None) -> None:
+    """Any runtime's check, before a graph with a collective in it replays (or an eager step with
+    one runs): every rank of `group` (default: the whole world) must have chosen the same graph.
+
+    `key` is this rank's graph key; its `str` is compared. The keys are all-gathered as text over
+    `group`'s own backend (gloo on CPU tensors, nccl on this rank's current cuda device), each
+    gather waited for at most `timeout`. Where the keys differ every rank raises
+    `GraphDisagreementError` listing the key each rank chose, instead of entering mismatched
+    collectives that hang; a rank whose peers do not arrive in time raises `GraphKeyTimeoutError`.
+    Without an initialized process group there is one rank, which agrees with itself."""
+    if not (dist.is_available() and dist.is_initialized()):
+        return
+    text = str(key).encode()
+    rank, world = dist.get_rank(group), dist.get_world_size(group)
+    device = (torch.device("cuda", torch.cuda.current_device())
+              if dist.get_backend(group) == "nccl" else torch.device("cpu"))
+    deadline = time.monotonic() + timeout.total_seconds()
+
+    def gather(tensor: torch.Tensor) -> list[torch.Tensor]:
+        parts = [torch.empty_like(tensor) for _ in range(world)]
+        work = dist.all_gather(parts, tensor, group=group, async_op=True)
+        while not work.is_completed():
+            if time.monotonic() > deadline:
+                raise GraphKeyTimeoutError(rank, str(key), timeout, step)
+            time.sleep(0.001)  # a host poll; the collective runs in the backend's own threads
+        work.wait()
+        return parts
+
+    lengths = gather(torch.tensor([len(text)], dtype=torch.int64, device=device))
+    longest = max(1, max(int(n.item()) for n in lengths))
+    padded = torch.zeros(longest, dtype=torch.uint8)
+    padded[:len(text)] = torch.tensor(list(text), dtype=torch.uint8)
+    keys = [bytes(part.cpu()[:int(n.item())].tolist()).decode(errors="replace")
+            for part, n in zip(gather(padded.to(device)), lengths)]
     if len(set(keys)) != 1:
         raise GraphDisagreementError(keys, step)

@@ -40,3 +40,21 @@ def test_a_gloo_world_of_one_agrees_with_itself(tmp_path):
             TorchDistributedComm("cuda")
     finally:
         dist.destroy_process_group()
+
+
+def test_agree_on_graph_key_without_a_process_group_is_one_rank_agreeing():
+    from harness.check import agree_on_graph_key
+
+    assert agree_on_graph_key("decode bs=4") is None
+
+
+def test_agree_on_graph_key_in_a_gloo_world_of_one_gathers_its_own_key(tmp_path):
+    from harness.check import agree_on_graph_key
+
+    dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'store'}", rank=0, world_size=1,
+                            timeout=datetime.timedelta(seconds=30))
+    try:
+        agree_on_graph_key("decode bs=4 ü", timeout=datetime.timedelta(seconds=10))
+        agree_on_graph_key("", timeout=datetime.timedelta(seconds=10))  # an empty key gathers too
+    finally:
+        dist.destroy_process_group()

@@ -156,3 +156,53 @@ def test_set_after_capture_names_the_line_that_moved_the_tensor(backend):
     message = str(caught.value)
     assert "test_freed_memory.py" in message and "workspace.set_(" in message
     assert "set_() or `.data = ...`" in message and f"shape ({2 * N},)" in message
+
+
+def _graphs_sharing_a_workspace(backend, *, allocate_inside: bool, same_pool: bool = False):
+    """Graph A and graph B use one per-stream workspace; A's capture allocates it first when
+    `allocate_inside` (so A's private pool owns it), else it exists before either capture."""
+    workspaces = {} if allocate_inside else {"ws": torch.zeros(4, device=backend.device)}
+    x = workspaces["x"] = torch.ones(4, device=backend.device)
+
+    def step_a():
+        if "ws" not in workspaces:
+            workspaces["ws"] = torch.zeros(4, device=backend.device)
+        workspaces["ws"].copy_(x)
+
+    def step_b():
+        workspaces["ws"].add_(x)
+
+    a = backend.capture(step_a)
+    b = backend.capture(step_b, pool=a.pool if same_pool else None)
+    a.replay()
+    b.replay()
+    backend.synchronize()
+    assert torch.equal(workspaces["ws"], torch.full((4,), 2.0, device=backend.device))
+    return a, b, workspaces
+
+
+def test_replay_into_memory_freed_with_another_graphs_pool_is_refused(backend):
+    # The workspace came from A's pool; A is evicted with it (TensorRT-LLM's LRU of graphs and
+    # their workspaces): B would replay into memory the allocator may hand to anyone.
+    a, b, workspaces = _graphs_sharing_a_workspace(backend, allocate_inside=True)
+    a.reset()
+    del workspaces["ws"]
+    with pytest.raises(FreedMemoryError, match="another graph"):
+        b.replay()
+
+
+def test_a_workspace_allocated_outside_the_captures_outlives_either_graph(backend):
+    a, b, workspaces = _graphs_sharing_a_workspace(backend, allocate_inside=False)
+    a.reset()
+    b.replay()
+    backend.synchronize()
+    assert torch.equal(workspaces["ws"], torch.full((4,), 3.0, device=backend.device))
+
+
+def test_graphs_of_one_pool_may_use_each_others_memory(backend):
+    # One pool shared by both graphs: CUDA keeps its memory for B after A's reset (the pattern of
+    # piecewise runners that hold their pieces' outputs weakly).
+    a, b, workspaces = _graphs_sharing_a_workspace(backend, allocate_inside=True, same_pool=True)
+    a.reset()
+    b.replay()
+    backend.synchronize()

@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from harness.graphs import FreedMemoryError
 from harness.graphs.emulator.pool import is_poisoned
 
 
@@ -71,22 +72,26 @@ def test_buffer_replaced_after_capture_is_not_seen_and_the_old_one_is_written(ba
     assert torch.equal(graph.output, torch.full((4,), 2.0, device=backend.device))
 
 
-@pytest.mark.parametrize("swap", ["data", "set_"])
-def test_storage_swapped_under_the_same_tensor_object_is_not_seen(backend, swap):
+@pytest.mark.parametrize("swap", ["data", "set_", "resize_"])
+def test_storage_swapped_under_the_same_tensor_object_is_refused_at_replay(backend, swap):
     # A weight reload that does `param.data = new` keeps the Python object but moves its storage;
-    # the graph still reads the capture-time address.
+    # the graph still reads the capture-time address, so both backends refuse the replay (as
+    # cudagraph_trees refuses a static input whose data pointer changed), naming both addresses.
     weight = torch.full((4,), 3.0, device=backend.device)
     graph = backend.capture(lambda: weight * 2)
-    old = weight.data  # keeps the old storage alive, so that on CUDA the graph reads live memory
+    before = weight.data_ptr()
+    old = weight.data  # keeps the old storage alive: only the tensor object moved
     new = torch.full((4,), 5.0, device=backend.device)
     if swap == "data":
         weight.data = new
-    else:
+    elif swap == "set_":
         weight.set_(new)
-    graph.replay()
-    backend.synchronize()
-    assert torch.equal(graph.output, torch.full((4,), 6.0, device=backend.device))
-    assert torch.equal(old, torch.full((4,), 3.0, device=backend.device))
+    else:
+        weight.set_(old.untyped_storage(), 0, (4,))  # share the storage with `old`, then grow it
+        weight.resize_(1 << 16)
+    with pytest.raises(FreedMemoryError, match=f"{before:#x}.*{weight.data_ptr():#x}"):
+        graph.replay()
+    assert torch.equal(old[:4], torch.full((4,), 3.0, device=backend.device))
 
 
 def test_host_work_on_the_cpu_runs_once_at_capture(backend):

@@ -37,6 +37,7 @@ class Recording:
     records: list  # trace.OpRecord per op when traced
     reads: frozenset[int] = frozenset()  # storages (data pointers) a replay reads and writes
     writes: frozenset[int] = frozenset()
+    tensors: tuple = ()  # storage_changes.CapturedTensor per tensor object met outside the pool
 
 
 class CaptureSession:
@@ -102,7 +103,7 @@ class CaptureSession:
         return Recording(steps, torch.is_inference_mode_enabled(), self.recorder.external.storages(),
                          self.recorder.records,
                          frozenset(self.recorder.reads - self.recorder.writes),
-                         frozenset(self.recorder.writes))
+                         frozenset(self.recorder.writes), self.recorder.external.tensors.frozen())
 
     def abort(self) -> None:
         """Leave a failed capture. The traceback keeps the caller's frame (and the recorder) alive

@@ -21,6 +21,7 @@ from harness import torch_internals
 from harness.graphs.base import FreedMemoryError
 from harness.graphs.emulator.callsite import current_callsite
 from harness.graphs.emulator.pool import laid_out_like_once
+from harness.graphs.emulator.storage_changes import CapturedTensors
 
 
 @dataclass(frozen=True)
@@ -36,6 +37,9 @@ class ExternalStorage:
     nbytes: int
     tensor_object: weakref.ref  # the tensor capture first met on it
     freed_at: list[str] = field(default_factory=list)  # the line that dropped the last reference
+    # Non-empty when the memory is a block of another graph's private pool (what owns it), which
+    # the capture met as memory it did not allocate: freed when that graph is reset or evicted.
+    pool_owner: str = ""
 
     def moved(self) -> bool:
         storage = self.storage_object()
@@ -64,6 +68,17 @@ def moved_error(storage: ExternalStorage) -> FreedMemoryError:
 
 def freed_error(storage: ExternalStorage) -> FreedMemoryError:
     where = f" first used by the capture at {storage.first_use}" if storage.first_use else ""
+    if storage.pool_owner:
+        dropped = f" (at {storage.freed_at[0]})" if storage.freed_at and storage.freed_at[0] else ""
+        return FreedMemoryError(
+            f"replay() of a graph whose memory was freed after capture: the tensor of "
+            f"{storage.tensor}{where} lives in {storage.pool_owner}, not in this graph's, and was "
+            f"freed since capture{dropped}: the graph whose capture allocated it was reset or "
+            f"evicted, or the last tensor on it dropped. On CUDA that memory goes back to the "
+            f"allocator and this replay writes into (or reads from) whatever is placed there next. "
+            f"Allocate memory several graphs share (a per-stream workspace) outside any capture, "
+            f"or capture the graphs that share it into one pool and keep it alive as long as every "
+            f"graph that uses it", op="replay")
     dropped = f" (at {storage.freed_at[0]})" if storage.freed_at and storage.freed_at[0] else ""
     tensor = storage.tensor_object()
     if tensor is not None:
@@ -89,6 +104,7 @@ class ExternalMemory:
         self._held: list[torch.Tensor] = []
         self._held_storages: set[int] = set()
         self._host_scalars: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
+        self.tensors = CapturedTensors()  # the tensor objects met, for storage_changes.py
 
     def storages(self) -> list[ExternalStorage]:
         """Every storage whose liveness a replay must check."""
@@ -115,10 +131,11 @@ class ExternalMemory:
             self._host_scalars[id(t)] = constant
         return constant[1]
 
-    def alias(self, t: torch.Tensor) -> torch.Tensor:
+    def alias(self, t: torch.Tensor, pool_owner: str = "") -> torch.Tensor:
         """A tensor over `t`'s capture-time memory that does not keep it alive. The storage, not
         the tensor object, is what counts: `x.data = new` after capture leaves the graph on the old
-        memory, as on CUDA."""
+        memory, as on CUDA (and the replay refuses, storage_changes.py). `pool_owner`: the memory
+        is a block of another graph's pool (see ExternalStorage)."""
         if t.layout != torch.strided:
             return t.detach()  # sparse and other layouts have no single storage to alias
         storage = t.untyped_storage()
@@ -140,6 +157,7 @@ class ExternalMemory:
                 f"shape {tuple(t.shape)}, {t.dtype} (on a storage of {storage.nbytes()} bytes)",
                 current_callsite(),
                 weakref.ref(storage, _note_free(freed_at)), storage.data_ptr(), storage.nbytes(),
-                weakref.ref(t), freed_at)
+                weakref.ref(t), freed_at, pool_owner)
             self._storages[address] = known
+        self.tensors.note(t, current_callsite())
         return laid_out_like_once(self._aliases, address, known.replay_storage, t)

@@ -16,6 +16,7 @@ from harness.graphs.emulator.external import ExternalStorage, freed_error, moved
 from harness.graphs.emulator.opinfo import ReplayStep
 from harness.graphs.emulator.pool import PoolArena
 from harness.graphs.emulator.trace import OpRecord
+from harness.graphs.emulator.storage_changes import CapturedTensor, first_changed, storage_changed_error
 
 
 # StorageWeakRef.expired() without its Python method call: one C call per storage at each replay;
@@ -28,7 +29,8 @@ class EmulatedGraph(CapturedGraph):
     def __init__(self, output: Any, pool: PoolArena, steps: list[ReplayStep],
                  inference_mode: bool, external: list[ExternalStorage],
                  records: list[OpRecord] | None = None, *,
-                 reads: frozenset[int] = frozenset(), writes: frozenset[int] = frozenset()) -> None:
+                 reads: frozenset[int] = frozenset(), writes: frozenset[int] = frozenset(),
+                 tensors: tuple[CapturedTensor, ...] = ()) -> None:
         self.output = output
         self.pool = pool
         self._steps: list[ReplayStep] | None = steps
@@ -40,6 +42,7 @@ class EmulatedGraph(CapturedGraph):
         self._external_objects = tuple(s.storage_object for s in external)
         self._external_addresses = tuple(s.address for s in external)
         self.records: tuple[OpRecord, ...] = tuple(records or ())
+        self._tensors = tensors
 
     @property
     def num_ops(self) -> int:
@@ -106,6 +109,9 @@ class EmulatedGraph(CapturedGraph):
                 raise freed_error(next(s for s in self._external if s.storage_object() is None))
             if tuple(map(_data_ptr, storages)) != self._external_addresses:
                 raise moved_error(next(s for s in self._external if s.moved()))
+        changed = first_changed(self._tensors)
+        if changed is not None:
+            raise storage_changed_error(changed)
         return steps
 
     def external_storages(self) -> list[torch.UntypedStorage]:

@@ -57,6 +57,7 @@ class Block:
     nbytes: int
     liveness: StorageWeakRef
     replay_storage: torch.UntypedStorage
+    pool: object = None  # the arena's `token`: which pool handed the block out
 
     @property
     def end(self) -> int:
@@ -73,6 +74,7 @@ class PoolArena:
         self.segment_bytes = segment_bytes
         self._segments: list[torch.Tensor] = []
         self._live: list[list[Block]] = []  # per segment, sorted by offset
+        self.token = object()  # held by each block: a capture tells its own pool's blocks apart
 
     @property
     def num_segments(self) -> int:
@@ -98,7 +100,7 @@ class PoolArena:
             segment, offset = self._new_segment(size), 0
         storage = self._non_owning(segment, offset, size)
         replay_storage = self._non_owning(segment, offset, size)
-        block = Block(segment, offset, size, StorageWeakRef(storage), replay_storage)
+        block = Block(segment, offset, size, StorageWeakRef(storage), replay_storage, self.token)
         setattr(storage, BLOCK_ATTR, block)
         bisect.insort(self._live[segment], block, key=lambda b: b.offset)
         return storage, block

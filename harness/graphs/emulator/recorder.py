@@ -29,6 +29,8 @@ from harness.graphs.emulator.pool import PoolArena, block_of, laid_out_like, lai
 from harness.graphs.emulator.shapes import lacks_meta_kernel, result_shapes, to_meta
 from harness.graphs.emulator.accesses import split_accesses
 from harness.graphs.emulator.trace import Argument, OpRecord, Origin
+from harness.graphs.emulator.private_generators import (is_registered, private_generator,
+                                                        unregistered_generator_error)
 
 
 def _error(message: str, func: Any) -> CaptureError:
@@ -61,6 +63,9 @@ class Recorder(TorchDispatchMode):
         self._replay_tensors: dict[tuple, torch.Tensor] = {}
         self.external = ExternalMemory()
         self.collectives = collectives.PendingCollectives()
+        # Generators registered with the graph (CUDAGraph.register_generator_state): random ops
+        # may draw from these besides the device's default generator (private_generators.py).
+        self.registered_generators: tuple[torch.Generator, ...] = ()
         self.reads: set[int] = set()  # storages the recording reads (data pointers)
         self.writes: set[int] = set()  # and writes: what a replay touches as one stream op
 
@@ -88,6 +93,7 @@ class Recorder(TorchDispatchMode):
         if opinfo.is_composite(func):
             with self:
                 return func.decompose(*args, **kwargs)
+        self._check_generator(func, kwargs)
         kind = opinfo.op_kind(func)
         if kind is OpKind.VIEW:
             return func(*args, **kwargs)
@@ -123,6 +129,11 @@ class Recorder(TorchDispatchMode):
         if reason:
             return _error(f"{name} cannot be captured: {reason}", func)
         return None
+
+    def _check_generator(self, func, kwargs) -> None:
+        generator = private_generator(kwargs, self.device)
+        if generator is not None and not is_registered(generator, self.registered_generators):
+            raise unregistered_generator_error(func, generator)
 
     def _lift_host_data(self, t: torch.Tensor) -> torch.Tensor:
         """`torch.tensor(data)` during capture: a copy of host data made when capture meets it."""
@@ -163,6 +174,10 @@ class Recorder(TorchDispatchMode):
             if t.dim() == 0 and not self.memory.is_device(t):
                 return self.external.host_scalar(t)
             return self.external.alias(t)
+        if block.pool is not self.arena.token:
+            # Another graph's pool owns it (a workspace first allocated in that graph's capture):
+            # freed when that graph is reset, so its liveness is checked like external memory's.
+            return self.external.alias(t, pool_owner="another graph's private pool")
         # The block itself, not its id: a freed block's id can be reused by a later block.
         return laid_out_like_once(self._replay_tensors, block, block.replay_storage, t)
 
@@ -304,6 +319,9 @@ class Recorder(TorchDispatchMode):
                    if a.alias_info is not None and a.alias_info.is_write]
         named = opinfo.bind(func, args, kwargs)
         meta_args, meta_kwargs = tree_map_only(torch.Tensor, to_meta, (args, kwargs))
+        if meta_kwargs.get("generator") is not None:
+            # Shapes do not depend on it, and the meta kernels (torch's refs) refuse a generator.
+            meta_kwargs = {**meta_kwargs, "generator": None}
         try:
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore")

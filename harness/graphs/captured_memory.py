@@ -1,0 +1,108 @@
+"""What a real CUDA capture touched, for the cuda backend's replay checks: CUDA cannot tell, the
+harness's own graph wrapper can. A light dispatch mode, active during capture only, notes each
+tensor object the captured work met that it did not allocate (storage_changes.py: refused at replay
+once its storage changed in place) and each storage the capture allocated (memory of this graph's
+pool). A later capture that reads memory another graph's pool owns keeps a weak reference on it;
+its replay refuses once that memory was freed (the owning graph reset or evicted), where CUDA
+replays into whatever the allocator placed there."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch.multiprocessing.reductions import StorageWeakRef
+
+from harness import torch_internals
+from harness.torch_internals import TorchDispatchMode, tree_flatten
+from harness.graphs.base import FreedMemoryError
+from harness.graphs.emulator.callsite import current_callsite
+from harness.graphs.emulator.storage_changes import CapturedTensors
+
+
+@dataclass(frozen=True)
+class PoolStorage:
+    """A storage some capture allocated: `pool` is that graph's pool handle."""
+
+    liveness: StorageWeakRef
+    pool: Any
+    description: str  # "shape (4,), torch.float32, allocated at file:line: source"
+
+
+@dataclass(frozen=True)
+class ForeignRead:
+    """Memory of another graph's pool that a capture read or wrote."""
+
+    owner: PoolStorage
+    first_use: str
+
+
+def foreign_freed_error(read: ForeignRead) -> FreedMemoryError:
+    where = f" first used by the capture at {read.first_use}" if read.first_use else ""
+    return FreedMemoryError(
+        f"replay() of a graph whose memory was freed after capture: the tensor of "
+        f"{read.owner.description}{where} lives in the private pool {read.owner.pool} of another "
+        f"graph, and was freed since capture: the graph whose capture allocated it was reset or "
+        f"evicted, or the last tensor on it dropped. CUDA returns that memory to the allocator, "
+        f"and this replay writes into (or reads from) whatever is placed there next. Allocate "
+        f"memory several graphs share (a per-stream workspace) outside any capture, or capture the "
+        f"graphs that share it into one pool and keep it alive as long as every graph that uses "
+        f"it", op="replay")
+
+
+class CapturedMemory(TorchDispatchMode):
+    """During one capture into `pool` (None: a fresh pool): `known` maps a storage's StorageImpl
+    address to what earlier captures allocated there (the backend's registry, read only here)."""
+
+    def __init__(self, pool: Any, known: dict[int, PoolStorage]) -> None:
+        super().__init__()
+        self._pool = pool
+        self._known = known
+        self.tensors = CapturedTensors()
+        self.allocated: list[tuple[torch.UntypedStorage, str]] = []
+        self.foreign: list[ForeignRead] = []
+        self._own: set[int] = set()
+        self._foreign_seen: set[int] = set()
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        inputs = [t for t in tree_flatten((args, kwargs))[0] if _dense(t)]
+        for t in inputs:
+            self._note_input(t)
+        result = func(*args, **kwargs)
+        for t in tree_flatten(result)[0]:
+            if _dense(t):
+                key = torch_internals.storage_key(t.untyped_storage())
+                if key not in self._own and not any(key == torch_internals.storage_key(i.untyped_storage()) for i in inputs):
+                    self._own.add(key)
+                    self.allocated.append((t.untyped_storage(), f"shape {tuple(t.shape)}, {t.dtype}, "
+                                                                f"allocated at {current_callsite()}"))
+        return result
+
+    def _note_input(self, t: torch.Tensor) -> None:
+        storage = t.untyped_storage()
+        key = torch_internals.storage_key(storage)
+        if key in self._own or storage.nbytes() == 0:
+            return
+        where = current_callsite()
+        self.tensors.note(t, where)
+        owner = self._known.get(key)
+        if owner is None or key in self._foreign_seen or owner.liveness.expired():
+            return
+        if self._pool is not None and owner.pool == self._pool:
+            return  # one pool: CUDA's shared-pool rules, a later graph may use an earlier one's memory
+        self._foreign_seen.add(key)
+        self.foreign.append(ForeignRead(owner, where))
+
+
+def _dense(t: Any) -> bool:
+    return isinstance(t, torch.Tensor) and t.layout == torch.strided and t.device.type != "meta"
+
+
+def register_allocations(known: dict[int, PoolStorage], capture: CapturedMemory, pool: Any) -> None:
+    """Add what `capture` allocated to `known` as memory of `pool`, dropping entries long freed."""
+    for key in [k for k, v in known.items() if v.liveness.expired()]:
+        del known[key]
+    for storage, description in capture.allocated:
+        known[torch_internals.storage_key(storage)] = PoolStorage(StorageWeakRef(storage), pool, description)

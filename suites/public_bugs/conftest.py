@@ -1,0 +1,20 @@
+"""Miniatures of public capture bugs, written against `torch.cuda` as a runtime team writes them.
+Each test runs inside the harness's device: the emulated CUDA device on a CPU (the session's under
+`--emulate-cuda`, else one per test), the graph sanitizer (`harness.emulate_cuda()` over the real
+device) on a GPU. The buggy version must fail with the harness's named error, the fixed one pass."""
+
+from __future__ import annotations
+
+import pytest
+
+import harness
+from harness.emulation import emulation_active
+
+
+@pytest.fixture(autouse=True)
+def harness_device(request):
+    if emulation_active() is not None or "no_device_context" in request.keywords:
+        yield
+        return
+    with harness.emulate_cuda():
+        yield
