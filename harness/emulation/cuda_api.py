@@ -27,6 +27,7 @@ import torch.cuda.streams
 
 from harness.emulation.backward import (
     compile_marking_outputs, engine_with_placement, saved_tensor_hooks_with_placement)
+from harness.emulation.capture_syncs import refuse_host_sync
 from harness.emulation.generators import generator_class
 from harness.emulation.rules import DeviceIndexError, cuda_index, names_cuda
 from harness.emulation.cuda_streams import Event, ExternalStream, Stream
@@ -166,6 +167,7 @@ def patches(state) -> list[tuple[Any, str, Any]]:
 
     def synchronize(device: Any = None) -> None:
         index(device)
+        refuse_host_sync(state, "torch.cuda.synchronize()", device=True)
         state.notify_sync("torch.cuda.synchronize", None)
 
     def current_stream(device: Any = None) -> Stream:

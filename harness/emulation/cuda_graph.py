@@ -13,6 +13,7 @@ What it needs from the device (`host`): `memory` (which tensors are device memor
 from __future__ import annotations
 
 import sys
+import threading
 import weakref
 
 import torch
@@ -21,6 +22,7 @@ from harness.graphs.base import CaptureError
 from harness.graphs.emulated import EmulatedGraph
 from harness.graphs.emulator.pool import PoolArena
 from harness.graphs.emulator.capture_session import CaptureSession
+from harness.emulation.capture_syncs import invalidated_capture_error
 
 CAPTURE_ERROR_MODES = ("global", "thread_local", "relaxed")
 _CAPTURE_BEGIN_OPTIONS = {"check_input_liveness"}
@@ -39,6 +41,11 @@ class EmulatedCUDAGraph:
         self._trace = False
         self._replay_observer = None
         self.capture_error_mode: str | None = None
+        self.capture_thread: int | None = None  # the thread that began the capture
+        # The first refused call of the capture in progress (capture_syncs.py), and the events
+        # recorded on its streams: querying those conflicts with the capture in every mode.
+        self._invalidation: CaptureError | None = None
+        self._recorded_events: list = []
         # The pool whose use this graph holds (from capture_begin to reset or destruction), in a
         # list its finalizer shares without keeping the graph alive.
         self._pool_in_use: list[PoolArena] = []
@@ -76,6 +83,9 @@ class EmulatedCUDAGraph:
                                  trace=self._trace)
         if self._finalizer is None:
             self._finalizer = weakref.finalize(self, _graph_gone, host, id(self), self._pool_in_use)
+        # Set before the host names this graph its capture: another thread may ask at once.
+        self.capture_error_mode, self.capture_thread = capture_error_mode, threading.get_ident()
+        self._invalidation, self._recorded_events = None, []
         host.begin_capture(self, stream, arena)
         self._pool_in_use.append(arena)
         try:
@@ -87,7 +97,6 @@ class EmulatedCUDAGraph:
         host.notify_capture_begin(self, stream, capture_error_mode)
         session.recorder.trace = session.recorder.trace or self._trace  # an observer may ask for it
         self._arena, self._session = arena, session
-        self.capture_error_mode = capture_error_mode
 
     def capture_end(self) -> None:
         session = self._session
@@ -103,6 +112,11 @@ class EmulatedCUDAGraph:
                 session.abort()
                 self._release_pool()
                 return
+            if self._invalidation is not None:
+                self._host.notify_capture_end(self, aborted=True)
+                session.abort()
+                self._release_pool()
+                raise invalidated_capture_error(self._invalidation)
             try:
                 self._host.notify_capture_end(self, aborted=False)  # may raise: unjoined work
             except BaseException:
@@ -116,6 +130,20 @@ class EmulatedCUDAGraph:
                                     recording.external, recording.records,
                                     reads=recording.reads, writes=recording.writes)
         self._captured = True
+
+    def invalidate(self, error: CaptureError) -> None:
+        """A call CUDA refuses during capture was made (capture_syncs.py): as on CUDA, the capture
+        is invalidated and `capture_end()` fails, even when the caller caught `error`."""
+        if self._invalidation is None:
+            self._invalidation = error
+
+    def note_recorded_event(self, event) -> None:
+        """`event` was recorded on a stream of this graph's capture."""
+        self._recorded_events.append(event)
+
+    def recorded_event(self, event) -> bool:
+        """Whether `event` was last recorded inside this graph's capture."""
+        return any(e is event for e in self._recorded_events)
 
     def keep_trace(self) -> None:
         """Keep, per op of this graph's capture, its source line, arguments and outputs

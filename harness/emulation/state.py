@@ -126,6 +126,10 @@ class DeviceState:
     def is_current_stream_capturing(self) -> bool:
         return self.capture is not None and self.streams.current() in self.streams.capturing
 
+    def stream_captures(self, stream) -> bool:
+        """Whether `stream` takes part in the capture in progress (capture_syncs.py asks)."""
+        return self.capture is not None and stream in self.streams.capturing
+
     def out_of_memory(self, error: Exception) -> Exception:
         """CUDA's out-of-memory error for a cpu allocation that failed (`error`, whose text
         names the bytes asked for)."""
