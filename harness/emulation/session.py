@@ -173,6 +173,9 @@ def _enter_cpu(properties: DeviceProperties, stack: contextlib.ExitStack, schedu
         stack.enter_context(tracking.work)
         stack.enter_context(state.observe(tracking))
         state.streams_tracking = tracking
+    from harness.emulation.threads import thread_start_patch
+
+    _apply(thread_start_patch(state, lambda: state in _ACTIVE), stack)
     return state
 
 
