@@ -211,10 +211,8 @@ def patches(state) -> list[tuple[Any, str, Any]]:
     def is_current_stream_capturing() -> bool:
         return state.is_current_stream_capturing()
 
-    def graph_pool_handle():
-        from harness.graphs.emulator.pool import PoolArena
-
-        return PoolArena(state.storage_device)
+    def graph_pool_handle() -> tuple[int, int]:
+        return state.pool_handles.user_handle()  # CUDA's MempoolId_t (pool_handles.py)
 
     def _sleep(cycles: int) -> None:
         if state.observers:

@@ -5,7 +5,7 @@ torch's own `torch.cuda.graph` and `make_graphed_callables` run on top of it unc
 
 What it needs from the device (`host`): `memory` (which tensors are device memory), `storage_device`
 (where the emulator keeps device memory: the cpu, or the real cuda device), `kernel_device`,
-`current_stream()`, `default_stream()`, `begin_capture(graph, stream, pool)`, `end_capture()`,
+`pool_handles` (pool_handles.py), `current_stream()`, `default_stream()`, `begin_capture(graph, stream, pool)`, `end_capture()`,
 `release_pool(pool)` (a graph captured into `pool` was reset or destroyed), `graph_destroyed(key)`
 (the graph whose `id()` was `key` is gone), `notify_replay(graph)`.
 """
@@ -35,6 +35,7 @@ class EmulatedCUDAGraph:
         self._host = host
         self._keep_graph = bool(keep_graph)
         self._arena: PoolArena | None = None
+        self._pool_id: tuple[int, int] | None = None  # CUDA's id of the arena (pool_handles.py)
         self._session: CaptureSession | None = None
         self._graph: EmulatedGraph | None = None
         self._captured = False
@@ -74,10 +75,7 @@ class EmulatedCUDAGraph:
         if stream == host.default_stream():
             raise RuntimeError("CUDA graphs must be captured on a non-default stream. (However, "
                                "after capture, it's ok to replay them on the default stream.)")
-        if pool is not None and not isinstance(pool, PoolArena):
-            raise TypeError(f"pool must come from torch.cuda.graph_pool_handle() or another "
-                            f"graph's pool(), got {type(pool).__name__}")
-        arena = pool if pool is not None else PoolArena(host.storage_device)
+        pool_id, arena = host.pool_handles.arena(pool)
         session = CaptureSession(arena, host.storage_device, memory=host.memory,
                                  kernel_device=host.kernel_device, report_capturing=False,
                                  trace=self._trace)
@@ -96,7 +94,7 @@ class EmulatedCUDAGraph:
             raise
         host.notify_capture_begin(self, stream, capture_error_mode)
         session.recorder.trace = session.recorder.trace or self._trace  # an observer may ask for it
-        self._arena, self._session = arena, session
+        self._arena, self._session, self._pool_id = arena, session, pool_id
 
     def capture_end(self) -> None:
         session = self._session
@@ -219,10 +217,11 @@ class EmulatedCUDAGraph:
         while self._pool_in_use:
             self._host.release_pool(self._pool_in_use.pop())
 
-    def pool(self) -> PoolArena:
-        if self._arena is None:
+    def pool(self) -> tuple[int, int]:
+        """CUDA's id of this graph's pool, an (int, int) tuple another capture may share."""
+        if self._pool_id is None:
             raise RuntimeError("Called CUDAGraph::pool() without a preceding successful capture.")
-        return self._arena
+        return self._pool_id
 
     def instantiate(self) -> None:
         if not self._captured:

@@ -78,6 +78,7 @@ class Placement(TorchFunctionMode):
         self._calls = {
             **transfers.handlers(self),
             Tensor.get_device: self._get_device_index,
+            Tensor.type: self._type,
             # Parses a device argument without making a tensor (Module.to): the device stays.
             torch._C._nn._parse_to: lambda func, args, kwargs: func(*args, **kwargs),
             torch.nn.functional.layer_norm: self._layer_norm,
@@ -226,6 +227,27 @@ class Placement(TorchFunctionMode):
 
     def _get_device_index(self, func, args, kwargs) -> int:
         return 0 if _is_device(args[0]) else func(*args, **kwargs)
+
+    def _type(self, func, args, kwargs):
+        """`x.type()` names CUDA's legacy type (`torch.cuda.FloatTensor`) for a device tensor;
+        `x.type(T)` converts as on CUDA, to the device for a `torch.cuda.*` type, to the host for
+        another (a CPU build cannot make a `torch.cuda.*` tensor at all)."""
+        t = args[0]
+        wanted = args[1] if len(args) > 1 else kwargs.get("dtype")
+        if wanted is None:
+            name = func(t)
+            return name.replace("torch.", "torch.cuda.", 1) if _is_device(t) else name
+        if isinstance(wanted, torch.dtype):
+            return self._generic(func, args, kwargs)  # the dtype changes, the device stays
+        name = wanted if isinstance(wanted, str) else f"{wanted.__module__}.{wanted.__name__}"
+        module, _, type_name = name.rpartition(".")
+        legacy = getattr({"torch.cuda": torch.cuda, "torch": torch}.get(module), type_name, None)
+        if not isinstance(getattr(legacy, "dtype", None), torch.dtype) or (
+                module == "torch" and not _is_device(t)):
+            return func(*args, **kwargs)  # torch's own answer, errors included
+        to = {"device": "cuda" if module == "torch.cuda" else "cpu", "dtype": legacy.dtype,
+              "non_blocking": bool(args[2] if len(args) > 2 else kwargs.get("non_blocking"))}
+        return self.__torch_function__(Tensor.to, (Tensor,), (t,), to)
 
     # --- calls that need more than the generic rule ------------------------------------------
 

@@ -9,6 +9,7 @@ import contextlib
 
 import torch
 
+from harness.emulation.pool_handles import PoolHandles
 from harness.graphs.emulator.memory import ByDeviceType
 
 
@@ -21,6 +22,7 @@ class SanitizerHost:
         self.storage_device = torch.device("cuda", torch.cuda.current_device())
         self.kernel_device = self.storage_device
         self.memory = ByDeviceType(self.storage_device)
+        self.pool_handles = PoolHandles(self.storage_device)
         self.capture = None
         self._capture_stream = None
         self.observers: list = []
@@ -66,12 +68,11 @@ def enter_sanitizer(stack: contextlib.ExitStack) -> SanitizerHost:
     import torch.cuda.graphs
 
     from harness.emulation.session import CUDAGraph, _apply
-    from harness.graphs.emulator.pool import PoolArena
 
     host = SanitizerHost()
 
     def graph_pool_handle():
-        return PoolArena(host.storage_device)
+        return host.pool_handles.user_handle()
 
     def is_current_stream_capturing() -> bool:
         return host.is_current_stream_capturing()

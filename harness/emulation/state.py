@@ -37,6 +37,7 @@ from typing import Any, Iterator
 import torch
 
 from harness.emulation.device_memory import DeviceMemory
+from harness.emulation.pool_handles import PoolHandles
 
 
 @dataclass(frozen=True)
@@ -75,6 +76,7 @@ class DeviceState:
         self.placement = None  # the placement mode (placement.py), once entered
         self._devices = tuple(torch.device("cuda", i) for i in range(properties.count))
         self.storage_device = torch.device("cpu")  # where device memory really lives
+        self.pool_handles = PoolHandles(self.storage_device)
         self.kernel_device = torch.device("cuda", 0)  # whose kernels' rules a capture applies
         self.sync_debug_mode = 0  # torch.cuda.set_sync_debug_mode: 0 default, 1 warn, 2 error
         self.memory_fraction = 1.0  # torch.cuda.set_per_process_memory_fraction

@@ -10,39 +10,14 @@ from __future__ import annotations
 
 import threading
 from dataclasses import dataclass
-from typing import Callable, Iterator
+from typing import Callable
 
 import pytest
 import torch
 
-import harness
-from harness.emulation import emulation_active
 
 NOT_PERMITTED = "operation not permitted when stream is capturing"
 INVALIDATED = "operation failed due to a previous error during capture"
-
-
-@pytest.fixture(params=["emulated", pytest.param("native", marks=pytest.mark.gpu),
-                        pytest.param("sanitizer", marks=pytest.mark.gpu)])
-def device(request) -> Iterator[str]:
-    """Where the capture runs: the emulated device, real CUDA graphs, or the graph sanitizer."""
-    where = request.param
-    if where == "emulated":
-        if emulation_active() == "cpu":
-            yield where
-            return
-        if emulation_active() is not None or torch.cuda.is_available():
-            pytest.skip("a real GPU: the emulated CUDA device is checked without one")
-        with harness.emulate_cuda(device="cpu"):
-            yield where
-        return
-    if emulation_active() is not None:
-        pytest.skip("checks real CUDA outside any emulation")
-    if where == "native":
-        yield where
-        return
-    with harness.emulate_cuda():
-        yield where
 
 
 @dataclass(frozen=True)
@@ -127,25 +102,25 @@ def _check(case: Case, mode: str, in_thread: bool) -> None:
 
 @pytest.mark.parametrize("mode", ["global", "thread_local", "relaxed"])
 @pytest.mark.parametrize("case", CASES, ids=lambda c: c.name)
-def test_a_host_sync_on_the_capturing_thread(device, case, mode):
+def test_a_host_sync_on_the_capturing_thread(cuda_kind, case, mode):
     _check(case, mode, in_thread=False)
 
 
 @pytest.mark.parametrize("mode", ["global", "thread_local", "relaxed"])
 @pytest.mark.parametrize("case", CASES, ids=lambda c: c.name)
-def test_a_host_sync_from_another_thread(device, case, mode):
+def test_a_host_sync_from_another_thread(cuda_kind, case, mode):
     _check(case, mode, in_thread=True)
 
 
-def test_the_refusal_begins_with_cudas_text_and_names_the_line(device):
+def test_the_refusal_begins_with_cudas_text_and_names_the_line(cuda_kind):
     _, _, errors, _ = _capture_with(lambda t: torch.cuda.synchronize(), "global", False)
     assert str(errors[0]).startswith(f"CUDA error: {NOT_PERMITTED}")
-    if device != "native":
+    if cuda_kind != "native":
         assert "torch.cuda.synchronize()" in str(errors[0])
         assert "test_capture_syncs.py" in str(errors[0])  # the user's line
 
 
-def test_a_background_thread_syncing_its_stream_during_a_global_capture(device):
+def test_a_background_thread_syncing_its_stream_during_a_global_capture(cuda_kind):
     """The vLLM bug: a thread started before the capture synchronizes its own stream while the
     main thread captures in the default mode; CUDA refuses it and the capture fails."""
     capturing, synced = threading.Event(), threading.Event()
