@@ -10,7 +10,8 @@ TorchFunctionMode that places every op; `transfers.py` copies between the memori
 `tracking/` stream and race tracking;
 `rules.py` CUDA's error texts; `sanitizer.py` the same graph API over a real GPU;
 `capture_syncs.py` the host syncs a capture refuses; `threads.py` the device in new threads;
-`pool_handles.py` CUDA's pool ids for the emulator's pools.
+`pool_handles.py` CUDA's pool ids for the emulator's pools; `device_indices.py` which of several
+emulated devices a storage is on.
 """
 
 from harness.emulation.session import emulate_cuda, emulation_active

@@ -27,7 +27,7 @@ from torch.overrides import TorchFunctionMode
 from torch.utils._device import DeviceContext, _device_constructors
 
 from harness.graphs.base import CaptureError
-from harness.emulation import kernels, transfers
+from harness.emulation import device_indices, kernels, transfers
 from harness.graphs.emulator.dispatch_keys import keep_modes_reachable
 from harness.emulation.capacity import requested_bytes
 from harness.emulation.generators import DeviceGenerator
@@ -69,6 +69,7 @@ class Placement(TorchFunctionMode):
         super().__init__()
         self.state = state
         self.memory = state.memory
+        self._several_devices = state.properties.count > 1
         self._getters = {
             _descriptor("device"): self._get_device,
             _descriptor("is_cuda"): self._get_is_cuda,
@@ -137,10 +138,11 @@ class Placement(TorchFunctionMode):
         except (RuntimeError, NotImplementedError):  # a tensor without storage (sparse, nested)
             device_in, host = _scan(args, kwargs)
         named_device = pinned = False
+        index = 0  # the device of the call, with several emulated devices
         if kwargs:
             target = kwargs.get("device")
             if target is not None and names_cuda(target):
-                self._check_index(target)
+                index = self._check_index(target)
                 kwargs = {**kwargs, "device": CPU}
                 named_device = True
             if kwargs.get("pin_memory"):
@@ -153,9 +155,12 @@ class Placement(TorchFunctionMode):
             if pinned:
                 self._mark(out, PINNED)
             return out
+        if self._several_devices and device_in and not named_device:
+            index = (device_indices.first_index(args, kwargs) if func in _MIXING_ALLOWED
+                     else device_indices.common_index(args, kwargs) or 0)
         if host is not None and device_in and func not in _MIXING_ALLOWED:
-            first = "cuda:0" if _first_is_device(args, kwargs) else "cpu"
-            raise mixed_devices_error(first, "cpu" if first != "cpu" else "cuda:0")
+            first = f"cuda:{index}" if _first_is_device(args, kwargs) else "cpu"
+            raise mixed_devices_error(first, "cpu" if first != "cpu" else f"cuda:{index}")
         if kwargs and isinstance(kwargs.get("generator"), _TorchGenerator) \
                 and not isinstance(kwargs["generator"], DeviceGenerator):
             # A cpu generator cannot drive CUDA's random kernels; on a CPU build it would, silently.
@@ -188,6 +193,8 @@ class Placement(TorchFunctionMode):
                 pass
         elif out is not None:
             self._mark(out, DEVICE)
+        if index:
+            device_indices.set_index(out, index)
         if self.state.observers:
             self.state.notify_op(func, args, kwargs, out)
         return out
@@ -203,14 +210,16 @@ class Placement(TorchFunctionMode):
                 if isinstance(o, Tensor):
                     mark(o)
 
-    def _check_index(self, target) -> None:
+    def _check_index(self, target) -> int:
         state = self.state
-        cuda_index(target, state.current_index, state.properties.count)
+        return cuda_index(target, state.current_index, state.properties.count)
 
     # --- getters -----------------------------------------------------------------------------
 
     def _get_device(self, func, t: Tensor):
-        return self.state.device_object() if _is_device(t) else func(t)
+        if not _is_device(t):
+            return func(t)
+        return self.state.device_object(device_indices.index_of(t) if self._several_devices else 0)
 
     def _get_is_cuda(self, func, t: Tensor) -> bool:
         return _is_device(t)
@@ -226,7 +235,9 @@ class Placement(TorchFunctionMode):
         return grad
 
     def _get_device_index(self, func, args, kwargs) -> int:
-        return 0 if _is_device(args[0]) else func(*args, **kwargs)
+        if not _is_device(args[0]):
+            return func(*args, **kwargs)
+        return device_indices.index_of(args[0]) if self._several_devices else 0
 
     def _type(self, func, args, kwargs):
         """`x.type()` names CUDA's legacy type (`torch.cuda.FloatTensor`) for a device tensor;

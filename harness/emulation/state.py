@@ -81,9 +81,9 @@ class DeviceState:
         self.sync_debug_mode = 0  # torch.cuda.set_sync_debug_mode: 0 default, 1 warn, 2 error
         self.memory_fraction = 1.0  # torch.cuda.set_per_process_memory_fraction
 
-    def device_object(self) -> torch.device:
-        """What `tensor.device` answers for a device tensor."""
-        return self._devices[0]
+    def device_object(self, index: int = 0) -> torch.device:
+        """What `tensor.device` answers for a device tensor on device `index`."""
+        return self._devices[index]
 
     def capturing(self) -> bool:
         """True while a capture records, or a lint checks, what a capture would refuse."""
