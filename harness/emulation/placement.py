@@ -167,6 +167,10 @@ class Placement(TorchFunctionMode):
             raise host_generator_error()
         if named_device and func in _FROM_HOST_DATA and self.state.capturing():
             transfers.refuse_host_data(self.state, func, args)
+        if func is Tensor.new_tensor and self.state.capturing() and (
+                named_device or (device_in and kwargs.get("device") is None)):
+            # A device tensor's new_tensor(data) copies host data to the device, as torch.tensor.
+            transfers.refuse_host_data(self.state, func, args[1:])
         if named_device:
             asked = requested_bytes(func, args, kwargs)
             if asked:
