@@ -70,6 +70,7 @@ def _capture_with(call: Callable[[Targets], object], mode: str, in_thread: bool)
             errors.append(error)
 
     ended = None
+    caller_stream = torch.cuda.current_stream()
     try:
         with torch.cuda.graph(graph, capture_error_mode=mode):
             x.add_(1)
@@ -85,6 +86,9 @@ def _capture_with(call: Callable[[Targets], object], mode: str, in_thread: bool)
             x.add_(1)
     except RuntimeError as error:
         ended = error
+    finally:
+        # torch.cuda.graph leaves its side stream current when capture_end raises (natively too).
+        torch.cuda.set_stream(caller_stream)
     return graph, x, errors, ended
 
 
@@ -117,7 +121,7 @@ def test_the_refusal_begins_with_cudas_text_and_names_the_line(cuda_kind):
     assert str(errors[0]).startswith(f"CUDA error: {NOT_PERMITTED}")
     if cuda_kind != "native":
         assert "torch.cuda.synchronize()" in str(errors[0])
-        assert "test_capture_syncs.py" in str(errors[0])  # the user's line
+        assert "_capture_with(lambda t: torch.cuda.synchronize()" in str(errors[0])  # the line
 
 
 def test_a_background_thread_syncing_its_stream_during_a_global_capture(cuda_kind):
@@ -139,6 +143,7 @@ def test_a_background_thread_syncing_its_stream_during_a_global_capture(cuda_kin
     worker.start()
     x = torch.zeros(4, device="cuda")
     graph = torch.cuda.CUDAGraph()
+    caller_stream = torch.cuda.current_stream()
     try:
         with pytest.raises(RuntimeError, match=INVALIDATED):
             with torch.cuda.graph(graph):
@@ -149,5 +154,6 @@ def test_a_background_thread_syncing_its_stream_during_a_global_capture(cuda_kin
     finally:
         capturing.set()  # never leave the worker waiting
         worker.join()
+        torch.cuda.set_stream(caller_stream)
     assert len(errors) == 1 and NOT_PERMITTED in str(errors[0])
     torch.cuda.synchronize()  # after the capture: allowed again
