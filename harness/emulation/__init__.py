@@ -8,7 +8,10 @@ TorchFunctionMode that places every op; `transfers.py` copies between the memori
 `backward.py` autograd's products; `cuda_api.py` the replaced `torch.cuda` functions;
 `cuda_streams.py` streams and events; `cuda_graph.py` `torch.cuda.CUDAGraph` on the emulator;
 `tracking/` stream and race tracking;
-`rules.py` CUDA's error texts; `sanitizer.py` the same graph API over a real GPU.
+`rules.py` CUDA's error texts; `sanitizer.py` the same graph API over a real GPU;
+`capture_syncs.py` the host syncs a capture refuses; `threads.py` the device in new threads;
+`pool_handles.py` CUDA's pool ids for the emulator's pools; `device_indices.py` which of several
+emulated devices a storage is on.
 """
 
 from harness.emulation.active import emulation_active

@@ -27,6 +27,11 @@ def emulation_active() -> str | None:
     return _ACTIVE[-1].kind if _ACTIVE else None
 
 
+def is_in_force(state) -> bool:
+    """Whether `state` is among the emulations in force (threads started inside it ask)."""
+    return any(active is state for active in _ACTIVE)
+
+
 @contextlib.contextmanager
 def in_force(state) -> Iterator[Any]:
     """`state` is the emulation in force for the duration."""

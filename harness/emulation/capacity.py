@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import torch
 
+# torch takes Python's scalar types as dtypes (`torch.zeros(n, dtype=bool)`, transformers' masks).
+_PYTHON_TYPES = {bool: torch.bool, int: torch.int64, float: torch.float64, complex: torch.complex128}
 _SIZED = {torch.empty, torch.zeros, torch.ones, torch.rand, torch.randn, torch.full,
           torch.empty_strided, torch.randint, torch.randperm}
 
@@ -46,7 +48,7 @@ def requested_bytes(func, args: tuple, kwargs: dict) -> int:
     dtype = kwargs.get("dtype")
     if dtype is None:
         dtype = torch.int64 if func in (torch.randint, torch.randperm) else torch.get_default_dtype()
-    return numel * dtype.itemsize
+    return numel * _PYTHON_TYPES.get(dtype, dtype).itemsize
 
 
 def format_size(nbytes: float) -> str:

@@ -31,6 +31,7 @@ from harness.emulation.accelerator_streams import event_class, stream_class
 from harness.emulation.backward import (
     compile_marking_outputs, engine_with_placement, saved_tensor_hooks_with_placement)
 from harness.emulation.checkpoints import location_tag, restore_location
+from harness.emulation.capture_syncs import refuse_host_sync
 from harness.emulation.generators import generator_class
 from harness.emulation.rules import DeviceIndexError, cuda_index, names_cuda
 from harness.emulation.cuda_graph import CUDAGraph
@@ -215,6 +216,7 @@ def init(state) -> None:
 
 def synchronize(state, device: Any = None) -> None:
     index(state, device)
+    refuse_host_sync(state, "torch.cuda.synchronize()", device=True)
     state.notify_sync("torch.cuda.synchronize", None)
 
 
@@ -270,10 +272,8 @@ def is_current_stream_capturing(state) -> bool:
     return state.is_current_stream_capturing()
 
 
-def graph_pool_handle(state):
-    from harness.graphs.emulator.pool import PoolArena
-
-    return PoolArena(state.storage_device)
+def graph_pool_handle(state) -> tuple[int, int]:
+    return state.pool_handles.user_handle()  # CUDA's MempoolId_t (pool_handles.py)
 
 
 def sleep(state, cycles: int) -> None:

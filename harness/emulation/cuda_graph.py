@@ -5,7 +5,7 @@ torch's own `torch.cuda.graph` and `make_graphed_callables` run on top of it unc
 
 What it needs from the device (`host`): `memory` (which tensors are device memory), `storage_device`
 (where the emulator keeps device memory: the cpu, or the real cuda device), `kernel_device`,
-`current_stream()`, `default_stream()`, `begin_capture(graph, stream, pool)`, `end_capture()`,
+`pool_handles` (pool_handles.py), `current_stream()`, `default_stream()`, `begin_capture(graph, stream, pool)`, `end_capture()`,
 `release_pool(pool)` (a graph captured into `pool` was reset or destroyed), `graph_destroyed(key)`
 (the graph whose `id()` was `key` is gone), `notify_replay(graph)`.
 """
@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import sys
 import warnings
+import threading
 import weakref
 
 import torch
@@ -24,6 +25,7 @@ from harness.graphs.base import CaptureError
 from harness.graphs.emulator.graph import EmulatedGraph
 from harness.graphs.emulator.pool import PoolArena
 from harness.graphs.emulator.capture_session import CaptureSession
+from harness.emulation.capture_syncs import invalidated_capture_error
 
 CAPTURE_ERROR_MODES = ("global", "thread_local", "relaxed")
 _CAPTURE_BEGIN_OPTIONS = {"check_input_liveness"}
@@ -36,6 +38,7 @@ class EmulatedCUDAGraph:
         self._host = host
         self._keep_graph = bool(keep_graph)
         self._arena: PoolArena | None = None
+        self._pool_id: tuple[int, int] | None = None  # CUDA's id of the arena (pool_handles.py)
         self._session: CaptureSession | None = None
         self._graph: EmulatedGraph | None = None
         self._captured = False
@@ -46,6 +49,11 @@ class EmulatedCUDAGraph:
         self._trace = False
         self._replay_observer = None
         self.capture_error_mode: str | None = None
+        self.capture_thread: int | None = None  # the thread that began the capture
+        # The first refused call of the capture in progress (capture_syncs.py), and the events
+        # recorded on its streams: querying those conflicts with the capture in every mode.
+        self._invalidation: CaptureError | None = None
+        self._recorded_events: list = []
         # The pool whose use this graph holds (from capture_begin to reset or destruction), in a
         # list its finalizer shares without keeping the graph alive.
         self._pool_in_use: list[PoolArena] = []
@@ -75,15 +83,15 @@ class EmulatedCUDAGraph:
         if stream == host.default_stream():
             raise RuntimeError("CUDA graphs must be captured on a non-default stream. (However, "
                                "after capture, it's ok to replay them on the default stream.)")
-        if pool is not None and not isinstance(pool, PoolArena):
-            raise TypeError(f"pool must come from torch.cuda.graph_pool_handle() or another "
-                            f"graph's pool(), got {type(pool).__name__}")
-        arena = pool if pool is not None else PoolArena(host.storage_device)
+        pool_id, arena = host.pool_handles.arena(pool)
         session = CaptureSession(arena, host.storage_device, memory=host.memory,
                                  kernel_device=host.kernel_device, report_capturing=False,
                                  trace=self._trace)
         if self._finalizer is None:
             self._finalizer = weakref.finalize(self, _graph_gone, host, id(self), self._pool_in_use)
+        # Set before the host names this graph its capture: another thread may ask at once.
+        self.capture_error_mode, self.capture_thread = capture_error_mode, threading.get_ident()
+        self._invalidation, self._recorded_events = None, []
         host.begin_capture(self, stream, arena)
         self._pool_in_use.append(arena)
         try:
@@ -95,7 +103,7 @@ class EmulatedCUDAGraph:
         host.notify_capture_begin(self, stream, capture_error_mode)
         session.recorder.trace = session.recorder.trace or self._trace  # an observer may ask for it
         session.recorder.registered_generators = tuple(self._generators)
-        self._arena, self._session = arena, session
+        self._arena, self._session, self._pool_id = arena, session, pool_id
         self.capture_error_mode = capture_error_mode
 
     def capture_end(self) -> None:
@@ -111,6 +119,11 @@ class EmulatedCUDAGraph:
                 session.abort()
                 self._release_pool()
                 return
+            if self._invalidation is not None:
+                self._host.notify_capture_end(self, aborted=True)
+                session.abort()
+                self._release_pool()
+                raise invalidated_capture_error(self._invalidation)
             try:
                 self._host.notify_capture_end(self, aborted=False)  # may raise: unjoined work
             except BaseException:
@@ -126,6 +139,20 @@ class EmulatedCUDAGraph:
                                     tensors=recording.tensors)
         self._captured = True
         self._instantiated = not self._keep_graph
+
+    def invalidate(self, error: CaptureError) -> None:
+        """A call CUDA refuses during capture was made (capture_syncs.py): as on CUDA, the capture
+        is invalidated and `capture_end()` fails, even when the caller caught `error`."""
+        if self._invalidation is None:
+            self._invalidation = error
+
+    def note_recorded_event(self, event) -> None:
+        """`event` was recorded on a stream of this graph's capture."""
+        self._recorded_events.append(event)
+
+    def recorded_event(self, event) -> bool:
+        """Whether `event` was last recorded inside this graph's capture."""
+        return any(e is event for e in self._recorded_events)
 
     def keep_trace(self) -> None:
         """Keep, per op of this graph's capture, its source line, arguments and outputs
@@ -203,10 +230,11 @@ class EmulatedCUDAGraph:
         while self._pool_in_use:
             self._host.release_pool(self._pool_in_use.pop())
 
-    def pool(self) -> PoolArena:
-        if self._arena is None:
+    def pool(self) -> tuple[int, int]:
+        """CUDA's id of this graph's pool, an (int, int) tuple another capture may share."""
+        if self._pool_id is None:
             raise RuntimeError("Called CUDAGraph::pool() without a preceding successful capture.")
-        return self._arena
+        return self._pool_id
 
     def instantiate(self) -> None:
         """CUDAGraph.cpp's checks; the recording itself needs no instantiation."""

@@ -20,6 +20,7 @@ from typing import Any
 import torch
 
 from harness.emulation.active import active_state
+from harness.emulation.capture_syncs import refuse_host_sync
 
 _STREAM_HANDLE_BASE = 0x7E0000  # fake `cuda_stream` handles, distinct from 0 (the default stream)
 
@@ -65,6 +66,7 @@ class Stream:
         return 0 if self.stream_id == 0 else _STREAM_HANDLE_BASE + self.stream_id
 
     def query(self) -> bool:
+        refuse_host_sync(_state(), "Stream.query()", stream=self)
         return True  # synchronous: everything issued has finished
 
     def is_capturing(self) -> bool:
@@ -73,7 +75,9 @@ class Stream:
         return state.capture is not None and self in state.streams.capturing
 
     def synchronize(self) -> None:
-        _state().notify_stream("synchronize", self, None)
+        state = _state()
+        refuse_host_sync(state, "Stream.synchronize()", stream=self)
+        state.notify_stream("synchronize", self, None)
 
     def wait_event(self, event: "Event") -> None:
         state = _state()
@@ -138,6 +142,8 @@ class Event:
         stream = state.streams.current() if stream is None else stream
         self.recorded_on = stream
         self._time = time.perf_counter()
+        if state.stream_captures(stream):
+            state.capture.note_recorded_event(self)
         state.notify_stream("record_event", stream, self)
 
     def wait(self, stream: Stream | None = None) -> None:
@@ -145,10 +151,12 @@ class Event:
         stream.wait_event(self)
 
     def query(self) -> bool:
+        refuse_host_sync(_state(), "Event.query()", event=self)
         return True
 
     def synchronize(self) -> None:
         state = _state()
+        refuse_host_sync(state, "Event.synchronize()", event=self)
         state.notify_stream("event_synchronize", self.recorded_on, self)
 
     def elapsed_time(self, end_event: "Event") -> float:

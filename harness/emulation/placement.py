@@ -28,7 +28,7 @@ from torch.overrides import TorchFunctionMode
 from harness import torch_internals
 from harness.torch_internals import DeviceContext, device_constructors
 from harness.graphs.base import CaptureError
-from harness.emulation import kernels, transfers
+from harness.emulation import device_indices, kernels, transfers
 from harness.graphs.emulator.dispatch_keys import keep_modes_reachable
 from harness.emulation.capacity import requested_bytes
 from harness.emulation.generators import DeviceGenerator
@@ -63,6 +63,7 @@ class Placement(TorchFunctionMode):
         super().__init__()
         self.state = state
         self.memory = state.memory
+        self._several_devices = state.properties.count > 1
         self._getters = {
             _descriptor("device"): self._get_device,
             _descriptor("is_cuda"): self._get_is_cuda,
@@ -72,6 +73,7 @@ class Placement(TorchFunctionMode):
         self._calls = {
             **transfers.handlers(self),
             Tensor.get_device: self._get_device_index,
+            Tensor.type: self._type,
             # Parses a device argument without making a tensor (Module.to): the device stays.
             torch_internals.nn_parse_to: lambda func, args, kwargs: func(*args, **kwargs),
             torch.nn.functional.layer_norm: self._layer_norm,
@@ -130,10 +132,11 @@ class Placement(TorchFunctionMode):
         except (RuntimeError, NotImplementedError):  # a tensor without storage (sparse, nested)
             device_in, host = _scan(args, kwargs)
         named_device = pinned = False
+        index = 0  # the device of the call, with several emulated devices
         if kwargs:
             target = kwargs.get("device")
             if target is not None and names_cuda(target):
-                self._check_index(target)
+                index = self._check_index(target)
                 kwargs = {**kwargs, "device": CPU}
                 named_device = True
             if kwargs.get("pin_memory"):
@@ -146,15 +149,22 @@ class Placement(TorchFunctionMode):
             if pinned:
                 self._mark(out, PINNED)
             return out
+        if self._several_devices and device_in and not named_device:
+            index = (device_indices.first_index(args, kwargs) if func in _MIXING_ALLOWED
+                     else device_indices.common_index(args, kwargs) or 0)
         if host is not None and device_in and func not in _MIXING_ALLOWED:
-            first = "cuda:0" if _first_is_device(args, kwargs) else "cpu"
-            raise mixed_devices_error(first, "cpu" if first != "cpu" else "cuda:0")
+            first = f"cuda:{index}" if _first_is_device(args, kwargs) else "cpu"
+            raise mixed_devices_error(first, "cpu" if first != "cpu" else f"cuda:{index}")
         if kwargs and isinstance(kwargs.get("generator"), _TorchGenerator) \
                 and not isinstance(kwargs["generator"], DeviceGenerator):
             # A cpu generator cannot drive CUDA's random kernels; on a CPU build it would, silently.
             raise host_generator_error()
         if named_device and func in _FROM_HOST_DATA and self.state.capturing():
             transfers.refuse_host_data(self.state, func, args)
+        if func is Tensor.new_tensor and self.state.capturing() and (
+                named_device or (device_in and kwargs.get("device") is None)):
+            # A device tensor's new_tensor(data) copies host data to the device, as torch.tensor.
+            transfers.refuse_host_data(self.state, func, args[1:])
         if named_device:
             asked = requested_bytes(func, args, kwargs)
             if asked:
@@ -181,6 +191,8 @@ class Placement(TorchFunctionMode):
                 pass
         elif out is not None:
             self._mark(out, DEVICE)
+        if index:
+            device_indices.set_index(out, index)
         if self.state.observers:
             self.state.notify_op(func, args, kwargs, out)
         return out
@@ -196,14 +208,16 @@ class Placement(TorchFunctionMode):
                 if isinstance(o, Tensor):
                     mark(o)
 
-    def _check_index(self, target) -> None:
+    def _check_index(self, target) -> int:
         state = self.state
-        cuda_index(target, state.current_index, state.properties.count)
+        return cuda_index(target, state.current_index, state.properties.count)
 
     # --- getters -----------------------------------------------------------------------------
 
     def _get_device(self, func, t: Tensor):
-        return self.state.device_object() if is_device_memory(t) else func(t)
+        if not is_device_memory(t):
+            return func(t)
+        return self.state.device_object(device_indices.index_of(t) if self._several_devices else 0)
 
     def _get_is_cuda(self, func, t: Tensor) -> bool:
         return is_device_memory(t)
@@ -219,7 +233,30 @@ class Placement(TorchFunctionMode):
         return grad
 
     def _get_device_index(self, func, args, kwargs) -> int:
-        return 0 if is_device_memory(args[0]) else func(*args, **kwargs)
+        if not is_device_memory(args[0]):
+            return func(*args, **kwargs)
+        return device_indices.index_of(args[0]) if self._several_devices else 0
+
+    def _type(self, func, args, kwargs):
+        """`x.type()` names CUDA's legacy type (`torch.cuda.FloatTensor`) for a device tensor;
+        `x.type(T)` converts as on CUDA, to the device for a `torch.cuda.*` type, to the host for
+        another (a CPU build cannot make a `torch.cuda.*` tensor at all)."""
+        t = args[0]
+        wanted = args[1] if len(args) > 1 else kwargs.get("dtype")
+        if wanted is None:
+            name = func(t)
+            return name.replace("torch.", "torch.cuda.", 1) if is_device_memory(t) else name
+        if isinstance(wanted, torch.dtype):
+            return self._generic(func, args, kwargs)  # the dtype changes, the device stays
+        name = wanted if isinstance(wanted, str) else f"{wanted.__module__}.{wanted.__name__}"
+        module, _, type_name = name.rpartition(".")
+        legacy = getattr({"torch.cuda": torch.cuda, "torch": torch}.get(module), type_name, None)
+        if not isinstance(getattr(legacy, "dtype", None), torch.dtype) or (
+                module == "torch" and not is_device_memory(t)):
+            return func(*args, **kwargs)  # torch's own answer, errors included
+        to = {"device": "cuda" if module == "torch.cuda" else "cpu", "dtype": legacy.dtype,
+              "non_blocking": bool(args[2] if len(args) > 2 else kwargs.get("non_blocking"))}
+        return self.__torch_function__(Tensor.to, (Tensor,), (t,), to)
 
     # --- calls that need more than the generic rule ------------------------------------------
 

@@ -9,6 +9,9 @@ import contextlib
 
 import torch
 
+from harness import torch_internals
+
+from harness.emulation.pool_handles import PoolHandles
 from harness.graphs.emulator.memory import ByDeviceType
 
 
@@ -21,6 +24,7 @@ class SanitizerHost:
         self.storage_device = torch.device("cuda", torch.cuda.current_device())
         self.kernel_device = self.storage_device
         self.memory = ByDeviceType(self.storage_device)
+        self.pool_handles = PoolHandles(self.storage_device)
         self.capture = None
         self._capture_stream = None
         self.observers: list = []
@@ -46,6 +50,9 @@ class SanitizerHost:
     def is_current_stream_capturing(self) -> bool:
         return self.capture is not None and torch.cuda.current_stream() == self._capture_stream
 
+    def stream_captures(self, stream) -> bool:
+        return self.capture is not None and stream == self._capture_stream
+
     def notify_replay(self, graph) -> None:
         pass
 
@@ -69,7 +76,7 @@ def enter_sanitizer(stack: contextlib.ExitStack) -> SanitizerHost:
     host = SanitizerHost()
 
     def graph_pool_handle():
-        return PoolArena(host.storage_device)
+        return host.pool_handles.user_handle()
 
     def is_current_stream_capturing() -> bool:
         return host.is_current_stream_capturing()
@@ -77,5 +84,47 @@ def enter_sanitizer(stack: contextlib.ExitStack) -> SanitizerHost:
     names = {"CUDAGraph": CUDAGraph, "graph_pool_handle": graph_pool_handle,
              "is_current_stream_capturing": is_current_stream_capturing}
     apply([(module, name, value) for module in (torch.cuda, torch.cuda.graphs)
-            for name, value in names.items()], stack)
+            for name, value in names.items()] + _host_sync_checks(host), stack)
     return host
+
+
+def _host_sync_checks(host: SanitizerHost) -> list:
+    """No real capture runs here, so CUDA itself would let host syncs through: the sanitizer
+    refuses them as a capture on CUDA does (capture_syncs.py), with CUDA's text, then syncs."""
+    from harness.emulation.capture_syncs import refuse_host_sync
+
+    Stream, Event = torch.cuda.Stream, torch.cuda.Event
+    stream_sync, stream_query = Stream.synchronize, Stream.query
+    event_sync, event_query, event_record = Event.synchronize, Event.query, Event.record
+    torch_C = torch_internals.torch_namespace("torch._C")
+    device_sync = getattr(torch_C, "_cuda_synchronize")
+
+    def synchronize_stream(self) -> None:
+        refuse_host_sync(host, "Stream.synchronize()", stream=self)
+        stream_sync(self)
+
+    def query_stream(self) -> bool:
+        refuse_host_sync(host, "Stream.query()", stream=self)
+        return stream_query(self)
+
+    def synchronize_event(self) -> None:
+        refuse_host_sync(host, "Event.synchronize()", event=self)
+        event_sync(self)
+
+    def query_event(self) -> bool:
+        refuse_host_sync(host, "Event.query()", event=self)
+        return event_query(self)
+
+    def record_event(self, stream=None) -> None:
+        event_record(self, stream)
+        on = torch.cuda.current_stream() if stream is None else stream
+        if host.stream_captures(on):
+            host.capture.note_recorded_event(self)
+
+    def synchronize_device() -> None:
+        refuse_host_sync(host, "torch.cuda.synchronize()", device=True)
+        device_sync()
+
+    return [(Stream, "synchronize", synchronize_stream), (Stream, "query", query_stream),
+            (Event, "synchronize", synchronize_event), (Event, "query", query_event),
+            (Event, "record", record_event), (torch_C, "_cuda_synchronize", synchronize_device)]

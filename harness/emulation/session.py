@@ -16,7 +16,7 @@ from harness import torch_internals
 from harness.torch_internals import (DeviceContext, get_current_dispatch_mode_stack,
                                      get_current_function_mode_stack)
 # active_state and emulation_active are also reached here by the parts above the device
-from harness.emulation.active import active_state, emulation_active, in_force  # noqa: F401
+from harness.emulation.active import active_state, emulation_active, in_force, is_in_force  # noqa: F401
 from harness.emulation.backward import remove_function_mode
 from harness.emulation.cuda_graph import CUDAGraph
 from harness.emulation.replacing import apply
@@ -136,6 +136,9 @@ def _enter_cpu(properties: DeviceProperties, stack: contextlib.ExitStack, schedu
         stack.enter_context(tracking.work)
         stack.enter_context(state.observe(tracking))
         state.streams_tracking = tracking
+    from harness.emulation.threads import thread_start_patch
+
+    apply(thread_start_patch(state, lambda: is_in_force(state)), stack)
     return state
 
 

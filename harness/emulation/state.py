@@ -37,6 +37,7 @@ from typing import Any, Iterator
 import torch
 
 from harness.emulation.device_memory import DeviceMemory
+from harness.emulation.pool_handles import PoolHandles
 
 
 @dataclass(frozen=True)
@@ -75,13 +76,14 @@ class DeviceState:
         self.placement = None  # the placement mode (placement.py), once entered
         self._devices = tuple(torch.device("cuda", i) for i in range(properties.count))
         self.storage_device = torch.device("cpu")  # where device memory really lives
+        self.pool_handles = PoolHandles(self.storage_device)
         self.kernel_device = torch.device("cuda", 0)  # whose kernels' rules a capture applies
         self.sync_debug_mode = 0  # torch.cuda.set_sync_debug_mode: 0 default, 1 warn, 2 error
         self.memory_fraction = 1.0  # torch.cuda.set_per_process_memory_fraction
 
-    def device_object(self) -> torch.device:
-        """What `tensor.device` answers for a device tensor."""
-        return self._devices[0]
+    def device_object(self, index: int = 0) -> torch.device:
+        """What `tensor.device` answers for a device tensor on device `index`."""
+        return self._devices[index]
 
     def capturing(self) -> bool:
         """True while a capture records, or a lint checks, what a capture would refuse."""
@@ -125,6 +127,10 @@ class DeviceState:
 
     def is_current_stream_capturing(self) -> bool:
         return self.capture is not None and self.streams.current() in self.streams.capturing
+
+    def stream_captures(self, stream) -> bool:
+        """Whether `stream` takes part in the capture in progress (capture_syncs.py asks)."""
+        return self.capture is not None and stream in self.streams.capturing
 
     def out_of_memory(self, error: Exception) -> Exception:
         """CUDA's out-of-memory error for a cpu allocation that failed (`error`, whose text

@@ -13,6 +13,7 @@ from typing import Any, Callable
 
 import torch
 
+from harness.emulation import device_indices
 from harness.emulation.device_memory import DEVICE, MEMORY_ATTR, PINNED
 from harness.emulation.rules import (
     CPU, blocking_copy_refused, cuda_index, host_copy_refused, names_cuda,
@@ -76,9 +77,9 @@ def handlers(mode) -> dict[Callable, Callable]:
         """A host tensor copied to the device: from pinned memory with non_blocking it is captured;
         pageable memory, or a blocking copy (it waits for the stream), is refused."""
         if state.capturing():
-            if _mark_of(t) != PINNED:
+            if _mark_of(t) not in (PINNED, DEVICE):  # DEVICE: between devices
                 state.refuse(pageable_copy_refused(op, tuple(t.shape)))
-            elif not non_blocking:
+            elif _mark_of(t) == PINNED and not non_blocking:
                 state.refuse(blocking_copy_refused(op, tuple(t.shape), "from"))
         previous, memory.call_on_device = memory.call_on_device, True
         try:
@@ -97,6 +98,16 @@ def handlers(mode) -> dict[Callable, Callable]:
         state.notify_sync(op, t)
         return call()
 
+    def target_index(device, other, t) -> int:
+        """The device index a copy to the device goes to (with several emulated devices)."""
+        if state.properties.count == 1:
+            return 0
+        if other is not None:
+            return device_indices.index_of(other) if is_device(other) else 0
+        if device is None or not names_cuda(device):
+            return device_indices.index_of(t) if is_device(t) else 0
+        return cuda_index(device, state.current_index, state.properties.count)
+
     def to(func, args, kwargs):
         t = args[0]
         device, rest, other = _parse_to(args[1:], kwargs)
@@ -109,15 +120,18 @@ def handlers(mode) -> dict[Callable, Callable]:
             dst = names_cuda(device)
             if dst:
                 cuda_index(device, state.current_index, state.properties.count)
-        if dst == src:
+        index = target_index(device, other, t)
+        if dst == src and not (src and index != device_indices.index_of(t)):
             out = func(t, **rest)
             if src:
                 memory.mark_device(out)
             return out
         copied = {**rest, "copy": True}
         if dst:
-            return to_device(t, "Tensor.to", lambda: func(t, CPU, **copied),
-                             bool(rest.get("non_blocking")))
+            out = to_device(t, "Tensor.to", lambda: func(t, CPU, **copied),
+                            bool(rest.get("non_blocking")))
+            device_indices.set_index(out, index)
+            return out
         return to_host(t, "Tensor.to", lambda: func(t, CPU, **copied))
 
     def cuda(func, args, kwargs):
@@ -126,10 +140,13 @@ def handlers(mode) -> dict[Callable, Callable]:
         if device is not None:
             cuda_index(device, state.current_index, state.properties.count)
         rest = {k: v for k, v in kwargs.items() if k != "device"}
-        if is_device(t):
+        index = target_index("cuda" if device is None else device, None, t)
+        if is_device(t) and index == device_indices.index_of(t):
             return t
-        return to_device(t, "Tensor.cuda", lambda: t.to(CPU, copy=True, **rest),
-                         bool(args[2] if len(args) > 2 else rest.get("non_blocking")))
+        out = to_device(t, "Tensor.cuda", lambda: t.to(CPU, copy=True, **rest),
+                        bool(args[2] if len(args) > 2 else rest.get("non_blocking")))
+        device_indices.set_index(out, index)
+        return out
 
     def cpu(func, args, kwargs):
         t = args[0]

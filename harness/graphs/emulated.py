@@ -30,7 +30,7 @@ class EmulatedBackend(GraphBackend):
         self.device = device
         self._stream = None  # the side stream of captures through torch.cuda.graph
 
-    def graph_pool_handle(self) -> PoolArena:
+    def graph_pool_handle(self) -> Any:  # a PoolArena; inside emulate_cuda() CUDA's (int, int) pool id
         if self._through_torch_cuda():
             return torch.cuda.graph_pool_handle()
         return PoolArena(self.device)
@@ -50,12 +50,12 @@ class EmulatedBackend(GraphBackend):
             torch.cuda.synchronize(self.device)
 
     def _capture(self, fn: Callable[[], Any], *, pool: PoolArena | None) -> EmulatedGraph:
+        if self._through_torch_cuda():  # torch.cuda's pool ids, checked by its CUDAGraph
+            return self._capture_through_torch_cuda(fn, pool)
         if pool is not None and not isinstance(pool, PoolArena):
             raise TypeError(f"pool must be a handle from graph_pool_handle() or a graph's .pool "
                             f"of the emulated backend, got {type(pool).__name__}")
         arena = pool if pool is not None else self.graph_pool_handle()
-        if self._through_torch_cuda():
-            return self._capture_through_torch_cuda(fn, arena)
         if arena.device != self.device:
             raise ValueError(f"pool lives on {arena.device} but this backend captures on {self.device}")
         session = CaptureSession(arena, self.device, trace=self.trace)
@@ -70,7 +70,7 @@ class EmulatedBackend(GraphBackend):
         return EmulatedGraph(output, arena, recording.steps, recording.inference_mode,
                              recording.external, recording.records, tensors=recording.tensors)
 
-    def _capture_through_torch_cuda(self, fn: Callable[[], Any], arena: PoolArena) -> CapturedGraph:
+    def _capture_through_torch_cuda(self, fn: Callable[[], Any], pool: Any) -> CapturedGraph:
         if self._stream is None:
             self._stream = torch.cuda.Stream(self.device)
         graph = torch.cuda.CUDAGraph()
@@ -78,12 +78,13 @@ class EmulatedBackend(GraphBackend):
             graph.keep_trace()
         caller_stream = torch.cuda.current_stream(self.device)
         try:
-            with torch.cuda.device(self.device), torch.cuda.graph(graph, pool=arena, stream=self._stream):
+            with torch.cuda.device(self.device), torch.cuda.graph(graph, pool=pool, stream=self._stream):
                 output = fn()
         finally:
             # torch.cuda.graph leaves its side stream current when the capture's end raises.
             torch.cuda.set_stream(caller_stream)
-        return TorchCudaGraph(graph, output, arena) if self.trace else CudaGraph(graph, output, arena)
+        pool = graph.pool() if pool is None else pool
+        return TorchCudaGraph(graph, output, pool) if self.trace else CudaGraph(graph, output, pool)
 
 
 class TorchCudaGraph(CudaGraph):

@@ -4,6 +4,8 @@ context is the graph sanitizer (its own gpu-marked tests)."""
 
 from __future__ import annotations
 
+from typing import Iterator
+
 import pytest
 import torch
 
@@ -31,3 +33,27 @@ def outside_emulation():
         pytest.skip("runs outside emulate_cuda(); the session is inside it (--emulate-cuda)")
     if torch.cuda.is_available():
         pytest.skip("a real GPU: device='cpu' cannot be entered after CUDA was initialized")
+
+
+@pytest.fixture(params=["emulated", pytest.param("native", marks=pytest.mark.gpu),
+                        pytest.param("sanitizer", marks=pytest.mark.gpu)])
+def cuda_kind(request) -> Iterator[str]:
+    """Where a check that must hold on CUDA runs: the emulated device, natively on a GPU (to show
+    CUDA's own verdict), or in the graph sanitizer."""
+    where = request.param
+    if where == "emulated":
+        if emulation_active() == "cpu":
+            yield where
+            return
+        if emulation_active() is not None or torch.cuda.is_available():
+            pytest.skip("a real GPU: the emulated CUDA device is checked without one")
+        with harness.emulate_cuda(device="cpu"):
+            yield where
+        return
+    if emulation_active() is not None:
+        pytest.skip("checks real CUDA outside any emulation")
+    if where == "native":
+        yield where
+        return
+    with harness.emulate_cuda():
+        yield where

@@ -139,3 +139,17 @@ def test_observers_hear_device_ops_with_their_stream(cuda_device):
         x.add_(1)
         torch.ones(2).cuda()
     assert seen.ops == [("add_", s), ("Tensor.cuda", s)]
+
+
+def test_new_tensor_of_host_data_on_a_device_tensor_is_refused_during_capture(cuda_device):
+    """`x.new_tensor(data)` copies host data to x's device: a pageable copy CUDA refuses."""
+    x = torch.ones(4, device="cuda")
+    for build in (lambda: x.new_tensor([1.0, 2.0, 3.0, 4.0]),
+                  lambda: torch.ones(2).new_tensor([1.0], device="cuda")):
+        with pytest.raises(CaptureError, match="pageable"):
+            with torch.cuda.graph(torch.cuda.CUDAGraph()):
+                build()
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        y = x.new_tensor(x)  # device data: a device-to-device copy, captured
+    assert y.is_cuda

@@ -1,0 +1,66 @@
+"""Host synchronizations during a capture, refused as CUDA refuses them.
+
+CUDA's rules (the programming guide's "prohibited and unhandled operations" and
+cudaStreamCaptureMode):
+
+- Synchronizing or querying a stream that takes part in a capture, or an event recorded inside
+  one, conflicts with the capture itself: refused in every capture_error_mode, from any thread.
+- Synchronizing the device (`torch.cuda.synchronize()`) while a capture is under way synchronizes
+  "a broader handle which encompasses an active stream capture": refused in every mode too.
+- Any other synchronization or query (a stream or an event outside the capture) is a "potentially
+  unsafe" call: refused in "global" mode from every thread of the process, in "thread_local" mode
+  from the thread that began the capture only, never in "relaxed" mode.
+
+A refused call raises cudaErrorStreamCaptureUnsupported's text and invalidates the capture, so
+`capture_end()` then fails even when the caller caught the first error (EmulatedCUDAGraph).
+
+The device a check asks (`host`: the emulated device's state or the graph sanitizer's host) has
+`capture` (the graph being captured, or None) and `stream_captures(stream)`.
+"""
+
+from __future__ import annotations
+
+import threading
+from typing import Any
+
+from harness.graphs.base import CaptureError
+from harness.graphs.emulator.callsite import at_callsite, current_callsite
+
+NOT_PERMITTED = "CUDA error: operation not permitted when stream is capturing"
+INVALIDATED = "CUDA error: operation failed due to a previous error during capture"
+
+
+def refuse_host_sync(host: Any, what: str, *, stream: Any = None, event: Any = None,
+                     device: bool = False) -> None:
+    """Raise CUDA's error for `what` (the call, as the user wrote it) when the capture under way
+    forbids it; the target is the device (`device`), a stream or an event."""
+    graph = host.capture
+    if graph is None:
+        return
+    mode = graph.capture_error_mode
+    conflicts = device or (stream is not None and host.stream_captures(stream)) or (
+        event is not None and graph.recorded_event(event))
+    own_thread = threading.get_ident() == graph.capture_thread
+    if not conflicts and not (mode == "global" or (mode == "thread_local" and own_thread)):
+        return
+    if conflicts:
+        why = ("it waits for work that is being captured, not run" if not device else
+               "the device includes the capturing stream, whose work is captured, not run")
+    else:
+        why = (f"a potentially unsafe call while a capture_error_mode={mode!r} capture is under "
+               f"way{'' if own_thread else ' in another thread'}")
+    remedy = ("synchronize before capture_begin() or after capture_end()" if own_thread else
+              "keep other threads from synchronizing while the capture runs, or capture with "
+              "capture_error_mode='thread_local'")
+    error = CaptureError(at_callsite(
+        f"{NOT_PERMITTED} (cudaErrorStreamCaptureUnsupported): {what} during a CUDA graph "
+        f"capture: {why}. The capture is invalidated; {remedy}", current_callsite()), op=what)
+    graph.invalidate(error)
+    raise error
+
+
+def invalidated_capture_error(cause: CaptureError) -> CaptureError:
+    """What `capture_end()` raises after a refused call invalidated its capture."""
+    return CaptureError(f"{INVALIDATED} (cudaErrorStreamCaptureInvalidated): capture_end() of a "
+                        f"capture invalidated by an earlier refused call: {cause}",
+                        op="capture_end")

@@ -1,0 +1,70 @@
+"""Which emulated device a device tensor is on, with `emulate_cuda(device_count=N)`, N > 1.
+
+All emulated devices share one memory (the cpu's); a storage made on device i > 0 carries its
+index as a second mark beside the device-memory mark (a storage without one is on cuda:0, so a
+single-device emulation pays nothing). An op takes its inputs' device and refuses, with CUDA's
+text, inputs on two devices; copies between devices are real copies (transfers.py).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from harness.emulation.device_memory import DEVICE, MEMORY_ATTR
+from harness.emulation.rules import mixed_devices_error
+
+INDEX_ATTR = "_harness_device_index"
+
+
+def _storage(t: torch.Tensor):
+    try:
+        return t.untyped_storage()
+    except (RuntimeError, NotImplementedError):
+        return None
+
+
+def index_of(t: torch.Tensor) -> int:
+    """The device index of a device tensor (0 when unmarked)."""
+    storage = _storage(t)
+    return 0 if storage is None else getattr(storage, INDEX_ATTR, 0)
+
+
+def set_index(out: Any, index: int) -> None:
+    """Put the device tensors of `out` (a tensor or a list/tuple of them) on device `index`."""
+    for t in (out if isinstance(out, (list, tuple)) else (out,)):
+        if isinstance(t, torch.Tensor):
+            storage = _storage(t)
+            if storage is not None and getattr(storage, MEMORY_ATTR, None) is DEVICE:
+                if index or hasattr(storage, INDEX_ATTR):
+                    setattr(storage, INDEX_ATTR, index)
+
+
+def common_index(args: tuple, kwargs: dict) -> int | None:
+    """The one device index of the call's device tensors (None without any); tensors on two
+    devices raise CUDA's error."""
+    found = None
+    for a in (*args, *kwargs.values()):
+        for t in (a if type(a) in (list, tuple) else (a,)):
+            if isinstance(t, torch.Tensor):
+                storage = _storage(t)
+                if storage is None or getattr(storage, MEMORY_ATTR, None) is not DEVICE:
+                    continue
+                index = getattr(storage, INDEX_ATTR, 0)
+                if found is None:
+                    found = index
+                elif index != found:
+                    raise mixed_devices_error(f"cuda:{found}", f"cuda:{index}")
+    return found
+
+
+def first_index(args: tuple, kwargs: dict) -> int:
+    """The device index of the call's first device tensor (calls that may mix devices: copies)."""
+    for a in (*args, *kwargs.values()):
+        for t in (a if type(a) in (list, tuple) else (a,)):
+            if isinstance(t, torch.Tensor):
+                storage = _storage(t)
+                if storage is not None and getattr(storage, MEMORY_ATTR, None) is DEVICE:
+                    return getattr(storage, INDEX_ATTR, 0)
+    return 0

@@ -1,0 +1,45 @@
+"""CUDA's graph pool ids for the emulator's pools.
+
+On CUDA a pool is named by a `MempoolId_t`, an `(int, int)` tuple: `graph_pool_handle()` hands out
+`(0, n)` (a pool a user asked for) and a graph captured without one gets `(n, 0)`, which its
+`pool()` returns; code passes these around, compares them and uses them as dict keys. The emulator
+keeps each pool as a `PoolArena`; this table maps the ids to arenas. An arena lives as long as a
+graph captured into it (CUDA frees a private pool when no graph uses it); an id handed out and not
+yet used gets its arena at its first capture.
+"""
+
+from __future__ import annotations
+
+import itertools
+import weakref
+
+import torch
+
+from harness.graphs.emulator.pool import PoolArena
+
+
+class PoolHandles:
+    """The pool ids of one device (the emulated one, or the sanitizer's GPU)."""
+
+    def __init__(self, storage_device: torch.device) -> None:
+        self._device = storage_device
+        self._user_ids = itertools.count(1)
+        self._graph_ids = itertools.count(1)
+        self._arenas: weakref.WeakValueDictionary = weakref.WeakValueDictionary()
+
+    def user_handle(self) -> tuple[int, int]:
+        """What `torch.cuda.graph_pool_handle()` returns."""
+        return (0, next(self._user_ids))
+
+    def arena(self, handle) -> tuple[tuple[int, int], PoolArena]:
+        """(the id, its arena) for a capture given `handle` (None: a pool of the graph's own)."""
+        if handle is None:
+            handle = (next(self._graph_ids), 0)
+        elif not (type(handle) is tuple and len(handle) == 2
+                  and all(type(i) is int and i >= 0 for i in handle) and any(handle)):
+            raise TypeError(f"pool must be a pool id from torch.cuda.graph_pool_handle() or another "
+                            f"graph's pool(): a tuple of two ints, not both 0; got {handle!r}")
+        arena = self._arenas.get(handle)
+        if arena is None:
+            arena = self._arenas[handle] = PoolArena(self._device)
+        return handle, arena

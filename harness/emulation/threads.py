@@ -1,0 +1,52 @@
+"""Threads started inside the emulation run on the emulated device too.
+
+torch keeps its function-mode and dispatch-mode stacks per thread, so a thread started inside
+`emulate_cuda()` would see none of the device's modes: its "cuda" tensors would be plain cpu
+tensors and its work untracked. While the emulation is active, `threading.Thread.start` gives
+each new thread (threading.Thread, its subclasses, concurrent.futures' workers) the placement mode
+and, once stream tracking has started, the tracking mode, for the thread's whole run.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+from typing import Any, Iterator
+
+from harness.torch_internals import get_current_function_mode_stack as _get_current_function_mode_stack
+
+from harness.graphs.emulator.dispatch_keys import keep_modes_reachable
+
+
+@contextlib.contextmanager
+def device_modes(state: Any) -> Iterator[None]:
+    """The emulated device's modes on this thread, as on the thread that entered it."""
+    with contextlib.ExitStack() as stack:
+        if state.placement is not None and state.placement not in _get_current_function_mode_stack():
+            stack.enter_context(state.placement)
+        tracking = state.streams_tracking
+        if tracking is not None and tracking.work.active:
+            stack.enter_context(tracking.work.mode)
+            keep_modes_reachable()
+        yield
+
+
+def thread_start_patch(state: Any, active: Any) -> list[tuple[Any, str, Any]]:
+    """The replacement of `threading.Thread.start`; `active()` says whether `state` is still the
+    emulation in force when the thread runs (a thread may outlive the emulation)."""
+    start = threading.Thread.start
+
+    def start_on_the_device(self: threading.Thread) -> None:
+        run = self.run  # bound here: a subclass's own run() included
+
+        def run_on_the_device() -> None:
+            if not active():
+                run()
+                return
+            with device_modes(state):
+                run()
+
+        self.run = run_on_the_device
+        start(self)
+
+    return [(threading.Thread, "start", start_on_the_device)]

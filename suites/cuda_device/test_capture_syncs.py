@@ -1,0 +1,159 @@
+"""Host synchronizations during a capture, refused as CUDA refuses them: on the emulated device, in
+the graph sanitizer and natively on a GPU (the same cases, so the H200 run shows CUDA's verdicts).
+
+A call that conflicts with the capture itself (the device, a capturing stream, an event recorded
+in the capture) is refused in every capture_error_mode from every thread; any other sync or query
+is refused in "global" mode from every thread, in "thread_local" mode from the capturing thread
+only, never in "relaxed" mode. A refused call invalidates the capture: it fails at its end."""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass
+from typing import Callable
+
+import pytest
+import torch
+
+
+NOT_PERMITTED = "operation not permitted when stream is capturing"
+INVALIDATED = "operation failed due to a previous error during capture"
+
+
+@dataclass(frozen=True)
+class Targets:
+    capturing: object  # the capturing stream
+    side: object  # a stream outside the capture
+    captured: object  # an event recorded inside the capture
+    outside: object  # an event recorded before it
+
+
+@dataclass(frozen=True)
+class Case:
+    name: str
+    call: Callable[[Targets], object]
+    conflicts: bool  # with the capture itself: refused in every mode
+
+
+CASES = [
+    Case("torch.cuda.synchronize()", lambda t: torch.cuda.synchronize(), True),
+    Case("capturing_stream.synchronize()", lambda t: t.capturing.synchronize(), True),
+    Case("capturing_stream.query()", lambda t: t.capturing.query(), True),
+    Case("captured_event.synchronize()", lambda t: t.captured.synchronize(), True),
+    Case("captured_event.query()", lambda t: t.captured.query(), True),
+    Case("side_stream.synchronize()", lambda t: t.side.synchronize(), False),
+    Case("side_stream.query()", lambda t: t.side.query(), False),
+    Case("outside_event.synchronize()", lambda t: t.outside.synchronize(), False),
+    Case("outside_event.query()", lambda t: t.outside.query(), False),
+]
+
+
+def _refused(case: Case, mode: str, own_thread: bool) -> bool:
+    return case.conflicts or mode == "global" or (mode == "thread_local" and own_thread)
+
+
+def _capture_with(call: Callable[[Targets], object], mode: str, in_thread: bool):
+    """Capture `x += 1; call(); x += 1`, `call` made on this thread or on one started inside the
+    capture; returns (the graph, x, the errors `call` raised, what ending the capture raised)."""
+    side = torch.cuda.Stream()
+    x = torch.zeros(4, device="cuda")
+    outside = torch.cuda.Event()
+    outside.record(side)
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    errors: list[BaseException] = []
+
+    def attempt(targets: Targets) -> None:
+        try:
+            call(targets)
+        except RuntimeError as error:
+            errors.append(error)
+
+    ended = None
+    caller_stream = torch.cuda.current_stream()
+    try:
+        with torch.cuda.graph(graph, capture_error_mode=mode):
+            x.add_(1)
+            captured = torch.cuda.Event()
+            captured.record()
+            targets = Targets(torch.cuda.current_stream(), side, captured, outside)
+            if in_thread:
+                worker = threading.Thread(target=attempt, args=(targets,))
+                worker.start()
+                worker.join()
+            else:
+                attempt(targets)
+            x.add_(1)
+    except RuntimeError as error:
+        ended = error
+    finally:
+        # torch.cuda.graph leaves its side stream current when capture_end raises (natively too).
+        torch.cuda.set_stream(caller_stream)
+    return graph, x, errors, ended
+
+
+def _check(case: Case, mode: str, in_thread: bool) -> None:
+    graph, x, errors, ended = _capture_with(case.call, mode, in_thread)
+    if _refused(case, mode, own_thread=not in_thread):
+        assert len(errors) == 1 and NOT_PERMITTED in str(errors[0]), errors
+        assert ended is not None and INVALIDATED in str(ended), ended
+    else:
+        assert errors == [] and ended is None, (errors, ended)
+        graph.replay()
+        torch.cuda.synchronize()
+        assert x.tolist() == [2.0] * 4  # the capture ran nothing; one replay adds 2
+
+
+@pytest.mark.parametrize("mode", ["global", "thread_local", "relaxed"])
+@pytest.mark.parametrize("case", CASES, ids=lambda c: c.name)
+def test_a_host_sync_on_the_capturing_thread(cuda_kind, case, mode):
+    _check(case, mode, in_thread=False)
+
+
+@pytest.mark.parametrize("mode", ["global", "thread_local", "relaxed"])
+@pytest.mark.parametrize("case", CASES, ids=lambda c: c.name)
+def test_a_host_sync_from_another_thread(cuda_kind, case, mode):
+    _check(case, mode, in_thread=True)
+
+
+def test_the_refusal_begins_with_cudas_text_and_names_the_line(cuda_kind):
+    _, _, errors, _ = _capture_with(lambda t: torch.cuda.synchronize(), "global", False)
+    assert str(errors[0]).startswith(f"CUDA error: {NOT_PERMITTED}")
+    if cuda_kind != "native":
+        assert "torch.cuda.synchronize()" in str(errors[0])
+        assert "_capture_with(lambda t: torch.cuda.synchronize()" in str(errors[0])  # the line
+
+
+def test_a_background_thread_syncing_its_stream_during_a_global_capture(cuda_kind):
+    """The vLLM bug: a thread started before the capture synchronizes its own stream while the
+    main thread captures in the default mode; CUDA refuses it and the capture fails."""
+    capturing, synced = threading.Event(), threading.Event()
+    errors: list[BaseException] = []
+    own = torch.cuda.Stream()
+
+    def background() -> None:
+        capturing.wait()
+        try:
+            own.synchronize()
+        except RuntimeError as error:
+            errors.append(error)
+        synced.set()
+
+    worker = threading.Thread(target=background)
+    worker.start()
+    x = torch.zeros(4, device="cuda")
+    graph = torch.cuda.CUDAGraph()
+    caller_stream = torch.cuda.current_stream()
+    try:
+        with pytest.raises(RuntimeError, match=INVALIDATED):
+            with torch.cuda.graph(graph):
+                x.add_(1)
+                capturing.set()
+                synced.wait()
+                x.add_(1)
+    finally:
+        capturing.set()  # never leave the worker waiting
+        worker.join()
+        torch.cuda.set_stream(caller_stream)
+    assert len(errors) == 1 and NOT_PERMITTED in str(errors[0])
+    torch.cuda.synchronize()  # after the capture: allowed again

@@ -1,0 +1,60 @@
+"""Several emulated devices (`emulate_cuda(device_count=2)`): a tensor says which device it is on,
+ops keep their inputs' device and refuse two devices with CUDA's text, copies between devices are
+real copies, and an index the device lacks raises CUDA's invalid device ordinal."""
+
+from __future__ import annotations
+
+from typing import Iterator
+
+import pytest
+import torch
+
+import harness
+
+
+@pytest.fixture
+def two_devices(outside_emulation) -> Iterator[None]:
+    with harness.emulate_cuda(device="cpu", device_count=2):
+        yield
+
+
+def test_a_tensor_on_the_second_device_says_so_and_so_do_its_results(two_devices):
+    x = torch.ones(3, device="cuda:1")
+    assert str(x.device) == "cuda:1" and x.get_device() == 1 and x.is_cuda
+    for result in (x * 2, x.sum(), x[1:], torch.empty_like(x), x.clone()):
+        assert str(result.device) == "cuda:1"
+    assert str(torch.ones(3, device="cuda").device) == "cuda:0"
+
+
+def test_the_current_device_decides_where_cuda_goes(two_devices):
+    torch.cuda.set_device(1)
+    assert torch.cuda.current_device() == 1
+    assert str(torch.zeros(1, device="cuda").device) == "cuda:1"
+    torch.cuda.set_device(0)
+    with torch.cuda.device(1):
+        assert str(torch.zeros(1, device="cuda").device) == "cuda:1"
+    assert str(torch.zeros(1, device="cuda").device) == "cuda:0"
+
+
+def test_an_op_across_two_devices_raises_cudas_error(two_devices):
+    with pytest.raises(RuntimeError, match=r"Expected all tensors to be on the same device, but "
+                                           r"found at least two devices, cuda:0 and cuda:1!"):
+        torch.ones(2, device="cuda:0") + torch.ones(2, device="cuda:1")
+
+
+def test_moving_between_devices_copies(two_devices):
+    x = torch.ones(2, device="cuda:0")
+    moved = x.to("cuda:1")
+    assert moved is not x and str(moved.device) == "cuda:1" and str(x.device) == "cuda:0"
+    moved.add_(1)
+    assert x.tolist() == [1.0, 1.0] and moved.tolist() == [2.0, 2.0]
+    assert str(moved.cuda(0).device) == "cuda:0" and moved.cuda(1) is moved
+    assert str(torch.ones(2).cuda(1).device) == "cuda:1"
+    assert str(torch.ones(2).to("cuda:1").device) == "cuda:1"
+
+
+def test_an_index_beyond_the_devices_raises_cudas_invalid_device_ordinal(two_devices):
+    for call in (lambda: torch.ones(1, device="cuda:2"), lambda: torch.cuda.set_device(2),
+                 lambda: torch.ones(1).to("cuda:2")):
+        with pytest.raises(RuntimeError, match="CUDA error: invalid device ordinal"):
+            call()
