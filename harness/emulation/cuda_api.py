@@ -25,8 +25,8 @@ import torch.cuda.nvtx
 import torch.cuda.random
 import torch.cuda.streams
 
-from harness.emulation.backward import (
-    compile_marking_outputs, engine_with_placement, saved_tensor_hooks_with_placement)
+from harness.emulation.backward import engine_with_placement, saved_tensor_hooks_with_placement
+from harness.emulation.compiled import compile_patches, keep_dynamo_out
 from harness.emulation.generators import generator_class
 from harness.emulation.rules import DeviceIndexError, cuda_index, names_cuda
 from harness.emulation.cuda_streams import Event, ExternalStream, Stream
@@ -332,6 +332,7 @@ def patches(state) -> list[tuple[Any, str, Any]]:
         "empty_cache": lambda: empty_cache(),
     }
     api = _distinct(api)
+    keep_dynamo_out()
     out: list[tuple[Any, str, Any]] = [(torch.cuda, name, fn) for name, fn in api.items()]
     for module in (torch.cuda.memory, torch.cuda.random, torch.cuda.streams, torch.cuda.graphs):
         out += [(module, name, fn) for name, fn in api.items() if name in module.__dict__]
@@ -356,7 +357,7 @@ def patches(state) -> list[tuple[Any, str, Any]]:
         (torch.Tensor, "record_stream", lambda self, stream: streams.record_stream(self, stream)),
         (torch.autograd, "_engine_run_backward",
          engine_with_placement(state, torch.autograd._engine_run_backward)),
-        (torch, "compile", compile_marking_outputs(state, torch.compile)),
+        *compile_patches(state),
         (torch._C._autograd, "_push_saved_tensors_default_hooks", saved_tensor_hooks_with_placement(
             state, torch._C._autograd._push_saved_tensors_default_hooks)),
     ]

@@ -1,0 +1,136 @@
+"""`torch.compile` on the emulated CUDA device: inductor writes cpu code for it in every mode, on a
+CPU wheel and on a CUDA wheel without a GPU; code compiled before entering runs inside; compiled
+graphs are device ops the adversarial schedule orders and a capture records."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import harness
+from harness.emulation.tracking import RaceError
+
+MODES = {
+    "inductor": {},
+    "max-autotune-no-cudagraphs": {"mode": "max-autotune-no-cudagraphs"},
+    "aot_eager": {"backend": "aot_eager"},
+    "eager": {"backend": "eager"},
+    "fullgraph": {"fullgraph": True},
+    "dynamic": {"dynamic": True},
+}
+
+
+def _scaled_relu(x, w):
+    return torch.relu(x @ w) + 1
+
+
+@pytest.fixture(autouse=True)
+def fresh_dynamo():
+    torch._dynamo.reset()
+    yield
+    torch._dynamo.reset()
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_each_mode_compiles_for_the_device_and_equals_eager(cuda_device, mode):
+    compiled = torch.compile(_scaled_relu, **MODES[mode])
+    for rows in (4, 6):  # a second shape: a recompile (or the dynamic graph) runs on the device too
+        x, w = torch.randn(rows, 8, device="cuda"), torch.randn(8, 8, device="cuda")
+        out = compiled(x, w)
+        assert out.is_cuda and out.device == torch.device("cuda", 0)
+        torch.testing.assert_close(out, _scaled_relu(x, w))
+
+
+def test_inductor_asks_torch_not_the_emulation_whether_cuda_is_there(cuda_device):
+    seen = []
+
+    def backend(gm, example_inputs):
+        seen.append(torch.cuda.is_available())
+        return gm.forward
+
+    compiled = torch.compile(_scaled_relu, backend=backend)
+    assert compiled(torch.ones(2, 8, device="cuda"), torch.ones(8, 8, device="cuda")).is_cuda
+    # Inside the backend torch's own answer (a CPU wheel, or a CUDA wheel without a GPU, says no):
+    # inductor picks Triton and builds its pattern tables from it.
+    assert seen == [False]
+    assert torch.cuda.is_available()
+
+
+def test_code_compiled_before_entering_runs_on_the_device(outside_emulation):
+    compiled = torch.compile(_scaled_relu)
+    host = compiled(torch.ones(2, 8), torch.ones(8, 8))
+    assert not host.is_cuda
+    with harness.emulate_cuda(device="cpu"):
+        layer = torch.nn.Linear(8, 3).cuda()
+        x, w = torch.randn(2, 8, device="cuda"), torch.randn(8, 8, device="cuda")
+        out = compiled(x, w)
+        assert out.is_cuda
+        torch.testing.assert_close(out, _scaled_relu(x, w))
+        assert layer(out).is_cuda  # a host result would mix devices here
+        assert not compiled(torch.ones(2, 8), torch.ones(8, 8)).is_cuda  # host stays host
+
+
+def test_a_compiled_module_keeps_its_device_parameters(cuda_device):
+    layer = torch.nn.Linear(8, 8).cuda()
+    compiled = torch.compile(layer)
+    x = torch.randn(3, 8, device="cuda")
+    with torch.no_grad():
+        out = compiled(x)
+        assert out.is_cuda
+        torch.testing.assert_close(out, layer(x))
+
+
+def _on_a_side_stream(x):
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        return side, x + 1
+
+
+@pytest.mark.parametrize("backend", ["inductor", "eager"])
+def test_the_adversarial_schedule_runs_compiled_code_once_its_inputs_are_ready(
+        outside_emulation, backend):
+    with harness.emulate_cuda(device="cpu", schedule="adversarial"):
+        compiled = torch.compile(lambda t: t * 2, backend=backend)
+        x = torch.ones(4, device="cuda")
+        side, y = _on_a_side_stream(x)
+        torch.cuda.current_stream().wait_stream(side)
+        assert compiled(y).tolist() == [4.0] * 4  # queued work read as poison gave nan
+
+
+def test_the_adversarial_schedule_reports_a_compiled_read_of_an_unjoined_write(outside_emulation):
+    with harness.emulate_cuda(device="cpu", schedule="adversarial", races="strict"):
+        compiled = torch.compile(lambda t: t * 2)
+        x = torch.ones(4, device="cuda")
+        side, y = _on_a_side_stream(x)
+        with pytest.raises(RaceError, match=r"harness_compiled.graph_\d+_\d+.default reads it on stream 0"):
+            compiled(y)
+        torch.cuda.synchronize()  # the host waits for the side stream before x and y die
+        del x, y
+
+
+def test_a_compiled_graph_writing_its_input_is_a_device_write(outside_emulation):
+    def bump(cache, value):
+        cache.add_(value)
+        return cache.sum()
+
+    with harness.emulate_cuda(device="cpu", schedule="adversarial"):
+        compiled = torch.compile(bump)
+        cache = torch.zeros(4, device="cuda")
+        total = compiled(cache, torch.ones(4, device="cuda"))
+        assert cache.tolist() == [1.0] * 4 and total.item() == 4.0
+
+
+def test_a_compiled_graph_is_captured_and_runs_at_each_replay(cuda_device):
+    compiled = torch.compile(_scaled_relu)
+    x, w = torch.randn(4, 8, device="cuda"), torch.randn(8, 8, device="cuda")
+    compiled(x, w)  # warm up: compile before capturing
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph, stream=stream):
+        out = compiled(x, w)
+    for _ in range(2):
+        x.copy_(torch.randn(4, 8, device="cuda"))
+        graph.replay()
+        torch.testing.assert_close(out, _scaled_relu(x, w))
