@@ -26,6 +26,7 @@ import torch.cuda.random
 import torch.cuda.streams
 
 from harness.emulation.backward import engine_with_placement, saved_tensor_hooks_with_placement
+from harness.emulation.autocast import clearing_cache_too
 from harness.emulation.compiled import compile_patches, keep_dynamo_out
 from harness.emulation.generators import generator_class
 from harness.emulation.rules import DeviceIndexError, cuda_index, names_cuda
@@ -358,6 +359,8 @@ def patches(state) -> list[tuple[Any, str, Any]]:
         (torch.autograd, "_engine_run_backward",
          engine_with_placement(state, torch.autograd._engine_run_backward)),
         *compile_patches(state),
+        (torch, "clear_autocast_cache", clearing_cache_too(state.autocast_cache,
+                                                           torch.clear_autocast_cache)),
         (torch._C._autograd, "_push_saved_tensors_default_hooks", saved_tensor_hooks_with_placement(
             state, torch._C._autograd._push_saved_tensors_default_hooks)),
     ]

@@ -27,7 +27,7 @@ from torch.overrides import TorchFunctionMode
 from torch.utils._device import DeviceContext, _device_constructors
 
 from harness.graphs.base import CaptureError
-from harness.emulation import kernels, transfers
+from harness.emulation import autocast, kernels, transfers
 from harness.graphs.emulator.dispatch_keys import keep_modes_reachable
 from harness.emulation.capacity import requested_bytes
 from harness.emulation.generators import DeviceGenerator
@@ -38,6 +38,8 @@ from harness.emulation.rules import (CPU, cuda_index, device_generator_on_host_e
 
 Tensor = torch.Tensor
 _compiling = torch.compiler.is_compiling
+_autocast_on = torch.is_autocast_enabled
+_AUTOCAST_OPS = autocast.AUTOCAST_OPS
 _CONSTRUCTORS = _device_constructors()
 _TorchGenerator = torch._C.Generator
 _MethodWrapper = types.MethodWrapperType
@@ -100,6 +102,9 @@ class Placement(TorchFunctionMode):
             if getter is None or func.__name__ != "__get__":
                 return func(*args)
             return getter(func, args[0])
+        if func in _AUTOCAST_OPS and _autocast_on("cuda"):
+            args, kwargs = autocast.cast(func, args, kwargs or {}, _is_device, self._cast,
+                                         self.state.autocast_cache)
         handler = self._calls.get(func)
         if handler is not None:
             return handler(func, args, kwargs or {})
@@ -190,6 +195,10 @@ class Placement(TorchFunctionMode):
         if self.state.observers:
             self.state.notify_op(func, args, kwargs, out)
         return out
+
+    def _cast(self, t: Tensor, dtype: torch.dtype) -> Tensor:
+        """An autocast cast: a device op of its own, as CUDA's cast kernel is."""
+        return self.__torch_function__(Tensor.to, (Tensor,), (t, dtype), {})
 
     # --- marking -----------------------------------------------------------------------------
 
