@@ -83,12 +83,20 @@ _LIBRARIES: dict[str, Any] = {}
 class DeviceGraph:
     """A compiled graph (the backend's callable) as the emulated device runs it."""
 
-    def __init__(self, compiled: Callable, graph_module: torch.fx.GraphModule, backend: str) -> None:
+    def __init__(self, compiled: Callable, graph_module: torch.fx.GraphModule, backend: str,
+                 cudagraphs: bool = False) -> None:
         self.compiled = compiled
         self.graph_module = graph_module
         self.opaque = backend not in _TRANSPARENT_BACKENDS
         self.calls: dict[tuple, GraphCall] = {}
         self.name = f"graph_{next(_COUNTER)}"
+        # mode="reduce-overhead": each input layout is warmed up, captured and then replayed
+        self.cudagraphs = cudagraphs
+        self.replays: dict[tuple, Any] = {}
+        self.skipped: list[str] = []  # why a layout ran without a graph, as inductor logs it
+        self.static = frozenset(
+            i for i, node in enumerate(n for n in graph_module.graph.nodes if n.op == "placeholder")
+            if node.meta.get("tensor_dict", {}).get("_dynamo_static_input_type") is not None)
 
     def __call__(self, *args):
         from harness.emulation.session import emulation_active
@@ -99,6 +107,37 @@ class DeviceGraph:
         from harness.emulation.session import active_state
 
         state = active_state()
+        if self.cudagraphs and not state.capturing():
+            return self._replayed(state, args)
+        return self._run(state, args)
+
+    # --- mode="reduce-overhead" ------------------------------------------------------------
+
+    def _replayed(self, state, args):
+        """cudagraph trees' life of one input layout: the first call runs as compiled (the warm-up),
+        the second captures the graph into the graph's pool and replays it (capture runs nothing), later calls copy the
+        inputs that are not static (parameters, buffers, marked static addresses) into the
+        captured ones and replay. Outputs are the graph's own, rewritten by the next replay."""
+        key = _key(args)
+        entry = self.replays.get(key)
+        if entry is None:
+            self.replays[key] = "warm"
+            return self._run(state, args)
+        if isinstance(entry, str):
+            mutated = _analyse(self.graph_module, args)[0]
+            if mutated - self.static:
+                reason = f"mutated inputs ({len(mutated - self.static)} instances)"
+                self.skipped.append(reason)
+                # where inductor counts the graphs its cudagraph trees skip
+                torch._dynamo.utils.counters["inductor"]["cudagraph_skips"] += 1
+                self.replays[key] = reason
+                return self._run(state, args)
+            entry = self.replays[key] = _Replay.capture(self, state, args)
+        if isinstance(entry, str):
+            return self._run(state, args)
+        return entry.replay(args)
+
+    def _run(self, state, args):
         if self.opaque and (state.streams_tracking is not None or state.capturing()):
             out = self._as_op(state, args)
         else:
@@ -119,8 +158,7 @@ class DeviceGraph:
                 f"tracking or a capture on the emulated CUDA device: its kernels are opaque to the "
                 f"device, which runs them as one op without a backward; run it under "
                 f"torch.no_grad(), or with races='off' outside a capture")
-        key = tuple(TensorLayout.of(a) if isinstance(a, torch.Tensor) else (type(a), a)
-                    for a in args)
+        key = _key(args)
         call = self.calls.get(key)
         if call is None:
             call = self.calls[key] = self._define(state, args)
@@ -158,6 +196,41 @@ class DeviceGraph:
         torch.library.register_fake(f"{_LIBRARY_NAME}::{name}", fake, lib=lib)
         op = getattr(getattr(torch.ops, _LIBRARY_NAME), name).default
         return GraphCall(op, outputs, sequence)
+
+
+def _key(args) -> tuple:
+    return tuple(TensorLayout.of(a) if isinstance(a, torch.Tensor) else (type(a), a) for a in args)
+
+
+class _Replay:
+    """One captured input layout of a reduce-overhead graph."""
+
+    def __init__(self, graph, inputs: list, outputs, copied: list[int]) -> None:
+        self.graph, self.inputs, self.outputs, self.copied = graph, inputs, outputs, copied
+
+    @staticmethod
+    def capture(device_graph: DeviceGraph, state, args) -> "_Replay":
+        copied = [i for i, a in enumerate(args)
+                  if isinstance(a, torch.Tensor) and i not in device_graph.static]
+        inputs = list(args)
+        for i in copied:
+            inputs[i] = args[i].clone()
+        if not hasattr(device_graph, "pool"):
+            device_graph.pool = torch.cuda.graph_pool_handle()
+        graph = torch.cuda.CUDAGraph()
+        stream = torch.cuda.Stream()
+        stream.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.graph(graph, pool=device_graph.pool, stream=stream):
+            outputs = device_graph(*inputs)
+        torch.cuda.current_stream().wait_stream(stream)
+        return _Replay(graph, inputs, outputs, copied)
+
+    def replay(self, args):
+        for i in self.copied:
+            if args[i] is not self.inputs[i]:
+                self.inputs[i].copy_(args[i])
+        self.graph.replay()
+        return self.outputs
 
 
 def _analyse(graph_module, args) -> tuple[frozenset, tuple, type]:
@@ -216,6 +289,17 @@ def _on_device(state):
             put_back_function_mode(placement, index)
 
 
+def _wants_cudagraphs(compiler_fn) -> bool:
+    """mode="reduce-overhead" (or options={"triton.cudagraphs": True}): inductor's wrapper holds it
+    in its config, applied only while it compiles."""
+    fn = getattr(compiler_fn, "compiler_fn", compiler_fn)
+    fn = getattr(fn, "_torchdynamo_orig_backend", fn)
+    config = getattr(fn, "config", None)
+    if isinstance(config, dict) and "triton.cudagraphs" in config:
+        return bool(config["triton.cudagraphs"])
+    return False
+
+
 def _backend_name(compiler_fn) -> str:
     fn = getattr(compiler_fn, "compiler_fn", compiler_fn)  # dynamo's WrapBackendDebug
     fn = getattr(fn, "_torchdynamo_orig_backend", fn)
@@ -241,7 +325,8 @@ def user_compiler_on_device(original):
             return original(self, gm, example_inputs)
         with _torchs_own_cuda(real_is_available):
             compiled = original(self, gm, example_inputs)
-        return DeviceGraph(compiled, gm, _backend_name(self.compiler_fn))
+        return DeviceGraph(compiled, gm, _backend_name(self.compiler_fn),
+                           cudagraphs=_wants_cudagraphs(self.compiler_fn))
 
     return call_user_compiler
 

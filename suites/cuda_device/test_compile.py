@@ -134,3 +134,60 @@ def test_a_compiled_graph_is_captured_and_runs_at_each_replay(cuda_device):
         x.copy_(torch.randn(4, 8, device="cuda"))
         graph.replay()
         torch.testing.assert_close(out, _scaled_relu(x, w))
+
+
+class _Replays:
+    def __init__(self) -> None:
+        self.count = 0
+
+    def on_replay(self, graph, stream) -> None:
+        self.count += 1
+
+
+def test_reduce_overhead_replays_through_the_emulated_graphs(cuda_device):
+    compiled = torch.compile(_scaled_relu, mode="reduce-overhead")
+    w = torch.randn(8, 8, device="cuda")
+    replays = _Replays()
+    outs = []
+    with cuda_device.observe(replays):
+        for call in range(4):
+            x = torch.randn(4, 8, device="cuda")
+            outs.append(compiled(x, w))
+            torch.testing.assert_close(outs[-1], _scaled_relu(x, w))
+        # warm-up, capture (and its replay), then one replay per call
+        assert replays.count == 3
+        # The graph's outputs are its own: the next replay rewrites what a caller kept.
+        assert outs[2].data_ptr() == outs[3].data_ptr()
+        with torch.no_grad():
+            w.add_(1.0)  # a static address (here a plain input, copied in at each replay)
+        x = torch.randn(4, 8, device="cuda")
+        torch.testing.assert_close(compiled(x, w), _scaled_relu(x, w))
+
+
+def test_reduce_overhead_reads_a_modules_parameters_at_their_address(cuda_device):
+    layer = torch.nn.Linear(8, 8).cuda()
+    compiled = torch.compile(layer, mode="reduce-overhead")
+    x = torch.randn(2, 8, device="cuda")
+    with torch.no_grad():
+        for _ in range(3):
+            compiled(x)
+        layer.weight.add_(1.0)  # parameters are not copied in: the replay reads them in place
+        torch.testing.assert_close(compiled(x), layer(x))
+
+
+def test_reduce_overhead_runs_a_graph_writing_a_plain_input_without_capturing_and_counts_it(
+        cuda_device):
+    def bump(counter):
+        counter.add_(1)
+        return counter * 2
+
+    compiled = torch.compile(bump, mode="reduce-overhead")
+    counter = torch.zeros(2, device="cuda")
+    skips = torch._dynamo.utils.counters["inductor"]["cudagraph_skips"]
+    replays = _Replays()
+    with cuda_device.observe(replays):
+        for _ in range(3):
+            out = compiled(counter)
+    assert counter.tolist() == [3.0, 3.0] and out.tolist() == [6.0, 6.0]
+    assert replays.count == 0  # as cudagraph trees: mutated inputs skip the graph
+    assert torch._dynamo.utils.counters["inductor"]["cudagraph_skips"] > skips
