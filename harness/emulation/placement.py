@@ -93,10 +93,10 @@ class Placement(TorchFunctionMode):
     def __torch_function__(self, func, types, args=(), kwargs=None):
         # The hot path: one Python call per torch call, so the checks are inlined.
         if _compiling():
-            # Dynamo traces this method: the graph gets the call as written (its backend's code
-            # runs through this mode when it runs; compiled outputs are marked by cuda_api's
-            # torch.compile wrapper).
-            return func(*args, **(kwargs or {}))
+            # Dynamo traces this method: the graph gets the call with the device named as the
+            # cpu its tensors live on, so inductor writes cpu code (compiled.py runs the graph on
+            # the device and marks its outputs).
+            return _traced_on_host(func, args, kwargs or {})
         if type(func) is _MethodWrapper:  # a property: x.shape, x.device, x.grad = g, ...
             getter = self._getters.get(func.__self__)
             if getter is None or func.__name__ != "__get__":
@@ -267,6 +267,18 @@ class Placement(TorchFunctionMode):
             return func(*args, **kwargs)
         with self:  # torch's printer asks `.device`, which this mode answers
             return torch._tensor_str._str(args[0], **kwargs)
+
+def _traced_on_host(func, args: tuple, kwargs: dict):
+    target = kwargs.get("device")
+    if target is not None and names_cuda(target):
+        kwargs = {**kwargs, "device": CPU}
+    if func is Tensor.cuda:
+        return args[0]
+    if func is Tensor.to:
+        args = tuple(CPU if isinstance(a, (str, torch.device)) and names_cuda(a) else a
+                     for a in args)
+    return func(*args, **kwargs)
+
 
 def _default_device() -> torch.device | None:
     """The device of `torch.set_default_device` / `with torch.device(...)`: a DeviceContext, which

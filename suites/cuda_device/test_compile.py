@@ -70,6 +70,18 @@ def test_code_compiled_before_entering_runs_on_the_device(outside_emulation):
         assert not compiled(torch.ones(2, 8), torch.ones(8, 8)).is_cuda  # host stays host
 
 
+@pytest.mark.parametrize("names_cuda", [
+    lambda x: x + torch.ones(4, device="cuda"),
+    lambda x: x.to("cuda") * 2,
+    lambda x: x.cuda() * 2,
+    lambda x: torch.zeros_like(x, device=x.device) + 2 * x,
+], ids=["factory", "to", "cuda", "device_of_a_device_tensor"])
+def test_compiled_code_that_names_cuda_compiles_for_the_device(cuda_device, names_cuda):
+    x = torch.ones(4, device="cuda")
+    out = torch.compile(names_cuda)(x)
+    assert out.is_cuda and out.tolist() == [2.0] * 4
+
+
 def test_a_compiled_module_keeps_its_device_parameters(cuda_device):
     layer = torch.nn.Linear(8, 8).cuda()
     compiled = torch.compile(layer)
