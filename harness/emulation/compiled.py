@@ -289,6 +289,22 @@ def _on_device(state):
             put_back_function_mode(placement, index)
 
 
+def _refuse_cuda_autocast(gm) -> None:
+    """The device's autocast casts at each torch call (autocast.py); inside a compiled graph the
+    ops are aten ops on cpu tensors, which CUDA's autocast lists would not reach, so the graph
+    would run in float32 where CUDA runs float16. Refused rather than computed differently."""
+    inside = any(node.op == "call_function" and getattr(node.target, "__name__", "") ==
+                 "_enter_autocast" and node.args and node.args[0] == "cuda"
+                 for node in gm.graph.nodes)
+    if inside or torch.is_autocast_enabled("cuda"):
+        raise CompiledGraphError(
+            "torch.autocast('cuda') " + ("inside" if inside else "around") + " a torch.compile'd "
+            "function on the emulated CUDA device: the device casts at each eager torch call, and "
+            "a compiled graph's ops are not cast, so it would compute in float32 where CUDA casts "
+            "to the autocast dtype; cast explicitly (.half(), .to(dtype)) inside the compiled code, "
+            "or run that part eagerly")
+
+
 def _wants_cudagraphs(compiler_fn) -> bool:
     """mode="reduce-overhead" (or options={"triton.cudagraphs": True}): inductor's wrapper holds it
     in its config, applied only while it compiles."""
@@ -323,6 +339,7 @@ def user_compiler_on_device(original):
     def call_user_compiler(self, gm, example_inputs):
         if emulation_active() != "cpu":
             return original(self, gm, example_inputs)
+        _refuse_cuda_autocast(gm)
         with _torchs_own_cuda(real_is_available):
             compiled = original(self, gm, example_inputs)
         return DeviceGraph(compiled, gm, _backend_name(self.compiler_fn),

@@ -76,3 +76,28 @@ def test_without_the_cast_cache_the_capture_casts_the_weight_at_each_replay(cuda
     graph, out, expected, _inputs = _captured_under_one_autocast_region(cache_enabled=False)
     graph.replay()
     torch.testing.assert_close(out, expected)
+
+
+def test_autocast_around_or_inside_compiled_code_is_refused_by_name(cuda_device):
+    from harness.emulation.compiled import CompiledGraphError
+
+    torch._dynamo.reset()
+    x = torch.randn(2, 2, device="cuda")
+
+    def inside(t):
+        with torch.autocast("cuda"):
+            return t @ t
+
+    with pytest.raises(Exception, match="torch.autocast\\('cuda'\\) inside a torch.compile'd") as inner:
+        torch.compile(inside)(x)
+    with torch.autocast("cuda"), pytest.raises(Exception, match="around a torch.compile'd") as outer:
+        torch.compile(lambda t: t @ t)(x)
+    for raised in (inner, outer):  # dynamo wraps a backend's error; the named one is its cause
+        assert any(isinstance(e, CompiledGraphError) for e in _chain(raised.value))
+    torch._dynamo.reset()
+
+
+def _chain(error):
+    while error is not None:
+        yield error
+        error = error.__cause__ or error.__context__
