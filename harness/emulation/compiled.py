@@ -32,10 +32,11 @@ from harness.emulation.device_memory import DEVICE, MEMORY_ATTR
 # One library for every graph's op: torch.library keeps what it defines for the process.
 _LIBRARY_NAME = "harness_compiled"
 _COUNTER = itertools.count()
-# Backends whose graphs run aten ops the dispatcher sees (the recorder and the stream tracking
-# see each one, so the graph needs no op of its own).
-_TRANSPARENT_BACKENDS = frozenset({"eager", "aot_eager", "aot_eager_decomp_partition",
-                                   "aot_eager_default_partitioner"})
+# Backends whose kernels no dispatcher sees: their graphs run as one op under tracking or capture.
+# The others (eager, aot_eager, a runtime's own backend) run ops the recorder and the stream
+# tracking see one by one; a backend of one's own that calls inductor on pieces wraps each piece
+# in DeviceGraph(..., backend="inductor").
+_OPAQUE_BACKENDS = frozenset({"inductor"})
 
 
 class CompiledGraphError(RuntimeError):
@@ -87,7 +88,7 @@ class DeviceGraph:
                  cudagraphs: bool = False) -> None:
         self.compiled = compiled
         self.graph_module = graph_module
-        self.opaque = backend not in _TRANSPARENT_BACKENDS
+        self.opaque = backend in _OPAQUE_BACKENDS
         self.calls: dict[tuple, GraphCall] = {}
         self.name = f"graph_{next(_COUNTER)}"
         # mode="reduce-overhead": each input layout is warmed up, captured and then replayed
