@@ -160,6 +160,13 @@ NAMES: dict[str, Internal] = {
     "DISPATCH_KEY_COMPOSITE_IMPLICIT": Internal("torch._C", "DispatchKey.CompositeImplicitAutograd",
                                                 lambda k: k is not None),
     "op_dk": Internal("torch", "ops.aten.matmul.default._op_dk"),
+    "nn_module": Internal("torch._C", "_nn", lambda m: m is not None),
+    "dynamo_output_graph": Internal("torch._dynamo.output_graph", "",
+                                    _found("torch._dynamo.output_graph"), lazy=True),
+    "dynamo_eval_frame": Internal("torch._dynamo.eval_frame", "",
+                                  _found("torch._dynamo.eval_frame"), lazy=True),
+    "dynamo_utils": Internal("torch._dynamo.utils", "", _found("torch._dynamo.utils"), lazy=True),
+    "triton_utils": Internal("torch.utils._triton", "", _found("torch.utils._triton"), lazy=True),
 }
 
 
@@ -265,6 +272,16 @@ DeviceContext = bind(NAMES["DeviceContext"])
 device_constructors = bind(NAMES["device_constructors"])
 tensor_str = bind(NAMES["tensor_str"])
 DISPATCH_KEY_COMPOSITE_IMPLICIT = bind(NAMES["DISPATCH_KEY_COMPOSITE_IMPLICIT"])
+nn_module = bind(NAMES["nn_module"])
+
+
+def lazy_module(name: str) -> Any:
+    """One of the heavy private modules of NAMES marked lazy (`dynamo_output_graph`,
+    `dynamo_eval_frame`, `dynamo_utils`, `triton_utils`), imported at first use."""
+    entry = NAMES[name]
+    if not entry.lazy or entry.attribute:
+        raise ValueError(f"{name!r} is not a lazy module of harness.torch_internals.NAMES")
+    return importlib.import_module(entry.module)
 
 
 def call_composite_kernel(func: Any, *args: Any, **kwargs: Any) -> Any:

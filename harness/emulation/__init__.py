@@ -5,7 +5,7 @@ One responsibility per file: `session.py` enters and leaves the emulation (and r
 `state.py` the device's state and the observer interface stream tracking hooks into; `device_memory.py`
 which storages are device memory and which host memory is pinned; `placement.py` the
 TorchFunctionMode that places every op; `transfers.py` copies between the memories and host reads;
-`backward.py` autograd's products; `cuda_api.py` the replaced `torch.cuda` functions;
+`backward.py` autograd's products; `compiled.py` torch.compile's graphs on the device; `cuda_api.py` the replaced `torch.cuda` functions;
 `cuda_streams.py` streams and events; `cuda_graph.py` `torch.cuda.CUDAGraph` on the emulator;
 `tracking/` stream and race tracking;
 `rules.py` CUDA's error texts; `sanitizer.py` the same graph API over a real GPU;

@@ -5,7 +5,6 @@ mode marks each fresh result device memory when one of the op's inputs is."""
 from __future__ import annotations
 
 import contextlib
-import functools
 
 import torch
 
@@ -81,50 +80,6 @@ def saved_tensor_hooks_with_placement(state, original):
     return push
 
 
-def compile_marking_outputs(state, original):
-    """A replacement for `torch.compile`. A compiled function called on device tensors runs as on
-    the cpu, opaque to the placement mode (taken off the mode stack for the call: inductor's code
-    allocates buffers where no torch call shows), with every factory inside counted as device
-    memory (a capture's recorder asks that); what it returns is device memory."""
-    from harness.torch_internals import tree_flatten
-
-    def wrap(compiled):
-        @functools.wraps(compiled)
-        def run(*args, **kwargs):
-            if not any(isinstance(t, torch.Tensor) and is_device_memory(t)
-                       for t in tree_flatten((args, kwargs))[0]):
-                return compiled(*args, **kwargs)
-            memory, placement = state.memory, state.placement
-            stack = get_current_function_mode_stack()
-            index = next((i for i, m in enumerate(stack) if m is placement), None)
-            previous, memory.call_on_device = memory.call_on_device, True
-            if index is not None:
-                remove_function_mode(placement)
-            try:
-                out = compiled(*args, **kwargs)
-            finally:
-                memory.call_on_device = previous
-                if index is not None:
-                    _put_back(placement, index)
-            for t in tree_flatten(out)[0]:
-                if isinstance(t, torch.Tensor):
-                    memory.mark_device(t)
-            return out
-        return run
-
-    @functools.wraps(original)
-    def compile(model=None, **options):
-        if model is None:
-            return lambda fn: compile(fn, **options)
-        compiled = original(model, **options)
-        if isinstance(model, torch.nn.Module):
-            compiled.forward = wrap(compiled.forward)
-            return compiled
-        return wrap(compiled)
-
-    return compile
-
-
 def remove_function_mode(mode) -> None:
     """Pop `mode` off the function-mode stack wherever it is, keeping the modes above it."""
     above = []
@@ -137,7 +92,8 @@ def remove_function_mode(mode) -> None:
         torch_internals.push_on_torch_function_stack(m)
 
 
-def _put_back(mode, index: int) -> None:
+def put_back_function_mode(mode, index: int) -> None:
+    """Push `mode` back at `index` of the function-mode stack, above it what is there now."""
     above = [torch_internals.pop_torch_function_stack()
              for _ in range(torch_internals.len_torch_function_stack() - index)]
     torch_internals.push_on_torch_function_stack(mode)

@@ -28,8 +28,9 @@ import torch.serialization
 
 from harness import torch_internals
 from harness.emulation.accelerator_streams import event_class, stream_class
-from harness.emulation.backward import (
-    compile_marking_outputs, engine_with_placement, saved_tensor_hooks_with_placement)
+from harness.emulation.backward import engine_with_placement, saved_tensor_hooks_with_placement
+from harness.emulation.autocast import clearing_cache_too
+from harness.emulation.compiled import compile_patches, keep_dynamo_out
 from harness.emulation.checkpoints import location_tag, restore_location
 from harness.emulation.capture_syncs import refuse_host_sync
 from harness.emulation.generators import generator_class
@@ -422,10 +423,6 @@ def saved_tensor_hooks(state):
         state, torch_internals.push_saved_tensors_default_hooks)
 
 
-def compile_function(state):
-    return compile_marking_outputs(state, torch.compile)
-
-
 def checkpoint_restore(state):
     return restore_location(state, torch.serialization.default_restore_location)
 
@@ -579,7 +576,6 @@ REPLACEMENTS: tuple[Replacement, ...] = (
     Replacement("torch.backends.cudnn", "is_acceptable", cudnn_unavailable),
     Replacement("torch.Tensor", "record_stream", record_stream),
     Replacement("torch.autograd", "_engine_run_backward", backward_engine, "value"),
-    Replacement("torch", "compile", compile_function, "value"),
     Replacement("torch._C._autograd", "_push_saved_tensors_default_hooks", saved_tensor_hooks,
                 "value"),
     Replacement("torch", "Stream", stream_class, "value"),
@@ -602,6 +598,7 @@ def owner_object(path: str) -> Any:
 
 def patches(state, table: tuple[Replacement, ...] = REPLACEMENTS) -> list[tuple[Any, str, Any]]:
     """(owner, attribute, replacement) for every row of `table` that applies to this torch."""
+    keep_dynamo_out()
     out: list[tuple[Any, str, Any]] = []
     for row in table:
         owner = owner_object(row.owner)
@@ -617,6 +614,10 @@ def patches(state, table: tuple[Replacement, ...] = REPLACEMENTS) -> list[tuple[
     from harness.emulation.allocator_tools import patches as allocator_tool_patches
 
     out += allocator_tool_patches(state)
+    # torch.compile's replacements (compiled.py) and autocast's cache are groups of their own too.
+    out += compile_patches(state)
+    out.append((torch, "clear_autocast_cache",
+                clearing_cache_too(state.autocast_cache, torch.clear_autocast_cache)))
     return out
 
 

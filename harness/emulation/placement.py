@@ -28,7 +28,7 @@ from torch.overrides import TorchFunctionMode
 from harness import torch_internals
 from harness.torch_internals import DeviceContext, device_constructors
 from harness.graphs.base import CaptureError
-from harness.emulation import device_indices, kernels, transfers
+from harness.emulation import autocast, device_indices, kernels, transfers
 from harness.graphs.emulator.dispatch_keys import keep_modes_reachable
 from harness.emulation.capacity import requested_bytes
 from harness.emulation.generators import DeviceGenerator
@@ -39,6 +39,8 @@ from harness.emulation.rules import (CPU, cuda_index, device_generator_on_host_e
 
 Tensor = torch.Tensor
 _compiling = torch.compiler.is_compiling
+_autocast_on = torch.is_autocast_enabled
+_AUTOCAST_OPS = autocast.AUTOCAST_OPS
 _CONSTRUCTORS = device_constructors()
 _TorchGenerator = torch_internals.Generator
 _MethodWrapper = types.MethodWrapperType
@@ -87,15 +89,18 @@ class Placement(TorchFunctionMode):
     def __torch_function__(self, func, types, args=(), kwargs=None):
         # The hot path: one Python call per torch call, so the checks are inlined.
         if _compiling():
-            # Dynamo traces this method: the graph gets the call as written (its backend's code
-            # runs through this mode when it runs; compiled outputs are marked by cuda_api's
-            # torch.compile wrapper).
-            return func(*args, **(kwargs or {}))
+            # Dynamo traces this method: the graph gets the call with the device named as the
+            # cpu its tensors live on, so inductor writes cpu code (compiled.py runs the graph on
+            # the device and marks its outputs).
+            return _traced_on_host(func, args, kwargs or {})
         if type(func) is _MethodWrapper:  # a property: x.shape, x.device, x.grad = g, ...
             getter = self._getters.get(func.__self__)
             if getter is None or func.__name__ != "__get__":
                 return func(*args)
             return getter(func, args[0])
+        if func in _AUTOCAST_OPS and _autocast_on("cuda"):
+            args, kwargs = autocast.cast(func, args, kwargs or {}, is_device_memory, self._cast,
+                                         self.state.autocast_cache)
         handler = self._calls.get(func)
         if handler is not None:
             return handler(func, args, kwargs or {})
@@ -197,6 +202,10 @@ class Placement(TorchFunctionMode):
             self.state.notify_op(func, args, kwargs, out)
         return out
 
+    def _cast(self, t: Tensor, dtype: torch.dtype) -> Tensor:
+        """An autocast cast: a device op of its own, as CUDA's cast kernel is."""
+        return self.__torch_function__(Tensor.to, (Tensor,), (t, dtype), {})
+
     # --- marking -----------------------------------------------------------------------------
 
     def _mark(self, out, kind: str) -> None:
@@ -289,6 +298,18 @@ class Placement(TorchFunctionMode):
             return func(*args, **kwargs)
         with self:  # torch's printer asks `.device`, which this mode answers
             return torch_internals.tensor_str(args[0], **kwargs)
+
+def _traced_on_host(func, args: tuple, kwargs: dict):
+    target = kwargs.get("device")
+    if target is not None and names_cuda(target):
+        kwargs = {**kwargs, "device": CPU}
+    if func is Tensor.cuda:
+        return args[0]
+    if func is Tensor.to:
+        args = tuple(CPU if isinstance(a, (str, torch.device)) and names_cuda(a) else a
+                     for a in args)
+    return func(*args, **kwargs)
+
 
 def _default_device() -> torch.device | None:
     """The device of `torch.set_default_device` / `with torch.device(...)`: a DeviceContext, which

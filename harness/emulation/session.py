@@ -118,12 +118,14 @@ def enter_inherited(options: dict) -> None:
 
 def _enter_cpu(properties: DeviceProperties, stack: contextlib.ExitStack, schedule: str,
                races: str) -> DeviceState:
+    from harness.emulation.compiled import clear_triton_answer
     from harness.emulation.cuda_api import patches
     from harness.emulation.placement import Placement
 
     state = DeviceState(properties)
     state.kind = "cpu"
     apply(patches(state), stack)
+    stack.callback(clear_triton_answer)
     placement = state.placement = Placement(state)
     placement.__enter__()
     stack.callback(remove_function_mode, placement)

@@ -74,6 +74,9 @@ class DeviceState:
         self.initialized = False
         self.kind = "cpu"
         self.placement = None  # the placement mode (placement.py), once entered
+        from harness.emulation.autocast import WeightCastCache
+
+        self.autocast_cache = WeightCastCache()  # autocast("cuda")'s weight casts (autocast.py)
         self._devices = tuple(torch.device("cuda", i) for i in range(properties.count))
         self.storage_device = torch.device("cpu")  # where device memory really lives
         self.pool_handles = PoolHandles(self.storage_device)

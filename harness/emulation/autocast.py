@@ -1,0 +1,149 @@
+"""`torch.autocast("cuda")` on the emulated CUDA device.
+
+Device tensors are cpu tensors, so CUDA's autocast dispatch key never fires for them; the placement
+mode asks `cast(...)` instead, for each torch call made while autocast is enabled on "cuda". The
+lists are CUDA's (aten/src/ATen/autocast_mode.cpp, by their torch-level names): ops that run in the
+autocast dtype, ops that run in float32, ops that run in float32 unless given a dtype, and ops that
+run in the widest dtype of their inputs. As on CUDA only device tensors are cast, float64 never to
+the lower precision, and a float32 leaf that requires grad (a weight) is cast once per outermost
+autocast region while `cache_enabled`: the cached copy is what later calls read, until the region
+exits (`torch.clear_autocast_cache()`).
+"""
+
+from __future__ import annotations
+
+import weakref
+from typing import Any, Callable
+
+import torch
+
+from harness import torch_internals
+import torch.nn.functional as F
+
+Tensor = torch.Tensor
+_nn = torch_internals.nn_module
+
+_LOWER_PRECISION = frozenset({
+    torch.matmul, Tensor.matmul, Tensor.__matmul__, Tensor.__rmatmul__, torch.mm, Tensor.mm,
+    torch.bmm, Tensor.bmm, torch.mv, Tensor.mv, torch.addmm, Tensor.addmm, torch.addmv,
+    Tensor.addmv, torch.addr, Tensor.addr, torch.baddbmm, Tensor.baddbmm, torch.addbmm,
+    Tensor.addbmm, torch.einsum, torch.chain_matmul, torch.linalg.multi_dot, torch.linalg.vecdot,
+    _nn.linear, F.linear, torch.conv1d, torch.conv2d, torch.conv3d, torch.conv_tbc,
+    torch.conv_transpose1d, torch.conv_transpose2d, torch.conv_transpose3d, torch.convolution,
+    torch.prelu, F.prelu, torch.lstm_cell, torch.gru_cell, torch.rnn_tanh_cell, torch.rnn_relu_cell,
+    _nn.scaled_dot_product_attention, F.scaled_dot_product_attention,
+})
+_FLOAT32 = frozenset({
+    torch.acos, Tensor.acos, torch.asin, Tensor.asin, torch.cosh, Tensor.cosh, torch.erfinv,
+    Tensor.erfinv, torch.exp, Tensor.exp, torch.expm1, Tensor.expm1, torch.log, Tensor.log,
+    torch.log10, Tensor.log10, torch.log2, Tensor.log2, torch.log1p, Tensor.log1p,
+    torch.reciprocal, Tensor.reciprocal, torch.rsqrt, Tensor.rsqrt, torch.sinh, Tensor.sinh,
+    torch.tan, Tensor.tan, torch.pow, Tensor.pow, Tensor.__pow__, Tensor.__rpow__, F.softplus,
+    _nn.softplus, torch.layer_norm, F.layer_norm, torch.native_layer_norm, torch.group_norm,
+    F.group_norm, torch.frobenius_norm, torch.nuclear_norm, torch.cosine_similarity,
+    F.cosine_similarity, torch.poisson_nll_loss, F.poisson_nll_loss, torch.cosine_embedding_loss,
+    F.cosine_embedding_loss, F.nll_loss, torch.hinge_embedding_loss, F.hinge_embedding_loss,
+    torch.kl_div, F.kl_div, F.l1_loss, F.smooth_l1_loss, F.huber_loss, F.mse_loss,
+    torch.margin_ranking_loss, F.margin_ranking_loss, F.multilabel_margin_loss,
+    F.soft_margin_loss, torch.triplet_margin_loss, F.triplet_margin_loss, F.multi_margin_loss,
+    F.binary_cross_entropy_with_logits, torch.binary_cross_entropy_with_logits, torch.dist,
+    Tensor.dist, torch.pdist, torch.cdist, torch.renorm, Tensor.renorm, torch.logsumexp,
+    Tensor.logsumexp, F.cross_entropy,
+})
+# Float32 unless the call names a dtype.
+_FLOAT32_UNLESS_DTYPE = frozenset({
+    torch.prod, Tensor.prod, torch.softmax, Tensor.softmax, F.softmax, torch.log_softmax,
+    Tensor.log_softmax, F.log_softmax, torch.cumprod, Tensor.cumprod, torch.cumsum, Tensor.cumsum,
+    torch.linalg.vector_norm, torch.linalg.matrix_norm, torch.sum, Tensor.sum,
+})
+_WIDEST = frozenset({
+    torch.addcdiv, Tensor.addcdiv, torch.addcmul, Tensor.addcmul, torch.atan2, Tensor.atan2,
+    torch.bilinear, F.bilinear, torch.cross, Tensor.cross, torch.dot, Tensor.dot, torch.vdot,
+    Tensor.vdot, torch.grid_sampler, F.grid_sample, torch.index_put, Tensor.index_put,
+    torch.scatter_add, Tensor.scatter_add, torch.tensordot, torch.stack, torch.cat, torch.concat,
+})
+AUTOCAST_OPS = _LOWER_PRECISION | _FLOAT32 | _FLOAT32_UNLESS_DTYPE | _WIDEST
+_REDUCED = (torch.float16, torch.bfloat16)
+
+
+class WeightCastCache:
+    """CUDA autocast's cache of weight casts: one per emulated device set, emptied when the
+    outermost autocast region exits."""
+
+    def __init__(self) -> None:
+        self._casts: dict[int, tuple[weakref.ref, Tensor]] = {}
+
+    def get(self, t: Tensor, dtype: torch.dtype, cast: Callable[[Tensor], Tensor]) -> Tensor:
+        entry = self._casts.get(id(t))
+        if entry is not None and entry[0]() is t and entry[1].dtype == dtype:
+            return entry[1]
+        out = cast(t)
+        self._casts[id(t)] = (weakref.ref(t), out)
+        return out
+
+    def clear(self) -> None:
+        self._casts.clear()
+
+
+def clearing_cache_too(cache: WeightCastCache, original):
+    """A replacement for `torch.clear_autocast_cache` (what `torch.autocast.__exit__` calls as the
+    outermost region exits): the emulated device's weight casts go with torch's own."""
+
+    def clear_autocast_cache() -> None:
+        cache.clear()
+        original()
+
+    return clear_autocast_cache
+
+
+def cast(func, args: tuple, kwargs: dict, is_device: Callable[[Any], bool],
+         to: Callable[[Tensor, torch.dtype], Tensor], cache: WeightCastCache) -> tuple[tuple, dict]:
+    """`args`, `kwargs` with their device tensors cast as CUDA's autocast casts them for `func`."""
+    if func in _LOWER_PRECISION:
+        dtype = torch.get_autocast_dtype("cuda")
+        caching = torch.is_autocast_cache_enabled()
+
+        def lower(t):
+            if not (t.is_floating_point() and t.dtype not in (dtype, torch.float64) and is_device(t)):
+                return t
+            if caching and t.dtype == torch.float32 and t.requires_grad and t.is_leaf \
+                    and t._base is None:
+                return cache.get(t, dtype, lambda w: to(w, dtype))
+            return to(t, dtype)
+        return _map(lower, args, kwargs)
+    if func in _FLOAT32 or (func in _FLOAT32_UNLESS_DTYPE and kwargs.get("dtype") is None):
+        def widen(t):
+            if t.dtype in _REDUCED and is_device(t):
+                return to(t, torch.float32)
+            return t
+        return _map(widen, args, kwargs)
+    if func in _WIDEST:
+        found = [t.dtype for t in _tensors(args, kwargs) if t.is_floating_point() and is_device(t)]
+        if len(set(found)) < 2:
+            return args, kwargs
+        widest = max(found, key=lambda d: (torch.finfo(d).bits, d == torch.float32))
+
+        def promote(t):
+            if t.is_floating_point() and t.dtype != widest and is_device(t):
+                return to(t, widest)
+            return t
+        return _map(promote, args, kwargs)
+    return args, kwargs
+
+
+def _tensors(args, kwargs):
+    for a in (*args, *kwargs.values()):
+        if isinstance(a, Tensor):
+            yield a
+        elif type(a) in (list, tuple):
+            yield from (b for b in a if isinstance(b, Tensor))
+
+
+def _map(fn, args: tuple, kwargs: dict) -> tuple[tuple, dict]:
+    def one(a):
+        if isinstance(a, Tensor):
+            return fn(a)
+        if type(a) in (list, tuple):
+            return type(a)(fn(b) if isinstance(b, Tensor) else b for b in a)
+        return a
+    return tuple(one(a) for a in args), {k: one(v) for k, v in kwargs.items()}

@@ -1,0 +1,406 @@
+"""`torch.compile` on the emulated CUDA device.
+
+Device tensors are cpu tensors, so dynamo traces cpu tensors and inductor writes cpu (C++) code;
+what the emulation adds is at the two ends of each compiled graph:
+
+- **Compiling.** While a backend compiles a graph, `torch.cuda.is_available()` gives torch's own
+  answer again: inductor asks it to pick Triton (which on a CUDA wheel without a GPU then fails on
+  libcuda) and to build its pattern tables on "cuda" (which a CPU wheel cannot allocate). The code
+  it writes is for the cpu the device tensors live on.
+- **Running.** Every graph dynamo compiles while the emulation is active, whenever `torch.compile`
+  was called, runs through `DeviceGraph`: with device tensors among its inputs it runs with the
+  placement mode off the stack (inductor's wrapper allocates its buffers in C++, where no torch call
+  shows) and its outputs are device memory. Inductor's kernels are C++ functions no dispatcher sees,
+  so while stream tracking or a capture is on, the graph is called as one custom op
+  (`harness_compiled::graph_N`) whose schema says which inputs it writes and whose fake kernel gives
+  its outputs' shapes: the schedule runs it on the current stream once its inputs are ready, as any
+  op, and a capture records it and runs it at each replay.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import itertools
+from dataclasses import dataclass
+from typing import Any, Callable
+
+import torch
+
+from harness import torch_internals
+from harness.torch_internals import get_current_function_mode_stack as _get_current_function_mode_stack
+
+from harness.emulation.device_memory import DEVICE, MEMORY_ATTR
+
+# One library for every graph's op: torch.library keeps what it defines for the process.
+_LIBRARY_NAME = "harness_compiled"
+_COUNTER = itertools.count()
+# Backends whose kernels no dispatcher sees: their graphs run as one op under tracking or capture.
+# The others (eager, aot_eager, a runtime's own backend) run ops the recorder and the stream
+# tracking see one by one; a backend of one's own that calls inductor on pieces wraps each piece
+# in DeviceGraph(..., backend="inductor").
+_OPAQUE_BACKENDS = frozenset({"inductor"})
+
+
+class CompiledGraphError(RuntimeError):
+    """A compiled graph the emulated device cannot run as CUDA would (the message says why)."""
+
+
+def _is_device(t) -> bool:
+    try:
+        return getattr(t.untyped_storage(), MEMORY_ATTR, None) == DEVICE
+    except (RuntimeError, NotImplementedError):
+        return False
+
+
+@dataclass(frozen=True)
+class TensorLayout:
+    size: tuple
+    stride: tuple
+    dtype: torch.dtype
+    storage_offset: int
+
+    @staticmethod
+    def of(t: torch.Tensor) -> "TensorLayout":
+        return TensorLayout(tuple(t.size()), tuple(t.stride()), t.dtype, t.storage_offset())
+
+
+@dataclass(frozen=True)
+class GraphCall:
+    """What one compiled graph does for one input layout: its op and how to rebuild its result."""
+
+    op: Any  # the OpOverload
+    outputs: tuple  # per output: a TensorLayout (a fresh tensor) or the constant returned
+    sequence: type  # tuple or list, as the compiled graph returns
+
+
+def _library():
+    lib = _LIBRARIES.get(_LIBRARY_NAME)
+    if lib is None:
+        lib = _LIBRARIES[_LIBRARY_NAME] = torch.library.Library(_LIBRARY_NAME, "FRAGMENT")
+    return lib
+
+
+_LIBRARIES: dict[str, Any] = {}
+
+
+class DeviceGraph:
+    """A compiled graph (the backend's callable) as the emulated device runs it."""
+
+    def __init__(self, compiled: Callable, graph_module: torch.fx.GraphModule, backend: str,
+                 cudagraphs: bool = False) -> None:
+        self.compiled = compiled
+        self.graph_module = graph_module
+        self.opaque = backend in _OPAQUE_BACKENDS
+        self.calls: dict[tuple, GraphCall] = {}
+        self.name = f"graph_{next(_COUNTER)}"
+        # mode="reduce-overhead": each input layout is warmed up, captured and then replayed
+        self.cudagraphs = cudagraphs
+        self.replays: dict[tuple, Any] = {}
+        self.skipped: list[str] = []  # why a layout ran without a graph, as inductor logs it
+        self.static = frozenset(
+            i for i, node in enumerate(n for n in graph_module.graph.nodes if n.op == "placeholder")
+            if node.meta.get("tensor_dict", {}).get("_dynamo_static_input_type") is not None)
+
+    def __call__(self, *args):
+        from harness.emulation.active import emulation_active
+
+        if emulation_active() != "cpu" or not any(
+                isinstance(a, torch.Tensor) and _is_device(a) for a in args):
+            return self.compiled(*args)
+        from harness.emulation.active import active_state
+
+        state = active_state()
+        if self.cudagraphs and not state.capturing():
+            return self._replayed(state, args)
+        return self._run(state, args)
+
+    # --- mode="reduce-overhead" ------------------------------------------------------------
+
+    def _replayed(self, state, args):
+        """cudagraph trees' life of one input layout: the first call runs as compiled (the warm-up),
+        the second captures the graph into the graph's pool and replays it (capture runs nothing), later calls copy the
+        inputs that are not static (parameters, buffers, marked static addresses) into the
+        captured ones and replay. Outputs are the graph's own, rewritten by the next replay."""
+        key = _key(args)
+        entry = self.replays.get(key)
+        if entry is None:
+            self.replays[key] = "warm"
+            return self._run(state, args)
+        if isinstance(entry, str):
+            mutated = _analyse(self.graph_module, args)[0]
+            if mutated - self.static:
+                reason = f"mutated inputs ({len(mutated - self.static)} instances)"
+                self.skipped.append(reason)
+                # where inductor counts the graphs its cudagraph trees skip
+                torch_internals.lazy_module("dynamo_utils").counters["inductor"]["cudagraph_skips"] += 1
+                self.replays[key] = reason
+                return self._run(state, args)
+            entry = self.replays[key] = _Replay.capture(self, state, args)
+        if isinstance(entry, str):
+            return self._run(state, args)
+        return entry.replay(args)
+
+    def _run(self, state, args):
+        if self.opaque and (state.streams_tracking is not None or state.capturing()):
+            out = self._as_op(state, args)
+        else:
+            with _on_device(state):
+                out = self.compiled(*args)
+        for t in out if isinstance(out, (tuple, list)) else (out,):
+            if isinstance(t, torch.Tensor):
+                state.memory.mark_device(t)
+        return out
+
+    # --- one op per input layout -------------------------------------------------------------
+
+    def _as_op(self, state, args):
+        tensors = [a for a in args if isinstance(a, torch.Tensor)]
+        if torch.is_grad_enabled() and any(t.requires_grad for t in tensors):
+            raise CompiledGraphError(
+                f"a compiled graph ({self.name}) that autograd must differentiate runs under stream "
+                f"tracking or a capture on the emulated CUDA device: its kernels are opaque to the "
+                f"device, which runs them as one op without a backward; run it under "
+                f"torch.no_grad(), or with races='off' outside a capture")
+        key = _key(args)
+        call = self.calls.get(key)
+        if call is None:
+            call = self.calls[key] = self._define(state, args)
+        results = iter(call.op(*tensors))
+        return call.sequence(next(results) if isinstance(o, TensorLayout) else o
+                             for o in call.outputs)
+
+    def _define(self, state, args) -> GraphCall:
+        mutated, outputs, sequence = _analyse(self.graph_module, args)
+        tensor_positions = [i for i, a in enumerate(args) if isinstance(a, torch.Tensor)]
+        name = f"{self.name}_{len(self.calls)}"
+        params = ", ".join(f"Tensor(a{n}!) t{n}" if i in mutated else f"Tensor t{n}"
+                           for n, i in enumerate(tensor_positions))
+        lib = _library()
+        lib.define(f"{name}({params}) -> Tensor[]")
+        template = list(args)
+        compiled = self.compiled
+        fresh = [o for o in outputs if isinstance(o, TensorLayout)]
+
+        def run(*tensors):
+            call_args = list(template)
+            for i, t in zip(tensor_positions, tensors):
+                call_args[i] = t
+            with _on_device(state):
+                out = compiled(*call_args)
+            return [t for t in out if isinstance(t, torch.Tensor)]
+
+        def fake(*tensors):
+            device = tensors[0].device if tensors else torch.device("meta")
+            return [torch.empty_strided(o.size, o.stride, dtype=o.dtype, device=device)
+                    for o in fresh]
+
+        lib.impl(name, run, "CPU")
+        lib.impl(name, fake, "Meta")
+        torch.library.register_fake(f"{_LIBRARY_NAME}::{name}", fake, lib=lib)
+        op = getattr(getattr(torch.ops, _LIBRARY_NAME), name).default
+        return GraphCall(op, outputs, sequence)
+
+
+def _key(args) -> tuple:
+    return tuple(TensorLayout.of(a) if isinstance(a, torch.Tensor) else (type(a), a) for a in args)
+
+
+class _Replay:
+    """One captured input layout of a reduce-overhead graph."""
+
+    def __init__(self, graph, inputs: list, outputs, copied: list[int]) -> None:
+        self.graph, self.inputs, self.outputs, self.copied = graph, inputs, outputs, copied
+
+    @staticmethod
+    def capture(device_graph: DeviceGraph, state, args) -> "_Replay":
+        copied = [i for i, a in enumerate(args)
+                  if isinstance(a, torch.Tensor) and i not in device_graph.static]
+        inputs = list(args)
+        for i in copied:
+            inputs[i] = args[i].clone()
+        if not hasattr(device_graph, "pool"):
+            device_graph.pool = torch.cuda.graph_pool_handle()
+        graph = torch.cuda.CUDAGraph()
+        stream = torch.cuda.Stream()
+        stream.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.graph(graph, pool=device_graph.pool, stream=stream):
+            outputs = device_graph(*inputs)
+        torch.cuda.current_stream().wait_stream(stream)
+        return _Replay(graph, inputs, outputs, copied)
+
+    def replay(self, args):
+        for i in self.copied:
+            if args[i] is not self.inputs[i]:
+                self.inputs[i].copy_(args[i])
+        self.graph.replay()
+        return self.outputs
+
+
+def _analyse(graph_module, args) -> tuple[frozenset, tuple, type]:
+    """Run the graph on fake tensors: which inputs it writes, what it returns."""
+    from torch.multiprocessing.reductions import StorageWeakRef
+
+    with torch_internals.disable_current_modes(), torch_internals.DisableTorchFunction():
+        mode = torch_internals.fake_tensor_mode(allow_non_fake_inputs=True)
+        with mode:
+            fakes = [torch.empty_strided(a.size(), a.stride(), dtype=a.dtype)
+                     .as_strided(a.size(), a.stride(), a.storage_offset())
+                     if isinstance(a, torch.Tensor) else a for a in args]
+        versions = [f._version if isinstance(f, torch.Tensor) else None for f in fakes]
+        with mode, torch_internals.DisableTorchFunction():
+            out = graph_module(*fakes)
+    sequence = list if isinstance(out, list) else tuple
+    out = out if isinstance(out, (tuple, list)) else (out,)
+    inputs = {StorageWeakRef(f.untyped_storage()): i for i, f in enumerate(fakes)
+              if isinstance(f, torch.Tensor)}
+    outputs = []
+    for o in out:
+        if not isinstance(o, torch.Tensor):
+            outputs.append(o)
+            continue
+        if StorageWeakRef(o.untyped_storage()) in inputs:
+            raise CompiledGraphError(
+                f"a compiled graph returns a view of its input {inputs[StorageWeakRef(o.untyped_storage())]} "
+                f"under stream tracking or a capture on the emulated CUDA device, which runs the "
+                f"graph as one op whose results are fresh tensors; return a copy (.clone()) or "
+                f"call it with races='off' outside a capture")
+        outputs.append(TensorLayout.of(o))
+    mutated = frozenset(i for i, (f, v) in enumerate(zip(fakes, versions))
+                        if isinstance(f, torch.Tensor) and f._version != v)
+    return mutated, tuple(outputs), sequence
+
+
+@contextlib.contextmanager
+def _on_device(state):
+    """The graph's own code runs with the placement mode off the stack, its factories counted as
+    device memory (a capture's recorder asks that)."""
+    from harness.emulation.backward import put_back_function_mode, remove_function_mode
+
+    memory, placement = state.memory, state.placement
+    stack = _get_current_function_mode_stack()
+    index = next((i for i, m in enumerate(stack) if m is placement), None)
+    previous, memory.call_on_device = memory.call_on_device, True
+    if index is not None:
+        remove_function_mode(placement)
+    try:
+        yield
+    finally:
+        memory.call_on_device = previous
+        if index is not None:
+            put_back_function_mode(placement, index)
+
+
+def _refuse_cuda_autocast(gm) -> None:
+    """The device's autocast casts at each torch call (autocast.py); inside a compiled graph the
+    ops are aten ops on cpu tensors, which CUDA's autocast lists would not reach, so the graph
+    would run in float32 where CUDA runs float16. Refused rather than computed differently."""
+    inside = any(node.op == "call_function" and getattr(node.target, "__name__", "") ==
+                 "_enter_autocast" and node.args and node.args[0] == "cuda"
+                 for node in gm.graph.nodes)
+    if inside or torch.is_autocast_enabled("cuda"):
+        raise CompiledGraphError(
+            "torch.autocast('cuda') " + ("inside" if inside else "around") + " a torch.compile'd "
+            "function on the emulated CUDA device: the device casts at each eager torch call, and "
+            "a compiled graph's ops are not cast, so it would compute in float32 where CUDA casts "
+            "to the autocast dtype; cast explicitly (.half(), .to(dtype)) inside the compiled code, "
+            "or run that part eagerly")
+
+
+def _wants_cudagraphs(compiler_fn) -> bool:
+    """mode="reduce-overhead" (or options={"triton.cudagraphs": True}): inductor's wrapper holds it
+    in its config, applied only while it compiles."""
+    fn = getattr(compiler_fn, "compiler_fn", compiler_fn)
+    fn = getattr(fn, "_torchdynamo_orig_backend", fn)
+    config = getattr(fn, "config", None)
+    if isinstance(config, dict) and "triton.cudagraphs" in config:
+        return bool(config["triton.cudagraphs"])
+    return False
+
+
+def _backend_name(compiler_fn) -> str:
+    fn = getattr(compiler_fn, "compiler_fn", compiler_fn)  # dynamo's WrapBackendDebug
+    fn = getattr(fn, "_torchdynamo_orig_backend", fn)
+    name = getattr(fn, "compiler_name", None) or getattr(fn, "__name__", None)
+    if name is None:  # aot_autograd(...) backends: an object holding its forward compiler
+        inner = getattr(fn, "kwargs", {}).get("fw_compiler")
+        name = "aot_" + getattr(inner, "__name__", type(fn).__name__)
+        if name == "aot_nop" or name == "aot_boxed_nop":
+            name = "aot_eager"
+    return str(name)
+
+
+def user_compiler_on_device(original):
+    """A replacement for dynamo's `OutputGraph.call_user_compiler` (what hands each graph to the
+    backend): the backend compiles with torch's own CUDA answers, and the graph it returns runs
+    as a `DeviceGraph`."""
+    from harness.emulation.active import emulation_active
+
+    real_is_available = torch.cuda.is_available
+
+    def call_user_compiler(self, gm, example_inputs):
+        if emulation_active() != "cpu":
+            return original(self, gm, example_inputs)
+        _refuse_cuda_autocast(gm)
+        with _torchs_own_cuda(real_is_available):
+            compiled = original(self, gm, example_inputs)
+        return DeviceGraph(compiled, gm, _backend_name(self.compiler_fn),
+                           cudagraphs=_wants_cudagraphs(self.compiler_fn))
+
+    return call_user_compiler
+
+
+@contextlib.contextmanager
+def _torchs_own_cuda(real_is_available):
+    emulated = torch.cuda.is_available
+    torch.cuda.is_available = real_is_available
+    try:
+        yield
+    finally:
+        torch.cuda.is_available = emulated
+
+
+def compile_patches(state) -> list[tuple[Any, str, Any]]:
+    """The (owner, name, replacement) entries cuda_api.patches() adds for torch.compile."""
+    OutputGraph = torch_internals.lazy_module("dynamo_output_graph").OutputGraph
+
+    clear_triton_answer()
+    return [(OutputGraph, "call_user_compiler", user_compiler_on_device(
+        OutputGraph.call_user_compiler))]
+
+
+def clear_triton_answer() -> None:
+    """torch caches whether Triton can run; an answer given inside the emulation must not outlive
+    it (nor one from before decide inside it)."""
+    _triton = torch_internals.lazy_module("triton_utils")
+    cache_clear = getattr(getattr(_triton, "has_triton", None), "cache_clear", None)
+    if cache_clear is not None:
+        cache_clear()
+
+
+
+def keep_dynamo_out() -> None:
+    """Dynamo's code for a compiled function runs inside its frame callback, which takes every
+    Python frame called from there for user code to compile; its guards on the current stream call
+    `torch.accelerator.current_stream`, which is the device's. The device's own code (every module
+    of harness.emulation and harness.graphs.emulator) is the driver, not user code: its frames run
+    as plain Python (compiled as frames of their own, their stream guards would call them again
+    without end). Dynamo still inlines them where compiled code calls them."""
+    import sys
+    import types
+
+    skip_code = getattr(torch_internals.lazy_module("dynamo_eval_frame"), "skip_code", None)
+    if skip_code is None:
+        return
+    codes: list = []
+    for name, module in list(sys.modules.items()):
+        if module is None or not name.startswith(("harness.emulation", "harness.graphs.emulator")):
+            continue
+        for value in vars(module).values():
+            for fn in (vars(value).values() if isinstance(value, type) else (value,)):
+                fn = getattr(fn, "__func__", fn)
+                if isinstance(fn, types.FunctionType) and fn.__module__ == name:
+                    codes.append(fn.__code__)
+    while codes:
+        code = codes.pop()
+        skip_code(code)
+        codes.extend(c for c in code.co_consts if isinstance(c, types.CodeType))

@@ -1,0 +1,103 @@
+"""`torch.autocast("cuda")` on the emulated CUDA device casts as CUDA's autocast does, its weight
+cast cache included (the cache a public capture bug relies on)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from harness.graphs.base import FreedMemoryError
+
+
+def test_matmuls_run_in_the_autocast_dtype_and_softmax_in_float32(cuda_device):
+    x = torch.randn(4, 8, device="cuda")
+    layer = torch.nn.Linear(8, 8).cuda()
+    with torch.autocast("cuda"):
+        assert torch.is_autocast_enabled("cuda") and torch.get_autocast_dtype("cuda") == torch.float16
+        hidden = layer(x)
+        assert hidden.dtype == (x @ x.T).dtype == torch.mm(x, x.T).dtype == torch.float16
+        assert hidden.is_cuda
+        assert F.softmax(hidden, -1).dtype == hidden.sum().dtype == torch.float32
+        assert torch.layer_norm(hidden, (8,)).dtype == hidden.exp().dtype == torch.float32
+        assert torch.cat([x, hidden]).dtype == torch.float32  # the widest input
+        assert hidden.relu().dtype == torch.float16  # not on a list: runs as given
+        host = torch.randn(2, 2)
+        assert (host @ host).dtype == torch.float32  # cuda's autocast leaves host tensors alone
+    with torch.autocast("cuda", dtype=torch.bfloat16):
+        assert layer(x).dtype == torch.bfloat16
+        with torch.autocast("cuda", enabled=False):
+            assert layer(x).dtype == torch.float32
+    with pytest.warns(FutureWarning), torch.cuda.amp.autocast():
+        assert layer(x).dtype == torch.float16
+    assert not torch.is_autocast_enabled("cuda") and layer(x).dtype == torch.float32
+
+
+def test_autocast_casts_are_differentiable_device_ops(cuda_device):
+    layer = torch.nn.Linear(8, 4).cuda()
+    with torch.autocast("cuda"):
+        loss = layer(torch.randn(2, 8, device="cuda")).float().sum()
+    loss.backward()
+    assert layer.weight.grad.is_cuda and layer.weight.grad.dtype == torch.float32
+
+
+def _captured_under_one_autocast_region(cache_enabled: bool):
+    """The public bug: warm-up and capture inside one autocast region, so the capture reads the
+    weight casts the warm-up cached instead of casting; the region's exit frees them, and an
+    optimizer step changes the weight the graph no longer reads."""
+    torch.manual_seed(0)
+    layer = torch.nn.Linear(8, 8).cuda()
+    x = torch.randn(4, 8, device="cuda")
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    graph = torch.cuda.CUDAGraph()
+    with torch.autocast("cuda", cache_enabled=cache_enabled):
+        with torch.cuda.stream(stream):
+            layer(x)  # warm-up
+        torch.cuda.current_stream().wait_stream(stream)
+        with torch.cuda.graph(graph, stream=stream):
+            out = layer(x)
+    with torch.no_grad():
+        layer.weight.add_(1.0)
+    with torch.autocast("cuda"):
+        expected = layer(x)
+    return graph, out, expected, (layer, x)  # the graph's inputs live as long as it
+
+
+def test_a_weight_cast_cached_before_capture_is_caught_at_replay(cuda_device):
+    graph, out, expected, _inputs = _captured_under_one_autocast_region(cache_enabled=True)
+    assert out.dtype == expected.dtype == torch.float16
+    # On CUDA the replay reads the freed casts of the old weight; the device names the memory.
+    with pytest.raises(FreedMemoryError, match=r"torch.float16 .* was allocated outside the graph"):
+        graph.replay()
+
+
+def test_without_the_cast_cache_the_capture_casts_the_weight_at_each_replay(cuda_device):
+    graph, out, expected, _inputs = _captured_under_one_autocast_region(cache_enabled=False)
+    graph.replay()
+    torch.testing.assert_close(out, expected)
+
+
+def test_autocast_around_or_inside_compiled_code_is_refused_by_name(cuda_device):
+    from harness.emulation.compiled import CompiledGraphError
+
+    torch._dynamo.reset()
+    x = torch.randn(2, 2, device="cuda")
+
+    def inside(t):
+        with torch.autocast("cuda"):
+            return t @ t
+
+    with pytest.raises(Exception, match="torch.autocast\\('cuda'\\) inside a torch.compile'd") as inner:
+        torch.compile(inside)(x)
+    with torch.autocast("cuda"), pytest.raises(Exception, match="around a torch.compile'd") as outer:
+        torch.compile(lambda t: t @ t)(x)
+    for raised in (inner, outer):  # dynamo wraps a backend's error; the named one is its cause
+        assert any(isinstance(e, CompiledGraphError) for e in _chain(raised.value))
+    torch._dynamo.reset()
+
+
+def _chain(error):
+    while error is not None:
+        yield error
+        error = error.__cause__ or error.__context__
