@@ -7,7 +7,7 @@ profile loaded, no torch imported, no thread count changed, no test skipped and 
 
 One job a module: options.py (options, ini keys, refusals), markers.py, hypothesis_profiles.py,
 emulation_session.py (--emulate-cuda), planted_fault.py (--plant-fault), repro_files.py,
-fixtures.py. The hooks below only put them in order.
+fixtures.py, torch_trace_log.py (pytest's log capture kept off torch's trace logger). The hooks below only put them in order.
 """
 
 from __future__ import annotations
@@ -25,6 +25,7 @@ from harness.pytest_plugin.options import (
 )
 from harness.pytest_plugin.planted_fault import check_fault_option
 from harness.pytest_plugin.repro_files import ScenarioSlot, repro_scenario
+from harness.pytest_plugin.torch_trace_log import detach_pytest_handlers
 
 __all__ = ["PROFILES", "ScenarioSlot", "check_backend_option", "check_fault_option", "device",
            "graph_backend", "repro_scenario", "uses_harness", "uses_harness_by_configuration"]
@@ -87,10 +88,27 @@ def pytest_report_header(config: pytest.Config) -> list[str]:
     return emulation_session.header(config)
 
 
-@pytest.hookimpl(wrapper=True)
+# trylast: inside pytest's logging wrappers, once they have attached their handlers.
+@pytest.hookimpl(wrapper=True, trylast=True)
+def pytest_runtest_setup(item: pytest.Item):
+    if item.config.stash.get(_in_use, False):
+        detach_pytest_handlers()
+    return (yield)
+
+
+@pytest.hookimpl(wrapper=True, trylast=True)
+def pytest_runtest_teardown(item: pytest.Item, nextitem):
+    if item.config.stash.get(_in_use, False):
+        detach_pytest_handlers()
+    return (yield)
+
+
+@pytest.hookimpl(wrapper=True, trylast=True)
 def pytest_runtest_call(item: pytest.Item):
     """Under --emulate-cuda, a strict race found when the test's tensors were freed fails that
     test (a finalizer cannot raise; without this, the next test's first device op would)."""
+    if item.config.stash.get(_in_use, False):
+        detach_pytest_handlers()
     if not emulation_session.active(item.config):
         return (yield)
     try:
