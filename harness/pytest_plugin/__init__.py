@@ -7,7 +7,8 @@ profile loaded, no torch imported, no thread count changed, no test skipped and 
 
 One job a module: options.py (options, ini keys, refusals), markers.py, hypothesis_profiles.py,
 emulation_session.py (--emulate-cuda), planted_fault.py (--plant-fault), repro_files.py,
-fixtures.py, torch_trace_log.py (pytest's log capture kept off torch's trace logger). The hooks below only put them in order.
+fixtures.py, junit_part.py (one JUnit path under `harness run`), torch_trace_log.py (pytest's
+log capture kept off torch's trace logger). The hooks below only put them in order.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ import os
 
 import pytest
 
-from harness.pytest_plugin import emulation_session, markers, planted_fault, repro_files
+from harness.pytest_plugin import emulation_session, junit_part, markers, planted_fault, repro_files
 from harness.pytest_plugin.fixtures import device, graph_backend
 from harness.pytest_plugin.hypothesis_profiles import PROFILES
 from harness.pytest_plugin.hypothesis_profiles import configure as configure_profiles
@@ -127,6 +128,11 @@ def pytest_unconfigure(config: pytest.Config) -> None:
     emulation_session.leave(config)
 
 
+@pytest.hookimpl(specname="pytest_unconfigure", tryfirst=True)
+def pytest_unconfigure_junit_part(config: pytest.Config) -> None:
+    junit_part.restore(config)
+
+
 @pytest.hookimpl(tryfirst=True)
 def pytest_sessionstart(session: pytest.Session) -> None:
     planted_fault.plant(session.config)
@@ -134,6 +140,17 @@ def pytest_sessionstart(session: pytest.Session) -> None:
 
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     planted_fault.finish(session, exitstatus)
+
+
+# A second sessionfinish impl (specname; pytest reads only names starting pytest_). trylast:
+# inside the terminal reporter's wrapper, which prints the summary after its yield; by
+# then the JUnit writer (not a wrapper) has written the file.
+@pytest.hookimpl(specname="pytest_sessionfinish", wrapper=True, trylast=True)
+def pytest_sessionfinish_junit_part(session: pytest.Session, exitstatus: int):
+    result = yield
+    if session.config.getoption("junit_part_of_run", default=False):
+        junit_part.silence(session.config)
+    return result
 
 
 @pytest.hookimpl(optionalhook=True)

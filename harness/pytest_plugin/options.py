@@ -80,6 +80,11 @@ def add_options(parser: pytest.Parser) -> None:
         help=f"where a failing test of a harness session writes its reproduction file <test id>.json, "
              f"relative to the rootdir (default: {DEFAULT_REPRO_DIR}); 'none' writes nothing",
     )
+    group.addoption(
+        "--junit-part-of-run", action="store_true", default=False,
+        help="this session's --junitxml file is one part of a `harness run`, which prints the "
+             "merged file: pytest's own line naming the part is left out",
+    )
     parser.addini(USE_INI, type="bool", default=False,
                   help="use the harness in every session of this project (its Hypothesis profile "
                        "ci by default, one torch thread per xdist worker, reproduction files, and "

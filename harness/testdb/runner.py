@@ -89,7 +89,7 @@ def available_cpus() -> int:
 def pytest_command(invocation: Invocation, *, backend: str, junit: Path, workers: int,
                    extra_args: tuple[str, ...] = ()) -> list[str]:
     cmd = [sys.executable, "-m", "pytest", *(line.test for line in invocation.lines),
-           f"--graph-backend={backend}", f"--junitxml={junit}"]
+           f"--graph-backend={backend}", f"--junitxml={junit}", "--junit-part-of-run"]
     if invocation.keyword is not None:
         cmd += ["-k", invocation.keyword]
     if invocation.marker is not None:

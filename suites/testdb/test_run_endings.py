@@ -83,3 +83,26 @@ def test_harness_run_sent_sigint_after_its_tests_finished_says_passed(tmp_path):
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "[harness] SIGINT came after every test had finished; nothing was cut" in proc.stdout
     assert "interrupted" not in proc.stdout and "STOPPED" not in proc.stdout
+
+
+def test_a_run_prints_one_junit_path_the_merged_file(tmp_path, capfd):
+    (tmp_path / "tests").mkdir()
+    (tmp_path / "tests" / "test_x.py").write_text("def test_x():\n    pass\n")
+    test_list = TestList("mine", "mine.yml", (Block(Condition(), (parse_line("tests"),)),))
+    assert run_list(test_list, CPU, root=tmp_path, results_dir=tmp_path / "results",
+                    extra_args=("-p", "no:cacheprovider")) == 0
+    out = capfd.readouterr().out
+    assert "generated xml file" not in out, out
+    # Besides the command each run echoes (its --junitxml part), one path: the merged file.
+    assert [line for line in out.splitlines() if ".xml" in line and not line.startswith("[harness] run ")] == [
+        f"[harness] JUnit XML: {tmp_path / 'results' / 'mine.xml'}"]
+    assert (tmp_path / "results" / "mine" / "1.xml").is_file()  # the part is still written
+
+
+def test_harness_names_an_unknown_flag_before_the_verb(capsys):
+    from harness.cli import main
+
+    assert main(["--bogus"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("harness: unknown option --bogus; a verb comes first: harness VERB"), err
+    assert "run, testdb" in err and "\n" not in err
