@@ -61,6 +61,7 @@ def test_command_line_options_size_name_and_count_the_emulated_device(project):
                       "count": 2, "device": "cuda:0"}
 
 
+@pytest.mark.slow  # subprocesses that import torch: nightly_cpu runs it
 def test_ini_keys_set_the_device_and_the_command_line_wins(project):
     without_cuda()
     (project / "pytest.ini").write_text("[pytest]\nemulate_cuda = true\nemulate_cuda_memory = 4GiB\n"

@@ -108,6 +108,7 @@ def test_a_foreign_session_with_its_own_slow_and_gpu_markers_is_unchanged(foreig
     assert tree(with_harness) == tree(without)  # no repro/ folder, nothing else written
 
 
+@pytest.mark.slow  # subprocesses that import torch: nightly_cpu runs it
 def test_the_harness_gpu_marker_acts_in_a_foreign_project(foreign_projects):
     project, _ = foreign_projects
     (project / "test_marked.py").write_text(HARNESS_MARKED)

@@ -71,6 +71,7 @@ def pytest_sessionfinish(session):
 '''
 
 
+@pytest.mark.slow  # subprocesses that import torch: nightly_cpu runs it
 def test_harness_run_sent_sigint_after_its_tests_finished_says_passed(tmp_path):
     (tmp_path / "tests").mkdir()
     (tmp_path / "tests" / "test_x.py").write_text("def test_x():\n    pass\n")
