@@ -13,7 +13,7 @@ from harness.cli_support import (
     OneLineParser, UsageError, positive_int, read_json, report_usage_error, require_backend,
 )
 from harness.testdb.commands import (
-    cmd_check, cmd_lists, cmd_render, cmd_run, machine_options, project_options,
+    cmd_check, cmd_lists, cmd_render, cmd_run, emulation_options, machine_options, project_options,
 )
 from harness.pytest_plugin import PROFILES as HYPOTHESIS_PROFILES
 from harness.records import BACKENDS
@@ -270,6 +270,7 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--hypothesis-profile", choices=HYPOTHESIS_PROFILES,
                      help="Hypothesis profile for every pytest run (default: ci)")
     run.add_argument("--hypothesis-seed", type=int, help="Hypothesis seed for every pytest run")
+    emulation_options(run)
     run.add_argument("--json", type=Path, metavar="FILE",
                      help="also write the summary (suites, failed tests, reproduction files, skips by "
                           "reason, what a signal cut) as JSON to FILE")
@@ -355,7 +356,11 @@ def build_parser() -> argparse.ArgumentParser:
                        "for its options")
     bench.add_argument("bench_args", nargs=argparse.REMAINDER)
     bench.set_defaults(func=cmd_bench)
+    parser.verb_names = tuple(verbs.choices)
     return parser
+
+
+TOP_LEVEL_OPTIONS = ("-h", "--help", "--version")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -365,8 +370,14 @@ def main(argv: list[str] | None = None) -> int:
     if argv[:1] == ["run"] and "--" in argv:
         cut = argv.index("--")
         argv, pytest_args = argv[:cut], argv[cut + 1:]
+    parser = build_parser()
+    if argv and argv[0].startswith("-") and argv[0] not in TOP_LEVEL_OPTIONS:
+        # argparse would first complain that the verb is missing and never name the flag.
+        print(f"harness: unknown option {argv[0]}; a verb comes first: harness VERB [options], "
+              f"VERB one of {', '.join(parser.verb_names)} (see harness --help)", file=sys.stderr)
+        return 2
     try:
-        args = build_parser().parse_args(argv)
+        args = parser.parse_args(argv)
     except SystemExit as stop:  # --help, --version, or a usage error already printed
         return stop.code if isinstance(stop.code, int) else 2
     args.pytest_args = pytest_args

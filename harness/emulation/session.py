@@ -84,12 +84,14 @@ def emulate_cuda(device: str = "auto", *, schedule: str = "issue_order", races: 
         raise ValueError(f"emulate_cuda(schedule={schedule!r}); accepted: {', '.join(SCHEDULES)}")
     if races not in RACE_MODES:
         raise ValueError(f"emulate_cuda(races={races!r}); accepted: {', '.join(RACE_MODES)}")
+    kind = "cuda" if device == "cuda" or (device == "auto" and torch.cuda.is_available()) else "cpu"
+    if kind == "cuda":
+        _refuse_sanitizer_options(schedule, races, options)
     if _INHERITED:
         _INHERITED.pop().__exit__(None, None, None)  # an explicit emulation takes its place
     _refuse_bad_use(device)
     torch_internals.check()  # a torch that moved a private name fails here, not with wrong answers
     properties = _properties(options)
-    kind = "cuda" if device == "cuda" or (device == "auto" and torch.cuda.is_available()) else "cpu"
     with contextlib.ExitStack() as stack:
         if kind == "cpu":
             state = _enter_cpu(properties, stack, schedule, races)
@@ -104,6 +106,19 @@ def emulate_cuda(device: str = "auto", *, schedule: str = "issue_order", races: 
             state = enter_sanitizer(stack)
         stack.enter_context(in_force(state))
         yield state
+
+
+def _refuse_sanitizer_options(schedule: str, races: str, options: dict) -> None:
+    """On a real GPU emulate_cuda() is the graph sanitizer: the GPU schedules its own streams,
+    races are not tracked and the device is the GPU itself, so these settings would do nothing."""
+    given = [f"{key}={value!r}" for key, value, default in
+             (("schedule", schedule, "issue_order"), ("races", races, "strict")) if value != default]
+    given += [f"{key}={value!r}" for key, value in options.items()]
+    if given:
+        raise ValueError(f"emulate_cuda({', '.join(given)}) on a real GPU: the graph sanitizer runs "
+                         f"there, and the stream schedule, race tracking and device properties "
+                         f"belong to the emulated device only; drop them, or enter "
+                         f"emulate_cuda(device='cpu') before any CUDA work for the emulated device")
 
 
 def enter_inherited(options: dict) -> None:

@@ -62,7 +62,45 @@ def cmd_run(args) -> int:
     if args.hypothesis_seed is not None:
         extra += ["--hypothesis-seed", str(args.hypothesis_seed)]
     return run_list(test_list, _machine(args), root=root, results_dir=(args.results or root / "results").resolve(),
-                    extra_args=tuple(extra), json_path=args.json)
+                    extra_args=tuple(extra), json_path=args.json, device=device_override(args))
+
+
+def emulation_options(parser: argparse.ArgumentParser) -> None:
+    from harness.device_options import RACE_MODES, SCHEDULES
+
+    group = parser.add_argument_group(
+        "the emulated CUDA device (a list's block states it with an emulate_cuda field; these win)")
+    group.add_argument("--emulate-cuda", action="store_true",
+                       help="run every line under the emulated CUDA device (pytest --emulate-cuda)")
+    group.add_argument("--emulate-cuda-memory", metavar="SIZE",
+                       help="its total memory, e.g. 8GiB (default: an H200's 141 GB)")
+    group.add_argument("--emulate-cuda-name", metavar="NAME", help="its device name")
+    group.add_argument("--emulate-cuda-count", metavar="N", help="how many devices (default 1)")
+    group.add_argument("--cuda-schedule", choices=SCHEDULES, help="its stream schedule")
+    group.add_argument("--cuda-races", choices=RACE_MODES, help="its race mode")
+
+
+def device_override(args):
+    """The emulated device `harness run` was told about; the options given replace the list's."""
+    from harness.device_options import (
+        RACE_MODES, SCHEDULES, DeviceOptionError, DeviceOverride, EmulatedDevice, parse_choice,
+        parse_count, parse_size,
+    )
+
+    parsers = {"emulate_cuda_memory": ("total_memory", parse_size),
+               "emulate_cuda_name": ("name", lambda v, where: v),
+               "emulate_cuda_count": ("device_count", parse_count),
+               "cuda_schedule": ("schedule", lambda v, where: parse_choice(v, SCHEDULES, where=where)),
+               "cuda_races": ("races", lambda v, where: parse_choice(v, RACE_MODES, where=where))}
+    fields = {}
+    try:
+        for dest, (field, parse) in parsers.items():
+            value = getattr(args, dest, None)
+            if value is not None:
+                fields[field] = parse(value, where="--" + dest.replace("_", "-"))
+    except DeviceOptionError as error:
+        raise UsageError(str(error)) from None
+    return DeviceOverride(EmulatedDevice(**fields), tuple(fields), bool(getattr(args, "emulate_cuda", False)))
 
 
 def cmd_render(args) -> int:

@@ -2,17 +2,19 @@
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 from typing import Any
 
 import yaml
 
+from harness.device_options import DeviceOptionError, device_from_mapping
 from harness.testdb.schema import (
     RANGE_KEYS, TERM_VALUES, WILDCARD_KEYS, Block, Condition, Range, TestDbError, TestList, parse_line,
 )
 
 CONDITION_KEYS = ("ranges", "wildcards", "terms")
-BLOCK_KEYS = ("condition", "tests")
+BLOCK_KEYS = ("condition", "tests", "emulate_cuda")
 
 
 def project_root(start: Path | None = None) -> Path:
@@ -87,7 +89,14 @@ def _block(data: Any, where: str) -> Block:
             lines.append(parse_line(text))
         except TestDbError as err:
             raise TestDbError(f"{where}, test {i + 1}: {err}") from None
-    return Block(condition=_condition(data.get("condition") or {}, f"{where}: condition"), tests=tuple(lines))
+    try:
+        emulation = device_from_mapping(data.get("emulate_cuda"), where=f"{where}: emulate_cuda")
+    except DeviceOptionError as err:
+        raise TestDbError(str(err)) from None
+    if emulation is not None:  # each line carries it, so `harness run` groups and passes it
+        lines = [dataclasses.replace(line, emulation=emulation) for line in lines]
+    return Block(condition=_condition(data.get("condition") or {}, f"{where}: condition"),
+                 tests=tuple(lines), emulation=emulation)
 
 
 def _condition(data: Any, where: str) -> Condition:

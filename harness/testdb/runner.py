@@ -6,6 +6,7 @@ process); each line with a TIMEOUT runs in a process of its own, killed when its
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import importlib.util
 import os
@@ -18,6 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
+from harness.device_options import DeviceOverride, EmulatedDevice
 from harness.testdb.matching import Machine, select
 from harness.testdb.processes import StopRequest, execute, stopping_on_signals
 from harness.testdb.render import nothing_selected
@@ -37,17 +39,27 @@ class Invocation:
     keyword: str | None = None
     marker: str | None = None
     timeout: float | None = None
+    emulation: EmulatedDevice | None = None  # run under --emulate-cuda with this device
 
 
 def plan(lines: list[TestLine]) -> list[Invocation]:
-    groups: dict[tuple[str | None, str | None], list[TestLine]] = {}
+    """Lines sharing their filters and emulated device share a process (each of those is global
+    to a pytest session); a line with a TIMEOUT has one of its own."""
+    groups: dict[tuple, list[TestLine]] = {}
     timed = []
     for line in lines:
         if line.timeout is not None:
-            timed.append(Invocation((line,), line.keyword, line.marker, line.timeout))
+            timed.append(Invocation((line,), line.keyword, line.marker, line.timeout, line.emulation))
         else:
-            groups.setdefault((line.keyword, line.marker), []).append(line)
-    return [Invocation(tuple(g), keyword, marker) for (keyword, marker), g in groups.items()] + timed
+            groups.setdefault((line.keyword, line.marker, line.emulation), []).append(line)
+    return [Invocation(tuple(g), keyword, marker, None, emulation)
+            for (keyword, marker, emulation), g in groups.items()] + timed
+
+
+def missing_paths(lines: list[TestLine], root: Path) -> list[TestLine]:
+    """The lines whose file or folder is not under `root`: pytest would stop their whole process
+    with a usage error, so they are reported and left out instead."""
+    return [line for line in lines if not (root / line.path).exists()]
 
 
 def estimate_test_count(lines: tuple[TestLine, ...], root: Path) -> int:
@@ -77,11 +89,13 @@ def available_cpus() -> int:
 def pytest_command(invocation: Invocation, *, backend: str, junit: Path, workers: int,
                    extra_args: tuple[str, ...] = ()) -> list[str]:
     cmd = [sys.executable, "-m", "pytest", *(line.test for line in invocation.lines),
-           f"--graph-backend={backend}", f"--junitxml={junit}"]
+           f"--graph-backend={backend}", f"--junitxml={junit}", "--junit-part-of-run"]
     if invocation.keyword is not None:
         cmd += ["-k", invocation.keyword]
     if invocation.marker is not None:
         cmd += ["-m", invocation.marker]
+    if invocation.emulation is not None:
+        cmd += invocation.emulation.pytest_args()
     if workers and not decides_xdist(extra_args):
         cmd += ["-n", str(workers)]
     return cmd + list(extra_args)
@@ -102,15 +116,25 @@ def decides_xdist(extra_args: tuple[str, ...]) -> bool:
 
 def run_list(test_list: TestList, machine: Machine, *, root: Path, results_dir: Path,
              extra_args: tuple[str, ...] = (), log: Callable[[str], None] | None = None,
-             json_path: Path | None = None) -> int:
+             json_path: Path | None = None, device: DeviceOverride = DeviceOverride()) -> int:
     """Run the lines of `test_list` that apply to `machine`, with pytest rooted at `root`; 0 when
-    everything passed, 1 otherwise, 128 + the signal's number when SIGINT or SIGTERM stopped it."""
+    everything passed, 1 otherwise, 128 + the signal's number when SIGINT or SIGTERM cut it.
+    `device` puts lines under the emulated device, or changes the device a list gave them."""
     # Flushed, so that our lines land in order among the output of the pytest processes.
     log = log or functools.partial(print, flush=True)
     lines = select(test_list, machine)
     if not lines:
         raise TestDbError(nothing_selected(test_list, machine))
-    invocations = plan(lines)
+    lines = [dataclasses.replace(line, emulation=device.apply(line.emulation)) for line in lines]
+    if device.given and not any(line.emulation for line in lines):
+        raise TestDbError(f"--{device.given[0].replace('_', '-')}: no line of list {test_list.name!r} "
+                          f"runs under the emulated device; add --emulate-cuda, or an emulate_cuda "
+                          f"field to the list's block")
+    missing = missing_paths(lines, root)
+    for line in missing:
+        log(f"[harness] MISSING {line.path}: no such file or folder under {root}; "
+            f"skipping the line {line}")
+    invocations = plan([line for line in lines if line not in missing])
     parts_dir = results_dir / test_list.name
     shutil.rmtree(parts_dir, ignore_errors=True)
     parts_dir.mkdir(parents=True)
@@ -128,7 +152,7 @@ def run_list(test_list: TestList, machine: Machine, *, root: Path, results_dir: 
             outcomes.append(_run_one(i, len(invocations), invocation, machine, root, junit, extra_args, stop, log))
         return report(outcomes, test_list=test_list, machine=machine, root=root,
                       merged=results_dir / f"{test_list.name}.xml", wall=time.monotonic() - started,
-                      stopped_by=stop.signum, json_path=json_path, log=log)
+                      stopped_by=stop.signum, json_path=json_path, log=log, missing=tuple(missing))
 
 
 def _run_one(i: int, total: int, invocation: Invocation, machine: Machine, root: Path, junit: Path,
@@ -138,4 +162,7 @@ def _run_one(i: int, total: int, invocation: Invocation, machine: Machine, root:
                          extra_args=extra_args)
     log(f"[harness] run {i}/{total}: {shlex.join(['python', *cmd[1:]])}")
     code = execute(cmd, cwd=root, timeout=invocation.timeout, stop=stop)
-    return Outcome(invocation, code, junit, cut="interrupted" if stop.signum is not None else None)
+    # A process that ended with its tests done (passed, failed, none collected) was not cut, even
+    # if the signal came while it was finishing; pytest stopped by SIGINT exits 2.
+    finished = code in (0, 1, 5)
+    return Outcome(invocation, code, junit, cut="interrupted" if stop.signum is not None and not finished else None)

@@ -10,6 +10,7 @@ import re
 import shlex
 from dataclasses import dataclass
 
+from harness.device_options import EmulatedDevice
 from harness.records import BACKENDS
 
 RANGE_KEYS = ("gpu_count",)
@@ -62,6 +63,7 @@ class TestLine:
     keyword: str | None = None  # -k
     marker: str | None = None  # -m
     timeout: int | None = None  # seconds, for a pytest process of its own
+    emulation: EmulatedDevice | None = None  # its block's `emulate_cuda` field: run under the emulated device
 
     @property
     def path(self) -> str:
@@ -76,6 +78,8 @@ class TestLine:
             parts.append(f"-m {_quote(self.marker)}")
         if self.timeout is not None:
             parts.append(f"TIMEOUT ({self.timeout})")
+        if self.emulation is not None:
+            parts.append(f"# under {self.emulation}")
         return " ".join(parts)
 
 
@@ -83,6 +87,7 @@ class TestLine:
 class Block:
     condition: Condition
     tests: tuple[TestLine, ...]
+    emulation: EmulatedDevice | None = None  # `emulate_cuda: true` or `{total_memory: 8GiB, ...}`
 
 
 @dataclass(frozen=True)

@@ -35,8 +35,13 @@ class Outcome:
 
 
 def report(outcomes: list[Outcome], *, test_list: TestList, machine: Machine, root: Path, merged: Path,
-           wall: float, stopped_by: int | None, json_path: Path | None, log: Callable[[str], None]) -> int:
-    """Print the summary (and write `json_path`); the exit code of the run."""
+           wall: float, stopped_by: int | None, json_path: Path | None, log: Callable[[str], None],
+           missing: tuple[TestLine, ...] = ()) -> int:
+    """Print the summary (and write `json_path`); the exit code of the run. A signal that came
+    after every test had finished cut nothing: the run is reported as it ended, not as stopped."""
+    late_signal = stopped_by if stopped_by is not None and not any(o.cut for o in outcomes) else None
+    if late_signal is not None:
+        stopped_by = None
     junit_files = [o.junit for o in outcomes if o.junit.is_file()]
     results = results_by_suite(junit_files)
     details = case_details(junit_files, root)
@@ -51,6 +56,8 @@ def report(outcomes: list[Outcome], *, test_list: TestList, machine: Machine, ro
         elif outcome.cut is None and outcome.returncode not in (0, 1):
             meaning = PYTEST_EXIT.get(outcome.returncode, "unexpected exit code")
             problems.append(f"pytest exited {outcome.returncode} ({meaning}) for: {lines}")
+    problems += [f"MISSING {line.path}: no such file or folder; its line was skipped: {line}"
+                 for line in missing]
     merge(junit_files, merged)
 
     log("")
@@ -74,8 +81,11 @@ def report(outcomes: list[Outcome], *, test_list: TestList, machine: Machine, ro
             log(f"  run {i}/{len(outcomes)} {outcome.cut}: {', '.join(str(line) for line in outcome.lines)}")
     # A timeout (returncode None) and every abnormal exit are also non-zero.
     failed = (any(o.returncode != 0 for o in outcomes if o.cut is None)
-              or any(r.failed for r in results.values()))
+              or any(r.failed for r in results.values()) or bool(missing))
     code = 128 + stopped_by if stopped_by is not None else int(failed)
+    if late_signal is not None:
+        log(f"[harness] {signal.Signals(late_signal).name} came after every test had finished; "
+            f"nothing was cut")
     log(f"[harness] JUnit XML: {merged}")
     verdict = f"STOPPED by {signal.Signals(stopped_by).name}" if stopped_by is not None else (
         "FAILED" if failed else "passed")
@@ -87,6 +97,7 @@ def report(outcomes: list[Outcome], *, test_list: TestList, machine: Machine, ro
             "suites": {name: dataclasses.asdict(r) for name, r in sorted(results.items())},
             "failed": list(details.failed), "reproductions": list(details.reproductions),
             "skipped_by_reason": details.skipped_by_reason, "problems": problems,
+            "missing": [line.path for line in missing],
             "stopped_by": signal.Signals(stopped_by).name if stopped_by is not None else None,
             "cut": [{"run": i, "state": o.cut, "lines": [str(line) for line in o.lines]} for i, o in cut],
         }

@@ -17,6 +17,7 @@ from harness.emulation import emulation_active
 ROOT = Path(__file__).resolve().parents[2]
 
 
+@pytest.mark.slow  # a pytest or torch.compile subprocess: nightly_cpu runs it
 def test_the_contract_suite_passes_under_emulate_cuda():
     if emulation_active() is not None or torch.cuda.is_available():
         pytest.skip("runs the contract under --emulate-cuda from a session outside it, without a GPU")

@@ -30,6 +30,7 @@ def test_next_one_is_clean():
 '''
 
 
+@pytest.mark.slow  # a pytest or torch.compile subprocess: nightly_cpu runs it
 def test_a_race_found_at_a_free_fails_the_test_that_freed_not_the_next(tmp_path):
     if emulation_active() is not None or torch.cuda.is_available():
         pytest.skip("runs a session under --emulate-cuda from one outside it, without a GPU")

@@ -104,6 +104,7 @@ def test_children_enter_the_same_emulation_only_when_asked(outside_emulation):
     assert alone.stdout.split()[0] == "False"
 
 
+@pytest.mark.slow  # a pytest or torch.compile subprocess: nightly_cpu runs it
 def test_a_cpu_default_device_does_not_block_entering_and_dynamo_resets_inside(outside_emulation):
     torch.set_default_device("cpu")  # what a runner may leave behind: the default anyway
     try:

@@ -2,6 +2,8 @@
 
 from pathlib import Path
 
+import pytest
+
 from harness.testdb import Condition, TestList, check_coverage, collect_node_ids, load_lists, parse_line
 from harness.testdb.coverage import covers
 from harness.testdb.schema import Block
@@ -46,8 +48,19 @@ def test_a_line_naming_no_test_is_reported():
     assert "list 'demo' names no existing test: suites/decoder" in str(report)
 
 
+@pytest.mark.slow  # collects every suite in a subprocess; the folder check below is pre-merge
 def test_project_lists_cover_exactly_the_collected_suites():
     node_ids = collect_node_ids(ROOT)
     assert any(n.startswith("suites/testdb/test_coverage.py::") for n in node_ids)
     report = check_coverage(load_lists(ROOT / "test-db"), node_ids)
     assert report.ok, f"\n{report}"
+
+
+@pytest.mark.parametrize("name", ["l0_cpu", "nightly_cpu"])
+def test_every_suite_folder_is_named_by_the_cpu_lists(name):
+    """Without collecting: a new folder under suites/ holding tests fails here until listed."""
+    folders = sorted(p.name for p in (ROOT / "suites").iterdir()
+                     if p.is_dir() and any(p.rglob("test_*.py")))
+    lines = [line for block in load_lists(ROOT / "test-db")[name].blocks for line in block.tests]
+    unlisted = [f for f in folders if not any(covers(line, f"suites/{f}/test_x.py::t") for line in lines)]
+    assert unlisted == [], f"suites/ folders not in {name}: {unlisted}"

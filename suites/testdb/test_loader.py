@@ -99,4 +99,4 @@ def test_unknown_list_name_lists_the_available_ones(tmp_path):
 
 def test_the_project_lists_load():
     lists = load_lists(Path(__file__).resolve().parents[2] / "test-db")
-    assert {"l0_cpu", "l0_gpu", "nightly_gpu"} <= set(lists)
+    assert {"l0_cpu", "l0_gpu", "nightly_cpu", "nightly_gpu"} <= set(lists)

@@ -88,6 +88,7 @@ def test_defaults_ci_profile_gpu_skip_markers_and_fixture_modules(project):
         assert "4 passed, 1 skipped" in out, out
 
 
+@pytest.mark.slow  # pytest with xdist workers in a subprocess: nightly_cpu runs it
 def test_profile_option_wins_and_xdist_workers_get_one_thread(project):
     proc = run_pytest(project, "--hypothesis-profile", "nightly", "-n", "1", "-k", "profile or threads",
                       profile="nightly", xdist_worker="1")
@@ -117,6 +118,7 @@ def test_graph_backend_fixture_follows_the_option(graph_backend, device, pytestc
     assert device == torch.device(graph_backend.device)
 
 
+@pytest.mark.slow  # pytest with xdist workers in a subprocess: nightly_cpu runs it
 def test_a_planted_fault_counts_the_firings_of_xdist_workers(tmp_path):
     """Workers plant the fault and fire it; the controller's summary and report add their counts."""
     report = tmp_path / "fault.json"

@@ -53,7 +53,7 @@ def test_pytest_command_carries_backend_filters_and_workers(tmp_path):
     cmd = pytest_command(inv, backend="emulated", junit=tmp_path / "1.xml", workers=2, extra_args=("-x",))
     assert cmd[:3] == [sys.executable, "-m", "pytest"]
     assert cmd[3:] == ["a", "b", "--graph-backend=emulated", f"--junitxml={tmp_path / '1.xml'}",
-                       "-k", "k1", "-m", "not slow", "-n", "2", "-x"]
+                       "--junit-part-of-run", "-k", "k1", "-m", "not slow", "-n", "2", "-x"]
     assert "-n" not in pytest_command(inv, backend="cuda", junit=tmp_path / "1.xml", workers=0)
 
 

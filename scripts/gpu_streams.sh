@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
 # The H200 runs for stream tracking (the races shown natively with torch.cuda._sleep), from the
 # repository root with its venv; each part runs in under 5 minutes on one H200:
-#   bash scripts/h200_issue18.sh races     # the race contract cases natively: the racy value every time
-#   bash scripts/h200_issue18.sh faults    # the asynchronous fault family on cuda, JSON for `harness faults merge`
-#   bash scripts/h200_issue18.sh multirank # captured collectives over nccl (needs 2 GPUs)
+#   bash scripts/gpu_streams.sh races     # the race contract cases natively: the racy value every time
+#   bash scripts/gpu_streams.sh faults    # the asynchronous fault family on cuda, JSON for `harness faults merge`
+#   bash scripts/gpu_streams.sh multirank # captured collectives over nccl (needs 2 GPUs)
 set -euo pipefail
 PY=${PY:-.venv/bin/python}
 export NCCL_NVLS_ENABLE=0
@@ -24,7 +24,7 @@ case "${1:-}" in
     "$PY" -m pytest -q -n 0 -p no:cacheprovider suites/distributed/test_captured_collectives.py -m "multirank and gpu"
     ;;
   *)
-    echo "usage: bash scripts/h200_issue18.sh races|faults|multirank" >&2
+    echo "usage: bash scripts/gpu_streams.sh races|faults|multirank" >&2
     exit 2
     ;;
 esac

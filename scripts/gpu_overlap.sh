@@ -1,10 +1,10 @@
 #!/usr/bin/env bash
 # The H200 runs for the overlap loop and the decode step near the hardware. Each part is one command
 # and runs in under 5 minutes on one H200; run from the repository root with its venv:
-#   bash scripts/h200_issue19.sh bench      # harness bench capture + piecewise (tiny and 1b)
-#   bash scripts/h200_issue19.sh tests      # the overlap, model and attention suites on cuda
-#   bash scripts/h200_issue19.sh faults     # the three overlap faults, as JSON for `harness faults merge`
-#   bash scripts/h200_issue19.sh overlap    # overlap off and on in the engine suites on cuda, and the
+#   bash scripts/gpu_overlap.sh bench      # harness bench capture + piecewise (tiny and 1b)
+#   bash scripts/gpu_overlap.sh tests      # the overlap, model and attention suites on cuda
+#   bash scripts/gpu_overlap.sh faults     # the three overlap faults, as JSON for `harness faults merge`
+#   bash scripts/gpu_overlap.sh overlap    # overlap off and on in the engine suites on cuda, and the
 #                                           # side-stream write under a queued read natively
 set -euo pipefail
 PY=${PY:-.venv/bin/python}
@@ -32,7 +32,7 @@ case "${1:-}" in
       -k side_stream_writes_under_a_queued_read
     ;;
   *)
-    echo "usage: bash scripts/h200_issue19.sh bench|tests|faults|overlap" >&2
+    echo "usage: bash scripts/gpu_overlap.sh bench|tests|faults|overlap" >&2
     exit 2
     ;;
 esac

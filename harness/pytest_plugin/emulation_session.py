@@ -1,0 +1,72 @@
+"""`--emulate-cuda`: the whole session inside `harness.emulate_cuda()`, entered before anything asks
+torch.cuda (collection included) and left when pytest unconfigures; a strict race found when a
+test's tensors were freed fails that test."""
+
+from __future__ import annotations
+
+import contextlib
+
+import pytest
+
+from harness.pytest_plugin.options import DeviceChoice, device_choice, for_a_real_gpu
+
+_emulation = pytest.StashKey[contextlib.ExitStack]()
+_choice = pytest.StashKey[DeviceChoice]()
+
+
+def enter(config: pytest.Config) -> None:
+    if _emulation in config.stash:
+        return
+    choice = device_choice(config)  # refuses device options without --emulate-cuda
+    if choice is None:
+        return
+    import torch
+
+    if torch.cuda.is_available():
+        choice = for_a_real_gpu(choice, config)
+    from harness import emulate_cuda
+
+    stack = contextlib.ExitStack()
+    stack.enter_context(emulate_cuda(children=True, **choice.device.emulate_cuda_kwargs()))
+    config.stash[_emulation] = stack
+    config.stash[_choice] = choice
+
+
+def active(config: pytest.Config) -> bool:
+    return _emulation in config.stash
+
+
+def chosen_device(config: pytest.Config) -> DeviceChoice | None:
+    return config.stash.get(_choice, None)
+
+
+def header(config: pytest.Config) -> list[str]:
+    choice = chosen_device(config)
+    if choice is None:
+        return []
+    lines = [f"harness: under {choice.device}"]
+    lines += [f"harness: ini {setting} left out: it sets the emulated device, and on this machine "
+              f"--emulate-cuda is the graph sanitizer on the real GPU" for setting in choice.ignored_ini]
+    return lines
+
+
+def leave(config: pytest.Config) -> None:
+    stack = config.stash.get(_emulation, None)
+    if stack is not None:
+        del config.stash[_emulation]
+        stack.close()
+
+
+def session_device(config: pytest.Config) -> str | None:
+    """"cuda" under --emulate-cuda, where the fixtures put the session on the (emulated) device."""
+    return "cuda" if active(config) else None
+
+
+def late_races() -> list:
+    from harness.emulation import emulation_active
+    from harness.emulation.session import active_state
+
+    if emulation_active() != "cpu":
+        return []
+    tracking = getattr(active_state(), "streams_tracking", None)
+    return [] if tracking is None else tracking.take_late_races()
