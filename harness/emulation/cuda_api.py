@@ -363,6 +363,9 @@ def patches(state) -> list[tuple[Any, str, Any]]:
     from harness.emulation.allocator_tools import patches as allocator_tool_patches
 
     out += allocator_tool_patches(state)
+    from harness.emulation.foreach_groups import patches as foreach_group_patches
+
+    out += foreach_group_patches(state)
     return out
 
 
