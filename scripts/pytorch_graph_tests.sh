@@ -42,6 +42,8 @@ run() {  # build name, run name, python, extra environment, pytest arguments...
     echo "$build $name: exit $rc ($(tail -n 1 "$OUT/$build-$name.txt"))"
 }
 for python in "${PYTHONS[@]}"; do
+    # each run starts in the test file's folder, so a relative interpreter path is resolved here
+    case $python in */*) python=$(realpath -s "$python") ;; esac
     build=$("$python" -c "import torch; print(torch.__version__)" 2>/dev/null) || {
         echo "$python: no torch" >&2; status=1; continue; }
     run "$build" emulated "$python" "CUDA_VISIBLE_DEVICES=" --emulate-cuda

@@ -226,6 +226,8 @@ def patches(state) -> list[tuple[Any, str, Any]]:
         "_cuda_record_memory_history": record_memory_history,
         "_cuda_record_memory_history_legacy": record_memory_history_legacy,
         "_cuda_memorySnapshot": memory_snapshot,
+        # torch.cuda.get_allocator_backend(): the model is of CUDA's default, the native caching allocator
+        "_cuda_getAllocatorBackend": lambda: "native",
     }
     out = [(torch_internals.torch_namespace("torch._C"), name, fn) for name, fn in private.items()]
     for owner in (torch.cuda, torch.cuda.memory):

@@ -145,3 +145,9 @@ def test_graph_safe_state_of_a_device_generator(cuda_device):
     assert torch.equal(torch.rand(4, generator=generator, device="cuda"), drawn)
     with pytest.raises(RuntimeError, match="graphsafe_set_state takes a generator of the device"):
         generator.graphsafe_set_state(torch.Generator())
+
+
+def test_the_allocator_backend_is_cuda_s_native_one(cuda_device):
+    # PyTorch's own tests read it at import to pick their expectations (TEST_CUDAMALLOCASYNC).
+    assert torch.cuda.get_allocator_backend() == "native"
+    assert torch.cuda.memory.get_allocator_backend() == "native"
