@@ -176,7 +176,7 @@ def cmd_faults(args) -> int:
     if args.files:
         print(f"harness faults: unexpected arguments {args.files}", file=sys.stderr)
         return 2
-    from harness.faults.run import run_zoo
+    from harness.faults.run import default_jobs, run_zoo
     from harness.provenance import checkout_root
     from harness.graphs import resolve_backend
 
@@ -188,9 +188,10 @@ def cmd_faults(args) -> int:
     require_backend("--graph-backend", args.graph_backend)
     backend = resolve_backend(args.graph_backend)
     root = checkout_root()
-    print(f"[faults] {len(faults)} fault(s) on the {backend} backend, {args.jobs} at a time",
+    jobs = args.jobs or default_jobs()
+    print(f"[faults] {len(faults)} fault(s) on the {backend} backend, {jobs} planted runs at a time",
           file=sys.stderr, flush=True)
-    runs = run_zoo(faults, backend=backend, jobs=args.jobs, root=root,
+    runs = run_zoo(faults, backend=backend, jobs=jobs, root=root,
                    log=lambda line: print(line, file=sys.stderr, flush=True))
     document = run_document(runs, backend=backend)
     if args.json:
@@ -335,7 +336,8 @@ def build_parser() -> argparse.ArgumentParser:
                         help="backend the detectors run on (default: auto)")
     faults.add_argument("--only", action="append", default=[], metavar="NAME",
                         help="run only this fault (repeatable)")
-    faults.add_argument("-j", "--jobs", type=positive_int, default=1, help="faults run at a time (default 1)")
+    faults.add_argument("-j", "--jobs", type=positive_int, default=None,
+                        help="planted runs at a time (default: one per CPU core)")
     faults.add_argument("--markdown", action="store_true", help="print the table as markdown")
     faults.add_argument("--json", type=Path, metavar="PATH", help="also write the run as JSON to PATH")
     faults.set_defaults(func=cmd_faults)

@@ -1,5 +1,11 @@
-"""Measured detection: run each fault's detector in a pytest process of its own, once with the
-fault planted and once without, and judge the pair.
+"""Measured detection: run each fault's detector in a pytest process of its own with the fault
+planted, and without it, and judge the pair.
+
+A planted run needs a process of its own: the fault is planted for the whole session, before the
+test modules bind the planted functions. The clean runs need not: `run_zoo` runs every detector
+whose planted run failed once, together in one pytest process, and only a detector that fails
+there is run again alone (a test that fails only beside others is not the fault's false
+positive). Planted runs go `jobs` at a time, by default one per CPU core this process may use.
 
 A fault is `detected` when the planted run fails with output matching the entry's `expected`
 diagnosis, the fault fired, and the clean run passes. Anything else is a finding: `missed` (the
@@ -20,7 +26,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Callable, Iterable
+from typing import Callable, Iterable, Sequence
 
 from harness.faults.registry import Fault
 from harness.provenance import checkout_root
@@ -54,11 +60,21 @@ class FaultRun:
         return asdict(self)
 
 
-def run_detector(node_id: str, *, backend: str, fault: str | None, root: Path,
+def default_jobs() -> int:
+    """Planted runs at a time when not told: the CPU cores this process may run on."""
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except AttributeError:  # no sched_getaffinity (macOS): every core
+        return max(1, os.cpu_count() or 1)
+
+
+def run_detector(node_id: str | Sequence[str], *, backend: str, fault: str | None, root: Path,
                  workdir: Path) -> PytestRun:
-    """One pytest process running `node_id` alone (no xdist), with `fault` planted if given."""
+    """One pytest process running `node_id` (or several node ids together; no xdist), with `fault`
+    planted if given. `-rA` lists each test's outcome by node id (`outcomes`)."""
     report = workdir / "fault-report.json"
-    cmd = [sys.executable, "-m", "pytest", node_id, "-p", "no:xdist", "-q",
+    node_ids = [node_id] if isinstance(node_id, str) else list(node_id)
+    cmd = [sys.executable, "-m", "pytest", *node_ids, "-p", "no:xdist", "-q", "-rA",
            f"--graph-backend={backend}", f"--repro-dir={workdir / 'repro'}"]
     if fault is not None:
         cmd += ["--plant-fault", fault, "--fault-report", str(report)]
@@ -88,37 +104,105 @@ def judge(fault: Fault, planted: PytestRun, clean: PytestRun | None) -> tuple[st
     return "detected", ""
 
 
-def run_fault(fault: Fault, *, backend: str, root: Path | None = None) -> FaultRun:
-    root = root or checkout_root()
-    reason = fault.unplantable(backend)
-    if reason:
-        return FaultRun(fault.name, "not plantable", fault.detector, 0.0, detail=reason)
+def _planted(fault: Fault, *, backend: str, root: Path) -> PytestRun:
     with tempfile.TemporaryDirectory(prefix=f"fault-{fault.name}-") as tmp:
-        planted = run_detector(fault.detector, backend=backend, fault=fault.name, root=root,
-                               workdir=Path(tmp, "planted"))
-        clean = None
-        if planted.returncode == 1:
-            clean = run_detector(fault.detector, backend=backend, fault=None, root=root,
-                                 workdir=Path(tmp, "clean"))
+        return run_detector(fault.detector, backend=backend, fault=fault.name, root=root,
+                            workdir=Path(tmp, "planted"))
+
+
+def _clean(detector: str, *, backend: str, root: Path) -> PytestRun:
+    with tempfile.TemporaryDirectory(prefix="fault-clean-") as tmp:
+        return run_detector(detector, backend=backend, fault=None, root=root, workdir=Path(tmp, "clean"))
+
+
+def _result(fault: Fault, planted: PytestRun, clean: PytestRun | None) -> FaultRun:
     verdict, detail = judge(fault, planted, clean)
     return FaultRun(fault.name, verdict, fault.detector, round(planted.seconds, 1), planted.fired,
                     detail)
 
 
-def run_zoo(faults: Iterable[Fault], *, backend: str, jobs: int = 1, root: Path | None = None,
+def run_fault(fault: Fault, *, backend: str, root: Path | None = None) -> FaultRun:
+    """One fault: its planted run, then (if that failed) its detector's clean run."""
+    root = root or checkout_root()
+    reason = fault.unplantable(backend)
+    if reason:
+        return FaultRun(fault.name, "not plantable", fault.detector, 0.0, detail=reason)
+    planted = _planted(fault, backend=backend, root=root)
+    clean = _clean(fault.detector, backend=backend, root=root) if planted.returncode == 1 else None
+    return _result(fault, planted, clean)
+
+
+_OUTCOME = re.compile(r"^(PASSED|FAILED|ERROR|XPASS|XFAIL) (\S+)", re.MULTILINE)
+
+
+def outcomes(output: str) -> dict[str, str]:
+    """Node id -> outcome, from the `-rA` summary of a pytest run's output (skips are listed by
+    file and reason, not node id, and are absent)."""
+    found: dict[str, str] = {}
+    for outcome, node_id in _OUTCOME.findall(output):
+        if found.get(node_id) not in ("FAILED", "ERROR"):  # a test that failed and errored in teardown
+            found[node_id] = outcome
+    return found
+
+
+def failed_detectors(detectors: Sequence[str], run: PytestRun) -> set[str]:
+    """The detectors the joint clean `run` did not pass: a test of theirs failed or errored, or none
+    of them ran at all while the run failed (collection errors, a crash)."""
+    seen = outcomes(run.output)
+    failed = set()
+    for detector in detectors:
+        # A detector without parameters runs every parametrization of its test.
+        mine = [outcome for node_id, outcome in seen.items()
+                if node_id == detector or node_id.startswith(detector + "[")]
+        if any(outcome in ("FAILED", "ERROR") for outcome in mine) or (not mine and run.returncode != 0):
+            failed.add(detector)
+    return failed
+
+
+def run_zoo(faults: Iterable[Fault], *, backend: str, jobs: int | None = None, root: Path | None = None,
             log: Callable[[str], None] = lambda line: None) -> list[FaultRun]:
-    """Every fault's FaultRun, in the order given; `jobs` faults run at a time."""
+    """Every fault's FaultRun, in the order given: the planted runs `jobs` at a time (by default
+    `default_jobs()`), then the clean runs of the detectors that failed, together in one process;
+    a detector that fails there is run alone, and only that run judges it."""
     faults = list(faults)
+    root = root or checkout_root()
+    jobs = default_jobs() if jobs is None else jobs
+    if jobs < 1:
+        raise ValueError(f"jobs must be 1 or more, got {jobs}")
 
-    def one(fault: Fault) -> FaultRun:
-        result = run_fault(fault, backend=backend, root=root)
-        log(f"[faults] {fault.name}: {result.verdict} ({result.seconds:.1f} s)")
-        return result
+    def planted(fault: Fault) -> PytestRun | None:
+        if fault.unplantable(backend):
+            return None
+        run = _planted(fault, backend=backend, root=root)
+        log(f"[faults] {fault.name}: planted run exited {run.returncode} ({run.seconds:.1f} s)")
+        return run
 
-    if jobs <= 1:
-        return [one(f) for f in faults]
     with ThreadPoolExecutor(max_workers=jobs) as pool:
-        return list(pool.map(one, faults))
+        planted_runs = list(pool.map(planted, faults))
+    detectors = list(dict.fromkeys(f.detector for f, run in zip(faults, planted_runs)
+                                   if run is not None and run.returncode == 1))
+    clean: dict[str, PytestRun] = {}
+    if detectors:
+        together = _clean(detectors, backend=backend, root=root)
+        log(f"[faults] {len(detectors)} detector(s) without a fault, in one run: exited "
+            f"{together.returncode} ({together.seconds:.1f} s)")
+        alone = sorted(failed_detectors(detectors, together))
+        passed = PytestRun(0, together.output, None, together.seconds)  # for those it passed
+        clean = {detector: passed for detector in detectors if detector not in alone}
+        with ThreadPoolExecutor(max_workers=jobs) as pool:
+            for detector, run in zip(alone, pool.map(lambda d: _clean(d, backend=backend, root=root), alone)):
+                log(f"[faults] {detector}: failed beside the others; alone it exited {run.returncode}")
+                clean[detector] = run
+    results = []
+    for fault, run in zip(faults, planted_runs):
+        if run is None:
+            results.append(FaultRun(fault.name, "not plantable", fault.detector, 0.0,
+                                    detail=fault.unplantable(backend) or ""))
+            continue
+        result = _result(fault, run, clean.get(fault.detector))
+        log(f"[faults] {fault.name}: {result.verdict} ({result.seconds:.1f} s)")
+        results.append(result)
+    return results
 
 
 def _tail(text: str, lines: int = 30) -> str:
