@@ -228,18 +228,30 @@ def cmd_repro(args) -> int:
 # --- harness explain (issue 20): kept in one block -------------------------------------------------
 
 def cmd_explain(args) -> int:
-    from harness.repro.explain import explain_fault, explain_file
+    from harness.check.explain_cuda import ReplaysNotObserved
+    from harness.repro.explain import explain_entry_point, explain_fault, explain_file
 
     if (args.file is None) == (args.fault is None):
-        print("harness explain: give a reproduction FILE or --fault NAME (one of them)", file=sys.stderr)
+        print("harness explain: give a reproduction FILE, FILE.py::FUNCTION or --fault NAME (one of them)",
+              file=sys.stderr)
+        return 2
+    entry_point = args.file is not None and ("::" in args.file or args.file.endswith(".py"))
+    if entry_point and args.without_fault:
+        print("harness explain: --without-fault is for reproduction files; FILE.py::FUNCTION has no fault",
+              file=sys.stderr)
         return 2
     try:
-        with _emulated_cuda(args.emulate_cuda):
-            if args.fault is not None:
-                explanation = explain_fault(args.fault, context=args.context)
-            else:
-                explanation = explain_file(args.file, without_fault=args.without_fault, context=args.context)
-    except (ValueError, KeyError) as error:
+        if entry_point:  # code written against torch.cuda: always on the emulated device (or sanitizer)
+            with _emulated_cuda(True):
+                explanation = explain_entry_point(args.file, context=args.context)
+        else:
+            with _emulated_cuda(args.emulate_cuda):
+                if args.fault is not None:
+                    explanation = explain_fault(args.fault, context=args.context)
+                else:
+                    explanation = explain_file(Path(args.file), without_fault=args.without_fault,
+                                               context=args.context)
+    except (ValueError, KeyError, ReplaysNotObserved) as error:
         print(f"harness explain: {error}", file=sys.stderr)
         return 2
     print(explanation)
@@ -249,7 +261,9 @@ def cmd_explain(args) -> int:
 def _add_explain(verbs) -> None:
     explain = verbs.add_parser("explain", help="the first op (and source line) where a replay departs "
                                "from eager, the input that differs and why; exit 1 when one does")
-    explain.add_argument("file", type=Path, nargs="?", help="a reproduction file with an engine scenario")
+    explain.add_argument("file", nargs="?", metavar="FILE",
+                         help="a reproduction file with an engine scenario, or FILE.py::FUNCTION: your "
+                              "code, FUNCTION(graphed=True) explained against FUNCTION(graphed=False)")
     explain.add_argument("--fault", metavar="NAME", help="explain the fault zoo entry's own reproduction")
     explain.add_argument("--without-fault", action="store_true", help="explain without the file's fault")
     explain.add_argument("--context", type=int, default=3, help="agreeing ops shown before it (default 3)")

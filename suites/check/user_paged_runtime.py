@@ -11,7 +11,7 @@ that slot instead, a live one.
 
 The entry points take `graphed` (the shape `harness explain FILE::FUNCTION` calls): `run` is the
 correct runtime, `run_padding_bug` the planted one, `run_ranked` ranks each step's logits with the
-harness's own `logits_to_steps`, `run_memory_sized` sizes its KV cache from `mem_get_info()`.
+harness's own `logits_to_steps`, `run_checks_free_memory` checks the free memory its KV cache was sized from.
 """
 
 from __future__ import annotations
@@ -111,14 +111,14 @@ def run_ranked(graphed: bool) -> list:
     return decode(PagedRunner(graphed), rank=lambda logits: logits_to_steps(logits, [2] * logits.shape[0], "user"))
 
 
-def run_memory_sized(graphed: bool) -> list:
-    """Sizes its KV cache from free device memory, as vLLM and nano-vllm do: what is free after
-    the weights, less a fixed reserve of 1 MiB, must hold at least the blocks it needs."""
-    free, _ = torch.cuda.mem_get_info()
-    reserve = free - 2 ** 20
+def run_checks_free_memory(graphed: bool) -> list:
+    """Checks, as a runtime that sized its KV cache from `mem_get_info()` must, that decoding takes
+    no device memory it keeps (64 KiB allowed for the allocator's rounding)."""
     runner = PagedRunner(graphed)
-    free_after, _ = torch.cuda.mem_get_info()
-    if free_after < reserve:
-        raise RuntimeError(f"free device memory fell from {free} to {free_after} bytes while building "
-                           f"the runner: no room for the KV cache")
-    return decode(runner)
+    free, _ = torch.cuda.mem_get_info()
+    out = decode(runner)
+    after, _ = torch.cuda.mem_get_info()
+    if free - after > 2 ** 16:
+        raise RuntimeError(f"decoding took {free - after} bytes of device memory and kept them "
+                           f"(free {free} -> {after}): the KV cache sized from mem_get_info() has no room left")
+    return out
