@@ -9,6 +9,9 @@ sequence holds] (nano-vllm's `prepare_block_tables`), the graph reads its static
 sends to a sink slot no sequence reads. `pad_slot` plants the padding bug: padding rows written to
 that slot instead, a live one.
 
+`run_ranked` and `run_checks_free_memory` pad their block tables to the graph's width on the host
+(as vLLM does), so that only what they check differs from `run`.
+
 The entry points take `graphed` (the shape `harness explain FILE::FUNCTION` calls): `run` is the
 correct runtime, `run_padding_bug` the planted one, `run_ranked` ranks each step's logits with the
 harness's own `logits_to_steps`, `run_checks_free_memory` checks the free memory its KV cache was sized from.
@@ -81,11 +84,14 @@ class PagedRunner:
         return self.logits[:bs]
 
 
-def decode(runner: PagedRunner, steps: int = 3, batch: int = 3, rank=None) -> list:
+def decode(runner: PagedRunner, steps: int = 3, batch: int = 3, rank=None, wide: bool = False) -> list:
     """Greedy decode of `batch` sequences (sequence i owns blocks 2i and 2i+1) for `steps` steps
-    from position 0; `rank(logits)` reads each step's logits (by default their argmax)."""
+    from position 0; `rank(logits)` reads each step's logits (by default their argmax). `wide`:
+    block tables padded to `MAX_BLOCKS` on the host (as vLLM's are), the graph's width."""
     tokens = torch.arange(1, batch + 1, device="cuda")
-    block_tables = torch.tensor([[2 * i, 2 * i + 1] for i in range(batch)], dtype=torch.int32, device="cuda")
+    width = MAX_BLOCKS if wide else 2
+    block_tables = torch.tensor([[2 * i, 2 * i + 1] + [0] * (width - 2) for i in range(batch)],
+                                dtype=torch.int32, device="cuda")
     out = []
     for position in range(steps):
         slots = (block_tables[:, position // BLOCK].long() * BLOCK + position % BLOCK).int()
@@ -108,17 +114,18 @@ def run_padding_bug(graphed: bool) -> list:
 def run_ranked(graphed: bool) -> list:
     from harness.ranking import logits_to_steps
 
-    return decode(PagedRunner(graphed), rank=lambda logits: logits_to_steps(logits, [2] * logits.shape[0], "user"))
+    return decode(PagedRunner(graphed), rank=lambda logits: logits_to_steps(logits, [2] * logits.shape[0], "user"),
+                  wide=True)
 
 
 def run_checks_free_memory(graphed: bool) -> list:
-    """Checks, as a runtime that sized its KV cache from `mem_get_info()` must, that decoding takes
-    no device memory it keeps (64 KiB allowed for the allocator's rounding)."""
+    """Checks, as a runtime that sized its KV cache from what was free must, that decoding keeps
+    no device memory (`memory_allocated()`, and `mem_get_info()`'s free bytes; 64 KiB allowed)."""
     runner = PagedRunner(graphed)
-    free, _ = torch.cuda.mem_get_info()
-    out = decode(runner)
-    after, _ = torch.cuda.mem_get_info()
-    if free - after > 2 ** 16:
-        raise RuntimeError(f"decoding took {free - after} bytes of device memory and kept them "
-                           f"(free {free} -> {after}): the KV cache sized from mem_get_info() has no room left")
+    allocated, (free, _) = torch.cuda.memory_allocated(), torch.cuda.mem_get_info()
+    out = decode(runner, wide=True)
+    kept = max(torch.cuda.memory_allocated() - allocated, free - torch.cuda.mem_get_info()[0])
+    if kept > 2 ** 16:
+        raise RuntimeError(f"decoding kept {kept} bytes of device memory: the KV cache sized from "
+                           f"the free memory has no room left")
     return out
