@@ -189,8 +189,10 @@ def cmd_faults(args) -> int:
     backend = resolve_backend(args.graph_backend)
     root = checkout_root()
     jobs = args.jobs or default_jobs()
-    print(f"[faults] {len(faults)} fault(s) on the {backend} backend, {jobs} planted runs at a time",
-          file=sys.stderr, flush=True)
+    from harness.faults.sessions import session_kind
+
+    print(f"[faults] {len(faults)} fault(s) on the {backend} backend, {jobs} planted runs at a time, "
+          f"pytest sessions {session_kind()}", file=sys.stderr, flush=True)
     runs = run_zoo(faults, backend=backend, jobs=jobs, root=root,
                    log=lambda line: print(line, file=sys.stderr, flush=True))
     document = run_document(runs, backend=backend)

@@ -19,16 +19,14 @@ from __future__ import annotations
 import json
 import os
 import re
-import subprocess
-import sys
 import tempfile
-import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Callable, Iterable, Sequence
 
 from harness.faults.registry import Fault
+from harness.faults.sessions import run_session
 from harness.provenance import checkout_root
 
 VERDICTS = ("detected", "missed", "not fired", "wrong diagnosis", "false positive", "error",
@@ -70,22 +68,17 @@ def default_jobs() -> int:
 
 def run_detector(node_id: str | Sequence[str], *, backend: str, fault: str | None, root: Path,
                  workdir: Path) -> PytestRun:
-    """One pytest process running `node_id` (or several node ids together; no xdist), with `fault`
-    planted if given. `-rA` lists each test's outcome by node id (`outcomes`)."""
+    """One pytest session of its own (sessions.py) running `node_id` (or several node ids together;
+    no xdist), with `fault` planted if given. `-rA` lists each test's outcome by node id (`outcomes`)."""
     report = workdir / "fault-report.json"
     node_ids = [node_id] if isinstance(node_id, str) else list(node_id)
-    cmd = [sys.executable, "-m", "pytest", *node_ids, "-p", "no:xdist", "-q", "-rA",
-           f"--graph-backend={backend}", f"--repro-dir={workdir / 'repro'}"]
+    args = [*node_ids, "-p", "no:xdist", "-q", "-rA", f"--graph-backend={backend}",
+            f"--repro-dir={workdir / 'repro'}"]
     if fault is not None:
-        cmd += ["--plant-fault", fault, "--fault-report", str(report)]
-    env = {k: v for k, v in os.environ.items() if not k.startswith("PYTEST_")}
-    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(root), env.get("PYTHONPATH")]))
-    env.setdefault("OMP_NUM_THREADS", "1")
-    started = time.monotonic()
-    proc = subprocess.run(cmd, cwd=root, env=env, capture_output=True, text=True)
-    seconds = time.monotonic() - started
+        args += ["--plant-fault", fault, "--fault-report", str(report)]
+    session = run_session(args, root=root)
     fired = json.loads(report.read_text())["fired"] if report.is_file() else None
-    return PytestRun(proc.returncode, proc.stdout + proc.stderr, fired, seconds)
+    return PytestRun(session.returncode, session.output, fired, session.seconds)
 
 
 def judge(fault: Fault, planted: PytestRun, clean: PytestRun | None) -> tuple[str, str]:
