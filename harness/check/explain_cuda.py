@@ -107,6 +107,8 @@ class _Matcher:
         if difference is None:
             if not _outputs_equal(reference, event):
                 self.approximate.update(event.output_storages)
+            else:  # written exactly now (or memory freed and made again at that address)
+                self.approximate.difference_update(event.output_storages)
             self.agreed.append(OpLine(event.op, event.where()))
             return
         context = CauseContext(replayed.written if replayed else frozenset(), self.roots,

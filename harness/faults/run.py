@@ -1,11 +1,12 @@
 """Measured detection: run each fault's detector in a pytest process of its own with the fault
 planted, and without it, and judge the pair.
 
-A planted run needs a process of its own: the fault is planted for the whole session, before the
-test modules bind the planted functions. The clean runs need not: `run_zoo` runs every detector
-whose planted run failed once, together in one pytest process, and only a detector that fails
-there is run again alone (a test that fails only beside others is not the fault's false
-positive). Planted runs go `jobs` at a time, by default one per CPU core this process may use.
+A planted run needs a session of its own: the fault is planted for the whole session, before the
+test modules bind the planted functions. The clean runs need not: `run_zoo` runs the detectors
+without a fault in `jobs` sessions of several detectors each, and only a detector that fails there
+is run again alone (a test that fails only beside others is not the fault's false positive).
+Sessions go `jobs` at a time, by default one per CPU core this process may use, each a process
+forked from a server that imported torch once (sessions.py).
 
 A fault is `detected` when the planted run fails with output matching the entry's `expected`
 diagnosis, the fault fired, and the clean run passes. Anything else is a finding: `missed` (the
@@ -39,6 +40,7 @@ class PytestRun:
     output: str
     fired: int | None
     seconds: float
+    cpu_seconds: float | None = None  # sessions.py's
 
 
 @dataclass(frozen=True)
@@ -78,7 +80,7 @@ def run_detector(node_id: str | Sequence[str], *, backend: str, fault: str | Non
         args += ["--plant-fault", fault, "--fault-report", str(report)]
     session = run_session(args, root=root)
     fired = json.loads(report.read_text())["fired"] if report.is_file() else None
-    return PytestRun(session.returncode, session.output, fired, session.seconds)
+    return PytestRun(session.returncode, session.output, fired, session.seconds, session.cpu_seconds)
 
 
 def judge(fault: Fault, planted: PytestRun, clean: PytestRun | None) -> tuple[str, str]:
@@ -154,40 +156,57 @@ def failed_detectors(detectors: Sequence[str], run: PytestRun) -> set[str]:
 
 def run_zoo(faults: Iterable[Fault], *, backend: str, jobs: int | None = None, root: Path | None = None,
             log: Callable[[str], None] = lambda line: None) -> list[FaultRun]:
-    """Every fault's FaultRun, in the order given: the planted runs `jobs` at a time (by default
-    `default_jobs()`), then the clean runs of the detectors that failed, together in one process;
-    a detector that fails there is run alone, and only that run judges it."""
+    """Every fault's FaultRun, in the order given. `jobs` sessions at a time (by default
+    `default_jobs()`): the clean runs of the detectors, split into `jobs` sessions of several
+    detectors each, first (they are the longest), then each fault's planted run. A detector that
+    fails in its joint clean run and whose planted run failed is run again alone, and only that run
+    judges it."""
     faults = list(faults)
     root = root or checkout_root()
     jobs = default_jobs() if jobs is None else jobs
     if jobs < 1:
         raise ValueError(f"jobs must be 1 or more, got {jobs}")
+    plantable = [f for f in faults if not f.unplantable(backend)]
+    detectors = list(dict.fromkeys(f.detector for f in plantable))
+    chunks = [detectors[i::jobs] for i in range(min(jobs, len(detectors)))]
+    cpu: list[float] = []
 
-    def planted(fault: Fault) -> PytestRun | None:
-        if fault.unplantable(backend):
-            return None
+    def clean_chunk(chunk: list[str]) -> tuple[list[str], PytestRun]:
+        run = _clean(chunk, backend=backend, root=root)
+        cpu.append(run.cpu_seconds or 0.0)
+        log(f"[faults] {len(chunk)} detector(s) without a fault, in one session: exited "
+            f"{run.returncode} ({run.seconds:.1f} s)")
+        return chunk, run
+
+    def planted(fault: Fault) -> PytestRun:
         run = _planted(fault, backend=backend, root=root)
+        cpu.append(run.cpu_seconds or 0.0)
         log(f"[faults] {fault.name}: planted run exited {run.returncode} ({run.seconds:.1f} s)")
         return run
 
     with ThreadPoolExecutor(max_workers=jobs) as pool:
-        planted_runs = list(pool.map(planted, faults))
-    detectors = list(dict.fromkeys(f.detector for f, run in zip(faults, planted_runs)
-                                   if run is not None and run.returncode == 1))
+        joint = [pool.submit(clean_chunk, chunk) for chunk in chunks]
+        planted_runs = dict(zip((f.name for f in plantable), pool.map(planted, plantable)))
+        joint_runs = [future.result() for future in joint]
     clean: dict[str, PytestRun] = {}
-    if detectors:
-        together = _clean(detectors, backend=backend, root=root)
-        log(f"[faults] {len(detectors)} detector(s) without a fault, in one run: exited "
-            f"{together.returncode} ({together.seconds:.1f} s)")
-        alone = sorted(failed_detectors(detectors, together))
-        passed = PytestRun(0, together.output, None, together.seconds)  # for those it passed
-        clean = {detector: passed for detector in detectors if detector not in alone}
-        with ThreadPoolExecutor(max_workers=jobs) as pool:
-            for detector, run in zip(alone, pool.map(lambda d: _clean(d, backend=backend, root=root), alone)):
-                log(f"[faults] {detector}: failed beside the others; alone it exited {run.returncode}")
-                clean[detector] = run
+    failed_beside: set[str] = set()
+    for chunk, run in joint_runs:
+        failed = failed_detectors(chunk, run)
+        failed_beside |= failed
+        passed = PytestRun(0, run.output, None, run.seconds)  # for the detectors it passed
+        clean.update({detector: passed for detector in chunk if detector not in failed})
+    alone = sorted(d for d in failed_beside
+                   if any(f.detector == d and planted_runs[f.name].returncode == 1 for f in plantable))
+    with ThreadPoolExecutor(max_workers=jobs) as pool:
+        for detector, run in zip(alone, pool.map(lambda d: _clean(d, backend=backend, root=root), alone)):
+            log(f"[faults] {detector}: failed beside the others; alone it exited {run.returncode}")
+            clean[detector] = run
+    if any(cpu):
+        log(f"[faults] {len(cpu)} planted and joint pytest sessions, {sum(cpu):.0f} s of CPU summed "
+            f"(with the processes they started)")
     results = []
-    for fault, run in zip(faults, planted_runs):
+    for fault in faults:
+        run = planted_runs.get(fault.name)
         if run is None:
             results.append(FaultRun(fault.name, "not plantable", fault.detector, 0.0,
                                     detail=fault.unplantable(backend) or ""))

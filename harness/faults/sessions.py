@@ -35,6 +35,7 @@ class SessionResult:
     returncode: int
     output: str
     seconds: float
+    cpu_seconds: float | None = None  # the session's and its children's; None for a subprocess
 
 
 def _environment(root: Path) -> dict[str, str]:
@@ -71,6 +72,11 @@ def _forked_session(args: list[str], root: str, env: dict[str, str], output: str
     finally:
         sys.stdout.flush()
         sys.stderr.flush()
+        # CPU time is what a shared machine cannot distort: kept beside the output.
+        import resource
+
+        used = [resource.getrusage(who) for who in (resource.RUSAGE_SELF, resource.RUSAGE_CHILDREN)]
+        Path(output + ".cpu").write_text(str(sum(u.ru_utime + u.ru_stime for u in used)))
         os._exit(code)
 
 
@@ -100,7 +106,10 @@ def run_session(args: Sequence[str], *, root: Path) -> SessionResult:
         process.start()
         process.join()
         text = Path(output.name).read_text(errors="replace")
+        cpu_file = Path(output.name + ".cpu")
+        cpu = float(cpu_file.read_text()) if cpu_file.is_file() else None
+        cpu_file.unlink(missing_ok=True)
     code = process.exitcode
     if code is not None and code < 0:  # killed by a signal, as a subprocess's returncode says it
         text += f"\n[harness faults] the session was killed by signal {-code}\n"
-    return SessionResult(code if code is not None else 3, text, time.monotonic() - started)
+    return SessionResult(code if code is not None else 3, text, time.monotonic() - started, cpu)
