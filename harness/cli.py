@@ -176,7 +176,7 @@ def cmd_faults(args) -> int:
     if args.files:
         print(f"harness faults: unexpected arguments {args.files}", file=sys.stderr)
         return 2
-    from harness.faults.run import run_zoo
+    from harness.faults.run import default_jobs, run_zoo
     from harness.provenance import checkout_root
     from harness.graphs import resolve_backend
 
@@ -188,9 +188,12 @@ def cmd_faults(args) -> int:
     require_backend("--graph-backend", args.graph_backend)
     backend = resolve_backend(args.graph_backend)
     root = checkout_root()
-    print(f"[faults] {len(faults)} fault(s) on the {backend} backend, {args.jobs} at a time",
-          file=sys.stderr, flush=True)
-    runs = run_zoo(faults, backend=backend, jobs=args.jobs, root=root,
+    jobs = args.jobs or default_jobs()
+    from harness.faults.sessions import session_kind
+
+    print(f"[faults] {len(faults)} fault(s) on the {backend} backend, {jobs} planted runs at a time, "
+          f"pytest sessions {session_kind()}", file=sys.stderr, flush=True)
+    runs = run_zoo(faults, backend=backend, jobs=jobs, root=root,
                    log=lambda line: print(line, file=sys.stderr, flush=True))
     document = run_document(runs, backend=backend)
     if args.json:
@@ -227,18 +230,30 @@ def cmd_repro(args) -> int:
 # --- harness explain (issue 20): kept in one block -------------------------------------------------
 
 def cmd_explain(args) -> int:
-    from harness.repro.explain import explain_fault, explain_file
+    from harness.check.explain_cuda import ReplaysNotObserved
+    from harness.repro.explain import explain_entry_point, explain_fault, explain_file
 
     if (args.file is None) == (args.fault is None):
-        print("harness explain: give a reproduction FILE or --fault NAME (one of them)", file=sys.stderr)
+        print("harness explain: give a reproduction FILE, FILE.py::FUNCTION or --fault NAME (one of them)",
+              file=sys.stderr)
+        return 2
+    entry_point = args.file is not None and ("::" in args.file or args.file.endswith(".py"))
+    if entry_point and args.without_fault:
+        print("harness explain: --without-fault is for reproduction files; FILE.py::FUNCTION has no fault",
+              file=sys.stderr)
         return 2
     try:
-        with _emulated_cuda(args.emulate_cuda):
-            if args.fault is not None:
-                explanation = explain_fault(args.fault, context=args.context)
-            else:
-                explanation = explain_file(args.file, without_fault=args.without_fault, context=args.context)
-    except (ValueError, KeyError) as error:
+        if entry_point:  # code written against torch.cuda: always on the emulated device (or sanitizer)
+            with _emulated_cuda(True):
+                explanation = explain_entry_point(args.file, context=args.context)
+        else:
+            with _emulated_cuda(args.emulate_cuda):
+                if args.fault is not None:
+                    explanation = explain_fault(args.fault, context=args.context)
+                else:
+                    explanation = explain_file(Path(args.file), without_fault=args.without_fault,
+                                               context=args.context)
+    except (ValueError, KeyError, ReplaysNotObserved) as error:
         print(f"harness explain: {error}", file=sys.stderr)
         return 2
     print(explanation)
@@ -248,7 +263,9 @@ def cmd_explain(args) -> int:
 def _add_explain(verbs) -> None:
     explain = verbs.add_parser("explain", help="the first op (and source line) where a replay departs "
                                "from eager, the input that differs and why; exit 1 when one does")
-    explain.add_argument("file", type=Path, nargs="?", help="a reproduction file with an engine scenario")
+    explain.add_argument("file", nargs="?", metavar="FILE",
+                         help="a reproduction file with an engine scenario, or FILE.py::FUNCTION: your "
+                              "code, FUNCTION(graphed=True) explained against FUNCTION(graphed=False)")
     explain.add_argument("--fault", metavar="NAME", help="explain the fault zoo entry's own reproduction")
     explain.add_argument("--without-fault", action="store_true", help="explain without the file's fault")
     explain.add_argument("--context", type=int, default=3, help="agreeing ops shown before it (default 3)")
@@ -336,7 +353,8 @@ def build_parser() -> argparse.ArgumentParser:
                         help="backend the detectors run on (default: auto)")
     faults.add_argument("--only", action="append", default=[], metavar="NAME",
                         help="run only this fault (repeatable)")
-    faults.add_argument("-j", "--jobs", type=positive_int, default=1, help="faults run at a time (default 1)")
+    faults.add_argument("-j", "--jobs", type=positive_int, default=None,
+                        help="planted runs at a time (default: one per CPU core)")
     faults.add_argument("--markdown", action="store_true", help="print the table as markdown")
     faults.add_argument("--json", type=Path, metavar="PATH", help="also write the run as JSON to PATH")
     faults.set_defaults(func=cmd_faults)

@@ -161,6 +161,7 @@ NAMES: dict[str, Internal] = {
                                                 lambda k: k is not None),
     "op_dk": Internal("torch", "ops.aten.matmul.default._op_dk"),
     "nn_module": Internal("torch._C", "_nn", lambda m: m is not None),
+    "group_tensors_by_device_and_dtype": Internal("torch._C", "_group_tensors_by_device_and_dtype"),
     "dynamo_output_graph": Internal("torch._dynamo.output_graph", "",
                                     _found("torch._dynamo.output_graph"), lazy=True),
     "dynamo_eval_frame": Internal("torch._dynamo.eval_frame", "",
@@ -273,6 +274,7 @@ device_constructors = bind(NAMES["device_constructors"])
 tensor_str = bind(NAMES["tensor_str"])
 DISPATCH_KEY_COMPOSITE_IMPLICIT = bind(NAMES["DISPATCH_KEY_COMPOSITE_IMPLICIT"])
 nn_module = bind(NAMES["nn_module"])
+group_tensors_by_device_and_dtype = bind(NAMES["group_tensors_by_device_and_dtype"])
 
 
 def lazy_module(name: str) -> Any:
@@ -298,6 +300,11 @@ def storage_key(storage: Any) -> int:
 def mark_dynamic(tensor: torch.Tensor, dim: int) -> None:
     """torch._dynamo.mark_dynamic (imported at first use)."""
     importlib.import_module("torch._dynamo").mark_dynamic(tensor, dim)
+
+
+def is_fake_tensor(t: Any) -> bool:
+    """isinstance(t, torch._subclasses.fake_tensor.FakeTensor) (the module imported at first use)."""
+    return isinstance(t, importlib.import_module("torch._subclasses.fake_tensor").FakeTensor)
 
 
 def fake_tensor_mode(**options: Any) -> Any:

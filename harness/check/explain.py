@@ -38,6 +38,7 @@ from harness.emulation import emulation_active
 
 # Frames of this module and of the graph backends are machinery, not the user's code.
 _THIS_FILE = (__file__,)
+__harness_machinery__ = True  # and so for a line found from inside it (callsite.py)
 
 
 def _is_machinery(frame: tuple[str, int]) -> bool:

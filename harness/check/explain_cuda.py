@@ -8,10 +8,28 @@ code's own eager path: `explain_against_eager(graphed, eager)` runs `eager()` lo
 (warmups, the capture's own Python) is not compared: the graphed run is compared from its last
 capture on, so the step must capture its graphs before it serves. The op streams are aligned by op
 and source line in order; the first op whose result differs beyond the BF16-step tolerance is named
-with its line and the input that differs. Rows beyond eager's at the tail of a leading dimension are
-a graph's padding and are not compared. Addresses of two runs are unrelated, so a buffer rebound
+with its line and the input that differs. Addresses of two runs are unrelated, so a buffer rebound
 since capture is told by its values: the replay reads its capture-time buffer while a tensor under
 `roots()` holds what eager reads.
+
+Padding is not a cause. A graph captured for the largest batch computes on more rows, and its
+static buffers are sized for the longest table ([max_bs, max_blocks] where eager passes
+[batch, blocks in use]): wherever the graphed tensor is larger than eager's in a dimension (same
+number of dimensions), only eager's leading slice is compared, so the padded shape itself is
+expected. What the padding rows do is still judged where it shows: an op whose output departs from
+eager's on the real rows while every input agrees on them is blamed on its inputs' padding rows.
+
+Values within the tolerance are not a cause either: an op whose float output agrees with eager's
+only within the BF16-step tolerance (a 4-row and a 3-row matmul round differently) taints where it
+wrote, and an exact-dtype result (integer or boolean) read from tainted memory that differs (the
+bits of a logit turned into ranking keys) agrees and taints in turn: ranking values that agree
+within the tolerance may order them differently.
+
+The comparison needs every replay observed in issue order: under `emulate_cuda(schedule=
+"adversarial")` replays are deferred to the stream's turn and it refuses (`ReplaysNotObserved`),
+and a replay issued but never observed (an observer of the device that runs replays itself) is
+refused after the run. On a GPU (the graph sanitizer) the same comparison runs with real tensors;
+the logs' copies are in host memory there too (oplog.py).
 """
 
 from __future__ import annotations
@@ -24,13 +42,20 @@ from typing import Any, Callable, Mapping
 import torch
 
 from harness import torch_internals
-from harness.check.causes import (BUFFER_REBOUND, CONTENTS_CHANGED, ArgumentPair, Cause, CauseContext,
-                                  classify, host_value, path_at, pool_memory, tensors_under,
+from harness.check.causes import (BUFFER_REBOUND, CONTENTS_CHANGED, PADDING_ALIASES, ArgumentPair, Cause,
+                                  CauseContext, classify, host_value, path_at, pool_memory, tensors_under,
                                   uninitialized, unwritten_pool, upstream)
 from harness.check.explain import Explanation, OpLine, _is_machinery, activate_stream_work
-from harness.check.oplog import EagerOpLog, OpEvent, Value, record_event, record_inputs, tensor_difference
-from harness.graphs.emulator.callsite import describe_frame
+from harness.check.oplog import (EagerOpLog, OpEvent, Value, host_copy, record_event, record_inputs,
+                                 tensor_difference)
+from harness.graphs.emulator.callsite import describe_frame, traceback_callsite
 from harness.graphs.emulator.trace import Origin
+
+__harness_machinery__ = True  # a line found from inside the observed replays is the program's
+
+
+class ReplaysNotObserved(RuntimeError):
+    """explain_against_eager cannot see the graphed run's replays op by op, so it cannot compare them."""
 
 
 @dataclass(frozen=True)
@@ -57,10 +82,17 @@ class _Matcher:
         self.agreed: deque[OpLine] = deque(maxlen=context)
         self.found: Explanation | None = None
         self.too_deep: set[str] = set()  # paths under the roots the walks skipped
+        # Storages of the graphed run holding values that agree with eager's only within the
+        # tolerance (the module's docstring).
+        self.approximate: set[int] = set()
 
     def feed(self, event: OpEvent, replayed: _Replayed | None) -> None:
         if self.found is not None:
             return
+        with torch_internals.DisableTorchFunction():  # host copies, compared as the host sees them
+            self._feed(event, replayed)
+
+    def _feed(self, event: OpEvent, replayed: _Replayed | None) -> None:
         found = self.positions.get(event.key, [])
         at = bisect.bisect_left(found, self.cursor)
         if at == len(found):
@@ -70,13 +102,22 @@ class _Matcher:
         self.compared += 1
         reference = self.eager[found[at]]
         difference = _output_difference(reference, event, self.steps)
+        if difference is not None and _exact_results_of_approximate(reference, event, self.steps,
+                                                                     self.approximate):
+            difference = None
         if difference is None:
+            if not _outputs_equal(reference, event):
+                self.approximate.update(event.output_storages)
+            else:  # written exactly now (or memory freed and made again at that address)
+                self.approximate.difference_update(event.output_storages)
             self.agreed.append(OpLine(event.op, event.where()))
             return
         context = CauseContext(replayed.written if replayed else frozenset(), self.roots,
                                replayed.first_use if replayed else (lambda address: ""),
                                too_deep=self.too_deep)
         pairs = [(p, classify(p, context, CLASSIFIERS)) for p in _differing(reference, event, self.steps)]
+        if not pairs:
+            pairs = _padding_rows(reference, event)
         first = pairs[0] if pairs else None
         self.found = Explanation(
             True, 0, 0, op=event.op, where=event.where(),
@@ -107,6 +148,12 @@ class _GraphedRun:
         self.fed = 0  # log events already fed
         self.labels: dict[int, str] = {}
         self.replays = 0
+        self.issued = 0  # replays of its graphs the run issued
+        self.skipped = 0  # replays after the divergence was found, run plainly
+
+    def on_replay(self, graph, stream) -> None:
+        if id(graph) in self.labels:
+            self.issued += 1
 
     def on_capture_begin(self, graph, stream, mode) -> None:
         graph.keep_trace()
@@ -126,6 +173,7 @@ class _GraphedRun:
     def _replay(self, graph, recording) -> None:
         self.flush()
         if self.matcher.found is not None:
+            self.skipped += 1
             recording.replay()
             return
         self.replays += 1
@@ -149,12 +197,72 @@ class _GraphedRun:
 
 
 def _unpadded(expected: Any, actual: Any) -> Any:
-    """`actual` cut to `expected`'s rows where it only has more of them (a graph's padding rows)."""
+    """`actual` cut to `expected`'s leading slice where it is larger in some dimension and smaller
+    in none (a graph's padding: more rows, a wider static table)."""
     if (isinstance(expected, torch.Tensor) and isinstance(actual, torch.Tensor) and expected.dim() > 0
-            and expected.dim() == actual.dim() and actual.shape[0] > expected.shape[0]
-            and actual.shape[1:] == expected.shape[1:]):
-        return actual[: expected.shape[0]]
+            and expected.dim() == actual.dim() and actual.shape != expected.shape
+            and all(a >= e for a, e in zip(actual.shape, expected.shape))):
+        return actual[tuple(slice(0, e) for e in expected.shape)]
     return actual
+
+
+def _padded(expected: Any, actual: Any) -> bool:
+    return _unpadded(expected, actual) is not actual
+
+
+_EXACT = (torch.bool, torch.uint8, torch.int8, torch.int16, torch.int32, torch.int64)
+
+
+def _outputs_equal(eager: OpEvent, graphed: OpEvent) -> bool:
+    """Whether the graphed op's outputs (on eager's slice) equal eager's bit for bit, NaNs alike."""
+    for e, a in zip(eager.outputs, _beyond_eager_writes(eager, graphed)):
+        a = _unpadded(e, a)
+        if not isinstance(e, torch.Tensor) or not isinstance(a, torch.Tensor) or e.shape != a.shape:
+            continue
+        if not bool(((e == a) | (e.isnan() & a.isnan()) if e.dtype.is_floating_point else (e == a)).all()):
+            return False
+    return True
+
+
+def _exact_results_of_approximate(eager: OpEvent, graphed: OpEvent, steps: float,
+                                  approximate: set[int]) -> bool:
+    """Whether every output that departs from eager's is of an exact dtype and the op read memory
+    holding values that agree only within the tolerance (the module's docstring)."""
+    if not any(v.storage in approximate for v in graphed.inputs if v.storage is not None):
+        return False
+    for e, a in zip(eager.outputs, _beyond_eager_writes(eager, graphed)):
+        if _difference(e, a, steps) is not None and not (
+                isinstance(e, torch.Tensor) and isinstance(a, torch.Tensor) and e.dtype in _EXACT
+                and e.dtype == a.dtype and e.shape == _unpadded(e, a).shape):
+            return False
+    return True
+
+
+def _padding_rows(eager: OpEvent, graphed: OpEvent) -> list[tuple[ArgumentPair, Cause]]:
+    """The inputs that agree with eager only on eager's slice: their padding is what can have
+    changed the op's output on the real rows."""
+    by_name = {v.name: v for v in eager.inputs}
+    found = []
+    for value in graphed.inputs:
+        other = by_name.get(value.name)
+        if other is None or not _padded(other.value, value.value):
+            continue
+        shape, eager_shape = tuple(value.value.shape), tuple(other.value.shape)
+        extra = value.value[eager_shape[0]:] if shape[0] > eager_shape[0] else None
+        rows = (f"; its padding rows [{eager_shape[0]}:{shape[0]}] hold {_short_values(extra)}"
+                if extra is not None else "")
+        found.append((ArgumentPair(value.name, other, value, f"shape {shape} where eager has {eager_shape}"),
+                      Cause(PADDING_ALIASES,
+                            f"`{value.name}` agrees with eager on eager's {eager_shape} slice of the graph's "
+                            f"{shape}{rows}: every input agrees on the real rows, so what the padding "
+                            f"made the op do is what departs (padding rows must touch only memory that "
+                            f"no real row reads, such as a sink slot)")))
+    return found
+
+
+def _short_values(t: torch.Tensor) -> str:
+    text = str(t.flatten()[:8].tolist())
+    return text if t.numel() <= 8 else text[:-1] + ", ...]"
 
 
 def _difference(expected: Any, actual: Any, steps: float) -> str | None:
@@ -213,7 +321,7 @@ def _holder_of(values: torch.Tensor, context: CauseContext, replay: Value) -> st
             continue
         flat = t.detach().reshape(-1)
         if flat.numel() >= offset + values.numel() and torch.equal(
-                flat[offset: offset + values.numel()].reshape(values.shape), values):
+                host_copy(flat[offset: offset + values.numel()]).reshape(values.shape), values):
             return f"`{path}`"
     return ""
 
@@ -252,7 +360,9 @@ def explain_against_eager(graphed: Callable[[], Any], eager: Callable[[], Any], 
     """The first op of `graphed()` (code that captures and replays torch.cuda graphs) whose result
     departs from the same op of `eager()` (the same work without graphs), and why (the module's
     docstring). Runs inside the active `harness.emulate_cuda()`, or in one of its own. `roots()`
-    names tensors of the graphed run by path. An error either run raises is reported in `raised`."""
+    names tensors of the graphed run by path. An error either run raises is reported in `raised`,
+    with its type, message and the program's line. `ReplaysNotObserved` where the replays cannot be
+    observed (the adversarial schedule)."""
     if steps < 0:
         raise ValueError(f"steps must be >= 0 bf16 steps, got {steps}")
     if context < 0:
@@ -263,6 +373,7 @@ def explain_against_eager(graphed: Callable[[], Any], eager: Callable[[], Any], 
     if emulation_active() is None:
         with emulate_cuda():
             return explain_against_eager(graphed, eager, steps=steps, context=context, roots=roots)
+    _refuse_deferred_replays(active_state())
     activate_stream_work()
     reference, log = EagerOpLog(), EagerOpLog()
     raised = ""
@@ -282,8 +393,30 @@ def explain_against_eager(graphed: Callable[[], Any], eager: Callable[[], Any], 
         raised = _named(error)
     with torch_internals.DisableTorchFunction():
         run.flush()
+    if run.issued > run.replays + run.skipped and not raised:
+        raise ReplaysNotObserved(
+            f"explain_against_eager observed {run.replays} of the {run.issued} graph replays the "
+            f"graphed run issued: an observer of the device ran the others itself, so they cannot be "
+            f"compared with eager; explain with the emulated device alone (emulate_cuda() with "
+            f"schedule='issue_order')")
     return matcher.result(run.replays, raised)
 
 
+def _refuse_deferred_replays(state) -> None:
+    tracking = getattr(state, "streams_tracking", None)
+    schedule = getattr(getattr(tracking, "work", None), "schedule", None)
+    name = getattr(schedule, "name", "issue_order")
+    if name != "issue_order":
+        raise ReplaysNotObserved(
+            f"explain_against_eager cannot observe replays under emulate_cuda(schedule={name!r}): "
+            f"that schedule runs each replay at its stream's turn, after the op log moved on; "
+            f"accepted: schedule='issue_order' (races under the adversarial schedule are reported "
+            f"by the schedule itself)")
+
+
 def _named(error: Exception) -> str:
-    return f"{type(error).__module__}.{type(error).__name__}: {error}"
+    """The error's type, its message (or that it has none) and the program's line that raised it."""
+    message = str(error) or "(no message)"
+    where = traceback_callsite(error.__traceback__)
+    return (f"{type(error).__module__}.{type(error).__name__}: {message}"
+            + (f"\n  raised at {where}" if where else ""))

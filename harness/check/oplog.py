@@ -5,6 +5,12 @@ as it left them, and the comparison of two such ops within BF16 steps (harness.c
 The eager log sees the op stream the emulator's recorder sees: views are not logged (they only
 alias) and composite ops are decomposed, so a replay's records and an eager run of the same
 callable line up op by op.
+
+The copies the logs keep are the harness's, not the program's: they are made in host memory with
+every mode out of the way, so no device accounts for them (a runtime that sizes its KV cache from
+`torch.cuda.mem_get_info()` sees the memory it would see without the explanation), stream tracking
+does not take them for the program's reads, and on a real GPU (the graph sanitizer) they leave the
+device's memory alone.
 """
 
 from __future__ import annotations
@@ -14,6 +20,8 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
+from harness import torch_internals
+from harness.torch_internals import TorchDispatchMode, disable_current_modes as _disable_current_modes, tree_flatten
 
 from harness.torch_internals import TorchDispatchMode, tree_flatten
 from harness.check.tolerance import bf16_step
@@ -24,6 +32,9 @@ from harness.graphs.emulator.trace import Argument, OpRecord, Origin
 
 
 _THIS_FILE = (__file__,)
+# The op log runs inside the program's ops: a line found from inside it (a race, a capture error)
+# is the program's line beyond it (harness.graphs.emulator.callsite).
+__harness_machinery__ = True
 
 
 @dataclass(frozen=True)
@@ -46,6 +57,7 @@ class OpEvent:
     inputs: tuple[Value, ...]
     outputs: tuple[torch.Tensor, ...]
     writes: int = 0  # how many of the outputs (the first ones) are arguments it wrote in place
+    output_storages: tuple[int, ...] = ()  # where the outputs live in the run that made them
 
     @property
     def key(self) -> tuple[str, Frame | None]:
@@ -61,7 +73,27 @@ def address(t: torch.Tensor) -> int:
 
 
 def _copy(t: torch.Tensor) -> torch.Tensor:
-    return t.detach().clone()
+    return host_copy(t)
+
+
+def _has_memory(t: torch.Tensor) -> bool:
+    """False for the meta and fake tensors of the recorder's shape inference, which the log sees
+    pass by during a capture (and drops with the capture's other events)."""
+    return not t.is_meta and not torch_internals.is_fake_tensor(t)
+
+
+def host_copy(t: torch.Tensor) -> torch.Tensor:
+    """`t`'s values in host memory of the harness's own (the module's docstring)."""
+    if not _has_memory(t):
+        return t.detach().clone()
+    with torch_internals.DisableTorchFunction(), _disable_current_modes():
+        t = t.detach()
+        return t.clone() if t.device.type == "cpu" else t.to("cpu", copy=True)
+
+
+def storages(tensors) -> tuple[int, ...]:
+    return tuple(t.untyped_storage().data_ptr() if _has_memory(t) else 0
+                 for t in tensors if isinstance(t, torch.Tensor))
 
 
 def snapshot(argument: Argument) -> Value:
@@ -77,7 +109,8 @@ def record_inputs(record: OpRecord) -> tuple[Value, ...]:
 
 
 def record_event(record: OpRecord, inputs: tuple[Value, ...]) -> OpEvent:
-    return OpEvent(record.op, record.frames, inputs, tuple(_copy(t) for t in record.outputs))
+    return OpEvent(record.op, record.frames, inputs, tuple(_copy(t) for t in record.outputs),
+                   output_storages=storages(record.outputs))
 
 
 _UNINITIALIZED = frozenset({torch.ops.aten.empty.memory_format, torch.ops.aten.empty_like.default,
@@ -141,7 +174,8 @@ class EagerOpLog(TorchDispatchMode):
                 t.zero_()
             return result  # an allocation: nothing computed, and the recorder keeps no record of it
         self.events.append(OpEvent(opinfo.op_name(func), frames, inputs,
-                                   tuple(_copy(t) for t in (*written, *fresh)), len(written)))
+                                   tuple(_copy(t) for t in (*written, *fresh)), len(written),
+                                   storages((*written, *fresh))))
         return result
 
 

@@ -11,9 +11,11 @@ from typing import Any
 
 import torch
 
+from harness import torch_internals
+
 
 def patches(state) -> list[tuple[Any, str, Any]]:
-    group = torch._C._group_tensors_by_device_and_dtype
+    group = torch_internals.group_tensors_by_device_and_dtype
 
     def grouped_by_emulated_device(tensorlistlist, with_indices=False):
         out: dict = {}
@@ -28,7 +30,8 @@ def patches(state) -> list[tuple[Any, str, Any]]:
                 out[(key, dtype)] = (sub, [indices[j] for j in positions] if indices else indices)
         return out
 
-    return [(torch._C, "_group_tensors_by_device_and_dtype", grouped_by_emulated_device)]
+    return [(torch_internals.torch_namespace("torch._C"), "_group_tensors_by_device_and_dtype",
+             grouped_by_emulated_device)]
 
 
 __all__ = ["patches"]

@@ -53,17 +53,35 @@ class SanitizerHost:
     def stream_captures(self, stream) -> bool:
         return self.capture is not None and stream == self._capture_stream
 
+    # Observers (DeviceState's interface, state.py) hear of captures and replays here too: the
+    # explainer (harness.check.explain_cuda) keeps each capture's recording and observes its replays.
+
+    @contextlib.contextmanager
+    def observe(self, observer):
+        self.observers.append(observer)
+        try:
+            yield observer
+        finally:
+            self.observers.remove(observer)
+
+    def _tell(self, method: str, *args) -> None:
+        for observer in tuple(self.observers):
+            hook = getattr(observer, method, None)
+            if hook is not None:
+                hook(*args)
+
     def notify_replay(self, graph) -> None:
-        pass
+        self._tell("on_replay", graph, torch.cuda.current_stream())
 
     def issue_replay(self, graph, recording, run) -> None:
         run(recording)
 
     def notify_capture_begin(self, graph, stream, mode) -> None:
-        pass  # real streams: CUDA itself enforces the capture's stream rules
+        # Real streams: CUDA itself enforces the capture's stream rules; only observers are told.
+        self._tell("on_capture_begin", graph, stream, mode)
 
     def notify_capture_end(self, graph, *, aborted: bool) -> None:
-        pass
+        self._tell("on_capture_end", graph, aborted)
 
 
 def enter_sanitizer(stack: contextlib.ExitStack) -> SanitizerHost:

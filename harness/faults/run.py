@@ -1,5 +1,12 @@
-"""Measured detection: run each fault's detector in a pytest process of its own, once with the
-fault planted and once without, and judge the pair.
+"""Measured detection: run each fault's detector in a pytest process of its own with the fault
+planted, and without it, and judge the pair.
+
+A planted run needs a session of its own: the fault is planted for the whole session, before the
+test modules bind the planted functions. The clean runs need not: `run_zoo` runs the detectors
+without a fault in `jobs` sessions of several detectors each, and only a detector that fails there
+is run again alone (a test that fails only beside others is not the fault's false positive).
+Sessions go `jobs` at a time, by default one per CPU core this process may use, each a process
+forked from a server that imported torch once (sessions.py).
 
 A fault is `detected` when the planted run fails with output matching the entry's `expected`
 diagnosis, the fault fired, and the clean run passes. Anything else is a finding: `missed` (the
@@ -13,16 +20,14 @@ from __future__ import annotations
 import json
 import os
 import re
-import subprocess
-import sys
 import tempfile
-import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Callable, Iterable
+from typing import Callable, Iterable, Sequence
 
 from harness.faults.registry import Fault
+from harness.faults.sessions import run_session
 from harness.provenance import checkout_root
 
 VERDICTS = ("detected", "missed", "not fired", "wrong diagnosis", "false positive", "error",
@@ -35,6 +40,7 @@ class PytestRun:
     output: str
     fired: int | None
     seconds: float
+    cpu_seconds: float | None = None  # sessions.py's
 
 
 @dataclass(frozen=True)
@@ -54,22 +60,27 @@ class FaultRun:
         return asdict(self)
 
 
-def run_detector(node_id: str, *, backend: str, fault: str | None, root: Path,
+def default_jobs() -> int:
+    """Planted runs at a time when not told: the CPU cores this process may run on."""
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except AttributeError:  # no sched_getaffinity (macOS): every core
+        return max(1, os.cpu_count() or 1)
+
+
+def run_detector(node_id: str | Sequence[str], *, backend: str, fault: str | None, root: Path,
                  workdir: Path) -> PytestRun:
-    """One pytest process running `node_id` alone (no xdist), with `fault` planted if given."""
+    """One pytest session of its own (sessions.py) running `node_id` (or several node ids together;
+    no xdist), with `fault` planted if given. `-rA` lists each test's outcome by node id (`outcomes`)."""
     report = workdir / "fault-report.json"
-    cmd = [sys.executable, "-m", "pytest", node_id, "-p", "no:xdist", "-q",
-           f"--graph-backend={backend}", f"--repro-dir={workdir / 'repro'}"]
+    node_ids = [node_id] if isinstance(node_id, str) else list(node_id)
+    args = [*node_ids, "-p", "no:xdist", "-q", "-rA", f"--graph-backend={backend}",
+            f"--repro-dir={workdir / 'repro'}"]
     if fault is not None:
-        cmd += ["--plant-fault", fault, "--fault-report", str(report)]
-    env = {k: v for k, v in os.environ.items() if not k.startswith("PYTEST_")}
-    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(root), env.get("PYTHONPATH")]))
-    env.setdefault("OMP_NUM_THREADS", "1")
-    started = time.monotonic()
-    proc = subprocess.run(cmd, cwd=root, env=env, capture_output=True, text=True)
-    seconds = time.monotonic() - started
+        args += ["--plant-fault", fault, "--fault-report", str(report)]
+    session = run_session(args, root=root)
     fired = json.loads(report.read_text())["fired"] if report.is_file() else None
-    return PytestRun(proc.returncode, proc.stdout + proc.stderr, fired, seconds)
+    return PytestRun(session.returncode, session.output, fired, session.seconds, session.cpu_seconds)
 
 
 def judge(fault: Fault, planted: PytestRun, clean: PytestRun | None) -> tuple[str, str]:
@@ -88,37 +99,122 @@ def judge(fault: Fault, planted: PytestRun, clean: PytestRun | None) -> tuple[st
     return "detected", ""
 
 
-def run_fault(fault: Fault, *, backend: str, root: Path | None = None) -> FaultRun:
-    root = root or checkout_root()
-    reason = fault.unplantable(backend)
-    if reason:
-        return FaultRun(fault.name, "not plantable", fault.detector, 0.0, detail=reason)
+def _planted(fault: Fault, *, backend: str, root: Path) -> PytestRun:
     with tempfile.TemporaryDirectory(prefix=f"fault-{fault.name}-") as tmp:
-        planted = run_detector(fault.detector, backend=backend, fault=fault.name, root=root,
-                               workdir=Path(tmp, "planted"))
-        clean = None
-        if planted.returncode == 1:
-            clean = run_detector(fault.detector, backend=backend, fault=None, root=root,
-                                 workdir=Path(tmp, "clean"))
+        return run_detector(fault.detector, backend=backend, fault=fault.name, root=root,
+                            workdir=Path(tmp, "planted"))
+
+
+def _clean(detector: str, *, backend: str, root: Path) -> PytestRun:
+    with tempfile.TemporaryDirectory(prefix="fault-clean-") as tmp:
+        return run_detector(detector, backend=backend, fault=None, root=root, workdir=Path(tmp, "clean"))
+
+
+def _result(fault: Fault, planted: PytestRun, clean: PytestRun | None) -> FaultRun:
     verdict, detail = judge(fault, planted, clean)
     return FaultRun(fault.name, verdict, fault.detector, round(planted.seconds, 1), planted.fired,
                     detail)
 
 
-def run_zoo(faults: Iterable[Fault], *, backend: str, jobs: int = 1, root: Path | None = None,
+def run_fault(fault: Fault, *, backend: str, root: Path | None = None) -> FaultRun:
+    """One fault: its planted run, then (if that failed) its detector's clean run."""
+    root = root or checkout_root()
+    reason = fault.unplantable(backend)
+    if reason:
+        return FaultRun(fault.name, "not plantable", fault.detector, 0.0, detail=reason)
+    planted = _planted(fault, backend=backend, root=root)
+    clean = _clean(fault.detector, backend=backend, root=root) if planted.returncode == 1 else None
+    return _result(fault, planted, clean)
+
+
+_OUTCOME = re.compile(r"^(PASSED|FAILED|ERROR|XPASS|XFAIL) (\S+)", re.MULTILINE)
+
+
+def outcomes(output: str) -> dict[str, str]:
+    """Node id -> outcome, from the `-rA` summary of a pytest run's output (skips are listed by
+    file and reason, not node id, and are absent)."""
+    found: dict[str, str] = {}
+    for outcome, node_id in _OUTCOME.findall(output):
+        if found.get(node_id) not in ("FAILED", "ERROR"):  # a test that failed and errored in teardown
+            found[node_id] = outcome
+    return found
+
+
+def failed_detectors(detectors: Sequence[str], run: PytestRun) -> set[str]:
+    """The detectors the joint clean `run` did not pass: a test of theirs failed or errored, or none
+    of them ran at all while the run failed (collection errors, a crash)."""
+    seen = outcomes(run.output)
+    failed = set()
+    for detector in detectors:
+        # A detector without parameters runs every parametrization of its test.
+        mine = [outcome for node_id, outcome in seen.items()
+                if node_id == detector or node_id.startswith(detector + "[")]
+        if any(outcome in ("FAILED", "ERROR") for outcome in mine) or (not mine and run.returncode != 0):
+            failed.add(detector)
+    return failed
+
+
+def run_zoo(faults: Iterable[Fault], *, backend: str, jobs: int | None = None, root: Path | None = None,
             log: Callable[[str], None] = lambda line: None) -> list[FaultRun]:
-    """Every fault's FaultRun, in the order given; `jobs` faults run at a time."""
+    """Every fault's FaultRun, in the order given. `jobs` sessions at a time (by default
+    `default_jobs()`): the clean runs of the detectors, split into `jobs` sessions of several
+    detectors each, first (they are the longest), then each fault's planted run. A detector that
+    fails in its joint clean run and whose planted run failed is run again alone, and only that run
+    judges it."""
     faults = list(faults)
+    root = root or checkout_root()
+    jobs = default_jobs() if jobs is None else jobs
+    if jobs < 1:
+        raise ValueError(f"jobs must be 1 or more, got {jobs}")
+    plantable = [f for f in faults if not f.unplantable(backend)]
+    detectors = list(dict.fromkeys(f.detector for f in plantable))
+    chunks = [detectors[i::jobs] for i in range(min(jobs, len(detectors)))]
+    cpu: list[float] = []
 
-    def one(fault: Fault) -> FaultRun:
-        result = run_fault(fault, backend=backend, root=root)
-        log(f"[faults] {fault.name}: {result.verdict} ({result.seconds:.1f} s)")
-        return result
+    def clean_chunk(chunk: list[str]) -> tuple[list[str], PytestRun]:
+        run = _clean(chunk, backend=backend, root=root)
+        cpu.append(run.cpu_seconds or 0.0)
+        log(f"[faults] {len(chunk)} detector(s) without a fault, in one session: exited "
+            f"{run.returncode} ({run.seconds:.1f} s)")
+        return chunk, run
 
-    if jobs <= 1:
-        return [one(f) for f in faults]
+    def planted(fault: Fault) -> PytestRun:
+        run = _planted(fault, backend=backend, root=root)
+        cpu.append(run.cpu_seconds or 0.0)
+        log(f"[faults] {fault.name}: planted run exited {run.returncode} ({run.seconds:.1f} s)")
+        return run
+
     with ThreadPoolExecutor(max_workers=jobs) as pool:
-        return list(pool.map(one, faults))
+        joint = [pool.submit(clean_chunk, chunk) for chunk in chunks]
+        planted_runs = dict(zip((f.name for f in plantable), pool.map(planted, plantable)))
+        joint_runs = [future.result() for future in joint]
+    clean: dict[str, PytestRun] = {}
+    failed_beside: set[str] = set()
+    for chunk, run in joint_runs:
+        failed = failed_detectors(chunk, run)
+        failed_beside |= failed
+        passed = PytestRun(0, run.output, None, run.seconds)  # for the detectors it passed
+        clean.update({detector: passed for detector in chunk if detector not in failed})
+    alone = sorted(d for d in failed_beside
+                   if any(f.detector == d and planted_runs[f.name].returncode == 1 for f in plantable))
+    with ThreadPoolExecutor(max_workers=jobs) as pool:
+        for detector, run in zip(alone, pool.map(lambda d: _clean(d, backend=backend, root=root), alone)):
+            log(f"[faults] {detector}: failed beside the others; alone it exited {run.returncode}")
+            clean[detector] = run
+    if any(cpu):
+        log(f"[faults] {len(cpu)} planted and joint pytest sessions, {sum(cpu):.0f} s of CPU summed "
+            f"(with the processes they started)")
+    results = []
+    for fault in faults:
+        run = planted_runs.get(fault.name)
+        if run is None:
+            results.append(FaultRun(fault.name, "not plantable", fault.detector, 0.0,
+                                    detail=fault.unplantable(backend) or ""))
+            continue
+        result = _result(fault, run, clean.get(fault.detector))
+        log(f"[faults] {fault.name}: {result.verdict} ({result.seconds:.1f} s)")
+        results.append(result)
+    return results
 
 
 def _tail(text: str, lines: int = 30) -> str:

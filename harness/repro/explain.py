@@ -17,6 +17,8 @@ from harness.repro.record import ReproRecord, load_record
 from harness.repro.replay_checks import HostDecisions
 from harness.repro.scenario import Scenario
 
+__harness_machinery__ = True  # its frames are not the program's callers (callsite.py)
+
 
 def engine_roots(engines: list[Any]) -> Callable[[], dict[str, Any]]:
     """What names a tensor in the report: the latest engine's decode-graph roots and its model."""
@@ -98,3 +100,55 @@ def explain_fault(name: str, *, context: int = 3) -> Explanation:
         raise KeyError(f"fault {name!r} has no reproduction that diverges; those that do: "
                        f"{', '.join(DIVERGING)}")
     return explain_record(fault_record(name), context=context)
+
+
+# --- `harness explain FILE.py::FUNCTION`: a user's own code ------------------------------------
+
+def load_entry_point(target: str) -> Callable[..., Any]:
+    """`FILE.py::FUNCTION` -> the function, its file imported as a module of its own (with its
+    folder on `sys.path` meanwhile, so that the file's sibling imports resolve). FUNCTION runs the
+    workload once: with `graphed=True` capturing and replaying its torch.cuda graphs, with
+    `graphed=False` the same work eagerly."""
+    import importlib.util
+    import inspect
+    import sys
+
+    path, sep, name = target.partition("::")
+    if not sep or not name or not path.endswith(".py"):
+        raise ValueError(f"{target!r}: expected FILE.py::FUNCTION (a function taking graphed=True|False)")
+    file = Path(path)
+    if not file.is_file():
+        raise ValueError(f"{target!r}: no file {file}")
+    module_name = f"harness_explain_target_{abs(hash(str(file.resolve())))}"
+    spec = importlib.util.spec_from_file_location(module_name, file)
+    module = importlib.util.module_from_spec(spec)
+    folder = str(file.resolve().parent)
+    sys.path.insert(0, folder)
+    try:
+        spec.loader.exec_module(module)
+    finally:
+        sys.path.remove(folder)
+    function = getattr(module, name, None)
+    if not callable(function):
+        found = sorted(n for n, v in vars(module).items() if inspect.isfunction(v) and not n.startswith("_"))
+        raise ValueError(f"{target!r}: {file} has no function {name!r}; its functions: {', '.join(found) or 'none'}")
+    try:
+        inspect.signature(function).bind(graphed=True)
+    except TypeError as error:
+        raise ValueError(f"{target!r}: {name} must take graphed=True|False ({error})") from None
+    return function
+
+
+def explain_entry_point(target: str, *, steps: float = 2, context: int = 3) -> Explanation:
+    """`harness explain FILE.py::FUNCTION`: `FUNCTION(graphed=True)` explained against
+    `FUNCTION(graphed=False)` (harness.check.explain_cuda.explain_against_eager), inside the active
+    `harness.emulate_cuda()` or one of its own (the graph sanitizer on a machine with a GPU)."""
+    from harness.check.explain_cuda import explain_against_eager
+    from harness.emulation import emulate_cuda, emulation_active
+
+    if emulation_active() is None:
+        with emulate_cuda():
+            return explain_entry_point(target, steps=steps, context=context)
+    function = load_entry_point(target)
+    return explain_against_eager(lambda: function(graphed=True), lambda: function(graphed=False),
+                                 steps=steps, context=context)

@@ -33,5 +33,22 @@ def test_lint_under_emulate_cuda_names_a_pageable_copy_to_the_device(tmp_path, m
 
 
 def test_repro_takes_emulate_cuda(tmp_path, capsys):
-    missing = tmp_path / "missing.json"
-    assert cli.main(["repro", "--emulate-cuda", str(missing)]) == 2
+    # A recorded test that passes only on a CUDA device: replayed with --emulate-cuda on a machine
+    # without a GPU, it passes only if the option reached the pytest run that re-runs it.
+    if emulation_active() is not None or torch.cuda.is_available():
+        pytest.skip("replays on the emulated CUDA device, without a GPU")
+    from harness.repro import ReproRecord, write_record
+
+    (tmp_path / "test_needs_cuda.py").write_text(textwrap.dedent("""
+        import torch
+        def test_sees_a_cuda_device():
+            assert torch.cuda.is_available()
+            assert float((torch.ones(2, device="cuda") * 2).sum()) == 4.0
+    """))
+    record = ReproRecord(node_id="test_needs_cuda.py::test_sees_a_cuda_device", backend="emulated",
+                         torch=torch.__version__, root=str(tmp_path))
+    path = write_record(record, tmp_path / "repro")
+    assert cli.main(["repro", "--emulate-cuda", str(path)]) == 0
+    captured = capsys.readouterr()
+    assert "--emulate-cuda" in captured.out and "1 passed" in captured.out, captured.out
+    assert "[repro] passes" in captured.err

@@ -1,16 +1,16 @@
 """Measured detection: each fault's detector fails with the fault planted, naming the cause, the
 fault fires, and the same detector passes without it. Every run is a pytest process of its own
-(harness.faults.run), so no fault leaks into another test.
+(harness.faults.run), so no fault leaks into another test; the clean runs of the whole zoo share one.
 
-Each pair of runs costs two processes that import torch; pre-merge runs one representative entry,
-the nightly list runs the whole zoo (`harness faults` prints the same as a table)."""
+Each planted run costs a process that imports torch; pre-merge runs one representative entry, the
+nightly list runs the whole zoo as `harness faults` does (one planted run per core at a time)."""
 
 from __future__ import annotations
 
 import pytest
 
 from harness.faults import FAULTS
-from harness.faults.run import run_fault
+from harness.faults.run import PytestRun, failed_detectors, outcomes, run_fault, run_zoo
 
 PRE_MERGE = "host-sync-in-capture"
 
@@ -30,6 +30,34 @@ def test_representative_fault_is_detected(graph_backend):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("name", [name for name in FAULTS if name != PRE_MERGE])
-def test_every_fault_is_detected(graph_backend, name):
-    check_detected(name, graph_backend.name)
+def test_the_whole_zoo_is_detected_in_one_run(graph_backend):
+    runs = run_zoo(FAULTS.values(), backend=graph_backend.name)
+    wrong = [f"{r.name}: {r.verdict}: {r.detail}" for r in runs
+             if r.verdict != ("not plantable" if FAULTS[r.name].unplantable(graph_backend.name) else "detected")]
+    assert not wrong, "\n".join(wrong)
+    assert [r.name for r in runs] == list(FAULTS)
+
+
+_SUMMARY = """\
+PASSED suites/a.py::test_one
+FAILED suites/a.py::test_two - AssertionError: no
+PASSED suites/b.py::test_grid[1]
+ERROR suites/b.py::test_grid[2] - RuntimeError: teardown
+SKIPPED [1] suites/c.py:3: no GPU
+"""
+
+
+def test_the_joint_clean_run_blames_only_the_detectors_that_failed_in_it():
+    assert outcomes(_SUMMARY) == {"suites/a.py::test_one": "PASSED", "suites/a.py::test_two": "FAILED",
+                                  "suites/b.py::test_grid[1]": "PASSED", "suites/b.py::test_grid[2]": "ERROR"}
+    run = PytestRun(1, _SUMMARY, None, 1.0)
+    detectors = ["suites/a.py::test_one", "suites/a.py::test_two", "suites/b.py::test_grid",
+                 "suites/b.py::test_grid[1]"]
+    assert failed_detectors(detectors, run) == {"suites/a.py::test_two", "suites/b.py::test_grid"}
+
+
+def test_a_detector_absent_from_a_failed_joint_run_is_run_again_alone():
+    # A collection error or a crash lists no outcome: nothing says the detector passed.
+    crashed = PytestRun(2, "ERROR collecting suites/a.py", None, 1.0)
+    assert failed_detectors(["suites/a.py::test_one"], crashed) == {"suites/a.py::test_one"}
+    assert failed_detectors(["suites/a.py::test_one"], PytestRun(0, "", None, 1.0)) == set()

@@ -12,7 +12,6 @@ import functools
 import linecache
 import os
 import sys
-import traceback
 from types import FrameType, TracebackType
 from typing import Callable
 
@@ -24,12 +23,20 @@ _HARNESS_DIR = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(_
 # The graph backends and the emulated device are machinery: an error names the line that called them.
 MACHINERY_DIRS = (os.path.join(_HARNESS_DIR, "graphs") + os.sep, os.path.join(_HARNESS_DIR, "emulation") + os.sep)
 _SKIPPED = (os.path.dirname(torch.__file__),) + MACHINERY_DIRS
+# A module outside these folders that runs inside the program's ops (the explainer's op log, a
+# dispatch mode of its own) sets `__harness_machinery__ = True`: its frames are skipped too, so
+# an error raised under it names the program's line, not the module's.
+MACHINERY_MARK = "__harness_machinery__"
 
 
 @functools.lru_cache(maxsize=4096)
 def _is_user_file(filename: str, also_skip: tuple[str, ...] = ()) -> bool:
     # Cached: every tracked op walks its caller frames through here, a few files over and over.
     return not filename.startswith(_SKIPPED + also_skip) and not filename.startswith("<frozen")
+
+
+def _is_user_frame(frame: FrameType, also_skip: tuple[str, ...] = ()) -> bool:
+    return _is_user_file(frame.f_code.co_filename, also_skip) and frame.f_globals.get(MACHINERY_MARK) is not True
 
 
 def describe_line(filename: str, lineno: int) -> str:
@@ -49,7 +56,7 @@ def at_callsite(message: str, where: str) -> str:
 
 def _user_frame(also_skip: tuple[str, ...] = ()) -> FrameType | None:
     frame: FrameType | None = sys._getframe(2)
-    while frame is not None and not _is_user_file(frame.f_code.co_filename, also_skip):
+    while frame is not None and not _is_user_frame(frame, also_skip):
         frame = frame.f_back
     return frame
 
@@ -102,11 +109,12 @@ def traceback_callsite(tb: TracebackType | None, *, also_skip: tuple[str, ...] =
                        in_file: Callable[[str], bool] | None = None) -> str:
     """The innermost frame of a traceback outside torch, the emulator and `also_skip`, or (with
     `in_file`) the innermost frame whose file it accepts."""
-    accept = in_file or (lambda filename: _is_user_file(filename, also_skip))
     found = ""
-    for summary in traceback.extract_tb(tb):
-        if accept(summary.filename):
-            found = describe_line(summary.filename, summary.lineno or 0)
+    while tb is not None:
+        frame = tb.tb_frame
+        if in_file(frame.f_code.co_filename) if in_file is not None else _is_user_frame(frame, also_skip):
+            found = describe_line(frame.f_code.co_filename, tb.tb_lineno or 0)
+        tb = tb.tb_next
     return found
 
 
@@ -121,7 +129,7 @@ def user_frames(limit: int = 4, skip: tuple[str, ...] = ()) -> tuple[Frame, ...]
     frame = _user_frame()
     while frame is not None and len(frames) < limit:
         name = frame.f_code.co_filename
-        if _is_user_file(name) and name not in skip:
+        if _is_user_frame(frame) and name not in skip:
             frames.extend(_source_frames(frame))
         frame = frame.f_back
     return tuple(frames[:limit])
