@@ -31,6 +31,7 @@ from harness.ops.metadata import AttentionMetadata
 from harness.ops.sizing import cdiv
 from harness.records import EAGER, Generation, Request, Step
 from harness.runtime.comm import Comm
+from harness.runtime.compiled.piece import inductor_piece_compiler
 from harness.runtime.compiled.step import CompiledStep
 from harness.runtime.config import EngineConfig
 from harness.runtime.decode.blockers import CaptureFeatures
@@ -202,7 +203,9 @@ class Engine:
             return None
         return PiecewiseGraphs(self.model, self.kv_cache, self.metadata, self.input_ids,
                                config.piecewise_buckets, backend, self._stats,
-                               policy=policy if policy is not None else default_piecewise_policy())
+                               policy=policy if policy is not None else default_piecewise_policy(),
+                               compile_piece=inductor_piece_compiler(backend) if config.compile == "inductor"
+                               else None)
 
     @property
     def stats(self) -> EngineStats:

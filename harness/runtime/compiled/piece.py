@@ -187,3 +187,14 @@ class CompiledPiece:
 def _describe(key: tuple[Any, ...]) -> str:
     return ", ".join(f"{list(k[0])} {str(k[2]).removeprefix('torch.')}" if isinstance(k, tuple) else repr(k)
                      for k in key)
+
+
+def inductor_piece_compiler(backend: GraphBackend | None) -> Callable[[fx.GraphModule, str], CompiledPiece]:
+    """`compile_piece` for the piecewise compile backend: each static piece a CompiledPiece, all
+    counted together."""
+    counts = CompileCounts()
+
+    def compile_piece(module: fx.GraphModule, name: str) -> CompiledPiece:
+        return CompiledPiece(module, name=name, backend=backend, counts=counts)
+
+    return compile_piece
