@@ -201,7 +201,7 @@ class DecoderGraphs:
         for size in sizes:
             with dummy_batch(self.host.kv_cache, size) as batch:
                 self._prepare(batch)
-                self._model_step()
+                self.warmup_step()
         for size in sizes:
             for top_k in self._variants():
                 self._warmup_and_capture_one(size, top_k, record=False)
@@ -222,7 +222,7 @@ class DecoderGraphs:
         with dummy_batch(self.host.kv_cache, size) as batch:
             self._prepare(batch)
             if warm_model:
-                self._model_step()  # the warmup forward right before the capture
+                self.warmup_step()  # the warmup forward right before the capture
             if top_k is not None:
                 self._warmup_ranking(size, top_k)
             self.runner.capture(key, self._captured_step(top_k),
@@ -236,6 +236,11 @@ class DecoderGraphs:
         model = self.host.model
         logits = torch.zeros(size, model.vocab_size, dtype=model.dtype, device=model.device)
         pack_ranking(rank_logits(logits, top_k), size)
+
+    def warmup_step(self) -> torch.Tensor:
+        """A warmup forward of the prepared dummy batch: the step its graph will capture, run once
+        outside the capture (a compiled step compiles the shape here, never inside the capture)."""
+        return self._model_step()
 
     def _model_step(self) -> torch.Tensor:
         host = self.host
