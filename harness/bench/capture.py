@@ -52,6 +52,7 @@ from harness.ranking import logits_to_steps
 
 BATCHES = (1, 8, 64)
 CAPTURE_TARGET = 0.7
+COMPILED_CAPTURE_TARGET = 0.65  # the single/two target, on the compiled path
 REPLAY_TARGETS = {"tiny": 15.0, "1b": 6.0}  # eager/replay at batch 1
 HBM_BYTES_PER_S = 4.8e12  # H200
 CONTEXT = 64  # tokens of context per sequence in the timed decode steps
@@ -274,7 +275,7 @@ def render(backend_name: str, captures: list[CaptureTiming], replays: list[Repla
     lines = [f"Decode graphs through the engine, backend {backend_name}, bf16, graphs of batch "
              f"{', '.join(map(str, BATCHES))}, context {CONTEXT} tokens, median of {iters} iterations.", "",
              f"Capture of the final phase, median of {CAPTURE_REPEATS} per arm (target single/two <= "
-             f"{CAPTURE_TARGET}):", "",
+             f"{CAPTURE_TARGET}, compiled <= {COMPILED_CAPTURE_TARGET}):", "",
              "| model | compile | two passes ms | single pass ms | single/two | first capture s |",
              "|---|---|---:|---:|---:|---:|"]
     lines += [f"| {c.model} | {c.compile} | {c.two_pass_ms:.1f} | {c.single_pass_ms:.1f} | {c.ratio:.2f}x | "
@@ -292,7 +293,11 @@ def render(backend_name: str, captures: list[CaptureTiming], replays: list[Repla
 
 
 def misses(captures: list[CaptureTiming], replays: list[ReplayTiming]) -> list[str]:
-    missed = [f"{c.model} capture {c.ratio:.2f}x > {CAPTURE_TARGET}" for c in captures if c.ratio > CAPTURE_TARGET]
+    missed = []
+    for c in captures:
+        target = COMPILED_CAPTURE_TARGET if c.compile == "inductor" else CAPTURE_TARGET
+        if c.ratio > target:
+            missed.append(f"{c.model} capture ({c.compile}) {c.ratio:.2f}x > {target}")
     missed += [f"{r.model} replay at batch 1 {r.speedup:.1f}x < {REPLAY_TARGETS[r.model]:g}x"
                for r in replays if r.batch == 1 and r.speedup < REPLAY_TARGETS[r.model]]
     return missed
