@@ -13,6 +13,10 @@ Two measurements per model shape (the tiny CPU-suite model and the Llama-3.2-1B 
 
 Each replay ratio comes from one run: the median of many timed iterations after warmup.
 
+`--compile` (default both): each measurement on the eager-ops path and on the compiled path
+(EngineConfig.compile="inductor": inductor pieces between the attention ops, the decode graphs over
+them); the first capture of each shape is timed apart, every compile in it.
+
 Then, in the same run: the decode step through `Engine.generate`, eager and with graphs, overlap off
 and on (_engine_steps.py; targets at batch 1 with graphs and overlap: tiny <= 0.25 ms, 1b <= 1.2 ms
 on an H200), the ops per layer of a decode step as a CPU proxy for kernels (_kernels.py), and on cuda
@@ -48,6 +52,7 @@ from harness.ranking import logits_to_steps
 
 BATCHES = (1, 8, 64)
 CAPTURE_TARGET = 0.7
+COMPILED_CAPTURE_TARGET = 0.65  # the issue's single/two target, on the compiled path
 REPLAY_TARGETS = {"tiny": 15.0, "1b": 6.0}  # eager/replay at batch 1
 HBM_BYTES_PER_S = 4.8e12  # H200
 CONTEXT = 64  # tokens of context per sequence in the timed decode steps
@@ -59,6 +64,8 @@ class CaptureTiming:
     model: str
     two_pass_ms: float
     single_pass_ms: float
+    compile: str = "none"
+    first_capture_s: float = 0.0  # the first engine's untimed capture: every compile, cold or cached
 
     @property
     def ratio(self) -> float:
@@ -86,15 +93,21 @@ def build_model(name: str, device: torch.device) -> ReferenceLlama:
     return ReferenceLlama.from_hf(random_llama(CONFIGS[name](), seed=0)).to(device)
 
 
-def engine_config(*, single_pass: bool) -> EngineConfig:
+def engine_config(*, single_pass: bool, compile: str = "none") -> EngineConfig:
     return EngineConfig(max_batch_size=max(BATCHES), max_num_tokens=max(BATCHES) * 2, block_size=16,
                         max_model_len=2 * CONTEXT, decode_graph_sizes=BATCHES,
-                        single_pass_capture=single_pass)
+                        single_pass_capture=single_pass, compile=compile)
 
 
-def _new_engine(model: ReferenceLlama, backend, *, single_pass: bool) -> Engine:
-    engine = Engine(model, engine_config(single_pass=single_pass), backend=backend)
+def _new_engine(model: ReferenceLlama, backend, *, single_pass: bool, compile: str = "none") -> Engine:
+    # The compiled path compiles every size in this untimed first capture: a capture is timed
+    # against what it records, not against inductor.
+    engine = Engine(model, engine_config(single_pass=single_pass, compile=compile), backend=backend)
+    _sync(model.device)
+    start = time.perf_counter()
     engine.decode_graphs.warmup_and_capture("estimate")  # first-use work, untimed
+    _sync(model.device)
+    engine.first_capture_s = time.perf_counter() - start
     engine.decode_graphs.release()
     return engine
 
@@ -103,14 +116,17 @@ CAPTURE_REPEATS = 5  # timed captures per arm, alternating; one capture is a few
 
 
 def time_capture(name: str, model: ReferenceLlama, backend, *,
-                 repeats: int = CAPTURE_REPEATS) -> CaptureTiming:
+                 repeats: int = CAPTURE_REPEATS, compile: str = "none") -> CaptureTiming:
     """The median of `repeats` timed captures per arm, the arms alternating so that drift in the
     machine's speed reaches both, after one untimed capture of each."""
     device = model.device
     times: dict[bool, list[float]] = {False: [], True: []}
+    first_capture_s = None
     for run in range(repeats + 1):
         for single_pass in (False, True):
-            engine = _new_engine(model, backend, single_pass=single_pass)
+            engine = _new_engine(model, backend, single_pass=single_pass, compile=compile)
+            if first_capture_s is None:
+                first_capture_s = engine.first_capture_s
             _sync(device)
             start = time.perf_counter()
             engine.decode_graphs.warmup_and_capture("serve")
@@ -122,7 +138,8 @@ def time_capture(name: str, model: ReferenceLlama, backend, *,
                 raise RuntimeError(f"{name}: expected {1 if single_pass else 2} capture passes, the "
                                    f"report says {report}")
     return CaptureTiming(name, two_pass_ms=statistics.median(times[False]),
-                         single_pass_ms=statistics.median(times[True]))
+                         single_pass_ms=statistics.median(times[True]), compile=compile,
+                         first_capture_s=first_capture_s)
 
 
 def time_replay(name: str, model: ReferenceLlama, backend, *, iters: int, warmup: int,
@@ -258,9 +275,14 @@ def render(backend_name: str, captures: list[CaptureTiming], replays: list[Repla
     lines = [f"Decode graphs through the engine, backend {backend_name}, bf16, graphs of batch "
              f"{', '.join(map(str, BATCHES))}, context {CONTEXT} tokens, median of {iters} iterations.", "",
              f"Capture of the final phase, median of {CAPTURE_REPEATS} per arm (target single/two <= "
-             f"{CAPTURE_TARGET}):", "",
-             "| model | two passes ms | single pass ms | single/two |", "|---|---:|---:|---:|"]
-    lines += [f"| {c.model} | {c.two_pass_ms:.1f} | {c.single_pass_ms:.1f} | {c.ratio:.2f}x |" for c in captures]
+             f"{CAPTURE_TARGET}, compiled <= {COMPILED_CAPTURE_TARGET}):", "",
+             "| model | compile | two passes ms | single pass ms | single/two | first capture s |",
+             "|---|---|---:|---:|---:|---:|"]
+    lines += [f"| {c.model} | {c.compile} | {c.two_pass_ms:.1f} | {c.single_pass_ms:.1f} | {c.ratio:.2f}x | "
+              f"{c.first_capture_s:.1f} |" for c in captures]
+    lines += ["", "first capture s: the first engine's first capture of batch "
+              f"{', '.join(map(str, BATCHES))}, untimed in the ratio; on the compiled path every "
+              "inductor compile of the shape is in it (cold with an empty TORCHINDUCTOR_CACHE_DIR)."]
     lines += ["", "Decode step, eager against graph replay (targets at batch 1: "
               + ", ".join(f"{k} >= {v:g}x" for k, v in REPLAY_TARGETS.items()) + "):", "",
               "| model | batch | eager ms | replay ms | eager/replay | weights at HBM bandwidth ms |",
@@ -271,7 +293,11 @@ def render(backend_name: str, captures: list[CaptureTiming], replays: list[Repla
 
 
 def misses(captures: list[CaptureTiming], replays: list[ReplayTiming]) -> list[str]:
-    missed = [f"{c.model} capture {c.ratio:.2f}x > {CAPTURE_TARGET}" for c in captures if c.ratio > CAPTURE_TARGET]
+    missed = []
+    for c in captures:
+        target = COMPILED_CAPTURE_TARGET if c.compile == "inductor" else CAPTURE_TARGET
+        if c.ratio > target:
+            missed.append(f"{c.model} capture ({c.compile}) {c.ratio:.2f}x > {target}")
     missed += [f"{r.model} replay at batch 1 {r.speedup:.1f}x < {REPLAY_TARGETS[r.model]:g}x"
                for r in replays if r.batch == 1 and r.speedup < REPLAY_TARGETS[r.model]]
     return missed
@@ -289,6 +315,9 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--profile", action="store_true",
                         help="profile the graph step of one --model at one --batch; prints only")
     parser.add_argument("--batch", type=int, default=1, choices=BATCHES, help="--profile's batch (default 1)")
+    parser.add_argument("--compile", choices=("none", "inductor", "both"), default="both",
+                        help="the engine paths timed (EngineConfig.compile): the eager ops, the "
+                             "compiled path, or both (default)")
     parser.add_argument("--step-repeats", type=int, default=5,
                         help="repeats of the engine-step timing, eager and graphs, overlap off and on "
                              "(default 5; 0 skips it)")
@@ -310,16 +339,18 @@ def main(argv: list[str]) -> int:
         print(render_profile(table, breakdown, backend.name, args.iters))
         return 0
     models = args.model or (["tiny", "1b"] if device.type == "cuda" else ["tiny"])
+    compiles = ("none", "inductor") if args.compile == "both" else (args.compile,)
     captures, replays, floors, steps, kernels, layers = [], [], {}, [], {}, {}
     with torch.inference_mode():
         for name in models:
             model = build_model(name, device)
             floors[name], layers[name] = weight_floor_ms(model), model.num_layers
-            captures.append(time_capture(name, model, backend))
+            captures += [time_capture(name, model, backend, compile=c) for c in compiles]
             replays += time_replay(name, model, backend, iters=args.iters, warmup=args.warmup,
                                    kernels=kernels)
             if args.step_repeats:
-                steps += time_engine_steps(name, model, backend, (1,), repeats=args.step_repeats)
+                steps += time_engine_steps(name, model, backend, (1,), repeats=args.step_repeats,
+                                           compiles=compiles)
             del model
     tables = [render(backend.name, captures, replays, floors, args.iters)]
     if steps:

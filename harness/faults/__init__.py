@@ -10,7 +10,7 @@ Faults by family: ops.py (attention ops and metadata), model.py (weights, scratc
 agreement, planted through the engine's capture policy), piecewise.py (piecewise prefill graphs,
 planted through the piecewise policy), overlap.py (the overlap loop's staging, events and stream
 order), asynchrony.py (streams, non_blocking copies and captured collectives, planted in
-runtime.async_io). `harness faults` (run.py) proves each one is caught.
+runtime.async_io), compiled.py (the compiled path: inductor pieces, their compiles and outputs). `harness faults` (run.py) proves each one is caught.
 """
 
 from __future__ import annotations
@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Iterator
 
 from harness.faults.asynchrony import ASYNC_FAULTS
+from harness.faults.compiled import COMPILED_FAULTS
 from harness.faults.decoder import DECODER_FAULTS
 from harness.faults.model import MODEL_FAULTS
 from harness.faults.ops import OPS_FAULTS
@@ -30,7 +31,7 @@ from harness.faults.registry import Fault, FaultHandle, NotPlantableError, get_f
 from harness.faults.runtime import RUNTIME_FAULTS
 
 FAULTS = registry(OPS_FAULTS, MODEL_FAULTS, RUNTIME_FAULTS, DECODER_FAULTS, PIECEWISE_FAULTS,
-                  OVERLAP_FAULTS, ASYNC_FAULTS)
+                  OVERLAP_FAULTS, ASYNC_FAULTS, COMPILED_FAULTS)
 
 # Set by `--plant-fault` for the processes a planted session spawns (torch.distributed ranks start
 # fresh interpreters, so the parent's planting does not reach them).

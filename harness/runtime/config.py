@@ -7,6 +7,9 @@ from typing import Any, Mapping
 
 import torch
 
+# EngineConfig.compile: the eager torch ops, or inductor pieces between the attention ops.
+COMPILE_MODES = ("none", "inductor")
+
 
 @dataclass(frozen=True)
 class EngineConfig:
@@ -36,6 +39,12 @@ class EngineConfig:
       replays the smallest k >= its largest requested `logprobs` (at least 1), and a batch wanting
       more than every k runs eagerly, counted in `stats.fallbacks`.
 
+    Compiled path:
+    - `compile`: "none" (the default) runs the model's torch ops as they are; "inductor" compiles
+      the static pieces between the attention ops with inductor (runtime/compiled/), as vLLM does:
+      decode steps run the compiled step and the decode graphs capture it, piecewise prefill graphs
+      capture compiled pieces. Prefill and mixed batches outside a bucket run the eager ops.
+
     Step loop:
     - `overlap`: TensorRT-LLM's overlap scheduler (overlap.py). Tokens are sampled on the device and
       come back through pinned host memory behind an event; step n + 1 is scheduled, staged and
@@ -58,8 +67,12 @@ class EngineConfig:
     strict_graph_buffers: bool = False
     graph_top_k: tuple[int, ...] = ()
     overlap: bool = False
+    compile: str = "none"
 
     def __post_init__(self) -> None:
+        if self.compile not in COMPILE_MODES:
+            raise ValueError(f"EngineConfig.compile must be one of {list(COMPILE_MODES)}, got "
+                             f"{self.compile!r}")
         if self.single_pass_capture is not None and not isinstance(self.single_pass_capture, bool):
             raise ValueError(f"EngineConfig.single_pass_capture must be True, False or None (not given), "
                              f"got {self.single_pass_capture!r}")

@@ -31,6 +31,8 @@ from harness.ops.metadata import AttentionMetadata
 from harness.ops.sizing import cdiv
 from harness.records import EAGER, Generation, Request, Step
 from harness.runtime.comm import Comm
+from harness.runtime.compiled.piece import inductor_piece_compiler
+from harness.runtime.compiled.step import CompiledStep
 from harness.runtime.config import EngineConfig
 from harness.runtime.decode.blockers import CaptureFeatures
 from harness.runtime.decode.graphs import CaptureReport, DecoderGraphs
@@ -113,6 +115,8 @@ class Engine:
         if self.backend is None and (config.decode_graph_sizes or config.piecewise_buckets):
             self.backend = get_backend("cuda" if self.device.type == "cuda" else "emulated", self.device)
         self.capture_policy = capture_policy if capture_policy is not None else default_capture_policy()
+        # The compiled path (runtime/compiled/): decode steps, eager or captured, run the compiled step.
+        self.compiled_step = CompiledStep(model, self.backend) if config.compile == "inductor" else None
         self.decode_graphs = self._make_decode_graphs(self.backend, comm, capture_scope, capture_features)
         self.piecewise = self._build_piecewise(config, self.backend, piecewise_policy)
         self._graphs_ready = False
@@ -154,7 +158,8 @@ class Engine:
                              max_num_tokens=config.max_num_tokens, comm=comm,
                              capture_scope=capture_scope, single_pass=bool(config.single_pass_capture),
                              strict=config.strict_graph_buffers, features=features,
-                             top_ks=config.graph_top_k, policy=self.capture_policy)
+                             top_ks=config.graph_top_k, policy=self.capture_policy,
+                             step=self.compiled_step)
 
     # --- phases (graph mode) ----------------------------------------------------------------------
 
@@ -198,7 +203,9 @@ class Engine:
             return None
         return PiecewiseGraphs(self.model, self.kv_cache, self.metadata, self.input_ids,
                                config.piecewise_buckets, backend, self._stats,
-                               policy=policy if policy is not None else default_piecewise_policy())
+                               policy=policy if policy is not None else default_piecewise_policy(),
+                               compile_piece=inductor_piece_compiler(backend) if config.compile == "inductor"
+                               else None)
 
     @property
     def stats(self) -> EngineStats:
@@ -303,7 +310,19 @@ class Engine:
 
     def _forward_eager(self, batch: ScheduledBatch) -> ForwardResult:
         self._prepare(batch)
+        if self.compiled_step is not None and batch.kind == DECODE:
+            return self._forward_compiled(batch)
         logits = self.model(self.input_ids, self.metadata, self.kv_cache)
+        return ForwardResult(logits=logits[: batch.num_seqs], producer=EAGER)
+
+    def _forward_compiled(self, batch: ScheduledBatch) -> ForwardResult:
+        """A decode batch no graph serves, through the compiled step. A compile here (a batch size
+        met for the first time, or a guard that failed) runs outside every graph: counted."""
+        compiles = self.compiled_step.compiles
+        logits = self.compiled_step(self.input_ids, self.metadata, self.kv_cache)
+        if self._graphs_ready and self.compiled_step.compiles != compiles:
+            self._stats.fallbacks[f"compiled step compiled while serving a decode batch of "
+                                  f"{batch.num_seqs}"] += 1
         return ForwardResult(logits=logits[: batch.num_seqs], producer=EAGER)
 
     def _forward_piecewise(self, batch: ScheduledBatch, bucket: int) -> ForwardResult:

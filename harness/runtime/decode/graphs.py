@@ -92,7 +92,8 @@ class DecoderGraphs:
                  stats: StatsRecorder, max_num_tokens: int, comm: Comm | None = None,
                  capture_scope: ScopeFactory = no_scope, single_pass: bool = False,
                  strict: bool = False, features: CaptureFeatures = CaptureFeatures(),
-                 top_ks: tuple[int, ...] = (), policy: CapturePolicy | None = None) -> None:
+                 top_ks: tuple[int, ...] = (), policy: CapturePolicy | None = None,
+                 step: Callable[..., torch.Tensor] | None = None) -> None:
         if not sizes:
             raise ValueError("DecoderGraphs needs at least one decode graph size")
         bad = [k for k in top_ks if not isinstance(k, int) or k < 1]
@@ -109,6 +110,9 @@ class DecoderGraphs:
         self.single_pass_requested = single_pass
         self.features = features
         self.policy = policy if policy is not None else default_capture_policy()
+        # What a graph captures and its warmup runs: `step(input_ids, metadata, kv_cache)`, the
+        # model itself unless the engine compiles it (runtime/compiled/step.py).
+        self.step = step
         # (workspace, capacity) after the last eager-workspace reservation: the workspace only grows,
         # so a later single pass against the same workspace need not reserve it again.
         self._reserved: tuple[Any, int] | None = None
@@ -197,7 +201,7 @@ class DecoderGraphs:
         for size in sizes:
             with dummy_batch(self.host.kv_cache, size) as batch:
                 self._prepare(batch)
-                self._model_step()
+                self.warmup_step()
         for size in sizes:
             for top_k in self._variants():
                 self._warmup_and_capture_one(size, top_k, record=False)
@@ -218,7 +222,7 @@ class DecoderGraphs:
         with dummy_batch(self.host.kv_cache, size) as batch:
             self._prepare(batch)
             if warm_model:
-                self._model_step()  # the warmup forward right before the capture
+                self.warmup_step()  # the warmup forward right before the capture
             if top_k is not None:
                 self._warmup_ranking(size, top_k)
             self.runner.capture(key, self._captured_step(top_k),
@@ -233,9 +237,15 @@ class DecoderGraphs:
         logits = torch.zeros(size, model.vocab_size, dtype=model.dtype, device=model.device)
         pack_ranking(rank_logits(logits, top_k), size)
 
+    def warmup_step(self) -> torch.Tensor:
+        """A warmup forward of the prepared dummy batch: the step its graph will capture, run once
+        outside the capture (a compiled step compiles the shape here, never inside the capture)."""
+        return self._model_step()
+
     def _model_step(self) -> torch.Tensor:
         host = self.host
-        return host.model(host.input_ids, host.metadata, host.kv_cache)
+        step = self.step if self.step is not None else host.model
+        return step(host.input_ids, host.metadata, host.kv_cache)
 
     def _captured_step(self, top_k: int | None) -> Callable[[], Any]:
         """What a graph of this variant records: the model step, then the ranking for a top-k."""
@@ -252,7 +262,9 @@ class DecoderGraphs:
         """An eager forward of max_num_tokens padded rows, so that no eager step (a long prefill)
         regrows the workspace after a graph baked in its address."""
         self.host.prepare_padded((), num_tokens=self.max_num_tokens, num_seqs=0, input_ids=())
-        self._model_step()
+        host = self.host
+        # The eager model: the rows are a prefill's, which the eager ops serve.
+        host.model(host.input_ids, host.metadata, host.kv_cache)
         workspace = self.host.model.workspace
         self._reserved = (workspace, workspace.capacity)
 

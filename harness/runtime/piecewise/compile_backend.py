@@ -33,18 +33,23 @@ class PiecewiseCompileBackend:
     - `on_missing(reason)`: given to every runner; see `PiecewiseRunner`.
     - `pools` (a `PoolFactory`, policy.py): where every pool group gets its pool.
     - `split_at(node)`: the split predicate (default `SplitPredicate()`: the attention ops).
+    - `compile_piece(module, name)`: what a runner runs for a static piece (None: its FX code);
+      the compiled path passes inductor's (runtime/compiled/piece.py), as vLLM wraps each
+      inductor-compiled piece in a graph of its own.
     """
 
     def __init__(self, graph_backend: GraphBackend, *,
                  static_input: Callable[[torch.Tensor], bool] = is_weight,
                  on_missing: Callable[[str], None] | None = None,
                  pools: PoolFactory = PoolFactory(),
-                 split_at: Callable[[fx.Node], bool] = SplitPredicate()) -> None:
+                 split_at: Callable[[fx.Node], bool] = SplitPredicate(),
+                 compile_piece: Callable[[fx.GraphModule, str], Callable[..., Any]] | None = None) -> None:
         self.graph_backend = graph_backend
         self.static_input = static_input
         self.on_missing = on_missing
         self.pools = pools
         self.split_at = split_at
+        self.compile_piece = compile_piece
         self.control = CaptureControl()
         self.groups: list[PoolGroup] = []
         self.runners: list[PiecewiseRunner] = []
@@ -64,7 +69,10 @@ class PiecewiseCompileBackend:
         group = PoolGroup(pool=self.pools.new_pool(self.graph_backend), released=self.released_pools)
         self.groups.append(group)
         for index in split.static:
-            runner = PiecewiseRunner(split.submodule(index), index=index, backend=self.graph_backend,
+            module = split.submodule(index)
+            if self.compile_piece is not None:
+                module = self.compile_piece(module, f"{submodule_name(index)} of graph {self.compiles}")
+            runner = PiecewiseRunner(module, index=index, backend=self.graph_backend,
                                      control=self.control, group=group, static_input=self.static_input,
                                      on_missing=self.on_missing)
             # The split module's code calls self.submod_<i>(...); an instance attribute shadows the

@@ -90,7 +90,8 @@ class PiecewiseGraphs:
 
     def __init__(self, model, kv_cache: PagedKVCache, metadata: AttentionMetadata,
                  input_ids: torch.Tensor, buckets: Sequence[int], graph_backend: GraphBackend,
-                 stats: StatsRecorder, *, policy: PiecewisePolicy = PiecewisePolicy()) -> None:
+                 stats: StatsRecorder, *, policy: PiecewisePolicy = PiecewisePolicy(),
+                 compile_piece: Callable[..., Callable] | None = None) -> None:
         self.model = model
         self.input_ids = input_ids
         self.buckets = bucket_rules.validate_buckets(buckets, metadata.max_num_tokens)
@@ -98,7 +99,7 @@ class PiecewiseGraphs:
         persistent = {id(t) for t in (*model.parameters(), *model.buffers())}
         self.compile_backend = PiecewiseCompileBackend(
             graph_backend, static_input=lambda t: id(t) in persistent, on_missing=self._count_fallback,
-            pools=policy.pools, split_at=policy.split_at)
+            pools=policy.pools, split_at=policy.split_at, compile_piece=compile_piece)
         self.attach(kv_cache, metadata)
         self._compiled = torch.compile(make_token_body(model), backend=self.compile_backend,
                                        dynamic=False, fullgraph=True)

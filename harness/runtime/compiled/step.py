@@ -1,0 +1,134 @@
+"""CompiledStep: the model's whole step as one compiled function, inductor pieces between the
+attention ops, which the decode graphs capture as they capture the eager model (vLLM's full decode
+graphs over its piecewise-compiled model).
+
+The compiled function takes tensors only (`step_arguments`): token ids and per-token metadata rows
+cut to the batch's padded token rows, the sequence-level metadata, the rows whose logits are
+wanted, the per-layer KV views and the attention scratch. Host counts stay outside, so dynamo
+has no Python int to specialise on; it does specialise on shapes (`dynamic=False`), so each padded
+batch size gets its own graph and its own kernels, compiled at its first (warmup) step.
+
+After the first call for a shape, the step runs the bytecode dynamo made for it directly, without
+evaluating dynamo's guards (vLLM's custom dispatcher, `TorchCompileWrapperWithCustomDispatcher`):
+a graph capture runs under the recorder's dispatch and function modes, which dynamo would answer
+with a recompile, and the shapes a step is dispatched by (its padded token and sequence counts) are
+all that may change between steps. What the compiled region read as a Python value at its compile
+is therefore frozen until the next shape; the fault zoo plants that class.
+
+Every dynamo compile is counted (`compiles`); one while serving, once the graphs are captured, is
+counted again in the engine's fallbacks by the engine: a step that compiles is a step that ran
+outside every graph.
+"""
+
+from __future__ import annotations
+
+import types
+from typing import Any, Callable
+
+import torch
+from torch._dynamo.convert_frame import register_bytecode_hook
+
+from harness.graphs.base import GraphBackend
+from harness.ops.kv_cache import PagedKVCache
+from harness.ops.metadata import AttentionMetadata
+from harness.runtime.compiled.backend import InductorPiecesBackend
+from harness.runtime.compiled.piece import CompileInCaptureError
+from harness.runtime.piecewise.model import make_token_body, own_code, token_inputs
+
+
+def make_step_body(model) -> Callable[..., torch.Tensor]:
+    """The step as a function of `step_arguments`: the token body, then the final norm and
+    lm_head on the rows of `logits_indices`; logits [rows, vocab] in float32."""
+    token_body = make_token_body(model)
+
+    def step_body(input_ids, positions, slot_mapping, token_to_seq, seq_lens, block_tables,
+                  logits_indices, kv_layers, scratch):
+        hidden = token_body(input_ids, positions, slot_mapping, token_to_seq, seq_lens, block_tables,
+                            kv_layers, scratch)
+        last = hidden.index_select(0, logits_indices)
+        return model.lm_head(model.norm(last)).float()
+
+    return own_code(step_body)
+
+
+def step_arguments(metadata: AttentionMetadata, input_ids: torch.Tensor, kv_layers: list[torch.Tensor],
+                   scratch: torch.Tensor) -> tuple[Any, ...]:
+    """The compiled step's arguments for the batch the metadata holds (its padded rows)."""
+    return (*token_inputs(metadata, input_ids, metadata.num_tokens), metadata.seq_lens,
+            metadata.block_tables, metadata.logits_indices[: metadata.num_seqs], kv_layers, scratch)
+
+
+def scratch_numel(metadata: AttentionMetadata, kv_cache: PagedKVCache) -> int:
+    """What the attention op asks of the workspace: gathered K and V for every token's context."""
+    return (2 * metadata.num_tokens * metadata.max_blocks_per_seq * metadata.block_size
+            * kv_cache.num_kv_heads * kv_cache.head_dim)
+
+
+class CompiledStep:
+    """`step(input_ids, metadata, kv_cache)`: what `ReferenceLlama.forward` returns, computed by the
+    compiled step. `graph_backend` is the backend that captures it (None: no graphs)."""
+
+    def __init__(self, model, graph_backend: GraphBackend | None) -> None:
+        self.model = model
+        self.backend = InductorPiecesBackend(graph_backend)
+        self.graph_backend = graph_backend
+        self._body = make_step_body(model)
+        self._compiled = torch.compile(self._body, backend=self.backend, dynamic=False, fullgraph=True)
+        # (num_tokens, num_seqs) -> the function running dynamo's bytecode for that shape.
+        self._dispatch: dict[tuple[int, int], Callable[..., torch.Tensor]] = {}
+        self._kv_layers: tuple[PagedKVCache | None, list[torch.Tensor]] = (None, [])
+
+    @property
+    def compiles(self) -> int:
+        """Dynamo graphs compiled so far (one per padded batch size, unless a guard failed)."""
+        return self.backend.counts.graphs
+
+    @property
+    def piece_compiles(self) -> int:
+        return self.backend.counts.pieces
+
+    def __call__(self, input_ids: torch.Tensor, metadata: AttentionMetadata,
+                 kv_cache: PagedKVCache) -> torch.Tensor:
+        if input_ids.shape[0] < metadata.num_tokens:
+            raise ValueError(f"input_ids holds {input_ids.shape[0]} tokens, the metadata describes "
+                             f"{metadata.num_tokens}")
+        scratch = self.model.workspace.get(scratch_numel(metadata, kv_cache))
+        args = step_arguments(metadata, input_ids, self._layers(kv_cache), scratch)
+        key = (metadata.num_tokens, metadata.num_seqs)
+        with torch.no_grad():
+            compiled = self._dispatch.get(key)
+            if compiled is not None:
+                return compiled(*args)
+            if self.graph_backend is not None and self.graph_backend.is_capturing():
+                raise CompileInCaptureError(
+                    f"compiled step: no compile for {key[0]} token rows and {key[1]} sequences, and "
+                    f"dynamo would compile it inside a graph capture; run the shape once before "
+                    f"capturing it (the warmup forward)", op="compiled step")
+            return self._compile_and_run(key, args)
+
+    def _compile_and_run(self, key: tuple[int, int], args: tuple[Any, ...]) -> torch.Tensor:
+        made: list[types.CodeType] = []
+
+        def keep(old_code: types.CodeType, new_code: types.CodeType) -> None:
+            if old_code is self._body.__code__:
+                made.append(new_code)
+
+        handle = register_bytecode_hook(keep)
+        try:
+            result = self._compiled(*args)
+        finally:
+            handle.remove()
+        if made:
+            body = self._body
+            self._dispatch[key] = types.FunctionType(made[-1], body.__globals__, body.__name__,
+                                                     body.__defaults__, body.__closure__)
+        return result
+
+    def _layers(self, kv_cache: PagedKVCache) -> list[torch.Tensor]:
+        # One list per KV cache, kept: dynamo guards on the list, and a new list of the same views
+        # every step would cost a guard walk for nothing.
+        cache, layers = self._kv_layers
+        if cache is not kv_cache:
+            layers = [kv_cache.layer(i) for i in range(self.model.num_layers)]
+            self._kv_layers = (kv_cache, layers)
+        return layers

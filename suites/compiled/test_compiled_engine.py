@@ -1,0 +1,89 @@
+"""The compiled path (EngineConfig.compile="inductor"): inductor pieces between the attention ops,
+decode graphs captured over the compiled step, on the session's graph backend (emulated on CPU,
+cuda with --graph-backend cuda, the emulated device with --emulate-cuda), against the eager engine.
+
+One compiled engine serves the module (inductor compiles each piece once per batch size; its cache
+makes a second session cheap); the sizes 4, 2 and 1 are all replayed as the batch shrinks.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import pytest
+
+from fixtures.models import TINY_ENGINE_CONFIG, mixed_requests
+from harness.check import compare_generations
+from harness.runtime import Engine, EngineConfig
+from harness.runtime.compiled.step import CompiledStep
+
+SIZES = (4, 2, 1)
+# Different lengths: the decode batch shrinks 4 -> 3 -> 2 -> 1, through every captured size.
+MAX_NEW_TOKENS = (5, 9, 7, 11)
+
+
+@pytest.fixture(scope="module")
+def requests_():
+    return mixed_requests(logprobs=2, prompt_lens=(3, 12, 7, 20), max_new_tokens=MAX_NEW_TOKENS)
+
+
+@pytest.fixture(scope="module")
+def eager_generations(device_reference_llama, requests_):
+    return Engine(device_reference_llama, TINY_ENGINE_CONFIG).generate(requests_)
+
+
+@pytest.fixture(scope="module")
+def compiled_engine(device_reference_llama, graph_backend):
+    config = replace(TINY_ENGINE_CONFIG, max_batch_size=4, decode_graph_sizes=SIZES, compile="inductor")
+    return Engine(device_reference_llama, config, backend=graph_backend)
+
+
+@pytest.fixture(scope="module")
+def compiled_generations(compiled_engine, requests_):
+    return compiled_engine.generate(requests_)
+
+
+def test_compiled_decode_graphs_equal_the_eager_engine(eager_generations, compiled_generations,
+                                                       compiled_engine):
+    comparison = compare_generations(eager_generations, compiled_generations)
+    assert comparison.ok, str(comparison)
+    stats = compiled_engine.stats
+    assert not stats.fallbacks, f"steps ran outside the graphs: {dict(stats.fallbacks)}"
+    replayed = {key for key, count in stats.replays.items() if count}
+    assert replayed == {f"decode[bs={s},greedy]" for s in SIZES}, replayed
+
+
+def test_every_decode_step_is_the_compiled_one(compiled_generations, compiled_engine,
+                                               device_reference_llama):
+    step = compiled_engine.compiled_step
+    decode_producers = {s.producer for g in compiled_generations for s in g.steps[1:]}
+    assert decode_producers <= {f"decode[bs={s},greedy]" for s in SIZES}, decode_producers
+    # One dynamo graph per captured size, none recompiled for phase 2's KV cache; each split into
+    # a piece per layer boundary, compiled by inductor.
+    assert step.compiles == len(SIZES)
+    pieces_per_graph = device_reference_llama.num_layers + 1
+    assert step.piece_compiles == len(SIZES) * pieces_per_graph
+
+
+def test_a_shape_first_met_inside_a_capture_is_refused(device_reference_llama, graph_backend):
+    """The compiled step compiles a shape at its first call; inside a capture that is refused with
+    the shape and the remedy, not compiled into the recording."""
+    engine = Engine(device_reference_llama, replace(TINY_ENGINE_CONFIG, max_batch_size=2))
+    engine.prepare_padded((), num_tokens=2, num_seqs=2, input_ids=(0, 0))
+    step = CompiledStep(device_reference_llama, graph_backend)
+    with pytest.raises(Exception, match=r"no compile for 2 token rows and 2 sequences, and dynamo would "
+                                        r"compile it inside a graph capture"):
+        graph_backend.capture(lambda: step(engine.input_ids, engine.metadata, engine.kv_cache))
+    assert step.compiles == 0
+
+
+@pytest.mark.parametrize("value", ["max-autotune", "", None, True])
+def test_an_unknown_compile_mode_is_named(value):
+    with pytest.raises(ValueError, match=r"EngineConfig.compile must be one of \['none', 'inductor'\], "
+                                         rf"got {value!r}"):
+        EngineConfig(compile=value)
+
+
+def test_the_compile_mode_round_trips_through_a_reproduction_file():
+    config = EngineConfig(compile="inductor", decode_graph_sizes=(2, 1))
+    assert EngineConfig.from_dict(config.to_dict()) == config
