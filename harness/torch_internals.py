@@ -168,6 +168,13 @@ NAMES: dict[str, Internal] = {
                                   _found("torch._dynamo.eval_frame"), lazy=True),
     "dynamo_utils": Internal("torch._dynamo.utils", "", _found("torch._dynamo.utils"), lazy=True),
     "triton_utils": Internal("torch.utils._triton", "", _found("torch.utils._triton"), lazy=True),
+    "tree_unflatten": Internal("torch.utils._pytree", "tree_unflatten"),
+    "dynamo_convert_frame": Internal("torch._dynamo.convert_frame", "",
+                                     _found("torch._dynamo.convert_frame"), lazy=True),
+    "inductor_compile_fx": Internal("torch._inductor.compile_fx", "",
+                                    _found("torch._inductor.compile_fx"), lazy=True),
+    "inductor_config": Internal("torch._inductor.config", "", _found("torch._inductor.config"),
+                                lazy=True),
 }
 
 
@@ -275,6 +282,7 @@ tensor_str = bind(NAMES["tensor_str"])
 DISPATCH_KEY_COMPOSITE_IMPLICIT = bind(NAMES["DISPATCH_KEY_COMPOSITE_IMPLICIT"])
 nn_module = bind(NAMES["nn_module"])
 group_tensors_by_device_and_dtype = bind(NAMES["group_tensors_by_device_and_dtype"])
+tree_unflatten = bind(NAMES["tree_unflatten"])
 
 
 def lazy_module(name: str) -> Any:

@@ -14,6 +14,8 @@ from typing import Any, Iterator
 
 import torch
 
+from harness import torch_internals
+
 from harness.faults.patching import replace_function, replace_method
 from harness.faults.registry import Fault, FaultHandle
 from harness.runtime.compiled import piece as compiled_piece
@@ -69,7 +71,7 @@ def guard_on_host_count(handle: FaultHandle):
 def scalar_frozen_at_compile(handle: FaultHandle):
     # Read through a function dynamo takes as constant: the count of the compile (a warmup batch of
     # padding only: 0) is baked into the graph without a guard, and masks every row after it.
-    @torch._dynamo.assume_constant_result
+    @torch_internals.lazy_module("dynamo").assume_constant_result
     def real_tokens(count: HostCount) -> int:
         return count.value
 

@@ -19,6 +19,6 @@ def records_dispatched_ops_only(backend: GraphBackend | None) -> bool:
         return False
     if backend.name == "emulated":
         return True
-    from harness.emulation.session import emulation_active
+    from harness.emulation import emulation_active
 
     return emulation_active() is not None

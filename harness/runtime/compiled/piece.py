@@ -22,8 +22,9 @@ from typing import Any, Callable
 import torch
 from torch import fx
 from torch.multiprocessing.reductions import StorageWeakRef
-from torch.utils._pytree import tree_flatten, tree_unflatten
 
+from harness import torch_internals
+from harness.torch_internals import tree_flatten, tree_unflatten
 from harness.graphs.base import CaptureError, GraphBackend
 from harness.graphs.recording import records_dispatched_ops_only
 from harness.runtime.compiled import piece_op
@@ -164,7 +165,7 @@ class CompiledPiece:
                 f"captured shape once before capturing it", op=self.name)
         options = inductor_options()
         if self.backend is not None and (options.get(CUDAGRAPHS_OPTION)
-                                         or torch._inductor.config.triton.cudagraphs):
+                                         or torch_internals.lazy_module("inductor_config").triton.cudagraphs):
             raise NestedCudagraphsError(
                 f"compiled piece {self.name}: inductor's cudagraph trees ({CUDAGRAPHS_OPTION}, "
                 f"mode='reduce-overhead') inside the harness's {self.backend.name} graphs; they would "
@@ -176,7 +177,7 @@ class CompiledPiece:
             if bad:
                 raise TypeError(f"compiled piece {self.name}: inputs of types {bad} cannot pass "
                                 f"through harness::compiled_piece (tensors and ints only)")
-        from torch._inductor.compile_fx import compile_fx
+        compile_fx = torch_internals.lazy_module("inductor_compile_fx").compile_fx
 
         with torch.no_grad():
             compiled = compile_fx(self.module, list(args), config_patches=options)

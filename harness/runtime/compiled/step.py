@@ -26,8 +26,8 @@ import types
 from typing import Any, Callable
 
 import torch
-from torch._dynamo.convert_frame import register_bytecode_hook
 
+from harness import torch_internals
 from harness.graphs.base import GraphBackend
 from harness.ops.kv_cache import PagedKVCache
 from harness.ops.metadata import AttentionMetadata
@@ -113,7 +113,7 @@ class CompiledStep:
             if old_code is self._body.__code__:
                 made.append(new_code)
 
-        handle = register_bytecode_hook(keep)
+        handle = torch_internals.lazy_module("dynamo_convert_frame").register_bytecode_hook(keep)
         try:
             result = self._compiled(*args)
         finally:
