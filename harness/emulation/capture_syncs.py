@@ -4,7 +4,8 @@ CUDA's rules (the programming guide's "prohibited and unhandled operations" and
 cudaStreamCaptureMode):
 
 - Synchronizing or querying a stream that takes part in a capture, or an event recorded inside
-  one, conflicts with the capture itself: refused in every capture_error_mode, from any thread.
+  one, conflicts with the capture itself: refused in every capture_error_mode, from any thread
+  (for the event with cudaErrorCapturedEvent's text, as the H200 gives it).
 - Synchronizing the device (`torch.cuda.synchronize()`) while a capture is under way synchronizes
   "a broader handle which encompasses an active stream capture": refused in every mode too.
 - Any other synchronization or query (a stream or an event outside the capture) is a "potentially
@@ -28,6 +29,8 @@ from harness.graphs.emulator.callsite import at_callsite, current_callsite
 
 NOT_PERMITTED = "CUDA error: operation not permitted when stream is capturing"
 INVALIDATED = "CUDA error: operation failed due to a previous error during capture"
+# What CUDA says instead for an event recorded inside the capture (measured on an H200, torch 2.11).
+CAPTURED_EVENT = "CUDA error: operation not permitted on an event last recorded in a capturing stream"
 
 
 def refuse_host_sync(host: Any, what: str, *, stream: Any = None, event: Any = None,
@@ -38,8 +41,8 @@ def refuse_host_sync(host: Any, what: str, *, stream: Any = None, event: Any = N
     if graph is None:
         return
     mode = graph.capture_error_mode
-    conflicts = device or (stream is not None and host.stream_captures(stream)) or (
-        event is not None and graph.recorded_event(event))
+    captured_event = event is not None and graph.recorded_event(event)
+    conflicts = device or (stream is not None and host.stream_captures(stream)) or captured_event
     own_thread = threading.get_ident() == graph.capture_thread
     if not conflicts and not (mode == "global" or (mode == "thread_local" and own_thread)):
         return
@@ -52,8 +55,10 @@ def refuse_host_sync(host: Any, what: str, *, stream: Any = None, event: Any = N
     remedy = ("synchronize before capture_begin() or after capture_end()" if own_thread else
               "keep other threads from synchronizing while the capture runs, or capture with "
               "capture_error_mode='thread_local'")
+    text = (f"{CAPTURED_EVENT} (cudaErrorCapturedEvent)" if captured_event and not device else
+            f"{NOT_PERMITTED} (cudaErrorStreamCaptureUnsupported)")
     error = CaptureError(at_callsite(
-        f"{NOT_PERMITTED} (cudaErrorStreamCaptureUnsupported): {what} during a CUDA graph "
+        f"{text}: {what} during a CUDA graph "
         f"capture: {why}. The capture is invalidated; {remedy}", current_callsite()), op=what)
     graph.invalidate(error)
     raise error

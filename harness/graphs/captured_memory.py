@@ -60,7 +60,9 @@ class CapturedMemory(TorchDispatchMode):
         self._pool = pool
         self._known = known
         self.tensors = CapturedTensors()
-        self.allocated: list[tuple[torch.UntypedStorage, str]] = []
+        # Weak: a strong reference would keep a dropped intermediate's block from being reused
+        # within the capture, as CUDA's allocator reuses it.
+        self.allocated: list[tuple[int, StorageWeakRef, str]] = []
         self.foreign: list[ForeignRead] = []
         self._own: set[int] = set()
         self._foreign_seen: set[int] = set()
@@ -76,8 +78,9 @@ class CapturedMemory(TorchDispatchMode):
                 key = torch_internals.storage_key(t.untyped_storage())
                 if key not in self._own and not any(key == torch_internals.storage_key(i.untyped_storage()) for i in inputs):
                     self._own.add(key)
-                    self.allocated.append((t.untyped_storage(), f"shape {tuple(t.shape)}, {t.dtype}, "
-                                                                f"allocated at {current_callsite()}"))
+                    self.allocated.append((key, StorageWeakRef(t.untyped_storage()),
+                                           f"shape {tuple(t.shape)}, {t.dtype}, "
+                                           f"allocated at {current_callsite()}"))
         return result
 
     def _note_input(self, t: torch.Tensor) -> None:
@@ -104,5 +107,6 @@ def register_allocations(known: dict[int, PoolStorage], capture: CapturedMemory,
     """Add what `capture` allocated to `known` as memory of `pool`, dropping entries long freed."""
     for key in [k for k, v in known.items() if v.liveness.expired()]:
         del known[key]
-    for storage, description in capture.allocated:
-        known[torch_internals.storage_key(storage)] = PoolStorage(StorageWeakRef(storage), pool, description)
+    for key, liveness, description in capture.allocated:
+        if not liveness.expired():
+            known[key] = PoolStorage(liveness, pool, description)
