@@ -11,11 +11,12 @@ import torch
 
 from harness import torch_internals
 
+from harness.emulation.observers import Observed
 from harness.emulation.pool_handles import PoolHandles
 from harness.graphs.emulator.memory import ByDeviceType
 
 
-class SanitizerHost:
+class SanitizerHost(Observed):
     """What graphs.py's EmulatedCUDAGraph asks of its device, answered by the real GPU."""
 
     kind = "cuda"
@@ -55,20 +56,6 @@ class SanitizerHost:
 
     # Observers (DeviceState's interface, state.py) hear of captures and replays here too: the
     # explainer (harness.check.explain_cuda) keeps each capture's recording and observes its replays.
-
-    @contextlib.contextmanager
-    def observe(self, observer):
-        self.observers.append(observer)
-        try:
-            yield observer
-        finally:
-            self.observers.remove(observer)
-
-    def _tell(self, method: str, *args) -> None:
-        for observer in tuple(self.observers):
-            hook = getattr(observer, method, None)
-            if hook is not None:
-                hook(*args)
 
     def notify_replay(self, graph) -> None:
         self._tell("on_replay", graph, torch.cuda.current_stream())

@@ -30,13 +30,13 @@ when an observer hears of an op, its result is already computed.
 
 from __future__ import annotations
 
-import contextlib
 from dataclasses import dataclass
-from typing import Any, Iterator
+from typing import Any
 
 import torch
 
 from harness.emulation.device_memory import DeviceMemory
+from harness.emulation.observers import Observed
 from harness.emulation.pool_handles import PoolHandles
 
 
@@ -58,7 +58,7 @@ class DeviceProperties:
             raise ValueError(f"total_memory must be a positive int of bytes, got {self.total_memory!r}")
 
 
-class DeviceState:
+class DeviceState(Observed):
     """One emulated CUDA device set (`properties.count` devices sharing one memory registry)."""
 
     def __init__(self, properties: DeviceProperties) -> None:
@@ -162,20 +162,7 @@ class DeviceState:
 
     # --- the observer interface --------------------------------------------------------------
 
-    @contextlib.contextmanager
-    def observe(self, observer: Any) -> Iterator[Any]:
-        """Register `observer` (see the module docstring) for the duration."""
-        self.observers.append(observer)
-        try:
-            yield observer
-        finally:
-            self.observers.remove(observer)
-
-    def _tell(self, method: str, *args) -> None:
-        for observer in tuple(self.observers):
-            hook = getattr(observer, method, None)
-            if hook is not None:
-                hook(*args)
+    # observe() and _tell(): observers.Observed, shared with the graph sanitizer's host.
 
     def notify_op(self, op, args: tuple, kwargs: dict, result) -> None:
         # Called for every device op: the current stream is looked up only for someone to hear it.
