@@ -222,6 +222,8 @@ class EmulatedCUDAGraph:
             self._session = None
             self._host.end_capture()
         self._release_pool()
+        if self._graph is not None:
+            self._graph.reset()  # gives its pool's use back (pool.PoolUse)
         self._graph = None
         self._captured = False
         self._instantiated = False

@@ -3,11 +3,14 @@ harness's own graph wrapper can. A light dispatch mode, active during capture on
 tensor object the captured work met that it did not allocate (storage_changes.py: refused at replay
 once its storage changed in place) and each storage the capture allocated (memory of this graph's
 pool). A later capture that reads memory another graph's pool owns keeps a weak reference on it;
-its replay refuses once that memory was freed (the owning graph reset or evicted), where CUDA
-replays into whatever the allocator placed there."""
+its replay refuses once that memory was freed, where CUDA replays into whatever the allocator
+placed there. Freed means both: its last tensor dropped, and no graph holding that pool any more
+(CUDA keeps a private pool's freed blocks for later captures into it until its graphs are reset
+or destroyed: PyTorch's test_graph_two_successive reads an output freed during the next capture)."""
 
 from __future__ import annotations
 
+import weakref
 from dataclasses import dataclass
 from typing import Any
 
@@ -38,13 +41,38 @@ class ForeignRead:
     first_use: str
 
 
+class PoolHolders:
+    """Per pool handle, the graphs captured into it and not yet reset (weakly: a dropped graph
+    gives its use back, as CUDAGraph's destructor does)."""
+
+    def __init__(self) -> None:
+        self._graphs: dict[Any, weakref.WeakSet] = {}
+
+    def hold(self, pool: Any, graph: object) -> None:
+        self._graphs.setdefault(pool, weakref.WeakSet()).add(graph)
+
+    def release(self, pool: Any, graph: object) -> None:
+        holders = self._graphs.get(pool)
+        if holders is not None:
+            holders.discard(graph)
+            if not holders:
+                del self._graphs[pool]
+
+    def in_use(self, pool: Any) -> bool:
+        return bool(self._graphs.get(pool))
+
+    def freed(self, read: ForeignRead) -> bool:
+        """Whether the memory `read` names went back to the allocator."""
+        return read.owner.liveness.expired() and not self.in_use(read.owner.pool)
+
+
 def foreign_freed_error(read: ForeignRead) -> FreedMemoryError:
     where = f" first used by the capture at {read.first_use}" if read.first_use else ""
     return FreedMemoryError(
         f"replay() of a graph whose memory was freed after capture: the tensor of "
         f"{read.owner.description}{where} lives in the private pool {read.owner.pool} of another "
-        f"graph, and was freed since capture: the graph whose capture allocated it was reset or "
-        f"evicted, or the last tensor on it dropped. CUDA returns that memory to the allocator, "
+        f"graph, and was freed since capture: the last tensor on it was dropped and every graph "
+        f"captured into that pool was reset or evicted. CUDA returns that memory to the allocator, "
         f"and this replay writes into (or reads from) whatever is placed there next. Allocate "
         f"memory several graphs share (a per-stream workspace) outside any capture, or capture the "
         f"graphs that share it into one pool and keep it alive as long as every graph that uses "

@@ -10,7 +10,7 @@ from typing import Any, Callable
 import torch
 
 from harness.graphs.base import CaptureError, CapturedGraph, GraphBackend, released_graph_error
-from harness.graphs.captured_memory import (CapturedMemory, ForeignRead, PoolStorage,
+from harness.graphs.captured_memory import (CapturedMemory, ForeignRead, PoolHolders, PoolStorage,
                                             foreign_freed_error, register_allocations)
 from harness.graphs.emulator.callsite import at_callsite, traceback_callsite
 from harness.graphs.base import CaptureSyncError
@@ -26,18 +26,21 @@ class CudaGraph(CapturedGraph):
     before each replay; captures through the emulated CUDAGraph check that themselves."""
 
     def __init__(self, graph: "torch.cuda.CUDAGraph", output: Any, pool: Any, *,
-                 tensors: tuple[CapturedTensor, ...] = (), foreign: tuple[ForeignRead, ...] = ()) -> None:
+                 tensors: tuple[CapturedTensor, ...] = (), foreign: tuple[ForeignRead, ...] = (),
+                 holders: PoolHolders | None = None) -> None:
         self.output = output
         self.pool = pool
         self._graph: "torch.cuda.CUDAGraph | None" = graph
         self._tensors = tensors
         self._foreign = foreign
+        self._holders = PoolHolders() if holders is None else holders
+        self._holders.hold(pool, self)
 
     def replay(self) -> None:
         if self._graph is None:
             raise released_graph_error()
         for read in self._foreign:
-            if read.owner.liveness.expired():
+            if self._holders.freed(read):
                 raise foreign_freed_error(read)
         changed = first_changed(self._tensors)
         if changed is not None:
@@ -48,6 +51,7 @@ class CudaGraph(CapturedGraph):
         if self._graph is not None:
             self._graph.reset()
             self._graph = None
+            self._holders.release(self.pool, self)
 
 
 class CudaBackend(GraphBackend):
@@ -64,6 +68,7 @@ class CudaBackend(GraphBackend):
         self._stream: "torch.cuda.Stream | None" = None
         # What this backend's captures allocated, by StorageImpl address (captured_memory.py).
         self._pool_storages: dict[int, PoolStorage] = {}
+        self._pool_holders = PoolHolders()
 
     def graph_pool_handle(self) -> Any:
         return torch.cuda.graph_pool_handle()
@@ -105,7 +110,7 @@ class CudaBackend(GraphBackend):
         pool = graph.pool() if pool is None else pool
         register_allocations(self._pool_storages, memory, pool)
         return CudaGraph(graph, output, pool, tensors=memory.tensors.frozen(),
-                         foreign=tuple(memory.foreign))
+                         foreign=tuple(memory.foreign), holders=self._pool_holders)
 
 
 def _release_generator_captures(device: torch.device) -> None:

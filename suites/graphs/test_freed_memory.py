@@ -191,6 +191,43 @@ def test_replay_into_memory_freed_with_another_graphs_pool_is_refused(backend):
         b.replay()
 
 
+def test_memory_of_a_held_pool_stays_readable_by_another_graph_after_its_last_tensor_drops(backend):
+    # CUDA keeps a freed block of a private pool for later captures into that pool while a graph
+    # holding it lives, so B still reads what A's replay wrote (PyTorch's test_graph_two_successive:
+    # g1 reads g0's output, freed during g1's capture). A's reset then frees it: refused.
+    a, b, workspaces = _graphs_sharing_a_workspace(backend, allocate_inside=True)
+    del workspaces["ws"]
+    a.replay()
+    b.replay()
+    a.replay()
+    b.replay()
+    backend.synchronize()
+    a.reset()
+    with pytest.raises(FreedMemoryError, match="another graph"):
+        b.replay()
+
+
+def test_an_output_freed_during_the_next_capture_is_read_by_that_graph(backend):
+    # test_graph_two_successive's "Don't share" case: g0 (its own pool) makes b, g1 (its own pool)
+    # reads b and drops it during its capture.
+    x = torch.ones(4, device=backend.device)
+    held = {}
+
+    def first():
+        held["b"] = x * 2
+
+    def second():
+        held["c"] = held.pop("b") + 1
+
+    g0 = backend.capture(first)
+    g1 = backend.capture(second)
+    x.fill_(3.0)
+    g0.replay()
+    g1.replay()
+    backend.synchronize()
+    assert held["c"].tolist() == [7.0] * 4
+
+
 def test_a_workspace_allocated_outside_the_captures_outlives_either_graph(backend):
     a, b, workspaces = _graphs_sharing_a_workspace(backend, allocate_inside=False)
     a.reset()

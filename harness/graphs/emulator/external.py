@@ -20,7 +20,7 @@ from torch.multiprocessing.reductions import StorageWeakRef
 from harness import torch_internals
 from harness.graphs.base import FreedMemoryError
 from harness.graphs.emulator.callsite import current_callsite
-from harness.graphs.emulator.pool import laid_out_like_once
+from harness.graphs.emulator.pool import PoolUse, laid_out_like_once
 from harness.graphs.emulator.storage_changes import CapturedTensors
 
 
@@ -37,9 +37,16 @@ class ExternalStorage:
     nbytes: int
     tensor_object: weakref.ref  # the tensor capture first met on it
     freed_at: list[str] = field(default_factory=list)  # the line that dropped the last reference
-    # Non-empty when the memory is a block of another graph's private pool (what owns it), which
-    # the capture met as memory it did not allocate: freed when that graph is reset or evicted.
-    pool_owner: str = ""
+    # Set when the memory is a block of another graph's private pool, which the capture met as
+    # memory it did not allocate: CUDA frees it only once its last tensor is dropped and no graph
+    # holds that pool any more (the graphs captured into it reset or destroyed).
+    owner_pool: PoolUse | None = None
+
+    def freed(self) -> bool:
+        """Whether the memory went back to the allocator (a pool's block: the pool's too)."""
+        if self.owner_pool is not None and self.owner_pool.in_use():
+            return False
+        return self.liveness.expired() or self.storage_object() is None
 
     def moved(self) -> bool:
         storage = self.storage_object()
@@ -68,13 +75,13 @@ def moved_error(storage: ExternalStorage) -> FreedMemoryError:
 
 def freed_error(storage: ExternalStorage) -> FreedMemoryError:
     where = f" first used by the capture at {storage.first_use}" if storage.first_use else ""
-    if storage.pool_owner:
+    if storage.owner_pool is not None:
         dropped = f" (at {storage.freed_at[0]})" if storage.freed_at and storage.freed_at[0] else ""
         return FreedMemoryError(
             f"replay() of a graph whose memory was freed after capture: the tensor of "
-            f"{storage.tensor}{where} lives in {storage.pool_owner}, not in this graph's, and was "
-            f"freed since capture{dropped}: the graph whose capture allocated it was reset or "
-            f"evicted, or the last tensor on it dropped. On CUDA that memory goes back to the "
+            f"{storage.tensor}{where} lives in another graph's private pool, not in this graph's, "
+            f"and was freed since capture{dropped}: the last tensor on it was dropped and every "
+            f"graph captured into that pool was reset or evicted. On CUDA that memory goes back to the "
             f"allocator and this replay writes into (or reads from) whatever is placed there next. "
             f"Allocate memory several graphs share (a per-stream workspace) outside any capture, "
             f"or capture the graphs that share it into one pool and keep it alive as long as every "
@@ -131,10 +138,10 @@ class ExternalMemory:
             self._host_scalars[id(t)] = constant
         return constant[1]
 
-    def alias(self, t: torch.Tensor, pool_owner: str = "") -> torch.Tensor:
+    def alias(self, t: torch.Tensor, owner_pool: PoolUse | None = None) -> torch.Tensor:
         """A tensor over `t`'s capture-time memory that does not keep it alive. The storage, not
         the tensor object, is what counts: `x.data = new` after capture leaves the graph on the old
-        memory, as on CUDA (and the replay refuses, storage_changes.py). `pool_owner`: the memory
+        memory, as on CUDA (and the replay refuses, storage_changes.py). `owner_pool`: the memory
         is a block of another graph's pool (see ExternalStorage)."""
         if t.layout != torch.strided:
             return t.detach()  # sparse and other layouts have no single storage to alias
@@ -157,7 +164,7 @@ class ExternalMemory:
                 f"shape {tuple(t.shape)}, {t.dtype} (on a storage of {storage.nbytes()} bytes)",
                 current_callsite(),
                 weakref.ref(storage, _note_free(freed_at)), storage.data_ptr(), storage.nbytes(),
-                weakref.ref(t), freed_at, pool_owner)
+                weakref.ref(t), freed_at, owner_pool)
             self._storages[address] = known
         self.tensors.note(t, current_callsite())
         return laid_out_like_once(self._aliases, address, known.replay_storage, t)

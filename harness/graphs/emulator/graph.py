@@ -38,9 +38,15 @@ class EmulatedGraph(CapturedGraph):
         self.reads = reads  # the storages a replay reads and writes, for stream tracking
         self.writes = writes
         self._external = external  # holds the weak references the raw pointers below stand for
-        self._external_weak_refs = tuple(s.liveness.cdata for s in external)
-        self._external_objects = tuple(s.storage_object for s in external)
-        self._external_addresses = tuple(s.address for s in external)
+        # Blocks of other graphs' pools stay valid while their pool is held (pool.PoolUse), so
+        # they are checked apart; the rest in bulk, below.
+        self._pool_blocks = tuple(s for s in external if s.owner_pool is not None)
+        plain = [s for s in external if s.owner_pool is None]
+        self._external_weak_refs = tuple(s.liveness.cdata for s in plain)
+        self._external_objects = tuple(s.storage_object for s in plain)
+        self._external_addresses = tuple(s.address for s in plain)
+        self._plain_external = tuple(plain)
+        pool.token.hold(self)
         self.records: tuple[OpRecord, ...] = tuple(records or ())
         self._tensors = tensors
 
@@ -102,13 +108,18 @@ class EmulatedGraph(CapturedGraph):
         if steps is None:
             raise released_graph_error()
         if any(map(_expired, self._external_weak_refs)):
-            raise freed_error(next(s for s in self._external if s.liveness.expired()))
+            raise freed_error(next(s for s in self._plain_external if s.liveness.expired()))
         if self._external_addresses:
             storages = [ref() for ref in self._external_objects]
             if None in storages:
-                raise freed_error(next(s for s in self._external if s.storage_object() is None))
+                raise freed_error(next(s for s in self._plain_external if s.storage_object() is None))
             if tuple(map(_data_ptr, storages)) != self._external_addresses:
-                raise moved_error(next(s for s in self._external if s.moved()))
+                raise moved_error(next(s for s in self._plain_external if s.moved()))
+        for block in self._pool_blocks:
+            if block.freed():
+                raise freed_error(block)
+            if block.moved():
+                raise moved_error(block)
         changed = first_changed(self._tensors)
         if changed is not None:
             raise storage_changed_error(changed)
@@ -116,7 +127,8 @@ class EmulatedGraph(CapturedGraph):
 
     def external_storages(self) -> list[torch.UntypedStorage]:
         """The live storages the graph uses but does not own (to keep them alive a while)."""
-        return [s for s in (ref() for ref in self._external_objects) if s is not None]
+        return [s for s in (e.storage_object() for e in self._external) if s is not None]
 
     def reset(self) -> None:
         self._steps = None
+        self.pool.token.release(self)

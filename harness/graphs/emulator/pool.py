@@ -11,8 +11,8 @@ graphs captured into the same pool. Separate arenas own separate segments and ne
 from __future__ import annotations
 
 import bisect
-
 import math
+import weakref
 from dataclasses import dataclass
 
 import torch
@@ -48,6 +48,26 @@ def is_poisoned(tensor: torch.Tensor) -> bool:
     return bool((tensor == poison_value(tensor.dtype)).all())
 
 
+class PoolUse:
+    """The graphs holding one pool. CUDA counts a private pool's uses (a capture into it takes one,
+    the graph's reset or destruction gives it back) and releases its memory at zero uses; until
+    then a block freed in it serves only later captures into that pool. So memory of the pool
+    that another graph's capture read stays that graph's to read while one of these graphs
+    lives (PyTorch's test_graph_two_successive reads an output freed during the next capture)."""
+
+    def __init__(self) -> None:
+        self._graphs: weakref.WeakSet = weakref.WeakSet()  # weak: a dropped graph gives its use back
+
+    def hold(self, graph: object) -> None:
+        self._graphs.add(graph)
+
+    def release(self, graph: object) -> None:
+        self._graphs.discard(graph)
+
+    def in_use(self) -> bool:
+        return len(self._graphs) > 0
+
+
 @dataclass(eq=False)
 class Block:
     """A live allocation: `replay_storage` aliases the user's storage without keeping it alive."""
@@ -57,7 +77,7 @@ class Block:
     nbytes: int
     liveness: StorageWeakRef
     replay_storage: torch.UntypedStorage
-    pool: object = None  # the arena's `token`: which pool handed the block out
+    pool: PoolUse | None = None  # the arena's `token`: which pool handed the block out
 
     @property
     def end(self) -> int:
@@ -74,7 +94,9 @@ class PoolArena:
         self.segment_bytes = segment_bytes
         self._segments: list[torch.Tensor] = []
         self._live: list[list[Block]] = []  # per segment, sorted by offset
-        self.token = object()  # held by each block: a capture tells its own pool's blocks apart
+        # Held by each block: a capture tells its own pool's blocks apart, and a graph reading
+        # another pool's block asks whether that pool is still held.
+        self.token = PoolUse()
 
     @property
     def num_segments(self) -> int:

@@ -176,8 +176,8 @@ class Recorder(TorchDispatchMode):
             return self.external.alias(t)
         if block.pool is not self.arena.token:
             # Another graph's pool owns it (a workspace first allocated in that graph's capture):
-            # freed when that graph is reset, so its liveness is checked like external memory's.
-            return self.external.alias(t, pool_owner="another graph's private pool")
+            # freed once its last tensor is dropped and that pool's graphs are reset or gone.
+            return self.external.alias(t, owner_pool=block.pool)
         # The block itself, not its id: a freed block's id can be reused by a later block.
         return laid_out_like_once(self._replay_tensors, block, block.replay_storage, t)
 
