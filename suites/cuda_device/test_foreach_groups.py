@@ -34,3 +34,23 @@ def test_a_fused_optimizer_step_under_a_grad_scaler_captures_and_replays(cuda_de
     before = weight.detach().clone()
     g.replay()
     assert not torch.equal(weight.detach(), before)
+
+
+def test_a_fused_optimizer_with_host_tensor_betas_captures_and_replays(cuda_device):
+    # torch's own optimizer inputs pass lr and betas as cpu 0-dim tensors; the fused kernel reads
+    # the betas as doubles inside the device op: a host read, not a sync (CUDA captures it).
+    weight = torch.ones(4, device="cuda", requires_grad=True)
+    opt = torch.optim.Adam([weight], lr=torch.tensor(0.1), betas=(torch.tensor(0.9), torch.tensor(0.99)),
+                           fused=True, capturable=True)
+    weight.grad = torch.full_like(weight, 2.0)
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        opt.step()  # warmup: the optimizer's state exists before capture
+    torch.cuda.current_stream().wait_stream(s)
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        opt.step()
+    before = weight.detach().clone()
+    g.replay()
+    assert torch.all(weight.detach() < before)

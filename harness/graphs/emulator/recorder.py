@@ -189,6 +189,10 @@ class Recorder(TorchDispatchMode):
         tensors = [t for t in tree_flatten((args, kwargs))[0] if isinstance(t, torch.Tensor)]
         if any(self.memory.is_device(t) for t in tensors):
             return False
+        if tensors and func is torch.ops.aten._local_scalar_dense.default:
+            # A host tensor's value read inside a device op (a fused optimizer's tensor betas,
+            # which CUDA's kernel takes as doubles): no device memory is read, so no sync.
+            return True
         targets = self.memory.call_targets_device()
         if targets is not None:
             return not targets
