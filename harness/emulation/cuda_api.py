@@ -35,6 +35,7 @@ from harness.emulation.checkpoints import location_tag, restore_location
 from harness.emulation.capture_syncs import refuse_host_sync
 from harness.emulation.generators import generator_class
 from harness.emulation.rules import DeviceIndexError, cuda_index, names_cuda
+from harness.emulation.allocator_tools import UnsupportedOnEmulatedDevice
 from harness.emulation.cuda_graph import CUDAGraph
 from harness.emulation.cuda_streams import Event, ExternalStream, Stream
 from harness.emulation.tools import (NvtxRanges, check_memory_fraction,
@@ -414,6 +415,15 @@ def record_stream(state, self, stream) -> None:
     state.streams.record_stream(self, stream)
 
 
+def compile_kernel(state, *args, **kwargs):
+    """torch.cuda._compile_kernel: NVRTC output runs only on a GPU, through the CUDA driver."""
+    raise UnsupportedOnEmulatedDevice(
+        "torch.cuda._compile_kernel() is not supported by harness.emulate_cuda(): it compiles CUDA "
+        "C++ with NVRTC and loads the result with the CUDA driver, and the emulated device runs "
+        "torch's CPU kernels, with no driver to load a kernel into. Run code that compiles its "
+        "own kernels on a GPU (the graph sanitizer, --emulate-cuda there)")
+
+
 def backward_engine(state):
     return engine_with_placement(state, torch_internals.engine_run_backward)
 
@@ -583,6 +593,7 @@ REPLACEMENTS: tuple[Replacement, ...] = (
     Replacement("torch.serialization", "default_restore_location", checkpoint_restore, "value"),
     Replacement("torch.serialization", "location_tag", checkpoint_tag, "value"),
     Replacement("torch.accelerator", "device_index", device_class, "value", if_present=True),
+    Replacement("torch.cuda", "_compile_kernel", compile_kernel, if_present=True),
 )
 
 # torch.cuda's names that its submodules define too, and that code may reach through them.

@@ -21,6 +21,7 @@ import torch
 
 from harness import torch_internals
 from harness.emulation.active import active_state
+from harness.emulation.allocator_tools import UnsupportedOnEmulatedDevice
 from harness.graphs.base import CaptureError
 from harness.graphs.emulator.graph import EmulatedGraph
 from harness.graphs.emulator.pool import PoolArena
@@ -298,13 +299,13 @@ class EmulatedCUDAGraph:
         if not self._captured:
             raise RuntimeError("You cannot access the raw cudaGraph_t instance until "
                                "capture_end() has been called")
-        raise NotImplementedError(_NO_CUDA_GRAPH.format("raw_cuda_graph()"))
+        raise UnsupportedOnEmulatedDevice(_NO_CUDA_GRAPH.format("raw_cuda_graph()"))
 
     def raw_cuda_graph_exec(self) -> int:
         if not self._instantiated:
             raise RuntimeError("You cannot access the raw cudaGraphExec_t instance until "
                                "instantiate() has been called")
-        raise NotImplementedError(_NO_CUDA_GRAPH.format("raw_cuda_graph_exec()"))
+        raise UnsupportedOnEmulatedDevice(_NO_CUDA_GRAPH.format("raw_cuda_graph_exec()"))
 
 
 def _graph_gone(host, key: int, pool_in_use: list) -> None:
@@ -315,7 +316,8 @@ def _graph_gone(host, key: int, pool_in_use: list) -> None:
 
 
 _NO_CUDA_GRAPH = ("CUDAGraph.{} is not supported by harness.emulate_cuda(): an emulated graph is a "
-                  "recording of torch ops, there is no cudaGraph_t to show")
+                  "recording of torch ops, there is no cudaGraph_t to show (nor a CUDA driver to "
+                  "hand one to: cuda-bindings' cudaGraphGetNodes and the like need a GPU)")
 
 
 class CUDAGraph(EmulatedCUDAGraph):
