@@ -6,11 +6,18 @@
 #
 # PATH/TO/test_cuda.py is PyTorch's test/test_cuda.py from a commit near each installed torch
 # (not part of this repository). Each PYTHON (default: python) is one build's interpreter; its
-# environment needs pytest, expecttest and psutil (torch.testing's helpers import them). The
-# harness is put on its path from this checkout. For each build the script runs the
+# environment needs pytest, expecttest and psutil (torch.testing's helpers import them; a
+# PYTHONPATH given to this script is kept, e.g. a `pip install --target DIR expecttest psutil`).
+# The harness is put on its path from this checkout, and its pytest plugin loaded with `-p` where
+# that interpreter has no entry point for it. The test file's own folder is pytest's rootdir, with
+# an empty ini file, so a copy inside this repository does not take the repository's options
+# (--strict-markers refuses PyTorch's `serial` mark). For each build the script runs the
 # test_graph_* / test_cuda_graph_* family:
 #   emulated: --emulate-cuda with the GPU hidden (CUDA_VISIBLE_DEVICES=): the CPU wheel, or the
-#             CUDA wheel on a machine without a GPU (what CI runners have);
+#             CUDA wheel on a machine without a GPU (what CI runners have); with
+#             --cuda-races report, since test_graph_concurrent_replay races two replays on purpose
+#             and asserts the corruption CUDA gives (strict tracking would raise RaceError; the
+#             race is still reported, as a RaceWarning);
 #   and, where that interpreter's torch sees a GPU,
 #   native:    real CUDA graphs, the verdicts to match;
 #   sanitizer: --emulate-cuda on the GPU (real tensors and streams, emulated graphs).
@@ -29,12 +36,14 @@ PYTHONS=("$@")
 ROOT=$(pwd)
 SELECT="test_graph_ or test_cuda_graph_"
 mkdir -p "$OUT"
+printf '[pytest]\n' > "$OUT/pytest.ini"
 status=0
 run() {  # build name, run name, python, extra environment, pytest arguments...
     local build=$1 name=$2 python=$3 env=$4
     shift 4
     (cd "$(dirname "$TEST_FILE")" && env $env PYTHONPATH="$ROOT${PYTHONPATH:+:$PYTHONPATH}" \
-        timeout 1200 "$python" -m pytest -p no:cacheprovider -p no:xdist -q -rA \
+        timeout 1200 "$python" -m pytest -c "$OUT/pytest.ini" --rootdir "$(dirname "$TEST_FILE")" \
+        "${PLUGIN[@]}" -p no:cacheprovider -p no:xdist -q -rA \
         --junitxml="$OUT/$build-$name.xml" "$(basename "$TEST_FILE")" -k "$SELECT" "$@") \
         > "$OUT/$build-$name.txt" 2>&1
     local rc=$?
@@ -46,7 +55,13 @@ for python in "${PYTHONS[@]}"; do
     case $python in */*) python=$(realpath -s "$python") ;; esac
     build=$("$python" -c "import torch; print(torch.__version__)" 2>/dev/null) || {
         echo "$python: no torch" >&2; status=1; continue; }
-    run "$build" emulated "$python" "CUDA_VISIBLE_DEVICES=" --emulate-cuda
+    PLUGIN=()
+    PYTHONPATH="$ROOT${PYTHONPATH:+:$PYTHONPATH}" "$python" -c "
+import sys
+from importlib.metadata import entry_points
+sys.exit(0 if any(e.value == 'harness.pytest_plugin' for e in entry_points(group='pytest11')) else 1)
+" || PLUGIN=(-p harness.pytest_plugin)
+    run "$build" emulated "$python" "CUDA_VISIBLE_DEVICES=" --emulate-cuda --cuda-races report
     if "$python" -c "import sys, torch; sys.exit(0 if torch.cuda.is_available() else 1)"; then
         run "$build" native "$python" ""
         run "$build" sanitizer "$python" "" --emulate-cuda

@@ -206,6 +206,7 @@ def memory_summary(state, device: Any = None, abbreviated: bool = False) -> str:
 
 def empty_cache(state) -> None:
     state.memory.accounting().empty_cache()
+    state.pool_handles.release_cached()
 
 
 def is_initialized(state) -> bool:

@@ -21,8 +21,12 @@ from harness.graphs.emulator.pool import PoolArena
 class PoolHandles:
     """The pool ids of one device (the emulated one, or the sanitizer's GPU)."""
 
-    def __init__(self, storage_device: torch.device) -> None:
+    def __init__(self, storage_device: torch.device, *, cached: bool = False) -> None:
         self._device = storage_device
+        self._cached = cached  # see PoolUse: unused pools keep their memory until release_cached()
+        # Every pool's use, also of an arena already collected: its blocks and the graphs reading
+        # them keep its token and its segments (external.py).
+        self._uses: weakref.WeakSet = weakref.WeakSet()
         self._user_ids = itertools.count(1)
         self._graph_ids = itertools.count(1)
         self._arenas: weakref.WeakValueDictionary = weakref.WeakValueDictionary()
@@ -41,5 +45,11 @@ class PoolHandles:
                             f"graph's pool(): a tuple of two ints, not both 0; got {handle!r}")
         arena = self._arenas.get(handle)
         if arena is None:
-            arena = self._arenas[handle] = PoolArena(self._device)
+            arena = self._arenas[handle] = PoolArena(self._device, cached=self._cached)
+            self._uses.add(arena.token)
         return handle, arena
+
+    def release_cached(self) -> None:
+        """`empty_cache()`: the pools no graph holds give their memory back."""
+        for use in list(self._uses):
+            use.release_cached()

@@ -41,10 +41,13 @@ class ExternalStorage:
     # memory it did not allocate: CUDA frees it only once its last tensor is dropped and no graph
     # holds that pool any more (the graphs captured into it reset or destroyed).
     owner_pool: PoolUse | None = None
+    # For such a block: its pool's segment, so the bytes stay valid while CUDA would keep them
+    # mapped (pool.PoolUse), even after the arena itself was collected.
+    segment: object = None
 
     def freed(self) -> bool:
         """Whether the memory went back to the allocator (a pool's block: the pool's too)."""
-        if self.owner_pool is not None and self.owner_pool.in_use():
+        if self.owner_pool is not None and not self.owner_pool.memory_released():
             return False
         return self.liveness.expired() or self.storage_object() is None
 
@@ -80,8 +83,9 @@ def freed_error(storage: ExternalStorage) -> FreedMemoryError:
         return FreedMemoryError(
             f"replay() of a graph whose memory was freed after capture: the tensor of "
             f"{storage.tensor}{where} lives in another graph's private pool, not in this graph's, "
-            f"and was freed since capture{dropped}: the last tensor on it was dropped and every "
-            f"graph captured into that pool was reset or evicted. On CUDA that memory goes back to the "
+            f"and was freed since capture{dropped}: the last tensor on it was dropped, every "
+            f"graph captured into that pool was reset or evicted, and the pool's cached memory "
+            f"was released (on the emulated CUDA device: by empty_cache()). On CUDA that memory goes back to the "
             f"allocator and this replay writes into (or reads from) whatever is placed there next. "
             f"Allocate memory several graphs share (a per-stream workspace) outside any capture, "
             f"or capture the graphs that share it into one pool and keep it alive as long as every "
@@ -164,7 +168,8 @@ class ExternalMemory:
                 f"shape {tuple(t.shape)}, {t.dtype} (on a storage of {storage.nbytes()} bytes)",
                 current_callsite(),
                 weakref.ref(storage, _note_free(freed_at)), storage.data_ptr(), storage.nbytes(),
-                weakref.ref(t), freed_at, owner_pool)
+                weakref.ref(t), freed_at, owner_pool,
+                getattr(storage, "_harness_segment", None) if owner_pool is not None else None)
             self._storages[address] = known
         self.tensors.note(t, current_callsite())
         return laid_out_like_once(self._aliases, address, known.replay_storage, t)

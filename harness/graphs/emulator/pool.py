@@ -50,13 +50,28 @@ def is_poisoned(tensor: torch.Tensor) -> bool:
 
 class PoolUse:
     """The graphs holding one pool. CUDA counts a private pool's uses (a capture into it takes one,
-    the graph's reset or destruction gives it back) and releases its memory at zero uses; until
-    then a block freed in it serves only later captures into that pool. So memory of the pool
-    that another graph's capture read stays that graph's to read while one of these graphs
-    lives (PyTorch's test_graph_two_successive reads an output freed during the next capture)."""
+    the graph's reset or destruction gives it back); a block freed in it serves only later
+    captures into that pool. So memory of the pool that another graph's capture read stays that
+    graph's to read while one of these graphs lives (PyTorch's test_graph_two_successive reads an
+    output freed during the next capture). At zero uses CUDA's allocator keeps the pool's
+    segments until it releases cached memory (`empty_cache()`, or an allocation that finds none
+    free), and only then hands the addresses out: `cached` pools model that (the emulated CUDA
+    device, whose `empty_cache()` calls `release_cached`); the others count as released at zero
+    uses (no allocator cache is modelled there)."""
 
-    def __init__(self) -> None:
+    def __init__(self, *, cached: bool = False) -> None:
         self._graphs: weakref.WeakSet = weakref.WeakSet()  # weak: a dropped graph gives its use back
+        self._cached = cached
+        self._released = False
+
+    def release_cached(self) -> None:
+        """The allocator released cached memory: an unused pool's segments go back to CUDA."""
+        if not self.in_use():
+            self._released = True
+
+    def memory_released(self) -> bool:
+        """Whether memory freed in this pool can have been handed to another allocation."""
+        return not self.in_use() and (self._released or not self._cached)
 
     def hold(self, graph: object) -> None:
         self._graphs.add(graph)
@@ -87,7 +102,8 @@ class Block:
 class PoolArena:
     """One pool: its segments and live blocks. Graphs captured with the same arena share it."""
 
-    def __init__(self, device: torch.device, *, segment_bytes: int = DEFAULT_SEGMENT_BYTES) -> None:
+    def __init__(self, device: torch.device, *, segment_bytes: int = DEFAULT_SEGMENT_BYTES,
+                 cached: bool = False) -> None:
         if segment_bytes < BLOCK_ALIGN:
             raise ValueError(f"segment_bytes={segment_bytes} is below the block size {BLOCK_ALIGN}")
         self.device = torch.device(device)
@@ -96,7 +112,7 @@ class PoolArena:
         self._live: list[list[Block]] = []  # per segment, sorted by offset
         # Held by each block: a capture tells its own pool's blocks apart, and a graph reading
         # another pool's block asks whether that pool is still held.
-        self.token = PoolUse()
+        self.token = PoolUse(cached=cached)
 
     @property
     def num_segments(self) -> int:
