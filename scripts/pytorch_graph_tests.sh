@@ -10,7 +10,8 @@
 # PYTHONPATH given to this script is kept, e.g. a `pip install --target DIR expecttest psutil`).
 # The harness is put on its path from this checkout, and its pytest plugin loaded with `-p` where
 # that interpreter has no entry point for it. The test file's own folder is pytest's rootdir, with
-# an empty ini file, so a copy inside this repository does not take the repository's options
+# an empty ini file and no conftest.py above it, so a copy inside this repository takes neither the
+# repository's options nor its conftest
 # (--strict-markers refuses PyTorch's `serial` mark). For each build the script runs the
 # test_graph_* / test_cuda_graph_* family:
 #   emulated: --emulate-cuda with the GPU hidden (CUDA_VISIBLE_DEVICES=): the CPU wheel, or the
@@ -43,6 +44,7 @@ run() {  # build name, run name, python, extra environment, pytest arguments...
     shift 4
     (cd "$(dirname "$TEST_FILE")" && env $env PYTHONPATH="$ROOT${PYTHONPATH:+:$PYTHONPATH}" \
         timeout 1200 "$python" -m pytest -c "$OUT/pytest.ini" --rootdir "$(dirname "$TEST_FILE")" \
+        --confcutdir "$(dirname "$TEST_FILE")" \
         "${PLUGIN[@]}" -p no:cacheprovider -p no:xdist -q -rA \
         --junitxml="$OUT/$build-$name.xml" "$(basename "$TEST_FILE")" -k "$SELECT" "$@") \
         > "$OUT/$build-$name.txt" 2>&1
