@@ -42,11 +42,19 @@ CASES = [
     Case("capturing_stream.query()", lambda t: t.capturing.query(), True),
     Case("captured_event.synchronize()", lambda t: t.captured.synchronize(), True),
     Case("captured_event.query()", lambda t: t.captured.query(), True),
+    # Another Python object for the capturing stream (how a pooled stream made later, or an
+    # external one, meets it): still the capturing stream, refused from every thread and mode.
+    Case("capturing_stream_alias.synchronize()", lambda t: _alias(t.capturing).synchronize(), True),
     Case("side_stream.synchronize()", lambda t: t.side.synchronize(), False),
     Case("side_stream.query()", lambda t: t.side.query(), False),
     Case("outside_event.synchronize()", lambda t: t.outside.synchronize(), False),
     Case("outside_event.query()", lambda t: t.outside.query(), False),
 ]
+
+
+def _alias(stream) -> torch.cuda.Stream:
+    return torch.cuda.Stream(stream_id=stream.stream_id, device_index=stream.device_index,
+                             device_type=stream.device_type)
 
 
 def _refused(case: Case, mode: str, own_thread: bool) -> bool:
@@ -56,7 +64,14 @@ def _refused(case: Case, mode: str, own_thread: bool) -> bool:
 def _capture_with(call: Callable[[Targets], object], mode: str, in_thread: bool):
     """Capture `x += 1; call(); x += 1`, `call` made on this thread or on one started inside the
     capture; returns (the graph, x, the errors `call` raised, what ending the capture raised)."""
+    # Capture on a stream of our own, made just before `side`: torch.cuda.Stream() hands out
+    # CUDA's pooled streams round-robin (32 per priority), so `side` made any later could be the
+    # very stream torch.cuda.graph's process-wide capture stream is, and a sync of it conflicts.
+    capturing = torch.cuda.Stream()
     side = torch.cuda.Stream()
+    if side == capturing:
+        raise RuntimeError(f"two streams made in a row are one CUDA stream ({side}): the case "
+                           f"would sync the capturing stream, not one outside the capture")
     x = torch.zeros(4, device="cuda")
     outside = torch.cuda.Event()
     outside.record(side)
@@ -73,7 +88,7 @@ def _capture_with(call: Callable[[Targets], object], mode: str, in_thread: bool)
     ended = None
     caller_stream = torch.cuda.current_stream()
     try:
-        with torch.cuda.graph(graph, capture_error_mode=mode):
+        with torch.cuda.graph(graph, stream=capturing, capture_error_mode=mode):
             x.add_(1)
             captured = torch.cuda.Event()
             captured.record()
