@@ -72,12 +72,13 @@ class RealStreamWork(TorchDispatchMode):
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
-        tensors = tensors_of((*args, *kwargs.values()))
-        if (not any(_is_cuda(t) for t in tensors) and func is not _TO_COPY) or _capturing():
-            return func(*args, **kwargs)  # host work, or captured work that runs only at replay
+        if _capturing():
+            return func(*args, **kwargs)  # captured work runs only at replay
         kind = opinfo.op_kind(func)
         if kind is OpKind.VIEW:
             return func(*args, **kwargs)
+        # Host work passes; a factory (`torch.empty(..., device="cuda")`, a copy to the device)
+        # still makes fresh device memory below, which may be a freed block handed out again.
         stream = self.ids.of(torch.cuda.current_stream())
         reads, writes = split_accesses(func, args, kwargs, _is_cuda)
         where, name = current_callsite(), opinfo.op_name(func)
