@@ -138,10 +138,15 @@ def cmd_lint(args) -> int:
 
 
 def _emulated_cuda(on: bool):
-    """`harness.emulate_cuda()` for the duration when `on` (the verbs' --emulate-cuda)."""
+    """`harness.emulate_cuda()` for the duration when `on` (the verbs' --emulate-cuda); inside an
+    emulation already in force (a pytest session under --emulate-cuda calling `cli.main`), that
+    one: a second would be refused, and the verbs take the device's default settings, which the
+    session's may refine (a schedule explain cannot observe is refused by explain itself)."""
     import contextlib
 
-    if not on:
+    from harness.emulation import emulation_active
+
+    if not on or emulation_active() is not None:
         return contextlib.nullcontext()
     from harness import emulate_cuda
 

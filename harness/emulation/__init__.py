@@ -7,7 +7,8 @@ which storages are device memory and which host memory is pinned; `placement.py`
 TorchFunctionMode that places every op; `transfers.py` copies between the memories and host reads;
 `backward.py` autograd's products; `compiled.py` torch.compile's graphs on the device; `cuda_api.py` the replaced `torch.cuda` functions;
 `cuda_streams.py` streams and events; `cuda_graph.py` `torch.cuda.CUDAGraph` on the emulator;
-`tracking/` stream and race tracking;
+`tracking/` stream and race tracking (`tracking/real_streams.py` over a real GPU's streams);
+`stream_races.py` `track_stream_races()`, on either;
 `rules.py` CUDA's error texts; `sanitizer.py` the same graph API over a real GPU;
 `capture_syncs.py` the host syncs a capture refuses; `threads.py` the device in new threads;
 `pool_handles.py` CUDA's pool ids for the emulator's pools; `device_indices.py` which of several
@@ -16,5 +17,6 @@ emulated devices a storage is on.
 
 from harness.emulation.active import emulation_active
 from harness.emulation.session import emulate_cuda
+from harness.emulation.stream_races import track_stream_races
 
-__all__ = ["emulate_cuda", "emulation_active"]
+__all__ = ["emulate_cuda", "emulation_active", "track_stream_races"]

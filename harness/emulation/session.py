@@ -84,11 +84,13 @@ def emulate_cuda(device: str = "auto", *, schedule: str = "issue_order", races: 
         raise ValueError(f"emulate_cuda(schedule={schedule!r}); accepted: {', '.join(SCHEDULES)}")
     if races not in RACE_MODES:
         raise ValueError(f"emulate_cuda(races={races!r}); accepted: {', '.join(RACE_MODES)}")
+    if _INHERITED:
+        # An explicit emulation takes its place; left first, since the inherited one's
+        # torch.cuda.is_available() answers True and would pick the sanitizer below.
+        _INHERITED.pop().__exit__(None, None, None)
     kind = "cuda" if device == "cuda" or (device == "auto" and torch.cuda.is_available()) else "cpu"
     if kind == "cuda":
         _refuse_sanitizer_options(schedule, races, options)
-    if _INHERITED:
-        _INHERITED.pop().__exit__(None, None, None)  # an explicit emulation takes its place
     _refuse_bad_use(device)
     torch_internals.check()  # a torch that moved a private name fails here, not with wrong answers
     properties = _properties(options)

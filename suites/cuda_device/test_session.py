@@ -104,6 +104,25 @@ def test_children_enter_the_same_emulation_only_when_asked(outside_emulation):
     assert alone.stdout.split()[0] == "False"
 
 
+_EXPLICIT_CHILD = """
+import torch, harness
+with harness.emulate_cuda() as state:  # what a pytest --emulate-cuda xdist worker does
+    print(state.kind)
+"""
+
+
+def test_a_child_entering_its_own_emulation_gets_the_emulated_device(outside_emulation):
+    # The inherited emulation answers torch.cuda.is_available() with True: asked before leaving it,
+    # emulate_cuda() took the child for a GPU machine and entered the sanitizer (xdist workers
+    # under --emulate-cuda failed to start: "Torch not compiled with CUDA enabled").
+    import subprocess
+    import sys
+
+    with harness.emulate_cuda(device="cpu", children=True):
+        child = subprocess.run([sys.executable, "-c", _EXPLICIT_CHILD], capture_output=True, text=True)
+    assert child.returncode == 0 and child.stdout.split() == ["cpu"], child.stderr[-2000:]
+
+
 @pytest.mark.slow  # a pytest or torch.compile subprocess: nightly_cpu runs it
 def test_a_cpu_default_device_does_not_block_entering_and_dynamo_resets_inside(outside_emulation):
     torch.set_default_device("cpu")  # what a runner may leave behind: the default anyway

@@ -1,0 +1,152 @@
+"""Race tracking over a real GPU's streams, as PyTorch's CSAN (torch/cuda/_sanitizer.py) does: a
+dispatch mode tells the tracker (tracker.py) each op's reads and writes of CUDA memory on the
+current stream, and the stream and event API's waits, records and synchronizations become the
+tracker's edges. The emulated device tracks its streams itself (observer.py); this is for real
+CUDA, natively or under the graph sanitizer, where the GPU runs the streams and only their order
+can be checked, not their timing.
+
+What it does not see, as CSAN does not: frees (a tensor dropped while another stream reads it:
+use `record_stream`), graph replays (recorded work replayed by CUDA or the sanitizer), kernels that
+skip the dispatcher (Triton launched directly, NCCL's own streams), and `query()` answers.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from typing import Any, Iterator
+
+import torch
+
+from harness import torch_internals
+from harness.torch_internals import TorchDispatchMode
+from harness.graphs.emulator import opinfo
+from harness.graphs.emulator.accesses import split_accesses, tensors_of
+from harness.graphs.emulator.callsite import current_callsite
+from harness.graphs.emulator.opinfo import OpKind
+from harness.emulation.replacing import apply
+from harness.emulation.tracking.names import label_of, storage_key
+from harness.emulation.tracking.tracker import StreamTracker
+
+__harness_machinery__ = True  # its frames are not the program's callers (callsite.py)
+
+_LOCAL_SCALAR = torch.ops.aten._local_scalar_dense.default
+_TO_COPY = torch.ops.aten._to_copy.default
+_COPY = torch.ops.aten.copy_.default
+
+
+class StreamIds:
+    """Small ints for real streams, each device's default stream first: what reports call
+    "stream N" (CUDA's own stream ids are pool encodings, not names a reader can follow)."""
+
+    def __init__(self) -> None:
+        self._ids: dict[tuple[int, int], int] = {}
+
+    def of(self, stream: Any) -> int:
+        key = (int(stream.device_index), int(stream.stream_id))
+        if key not in self._ids:
+            self._ids[key] = len(self._ids)
+        return self._ids[key]
+
+
+def _is_cuda(t: torch.Tensor) -> bool:
+    return t.device.type == "cuda" and not t.is_meta
+
+
+def _host_waits(func, args: tuple, kwargs: dict) -> bool:
+    """A blocking copy to the host or a scalar read: the host waits for the current stream."""
+    if func is _LOCAL_SCALAR:
+        return True
+    if func is _TO_COPY:
+        device = kwargs.get("device")
+        return device is not None and torch.device(device).type == "cpu" and not kwargs.get("non_blocking")
+    if func is _COPY:
+        return (isinstance(args[0], torch.Tensor) and args[0].device.type == "cpu"
+                and not (args[2] if len(args) > 2 else kwargs.get("non_blocking", False)))
+    return False
+
+
+class RealStreamWork(TorchDispatchMode):
+    def __init__(self, tracker: StreamTracker, ids: StreamIds) -> None:
+        super().__init__()
+        self.tracker, self.ids = tracker, ids
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        if _capturing():
+            return func(*args, **kwargs)  # captured work runs only at replay
+        kind = opinfo.op_kind(func)
+        if kind is OpKind.VIEW:
+            return func(*args, **kwargs)
+        # Host work passes; a factory (`torch.empty(..., device="cuda")`, a copy to the device)
+        # still makes fresh device memory below, which may be a freed block handed out again.
+        stream = self.ids.of(torch.cuda.current_stream())
+        reads, writes = split_accesses(func, args, kwargs, _is_cuda)
+        where, name = current_callsite(), opinfo.op_name(func)
+        for t in (*reads, *writes):
+            self.tracker.labels.setdefault(storage_key(t), label_of(t))
+        seq = self.tracker.launch(stream, [storage_key(t) for t in reads], [storage_key(t) for t in writes],
+                                  op=name, where=where)
+        out = func(*args, **kwargs)
+        if _host_waits(func, args, kwargs):
+            self.tracker.synchronize_stream(stream)
+        if kind is not OpKind.MUTATING:
+            for t in tensors_of(out if isinstance(out, (list, tuple)) else (out,)):
+                if _is_cuda(t) and t.untyped_storage().nbytes():
+                    # Fresh memory (perhaps a freed block again): written by this op only.
+                    self.tracker.record_write(storage_key(t), stream, seq, op=name, where=where)
+                    self.tracker.labels[storage_key(t)] = label_of(t)
+        return out
+
+
+def _capturing() -> bool:
+    try:
+        return bool(torch.cuda.is_current_stream_capturing())
+    except RuntimeError:
+        return False
+
+
+def _api_patches(tracker: StreamTracker, ids: StreamIds) -> list[tuple[Any, str, Any]]:
+    """The stream and event API's edges: Stream.wait_stream and wait_event go through Event.record
+    and Event.wait (torch/cuda/streams.py), so those two carry every fork and join."""
+    Stream, Event = torch.cuda.Stream, torch.cuda.Event
+    record, wait = Event.record, Event.wait
+    stream_sync, event_sync = Stream.synchronize, Event.synchronize
+    torch_C = torch_internals.torch_namespace("torch._C")
+    device_sync = getattr(torch_C, "_cuda_synchronize")
+
+    def record_event(self, stream=None) -> None:
+        record(self, stream)
+        tracker.record_event(id(self), ids.of(torch.cuda.current_stream() if stream is None else stream))
+
+    def wait_event(self, stream=None) -> None:
+        wait(self, stream)
+        tracker.wait_event(ids.of(torch.cuda.current_stream() if stream is None else stream), id(self))
+
+    def synchronize_stream(self) -> None:
+        stream_sync(self)
+        tracker.synchronize_stream(ids.of(self))
+
+    def synchronize_event(self) -> None:
+        event_sync(self)
+        tracker.synchronize_event(id(self))
+
+    def synchronize_device() -> None:
+        device_sync()
+        tracker.synchronize_device()
+
+    return [(Event, "record", record_event), (Event, "wait", wait_event),
+            (Stream, "synchronize", synchronize_stream), (Event, "synchronize", synchronize_event),
+            (torch_C, "_cuda_synchronize", synchronize_device)]
+
+
+@contextlib.contextmanager
+def track_real_streams(*, races: str = "strict") -> Iterator[StreamTracker]:
+    """Track races over the real GPU's streams for the duration; yields the tracker
+    (`tracker.reports` in races="report" mode; "strict" raises RaceError at the op)."""
+    tracker = StreamTracker(mode=races)
+    ids = StreamIds()
+    ids.of(torch.cuda.default_stream())  # stream 0, as on the emulated device
+    with contextlib.ExitStack() as stack:
+        apply(_api_patches(tracker, ids), stack)
+        stack.enter_context(RealStreamWork(tracker, ids))
+        yield tracker
