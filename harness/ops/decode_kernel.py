@@ -47,27 +47,27 @@ def choose_decode_kernel(requested: str | None, device: torch.device | str) -> D
     if requested == "torch":
         return DecodeKernelChoice(requested, "torch", "requested")
     device = torch.device(device)
-    blocker = _triton_blocker(device)
+    blocker, missing_triton = _triton_blocker(device)
     if blocker is None:
         return DecodeKernelChoice(requested, "triton", "requested" if requested else
                                   "CUDA device with triton")
     if requested == "triton":
         raise ValueError(f"decode_kernel='triton' cannot run here: {blocker}; ask for "
                          f"decode_kernel='torch' or None (choose for the device)")
-    return DecodeKernelChoice(requested, "torch", blocker,
-                              fell_back=device.type == "cuda" and triton_import_error() is not None)
+    return DecodeKernelChoice(requested, "torch", blocker, fell_back=missing_triton)
 
 
-def _triton_blocker(device: torch.device) -> str | None:
-    """Why the Triton kernel cannot serve a model on `device` (None: it can)."""
+def _triton_blocker(device: torch.device) -> tuple[str | None, bool]:
+    """Why the Triton kernel cannot serve a model on `device` (None: it can), and whether that is
+    a real CUDA device lacking triton (the one case that is a fallback, not the device's nature)."""
     if device.type != "cuda":
-        return f"the device is {device.type}, the kernel runs on CUDA"
+        return f"the device is {device.type}, the kernel runs on CUDA", False
     from harness.emulation import emulation_active
 
     if emulation_active() == "cpu":
         return ("the emulated CUDA device holds CPU tensors, which run the torch-ops "
-                "implementation")
+                "implementation"), False
     error = triton_import_error()
     if error is not None:
-        return f"triton is not importable ({error})"
-    return None
+        return f"triton is not importable ({error})", True
+    return None, False

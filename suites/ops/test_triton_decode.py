@@ -124,7 +124,8 @@ def test_cuda_op_replays_in_a_cuda_graph_for_a_new_batch() -> None:
     after the metadata holds another batch of the same shape (longer contexts, other blocks)
     matches the torch-ops path on that batch."""
     first = cuda_batch("decode-gqa4")
-    later = decode_batch(**{**CASES["decode-gqa4"], "lengths": [(12, 1), (48, 1), (3, 1), (30, 1)],
+    # Other lengths in as many blocks (a cache and metadata of the same shape), other values.
+    later = decode_batch(**{**CASES["decode-gqa4"], "lengths": [(8, 1), (37, 1), (4, 1), (20, 1)],
                             "seed": 5}, device="cuda")
     kernel_md = with_decode_kernel(first.metadata, first.spans, "triton")
     layer = first.cache.layer(0)
