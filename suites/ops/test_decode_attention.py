@@ -4,6 +4,7 @@ graphs included), and on CUDA (gpu) the engine's generations with the kernel aga
 
 from __future__ import annotations
 
+import contextlib
 from dataclasses import replace
 
 import pytest
@@ -11,6 +12,7 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 import harness
+from harness.emulation import emulation_active
 from harness.ops import AttentionMetadata, choose_decode_kernel, paged_attention
 from harness.ops.decode_kernel import triton_import_error
 from harness.runtime import Engine, EngineConfig
@@ -33,6 +35,16 @@ class OpNames(TorchDispatchMode):
         if str(func).startswith("harness."):
             self.names.append(str(func))
         return func(*args, **(kwargs or {}))
+
+
+@contextlib.contextmanager
+def on_the_emulated_device():
+    """The emulated device: the session's (pytest --emulate-cuda) or one entered here."""
+    active = emulation_active()
+    if active == "cuda":
+        pytest.skip("the session runs the sanitizer on a real GPU, not the emulated device")
+    with contextlib.nullcontext() if active == "cpu" else harness.emulate_cuda(device="cpu"):
+        yield
 
 
 def as_triton(batch: Batch) -> AttentionMetadata:
@@ -86,14 +98,12 @@ def test_triton_asked_where_it_cannot_run_is_refused() -> None:
 
 
 def test_auto_on_the_emulated_device_is_torch() -> None:
-    with harness.emulate_cuda(device="cpu"):
+    with on_the_emulated_device():
         choice = choose_decode_kernel(None, "cuda")
     assert choice.kernel == "torch" and "emulated CUDA device" in choice.reason
     assert not choice.fell_back
 
 
-@pytest.mark.skipif(triton_import_error() is not None, reason="needs triton importable to tell "
-                    "a CUDA device without triton apart")
 def test_explicit_torch_is_kept_whatever_the_device() -> None:
     assert choose_decode_kernel("torch", "cuda").kernel == "torch"
 
@@ -120,7 +130,7 @@ def test_the_emulated_device_captures_and_replays_the_decode_op() -> None:
     runs; a graph captured on one batch replays another of the same shape as eager runs it."""
     # Other lengths in as many blocks (a cache and metadata of the same shape), other values.
     later_lengths = dict(DECODES, lengths=[(8, 1), (24, 1), (3, 1)], seed=3)
-    with harness.emulate_cuda(device="cpu"):
+    with on_the_emulated_device():
         first = decode_batch(**DECODES, device="cuda")
         later = decode_batch(**later_lengths, device="cuda")
         expected = torch_ops_output(later, SCALE)
