@@ -46,11 +46,12 @@ def _requests(batch: int, new_tokens: int, vocab: int) -> list[Request]:
 
 
 def _engine(model, backend, batch: int, *, graphs: bool, overlap: bool,
-            compile: str = "none") -> Engine:
+            compile: str = "none", decode_kernel: str | None = None) -> Engine:
     config = EngineConfig(max_batch_size=batch, max_num_tokens=max(batch * PROMPT, 2 * batch),
                           block_size=16, max_model_len=PROMPT + NEW_TOKENS + 16,
                           decode_graph_sizes=(batch,) if graphs else (),
-                          graph_top_k=(1,) if graphs else (), overlap=overlap, compile=compile)
+                          graph_top_k=(1,) if graphs else (), overlap=overlap, compile=compile,
+                          decode_kernel=decode_kernel)
     engine = Engine(model, config, backend=backend if graphs else None)
     if graphs:
         if engine.device.type == "cuda":
@@ -82,16 +83,18 @@ def ms_per_step(engine: Engine, batch: int, repeats: int) -> float:
 
 
 def time_engine_steps(name: str, model, backend, batches: tuple[int, ...], *,
-                      repeats: int, compiles: tuple[str, ...] = ("none",)) -> list[StepTiming]:
+                      repeats: int, compiles: tuple[str, ...] = ("none",),
+                      decode_kernel: str | None = None) -> list[StepTiming]:
     timings = []
     with torch.inference_mode():
         for compile in compiles:
             for batch in batches:
                 for overlap in (False, True):
                     eager = ms_per_step(_engine(model, backend, batch, graphs=False, overlap=overlap,
-                                                compile=compile), batch, repeats)
+                                                compile=compile, decode_kernel=decode_kernel),
+                                        batch, repeats)
                     graph_engine = _engine(model, backend, batch, graphs=True, overlap=overlap,
-                                           compile=compile)
+                                           compile=compile, decode_kernel=decode_kernel)
                     graph = ms_per_step(graph_engine, batch, repeats)
                     timings.append(StepTiming(name, batch, overlap, eager, graph, compile,
                                               graph_engine.prepare_seconds))

@@ -25,6 +25,10 @@ the kernels one replay of batch 1 launches (torch.profiler).
 `--profile` (one model, one `--batch`): the engine's graph step (prepare, replay, ranking and its
 device-to-host transfer) under torch.profiler, the top host-side costs, and a perf_counter breakdown
 of the step with the share that is graph replay against host work. Prints only; writes nothing.
+
+`--decode-kernel` (default auto): what attends decode batches in every engine of the run
+(EngineConfig.decode_kernel): `torch` against `triton` is the before and after of the paged-decode
+kernel; the run prints which one served and why.
 """
 
 from __future__ import annotations
@@ -45,6 +49,7 @@ from harness.records import BACKENDS
 from harness.cli_support import require_backend
 from harness.graphs import get_backend
 from harness.model import ReferenceLlama, llama_1b_config, random_llama, tiny_llama_config
+from harness.ops.decode_kernel import choose_decode_kernel
 from harness.ops.metadata import SequenceSpan
 from harness.runtime import Engine, EngineConfig
 from harness.runtime.decode.runner import pad_decode_batch
@@ -93,16 +98,20 @@ def build_model(name: str, device: torch.device) -> ReferenceLlama:
     return ReferenceLlama.from_hf(random_llama(CONFIGS[name](), seed=0)).to(device)
 
 
-def engine_config(*, single_pass: bool, compile: str = "none") -> EngineConfig:
+def engine_config(*, single_pass: bool, compile: str = "none",
+                  decode_kernel: str | None = None) -> EngineConfig:
     return EngineConfig(max_batch_size=max(BATCHES), max_num_tokens=max(BATCHES) * 2, block_size=16,
                         max_model_len=2 * CONTEXT, decode_graph_sizes=BATCHES,
-                        single_pass_capture=single_pass, compile=compile)
+                        single_pass_capture=single_pass, compile=compile,
+                        decode_kernel=decode_kernel)
 
 
-def _new_engine(model: ReferenceLlama, backend, *, single_pass: bool, compile: str = "none") -> Engine:
+def _new_engine(model: ReferenceLlama, backend, *, single_pass: bool, compile: str = "none",
+                decode_kernel: str | None = None) -> Engine:
     # The compiled path compiles every size in this untimed first capture: a capture is timed
     # against what it records, not against inductor.
-    engine = Engine(model, engine_config(single_pass=single_pass, compile=compile), backend=backend)
+    engine = Engine(model, engine_config(single_pass=single_pass, compile=compile,
+                                         decode_kernel=decode_kernel), backend=backend)
     _sync(model.device)
     start = time.perf_counter()
     engine.decode_graphs.warmup_and_capture("estimate")  # first-use work, untimed
@@ -116,7 +125,8 @@ CAPTURE_REPEATS = 5  # timed captures per arm, alternating; one capture is a few
 
 
 def time_capture(name: str, model: ReferenceLlama, backend, *,
-                 repeats: int = CAPTURE_REPEATS, compile: str = "none") -> CaptureTiming:
+                 repeats: int = CAPTURE_REPEATS, compile: str = "none",
+                 decode_kernel: str | None = None) -> CaptureTiming:
     """The median of `repeats` timed captures per arm, the arms alternating so that drift in the
     machine's speed reaches both, after one untimed capture of each."""
     device = model.device
@@ -124,7 +134,8 @@ def time_capture(name: str, model: ReferenceLlama, backend, *,
     first_capture_s = None
     for run in range(repeats + 1):
         for single_pass in (False, True):
-            engine = _new_engine(model, backend, single_pass=single_pass, compile=compile)
+            engine = _new_engine(model, backend, single_pass=single_pass, compile=compile,
+                                 decode_kernel=decode_kernel)
             if first_capture_s is None:
                 first_capture_s = engine.first_capture_s
             _sync(device)
@@ -143,10 +154,11 @@ def time_capture(name: str, model: ReferenceLlama, backend, *,
 
 
 def time_replay(name: str, model: ReferenceLlama, backend, *, iters: int, warmup: int,
-                kernels: dict[str, float] | None = None) -> list[ReplayTiming]:
+                kernels: dict[str, float] | None = None,
+                decode_kernel: str | None = None) -> list[ReplayTiming]:
     """Eager against replay at every batch; on cuda `kernels[name]` gets the kernels one replay of
     batch 1 launches."""
-    engine = _new_engine(model, backend, single_pass=False)
+    engine = _new_engine(model, backend, single_pass=False, decode_kernel=decode_kernel)
     engine.decode_graphs.warmup_and_capture("serve")
     device = model.device
     cache = engine.kv_cache
@@ -208,9 +220,9 @@ def _decode_spans(engine: Engine, batch: int) -> tuple[tuple[SequenceSpan, ...],
 
 
 def profile_step(name: str, model: ReferenceLlama, backend, batch: int, *, iters: int,
-                 warmup: int) -> tuple[str, StepBreakdown]:
+                 warmup: int, decode_kernel: str | None = None) -> tuple[str, StepBreakdown]:
     """The top host-side costs of the engine's graph step under torch.profiler, and its breakdown."""
-    engine = _new_engine(model, backend, single_pass=False)
+    engine = _new_engine(model, backend, single_pass=False, decode_kernel=decode_kernel)
     graphs = engine.decode_graphs
     graphs.warmup_and_capture("serve")
     device = model.device
@@ -318,6 +330,9 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--compile", choices=("none", "inductor", "both"), default="both",
                         help="the engine paths timed (EngineConfig.compile): the eager ops, the "
                              "compiled path, or both (default)")
+    parser.add_argument("--decode-kernel", choices=("auto", "torch", "triton"), default="auto",
+                        help="what attends decode batches (EngineConfig.decode_kernel): auto (triton "
+                             "on CUDA where it imports, default), the torch gather path, or triton")
     parser.add_argument("--step-repeats", type=int, default=5,
                         help="repeats of the engine-step timing, eager and graphs, overlap off and on "
                              "(default 5; 0 skips it)")
@@ -330,13 +345,18 @@ def main(argv: list[str]) -> int:
     require_backend("--backend", args.backend)
     backend = get_backend(args.backend)
     device = torch.device(backend.device)
+    decode_kernel = None if args.decode_kernel == "auto" else args.decode_kernel
+    chosen = choose_decode_kernel(decode_kernel, device)
+    kernel_line = f"decode kernel: {chosen.kernel} ({chosen.reason})"
     timed_threads = torch.get_num_threads()
     if args.profile:
         name = (args.model or ["tiny"])[0]
         with torch.inference_mode():
             table, breakdown = profile_step(name, build_model(name, device), backend, args.batch,
-                                            iters=args.iters, warmup=args.warmup)
+                                            iters=args.iters, warmup=args.warmup,
+                                            decode_kernel=decode_kernel)
         print(render_profile(table, breakdown, backend.name, args.iters))
+        print(kernel_line)
         return 0
     models = args.model or (["tiny", "1b"] if device.type == "cuda" else ["tiny"])
     compiles = ("none", "inductor") if args.compile == "both" else (args.compile,)
@@ -345,12 +365,13 @@ def main(argv: list[str]) -> int:
         for name in models:
             model = build_model(name, device)
             floors[name], layers[name] = weight_floor_ms(model), model.num_layers
-            captures += [time_capture(name, model, backend, compile=c) for c in compiles]
+            captures += [time_capture(name, model, backend, compile=c, decode_kernel=decode_kernel)
+                         for c in compiles]
             replays += time_replay(name, model, backend, iters=args.iters, warmup=args.warmup,
-                                   kernels=kernels)
+                                   kernels=kernels, decode_kernel=decode_kernel)
             if args.step_repeats:
                 steps += time_engine_steps(name, model, backend, (1,), repeats=args.step_repeats,
-                                           compiles=compiles)
+                                           compiles=compiles, decode_kernel=decode_kernel)
             del model
     tables = [render(backend.name, captures, replays, floors, args.iters)]
     if steps:
@@ -364,6 +385,7 @@ def main(argv: list[str]) -> int:
     missed = misses(captures, replays) + step_misses(steps)
     print(table)
     print(machine_line(timed_threads))
+    print(kernel_line)
     print("targets: " + (f"missed: {'; '.join(missed)}" if missed else "met"))
     if args.output and not args.no_write:
         append_section(args.output, "harness bench capture", table, threads=timed_threads)

@@ -213,7 +213,9 @@ class ReferenceLlama(nn.Module):
                              f"the metadata describes {num_tokens}")
         positions = metadata.positions[:num_tokens]
         cos, sin = self.rotary(positions)
-        plan = metadata_plan(metadata)  # what each token attends to: the same in every layer
+        # What each token attends to, the same in every layer; the decode kernel reads the
+        # metadata itself.
+        plan = None if metadata.uses_decode_kernel else metadata_plan(metadata)
         x = self.embed_tokens(input_ids[:num_tokens])
         for i, layer in enumerate(self.layers):
             x = layer(x, cos, sin, kv_cache.layer(i), metadata, self.workspace, plan)

@@ -23,17 +23,23 @@ against them see every later batch; its host counts (`num_tokens`, `num_seqs`, `
 the permanent pad sequence (row `max_batch_size` of `seq_lens` / `block_tables`). The ops are
 `torch.ops.harness.paged_attention` and `torch.ops.harness.block_sparse_attention`
 (mutating the KV layer and `out`, returning nothing, fakes registered), and read no device data on
-the host, so they can be captured.
+the host, so they can be captured. A decode-only batch whose metadata was built with
+`decode_kernel="triton"` attends through `torch.ops.harness.paged_decode_attention` instead: a Triton
+kernel reading the cache through the block table on CUDA, the torch ops elsewhere (decode_kernel.py
+chooses; `choose_decode_kernel(None, device)` is the engine's default).
 """
 
 from harness.ops.attention import paged_attention, paged_attention_op
+from harness.ops.decode_attention import paged_decode_attention_op
+from harness.ops.decode_kernel import DECODE_KERNELS, DecodeKernelChoice, choose_decode_kernel
 from harness.ops.kv_cache import BlockAllocator, OutOfBlocksError, PagedKVCache
 from harness.ops.metadata import AttentionMetadata, BatchCounts, SequenceSpan
 from harness.ops.sparse_attention import block_sparse_attention, block_sparse_attention_op
 from harness.ops.workspace import Workspace
 
 __all__ = [
-    "AttentionMetadata", "BatchCounts", "BlockAllocator", "OutOfBlocksError", "PagedKVCache",
+    "AttentionMetadata", "BatchCounts", "BlockAllocator", "DECODE_KERNELS", "DecodeKernelChoice",
+    "OutOfBlocksError", "PagedKVCache",
     "SequenceSpan", "Workspace", "block_sparse_attention", "block_sparse_attention_op",
-    "paged_attention", "paged_attention_op",
+    "choose_decode_kernel", "paged_attention", "paged_attention_op", "paged_decode_attention_op",
 ]

@@ -191,8 +191,17 @@ def paged_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, kv_layer:
                     plan: Optional[ContextPlan] = None) -> torch.Tensor:
     """q/out [num_tokens, heads, head_dim], k/v [num_tokens, kv_heads, head_dim] (num_tokens =
     metadata.num_tokens, padding included), kv_layer = PagedKVCache.layer(i); `plan` from
-    `metadata_plan(metadata)` when the caller shares one across layers. Returns `out`."""
+    `metadata_plan(metadata)` when the caller shares one across layers. A decode-only batch whose
+    metadata asks for the Triton kernel (`metadata.uses_decode_kernel`) runs
+    `harness::paged_decode_attention` instead, which needs neither the workspace nor the plan.
+    Returns `out`."""
     check_inputs(q, k, v, kv_layer, metadata, out)
+    if metadata.uses_decode_kernel:
+        # Imported here: decode_attention builds on this module's functions.
+        from harness.ops.decode_attention import paged_decode_attention_op
+
+        paged_decode_attention_op(q, k, v, kv_layer, *metadata.op_inputs(), scale, out)
+        return out
     tokens = metadata.num_tokens
     scratch = None
     if workspace is not None:

@@ -22,6 +22,7 @@ from typing import Sequence
 import numpy as np
 import torch
 
+from harness.ops.decode_kernel import DECODE_KERNELS
 from harness.ops.sizing import cdiv, require_positive
 
 _NUMPY = {torch.int32: np.int32, torch.int64: np.int64}
@@ -78,15 +79,23 @@ class AttentionMetadata:
       sequences take a padded token row where one exists, else the last row).
 
     Each is a typed view of `flat`, one uint8 device buffer; `BUFFERS` names them in layout order.
+
+    `decode_kernel` (one of `DECODE_KERNELS`, decode_kernel.py) is what attends decode-only batches:
+    "torch" (the default) the gather path every batch takes, "triton" the paged-decode kernel.
     """
 
     BUFFERS = ("positions", "slot_mapping", "token_to_seq", "block_tables", "logits_indices",
                "seq_lens", "query_start_loc")
 
     def __init__(self, max_batch_size: int, max_num_tokens: int, max_blocks_per_seq: int,
-                 block_size: int, pad_slot: int, device: torch.device | str = "cpu") -> None:
+                 block_size: int, pad_slot: int, device: torch.device | str = "cpu", *,
+                 decode_kernel: str = "torch") -> None:
         require_positive(max_batch_size=max_batch_size, max_num_tokens=max_num_tokens,
                          max_blocks_per_seq=max_blocks_per_seq, block_size=block_size)
+        if decode_kernel not in DECODE_KERNELS:
+            raise ValueError(f"decode_kernel must be one of {list(DECODE_KERNELS)}, got "
+                             f"{decode_kernel!r}")
+        self.decode_kernel = decode_kernel
         if pad_slot < 0 or pad_slot % block_size:
             raise ValueError(f"pad_slot {pad_slot} must be the first slot of a block of {block_size}")
         self.max_batch_size = max_batch_size
@@ -185,6 +194,12 @@ class AttentionMetadata:
     @property
     def num_actual_seqs(self) -> int:
         return self.counts.num_actual_seqs
+
+    @property
+    def uses_decode_kernel(self) -> bool:
+        """Whether this batch's attention runs the Triton decode kernel: it holds no prefill
+        (padded sequences count as decodes) and `decode_kernel` is "triton"."""
+        return self.decode_kernel == "triton" and self.counts.num_prefills == 0
 
     def input_positions(self) -> torch.Tensor:
         return self.positions[: self.num_tokens]

@@ -7,6 +7,8 @@ from typing import Any, Mapping
 
 import torch
 
+from harness.ops.decode_kernel import DECODE_KERNELS
+
 # EngineConfig.compile: the eager torch ops, or inductor pieces between the attention ops.
 COMPILE_MODES = ("none", "inductor")
 
@@ -45,6 +47,13 @@ class EngineConfig:
       decode steps run the compiled step and the decode graphs capture it, piecewise prefill graphs
       capture compiled pieces. Prefill and mixed batches outside a bucket run the eager ops.
 
+    Attention:
+    - `decode_kernel`: what attends decode-only batches (harness/ops/decode_kernel.py). None (the
+      default) chooses for the device: "triton" (the paged-decode kernel, reading the cache through
+      the block table) on a real CUDA device where triton imports, else "torch" (the gather path
+      every other batch takes); a CUDA device without triton is counted in `stats.fallbacks`.
+      "triton" or "torch" asks for one; "triton" where it cannot run is refused.
+
     Step loop:
     - `overlap`: TensorRT-LLM's overlap scheduler (overlap.py). Tokens are sampled on the device and
       come back through pinned host memory behind an event; step n + 1 is scheduled, staged and
@@ -68,8 +77,12 @@ class EngineConfig:
     graph_top_k: tuple[int, ...] = ()
     overlap: bool = False
     compile: str = "none"
+    decode_kernel: str | None = None
 
     def __post_init__(self) -> None:
+        if self.decode_kernel is not None and self.decode_kernel not in DECODE_KERNELS:
+            raise ValueError(f"EngineConfig.decode_kernel must be one of {list(DECODE_KERNELS)} or "
+                             f"None (choose for the device), got {self.decode_kernel!r}")
         if self.compile not in COMPILE_MODES:
             raise ValueError(f"EngineConfig.compile must be one of {list(COMPILE_MODES)}, got "
                              f"{self.compile!r}")

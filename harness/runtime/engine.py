@@ -26,6 +26,7 @@ import torch
 from harness.graphs import get_backend
 from harness.graphs.base import GraphBackend
 from harness.ranking import PackedRanking, logits_to_steps
+from harness.ops.decode_kernel import choose_decode_kernel
 from harness.ops.kv_cache import PagedKVCache
 from harness.ops.metadata import AttentionMetadata
 from harness.ops.sizing import cdiv
@@ -102,6 +103,11 @@ class Engine:
                              f"max_position_embeddings {model.max_positions}")
         self.max_model_len = config.max_model_len or model.max_positions
         self.dtype = dtype
+        self._stats = StatsRecorder()
+        # What attends decode-only batches, and why: the metadata carries it to every attention op.
+        self.decode_kernel = choose_decode_kernel(config.decode_kernel, self.device)
+        if self.decode_kernel.fell_back:
+            self._stats.fallbacks[f"decode kernel torch: {self.decode_kernel.reason}"] += 1
         blocks_per_seq = cdiv(self.max_model_len, config.block_size)
         self._allocate_kv_cache(config.num_blocks or config.max_batch_size * blocks_per_seq)
         # Token ids live in one preallocated buffer, like the metadata, so a graph can read them.
@@ -111,12 +117,12 @@ class Engine:
         # steps, before any of the step's device work is queued (tests stall the stream there).
         self.input_feed = InputFeed(self.input_ids, config.max_batch_size) if config.overlap else None
         self.before_launch: Callable[[], None] | None = None
-        self._stats = StatsRecorder()
         if self.backend is None and (config.decode_graph_sizes or config.piecewise_buckets):
             self.backend = get_backend("cuda" if self.device.type == "cuda" else "emulated", self.device)
         self.capture_policy = capture_policy if capture_policy is not None else default_capture_policy()
         # The compiled path (runtime/compiled/): decode steps, eager or captured, run the compiled step.
-        self.compiled_step = CompiledStep(model, self.backend) if config.compile == "inductor" else None
+        self.compiled_step = (CompiledStep(model, self.backend, self.decode_kernel.kernel)
+                              if config.compile == "inductor" else None)
         self.decode_graphs = self._make_decode_graphs(self.backend, comm, capture_scope, capture_features)
         self.piecewise = self._build_piecewise(config, self.backend, piecewise_policy)
         self._graphs_ready = False
@@ -128,7 +134,8 @@ class Engine:
         self.kv_cache = PagedKVCache(model.num_layers, num_blocks, config.block_size, model.num_kv_heads,
                                      model.head_dim, dtype=self.dtype, device=self.device)
         self.metadata = AttentionMetadata(config.max_batch_size, config.max_num_tokens, blocks_per_seq,
-                                          config.block_size, self.kv_cache.pad_slot, device=self.device)
+                                          config.block_size, self.kv_cache.pad_slot, device=self.device,
+                                          decode_kernel=self.decode_kernel.kernel)
         self.limits = RequestLimits(vocab_size=model.vocab_size, max_model_len=self.max_model_len,
                                     max_prompt_len=config.max_num_tokens, num_blocks=num_blocks,
                                     block_size=config.block_size,

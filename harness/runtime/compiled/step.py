@@ -36,10 +36,11 @@ from harness.runtime.compiled.piece import CompileInCaptureError
 from harness.runtime.piecewise.model import make_token_body, own_code, token_inputs
 
 
-def make_step_body(model) -> Callable[..., torch.Tensor]:
-    """The step as a function of `step_arguments`: the token body, then the final norm and
-    lm_head on the rows of `logits_indices`; logits [rows, vocab] in float32."""
-    token_body = make_token_body(model)
+def make_step_body(model, decode_kernel: str = "torch") -> Callable[..., torch.Tensor]:
+    """The step as a function of `step_arguments`: the token body (attending decode batches
+    through `decode_kernel`), then the final norm and lm_head on the rows of `logits_indices`;
+    logits [rows, vocab] in float32."""
+    token_body = make_token_body(model, decode_kernel)
 
     def step_body(input_ids, positions, slot_mapping, token_to_seq, seq_lens, block_tables,
                   logits_indices, kv_layers, scratch):
@@ -66,13 +67,16 @@ def scratch_numel(metadata: AttentionMetadata, kv_cache: PagedKVCache) -> int:
 
 class CompiledStep:
     """`step(input_ids, metadata, kv_cache)`: what `ReferenceLlama.forward` returns, computed by the
-    compiled step. `graph_backend` is the backend that captures it (None: no graphs)."""
+    compiled step. `graph_backend` is the backend that captures it (None: no graphs); the step
+    serves decode batches only, so `decode_kernel` (the engine's, as its metadata carries it)
+    says how it attends."""
 
-    def __init__(self, model, graph_backend: GraphBackend | None) -> None:
+    def __init__(self, model, graph_backend: GraphBackend | None, decode_kernel: str = "torch") -> None:
         self.model = model
         self.backend = InductorPiecesBackend(graph_backend)
         self.graph_backend = graph_backend
-        self._body = make_step_body(model)
+        self.decode_kernel = decode_kernel
+        self._body = make_step_body(model, decode_kernel)
         self._compiled = torch.compile(self._body, backend=self.backend, dynamic=False, fullgraph=True)
         # (num_tokens, num_seqs) -> the function running dynamo's bytecode for that shape.
         self._dispatch: dict[tuple[int, int], Callable[..., torch.Tensor]] = {}
@@ -92,7 +96,13 @@ class CompiledStep:
         if input_ids.shape[0] < metadata.num_tokens:
             raise ValueError(f"input_ids holds {input_ids.shape[0]} tokens, the metadata describes "
                              f"{metadata.num_tokens}")
-        scratch = self.model.workspace.get(scratch_numel(metadata, kv_cache))
+        if metadata.decode_kernel != self.decode_kernel:
+            raise ValueError(f"compiled step: built for decode_kernel {self.decode_kernel!r}, the "
+                             f"metadata asks for {metadata.decode_kernel!r}; build both from one "
+                             f"EngineConfig")
+        # The decode kernel reads the cache in place: no gathered context to make room for.
+        numel = 0 if self.decode_kernel == "triton" else scratch_numel(metadata, kv_cache)
+        scratch = self.model.workspace.get(numel)
         args = step_arguments(metadata, input_ids, self._layers(kv_cache), scratch)
         key = (metadata.num_tokens, metadata.num_seqs)
         with torch.no_grad():

@@ -24,6 +24,7 @@ import torch
 from harness import torch_internals
 from harness.graphs.base import GraphBackend
 from harness.ops.attention import context_plan, paged_attention_op
+from harness.ops.decode_attention import paged_decode_attention_op
 from harness.ops.kv_cache import PagedKVCache
 from harness.ops.metadata import AttentionMetadata
 from harness.runtime.piecewise import buckets as bucket_rules
@@ -40,22 +41,32 @@ def bucket_key(bucket: int) -> str:
     return f"piecewise[tokens={bucket}]"
 
 
-def make_token_body(model) -> Callable[..., torch.Tensor]:
+def make_token_body(model, decode_kernel: str = "torch") -> Callable[..., torch.Tensor]:
     """The token body of `model` as a function of tensors; the hidden states [tokens, hidden] before
     the final norm. Mirrors `ReferenceLlama.forward` through the layers' own pieces (`Attention.qkv`,
-    `DecoderLayer.after_attention`); suite piecewise checks it against the eager engine."""
+    `DecoderLayer.after_attention`); suite piecewise checks it against the eager engine.
+    `decode_kernel="triton"` (decode-only bodies: the compiled step) attends through
+    `harness::paged_decode_attention`, as `paged_attention()` does for such a batch; `scratch` is
+    then unused."""
+    decode = decode_kernel == "triton"
 
     def token_body(input_ids, positions, slot_mapping, token_to_seq, seq_lens, block_tables,
                    kv_layers, scratch):
         cos, sin = model.rotary(positions)
-        plan = context_plan(positions, token_to_seq, seq_lens, block_tables, kv_layers[0].shape[2])
+        plan = None if decode else context_plan(positions, token_to_seq, seq_lens, block_tables,
+                                                kv_layers[0].shape[2])
         x = model.embed_tokens(input_ids)
         for layer, kv_layer in zip(model.layers, kv_layers):
             attn = layer.self_attn
             q, k, v = attn.qkv(layer.input_layernorm(x), cos, sin)
             out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
-            paged_attention_op(q, k, v, kv_layer, slot_mapping, positions, token_to_seq, seq_lens,
-                               block_tables, attn.scale, out, scratch, plan.blocks, plan.hidden)
+            if decode:
+                paged_decode_attention_op(q, k, v, kv_layer, slot_mapping, positions, token_to_seq,
+                                          seq_lens, block_tables, attn.scale, out)
+            else:
+                paged_attention_op(q, k, v, kv_layer, slot_mapping, positions, token_to_seq,
+                                   seq_lens, block_tables, attn.scale, out, scratch, plan.blocks,
+                                   plan.hidden)
             # x is this segment's input (it crosses the attention op): not written in place.
             x = layer.after_attention(x, out.view(x.shape[0], -1), in_place=False)
         return x

@@ -23,7 +23,8 @@ from harness.graphs.base import GraphBackend
 from harness.runtime.piecewise.split import node_calls_ops
 
 # The ops whose work depends on the host-side batch layout: they run eagerly between the pieces.
-DYNAMIC_OPS = frozenset({"harness::paged_attention", "harness::block_sparse_attention"})
+DYNAMIC_OPS = frozenset({"harness::paged_attention", "harness::paged_decode_attention",
+                         "harness::block_sparse_attention"})
 
 
 @dataclass(frozen=True)

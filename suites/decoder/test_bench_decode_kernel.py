@@ -1,0 +1,22 @@
+"""`harness bench capture --decode-kernel`: every engine of the run attends decode batches with the
+kernel asked for, and the run says which one served and why."""
+
+from __future__ import annotations
+
+import pytest
+
+from harness.bench import capture
+
+
+def test_profile_names_the_decode_kernel_that_served(capsys, graph_backend):
+    assert capture.main(["--profile", "--model", "tiny", "--batch", "1", "--backend", graph_backend.name,
+                         "--iters", "1", "--warmup", "0", "--decode-kernel", "torch"]) == 0
+    assert "decode kernel: torch (requested)" in capsys.readouterr().out
+
+
+def test_triton_where_it_cannot_run_is_refused_before_any_timing(graph_backend):
+    if graph_backend.name == "cuda":
+        pytest.skip("on a real CUDA device triton may run")
+    with pytest.raises(ValueError, match=r"decode_kernel='triton' cannot run here"):
+        capture.main(["--profile", "--model", "tiny", "--backend", graph_backend.name,
+                      "--iters", "1", "--warmup", "0", "--decode-kernel", "triton"])
