@@ -16,6 +16,7 @@ from __future__ import annotations
 import statistics
 import time
 from dataclasses import dataclass
+from typing import Callable
 
 import torch
 
@@ -46,13 +47,15 @@ def _requests(batch: int, new_tokens: int, vocab: int) -> list[Request]:
 
 
 def _engine(model, backend, batch: int, *, graphs: bool, overlap: bool,
-            compile: str = "none", decode_kernel: str | None = None) -> Engine:
+            compile: str = "none", decode_kernel: str | None = None,
+            shared: Engine | None = None) -> Engine:
     config = EngineConfig(max_batch_size=batch, max_num_tokens=max(batch * PROMPT, 2 * batch),
                           block_size=16, max_model_len=PROMPT + NEW_TOKENS + 16,
                           decode_graph_sizes=(batch,) if graphs else (),
                           graph_top_k=(1,) if graphs else (), overlap=overlap, compile=compile,
                           decode_kernel=decode_kernel)
-    engine = Engine(model, config, backend=backend if graphs else None)
+    engine = Engine(model, config, backend=backend if graphs else None,
+                    compiled_step=shared.compiled_step if shared is not None else None)
     if graphs:
         if engine.device.type == "cuda":
             torch.cuda.synchronize(engine.device)
@@ -84,20 +87,31 @@ def ms_per_step(engine: Engine, batch: int, repeats: int) -> float:
 
 def time_engine_steps(name: str, model, backend, batches: tuple[int, ...], *,
                       repeats: int, compiles: tuple[str, ...] = ("none",),
-                      decode_kernel: str | None = None) -> list[StepTiming]:
+                      decode_kernel: str | None = None,
+                      progress: Callable[[str], None] = lambda line: None) -> list[StepTiming]:
+    """`progress` hears of each timing as it ends. The compiled engines of one shape (eager and
+    graphed apart: a compiled step belongs to one graph backend) share one compiled step."""
     timings = []
     with torch.inference_mode():
         for compile in compiles:
             for batch in batches:
+                shared: dict[bool, Engine] = {}
                 for overlap in (False, True):
-                    eager = ms_per_step(_engine(model, backend, batch, graphs=False, overlap=overlap,
-                                                compile=compile, decode_kernel=decode_kernel),
-                                        batch, repeats)
+                    eager_engine = _engine(model, backend, batch, graphs=False, overlap=overlap,
+                                           compile=compile, decode_kernel=decode_kernel,
+                                           shared=shared.get(False))
+                    eager = ms_per_step(eager_engine, batch, repeats)
                     graph_engine = _engine(model, backend, batch, graphs=True, overlap=overlap,
-                                           compile=compile, decode_kernel=decode_kernel)
+                                           compile=compile, decode_kernel=decode_kernel,
+                                           shared=shared.get(True))
                     graph = ms_per_step(graph_engine, batch, repeats)
+                    shared.setdefault(False, eager_engine)
+                    shared.setdefault(True, graph_engine)
                     timings.append(StepTiming(name, batch, overlap, eager, graph, compile,
                                               graph_engine.prepare_seconds))
+                    progress(f"{name} ({compile}): engine step at batch {batch}, overlap "
+                             f"{'on' if overlap else 'off'}: eager {eager:.3f} ms, graphs {graph:.3f} ms, "
+                             f"prepare {graph_engine.prepare_seconds:.1f} s")
     return timings
 
 

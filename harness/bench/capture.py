@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import argparse
 import statistics
+import sys
 import time
 from dataclasses import dataclass
 from typing import Callable
@@ -71,6 +72,8 @@ class CaptureTiming:
     single_pass_ms: float
     compile: str = "none"
     first_capture_s: float = 0.0  # the first engine's untimed capture: every compile, cold or cached
+    compile_s: tuple[tuple[int, float], ...] = ()  # (batch size, seconds of its compile) in it
+    batches: tuple[int, ...] = BATCHES
 
     @property
     def ratio(self) -> float:
@@ -98,20 +101,29 @@ def build_model(name: str, device: torch.device) -> ReferenceLlama:
     return ReferenceLlama.from_hf(random_llama(CONFIGS[name](), seed=0)).to(device)
 
 
-def engine_config(*, single_pass: bool, compile: str = "none",
+def progress(line: str) -> None:
+    """One line on stderr as each step of a long run ends (the 1B shape compiles for minutes)."""
+    print(f"[bench capture] {line}", file=sys.stderr, flush=True)
+
+
+def engine_config(*, single_pass: bool, compile: str = "none", batches: tuple[int, ...] = BATCHES,
                   decode_kernel: str | None = None) -> EngineConfig:
-    return EngineConfig(max_batch_size=max(BATCHES), max_num_tokens=max(BATCHES) * 2, block_size=16,
-                        max_model_len=2 * CONTEXT, decode_graph_sizes=BATCHES,
+    return EngineConfig(max_batch_size=max(batches), max_num_tokens=max(batches) * 2, block_size=16,
+                        max_model_len=2 * CONTEXT, decode_graph_sizes=batches,
                         single_pass_capture=single_pass, compile=compile,
                         decode_kernel=decode_kernel)
 
 
 def _new_engine(model: ReferenceLlama, backend, *, single_pass: bool, compile: str = "none",
+                batches: tuple[int, ...] = BATCHES, shared: Engine | None = None,
                 decode_kernel: str | None = None) -> Engine:
     # The compiled path compiles every size in this untimed first capture: a capture is timed
-    # against what it records, not against inductor.
-    engine = Engine(model, engine_config(single_pass=single_pass, compile=compile,
-                                         decode_kernel=decode_kernel), backend=backend)
+    # against what it records, not against inductor. Engines after the first share its compiled
+    # step (`shared`), so each size is compiled once per run, not once per engine.
+    step = shared.compiled_step if shared is not None else None
+    engine = Engine(model, engine_config(single_pass=single_pass, compile=compile, batches=batches,
+                                         decode_kernel=decode_kernel),
+                    backend=backend, compiled_step=step)
     _sync(model.device)
     start = time.perf_counter()
     engine.decode_graphs.warmup_and_capture("estimate")  # first-use work, untimed
@@ -124,20 +136,30 @@ def _new_engine(model: ReferenceLlama, backend, *, single_pass: bool, compile: s
 CAPTURE_REPEATS = 5  # timed captures per arm, alternating; one capture is a few ms on the tiny shape
 
 
+def compile_seconds(engine: Engine) -> dict[int, float]:
+    """Seconds of the compiled step's compile per decode batch size (dynamo and inductor)."""
+    step = engine.compiled_step
+    return {} if step is None else {key[1]: s for key, s in step.compile_seconds.items()}
+
+
 def time_capture(name: str, model: ReferenceLlama, backend, *,
                  repeats: int = CAPTURE_REPEATS, compile: str = "none",
+                 batches: tuple[int, ...] = BATCHES,
                  decode_kernel: str | None = None) -> CaptureTiming:
     """The median of `repeats` timed captures per arm, the arms alternating so that drift in the
     machine's speed reaches both, after one untimed capture of each."""
     device = model.device
     times: dict[bool, list[float]] = {False: [], True: []}
-    first_capture_s = None
+    first: Engine | None = None
     for run in range(repeats + 1):
         for single_pass in (False, True):
             engine = _new_engine(model, backend, single_pass=single_pass, compile=compile,
-                                 decode_kernel=decode_kernel)
-            if first_capture_s is None:
-                first_capture_s = engine.first_capture_s
+                                 batches=batches, shared=first, decode_kernel=decode_kernel)
+            if first is None:
+                first = engine
+                progress(f"{name} ({compile}): first capture of batch {', '.join(map(str, batches))} "
+                         f"{engine.first_capture_s:.1f} s" + "".join(
+                             f"; compile of batch {b} {s:.1f} s" for b, s in compile_seconds(engine).items()))
             _sync(device)
             start = time.perf_counter()
             engine.decode_graphs.warmup_and_capture("serve")
@@ -148,22 +170,27 @@ def time_capture(name: str, model: ReferenceLlama, backend, *,
             if report.passes != (1 if single_pass else 2):
                 raise RuntimeError(f"{name}: expected {1 if single_pass else 2} capture passes, the "
                                    f"report says {report}")
+        progress(f"{name} ({compile}): capture run {run} of {repeats} done"
+                 + (" (untimed)" if not run else ""))
     return CaptureTiming(name, two_pass_ms=statistics.median(times[False]),
                          single_pass_ms=statistics.median(times[True]), compile=compile,
-                         first_capture_s=first_capture_s)
+                         first_capture_s=first.first_capture_s,
+                         compile_s=tuple(compile_seconds(first).items()), batches=batches)
 
 
 def time_replay(name: str, model: ReferenceLlama, backend, *, iters: int, warmup: int,
                 kernels: dict[str, float] | None = None,
+                batches: tuple[int, ...] = BATCHES,
                 decode_kernel: str | None = None) -> list[ReplayTiming]:
     """Eager against replay at every batch; on cuda `kernels[name]` gets the kernels one replay of
     batch 1 launches."""
-    engine = _new_engine(model, backend, single_pass=False, decode_kernel=decode_kernel)
+    engine = _new_engine(model, backend, single_pass=False, batches=batches,
+                         decode_kernel=decode_kernel)
     engine.decode_graphs.warmup_and_capture("serve")
     device = model.device
     cache = engine.kv_cache
     timings = []
-    for batch in BATCHES:
+    for batch in batches:
         blocks = [cache.allocator.allocate(-(-CONTEXT // cache.block_size)) for _ in range(batch)]
         spans = tuple(SequenceSpan(seq_len=CONTEXT, query_len=1, block_table=tuple(b)) for b in blocks)
         ids = tuple(range(1, batch + 1))
@@ -188,6 +215,7 @@ def time_replay(name: str, model: ReferenceLlama, backend, *, iters: int, warmup
             kernels[name] = cuda_kernels_per_replay(replay)
         for b in blocks:
             cache.allocator.free(b)
+        progress(f"{name}: replay of batch {batch} timed")
     return timings
 
 
@@ -283,18 +311,23 @@ def weight_floor_ms(model: ReferenceLlama) -> float:
 
 
 def render(backend_name: str, captures: list[CaptureTiming], replays: list[ReplayTiming],
-           floors: dict[str, float], iters: int) -> str:
+           floors: dict[str, float], iters: int, *, batches: tuple[int, ...] = BATCHES,
+           repeats: int = CAPTURE_REPEATS) -> str:
     lines = [f"Decode graphs through the engine, backend {backend_name}, bf16, graphs of batch "
-             f"{', '.join(map(str, BATCHES))}, context {CONTEXT} tokens, median of {iters} iterations.", "",
-             f"Capture of the final phase, median of {CAPTURE_REPEATS} per arm (target single/two <= "
+             f"{', '.join(map(str, batches))}, context {CONTEXT} tokens, median of {iters} iterations.", "",
+             f"Capture of the final phase, median of {repeats} per arm (target single/two <= "
              f"{CAPTURE_TARGET}, compiled <= {COMPILED_CAPTURE_TARGET}):", "",
-             "| model | compile | two passes ms | single pass ms | single/two | first capture s |",
-             "|---|---|---:|---:|---:|---:|"]
+             "| model | compile | two passes ms | single pass ms | single/two | first capture s | "
+             "compile s per batch |",
+             "|---|---|---:|---:|---:|---:|---|"]
     lines += [f"| {c.model} | {c.compile} | {c.two_pass_ms:.1f} | {c.single_pass_ms:.1f} | {c.ratio:.2f}x | "
-              f"{c.first_capture_s:.1f} |" for c in captures]
+              f"{c.first_capture_s:.1f} | {', '.join(f'{b}: {s:.1f}' for b, s in c.compile_s) or '-'} |"
+              for c in captures]
     lines += ["", "first capture s: the first engine's first capture of batch "
-              f"{', '.join(map(str, BATCHES))}, untimed in the ratio; on the compiled path every "
-              "inductor compile of the shape is in it (cold with an empty TORCHINDUCTOR_CACHE_DIR)."]
+              f"{', '.join(map(str, batches))}, untimed in the ratio; on the compiled path every "
+              "inductor compile of the shape is in it (cold with an empty TORCHINDUCTOR_CACHE_DIR: "
+              "the cold compile time), and compile s per batch splits it by batch size. Every later "
+              "engine of the shape shares the first one's compiled step."]
     lines += ["", "Decode step, eager against graph replay (targets at batch 1: "
               + ", ".join(f"{k} >= {v:g}x" for k, v in REPLAY_TARGETS.items()) + "):", "",
               "| model | batch | eager ms | replay ms | eager/replay | weights at HBM bandwidth ms |",
@@ -315,6 +348,17 @@ def misses(captures: list[CaptureTiming], replays: list[ReplayTiming]) -> list[s
     return missed
 
 
+def _sizes(text: str) -> tuple[int, ...]:
+    try:
+        sizes = tuple(sorted({int(part) for part in text.split(",") if part.strip()}))
+    except ValueError:
+        sizes = ()
+    if not sizes or sizes[0] < 1:
+        raise argparse.ArgumentTypeError(f"expected batch sizes >= 1 separated by commas, e.g. 1,8; "
+                                         f"got {text!r}")
+    return sizes
+
+
 def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(prog="harness bench capture", description=__doc__.splitlines()[0])
     parser.add_argument("--model", choices=sorted(CONFIGS), action="append",
@@ -333,13 +377,20 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--decode-kernel", choices=("auto", "torch", "triton"), default="auto",
                         help="what attends decode batches (EngineConfig.decode_kernel): auto (triton "
                              "on CUDA where it imports, default), the torch gather path, or triton")
+    parser.add_argument("--capture-sizes", type=_sizes, default=BATCHES, metavar="N[,N...]",
+                        help="decode batch sizes captured, compiled and timed (default "
+                             f"{','.join(map(str, BATCHES))}); e.g. 1, so the 1B shape on the "
+                             "compiled path fits one short run")
+    parser.add_argument("--capture-repeats", type=int, default=CAPTURE_REPEATS,
+                        help=f"timed captures per arm (default {CAPTURE_REPEATS})")
     parser.add_argument("--step-repeats", type=int, default=5,
                         help="repeats of the engine-step timing, eager and graphs, overlap off and on "
                              "(default 5; 0 skips it)")
     args = parser.parse_args(argv)
-    if args.iters < 1 or args.warmup < 0 or args.step_repeats < 0:
-        parser.error(f"--iters must be at least 1, --warmup and --step-repeats at least 0, got "
-                     f"{args.iters}, {args.warmup}, {args.step_repeats}")
+    if args.iters < 1 or args.warmup < 0 or args.step_repeats < 0 or args.capture_repeats < 1:
+        parser.error(f"--iters and --capture-repeats must be at least 1, --warmup and --step-repeats "
+                     f"at least 0, got {args.iters}, {args.capture_repeats}, {args.warmup}, "
+                     f"{args.step_repeats}")
     if args.profile and args.model and len(args.model) > 1:
         parser.error(f"--profile takes one --model, got {args.model}")
     require_backend("--backend", args.backend)
@@ -360,20 +411,24 @@ def main(argv: list[str]) -> int:
         return 0
     models = args.model or (["tiny", "1b"] if device.type == "cuda" else ["tiny"])
     compiles = ("none", "inductor") if args.compile == "both" else (args.compile,)
+    batches = args.capture_sizes
     captures, replays, floors, steps, kernels, layers = [], [], {}, [], {}, {}
     with torch.inference_mode():
         for name in models:
             model = build_model(name, device)
             floors[name], layers[name] = weight_floor_ms(model), model.num_layers
-            captures += [time_capture(name, model, backend, compile=c, decode_kernel=decode_kernel)
-                         for c in compiles]
+            progress(f"{name}: model built")
+            captures += [time_capture(name, model, backend, compile=c, repeats=args.capture_repeats,
+                                      batches=batches, decode_kernel=decode_kernel) for c in compiles]
             replays += time_replay(name, model, backend, iters=args.iters, warmup=args.warmup,
-                                   kernels=kernels, decode_kernel=decode_kernel)
-            if args.step_repeats:
+                                   kernels=kernels, batches=batches, decode_kernel=decode_kernel)
+            if args.step_repeats and 1 in batches:
                 steps += time_engine_steps(name, model, backend, (1,), repeats=args.step_repeats,
-                                           compiles=compiles, decode_kernel=decode_kernel)
+                                           compiles=compiles, decode_kernel=decode_kernel,
+                                           progress=progress)
             del model
-    tables = [render(backend.name, captures, replays, floors, args.iters)]
+    tables = [render(backend.name, captures, replays, floors, args.iters, batches=batches,
+                     repeats=args.capture_repeats)]
     if steps:
         tables.append(render_steps(steps, args.step_repeats))
     tables.append(render_op_counts([op_counts(1)]))

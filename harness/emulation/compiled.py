@@ -365,13 +365,35 @@ def _torchs_own_cuda(real_is_available):
         torch.cuda.is_available = emulated
 
 
+def inductor_on_host(original):
+    """A replacement for inductor's `compile_fx`, which a runtime's own backend calls on each piece
+    of a split graph, outside dynamo and whenever it first meets a shape (vLLM's piecewise
+    backend; harness.runtime.compiled): inductor compiles as dynamo's backends do here, with
+    torch's own CUDA answers, and with the device's dispatch modes off the stack. Compiling is host
+    work: its fake-tensor tracing is no device op for the stream tracking to order (it would meet
+    ops such as `prim::device` that no kernel runs) nor for a capture to record."""
+    from harness.emulation.active import emulation_active
+
+    real_is_available = torch.cuda.is_available
+
+    def compile_fx(*args, **kwargs):
+        if emulation_active() != "cpu":
+            return original(*args, **kwargs)
+        with _torchs_own_cuda(real_is_available), torch_internals.disable_current_modes():
+            return original(*args, **kwargs)
+
+    return compile_fx
+
+
 def compile_patches(state) -> list[tuple[Any, str, Any]]:
     """The (owner, name, replacement) entries cuda_api.patches() adds for torch.compile."""
     OutputGraph = torch_internals.lazy_module("dynamo_output_graph").OutputGraph
+    inductor = torch_internals.lazy_module("inductor_compile_fx")
 
     clear_triton_answer()
     return [(OutputGraph, "call_user_compiler", user_compiler_on_device(
-        OutputGraph.call_user_compiler))]
+        OutputGraph.call_user_compiler)),
+            (inductor, "compile_fx", inductor_on_host(inductor.compile_fx))]
 
 
 def clear_triton_answer() -> None:

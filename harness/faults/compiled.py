@@ -36,10 +36,11 @@ class HostCount:
 
 
 @contextlib.contextmanager
-def body_reads_host_count(handle: FaultHandle, use) -> Iterator[None]:
+def body_reads_host_count(handle: FaultHandle, use, count: HostCount | None = None) -> Iterator[None]:
     """Plant a token body that reads the batch's real token count (a Python int) and hands it to
-    `use(hidden, count)`; the planted per-token inputs record the count for every step."""
-    count = HostCount()
+    `use(hidden, count)`; the planted per-token inputs record the count for every step in `count`
+    (a new one when None)."""
+    count = HostCount() if count is None else count
 
     def make_inputs(token_inputs):
         def planted(metadata, input_ids, num_tokens):
@@ -71,15 +72,20 @@ def guard_on_host_count(handle: FaultHandle):
 def scalar_frozen_at_compile(handle: FaultHandle):
     # Read through a function dynamo takes as constant: the count of the compile (a warmup batch of
     # padding only: 0) is baked into the graph without a guard, and masks every row after it.
+    # The function takes no argument and reads the count it closes over: dynamo before 2.13 turns
+    # each argument of such a function into a Python constant and fails (InternalTorchDynamoError)
+    # on an object such as the count's holder.
+    count = HostCount()
+
     @torch_internals.lazy_module("dynamo").assume_constant_result
-    def real_tokens(count: HostCount) -> int:
+    def real_tokens() -> int:
         return count.value
 
-    def mask_padding(hidden, count):
-        keep = torch.arange(hidden.shape[0], device=hidden.device) < real_tokens(count)
+    def mask_padding(hidden, _count):
+        keep = torch.arange(hidden.shape[0], device=hidden.device) < real_tokens()
         return hidden * keep[:, None].to(hidden.dtype)
 
-    return body_reads_host_count(handle, mask_padding)
+    return body_reads_host_count(handle, mask_padding, count)
 
 
 @contextlib.contextmanager

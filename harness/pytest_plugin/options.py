@@ -38,6 +38,13 @@ def add_options(parser: pytest.Parser) -> None:
              "emulated), cuda, or emulated (CUDA-graph semantics on CPU). Default: auto.",
     )
     group.addoption(
+        "--engine-compile", choices=("none", "inductor"), default=None,
+        help="EngineConfig.compile for the engines the suites build where their config leaves it "
+             "unset (the engine_defaults fixture): inductor runs them on the compiled path "
+             "(inductor pieces between the attention ops); their eager baselines stay eager. "
+             "Default: not given (the eager ops)",
+    )
+    group.addoption(
         "--emulate-cuda", action="store_true", default=False,
         help="run the whole session inside harness.emulate_cuda(): code written for CUDA runs "
              "unmodified (an emulated CUDA device on a machine without a GPU, the graph sanitizer "

@@ -11,6 +11,7 @@ from harness.ops.decode_kernel import DECODE_KERNELS
 
 # EngineConfig.compile: the eager torch ops, or inductor pieces between the attention ops.
 COMPILE_MODES = ("none", "inductor")
+COMPILE_NOT_GIVEN = None  # EngineConfig.compile's default: "none" unless a session default fills it
 
 
 @dataclass(frozen=True)
@@ -42,10 +43,12 @@ class EngineConfig:
       more than every k runs eagerly, counted in `stats.fallbacks`.
 
     Compiled path:
-    - `compile`: "none" (the default) runs the model's torch ops as they are; "inductor" compiles
-      the static pieces between the attention ops with inductor (runtime/compiled/), as vLLM does:
-      decode steps run the compiled step and the decode graphs capture it, piecewise prefill graphs
-      capture compiled pieces. Prefill and mixed batches outside a bucket run the eager ops.
+    - `compile`: "none" runs the model's torch ops as they are; "inductor" compiles the static
+      pieces between the attention ops with inductor (runtime/compiled/), as vLLM does: decode
+      steps run the compiled step and the decode graphs capture it, piecewise prefill graphs
+      capture compiled pieces. Prefill and mixed batches outside a bucket run the eager ops. None
+      (the default) means not given: "none", unless a session default fills it (`fill_unset`: the
+      pytest option `--engine-compile inductor` runs the suites' engines on the compiled path).
 
     Attention:
     - `decode_kernel`: what attends decode-only batches (harness/ops/decode_kernel.py). None (the
@@ -76,14 +79,14 @@ class EngineConfig:
     strict_graph_buffers: bool = False
     graph_top_k: tuple[int, ...] = ()
     overlap: bool = False
-    compile: str = "none"
+    compile: str | None = COMPILE_NOT_GIVEN
     decode_kernel: str | None = None
 
     def __post_init__(self) -> None:
         if self.decode_kernel is not None and self.decode_kernel not in DECODE_KERNELS:
             raise ValueError(f"EngineConfig.decode_kernel must be one of {list(DECODE_KERNELS)} or "
                              f"None (choose for the device), got {self.decode_kernel!r}")
-        if self.compile not in COMPILE_MODES:
+        if self.compile is not COMPILE_NOT_GIVEN and self.compile not in COMPILE_MODES:
             raise ValueError(f"EngineConfig.compile must be one of {list(COMPILE_MODES)}, got "
                              f"{self.compile!r}")
         if self.single_pass_capture is not None and not isinstance(self.single_pass_capture, bool):

@@ -81,13 +81,17 @@ class Engine:
       policy.py): the decisions of decode capture (rank agreement, phases, scopes) and the pool
       factory and split predicate of the piecewise backend; None takes `default_capture_policy()`
       and `default_piecewise_policy()`.
+    - `compiled_step`: with `compile="inductor"`, a CompiledStep of another engine to share (same
+      model and graph backend), so engines of one model compile each shape once (the bench builds
+      a dozen); None builds the engine's own.
     """
 
     def __init__(self, model, config: EngineConfig | None = None, backend: GraphBackend | None = None,
                  *, comm: Comm | None = None, capture_scope: ScopeFactory = no_scope,
                  capture_features: CaptureFeatures = CaptureFeatures(),
                  capture_policy: CapturePolicy | None = None,
-                 piecewise_policy: PiecewisePolicy | None = None) -> None:
+                 piecewise_policy: PiecewisePolicy | None = None,
+                 compiled_step: CompiledStep | None = None) -> None:
         self.model = model
         self.config = config = config or EngineConfig()
         self.backend = backend
@@ -121,11 +125,28 @@ class Engine:
             self.backend = get_backend("cuda" if self.device.type == "cuda" else "emulated", self.device)
         self.capture_policy = capture_policy if capture_policy is not None else default_capture_policy()
         # The compiled path (runtime/compiled/): decode steps, eager or captured, run the compiled step.
-        self.compiled_step = (CompiledStep(model, self.backend, self.decode_kernel.kernel)
-                              if config.compile == "inductor" else None)
+        self.compiled_step = self._compiled_step(config, compiled_step)
         self.decode_graphs = self._make_decode_graphs(self.backend, comm, capture_scope, capture_features)
         self.piecewise = self._build_piecewise(config, self.backend, piecewise_policy)
         self._graphs_ready = False
+
+    def _compiled_step(self, config: EngineConfig, shared: CompiledStep | None) -> CompiledStep | None:
+        if shared is None:
+            return (CompiledStep(self.model, self.backend, self.decode_kernel.kernel)
+                    if config.compile == "inductor" else None)
+        if config.compile != "inductor":
+            raise ValueError(f"a compiled_step was given to an engine of EngineConfig.compile="
+                             f"{config.compile!r}; give it with compile='inductor' only")
+        if shared.model is not self.model or shared.graph_backend is not self.backend:
+            raise ValueError(f"the compiled_step given was built for another model or graph backend "
+                             f"({shared.graph_backend.name if shared.graph_backend else None}, this "
+                             f"engine's is {self.backend.name if self.backend else None}); share it "
+                             f"only between engines of one model and one backend")
+        if shared.decode_kernel != self.decode_kernel.kernel:
+            raise ValueError(f"the compiled_step given attends decode batches with "
+                             f"{shared.decode_kernel!r}, this engine with {self.decode_kernel.kernel!r}; "
+                             f"share it only between engines of one decode kernel")
+        return shared
 
     def _allocate_kv_cache(self, num_blocks: int) -> None:
         """A KV cache of `num_blocks`, the metadata that points into it, and the request limits."""

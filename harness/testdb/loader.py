@@ -14,7 +14,10 @@ from harness.testdb.schema import (
 )
 
 CONDITION_KEYS = ("ranges", "wildcards", "terms")
-BLOCK_KEYS = ("condition", "tests", "emulate_cuda")
+BLOCK_KEYS = ("condition", "tests", "emulate_cuda", "engine_compile")
+# A block's `engine_compile`: EngineConfig.compile for the engines its suites build (pytest
+# --engine-compile), so a list runs the runtime suites on both paths.
+ENGINE_COMPILE_VALUES = ("none", "inductor")
 
 
 def project_root(start: Path | None = None) -> Path:
@@ -95,8 +98,14 @@ def _block(data: Any, where: str) -> Block:
         raise TestDbError(str(err)) from None
     if emulation is not None:  # each line carries it, so `harness run` groups and passes it
         lines = [dataclasses.replace(line, emulation=emulation) for line in lines]
+    engine_compile = data.get("engine_compile")
+    if engine_compile is not None:
+        if engine_compile not in ENGINE_COMPILE_VALUES:
+            raise TestDbError(f"{where}: engine_compile must be one of {list(ENGINE_COMPILE_VALUES)}, "
+                              f"got {engine_compile!r}")
+        lines = [dataclasses.replace(line, engine_compile=engine_compile) for line in lines]
     return Block(condition=_condition(data.get("condition") or {}, f"{where}: condition"),
-                 tests=tuple(lines), emulation=emulation)
+                 tests=tuple(lines), emulation=emulation, engine_compile=engine_compile)
 
 
 def _condition(data: Any, where: str) -> Condition:

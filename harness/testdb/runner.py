@@ -40,20 +40,23 @@ class Invocation:
     marker: str | None = None
     timeout: float | None = None
     emulation: EmulatedDevice | None = None  # run under --emulate-cuda with this device
+    engine_compile: str | None = None  # pytest --engine-compile
 
 
 def plan(lines: list[TestLine]) -> list[Invocation]:
-    """Lines sharing their filters and emulated device share a process (each of those is global
-    to a pytest session); a line with a TIMEOUT has one of its own."""
+    """Lines sharing their filters, emulated device and engine compile mode share a process (each
+    of those is global to a pytest session); a line with a TIMEOUT has one of its own."""
     groups: dict[tuple, list[TestLine]] = {}
     timed = []
     for line in lines:
         if line.timeout is not None:
-            timed.append(Invocation((line,), line.keyword, line.marker, line.timeout, line.emulation))
+            timed.append(Invocation((line,), line.keyword, line.marker, line.timeout, line.emulation,
+                                    line.engine_compile))
         else:
-            groups.setdefault((line.keyword, line.marker, line.emulation), []).append(line)
-    return [Invocation(tuple(g), keyword, marker, None, emulation)
-            for (keyword, marker, emulation), g in groups.items()] + timed
+            groups.setdefault((line.keyword, line.marker, line.emulation, line.engine_compile),
+                              []).append(line)
+    return [Invocation(tuple(g), keyword, marker, None, emulation, engine_compile)
+            for (keyword, marker, emulation, engine_compile), g in groups.items()] + timed
 
 
 def missing_paths(lines: list[TestLine], root: Path) -> list[TestLine]:
@@ -96,6 +99,8 @@ def pytest_command(invocation: Invocation, *, backend: str, junit: Path, workers
         cmd += ["-m", invocation.marker]
     if invocation.emulation is not None:
         cmd += invocation.emulation.pytest_args()
+    if invocation.engine_compile is not None:
+        cmd += ["--engine-compile", invocation.engine_compile]
     if workers and not decides_xdist(extra_args):
         cmd += ["-n", str(workers)]
     return cmd + list(extra_args)

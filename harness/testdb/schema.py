@@ -64,6 +64,7 @@ class TestLine:
     marker: str | None = None  # -m
     timeout: int | None = None  # seconds, for a pytest process of its own
     emulation: EmulatedDevice | None = None  # its block's `emulate_cuda` field: run under the emulated device
+    engine_compile: str | None = None  # its block's `engine_compile` field: pytest --engine-compile
 
     @property
     def path(self) -> str:
@@ -80,6 +81,8 @@ class TestLine:
             parts.append(f"TIMEOUT ({self.timeout})")
         if self.emulation is not None:
             parts.append(f"# under {self.emulation}")
+        if self.engine_compile is not None:
+            parts.append(f"# engines compile={self.engine_compile}")
         return " ".join(parts)
 
 
@@ -88,6 +91,7 @@ class Block:
     condition: Condition
     tests: tuple[TestLine, ...]
     emulation: EmulatedDevice | None = None  # `emulate_cuda: true` or `{total_memory: 8GiB, ...}`
+    engine_compile: str | None = None  # `engine_compile: inductor`: the suites' engines compiled
 
 
 @dataclass(frozen=True)

@@ -15,6 +15,7 @@ import pytest
 from fixtures.models import TINY_ENGINE_CONFIG, mixed_requests
 from harness.check import compare_generations
 from harness.runtime import Engine, EngineConfig
+from harness.runtime.config import fill_unset
 from harness.runtime.compiled.step import CompiledStep
 
 SIZES = (4, 2, 1)
@@ -77,7 +78,7 @@ def test_a_shape_first_met_inside_a_capture_is_refused(device_reference_llama, g
     assert step.compiles == 0
 
 
-@pytest.mark.parametrize("value", ["max-autotune", "", None, True])
+@pytest.mark.parametrize("value", ["max-autotune", "", "None", True])
 def test_an_unknown_compile_mode_is_named(value):
     with pytest.raises(ValueError, match=r"EngineConfig.compile must be one of \['none', 'inductor'\], "
                                          rf"got {value!r}"):
@@ -87,3 +88,52 @@ def test_an_unknown_compile_mode_is_named(value):
 def test_the_compile_mode_round_trips_through_a_reproduction_file():
     config = EngineConfig(compile="inductor", decode_graph_sizes=(2, 1))
     assert EngineConfig.from_dict(config.to_dict()) == config
+
+
+def test_a_session_default_fills_an_unset_compile_mode_and_keeps_a_given_one():
+    """`--engine-compile inductor` reaches the suites' engines through `fill_unset`: a config that
+    does not name a mode takes it, one that names "none" stays eager."""
+    defaults = {"compile": "inductor"}
+    assert EngineConfig().compile is None
+    assert fill_unset(EngineConfig(), defaults).compile == "inductor"
+    assert fill_unset(EngineConfig(compile="none"), defaults).compile == "none"
+
+
+def test_engines_share_a_compiled_step_and_compile_each_shape_once(device_reference_llama, graph_backend):
+    config = replace(TINY_ENGINE_CONFIG, max_batch_size=2, decode_graph_sizes=(2,), compile="inductor")
+    first = Engine(device_reference_llama, config, backend=graph_backend)
+    first.prepare_graphs()
+    step = first.compiled_step
+    compiles = step.compiles
+    second = Engine(device_reference_llama, config, backend=graph_backend, compiled_step=step)
+    second.prepare_graphs()
+    assert second.compiled_step is step
+    assert step.compiles == compiles, "the second engine compiled its shapes again"
+    assert all(seconds > 0 for seconds in step.compile_seconds.values()) and step.compile_seconds
+
+
+def test_a_shared_compiled_step_with_another_kv_cache_shape_compiles_it_apart(device_reference_llama,
+                                                                            graph_backend):
+    """The step runs dynamo's code for a shape without its guards: an engine sharing it with a KV
+    cache of other sizes must get kernels of its own, not the first cache's."""
+    config = replace(TINY_ENGINE_CONFIG, max_batch_size=2, decode_graph_sizes=(2,), compile="inductor")
+    first = Engine(device_reference_llama, config, backend=graph_backend)
+    first.prepare_graphs()
+    step = first.compiled_step
+    compiles = step.compiles
+    bigger = Engine(device_reference_llama, replace(config, num_blocks=first.kv_cache.num_blocks + 3),
+                    backend=graph_backend, compiled_step=step)
+    bigger.prepare_graphs()
+    assert step.compiles > compiles
+
+
+def test_a_compiled_step_of_another_backend_or_mode_is_refused(device_reference_llama, graph_backend):
+    config = replace(TINY_ENGINE_CONFIG, max_batch_size=2, compile="inductor")
+    step = Engine(device_reference_llama, config).compiled_step  # no graphs: no backend
+    with pytest.raises(ValueError, match=r"built for another model or graph backend \(None, this "
+                                         rf"engine's is {graph_backend.name}\)"):
+        Engine(device_reference_llama, replace(config, decode_graph_sizes=(2,)), backend=graph_backend,
+               compiled_step=step)
+    with pytest.raises(ValueError, match=r"compiled_step was given to an engine of "
+                                         r"EngineConfig.compile='none'"):
+        Engine(device_reference_llama, replace(config, compile="none"), compiled_step=step)

@@ -22,6 +22,7 @@ outside every graph.
 
 from __future__ import annotations
 
+import time
 import types
 from typing import Any, Callable
 
@@ -78,8 +79,10 @@ class CompiledStep:
         self.decode_kernel = decode_kernel
         self._body = make_step_body(model, decode_kernel)
         self._compiled = torch.compile(self._body, backend=self.backend, dynamic=False, fullgraph=True)
-        # (num_tokens, num_seqs) -> the function running dynamo's bytecode for that shape.
-        self._dispatch: dict[tuple[int, int], Callable[..., torch.Tensor]] = {}
+        # (num_tokens, num_seqs, KV layer shape) -> the function running dynamo's bytecode for it.
+        self._dispatch: dict[tuple[Any, ...], Callable[..., torch.Tensor]] = {}
+        # The same key -> seconds its dynamo and inductor compiles took (host time, first call).
+        self.compile_seconds: dict[tuple[Any, ...], float] = {}
         self._kv_layers: tuple[PagedKVCache | None, list[torch.Tensor]] = (None, [])
 
     @property
@@ -104,7 +107,9 @@ class CompiledStep:
         numel = 0 if self.decode_kernel == "triton" else scratch_numel(metadata, kv_cache)
         scratch = self.model.workspace.get(numel)
         args = step_arguments(metadata, input_ids, self._layers(kv_cache), scratch)
-        key = (metadata.num_tokens, metadata.num_seqs)
+        # The KV cache's shape is in the key as its sizes are in the kernels: an engine sharing this
+        # step (Engine(compiled_step=...)) with another cache gets its own compile, not wrong kernels.
+        key = (metadata.num_tokens, metadata.num_seqs, tuple(kv_cache.layer(0).shape))
         with torch.no_grad():
             compiled = self._dispatch.get(key)
             if compiled is not None:
@@ -116,8 +121,9 @@ class CompiledStep:
                     f"capturing it (the warmup forward)", op="compiled step")
             return self._compile_and_run(key, args)
 
-    def _compile_and_run(self, key: tuple[int, int], args: tuple[Any, ...]) -> torch.Tensor:
+    def _compile_and_run(self, key: tuple[Any, ...], args: tuple[Any, ...]) -> torch.Tensor:
         made: list[types.CodeType] = []
+        start = time.perf_counter()
 
         def keep(old_code: types.CodeType, new_code: types.CodeType) -> None:
             if old_code is self._body.__code__:
@@ -128,6 +134,7 @@ class CompiledStep:
             result = self._compiled(*args)
         finally:
             handle.remove()
+        self.compile_seconds[key] = time.perf_counter() - start
         if made:
             body = self._body
             self._dispatch[key] = types.FunctionType(made[-1], body.__globals__, body.__name__,
