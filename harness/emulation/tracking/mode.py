@@ -298,7 +298,7 @@ class StreamWork(TorchDispatchMode):
             if self._allocated_on.pop(key, None) is None:
                 return  # already judged when its caller dropped it (check_drops)
             try:
-                self.tracker.free(key, stream, where=callsite_later())
+                self.tracker.free(key, stream, where=callsite_later)
             except RaceError as race:
                 self._late.append(race)  # raised at the next op: a finalizer cannot raise
         return freed
