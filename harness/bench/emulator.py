@@ -5,7 +5,8 @@ CPU. Target (docs/design.md, "Performance targets"): replay no slower than eager
 Two steps are timed: a hand-written Llama-shaped step over a static KV cache, and transformers'
 LlamaForCausalLM (seeded random weights, no download) with a StaticCache. Each ratio comes from one
 run: the median of many timed iterations after warmup. A second table (_emulated_device.py) times
-the same steps on the emulated CUDA device against CPU eager.
+the same steps on the emulated CUDA device against CPU eager, a third (_tracked_eager.py) with its
+stream tracking on, in issue order and under the adversarial schedule.
 """
 
 from __future__ import annotations
@@ -22,6 +23,8 @@ from harness.bench._tracking import TRACKING_TARGET, measure_tracking, render_tr
 from harness.bench.timing import median_ms
 from harness.bench._tiny_decoder import TinyDecoder, TinyDecoderConfig
 from harness.bench._emulated_device import EAGER_TARGET, measure_device, render_device
+from harness.bench._tracked_eager import (ADVERSARIAL_TARGET, TRACKED_TARGET, measure_tracked_eager,
+                                          render_tracked_eager)
 from harness.graphs import get_backend
 
 TARGET = 1.0
@@ -132,6 +135,10 @@ def main(argv: list[str]) -> int:
                              f"CUDA device (target <= {TRACKING_TARGET:.2f}x)")
     parser.add_argument("--no-device", action="store_true",
                         help="skip the emulated CUDA device's table (eager on it vs CPU eager)")
+    parser.add_argument("--no-tracked-eager", action="store_true",
+                        help="skip eager on the emulated CUDA device with stream tracking on, in "
+                             f"issue order (target <= {TRACKED_TARGET:.1f}x CPU eager) and "
+                             f"adversarial (target <= {ADVERSARIAL_TARGET:.1f}x)")
     add_output_options(parser)
     parser.add_argument("--check", action="store_true",
                         help=f"exit 1 when a ratio is above the target {TARGET:.2f}")
@@ -147,6 +154,10 @@ def main(argv: list[str]) -> int:
         device_timings = [] if args.no_device else [
             measure_device(case, CASES[case], batch=args.batch, iters=args.iters, warmup=args.warmup)
             for case in (args.case or list(CASES))]
+        tracked_eager = [] if args.no_tracked_eager else [
+            measure_tracked_eager(case, CASES[case], batch=args.batch, iters=args.iters,
+                                  warmup=args.warmup)
+            for case in (args.case or list(CASES))]
         tracking = None if args.no_tracking else measure_tracking(
             median_ms, batch=args.batch, iters=args.iters, warmup=args.warmup)
     finally:
@@ -157,6 +168,11 @@ def main(argv: list[str]) -> int:
     missed = [t.case for t in timings if t.ratio > TARGET]
     missed += [f"{t.case} (device eager)" for t in device_timings if t.eager_ratio > EAGER_TARGET]
     missed += [f"{t.case} (device replay)" for t in device_timings if t.replay_ratio > TARGET]
+    if tracked_eager:
+        table += "\n\n" + render_tracked_eager(tracked_eager, batch=args.batch, iters=args.iters)
+    missed += [f"{t.case} (tracked eager)" for t in tracked_eager if t.tracked_ratio > TRACKED_TARGET]
+    missed += [f"{t.case} (adversarial eager)" for t in tracked_eager
+               if t.adversarial_ratio > ADVERSARIAL_TARGET]
     if tracking is not None:
         table += "\n\n" + render_tracking(tracking, batch=args.batch, iters=args.iters)
         if tracking.ratio > TRACKING_TARGET:

@@ -1,5 +1,6 @@
-"""`harness bench emulator`'s table for the emulated CUDA device runs end to end (its own check:
-replay through torch.cuda.graph equals eager on the device). Speed is never asserted here."""
+"""`harness bench emulator`'s tables for the emulated CUDA device run end to end (their own checks:
+replay through torch.cuda.graph equals eager on the device; eager with stream tracking on, in issue
+order and adversarial, equals CPU eager). Speed is never asserted here."""
 
 from __future__ import annotations
 
@@ -17,4 +18,6 @@ def test_the_device_table_is_printed(case, capsys):
     assert emulator.main(["--iters", "2", "--warmup", "0", "--case", case, "--no-write"]) == 0
     printed = capsys.readouterr().out
     assert "Eager on the emulated CUDA device vs CPU eager" in printed
-    assert printed.count(f"| {case} |") == 2  # the replay table and the device table
+    assert "Eager on the emulated CUDA device with stream tracking on" in printed
+    # the replay table, the device table and the tracked eager table (issue order, adversarial)
+    assert printed.count(f"| {case} |") == 3

@@ -9,7 +9,7 @@ from harness.bench import emulator
 def test_bench_prints_a_table_and_appends_it_with_its_provenance(tmp_path, capsys):
     output = tmp_path / "benchmarks.md"
     argv = ["--iters", "2", "--warmup", "1", "--case", "hand-written decode step",
-            "--output", str(output), "--no-device", "--no-tracking"]
+            "--output", str(output), "--no-device", "--no-tracking", "--no-tracked-eager"]
     assert emulator.main(argv) == 0
     assert emulator.main(argv + ["--no-write"]) == 0
     printed = capsys.readouterr().out

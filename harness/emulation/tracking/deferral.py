@@ -9,11 +9,11 @@ from typing import Any, Callable
 import torch
 
 from harness import torch_internals
-from harness.torch_internals import tree_flatten, tree_map_only
 from harness.graphs.emulator import opinfo
 from harness.graphs.emulator.opinfo import OpKind
 from harness.graphs.emulator.pool import poison_value
 from harness.graphs.emulator.shapes import result_shapes
+from harness.emulation.tracking.queued_shapes import flat_tensors, map_tensors
 
 
 def _poisoned_like(meta: torch.Tensor) -> torch.Tensor:
@@ -39,19 +39,21 @@ def _as_issued(call: Callable[[], Any]) -> Callable[[], None]:
     return run
 
 
-def defer(func, args: tuple, kwargs: dict, kind: OpKind,
-          held: tuple = ()) -> tuple[Any, Callable[[], None]]:
+def defer(func, args: tuple, kwargs: dict, kind: OpKind, held: tuple = (),
+          shapes: Callable[[Any, tuple, dict], Any] = result_shapes
+          ) -> tuple[Any, Callable[[], None]]:
     """(what the op returns now, the call that does its work later). `held` is `(args, kwargs)`
-    with the tensors the queued call keeps instead of the caller's (aliases of the same memory)."""
+    with the tensors the queued call keeps instead of the caller's (aliases of the same memory);
+    `shapes` gives the op's results as meta tensors (queued_shapes.ResultShapes keeps them)."""
     returns_from = (args, kwargs)
     args, kwargs = held or (args, kwargs)
     if kind is OpKind.MUTATING:
         return opinfo.aliased_returns(func, *returns_from), _as_issued(lambda: func(*args, **kwargs))
-    outputs = tree_map_only(torch.Tensor, _poisoned_like, result_shapes(func, *returns_from))
-    targets = [t for t in tree_flatten(outputs)[0] if isinstance(t, torch.Tensor)]
+    outputs = map_tensors(_poisoned_like, shapes(func, *returns_from))
+    targets = flat_tensors(outputs)
 
     def run() -> None:
-        results = [r for r in tree_flatten(func(*args, **kwargs))[0] if isinstance(r, torch.Tensor)]
+        results = flat_tensors(func(*args, **kwargs))
         for dst, src in zip(targets, results):
             if dst.shape == src.shape:
                 dst.copy_(src)

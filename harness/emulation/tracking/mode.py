@@ -16,21 +16,21 @@ from typing import Any, Callable
 import torch
 
 from harness import torch_internals
-from harness.torch_internals import TorchDispatchMode, tree_flatten, tree_map_only
+from harness.torch_internals import TorchDispatchMode
 from harness.graphs.emulator import opinfo
 from harness.graphs.emulator.callsite import callsite_later, current_callsite
 from harness.graphs.emulator.opinfo import OpKind
-from harness.graphs.emulator.accesses import (blocks_host, changes_metadata, is_seeded,
-                                                      split_accesses, tensors_of)
-from harness.emulation.tracking.deferral import can_defer, defer
-from harness.emulation.tracking.names import label_of, storage_key
+from harness.graphs.emulator.accesses import blocks_host, split_accesses, tensors_of
+from harness.emulation.tracking.deferral import defer
+from harness.emulation.tracking.names import ShapeLabels, label_of, storage_key
+from harness.emulation.tracking.op_plans import OpPlans
+from harness.emulation.tracking.queued_shapes import ResultShapes, map_tensors
 from harness.emulation.tracking.races import Access, RaceError
 from harness.emulation.tracking.schedule import Schedule
 from harness.emulation.tracking.tracker import StreamTracker
 from harness.emulation.tracking.unseen_writes import IssuedBytes
 
 
-_TO_COPY = torch.ops.aten._to_copy.default
 DEFAULT_STREAM = 0  # device 0's default stream: where memory made before tracking began lives
 
 
@@ -58,6 +58,9 @@ class StreamWork(TorchDispatchMode):
         self._queued_aliases: dict[int, int] = {}  # storage key -> aliases held by queued work
         self._watched: dict[int, weakref.ref] = {}  # id of a caller's tensor -> weak ref on it
         self._dropped: list[int] = []  # storage keys whose caller tensors died since the last op
+        self._plans = OpPlans()
+        self._shape_labels = ShapeLabels()
+        self._result_shapes = ResultShapes()
 
     @classmethod
     def ignore_compile_internals(cls) -> bool:
@@ -82,23 +85,27 @@ class StreamWork(TorchDispatchMode):
             raise self._late.pop(0)
         if self.capturing():
             return func(*args, **kwargs)
-        if opinfo.is_composite(func):
+        plan = self._plans.get(func)
+        if plan.composite:
             # `to`, `reshape`: "may alias" in their schema; what they run underneath is tracked.
             with self:
                 # The C++ composite kernel, not torch._decomp's Python one that decompose()
                 # prefers (matmul's is a tenth of a step's cost): the same ops reach this mode.
                 return torch_internals.call_composite_kernel(func, *args, **kwargs)
-        kind = opinfo.op_kind(func)
+        kind = plan.kind
         if kind is OpKind.VIEW:
             return func(*args, **kwargs)  # an alias: no data touched
-        tensors = tensors_of((*args, *kwargs.values()))
-        if any(t.device.type != "cpu" for t in tensors):
-            return func(*args, **kwargs)  # meta and fake tensors: shape work, not device work
+        tensors = tensors_of((*args, *kwargs.values()) if kwargs else args)
         is_device = self.memory.is_device
+        on_device = []  # per tensor, whether it is device memory: asked once per op
+        for t in tensors:
+            if t.device.type != "cpu":
+                return func(*args, **kwargs)  # meta and fake tensors: shape work, not device work
+            on_device.append(is_device(t))
         targets_device = bool(self.memory.call_targets_device())
-        if not targets_device and not any(is_device(t) for t in tensors):
+        if not targets_device and True not in on_device:
             return self._host_op(func, args, kwargs)
-        return self._device_op(func, args, kwargs, kind, targets_device)
+        return self._device_op(func, args, kwargs, plan, targets_device, tensors, on_device)
 
     # --- the host's own work on pinned memory ------------------------------------------------
 
@@ -117,29 +124,42 @@ class StreamWork(TorchDispatchMode):
 
     # --- device work -------------------------------------------------------------------------
 
-    def _device_op(self, func, args, kwargs, kind: OpKind, targets_device: bool) -> Any:
+    def _device_op(self, func, args, kwargs, plan, targets_device: bool,
+                   tensors: list[torch.Tensor], on_device: list[bool]) -> Any:
         stream = self.stream()
-        reads, writes = split_accesses(func, args, kwargs, self._tracked)
-        name, where = opinfo.op_name(func), callsite_later()
-        for t in (*reads, *writes):
-            self._label(t)
-            if storage_key(t) not in self._allocations and self.memory.is_device(t):
-                self._note_allocation(t, DEFAULT_STREAM)  # made before tracking began
+        is_pinned = self.memory.is_pinned
+        if plan.written:
+            reads, writes = split_accesses(func, args, kwargs, self._tracked)
+            device_touched = any(self.memory.is_device(t) for t in (*reads, *writes))
+        else:  # no argument written: every tracked tensor is read
+            reads = [t for t, device in zip(tensors, on_device) if device or is_pinned(t)]
+            writes = []
+            device_touched = True in on_device
+        name, where = plan.name, callsite_later()
+        labels, allocations = self.tracker.labels, self._allocations
+        read_keys, write_keys = [], []
+        for accessed, keys in ((reads, read_keys), (writes, write_keys)):
+            for t in accessed:
+                key = t.untyped_storage().data_ptr()
+                keys.append(key)
+                if key not in labels:
+                    labels[key] = self._shape_labels.of(t)
+                if key not in allocations and self.memory.is_device(t):
+                    self._note_allocation(t, DEFAULT_STREAM)  # made before tracking began
         reported = len(self.tracker.reports)
-        seq = self.tracker.launch(stream, [storage_key(t) for t in reads],
-                                  [storage_key(t) for t in writes], op=name, where=where)
-        overtakes = self._overtakes_queued_work(reported)
+        seq = self.tracker.launch(stream, read_keys, write_keys, op=name, where=where)
+        overtakes = self.schedule.adversarial and self._overtakes_queued_work(reported)
         memory = self.memory
-        if blocks_host(func, args, kwargs, memory.is_device, memory.is_pinned, targets_device):
+        if plan.may_block_host and blocks_host(func, args, kwargs, memory.is_device, is_pinned,
+                                               targets_device):
             self.schedule.run_stream(stream)
             out = func(*args, **kwargs)
             self.schedule.ran(stream, seq)
             self.tracker.synchronize_stream(stream)
-        elif (not overtakes and self.schedule.defers(stream) and can_defer(kind) and not is_seeded(func)
-              and not changes_metadata(func)
-              and any(memory.is_device(t) for t in (*reads, *writes))):
+        elif (plan.deferrable and device_touched and not overtakes
+              and self.schedule.defers(stream)):
             held, release = self._aliases_for_queue((args, kwargs))
-            out, run = defer(func, args, kwargs, kind, held)
+            out, run = defer(func, args, kwargs, plan.kind, held, self._result_shapes.of)
             issued = self._pinned_inputs_as_issued(reads)
             access = Access(False, stream, seq, name, where)
 
@@ -155,8 +175,8 @@ class StreamWork(TorchDispatchMode):
                 self.schedule.run_stream(stream)  # what cannot wait in the queue runs in order
             out = func(*args, **kwargs)
             self.schedule.ran(stream, seq)
-        to_host = func is _TO_COPY and kwargs.get("device") is not None and not targets_device
-        if kind is not OpKind.MUTATING and not to_host:
+        to_host = plan.is_to_copy and kwargs.get("device") is not None and not targets_device
+        if plan.kind is not OpKind.MUTATING and not to_host:
             self._note_fresh(out, stream, seq, name, where)
         return out
 
@@ -201,7 +221,7 @@ class StreamWork(TorchDispatchMode):
                 self._watched[id(t)] = weakref.ref(t, self._caller_dropped(id(t), key))
             return t.detach()
 
-        held = tree_map_only(torch.Tensor, alias, tree)
+        held = map_tensors(alias, tree)
 
         def release() -> None:
             for key in keys:
@@ -247,14 +267,19 @@ class StreamWork(TorchDispatchMode):
             storage = _storage(t)
             if storage is None or storage.nbytes() == 0:
                 continue
-            self.memory.mark_device(t)
             key = storage.data_ptr()
+            ref = self._allocations.get(key)
+            if ref is None or ref() is not storage or self._allocated_on.get(key) != stream:
+                self._note_storage(storage, stream)
+            self.memory.mark_device(t)  # after the note: `adopted` finds it noted
             self.tracker.record_write(key, stream, seq, op=op, where=where)
-            self.tracker.labels[key] = label_of(t)
-            self._note_allocation(t, stream)
+            self.tracker.labels[key] = self._shape_labels.of(t)
 
     def adopted(self, storage: torch.UntypedStorage) -> None:
         """Device memory made now, outside a capture: it belongs to the current stream."""
+        ref = self._allocations.get(storage.data_ptr())
+        if ref is not None and ref() is storage:
+            return  # noted by the op that made it (_note_fresh), on that op's stream
         if not self.capturing() and storage.nbytes():
             self._note_storage(storage, self.stream())
 
@@ -273,7 +298,7 @@ class StreamWork(TorchDispatchMode):
             if self._allocated_on.pop(key, None) is None:
                 return  # already judged when its caller dropped it (check_drops)
             try:
-                self.tracker.free(key, stream, where=callsite_later())
+                self.tracker.free(key, stream, where=callsite_later)
             except RaceError as race:
                 self._late.append(race)  # raised at the next op: a finalizer cannot raise
         return freed

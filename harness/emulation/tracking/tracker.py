@@ -179,16 +179,20 @@ class StreamTracker:
             state = self._storages[key] = _StorageState()
         state.recorded_streams.add(stream)
 
-    def free(self, key: int, allocation_stream: int, *, where: str = "") -> None:
+    def free(self, key: int, allocation_stream: int, *,
+             where: str | Callable[[], object] = "") -> None:
         """The last reference to a storage allocated on `allocation_stream` was dropped: the
         caching allocator may hand it to that stream's next allocation at once. Its label goes
-        with it (reported first if the free races): the next tensor at that address is another."""
+        with it (reported first if the free races): the next tensor at that address is another.
+        `where` may be a call that finds the line, made only for a free that races (the host is
+        still inside the free then; most frees race with nothing)."""
         try:
             self._check_free(key, allocation_stream, where)
         finally:
             self.labels.pop(key, None)
 
-    def _check_free(self, key: int, allocation_stream: int, where: str) -> None:
+    def _check_free(self, key: int, allocation_stream: int,
+                    where: str | Callable[[], object]) -> None:
         state = self._storages.pop(key, None)
         if state is None:
             return
@@ -198,7 +202,8 @@ class StreamTracker:
                     or access.participant in state.recorded_streams):
                 continue
             if not self.clocks.ordered(allocation_stream, access.participant, access.seq):
-                freed = Access(True, allocation_stream, 0, "free (last reference dropped)", where)
+                freed = Access(True, allocation_stream, 0, "free (last reference dropped)",
+                               where() if callable(where) else where)
                 self._race(RaceKind.FREED_IN_USE, key, freed, access)
                 return
 

@@ -75,6 +75,17 @@ def blocks_host(func, args: tuple, kwargs: dict, is_device: Callable[[torch.Tens
 
 
 @functools.lru_cache(maxsize=None)
+def may_block_host(func) -> bool:
+    """Whether `blocks_host` can answer True for some arguments of this op (asked once per op)."""
+    return func in _COPIES or _returns_host_value(func) or opinfo.may_sync(func)
+
+
+def written_names(func) -> frozenset[str]:
+    """The op's arguments its schema marks written (`Tensor(a!)`)."""
+    return _written_names(func)
+
+
+@functools.lru_cache(maxsize=None)
 def _returns_host_value(func) -> bool:
     returns = func._schema.returns
     return bool(returns) and not any("Tensor" in str(r.type) for r in returns)

@@ -54,9 +54,30 @@ def at_callsite(message: str, where: str) -> str:
     return f"{message} (at {where})" if where else message
 
 
+# Whether each code object met is the caller's (no `also_skip`), by the code object's id: the stream tracking walks about
+# ten frames for every op it sees, the same few dozen code objects over and over. A code object
+# keeps its module, so its answer stays; the cache is cleared when it grows past its bound
+# (generated code, FX's, can make code objects without end).
+_USER_CODE: dict = {}
+_USER_CODE_BOUND = 4096
+
+
 def _user_frame(also_skip: tuple[str, ...] = ()) -> FrameType | None:
     frame: FrameType | None = sys._getframe(2)
-    while frame is not None and not _is_user_frame(frame, also_skip):
+    if also_skip:
+        while frame is not None and not _is_user_frame(frame, also_skip):
+            frame = frame.f_back
+        return frame
+    known = _USER_CODE
+    while frame is not None:
+        code = frame.f_code
+        entry = known.get(id(code))  # by id: a code object hashes its constants each time
+        if entry is None or entry[0] is not code:
+            if len(known) >= _USER_CODE_BOUND:
+                known.clear()
+            entry = known[id(code)] = (code, _is_user_frame(frame))  # kept: its id stays its own
+        if entry[1]:
+            return frame
         frame = frame.f_back
     return frame
 

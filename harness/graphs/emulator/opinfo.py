@@ -118,6 +118,15 @@ def sync_reason(func: torch_internals.OpOverload, args: tuple, kwargs: dict) -> 
     return None
 
 
+@functools.lru_cache(maxsize=None)
+def may_sync(func: torch_internals.OpOverload) -> bool:
+    """Whether `sync_reason` can be other than None for some arguments of this op: the question
+    asked once per op, so that the stream tracking calls `sync_reason` only for these."""
+    tags = func.tags
+    return (torch.Tag.data_dependent_output in tags or torch.Tag.dynamic_output_shape in tags
+            or func in _MASKABLE or (_GROUPED_MM is not None and func is _GROUPED_MM))
+
+
 def equal_on_host(a: torch.Tensor, b: torch.Tensor) -> bool | None:
     """What CUDA's `torch.equal` answers without reading device data (shapes differ, nothing to
     compare, or both sides are the very same memory), else None."""
