@@ -196,9 +196,10 @@ def _present_overrides(defaults: dict[str, Any]) -> dict[str, Any]:
 
 
 def _per_layer_lists(defaults: dict[str, Any], layers: int) -> dict[str, Any]:
-    """Lists of one entry per default layer, cut to `layers`: the last layer's kind last (some
-    configs require a full-attention last layer), before it the other kinds in their order, so
-    that a hybrid keeps a layer of each kind (Zamba's one hybrid layer in six)."""
+    """Lists of one entry per default layer, cut to `layers`: the first layers, then the last one.
+    A hybrid's last layer is often its other kind (Qwen3.5's full attention after three linear
+    ones); some configs require a full-attention last layer, others a producing kind first (HY-V4's
+    full indexer before the layers that share it)."""
     count = defaults.get("num_hidden_layers")
     if not isinstance(count, int) or count <= layers:
         return {}
@@ -206,9 +207,7 @@ def _per_layer_lists(defaults: dict[str, Any], layers: int) -> dict[str, Any]:
     for key, value in defaults.items():
         if not isinstance(value, list) or len(value) != count or key in PRESENT_OVERRIDES:
             continue
-        others = [kind for i, kind in enumerate(value) if kind != value[-1] and kind not in value[:i]]
-        head = (others + value)[:layers - 1]
-        cut[key] = head + value[-1:]
+        cut[key] = value[:layers - 1] + value[-1:]
     return cut
 
 

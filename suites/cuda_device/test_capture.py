@@ -164,6 +164,7 @@ def test_indexing_with_host_indices_is_refused_during_capture(cuda_device):
     for index in (lambda: x[torch.tensor([0, 2])], lambda: x[[0, 2]],
                   lambda: x[torch.tensor([True, False, True, False, False, False])],
                   lambda: x.view(3, 2)[torch.tensor([0, 1]), 0],
+                  lambda: x.view(1, 3, 2)[..., [-2], :],  # Falcon's fused_qkv[..., [-2], :]
                   lambda: x.index_put_((torch.tensor([1]),), x[:1])):
         with pytest.raises(CaptureError, match="Cannot copy between CPU and CUDA tensors.*\n.*as an index"):
             with torch.cuda.graph(torch.cuda.CUDAGraph()):
