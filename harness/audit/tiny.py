@@ -196,10 +196,12 @@ def _present_overrides(defaults: dict[str, Any]) -> dict[str, Any]:
 
 
 def _per_layer_lists(defaults: dict[str, Any], layers: int) -> dict[str, Any]:
-    """Lists of one entry per default layer, cut to `layers`: the first layers, then the last one.
-    A hybrid's last layer is often its other kind (Qwen3.5's full attention after three linear
-    ones); some configs require a full-attention last layer, others a producing kind first (HY-V4's
-    full indexer before the layers that share it)."""
+    """Lists of one entry per default layer, cut to `layers` that keep one layer of each kind, in
+    the order the kinds first appear, so that a hybrid's attention path is built (Qwen3.5's and
+    Kimi-Linear's full-attention layer comes after three linear ones; the first two would be all
+    linear, and their audit rows "no static cache" for want of an attention layer). With more kinds
+    than layers the last layer keeps its own kind (a full-attention last layer some configs require);
+    a producing kind stays before its consumers (HY-V4's full indexer before the shared ones)."""
     count = defaults.get("num_hidden_layers")
     if not isinstance(count, int) or count <= layers:
         return {}
@@ -207,7 +209,14 @@ def _per_layer_lists(defaults: dict[str, Any], layers: int) -> dict[str, Any]:
     for key, value in defaults.items():
         if not isinstance(value, list) or len(value) != count or key in PRESENT_OVERRIDES:
             continue
-        cut[key] = value[:layers - 1] + value[-1:]
+        try:
+            kinds = list(dict.fromkeys(value))
+        except TypeError:  # unhashable entries (per-layer dicts): the first layers and the last
+            cut[key] = value[:layers - 1] + value[-1:]
+            continue
+        if len(kinds) > layers and value[-1] not in kinds[:layers]:
+            kinds = kinds[:layers - 1] + [value[-1]]
+        cut[key] = (kinds + [kinds[-1]] * layers)[:layers]
     return cut
 
 

@@ -29,6 +29,7 @@ NEEDS = {
     "zaya": "a validator that refuses num_experts_per_tok=2",
     "hy_v4": "a full indexer layer first",
     "qwen3_5_moe": "a full-attention layer among the two",
+    "kimi_linear": "a full-attention layer among the two",
 }
 AVAILABLE = {a.model_type: a for a in causal_lm_architectures()}
 
@@ -46,13 +47,15 @@ def test_builds_tiny_and_runs_a_forward(model_type):
     assert torch.isfinite(logits).all()
 
 
-def test_per_layer_lists_keep_the_first_and_the_last_layer():
-    # Qwen3.5's text layers are three linear-attention ones, then a full-attention one: its first
-    # two would leave no attention layer; HY-V4's first layer is the full indexer the others share.
-    config = tiny_config("qwen3_5").text_config
-    assert config.layer_types == ["linear_attention", "full_attention"]
-    if "hy_v4" in AVAILABLE:
-        assert tiny_config("hy_v4").indexer_types == ["full", "full"]
+def test_per_layer_lists_keep_a_layer_of_each_kind():
+    # Qwen3.5's and Kimi-Linear's text layers are three linear-attention ones, then a full-attention
+    # one: their first two would leave no attention layer; HY-V4's first layer is the full indexer
+    # the others share, and stays first.
+    assert tiny_config("qwen3_5").text_config.layer_types == ["linear_attention", "full_attention"]
+    for model_type, key, kinds in (("kimi_linear", "layer_types", ["linear_attention", "full_attention"]),
+                                   ("hy_v4", "indexer_types", ["full", "shared"])):
+        if model_type in AVAILABLE:
+            assert getattr(tiny_config(model_type), key) == kinds
 
 
 def test_a_read_only_property_is_derived_not_forced():
