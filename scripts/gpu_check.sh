@@ -10,7 +10,8 @@
 #   multirank the multirank suites over nccl, one GPU per rank (needs 2 GPUs): multirank.xml
 #   faults    the fault zoo on cuda: faults_cuda.json
 #   audit     the transformers audit, cuda (bf16 on GPU 0, fp32 on the last GPU, at once), then the
-#             emulator on this host's CPUs: audit_{cuda,emulated}_{bfloat16,float32}.json
+#             emulator and the emulated device (--emulate-cuda) on this host's CPUs:
+#             audit_{cuda,emulated,emulate_cuda}_{bfloat16,float32}.json
 #   bench     harness bench capture (with a profile of the tiny step at batch 1) and piecewise
 # What the results feed: scripts/fidelity_table.py (docs/fidelity.md), harness audit merge
 # (docs/audit-transformers.md), harness faults merge (docs/faults.md), docs/benchmarks.md.
@@ -55,8 +56,9 @@ for step in "$@"; do
     audit)
       # cuda first, both dtypes at once (8 processes each), then the emulator on this host's CPUs
       # (same torch and transformers as the cuda column); AUDIT_CUDA_S / AUDIT_EMU_S bound each,
-      # AUDIT_BACKENDS picks (default "cuda emulated"), AUDIT_JOBS sets the processes of each run.
-      backends="${AUDIT_BACKENDS:-cuda emulated}"
+      # AUDIT_BACKENDS picks (default "cuda emulated emulate_cuda": the last is the emulated
+      # device, `--emulate-cuda`, with the GPUs hidden), AUDIT_JOBS sets the processes of each run.
+      backends="${AUDIT_BACKENDS:-cuda emulated emulate_cuda}"
       pids=()
       for dtype in bfloat16 float32; do
         [[ " $backends " == *" cuda "* ]] || continue
@@ -69,9 +71,17 @@ for step in "$@"; do
       pids=()
       for dtype in bfloat16 float32; do
         [[ " $backends " == *" emulated "* ]] || continue
-        CUDA_VISIBLE_DEVICES= timeout "${AUDIT_EMU_S:-150}" $py -m harness.cli audit transformers \
+        CUDA_VISIBLE_DEVICES= timeout "${AUDIT_EMU_S:-300}" $py -m harness.cli audit transformers \
           --graph-backend emulated --dtype $dtype -j "${AUDIT_JOBS:-8}" --json "$out/audit_emulated_$dtype.json" \
           > "$out/audit_emulated_$dtype.log" 2>&1 & pids+=($!)
+      done
+      for pid in "${pids[@]}"; do wait "$pid" || status=1; done
+      pids=()
+      for dtype in bfloat16 float32; do
+        [[ " $backends " == *" emulate_cuda "* ]] || continue
+        CUDA_VISIBLE_DEVICES= timeout "${AUDIT_EMU_S:-300}" $py -m harness.cli audit transformers \
+          --emulate-cuda --dtype $dtype -j "${AUDIT_JOBS:-8}" --json "$out/audit_emulate_cuda_$dtype.json" \
+          > "$out/audit_emulate_cuda_$dtype.log" 2>&1 & pids+=($!)
       done
       for pid in "${pids[@]}"; do wait "$pid" || status=1; done
       tail -n 2 "$out"/audit_*.log ;;

@@ -166,6 +166,9 @@ class Placement(TorchFunctionMode):
             raise host_generator_error()
         if named_device and func in _FROM_HOST_DATA and self.state.capturing():
             transfers.refuse_host_data(self.state, func, args)
+        if func in transfers.INDEXING and device_in and self.state.capturing() \
+                and is_device_memory(args[0]):
+            transfers.refuse_host_indices(self.state, func, args)
         if func is Tensor.new_tensor and self.state.capturing() and (
                 named_device or (device_in and kwargs.get("device") is None)):
             # A device tensor's new_tensor(data) copies host data to the device, as torch.tensor.

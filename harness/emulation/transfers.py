@@ -41,6 +41,48 @@ def refuse_host_data(state, func, args: tuple) -> None:
         f"capture, {HOST_COPY_REFUSED}", current_callsite()), op="aten.lift_fresh.default"))
 
 
+# Indexing calls whose index tensors CUDA moves to the indexed tensor's device first (ATen's
+# make_info in TensorAdvancedIndexing.cpp: `indice.to(self.device())`; a Python list index becomes
+# a tensor on that device from host data): during capture a pageable host-to-device copy.
+INDEXING = frozenset({torch.Tensor.__getitem__, torch.Tensor.__setitem__, torch.Tensor.index_put_,
+                      torch.Tensor.index_put, torch.index_put})
+
+
+def refuse_host_indices(state, func, args: tuple) -> None:
+    """During capture, refuse an index of device tensor `args[0]` that lives on the host: a host
+    tensor of one or more dimensions (a 0-dim integer one is read on the host, as an int) or a
+    list of ints (built on the device from host data). `__setitem__`'s value (args[2]) is no index:
+    its copy is copy_'s rule."""
+    from harness.graphs.emulator.callsite import at_callsite, current_callsite
+
+    indices = args[1] if len(args) > 1 else ()
+    found = _host_index(indices)
+    if found is None:
+        return
+    name = getattr(func, "__name__", str(func))
+    state.refuse(cuda_errors.pageable_copy_refused(at_callsite(
+        f"Tensor.{name} with {found} as an index copies it to the device during capture, "
+        f"{HOST_COPY_REFUSED} (make the index a device tensor before capture)", current_callsite()),
+        op="aten.index.Tensor"))
+
+
+def _host_index(index: Any) -> str | None:
+    """What in `index` (an index expression) lives on the host, or None."""
+    if isinstance(index, Tensor):
+        if index.dim() and _mark_of(index) not in (DEVICE, PINNED):
+            return f"a host tensor of shape {tuple(index.shape)}"
+        return None
+    if type(index) is list:
+        if any(isinstance(i, (list, Tensor)) for i in index):
+            return next((found for i in index if (found := _host_index(i))), None)
+        if index and all(isinstance(i, (int, bool)) for i in index):
+            return f"the list {index[:4]}{'...' if len(index) > 4 else ''}"
+        return None
+    if type(index) is tuple:
+        return next((found for i in index if (found := _host_index(i))), None)
+    return None
+
+
 def _parse_to(args: tuple, kwargs: dict) -> tuple[Any, dict, Tensor | None]:
     """(the device named or None, the keyword arguments for a device-free `to`, the tensor given
     as `other`) of `Tensor.to(*args, **kwargs)`, args without self."""

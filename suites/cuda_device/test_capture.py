@@ -153,3 +153,26 @@ def test_new_tensor_of_host_data_on_a_device_tensor_is_refused_during_capture(cu
     with torch.cuda.graph(g):
         y = x.new_tensor(x)  # device data: a device-to-device copy, captured
     assert y.is_cuda
+
+
+def test_indexing_with_host_indices_is_refused_during_capture(cuda_device):
+    """CUDA moves a host index tensor (or a list of ints) to the indexed tensor's device before
+    indexing (ATen's make_info): during capture a pageable copy it refuses. Device indices, slices
+    and ints capture."""
+    x = torch.arange(6.0, device="cuda")
+    rows = torch.tensor([0, 2], device="cuda")
+    for index in (lambda: x[torch.tensor([0, 2])], lambda: x[[0, 2]],
+                  lambda: x[torch.tensor([True, False, True, False, False, False])],
+                  lambda: x.view(3, 2)[torch.tensor([0, 1]), 0],
+                  lambda: x.view(1, 3, 2)[..., [-2], :],  # Falcon's fused_qkv[..., [-2], :]
+                  lambda: x.index_put_((torch.tensor([1]),), x[:1])):
+        with pytest.raises(CaptureError, match="Cannot copy between CPU and CUDA tensors.*\n.*as an index"):
+            with torch.cuda.graph(torch.cuda.CUDAGraph()):
+                index()
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        y = x[rows] + x[1:3].sum() + x[4]
+    x.copy_(torch.arange(6.0, device="cuda") * 10)
+    g.replay()
+    assert y.tolist() == [0.0 + 30 + 40, 20.0 + 30 + 40]
+
