@@ -10,7 +10,8 @@ def emulate_cuda(device: str = "auto", *, schedule: str = "issue_order", races: 
     and `torch.cuda.CUDAGraph` / `torch.cuda.graph` capture on the emulator. With a GPU (`"auto"`
     or `device="cuda"`), a graph sanitizer: real tensors and streams, emulated graphs. Options:
     `name`, `total_memory` (bytes), `capability` ((major, minor)), `multi_processor_count`,
-    `device_count`. Yields the device's state (`state.observe(observer)` to hook its ops).
+    `device_count`, `cuda_version` (e.g. "12.8": a CPU build's torch reports it as
+    `torch.version.cuda` meanwhile, for test files gated on it; refused on a CUDA build). Yields the device's state (`state.observe(observer)` to hook its ops).
 
     On the emulated device every device op is issued to the current stream and tracked: a race
     between streams, or between a stream and the host (a pinned buffer rewritten before its

@@ -65,6 +65,13 @@ def parse_count(text: Any, *, where: str) -> int:
     return value
 
 
+def parse_cuda_version(text: Any, *, where: str) -> str:
+    value = str(text).strip()
+    if isinstance(text, bool) or not re.fullmatch(r"\d+\.\d+", value):
+        raise DeviceOptionError(f"{where} {text!r}: not a CUDA version; expected e.g. 12.8")
+    return value
+
+
 def parse_choice(text: Any, choices: tuple[str, ...], *, where: str) -> str:
     if text not in choices:
         raise DeviceOptionError(f"{where} {text!r}: accepted: {', '.join(choices)}")
@@ -78,6 +85,7 @@ class EmulatedDevice:
     total_memory: int | None = None
     name: str | None = None
     device_count: int | None = None
+    cuda_version: str | None = None
     schedule: str = DEFAULT_SCHEDULE
     races: str = DEFAULT_RACES
 
@@ -89,7 +97,7 @@ class EmulatedDevice:
 
     def properties(self) -> dict[str, Any]:
         """The device properties set (those that only an emulated device has)."""
-        return {key: getattr(self, key) for key in ("total_memory", "name", "device_count")
+        return {key: getattr(self, key) for key in ("total_memory", "name", "device_count", "cuda_version")
                 if getattr(self, key) is not None}
 
     def pytest_args(self) -> list[str]:
@@ -101,6 +109,8 @@ class EmulatedDevice:
             args.append(f"--emulate-cuda-name={self.name}")
         if self.device_count is not None:
             args.append(f"--emulate-cuda-count={self.device_count}")
+        if self.cuda_version is not None:
+            args.append(f"--emulate-cuda-version={self.cuda_version}")
         if self.schedule != DEFAULT_SCHEDULE:
             args.append(f"--cuda-schedule={self.schedule}")
         if self.races != DEFAULT_RACES:
@@ -118,12 +128,13 @@ class EmulatedDevice:
         parts = [f"total_memory={format_size(self.total_memory)}" if self.total_memory else "",
                  f"name={self.name!r}" if self.name else "",
                  f"device_count={self.device_count}" if self.device_count else "",
+                 f"cuda_version={self.cuda_version!r}" if self.cuda_version else "",
                  f"schedule={self.schedule}" if self.schedule != DEFAULT_SCHEDULE else "",
                  f"races={self.races}" if self.races != DEFAULT_RACES else ""]
         return f"emulate_cuda({', '.join(p for p in parts if p)})"
 
 
-LIST_KEYS = ("total_memory", "name", "device_count", "schedule", "races")
+LIST_KEYS = ("total_memory", "name", "device_count", "cuda_version", "schedule", "races")
 
 
 def device_from_mapping(data: Any, *, where: str) -> EmulatedDevice | None:
@@ -145,6 +156,8 @@ def device_from_mapping(data: Any, *, where: str) -> EmulatedDevice | None:
         fields["name"] = str(data["name"])
     if "device_count" in data:
         fields["device_count"] = parse_count(data["device_count"], where=f"{where}.device_count")
+    if "cuda_version" in data:
+        fields["cuda_version"] = parse_cuda_version(data["cuda_version"], where=f"{where}.cuda_version")
     if "schedule" in data:
         fields["schedule"] = parse_choice(data["schedule"], SCHEDULES, where=f"{where}.schedule")
     if "races" in data:

@@ -14,7 +14,8 @@
 # repository's options nor its conftest
 # (--strict-markers refuses PyTorch's `serial` mark). For each build the script runs the
 # test_graph_* / test_cuda_graph_* family:
-#   emulated: --emulate-cuda with the GPU hidden (CUDA_VISIBLE_DEVICES=): the CPU wheel, or the
+#   emulated: --emulate-cuda with the GPU hidden (CUDA_VISIBLE_DEVICES=): the CPU wheel (with
+#             --emulate-cuda-version 12.8, since the file gates its graph tests on torch.version.cuda), or the
 #             CUDA wheel on a machine without a GPU (what CI runners have); with
 #             --cuda-races report, since test_graph_concurrent_replay races two replays on purpose
 #             and asserts the corruption CUDA gives (strict tracking would raise RaceError; the
@@ -63,7 +64,11 @@ import sys
 from importlib.metadata import entry_points
 sys.exit(0 if any(e.value == 'harness.pytest_plugin' for e in entry_points(group='pytest11')) else 1)
 " || PLUGIN=(-p harness.pytest_plugin)
-    run "$build" emulated "$python" "CUDA_VISIBLE_DEVICES=" --emulate-cuda --cuda-races report
+    # A CPU build's torch.version.cuda is None, and test_cuda.py gates the graph tests on it: the
+    # emulation reports a CUDA version there only when asked by name.
+    version=()
+    "$python" -c "import sys, torch; sys.exit(torch.version.cuda is not None)" && version=(--emulate-cuda-version 12.8)
+    run "$build" emulated "$python" "CUDA_VISIBLE_DEVICES=" --emulate-cuda --cuda-races report "${version[@]}"
     if "$python" -c "import sys, torch; sys.exit(0 if torch.cuda.is_available() else 1)"; then
         run "$build" native "$python" ""
         run "$build" sanitizer "$python" "" --emulate-cuda

@@ -8,6 +8,7 @@ and removes the placement mode from the mode stack by identity, whatever was pus
 from __future__ import annotations
 
 import contextlib
+import re
 from typing import Any, Iterator
 
 import torch
@@ -24,7 +25,8 @@ from harness.emulation.state import DeviceProperties, DeviceState
 
 DEVICES = ("auto", "cpu", "cuda")
 OPTIONS = {"name": "name", "total_memory": "total_memory", "capability": None,
-           "multi_processor_count": "multi_processor_count", "device_count": "count"}
+           "multi_processor_count": "multi_processor_count", "device_count": "count",
+           "cuda_version": None}
 # The emulation a child process entered at startup because its parent ran inside one
 # (children.py): an explicit emulate_cuda() in the child replaces it.
 _INHERITED: list[Any] = []
@@ -96,6 +98,8 @@ def emulate_cuda(device: str = "auto", *, schedule: str = "issue_order", races: 
     properties = _properties(options)
     with contextlib.ExitStack() as stack:
         if kind == "cpu":
+            if options.get("cuda_version") is not None:
+                _report_cuda_version(options["cuda_version"], stack)
             state = _enter_cpu(properties, stack, schedule, races)
             if children:
                 from harness.emulation.children import inherit_in_children
@@ -108,6 +112,24 @@ def emulate_cuda(device: str = "auto", *, schedule: str = "issue_order", races: 
             state = enter_sanitizer(stack)
         stack.enter_context(in_force(state))
         yield state
+
+
+def _report_cuda_version(version: Any, stack: contextlib.ExitStack) -> None:
+    """`cuda_version="12.8"`: a CPU build's torch reports that CUDA version while the emulation
+    lasts. Asked for by name only: the emulation otherwise never changes what torch says of its own
+    build (a CUDA wheel's extensions, torchvision's among them, check it against their own). Test
+    files that gate CUDA-graph tests on `torch.version.cuda` (PyTorch's test_cuda.py) need it on a
+    CPU build, where it is None."""
+    if not (isinstance(version, str) and re.fullmatch(r"\d+\.\d+", version)):
+        raise ValueError(f"emulate_cuda(cuda_version={version!r}): expected a CUDA version such as "
+                         f"'12.8'")
+    built = torch.version.cuda
+    if built is not None and built != version:
+        raise ValueError(f"emulate_cuda(cuda_version={version!r}): this torch {torch.__version__} is a "
+                         f"CUDA {built} build and reports it (torch.version.cuda); cuda_version is for "
+                         f"a CPU build, where torch.version.cuda is None; drop it")
+    stack.callback(setattr, torch.version, "cuda", built)
+    torch.version.cuda = version
 
 
 def _refuse_sanitizer_options(schedule: str, races: str, options: dict) -> None:

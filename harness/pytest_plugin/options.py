@@ -14,7 +14,7 @@ import pytest
 
 from harness.device_options import (
     RACE_MODES, SCHEDULES, DeviceOptionError, EmulatedDevice,
-    parse_choice, parse_count, parse_size,
+    parse_choice, parse_count, parse_cuda_version, parse_size,
 )
 from harness.records import BACKENDS as BACKEND_CHOICES
 
@@ -25,6 +25,7 @@ DEVICE_SETTINGS = (
     ("--emulate-cuda-memory", "emulate_cuda_memory", "emulate_cuda_memory", "total_memory"),
     ("--emulate-cuda-name", "emulate_cuda_name", "emulate_cuda_name", "name"),
     ("--emulate-cuda-count", "emulate_cuda_count", "emulate_cuda_count", "device_count"),
+    ("--emulate-cuda-version", "emulate_cuda_version", "emulate_cuda_version", "cuda_version"),
     ("--cuda-schedule", "cuda_schedule", "cuda_schedule", "schedule"),
     ("--cuda-races", "cuda_races", "cuda_races", "races"),
 )
@@ -61,6 +62,11 @@ def add_options(parser: pytest.Parser) -> None:
     group.addoption("--emulate-cuda-count", metavar="N", default=None,
                     help="with --emulate-cuda: how many emulated devices (default 1). "
                          "Ini: emulate_cuda_count")
+    group.addoption("--emulate-cuda-version", metavar="X.Y", default=None,
+                    help="with --emulate-cuda on a CPU build of torch: torch.version.cuda reports X.Y "
+                         "meanwhile (test files that gate CUDA-graph tests on it, such as PyTorch's "
+                         "test_cuda.py, need it there; refused on a CUDA build). "
+                         "Ini: emulate_cuda_version")
     group.addoption(
         "--cuda-schedule", choices=SCHEDULES, default=None,
         help="with --emulate-cuda: when the emulated device runs each stream's work: issue_order "
@@ -140,6 +146,8 @@ def _parse(field: str, value, where: str):
         return parse_size(value, where=where)
     if field == "device_count":
         return parse_count(value, where=where)
+    if field == "cuda_version":
+        return parse_cuda_version(value, where=where)
     if field == "schedule":
         return parse_choice(value, SCHEDULES, where=where)
     if field == "races":

@@ -127,3 +127,34 @@ def test_this_torch_is_in_the_declared_range():
     version = tuple(int(p) for p in torch.__version__.split("+")[0].split(".")[:2])
     as_tuple = lambda v: tuple(int(p) for p in v.split("."))[:2]  # noqa: E731
     assert as_tuple(low) <= version < as_tuple(high), (torch.__version__, low, high)
+
+
+def test_a_cuda_version_is_reported_only_when_asked_and_only_meanwhile(outside_emulation, monkeypatch):
+    # A CPU build (version None) or a CUDA build of that very version may report it.
+    monkeypatch.setattr(torch.version, "cuda", None)
+    with harness.emulate_cuda(device="cpu", cuda_version="12.8"):
+        assert torch.version.cuda == "12.8"
+    assert torch.version.cuda is None
+    with harness.emulate_cuda(device="cpu"):
+        assert torch.version.cuda is None
+
+
+def test_a_cuda_version_other_than_the_builds_is_refused(outside_emulation, monkeypatch):
+    monkeypatch.setattr(torch.version, "cuda", "13.0")
+    with pytest.raises(ValueError, match=r"CUDA 13.0 build .* cuda_version is for a CPU build"):
+        with harness.emulate_cuda(device="cpu", cuda_version="12.8"):
+            pass
+    assert torch.version.cuda == "13.0"
+    with pytest.raises(ValueError, match=r"expected a CUDA version such as '12.8'"):
+        with harness.emulate_cuda(device="cpu", cuda_version="twelve"):
+            pass
+
+
+def test_the_cuda_version_setting_travels_from_lists_and_options():
+    from harness.device_options import DeviceOptionError, device_from_mapping
+
+    device = device_from_mapping({"cuda_version": "12.8"}, where="list x")
+    assert device.emulate_cuda_kwargs()["cuda_version"] == "12.8"
+    assert "--emulate-cuda-version=12.8" in device.pytest_args()
+    with pytest.raises(DeviceOptionError, match="not a CUDA version"):
+        device_from_mapping({"cuda_version": "12"}, where="list x")
