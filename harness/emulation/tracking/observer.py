@@ -129,14 +129,17 @@ class DeviceStreams:
             capture.record_event(other.event_id, stream)
 
     def issue_replay(self, graph, recording, run, stream) -> None:
-        recording.refuse_unreplayable()  # freed or moved memory raises at the call, not later
+        # Cut at the call: freed or moved memory raises here, and a graph reset while its replay
+        # is still queued runs what was launched, as CUDA finishes a launch of a destroyed graph.
+        prepared = recording.replay_in_steps()
+
         def steps() -> list:
             def without_torch_function(step):
                 def run_step() -> None:
                     with torch_internals.DisableTorchFunction():
                         step()
                 return run_step
-            return [without_torch_function(step) for step in recording.replay_in_steps()]
+            return [without_torch_function(step) for step in prepared]
 
         self.work.replay(stream_key(stream), recording.reads, recording.writes,
                          lambda: run(recording), name=f"CUDAGraph {id(graph):#x}",
