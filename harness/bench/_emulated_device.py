@@ -16,6 +16,8 @@ from typing import Callable
 
 import torch
 
+from harness.bench.timing import wall_samples
+
 EAGER_TARGET = 2.0
 
 
@@ -34,16 +36,6 @@ class DeviceTiming:
     def replay_ratio(self) -> float:
         return self.replay_ms / self.device_ms
 
-
-def _samples(fn: Callable[[], object], iters: int) -> list[float]:
-    import time
-
-    out = []
-    for _ in range(iters):
-        start = time.perf_counter()
-        fn()
-        out.append(time.perf_counter() - start)
-    return out
 
 
 def measure_device(case: str, build: Callable[..., tuple[Callable, Callable]], *, batch: int,
@@ -68,12 +60,12 @@ def measure_device(case: str, build: Callable[..., tuple[Callable, Callable]], *
         for _ in range(rounds):
             for _ in range(warmup):
                 cpu_step()
-            cpu += _samples(cpu_step, per_round)
+            cpu += wall_samples(cpu_step, per_round)
             with emulate_cuda(device="cpu"):
                 for _ in range(warmup):
                     device_step()
-                device += _samples(device_step, per_round)
-                replay += _samples(graph.replay, per_round)
+                device += wall_samples(device_step, per_round)
+                replay += wall_samples(graph.replay, per_round)
     ms = lambda xs: statistics.median(xs) * 1e3  # noqa: E731
     return DeviceTiming(case, ms(cpu), ms(device), ms(replay))
 

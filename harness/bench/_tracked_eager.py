@@ -14,12 +14,13 @@ load from other processes falls on all three alike; each figure is the median ov
 from __future__ import annotations
 
 import statistics
-import time
 import warnings
 from dataclasses import dataclass
 from typing import Callable
 
 import torch
+
+from harness.bench.timing import wall_samples
 
 TRACKED_TARGET = 2.0
 ADVERSARIAL_TARGET = 5.0
@@ -41,14 +42,6 @@ class TrackedEagerTiming:
     def adversarial_ratio(self) -> float:
         return self.adversarial_ms / self.cpu_ms
 
-
-def _samples(fn: Callable[[], object], count: int) -> list[float]:
-    out = []
-    for _ in range(count):
-        start = time.perf_counter()
-        fn()
-        out.append(time.perf_counter() - start)
-    return out
 
 
 def _synchronized(step: Callable[[], torch.Tensor]) -> Callable[[], torch.Tensor]:
@@ -84,14 +77,14 @@ def measure_tracked_eager(case: str, build: Callable[..., tuple[Callable, Callab
         for _ in range(rounds):
             for _ in range(warmup):
                 cpu_step()
-            samples["cpu"] += _samples(cpu_step, per_round)
+            samples["cpu"] += wall_samples(cpu_step, per_round)
             for schedule in SCHEDULES:
                 with emulate_cuda(device="cpu", schedule=schedule):
                     torch.cuda.Stream()
                     step = device_steps[schedule]
                     for _ in range(warmup):
                         step()
-                    samples[schedule] += _samples(step, per_round)
+                    samples[schedule] += wall_samples(step, per_round)
     ms = {k: statistics.median(v) * 1e3 for k, v in samples.items()}
     return TrackedEagerTiming(case, ms["cpu"], ms["issue_order"], ms["adversarial"])
 

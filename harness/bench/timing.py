@@ -30,3 +30,13 @@ def median_ms(*fns: Callable[[], object], iters: int, warmup: int,
             sync()
             times.append(time.perf_counter() - start)
     return [statistics.median(times) * 1e3 for times in samples]
+
+
+def wall_samples(fn: Callable[[], object], count: int) -> list[float]:
+    """Seconds of each of `count` calls of `fn`, host wall time (the caller syncs inside `fn`)."""
+    out = []
+    for _ in range(count):
+        start = time.perf_counter()
+        fn()
+        out.append(time.perf_counter() - start)
+    return out
