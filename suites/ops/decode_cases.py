@@ -7,6 +7,7 @@ from __future__ import annotations
 import torch
 from hypothesis import strategies as st
 
+from harness.ops import AttentionMetadata, paged_attention
 from harness.ops.attention import paged_attention_impl
 from suites.ops.batches import Batch, make_batch
 
@@ -68,3 +69,22 @@ def decode_batch(**composition) -> Batch:
     batch = make_batch(**composition)
     poison_unwritten(batch)
     return batch
+
+
+def replay_on_a_later_batch(first: Batch, later: Batch, metadata: AttentionMetadata,
+                            scale: float) -> torch.Tensor:
+    """Attend `first` once eagerly (the kernel's first launch, outside capture), capture it, then
+    copy `later`'s cache, metadata and q/k/v into the captured buffers and replay: the output."""
+    layer = first.cache.layer(0)
+    q, k, v = first.q.clone(), first.k.clone(), first.v.clone()
+    out = torch.zeros_like(q)
+    paged_attention(q, k, v, layer, metadata, scale, out)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        paged_attention(q, k, v, layer, metadata, scale, out)
+    layer.copy_(later.cache.layer(0))
+    metadata.prepare(later.spans, num_tokens=metadata.max_num_tokens, num_seqs=metadata.max_batch_size)
+    q.copy_(later.q), k.copy_(later.k), v.copy_(later.v)
+    graph.replay()
+    torch.cuda.synchronize()
+    return out

@@ -17,7 +17,7 @@ from harness.ops import AttentionMetadata, choose_decode_kernel, paged_attention
 from harness.ops.decode_kernel import triton_import_error
 from harness.runtime import Engine, EngineConfig
 from suites.ops.batches import Batch
-from suites.ops.decode_cases import decode_batch, torch_ops_output
+from suites.ops.decode_cases import decode_batch, replay_on_a_later_batch, torch_ops_output
 
 SCALE = 0.35
 DECODES = dict(lengths=[(7, 1), (21, 1), (2, 1)], heads=6, kv_heads=2, pad_tokens=1, pad_seqs=1)
@@ -134,20 +134,7 @@ def test_the_emulated_device_captures_and_replays_the_decode_op() -> None:
         first = decode_batch(**DECODES, device="cuda")
         later = decode_batch(**later_lengths, device="cuda")
         expected = torch_ops_output(later, SCALE)
-        metadata = as_triton(first)
-        layer = first.cache.layer(0)
-        q, k, v = first.q.clone(), first.k.clone(), first.v.clone()
-        out = torch.zeros_like(q)
-        paged_attention(q, k, v, layer, metadata, SCALE, out)
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph):
-            paged_attention(q, k, v, layer, metadata, SCALE, out)
-        layer.copy_(later.cache.layer(0))
-        metadata.prepare(later.spans, num_tokens=metadata.max_num_tokens,
-                         num_seqs=metadata.max_batch_size)
-        q.copy_(later.q), k.copy_(later.k), v.copy_(later.v)
-        graph.replay()
-        torch.cuda.synchronize()
+        out = replay_on_a_later_batch(first, later, as_triton(first), SCALE)
         assert torch.equal(out.cpu(), expected.cpu())
 
 

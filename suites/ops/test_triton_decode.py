@@ -14,11 +14,11 @@ import pytest
 import torch
 from hypothesis import given
 
-from harness.ops import AttentionMetadata, paged_attention
+from harness.ops import AttentionMetadata
 from harness.ops.decode_kernel import triton_import_error
 from suites.ops.batches import Batch
-from suites.ops.decode_cases import (decode_batch, kernel_batches, tolerance, torch_ops_output,
-                                     write_new_tokens)
+from suites.ops.decode_cases import (decode_batch, kernel_batches, replay_on_a_later_batch, tolerance,
+                                     torch_ops_output, write_new_tokens)
 from suites.ops.reference import naive_attention
 
 SCALE = 0.35
@@ -128,17 +128,4 @@ def test_cuda_op_replays_in_a_cuda_graph_for_a_new_batch() -> None:
     later = decode_batch(**{**CASES["decode-gqa4"], "lengths": [(8, 1), (37, 1), (4, 1), (20, 1)],
                             "seed": 5}, device="cuda")
     kernel_md = with_decode_kernel(first.metadata, first.spans, "triton")
-    layer = first.cache.layer(0)
-    q, k, v = first.q.clone(), first.k.clone(), first.v.clone()
-    out = torch.zeros_like(q)
-    paged_attention(q, k, v, layer, kernel_md, SCALE, out)  # compiles the kernel outside capture
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        paged_attention(q, k, v, layer, kernel_md, SCALE, out)
-    layer.copy_(later.cache.layer(0))
-    kernel_md.prepare(later.spans, num_tokens=kernel_md.max_num_tokens,
-                      num_seqs=kernel_md.max_batch_size)
-    q.copy_(later.q), k.copy_(later.k), v.copy_(later.v)
-    graph.replay()
-    torch.cuda.synchronize()
-    assert_kernel_matches(later, out)
+    assert_kernel_matches(later, replay_on_a_later_batch(first, later, kernel_md, SCALE))
