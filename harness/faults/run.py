@@ -90,7 +90,9 @@ def judge(fault: Fault, planted: PytestRun, clean: PytestRun | None) -> tuple[st
     if planted.returncode != 1:
         return "error", f"pytest exited {planted.returncode}:\n{_tail(planted.output)}"
     if not planted.fired:
-        return "not fired", f"the planted code never ran ({planted.fired} firings)"
+        # The session failed before reaching the planted code: its output says why.
+        return "not fired", (f"the planted code never ran ({planted.fired} firings); the planted "
+                             f"run failed:\n{_tail(planted.output)}")
     if not re.search(fault.expected, planted.output):
         return "wrong diagnosis", (f"failed without the expected diagnosis /{fault.expected}/:\n"
                                    f"{_tail(planted.output)}")

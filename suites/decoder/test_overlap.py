@@ -17,6 +17,7 @@ from harness.check.compare import compare_generations
 from harness.graphs import GraphBackend, get_backend
 from harness.emulation import emulation_active
 from harness.model import ReferenceLlama
+from fixtures.emulated_device import skip_unless_the_emulated_device_can_be_entered
 
 STALL_CYCLES = 20_000_000  # about 10 ms on an H200: longer than a tiny decode step's host work
 
@@ -55,10 +56,7 @@ def stalled_device(request, graph_backend, tiny_hf_model) -> Iterator[StalledDev
     if graph_backend.name == "cuda":
         yield StalledDevice(request.getfixturevalue("device_reference_llama"), graph_backend, None)
         return
-    if emulation_active():
-        pytest.skip("runs its own emulate_cuda(); the session is already inside one")
-    if torch.cuda.is_available() and torch.cuda.is_initialized():
-        pytest.skip("emulate_cuda(device='cpu') needs a process where the real GPU is untouched")
+    skip_unless_the_emulated_device_can_be_entered()
     with harness.emulate_cuda(device="cpu", schedule="adversarial", races="report") as state:
         model = ReferenceLlama.from_hf(tiny_hf_model).to("cuda")
         yield StalledDevice(model, get_backend("cuda", "cuda"), state.streams_tracking)

@@ -166,7 +166,9 @@ class NothingMoved(RankAgreement):
 
 
 def test_without_the_fallback_the_stale_graph_fails(make_engine, decode_requests, eager_decode, monkeypatch):
-    engine = make_engine(single_pass_capture=True,
+    # The torch decode path attends through the workspace; the Triton kernel (CUDA's default)
+    # reads the paged cache directly, so a stale workspace would leave nothing to see.
+    engine = make_engine(single_pass_capture=True, decode_kernel="torch",
                          capture_policy=CapturePolicy(agreement=NothingMoved()))
     regrowth = _capture_with_forced_regrowth(engine, monkeypatch)
     report = engine.capture_reports[-1]

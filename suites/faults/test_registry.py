@@ -140,3 +140,11 @@ def test_plant_fault_option_refuses_an_unknown_or_unplantable_fault():
         check_fault_option("nope", "emulated")
     check_fault_option("metadata-rebound", "emulated")
     check_fault_option(None, "emulated")
+
+
+def test_a_fault_that_never_fired_shows_why_its_run_failed():
+    """A planted run that stops before the planted code (a fixture error, an import) says why: the
+    verdict alone would hide a broken detector."""
+    planted = PytestRun(1, "E   TypeError: planted() takes 1 positional argument but 2 were given", 0, 1.0)
+    verdict, detail = judge(FAULT, planted, PytestRun(0, "", None, 1.0))
+    assert verdict == "not fired" and "TypeError: planted() takes 1 positional argument" in detail

@@ -14,14 +14,12 @@ import torch
 import harness
 from harness.graphs import CaptureError
 from harness.emulation import emulation_active
+from fixtures.emulated_device import skip_unless_the_emulated_device_can_be_entered
 
 
 @pytest.fixture
 def cuda() -> Iterator[None]:
-    if emulation_active():
-        pytest.skip("runs its own emulate_cuda(); the session is already inside one")
-    if torch.cuda.is_available() and torch.cuda.is_initialized():
-        pytest.skip("emulate_cuda(device='cpu') needs a process where the real GPU is untouched")
+    skip_unless_the_emulated_device_can_be_entered()
     with harness.emulate_cuda(device="cpu"):
         yield
 

@@ -18,6 +18,7 @@ import torch
 import harness
 from harness.emulation import emulation_active
 from harness.emulation.tracking import RaceError, RaceKind
+from fixtures.emulated_device import skip_unless_the_emulated_device_can_be_entered
 
 # These cases make races on purpose; report mode's RaceWarning for each is expected.
 pytestmark = pytest.mark.filterwarnings("ignore::harness.emulation.tracking.RaceWarning")
@@ -48,10 +49,7 @@ def tracked_device(where: str, races: str = "report") -> Iterator:
             pytest.skip("the native column needs the real GPU, not an emulation")
         yield None
         return
-    if emulation_active():
-        pytest.skip("runs its own emulate_cuda(); the session is already inside one")
-    if torch.cuda.is_available() and torch.cuda.is_initialized():
-        pytest.skip("emulate_cuda(device='cpu') needs a process where the real GPU is untouched")
+    skip_unless_the_emulated_device_can_be_entered()
     with harness.emulate_cuda(device="cpu", schedule=where, races=races) as state:
         yield state.streams_tracking
 

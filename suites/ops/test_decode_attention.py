@@ -11,11 +11,11 @@ import pytest
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
-import harness
 from harness.emulation import emulation_active
 from harness.ops import AttentionMetadata, choose_decode_kernel, paged_attention
 from harness.ops.decode_kernel import triton_import_error
 from harness.runtime import Engine, EngineConfig
+from fixtures.emulated_device import own_emulated_device
 from suites.ops.batches import Batch
 from suites.ops.decode_cases import decode_batch, replay_on_a_later_batch, torch_ops_output
 
@@ -43,7 +43,7 @@ def on_the_emulated_device():
     active = emulation_active()
     if active == "cuda":
         pytest.skip("the session runs the sanitizer on a real GPU, not the emulated device")
-    with contextlib.nullcontext() if active == "cpu" else harness.emulate_cuda(device="cpu"):
+    with contextlib.nullcontext() if active == "cpu" else own_emulated_device():
         yield
 
 
@@ -154,6 +154,8 @@ def test_cuda_engine_generations_with_the_kernel_match_the_torch_path(compile_mo
     baseline = Engine(model, replace(config, decode_kernel="torch")).generate(requests)
     engine = Engine(model, replace(config, decode_kernel="triton"))
     candidate = engine.generate(requests)
-    assert engine.decode_kernel.kernel == "triton" and not engine.stats.fallbacks
+    # Batches above the largest graph run eager and are counted; none may leave the kernel.
+    kernel_fallbacks = [r for r in engine.stats.fallbacks if r.startswith("decode kernel")]
+    assert engine.decode_kernel.kernel == "triton" and not kernel_fallbacks, engine.stats.fallbacks
     comparison = compare_generations(baseline, candidate)
     assert comparison.ok, str(comparison)

@@ -15,6 +15,7 @@ import torch
 import harness
 from harness.emulation import emulation_active
 from harness.runtime.async_io import PinnedReadback, PinnedStaging, StagedGraph, run_on_side_stream
+from fixtures.emulated_device import skip_unless_the_emulated_device_can_be_entered
 
 N = 1 << 20
 CYCLES = 200_000_000  # about 0.1 s on an H200
@@ -26,10 +27,7 @@ def cuda(graph_backend) -> Iterator[None]:
     if graph_backend.name == "cuda":
         yield
         return
-    if emulation_active():
-        pytest.skip("runs its own emulate_cuda(); the session is already inside one")
-    if torch.cuda.is_available() and torch.cuda.is_initialized():
-        pytest.skip("emulate_cuda(device='cpu') needs a process where the real GPU is untouched")
+    skip_unless_the_emulated_device_can_be_entered()
     with harness.emulate_cuda(device="cpu", races="strict"):
         yield
 

@@ -12,6 +12,7 @@ import torch
 from harness.cli import main
 from harness.testdb import parse_line
 from harness.testdb.runner import Invocation, pytest_command
+from fixtures.emulated_device import skip_unless_the_emulated_device_can_be_entered
 
 no_cuda = pytest.mark.skipif(torch.cuda.is_available(), reason="checks the refusal on a machine without CUDA")
 
@@ -89,6 +90,7 @@ def test_version_and_bench_help(capsys):
 
 
 def test_bench_writes_nothing_without_output_and_states_its_threads(tmp_path, monkeypatch, capsys):
+    skip_unless_the_emulated_device_can_be_entered()  # the emulator bench enters it
     monkeypatch.chdir(tmp_path)
     argv = ["bench", "emulator", "--iters", "1", "--warmup", "0", "--threads", "1",
             "--case", "hand-written decode step"]
