@@ -14,9 +14,9 @@ it have completed. Inside one it cannot record or query events, so (c10's CUDACa
 on a stream in the capture is a launch on that stream's clock (tracking/clocks.py), waits and
 events join clocks, `record_stream` notes a use of a pool block. When a used block's storage dies,
 the pool arena (graphs/emulator/pool.py) is told when its bytes may go: at once after the capture,
-and during it as above. The arena has no streams, so "the allocating stream" is the stream current
-at the allocation that looks for a free block, and a block released for it is free for every
-stream (CUDA's private pools keep free blocks per stream as well; the arena never did).
+and during it as above, at an allocation on the stream the block was made on (CUDA keeps free
+blocks per stream). The arena has no streams: a block released at such an allocation is free for
+every stream from then on, where CUDA's allocator would keep it for that stream.
 
 Not modelled: the allocator's statistics keep counting the block as freed when its tensor dies
 (caching_allocator.py, which does not model record_stream), and `PYTORCH_CUDA_ALLOC_CONF` setting
@@ -27,6 +27,8 @@ from __future__ import annotations
 
 import weakref
 from typing import Any
+
+import torch
 
 from harness.emulation.tracking.clocks import Clocks
 from harness.graphs.emulator.pool import block_of
@@ -47,7 +49,7 @@ def parse_settings(settings: str) -> dict[str, bool]:
         if key.strip() == OPTION:
             value = value.strip()
             if value not in ("True", "False"):
-                raise ValueError(f"Expected a single True/False argument for {OPTION}, got "
+                raise RuntimeError(f"Expected a single True/False argument for {OPTION}, got "
                                  f"{value!r} in {settings!r}")
             found[OPTION] = value == "True"
     return found
@@ -63,12 +65,19 @@ class CaptureFrees:
         self._over = False
         # id(storage) -> (its weak reference, which fires at the free; the streams that used it)
         self._used: dict[int, tuple[weakref.ref, set[int]]] = {}
+        # pool block -> the stream it was made on: only that stream's allocations reuse it
+        self._made_on: "weakref.WeakKeyDictionary[Any, int]" = weakref.WeakKeyDictionary()
 
     # --- the device state's observer interface -------------------------------------------------
 
     def on_op(self, op, args, kwargs, result, stream) -> None:
         if stream in self._state.streams.capturing:
             self._clocks.launch(stream_key(stream))
+            for out in (result if isinstance(result, (tuple, list)) else (result,)):
+                if isinstance(out, torch.Tensor):
+                    block = block_of(out)
+                    if block is not None and block not in self._made_on:
+                        self._made_on[block] = stream_key(stream)
 
     def on_stream(self, what: str, stream, other) -> None:
         clocks = self._clocks
@@ -88,6 +97,7 @@ class CaptureFrees:
         """The capture is over: every held block may go, and later frees are not held."""
         self._over = True
         self._used.clear()
+        self._made_on.clear()
 
     # -----------------------------------------------------------------------------------------
 
@@ -108,12 +118,14 @@ class CaptureFrees:
         if entry is None or self._over:
             return
         reached = {use: self._clocks.last(use) for use in entry[1]}
-        block.reusable = lambda: self._reusable(reached)
+        home = self._made_on.get(block, stream_key(self._state.streams.current()))
+        block.reusable = lambda: self._reusable(home, reached)
 
-    def _reusable(self, reached: dict[int, int]) -> bool:
+    def _reusable(self, home: int, reached: dict[int, int]) -> bool:
         if self._over:
             return True
         if not self._reuse_after_join:
             return False
         here = stream_key(self._state.streams.current())
-        return all(self._clocks.ordered(here, use, seq) for use, seq in reached.items())
+        return here == home and all(self._clocks.ordered(here, use, seq)
+                                    for use, seq in reached.items())

@@ -342,8 +342,8 @@ def nothing(state, *args, **kwargs) -> None:
 def set_allocator_settings(state, settings: str) -> None:
     """`torch.cuda.memory._set_allocator_settings`: the options the emulated device acts on
     (capture_frees.py) are kept, and torch's own parser sees the whole string, as on CUDA."""
+    torch_internals.set_allocator_settings(settings)  # a CUDA build's own errors come first
     options = parse_settings(settings)
-    torch_internals.set_allocator_settings(settings)
     if OPTION in options:
         state.record_stream_reuse = options[OPTION]
 
