@@ -136,9 +136,10 @@ def test_the_size_follows_cublas_workspace_config():
 def test_pytorchs_graph_pool_segments_are_the_only_new_pool_ids():
     # test_cuda_graph_allocator_propagates_stream's count, after a matmul (as on CUDA, where the
     # regular pool already holds its workspace when the test starts).
+    torch._C._cuda_clearCublasWorkspaces()
     with torch.cuda.stream(torch.cuda.Stream()):
-        a = torch.ones(8, 8, device="cuda")
-        matmul(a)
+        matmul(torch.ones(8, 8, device="cuda"))
+    torch.cuda.empty_cache()  # what stays is the workspace
     existing = {s["segment_pool_id"] for s in torch.cuda.memory_snapshot()}
     x = torch.randn(10240000, device="cuda")
     y = torch.rand_like(x)
