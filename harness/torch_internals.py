@@ -175,6 +175,7 @@ NAMES: dict[str, Internal] = {
                                     _found("torch._inductor.compile_fx"), lazy=True),
     "inductor_config": Internal("torch._inductor.config", "", _found("torch._inductor.config"),
                                 lazy=True),
+    "set_allocator_settings": Internal("torch._C", "_accelerator_setAllocatorSettings"),
 }
 
 
@@ -282,6 +283,7 @@ tensor_str = bind(NAMES["tensor_str"])
 DISPATCH_KEY_COMPOSITE_IMPLICIT = bind(NAMES["DISPATCH_KEY_COMPOSITE_IMPLICIT"])
 nn_module = bind(NAMES["nn_module"])
 group_tensors_by_device_and_dtype = bind(NAMES["group_tensors_by_device_and_dtype"])
+set_allocator_settings = bind(NAMES["set_allocator_settings"])
 tree_unflatten = bind(NAMES["tree_unflatten"])
 
 

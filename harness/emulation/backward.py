@@ -10,13 +10,15 @@ import torch
 
 from harness import torch_internals
 from harness.torch_internals import TorchDispatchMode, get_current_function_mode_stack, tree_flatten
+from harness.emulation.blas_workspaces import ATEN_MATMUL_NAMES
 from harness.emulation.device_memory import is_device_memory
 
 
 class _MarkResults(TorchDispatchMode):
-    def __init__(self, memory) -> None:
+    def __init__(self, state) -> None:
         super().__init__()
-        self.memory = memory
+        self.memory = state.memory
+        self.state = state
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
@@ -28,6 +30,10 @@ class _MarkResults(TorchDispatchMode):
             for t in tree_flatten(out)[0]:
                 if isinstance(t, torch.Tensor):
                     self.memory.mark_device(t)
+            if func.overloadpacket.__name__ in ATEN_MATMUL_NAMES and all(
+                    t.numel() for t in inputs if isinstance(t, torch.Tensor)):
+                # the engine's device thread, with a cuBLAS handle of its own
+                self.state.blas_workspaces.note_backward_call(self.state.streams.current())
         return out
 
 
@@ -42,7 +48,9 @@ def engine_with_placement(state, original):
         with contextlib.ExitStack() as stack:
             if placement not in get_current_function_mode_stack():
                 stack.enter_context(placement)
-            stack.enter_context(_MarkResults(state.memory))
+            stack.enter_context(_MarkResults(state))
+            # a forward recomputed by a hook runs in the engine's thread on CUDA
+            stack.enter_context(state.blas_workspaces.backward_running())
             return original(*args, **kwargs)
 
     return run

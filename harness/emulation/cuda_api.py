@@ -32,6 +32,7 @@ from harness.emulation.backward import engine_with_placement, saved_tensor_hooks
 from harness.emulation.autocast import clearing_cache_too
 from harness.emulation.compiled import compile_patches, keep_dynamo_out
 from harness.emulation.checkpoints import location_tag, restore_location
+from harness.emulation.capture_frees import OPTION, parse_settings
 from harness.emulation.capture_syncs import refuse_host_sync
 from harness.emulation.generators import generator_class
 from harness.emulation.rules import DeviceIndexError, cuda_index, names_cuda
@@ -335,7 +336,22 @@ def current_blas_handle(state) -> int:
 
 
 def nothing(state, *args, **kwargs) -> None:
-    """What has no effect on the emulated device (ipc_collect, cuBLAS workspaces, host cache)."""
+    """What has no effect on the emulated device (ipc_collect, the host cache)."""
+
+
+def set_allocator_settings(state, settings: str) -> None:
+    """`torch.cuda.memory._set_allocator_settings`: the options the emulated device acts on
+    (capture_frees.py) are kept, and torch's own parser sees the whole string, as on CUDA."""
+    torch_internals.set_allocator_settings(settings)  # a CUDA build's own errors come first
+    options = parse_settings(settings)
+    if OPTION in options:
+        state.record_stream_reuse = options[OPTION]
+
+
+def clear_cublas_workspaces(state) -> None:
+    """Every cuBLAS workspace back to the allocator (blas_workspaces.py); the next BLAS call on
+    a stream makes its workspace again."""
+    state.blas_workspaces.clear()
 
 
 def accelerator_is_available(state) -> bool:
@@ -569,11 +585,12 @@ REPLACEMENTS: tuple[Replacement, ...] = (
     _private("_cuda_setStream", cuda_set_stream),
     _private("_cuda_setDevice", set_device),
     _private("_cuda_getDevice", current_device),
-    _private("_cuda_clearCublasWorkspaces", nothing),
+    _private("_cuda_clearCublasWorkspaces", clear_cublas_workspaces),
     _private("_cuda_emptyCache", empty_cache),
     _private("_cuda_synchronize", synchronize),
     _private("_cuda_isCurrentStreamCapturing", is_current_stream_capturing),
     _private("_host_emptyCache", nothing),
+    _private("_accelerator_setAllocatorSettings", set_allocator_settings),
     _private("_cuda_set_sync_debug_mode", set_sync_debug_mode),
     _private("_cuda_get_sync_debug_mode", get_sync_debug_mode),
     _private("_cuda_setMemoryFraction", set_memory_fraction),

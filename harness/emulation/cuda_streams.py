@@ -20,6 +20,7 @@ from typing import Any
 import torch
 
 from harness.emulation.active import active_state
+from harness.emulation.blas_workspaces import PRIORITY_POOLS, STREAMS_PER_POOL
 from harness.emulation.capture_syncs import refuse_host_sync
 
 _STREAM_HANDLE_BASE = 0x7E0000  # fake `cuda_stream` handles, distinct from 0 (the default stream)
@@ -27,6 +28,8 @@ _STREAM_HANDLE_BASE = 0x7E0000  # fake `cuda_stream` handles, distinct from 0 (t
 
 class Stream:
     """An emulated CUDA stream (torch.cuda.Stream's API)."""
+
+    _pooled = True  # made from CUDA's stream pools (an external stream is not)
 
     def __new__(cls, device: Any = None, priority: int = 0, **kwargs):
         state = _state()
@@ -43,7 +46,11 @@ class Stream:
         self.device_index = index
         self.device_type = 1  # c10::DeviceType::CUDA
         self._priority = max(-5, min(0, int(priority)))  # CUDA's range on an H200: 0 to -5
-        state.streams.by_id.setdefault((self.stream_id, index), self)
+        known = state.streams.by_id.setdefault((self.stream_id, index), self)
+        # Which of CUDA's pooled streams this one is (blas_workspaces.py keys workspaces by it).
+        self.pool_slot = None if self.stream_id == 0 or not cls._pooled else (
+            known.pool_slot if known is not self else state.streams.next_pool_slot(
+                index, self._priority))
         return self
 
     def __init__(self, device: Any = None, priority: int = 0, **kwargs) -> None:
@@ -107,6 +114,8 @@ class Stream:
 
 class ExternalStream(Stream):
     """torch.cuda.ExternalStream: a stream named by a handle someone else made."""
+
+    _pooled = False
 
     def __new__(cls, stream_ptr: int, device: Any = None, **kwargs):
         self = Stream.__new__(cls, device)
@@ -186,6 +195,15 @@ class Streams:
         self._defaults: dict[int, Stream] = {}
         self.by_id: dict[tuple[int, int], Stream] = {}  # what torch._C._cuda_setStream names
         self.capturing: set[Stream] = set()
+        self._made_at: dict[tuple[int, int], int] = {}  # (device, priority pool) -> streams made
+
+    def next_pool_slot(self, device: int, priority: int) -> tuple[int, int]:
+        """The (priority pool, index) of CUDA's pooled stream that a new stream of `priority`
+        gets: each pool hands its 32 streams out in turn (c10's CUDAStream.cpp)."""
+        pool = min(-priority, PRIORITY_POOLS - 1)
+        made = self._made_at.get((device, pool), 0)
+        self._made_at[(device, pool)] = made + 1
+        return (pool, made % STREAMS_PER_POOL)
 
     def device_index(self, device: Any) -> int:
         state = self._state

@@ -22,7 +22,10 @@ model; when it starts, the storages alive then are its first blocks, in the orde
 and it takes the counters over: the peaks of allocations, allocated and requested bytes and the
 totals ever allocated and freed go back to the first allocation, as on CUDA. The segments (and so
 the reserved bytes and the split blocks) start there: the reserved peak is kept at least as high as
-the allocated peak.
+the allocated peak. While there have been at most EARLY_LOG allocations and frees before it
+starts, they are kept in order instead and played into it as they happened, so the model starts
+exactly where CUDA's allocator is, segments cached from earlier frees included (PyTorch's test
+files allocate on the device at import).
 """
 
 from __future__ import annotations
@@ -39,6 +42,7 @@ MEMORY_ATTR = "_harness_memory"
 DEVICE = "device"
 PINNED = "pinned"
 PLAY_AT = 2048  # pending allocations that are played into the accounting at once
+EARLY_LOG = 4096  # allocations and frees kept in order before the accounting starts
 
 
 class _StorageRef(weakref.ref):
@@ -49,6 +53,19 @@ class _StorageRef(weakref.ref):
     __slots__ = ("nbytes",)
     __hash__ = object.__hash__
     __eq__ = object.__eq__
+
+
+class HeldBlock:
+    """Stands where a storage's weak reference stands for an allocation no storage owns: alive
+    (calling it returns it) until released."""
+
+    __slots__ = ("nbytes",)
+
+    def __init__(self, nbytes: int) -> None:
+        self.nbytes = nbytes
+
+    def __call__(self) -> "HeldBlock":
+        return self
 
 
 def is_device_memory(x: torch.Tensor | torch.UntypedStorage) -> bool:
@@ -87,6 +104,9 @@ class DeviceMemory:
         self._modelled = False  # whether the accounting has started (see the module docstring)
         self._unmodelled: dict[_StorageRef, Any] = {}  # before it: live storage -> its stream
         self._early = EarlyCounts()  # before it: what the allocations and frees moved
+        # Before it too: the first EARLY_LOG allocations and frees in order, so that the model
+        # starts with the segments CUDA would hold then (freed ones stay cached); None once full.
+        self._early_log: list | None = []
         self.thread_pools: dict[int, Any] = {}  # thread id -> the Pool use_mem_pool routes to
         self._graphs: set[int] = set()
         self._generator_state: tuple = ()
@@ -122,27 +142,40 @@ class DeviceMemory:
         setattr(storage, MEMORY_ATTR, DEVICE)
         nbytes = storage.nbytes()
         if nbytes:  # CUDA's allocator makes no block for an empty request
-            stream = self._current_stream()
             ref = _StorageRef(storage, self._on_freed)
             ref.nbytes = nbytes
-            self._live += nbytes
-            if not self._modelled:
-                self._unmodelled[ref] = stream
-                self._early.allocate(nbytes)
-            else:
-                pool = self.allocator.capture_pool
-                if pool is not None and stream not in self.allocator.capture_streams:
-                    pool = None
-                if self.thread_pools:  # torch.cuda.use_mem_pool: this thread's allocations
-                    pool = self.thread_pools.get(threading.get_ident(), pool)
-                pending = self._pending
-                pending.append((ref, nbytes, stream, pool))
-                # While the history is recorded, each allocation is played at once: its trace
-                # entry and its block's frames are the caller's stack now.
-                if len(pending) >= PLAY_AT or self.allocator.history is not None:
-                    self._play()
+            self._allocate(ref, nbytes, self._current_stream())
         for listener in self.adoption_listeners:
             listener(storage)
+
+    def _allocate(self, ref, nbytes: int, stream) -> None:
+        self._live += nbytes
+        if not self._modelled:
+            self._unmodelled[ref] = stream
+            self._early.allocate(nbytes)
+            self._log_early((ref, nbytes, stream))
+            return
+        pool = self.allocator.capture_pool
+        if pool is not None and stream not in self.allocator.capture_streams:
+            pool = None
+        if self.thread_pools:  # torch.cuda.use_mem_pool: this thread's allocations
+            pool = self.thread_pools.get(threading.get_ident(), pool)
+        pending = self._pending
+        pending.append((ref, nbytes, stream, pool))
+        # While the history is recorded, each allocation is played at once: its trace entry and
+        # its block's frames are the caller's stack now.
+        if len(pending) >= PLAY_AT or self.allocator.history is not None:
+            self._play()
+
+    def hold_block(self, nbytes: int, stream) -> "HeldBlock":
+        """An allocation no storage owns (a library's workspace), made on `stream` now as a
+        storage's would be, pool routing included, until `release_block`."""
+        held = HeldBlock(nbytes)
+        self._allocate(held, nbytes, stream)
+        return held
+
+    def release_block(self, held: "HeldBlock") -> None:
+        self._pending_free(held)
 
     def _pending_free(self, ref: _StorageRef) -> None:
         self._live -= ref.nbytes
@@ -150,6 +183,15 @@ class DeviceMemory:
             self._pending.append(ref)
         else:  # it died before the model started
             self._early.free(ref.nbytes)
+            self._log_early(ref)
+
+    def _log_early(self, event) -> None:
+        log = self._early_log
+        if log is not None:
+            if len(log) < EARLY_LOG:
+                log.append(event)
+            else:  # from here the model starts from the live storages (module docstring)
+                self._early_log = None
 
     def _start_accounting(self) -> None:
         with self._playing:
@@ -159,7 +201,18 @@ class DeviceMemory:
             # block (made below) or nothing (it died before it got one, and gets none). One that
             # died before the switch left the dict taken here, its free counted early.
             alive, self._unmodelled, self._modelled = self._unmodelled, {}, True
+            log, self._early_log = self._early_log, None
             malloc, blocks = self.allocator.malloc, self._blocks
+            if log is not None:  # the whole history: played as it happened
+                free = self.allocator.free
+                for event in log:
+                    if event.__class__ is tuple:
+                        blocks[event[0]] = malloc(event[1], event[2], None)
+                    else:
+                        block = blocks.pop(event, None)
+                        if block is not None:
+                            free(block)
+                return
             for ref, stream in list(alive.items()):
                 if ref() is not None:
                     blocks[ref] = malloc(ref.nbytes, stream, None)

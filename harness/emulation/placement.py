@@ -28,7 +28,7 @@ from torch.overrides import TorchFunctionMode
 from harness import torch_internals
 from harness.torch_internals import DeviceContext, device_constructors
 from harness.graphs.base import CaptureError
-from harness.emulation import autocast, device_indices, kernels, transfers
+from harness.emulation import autocast, blas_workspaces, device_indices, kernels, transfers
 from harness.graphs.emulator.dispatch_keys import keep_modes_reachable
 from harness.emulation.capacity import requested_bytes
 from harness.emulation.generators import DeviceGenerator
@@ -82,6 +82,7 @@ class Placement(TorchFunctionMode):
             torch.layer_norm: self._layer_norm, torch.native_layer_norm: self._layer_norm,
             Tensor.__repr__: self._repr,
             **{func: self._cuda_kernel for func in kernels.REPLACEMENTS},
+            **{func: self._blas_call for func in blas_workspaces.MATMUL_FUNCS},
         }
 
     # --- the hot path ------------------------------------------------------------------------
@@ -295,6 +296,17 @@ class Placement(TorchFunctionMode):
         if _first_is_device(args, kwargs) and _scan(args, kwargs)[0]:
             return self._generic(kernels.REPLACEMENTS[func], args, kwargs)
         return self._generic(func, args, kwargs)
+
+    def _blas_call(self, func, args, kwargs):
+        """A call that reaches cuBLAS on CUDA: on the device, its stream's workspace is made
+        first if this thread has none there (blas_workspaces.py). An empty operand makes no BLAS
+        call, as CUDA's kernels return early for it."""
+        run = self._cuda_kernel if func in kernels.REPLACEMENTS else self._generic
+        out = run(func, args, kwargs)
+        if isinstance(out, Tensor) and is_device_memory(out) and out.numel() and all(
+                a.numel() for a in (*args, *kwargs.values()) if isinstance(a, Tensor)):
+            self.state.blas_workspaces.note_call(self.state.streams.current())
+        return out
 
     def _repr(self, func, args, kwargs) -> str:
         if not is_device_memory(args[0]):

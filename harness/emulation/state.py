@@ -35,6 +35,8 @@ from typing import Any
 
 import torch
 
+from harness.emulation.blas_workspaces import BlasWorkspaces
+from harness.emulation.capture_frees import CaptureFrees
 from harness.emulation.device_memory import DeviceMemory
 from harness.emulation.observers import Observed
 from harness.emulation.pool_handles import PoolHandles
@@ -69,6 +71,8 @@ class DeviceState(Observed):
         self.observers: list[Any] = []
         self.streams = Streams(self)
         self.memory = DeviceMemory(self.streams.current)
+        # cuBLAS's workspace per (handle, stream), as PyTorch allocates it (blas_workspaces.py)
+        self.blas_workspaces = BlasWorkspaces(self.memory, properties.major)
         self.capture = None  # the CUDAGraph being captured, if any
         self.reporter = None  # (op, message) -> None while the capture lint runs
         self.initialized = False
@@ -84,6 +88,9 @@ class DeviceState(Observed):
         self.kernel_device = torch.device("cuda", 0)  # whose kernels' rules a capture applies
         self.sync_debug_mode = 0  # torch.cuda.set_sync_debug_mode: 0 default, 1 warn, 2 error
         self.memory_fraction = 1.0  # torch.cuda.set_per_process_memory_fraction
+        # torch.cuda.memory._set_allocator_settings("graph_capture_record_stream_reuse:True")
+        self.record_stream_reuse = False
+        self._capture_frees: CaptureFrees | None = None
 
     def device_object(self, index: int = 0) -> torch.device:
         """What `tensor.device` answers for a device tensor on device `index`."""
@@ -114,11 +121,18 @@ class DeviceState(Observed):
         self.capture = graph
         self.streams.capturing = {stream}
         self.memory.allocator.begin_allocate_to_pool(pool, self.streams.capturing)
+        # Blocks freed after record_stream are held back as CUDA's allocator holds them.
+        self._capture_frees = CaptureFrees(self, reuse_after_join=self.record_stream_reuse)
+        self.observers.append(self._capture_frees)
 
     def end_capture(self) -> None:
         self.capture = None
         self.streams.capturing = set()
         self.memory.allocator.end_allocate_to_pool()
+        frees, self._capture_frees = self._capture_frees, None
+        if frees is not None:
+            frees.end()
+            self.observers.remove(frees)
 
     def release_pool(self, pool) -> None:
         """A graph captured into `pool` was reset or destroyed (maybe by a finalizer in the middle

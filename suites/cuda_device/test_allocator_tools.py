@@ -35,6 +35,20 @@ def test_a_peak_reached_before_the_first_statistics_call_is_kept(outside_emulati
         assert torch.cuda.memory_stats()["allocation.all.freed"] == 2
 
 
+def test_segments_cached_from_frees_before_the_first_statistics_call_are_kept(outside_emulation):
+    # PyTorch's test files make a device tensor at import; CUDA's allocator caches its segment.
+    with harness.emulate_cuda(device="cpu"):
+        big = torch.empty(30 * MiB, dtype=torch.uint8, device="cuda")
+        del big
+        small = torch.empty(100, dtype=torch.uint8, device="cuda")
+        del small
+        assert torch.cuda.memory_allocated() == 0
+        assert torch.cuda.memory_reserved() == 30 * MiB + 2 * MiB
+        assert sorted(s["total_size"] for s in torch.cuda.memory_snapshot()) == [2 * MiB, 30 * MiB]
+        torch.cuda.empty_cache()
+        assert torch.cuda.memory_reserved() == 0
+
+
 def test_caching_allocator_alloc_and_delete(cuda_device):
     gc.collect()
     before = torch.cuda.memory_allocated()

@@ -43,6 +43,10 @@ class Clocks:
         clock[stream] = self._seq
         return self._seq
 
+    def last(self, stream: int) -> int:
+        """The sequence number of the last op launched on `stream` (0: none yet)."""
+        return self._streams.get(stream, {}).get(stream, 0)
+
     def ordered(self, participant: int, stream: int, seq: int) -> bool:
         """Whether `participant` (a stream, or HOST) is known to come after op `seq` of `stream`."""
         if participant == stream:

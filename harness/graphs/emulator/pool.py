@@ -14,6 +14,7 @@ import bisect
 import math
 import weakref
 from dataclasses import dataclass
+from typing import Callable
 
 import torch
 from torch.multiprocessing.reductions import StorageWeakRef
@@ -93,6 +94,9 @@ class Block:
     liveness: StorageWeakRef
     replay_storage: torch.UntypedStorage
     pool: PoolUse | None = None  # the arena's `token`: which pool handed the block out
+    # Once its storage died: whether the bytes may be handed out again (None: at once). CUDA's
+    # allocator holds back a block freed during capture after use on other streams.
+    reusable: Callable[[], bool] | None = None
 
     @property
     def end(self) -> int:
@@ -120,7 +124,7 @@ class PoolArena:
 
     def live_blocks(self) -> int:
         self._sweep()
-        return sum(len(blocks) for blocks in self._live)
+        return sum(not b.liveness.expired() for blocks in self._live for b in blocks)
 
     def owns(self, tensor: torch.Tensor) -> bool:
         """True when `tensor` lives in memory this pool handed out (a graph's allocation)."""
@@ -154,7 +158,8 @@ class PoolArena:
     def _sweep(self) -> None:
         for i, blocks in enumerate(self._live):
             if any(b.liveness.expired() for b in blocks):
-                self._live[i] = [b for b in blocks if not b.liveness.expired()]
+                self._live[i] = [b for b in blocks if not b.liveness.expired()
+                                 or (b.reusable is not None and not b.reusable())]
 
     def _best_fit(self, size: int) -> tuple[int | None, int]:
         best: tuple[int, int, int] | None = None  # (gap, segment, offset)

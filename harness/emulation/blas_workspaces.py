@@ -1,0 +1,154 @@
+"""cuBLAS workspaces on the emulated CUDA device, as PyTorch keeps them on CUDA.
+
+PyTorch hands cuBLAS a workspace of its own (ATen's CublasHandlePool.cpp, `getCurrentCUDABlasHandle`):
+one per (cuBLAS handle, CUDA stream), taken from the caching allocator on that stream at the first
+BLAS call there, and kept for the process's life (until `torch._C._cuda_clearCublasWorkspaces()`).
+So after the first matmul the regular pool holds a segment that nothing the program made owns, and
+a matmul first issued on a stream inside a capture puts its workspace in the graph's private pool
+(why inductor's cudagraph trees clear the workspaces around a recording). The size is
+CUBLAS_WORKSPACE_CONFIG's (`:SIZE_KIB:COUNT` pairs, summed), read when a workspace is made, as
+PyTorch reads it; without it 32 MiB on compute capability 9.x (Hopper), else 4096 KiB x 2 + 16 KiB
+x 8.
+
+Handles are per thread (a thread's handles go back to the pool when it ends, and a later thread
+takes them); the autograd engine runs a device's backward in a thread of its own, so backward's
+matmuls use another handle, and with it another workspace per stream. Streams are CUDA's: the
+`n`-th stream made at a priority is slot `n % 32` of that priority's pool (c10's CUDAStream.cpp,
+32 streams per pool, at most 4 priority pools), so two emulated streams of one slot share a
+workspace as the two `torch.cuda.Stream` objects share one cudaStream_t.
+
+Not modelled: cuBLASLt's own workspace (1 MiB by CUBLASLT_WORKSPACE_SIZE, taken by addmm's fused
+bias path and scaled matmuls, which also take the cuBLAS one), matmuls inside torch.compile'd code
+(inductor's kernels run without any torch call the device sees).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import threading
+import warnings
+from typing import Any
+
+import torch
+
+STREAMS_PER_POOL = 32  # c10 CUDAStream.cpp's kStreamsPerPool
+PRIORITY_POOLS = 4  # c10's max_compile_time_stream_priorities
+HOPPER_BYTES = 4096 * 8 * 1024
+OTHER_BYTES = 4096 * 1024 * 2 + 16 * 1024 * 8
+_CONFIG = re.compile(r":([0-9]+):([0-9]+)")
+BACKWARD = "autograd engine"  # the handle owner of backward's matmuls
+
+# The torch calls that reach cuBLAS through a handle on CUDA (the placement mode's view: one call
+# per torch function); matmul and linear decompose into these in C++.
+MATMUL_FUNCS = frozenset({
+    torch.matmul, torch.Tensor.matmul, torch.Tensor.__matmul__, torch.Tensor.__rmatmul__,
+    torch.mm, torch.Tensor.mm, torch.bmm, torch.Tensor.bmm, torch.addmm, torch.Tensor.addmm,
+    torch.Tensor.addmm_, torch.baddbmm, torch.Tensor.baddbmm, torch.Tensor.baddbmm_, torch.addbmm,
+    torch.Tensor.addbmm, torch.Tensor.addbmm_, torch.mv, torch.Tensor.mv, torch.addmv,
+    torch.Tensor.addmv, torch.Tensor.addmv_, torch.dot, torch.Tensor.dot, torch.vdot,
+    torch.Tensor.vdot, torch.inner, torch.Tensor.inner, torch.einsum, torch.tensordot,
+    torch.chain_matmul, torch.linalg.matmul, torch.linalg.multi_dot, torch.nn.functional.linear,
+    torch.nn.functional.bilinear,
+})
+# The same family as aten ops: what the autograd engine runs in C++ (backward.py's view).
+ATEN_MATMUL_NAMES = frozenset({
+    "mm", "bmm", "addmm", "baddbmm", "addbmm", "mv", "addmv", "dot", "vdot", "_addmm_activation",
+})
+
+
+def workspace_bytes(major: int, config: str | None) -> int:
+    """The workspace size PyTorch's `parseChosenWorkspaceSize` gives a device of compute capability
+    `major` under CUBLAS_WORKSPACE_CONFIG `config` (None: unset)."""
+    default = HOPPER_BYTES if major == 9 else OTHER_BYTES
+    if config is None:
+        return default
+    pairs = _CONFIG.findall(config)
+    if not pairs:
+        warnings.warn(f"Could not parse CUBLAS_WORKSPACE_CONFIG, using default workspace size of "
+                      f"{default} bytes.", stacklevel=3)
+        return default
+    return sum(int(size) * 1024 * int(count) for size, count in pairs)
+
+
+def cuda_stream_slot(stream: Any) -> tuple:
+    """Which of CUDA's streams an emulated stream stands for: the default stream, an external
+    stream's handle, or a pool stream's (priority pool, index)."""
+    if stream.stream_id == 0:
+        return ("default", stream.device_index)
+    slot = getattr(stream, "pool_slot", None)
+    if slot is None:
+        return ("external", stream.device_index, stream.cuda_stream)
+    return (stream.device_index, *slot)
+
+
+class BlasWorkspaces:
+    """The workspaces made so far, by (handle, stream slot); each one held in the device memory
+    (device_memory.py) as a block no storage owns."""
+
+    def __init__(self, memory, major: int) -> None:
+        self._memory = memory
+        self._major = major
+        self._held: dict[tuple, object] = {}
+        self._seen: set[tuple] = set()  # (owner, stream) pairs already served: the hot path
+        self._handles: dict[object, int] = {}  # owner (thread id or BACKWARD) -> handle index
+        self._next_handle = 0
+        self._local = threading.local()
+
+    def note_call(self, stream: Any) -> None:
+        """A BLAS call on `stream` from the calling thread (the autograd engine's inside
+        `backward_running()`): its workspace is made if this (handle, stream) has none."""
+        owner = BACKWARD if getattr(self._local, "backward", False) else threading.get_ident()
+        if (owner, stream) in self._seen:
+            return
+        key = (self._handle(owner), cuda_stream_slot(stream))
+        if key not in self._held:
+            nbytes = workspace_bytes(self._major, os.environ.get("CUBLAS_WORKSPACE_CONFIG"))
+            self._held[key] = self._memory.hold_block(nbytes, stream)
+        self._seen.add((owner, stream))
+
+    def note_backward_call(self, stream: Any) -> None:
+        """A BLAS op the autograd engine ran (its device thread's handle on CUDA)."""
+        with self.backward_running():
+            self.note_call(stream)
+
+    def backward_running(self):
+        """A context in which this thread's BLAS calls are the autograd engine's (a recomputed
+        forward during backward runs in the engine's thread on CUDA)."""
+        return _Backward(self._local)
+
+    def clear(self) -> None:
+        """`torch._C._cuda_clearCublasWorkspaces()`: every workspace goes back to the allocator."""
+        held, self._held, self._seen = self._held, {}, set()
+        for block in held.values():
+            self._memory.release_block(block)
+
+    def count(self) -> int:
+        return len(self._held)
+
+    def _handle(self, owner: object) -> int:
+        handle = self._handles.get(owner)
+        if handle is None:
+            # A handle whose thread has ended is free for the next thread, as the handle pool's.
+            alive = {t.ident for t in threading.enumerate()}
+            free = [h for o, h in self._handles.items() if o is not BACKWARD and o not in alive]
+            if free:
+                handle = min(free)
+                self._handles = {o: h for o, h in self._handles.items() if h != handle}
+                self._seen = {(o, s) for o, s in self._seen if o in self._handles}
+            else:
+                handle, self._next_handle = self._next_handle, self._next_handle + 1
+            self._handles[owner] = handle
+        return handle
+
+
+class _Backward:
+    def __init__(self, local: threading.local) -> None:
+        self._local = local
+
+    def __enter__(self) -> None:
+        self._previous = getattr(self._local, "backward", False)
+        self._local.backward = True
+
+    def __exit__(self, *exc) -> None:
+        self._local.backward = self._previous
