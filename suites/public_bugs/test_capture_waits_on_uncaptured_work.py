@@ -3,7 +3,8 @@ event recorded before the capture and waited on inside it, and a copy stream joi
 capture without having been forked from it (SGLang's HiSparse host backup and a MoE host-offload
 prefetch both met it; TensorRT-LLM #12462's side-stream sends). CUDA refuses the wait with
 cudaErrorStreamCaptureIsolation ("dependency created on uncaptured work in another stream") in
-every capture mode and invalidates the capture; the harness names the call and the user's line.
+every capture mode and invalidates the capture; the emulated device names the call and the user's
+line. On a GPU the file runs natively, against CUDA itself.
 Fixed: wait before the capture begins, or fork the other stream from the capturing stream inside
 the capture before its work."""
 
@@ -12,7 +13,24 @@ from __future__ import annotations
 import pytest
 import torch
 
+import harness
+from harness.emulation import emulation_active
 from harness.graphs import CaptureError
+
+
+@pytest.fixture(autouse=True)
+def harness_device():
+    """On a GPU, natively: CUDA's own verdict. On a CPU, the emulated device. The graph sanitizer
+    is skipped: its captures are emulated, so the real streams never capture for CUDA to refuse a
+    wait, and it does not follow forks to judge one itself."""
+    active = emulation_active()
+    if active == "cuda":
+        pytest.skip("the graph sanitizer does not judge waits on uncaptured work; run natively")
+    if active == "cpu" or torch.cuda.is_available():
+        yield
+        return
+    with harness.emulate_cuda():
+        yield
 
 
 class Prefetcher:
