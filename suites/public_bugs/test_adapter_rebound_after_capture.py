@@ -1,9 +1,9 @@
 """A LoRA adapter switched by rebinding the runner's attribute to another adapter's weights after
 the decode graph was captured (vLLM #47725: a memo skipped the metadata update; SGLang #26930:
 stale adapter buffers under CUDA graphs). The graph keeps reading the captured adapter, which is
-the adapter table's own tensor and still alive there, so nothing is freed and the replay silently applies the old
-adapter: the output differs from the eager step's, and `moved_tensors` names the rebound
-attribute. Fixed: copy the new adapter's weights into the captured slot."""
+the adapter table's own tensor and still alive there, so nothing is freed and the replay silently
+applies the old adapter: the output differs from the eager step's, and `moved_tensors` names the
+rebound attribute. Fixed: copy the new adapter's weights into a slot of the runner's own."""
 
 from __future__ import annotations
 
