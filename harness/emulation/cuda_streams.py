@@ -22,6 +22,7 @@ import torch
 from harness.emulation.active import active_state
 from harness.emulation.blas_workspaces import PRIORITY_POOLS, STREAMS_PER_POOL
 from harness.emulation.capture_syncs import refuse_host_sync
+from harness.emulation.capture_waits import refuse_uncaptured_wait
 
 _STREAM_HANDLE_BASE = 0x7E0000  # fake `cuda_stream` handles, distinct from 0 (the default stream)
 
@@ -88,11 +89,13 @@ class Stream:
 
     def wait_event(self, event: "Event") -> None:
         state = _state()
+        refuse_uncaptured_wait(state, self, event=event, what="Stream.wait_event()")
         state.streams.joins(self, event.recorded_on)
         state.notify_stream("wait_event", self, event)
 
     def wait_stream(self, stream: "Stream") -> None:
         state = _state()
+        refuse_uncaptured_wait(state, self, other=stream, what="Stream.wait_stream()")
         state.streams.joins(self, stream)
         state.notify_stream("wait_stream", self, stream)
 
@@ -138,6 +141,7 @@ class Event:
         self.enable_timing = bool(enable_timing)
         self.blocking = bool(blocking)
         self.interprocess = bool(interprocess)
+        self.external = bool(external)  # waited on in a capture as an external-event node
         self.event_id = next(_state().streams.event_ids)
         self.recorded_on: Stream | None = None
         self._time: float | None = None

@@ -15,6 +15,7 @@ from typing import Any, Iterator
 
 from harness.torch_internals import get_current_function_mode_stack as _get_current_function_mode_stack
 
+from harness.emulation.tracking.races import RaceError
 from harness.graphs.emulator.dispatch_keys import keep_modes_reachable
 
 
@@ -31,6 +32,15 @@ def device_modes(state: Any) -> Iterator[None]:
         yield
 
 
+def _hand_over(state: Any, race: RaceError) -> None:
+    """A race met on this thread also fails the emulation's own thread, at its next device op or
+    at the tracked region's end: an exception ending a thread reaches only `threading.excepthook`,
+    and a test would pass while its staging buffer raced."""
+    tracking = state.streams_tracking
+    if tracking is not None:
+        tracking.work.mode.raise_later(race)
+
+
 def thread_start_patch(state: Any, active: Any) -> list[tuple[Any, str, Any]]:
     """The replacement of `threading.Thread.start`; `active()` says whether `state` is still the
     emulation in force when the thread runs (a thread may outlive the emulation)."""
@@ -44,7 +54,11 @@ def thread_start_patch(state: Any, active: Any) -> list[tuple[Any, str, Any]]:
                 run()
                 return
             with device_modes(state):
-                run()
+                try:
+                    run()
+                except RaceError as race:
+                    _hand_over(state, race)
+                    raise
 
         self.run = run_on_the_device
         start(self)

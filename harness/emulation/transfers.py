@@ -140,6 +140,16 @@ def handlers(mode) -> dict[Callable, Callable]:
         state.notify_sync(op, t)
         return call()
 
+    def to_pinned_host(t: Tensor, rest: dict) -> Tensor:
+        """`x.to("cpu", non_blocking=True)` of a device tensor: ATen's `_to_copy` pins the result
+        (TensorConversions.cpp, `pin_out`) and the copy is a stream op the host does not wait for,
+        so reading the result before a sync reads whatever the copy has not written yet."""
+        out = torch.empty_like(t, device=CPU, dtype=rest.get("dtype", t.dtype),
+                               memory_format=rest.get("memory_format", torch.preserve_format))
+        memory.mark_pinned(out)
+        copy_(Tensor.copy_, (out, t, True), {})
+        return out
+
     def target_index(device, other, t) -> int:
         """The device index a copy to the device goes to (with several emulated devices)."""
         if state.properties.count == 1:
@@ -169,6 +179,8 @@ def handlers(mode) -> dict[Callable, Callable]:
                 memory.mark_device(out)
             return out
         copied = {**rest, "copy": True}
+        if src and rest.get("non_blocking") and t.layout == torch.strided:
+            return to_pinned_host(t, rest)
         if dst:
             out = to_device(t, "Tensor.to", lambda: func(t, CPU, **copied),
                             bool(rest.get("non_blocking")))

@@ -24,6 +24,12 @@ class CaptureSyncError(CaptureError, torch.AcceleratorError):
     harness's errors."""
 
 
+class CaptureDependencyError(CaptureError, torch.AcceleratorError):
+    """A capturing stream made to wait on work outside its capture (an event recorded before the
+    capture, or on a stream that never joined it). CUDA raises cudaErrorStreamCaptureIsolation from
+    `C10_CUDA_CHECK` as `torch.AcceleratorError`, in every capture_error_mode."""
+
+
 class FreedMemoryError(CaptureError):
     """`replay()` of a graph whose memory it does not own (a buffer allocated before capture: a
     workspace, a weight, a static input) was freed since capture. CUDA replays into the stale

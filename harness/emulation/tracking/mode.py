@@ -308,6 +308,11 @@ class StreamWork(TorchDispatchMode):
         if key not in self.tracker.labels:
             self.tracker.labels[key] = label_of(t)
 
+    def raise_later(self, race: RaceError) -> None:
+        """Raise `race` at the next tracked op, on whichever thread issues it (a race met on a
+        thread the caller's test does not join the exceptions of)."""
+        self._late.append(race)
+
     def raise_late(self) -> None:
         """Raise a strict race found during a free, if any (at the end of the tracked region)."""
         if self._late:
