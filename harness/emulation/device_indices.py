@@ -31,6 +31,17 @@ def index_of(t: torch.Tensor) -> int:
     return 0 if storage is None else getattr(storage, INDEX_ATTR, 0)
 
 
+def storage_index(storage: Any) -> int:
+    """The device index of a device storage (0 when unmarked)."""
+    return getattr(storage, INDEX_ATTR, 0)
+
+
+def set_storage_index(storage: Any, index: int) -> None:
+    """Put a device storage on device `index` (unmarked stays cuda:0, at no cost)."""
+    if index or hasattr(storage, INDEX_ATTR):
+        setattr(storage, INDEX_ATTR, index)
+
+
 def set_index(out: Any, index: int) -> None:
     """Put the device tensors of `out` (a tensor or a list/tuple of them) on device `index`."""
     for t in (out if isinstance(out, (list, tuple)) else (out,)):

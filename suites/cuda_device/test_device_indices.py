@@ -4,6 +4,7 @@ real copies, and an index the device lacks raises CUDA's invalid device ordinal.
 
 from __future__ import annotations
 
+import io
 from typing import Iterator
 
 import pytest
@@ -58,3 +59,21 @@ def test_an_index_beyond_the_devices_raises_cudas_invalid_device_ordinal(two_dev
                  lambda: torch.ones(1).to("cuda:2")):
         with pytest.raises(RuntimeError, match="CUDA error: invalid device ordinal"):
             call()
+
+
+def test_torch_load_restores_onto_the_device_its_location_names(two_devices):
+    saved = io.BytesIO()
+    torch.save({"w": torch.arange(4.0)}, saved)
+    for where, index in (("cuda:1", 1), (torch.device("cuda", 1), 1), ({"cpu": "cuda:1"}, 1), ("cuda:0", 0)):
+        w = torch.load(io.BytesIO(saved.getvalue()), map_location=where)["w"]
+        assert str(w.device) == f"cuda:{index}", where
+        assert w.tolist() == [0.0, 1.0, 2.0, 3.0]
+    with torch.cuda.device(1):
+        assert str(torch.load(io.BytesIO(saved.getvalue()), map_location="cuda")["w"].device) == "cuda:1"
+
+
+def test_a_checkpoint_saved_from_the_second_device_loads_back_onto_it(two_devices):
+    saved = io.BytesIO()
+    torch.save(torch.full((2,), 5.0, device="cuda:1"), saved)
+    back = torch.load(io.BytesIO(saved.getvalue()))
+    assert str(back.device) == "cuda:1" and back.tolist() == [5.0, 5.0]
