@@ -26,6 +26,10 @@ class Clocks:
         self._streams: dict[int, dict[int, int]] = {}
         self._events: dict[int, dict[int, int]] = {}
         self.host: dict[int, int] = {}
+        # Bumped whenever the host's clock grows; a stream that joined it at this version has
+        # nothing to join at its next launch (most launches: the host waits once per step).
+        self._host_version = 0
+        self._joined: dict[int, int] = {}  # stream -> the host version its clock last joined
 
     def _stream(self, stream: int) -> dict[int, int]:
         if stream == HOST:
@@ -38,7 +42,9 @@ class Clocks:
     def launch(self, stream: int) -> int:
         """The sequence number of a new op on `stream`, ordered after all the host waited for."""
         clock = self._stream(stream)
-        _join(clock, self.host)
+        if self._joined.get(stream) != self._host_version:
+            _join(clock, self.host)
+            self._joined[stream] = self._host_version
         self._seq += 1
         clock[stream] = self._seq
         return self._seq
@@ -69,14 +75,18 @@ class Clocks:
         _join(self._stream(stream), self._stream(other))
 
     def synchronize_event(self, event: int) -> None:
-        _join(self.host, self._events.get(event, {}))
+        self._host_waits(self._events.get(event, {}))
 
     def synchronize_stream(self, stream: int) -> None:
-        _join(self.host, self._stream(stream))
+        self._host_waits(self._stream(stream))
 
     def synchronize_device(self) -> None:
-        for clock in self._streams.values():
-            _join(self.host, clock)
+        for clock in list(self._streams.values()):
+            self._host_waits(clock)
+
+    def _host_waits(self, clock: dict[int, int]) -> None:
+        _join(self.host, clock)
+        self._host_version += 1
 
     def forget_event(self, event: int) -> None:
         self._events.pop(event, None)

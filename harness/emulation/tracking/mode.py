@@ -20,7 +20,8 @@ from harness.torch_internals import TorchDispatchMode
 from harness.graphs.emulator import opinfo
 from harness.graphs.emulator.callsite import callsite_later, current_callsite
 from harness.graphs.emulator.opinfo import OpKind
-from harness.graphs.emulator.accesses import blocks_host, split_accesses, tensors_of
+from harness.graphs.emulator.accesses import (blocks_host, copy_blocks_host, split_accesses,
+                                              tensors_of)
 from harness.emulation.tracking.deferral import defer
 from harness.emulation.tracking.names import ShapeLabels, label_of, storage_key
 from harness.emulation.tracking.op_plans import OpPlans
@@ -41,6 +42,13 @@ def _storage(t: torch.Tensor) -> torch.UntypedStorage | None:
         return None
 
 
+class _Allocation(weakref.ref):
+    """The weak reference noting a device storage's free, carrying what the free is judged by:
+    made for every result of every device op, so one object instead of a closure and a ref."""
+
+    __slots__ = ("key", "stream")
+
+
 class StreamWork(TorchDispatchMode):
     def __init__(self, memory: Any, stream: Callable[[], int], capturing: Callable[[], bool],
                  tracker: StreamTracker, schedule: Schedule) -> None:
@@ -58,6 +66,7 @@ class StreamWork(TorchDispatchMode):
         self._queued_aliases: dict[int, int] = {}  # storage key -> aliases held by queued work
         self._watched: dict[int, weakref.ref] = {}  # id of a caller's tensor -> weak ref on it
         self._dropped: list[int] = []  # storage keys whose caller tensors died since the last op
+        self._on_freed = self._freed  # bound once: every result's weak reference calls it
         self._plans = OpPlans()
         self._shape_labels = ShapeLabels()
         self._result_shapes = ResultShapes()
@@ -150,8 +159,10 @@ class StreamWork(TorchDispatchMode):
         seq = self.tracker.launch(stream, read_keys, write_keys, op=name, where=where)
         overtakes = self.schedule.adversarial and self._overtakes_queued_work(reported)
         memory = self.memory
-        if plan.may_block_host and blocks_host(func, args, kwargs, memory.is_device, is_pinned,
-                                               targets_device):
+        if plan.may_block_host and (
+                copy_blocks_host(func, args, kwargs, memory.is_device, is_pinned, targets_device)
+                if plan.is_copy else
+                blocks_host(func, args, kwargs, memory.is_device, is_pinned, targets_device)):
             self.schedule.run_stream(stream)
             out = func(*args, **kwargs)
             self.schedule.ran(stream, seq)
@@ -177,7 +188,7 @@ class StreamWork(TorchDispatchMode):
             self.schedule.ran(stream, seq)
         to_host = plan.is_to_copy and kwargs.get("device") is not None and not targets_device
         if plan.kind is not OpKind.MUTATING and not to_host:
-            self._note_fresh(out, stream, seq, name, where)
+            self._note_fresh(out, Access(True, stream, seq, name, where))
         return out
 
     def _overtakes_queued_work(self, reported: int) -> bool:
@@ -259,8 +270,11 @@ class StreamWork(TorchDispatchMode):
             except RaceError as race:
                 self._late.append(race)
 
-    def _note_fresh(self, out: Any, stream: int, seq: int, op: str, where: str) -> None:
-        """Results of a device op are device memory, written by it, freed when dropped."""
+    def _note_fresh(self, out: Any, write: Access) -> None:
+        """Results of a device op (`write`) are device memory, written by it, freed when dropped."""
+        stream = write.participant
+        tracker, labels = self.tracker, self.tracker.labels
+        allocations, allocated_on = self._allocations, self._allocated_on
         for t in ((out,) if isinstance(out, torch.Tensor) else tensors_of(out if isinstance(out, (list, tuple)) else ())):
             if t.device.type != "cpu":
                 continue
@@ -268,12 +282,12 @@ class StreamWork(TorchDispatchMode):
             if storage is None or storage.nbytes() == 0:
                 continue
             key = storage.data_ptr()
-            ref = self._allocations.get(key)
-            if ref is None or ref() is not storage or self._allocated_on.get(key) != stream:
+            ref = allocations.get(key)
+            if ref is None or ref() is not storage or allocated_on.get(key) != stream:
                 self._note_storage(storage, stream)
             self.memory.mark_device(t)  # after the note: `adopted` finds it noted
-            self.tracker.record_write(key, stream, seq, op=op, where=where)
-            self.tracker.labels[key] = self._shape_labels.of(t)
+            tracker.record_fresh(key, write)
+            labels[key] = self._shape_labels.of(t)
 
     def adopted(self, storage: torch.UntypedStorage) -> None:
         """Device memory made now, outside a capture: it belongs to the current stream."""
@@ -288,20 +302,21 @@ class StreamWork(TorchDispatchMode):
 
     def _note_storage(self, storage: torch.UntypedStorage, stream: int) -> None:
         key = storage.data_ptr()
-        self._allocations[key] = weakref.ref(storage, self._freed(key, stream))
+        ref = _Allocation(storage, self._on_freed)
+        ref.key, ref.stream = key, stream
+        self._allocations[key] = ref
         self._allocated_on[key] = stream
 
-    def _freed(self, key: int, stream: int) -> Callable[[weakref.ref], None]:
-        def freed(ref: weakref.ref) -> None:
-            if self._allocations.get(key) is ref:
-                del self._allocations[key]
-            if self._allocated_on.pop(key, None) is None:
-                return  # already judged when its caller dropped it (check_drops)
-            try:
-                self.tracker.free(key, stream, where=callsite_later)
-            except RaceError as race:
-                self._late.append(race)  # raised at the next op: a finalizer cannot raise
-        return freed
+    def _freed(self, ref: _Allocation) -> None:
+        key = ref.key
+        if self._allocations.get(key) is ref:
+            del self._allocations[key]
+        if self._allocated_on.pop(key, None) is None:
+            return  # already judged when its caller dropped it (check_drops)
+        try:
+            self.tracker.free(key, ref.stream, where=callsite_later)
+        except RaceError as race:
+            self._late.append(race)  # raised at the next op: a finalizer cannot raise
 
     def _label(self, t: torch.Tensor) -> None:
         key = storage_key(t)

@@ -15,7 +15,8 @@ from typing import Any
 import torch
 
 from harness.graphs.emulator import opinfo
-from harness.graphs.emulator.accesses import changes_metadata, is_seeded, may_block_host, written_names
+from harness.graphs.emulator.accesses import (COPIES, changes_metadata, is_seeded, may_block_host,
+                                              written_names)
 from harness.graphs.emulator.opinfo import OpKind
 from harness.emulation.tracking.deferral import can_defer
 
@@ -32,18 +33,19 @@ class OpPlan:
     may_block_host: bool  # `blocks_host` is asked only when this is True
     deferrable: bool  # may wait in a stream's queue: no seed taken, no metadata changed
     is_to_copy: bool
+    is_copy: bool  # a copy between memories: whether it blocks the host is read off its arguments
 
 
 def plan_of(func: Any) -> OpPlan:
     if opinfo.is_composite(func):  # decomposed by the mode: nothing else is asked of it
         return OpPlan(func=func, name=opinfo.op_name(func), composite=True, kind=OpKind.MIXED,
                       written=frozenset(), may_block_host=False, deferrable=False,
-                      is_to_copy=False)
+                      is_to_copy=False, is_copy=False)
     kind = opinfo.op_kind(func)
     return OpPlan(func=func, name=opinfo.op_name(func), composite=False, kind=kind,
                   written=written_names(func), may_block_host=may_block_host(func),
                   deferrable=can_defer(kind) and not is_seeded(func) and not changes_metadata(func),
-                  is_to_copy=func is _TO_COPY)
+                  is_to_copy=func is _TO_COPY, is_copy=func in COPIES)
 
 
 class OpPlans:

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import warnings
 
-from dataclasses import dataclass, field
 from typing import Callable, Iterable
 
 from harness.emulation.tracking.clocks import HOST, Clocks
@@ -23,12 +22,18 @@ from harness.emulation.tracking.unseen_writes import UNSEEN_HOST_WRITE
 MODES = ("strict", "report")
 
 
-@dataclass
+_NO_STREAMS: frozenset[int] = frozenset()
+
+
 class _StorageState:
-    write: Access | None = None
-    reads: dict[int, Access] = field(default_factory=dict)  # the latest read per participant
-    recorded_streams: set[int] = field(default_factory=set)
-    writes: int = 0  # tracked writes so far, by anyone: unchanged means none came between
+    # A plain slotted class, not a dataclass: one is made for every result of every device op.
+    __slots__ = ("write", "reads", "recorded_streams", "writes")
+
+    def __init__(self, write: Access | None = None, writes: int = 0) -> None:
+        self.write = write
+        self.reads: dict[int, Access] = {}  # the latest read per participant
+        self.recorded_streams: frozenset[int] = _NO_STREAMS  # grown by record_stream only
+        self.writes = writes  # tracked writes so far, by anyone: unchanged means none came between
 
 
 class StreamTracker:
@@ -50,7 +55,7 @@ class StreamTracker:
                op: str = "", where: str = "") -> int:
         """A device op on `stream` reading and writing the given storages; returns its seq."""
         seq = self.clocks.launch(stream)
-        written = writes if isinstance(writes, (set, frozenset)) else set(writes)
+        written = writes if isinstance(writes, (set, frozenset)) else set(writes) if writes else ()
         storages = self._storages
         ordered = self.clocks.ordered
         read_access = Access(False, stream, seq, op, where)
@@ -83,13 +88,19 @@ class StreamTracker:
 
     def record_write(self, key: int, stream: int, seq: int, *, op: str = "", where: str = "") -> None:
         """A fresh result of op `seq` on `stream`: written by it, known to no one else yet."""
+        self.record_fresh(key, Access(True, stream, seq, op, where))
+
+    def record_fresh(self, key: int, write: Access) -> None:
+        """`record_write` with the op's write access made by the caller, once for all its results."""
         state = self._storages.get(key)
         if state is None:
-            state = self._storages[key] = _StorageState()
-        state.write = Access(True, stream, seq, op, where)
+            self._storages[key] = _StorageState(write, 1)
+            return
+        state.write = write
         state.writes += 1
-        state.reads = {}
-        state.recorded_streams.clear()
+        if state.reads:
+            state.reads = {}
+        state.recorded_streams = _NO_STREAMS
 
     @staticmethod
     def _only_by(stream: int, state: _StorageState) -> bool:
@@ -177,7 +188,7 @@ class StreamTracker:
         state = self._storages.get(key)
         if state is None:
             state = self._storages[key] = _StorageState()
-        state.recorded_streams.add(stream)
+        state.recorded_streams = state.recorded_streams | {stream}
 
     def free(self, key: int, allocation_stream: int, *,
              where: str | Callable[[], object] = "") -> None:

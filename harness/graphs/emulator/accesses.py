@@ -16,7 +16,7 @@ import torch
 from harness.graphs.emulator import opinfo
 
 aten = torch.ops.aten
-_COPIES = frozenset({aten.copy_.default, aten._to_copy.default, aten.copy.default})
+COPIES = frozenset({aten.copy_.default, aten._to_copy.default, aten.copy.default})
 
 
 @functools.lru_cache(maxsize=None)
@@ -55,29 +55,35 @@ def blocks_host(func, args: tuple, kwargs: dict, is_device: Callable[[torch.Tens
     """Whether the host waits for the stream when it issues this op: a data-dependent result
     (`.item()`, `nonzero`), or a copy between host and device that is not `non_blocking` from or
     into pinned memory."""
-    if opinfo.sync_reason(func, args, kwargs) is not None and func not in _COPIES:
+    if func in COPIES:
+        return copy_blocks_host(func, args, kwargs, is_device, is_pinned, targets_device)
+    if opinfo.sync_reason(func, args, kwargs) is not None:
         return True
-    if _returns_host_value(func):
-        return True  # `torch.equal`, `is_nonzero`: the host gets a value computed from the data
-    if func not in _COPIES:
-        return False
-    named = opinfo.bind(func, args, kwargs)
-    if func is aten._to_copy.default:
+    return _returns_host_value(func)  # `torch.equal`, `is_nonzero`: a value computed from the data
+
+
+def copy_blocks_host(func, args: tuple, kwargs: dict, is_device: Callable[[torch.Tensor], bool],
+                     is_pinned: Callable[[torch.Tensor], bool], targets_device: bool) -> bool:
+    """`blocks_host` for the copies (`COPIES`), from their arguments as aten passes them: a
+    schema bind per copy was a tenth of the stream tracking's cost in a decode step."""
+    if func is aten._to_copy.default:  # every argument but `self` is keyword-only
         # The placement mode rewrote the device to the cpu: the call says where it lands.
-        src = named["self"]
-        crosses = named.get("device") is not None and is_device(src) != targets_device
-        return crosses and not (named.get("non_blocking") and is_pinned(src))
-    dst, src = named["self"], named["src"]
+        src = args[0] if args else kwargs["self"]
+        crosses = kwargs.get("device") is not None and is_device(src) != targets_device
+        return crosses and not (kwargs.get("non_blocking") and is_pinned(src))
+    dst = args[0] if args else kwargs["self"]
+    src = args[1] if len(args) > 1 else kwargs["src"]
+    non_blocking = args[2] if len(args) > 2 else kwargs.get("non_blocking", False)
     host = [t for t in (dst, src) if not is_device(t)]
     if not host or len(host) == 2:
         return False
-    return not (named.get("non_blocking") and is_pinned(host[0]))
+    return not (non_blocking and is_pinned(host[0]))
 
 
 @functools.lru_cache(maxsize=None)
 def may_block_host(func) -> bool:
     """Whether `blocks_host` can answer True for some arguments of this op (asked once per op)."""
-    return func in _COPIES or _returns_host_value(func) or opinfo.may_sync(func)
+    return func in COPIES or _returns_host_value(func) or opinfo.may_sync(func)
 
 
 def written_names(func) -> frozenset[str]:
