@@ -344,19 +344,25 @@ class Engine:
         return ForwardResult(logits=logits[: batch.num_seqs], producer=EAGER)
 
     def _forward_compiled(self, batch: ScheduledBatch) -> ForwardResult:
-        """A decode batch no graph serves, through the compiled step. A compile here (a batch size
-        met for the first time, or a guard that failed) runs outside every graph: counted."""
+        """A decode batch no graph serves, through the compiled step. A compile here is for a shape
+        no graph holds (the step runs a known shape's code without guards, so it never recompiles
+        one): counted in `stats.eager_compiles`, not in the fallbacks, where the batch's route
+        counted it already if running outside the graphs was a fallback."""
         compiles = self.compiled_step.compiles
         logits = self.compiled_step(self.input_ids, self.metadata, self.kv_cache)
-        if self._graphs_ready and self.compiled_step.compiles != compiles:
-            self._stats.fallbacks[f"compiled step compiled while serving a decode batch of "
-                                  f"{batch.num_seqs}"] += 1
+        if self.compiled_step.compiles != compiles:
+            self._stats.eager_compiles[eager_compile_reason(batch.num_seqs, batch.num_tokens)] += 1
         return ForwardResult(logits=logits[: batch.num_seqs], producer=EAGER)
 
     def _forward_piecewise(self, batch: ScheduledBatch, bucket: int) -> ForwardResult:
         self._prepare(batch, num_tokens=bucket)
         logits = self.piecewise.run(batch.num_seqs, bucket)
         return ForwardResult(logits=logits, producer=bucket_key(bucket))
+
+
+def eager_compile_reason(num_seqs: int, num_tokens: int) -> str:
+    """The name an eager decode batch's compile is counted under in `stats.eager_compiles`."""
+    return f"compiled step compiled for an eager decode batch of {num_seqs} ({num_tokens} token rows)"
 
 
 def _same_device(wanted: torch.device, actual: torch.device) -> bool:
