@@ -131,16 +131,19 @@ class Engine:
         self._graphs_ready = False
 
     def _compiled_step(self, config: EngineConfig, shared: CompiledStep | None) -> CompiledStep | None:
+        # The backend that captures the step: none without graphs, where a given backend is kept
+        # but unused (and need not be a GraphBackend at all).
+        graphs = self.backend if (config.decode_graph_sizes or config.piecewise_buckets) else None
         if shared is None:
-            return (CompiledStep(self.model, self.backend, self.decode_kernel.kernel)
+            return (CompiledStep(self.model, graphs, self.decode_kernel.kernel)
                     if config.compile == "inductor" else None)
         if config.compile != "inductor":
             raise ValueError(f"a compiled_step was given to an engine of EngineConfig.compile="
                              f"{config.compile!r}; give it with compile='inductor' only")
-        if shared.model is not self.model or shared.graph_backend is not self.backend:
+        if shared.model is not self.model or shared.graph_backend is not graphs:
             raise ValueError(f"the compiled_step given was built for another model or graph backend "
                              f"({shared.graph_backend.name if shared.graph_backend else None}, this "
-                             f"engine's is {self.backend.name if self.backend else None}); share it "
+                             f"engine's is {graphs.name if graphs else None}); share it "
                              f"only between engines of one model and one backend")
         if shared.decode_kernel != self.decode_kernel.kernel:
             raise ValueError(f"the compiled_step given attends decode batches with "
