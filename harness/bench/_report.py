@@ -37,6 +37,10 @@ def refuse_fallbacks(engine, what: str) -> None:
     fallbacks = {reason: n for reason, n in engine.stats.fallbacks.items() if n}
     if fallbacks:
         raise RuntimeError(f"{what} fell back: {fallbacks}")
+    # Not fallbacks, but a compile inside the timed steps is not the steps' figure either.
+    compiles = {reason: n for reason, n in engine.stats.eager_compiles.items() if n}
+    if compiles:
+        raise RuntimeError(f"{what} compiled while timed: {compiles}")
 
 
 def append_section(path: str | os.PathLike, title: str, body: str, *, threads: int) -> None:

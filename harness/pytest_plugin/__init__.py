@@ -94,14 +94,32 @@ def pytest_report_header(config: pytest.Config) -> list[str]:
 def pytest_runtest_setup(item: pytest.Item):
     if item.config.stash.get(_in_use, False):
         detach_pytest_handlers()
-    return (yield)
+    result = yield
+    _raise_late_races(item)  # a fixture's setup freed memory another stream may still use
+    return result
 
 
 @pytest.hookimpl(wrapper=True, trylast=True)
 def pytest_runtest_teardown(item: pytest.Item, nextitem):
+    """Under --emulate-cuda, what a test's teardown leaves is its own: a race found at a free in a
+    fixture's finalizer fails this teardown, and a stream left current is reset and named, rather
+    than surfacing in whichever test its worker runs next."""
     if item.config.stash.get(_in_use, False):
         detach_pytest_handlers()
-    return (yield)
+    result = yield
+    if emulation_session.active(item.config):
+        try:
+            emulation_session.restore_default_stream(item.nodeid)
+        finally:
+            _raise_late_races(item)
+    return result
+
+
+def _raise_late_races(item: pytest.Item) -> None:
+    if emulation_session.active(item.config):
+        late = emulation_session.late_races()
+        if late:
+            raise late[0]
 
 
 @pytest.hookimpl(wrapper=True, trylast=True)

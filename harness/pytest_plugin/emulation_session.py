@@ -70,3 +70,25 @@ def late_races() -> list:
         return []
     tracking = getattr(active_state(), "streams_tracking", None)
     return [] if tracking is None else tracking.take_late_races()
+
+
+class LeftStreamError(RuntimeError):
+    """A test left a stream other than the default current on the session's device: every later
+    test of its worker would issue its work there, and its frees would race with it."""
+
+
+def restore_default_stream(nodeid: str) -> None:
+    """Make the default stream current again where a test left another, and raise naming the test
+    and the stream (the test's bug: a `torch.cuda.set_stream` with no way back, or a stream
+    context left open)."""
+    import torch
+
+    current, default = torch.cuda.current_stream(), torch.cuda.default_stream()
+    if current == default:
+        return
+    torch.cuda.set_stream(default)
+    raise LeftStreamError(
+        f"{nodeid} left {current} current (the default stream is {default}); the harness made the "
+        f"default stream current again for the next test. Remedy: select a stream with "
+        f"`with torch.cuda.stream(s):`, which restores the one before it, or set the default back "
+        f"before the test ends")

@@ -131,16 +131,19 @@ class Engine:
         self._graphs_ready = False
 
     def _compiled_step(self, config: EngineConfig, shared: CompiledStep | None) -> CompiledStep | None:
+        # The backend that captures the step: none without graphs, where a given backend is kept
+        # but unused (and need not be a GraphBackend at all).
+        graphs = self.backend if (config.decode_graph_sizes or config.piecewise_buckets) else None
         if shared is None:
-            return (CompiledStep(self.model, self.backend, self.decode_kernel.kernel)
+            return (CompiledStep(self.model, graphs, self.decode_kernel.kernel)
                     if config.compile == "inductor" else None)
         if config.compile != "inductor":
             raise ValueError(f"a compiled_step was given to an engine of EngineConfig.compile="
                              f"{config.compile!r}; give it with compile='inductor' only")
-        if shared.model is not self.model or shared.graph_backend is not self.backend:
+        if shared.model is not self.model or shared.graph_backend is not graphs:
             raise ValueError(f"the compiled_step given was built for another model or graph backend "
                              f"({shared.graph_backend.name if shared.graph_backend else None}, this "
-                             f"engine's is {self.backend.name if self.backend else None}); share it "
+                             f"engine's is {graphs.name if graphs else None}); share it "
                              f"only between engines of one model and one backend")
         if shared.decode_kernel != self.decode_kernel.kernel:
             raise ValueError(f"the compiled_step given attends decode batches with "
@@ -344,19 +347,25 @@ class Engine:
         return ForwardResult(logits=logits[: batch.num_seqs], producer=EAGER)
 
     def _forward_compiled(self, batch: ScheduledBatch) -> ForwardResult:
-        """A decode batch no graph serves, through the compiled step. A compile here (a batch size
-        met for the first time, or a guard that failed) runs outside every graph: counted."""
+        """A decode batch no graph serves, through the compiled step. A compile here is for a shape
+        no graph holds (the step runs a known shape's code without guards, so it never recompiles
+        one): counted in `stats.eager_compiles`, not in the fallbacks, where the batch's route
+        counted it already if running outside the graphs was a fallback."""
         compiles = self.compiled_step.compiles
         logits = self.compiled_step(self.input_ids, self.metadata, self.kv_cache)
-        if self._graphs_ready and self.compiled_step.compiles != compiles:
-            self._stats.fallbacks[f"compiled step compiled while serving a decode batch of "
-                                  f"{batch.num_seqs}"] += 1
+        if self.compiled_step.compiles != compiles:
+            self._stats.eager_compiles[eager_compile_reason(batch.num_seqs, batch.num_tokens)] += 1
         return ForwardResult(logits=logits[: batch.num_seqs], producer=EAGER)
 
     def _forward_piecewise(self, batch: ScheduledBatch, bucket: int) -> ForwardResult:
         self._prepare(batch, num_tokens=bucket)
         logits = self.piecewise.run(batch.num_seqs, bucket)
         return ForwardResult(logits=logits, producer=bucket_key(bucket))
+
+
+def eager_compile_reason(num_seqs: int, num_tokens: int) -> str:
+    """The name an eager decode batch's compile is counted under in `stats.eager_compiles`."""
+    return f"compiled step compiled for an eager decode batch of {num_seqs} ({num_tokens} token rows)"
 
 
 def _same_device(wanted: torch.device, actual: torch.device) -> bool:

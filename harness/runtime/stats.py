@@ -1,4 +1,5 @@
-"""What the engine did: eager steps, graph captures and replays per key, fallbacks and their reasons.
+"""What the engine did: eager steps, graph captures and replays per key, fallbacks and their reasons,
+and the compiles the compiled path made for batches no graph serves.
 
 `StatsRecorder` is the engine's mutable counter; `engine.stats` hands out an `EngineStats` snapshot
 (frozen, plain values), so a test holding one sees exactly the moment it asked.
@@ -34,6 +35,11 @@ class EngineStats:
     capture_passes: Mapping[str, int] = field(default_factory=dict)
     fallbacks: Mapping[str, int] = field(default_factory=dict)
     batches: tuple[BatchRecord, ...] = ()
+    # Per reason, compiles of the compiled step for a decode batch no graph serves (a size above
+    # every graph, a variant no graph ranks, an engine without decode graphs). Not fallbacks: the
+    # batch's own fallback, if it is one, is counted in `fallbacks` by its route; the compile is the
+    # compiled path serving an eager size as designed, kept apart so a user sees what it cost.
+    eager_compiles: Mapping[str, int] = field(default_factory=dict)
 
     @property
     def steps(self) -> int:
@@ -60,6 +66,7 @@ class StatsRecorder:
         self.capture_passes: Counter[str] = Counter()  # per phase, e.g. "estimate", "serve"
         self.fallbacks: Counter[str] = Counter()  # per reason, e.g. "no decode graph for batch 9"
         self.batches: list[BatchRecord] = []
+        self.eager_compiles: Counter[str] = Counter()  # e.g. "compiled step: decode batch of 9 (eager)"
 
     def record_batch(self, record: BatchRecord) -> None:
         self.batches.append(record)
@@ -74,4 +81,5 @@ class StatsRecorder:
             capture_passes=frozen(self.capture_passes),
             fallbacks=frozen(self.fallbacks),
             batches=tuple(self.batches),
+            eager_compiles=frozen(self.eager_compiles),
         )

@@ -17,6 +17,7 @@ from harness.check import compare_generations
 from harness.runtime import Engine, EngineConfig
 from harness.runtime.config import fill_unset
 from harness.runtime.compiled.step import CompiledStep
+from harness.runtime.engine import eager_compile_reason
 
 SIZES = (4, 2, 1)
 # Different lengths: the decode batch shrinks 4 -> 3 -> 2 -> 1, through every captured size.
@@ -64,6 +65,25 @@ def test_every_decode_step_is_the_compiled_one(compiled_generations, compiled_en
     assert step.compiles == len(SIZES)
     pieces_per_graph = device_reference_llama.num_layers + 1
     assert step.piece_compiles == len(SIZES) * pieces_per_graph
+
+
+def test_a_compile_for_an_eager_batch_size_is_counted_apart_from_the_fallbacks(device_reference_llama,
+                                                                              graph_backend):
+    """A decode batch above every graph runs the compiled step outside the graphs: that is the
+    batch's fallback, counted once by its route; the compile its first batch makes is the compiled
+    path serving an eager size, counted in `eager_compiles`, once per size."""
+    config = replace(TINY_ENGINE_CONFIG, max_batch_size=2, decode_graph_sizes=(1,), compile="inductor")
+    engine = Engine(device_reference_llama, config, backend=graph_backend)
+    requests = mixed_requests(logprobs=2, prompt_lens=(3, 9), max_new_tokens=(3, 5))
+    generations = engine.generate(requests)
+    eager = Engine(device_reference_llama, replace(config, decode_graph_sizes=(), compile="none"))
+    comparison = compare_generations(eager.generate(requests), generations)
+    assert comparison.ok, str(comparison)
+    stats = engine.stats
+    both = [b for b in stats.batches if b.kind == "decode" and b.num_seqs == 2]
+    assert len(both) == 2  # the shorter request's two decode steps, with the longer one
+    assert dict(stats.fallbacks) == {"decode batch of 2 exceeds the largest decode graph (1)": 2}
+    assert dict(stats.eager_compiles) == {eager_compile_reason(2, 2): 1}
 
 
 def test_a_shape_first_met_inside_a_capture_is_refused(device_reference_llama, graph_backend):

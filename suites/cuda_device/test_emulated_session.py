@@ -44,3 +44,59 @@ def test_a_race_found_at_a_free_fails_the_test_that_freed_not_the_next(tmp_path)
     assert "FAILED test_racy.py::test_frees_a_side_stream_input_without_record_stream" in out, out
     assert "memory freed while another stream's work may still use it" in out, out
     assert "PASSED test_racy.py::test_next_one_is_clean" in out, out
+
+
+_LEAKS_THEN_CLEAN = '''
+import pytest
+import torch
+
+
+@pytest.fixture
+def side_input():
+    side = torch.cuda.Stream()
+    x = torch.ones(1024, device="cuda")
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        torch.cuda._sleep(1000)
+        y = x * 2
+    yield y
+    del x  # freed in the fixture's teardown, on the main stream, while the side stream may read it
+
+
+def test_a_fixture_frees_a_side_stream_input_in_its_teardown(side_input):
+    assert side_input.shape == (1024,)
+
+
+def test_after_the_racy_teardown_is_clean():
+    assert torch.ones(4, device="cuda").sum().item() == 4
+
+
+def test_leaves_a_side_stream_current():
+    torch.cuda.set_stream(torch.cuda.Stream())
+
+
+def test_after_the_left_stream_runs_on_the_default_stream():
+    assert torch.cuda.current_stream() == torch.cuda.default_stream()
+    x = torch.ones(1024, device="cuda")
+    del x
+'''
+
+
+@pytest.mark.slow  # a pytest subprocess under --emulate-cuda: nightly_cpu runs it
+def test_a_teardown_race_and_a_left_stream_are_the_leaving_tests_not_the_next(tmp_path):
+    if emulation_active() is not None or torch.cuda.is_available():
+        pytest.skip("runs a session under --emulate-cuda from one outside it, without a GPU")
+    (tmp_path / "test_leaks.py").write_text(_LEAKS_THEN_CLEAN)
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    done = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:xdist", "-p",
+                           "no:cacheprovider", "--repro-dir", "none", "--emulate-cuda", "-rA",
+                           "test_leaks.py"], cwd=tmp_path, env=env, capture_output=True, text=True,
+                          timeout=300)
+    out = done.stdout
+    assert ("ERROR test_leaks.py::test_a_fixture_frees_a_side_stream_input_in_its_teardown"
+            in out), out
+    assert "memory freed while another stream's work may still use it" in out, out
+    assert "PASSED test_leaks.py::test_after_the_racy_teardown_is_clean" in out, out
+    assert "ERROR test_leaks.py::test_leaves_a_side_stream_current" in out, out
+    assert "LeftStreamError: test_leaks.py::test_leaves_a_side_stream_current left" in out, out
+    assert "PASSED test_leaks.py::test_after_the_left_stream_runs_on_the_default_stream" in out, out

@@ -41,6 +41,11 @@ def test_single_pass_keeps_the_keys_and_runs_one_pass_in_the_final_phase(make_en
         assert comparison.ok, str(comparison)
 
 
+# The compiled path's decode graphs warm up and capture the compiled step, not the model's forward.
+EAGER_FORWARD_ONLY = ("counts or plants through ReferenceLlama.forward, which the compiled step never "
+                      "calls (it runs the code dynamo made from the traced ops)")
+
+
 def final_phase_forwards(engine) -> int:
     """Model forwards (eager, or recorded by a capture) of the final phase."""
     engine.decode_graphs.warmup_and_capture("estimate")
@@ -54,7 +59,9 @@ def final_phase_forwards(engine) -> int:
     return len(calls)
 
 
-def test_the_single_pass_does_nothing_twice(make_engine):
+def test_the_single_pass_does_nothing_twice(make_engine, compiled_path):
+    if compiled_path:
+        pytest.skip(EAGER_FORWARD_ONLY)
     # Two passes: the eager-workspace reservation, then per size a warmup-only forward, a warmup
     # forward and a capture. One pass: per size a warmup forward and a capture; the reservation the
     # estimation phase made is not repeated.
@@ -133,7 +140,9 @@ def _capture_with_forced_regrowth(engine, monkeypatch) -> ForcedRegrowth:
 
 def test_a_moved_workspace_discards_the_single_pass_and_falls_back(make_engine, two_pass_run,
                                                                     decode_requests, eager_decode, caplog,
-                                                                    monkeypatch):
+                                                                    monkeypatch, compiled_path):
+    if compiled_path:
+        pytest.skip(EAGER_FORWARD_ONLY)
     baseline_engine, baseline = two_pass_run
     engine = make_engine(single_pass_capture=True)
     with caplog.at_level(logging.WARNING, logger="harness.runtime.decode.graphs"):
@@ -165,7 +174,10 @@ class NothingMoved(RankAgreement):
         return False
 
 
-def test_without_the_fallback_the_stale_graph_fails(make_engine, decode_requests, eager_decode, monkeypatch):
+def test_without_the_fallback_the_stale_graph_fails(make_engine, decode_requests, eager_decode, monkeypatch,
+                                                    compiled_path):
+    if compiled_path:
+        pytest.skip(EAGER_FORWARD_ONLY)
     # The torch decode path attends through the workspace; the Triton kernel (CUDA's default)
     # reads the paged cache directly, so a stale workspace would leave nothing to see.
     engine = make_engine(single_pass_capture=True, decode_kernel="torch",

@@ -10,6 +10,7 @@ from fixtures.models import TINY_ENGINE_CONFIG
 from harness.check import compare_generations
 from harness.records import EAGER
 from harness.runtime import Engine
+from harness.runtime.engine import eager_compile_reason
 from harness.runtime.decode.runner import DecodeGraphKey
 from suites.decoder.conftest import SIZES
 
@@ -50,6 +51,10 @@ def test_a_decode_batch_larger_than_every_graph_runs_eagerly_and_is_counted(make
     assert all(b.producer == EAGER for b in engine.stats.batches if b.kind == "decode" and b.num_seqs > 2)
     expected = {f"decode batch of {n} exceeds the largest decode graph (2)": large.count(n) for n in set(large)}
     assert dict(engine.stats.fallbacks) == expected
+    # On the compiled path each eager size is compiled once, at its first batch: counted apart from
+    # the fallbacks, which are the batches' own.
+    compiled = {eager_compile_reason(n, n): 1 for n in set(large)} if engine.compiled_step else {}
+    assert dict(engine.stats.eager_compiles) == compiled
 
 
 def test_graph_sizes_over_max_batch_size_are_refused(make_engine):

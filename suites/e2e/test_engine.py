@@ -108,12 +108,18 @@ def test_stats_count_eager_steps_and_no_graph_work(engine_factory, grounding_req
     assert engine.stats.eager_steps == 16 + grounding_requests[0].max_new_tokens
 
 
-def test_two_runs_are_identical(engine_factory, grounding_requests, eager_generations, overlap):
+def test_two_runs_are_identical(engine_factory, grounding_requests, eager_generations, overlap,
+                                compiled_path):
     engine = engine_factory(overlap=overlap)
     first = engine.generate(grounding_requests)
     second = engine.generate(grounding_requests)  # same engine, reused cache blocks
     other = engine_factory(overlap=overlap).generate(grounding_requests)
-    assert first == second == other == eager_generations
+    assert first == second == other
+    if compiled_path:  # inductor's kernels round apart from the eager ops: equal within BF16 steps
+        comparison = compare_generations(eager_generations, first)
+        assert comparison.ok, str(comparison)
+    else:
+        assert first == eager_generations
 
 
 def test_limits_on_batch_admit_later_requests_in_mixed_batches(engine_factory, grounding_requests,

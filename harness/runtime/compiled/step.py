@@ -15,9 +15,10 @@ with a recompile, and the shapes a step is dispatched by (its padded token and s
 all that may change between steps. What the compiled region read as a Python value at its compile
 is therefore frozen until the next shape; the fault zoo plants that class.
 
-Every dynamo compile is counted (`compiles`); one while serving, once the graphs are captured, is
-counted again in the engine's fallbacks by the engine: a step that compiles is a step that ran
-outside every graph.
+Every dynamo compile is counted (`compiles`). A compile while serving can only be of a shape no
+graph holds (a known shape runs its code without guards), so the engine counts it in
+`stats.eager_compiles`, by batch: a decode batch that ran outside the graphs was counted in the
+fallbacks by its route already, where that was a fallback.
 """
 
 from __future__ import annotations
