@@ -8,6 +8,7 @@ import contextlib
 
 import pytest
 import torch
+from torch.utils._python_dispatch import TorchDispatchMode
 
 import harness
 from harness.emulation import emulation_active
@@ -169,3 +170,32 @@ def test_the_engine_reports_its_choice_and_the_model_follows_it(reference_llama,
     with OpNames() as seen:
         engine.generate([Request([3, 4, 5], 2)])
     assert ("harness.rope_kv_write.default" in seen.names) == (mode == "fused")
+
+
+class TopLevelOps(TorchDispatchMode):
+    """Every op dispatched at the top level but views (an op's own inner ops are not seen: the mode
+    is off while it handles one), as a graph recording at the dispatcher records them."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.count = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        self.count += not func.is_view
+        return func(*args, **(kwargs or {}))
+
+
+def test_the_fused_mode_dispatches_two_ops_fewer_per_layer(reference_llama) -> None:
+    """Separate: roll, mul_ and addcmul_ of RoPE per layer (the write is inside the attention op);
+    fused: the one op. Same batch, same model, one forward each."""
+    counts = {}
+    for mode in ("separate", "fused"):
+        engine = Engine(reference_llama, EngineConfig(max_batch_size=2, max_num_tokens=32,
+                                                      max_model_len=64, rope_kv_write=mode))
+        engine.metadata.prepare([SequenceSpan(3, 3, engine.kv_cache.allocator.allocate(1))])
+        ids = torch.tensor([3, 4, 5])
+        reference_llama(ids, engine.metadata, engine.kv_cache)  # the workspace grows once, here
+        with TopLevelOps() as seen:
+            reference_llama(ids, engine.metadata, engine.kv_cache)
+        counts[mode] = seen.count
+    assert counts["separate"] - counts["fused"] == 2 * reference_llama.num_layers, counts
