@@ -117,3 +117,31 @@ def test_cuda_op_is_captured_and_replays_a_later_batch() -> None:
     assert (first.q[:n].double() - expected_q[:n].double()).abs().max().item() <= limit
     got, want = first.cache.layer(0).flatten(1, 2), expected_layer.flatten(1, 2)
     assert (got[:, slots].double() - want[:, slots].double()).abs().max().item() <= limit
+
+
+@pytest.mark.gpu
+@needs_triton
+@needs_compiled_triton
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+@pytest.mark.parametrize("compile_mode", ["none", "inductor"])
+def test_cuda_engine_generations_with_the_kernel_match_the_separate_path(compile_mode: str) -> None:
+    """The tiny model on CUDA, decode graphs and eager steps, the Triton decode kernel in both:
+    the fused op's generations against the separate path's, within compare_generations'
+    tolerance."""
+    from dataclasses import replace
+
+    from fixtures.models import TINY_ENGINE_CONFIG, mixed_requests
+    from harness.check import compare_generations
+    from harness.model import ReferenceLlama, tiny_llama
+    from harness.runtime import Engine
+
+    model = ReferenceLlama.from_hf(tiny_llama(seed=0, device="cuda"))
+    requests = mixed_requests(seed=2)
+    config = replace(TINY_ENGINE_CONFIG, decode_graph_sizes=(1, 2, 4), compile=compile_mode,
+                     decode_kernel="triton")
+    baseline = Engine(model, replace(config, rope_kv_write="separate")).generate(requests)
+    engine = Engine(model, replace(config, rope_kv_write=None))
+    candidate = engine.generate(requests)
+    assert engine.rope_kv_write.mode == "fused" and not engine.stats.fallbacks
+    comparison = compare_generations(baseline, candidate)
+    assert comparison.ok, str(comparison)
