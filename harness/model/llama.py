@@ -23,11 +23,13 @@ import torch.nn.functional as F
 from torch import nn
 from transformers import LlamaConfig
 
-from harness.model.rope import RotaryTable, apply_rotary_
+from harness.model.rope import RotaryTable
 from harness.model.weights import hf_state_dict
 from harness.ops.attention import ContextPlan, metadata_plan, paged_attention
 from harness.ops.kv_cache import PagedKVCache
 from harness.ops.metadata import AttentionMetadata
+from harness.ops.rope_kv_write import rope_kv_write
+from harness.ops.rotary import apply_rotary_
 from harness.ops.workspace import Workspace
 
 
@@ -56,7 +58,9 @@ def add_linear_(residual: torch.Tensor, x: torch.Tensor, linear: nn.Linear, *,
 
 class Attention(nn.Module):
     """q, k and v come from one fused projection (`qkv_proj`, the three weights concatenated at
-    load); q and k are rotated together, in place, since they are adjacent in its output."""
+    load); q and k are rotated together, in place, since they are adjacent in its output. With
+    `metadata.rope_kv_write == "fused"` one op (`harness::rope_kv_write`) rotates them and writes
+    the cache, and the attention op is told the cache is written (k = v = None)."""
 
     def __init__(self, config: LlamaConfig) -> None:
         super().__init__()
@@ -69,19 +73,34 @@ class Attention(nn.Module):
         self.qkv_proj = nn.Linear(config.hidden_size, heads * self.head_dim, bias=bias)
         self.o_proj = nn.Linear(self.num_heads * self.head_dim, config.hidden_size, bias=bias)
 
+    def projected(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """q [tokens, heads, head_dim], k and v [tokens, kv_heads, head_dim], not rotated: views of
+        one buffer."""
+        return self._split(self._heads(x))
+
     def qkv(self, x: torch.Tensor, cos: torch.Tensor,
             sin: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """q [tokens, heads, head_dim], k and v [tokens, kv_heads, head_dim]: views of one buffer."""
-        tokens = x.shape[0]
-        qkv = self.qkv_proj(x).view(tokens, self.num_heads + 2 * self.num_kv_heads, self.head_dim)
+        """`projected(x)` with q and k rotated."""
+        qkv = self._heads(x)
         apply_rotary_(qkv[:, : self.num_heads + self.num_kv_heads], cos, sin)
+        return self._split(qkv)
+
+    def _heads(self, x: torch.Tensor) -> torch.Tensor:
+        return self.qkv_proj(x).view(x.shape[0], self.num_heads + 2 * self.num_kv_heads, self.head_dim)
+
+    def _split(self, qkv: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         return qkv.split((self.num_heads, self.num_kv_heads, self.num_kv_heads), dim=1)
 
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, kv_layer: torch.Tensor,
                 metadata: AttentionMetadata, workspace: Workspace,
                 plan: ContextPlan | None = None) -> torch.Tensor:
         """The attention output before o_proj, [tokens, heads * head_dim]."""
-        q, k, v = self.qkv(x, cos, sin)
+        if metadata.rope_kv_write == "fused":
+            q, k, v = self.projected(x)
+            rope_kv_write(q, k, v, cos, sin, kv_layer, metadata.slot_mapping[: metadata.num_tokens])
+            k = v = None  # in the cache now
+        else:
+            q, k, v = self.qkv(x, cos, sin)
         out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
         paged_attention(q, k, v, kv_layer, metadata, self.scale, out, workspace=workspace, plan=plan)
         return out.view(x.shape[0], self.num_heads * self.head_dim)

@@ -44,7 +44,8 @@ class RotaryTable(nn.Module):
     one table so that a batch's rows are one gather.
 
     The signed sin is (-sin, sin) over the two halves of a head: rotate_half(x) * sin equals
-    roll(x, half) * signed_sin, which `apply_rotary_` uses to rotate in three kernels."""
+    roll(x, half) * signed_sin, which `harness.ops.rotary.apply_rotary_` uses to rotate in
+    three kernels."""
 
     def __init__(self, config: LlamaConfig, dtype: torch.dtype) -> None:
         super().__init__()
@@ -63,10 +64,3 @@ class RotaryTable(nn.Module):
         """cos, signed sin of shape [tokens, 1, head_dim], broadcasting over heads."""
         rows = self.table.index_select(0, positions)
         return rows[:, 0:1], rows[:, 1:2]
-
-
-def apply_rotary_(x: torch.Tensor, cos: torch.Tensor, signed_sin: torch.Tensor) -> torch.Tensor:
-    """Rotate x [tokens, heads, head_dim] in place, in its own dtype: x * cos + rotate_half(x) * sin,
-    with x * cos rounded first as transformers rounds it."""
-    rolled = x.roll(x.shape[-1] // 2, dims=-1)  # (x2, x1): rotate_half(x) up to the sign in signed_sin
-    return x.mul_(cos).addcmul_(rolled, signed_sin)

@@ -26,7 +26,11 @@ the permanent pad sequence (row `max_batch_size` of `seq_lens` / `block_tables`)
 the host, so they can be captured. A decode-only batch whose metadata was built with
 `decode_kernel="triton"` attends through `torch.ops.harness.paged_decode_attention` instead: a Triton
 kernel reading the cache through the block table on CUDA, the torch ops elsewhere (decode_kernel.py
-chooses; `choose_decode_kernel(None, device)` is the engine's default).
+chooses; `choose_decode_kernel(None, device)` is the engine's default). Metadata built with
+`rope_kv_write="fused"` tells the model to rotate q and k and write K/V with
+`torch.ops.harness.rope_kv_write` (`rope_kv_write(q, k, v, cos, sin, kv_layer, slot_mapping)`: a
+Triton kernel on CUDA, the torch ops elsewhere) and call the attention op with k = v = None (the
+cache already written); rope_kv_choice.py chooses.
 """
 
 from harness.ops.attention import paged_attention, paged_attention_op
@@ -34,12 +38,15 @@ from harness.ops.decode_attention import paged_decode_attention_op
 from harness.ops.decode_kernel import DECODE_KERNELS, DecodeKernelChoice, choose_decode_kernel
 from harness.ops.kv_cache import BlockAllocator, OutOfBlocksError, PagedKVCache
 from harness.ops.metadata import AttentionMetadata, BatchCounts, SequenceSpan
+from harness.ops.rope_kv_choice import ROPE_KV_WRITES, RopeKvChoice, choose_rope_kv_write
+from harness.ops.rope_kv_write import rope_kv_write, rope_kv_write_op
 from harness.ops.sparse_attention import block_sparse_attention, block_sparse_attention_op
 from harness.ops.workspace import Workspace
 
 __all__ = [
     "AttentionMetadata", "BatchCounts", "BlockAllocator", "DECODE_KERNELS", "DecodeKernelChoice",
-    "OutOfBlocksError", "PagedKVCache",
+    "OutOfBlocksError", "PagedKVCache", "ROPE_KV_WRITES", "RopeKvChoice",
     "SequenceSpan", "Workspace", "block_sparse_attention", "block_sparse_attention_op",
-    "choose_decode_kernel", "paged_attention", "paged_attention_op", "paged_decode_attention_op",
+    "choose_decode_kernel", "choose_rope_kv_write", "paged_attention", "paged_attention_op",
+    "paged_decode_attention_op", "rope_kv_write", "rope_kv_write_op",
 ]

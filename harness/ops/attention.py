@@ -120,7 +120,7 @@ def dense_attention(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor,
     return torch.matmul(probs, values)
 
 
-def paged_attention_impl(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+def paged_attention_impl(q: torch.Tensor, k: Optional[torch.Tensor], v: Optional[torch.Tensor],
                          kv_layer: torch.Tensor, slot_mapping: torch.Tensor,
                          positions: torch.Tensor, token_to_seq: torch.Tensor,
                          seq_lens: torch.Tensor, block_tables: torch.Tensor, scale: float,
@@ -129,8 +129,10 @@ def paged_attention_impl(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                          plan_hidden: Optional[torch.Tensor] = None) -> None:
     """Write k/v into the cache at slot_mapping, then out = softmax(q K^T * scale) V over each
     token's visible context. `scratch`, when given, holds the gathered K/V [2, KVH, T, C, D];
-    `plan_blocks`/`plan_hidden` (a `ContextPlan`), when given, spare recomputing it."""
-    write_kv(kv_layer, k, v, slot_mapping)
+    `plan_blocks`/`plan_hidden` (a `ContextPlan`), when given, spare recomputing it. k = v = None:
+    the cache already holds this batch's K/V (`harness::rope_kv_write` wrote it)."""
+    if k is not None and v is not None:
+        write_kv(kv_layer, k, v, slot_mapping)
     if plan_blocks is None or plan_hidden is None:
         plan = context_plan(positions, token_to_seq, seq_lens, block_tables, kv_layer.shape[2])
         plan_blocks, plan_hidden = plan.blocks, plan.hidden
@@ -151,18 +153,23 @@ def _(q, k, v, kv_layer, slot_mapping, positions, token_to_seq, seq_lens, block_
     return None
 
 
-def check_inputs(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, kv_layer: torch.Tensor,
-                 metadata: AttentionMetadata, out: torch.Tensor) -> None:
-    """Host-side shape checks shared by the attention wrappers (shapes only: capture-safe)."""
-    if q.dim() != 3 or k.dim() != 3:
+def check_inputs(q: torch.Tensor, k: Optional[torch.Tensor], v: Optional[torch.Tensor],
+                 kv_layer: torch.Tensor, metadata: AttentionMetadata, out: torch.Tensor) -> None:
+    """Host-side shape checks shared by the attention wrappers (shapes only: capture-safe).
+    k = v = None: the cache already holds the batch's K/V."""
+    if (k is None) != (v is None):
+        raise ValueError(f"k and v must be given together, or both None (the cache already written); "
+                         f"got k {'None' if k is None else tuple(k.shape)}, v "
+                         f"{'None' if v is None else tuple(v.shape)}")
+    if q.dim() != 3 or (k is not None and k.dim() != 3):
         raise ValueError(f"q and k must be [tokens, heads, head_dim], got {tuple(q.shape)} and "
-                         f"{tuple(k.shape)}")
+                         f"{None if k is None else tuple(k.shape)}")
     tokens, heads, head_dim = q.shape
-    kv_heads = k.shape[1]
+    kv_heads = kv_layer.shape[-2] if k is None else k.shape[1]
     if tokens != metadata.num_tokens:
         raise ValueError(f"q has {tokens} token rows but the metadata was prepared for "
                          f"{metadata.num_tokens}")
-    if k.shape != v.shape or k.shape != (tokens, kv_heads, head_dim):
+    if k is not None and (k.shape != v.shape or k.shape != (tokens, kv_heads, head_dim)):
         raise ValueError(f"k {tuple(k.shape)} and v {tuple(v.shape)} must both be "
                          f"[{tokens}, kv_heads, {head_dim}]")
     if heads % kv_heads:
@@ -175,7 +182,7 @@ def check_inputs(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, kv_layer: to
                          f"block_size, kv_heads, head_dim)")
     if out.shape != q.shape or out.dtype != q.dtype:
         raise ValueError(f"out {tuple(out.shape)} {out.dtype} must match q {tuple(q.shape)} {q.dtype}")
-    if k.dtype != kv_layer.dtype or v.dtype != kv_layer.dtype:
+    if k is not None and (k.dtype != kv_layer.dtype or v.dtype != kv_layer.dtype):
         raise ValueError(f"k/v dtype {k.dtype}/{v.dtype} must match the cache dtype {kv_layer.dtype}")
 
 
@@ -185,13 +192,15 @@ def metadata_plan(metadata: AttentionMetadata) -> ContextPlan:
     return context_plan(positions, token_to_seq, seq_lens, block_tables, metadata.block_size)
 
 
-def paged_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, kv_layer: torch.Tensor,
+def paged_attention(q: torch.Tensor, k: Optional[torch.Tensor], v: Optional[torch.Tensor],
+                    kv_layer: torch.Tensor,
                     metadata: AttentionMetadata, scale: float, out: torch.Tensor,
                     workspace: Optional[Workspace] = None,
                     plan: Optional[ContextPlan] = None) -> torch.Tensor:
     """q/out [num_tokens, heads, head_dim], k/v [num_tokens, kv_heads, head_dim] (num_tokens =
     metadata.num_tokens, padding included), kv_layer = PagedKVCache.layer(i); `plan` from
-    `metadata_plan(metadata)` when the caller shares one across layers. A decode-only batch whose
+    `metadata_plan(metadata)` when the caller shares one across layers; k = v = None when the cache
+    already holds the batch's K/V (`harness::rope_kv_write` wrote it). A decode-only batch whose
     metadata asks for the Triton kernel (`metadata.uses_decode_kernel`) runs
     `harness::paged_decode_attention` instead, which needs neither the workspace nor the plan.
     Returns `out`."""
@@ -209,7 +218,7 @@ def paged_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, kv_layer:
             raise ValueError(f"workspace dtype {workspace.dtype} must match the cache dtype "
                              f"{kv_layer.dtype}")
         context = metadata.max_blocks_per_seq * metadata.block_size
-        scratch = workspace.get(2 * tokens * context * k.shape[1] * k.shape[2])
+        scratch = workspace.get(2 * tokens * context * kv_layer.shape[-2] * kv_layer.shape[-1])
     blocks, hidden = (None, None) if plan is None else (plan.blocks, plan.hidden)
     paged_attention_op(q, k, v, kv_layer, *metadata.op_inputs(), scale, out, scratch, blocks, hidden)
     return out

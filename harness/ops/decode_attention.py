@@ -3,9 +3,10 @@ from the cache (no per-layer gather of every token's context) where the tensors 
 
 Same arguments and effects as `harness::paged_attention` without the scratch and the context plan,
 which only the gather needs: k/v are written into the cache at slot_mapping, then `out` gets each
-token's attention over what its sequence shows it. The implementations:
+token's attention over what its sequence shows it; k = v = None means the cache already holds
+them (`harness::rope_kv_write` wrote it). The implementations:
 
-- CUDA: the cache write in torch ops, then the Triton kernel (`triton_decode.py`), imported on the
+- CUDA: the cache write in torch ops (none when k = v = None), then the Triton kernel (`triton_decode.py`), imported on the
   first CUDA call so that installs without triton never import it.
 - every other device (the CPU; the emulated CUDA device, whose device tensors are CPU tensors): the
   torch-ops path of `harness::paged_attention` (`paged_attention_impl`), the kernel's reference.
@@ -18,12 +19,15 @@ for decode-only batches (`decode_kernel.py` says when).
 
 from __future__ import annotations
 
+from typing import Optional
+
 import torch
 
 from harness.ops.attention import paged_attention_impl, write_kv
 
 
-def _torch_ops(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, kv_layer: torch.Tensor,
+def _torch_ops(q: torch.Tensor, k: Optional[torch.Tensor], v: Optional[torch.Tensor],
+               kv_layer: torch.Tensor,
                slot_mapping: torch.Tensor, positions: torch.Tensor, token_to_seq: torch.Tensor,
                seq_lens: torch.Tensor, block_tables: torch.Tensor, scale: float,
                out: torch.Tensor) -> None:
@@ -40,7 +44,8 @@ def _(q, k, v, kv_layer, slot_mapping, positions, token_to_seq, seq_lens, block_
       out) -> None:
     from harness.ops.triton_decode import paged_decode_triton
 
-    write_kv(kv_layer, k, v, slot_mapping)
+    if k is not None and v is not None:
+        write_kv(kv_layer, k, v, slot_mapping)
     paged_decode_triton(q, kv_layer, positions, token_to_seq, seq_lens, block_tables, scale, out)
 
 

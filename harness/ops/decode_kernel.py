@@ -47,7 +47,7 @@ def choose_decode_kernel(requested: str | None, device: torch.device | str) -> D
     if requested == "torch":
         return DecodeKernelChoice(requested, "torch", "requested")
     device = torch.device(device)
-    blocker, missing_triton = _triton_blocker(device)
+    blocker, missing_triton = triton_blocker(device)
     if blocker is None:
         return DecodeKernelChoice(requested, "triton", "requested" if requested else
                                   "CUDA device with triton")
@@ -57,7 +57,7 @@ def choose_decode_kernel(requested: str | None, device: torch.device | str) -> D
     return DecodeKernelChoice(requested, "torch", blocker, fell_back=missing_triton)
 
 
-def _triton_blocker(device: torch.device) -> tuple[str | None, bool]:
+def triton_blocker(device: torch.device) -> tuple[str | None, bool]:
     """Why the Triton kernel cannot serve a model on `device` (None: it can), and whether that is
     a real CUDA device lacking triton (the one case that is a fallback, not the device's nature)."""
     if device.type != "cuda":

@@ -23,6 +23,7 @@ import numpy as np
 import torch
 
 from harness.ops.decode_kernel import DECODE_KERNELS
+from harness.ops.rope_kv_choice import ROPE_KV_WRITES
 from harness.ops.sizing import cdiv, require_positive
 
 _NUMPY = {torch.int32: np.int32, torch.int64: np.int64}
@@ -82,6 +83,8 @@ class AttentionMetadata:
 
     `decode_kernel` (one of `DECODE_KERNELS`, decode_kernel.py) is what attends decode-only batches:
     "torch" (the default) the gather path every batch takes, "triton" the paged-decode kernel.
+    `rope_kv_write` (one of `ROPE_KV_WRITES`, rope_kv_choice.py) is how the model's layers rotate and
+    store K/V: "separate" (the default) or "fused" (`harness::rope_kv_write` before attention).
     """
 
     BUFFERS = ("positions", "slot_mapping", "token_to_seq", "block_tables", "logits_indices",
@@ -89,13 +92,17 @@ class AttentionMetadata:
 
     def __init__(self, max_batch_size: int, max_num_tokens: int, max_blocks_per_seq: int,
                  block_size: int, pad_slot: int, device: torch.device | str = "cpu", *,
-                 decode_kernel: str = "torch") -> None:
+                 decode_kernel: str = "torch", rope_kv_write: str = "separate") -> None:
         require_positive(max_batch_size=max_batch_size, max_num_tokens=max_num_tokens,
                          max_blocks_per_seq=max_blocks_per_seq, block_size=block_size)
         if decode_kernel not in DECODE_KERNELS:
             raise ValueError(f"decode_kernel must be one of {list(DECODE_KERNELS)}, got "
                              f"{decode_kernel!r}")
         self.decode_kernel = decode_kernel
+        if rope_kv_write not in ROPE_KV_WRITES:
+            raise ValueError(f"rope_kv_write must be one of {list(ROPE_KV_WRITES)}, got "
+                             f"{rope_kv_write!r}")
+        self.rope_kv_write = rope_kv_write
         if pad_slot < 0 or pad_slot % block_size:
             raise ValueError(f"pad_slot {pad_slot} must be the first slot of a block of {block_size}")
         self.max_batch_size = max_batch_size

@@ -8,6 +8,7 @@ from typing import Any, Mapping
 import torch
 
 from harness.ops.decode_kernel import DECODE_KERNELS
+from harness.ops.rope_kv_choice import ROPE_KV_WRITES
 
 # EngineConfig.compile: the eager torch ops, or inductor pieces between the attention ops.
 COMPILE_MODES = ("none", "inductor")
@@ -56,6 +57,12 @@ class EngineConfig:
       the block table) on a real CUDA device where triton imports, else "torch" (the gather path
       every other batch takes); a CUDA device without triton is counted in `stats.fallbacks`.
       "triton" or "torch" asks for one; "triton" where it cannot run is refused.
+    - `rope_kv_write`: how each layer rotates q and k and stores K/V (harness/ops/rope_kv_choice.py).
+      "fused": one op, `harness::rope_kv_write` (a Triton kernel on CUDA, the torch ops elsewhere),
+      before the attention op, which then finds the cache written; "separate": rope in the model's
+      torch ops, the K/V write inside the attention op. None (the default) chooses for the device:
+      "fused" on a real CUDA device where triton imports, else "separate"; a CUDA device without
+      triton is counted in `stats.fallbacks`. "fused" on CUDA without triton is refused.
 
     Step loop:
     - `overlap`: TensorRT-LLM's overlap scheduler (overlap.py). Tokens are sampled on the device and
@@ -81,11 +88,15 @@ class EngineConfig:
     overlap: bool = False
     compile: str | None = COMPILE_NOT_GIVEN
     decode_kernel: str | None = None
+    rope_kv_write: str | None = None
 
     def __post_init__(self) -> None:
         if self.decode_kernel is not None and self.decode_kernel not in DECODE_KERNELS:
             raise ValueError(f"EngineConfig.decode_kernel must be one of {list(DECODE_KERNELS)} or "
                              f"None (choose for the device), got {self.decode_kernel!r}")
+        if self.rope_kv_write is not None and self.rope_kv_write not in ROPE_KV_WRITES:
+            raise ValueError(f"EngineConfig.rope_kv_write must be one of {list(ROPE_KV_WRITES)} or "
+                             f"None (choose for the device), got {self.rope_kv_write!r}")
         if self.compile is not COMPILE_NOT_GIVEN and self.compile not in COMPILE_MODES:
             raise ValueError(f"EngineConfig.compile must be one of {list(COMPILE_MODES)}, got "
                              f"{self.compile!r}")

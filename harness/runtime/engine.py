@@ -27,6 +27,7 @@ from harness.graphs import get_backend
 from harness.graphs.base import GraphBackend
 from harness.ranking import PackedRanking, logits_to_steps
 from harness.ops.decode_kernel import choose_decode_kernel
+from harness.ops.rope_kv_choice import choose_rope_kv_write
 from harness.ops.kv_cache import PagedKVCache
 from harness.ops.metadata import AttentionMetadata
 from harness.ops.sizing import cdiv
@@ -112,6 +113,10 @@ class Engine:
         self.decode_kernel = choose_decode_kernel(config.decode_kernel, self.device)
         if self.decode_kernel.fell_back:
             self._stats.fallbacks[f"decode kernel torch: {self.decode_kernel.reason}"] += 1
+        # How the layers rotate and store K/V, and why: the metadata carries it to the model.
+        self.rope_kv_write = choose_rope_kv_write(config.rope_kv_write, self.device)
+        if self.rope_kv_write.fell_back:
+            self._stats.fallbacks[f"rope + KV write separate: {self.rope_kv_write.reason}"] += 1
         blocks_per_seq = cdiv(self.max_model_len, config.block_size)
         self._allocate_kv_cache(config.num_blocks or config.max_batch_size * blocks_per_seq)
         # Token ids live in one preallocated buffer, like the metadata, so a graph can read them.
@@ -135,7 +140,8 @@ class Engine:
         # but unused (and need not be a GraphBackend at all).
         graphs = self.backend if (config.decode_graph_sizes or config.piecewise_buckets) else None
         if shared is None:
-            return (CompiledStep(self.model, graphs, self.decode_kernel.kernel)
+            return (CompiledStep(self.model, graphs, self.decode_kernel.kernel,
+                                 self.rope_kv_write.mode)
                     if config.compile == "inductor" else None)
         if config.compile != "inductor":
             raise ValueError(f"a compiled_step was given to an engine of EngineConfig.compile="
@@ -149,6 +155,10 @@ class Engine:
             raise ValueError(f"the compiled_step given attends decode batches with "
                              f"{shared.decode_kernel!r}, this engine with {self.decode_kernel.kernel!r}; "
                              f"share it only between engines of one decode kernel")
+        if shared.rope_kv_write != self.rope_kv_write.mode:
+            raise ValueError(f"the compiled_step given rotates and stores K/V {shared.rope_kv_write!r}, "
+                             f"this engine {self.rope_kv_write.mode!r} (EngineConfig.rope_kv_write); "
+                             f"share it only between engines of one rope_kv_write")
         return shared
 
     def _allocate_kv_cache(self, num_blocks: int) -> None:
@@ -159,7 +169,8 @@ class Engine:
                                      model.head_dim, dtype=self.dtype, device=self.device)
         self.metadata = AttentionMetadata(config.max_batch_size, config.max_num_tokens, blocks_per_seq,
                                           config.block_size, self.kv_cache.pad_slot, device=self.device,
-                                          decode_kernel=self.decode_kernel.kernel)
+                                          decode_kernel=self.decode_kernel.kernel,
+                                          rope_kv_write=self.rope_kv_write.mode)
         self.limits = RequestLimits(vocab_size=model.vocab_size, max_model_len=self.max_model_len,
                                     max_prompt_len=config.max_num_tokens, num_blocks=num_blocks,
                                     block_size=config.block_size,

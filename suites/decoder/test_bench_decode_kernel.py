@@ -1,5 +1,6 @@
-"""`harness bench capture --decode-kernel`: every engine of the run attends decode batches with the
-kernel asked for, and the run says which one served and why."""
+"""`harness bench capture --decode-kernel` and `--rope-kv-write`: every engine of the run attends
+decode batches with the kernel, and rotates and stores K/V the way, asked for, and the run says
+which one served and why."""
 
 from __future__ import annotations
 
@@ -20,3 +21,10 @@ def test_triton_where_it_cannot_run_is_refused_before_any_timing(graph_backend):
     with pytest.raises(ValueError, match=r"decode_kernel='triton' cannot run here"):
         capture.main(["--profile", "--model", "tiny", "--backend", graph_backend.name,
                       "--iters", "1", "--warmup", "0", "--decode-kernel", "triton"])
+
+
+@pytest.mark.parametrize("mode", ["fused", "separate"])
+def test_profile_runs_and_names_the_rope_kv_write_asked_for(capsys, graph_backend, mode):
+    assert capture.main(["--profile", "--model", "tiny", "--batch", "1", "--backend", graph_backend.name,
+                         "--iters", "1", "--warmup", "0", "--rope-kv-write", mode]) == 0
+    assert f"rope + KV write: {mode} (requested" in capsys.readouterr().out

@@ -38,11 +38,12 @@ from harness.runtime.compiled.piece import CompileInCaptureError
 from harness.runtime.piecewise.model import make_token_body, own_code, token_inputs
 
 
-def make_step_body(model, decode_kernel: str = "torch") -> Callable[..., torch.Tensor]:
+def make_step_body(model, decode_kernel: str = "torch",
+                   rope_kv_write: str = "separate") -> Callable[..., torch.Tensor]:
     """The step as a function of `step_arguments`: the token body (attending decode batches
-    through `decode_kernel`), then the final norm and lm_head on the rows of `logits_indices`;
-    logits [rows, vocab] in float32."""
-    token_body = make_token_body(model, decode_kernel)
+    through `decode_kernel`, rotating and writing K/V as `rope_kv_write` says), then the final norm
+    and lm_head on the rows of `logits_indices`; logits [rows, vocab] in float32."""
+    token_body = make_token_body(model, decode_kernel, rope_kv_write)
 
     def step_body(input_ids, positions, slot_mapping, token_to_seq, seq_lens, block_tables,
                   logits_indices, kv_layers, scratch):
@@ -71,14 +72,16 @@ class CompiledStep:
     """`step(input_ids, metadata, kv_cache)`: what `ReferenceLlama.forward` returns, computed by the
     compiled step. `graph_backend` is the backend that captures it (None: no graphs); the step
     serves decode batches only, so `decode_kernel` (the engine's, as its metadata carries it)
-    says how it attends."""
+    says how it attends; `rope_kv_write` (the same) how it rotates and stores K/V."""
 
-    def __init__(self, model, graph_backend: GraphBackend | None, decode_kernel: str = "torch") -> None:
+    def __init__(self, model, graph_backend: GraphBackend | None, decode_kernel: str = "torch",
+                 rope_kv_write: str = "separate") -> None:
         self.model = model
         self.backend = InductorPiecesBackend(graph_backend)
         self.graph_backend = graph_backend
         self.decode_kernel = decode_kernel
-        self._body = make_step_body(model, decode_kernel)
+        self.rope_kv_write = rope_kv_write
+        self._body = make_step_body(model, decode_kernel, rope_kv_write)
         self._compiled = torch.compile(self._body, backend=self.backend, dynamic=False, fullgraph=True)
         # (num_tokens, num_seqs, KV layer shape) -> the function running dynamo's bytecode for it.
         self._dispatch: dict[tuple[Any, ...], Callable[..., torch.Tensor]] = {}
@@ -103,6 +106,10 @@ class CompiledStep:
         if metadata.decode_kernel != self.decode_kernel:
             raise ValueError(f"compiled step: built for decode_kernel {self.decode_kernel!r}, the "
                              f"metadata asks for {metadata.decode_kernel!r}; build both from one "
+                             f"EngineConfig")
+        if metadata.rope_kv_write != self.rope_kv_write:
+            raise ValueError(f"compiled step: built for rope_kv_write {self.rope_kv_write!r}, the "
+                             f"metadata asks for {metadata.rope_kv_write!r}; build both from one "
                              f"EngineConfig")
         # The decode kernel reads the cache in place: no gathered context to make room for.
         numel = 0 if self.decode_kernel == "triton" else scratch_numel(metadata, kv_cache)

@@ -26,6 +26,7 @@ from harness.graphs.base import GraphBackend
 from harness.ops.attention import context_plan, paged_attention_op
 from harness.ops.decode_attention import paged_decode_attention_op
 from harness.ops.kv_cache import PagedKVCache
+from harness.ops.rope_kv_write import rope_kv_write_op
 from harness.ops.metadata import AttentionMetadata
 from harness.runtime.piecewise import buckets as bucket_rules
 from harness.runtime.piecewise.compile_backend import PiecewiseCompileBackend
@@ -41,14 +42,17 @@ def bucket_key(bucket: int) -> str:
     return f"piecewise[tokens={bucket}]"
 
 
-def make_token_body(model, decode_kernel: str = "torch") -> Callable[..., torch.Tensor]:
+def make_token_body(model, decode_kernel: str = "torch",
+                    rope_kv_write: str = "separate") -> Callable[..., torch.Tensor]:
     """The token body of `model` as a function of tensors; the hidden states [tokens, hidden] before
     the final norm. Mirrors `ReferenceLlama.forward` through the layers' own pieces (`Attention.qkv`,
     `DecoderLayer.after_attention`); suite piecewise checks it against the eager engine.
     `decode_kernel="triton"` (decode-only bodies: the compiled step) attends through
     `harness::paged_decode_attention`, as `paged_attention()` does for such a batch; `scratch` is
-    then unused."""
+    then unused. `rope_kv_write="fused"` rotates and writes the cache with `harness::rope_kv_write`
+    before each attention op, as `Attention.forward` does for such metadata."""
     decode = decode_kernel == "triton"
+    fused = rope_kv_write == "fused"
 
     def token_body(input_ids, positions, slot_mapping, token_to_seq, seq_lens, block_tables,
                    kv_layers, scratch):
@@ -58,8 +62,16 @@ def make_token_body(model, decode_kernel: str = "torch") -> Callable[..., torch.
         x = model.embed_tokens(input_ids)
         for layer, kv_layer in zip(model.layers, kv_layers):
             attn = layer.self_attn
-            q, k, v = attn.qkv(layer.input_layernorm(x), cos, sin)
+            if fused:
+                q, k, v = attn.projected(layer.input_layernorm(x))
+            else:
+                q, k, v = attn.qkv(layer.input_layernorm(x), cos, sin)
+            # Before the fused op, so that it and the attention op are adjacent: one split, no
+            # piece between them.
             out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
+            if fused:
+                rope_kv_write_op(q, k, v, cos, sin, kv_layer, slot_mapping)
+                k = v = None  # in the cache now
             if decode:
                 paged_decode_attention_op(q, k, v, kv_layer, slot_mapping, positions, token_to_seq,
                                           seq_lens, block_tables, attn.scale, out)
@@ -112,7 +124,8 @@ class PiecewiseGraphs:
             graph_backend, static_input=lambda t: id(t) in persistent, on_missing=self._count_fallback,
             pools=policy.pools, split_at=policy.split_at, compile_piece=compile_piece)
         self.attach(kv_cache, metadata)
-        self._compiled = torch.compile(make_token_body(model), backend=self.compile_backend,
+        self._compiled = torch.compile(make_token_body(model, rope_kv_write=metadata.rope_kv_write),
+                                       backend=self.compile_backend,
                                        dynamic=False, fullgraph=True)
         self.recompiles = 0
 

@@ -22,9 +22,11 @@ from torch import fx
 from harness.graphs.base import GraphBackend
 from harness.runtime.piecewise.split import node_calls_ops
 
-# The ops whose work depends on the host-side batch layout: they run eagerly between the pieces.
+# The ops whose work depends on the host-side batch layout, and the fused rope + KV write, which
+# writes the KV cache (a piece's input, which compiled pieces may not write): they run eagerly
+# between the pieces.
 DYNAMIC_OPS = frozenset({"harness::paged_attention", "harness::paged_decode_attention",
-                         "harness::block_sparse_attention"})
+                         "harness::block_sparse_attention", "harness::rope_kv_write"})
 
 
 @dataclass(frozen=True)
