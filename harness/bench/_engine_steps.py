@@ -71,7 +71,8 @@ def _engine(model, backend, batch: int, *, graphs: bool, overlap: bool,
 def ms_per_step(engine: Engine, batch: int, repeats: int) -> float:
     vocab = engine.model.vocab_size
     long, short = _requests(batch, NEW_TOKENS, vocab), _requests(batch, 1, vocab)
-    engine.generate(long)  # warm
+    engine.generate(long)  # warm: an engine without graphs compiles its step here
+    compiles_before = dict(engine.stats.eager_compiles)
     samples = []
     for _ in range(repeats):
         times = []
@@ -82,7 +83,7 @@ def ms_per_step(engine: Engine, batch: int, repeats: int) -> float:
             engine.generate(requests)
             times.append(time.perf_counter() - start)
         samples.append((times[0] - times[1]) / (NEW_TOKENS - 1) * 1e3)
-    refuse_fallbacks(engine, f"decode steps at batch {batch}")
+    refuse_fallbacks(engine, f"decode steps at batch {batch}", compiles_before)
     return statistics.median(samples)
 
 

@@ -3,6 +3,8 @@ the file `--output` names (the project's own record is docs/benchmarks.md)."""
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 import argparse
 import datetime
 import os
@@ -31,14 +33,18 @@ def require_at_least(parser: argparse.ArgumentParser, args: argparse.Namespace, 
             parser.error(f"--{name} must be at least {minimum}, got {value}")
 
 
-def refuse_fallbacks(engine, what: str) -> None:
+def refuse_fallbacks(engine, what: str, compiles_before: Mapping[str, int] | None = None) -> None:
     """Raise when `engine` fell back (a piece or a step ran eagerly, a recompile): what was timed
-    is then not the graphs' figure. `what` opens the message ("16 tokens: the piecewise run")."""
+    is then not the graphs' figure. `what` opens the message ("16 tokens: the piecewise run").
+    `compiles_before`: the engine's eager compiles when the timed steps began (those of a warmup
+    are not the timed steps')."""
     fallbacks = {reason: n for reason, n in engine.stats.fallbacks.items() if n}
     if fallbacks:
         raise RuntimeError(f"{what} fell back: {fallbacks}")
     # Not fallbacks, but a compile inside the timed steps is not the steps' figure either.
-    compiles = {reason: n for reason, n in engine.stats.eager_compiles.items() if n}
+    before = compiles_before or {}
+    compiles = {reason: n - before.get(reason, 0) for reason, n in engine.stats.eager_compiles.items()
+                if n > before.get(reason, 0)}
     if compiles:
         raise RuntimeError(f"{what} compiled while timed: {compiles}")
 

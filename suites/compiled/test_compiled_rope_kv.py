@@ -51,7 +51,9 @@ def test_a_compiled_step_of_another_rope_kv_write_is_refused(device_reference_ll
     step = CompiledStep(model, None, rope_kv_write="fused")
     with pytest.raises(ValueError, match="built for rope_kv_write 'fused'"):
         step(ids, metadata(cache, spans, "separate"), cache)
-    config = replace(TINY_ENGINE_CONFIG, compile="inductor", rope_kv_write="separate")
+    # The step's decode kernel is the torch path: the engine's too, so the refusal is the rope's.
+    config = replace(TINY_ENGINE_CONFIG, compile="inductor", rope_kv_write="separate",
+                     decode_kernel="torch")
     with pytest.raises(ValueError, match="rotates and stores K/V 'fused'"):
         Engine(model, config, compiled_step=step)
 

@@ -4,20 +4,18 @@ graphs included), and on CUDA (gpu) the engine's generations with the kernel aga
 
 from __future__ import annotations
 
-import contextlib
 from dataclasses import replace
 
 import pytest
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from harness.emulation import emulation_active
 from harness.ops import AttentionMetadata, choose_decode_kernel, paged_attention
 from harness.ops.decode_kernel import triton_import_error
 from harness.runtime import Engine, EngineConfig
-from fixtures.emulated_device import own_emulated_device
 from suites.ops.batches import Batch
 from suites.ops.decode_cases import decode_batch, replay_on_a_later_batch, torch_ops_output
+from fixtures.emulated_device import on_the_emulated_device
 
 SCALE = 0.35
 DECODES = dict(lengths=[(7, 1), (21, 1), (2, 1)], heads=6, kv_heads=2, pad_tokens=1, pad_seqs=1)
@@ -35,16 +33,6 @@ class OpNames(TorchDispatchMode):
         if str(func).startswith("harness."):
             self.names.append(str(func))
         return func(*args, **(kwargs or {}))
-
-
-@contextlib.contextmanager
-def on_the_emulated_device():
-    """The emulated device: the session's (pytest --emulate-cuda) or one entered here."""
-    active = emulation_active()
-    if active == "cuda":
-        pytest.skip("the session runs the sanitizer on a real GPU, not the emulated device")
-    with contextlib.nullcontext() if active == "cpu" else own_emulated_device():
-        yield
 
 
 def as_triton(batch: Batch) -> AttentionMetadata:

@@ -4,14 +4,11 @@ attention ops finding the cache written, and how an engine chooses it (EngineCon
 
 from __future__ import annotations
 
-import contextlib
 
 import pytest
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
-import harness
-from harness.emulation import emulation_active
 from harness.ops import AttentionMetadata, SequenceSpan, paged_attention
 from harness.ops.rope_kv_choice import choose_rope_kv_write
 from harness.ops.rope_kv_write import rope_kv_write, rope_kv_write_op
@@ -20,16 +17,7 @@ from harness.records import Request
 from harness.runtime import Engine, EngineConfig
 from suites.ops.rope_kv_cases import bf16_steps, float64_rotation, rope_kv_case, separate_path
 from suites.ops.test_decode_attention import OpNames
-
-
-@contextlib.contextmanager
-def on_the_emulated_device():
-    """The emulated device: the session's (pytest --emulate-cuda) or one entered here."""
-    active = emulation_active()
-    if active == "cuda":
-        pytest.skip("the session runs the sanitizer on a real GPU, not the emulated device")
-    with contextlib.nullcontext() if active == "cpu" else harness.emulate_cuda(device="cpu"):
-        yield
+from fixtures.emulated_device import on_the_emulated_device
 
 
 @pytest.mark.parametrize("shape", [dict(), dict(heads=32, kv_heads=8, head_dim=64, block_size=16),

@@ -142,6 +142,8 @@ def test_cuda_engine_generations_with_the_kernel_match_the_separate_path(compile
     baseline = Engine(model, replace(config, rope_kv_write="separate")).generate(requests)
     engine = Engine(model, replace(config, rope_kv_write=None))
     candidate = engine.generate(requests)
-    assert engine.rope_kv_write.mode == "fused" and not engine.stats.fallbacks
+    # Batches above the largest graph run eager and are counted; none may leave the fused op.
+    rope_fallbacks = [r for r in engine.stats.fallbacks if "rope" in r]
+    assert engine.rope_kv_write.mode == "fused" and not rope_fallbacks, engine.stats.fallbacks
     comparison = compare_generations(baseline, candidate)
     assert comparison.ok, str(comparison)

@@ -88,7 +88,13 @@ def _refusal(which: str) -> str:
         else:
             prefetcher.capture_joining_unforked(fork=False)
     except RuntimeError as error:  # CaptureError on the emulated device, CUDA's own natively
-        return str(error)
+        # Natively the graph's exit ends the invalidated capture and raises that ("operation
+        # failed due to a previous error during capture"), the wait's refusal as its context.
+        chain = []
+        while error is not None:
+            chain.append(str(error))
+            error = error.__context__
+        return "\n".join(chain)
     return ""
 
 

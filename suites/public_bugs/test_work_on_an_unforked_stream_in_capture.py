@@ -16,6 +16,11 @@ class Runner:
     def __init__(self, *, fork_and_join: bool) -> None:
         self.fork_and_join = fork_and_join
         self.side = torch.cuda.Stream()  # made once, before any capture
+        # torch.cuda.Stream() hands out one of 32 pooled CUDA streams per priority: in a process
+        # that made many, a new one can be the side stream itself, which would then be captured.
+        self.capture_stream = torch.cuda.Stream()
+        while self.capture_stream.cuda_stream == self.side.cuda_stream:
+            self.capture_stream = torch.cuda.Stream()
         self.hidden = torch.zeros(8, device="cuda")
         self.scaled = torch.zeros(8, device="cuda")
         self.out = torch.zeros(8, device="cuda")
@@ -32,7 +37,7 @@ class Runner:
 
     def capture(self) -> None:
         torch.cuda.synchronize()
-        with torch.cuda.graph(self.graph):
+        with torch.cuda.graph(self.graph, stream=self.capture_stream):
             self.step()
         torch.cuda.synchronize()
 

@@ -123,6 +123,14 @@ def their_project(tmp_path) -> Path:
     return project
 
 
+def _other_plugins() -> list[str]:
+    """The pytest11 entry points installed here other than ours and xdist (which the runs use)."""
+    from importlib.metadata import entry_points
+
+    keep = {"harness", "xdist", "xdist.looponfail"}
+    return sorted({e.name for e in entry_points(group="pytest11")} - keep)
+
+
 def _run(project: Path, report: Path, *args: str) -> dict:
     report.mkdir()
     env = {k: v for k, v in os.environ.items() if not k.startswith(("PYTEST_", "THEIR_"))}
@@ -140,8 +148,12 @@ def _run(project: Path, report: Path, *args: str) -> dict:
 
 
 def _compare_with_and_without_the_plugin(project: Path, tmp_path: Path, *args: str) -> None:
-    guest = _run(project, tmp_path / "with", *args)
-    alone = _run(project, tmp_path / "without", "-p", "no:harness", *args)
+    # Other installed plugins stay out of both runs (pytest-benchmark, where installed, warns
+    # under xdist, and the project turns warnings into errors): only ours differs between them.
+    others = [f"-p no:{name}" for name in _other_plugins()]
+    others = [part for option in others for part in option.split(" ", 1)]
+    guest = _run(project, tmp_path / "with", *others, *args)
+    alone = _run(project, tmp_path / "without", *others, "-p", "no:harness", *args)
     assert alone["rc"] == 0 and not alone["warned"], alone["output"]  # the project itself is sound
     assert len(alone["outcomes"]) == 6 and "test1" in alone["states"], alone["output"]
     for key in ("rc", "outcomes", "states", "warned"):
