@@ -50,8 +50,8 @@ def body_reads_host_count(handle: FaultHandle, use, count: HostCount | None = No
         return planted
 
     def make_body(make_token_body):
-        def planted(model, *options):  # the decode kernel and rope_kv_write, as the caller gives them
-            body = make_token_body(model, *options)
+        def planted(model, *args, **kwargs):  # the decode kernel and rope_kv_write, as given
+            body = make_token_body(model, *args, **kwargs)
 
             def reads_count(*args):
                 return use(body(*args), count)

@@ -109,11 +109,16 @@ def test_reseeding_during_capture_gets_cuda_generator_s_message(cuda_device):
 def test_a_fork_not_joined_back_gets_the_runtime_s_message(cuda_device):
     x = torch.ones(3, device="cuda")
     side = torch.cuda.Stream()
-    with pytest.raises(CaptureError) as caught:
-        with torch.cuda.graph(torch.cuda.CUDAGraph()):
-            side.wait_stream(torch.cuda.current_stream())
-            with torch.cuda.stream(side):
-                x.mul_(3)
+    caller = torch.cuda.current_stream()
+    try:
+        with pytest.raises(CaptureError) as caught:
+            with torch.cuda.graph(torch.cuda.CUDAGraph()):
+                side.wait_stream(torch.cuda.current_stream())
+                with torch.cuda.stream(side):
+                    x.mul_(3)
+    finally:
+        # torch.cuda.graph's exit leaves its capture stream current when capture_end raises.
+        torch.cuda.set_stream(caller)
     assert str(caught.value).startswith(UNJOINED + "\n"), str(caught.value)
 
 

@@ -214,6 +214,10 @@ def test_replay_follows_metadata_prepared_after_capture(graph_backend, device) -
     out = torch.empty_like(q)
     graph_md.prepare([SequenceSpan(s, 1, t) for s, t in zip(starts, tables)], num_tokens=4,
                      num_seqs=4)
+    # On CUDA a thread's first matmul creates its cuBLAS handle, which a capture refuses
+    # (CUBLAS_STATUS_NOT_INITIALIZED): a runtime warms it up before capturing, as here.
+    warm = torch.ones(2, 2, dtype=torch.bfloat16, device=device)
+    warm @ warm
     graph = graph_backend.capture(
         lambda: paged_attention(q, k, v, graph_cache.layer(0), graph_md, SCALE, out))
     gen = torch.Generator().manual_seed(2)
