@@ -13,6 +13,7 @@ from transformers import LlamaConfig
 from harness.model.rope import RotaryTable
 from harness.ops import PagedKVCache
 from harness.ops.attention import write_kv
+from harness.ops.rope_kv_write import rope_kv_write_op
 from harness.ops.rotary import apply_rotary_
 
 
@@ -83,3 +84,18 @@ def float64_rotation(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> t
 
 def bf16_steps(dtype: torch.dtype, magnitude: float, steps: int) -> float:
     return steps * torch.finfo(dtype).eps * max(magnitude, 1.0)
+
+
+def replay_on_a_later_case(first: RopeKvCase, later: RopeKvCase) -> None:
+    """Capture the op on `first` (after one launch outside capture, as a runtime warms up), copy
+    `later`'s values into the captured inputs and the cache, and replay: `first` then holds what
+    the op makes of `later`."""
+    args = first.args()
+    rope_kv_write_op(*args)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        rope_kv_write_op(*args)
+    first.qkv.copy_(later.qkv), first.cos.copy_(later.cos), first.sin.copy_(later.sin)
+    first.cache.tensor.copy_(later.cache.tensor), first.slot_mapping.copy_(later.slot_mapping)
+    graph.replay()
+    torch.cuda.synchronize()

@@ -15,7 +15,8 @@ from harness.ops.rope_kv_write import rope_kv_write, rope_kv_write_op
 from harness.ops.rotary import apply_rotary_
 from harness.records import Request
 from harness.runtime import Engine, EngineConfig
-from suites.ops.rope_kv_cases import bf16_steps, float64_rotation, rope_kv_case, separate_path
+from suites.ops.rope_kv_cases import (bf16_steps, float64_rotation, replay_on_a_later_case, rope_kv_case,
+                                      separate_path)
 from suites.ops.test_decode_attention import OpNames
 from fixtures.emulated_device import on_the_emulated_device
 
@@ -87,15 +88,7 @@ def test_the_emulated_device_captures_and_replays_the_op() -> None:
     with on_the_emulated_device():
         first, later = rope_kv_case(device="cuda", seed=2), rope_kv_case(device="cuda", seed=5)
         expected_q, expected_layer = separate_path(later)
-        args = first.args()
-        rope_kv_write_op(*args)  # the first launch outside capture, as a runtime warms up
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph):
-            rope_kv_write_op(*args)
-        first.qkv.copy_(later.qkv), first.cos.copy_(later.cos), first.sin.copy_(later.sin)
-        first.cache.tensor.copy_(later.cache.tensor), first.slot_mapping.copy_(later.slot_mapping)
-        graph.replay()
-        torch.cuda.synchronize()
+        replay_on_a_later_case(first, later)
         assert torch.equal(first.q.cpu(), expected_q.cpu())
         assert torch.equal(first.cache.layer(0).cpu(), expected_layer.cpu())
 

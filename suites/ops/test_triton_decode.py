@@ -8,28 +8,19 @@ importable: the CPU test), and on CUDA (marker gpu, without the interpreter). Wh
 from __future__ import annotations
 
 import importlib.util
-import os
 
 import pytest
 import torch
 from hypothesis import given
 
 from harness.ops import AttentionMetadata
-from harness.ops.decode_kernel import triton_import_error
 from suites.ops.batches import Batch
 from suites.ops.decode_cases import (decode_batch, kernel_batches, replay_on_a_later_batch, tolerance,
                                      torch_ops_output, write_new_tokens)
 from suites.ops.reference import naive_attention
+from suites.ops.triton_marks import needs_compiled_triton, needs_interpreter, needs_triton
 
 SCALE = 0.35
-INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1"
-
-needs_triton = pytest.mark.skipif(triton_import_error() is not None,
-                                  reason=f"triton is not importable: {triton_import_error()}")
-needs_interpreter = pytest.mark.skipif(not INTERPRETED, reason="runs Triton's interpreter on CPU "
-                                       "tensors: set TRITON_INTERPRET=1")
-needs_compiled_triton = pytest.mark.skipif(INTERPRETED, reason="TRITON_INTERPRET=1 runs kernels "
-                                           "on CPU tensors, these use CUDA ones")
 
 
 def kernel_output(batch: Batch, scale: float = SCALE) -> torch.Tensor:

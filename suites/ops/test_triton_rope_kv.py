@@ -7,22 +7,15 @@ neither holds (CI's CPU wheel has no triton) every test here skips with its reas
 
 from __future__ import annotations
 
-import os
 
 import pytest
 import torch
 
-from harness.ops.decode_kernel import triton_import_error
-from suites.ops.rope_kv_cases import RopeKvCase, bf16_steps, float64_rotation, rope_kv_case, separate_path
+from suites.ops.rope_kv_cases import (RopeKvCase, bf16_steps, float64_rotation, replay_on_a_later_case,
+                                      rope_kv_case, separate_path)
+from suites.ops.triton_marks import (INTERPRETED, needs_compiled_triton, needs_interpreter,
+                                     needs_triton)
 
-INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1"
-
-needs_triton = pytest.mark.skipif(triton_import_error() is not None,
-                                  reason=f"triton is not importable: {triton_import_error()}")
-needs_interpreter = pytest.mark.skipif(not INTERPRETED, reason="runs Triton's interpreter on CPU "
-                                       "tensors: set TRITON_INTERPRET=1")
-needs_compiled_triton = pytest.mark.skipif(INTERPRETED, reason="TRITON_INTERPRET=1 runs kernels "
-                                           "on CPU tensors, these use CUDA ones")
 
 SHAPES = {
     "gqa": dict(),
@@ -99,19 +92,9 @@ def test_cuda_kernel_matches_the_torch_path(shape: str) -> None:
 def test_cuda_op_is_captured_and_replays_a_later_batch() -> None:
     """The op dispatches to the kernel on CUDA; a CUDA graph of it replays another batch's values
     (slots read on the device, nothing on the host)."""
-    from harness.ops.rope_kv_write import rope_kv_write_op
-
     first, later = rope_kv_case(device="cuda", seed=2), rope_kv_case(device="cuda", seed=5)
     expected_q, expected_layer = separate_path(later)
-    args = first.args()
-    rope_kv_write_op(*args)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        rope_kv_write_op(*args)
-    first.qkv.copy_(later.qkv), first.cos.copy_(later.cos), first.sin.copy_(later.sin)
-    first.cache.tensor.copy_(later.cache.tensor), first.slot_mapping.copy_(later.slot_mapping)
-    graph.replay()
-    torch.cuda.synchronize()
+    replay_on_a_later_case(first, later)
     n, slots = later.num_real, later.slot_mapping[: later.num_real]
     limit = bf16_steps(torch.bfloat16, expected_layer.abs().max().item(), 1)
     assert (first.q[:n].double() - expected_q[:n].double()).abs().max().item() <= limit
