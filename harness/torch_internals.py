@@ -176,6 +176,12 @@ NAMES: dict[str, Internal] = {
     "inductor_config": Internal("torch._inductor.config", "", _found("torch._inductor.config"),
                                 lazy=True),
     "set_allocator_settings": Internal("torch._C", "_accelerator_setAllocatorSettings"),
+    # CUDA's caching allocator's private pools (the graph sanitizer's pools, sanitizer_pools.py)
+    "cuda_begin_allocate_current_thread_to_pool": Internal(
+        "torch._C", "_cuda_beginAllocateCurrentThreadToPool"),
+    "cuda_end_allocate_to_pool": Internal("torch._C", "_cuda_endAllocateToPool"),
+    "cuda_release_pool": Internal("torch._C", "_cuda_releasePool"),
+    "graph_pool_handle": Internal("torch._C", "_graph_pool_handle"),
 }
 
 
@@ -285,6 +291,10 @@ nn_module = bind(NAMES["nn_module"])
 group_tensors_by_device_and_dtype = bind(NAMES["group_tensors_by_device_and_dtype"])
 set_allocator_settings = bind(NAMES["set_allocator_settings"])
 tree_unflatten = bind(NAMES["tree_unflatten"])
+cuda_begin_allocate_current_thread_to_pool = bind(NAMES["cuda_begin_allocate_current_thread_to_pool"])
+cuda_end_allocate_to_pool = bind(NAMES["cuda_end_allocate_to_pool"])
+cuda_release_pool = bind(NAMES["cuda_release_pool"])
+graph_pool_handle = bind(NAMES["graph_pool_handle"])
 
 
 def lazy_module(name: str) -> Any:

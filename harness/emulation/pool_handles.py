@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import itertools
 import weakref
+from typing import Callable
 
 import torch
 
@@ -21,9 +22,15 @@ from harness.graphs.emulator.pool import PoolArena
 class PoolHandles:
     """The pool ids of one device (the emulated one, or the sanitizer's GPU)."""
 
-    def __init__(self, storage_device: torch.device, *, cached: bool = False) -> None:
+    def __init__(self, storage_device: torch.device, *, cached: bool = False,
+                 new_arena: Callable[[tuple[int, int]], PoolArena] | None = None,
+                 new_user_handle: Callable[[], tuple[int, int]] | None = None) -> None:
         self._device = storage_device
         self._cached = cached  # see PoolUse: unused pools keep their memory until release_cached()
+        # The arena of a pool id (default: the emulator's own segments), and the ids
+        # graph_pool_handle() hands out (default: a counter of this table's).
+        self._new_arena = new_arena or (lambda _: PoolArena(storage_device, cached=cached))
+        self._new_user_handle = new_user_handle
         # Every pool's use, also of an arena already collected: its blocks and the graphs reading
         # them keep its token and its segments (external.py).
         self._uses: weakref.WeakSet = weakref.WeakSet()
@@ -33,6 +40,8 @@ class PoolHandles:
 
     def user_handle(self) -> tuple[int, int]:
         """What `torch.cuda.graph_pool_handle()` returns."""
+        if self._new_user_handle is not None:
+            return self._new_user_handle()
         return (0, next(self._user_ids))
 
     def arena(self, handle) -> tuple[tuple[int, int], PoolArena]:
@@ -45,7 +54,7 @@ class PoolHandles:
                             f"graph's pool(): a tuple of two ints, not both 0; got {handle!r}")
         arena = self._arenas.get(handle)
         if arena is None:
-            arena = self._arenas[handle] = PoolArena(self._device, cached=self._cached)
+            arena = self._arenas[handle] = self._new_arena(handle)
             self._uses.add(arena.token)
         return handle, arena
 

@@ -13,6 +13,7 @@ from harness import torch_internals
 
 from harness.emulation.observers import Observed
 from harness.emulation.pool_handles import PoolHandles
+from harness.emulation.sanitizer_pools import AllocatorPool
 from harness.graphs.emulator.memory import ByDeviceType
 
 
@@ -25,7 +26,13 @@ class SanitizerHost(Observed):
         self.storage_device = torch.device("cuda", torch.cuda.current_device())
         self.kernel_device = self.storage_device
         self.memory = ByDeviceType(self.storage_device)
-        self.pool_handles = PoolHandles(self.storage_device)
+        # Real pools of CUDA's allocator (sanitizer_pools.py), their ids from torch's own counter
+        # so that a torch.cuda.MemPool made beside them never gets the same id.
+        self.pool_handles = PoolHandles(
+            self.storage_device, cached=True,
+            new_arena=lambda pool_id: AllocatorPool(self.storage_device, pool_id),
+            new_user_handle=torch_internals.graph_pool_handle)
+        self._routed: AllocatorPool | None = None
         self.capture = None
         self._capture_stream = None
         self.observers: list = []
@@ -37,16 +44,19 @@ class SanitizerHost(Observed):
         return torch.cuda.default_stream()
 
     def begin_capture(self, graph, stream, pool) -> None:
-        self.capture, self._capture_stream = graph, stream
+        pool.begin_routing()
+        self.capture, self._capture_stream, self._routed = graph, stream, pool
 
     def release_pool(self, pool) -> None:
-        pass  # real memory: CUDA's own allocator keeps its accounting
+        pool.release()
 
     def graph_destroyed(self, key: int) -> None:
         pass
 
     def end_capture(self) -> None:
-        self.capture, self._capture_stream = None, None
+        if self._routed is not None:
+            self._routed.end_routing()
+        self.capture, self._capture_stream, self._routed = None, None, None
 
     def is_current_stream_capturing(self) -> bool:
         return self.capture is not None and torch.cuda.current_stream() == self._capture_stream
@@ -75,10 +85,18 @@ def enter_sanitizer(stack: contextlib.ExitStack) -> SanitizerHost:
     import torch.cuda.graphs
 
     from harness.emulation.cuda_graph import CUDAGraph
+    import torch.cuda.memory
+
     from harness.emulation.replacing import apply
-    from harness.graphs.emulator.pool import PoolArena
 
     host = SanitizerHost()
+    real_empty_cache = torch.cuda.memory.empty_cache
+
+    def empty_cache() -> None:
+        # CUDA's allocator gives back the unused pools' segments; the emulator's record of which
+        # pools' memory may have been handed out again follows (pool.PoolUse).
+        real_empty_cache()
+        host.pool_handles.release_cached()
 
     def graph_pool_handle():
         return host.pool_handles.user_handle()
@@ -89,7 +107,9 @@ def enter_sanitizer(stack: contextlib.ExitStack) -> SanitizerHost:
     names = {"CUDAGraph": CUDAGraph, "graph_pool_handle": graph_pool_handle,
              "is_current_stream_capturing": is_current_stream_capturing}
     apply([(module, name, value) for module in (torch.cuda, torch.cuda.graphs)
-            for name, value in names.items()] + _host_sync_checks(host), stack)
+            for name, value in names.items()]
+          + [(module, "empty_cache", empty_cache) for module in (torch.cuda, torch.cuda.memory)]
+          + _host_sync_checks(host), stack)
     return host
 
 

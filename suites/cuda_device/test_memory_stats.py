@@ -4,10 +4,11 @@ small-pool segments, 20 MiB and rounded large-pool segments, splits, merges, cac
 
 Each check starts from an emptied cache and allocates on a stream of its own: the allocator caches
 per stream, so what other tests left cached cannot serve these requests, and the deltas are
-exact. On a machine with a GPU the same checks run against CUDA's own allocator, the rules' source
-(not under the graph sanitizer: its graph pools are the emulator's arena over real memory), in a
-session that runs this file alone: after other tests in the same process (the H200's contract run
-under xdist) CUDA's reserved bytes moved by a 2 MiB segment those tests left behind."""
+exact. On a machine with a GPU the same checks run against CUDA's own allocator, the rules' source,
+natively and under the graph sanitizer (whose graph pools are private pools of that allocator,
+sanitizer_pools.py), in a session that runs this file alone: after other tests in the same
+process (the H200's contract run under xdist) CUDA's reserved bytes moved by a 2 MiB segment those
+tests left behind."""
 
 from __future__ import annotations
 
@@ -28,9 +29,7 @@ def caching_allocator(request):
     """The emulated device's model of the caching allocator, or CUDA's own on a GPU; what earlier
     tests left cached goes back first (a later empty_cache() would move it)."""
     with contextlib.ExitStack() as stack:
-        if emulation_active() == "cuda":
-            pytest.skip("the graph sanitizer: graph pools are the emulator's arena, not CUDA's")
-        if emulation_active() is None and torch.cuda.is_available() and any(
+        if emulation_active() != "cpu" and torch.cuda.is_available() and any(
                 item.path != request.node.path for item in request.session.items):
             pytest.skip("CUDA's own allocator is compared only in a session of this file alone: "
                         "pytest suites/cuda_device/test_memory_stats.py")

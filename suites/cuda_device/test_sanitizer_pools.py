@@ -1,0 +1,83 @@
+"""Under the graph sanitizer a graph's pool is a private pool of CUDA's caching allocator, as a real
+capture's is: the capture's blocks sit in segments of that pool, the pool's memory is reserved
+until its graphs are gone and the cache is emptied, and a block freed inside the capture after
+use on another stream is not handed out again during it."""
+
+from __future__ import annotations
+
+import contextlib
+import gc
+
+import pytest
+import torch
+
+import harness
+from harness.emulation import emulation_active
+
+pytestmark = pytest.mark.gpu
+
+
+@pytest.fixture
+def sanitizer():
+    if not torch.cuda.is_available():
+        pytest.skip("the graph sanitizer runs on a real GPU")
+    if emulation_active() == "cpu":
+        pytest.skip("the session runs the emulated device, not the sanitizer")
+    with contextlib.nullcontext() if emulation_active() == "cuda" else harness.emulate_cuda():
+        gc.collect()
+        torch.cuda.empty_cache()
+        yield
+
+
+def pools_of(address: int) -> list[tuple[int, int]]:
+    return [tuple(s["segment_pool_id"]) for s in torch.cuda.memory_snapshot()
+            if s["address"] <= address < s["address"] + s["total_size"]]
+
+
+def test_a_captured_block_lives_in_the_graph_s_private_pool(sanitizer):
+    stream = torch.cuda.Stream()
+    x = torch.ones(1000, device="cuda")
+    torch.cuda.synchronize()
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g, stream=stream):
+        out = x * 2
+    assert pools_of(out.data_ptr()) == [g.pool()]
+    assert pools_of(x.data_ptr()) == [(0, 0)]  # made outside the capture: the regular pools
+
+
+def test_an_unused_pool_s_segment_goes_back_at_empty_cache(sanitizer):
+    stream = torch.cuda.Stream()
+    x = torch.ones(1000, device="cuda")
+    torch.cuda.synchronize()
+    reserved = torch.cuda.memory_reserved()
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g, stream=stream):
+        out = x * 2
+    g.replay()
+    torch.cuda.synchronize()
+    assert torch.cuda.memory_reserved() - reserved == 2 << 20  # one small-pool segment
+    assert out.sum().item() == 2000
+    del g, out
+    gc.collect()
+    torch.cuda.empty_cache()
+    assert torch.cuda.memory_reserved() == reserved
+
+
+def test_a_block_freed_in_capture_after_record_stream_is_not_reused_there(sanitizer):
+    s1, s2 = torch.cuda.Stream(), torch.cuda.Stream()
+    g = torch.cuda.CUDAGraph()
+    torch.cuda.synchronize()
+    with torch.cuda.stream(s1):
+        g.capture_begin()
+        data1 = torch.empty(8, device="cuda")
+        first = data1.data_ptr()
+        s2.wait_stream(s1)
+        with torch.cuda.stream(s2):
+            buf = data1 + 2
+            data1.record_stream(s2)
+        del data1
+        data2 = torch.empty(8, device="cuda")
+        s1.wait_stream(s2)
+        g.capture_end()
+    assert data2.data_ptr() != first
+    del buf
