@@ -34,7 +34,9 @@ class SanitizerHost(Observed):
             new_user_handle=torch_internals.graph_pool_handle)
         self._routed: AllocatorPool | None = None
         self.capture = None
-        self._capture_stream = None
+        # The streams of the capture under way: its stream and those forked from it (a wait on an
+        # event recorded in it). No driver capture runs here, so CUDA cannot say which they are.
+        self._capturing: set[tuple[int, int]] = set()
         self.observers: list = []
 
     def current_stream(self):
@@ -45,7 +47,7 @@ class SanitizerHost(Observed):
 
     def begin_capture(self, graph, stream, pool) -> None:
         pool.begin_routing()
-        self.capture, self._capture_stream, self._routed = graph, stream, pool
+        self.capture, self._capturing, self._routed = graph, {_key(stream)}, pool
 
     def release_pool(self, pool) -> None:
         pool.release()
@@ -56,13 +58,18 @@ class SanitizerHost(Observed):
     def end_capture(self) -> None:
         if self._routed is not None:
             self._routed.end_routing()
-        self.capture, self._capture_stream, self._routed = None, None, None
+        self.capture, self._capturing, self._routed = None, set(), None
 
     def is_current_stream_capturing(self) -> bool:
-        return self.capture is not None and torch.cuda.current_stream() == self._capture_stream
+        return self.stream_captures(torch.cuda.current_stream())
 
     def stream_captures(self, stream) -> bool:
-        return self.capture is not None and stream == self._capture_stream
+        return self.capture is not None and _key(stream) in self._capturing
+
+    def joins(self, stream) -> None:
+        """`stream` waited on work of the capture: it is forked into it, as CUDA counts it."""
+        if self.capture is not None:
+            self._capturing.add(_key(stream))
 
     # Observers (DeviceState's interface, state.py) hear of captures and replays here too: the
     # explainer (harness.check.explain_cuda) keeps each capture's recording and observes its replays.
@@ -79,6 +86,10 @@ class SanitizerHost(Observed):
 
     def notify_capture_end(self, graph, *, aborted: bool) -> None:
         self._tell("on_capture_end", graph, aborted)
+
+
+def _key(stream) -> tuple[int, int]:
+    return (stream.device_index, stream.stream_id)
 
 
 def enter_sanitizer(stack: contextlib.ExitStack) -> SanitizerHost:
@@ -114,13 +125,16 @@ def enter_sanitizer(stack: contextlib.ExitStack) -> SanitizerHost:
 
 
 def _host_sync_checks(host: SanitizerHost) -> list:
-    """No real capture runs here, so CUDA itself would let host syncs through: the sanitizer
-    refuses them as a capture on CUDA does (capture_syncs.py), with CUDA's text, then syncs."""
+    """No real capture runs here, so CUDA itself would let host syncs through, and waits on work
+    outside the capture: the sanitizer refuses them as a capture on CUDA does (capture_syncs.py,
+    capture_waits.py), with CUDA's text, then makes the call."""
     from harness.emulation.capture_syncs import refuse_host_sync
+    from harness.emulation.capture_waits import refuse_uncaptured_wait
 
     Stream, Event = torch.cuda.Stream, torch.cuda.Event
     stream_sync, stream_query = Stream.synchronize, Stream.query
     event_sync, event_query, event_record = Event.synchronize, Event.query, Event.record
+    event_wait, stream_wait_stream = Event.wait, Stream.wait_stream
     torch_C = torch_internals.torch_namespace("torch._C")
     device_sync = getattr(torch_C, "_cuda_synchronize")
 
@@ -143,8 +157,20 @@ def _host_sync_checks(host: SanitizerHost) -> list:
     def record_event(self, stream=None) -> None:
         event_record(self, stream)
         on = torch.cuda.current_stream() if stream is None else stream
+        self.recorded_on = on  # what capture_waits.py asks of an event
         if host.stream_captures(on):
             host.capture.note_recorded_event(self)
+
+    def wait_on_event(self, stream=None) -> None:  # Stream.wait_event(e) is e.wait(stream)
+        waiting = torch.cuda.current_stream() if stream is None else stream
+        refuse_uncaptured_wait(host, waiting, event=self, what="Stream.wait_event()")
+        if host.capture is not None and host.capture.recorded_event(self):
+            host.joins(waiting)
+        event_wait(self, stream)
+
+    def wait_stream(self, other) -> None:
+        refuse_uncaptured_wait(host, self, other=other, what="Stream.wait_stream()")
+        stream_wait_stream(self, other)  # records on `other`, then waits: a fork joins above
 
     def synchronize_device() -> None:
         refuse_host_sync(host, "torch.cuda.synchronize()", device=True)
@@ -152,4 +178,5 @@ def _host_sync_checks(host: SanitizerHost) -> list:
 
     return [(Stream, "synchronize", synchronize_stream), (Stream, "query", query_stream),
             (Event, "synchronize", synchronize_event), (Event, "query", query_event),
-            (Event, "record", record_event), (torch_C, "_cuda_synchronize", synchronize_device)]
+            (Event, "record", record_event), (Event, "wait", wait_on_event),
+            (Stream, "wait_stream", wait_stream), (torch_C, "_cuda_synchronize", synchronize_device)]

@@ -1,6 +1,6 @@
 """A capturing stream's waits, judged as CUDA judges them: on the emulated device and natively on
-a GPU (the same cases, so the H200 run shows CUDA's verdicts; the graph sanitizer does not judge
-waits, docs/fidelity.md). Waiting on work outside the capture (an event recorded before it, a
+a GPU (the same cases, so the H200 run shows CUDA's verdicts) and in the graph sanitizer (which
+judges them itself: no driver capture runs there). Waiting on work outside the capture (an event recorded before it, a
 stream never forked into it) is cudaErrorStreamCaptureIsolation in every capture mode and
 invalidates the capture; waiting on an event never recorded, on one recorded inside the capture,
 or on a stream forked into it is allowed."""
@@ -96,8 +96,6 @@ def _outcome(case_name: str, mode: str) -> tuple[list[str], str | None, list | N
 @pytest.mark.parametrize("mode", ["global", "thread_local", "relaxed"])
 @pytest.mark.parametrize("case", CASES, ids=lambda c: c.name)
 def test_a_capturing_streams_wait(cuda_kind, case, mode):
-    if cuda_kind == "sanitizer":
-        pytest.skip("the graph sanitizer does not judge waits on uncaptured work")
     if cuda_kind == "native" and case.refused:
         errors, ended, values = in_a_process_of_its_own(__file__, "_outcome", case.name, mode)
     else:

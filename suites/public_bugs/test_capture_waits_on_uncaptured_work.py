@@ -4,7 +4,8 @@ capture without having been forked from it (SGLang's HiSparse host backup and a 
 prefetch both met it; TensorRT-LLM #12462's side-stream sends). CUDA refuses the wait with
 cudaErrorStreamCaptureIsolation ("dependency created on uncaptured work in another stream") in
 every capture mode and invalidates the capture; the emulated device names the call and the user's
-line. On a GPU the file runs natively, against CUDA itself.
+line. On a GPU the file runs natively, against CUDA itself, and in the graph sanitizer, which
+refuses the wait as CUDA does (no driver capture runs there for CUDA to refuse it).
 Fixed: wait before the capture begins, or fork the other stream from the capturing stream inside
 the capture before its work."""
 
@@ -20,13 +21,9 @@ from suites.cuda_device._own_process import in_a_process_of_its_own
 
 @pytest.fixture(autouse=True)
 def harness_device():
-    """On a GPU, natively: CUDA's own verdict. On a CPU, the emulated device. The graph sanitizer
-    is skipped: its captures are emulated, so the real streams never capture for CUDA to refuse a
-    wait, and it does not follow forks to judge one itself."""
-    active = emulation_active()
-    if active == "cuda":
-        pytest.skip("the graph sanitizer does not judge waits on uncaptured work; run natively")
-    if active == "cpu" or torch.cuda.is_available():
+    """On a GPU, natively (CUDA's own verdict) or the session's graph sanitizer. On a CPU, the
+    emulated device."""
+    if emulation_active() is not None or torch.cuda.is_available():
         yield
         return
     with harness.emulate_cuda():
