@@ -33,6 +33,9 @@ class SanitizerHost(Observed):
             new_arena=lambda pool_id: AllocatorPool(self.storage_device, pool_id),
             new_user_handle=torch_internals.graph_pool_handle)
         self._routed: AllocatorPool | None = None
+        # The default generator's seed and offset, held while any graph is registered with it.
+        self._graphs: set[int] = set()
+        self._generator_state: tuple[torch.Tensor, ...] = ()
         self.capture = None
         # The streams of the capture under way: its stream and those forked from it (a wait on an
         # event recorded in it). No driver capture runs here, so CUDA cannot say which they are.
@@ -46,6 +49,12 @@ class SanitizerHost(Observed):
         return torch.cuda.default_stream()
 
     def begin_capture(self, graph, stream, pool) -> None:
+        if not self._graphs:
+            # CUDAGeneratorState::register_graph: two one-element int64 device tensors, made on
+            # the capture stream before the capture's pool takes over.
+            self._generator_state = tuple(
+                torch.empty(1, dtype=torch.int64, device=self.storage_device) for _ in range(2))
+        self._graphs.add(id(graph))
         pool.begin_routing()
         self.capture, self._capturing, self._routed = graph, {_key(stream)}, pool
 
@@ -53,7 +62,9 @@ class SanitizerHost(Observed):
         pool.release()
 
     def graph_destroyed(self, key: int) -> None:
-        pass
+        self._graphs.discard(key)
+        if not self._graphs:
+            self._generator_state = ()
 
     def end_capture(self) -> None:
         if self._routed is not None:
@@ -120,14 +131,15 @@ def enter_sanitizer(stack: contextlib.ExitStack) -> SanitizerHost:
     apply([(module, name, value) for module in (torch.cuda, torch.cuda.graphs)
             for name, value in names.items()]
           + [(module, "empty_cache", empty_cache) for module in (torch.cuda, torch.cuda.memory)]
-          + _host_sync_checks(host), stack)
+          + _capture_rules(host), stack)
     return host
 
 
-def _host_sync_checks(host: SanitizerHost) -> list:
+def _capture_rules(host: SanitizerHost) -> list:
     """No real capture runs here, so CUDA itself would let host syncs through, and waits on work
     outside the capture: the sanitizer refuses them as a capture on CUDA does (capture_syncs.py,
-    capture_waits.py), with CUDA's text, then makes the call."""
+    capture_waits.py), with CUDA's text, then makes the call; `record_stream` reaches CUDA's
+    allocator during a capture, as it does there."""
     from harness.emulation.capture_syncs import refuse_host_sync
     from harness.emulation.capture_waits import refuse_uncaptured_wait
 
@@ -135,6 +147,7 @@ def _host_sync_checks(host: SanitizerHost) -> list:
     stream_sync, stream_query = Stream.synchronize, Stream.query
     event_sync, event_query, event_record = Event.synchronize, Event.query, Event.record
     event_wait, stream_wait_stream = Event.wait, Stream.wait_stream
+    tensor_record_stream = torch.Tensor.record_stream
     torch_C = torch_internals.torch_namespace("torch._C")
     device_sync = getattr(torch_C, "_cuda_synchronize")
 
@@ -172,6 +185,16 @@ def _host_sync_checks(host: SanitizerHost) -> list:
         refuse_uncaptured_wait(host, self, other=other, what="Stream.wait_stream()")
         stream_wait_stream(self, other)  # records on `other`, then waits: a fork joins above
 
+    def record_stream(self, stream) -> None:
+        # A call on the allocator, not work of the graph: during a capture it goes to CUDA's
+        # allocator at once (past the recorder), which then holds the block as it does in a
+        # capture (sanitizer_pools.py).
+        if host.capture is None:
+            tensor_record_stream(self, stream)
+            return
+        with torch_internals.disable_current_modes():
+            tensor_record_stream(self, stream)
+
     def synchronize_device() -> None:
         refuse_host_sync(host, "torch.cuda.synchronize()", device=True)
         device_sync()
@@ -179,4 +202,5 @@ def _host_sync_checks(host: SanitizerHost) -> list:
     return [(Stream, "synchronize", synchronize_stream), (Stream, "query", query_stream),
             (Event, "synchronize", synchronize_event), (Event, "query", query_event),
             (Event, "record", record_event), (Event, "wait", wait_on_event),
-            (Stream, "wait_stream", wait_stream), (torch_C, "_cuda_synchronize", synchronize_device)]
+            (Stream, "wait_stream", wait_stream), (torch.Tensor, "record_stream", record_stream),
+            (torch_C, "_cuda_synchronize", synchronize_device)]
