@@ -11,6 +11,7 @@ import torch
 
 from harness import torch_internals
 
+from harness.emulation.allocator_tools import UnsupportedOnEmulatedDevice
 from harness.emulation.observers import Observed
 from harness.emulation.pool_handles import PoolHandles
 from harness.emulation.sanitizer_pools import AllocatorPool
@@ -99,6 +100,30 @@ class SanitizerHost(Observed):
         self._tell("on_capture_end", graph, aborted)
 
 
+class CompiledKernel:
+    """A kernel of `torch.cuda._compile_kernel` (NVRTC) under the sanitizer. Its launch goes to the
+    driver past torch's dispatcher, where the recorder cannot see it: inside an emulated capture it
+    would run once, at capture, and never at replay (a spin-wait kernel would hang the capture).
+    So a launch on a capturing stream is refused by name; outside a capture it runs as it is."""
+
+    def __init__(self, kernel, host: SanitizerHost) -> None:
+        self._kernel, self._host = kernel, host
+
+    def __call__(self, *args, **kwargs):
+        stream = kwargs.get("stream")
+        if self._host.stream_captures(torch.cuda.current_stream() if stream is None else stream):
+            raise UnsupportedOnEmulatedDevice(
+                "a kernel of torch.cuda._compile_kernel() launched during a CUDA graph capture is "
+                "not supported by the graph sanitizer (harness.emulate_cuda() on a GPU): it is "
+                "launched through the CUDA driver, past the torch ops the sanitizer records, so "
+                "it would run once now and never at replay. Capture it natively, or launch it "
+                "outside the capture")
+        return self._kernel(*args, **kwargs)
+
+    def __getattr__(self, name: str):
+        return getattr(self._kernel, name)
+
+
 def _key(stream) -> tuple[int, int]:
     return (stream.device_index, stream.stream_id)
 
@@ -126,11 +151,17 @@ def enter_sanitizer(stack: contextlib.ExitStack) -> SanitizerHost:
     def is_current_stream_capturing() -> bool:
         return host.is_current_stream_capturing()
 
+    compile_kernel = getattr(torch.cuda, "_compile_kernel", None)
+
+    def compile_kernel_checked(*args, **kwargs):
+        return CompiledKernel(compile_kernel(*args, **kwargs), host)
+
     names = {"CUDAGraph": CUDAGraph, "graph_pool_handle": graph_pool_handle,
              "is_current_stream_capturing": is_current_stream_capturing}
     apply([(module, name, value) for module in (torch.cuda, torch.cuda.graphs)
             for name, value in names.items()]
           + [(module, "empty_cache", empty_cache) for module in (torch.cuda, torch.cuda.memory)]
+          + ([(torch.cuda, "_compile_kernel", compile_kernel_checked)] if compile_kernel else [])
           + _capture_rules(host), stack)
     return host
 

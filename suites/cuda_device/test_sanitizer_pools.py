@@ -1,7 +1,8 @@
 """Under the graph sanitizer a graph's pool is a private pool of CUDA's caching allocator, as a real
 capture's is: the capture's blocks sit in segments of that pool, the pool's memory is reserved
 until its graphs are gone and the cache is emptied, and a block freed inside the capture after
-use on another stream is not handed out again during it."""
+use on another stream is not handed out again during it. A kernel launched through the driver
+(torch.cuda._compile_kernel) cannot be recorded there and is refused by name inside a capture."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ import torch
 
 import harness
 from harness.emulation import emulation_active
+from harness.emulation.allocator_tools import UnsupportedOnEmulatedDevice
 
 pytestmark = pytest.mark.gpu
 
@@ -81,3 +83,19 @@ def test_a_block_freed_in_capture_after_record_stream_is_not_reused_there(saniti
         g.capture_end()
     assert data2.data_ptr() != first
     del buf
+
+
+def test_a_driver_launched_kernel_inside_a_capture_is_refused_by_name(sanitizer):
+    compile_kernel = getattr(torch.cuda, "_compile_kernel", None)
+    if compile_kernel is None:
+        pytest.skip(f"torch {torch.__version__} has no torch.cuda._compile_kernel")
+    kernel = compile_kernel("__global__ void add_one(float *x) { x[threadIdx.x] += 1.0f; }",
+                            "add_one")
+    x = torch.zeros(4, device="cuda")
+    kernel(grid=(1, 1, 1), block=(4, 1, 1), args=[x])  # outside a capture it runs
+    torch.cuda.synchronize()
+    assert x.tolist() == [1.0] * 4
+    g = torch.cuda.CUDAGraph()
+    with pytest.raises(UnsupportedOnEmulatedDevice, match=r"_compile_kernel\(\) launched during"):
+        with torch.cuda.graph(g):
+            kernel(grid=(1, 1, 1), block=(4, 1, 1), args=[x])
