@@ -84,8 +84,9 @@ def choose_gemv_config(m: int, n: int, k: int, *, sms: int = DEFAULT_SM_COUNT,
                   max(8, TILE_ELEMENTS // (block_k * bm * rows_per_output)))
     programs = -(-n // block_n)
     split_k = 1
-    # Split K only when the row blocks alone leave SMs idle and each split keeps several tiles.
-    while (programs * split_k < target and split_k < MAX_SPLIT_K
+    # Split K only when the row blocks alone leave SMs idle and each split keeps several tiles;
+    # never for the gated kernel, whose epilogue needs whole sums.
+    while (rows_per_output == 1 and programs * split_k < target and split_k < MAX_SPLIT_K
            and k // (2 * split_k) >= 4 * block_k):
         split_k *= 2
     num_warps = 4 if block_n * block_k * bm * rows_per_output < 8192 else 8
