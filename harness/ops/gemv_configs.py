@@ -15,6 +15,7 @@ adds in a fixed order (no atomics).
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 import torch
@@ -58,12 +59,18 @@ def block_m(m: int) -> int:
 
 
 def sm_count(device: torch.device) -> int:
-    """The device's SM count (a cached host-side property: no sync, capture-safe)."""
+    """The device's SM count (a host-side property: no sync, capture-safe)."""
     if device.type != "cuda":
         return DEFAULT_SM_COUNT
-    return torch.cuda.get_device_properties(device).multi_processor_count
+    return _cuda_sm_count(device.index if device.index is not None else torch.cuda.current_device())
 
 
+@functools.cache
+def _cuda_sm_count(index: int) -> int:
+    return torch.cuda.get_device_properties(index).multi_processor_count
+
+
+@functools.lru_cache(maxsize=256)  # a pure function of its ints, asked at every eager launch
 def choose_gemv_config(m: int, n: int, k: int, *, sms: int = DEFAULT_SM_COUNT,
                        rows_per_output: int = 1) -> GemvConfig:
     """The config for y[m, n] = x[m, k] @ W[n * rows_per_output, k]^T (rows_per_output 2: the
