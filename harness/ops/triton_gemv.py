@@ -30,17 +30,10 @@ from harness.ops.gemv_configs import GemvConfig, block_m, choose_gemv_config, sm
 
 
 @triton.jit
-def _tile_products(x, w_ptr, rows, rows_ok, kk, k_ok, stride_wn, stride_wk, BLOCK_M: tl.constexpr,
-                   BLOCK_K: tl.constexpr):
-    """sum over this K tile of x[m, k] * W[rows, k], as [BLOCK_M, BLOCK_N] in fp32."""
-    w = tl.load(w_ptr + rows[:, None] * stride_wn + kk[None, :] * stride_wk,
-                mask=rows_ok[:, None] & k_ok[None, :], other=0.0).to(tl.float32)
-    if BLOCK_M == 1:
-        # One row of x: a 2-D tile, the classic GEMV reduction along K.
-        products = tl.sum(w * tl.reshape(x, [BLOCK_K])[None, :], axis=1)[None, :]
-    else:
-        products = tl.sum(x[:, None, :] * w[None, :, :], axis=2)
-    return products
+def _weights(w_ptr, rows, rows_ok, kk, k_ok, stride_wn, stride_wk):
+    """W[rows, kk] as a [BLOCK_N, BLOCK_K] fp32 tile (0 outside)."""
+    return tl.load(w_ptr + rows[:, None] * stride_wn + kk[None, :] * stride_wk,
+                   mask=rows_ok[:, None] & k_ok[None, :], other=0.0).to(tl.float32)
 
 
 @triton.jit
@@ -94,6 +87,10 @@ def _gemv_kernel(
 
     acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
     acc_up = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+    # One row of x (M = 1): products accumulate elementwise over the K tiles and are reduced
+    # across lanes once, after the loop, instead of once per tile.
+    wide = tl.zeros([BLOCK_N, BLOCK_K], dtype=tl.float32)
+    wide_up = tl.zeros([BLOCK_N, BLOCK_K], dtype=tl.float32)
     k_lo = pid_k * k_per_split
     for k0 in range(k_lo, k_lo + k_per_split, BLOCK_K):
         kk = k0 + tl.arange(0, BLOCK_K)
@@ -104,10 +101,21 @@ def _gemv_kernel(
             normed = (xv.to(tl.float32) * rstd[:, None]).to(dtype).to(tl.float32)
             xv = (normed * scale[None, :]).to(dtype)
         xf = xv.to(tl.float32)
-        acc += _tile_products(xf, w_ptr, n, n_ok, kk, k_ok, stride_wn, stride_wk, BLOCK_M, BLOCK_K)
-        if GATED:
-            acc_up += _tile_products(xf, w_ptr, n + up_offset, n_ok, kk, k_ok, stride_wn, stride_wk,
-                                     BLOCK_M, BLOCK_K)
+        if BLOCK_M == 1:
+            x_row = tl.reshape(xf, [BLOCK_K])[None, :]
+            wide += _weights(w_ptr, n, n_ok, kk, k_ok, stride_wn, stride_wk) * x_row
+            if GATED:
+                wide_up += _weights(w_ptr, n + up_offset, n_ok, kk, k_ok, stride_wn,
+                                    stride_wk) * x_row
+        else:
+            w = _weights(w_ptr, n, n_ok, kk, k_ok, stride_wn, stride_wk)
+            acc += tl.sum(xf[:, None, :] * w[None, :, :], axis=2)
+            if GATED:
+                w_up = _weights(w_ptr, n + up_offset, n_ok, kk, k_ok, stride_wn, stride_wk)
+                acc_up += tl.sum(xf[:, None, :] * w_up[None, :, :], axis=2)
+    if BLOCK_M == 1:
+        acc = tl.sum(wide, axis=1)[None, :]
+        acc_up = tl.sum(wide_up, axis=1)[None, :]
 
     if SPLIT:
         tl.store(part_ptr + (pid_k * M + m[:, None]) * N + n[None, :], acc,
