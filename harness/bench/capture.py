@@ -30,7 +30,9 @@ of the step with the share that is graph replay against host work. Prints only; 
 (EngineConfig.decode_kernel): `torch` against `triton` is the before and after of the paged-decode
 kernel; the run prints which one served and why. `--rope-kv-write` (default auto) does the same
 for EngineConfig.rope_kv_write: `separate` against `fused` is the before and after of
-`harness::rope_kv_write`.
+`harness::rope_kv_write`; `--decode-linear` (default auto) for EngineConfig.decode_linear:
+`separate` against `fused` is the before and after of the decode GEMV ops (norm + qkv, o_proj +
+residual, norm + gate_up + SiLU-and-multiply, down + residual, norm + lm_head).
 """
 
 from __future__ import annotations
@@ -53,6 +55,7 @@ from harness.cli_support import require_backend
 from harness.graphs import get_backend
 from harness.model import ReferenceLlama, llama_1b_config, random_llama, tiny_llama_config
 from harness.ops.decode_kernel import choose_decode_kernel
+from harness.ops.decode_linear_choice import choose_decode_linear
 from harness.ops.rope_kv_choice import choose_rope_kv_write
 from harness.ops.metadata import SequenceSpan
 from harness.runtime import Engine, EngineConfig
@@ -111,22 +114,26 @@ def progress(line: str) -> None:
 
 def engine_config(*, single_pass: bool, compile: str = "none", batches: tuple[int, ...] = BATCHES,
                   decode_kernel: str | None = None,
-                      rope_kv_write: str | None = None) -> EngineConfig:
+                      rope_kv_write: str | None = None,
+                      decode_linear: str | None = None) -> EngineConfig:
     return EngineConfig(max_batch_size=max(batches), max_num_tokens=max(batches) * 2, block_size=16,
                         max_model_len=2 * CONTEXT, decode_graph_sizes=batches,
                         single_pass_capture=single_pass, compile=compile,
-                        decode_kernel=decode_kernel, rope_kv_write=rope_kv_write)
+                        decode_kernel=decode_kernel, rope_kv_write=rope_kv_write,
+                        decode_linear=decode_linear)
 
 
 def _new_engine(model: ReferenceLlama, backend, *, single_pass: bool, compile: str = "none",
                 batches: tuple[int, ...] = BATCHES, shared: Engine | None = None,
-                decode_kernel: str | None = None, rope_kv_write: str | None = None) -> Engine:
+                decode_kernel: str | None = None, rope_kv_write: str | None = None,
+                decode_linear: str | None = None) -> Engine:
     # The compiled path compiles every size in this untimed first capture: a capture is timed
     # against what it records, not against inductor. Engines after the first share its compiled
     # step (`shared`), so each size is compiled once per run, not once per engine.
     step = shared.compiled_step if shared is not None else None
     engine = Engine(model, engine_config(single_pass=single_pass, compile=compile, batches=batches,
-                                         decode_kernel=decode_kernel, rope_kv_write=rope_kv_write),
+                                         decode_kernel=decode_kernel, rope_kv_write=rope_kv_write,
+                                         decode_linear=decode_linear),
                     backend=backend, compiled_step=step)
     _sync(model.device)
     start = time.perf_counter()
@@ -150,7 +157,8 @@ def time_capture(name: str, model: ReferenceLlama, backend, *,
                  repeats: int = CAPTURE_REPEATS, compile: str = "none",
                  batches: tuple[int, ...] = BATCHES,
                  decode_kernel: str | None = None,
-                     rope_kv_write: str | None = None) -> CaptureTiming:
+                     rope_kv_write: str | None = None,
+                     decode_linear: str | None = None) -> CaptureTiming:
     """The median of `repeats` timed captures per arm, the arms alternating so that drift in the
     machine's speed reaches both, after one untimed capture of each."""
     device = model.device
@@ -160,7 +168,7 @@ def time_capture(name: str, model: ReferenceLlama, backend, *,
         for single_pass in (False, True):
             engine = _new_engine(model, backend, single_pass=single_pass, compile=compile,
                                  batches=batches, shared=first, decode_kernel=decode_kernel,
-                                     rope_kv_write=rope_kv_write)
+                                     rope_kv_write=rope_kv_write, decode_linear=decode_linear)
             if first is None:
                 first = engine
                 progress(f"{name} ({compile}): first capture of batch {', '.join(map(str, batches))} "
@@ -188,11 +196,13 @@ def time_replay(name: str, model: ReferenceLlama, backend, *, iters: int, warmup
                 kernels: dict[str, float] | None = None,
                 batches: tuple[int, ...] = BATCHES,
                 decode_kernel: str | None = None,
-                    rope_kv_write: str | None = None) -> list[ReplayTiming]:
+                    rope_kv_write: str | None = None,
+                    decode_linear: str | None = None) -> list[ReplayTiming]:
     """Eager against replay at every batch; on cuda `kernels[name]` gets the kernels one replay of
     batch 1 launches."""
     engine = _new_engine(model, backend, single_pass=False, batches=batches,
-                         decode_kernel=decode_kernel, rope_kv_write=rope_kv_write)
+                         decode_kernel=decode_kernel, rope_kv_write=rope_kv_write,
+                         decode_linear=decode_linear)
     engine.decode_graphs.warmup_and_capture("serve")
     device = model.device
     cache = engine.kv_cache
@@ -256,10 +266,11 @@ def _decode_spans(engine: Engine, batch: int) -> tuple[tuple[SequenceSpan, ...],
 
 def profile_step(name: str, model: ReferenceLlama, backend, batch: int, *, iters: int,
                  warmup: int, decode_kernel: str | None = None,
-                 rope_kv_write: str | None = None) -> tuple[str, StepBreakdown]:
+                 rope_kv_write: str | None = None,
+                 decode_linear: str | None = None) -> tuple[str, StepBreakdown]:
     """The top host-side costs of the engine's graph step under torch.profiler, and its breakdown."""
     engine = _new_engine(model, backend, single_pass=False, decode_kernel=decode_kernel,
-                         rope_kv_write=rope_kv_write)
+                         rope_kv_write=rope_kv_write, decode_linear=decode_linear)
     graphs = engine.decode_graphs
     graphs.warmup_and_capture("serve")
     device = model.device
@@ -390,6 +401,10 @@ def main(argv: list[str]) -> int:
                         help="how layers rotate q/k and store K/V (EngineConfig.rope_kv_write): auto "
                              "(fused on CUDA where triton imports, default), separate (rope in torch "
                              "ops, the write inside attention), or fused (harness::rope_kv_write)")
+    parser.add_argument("--decode-linear", choices=("auto", "separate", "fused"), default="auto",
+                        help="how decode-sized batches run the linear layers (EngineConfig."
+                             "decode_linear): auto (fused on CUDA where triton imports, default), "
+                             "separate (torch ops), or fused (the decode GEMV ops)")
     parser.add_argument("--capture-sizes", type=_sizes, default=BATCHES, metavar="N[,N...]",
                         help="decode batch sizes captured, compiled and timed (default "
                              f"{','.join(map(str, BATCHES))}); e.g. 1, so the 1B shape on the "
@@ -413,8 +428,11 @@ def main(argv: list[str]) -> int:
     chosen = choose_decode_kernel(decode_kernel, device)
     rope_kv_write = None if args.rope_kv_write == "auto" else args.rope_kv_write
     rope_kv = choose_rope_kv_write(rope_kv_write, device)
+    decode_linear = None if args.decode_linear == "auto" else args.decode_linear
+    linear = choose_decode_linear(decode_linear, device)
     kernel_line = (f"decode kernel: {chosen.kernel} ({chosen.reason}); rope + KV write: "
-                   f"{rope_kv.mode} ({rope_kv.reason})")
+                   f"{rope_kv.mode} ({rope_kv.reason}); decode linear: {linear.mode} "
+                   f"({linear.reason})")
     timed_threads = torch.get_num_threads()
     if args.profile:
         name = (args.model or ["tiny"])[0]
@@ -422,7 +440,8 @@ def main(argv: list[str]) -> int:
             table, breakdown = profile_step(name, build_model(name, device), backend, args.batch,
                                             iters=args.iters, warmup=args.warmup,
                                             decode_kernel=decode_kernel,
-                                                rope_kv_write=rope_kv_write)
+                                                rope_kv_write=rope_kv_write,
+                                                decode_linear=decode_linear)
         print(render_profile(table, breakdown, backend.name, args.iters))
         print(kernel_line)
         return 0
@@ -437,14 +456,16 @@ def main(argv: list[str]) -> int:
             progress(f"{name}: model built")
             captures += [time_capture(name, model, backend, compile=c, repeats=args.capture_repeats,
                                       batches=batches, decode_kernel=decode_kernel,
-                                          rope_kv_write=rope_kv_write) for c in compiles]
+                                          rope_kv_write=rope_kv_write,
+                                          decode_linear=decode_linear) for c in compiles]
             replays += time_replay(name, model, backend, iters=args.iters, warmup=args.warmup,
                                    kernels=kernels, batches=batches, decode_kernel=decode_kernel,
-                                       rope_kv_write=rope_kv_write)
+                                       rope_kv_write=rope_kv_write, decode_linear=decode_linear)
             if args.step_repeats and 1 in batches:
                 steps += time_engine_steps(name, model, backend, (1,), repeats=args.step_repeats,
                                            compiles=compiles, decode_kernel=decode_kernel,
                                                rope_kv_write=rope_kv_write,
+                                               decode_linear=decode_linear,
                                            progress=progress)
             del model
     tables = [render(backend.name, captures, replays, floors, args.iters, batches=batches,

@@ -10,7 +10,10 @@ the model dtype (bf16), RMSNorm and softmax in fp32, RoPE applied in the model d
 is laid out for few, large kernels (the ones a serving runtime fuses with torch ops alone): q/k/v and
 gate/up each one GEMM over weights concatenated at load, RMSNorm one `rms_norm`, rotary from one
 table gathered once per forward and applied in place, each residual add folded into the GEMM before
-it, and what each token attends to (`ContextPlan`) computed once per forward for every layer. These
+it, and what each token attends to (`ContextPlan`) computed once per forward for every layer. With
+`metadata.decode_linear == "fused"` a decode-sized batch runs each layer's linear layers as three
+decode GEMV ops carrying the norm, residual add and SiLU-and-multiply next to them, and the final
+norm + lm_head as a fourth (harness/ops/decode_linear.py). These
 round differently from transformers at a few points (one rounding where it rounds twice); the model
 suites hold them to BF16 tolerance. The returned
 logits are the lm_head output in the model dtype, cast to fp32 ([num_seqs, vocab], float32).
@@ -26,6 +29,8 @@ from transformers import LlamaConfig
 from harness.model.rope import RotaryTable
 from harness.model.weights import hf_state_dict
 from harness.ops.attention import ContextPlan, metadata_plan, paged_attention
+from harness.ops.decode_linear import gemv_residual, norm_gemv, norm_gemv_silu_mul
+from harness.ops.decode_linear_choice import uses_decode_linear
 from harness.ops.kv_cache import PagedKVCache
 from harness.ops.metadata import AttentionMetadata
 from harness.ops.rope_kv_write import rope_kv_write
@@ -76,34 +81,47 @@ class Attention(nn.Module):
     def projected(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """q [tokens, heads, head_dim], k and v [tokens, kv_heads, head_dim], not rotated: views of
         one buffer."""
-        return self._split(self._heads(x))
+        return self.split_heads(self.heads(self.qkv_proj(x)))
 
     def qkv(self, x: torch.Tensor, cos: torch.Tensor,
             sin: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """`projected(x)` with q and k rotated."""
-        qkv = self._heads(x)
+        return self.split_heads(self.rotate_(self.heads(self.qkv_proj(x)), cos, sin))
+
+    def heads(self, projection: torch.Tensor) -> torch.Tensor:
+        """qkv_proj's output [tokens, (heads + 2 kv_heads) * head_dim] as one row per head."""
+        return projection.view(projection.shape[0], self.num_heads + 2 * self.num_kv_heads,
+                               self.head_dim)
+
+    def rotate_(self, qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+        """`heads()` output with its q and k heads rotated in place."""
         apply_rotary_(qkv[:, : self.num_heads + self.num_kv_heads], cos, sin)
-        return self._split(qkv)
+        return qkv
 
-    def _heads(self, x: torch.Tensor) -> torch.Tensor:
-        return self.qkv_proj(x).view(x.shape[0], self.num_heads + 2 * self.num_kv_heads, self.head_dim)
-
-    def _split(self, qkv: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    def split_heads(self, qkv: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         return qkv.split((self.num_heads, self.num_kv_heads, self.num_kv_heads), dim=1)
 
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, kv_layer: torch.Tensor,
                 metadata: AttentionMetadata, workspace: Workspace,
                 plan: ContextPlan | None = None) -> torch.Tensor:
         """The attention output before o_proj, [tokens, heads * head_dim]."""
+        return self.attend(self.heads(self.qkv_proj(x)), cos, sin, kv_layer, metadata, workspace,
+                           plan)
+
+    def attend(self, qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, kv_layer: torch.Tensor,
+               metadata: AttentionMetadata, workspace: Workspace,
+               plan: ContextPlan | None = None) -> torch.Tensor:
+        """`forward` from the projection already made (`heads()` layout, not rotated)."""
+        tokens = qkv.shape[0]
         if metadata.rope_kv_write == "fused":
-            q, k, v = self.projected(x)
+            q, k, v = self.split_heads(qkv)
             rope_kv_write(q, k, v, cos, sin, kv_layer, metadata.slot_mapping[: metadata.num_tokens])
             k = v = None  # in the cache now
         else:
-            q, k, v = self.qkv(x, cos, sin)
+            q, k, v = self.split_heads(self.rotate_(qkv, cos, sin))
         out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
         paged_attention(q, k, v, kv_layer, metadata, self.scale, out, workspace=workspace, plan=plan)
-        return out.view(x.shape[0], self.num_heads * self.head_dim)
+        return out.view(tokens, self.num_heads * self.head_dim)
 
 
 class MLP(nn.Module):
@@ -134,16 +152,37 @@ class DecoderLayer(nn.Module):
         self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.mlp = MLP(config)
 
+    def qkv_heads(self, x: torch.Tensor, fused: bool = False) -> torch.Tensor:
+        """The attention's q, k and v projection of the layer input `x` (normalised first), not
+        rotated, in `Attention.heads()` layout. `fused`: one `harness::norm_gemv`, the norm
+        inside it (decode-sized batches; decode_linear_choice.py)."""
+        attn, norm = self.self_attn, self.input_layernorm
+        if fused:
+            projection = norm_gemv(x, norm.weight, norm.eps, attn.qkv_proj.weight, attn.qkv_proj.bias)
+        else:
+            projection = attn.qkv_proj(norm(x))
+        return attn.heads(projection)
+
     def after_attention(self, x: torch.Tensor, attended: torch.Tensor, *,
-                        in_place: bool = True) -> torch.Tensor:
+                        in_place: bool = True, fused: bool = False) -> torch.Tensor:
         """The layer's output from its input `x` and its attention output: both residual adds
-        ride on the GEMM before them (o_proj, down_proj)."""
+        ride on the GEMM before them (o_proj, down_proj). `fused`: three decode GEMV ops, o_proj +
+        residual, norm + gate_up + SiLU-and-multiply, down_proj + residual (each a new tensor, so
+        `in_place` does not apply)."""
+        if fused:
+            o_proj, mlp, norm = self.self_attn.o_proj, self.mlp, self.post_attention_layernorm
+            x = gemv_residual(attended, o_proj.weight, o_proj.bias, x)
+            act = norm_gemv_silu_mul(x, norm.weight, norm.eps, mlp.gate_up_proj.weight,
+                                     mlp.gate_up_proj.bias)
+            return gemv_residual(act, mlp.down_proj.weight, mlp.down_proj.bias, x)
         x = add_linear_(x, attended, self.self_attn.o_proj, in_place=in_place)
         return add_linear_(x, self.mlp.activation(self.post_attention_layernorm(x)), self.mlp.down_proj)
 
     def forward(self, x, cos, sin, kv_layer, metadata, workspace, plan=None):
-        attended = self.self_attn(self.input_layernorm(x), cos, sin, kv_layer, metadata, workspace, plan)
-        return self.after_attention(x, attended)
+        fused = uses_decode_linear(metadata.decode_linear, x.shape[0])
+        attended = self.self_attn.attend(self.qkv_heads(x, fused), cos, sin, kv_layer, metadata,
+                                         workspace, plan)
+        return self.after_attention(x, attended, fused=fused)
 
 
 class ReferenceLlama(nn.Module):
@@ -239,4 +278,10 @@ class ReferenceLlama(nn.Module):
         for i, layer in enumerate(self.layers):
             x = layer(x, cos, sin, kv_cache.layer(i), metadata, self.workspace, plan)
         last = x.index_select(0, metadata.logits_indices[:num_seqs])
+        return self.logits(last, fused=uses_decode_linear(metadata.decode_linear, num_tokens))
+
+    def logits(self, last: torch.Tensor, *, fused: bool = False) -> torch.Tensor:
+        """lm_head(norm(last)) as float32, [rows, vocab]; `fused`: one `harness::norm_gemv`."""
+        if fused:
+            return norm_gemv(last, self.norm.weight, self.norm.eps, self.lm_head.weight).float()
         return self.lm_head(self.norm(last)).float()

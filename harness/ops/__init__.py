@@ -30,12 +30,20 @@ chooses; `choose_decode_kernel(None, device)` is the engine's default). Metadata
 `rope_kv_write="fused"` tells the model to rotate q and k and write K/V with
 `torch.ops.harness.rope_kv_write` (`rope_kv_write(q, k, v, cos, sin, kv_layer, slot_mapping)`: a
 Triton kernel on CUDA, the torch ops elsewhere) and call the attention op with k = v = None (the
-cache already written); rope_kv_choice.py chooses.
+cache already written); rope_kv_choice.py chooses. Metadata built with `decode_linear="fused"`
+tells the model to run a decode-sized batch's linear layers as `torch.ops.harness.norm_gemv`
+(norm + qkv_proj, final norm + lm_head), `gemv_residual` (o_proj, down_proj + the residual) and
+`norm_gemv_silu_mul` (norm + gate_up_proj + SiLU-and-multiply): Triton GEMV kernels on CUDA, the
+torch ops elsewhere (decode_linear.py; decode_linear_choice.py chooses).
 """
 
 from harness.ops.attention import paged_attention, paged_attention_op
 from harness.ops.decode_attention import paged_decode_attention_op
 from harness.ops.decode_kernel import DECODE_KERNELS, DecodeKernelChoice, choose_decode_kernel
+from harness.ops.decode_linear import (gemv_residual, gemv_residual_op, norm_gemv, norm_gemv_op,
+                                       norm_gemv_silu_mul, norm_gemv_silu_mul_op)
+from harness.ops.decode_linear_choice import (DECODE_LINEAR_MAX_TOKENS, DECODE_LINEARS,
+                                              DecodeLinearChoice, choose_decode_linear)
 from harness.ops.kv_cache import BlockAllocator, OutOfBlocksError, PagedKVCache
 from harness.ops.metadata import AttentionMetadata, BatchCounts, SequenceSpan
 from harness.ops.rope_kv_choice import ROPE_KV_WRITES, RopeKvChoice, choose_rope_kv_write
@@ -44,9 +52,12 @@ from harness.ops.sparse_attention import block_sparse_attention, block_sparse_at
 from harness.ops.workspace import Workspace
 
 __all__ = [
-    "AttentionMetadata", "BatchCounts", "BlockAllocator", "DECODE_KERNELS", "DecodeKernelChoice",
+    "AttentionMetadata", "BatchCounts", "BlockAllocator", "DECODE_KERNELS", "DECODE_LINEARS",
+    "DECODE_LINEAR_MAX_TOKENS", "DecodeKernelChoice", "DecodeLinearChoice",
     "OutOfBlocksError", "PagedKVCache", "ROPE_KV_WRITES", "RopeKvChoice",
     "SequenceSpan", "Workspace", "block_sparse_attention", "block_sparse_attention_op",
-    "choose_decode_kernel", "choose_rope_kv_write", "paged_attention", "paged_attention_op",
+    "choose_decode_kernel", "choose_decode_linear", "choose_rope_kv_write", "gemv_residual",
+    "gemv_residual_op", "norm_gemv", "norm_gemv_op", "norm_gemv_silu_mul", "norm_gemv_silu_mul_op",
+    "paged_attention", "paged_attention_op",
     "paged_decode_attention_op", "rope_kv_write", "rope_kv_write_op",
 ]

@@ -23,6 +23,7 @@ import numpy as np
 import torch
 
 from harness.ops.decode_kernel import DECODE_KERNELS
+from harness.ops.decode_linear_choice import DECODE_LINEARS
 from harness.ops.rope_kv_choice import ROPE_KV_WRITES
 from harness.ops.sizing import cdiv, require_positive
 
@@ -85,6 +86,9 @@ class AttentionMetadata:
     "torch" (the default) the gather path every batch takes, "triton" the paged-decode kernel.
     `rope_kv_write` (one of `ROPE_KV_WRITES`, rope_kv_choice.py) is how the model's layers rotate and
     store K/V: "separate" (the default) or "fused" (`harness::rope_kv_write` before attention).
+    `decode_linear` (one of `DECODE_LINEARS`, decode_linear_choice.py) is how the model's linear
+    layers run for decode-sized batches: "separate" (the default, torch ops) or "fused" (the decode
+    GEMV ops with their norm, residual and SiLU-and-multiply).
     """
 
     BUFFERS = ("positions", "slot_mapping", "token_to_seq", "block_tables", "logits_indices",
@@ -92,7 +96,8 @@ class AttentionMetadata:
 
     def __init__(self, max_batch_size: int, max_num_tokens: int, max_blocks_per_seq: int,
                  block_size: int, pad_slot: int, device: torch.device | str = "cpu", *,
-                 decode_kernel: str = "torch", rope_kv_write: str = "separate") -> None:
+                 decode_kernel: str = "torch", rope_kv_write: str = "separate",
+                 decode_linear: str = "separate") -> None:
         require_positive(max_batch_size=max_batch_size, max_num_tokens=max_num_tokens,
                          max_blocks_per_seq=max_blocks_per_seq, block_size=block_size)
         if decode_kernel not in DECODE_KERNELS:
@@ -103,6 +108,10 @@ class AttentionMetadata:
             raise ValueError(f"rope_kv_write must be one of {list(ROPE_KV_WRITES)}, got "
                              f"{rope_kv_write!r}")
         self.rope_kv_write = rope_kv_write
+        if decode_linear not in DECODE_LINEARS:
+            raise ValueError(f"decode_linear must be one of {list(DECODE_LINEARS)}, got "
+                             f"{decode_linear!r}")
+        self.decode_linear = decode_linear
         if pad_slot < 0 or pad_slot % block_size:
             raise ValueError(f"pad_slot {pad_slot} must be the first slot of a block of {block_size}")
         self.max_batch_size = max_batch_size

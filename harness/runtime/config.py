@@ -8,6 +8,7 @@ from typing import Any, Mapping
 import torch
 
 from harness.ops.decode_kernel import DECODE_KERNELS
+from harness.ops.decode_linear_choice import DECODE_LINEARS
 from harness.ops.rope_kv_choice import ROPE_KV_WRITES
 
 # EngineConfig.compile: the eager torch ops, or inductor pieces between the attention ops.
@@ -64,6 +65,18 @@ class EngineConfig:
       "fused" on a real CUDA device where triton imports, else "separate"; a CUDA device without
       triton is counted in `stats.fallbacks`. "fused" on CUDA without triton is refused.
 
+    Linear layers:
+    - `decode_linear`: how the layers' linear layers run for decode-sized batches (at most
+      `DECODE_LINEAR_MAX_TOKENS` = 8 token rows; harness/ops/decode_linear_choice.py). "fused":
+      three decode GEMV ops per layer carrying the norm, residual add and SiLU-and-multiply next to
+      them, and the final norm + lm_head as one more (`harness::norm_gemv`, `gemv_residual`,
+      `norm_gemv_silu_mul`: Triton kernels on CUDA, the separate path's torch ops elsewhere);
+      "separate": the model's torch ops. Larger batches (prefill, the piecewise graphs, big decode
+      batches) always take torch's matmul, where a GEMM kernel beats a GEMV. None (the default)
+      chooses for the device: "fused" on a real CUDA device where triton imports, else
+      "separate"; a CUDA device without triton is counted in `stats.fallbacks`. "fused" on CUDA
+      without triton is refused.
+
     Step loop:
     - `overlap`: TensorRT-LLM's overlap scheduler (overlap.py). Tokens are sampled on the device and
       come back through pinned host memory behind an event; step n + 1 is scheduled, staged and
@@ -89,6 +102,7 @@ class EngineConfig:
     compile: str | None = COMPILE_NOT_GIVEN
     decode_kernel: str | None = None
     rope_kv_write: str | None = None
+    decode_linear: str | None = None
 
     def __post_init__(self) -> None:
         if self.decode_kernel is not None and self.decode_kernel not in DECODE_KERNELS:
@@ -97,6 +111,9 @@ class EngineConfig:
         if self.rope_kv_write is not None and self.rope_kv_write not in ROPE_KV_WRITES:
             raise ValueError(f"EngineConfig.rope_kv_write must be one of {list(ROPE_KV_WRITES)} or "
                              f"None (choose for the device), got {self.rope_kv_write!r}")
+        if self.decode_linear is not None and self.decode_linear not in DECODE_LINEARS:
+            raise ValueError(f"EngineConfig.decode_linear must be one of {list(DECODE_LINEARS)} or "
+                             f"None (choose for the device), got {self.decode_linear!r}")
         if self.compile is not COMPILE_NOT_GIVEN and self.compile not in COMPILE_MODES:
             raise ValueError(f"EngineConfig.compile must be one of {list(COMPILE_MODES)}, got "
                              f"{self.compile!r}")

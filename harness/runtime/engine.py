@@ -28,6 +28,7 @@ from harness.graphs.base import GraphBackend
 from harness.ranking import PackedRanking, logits_to_steps
 from harness.ops.decode_kernel import choose_decode_kernel
 from harness.ops.rope_kv_choice import choose_rope_kv_write
+from harness.ops.decode_linear_choice import choose_decode_linear
 from harness.ops.kv_cache import PagedKVCache
 from harness.ops.metadata import AttentionMetadata
 from harness.ops.sizing import cdiv
@@ -117,6 +118,10 @@ class Engine:
         self.rope_kv_write = choose_rope_kv_write(config.rope_kv_write, self.device)
         if self.rope_kv_write.fell_back:
             self._stats.fallbacks[f"rope + KV write separate: {self.rope_kv_write.reason}"] += 1
+        # How the layers' linear layers run for decode-sized batches: the metadata carries it too.
+        self.decode_linear = choose_decode_linear(config.decode_linear, self.device)
+        if self.decode_linear.fell_back:
+            self._stats.fallbacks[f"decode linear separate: {self.decode_linear.reason}"] += 1
         blocks_per_seq = cdiv(self.max_model_len, config.block_size)
         self._allocate_kv_cache(config.num_blocks or config.max_batch_size * blocks_per_seq)
         # Token ids live in one preallocated buffer, like the metadata, so a graph can read them.
@@ -141,7 +146,7 @@ class Engine:
         graphs = self.backend if (config.decode_graph_sizes or config.piecewise_buckets) else None
         if shared is None:
             return (CompiledStep(self.model, graphs, self.decode_kernel.kernel,
-                                 self.rope_kv_write.mode)
+                                 self.rope_kv_write.mode, self.decode_linear.mode)
                     if config.compile == "inductor" else None)
         if config.compile != "inductor":
             raise ValueError(f"a compiled_step was given to an engine of EngineConfig.compile="
@@ -159,6 +164,10 @@ class Engine:
             raise ValueError(f"the compiled_step given rotates and stores K/V {shared.rope_kv_write!r}, "
                              f"this engine {self.rope_kv_write.mode!r} (EngineConfig.rope_kv_write); "
                              f"share it only between engines of one rope_kv_write")
+        if shared.decode_linear != self.decode_linear.mode:
+            raise ValueError(f"the compiled_step given runs its linear layers {shared.decode_linear!r}, "
+                             f"this engine {self.decode_linear.mode!r} (EngineConfig.decode_linear); "
+                             f"share it only between engines of one decode_linear")
         return shared
 
     def _allocate_kv_cache(self, num_blocks: int) -> None:
@@ -170,7 +179,8 @@ class Engine:
         self.metadata = AttentionMetadata(config.max_batch_size, config.max_num_tokens, blocks_per_seq,
                                           config.block_size, self.kv_cache.pad_slot, device=self.device,
                                           decode_kernel=self.decode_kernel.kernel,
-                                          rope_kv_write=self.rope_kv_write.mode)
+                                          rope_kv_write=self.rope_kv_write.mode,
+                                          decode_linear=self.decode_linear.mode)
         self.limits = RequestLimits(vocab_size=model.vocab_size, max_model_len=self.max_model_len,
                                     max_prompt_len=config.max_num_tokens, num_blocks=num_blocks,
                                     block_size=config.block_size,

@@ -1,6 +1,6 @@
-"""`harness bench capture --decode-kernel` and `--rope-kv-write`: every engine of the run attends
-decode batches with the kernel, and rotates and stores K/V the way, asked for, and the run says
-which one served and why."""
+"""`harness bench capture --decode-kernel`, `--rope-kv-write` and `--decode-linear`: every engine
+of the run attends decode batches with the kernel, rotates and stores K/V and runs its linear
+layers the way asked for, and the run says which one served and why."""
 
 from __future__ import annotations
 
@@ -28,3 +28,10 @@ def test_profile_runs_and_names_the_rope_kv_write_asked_for(capsys, graph_backen
     assert capture.main(["--profile", "--model", "tiny", "--batch", "1", "--backend", graph_backend.name,
                          "--iters", "1", "--warmup", "0", "--rope-kv-write", mode]) == 0
     assert f"rope + KV write: {mode} (requested" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("mode", ["fused", "separate"])
+def test_profile_runs_and_names_the_decode_linear_asked_for(capsys, graph_backend, mode):
+    assert capture.main(["--profile", "--model", "tiny", "--batch", "1", "--backend", graph_backend.name,
+                         "--iters", "1", "--warmup", "0", "--decode-linear", mode]) == 0
+    assert f"decode linear: {mode} (requested" in capsys.readouterr().out

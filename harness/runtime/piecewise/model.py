@@ -25,6 +25,7 @@ from harness import torch_internals
 from harness.graphs.base import GraphBackend
 from harness.ops.attention import context_plan, paged_attention_op
 from harness.ops.decode_attention import paged_decode_attention_op
+from harness.ops.decode_linear_choice import uses_decode_linear
 from harness.ops.kv_cache import PagedKVCache
 from harness.ops.rope_kv_write import rope_kv_write_op
 from harness.ops.metadata import AttentionMetadata
@@ -42,15 +43,18 @@ def bucket_key(bucket: int) -> str:
     return f"piecewise[tokens={bucket}]"
 
 
-def make_token_body(model, decode_kernel: str = "torch",
-                    rope_kv_write: str = "separate") -> Callable[..., torch.Tensor]:
+def make_token_body(model, decode_kernel: str = "torch", rope_kv_write: str = "separate",
+                    decode_linear: str = "separate") -> Callable[..., torch.Tensor]:
     """The token body of `model` as a function of tensors; the hidden states [tokens, hidden] before
     the final norm. Mirrors `ReferenceLlama.forward` through the layers' own pieces (`Attention.qkv`,
     `DecoderLayer.after_attention`); suite piecewise checks it against the eager engine.
     `decode_kernel="triton"` (decode-only bodies: the compiled step) attends through
     `harness::paged_decode_attention`, as `paged_attention()` does for such a batch; `scratch` is
     then unused. `rope_kv_write="fused"` rotates and writes the cache with `harness::rope_kv_write`
-    before each attention op, as `Attention.forward` does for such metadata."""
+    before each attention op, as `Attention.forward` does for such metadata. `decode_linear="fused"`
+    (the compiled step, whose token count is static) runs the layers' linear layers as the decode
+    GEMV ops where the batch is decode-sized, as `DecoderLayer.forward` does; the piecewise graphs,
+    whose token count is dynamic, keep "separate"."""
     decode = decode_kernel == "triton"
     fused = rope_kv_write == "fused"
 
@@ -59,13 +63,16 @@ def make_token_body(model, decode_kernel: str = "torch",
         cos, sin = model.rotary(positions)
         plan = None if decode else context_plan(positions, token_to_seq, seq_lens, block_tables,
                                                 kv_layers[0].shape[2])
+        # Read only when asked for: the shape of a piecewise body is dynamic, not to be guarded on.
+        linear = uses_decode_linear(decode_linear, input_ids.shape[0])
         x = model.embed_tokens(input_ids)
         for layer, kv_layer in zip(model.layers, kv_layers):
             attn = layer.self_attn
+            qkv = layer.qkv_heads(x, linear)
             if fused:
-                q, k, v = attn.projected(layer.input_layernorm(x))
+                q, k, v = attn.split_heads(qkv)
             else:
-                q, k, v = attn.qkv(layer.input_layernorm(x), cos, sin)
+                q, k, v = attn.split_heads(attn.rotate_(qkv, cos, sin))
             # Before the fused op, so that it and the attention op are adjacent: one split, no
             # piece between them.
             out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
@@ -80,7 +87,7 @@ def make_token_body(model, decode_kernel: str = "torch",
                                    seq_lens, block_tables, attn.scale, out, scratch, plan.blocks,
                                    plan.hidden)
             # x is this segment's input (it crosses the attention op): not written in place.
-            x = layer.after_attention(x, out.view(x.shape[0], -1), in_place=False)
+            x = layer.after_attention(x, out.view(x.shape[0], -1), in_place=False, fused=linear)
         return x
 
     return own_code(token_body)

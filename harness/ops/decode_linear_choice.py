@@ -1,0 +1,65 @@
+"""How a layer's linear layers run for decode-sized batches: "fused" (the three decode GEMV ops of
+`decode_linear.py`, each carrying the norm, residual add or SiLU-and-multiply next to it, and the
+final norm + lm_head as one more) or "separate" (the model's torch ops: norm, GEMM, activation).
+
+Only batches of at most `DECODE_LINEAR_MAX_TOKENS` token rows take the fused ops
+(`uses_decode_linear`); larger ones (prefill, big decode batches) stay on torch's matmul, where a
+GEMM kernel, not a GEMV, is the right tool. The piecewise prefill graphs, whose token count is
+dynamic, never take them.
+
+`choose_decode_linear` turns a request (None: choose for the device) into a `DecodeLinearChoice`
+that names the mode and why; the engine keeps it as `Engine.decode_linear` and counts a fallback
+when CUDA has to do without triton. "fused" is right on every device (its torch implementation
+serves the CPU and the emulated CUDA device, bit for bit the separate path there); only on real
+CUDA does it need triton.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from harness.ops.decode_kernel import triton_blocker
+
+DECODE_LINEARS = ("separate", "fused")
+# The largest batch (token rows) the GEMV kernels serve; each program carries every row of x.
+DECODE_LINEAR_MAX_TOKENS = 8
+
+
+@dataclass(frozen=True)
+class DecodeLinearChoice:
+    """`mode` (one of DECODE_LINEARS) for a request of `requested` (None: not given), `reason` in
+    words; `fell_back` when CUDA wanted the fused kernels and could not have triton."""
+
+    requested: str | None
+    mode: str
+    reason: str
+    fell_back: bool = False
+
+
+def uses_decode_linear(mode: str, num_tokens: int) -> bool:
+    """Whether a forward of `num_tokens` rows (padding included) runs the fused decode GEMVs."""
+    return mode == "fused" and num_tokens <= DECODE_LINEAR_MAX_TOKENS
+
+
+def choose_decode_linear(requested: str | None, device: torch.device | str) -> DecodeLinearChoice:
+    """The decode-linear mode for a model on `device`. None picks "fused" on a real CUDA device
+    where triton imports, else "separate"; an explicit "fused" on CUDA without triton is refused
+    (its CUDA kernels are Triton kernels), anywhere else it runs the ops' torch implementation."""
+    if requested is not None and requested not in DECODE_LINEARS:
+        raise ValueError(f"decode_linear must be one of {list(DECODE_LINEARS)} or None (choose for "
+                         f"the device), got {requested!r}")
+    if requested == "separate":
+        return DecodeLinearChoice(requested, "separate", "requested")
+    device = torch.device(device)
+    blocker, missing_triton = triton_blocker(device)
+    if blocker is None:
+        return DecodeLinearChoice(requested, "fused",
+                                  "requested" if requested else "CUDA device with triton")
+    if requested == "fused":
+        if missing_triton:
+            raise ValueError(f"decode_linear='fused' cannot run here: {blocker}; ask for "
+                             f"decode_linear='separate' or None (choose for the device)")
+        return DecodeLinearChoice(requested, "fused", f"requested; {blocker}")
+    return DecodeLinearChoice(requested, "separate", blocker, fell_back=missing_triton)

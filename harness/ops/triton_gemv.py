@@ -1,0 +1,188 @@
+"""The Triton decode GEMV kernels: y = x @ W^T for a few rows of x (decode batches), with the
+layer's RMSNorm as a prologue, its residual add as an epilogue, or gate and up rows read in one
+pass and combined as silu(gate) * up.
+
+Importing this module imports triton; `harness.ops.decode_linear` imports it only where a kernel
+runs (a CUDA tensor). Under TRITON_INTERPRET=1 (set before this module is first imported) the same
+launchers run on CPU tensors, which is how the CPU suites check them.
+
+One kernel serves every variant (constexpr flags): program (i, s) owns output columns
+[i * BLOCK_N, (i + 1) * BLOCK_N) for every row of x, and reads its rows of W over the s-th slice of
+K. Each program carries all M rows of x (M <= a few), so W, the bulk of the bytes, is read once.
+With a split (s > 1 programs per row block) each writes fp32 partial sums and a second kernel adds
+them in a fixed order, then applies the epilogue: no atomics, the same sums in the same order at
+every launch. Shapes fix the grid and nothing is read on the host, so launches can be captured.
+
+Numerics follow the torch ops they replace (`decode_linear.py`'s torch implementations): the norm
+as `F.rms_norm` computes it for a half-precision input (fp32 statistics, the normalised value
+rounded to the model dtype, then the product with the weight rounded), products summed in fp32,
+one rounding of the sum (+ bias + residual); the gated variant rounds gate and up, silu(gate) and
+the product, as the separate ops do.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from harness.ops.gemv_configs import GemvConfig, block_m, choose_gemv_config, sm_count
+
+
+@triton.jit
+def _weights(w_ptr, rows, rows_ok, kk, k_ok, stride_wn, stride_wk):
+    """W[rows, kk] as a [BLOCK_N, BLOCK_K] fp32 tile (0 outside)."""
+    return tl.load(w_ptr + rows[:, None] * stride_wn + kk[None, :] * stride_wk,
+                   mask=rows_ok[:, None] & k_ok[None, :], other=0.0).to(tl.float32)
+
+
+@triton.jit
+def _finish(acc, acc_up, m, m_ok, n, n_ok, up_offset, bias_ptr, res_ptr, out_ptr, stride_rm,
+            stride_rn, stride_om, stride_on, HAS_BIAS: tl.constexpr, HAS_RESIDUAL: tl.constexpr,
+            GATED: tl.constexpr):
+    dtype = out_ptr.dtype.element_ty
+    if HAS_BIAS:
+        acc += tl.load(bias_ptr + n, mask=n_ok, other=0.0).to(tl.float32)[None, :]
+    if GATED:
+        if HAS_BIAS:
+            acc_up += tl.load(bias_ptr + up_offset + n, mask=n_ok, other=0.0).to(tl.float32)[None, :]
+        # The separate path's roundings: gate and up from the GEMM, silu(gate), then the product.
+        gate = acc.to(dtype).to(tl.float32)
+        up = acc_up.to(dtype).to(tl.float32)
+        acc = (gate * tl.sigmoid(gate)).to(dtype).to(tl.float32) * up
+    if HAS_RESIDUAL:
+        acc += tl.load(res_ptr + m[:, None] * stride_rm + n[None, :] * stride_rn,
+                       mask=m_ok[:, None] & n_ok[None, :], other=0.0).to(tl.float32)
+    tl.store(out_ptr + m[:, None] * stride_om + n[None, :] * stride_on, acc.to(dtype),
+             mask=m_ok[:, None] & n_ok[None, :])
+
+
+@triton.jit
+def _gemv_kernel(
+        x_ptr, w_ptr, bias_ptr, res_ptr, norm_ptr, out_ptr, part_ptr,
+        M, N, K, k_per_split, up_offset, eps,
+        stride_xm, stride_xk, stride_wn, stride_wk, stride_rm, stride_rn, stride_om, stride_on,
+        HAS_NORM: tl.constexpr, HAS_BIAS: tl.constexpr, HAS_RESIDUAL: tl.constexpr,
+        GATED: tl.constexpr, SPLIT: tl.constexpr,
+        BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+    pid_n = tl.program_id(0)
+    pid_k = tl.program_id(1)
+    dtype = x_ptr.dtype.element_ty
+    m = tl.arange(0, BLOCK_M)
+    m_ok = m < M
+    n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    n_ok = n < N
+    x_rows = x_ptr + m[:, None] * stride_xm
+
+    if HAS_NORM:
+        # Every program needs its rows' full statistics, whatever slice of K it multiplies: x is
+        # a few KB, read from L2.
+        squares = tl.zeros([BLOCK_M], dtype=tl.float32)
+        for k0 in range(0, K, BLOCK_K):
+            kk = k0 + tl.arange(0, BLOCK_K)
+            xv = tl.load(x_rows + kk[None, :] * stride_xk, mask=m_ok[:, None] & (kk < K)[None, :],
+                         other=0.0).to(tl.float32)
+            squares += tl.sum(xv * xv, axis=1)
+        rstd = tl.rsqrt(squares / K + eps)
+
+    acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+    acc_up = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+    # One row of x (M = 1): products accumulate elementwise over the K tiles and are reduced
+    # across lanes once, after the loop, instead of once per tile.
+    wide = tl.zeros([BLOCK_N, BLOCK_K], dtype=tl.float32)
+    wide_up = tl.zeros([BLOCK_N, BLOCK_K], dtype=tl.float32)
+    k_lo = pid_k * k_per_split
+    for k0 in range(k_lo, k_lo + k_per_split, BLOCK_K):
+        kk = k0 + tl.arange(0, BLOCK_K)
+        k_ok = kk < K
+        xv = tl.load(x_rows + kk[None, :] * stride_xk, mask=m_ok[:, None] & k_ok[None, :], other=0.0)
+        if HAS_NORM:
+            scale = tl.load(norm_ptr + kk, mask=k_ok, other=0.0).to(tl.float32)
+            normed = (xv.to(tl.float32) * rstd[:, None]).to(dtype).to(tl.float32)
+            xv = (normed * scale[None, :]).to(dtype)
+        xf = xv.to(tl.float32)
+        if BLOCK_M == 1:
+            x_row = tl.reshape(xf, [BLOCK_K])[None, :]
+            wide += _weights(w_ptr, n, n_ok, kk, k_ok, stride_wn, stride_wk) * x_row
+            if GATED:
+                wide_up += _weights(w_ptr, n + up_offset, n_ok, kk, k_ok, stride_wn,
+                                    stride_wk) * x_row
+        else:
+            w = _weights(w_ptr, n, n_ok, kk, k_ok, stride_wn, stride_wk)
+            acc += tl.sum(xf[:, None, :] * w[None, :, :], axis=2)
+            if GATED:
+                w_up = _weights(w_ptr, n + up_offset, n_ok, kk, k_ok, stride_wn, stride_wk)
+                acc_up += tl.sum(xf[:, None, :] * w_up[None, :, :], axis=2)
+    if BLOCK_M == 1:
+        acc = tl.sum(wide, axis=1)[None, :]
+        acc_up = tl.sum(wide_up, axis=1)[None, :]
+
+    if SPLIT:
+        tl.store(part_ptr + (pid_k * M + m[:, None]) * N + n[None, :], acc,
+                 mask=m_ok[:, None] & n_ok[None, :])
+    else:
+        _finish(acc, acc_up, m, m_ok, n, n_ok, up_offset, bias_ptr, res_ptr, out_ptr, stride_rm,
+                stride_rn, stride_om, stride_on, HAS_BIAS, HAS_RESIDUAL, GATED)
+
+
+@triton.jit
+def _split_sum_kernel(part_ptr, bias_ptr, res_ptr, out_ptr, M, N,
+                      stride_rm, stride_rn, stride_om, stride_on,
+                      SPLIT_K: tl.constexpr, HAS_BIAS: tl.constexpr, HAS_RESIDUAL: tl.constexpr,
+                      BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+    m = tl.arange(0, BLOCK_M)
+    m_ok = m < M
+    n = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
+    n_ok = n < N
+    acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+    for s in tl.static_range(SPLIT_K):  # a fixed order: the same sum at every launch
+        acc += tl.load(part_ptr + (s * M + m[:, None]) * N + n[None, :],
+                       mask=m_ok[:, None] & n_ok[None, :], other=0.0)
+    _finish(acc, acc, m, m_ok, n, n_ok, 0, bias_ptr, res_ptr, out_ptr, stride_rm, stride_rn,
+            stride_om, stride_on, HAS_BIAS, HAS_RESIDUAL, False)
+
+
+SPLIT_SUM_BLOCK = 256
+
+
+def gemv_triton(x: torch.Tensor, weight: torch.Tensor, *, bias: torch.Tensor | None = None,
+                residual: torch.Tensor | None = None, norm_weight: torch.Tensor | None = None,
+                eps: float = 0.0, gated: bool = False,
+                config: GemvConfig | None = None) -> torch.Tensor:
+    """y [M, N] = (rms_norm(x) if norm_weight is given, else x) [M, K] @ weight[N, K]^T (+ bias)
+    (+ residual [M, N]); `gated`: weight is [2N, K], gate rows then up rows, and
+    y = silu(gate) * up. `config` None: `choose_gemv_config` for the shapes and device."""
+    rows_m, k = x.shape
+    n = weight.shape[0] // 2 if gated else weight.shape[0]
+    out = torch.empty((rows_m, n), dtype=x.dtype, device=x.device)
+    if rows_m == 0 or n == 0:
+        return out
+    if config is None:
+        config = choose_gemv_config(rows_m, n, k, sms=sm_count(x.device),
+                                    rows_per_output=2 if gated else 1)
+    if gated and config.split_k > 1:
+        raise ValueError(f"the gated GEMV does not split K (its epilogue needs whole sums), got "
+                         f"{config.label()}")
+    tiles = triton.cdiv(k, config.block_k)
+    k_per_split = triton.cdiv(tiles, config.split_k) * config.block_k
+    split = triton.cdiv(k, k_per_split)
+    partials = (torch.empty((split, rows_m, n), dtype=torch.float32, device=x.device)
+                if split > 1 else out)
+    # Absent operands get a stand-in pointer: their loads are compiled out (constexpr flags).
+    res = residual if residual is not None else out
+    bm = block_m(rows_m)
+    _gemv_kernel[(triton.cdiv(n, config.block_n), split)](
+        x, weight, bias if bias is not None else x, res,
+        norm_weight if norm_weight is not None else x, out, partials,
+        rows_m, n, k, k_per_split, n if gated else 0, eps,
+        *x.stride(), *weight.stride(), *res.stride(), *out.stride(),
+        HAS_NORM=norm_weight is not None, HAS_BIAS=bias is not None,
+        HAS_RESIDUAL=residual is not None, GATED=gated, SPLIT=split > 1,
+        BLOCK_M=bm, BLOCK_N=config.block_n, BLOCK_K=config.block_k, num_warps=config.num_warps)
+    if split > 1:
+        _split_sum_kernel[(triton.cdiv(n, SPLIT_SUM_BLOCK),)](
+            partials, bias if bias is not None else x, res, out, rows_m, n,
+            *res.stride(), *out.stride(),
+            SPLIT_K=split, HAS_BIAS=bias is not None, HAS_RESIDUAL=residual is not None,
+            BLOCK_M=bm, BLOCK_N=SPLIT_SUM_BLOCK, num_warps=4)
+    return out
