@@ -23,14 +23,15 @@ from suites.ops.triton_marks import needs_compiled_triton, needs_interpreter, ne
 SCALE = 0.35
 
 
-def kernel_output(batch: Batch, scale: float = SCALE) -> torch.Tensor:
+def kernel_output(batch: Batch, scale: float = SCALE, **launch) -> torch.Tensor:
+    """The kernel's output on `batch`; `launch` goes to the launcher (num_splits, tile_tokens)."""
     from harness.ops.triton_decode import paged_decode_triton
 
     write_new_tokens(batch)
     out = torch.full_like(batch.q, 7.0)
     _, positions, token_to_seq, seq_lens, block_tables = batch.metadata.op_inputs()
     paged_decode_triton(batch.q, batch.cache.layer(0), positions, token_to_seq, seq_lens,
-                        block_tables, scale, out)
+                        block_tables, scale, out, **launch)
     return out
 
 
