@@ -1,7 +1,7 @@
 """Time the paged-decode kernel per layer on a CUDA GPU: the kernel of main 18cefd5
 (`decode_kernel_baseline.py`: one program per row and kv head, one page per iteration) against
-the split-sequence kernel (`harness/ops/triton_decode.py`) at its defaults and a few other tile
-widths and split counts, for batch 1/4/16 at context 64, 512 and 2048.
+the split-sequence kernel (`harness/ops/triton_decode.py`) at its defaults, with tiles of 64
+slots and with one split, for batch 1/4/16 at context 64, 512 and 2048.
 
 The 1B shape: 32 q heads, 8 kv heads, head_dim 64, block size 16, bf16. The block table is as wide
 as `--table-factor` times the context (the engine's bench sizes max_model_len at twice the
@@ -92,7 +92,6 @@ def main() -> None:
           f"heads {HEADS}/{KV_HEADS}, head_dim {HEAD_DIM}, block {BLOCK_SIZE}, bf16; "
           f"us per layer, median of {args.iters}")
     variants = {"baseline": launcher("baseline"), "new": launcher("new"),
-                "new tile16": launcher("new", tile_tokens=16),
                 "new tile64": launcher("new", tile_tokens=64),
                 "new 1 split": launcher("new", num_splits=1)}
     print("| batch | context | splits | " + " | ".join(f"{v} graph / eager" for v in variants)
