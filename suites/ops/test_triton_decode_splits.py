@@ -12,8 +12,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from suites.ops.decode_cases import decode_batch, replay_on_a_later_batch
-from suites.ops.test_triton_decode import SCALE, assert_kernel_matches, kernel_output, with_decode_kernel
+from suites.ops.decode_cases import (SCALE, assert_kernel_matches, decode_batch, kernel_output,
+                                     replay_on_a_later_batch, with_decode_kernel)
 from suites.ops.triton_marks import needs_compiled_triton, needs_interpreter, needs_triton
 
 LLAMA_1B = dict(heads=32, kv_heads=8, head_dim=64, block_size=16)
