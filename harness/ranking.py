@@ -25,25 +25,33 @@ class RankedLogits:
     scales: torch.Tensor       # [rows] max |logit|
 
 
+def ordered_bits(logits: torch.Tensor) -> torch.Tensor:
+    """int32 [rows, vocab] ordered as the fp32 logits are (equal logits, equal values)."""
+    # fp32 bits as an int32 that orders like the value (negative floats count down). +0.0 turns
+    # -0.0 into +0.0: they are equal.
+    bits = (logits + 0.0).view(torch.int32)
+    return torch.where(bits < 0, bits ^ 0x7FFFFFFF, bits)
+
+
 def tie_broken_keys(logits: torch.Tensor) -> torch.Tensor:
     """int64 keys [rows, vocab] ordered as the fp32 logits are, equal logits ordered by ascending
     token id (the larger key first): `topk` of them ranks without a full sort and without leaving
     the order of ties to the kernel."""
-    # fp32 bits as an int32 that orders like the value (negative floats count down), in the high
-    # half; the complement of the id in the low half. +0.0 turns -0.0 into +0.0: they are equal.
-    bits = (logits + 0.0).view(torch.int32)
-    ordered = torch.where(bits < 0, bits ^ 0x7FFFFFFF, bits).to(torch.int64)
+    # `ordered_bits` in the high half; the complement of the id in the low half.
     ids = torch.arange(logits.shape[-1], device=logits.device)
-    return ordered * 2 ** 32 + (2 ** 32 - 1 - ids)
+    return ordered_bits(logits).to(torch.int64) * 2 ** 32 + (2 ** 32 - 1 - ids)
 
 
 def rank_logits(logits: torch.Tensor, width: int) -> RankedLogits:
     """The best `width` tokens of each row of `logits` [rows, vocab] (at least one)."""
     logits = logits.float()
-    keys = tie_broken_keys(logits)
-    # The keys are distinct, so argmax picks topk's first entry: for the greedy token alone one
-    # reduction instead of a radix selection (about two dozen kernels on CUDA).
-    order = keys.argmax(dim=-1, keepdim=True) if width <= 1 else torch.topk(keys, width, dim=-1).indices
+    if width <= 1:
+        # The greedy token alone: argmax returns the first (lowest) index of equal maxima, which
+        # is the tie-break the keys encode, so one reduction over the int32 bits picks topk's
+        # first entry without the keys' five extra ops (nor a radix selection).
+        order = ordered_bits(logits).argmax(dim=-1, keepdim=True)
+    else:
+        order = torch.topk(tie_broken_keys(logits), width, dim=-1).indices
     logprobs = torch.log_softmax(logits, dim=-1)
     return RankedLogits(order=order, top_logprobs=logprobs.gather(1, order), logprobs=logprobs,
                         scales=logits.abs().amax(dim=-1))

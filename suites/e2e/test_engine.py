@@ -54,12 +54,15 @@ def test_the_greedy_ranking_alone_picks_the_first_entry_of_a_wider_one():
     token a wider ranking puts first, ties, signed zeros and infinities included."""
     from harness.ranking import rank_logits
 
+    nan = torch.tensor(math.nan)
     logits = torch.tensor([[0.0, 3.0, 1.0, 3.0, 3.0], [-0.0, 0.0, -1.0, 0.0, -0.0],
                            [-math.inf, -math.inf, -5.0, -5.0, -math.inf],
-                           [math.inf, 1.0, math.inf, 2.0, 0.0]])
+                           [math.inf, 1.0, math.inf, 2.0, 0.0],
+                           # a NaN with the sign bit set ranks last, one without it first
+                           [1.0, -nan, nan, 2.0, nan], [-nan, -nan, -7.0, -nan, -7.0]])
     greedy, wider = rank_logits(logits, 1), rank_logits(logits, 3)
-    assert greedy.order.shape == (4, 1)
-    assert greedy.order[:, 0].tolist() == wider.order[:, 0].tolist() == [1, 0, 2, 0]
+    assert greedy.order.shape == (6, 1)
+    assert greedy.order[:, 0].tolist() == wider.order[:, 0].tolist() == [1, 0, 2, 0, 2, 2]
     torch.testing.assert_close(greedy.top_logprobs[:, 0], wider.top_logprobs[:, 0], rtol=0, atol=0,
                                equal_nan=True)  # a row holding +inf has NaN logprobs
 

@@ -1,6 +1,7 @@
 """Batches for the decode-kernel tests: random paged batches (suites/ops/batches.py) whose cache
 holds NaN wherever no sequence wrote, so a kernel that reads past a sequence's length, or a block
-its table does not list, turns its output NaN; and the tolerance the kernel is held to per dtype."""
+its table does not list, turns its output NaN; the tolerance the kernel is held to per dtype; and
+the kernel's launch and check the kernel tests share (`kernel_output`, `assert_kernel_matches`)."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ from hypothesis import strategies as st
 from harness.ops import AttentionMetadata, paged_attention
 from harness.ops.attention import paged_attention_impl
 from suites.ops.batches import Batch, make_batch
+from suites.ops.reference import naive_attention
 
 
 def poison_unwritten(batch: Batch) -> None:
@@ -88,3 +90,43 @@ def replay_on_a_later_batch(first: Batch, later: Batch, metadata: AttentionMetad
     graph.replay()
     torch.cuda.synchronize()
     return out
+
+
+SCALE = 0.35
+
+
+def kernel_output(batch: Batch, scale: float = SCALE, **launch) -> torch.Tensor:
+    """The kernel's output on `batch`; `launch` goes to the launcher (num_splits, tile_tokens)."""
+    from harness.ops.triton_decode import paged_decode_triton
+
+    write_new_tokens(batch)
+    out = torch.full_like(batch.q, 7.0)
+    _, positions, token_to_seq, seq_lens, block_tables = batch.metadata.op_inputs()
+    paged_decode_triton(batch.q, batch.cache.layer(0), positions, token_to_seq, seq_lens,
+                        block_tables, scale, out, **launch)
+    return out
+
+
+def assert_kernel_matches(batch: Batch, out: torch.Tensor, scale: float = SCALE) -> None:
+    """Real rows within tolerance of the torch-ops path and of the float64 reference; padded rows
+    (they see nothing) zero."""
+    n, dtype = batch.num_actual_tokens, batch.q.dtype
+    values = torch.cat(batch.values).float()
+    expected = naive_attention(batch.queries, batch.keys, batch.values, scale)
+    torch_ops = torch_ops_output(batch, scale)[:n].double().cpu()
+    real = out[:n].double().cpu()
+    limit = tolerance(expected, values, dtype)
+    against_reference = (real - expected).abs().max().item()
+    against_torch_ops = (real - torch_ops).abs().max().item()
+    assert against_reference <= limit, f"{against_reference:.3g} from the float64 reference > {limit:.3g}"
+    assert against_torch_ops <= 2 * limit, f"{against_torch_ops:.3g} from the torch-ops path > {2 * limit:.3g}"
+    assert not out[n:].any(), "a padded row (it sees nothing) is not zero"
+
+
+def with_decode_kernel(metadata: AttentionMetadata, spans, kernel: str) -> AttentionMetadata:
+    """A metadata like `metadata` (same sizes and device) for `spans`, attending with `kernel`."""
+    twin = AttentionMetadata(metadata.max_batch_size, metadata.max_num_tokens,
+                             metadata.max_blocks_per_seq, metadata.block_size, metadata.pad_slot,
+                             metadata.device, decode_kernel=kernel)
+    twin.prepare(spans, num_tokens=metadata.max_num_tokens, num_seqs=metadata.max_batch_size)
+    return twin

@@ -7,48 +7,14 @@ importable: the CPU test), and on CUDA (marker gpu, without the interpreter). Wh
 
 from __future__ import annotations
 
-import importlib.util
-
 import pytest
 import torch
 from hypothesis import given
 
-from harness.ops import AttentionMetadata
 from suites.ops.batches import Batch
-from suites.ops.decode_cases import (decode_batch, kernel_batches, replay_on_a_later_batch, tolerance,
-                                     torch_ops_output, write_new_tokens)
-from suites.ops.reference import naive_attention
+from suites.ops.decode_cases import (SCALE, assert_kernel_matches, decode_batch, kernel_batches,
+                                     kernel_output, replay_on_a_later_batch, with_decode_kernel)
 from suites.ops.triton_marks import needs_compiled_triton, needs_interpreter, needs_triton
-
-SCALE = 0.35
-
-
-def kernel_output(batch: Batch, scale: float = SCALE) -> torch.Tensor:
-    from harness.ops.triton_decode import paged_decode_triton
-
-    write_new_tokens(batch)
-    out = torch.full_like(batch.q, 7.0)
-    _, positions, token_to_seq, seq_lens, block_tables = batch.metadata.op_inputs()
-    paged_decode_triton(batch.q, batch.cache.layer(0), positions, token_to_seq, seq_lens,
-                        block_tables, scale, out)
-    return out
-
-
-def assert_kernel_matches(batch: Batch, out: torch.Tensor, scale: float = SCALE) -> None:
-    """Real rows within tolerance of the torch-ops path and of the float64 reference; padded rows
-    (they see nothing) zero."""
-    n, dtype = batch.num_actual_tokens, batch.q.dtype
-    values = torch.cat(batch.values).float()
-    expected = naive_attention(batch.queries, batch.keys, batch.values, scale)
-    torch_ops = torch_ops_output(batch, scale)[:n].double().cpu()
-    real = out[:n].double().cpu()
-    limit = tolerance(expected, values, dtype)
-    against_reference = (real - expected).abs().max().item()
-    against_torch_ops = (real - torch_ops).abs().max().item()
-    assert against_reference <= limit, f"{against_reference:.3g} from the float64 reference > {limit:.3g}"
-    assert against_torch_ops <= 2 * limit, f"{against_torch_ops:.3g} from the torch-ops path > {2 * limit:.3g}"
-    assert not out[n:].any(), "a padded row (it sees nothing) is not zero"
-
 
 CASES = {
     "decode-gqa4": dict(lengths=[(7, 1), (40, 1), (2, 1), (17, 1)], heads=8, kv_heads=2),
@@ -96,15 +62,6 @@ def cuda_batch(case: str) -> Batch:
 def test_cuda_kernel_matches_torch_ops(case: str) -> None:
     batch = cuda_batch(case)
     assert_kernel_matches(batch, kernel_output(batch))
-
-
-def with_decode_kernel(metadata: AttentionMetadata, spans, kernel: str) -> AttentionMetadata:
-    """A metadata like `metadata` (same sizes and device) for `spans`, attending with `kernel`."""
-    twin = AttentionMetadata(metadata.max_batch_size, metadata.max_num_tokens,
-                             metadata.max_blocks_per_seq, metadata.block_size, metadata.pad_slot,
-                             metadata.device, decode_kernel=kernel)
-    twin.prepare(spans, num_tokens=metadata.max_num_tokens, num_seqs=metadata.max_batch_size)
-    return twin
 
 
 @needs_triton

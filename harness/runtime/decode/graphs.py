@@ -46,8 +46,8 @@ from harness.runtime.decode.dummy import buildable_sizes, dummy_batch
 from harness.runtime.decode.policy import (SERVE, WARMUP_SCOPE, CapturePolicy, ScopeFactory,
                                            default_capture_policy, no_scope)
 from harness.runtime.decode.runner import DecodeGraphKey, GraphRunner, PaddedDecodeBatch, pad_decode_batch, sampling_variant
-from harness.runtime.decode.serving import (GraphStep, choose_graph, copy_out, copy_packed_out,
-                                            missing_key_reason)
+from harness.runtime.decode.serving import (GraphChoice, GraphStep, choose_graph, copy_out,
+                                            copy_packed_out, missing_key_reason)
 from harness.runtime.stats import StatsRecorder
 
 log = logging.getLogger(__name__)
@@ -65,6 +65,18 @@ class DecodeHost(Protocol):
 
     def prepare_padded(self, spans: tuple[SequenceSpan, ...], *, num_tokens: int, num_seqs: int,
                        input_ids: tuple[int, ...]) -> None: ...
+
+
+@dataclass(frozen=True)
+class GraphRoute:
+    """Which graph a decode batch of some size and logprob width replays: `choice`, and where it
+    names a size, its `key` and `producer` (`str(key)`); `missing` says why that key has no graph
+    (None: it has one)."""
+
+    choice: GraphChoice
+    key: DecodeGraphKey | None = None
+    producer: str = ""
+    missing: str | None = None
 
 
 @dataclass(frozen=True)
@@ -118,6 +130,10 @@ class DecoderGraphs:
         self._reserved: tuple[Any, int] | None = None
         self.runner = GraphRunner(backend, self._roots, self._prepared_shape, strict=strict)
         self.reports: list[CaptureReport] = []
+        # (num_seqs, logprob width) -> its route, valid for one runner generation: every decode
+        # step asks twice (the engine's dispatch, then `run`), with the same few answers.
+        self._routes: dict[tuple[int, int], GraphRoute] = {}
+        self._routes_generation = -1
 
     # --- what graphs read -------------------------------------------------------------------
 
@@ -291,31 +307,50 @@ class DecoderGraphs:
         `copy=False` hands out the graph's static output, which the next replay overwrites: only
         for a caller whose every read of it is queued before that replay (the overlap loop)."""
         n = len(spans)
-        choice = choose_graph(self.runner.keys, self.top_ks, n, logprobs)
+        route = self._route(n, max(max(logprobs, default=0), 1))
+        choice, key = route.choice, route.key
         if choice.reason is not None:
             self.stats.fallbacks[choice.reason] += 1
             return None
-        key = self.graph_key(choice.size, choice.top_k)
-        if key not in self.runner:
-            self.stats.fallbacks[missing_key_reason(n, key, self.runner.keys)] += 1
+        if route.missing is not None:
+            self.stats.fallbacks[route.missing] += 1
             return None
         self._prepare(pad_decode_batch(spans, key.batch_size), input_ids)
         output = self.runner.replay(key)
-        self.stats.replays[str(key)] += 1
+        self.stats.replays[route.producer] += 1
         if choice.top_k is None:
             logits = output[:n]
             return GraphStep(logits=copy_out(logits) if copy else logits, key=key)
         packed = PackedRanking(values=output.values[:n], tokens=output.tokens[:n])
         return GraphStep(logits=None, key=key, packed=copy_packed_out(packed) if copy else packed)
 
+    def _route(self, num_seqs: int, width: int) -> GraphRoute:
+        """The route of a decode batch of `num_seqs` wanting `width` logprobs, computed once per
+        runner generation (a capture or clear starts a new one)."""
+        runner = self.runner
+        if self._routes_generation != runner.generation:
+            self._routes.clear()
+            self._routes_generation = runner.generation
+        route = self._routes.get((num_seqs, width))
+        if route is None:
+            keys = runner.keys
+            choice = choose_graph(keys, self.top_ks, num_seqs, (width,))
+            key = missing = None
+            if choice.reason is None:
+                key = self.graph_key(choice.size, choice.top_k)
+                missing = None if key in runner else missing_key_reason(num_seqs, key, keys)
+            route = GraphRoute(choice, key, str(key) if key is not None else "", missing)
+            self._routes[(num_seqs, width)] = route
+        return route
+
     def size_for(self, num_seqs: int) -> int | None:
         """The captured batch size a decode batch of `num_seqs` replays (None: no graph holds it);
         `run` then picks that size's graph of the batch's sampling variant."""
-        return choose_graph(self.runner.keys, self.top_ks, num_seqs).size
+        return self._route(num_seqs, 1).choice.size
 
     def no_graph_reason(self, num_seqs: int) -> str:
         """Why no graph holds a decode batch of `num_seqs` (when `size_for` says none does)."""
-        return choose_graph(self.runner.keys, self.top_ks, num_seqs).reason or ""
+        return self._route(num_seqs, 1).choice.reason or ""
 
     def release(self) -> None:
         """Release every graph (the end of the estimation phase)."""

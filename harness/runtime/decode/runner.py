@@ -98,10 +98,22 @@ class GraphRunner:
         self.strict = strict
         self.pool = backend.graph_pool_handle()
         self._entries: dict[DecodeGraphKey, CapturedDecodeGraph] = {}
+        # Sorted once per capture or clear, not at every step that asks which graph to replay.
+        self._sorted_keys: tuple[DecodeGraphKey, ...] = ()
+        self._generation = 0
 
     @property
     def keys(self) -> list[DecodeGraphKey]:
-        return sorted(self._entries)
+        return list(self._sorted_keys)
+
+    @property
+    def generation(self) -> int:
+        """Counts the captures and clears so far: what a cache of per-key answers is valid for."""
+        return self._generation
+
+    def _entries_changed(self) -> None:
+        self._sorted_keys = tuple(sorted(self._entries))
+        self._generation += 1
 
     def __contains__(self, key: DecodeGraphKey) -> bool:
         return key in self._entries
@@ -133,6 +145,7 @@ class GraphRunner:
             graph = self.backend.capture(fn, pool=self.pool)
         records = self.snapshot() if (record or self.strict) else None
         self._entries[key] = CapturedDecodeGraph(graph, records)
+        self._entries_changed()
         return graph
 
     def replay(self, key: DecodeGraphKey) -> Any:
@@ -186,4 +199,5 @@ class GraphRunner:
         for entry in self._entries.values():
             entry.graph.reset()
         self._entries.clear()
+        self._entries_changed()
         self.pool = self.backend.graph_pool_handle()
