@@ -176,6 +176,9 @@ NAMES: dict[str, Internal] = {
     "inductor_config": Internal("torch._inductor.config", "", _found("torch._inductor.config"),
                                 lazy=True),
     "set_allocator_settings": Internal("torch._C", "_accelerator_setAllocatorSettings"),
+    # A torch call whose aten ops the stream tracking already knows runs past its dispatch mode.
+    "DisableTorchDispatch": Internal("torch._C", "_DisableTorchDispatch", _entered),
+    "get_dispatch_stack_at": Internal("torch._C", "_get_dispatch_stack_at"),
 }
 
 
@@ -285,6 +288,8 @@ nn_module = bind(NAMES["nn_module"])
 group_tensors_by_device_and_dtype = bind(NAMES["group_tensors_by_device_and_dtype"])
 set_allocator_settings = bind(NAMES["set_allocator_settings"])
 tree_unflatten = bind(NAMES["tree_unflatten"])
+DisableTorchDispatch = bind(NAMES["DisableTorchDispatch"])
+get_dispatch_stack_at = bind(NAMES["get_dispatch_stack_at"])
 
 
 def lazy_module(name: str) -> Any:
