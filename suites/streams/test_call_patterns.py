@@ -92,3 +92,35 @@ def test_learned_reader_on_a_stream_that_did_not_wait_still_races():
         with torch.cuda.stream(side), pytest.raises(RaceError, match="aten.add.Tensor reads it"):
             y + 1  # the same signature: through the pattern, and unordered now
         torch.cuda.synchronize()
+
+
+_EXTRA: list = []
+
+
+def _scale_by_global(x):
+    """A user's function that torch function modes see whole (as torch's Python functions are),
+    whose aten ops depend on state outside its arguments."""
+    if torch.overrides.has_torch_function((x,)):
+        return torch.overrides.handle_torch_function(_scale_by_global, (x,), x)
+    out = x * 2
+    for t in _EXTRA:
+        out = out + t
+    return out
+
+
+def test_a_users_function_is_never_learned():
+    skip_unless_the_emulated_device_can_be_entered()
+    with harness.emulate_cuda(device="cpu", races="strict"):
+        side = torch.cuda.Stream()
+        x = torch.ones(4, device="cuda")
+        _scale_by_global(x)  # one op reading x only, the first time
+        bias = torch.ones(4, device="cuda") * 5
+        _EXTRA.append(bias)
+        try:
+            side.wait_stream(torch.cuda.current_stream())
+            bias.mul_(2)  # a later default-stream write the side stream did not wait for
+            with torch.cuda.stream(side), pytest.raises(RaceError, match="aten.add.Tensor reads"):
+                _scale_by_global(x)  # now reads bias too, which the same signature hides
+        finally:
+            _EXTRA.clear()
+        torch.cuda.synchronize()

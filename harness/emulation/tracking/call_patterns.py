@@ -16,7 +16,8 @@ dtype, shape, strides, whether it is an inference tensor or needs grad, and whet
 memory; every other argument by type and value; and the dispatch state that selects kernels and
 decompositions (grad and inference mode, deterministic algorithms, autocast, the default dtype).
 A call whose arguments include anything else (a tensor subclass, pinned memory, a generator, an
-object) is never learned and always dispatches. Nothing is learned or used while a capture runs,
+object), and a callable that is not torch's own (a user's `autograd.Function.apply`, whose Python
+may read any state), is never learned and always dispatches. Nothing is learned or used while a capture runs,
 under the adversarial schedule, with a queue on the stream, or with any other dispatch mode on the
 stack (a user's mode, the explainer's op log must see every aten op).
 """
@@ -141,6 +142,17 @@ def signature(func: Any, args: tuple, kwargs: dict, is_device, is_pinned
     return key, tensors
 
 
+def _torch_owned(func: Any) -> bool:
+    """Whether `func` is torch's own (an op, a Tensor method, torch.nn.functional), whose aten ops
+    follow from the signature; a user's callable (`autograd.Function.apply`) may read anything."""
+    bound = getattr(func, "__self__", None)
+    if isinstance(bound, type) and not bound.__module__.startswith("torch"):
+        return False
+    module = getattr(func, "__module__", None) or getattr(
+        getattr(func, "__objclass__", None), "__module__", None) or ""
+    return module == "torch" or module.startswith("torch.")
+
+
 class CallPatterns:
     """The patterns learned by one stream mode, and the torch calls run through them."""
 
@@ -171,6 +183,9 @@ class CallPatterns:
         if pattern is _NEVER or pattern is _UNSEEN:
             return func(*args, **kwargs)
         if pattern is None:
+            if not _torch_owned(func):
+                self._remember(key, _NEVER)
+                return func(*args, **kwargs)
             return self._learn(key, tensors, func, args, kwargs)
         stream = mode.stream()
         if mode.schedule.defers(stream):
@@ -201,10 +216,13 @@ class CallPatterns:
             out = func(*args, **kwargs)
         finally:
             mode.probe = None
+        self._remember(key, self._pattern(probe, tensors, out))
+        return out
+
+    def _remember(self, key: tuple, pattern: Any) -> None:
         if len(self._patterns) >= self.BOUND:
             self._patterns.clear()
-        self._patterns[key] = self._pattern(probe, tensors, out)
-        return out
+        self._patterns[key] = pattern
 
     def _pattern(self, probe: Probe, tensors: list, out: Any) -> Any:
         if probe.spoiled or len(probe.ops) > 1:
