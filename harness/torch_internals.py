@@ -182,6 +182,9 @@ NAMES: dict[str, Internal] = {
     "cuda_end_allocate_to_pool": Internal("torch._C", "_cuda_endAllocateToPool"),
     "cuda_release_pool": Internal("torch._C", "_cuda_releasePool"),
     "graph_pool_handle": Internal("torch._C", "_graph_pool_handle"),
+    # A torch call whose aten ops the stream tracking already knows runs past its dispatch mode.
+    "DisableTorchDispatch": Internal("torch._C", "_DisableTorchDispatch", _entered),
+    "get_dispatch_stack_at": Internal("torch._C", "_get_dispatch_stack_at"),
 }
 
 
@@ -295,6 +298,8 @@ cuda_begin_allocate_current_thread_to_pool = bind(NAMES["cuda_begin_allocate_cur
 cuda_end_allocate_to_pool = bind(NAMES["cuda_end_allocate_to_pool"])
 cuda_release_pool = bind(NAMES["cuda_release_pool"])
 graph_pool_handle = bind(NAMES["graph_pool_handle"])
+DisableTorchDispatch = bind(NAMES["DisableTorchDispatch"])
+get_dispatch_stack_at = bind(NAMES["get_dispatch_stack_at"])
 
 
 def lazy_module(name: str) -> Any:

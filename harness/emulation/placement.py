@@ -183,8 +183,9 @@ class Placement(TorchFunctionMode):
         memory = self.memory
         previous, memory.call_on_device = memory.call_on_device, True
         keep_modes_reachable()  # stream tracking, if an inference_mode block dropped its keys
+        runner = self.state.call_runner
         try:
-            out = func(*args, **kwargs)
+            out = func(*args, **kwargs) if runner is None else runner(func, args, kwargs)
         except RuntimeError as error:
             if "can't allocate memory" in str(error):
                 raise self.state.out_of_memory(error) from error

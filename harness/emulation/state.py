@@ -78,6 +78,8 @@ class DeviceState(Observed):
         self.initialized = False
         self.kind = "cpu"
         self.placement = None  # the placement mode (placement.py), once entered
+        # Runs the placement mode's device calls once stream tracking is on (call_patterns.py).
+        self.call_runner = None
         from harness.emulation.autocast import WeightCastCache
 
         self.autocast_cache = WeightCastCache()  # autocast("cuda")'s weight casts (autocast.py)

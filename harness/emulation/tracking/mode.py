@@ -70,6 +70,7 @@ class StreamWork(TorchDispatchMode):
         self._plans = OpPlans()
         self._shape_labels = ShapeLabels()
         self._result_shapes = ResultShapes()
+        self.probe = None  # a call_patterns.Probe while a torch call's aten ops are learned
 
     @classmethod
     def ignore_compile_internals(cls) -> bool:
@@ -87,11 +88,21 @@ class StreamWork(TorchDispatchMode):
         with torch_internals.DisableTorchFunction():
             return self._dispatch(func, args, kwargs or {})
 
+    def begin_op(self) -> None:
+        """What every tracked op does first: judge the frees of tensors dropped since the last,
+        and raise a strict race found where raising was impossible."""
+        if self._dropped:
+            self.check_drops()
+        if self._late:
+            raise self._late.pop(0)
+
     def _dispatch(self, func, args, kwargs):
         if self._dropped:
             self.check_drops()
         if self._late:
             raise self._late.pop(0)
+        if self.probe is not None:
+            self.probe.reached = True
         if self.capturing():
             return func(*args, **kwargs)
         plan = self._plans.get(func)
@@ -109,6 +120,8 @@ class StreamWork(TorchDispatchMode):
         on_device = []  # per tensor, whether it is device memory: asked once per op
         for t in tensors:
             if t.device.type != "cpu":
+                if self.probe is not None:
+                    self.probe.spoil()
                 return func(*args, **kwargs)  # meta and fake tensors: shape work, not device work
             on_device.append(is_device(t))
         targets_device = bool(self.memory.call_targets_device())
@@ -121,6 +134,8 @@ class StreamWork(TorchDispatchMode):
     def _host_op(self, func, args, kwargs) -> Any:
         reads, writes = split_accesses(func, args, kwargs, self.memory.is_pinned)
         if reads or writes:
+            if self.probe is not None:
+                self.probe.spoil()
             where = current_callsite()
             name = opinfo.op_name(func)
             for t in reads:
@@ -159,6 +174,7 @@ class StreamWork(TorchDispatchMode):
         seq = self.tracker.launch(stream, read_keys, write_keys, op=name, where=where)
         overtakes = self.schedule.adversarial and self._overtakes_queued_work(reported)
         memory = self.memory
+        probe, ran_in_order = self.probe, False
         if plan.may_block_host and (
                 copy_blocks_host(func, args, kwargs, memory.is_device, is_pinned, targets_device)
                 if plan.is_copy else
@@ -182,13 +198,17 @@ class StreamWork(TorchDispatchMode):
 
             self.schedule.queue(stream, seq, run_and_release)
         else:
-            if self.schedule.defers(stream):
+            ran_in_order = not self.schedule.defers(stream)
+            if not ran_in_order:
                 self.schedule.run_stream(stream)  # what cannot wait in the queue runs in order
             out = func(*args, **kwargs)
             self.schedule.ran(stream, seq)
         to_host = plan.is_to_copy and kwargs.get("device") is not None and not targets_device
-        if plan.kind is not OpKind.MUTATING and not to_host:
+        fresh = plan.kind is not OpKind.MUTATING and not to_host
+        if fresh:
             self._note_fresh(out, Access(True, stream, seq, name, where))
+        if probe is not None:
+            probe.device_op(plan, reads, read_keys, write_keys, ran_in_order and fresh, out)
         return out
 
     def _overtakes_queued_work(self, reported: int) -> bool:
@@ -288,6 +308,29 @@ class StreamWork(TorchDispatchMode):
             self.memory.mark_device(t)  # after the note: `adopted` finds it noted
             tracker.record_fresh(key, write)
             labels[key] = self._shape_labels.of(t)
+
+    def note_read(self, t: torch.Tensor, key: int, label) -> None:
+        """`_device_op`'s bookkeeping of one tensor it reads, for a caller that did not dispatch."""
+        if key not in self.tracker.labels:
+            self.tracker.labels[key] = label
+        if key not in self._allocations and self.memory.is_device(t):
+            self._note_allocation(t, DEFAULT_STREAM)  # made before tracking began
+
+    def note_result(self, t: torch.Tensor, label, write: Access) -> None:
+        """`_note_fresh` of one result with its label known, for a caller that did not dispatch."""
+        storage = _storage(t)
+        if storage is None or storage.nbytes() == 0:
+            return
+        key = storage.data_ptr()
+        ref = self._allocations.get(key)
+        if ref is None or ref() is not storage or self._allocated_on.get(key) != write.participant:
+            self._note_storage(storage, write.participant)
+        self.memory.mark_device(t)
+        self.tracker.record_fresh(key, write)
+        self.tracker.labels[key] = label
+
+    def label_of(self, t: torch.Tensor):
+        return self._shape_labels.of(t)
 
     def adopted(self, storage: torch.UntypedStorage) -> None:
         """Device memory made now, outside a capture: it belongs to the current stream."""

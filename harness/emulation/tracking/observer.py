@@ -63,7 +63,12 @@ class DeviceStreams:
         if self.capture is not None:
             self._pending_activation = True  # not above the recorder: after the capture
             return
+        self._start()
+
+    def _start(self) -> None:
         self.work.activate()
+        # The placement mode's device calls go through the tracking's learned call patterns.
+        self.state.call_runner = self.work.calls.run
 
     # --- device/state.py's observer interface ------------------------------------------------
 
@@ -87,7 +92,7 @@ class DeviceStreams:
         capture.__exit__(None, None, None)
         if self._pending_activation:
             self._pending_activation = False
-            self.work.activate()
+            self._start()
         if not aborted:
             error = capture.end_error()
             if error is not None:
@@ -154,6 +159,12 @@ class DeviceStreams:
     @property
     def reports(self) -> list:
         return self.work.tracker.reports
+
+    @property
+    def patterned_calls(self) -> int:
+        """Device calls tracked through a learned call pattern, without dispatching their aten
+        ops to the stream mode (call_patterns.py)."""
+        return self.work.calls.used
 
     def take_late_races(self) -> list:
         """Strict races found where raising was impossible (a tensor's free, judged in its

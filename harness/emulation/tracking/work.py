@@ -21,6 +21,7 @@ from harness import torch_internals
 from harness.torch_internals import (TorchDispatchMode, disable_current_modes,
                                      get_current_dispatch_mode_stack, pop_mode, push_mode)
 from harness.graphs.emulator.dispatch_keys import keep_modes_reachable
+from harness.emulation.tracking.call_patterns import CallPatterns
 from harness.emulation.tracking.mode import StreamWork
 from harness.emulation.tracking.names import label_of, storage_key
 from harness.emulation.tracking.schedule import Schedule, Stepped
@@ -67,6 +68,8 @@ class AsyncWork:
         self.tracker = StreamTracker(mode=races)
         self.schedule = Schedule(schedule)
         self.mode = StreamWork(memory, stream, capturing, self.tracker, self.schedule)
+        # The device's placement mode runs its device calls through `calls.run` (observer.py).
+        self.calls = CallPatterns(self.mode, lambda: self.active)
         self._current = stream
         self._lazy = lazy
         self.active = False

@@ -1,0 +1,246 @@
+"""Torch calls whose stream tracking is known without dispatching them.
+
+Most torch calls of a decode step are one functional aten op (`mul`, `mm` under `linear`,
+`_to_copy`, `silu`) or only views, the same few dozen over and over. The stream mode (a
+TorchDispatchMode) costs a Python call per aten op whatever it does, which is most of tracked
+eager's cost. So the first time the placement mode hands over a torch call of a given signature,
+the call runs under the stream mode with a `Probe` watching what the mode does for it; where that
+is nothing (views), or exactly one fresh-result device op that ran in issue order, the signature's
+`CallPattern` keeps it: the op's name, which of the call's tensors it read and under which labels,
+and its result's label. Later calls of that signature run with dispatch modes off and make the
+same tracker calls (`launch`, `record_fresh`, labels, allocation notes) with the same arguments
+and sequence numbers; races, reports and their lines come out as the stream mode gives them.
+
+A signature is everything the aten ops a call reaches depend on: the function; per tensor its
+dtype, shape, strides, whether it is an inference tensor or needs grad, and whether it is device
+memory; every other argument by type and value; and the dispatch state that selects kernels and
+decompositions (grad and inference mode, deterministic algorithms, autocast, the default dtype).
+A call whose arguments include anything else (a tensor subclass, pinned memory, a generator, an
+object), and a callable that is not torch's own (a user's `autograd.Function.apply`, whose Python
+may read any state), is never learned and always dispatches. Nothing is learned or used while a capture runs,
+under the adversarial schedule, with a queue on the stream, or with any other dispatch mode on the
+stack (a user's mode, the explainer's op log must see every aten op).
+"""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from harness import torch_internals
+from harness.graphs.emulator.callsite import callsite_later
+from harness.emulation.tracking.races import Access
+
+_Tensor = torch.Tensor
+_PLAIN = (torch.Tensor, torch.nn.Parameter)
+_SCALARS = frozenset({int, float, bool, str, type(None), torch.dtype, torch.device,
+                      torch.memory_format, torch.layout, type(Ellipsis)})
+_STRIDED = torch.strided
+_DisableTorchDispatch = torch_internals.DisableTorchDispatch
+_stack_length = torch_internals.len_torch_dispatch_stack
+_stack_at = torch_internals.get_dispatch_stack_at
+_grad_on = torch.is_grad_enabled
+_inference_on = torch.is_inference_mode_enabled
+_deterministic = torch.are_deterministic_algorithms_enabled
+_autocast_on = torch.is_autocast_enabled
+_default_dtype = torch.get_default_dtype
+
+
+class _Unkeyed(Exception):
+    """An argument the signature cannot name: the call always dispatches."""
+
+
+@dataclass(frozen=True)
+class CallPattern:
+    """What the stream mode did for one signature: nothing (`name` empty), or one device op."""
+
+    name: str = ""
+    read_positions: tuple[int, ...] = ()  # per tensor the op read, its index among the call's
+    read_labels: tuple = ()
+    result_label: Any = None
+
+
+_NOTHING = CallPattern()  # only views reached the stream mode
+_UNSEEN = object()  # no aten op reached it (`x.size()`): nothing to do, not even the op's checks
+_NEVER = object()  # a signature that dispatches every time (the probe saw more than one op)
+
+
+class Probe:
+    """What the stream mode did during one torch call on one thread."""
+
+    __slots__ = ("thread", "spoiled", "reached", "ops")
+
+    def __init__(self) -> None:
+        self.thread = threading.get_ident()
+        self.spoiled = False
+        self.reached = False  # whether any aten op reached the stream mode
+        self.ops: list[tuple] = []
+
+    def spoil(self) -> None:
+        self.spoiled = True
+
+    def device_op(self, plan, reads: list, read_keys: list, write_keys: list, simple: bool,
+                  out: Any) -> None:
+        if threading.get_ident() != self.thread or write_keys or not simple:
+            self.spoiled = True
+        self.ops.append((plan, reads, read_keys, out))
+
+
+def _tensor_meta(a: Any, tensors: list, is_device, is_pinned) -> tuple:
+    dtype = a.dtype
+    if type(a) not in _PLAIN or a.layout is not _STRIDED or not a.is_cpu or dtype.is_complex:
+        raise _Unkeyed
+    device = is_device(a)
+    if not device and is_pinned(a):
+        raise _Unkeyed
+    tensors.append(a)
+    return (dtype, a.shape, a.stride(), a.is_inference(), a.requires_grad, device)
+
+
+def _meta(a: Any, tensors: list, is_device, is_pinned) -> Any:
+    if isinstance(a, _Tensor):
+        return _tensor_meta(a, tensors, is_device, is_pinned)
+    kind = type(a)
+    if kind in _SCALARS:
+        return (kind, a)
+    if kind is list or kind is tuple or kind is torch.Size:
+        return (kind, *[_meta(b, tensors, is_device, is_pinned) for b in a])
+    if kind is slice:  # unhashable before Python 3.12
+        return (slice, _meta(a.start, tensors, is_device, is_pinned),
+                _meta(a.stop, tensors, is_device, is_pinned),
+                _meta(a.step, tensors, is_device, is_pinned))
+    raise _Unkeyed
+
+
+def signature(func: Any, args: tuple, kwargs: dict, is_device, is_pinned
+              ) -> tuple[tuple, list] | None:
+    """(the call's signature, its tensors in argument order), or None for a call never learned."""
+    tensors: list = []
+    # The hot path: one signature per device call, so tensors and scalars are inlined.
+    parts = [func, _grad_on(), _inference_on(), _deterministic(), _autocast_on("cpu"),
+             _autocast_on("cuda"), _default_dtype()]
+    try:
+        for a in args:
+            kind = type(a)
+            if kind is _Tensor:
+                parts.append(_tensor_meta(a, tensors, is_device, is_pinned))
+            elif kind in _SCALARS:
+                parts.append(kind)
+                parts.append(a)
+            else:
+                parts.append(_meta(a, tensors, is_device, is_pinned))
+        if kwargs:
+            parts.append(tuple((k, _meta(v, tensors, is_device, is_pinned))
+                               for k, v in kwargs.items()))
+        key = tuple(parts)
+        hash(key)
+    except (_Unkeyed, TypeError):
+        return None
+    return key, tensors
+
+
+def _torch_owned(func: Any) -> bool:
+    """Whether `func` is torch's own (an op, a Tensor method, torch.nn.functional), whose aten ops
+    follow from the signature; a user's callable (`autograd.Function.apply`) may read anything."""
+    bound = getattr(func, "__self__", None)
+    if isinstance(bound, type) and not bound.__module__.startswith("torch"):
+        return False
+    module = getattr(func, "__module__", None) or getattr(
+        getattr(func, "__objclass__", None), "__module__", None) or ""
+    return module == "torch" or module.startswith("torch.")
+
+
+class CallPatterns:
+    """The patterns learned by one stream mode, and the torch calls run through them."""
+
+    BOUND = 8192  # signatures kept; past it the table starts again
+
+    def __init__(self, mode: Any, active) -> None:
+        self.mode = mode
+        self._active = active  # whether the stream mode is on the dispatch stack
+        self._patterns: dict[tuple, Any] = {}
+        self.used = 0  # calls run through a pattern, for statistics and tests
+
+    def _usable(self) -> bool:
+        mode = self.mode
+        return (self._active() and mode.probe is None and not mode.schedule.adversarial
+                and not mode.capturing() and _stack_length() == 1 and _stack_at(0) is mode)
+
+    def run(self, func: Any, args: tuple, kwargs: dict) -> Any:
+        """`func(*args, **kwargs)` of a device call, tracked as the stream mode tracks it."""
+        if not self._usable():
+            return func(*args, **kwargs)
+        mode = self.mode
+        memory = mode.memory
+        found = signature(func, args, kwargs, memory.is_device, memory.is_pinned)
+        if found is None:
+            return func(*args, **kwargs)
+        key, tensors = found
+        pattern = self._patterns.get(key)
+        if pattern is _NEVER or pattern is _UNSEEN:
+            return func(*args, **kwargs)
+        if pattern is None:
+            if not _torch_owned(func):
+                self._remember(key, _NEVER)
+                return func(*args, **kwargs)
+            return self._learn(key, tensors, func, args, kwargs)
+        stream = mode.stream()
+        if mode.schedule.defers(stream):
+            return func(*args, **kwargs)
+        mode.begin_op()
+        if pattern is _NOTHING:
+            with _DisableTorchDispatch():
+                return func(*args, **kwargs)
+        name, where = pattern.name, callsite_later()
+        read_keys = []
+        for position, label in zip(pattern.read_positions, pattern.read_labels):
+            t = tensors[position]
+            read_key = t.untyped_storage().data_ptr()
+            read_keys.append(read_key)
+            mode.note_read(t, read_key, label)
+        seq = mode.tracker.launch(stream, read_keys, (), op=name, where=where)
+        with _DisableTorchDispatch():
+            out = func(*args, **kwargs)
+        mode.schedule.ran(stream, seq)
+        mode.note_result(out, pattern.result_label, Access(True, stream, seq, name, where))
+        self.used += 1
+        return out
+
+    def _learn(self, key: tuple, tensors: list, func: Any, args: tuple, kwargs: dict) -> Any:
+        mode = self.mode
+        probe = mode.probe = Probe()
+        try:
+            out = func(*args, **kwargs)
+        finally:
+            mode.probe = None
+        self._remember(key, self._pattern(probe, tensors, out))
+        return out
+
+    def _remember(self, key: tuple, pattern: Any) -> None:
+        if len(self._patterns) >= self.BOUND:
+            self._patterns.clear()
+        self._patterns[key] = pattern
+
+    def _pattern(self, probe: Probe, tensors: list, out: Any) -> Any:
+        if probe.spoiled or len(probe.ops) > 1:
+            return _NEVER
+        if not probe.ops:
+            return _NOTHING if probe.reached else _UNSEEN
+        plan, reads, read_keys, op_out = probe.ops[0]
+        if not isinstance(op_out, _Tensor) or not isinstance(out, _Tensor) \
+                or out.untyped_storage().data_ptr() != op_out.untyped_storage().data_ptr():
+            return _NEVER
+        storages = [t.untyped_storage().data_ptr() for t in tensors]
+        if len(set(storages)) != len(storages):
+            return _NEVER  # which argument an aliased read came from is ambiguous
+        positions = []
+        for read_key in read_keys:
+            if read_key not in storages:
+                return _NEVER  # read memory the call was not given
+            positions.append(storages.index(read_key))
+        label = self.mode.label_of
+        return CallPattern(plan.name, tuple(positions), tuple(label(t) for t in reads),
+                           label(op_out))
