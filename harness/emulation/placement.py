@@ -305,7 +305,7 @@ class Placement(TorchFunctionMode):
         out = run(func, args, kwargs)
         if isinstance(out, Tensor) and is_device_memory(out) and out.numel() and all(
                 a.numel() for a in (*args, *kwargs.values()) if isinstance(a, Tensor)):
-            self.state.blas_workspaces.note_call(self.state.streams.current())
+            self.state.blas_workspaces.note_call(self.state.streams.current(), _call_name(func))
         return out
 
     def _repr(self, func, args, kwargs) -> str:
@@ -313,6 +313,18 @@ class Placement(TorchFunctionMode):
             return func(*args, **kwargs)
         with self:  # torch's printer asks `.device`, which this mode answers
             return torch_internals.tensor_str(args[0], **kwargs)
+
+def _call_name(func) -> str:
+    """A torch call as a user writes it: `torch.mm`, `Tensor.mm`, `F.linear`."""
+    name = func.__name__
+    if getattr(func, "__module__", None) is None:
+        return f"Tensor.{name}"
+    if func.__module__ == "torch._C._nn":
+        return f"torch.nn.functional.{name}"
+    if name.startswith("linalg_"):
+        return f"torch.linalg.{name[len('linalg_'):]}"
+    return f"torch.{name}"
+
 
 def _traced_on_host(func, args: tuple, kwargs: dict):
     target = kwargs.get("device")

@@ -72,7 +72,7 @@ class DeviceState(Observed):
         self.streams = Streams(self)
         self.memory = DeviceMemory(self.streams.current)
         # cuBLAS's workspace per (handle, stream), as PyTorch allocates it (blas_workspaces.py)
-        self.blas_workspaces = BlasWorkspaces(self.memory, properties.major)
+        self.blas_workspaces = BlasWorkspaces(self.memory, properties.major, lambda: self.capture)
         self.capture = None  # the CUDAGraph being captured, if any
         self.reporter = None  # (op, message) -> None while the capture lint runs
         self.initialized = False
