@@ -161,10 +161,12 @@ class Placement(TorchFunctionMode):
         if host is not None and device_in and func not in _MIXING_ALLOWED:
             first = f"cuda:{index}" if _first_is_device(args, kwargs) else "cpu"
             raise mixed_devices_error(first, "cpu" if first != "cpu" else f"cuda:{index}")
-        if kwargs and isinstance(kwargs.get("generator"), _TorchGenerator) \
-                and not isinstance(kwargs["generator"], DeviceGenerator):
-            # A cpu generator cannot drive CUDA's random kernels; on a CPU build it would, silently.
-            raise host_generator_error()
+        if kwargs and isinstance(kwargs.get("generator"), _TorchGenerator):
+            if not isinstance(kwargs["generator"], DeviceGenerator):
+                # A cpu generator cannot drive CUDA's random kernels; on a CPU build it would, silently.
+                raise host_generator_error()
+            # the default device generator's state in use lives in the cpu's default generator
+            kwargs = {**kwargs, "generator": self.state.default_states.resolve(kwargs["generator"])}
         if named_device and func in _FROM_HOST_DATA and self.state.capturing():
             transfers.refuse_host_data(self.state, func, args)
         if func in transfers.INDEXING and device_in and self.state.capturing() \
