@@ -120,3 +120,28 @@ def test_a_compiled_warmup_creates_the_handle_as_inductors_cublas_call_does(fres
         torch._dynamo.reset()
     graph = _capture(lambda: x @ x)
     graph.replay()
+
+
+@pytest.mark.parametrize("mode, refused", [("global", True), ("thread_local", False)])
+def test_backwards_first_matmul_is_the_autograd_engine_threads(fresh_device, mode, refused):
+    # The engine runs a device's backward in a thread of its own: its handle is made at its first
+    # matmul, which a global capture refuses from any thread and a thread_local one allows.
+    w = torch.ones(4, 4, device="cuda", requires_grad=True)
+    x = torch.ones(4, 4, device="cuda")
+    x @ x  # this thread's handle, before the capture
+    graph = torch.cuda.CUDAGraph()
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        loss = (x @ w).sum()
+        graph.capture_begin(capture_error_mode=mode)
+        try:
+            loss.backward()
+        except CaptureError as error:
+            assert refused and "the autograd engine's device thread's first BLAS call" in str(error)
+        else:
+            assert not refused
+        finally:
+            with contextlib.suppress(RuntimeError):
+                graph.capture_end()
+    torch.cuda.current_stream().wait_stream(stream)
