@@ -50,6 +50,7 @@ def measure_device(case: str, build: Callable[..., tuple[Callable, Callable]], *
     with torch.inference_mode(), warnings.catch_warnings():
         warnings.simplefilter("ignore")
         with emulate_cuda(device="cpu"):
+            device_step()  # warm up before capture, as CUDA needs (the thread's cuBLAS handle)
             graph = torch.cuda.CUDAGraph()
             with torch.cuda.graph(graph):
                 static_out = capture_fn()

@@ -33,7 +33,8 @@ class _MarkResults(TorchDispatchMode):
             if func.overloadpacket.__name__ in ATEN_MATMUL_NAMES and all(
                     t.numel() for t in inputs if isinstance(t, torch.Tensor)):
                 # the engine's device thread, with a cuBLAS handle of its own
-                self.state.blas_workspaces.note_backward_call(self.state.streams.current())
+                self.state.blas_workspaces.note_backward_call(
+                    self.state.streams.current(), f"aten.{func.overloadpacket.__name__} in backward")
         return out
 
 

@@ -10,16 +10,20 @@ CUBLAS_WORKSPACE_CONFIG's (`:SIZE_KIB:COUNT` pairs, summed), read when a workspa
 PyTorch reads it; without it 32 MiB on compute capability 9.x (Hopper), else 4096 KiB x 2 + 16 KiB
 x 8.
 
-Handles are per thread (a thread's handles go back to the pool when it ends, and a later thread
-takes them); the autograd engine runs a device's backward in a thread of its own, so backward's
-matmuls use another handle, and with it another workspace per stream. Streams are CUDA's: the
+Handles are per thread and device (blas_handles.py: a thread's handles go back to the pool when it
+ends, and a later thread takes them; creating one inside a capture is refused as CUDA refuses it);
+the autograd engine runs a device's backward in a thread of its own, so backward's matmuls use
+another handle, and with it another workspace per stream. Streams are CUDA's: the
 `n`-th stream made at a priority is slot `n % 32` of that priority's pool (c10's CUDAStream.cpp,
 32 streams per pool, at most 4 priority pools), so two emulated streams of one slot share a
 workspace as the two `torch.cuda.Stream` objects share one cudaStream_t.
 
+A torch.compile'd graph with a matmul-family node counts as one BLAS call each time it runs on
+the device (`uses_blas`): inductor's kernels run without any torch call the device sees.
+
 Not modelled: cuBLASLt's own workspace (1 MiB by CUBLASLT_WORKSPACE_SIZE, taken by addmm's fused
-bias path and scaled matmuls, which also take the cuBLAS one), matmuls inside torch.compile'd code
-(inductor's kernels run without any torch call the device sees).
+bias path and scaled matmuls, which also take the cuBLAS one); inductor's Triton matmul templates
+(max-autotune), which call no cuBLAS on CUDA and are counted as if they did.
 """
 
 from __future__ import annotations
@@ -28,16 +32,17 @@ import os
 import re
 import threading
 import warnings
-from typing import Any
+from typing import Any, Callable
 
 import torch
+
+from harness.emulation.blas_handles import BACKWARD, BlasHandles
 
 STREAMS_PER_POOL = 32  # c10 CUDAStream.cpp's kStreamsPerPool
 PRIORITY_POOLS = 4  # c10's max_compile_time_stream_priorities
 HOPPER_BYTES = 4096 * 8 * 1024
 OTHER_BYTES = 4096 * 1024 * 2 + 16 * 1024 * 8
 _CONFIG = re.compile(r":([0-9]+):([0-9]+)")
-BACKWARD = "autograd engine"  # the handle owner of backward's matmuls
 
 # The torch calls that reach cuBLAS through a handle on CUDA (the placement mode's view: one call
 # per torch function); matmul and linear decompose into these in C++.
@@ -55,6 +60,27 @@ MATMUL_FUNCS = frozenset({
 ATEN_MATMUL_NAMES = frozenset({
     "mm", "bmm", "addmm", "baddbmm", "addbmm", "mv", "addmv", "dot", "vdot", "_addmm_activation",
 })
+
+
+def uses_blas(graph_module: torch.fx.GraphModule) -> bool:
+    """Whether a compiled graph calls cuBLAS on CUDA: inductor lowers the matmul family to
+    `extern_kernels.mm` and friends, cuBLAS calls on the current stream (so a compiled warmup
+    creates the thread's handle as an eager one does)."""
+    import operator
+
+    for node in graph_module.graph.nodes:
+        target = node.target
+        if node.op == "call_function" and (
+                target in MATMUL_FUNCS or target is operator.matmul
+                or getattr(getattr(target, "overloadpacket", None), "__name__", None)
+                in ATEN_MATMUL_NAMES):
+            return True
+        if node.op == "call_method" and target in _MATMUL_METHODS:
+            return True
+    return False
+
+
+_MATMUL_METHODS = frozenset({"matmul", "mm", "bmm", "addmm", "baddbmm", "mv", "dot", "__matmul__"})
 
 
 def workspace_bytes(major: int, config: str | None) -> int:
@@ -86,31 +112,37 @@ class BlasWorkspaces:
     """The workspaces made so far, by (handle, stream slot); each one held in the device memory
     (device_memory.py) as a block no storage owns."""
 
-    def __init__(self, memory, major: int) -> None:
+    def __init__(self, memory, major: int, capture: Callable[[], Any]) -> None:
+        """`capture()`: the graph being captured, or None (blas_handles.py refuses a handle's
+        creation by its capture_error_mode)."""
         self._memory = memory
         self._major = major
         self._held: dict[tuple, object] = {}
         self._seen: set[tuple] = set()  # (owner, stream) pairs already served: the hot path
-        self._handles: dict[object, int] = {}  # owner (thread id or BACKWARD) -> handle index
-        self._next_handle = 0
+        self.handles = BlasHandles(capture)
         self._local = threading.local()
 
-    def note_call(self, stream: Any) -> None:
-        """A BLAS call on `stream` from the calling thread (the autograd engine's inside
-        `backward_running()`): its workspace is made if this (handle, stream) has none."""
+    def note_call(self, stream: Any, op: str = "a matmul") -> None:
+        """A BLAS call (`op`, the torch call) on `stream` from the calling thread (the autograd
+        engine's inside `backward_running()`): the thread's handle is reserved and its workspace
+        made if this (handle, stream) has none."""
         owner = BACKWARD if getattr(self._local, "backward", False) else threading.get_ident()
         if (owner, stream) in self._seen:
             return
-        key = (self._handle(owner), cuda_stream_slot(stream))
+        handle, taken = self.handles.reserve(owner, stream.device_index, op)
+        if taken:
+            # A handle taken back from an ended thread: that thread's fast-path entries go.
+            self._seen = {(o, s) for o, s in self._seen if self.handles.holds(o)}
+        key = (handle, cuda_stream_slot(stream))
         if key not in self._held:
             nbytes = workspace_bytes(self._major, os.environ.get("CUBLAS_WORKSPACE_CONFIG"))
             self._held[key] = self._memory.hold_block(nbytes, stream)
         self._seen.add((owner, stream))
 
-    def note_backward_call(self, stream: Any) -> None:
+    def note_backward_call(self, stream: Any, op: str = "a matmul of backward") -> None:
         """A BLAS op the autograd engine ran (its device thread's handle on CUDA)."""
         with self.backward_running():
-            self.note_call(stream)
+            self.note_call(stream, op)
 
     def backward_running(self):
         """A context in which this thread's BLAS calls are the autograd engine's (a recomputed
@@ -125,21 +157,6 @@ class BlasWorkspaces:
 
     def count(self) -> int:
         return len(self._held)
-
-    def _handle(self, owner: object) -> int:
-        handle = self._handles.get(owner)
-        if handle is None:
-            # A handle whose thread has ended is free for the next thread, as the handle pool's.
-            alive = {t.ident for t in threading.enumerate()}
-            free = [h for o, h in self._handles.items() if o is not BACKWARD and o not in alive]
-            if free:
-                handle = min(free)
-                self._handles = {o: h for o, h in self._handles.items() if h != handle}
-                self._seen = {(o, s) for o, s in self._seen if o in self._handles}
-            else:
-                handle, self._next_handle = self._next_handle, self._next_handle + 1
-            self._handles[owner] = handle
-        return handle
 
 
 class _Backward:

@@ -97,6 +97,10 @@ class DeviceGraph:
         self.cudagraphs = cudagraphs
         self.replays: dict[tuple, Any] = {}
         self.skipped: list[str] = []  # why a layout ran without a graph, as inductor logs it
+        # cuBLAS on CUDA: each run reserves the thread's handle (blas_workspaces.py)
+        from harness.emulation.blas_workspaces import uses_blas
+
+        self.blas = uses_blas(graph_module)
         self.static = frozenset(
             i for i, node in enumerate(n for n in graph_module.graph.nodes if n.op == "placeholder")
             if node.meta.get("tensor_dict", {}).get("_dynamo_static_input_type") is not None)
@@ -141,6 +145,8 @@ class DeviceGraph:
         return entry.replay(args)
 
     def _run(self, state, args):
+        if self.blas:
+            state.blas_workspaces.note_call(state.streams.current(), f"compiled {self.name}")
         if self.opaque and (state.streams_tracking is not None or state.capturing()):
             out = self._as_op(state, args)
         else:

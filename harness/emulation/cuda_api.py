@@ -404,7 +404,7 @@ def cuda_graph_class(state) -> type:
 
 
 def default_generators(state) -> tuple:
-    return (torch.default_generator,) * state.properties.count
+    return state.default_states.generators
 
 
 def nvtx_ranges(state) -> NvtxRanges:

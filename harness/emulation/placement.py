@@ -161,10 +161,12 @@ class Placement(TorchFunctionMode):
         if host is not None and device_in and func not in _MIXING_ALLOWED:
             first = f"cuda:{index}" if _first_is_device(args, kwargs) else "cpu"
             raise mixed_devices_error(first, "cpu" if first != "cpu" else f"cuda:{index}")
-        if kwargs and isinstance(kwargs.get("generator"), _TorchGenerator) \
-                and not isinstance(kwargs["generator"], DeviceGenerator):
-            # A cpu generator cannot drive CUDA's random kernels; on a CPU build it would, silently.
-            raise host_generator_error()
+        if kwargs and isinstance(kwargs.get("generator"), _TorchGenerator):
+            if not isinstance(kwargs["generator"], DeviceGenerator):
+                # A cpu generator cannot drive CUDA's random kernels; on a CPU build it would, silently.
+                raise host_generator_error()
+            # the default device generator's state in use lives in the cpu's default generator
+            kwargs = {**kwargs, "generator": self.state.default_states.resolve(kwargs["generator"])}
         if named_device and func in _FROM_HOST_DATA and self.state.capturing():
             transfers.refuse_host_data(self.state, func, args)
         if func in transfers.INDEXING and device_in and self.state.capturing() \
@@ -306,7 +308,7 @@ class Placement(TorchFunctionMode):
         out = run(func, args, kwargs)
         if isinstance(out, Tensor) and is_device_memory(out) and out.numel() and all(
                 a.numel() for a in (*args, *kwargs.values()) if isinstance(a, Tensor)):
-            self.state.blas_workspaces.note_call(self.state.streams.current())
+            self.state.blas_workspaces.note_call(self.state.streams.current(), _call_name(func))
         return out
 
     def _repr(self, func, args, kwargs) -> str:
@@ -314,6 +316,18 @@ class Placement(TorchFunctionMode):
             return func(*args, **kwargs)
         with self:  # torch's printer asks `.device`, which this mode answers
             return torch_internals.tensor_str(args[0], **kwargs)
+
+def _call_name(func) -> str:
+    """A torch call as a user writes it: `torch.mm`, `Tensor.mm`, `F.linear`."""
+    name = func.__name__
+    if getattr(func, "__module__", None) is None:
+        return f"Tensor.{name}"
+    if func.__module__ == "torch._C._nn":
+        return f"torch.nn.functional.{name}"
+    if name.startswith("linalg_"):
+        return f"torch.linalg.{name[len('linalg_'):]}"
+    return f"torch.{name}"
+
 
 def _traced_on_host(func, args: tuple, kwargs: dict):
     target = kwargs.get("device")

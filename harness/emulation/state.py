@@ -72,8 +72,12 @@ class DeviceState(Observed):
         self.streams = Streams(self)
         self.memory = DeviceMemory(self.streams.current)
         # cuBLAS's workspace per (handle, stream), as PyTorch allocates it (blas_workspaces.py)
-        self.blas_workspaces = BlasWorkspaces(self.memory, properties.major)
+        self.blas_workspaces = BlasWorkspaces(self.memory, properties.major, lambda: self.capture)
         self.capture = None  # the CUDAGraph being captured, if any
+        from harness.emulation.default_generators import DefaultStates
+
+        # torch.cuda.default_generators and their graph-safe state objects (default_generators.py)
+        self.default_states = DefaultStates(properties.count, lambda: self.capture is not None)
         self.reporter = None  # (op, message) -> None while the capture lint runs
         self.initialized = False
         self.kind = "cpu"

@@ -88,6 +88,9 @@ def test_the_workspace_is_a_regular_pool_segment_that_empty_cache_keeps():
 
 def test_a_first_matmul_inside_a_capture_takes_its_workspace_from_the_graph_pool():
     a = torch.ones(8, 8, device="cuda")
+    # The thread's handle exists (a matmul on another stream): creating it inside the capture
+    # would be refused (test_cublas_handles.py); its workspace for the capture stream is new.
+    matmul(a)
     g = torch.cuda.CUDAGraph()
     stream = torch.cuda.Stream()
     stream.wait_stream(torch.cuda.current_stream())

@@ -113,7 +113,9 @@ def test_streams_by_id(outside_emulation):
 
 
 def test_builders_of_values(state):
-    assert cuda_api.default_generators(state) == (torch.default_generator,) * 2
+    generators = cuda_api.default_generators(state)
+    assert [g.device for g in generators] == [torch.device("cuda", 0), torch.device("cuda", 1)]
+    assert generators is cuda_api.default_generators(state)  # the same objects each time
     assert cuda_api.cudnn_unavailable(state) is False
     assert cuda_api.is_bf16_supported(state) is True
 

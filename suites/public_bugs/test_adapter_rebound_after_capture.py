@@ -22,9 +22,13 @@ class LoraRunner:
         self.x = torch.ones(1, 8, device="cuda")
         self.out = torch.zeros(1, 8, device="cuda")
         self.graph = torch.cuda.CUDAGraph()
+        self._step()  # warm up, as runtimes do: CUDA refuses a thread's first matmul in a capture
         torch.cuda.synchronize()
         with torch.cuda.graph(self.graph):
-            self.out.copy_(self.x + self.x @ self.lora_b)
+            self._step()
+
+    def _step(self) -> None:
+        self.out.copy_(self.x + self.x @ self.lora_b)
 
     def switch_buggy(self, name: str) -> None:
         self.lora_b = self.adapters[name]

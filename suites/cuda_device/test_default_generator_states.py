@@ -1,0 +1,99 @@
+"""`torch.cuda.default_generators[0]`'s graph-safe state objects, as CUDA gives them:
+`graphsafe_get_state()` shares the state in use, `clone_state()` copies it, `graphsafe_set_state()`
+makes the generator draw from another state object from then on, and a state registered with a
+graph advances at each replay (PyTorch's test_graphsafe_set_get_rng_state uses all four). The
+same checks run natively on a GPU, where they are CUDA's own behaviour."""
+
+from __future__ import annotations
+
+import contextlib
+
+import pytest
+import torch
+
+import harness
+from harness.emulation import emulation_active
+
+
+@pytest.fixture(autouse=True)
+def device():
+    with contextlib.ExitStack() as stack:
+        if emulation_active() is None and not torch.cuda.is_available():
+            stack.enter_context(harness.emulate_cuda())
+        generator = torch.cuda.default_generators[0]
+        in_use = generator.graphsafe_get_state()
+        yield generator
+        generator.graphsafe_set_state(in_use)
+
+
+def draw(**kwargs) -> list[float]:
+    return torch.rand(4, device="cuda", **kwargs).tolist()
+
+
+def test_the_state_handed_out_is_shared_with_the_generator(device):
+    shared = device.graphsafe_get_state()
+    device.manual_seed(3)
+    first = draw()
+    shared.manual_seed(3)  # reseeds the generator too: one state object
+    assert draw() == first
+    device.manual_seed(3)
+    assert draw(generator=shared) == first
+    assert draw() != first  # the draw through `shared` moved the generator on
+
+
+def test_a_cloned_state_is_a_copy_that_draws_on_its_own(device):
+    device.manual_seed(5)
+    clone = device.clone_state()
+    from_default = draw()
+    assert draw(generator=clone) == from_default  # the same values, from its own copy
+    assert draw() != from_default  # the generator went on from where it was
+
+
+def test_setting_a_state_makes_the_generator_draw_from_it_until_set_back(device):
+    device.manual_seed(7)
+    original = device.graphsafe_get_state()
+    other = device.clone_state()
+    expected = draw(generator=device.clone_state())  # what `other` will give first
+    device.graphsafe_set_state(other)
+    assert draw() == expected
+    assert draw(generator=device) != expected  # the generator is `other` now, advanced
+    device.graphsafe_set_state(original)
+    assert draw() == expected  # the original state had not moved
+
+
+def test_a_registered_state_advances_at_each_replay(device):
+    device.manual_seed(11)
+    state = device.clone_state()
+    reference = device.clone_state()
+    graph = torch.cuda.CUDAGraph()
+    graph.register_generator_state(state)
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        graph.capture_begin()
+        out = torch.rand(4, device="cuda", generator=state)
+        graph.capture_end()
+    torch.cuda.current_stream().wait_stream(stream)
+    replays = []
+    for _ in range(2):
+        graph.replay()
+        replays.append(out.tolist())
+    assert replays[0] != replays[1]
+    assert replays == [draw(generator=reference), draw(generator=reference)]
+
+
+def test_the_default_generator_says_it_is_the_devices(device):
+    assert device.device == torch.device("cuda", 0)
+    assert isinstance(device.clone_state(), torch.Generator)
+
+
+def test_a_swap_during_a_capture_is_refused_by_name_on_the_emulated_device(device):
+    if emulation_active() != "cpu":
+        pytest.skip("CUDA records the swap: an emulated-device limit (docs/fidelity.md)")
+    from harness.emulation.allocator_tools import UnsupportedOnEmulatedDevice
+
+    other = device.clone_state()
+    graph = torch.cuda.CUDAGraph()
+    with pytest.raises(UnsupportedOnEmulatedDevice, match="graphsafe_set_state.*during a capture"):
+        with torch.cuda.graph(graph):
+            device.graphsafe_set_state(other)
