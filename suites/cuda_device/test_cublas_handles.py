@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -41,8 +42,12 @@ EXPECTED = {
 
 
 def run_probe(*args: str) -> dict:
+    # The probe imports the harness this test runs, not whichever one the interpreter installed.
+    harness_root = str(Path(harness.__file__).resolve().parent.parent)
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(
+        filter(None, [harness_root, os.environ.get("PYTHONPATH")]))}
     done = subprocess.run([sys.executable, str(PROBE), *args], capture_output=True, text=True,
-                          timeout=300)
+                          timeout=300, env=env)
     assert done.returncode == 0, done.stderr[-3000:]
     found = json.loads(done.stdout)
     return {case: found[case] for case in EXPECTED}
