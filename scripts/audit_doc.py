@@ -24,9 +24,12 @@ AUDIT = ROOT / "docs" / "audit"
 DTYPES = ("bfloat16", "float32")
 # (section title, the files merged side by side, {dtype} filled in)
 SECTIONS = (
-    ("Results: the emulator beside cuda on the H200", ("emulated_{dtype}.json", "cuda_{dtype}.json")),
-    ("Results: emulate_cuda() on the 2-core CPU beside cuda on the H200",
+    ("Results: the emulator beside cuda on the H200 (2026-11-30)",
+     ("emulated_{dtype}.json", "cuda_2026-11-30_{dtype}.json")),
+    ("Results: emulate_cuda() on the CPU wheel beside cuda on the H200",
      ("cuda_{dtype}.json", "ci/emulate_cuda_{dtype}.json")),
+    ("Results: emulate_cuda() on the CUDA wheel without a GPU beside cuda on the H200",
+     ("cuda_{dtype}.json", "ci/emulate_cuda_cu214_{dtype}.json")),
 )
 RESULTS = "## Results"
 

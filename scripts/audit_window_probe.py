@@ -1,8 +1,10 @@
 #!/usr/bin/env python3
 """Where a tiny sliding-window model fails when its window is shorter than the audit's sequences:
-issue 26's "Mistral with an 8-token window, bf16" fails at build on CUDA and at replay on the
-emulated device. The audit calls a failure of the cache-free forward a "build error", so this runs
-the audit's phases one by one (build, cache-free forward, eager with a StaticCache, the graphed
+issue 26's "Mistral with an 8-token window, bf16". On the H200 (torch 2.11) it builds and runs its
+cache-free forward, then the graphed run's replay past the window trips index_copy_'s device-side
+assert; the emulated device raises CUDA's AcceleratorError for the same replayed op
+(docs/audit-transformers.md). The audit calls a failure of the cache-free forward a "build error",
+so this runs the audit's phases one by one (build, cache-free forward, eager with a StaticCache, the graphed
 run) and prints the first error of each, and the first masked SDPA call (the query's and the
 mask's shapes, strides and dtypes: the call whose kernel CUDA picks differently from the CPU).
 

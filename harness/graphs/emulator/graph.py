@@ -12,6 +12,7 @@ import torch
 from harness import torch_internals
 from harness.torch_internals import AutoDispatchBelowADInplaceOrView
 from harness.graphs.base import CapturedGraph, released_graph_error
+from harness.graphs.emulator.device_asserts import device_assert_error, is_index_out_of_bounds
 from harness.graphs.emulator.external import ExternalStorage, freed_error, moved_error
 from harness.graphs.emulator.opinfo import ReplayStep
 from harness.graphs.emulator.pool import PoolArena
@@ -60,8 +61,12 @@ class EmulatedGraph(CapturedGraph):
         # Autograd never sees a graph's work (as on CUDA); inference mode is kept as captured
         # because capture-time outputs are inference tensors exactly when it was on.
         with torch.inference_mode(self._inference_mode), AutoDispatchBelowADInplaceOrView():
-            for fn, args, kwargs in steps:
-                fn(*args, **kwargs)
+            try:
+                for fn, args, kwargs in steps:
+                    fn(*args, **kwargs)
+            except (IndexError, RuntimeError) as error:
+                self._raise_as_cuda(error, steps, fn, args)
+                raise
 
     def replay_in_steps(self) -> list[Callable[[], None]]:
         """`replay()` cut at each recorded call, for a stream schedule that interleaves the
@@ -72,7 +77,11 @@ class EmulatedGraph(CapturedGraph):
         def step(fn, args, kwargs) -> Callable[[], None]:
             def run() -> None:
                 with torch.inference_mode(inference), AutoDispatchBelowADInplaceOrView():
-                    fn(*args, **kwargs)
+                    try:
+                        fn(*args, **kwargs)
+                    except (IndexError, RuntimeError) as error:
+                        self._raise_as_cuda(error, steps, fn, args)
+                        raise
             return run
 
         return [step(*s) for s in steps]
@@ -90,9 +99,24 @@ class EmulatedGraph(CapturedGraph):
                 records = by_step.get(index, ())
                 for record in records:
                     before(record)
-                fn(*args, **kwargs)
+                try:
+                    fn(*args, **kwargs)
+                except (IndexError, RuntimeError) as error:
+                    self._raise_as_cuda(error, steps, fn, args)
+                    raise
                 for record in records:
                     after(record)
+
+    def _raise_as_cuda(self, error: BaseException, steps: list[ReplayStep], fn: Any, args: tuple) -> None:
+        """Raise CUDA's error for a replayed call that failed where CUDA's kernel fails on the
+        device (device_asserts.py); return for any other error, which the caller re-raises."""
+        if not is_index_out_of_bounds(error):
+            return
+        index = next((i for i, (f, a, _) in enumerate(steps) if f is fn and a is args), None)
+        records = [r for r in self.records if r.step == index]
+        # A step that copies an op's results into the captured outputs carries the op first.
+        kernels = (fn, args[0]) if args else (fn,)
+        raise device_assert_error(error, kernels, records) from error
 
     def first_use(self, address: int) -> str:
         """Where the capture first used the external storage that holds `address`, or ""."""
