@@ -196,17 +196,18 @@ def cmd_faults(args) -> int:
     jobs = args.jobs or default_jobs()
     from harness.faults.sessions import session_kind
 
-    print(f"[faults] {len(faults)} fault(s) on the {backend} backend, {jobs} planted runs at a time, "
-          f"pytest sessions {session_kind()}", file=sys.stderr, flush=True)
-    runs = run_zoo(faults, backend=backend, jobs=jobs, root=root,
+    path = f", engines compile={args.engine_compile}" if args.engine_compile else ""
+    print(f"[faults] {len(faults)} fault(s) on the {backend} backend{path}, {jobs} planted runs at "
+          f"a time, pytest sessions {session_kind()}", file=sys.stderr, flush=True)
+    runs = run_zoo(faults, backend=backend, jobs=jobs, root=root, engine_compile=args.engine_compile,
                    log=lambda line: print(line, file=sys.stderr, flush=True))
-    document = run_document(runs, backend=backend)
+    document = run_document(runs, backend=backend, engine_compile=args.engine_compile)
     if args.json:
         args.json.write_text(json.dumps(document, indent=1) + "\n")
     print(markdown_table({r.name: FAULTS[r.name] for r in runs}, [document]) if args.markdown
           else text_table(runs))
-    # Not plantable is reported, not failed: the table says why.
-    return 0 if all(r.verdict in ("detected", "not plantable") for r in runs) else 1
+    # Not plantable and not applicable are reported, not failed: the table says why.
+    return 0 if all(r.verdict in ("detected", "not plantable", "not applicable") for r in runs) else 1
 
 
 def cmd_repro(args) -> int:
@@ -360,6 +361,11 @@ def build_parser() -> argparse.ArgumentParser:
                         help="run only this fault (repeatable)")
     faults.add_argument("-j", "--jobs", type=positive_int, default=None,
                         help="planted runs at a time (default: one per CPU core)")
+    faults.add_argument("--engine-compile", choices=("none", "inductor"), default=None,
+                        help="pytest's --engine-compile for every detector session: inductor runs "
+                             "the detectors' engines on the compiled path (EngineConfig.compile); "
+                             "a fault planted into code that path never runs is reported not "
+                             "applicable, with its reason. Default: not given (the eager ops)")
     faults.add_argument("--markdown", action="store_true", help="print the table as markdown")
     faults.add_argument("--json", type=Path, metavar="PATH", help="also write the run as JSON to PATH")
     faults.set_defaults(func=cmd_faults)

@@ -40,6 +40,10 @@ class Fault:
       the planted code runs.
     - `unplantable(backend)`: why the fault cannot be planted on this build for that backend
       ("emulated" or "cuda"), or None.
+    - `not_on_compiled_path`: why the fault cannot apply with the engines on the compiled path
+      (EngineConfig.compile="inductor", `harness faults --engine-compile inductor`), or None: it
+      is planted into code that path never runs. Such a fault is reported "not applicable" there,
+      not run, and not counted as missed.
     """
 
     name: str
@@ -49,6 +53,7 @@ class Fault:
     expected: str
     plant: Callable[[FaultHandle], ContextManager[None]]
     unplantable: Callable[[str], str | None] = always_plantable
+    not_on_compiled_path: str | None = None
 
     def __post_init__(self) -> None:
         if not re.fullmatch(r"[a-z0-9]+(-[a-z0-9]+)*", self.name):
@@ -56,6 +61,14 @@ class Fault:
         if "::" not in self.detector:
             raise ValueError(f"fault {self.name}: detector {self.detector!r} is not a pytest node id")
         re.compile(self.expected)
+        if self.not_on_compiled_path is not None and not self.not_on_compiled_path.strip():
+            raise ValueError(f"fault {self.name}: not_on_compiled_path must say why, got "
+                             f"{self.not_on_compiled_path!r}")
+
+    def inapplicable(self, engine_compile: str | None) -> str | None:
+        """Why the fault cannot apply with the engines compiled as `engine_compile` (EngineConfig's
+        compile: None or "none" is the eager ops, "inductor" the compiled path), or None."""
+        return self.not_on_compiled_path if engine_compile == "inductor" else None
 
 
 def registry(*families: tuple[Fault, ...]) -> Mapping[str, Fault]:

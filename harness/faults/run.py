@@ -11,8 +11,14 @@ forked from a server that imported torch once (sessions.py).
 A fault is `detected` when the planted run fails with output matching the entry's `expected`
 diagnosis, the fault fired, and the clean run passes. Anything else is a finding: `missed` (the
 planted run passed), `not fired`, `wrong diagnosis` (it failed, but not for the expected reason),
-`false positive` (the clean run fails too), `error` (pytest could not run it), or `not plantable`
-(this build or backend cannot plant it; the reason is given).
+`false positive` (the clean run fails too), `error` (pytest could not run it), `not plantable`
+(this build or backend cannot plant it; the reason is given), or `not applicable` (the engines run
+on the compiled path, `engine_compile="inductor"`, and the fault is planted into code that path
+never runs; the reason is given, and nothing is run for it).
+
+`engine_compile` is pytest's `--engine-compile` for every session: the detectors' engines whose
+config leaves `EngineConfig.compile` unset run on that path (fixtures/models.py), so the same zoo
+is judged on the eager ops and on the compiled path.
 """
 
 from __future__ import annotations
@@ -31,7 +37,8 @@ from harness.faults.sessions import run_session
 from harness.provenance import checkout_root
 
 VERDICTS = ("detected", "missed", "not fired", "wrong diagnosis", "false positive", "error",
-            "not plantable")
+            "not plantable", "not applicable")
+ENGINE_COMPILE_VALUES = (None, "none", "inductor")  # None: the option not given (the eager ops)
 
 
 @dataclass(frozen=True)
@@ -68,14 +75,25 @@ def default_jobs() -> int:
         return max(1, os.cpu_count() or 1)
 
 
+def check_engine_compile(engine_compile: str | None) -> None:
+    if engine_compile not in ENGINE_COMPILE_VALUES:
+        raise ValueError(f"engine_compile must be one of {list(ENGINE_COMPILE_VALUES)}, got "
+                         f"{engine_compile!r}")
+
+
 def run_detector(node_id: str | Sequence[str], *, backend: str, fault: str | None, root: Path,
-                 workdir: Path) -> PytestRun:
+                 workdir: Path, engine_compile: str | None = None) -> PytestRun:
     """One pytest session of its own (sessions.py) running `node_id` (or several node ids together;
-    no xdist), with `fault` planted if given. `-rA` lists each test's outcome by node id (`outcomes`)."""
+    no xdist), with `fault` planted if given and the engines compiled as `engine_compile` says
+    (pytest's --engine-compile; None: not given). `-rA` lists each test's outcome by node id
+    (`outcomes`)."""
+    check_engine_compile(engine_compile)
     report = workdir / "fault-report.json"
     node_ids = [node_id] if isinstance(node_id, str) else list(node_id)
     args = [*node_ids, "-p", "no:xdist", "-q", "-rA", f"--graph-backend={backend}",
             f"--repro-dir={workdir / 'repro'}"]
+    if engine_compile is not None:
+        args += ["--engine-compile", engine_compile]
     if fault is not None:
         args += ["--plant-fault", fault, "--fault-report", str(report)]
     session = run_session(args, root=root)
@@ -86,7 +104,9 @@ def run_detector(node_id: str | Sequence[str], *, backend: str, fault: str | Non
 def judge(fault: Fault, planted: PytestRun, clean: PytestRun | None) -> tuple[str, str]:
     """(verdict, detail) for a planted run and the clean run that follows it."""
     if planted.returncode == 0:
-        return "missed", f"{fault.detector} passed with the fault planted"
+        skipped = _SKIPPED.findall(planted.output)
+        why = f" (skipped: {skipped[0]})" if skipped and not outcomes(planted.output) else ""
+        return "missed", f"{fault.detector} passed with the fault planted{why}"
     if planted.returncode != 1:
         return "error", f"pytest exited {planted.returncode}:\n{_tail(planted.output)}"
     if not planted.fired:
@@ -101,15 +121,17 @@ def judge(fault: Fault, planted: PytestRun, clean: PytestRun | None) -> tuple[st
     return "detected", ""
 
 
-def _planted(fault: Fault, *, backend: str, root: Path) -> PytestRun:
+def _planted(fault: Fault, *, backend: str, root: Path, engine_compile: str | None) -> PytestRun:
     with tempfile.TemporaryDirectory(prefix=f"fault-{fault.name}-") as tmp:
         return run_detector(fault.detector, backend=backend, fault=fault.name, root=root,
-                            workdir=Path(tmp, "planted"))
+                            workdir=Path(tmp, "planted"), engine_compile=engine_compile)
 
 
-def _clean(detector: str, *, backend: str, root: Path) -> PytestRun:
+def _clean(detector: str | Sequence[str], *, backend: str, root: Path,
+           engine_compile: str | None) -> PytestRun:
     with tempfile.TemporaryDirectory(prefix="fault-clean-") as tmp:
-        return run_detector(detector, backend=backend, fault=None, root=root, workdir=Path(tmp, "clean"))
+        return run_detector(detector, backend=backend, fault=None, root=root, workdir=Path(tmp, "clean"),
+                            engine_compile=engine_compile)
 
 
 def _result(fault: Fault, planted: PytestRun, clean: PytestRun | None) -> FaultRun:
@@ -118,18 +140,36 @@ def _result(fault: Fault, planted: PytestRun, clean: PytestRun | None) -> FaultR
                     detail)
 
 
-def run_fault(fault: Fault, *, backend: str, root: Path | None = None) -> FaultRun:
-    """One fault: its planted run, then (if that failed) its detector's clean run."""
-    root = root or checkout_root()
+def not_run(fault: Fault, *, backend: str, engine_compile: str | None = None) -> FaultRun | None:
+    """The FaultRun of a fault that is not run here, saying why (not plantable on this build or
+    backend, not applicable on this engine path), or None for a fault to run."""
     reason = fault.unplantable(backend)
     if reason:
         return FaultRun(fault.name, "not plantable", fault.detector, 0.0, detail=reason)
-    planted = _planted(fault, backend=backend, root=root)
-    clean = _clean(fault.detector, backend=backend, root=root) if planted.returncode == 1 else None
+    reason = fault.inapplicable(engine_compile)
+    if reason:
+        return FaultRun(fault.name, "not applicable", fault.detector, 0.0,
+                        detail=f"not applicable on the compiled path: {reason}")
+    return None
+
+
+def run_fault(fault: Fault, *, backend: str, root: Path | None = None,
+              engine_compile: str | None = None) -> FaultRun:
+    """One fault: its planted run, then (if that failed) its detector's clean run, with the
+    engines compiled as `engine_compile` says (pytest's --engine-compile; None: not given)."""
+    check_engine_compile(engine_compile)
+    root = root or checkout_root()
+    skipped = not_run(fault, backend=backend, engine_compile=engine_compile)
+    if skipped is not None:
+        return skipped
+    planted = _planted(fault, backend=backend, root=root, engine_compile=engine_compile)
+    clean = (_clean(fault.detector, backend=backend, root=root, engine_compile=engine_compile)
+             if planted.returncode == 1 else None)
     return _result(fault, planted, clean)
 
 
 _OUTCOME = re.compile(r"^(PASSED|FAILED|ERROR|XPASS|XFAIL) (\S+)", re.MULTILINE)
+_SKIPPED = re.compile(r"^SKIPPED \[\d+\] \S+: (.*)$", re.MULTILINE)
 
 
 def outcomes(output: str) -> dict[str, str]:
@@ -157,31 +197,34 @@ def failed_detectors(detectors: Sequence[str], run: PytestRun) -> set[str]:
 
 
 def run_zoo(faults: Iterable[Fault], *, backend: str, jobs: int | None = None, root: Path | None = None,
-            log: Callable[[str], None] = lambda line: None) -> list[FaultRun]:
+            log: Callable[[str], None] = lambda line: None,
+            engine_compile: str | None = None) -> list[FaultRun]:
     """Every fault's FaultRun, in the order given. `jobs` sessions at a time (by default
     `default_jobs()`): the clean runs of the detectors, split into `jobs` sessions of several
     detectors each, first (they are the longest), then each fault's planted run. A detector that
     fails in its joint clean run and whose planted run failed is run again alone, and only that run
-    judges it."""
+    judges it. Every session runs with the engines compiled as `engine_compile` says (pytest's
+    --engine-compile; None: not given); a fault not applicable on that path is not run."""
+    check_engine_compile(engine_compile)
     faults = list(faults)
     root = root or checkout_root()
     jobs = default_jobs() if jobs is None else jobs
     if jobs < 1:
         raise ValueError(f"jobs must be 1 or more, got {jobs}")
-    plantable = [f for f in faults if not f.unplantable(backend)]
+    plantable = [f for f in faults if not_run(f, backend=backend, engine_compile=engine_compile) is None]
     detectors = list(dict.fromkeys(f.detector for f in plantable))
     chunks = [detectors[i::jobs] for i in range(min(jobs, len(detectors)))]
     cpu: list[float] = []
 
     def clean_chunk(chunk: list[str]) -> tuple[list[str], PytestRun]:
-        run = _clean(chunk, backend=backend, root=root)
+        run = _clean(chunk, backend=backend, root=root, engine_compile=engine_compile)
         cpu.append(run.cpu_seconds or 0.0)
         log(f"[faults] {len(chunk)} detector(s) without a fault, in one session: exited "
             f"{run.returncode} ({run.seconds:.1f} s)")
         return chunk, run
 
     def planted(fault: Fault) -> PytestRun:
-        run = _planted(fault, backend=backend, root=root)
+        run = _planted(fault, backend=backend, root=root, engine_compile=engine_compile)
         cpu.append(run.cpu_seconds or 0.0)
         log(f"[faults] {fault.name}: planted run exited {run.returncode} ({run.seconds:.1f} s)")
         return run
@@ -200,7 +243,9 @@ def run_zoo(faults: Iterable[Fault], *, backend: str, jobs: int | None = None, r
     alone = sorted(d for d in failed_beside
                    if any(f.detector == d and planted_runs[f.name].returncode == 1 for f in plantable))
     with ThreadPoolExecutor(max_workers=jobs) as pool:
-        for detector, run in zip(alone, pool.map(lambda d: _clean(d, backend=backend, root=root), alone)):
+        alone_runs = pool.map(lambda d: _clean(d, backend=backend, root=root,
+                                               engine_compile=engine_compile), alone)
+        for detector, run in zip(alone, alone_runs):
             log(f"[faults] {detector}: failed beside the others; alone it exited {run.returncode}")
             clean[detector] = run
     if any(cpu):
@@ -210,8 +255,7 @@ def run_zoo(faults: Iterable[Fault], *, backend: str, jobs: int | None = None, r
     for fault in faults:
         run = planted_runs.get(fault.name)
         if run is None:
-            results.append(FaultRun(fault.name, "not plantable", fault.detector, 0.0,
-                                    detail=fault.unplantable(backend) or ""))
+            results.append(not_run(fault, backend=backend, engine_compile=engine_compile))
             continue
         result = _result(fault, run, clean.get(fault.detector))
         log(f"[faults] {fault.name}: {result.verdict} ({result.seconds:.1f} s)")

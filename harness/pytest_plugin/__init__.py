@@ -63,7 +63,8 @@ def pytest_configure(config: pytest.Config) -> None:
     backend_option = config.getoption("graph_backend")
     if backend_option == "cuda":
         check_backend_option(backend_option, cuda_available=_cuda(config))
-    check_fault_option(config.getoption("plant_fault"), backend_option)
+    check_fault_option(config.getoption("plant_fault"), backend_option,
+                       config.getoption("engine_compile", default=None))
     if in_use:
         _one_thread_per_worker()
 
@@ -86,7 +87,13 @@ def _one_thread_per_worker() -> None:
 
 
 def pytest_report_header(config: pytest.Config) -> list[str]:
-    return emulation_session.header(config)
+    lines = emulation_session.header(config)
+    compile_mode = config.getoption("engine_compile", default=None)
+    if compile_mode is not None:
+        # A planted run's output says which engine path judged it (harness faults --engine-compile).
+        lines.append(f"harness: engines compile={compile_mode} where their config leaves "
+                     f"EngineConfig.compile unset (--engine-compile)")
+    return lines
 
 
 # trylast: inside pytest's logging wrappers, once they have attached their handlers.

@@ -14,8 +14,9 @@ _planted = pytest.StashKey["tuple[contextlib.ExitStack, object]"]()
 _worker_firings = pytest.StashKey[int]()
 
 
-def check_fault_option(name: str | None, backend_option: str) -> None:
-    """Refuse an unknown fault, or one this build cannot plant, before any test runs."""
+def check_fault_option(name: str | None, backend_option: str, engine_compile: str | None = None) -> None:
+    """Refuse an unknown fault, one this build cannot plant, or one that cannot apply on the engine
+    path of the session (`--engine-compile`), before any test runs."""
     if name is None:
         return
     from harness.faults import FAULTS
@@ -30,6 +31,10 @@ def check_fault_option(name: str | None, backend_option: str) -> None:
     if reason:
         raise pytest.UsageError(f"--plant-fault {name}: not plantable on this build for the "
                                 f"{backend} backend: {reason}")
+    reason = fault.inapplicable(engine_compile)
+    if reason:
+        raise pytest.UsageError(f"--plant-fault {name} --engine-compile {engine_compile}: not "
+                                f"applicable on the compiled path: {reason}")
 
 
 def plant(config: pytest.Config) -> None:

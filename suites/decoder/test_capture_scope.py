@@ -43,24 +43,29 @@ def scope_violations(forwards: list[tuple[str | None, bool]]) -> list[str]:
     return problems
 
 
-# The compiled path runs the same scopes around the compiled step; these tests cannot see its calls.
-EAGER_FORWARD_ONLY = ("observes the decode warmups and captures through ReferenceLlama.forward, which the compiled step never calls (it runs the code dynamo made from the traced ops)")
-
-
 def _capture_logging_scopes(make_engine, graph_backend, **overrides) -> ScopeLog:
     log = ScopeLog(graph_backend)
     engine = make_engine(capture_scope=log, **overrides)
+    graphs = engine.decode_graphs
+    step = graphs.step
+    if step is not None:
+        # The compiled path: the decode graphs warm up and capture the compiled step, which never
+        # calls the model's forward (the hook still sees the eager forwards, the workspace's).
+        def logged_step(*args):
+            log.on_forward(None, args)
+            return step(*args)
+
+        graphs.step = logged_step
     handle = engine.model.register_forward_pre_hook(log.on_forward)
     try:
         engine.prepare_graphs()
     finally:
         handle.remove()
+        graphs.step = step
     return log
 
 
-def test_warmups_run_under_warmup_and_captures_under_serving(make_engine, graph_backend, compiled_path):
-    if compiled_path:
-        pytest.skip(EAGER_FORWARD_ONLY)
+def test_warmups_run_under_warmup_and_captures_under_serving(make_engine, graph_backend):
     for single_pass in (False, True):
         log = _capture_logging_scopes(make_engine, graph_backend, single_pass_capture=single_pass)
         captures = sum(capturing for _, capturing in log.forwards)
@@ -78,9 +83,7 @@ class NoCaptureScope(CapturePolicy):
         return contextlib.nullcontext()
 
 
-def test_a_capture_without_its_scope_is_caught(make_engine, graph_backend, compiled_path):
-    if compiled_path:
-        pytest.skip(EAGER_FORWARD_ONLY)
+def test_a_capture_without_its_scope_is_caught(make_engine, graph_backend):
     log = _capture_logging_scopes(make_engine, graph_backend, single_pass_capture=True,
                                   capture_policy=NoCaptureScope())
     problems = scope_violations(log.forwards)

@@ -41,27 +41,31 @@ def test_single_pass_keeps_the_keys_and_runs_one_pass_in_the_final_phase(make_en
         assert comparison.ok, str(comparison)
 
 
-# The compiled path's decode graphs warm up and capture the compiled step, not the model's forward.
-EAGER_FORWARD_ONLY = ("counts or plants through ReferenceLlama.forward, which the compiled step never "
-                      "calls (it runs the code dynamo made from the traced ops)")
-
-
 def final_phase_forwards(engine) -> int:
-    """Model forwards (eager, or recorded by a capture) of the final phase."""
+    """Model steps (eager, or recorded by a capture) of the final phase: the model's forwards, and
+    on the compiled path the compiled step's calls (its decode graphs warm up and capture that
+    step, which never calls the model's forward)."""
     engine.decode_graphs.warmup_and_capture("estimate")
     engine.decode_graphs.release()
     calls = []
+    graphs = engine.decode_graphs
+    step = graphs.step
+    if step is not None:
+        def counted_step(*args):
+            calls.append(1)
+            return step(*args)
+
+        graphs.step = counted_step
     handle = engine.model.register_forward_pre_hook(lambda module, args: calls.append(1))
     try:
         engine.finalize_kv_cache()
     finally:
         handle.remove()
+        graphs.step = step
     return len(calls)
 
 
-def test_the_single_pass_does_nothing_twice(make_engine, compiled_path):
-    if compiled_path:
-        pytest.skip(EAGER_FORWARD_ONLY)
+def test_the_single_pass_does_nothing_twice(make_engine):
     # Two passes: the eager-workspace reservation, then per size a warmup-only forward, a warmup
     # forward and a capture. One pass: per size a warmup forward and a capture; the reservation the
     # estimation phase made is not repeated.
@@ -111,8 +115,15 @@ class ForcedRegrowth:
         self.eager_calls = 0
         self.captured = False
         self.canary: torch.Tensor | None = None
-        self._forward = engine.model.forward
-        monkeypatch.setattr(engine.model, "forward", self)  # undone after the test: the model is shared
+        graphs = engine.decode_graphs
+        if graphs.step is not None:
+            # The compiled path: the decode graphs warm up and capture the compiled step, which reads
+            # its scratch from the same workspace but never calls the model's forward.
+            self._forward = graphs.step
+            monkeypatch.setattr(graphs, "step", self)
+        else:
+            self._forward = engine.model.forward
+            monkeypatch.setattr(engine.model, "forward", self)  # undone after the test: the model is shared
 
     def __call__(self, *args):
         if self.engine.backend.is_capturing():
@@ -140,9 +151,7 @@ def _capture_with_forced_regrowth(engine, monkeypatch) -> ForcedRegrowth:
 
 def test_a_moved_workspace_discards_the_single_pass_and_falls_back(make_engine, two_pass_run,
                                                                     decode_requests, eager_decode, caplog,
-                                                                    monkeypatch, compiled_path):
-    if compiled_path:
-        pytest.skip(EAGER_FORWARD_ONLY)
+                                                                    monkeypatch):
     baseline_engine, baseline = two_pass_run
     engine = make_engine(single_pass_capture=True)
     with caplog.at_level(logging.WARNING, logger="harness.runtime.decode.graphs"):
@@ -174,10 +183,7 @@ class NothingMoved(RankAgreement):
         return False
 
 
-def test_without_the_fallback_the_stale_graph_fails(make_engine, decode_requests, eager_decode, monkeypatch,
-                                                    compiled_path):
-    if compiled_path:
-        pytest.skip(EAGER_FORWARD_ONLY)
+def test_without_the_fallback_the_stale_graph_fails(make_engine, decode_requests, eager_decode, monkeypatch):
     # The torch decode path attends through the workspace; the Triton kernel (CUDA's default)
     # reads the paged cache directly, so a stale workspace would leave nothing to see.
     engine = make_engine(single_pass_capture=True, decode_kernel="torch",

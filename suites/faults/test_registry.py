@@ -142,6 +142,17 @@ def test_plant_fault_option_refuses_an_unknown_or_unplantable_fault():
     check_fault_option(None, "emulated")
 
 
+def test_plant_fault_option_refuses_a_fault_not_applicable_on_the_sessions_engine_path():
+    from harness.pytest_plugin import check_fault_option
+
+    with pytest.raises(pytest.UsageError, match=r"--plant-fault max-seq-len-baked --engine-compile "
+                                                r"inductor: not applicable on the compiled path: the "
+                                                r"compiled path's traced body calls paged_attention_op"):
+        check_fault_option("max-seq-len-baked", "emulated", "inductor")
+    check_fault_option("max-seq-len-baked", "emulated", "none")
+    check_fault_option("metadata-rebound", "emulated", "inductor")
+
+
 def test_a_fault_that_never_fired_shows_why_its_run_failed():
     """A planted run that stops before the planted code (a fixture error, an import) says why: the
     verdict alone would hide a broken detector."""

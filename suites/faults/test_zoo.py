@@ -15,25 +15,35 @@ from harness.faults.run import PytestRun, failed_detectors, outcomes, run_fault,
 PRE_MERGE = "host-sync-in-capture"
 
 
-def check_detected(name: str, backend: str) -> None:
-    """Detected, or (only for a fault that says why it cannot be planted on this backend) reported
-    as not plantable: never a skip, so a fault that stops being caught fails here."""
+def wanted_verdict(name: str, backend: str, engine_compile: str | None) -> str:
     fault = FAULTS[name]
-    result = run_fault(fault, backend=backend)
-    wanted = "not plantable" if fault.unplantable(backend) else "detected"
+    if fault.unplantable(backend):
+        return "not plantable"
+    return "not applicable" if fault.inapplicable(engine_compile) else "detected"
+
+
+def check_detected(name: str, backend: str, engine_compile: str | None = None) -> None:
+    """Detected, or (only for a fault that says why it cannot be planted on this backend, or cannot
+    apply on this engine path) reported as such: never a skip, so a fault that stops being caught
+    fails here."""
+    result = run_fault(FAULTS[name], backend=backend, engine_compile=engine_compile)
+    wanted = wanted_verdict(name, backend, engine_compile)
     assert result.verdict == wanted, f"{name}: {result.verdict}: {result.detail}"
     assert wanted != "detected" or (result.fired and result.fired > 0)
 
 
-def test_representative_fault_is_detected(graph_backend):
-    check_detected(PRE_MERGE, graph_backend.name)
+def test_representative_fault_is_detected(graph_backend, engine_defaults):
+    check_detected(PRE_MERGE, graph_backend.name, engine_defaults.get("compile"))
 
 
+# The session's --engine-compile (a test-db block's engine_compile) reaches every detector session:
+# the nightly lists run the zoo once on the eager ops and once on the compiled path.
 @pytest.mark.slow
-def test_the_whole_zoo_is_detected_in_one_run(graph_backend):
-    runs = run_zoo(FAULTS.values(), backend=graph_backend.name)
+def test_the_whole_zoo_is_detected_in_one_run(graph_backend, engine_defaults):
+    engine_compile = engine_defaults.get("compile")
+    runs = run_zoo(FAULTS.values(), backend=graph_backend.name, engine_compile=engine_compile)
     wrong = [f"{r.name}: {r.verdict}: {r.detail}" for r in runs
-             if r.verdict != ("not plantable" if FAULTS[r.name].unplantable(graph_backend.name) else "detected")]
+             if r.verdict != wanted_verdict(r.name, graph_backend.name, engine_compile)]
     assert not wrong, "\n".join(wrong)
     assert [r.name for r in runs] == list(FAULTS)
 

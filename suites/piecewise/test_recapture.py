@@ -13,6 +13,7 @@ from harness.runtime.piecewise.runner import ReleasedPoolError, same_pool
 from harness.runtime.piecewise.model import bucket_key
 from fixtures.models import TINY_ENGINE_CONFIG
 from harness.runtime import Engine
+from harness.runtime.config import fill_unset
 from suites.piecewise.conftest import BUCKETS, FirstPoolAgain
 
 
@@ -21,8 +22,11 @@ def pools(engine) -> list:
 
 
 def test_phase_two_recaptures_into_fresh_pools_and_agrees_with_eager(device_reference_llama, graph_backend,
-                                                                      eager_run, grounding_requests, overlap):
-    config = replace(TINY_ENGINE_CONFIG, piecewise_buckets=BUCKETS, max_batch_size=3, overlap=overlap)
+                                                                      eager_run, grounding_requests, overlap,
+                                                                      engine_defaults):
+    # The session's engine path (--engine-compile inductor: the pieces compiled by inductor).
+    config = fill_unset(replace(TINY_ENGINE_CONFIG, piecewise_buckets=BUCKETS, max_batch_size=3,
+                                overlap=overlap), engine_defaults)
     engine = Engine(device_reference_llama, config, backend=graph_backend)
     engine.estimate_kv_cache()  # phase 1: capture every bucket, then clear
     assert all(runner.entries == {} for runner in engine.piecewise.compile_backend.runners)
