@@ -89,6 +89,10 @@ def choose_gemv_config(m: int, n: int, k: int, *, sms: int = DEFAULT_SM_COUNT,
     # The [M, block_n, block_k] product of one step stays within TILE_ELEMENTS (registers).
     block_n = min(block_n, max(8, next_power_of_2(n)),
                   max(8, TILE_ELEMENTS // (block_k * bm * rows_per_output)))
+    if bm == 1 and rows_per_output == 1 and block_n == 8 and k >= 1024:
+        # Narrow row blocks at M = 1 (qkv, o_proj, down): wider K tiles measured 1.2-1.3x faster
+        # on the H200 (decode_linear_bench, docs/benchmarks.md).
+        block_k = 1024
     programs = -(-n // block_n)
     split_k = 1
     # Split K only when the row blocks alone leave SMs idle and each split keeps several tiles;
@@ -96,5 +100,5 @@ def choose_gemv_config(m: int, n: int, k: int, *, sms: int = DEFAULT_SM_COUNT,
     while (rows_per_output == 1 and programs * split_k < target and split_k < MAX_SPLIT_K
            and k // (2 * split_k) >= 4 * block_k):
         split_k *= 2
-    num_warps = 4 if block_n * block_k * bm * rows_per_output < 8192 else 8
+    num_warps = 4 if block_n * block_k * bm * rows_per_output <= 8192 else 8
     return GemvConfig(block_n=block_n, block_k=block_k, num_warps=num_warps, split_k=split_k)
