@@ -62,6 +62,11 @@ def test_the_emulated_device_refuses_a_first_matmul_in_a_capture_where_cuda_does
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.xfail(strict=True, reason=(
+    "open difference (docs/fidelity.md): on the H200 (torch 2.11) another thread's first matmul "
+    "during a global capture fails with 'operation not permitted when stream is capturing' and "
+    "invalidates the capture; the emulated device refuses it with CUBLAS_STATUS_NOT_INITIALIZED "
+    "and keeps the capture"))
 def test_cuda_refuses_a_first_matmul_in_a_capture_where_the_probe_expects():
     assert run_probe() == EXPECTED
 

@@ -49,7 +49,10 @@ def test_a_captured_block_lives_in_the_graph_s_private_pool(sanitizer):
 
 def test_an_unused_pool_s_segment_goes_back_at_empty_cache(sanitizer):
     stream = torch.cuda.Stream()
-    x = torch.ones(1000, device="cuda")
+    with torch.cuda.stream(stream):
+        # made on the capture stream, so the default generator's two blocks (made there at the
+        # capture's start, in the regular pools) fit in its segment
+        x = torch.ones(1000, device="cuda")
     torch.cuda.synchronize()
     reserved = torch.cuda.memory_reserved()
     g = torch.cuda.CUDAGraph()
