@@ -27,11 +27,16 @@ def decode_batch(model, device) -> tuple[PagedKVCache, list[SequenceSpan], torch
     return cache, spans, torch.tensor([5, 17, 3, 0], dtype=torch.int64, device=device)
 
 
-def metadata(cache: PagedKVCache, spans, kernel: str) -> AttentionMetadata:
+def decode_metadata(cache: PagedKVCache, spans, **choices: str) -> AttentionMetadata:
+    """The batch's metadata, with the kernel choices named (decode_kernel=, rope_kv_write=, ...)."""
     md = AttentionMetadata(4, 4, -(-max(LENGTHS) // BLOCK), BLOCK, cache.pad_slot, cache.device,
-                           decode_kernel=kernel)
+                           **choices)
     md.prepare(spans, num_tokens=4, num_seqs=4)  # one padded row and sequence
     return md
+
+
+def metadata(cache: PagedKVCache, spans, kernel: str) -> AttentionMetadata:
+    return decode_metadata(cache, spans, decode_kernel=kernel)
 
 
 def test_compiled_step_splits_at_the_decode_op_and_matches_the_eager_model(device_reference_llama,

@@ -16,17 +16,15 @@ from harness.check import compare_generations
 from harness.ops import AttentionMetadata, PagedKVCache
 from harness.runtime import Engine
 from harness.runtime.compiled.step import CompiledStep
-from suites.compiled.test_compiled_decode_kernel import BLOCK, LENGTHS, decode_batch
+from suites.compiled.test_compiled_decode_kernel import (BLOCK, LENGTHS, decode_batch,
+                                                        decode_metadata)
 
 GEMV_OPS = (torch.ops.harness.norm_gemv.default, torch.ops.harness.gemv_residual.default,
             torch.ops.harness.norm_gemv_silu_mul.default)
 
 
 def metadata(cache: PagedKVCache, spans, mode: str) -> AttentionMetadata:
-    md = AttentionMetadata(4, 4, -(-max(LENGTHS) // BLOCK), BLOCK, cache.pad_slot, cache.device,
-                           decode_linear=mode)
-    md.prepare(spans, num_tokens=4, num_seqs=4)  # one padded row and sequence
-    return md
+    return decode_metadata(cache, spans, decode_linear=mode)
 
 
 def test_compiled_step_keeps_the_ops_opaque_and_matches_the_eager_model(device_reference_llama,
@@ -48,7 +46,8 @@ def test_compiled_step_keeps_the_ops_opaque_and_matches_the_eager_model(device_r
     layers = model.num_layers
     assert calls.count(GEMV_OPS[0]) == layers + 1
     assert calls.count(GEMV_OPS[1]) == 2 * layers and calls.count(GEMV_OPS[2]) == layers
-    torch.testing.assert_close(logits[:len(LENGTHS)], expected[:len(LENGTHS)], atol=0.125, rtol=0.02)  # inductor's and eager's bf16 orders: 0.094 seen on the H200
+    torch.testing.assert_close(logits[:len(LENGTHS)], expected[:len(LENGTHS)], atol=0.125,
+                               rtol=0.02)  # inductor's and eager's bf16 orders: 0.094 on the H200
 
 
 def test_a_compiled_step_of_another_decode_linear_is_refused(device_reference_llama, device):

@@ -16,14 +16,12 @@ from harness.check import compare_generations
 from harness.ops import AttentionMetadata, PagedKVCache
 from harness.runtime import Engine
 from harness.runtime.compiled.step import CompiledStep
-from suites.compiled.test_compiled_decode_kernel import BLOCK, LENGTHS, decode_batch
+from suites.compiled.test_compiled_decode_kernel import (BLOCK, LENGTHS, decode_batch,
+                                                        decode_metadata)
 
 
 def metadata(cache: PagedKVCache, spans, mode: str) -> AttentionMetadata:
-    md = AttentionMetadata(4, 4, -(-max(LENGTHS) // BLOCK), BLOCK, cache.pad_slot, cache.device,
-                           rope_kv_write=mode)
-    md.prepare(spans, num_tokens=4, num_seqs=4)  # one padded row and sequence
-    return md
+    return decode_metadata(cache, spans, rope_kv_write=mode)
 
 
 def test_compiled_step_splits_at_the_fused_op_and_matches_the_eager_model(device_reference_llama,
