@@ -30,7 +30,7 @@ from harness import torch_internals
 from harness.emulation.accelerator_streams import event_class, stream_class
 from harness.emulation.backward import engine_with_placement, saved_tensor_hooks_with_placement
 from harness.emulation.autocast import clearing_cache_too
-from harness.emulation.compiled import compile_patches, keep_dynamo_out
+from harness.emulation.compiled_graphs import compile_patches, keep_dynamo_out
 from harness.emulation.checkpoints import location_tag, restore_location
 from harness.emulation.capture_frees import OPTION, parse_settings
 from harness.emulation.capture_syncs import refuse_host_sync

@@ -12,7 +12,7 @@ from typing import Any
 
 import torch
 
-from harness.emulation.device_memory import DEVICE, MEMORY_ATTR
+from harness.emulation.device_memory import is_device_memory
 from harness.emulation.rules import mixed_devices_error
 
 INDEX_ATTR = "_harness_device_index"
@@ -47,7 +47,7 @@ def set_index(out: Any, index: int) -> None:
     for t in (out if isinstance(out, (list, tuple)) else (out,)):
         if isinstance(t, torch.Tensor):
             storage = _storage(t)
-            if storage is not None and getattr(storage, MEMORY_ATTR, None) is DEVICE:
+            if storage is not None and is_device_memory(storage):
                 if index or hasattr(storage, INDEX_ATTR):
                     setattr(storage, INDEX_ATTR, index)
 
@@ -60,7 +60,7 @@ def common_index(args: tuple, kwargs: dict) -> int | None:
         for t in (a if type(a) in (list, tuple) else (a,)):
             if isinstance(t, torch.Tensor):
                 storage = _storage(t)
-                if storage is None or getattr(storage, MEMORY_ATTR, None) is not DEVICE:
+                if storage is None or not is_device_memory(storage):
                     continue
                 index = getattr(storage, INDEX_ATTR, 0)
                 if found is None:
@@ -76,6 +76,6 @@ def first_index(args: tuple, kwargs: dict) -> int:
         for t in (a if type(a) in (list, tuple) else (a,)):
             if isinstance(t, torch.Tensor):
                 storage = _storage(t)
-                if storage is not None and getattr(storage, MEMORY_ATTR, None) is DEVICE:
+                if storage is not None and is_device_memory(storage):
                     return getattr(storage, INDEX_ATTR, 0)
     return 0

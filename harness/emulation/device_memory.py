@@ -68,14 +68,20 @@ class HeldBlock:
         return self
 
 
-def is_device_memory(x: torch.Tensor | torch.UntypedStorage) -> bool:
-    """Whether a tensor, or an untyped storage, is the emulated device's memory: the one answer
-    every part of the device asks (a tensor without a storage, sparse or nested, is not)."""
+def memory_mark(x: torch.Tensor | torch.UntypedStorage) -> str | None:
+    """Where a tensor, or an untyped storage, lives on the emulated device: DEVICE, PINNED, or None
+    for pageable host memory (and for a tensor without a storage, sparse or nested)."""
     try:
         storage = x if type(x) is torch.UntypedStorage else x.untyped_storage()
     except (RuntimeError, NotImplementedError):
-        return False
-    return getattr(storage, MEMORY_ATTR, None) is DEVICE
+        return None
+    return getattr(storage, MEMORY_ATTR, None)
+
+
+def is_device_memory(x: torch.Tensor | torch.UntypedStorage) -> bool:
+    """Whether a tensor, or an untyped storage, is the emulated device's memory: the one answer
+    every part of the device asks (a tensor without a storage, sparse or nested, is not)."""
+    return memory_mark(x) is DEVICE
 
 
 def _storage(t: torch.Tensor) -> torch.UntypedStorage | None:

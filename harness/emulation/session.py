@@ -157,7 +157,7 @@ def enter_inherited(options: dict) -> None:
 
 def _enter_cpu(properties: DeviceProperties, stack: contextlib.ExitStack, schedule: str,
                races: str) -> DeviceState:
-    from harness.emulation.compiled import clear_triton_answer
+    from harness.emulation.compiled_graphs import clear_triton_answer
     from harness.emulation.cuda_api import patches
     from harness.emulation.placement import Placement
 

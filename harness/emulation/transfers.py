@@ -14,7 +14,7 @@ from typing import Any, Callable
 import torch
 
 from harness.emulation import device_indices
-from harness.emulation.device_memory import DEVICE, MEMORY_ATTR, PINNED
+from harness.emulation.device_memory import DEVICE, PINNED, is_device_memory, memory_mark
 from harness.emulation.rules import (
     CPU, blocking_copy_refused, cuda_index, host_copy_refused, names_cuda,
     numpy_of_device_error, pageable_copy_refused)
@@ -24,17 +24,10 @@ from harness.graphs.emulator.host_tensors import HOST_COPY_REFUSED
 Tensor = torch.Tensor
 
 
-def _mark_of(t: Tensor):
-    try:
-        return getattr(t.untyped_storage(), MEMORY_ATTR, None)
-    except (RuntimeError, NotImplementedError):
-        return None
-
-
 def refuse_host_data(state, func, args: tuple) -> None:
     from harness.graphs.emulator.callsite import at_callsite, current_callsite
 
-    if args and isinstance(args[0], Tensor) and _mark_of(args[0]) in (DEVICE, PINNED):
+    if args and isinstance(args[0], Tensor) and memory_mark(args[0]) in (DEVICE, PINNED):
         return  # device data, or a pinned buffer: no pageable copy
     state.refuse(cuda_errors.pageable_copy_refused(at_callsite(
         f"torch.{func.__name__}(..., device='cuda') builds a device tensor from host data during "
@@ -69,7 +62,7 @@ def refuse_host_indices(state, func, args: tuple) -> None:
 def _host_index(index: Any) -> str | None:
     """What in `index` (an index expression) lives on the host, or None."""
     if isinstance(index, Tensor):
-        if index.dim() and _mark_of(index) not in (DEVICE, PINNED):
+        if index.dim() and memory_mark(index) not in (DEVICE, PINNED):
             return f"a host tensor of shape {tuple(index.shape)}"
         return None
     if type(index) is list:
@@ -113,15 +106,15 @@ def handlers(mode) -> dict[Callable, Callable]:
     state, memory = mode.state, mode.memory
 
     def is_device(t: Tensor) -> bool:
-        return _mark_of(t) == DEVICE
+        return is_device_memory(t)
 
     def to_device(t: Tensor, op: str, call: Callable[[], Tensor], non_blocking: bool) -> Tensor:
         """A host tensor copied to the device: from pinned memory with non_blocking it is captured;
         pageable memory, or a blocking copy (it waits for the stream), is refused."""
         if state.capturing():
-            if _mark_of(t) not in (PINNED, DEVICE):  # DEVICE: between devices
+            if memory_mark(t) not in (PINNED, DEVICE):  # DEVICE: between devices
                 state.refuse(pageable_copy_refused(op, tuple(t.shape)))
-            elif _mark_of(t) == PINNED and not non_blocking:
+            elif memory_mark(t) == PINNED and not non_blocking:
                 state.refuse(blocking_copy_refused(op, tuple(t.shape), "from"))
         previous, memory.call_on_device = memory.call_on_device, True
         try:
@@ -211,14 +204,14 @@ def handlers(mode) -> dict[Callable, Callable]:
     def numpy(func, args, kwargs):
         if is_device(args[0]):
             raise numpy_of_device_error(state.current_index)
-        if state.observers and _mark_of(args[0]) == PINNED:
+        if state.observers and memory_mark(args[0]) == PINNED:
             state.notify_host_read(getattr(func, "__name__", str(func)), args[0])
         return func(*args, **kwargs)
 
     def host_read(func, args, kwargs):
         if is_device(args[0]):
             state.notify_sync(getattr(func, "__name__", str(func)), args[0])
-        elif state.observers and _mark_of(args[0]) == PINNED:
+        elif state.observers and memory_mark(args[0]) == PINNED:
             state.notify_host_read(getattr(func, "__name__", str(func)), args[0])
         return func(*args, **kwargs)
 
@@ -228,12 +221,12 @@ def handlers(mode) -> dict[Callable, Callable]:
         non_blocking = bool(args[2] if len(args) > 2 else kwargs.get("non_blocking", False))
         if d and not s and isinstance(src, Tensor):
             if state.capturing():
-                if _mark_of(src) != PINNED:
+                if memory_mark(src) != PINNED:
                     state.refuse(pageable_copy_refused("Tensor.copy_", tuple(src.shape)))
                 elif not non_blocking:
                     state.refuse(blocking_copy_refused("Tensor.copy_", tuple(src.shape), "from"))
         elif s and not d:
-            if _mark_of(dst) != PINNED:
+            if memory_mark(dst) != PINNED:
                 return to_host(src, "Tensor.copy_", lambda: func(*args, **kwargs))
             if not non_blocking:
                 if state.capturing():
@@ -252,14 +245,14 @@ def handlers(mode) -> dict[Callable, Callable]:
         if is_device(t):
             raise RuntimeError(f"cannot pin 'torch.cuda.{_type_name(t)}' only dense CPU tensors "
                                f"can be pinned")
-        if _mark_of(t) == PINNED:
+        if memory_mark(t) == PINNED:
             return t
         out = t.clone()
         memory.mark_pinned(out)
         return out
 
     def is_pinned(func, args, kwargs) -> bool:
-        return _mark_of(args[0]) == PINNED
+        return memory_mark(args[0]) == PINNED
 
     return {
         Tensor.to: to, Tensor.cuda: cuda, Tensor.cpu: cpu, Tensor.numpy: numpy,

@@ -19,7 +19,7 @@ from harness import torch_internals
 from harness.faults.patching import replace_function, replace_method
 from harness.faults.registry import Fault, FaultHandle
 from harness.runtime.compiled import piece as compiled_piece
-from harness.runtime.decode.graphs import DecoderGraphs
+from harness.runtime.decode.decoder_graphs import DecoderGraphs
 from harness.runtime.piecewise import model as piecewise_model
 
 DETECT_DECODE = "suites/compiled/test_compiled_engine.py::test_compiled_decode_graphs_equal_the_eager_engine"
@@ -132,9 +132,9 @@ def warmup_runs_eager_ops(handle: FaultHandle) -> Iterator[None]:
 def reduce_overhead_pieces(handle: FaultHandle) -> Iterator[None]:
     """Pieces compiled as mode="reduce-overhead" compiles them: with inductor's cudagraph trees."""
     def make(inductor_options):
-        def planted():
+        def planted(**options):
             handle.fire()
-            return {**inductor_options(), compiled_piece.CUDAGRAPHS_OPTION: True}
+            return {**inductor_options(**options), compiled_piece.CUDAGRAPHS_OPTION: True}
         return planted
 
     with replace_function(compiled_piece, "inductor_options", make):

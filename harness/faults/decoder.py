@@ -19,7 +19,7 @@ from harness.runtime.comm import Comm
 from harness.runtime.decode import policy as capture_policy
 from harness.runtime.decode import runner as graph_runner
 from harness.runtime.decode.agreement import RankAgreement
-from harness.runtime.decode.graphs import DecoderGraphs
+from harness.runtime.decode.decoder_graphs import DecoderGraphs
 from harness.runtime.decode.policy import CapturePolicy, ScopeFactory
 from harness.runtime.decode.runner import DecodeGraphKey, PaddedDecodeBatch, sampling_variant
 

@@ -1,6 +1,7 @@
 """How a layer's linear layers run for decode-sized batches: "fused" (the three decode GEMV ops of
-`decode_linear.py`, each carrying the norm, residual add or SiLU-and-multiply next to it, and the
-final norm + lm_head as one more) or "separate" (the model's torch ops: norm, GEMM, activation).
+`decode_linear.py`, each carrying the norm, residual add or SiLU-and-multiply next to it; the
+final norm + lm_head stay on the torch ops, where cuBLAS is faster) or "separate" (the model's
+torch ops: norm, GEMM, activation).
 
 Only batches of at most `DECODE_LINEAR_MAX_TOKENS` token rows take the fused ops
 (`uses_decode_linear`); larger ones (prefill, big decode batches) stay on torch's matmul, where a
@@ -20,22 +21,16 @@ from dataclasses import dataclass
 
 import torch
 
-from harness.ops.decode_kernel import triton_blocker
+from harness.ops.fused_choice import FUSED_MODES, FusedModeChoice, choose_fused_mode
 
-DECODE_LINEARS = ("separate", "fused")
+DECODE_LINEARS = FUSED_MODES
 # The largest batch (token rows) the GEMV kernels serve; each program carries every row of x.
 DECODE_LINEAR_MAX_TOKENS = 8
 
 
 @dataclass(frozen=True)
-class DecodeLinearChoice:
-    """`mode` (one of DECODE_LINEARS) for a request of `requested` (None: not given), `reason` in
-    words; `fell_back` when CUDA wanted the fused kernels and could not have triton."""
-
-    requested: str | None
-    mode: str
-    reason: str
-    fell_back: bool = False
+class DecodeLinearChoice(FusedModeChoice):
+    """The decode-linear mode chosen, and why (fields as `FusedModeChoice`)."""
 
 
 def uses_decode_linear(mode: str, num_tokens: int) -> bool:
@@ -47,19 +42,4 @@ def choose_decode_linear(requested: str | None, device: torch.device | str) -> D
     """The decode-linear mode for a model on `device`. None picks "fused" on a real CUDA device
     where triton imports, else "separate"; an explicit "fused" on CUDA without triton is refused
     (its CUDA kernels are Triton kernels), anywhere else it runs the ops' torch implementation."""
-    if requested is not None and requested not in DECODE_LINEARS:
-        raise ValueError(f"decode_linear must be one of {list(DECODE_LINEARS)} or None (choose for "
-                         f"the device), got {requested!r}")
-    if requested == "separate":
-        return DecodeLinearChoice(requested, "separate", "requested")
-    device = torch.device(device)
-    blocker, missing_triton = triton_blocker(device)
-    if blocker is None:
-        return DecodeLinearChoice(requested, "fused",
-                                  "requested" if requested else "CUDA device with triton")
-    if requested == "fused":
-        if missing_triton:
-            raise ValueError(f"decode_linear='fused' cannot run here: {blocker}; ask for "
-                             f"decode_linear='separate' or None (choose for the device)")
-        return DecodeLinearChoice(requested, "fused", f"requested; {blocker}")
-    return DecodeLinearChoice(requested, "separate", blocker, fell_back=missing_triton)
+    return choose_fused_mode("decode_linear", requested, device, DecodeLinearChoice)

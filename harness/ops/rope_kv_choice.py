@@ -14,38 +14,18 @@ from dataclasses import dataclass
 
 import torch
 
-from harness.ops.decode_kernel import triton_blocker
+from harness.ops.fused_choice import FUSED_MODES, FusedModeChoice, choose_fused_mode
 
-ROPE_KV_WRITES = ("separate", "fused")
+ROPE_KV_WRITES = FUSED_MODES
 
 
 @dataclass(frozen=True)
-class RopeKvChoice:
-    """`mode` (one of ROPE_KV_WRITES) for a request of `requested` (None: not given), `reason` in
-    words; `fell_back` when CUDA wanted the fused kernel and could not have triton."""
-
-    requested: str | None
-    mode: str
-    reason: str
-    fell_back: bool = False
+class RopeKvChoice(FusedModeChoice):
+    """The rope + KV-write mode chosen, and why (fields as `FusedModeChoice`)."""
 
 
 def choose_rope_kv_write(requested: str | None, device: torch.device | str) -> RopeKvChoice:
     """The rope + KV-write mode for a model on `device`. None picks "fused" on a real CUDA device
     where triton imports, else "separate"; an explicit "fused" on CUDA without triton is refused
     (its CUDA kernel is a Triton kernel), anywhere else it runs the op's torch implementation."""
-    if requested is not None and requested not in ROPE_KV_WRITES:
-        raise ValueError(f"rope_kv_write must be one of {list(ROPE_KV_WRITES)} or None (choose for "
-                         f"the device), got {requested!r}")
-    if requested == "separate":
-        return RopeKvChoice(requested, "separate", "requested")
-    device = torch.device(device)
-    blocker, missing_triton = triton_blocker(device)
-    if blocker is None:
-        return RopeKvChoice(requested, "fused", "requested" if requested else "CUDA device with triton")
-    if requested == "fused":
-        if missing_triton:
-            raise ValueError(f"rope_kv_write='fused' cannot run here: {blocker}; ask for "
-                             f"rope_kv_write='separate' or None (choose for the device)")
-        return RopeKvChoice(requested, "fused", f"requested; {blocker}")
-    return RopeKvChoice(requested, "separate", blocker, fell_back=missing_triton)
+    return choose_fused_mode("rope_kv_write", requested, device, RopeKvChoice)

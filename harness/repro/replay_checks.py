@@ -131,7 +131,7 @@ class HostDecisions:
     def planted(self) -> Iterator[None]:
         from harness.faults.patching import replace_function, replace_method
         from harness.runtime.decode import runner as decode_runner
-        from harness.runtime.decode.graphs import DecoderGraphs
+        from harness.runtime.decode.decoder_graphs import DecoderGraphs
         from harness.runtime.piecewise import runner as piecewise_runner
 
         with replace_function(decode_runner, "pad_decode_batch", self._noting_padding), \

@@ -6,7 +6,7 @@ logprobs (`harness.ranking.logits_to_steps`: greedy, ties to the lowest id), rec
 batch's real sequences with the name of whatever produced them ("eager" or a graph key).
 
 Graph mode (`EngineConfig.decode_graph_sizes`): the engine holds a `DecoderGraphs`
-(runtime/decode/graphs.py). Graphs are captured in two phases, as a serving runtime does: phase 1
+(runtime/decode/decoder_graphs.py). Graphs are captured in two phases, as a serving runtime does: phase 1
 (`estimate_kv_cache`) captures against a first KV cache to size the final one, always with two
 passes, then releases every graph; phase 2 (`finalize_kv_cache`) reallocates the KV cache and the
 metadata and captures again against them. `generate` runs both on first use if no one did.
@@ -38,7 +38,7 @@ from harness.runtime.compiled.piece import inductor_piece_compiler
 from harness.runtime.compiled.step import CompiledStep
 from harness.runtime.config import EngineConfig
 from harness.runtime.decode.blockers import CaptureFeatures
-from harness.runtime.decode.graphs import CaptureReport, DecoderGraphs
+from harness.runtime.decode.decoder_graphs import CaptureReport, DecoderGraphs
 from harness.runtime.decode.policy import (ESTIMATE, SERVE, CapturePolicy, ScopeFactory,
                                            default_capture_policy, no_scope)
 from harness.runtime import dispatch
@@ -78,7 +78,7 @@ class Engine:
     - `backend` (a GraphBackend) captures the graphs; eager mode never uses it. In graph mode it
       defaults to real CUDA graphs for a model on cuda and the emulator otherwise.
     - `comm`, `capture_scope`, `capture_features`: rank agreement, the warmup/serving scope factory
-      and the warmup-pass duties, handed to the decode graph manager (runtime/decode/graphs.py).
+      and the warmup-pass duties, handed to the decode graph manager (runtime/decode/decoder_graphs.py).
     - `capture_policy` (runtime/decode/policy.py) and `piecewise_policy` (runtime/piecewise/
       policy.py): the decisions of decode capture (rank agreement, phases, scopes) and the pool
       factory and split predicate of the piecewise backend; None takes `default_capture_policy()`

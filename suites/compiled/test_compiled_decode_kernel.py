@@ -27,6 +27,14 @@ def decode_batch(model, device) -> tuple[PagedKVCache, list[SequenceSpan], torch
     return cache, spans, torch.tensor([5, 17, 3, 0], dtype=torch.int64, device=device)
 
 
+def eager_twin(cache: PagedKVCache) -> PagedKVCache:
+    """A second cache holding the same K/V, for the eager model to write beside the compiled one."""
+    twin = PagedKVCache(cache.num_layers, cache.num_blocks, cache.block_size, cache.num_kv_heads,
+                        cache.head_dim, cache.dtype, cache.device)
+    twin.tensor.copy_(cache.tensor)
+    return twin
+
+
 def decode_metadata(cache: PagedKVCache, spans, **choices: str) -> AttentionMetadata:
     """The batch's metadata, with the kernel choices named (decode_kernel=, rope_kv_write=, ...)."""
     md = AttentionMetadata(4, 4, -(-max(LENGTHS) // BLOCK), BLOCK, cache.pad_slot, cache.device,
@@ -43,9 +51,7 @@ def test_compiled_step_splits_at_the_decode_op_and_matches_the_eager_model(devic
                                                                             device):
     reference_llama = device_reference_llama
     cache, spans, ids = decode_batch(reference_llama, device)
-    eager_cache = PagedKVCache(cache.num_layers, cache.num_blocks, BLOCK, cache.num_kv_heads,
-                               cache.head_dim, cache.dtype, device)
-    eager_cache.tensor.copy_(cache.tensor)
+    eager_cache = eager_twin(cache)
     expected = reference_llama(ids, metadata(eager_cache, spans, "torch"), eager_cache)
     triton_md = metadata(cache, spans, "triton")
     assert triton_md.uses_decode_kernel

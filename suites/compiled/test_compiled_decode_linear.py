@@ -11,13 +11,13 @@ from dataclasses import replace
 import pytest
 import torch
 
+from fixtures.fused_engines import fused_against_separate
 from fixtures.models import TINY_ENGINE_CONFIG, mixed_requests
-from harness.check import compare_generations
 from harness.ops import AttentionMetadata, PagedKVCache
 from harness.runtime import Engine
 from harness.runtime.compiled.step import CompiledStep
-from suites.compiled.test_compiled_decode_kernel import (BLOCK, LENGTHS, decode_batch,
-                                                        decode_metadata)
+from suites.compiled.test_compiled_decode_kernel import (LENGTHS, decode_batch, decode_metadata,
+                                                        eager_twin)
 
 GEMV_OPS = (torch.ops.harness.norm_gemv.default, torch.ops.harness.gemv_residual.default,
             torch.ops.harness.norm_gemv_silu_mul.default)
@@ -31,20 +31,18 @@ def test_compiled_step_keeps_the_ops_opaque_and_matches_the_eager_model(device_r
                                                                         device):
     model = device_reference_llama
     cache, spans, ids = decode_batch(model, device)
-    eager_cache = PagedKVCache(cache.num_layers, cache.num_blocks, BLOCK, cache.num_kv_heads,
-                               cache.head_dim, cache.dtype, device)
-    eager_cache.tensor.copy_(cache.tensor)
+    eager_cache = eager_twin(cache)
     expected = model(ids, metadata(eager_cache, spans, "separate"), eager_cache)
     step = CompiledStep(model, None, decode_linear="fused")
     logits = step(ids, metadata(cache, spans, "fused"), cache)
     # The pieces are the separate path's (a split at each attention op only)...
     assert step.piece_compiles == model.num_layers + 1
     # ... and inside them each op is one call: qkv in every piece before an attention op, o_proj,
-    # gate_up and down after it, lm_head in the last.
+    # gate_up and down after it; lm_head (the last piece) on the torch ops.
     calls = [node.target for piece in step.backend.pieces for node in piece.graph.nodes
              if node.op == "call_function" and node.target in GEMV_OPS]
     layers = model.num_layers
-    assert calls.count(GEMV_OPS[0]) == layers + 1
+    assert calls.count(GEMV_OPS[0]) == layers
     assert calls.count(GEMV_OPS[1]) == 2 * layers and calls.count(GEMV_OPS[2]) == layers
     torch.testing.assert_close(logits[:len(LENGTHS)], expected[:len(LENGTHS)], atol=0.125,
                                rtol=0.02)  # inductor's and eager's bf16 orders: 0.094 on the H200
@@ -68,10 +66,7 @@ def test_compiled_decode_graphs_with_the_fused_ops_equal_the_separate_engine(dev
     requests = mixed_requests(logprobs=2, prompt_lens=(3, 12, 7, 20), max_new_tokens=(5, 9, 7, 11))
     config = replace(TINY_ENGINE_CONFIG, max_batch_size=4, decode_graph_sizes=(4, 2, 1),
                      compile="inductor")
-    baseline = Engine(device_reference_llama, replace(config, decode_linear="separate"),
-                      backend=graph_backend).generate(requests)
-    engine = Engine(device_reference_llama, replace(config, decode_linear="fused"),
-                    backend=graph_backend)
-    comparison = compare_generations(baseline, engine.generate(requests))
+    engine, comparison = fused_against_separate(device_reference_llama, config, "decode_linear",
+                                                requests, graph_backend)
     assert engine.decode_linear.mode == "fused"
     assert comparison.ok, str(comparison)

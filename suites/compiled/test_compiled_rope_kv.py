@@ -11,13 +11,13 @@ from dataclasses import replace
 import pytest
 import torch
 
+from fixtures.fused_engines import fused_against_separate
 from fixtures.models import TINY_ENGINE_CONFIG, mixed_requests
-from harness.check import compare_generations
 from harness.ops import AttentionMetadata, PagedKVCache
 from harness.runtime import Engine
 from harness.runtime.compiled.step import CompiledStep
-from suites.compiled.test_compiled_decode_kernel import (BLOCK, LENGTHS, decode_batch,
-                                                        decode_metadata)
+from suites.compiled.test_compiled_decode_kernel import (LENGTHS, decode_batch, decode_metadata,
+                                                        eager_twin)
 
 
 def metadata(cache: PagedKVCache, spans, mode: str) -> AttentionMetadata:
@@ -28,9 +28,7 @@ def test_compiled_step_splits_at_the_fused_op_and_matches_the_eager_model(device
                                                                            device):
     model = device_reference_llama
     cache, spans, ids = decode_batch(model, device)
-    eager_cache = PagedKVCache(cache.num_layers, cache.num_blocks, BLOCK, cache.num_kv_heads,
-                               cache.head_dim, cache.dtype, device)
-    eager_cache.tensor.copy_(cache.tensor)
+    eager_cache = eager_twin(cache)
     expected = model(ids, metadata(eager_cache, spans, "separate"), eager_cache)
     step = CompiledStep(model, None, rope_kv_write="fused")
     logits = step(ids, metadata(cache, spans, "fused"), cache)
@@ -62,9 +60,7 @@ def test_compiled_decode_graphs_with_the_fused_op_equal_the_separate_engine(devi
     requests = mixed_requests(logprobs=2, prompt_lens=(3, 12, 7, 20), max_new_tokens=(5, 9, 7, 11))
     config = replace(TINY_ENGINE_CONFIG, max_batch_size=4, decode_graph_sizes=(4, 2, 1),
                      compile="inductor")
-    baseline = Engine(device_reference_llama, replace(config, rope_kv_write="separate"),
-                      backend=graph_backend).generate(requests)
-    engine = Engine(device_reference_llama, replace(config, rope_kv_write="fused"), backend=graph_backend)
-    comparison = compare_generations(baseline, engine.generate(requests))
+    engine, comparison = fused_against_separate(device_reference_llama, config, "rope_kv_write",
+                                                requests, graph_backend)
     assert engine.rope_kv_write.mode == "fused"
     assert comparison.ok, str(comparison)

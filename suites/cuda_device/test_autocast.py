@@ -79,7 +79,7 @@ def test_without_the_cast_cache_the_capture_casts_the_weight_at_each_replay(cuda
 
 
 def test_autocast_around_or_inside_compiled_code_is_refused_by_name(cuda_device):
-    from harness.emulation.compiled import CompiledGraphError
+    from harness.emulation.compiled_graphs import CompiledGraphError
 
     torch._dynamo.reset()
     x = torch.randn(2, 2, device="cuda")

@@ -6,7 +6,7 @@ import logging
 
 import pytest
 
-from harness.runtime.decode.graphs import CaptureFeatures, DecoderGraphs
+from harness.runtime.decode.decoder_graphs import CaptureFeatures, DecoderGraphs
 
 
 @pytest.mark.parametrize("features, reason", [
@@ -42,7 +42,7 @@ def test_a_subclass_that_opts_out_blocks_the_single_pass(make_engine):
 
 def test_a_blocked_single_pass_logs_its_reason_and_keeps_two_passes(make_engine, caplog):
     engine = make_engine(single_pass_capture=True, capture_features=CaptureFeatures(lora_graphs=True))
-    with caplog.at_level(logging.WARNING, logger="harness.runtime.decode.graphs"):
+    with caplog.at_level(logging.WARNING, logger="harness.runtime.decode.decoder_graphs"):
         engine.prepare_graphs()
     serve = engine.capture_reports[-1]
     assert serve.blocker and not serve.single_pass_tried and serve.passes == 2

@@ -19,7 +19,7 @@ from fixtures.models import TINY_ENGINE_CONFIG, mixed_requests
 from harness.check import compare_generations
 from harness.records import EAGER
 from harness.runtime import Engine, EngineConfig
-from harness.runtime.decode.graphs import DecoderGraphs
+from harness.runtime.decode.decoder_graphs import DecoderGraphs
 from harness.runtime.decode.runner import DecodeGraphKey, sampling_variant
 from suites.decoder.conftest import MAX_NEW_TOKENS, SIZES
 

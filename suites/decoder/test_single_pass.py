@@ -154,7 +154,7 @@ def test_a_moved_workspace_discards_the_single_pass_and_falls_back(make_engine, 
                                                                     monkeypatch):
     baseline_engine, baseline = two_pass_run
     engine = make_engine(single_pass_capture=True)
-    with caplog.at_level(logging.WARNING, logger="harness.runtime.decode.graphs"):
+    with caplog.at_level(logging.WARNING, logger="harness.runtime.decode.decoder_graphs"):
         regrowth = _capture_with_forced_regrowth(engine, monkeypatch)
     assert regrowth.canary is not None and engine.model.workspace.growths >= 1
     report = engine.capture_reports[-1]

@@ -10,7 +10,7 @@ import torch
 
 from harness import torch_internals
 from harness.graphs.emulator.callsite import callsite_later, current_callsite
-from harness.emulation.tracking.capture import CaptureStreams
+from harness.emulation.tracking.capture_streams import CaptureStreams
 from harness.emulation.tracking.names import name_tensors
 from harness.emulation.tracking.work import AsyncWork
 

@@ -29,7 +29,7 @@ import torch
 from harness import torch_internals
 from harness.torch_internals import get_current_function_mode_stack as _get_current_function_mode_stack
 
-from harness.emulation.device_memory import DEVICE, MEMORY_ATTR
+from harness.emulation.device_memory import is_device_memory
 
 # One library for every graph's op: torch.library keeps what it defines for the process.
 _LIBRARY_NAME = "harness_compiled"
@@ -43,13 +43,6 @@ _OPAQUE_BACKENDS = frozenset({"inductor"})
 
 class CompiledGraphError(RuntimeError):
     """A compiled graph the emulated device cannot run as CUDA would (the message says why)."""
-
-
-def _is_device(t) -> bool:
-    try:
-        return getattr(t.untyped_storage(), MEMORY_ATTR, None) == DEVICE
-    except (RuntimeError, NotImplementedError):
-        return False
 
 
 @dataclass(frozen=True)
@@ -109,7 +102,7 @@ class DeviceGraph:
         from harness.emulation.active import emulation_active
 
         if emulation_active() != "cpu" or not any(
-                isinstance(a, torch.Tensor) and _is_device(a) for a in args):
+                isinstance(a, torch.Tensor) and is_device_memory(a) for a in args):
             return self.compiled(*args)
         from harness.emulation.active import active_state
 
