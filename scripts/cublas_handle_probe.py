@@ -20,12 +20,13 @@ import torch
 
 REFUSED = "CUBLAS_STATUS_NOT_INITIALIZED when calling `cublasCreate(handle)`"
 INVALIDATED = "operation failed due to a previous error during capture"
+NOT_PERMITTED = "operation not permitted when stream is capturing"
 
 
 def first_line(error: BaseException) -> str:
     """What CUDA says (the emulated device's detail, after it, is left out)."""
     text = str(error).splitlines()[0]
-    for known in (INVALIDATED, REFUSED):
+    for known in (INVALIDATED, REFUSED, NOT_PERMITTED):
         if known in text:
             return known
     return text

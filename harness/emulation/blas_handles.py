@@ -14,9 +14,12 @@ thread of its own, which holds a handle of its own.
 synchronizes), so CUDA refuses it as it refuses other such calls (cudaStreamCaptureMode): in
 "global" mode from every thread of the process, in "thread_local" mode from the thread that began
 the capture only, never in "relaxed" mode. cuBLAS reports the refusal as
-CUBLAS_STATUS_NOT_INITIALIZED, and the capture is invalidated (measured on an H200 with torch 2.11:
-a process's first matmul inside `torch.cuda.graph`, then `capture_end()`'s "operation failed due
-to a previous error during capture"). A handle taken back from an ended thread is no creation and
+CUBLAS_STATUS_NOT_INITIALIZED in the capturing thread, and the capture is invalidated (measured on
+an H200 with torch 2.11: a process's first matmul inside `torch.cuda.graph`, then `capture_end()`'s
+"operation failed due to a previous error during capture"). From another thread during a global
+capture the call fails with the runtime's cudaErrorStreamCaptureUnsupported ("operation not
+permitted when stream is capturing", measured on the same H200), and the capture is invalidated
+all the same. A handle taken back from an ended thread is no creation and
 is not refused; nor is a handle's first use on another stream (its workspace comes from the
 capture's pool, blas_workspaces.py).
 """
@@ -28,7 +31,7 @@ from typing import Any, Callable
 
 from harness.graphs.base import CaptureError
 from harness.graphs.emulator.callsite import at_callsite, current_callsite
-from harness.graphs.emulator.cuda_errors import cuda_first
+from harness.graphs.emulator.cuda_errors import NOT_PERMITTED, cuda_first
 
 # TORCH_CUDABLAS_CHECK's text for the status cublasCreate returns under a capture.
 CREATE_REFUSED = "CUDA error: CUBLAS_STATUS_NOT_INITIALIZED when calling `cublasCreate(handle)`"
@@ -99,7 +102,8 @@ def _refuse_creation(graph: Any, owner: object, op: str) -> None:
               if own_thread else
               "run one matmul in that thread (a backward pass for the autograd engine) before the "
               "capture begins, or capture with capture_error_mode='thread_local'")
-    error = CaptureError(cuda_first(CREATE_REFUSED, at_callsite(
+    cuda_text = CREATE_REFUSED if own_thread else NOT_PERMITTED
+    error = CaptureError(cuda_first(cuda_text, at_callsite(
         f"{why}. The capture is invalidated; {remedy}", current_callsite())), op=op)
     graph.invalidate(error)
     raise error

@@ -120,11 +120,12 @@ class EmulatedCUDAGraph:
                 session.abort()
                 self._release_pool()
                 return
-            if self._invalidation is not None:
+            invalidation = self._invalidation or session.recorder.sync_refusal
+            if invalidation is not None:
                 self._host.notify_capture_end(self, aborted=True)
                 session.abort()
                 self._release_pool()
-                raise invalidated_capture_error(self._invalidation)
+                raise invalidated_capture_error(invalidation)
             try:
                 self._host.notify_capture_end(self, aborted=False)  # may raise: unjoined work
             except BaseException:
@@ -146,6 +147,8 @@ class EmulatedCUDAGraph:
         is invalidated and `capture_end()` fails, even when the caller caught `error`."""
         if self._invalidation is None:
             self._invalidation = error
+        if self._session is not None:
+            self._session.recorder.refuse_sync(error)
 
     def note_recorded_event(self, event) -> None:
         """`event` was recorded on a stream of this graph's capture."""

@@ -40,6 +40,7 @@ class Case:
 
 CASES = [
     Case("torch.cuda.synchronize()", lambda t: torch.cuda.synchronize(), True),
+    Case("torch.cuda.synchronize(device=0)", lambda t: torch.cuda.synchronize(device=0), True),
     Case("capturing_stream.synchronize()", lambda t: t.capturing.synchronize(), True),
     Case("capturing_stream.query()", lambda t: t.capturing.query(), True),
     Case("captured_event.synchronize()", lambda t: t.captured.synchronize(), True),
@@ -222,3 +223,38 @@ def test_a_process_of_its_own_is_a_new_process_that_returns_the_result():
     assert in_a_process_of_its_own(__file__, "_process_id") != os.getpid()
     with pytest.raises(StopIteration):  # the case name is unknown: the child's error comes back
         in_a_process_of_its_own(__file__, "_outcome", "no such case", "global", False)
+
+
+# Host reads of device data on the capturing thread: each copies to the host, then waits for the
+# capturing stream (cudaStreamSynchronize in memcpy_and_sync), which CUDA refuses; a refused call
+# invalidates the capture even when the caller caught its error. `tolist` is refused earlier, by
+# Copy.cu's pageable-copy check, before any CUDA call, so its capture stays valid.
+HOST_READS = {
+    "x.item()": (lambda x: x.sum().item(), NOT_PERMITTED, True),
+    "bool(x)": (lambda x: bool(x[0] > 0), NOT_PERMITTED, True),
+    "print(x)": (lambda x: print(x), NOT_PERMITTED, True),
+    "x.tolist()": (lambda x: x.tolist(),
+                   "Cannot copy between CPU and CUDA tensors during CUDA graph capture", False),
+}
+
+
+def _host_read_outcome(name: str, mode: str) -> tuple[list[str], str | None]:
+    read = HOST_READS[name][0]
+    x = torch.ones(4, device="cuda")
+    _, _, errors, ended = _capture_with(lambda t: read(x), mode, False)
+    return [str(e) for e in errors], None if ended is None else str(ended)
+
+
+@pytest.mark.parametrize("mode", ["global", "thread_local", "relaxed"])
+@pytest.mark.parametrize("name", HOST_READS)
+def test_a_host_read_of_device_data_on_the_capturing_thread(cuda_kind, name, mode):
+    _, expected, invalidates = HOST_READS[name]
+    if cuda_kind == "native":
+        errors, ended = in_a_process_of_its_own(__file__, "_host_read_outcome", name, mode)
+    else:
+        errors, ended = _host_read_outcome(name, mode)
+    assert len(errors) == 1 and expected in errors[0], errors
+    if invalidates:
+        assert ended is not None and INVALIDATED in ended, ended
+    else:
+        assert ended is None, ended

@@ -29,12 +29,14 @@ from harness.graphs.base import CaptureError
 PROBE = Path(__file__).resolve().parents[2] / "scripts" / "cublas_handle_probe.py"
 REFUSED = "CUBLAS_STATUS_NOT_INITIALIZED when calling `cublasCreate(handle)`"
 INVALIDATED = "capture_end: operation failed due to a previous error during capture"
+NOT_PERMITTED = "operation not permitted when stream is capturing"
 EXPECTED = {
     "main thread, global": f"{REFUSED} / {INVALIDATED}",
     "new thread, thread_local": f"{REFUSED} / {INVALIDATED}",
     "new thread, relaxed": "ok",
     "another thread while the main thread captures, global":
-        f"other thread: {REFUSED}; capture: ok / {INVALIDATED}",
+        (f"other thread: {NOT_PERMITTED}; capture: operation failed due to a previous error during "
+         f"capture / {INVALIDATED}"),
     "another thread while the main thread captures, thread_local": "other thread: ok; capture: ok",
     "new thread after threads with handles ended, global": "ok",
     "main thread after its refusal, warmed up, global": "ok",
@@ -62,11 +64,6 @@ def test_the_emulated_device_refuses_a_first_matmul_in_a_capture_where_cuda_does
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
-@pytest.mark.xfail(strict=True, reason=(
-    "open difference (docs/fidelity.md): on the H200 (torch 2.11) another thread's first matmul "
-    "during a global capture fails with 'operation not permitted when stream is capturing' and "
-    "invalidates the capture; the emulated device refuses it with CUBLAS_STATUS_NOT_INITIALIZED "
-    "and keeps the capture"))
 def test_cuda_refuses_a_first_matmul_in_a_capture_where_the_probe_expects():
     assert run_probe() == EXPECTED
 

@@ -67,7 +67,7 @@ class CaptureSession:
         stack = contextlib.ExitStack()
         try:
             on_device = None if self.memory.all_device else self.memory.is_device
-            stack.enter_context(host_reads_raise(device, on_device))
+            stack.enter_context(host_reads_raise(device, on_device, recorder.refuse_sync))
             if self._report_capturing:
                 stack.enter_context(reports_capturing())
             stack.enter_context(rng_recorded(device, recorder.steps))

@@ -9,11 +9,13 @@ from typing import Callable, Iterator
 
 import torch
 
+from harness.graphs.base import CaptureError
 from harness.graphs.emulator import cuda_errors
 from harness.graphs.emulator.callsite import at_callsite, current_callsite
 
 def _guarded(name: str, original: Callable, on_device: Callable[[torch.Tensor], bool],
-             device: torch.device) -> Callable:
+             device: torch.device, on_sync_refused: Callable[[CaptureError], CaptureError]
+             ) -> Callable:
     @functools.wraps(original)
     def guard(self: torch.Tensor, *args, **kwargs):
         if on_device(self):
@@ -21,7 +23,7 @@ def _guarded(name: str, original: Callable, on_device: Callable[[torch.Tensor], 
                                  f"(a sync); move it out of the captured region", current_callsite())
             if name in _COPY_TO_HOST:
                 raise cuda_errors.pageable_copy_refused(detail, op=f"Tensor.{name}")
-            raise cuda_errors.sync_refused(detail, op=f"Tensor.{name}")
+            raise on_sync_refused(cuda_errors.sync_refused(detail, op=f"Tensor.{name}"))
         return original(self, *args, **kwargs)
     return guard
 
@@ -48,10 +50,14 @@ def wrapped_host_reads(wrap: Callable[[str, Callable], Callable]) -> Iterator[No
                 setattr(torch.Tensor, name, original)
 
 
-def host_reads_raise(device: torch.device, on_device: Callable[[torch.Tensor], bool] | None = None
+def host_reads_raise(device: torch.device, on_device: Callable[[torch.Tensor], bool] | None = None,
+                     on_sync_refused: Callable[[CaptureError], CaptureError] | None = None
                      ) -> contextlib.AbstractContextManager[None]:
     """Make host reads of `device` tensors (those `on_device` answers True for; by default, those
-    whose `.device` has `device`'s type) raise `CaptureError` for the duration."""
+    whose `.device` has `device`'s type) raise `CaptureError` for the duration; a refused sync
+    passes through `on_sync_refused` (which returns the error to raise) first."""
     if on_device is None:
         on_device = lambda t: t.device.type == device.type  # noqa: E731
-    return wrapped_host_reads(lambda name, original: _guarded(name, original, on_device, device))
+    passed = on_sync_refused if on_sync_refused is not None else (lambda error: error)
+    return wrapped_host_reads(
+        lambda name, original: _guarded(name, original, on_device, device, passed))

@@ -17,7 +17,7 @@ import torch
 
 from harness.torch_internals import TorchDispatchMode, tree_flatten, tree_map_only
 from harness.graphs.emulator import opinfo
-from harness.graphs.base import CaptureError
+from harness.graphs.base import CaptureError, CaptureSyncError
 from harness.graphs.emulator import collectives, cuda_errors
 from harness.graphs.emulator.callsite import at_callsite, current_callsite, in_index_assignment, user_frames
 from harness.graphs.emulator.cuda_paths import one_hot_without_sync
@@ -68,6 +68,15 @@ class Recorder(TorchDispatchMode):
         self.registered_generators: tuple[torch.Generator, ...] = ()
         self.reads: set[int] = set()  # storages the recording reads (data pointers)
         self.writes: set[int] = set()  # and writes: what a replay touches as one stream op
+        # The first sync CUDA refused during this capture: the call invalidated the capture, which
+        # then fails at its end on CUDA even where the caller caught the error.
+        self.sync_refusal: CaptureError | None = None
+
+    def refuse_sync(self, error: CaptureError) -> CaptureError:
+        """Note `error`, a refused sync (cudaErrorStreamCaptureUnsupported), and return it."""
+        if self.sync_refusal is None:
+            self.sync_refusal = error
+        return error
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
@@ -78,6 +87,13 @@ class Recorder(TorchDispatchMode):
         if self._is_host_work(func, args, kwargs):
             # CUDA runs host work once, when capture meets it, and never replays it.
             return func(*args, **kwargs)
+        if self.sync_refusal is not None:
+            # An invalidated capture fails every later launch into it (the CUDA programming
+            # guide's invalidation rule; measured on the H200 by scripts/cublas_handle_probe.py).
+            raise CaptureError(
+                f"{cuda_errors.INVALIDATED} (cudaErrorStreamCaptureInvalidated): {func} launched "
+                f"into a capture invalidated by an earlier refused call: "
+                f"{str(self.sync_refusal).splitlines()[0]}", op=str(func))
         if func is torch.ops.aten.lift_fresh.default:
             return self._lift_host_data(args[0])
         if func is torch.ops.aten.equal.default:
@@ -88,6 +104,8 @@ class Recorder(TorchDispatchMode):
             with self:
                 return one_hot_without_sync(*args, **kwargs)
         refusal = self._refusal(func, args, kwargs)
+        if isinstance(refusal, CaptureSyncError):
+            raise self.refuse_sync(refusal)
         if refusal is not None:
             raise refusal
         if opinfo.is_composite(func):
