@@ -10,7 +10,10 @@ context), which sets the default split count. Two timings per variant, each the 
 engine runs it) and divides by the launches; "eager" is one launch between two events (launch
 latency included). Before timing, every variant's output is compared with the baseline's.
 
-    python scripts/decode_kernel_bench.py            # about 30 s on an H200
+`--pdl` adds the split kernel at its defaults launched with Programmatic Dependent Launch ("new
+pdl"); where PDL cannot run it exits naming the missing piece.
+
+    python scripts/decode_kernel_bench.py [--pdl]    # about 30 s on an H200
 """
 
 from __future__ import annotations
@@ -85,15 +88,27 @@ def main() -> None:
     parser.add_argument("--table-factor", type=int, default=2)
     parser.add_argument("--iters", type=int, default=200)
     parser.add_argument("--layers", type=int, default=16)
+    parser.add_argument("--pdl", action="store_true",
+                        help="add the split kernel launched with Programmatic Dependent Launch "
+                             "(\"new pdl\"): in the graph of --layers launches each may start "
+                             "while the one before drains")
     args = parser.parse_args()
     if not torch.cuda.is_available():
         raise SystemExit("decode_kernel_bench needs a CUDA GPU (torch.cuda.is_available() is False)")
+    if args.pdl:
+        from harness.ops.pdl_choice import pdl_blocker
+
+        blocker, _ = pdl_blocker(torch.device("cuda"))
+        if blocker is not None:
+            raise SystemExit(f"decode_kernel_bench: --pdl cannot run here: {blocker}")
     print(f"# {torch.cuda.get_device_name()}, torch {torch.__version__}, "
           f"heads {HEADS}/{KV_HEADS}, head_dim {HEAD_DIM}, block {BLOCK_SIZE}, bf16; "
           f"us per layer, median of {args.iters}")
     variants = {"baseline": launcher("baseline"), "new": launcher("new"),
                 "new tile64": launcher("new", tile_tokens=64),
                 "new 1 split": launcher("new", num_splits=1)}
+    if args.pdl:
+        variants["new pdl"] = launcher("new", pdl=True)
     print("| batch | context | splits | " + " | ".join(f"{v} graph / eager" for v in variants)
           + " | new/baseline (graph) | max |new-baseline| |")
     print("|---:|---:|---:|" + "---:|" * (len(variants) + 2))

@@ -13,8 +13,13 @@ replays are timed with CUDA events: the median of `--iters` (200) replays after 
 by R. Every candidate's output is checked against the torch ops first (within 3 BF16 steps);
 a config that disagrees is printed as WRONG and not timed.
 
-    PYTHONPATH=$PWD python scripts/decode_linear_bench.py [--m 1] [--iters 200] [--quick]
+    PYTHONPATH=$PWD python scripts/decode_linear_bench.py [--m 1] [--iters 200] [--quick] [--pdl both]
     TRITON_INTERPRET=1 PYTHONPATH=$PWD python scripts/decode_linear_bench.py --dry-run   # CPU check
+
+`--pdl both` times each candidate twice, its kernels launched without and with Programmatic
+Dependent Launch (rows marked "pdl"): the graph is a chain of R calls, so with PDL each call's
+weight loads may start while the call before it drains. Where PDL cannot run (compute capability
+below 9.0, a triton without it) the script exits 2 naming the missing piece.
 
 `--dry-run` runs only the correctness checks, on CPU tensors under Triton's interpreter, at
 shapes divided by 16: the script's own test where there is no GPU.
@@ -95,13 +100,14 @@ def torch_ops(shape: Shape, ops: Operands, w: torch.Tensor) -> torch.Tensor:
     return F.silu(gate) * up
 
 
-def triton_call(shape: Shape, ops: Operands, w: torch.Tensor, config: GemvConfig) -> torch.Tensor:
+def triton_call(shape: Shape, ops: Operands, w: torch.Tensor, config: GemvConfig,
+                pdl: bool = False) -> torch.Tensor:
     from harness.ops.triton_gemv import gemv_triton
 
     if shape.op == "gemv_residual":
-        return gemv_triton(ops.x, w, residual=ops.residual, config=config)
+        return gemv_triton(ops.x, w, residual=ops.residual, config=config, pdl=pdl)
     return gemv_triton(ops.x, w, norm_weight=ops.norm_weight, eps=EPS,
-                       gated=shape.op == "norm_gemv_silu_mul", config=config)
+                       gated=shape.op == "norm_gemv_silu_mul", config=config, pdl=pdl)
 
 
 def candidates(shape: Shape, m: int, sms: int, quick: bool) -> list[GemvConfig]:
@@ -153,8 +159,10 @@ def time_graph_us(calls: Callable[[int], torch.Tensor], copies: int, iters: int,
 
 
 def bench_shape(shape: Shape, m: int, *, iters: int, warmup: int, quick: bool, dry_run: bool,
-                out: Callable[[str], None]) -> tuple[float, float]:
-    """Prints the table of one shape; returns (torch us, best Triton us)."""
+                out: Callable[[str], None], pdl_modes: tuple[bool, ...] = (False,)) -> tuple[float, float]:
+    """Prints the table of one shape; returns (torch us, best Triton us). Each candidate is timed
+    with every PDL mode of `pdl_modes` (True: its kernels launched with PDL, so in the graph of R
+    calls each may start while the one before drains)."""
     device = "cpu" if dry_run else "cuda"
     if dry_run:
         shape = Shape(shape.name, shape.op, max(8, shape.n // 16), max(32, shape.k // 16))
@@ -174,19 +182,21 @@ def bench_shape(shape: Shape, m: int, *, iters: int, warmup: int, quick: bool, d
         out(f"| torch ops | {torch_us:.2f} | {moved / torch_us / 1e6:.2f} | 1.00x |")
     best = float("inf")
     for index, config in enumerate(candidates(shape, m, sms, quick)):
-        label = ("heuristic " if index == 0 else "") + config.label()
-        got = triton_call(shape, ops, ops.weights[0], config)
-        off = steps_off(got, expected)
-        if off > (5 if dry_run else 3):
-            out(f"| {label} | WRONG: {off:.1f} BF16 steps from the torch ops | | |")
-            continue
-        if dry_run:
-            out(f"| {label} | ok ({off:.2f} steps) | | |")
-            continue
-        us = time_graph_us(lambda i: triton_call(shape, ops, ops.weights[i], config), copies, iters,
-                           warmup)
-        best = min(best, us)
-        out(f"| {label} | {us:.2f} | {moved / us / 1e6:.2f} | {torch_us / us:.2f}x |")
+        for pdl in pdl_modes:
+            label = (("heuristic " if index == 0 else "") + config.label()
+                     + (" pdl" if pdl else ""))
+            got = triton_call(shape, ops, ops.weights[0], config, pdl)
+            off = steps_off(got, expected)
+            if off > (5 if dry_run else 3):
+                out(f"| {label} | WRONG: {off:.1f} BF16 steps from the torch ops | | |")
+                continue
+            if dry_run:
+                out(f"| {label} | ok ({off:.2f} steps) | | |")
+                continue
+            us = time_graph_us(lambda i: triton_call(shape, ops, ops.weights[i], config, pdl),
+                               copies, iters, warmup)
+            best = min(best, us)
+            out(f"| {label} | {us:.2f} | {moved / us / 1e6:.2f} | {torch_us / us:.2f}x |")
     return torch_us, best
 
 
@@ -198,6 +208,10 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--quick", action="store_true", help="the heuristic's config only")
     parser.add_argument("--dry-run", action="store_true",
                         help="correctness only, CPU tensors under TRITON_INTERPRET=1, small shapes")
+    parser.add_argument("--pdl", choices=("off", "on", "both"), default="off",
+                        help="launch the Triton kernels with Programmatic Dependent Launch: off "
+                             "(default), on, or both (each candidate twice); needs compute "
+                             "capability >= 9.0 and a triton with it")
     args = parser.parse_args(argv)
     if not 1 <= args.m <= 8 or args.iters < 1 or args.warmup < 0:
         parser.error(f"--m must be in [1, 8], --iters >= 1, --warmup >= 0; got {args.m}, "
@@ -206,6 +220,14 @@ def main(argv: list[str]) -> int:
         print("decode_linear_bench: needs a CUDA device (or --dry-run under TRITON_INTERPRET=1)",
               file=sys.stderr)
         return 2
+    pdl_modes = {"off": (False,), "on": (True,), "both": (False, True)}[args.pdl]
+    if True in pdl_modes:
+        from harness.ops.pdl_choice import pdl_blocker
+
+        blocker, _ = pdl_blocker(torch.device("cuda" if not args.dry_run else "cpu"))
+        if blocker is not None:
+            print(f"decode_linear_bench: --pdl {args.pdl} cannot run here: {blocker}", file=sys.stderr)
+            return 2
     out = print
     if not args.dry_run:
         props = torch.cuda.get_device_properties(0)
@@ -215,7 +237,8 @@ def main(argv: list[str]) -> int:
     with torch.inference_mode():
         for shape in SHAPES:
             results[shape.name] = bench_shape(shape, args.m, iters=args.iters, warmup=args.warmup,
-                                              quick=args.quick, dry_run=args.dry_run, out=out)
+                                              quick=args.quick, dry_run=args.dry_run, out=out,
+                                              pdl_modes=pdl_modes)
     if args.dry_run:
         return 0
     layer_torch = sum(results[s.name][0] for s in PER_LAYER)

@@ -32,7 +32,10 @@ kernel; the run prints which one served and why. `--rope-kv-write` (default auto
 for EngineConfig.rope_kv_write: `separate` against `fused` is the before and after of
 `harness::rope_kv_write`; `--decode-linear` (default auto) for EngineConfig.decode_linear:
 `separate` against `fused` is the before and after of the decode GEMV ops (norm + qkv, o_proj +
-residual, norm + gate_up + SiLU-and-multiply, down + residual, norm + lm_head).
+residual, norm + gate_up + SiLU-and-multiply, down + residual). `--pdl` (default auto) for
+EngineConfig.pdl: `both` runs every measurement with PDL off, then on, and prints (and appends)
+one set of tables per setting, headed "PDL off" / "PDL on"; `on` where PDL cannot run exits 2 with
+the reason, before anything is built.
 """
 
 from __future__ import annotations
@@ -56,6 +59,7 @@ from harness.graphs import get_backend
 from harness.model import ReferenceLlama, llama_1b_config, random_llama, tiny_llama_config
 from harness.ops.decode_kernel import choose_decode_kernel
 from harness.ops.decode_linear_choice import choose_decode_linear
+from harness.ops.pdl_choice import PdlChoice, choose_pdl
 from harness.ops.rope_kv_choice import choose_rope_kv_write
 from harness.ops.metadata import SequenceSpan
 from harness.runtime import Engine, EngineConfig
@@ -115,25 +119,25 @@ def progress(line: str) -> None:
 def engine_config(*, single_pass: bool, compile: str = "none", batches: tuple[int, ...] = BATCHES,
                   decode_kernel: str | None = None,
                       rope_kv_write: str | None = None,
-                      decode_linear: str | None = None) -> EngineConfig:
+                      decode_linear: str | None = None, pdl: bool | None = None) -> EngineConfig:
     return EngineConfig(max_batch_size=max(batches), max_num_tokens=max(batches) * 2, block_size=16,
                         max_model_len=2 * CONTEXT, decode_graph_sizes=batches,
                         single_pass_capture=single_pass, compile=compile,
                         decode_kernel=decode_kernel, rope_kv_write=rope_kv_write,
-                        decode_linear=decode_linear)
+                        decode_linear=decode_linear, pdl=pdl)
 
 
 def _new_engine(model: ReferenceLlama, backend, *, single_pass: bool, compile: str = "none",
                 batches: tuple[int, ...] = BATCHES, shared: Engine | None = None,
                 decode_kernel: str | None = None, rope_kv_write: str | None = None,
-                decode_linear: str | None = None) -> Engine:
+                decode_linear: str | None = None, pdl: bool | None = None) -> Engine:
     # The compiled path compiles every size in this untimed first capture: a capture is timed
     # against what it records, not against inductor. Engines after the first share its compiled
     # step (`shared`), so each size is compiled once per run, not once per engine.
     step = shared.compiled_step if shared is not None else None
     engine = Engine(model, engine_config(single_pass=single_pass, compile=compile, batches=batches,
                                          decode_kernel=decode_kernel, rope_kv_write=rope_kv_write,
-                                         decode_linear=decode_linear),
+                                         decode_linear=decode_linear, pdl=pdl),
                     backend=backend, compiled_step=step)
     _sync(model.device)
     start = time.perf_counter()
@@ -158,7 +162,7 @@ def time_capture(name: str, model: ReferenceLlama, backend, *,
                  batches: tuple[int, ...] = BATCHES,
                  decode_kernel: str | None = None,
                      rope_kv_write: str | None = None,
-                     decode_linear: str | None = None) -> CaptureTiming:
+                     decode_linear: str | None = None, pdl: bool | None = None) -> CaptureTiming:
     """The median of `repeats` timed captures per arm, the arms alternating so that drift in the
     machine's speed reaches both, after one untimed capture of each."""
     device = model.device
@@ -168,7 +172,7 @@ def time_capture(name: str, model: ReferenceLlama, backend, *,
         for single_pass in (False, True):
             engine = _new_engine(model, backend, single_pass=single_pass, compile=compile,
                                  batches=batches, shared=first, decode_kernel=decode_kernel,
-                                     rope_kv_write=rope_kv_write, decode_linear=decode_linear)
+                                     rope_kv_write=rope_kv_write, decode_linear=decode_linear, pdl=pdl)
             if first is None:
                 first = engine
                 progress(f"{name} ({compile}): first capture of batch {', '.join(map(str, batches))} "
@@ -197,12 +201,12 @@ def time_replay(name: str, model: ReferenceLlama, backend, *, iters: int, warmup
                 batches: tuple[int, ...] = BATCHES,
                 decode_kernel: str | None = None,
                     rope_kv_write: str | None = None,
-                    decode_linear: str | None = None) -> list[ReplayTiming]:
+                    decode_linear: str | None = None, pdl: bool | None = None) -> list[ReplayTiming]:
     """Eager against replay at every batch; on cuda `kernels[name]` gets the kernels one replay of
     batch 1 launches."""
     engine = _new_engine(model, backend, single_pass=False, batches=batches,
                          decode_kernel=decode_kernel, rope_kv_write=rope_kv_write,
-                         decode_linear=decode_linear)
+                         decode_linear=decode_linear, pdl=pdl)
     engine.decode_graphs.warmup_and_capture("serve")
     device = model.device
     cache = engine.kv_cache
@@ -267,10 +271,10 @@ def _decode_spans(engine: Engine, batch: int) -> tuple[tuple[SequenceSpan, ...],
 def profile_step(name: str, model: ReferenceLlama, backend, batch: int, *, iters: int,
                  warmup: int, decode_kernel: str | None = None,
                  rope_kv_write: str | None = None,
-                 decode_linear: str | None = None) -> tuple[str, StepBreakdown]:
+                 decode_linear: str | None = None, pdl: bool | None = None) -> tuple[str, StepBreakdown]:
     """The top host-side costs of the engine's graph step under torch.profiler, and its breakdown."""
     engine = _new_engine(model, backend, single_pass=False, decode_kernel=decode_kernel,
-                         rope_kv_write=rope_kv_write, decode_linear=decode_linear)
+                         rope_kv_write=rope_kv_write, decode_linear=decode_linear, pdl=pdl)
     graphs = engine.decode_graphs
     graphs.warmup_and_capture("serve")
     device = model.device
@@ -405,6 +409,11 @@ def main(argv: list[str]) -> int:
                         help="how decode-sized batches run the linear layers (EngineConfig."
                              "decode_linear): auto (fused on CUDA where triton imports, default), "
                              "separate (torch ops), or fused (the decode GEMV ops)")
+    parser.add_argument("--pdl", choices=("auto", "off", "on", "both"), default="auto",
+                        help="Programmatic Dependent Launch of the Triton kernels (EngineConfig.pdl): "
+                             "auto (on where it can run, default), off, on (refused where it cannot "
+                             "run), or both: every measurement twice, PDL off then on, each set of "
+                             "tables headed by its setting")
     parser.add_argument("--capture-sizes", type=_sizes, default=BATCHES, metavar="N[,N...]",
                         help="decode batch sizes captured, compiled and timed (default "
                              f"{','.join(map(str, BATCHES))}); e.g. 1, so the 1B shape on the "
@@ -430,42 +439,77 @@ def main(argv: list[str]) -> int:
     rope_kv = choose_rope_kv_write(rope_kv_write, device)
     decode_linear = None if args.decode_linear == "auto" else args.decode_linear
     linear = choose_decode_linear(decode_linear, device)
+    settings = {"auto": (None,), "off": (False,), "on": (True,), "both": (False, True)}[args.pdl]
+    try:
+        pdl_choices = {pdl: choose_pdl(pdl, device) for pdl in settings}
+    except ValueError as error:
+        print(f"harness bench capture: --pdl {args.pdl}: {error}", file=sys.stderr)
+        return 2
     kernel_line = (f"decode kernel: {chosen.kernel} ({chosen.reason}); rope + KV write: "
                    f"{rope_kv.mode} ({rope_kv.reason}); decode linear: {linear.mode} "
                    f"({linear.reason})")
     timed_threads = torch.get_num_threads()
     if args.profile:
+        if len(settings) > 1:
+            parser.error("--profile takes one --pdl setting, not both")
+        pdl = settings[0]
+        kernel_line += f"; PDL: {pdl_line(pdl_choices[pdl])}"
         name = (args.model or ["tiny"])[0]
         with torch.inference_mode():
             table, breakdown = profile_step(name, build_model(name, device), backend, args.batch,
                                             iters=args.iters, warmup=args.warmup,
                                             decode_kernel=decode_kernel,
                                                 rope_kv_write=rope_kv_write,
-                                                decode_linear=decode_linear)
+                                                decode_linear=decode_linear, pdl=pdl)
         print(render_profile(table, breakdown, backend.name, args.iters))
         print(kernel_line)
         return 0
     models = args.model or (["tiny", "1b"] if device.type == "cuda" else ["tiny"])
     compiles = ("none", "inductor") if args.compile == "both" else (args.compile,)
+    missed_any = False
+    for pdl, pdl_choice in pdl_choices.items():
+        missed = _measure(args, backend, device, models, compiles, timed_threads,
+                          kernel_line + f"; PDL: {pdl_line(pdl_choice)}",
+                          heading=f"PDL {'on' if pdl_choice.enabled else 'off'}" if len(settings) > 1
+                          else None,
+                          decode_kernel=decode_kernel, rope_kv_write=rope_kv_write,
+                          decode_linear=decode_linear, pdl=pdl)
+        missed_any = missed_any or bool(missed)
+    return 1 if args.check and missed_any else 0
+
+
+def pdl_line(choice: PdlChoice) -> str:
+    """The PDL setting in words, and whether inductor's own kernels follow it in this torch."""
+    from harness.runtime.compiled.piece import inductor_has_pdl
+
+    return (f"{'on' if choice.enabled else 'off'} ({choice.reason}); inductor "
+            f"triton.enable_pdl {'present' if inductor_has_pdl() else 'absent'} in torch "
+            f"{torch.__version__}")
+
+
+def _measure(args, backend, device, models, compiles, timed_threads, kernel_line, *,
+             heading: str | None, decode_kernel: str | None, rope_kv_write: str | None,
+             decode_linear: str | None, pdl: bool | None) -> list[str]:
+    """One set of measurements and tables for one PDL setting; the targets it missed."""
     batches = args.capture_sizes
     captures, replays, floors, steps, kernels, layers = [], [], {}, [], {}, {}
     with torch.inference_mode():
         for name in models:
             model = build_model(name, device)
             floors[name], layers[name] = weight_floor_ms(model), model.num_layers
-            progress(f"{name}: model built")
+            progress(f"{name}: model built" + (f" ({heading})" if heading else ""))
             captures += [time_capture(name, model, backend, compile=c, repeats=args.capture_repeats,
                                       batches=batches, decode_kernel=decode_kernel,
-                                          rope_kv_write=rope_kv_write,
-                                          decode_linear=decode_linear) for c in compiles]
+                                      rope_kv_write=rope_kv_write,
+                                      decode_linear=decode_linear, pdl=pdl) for c in compiles]
             replays += time_replay(name, model, backend, iters=args.iters, warmup=args.warmup,
                                    kernels=kernels, batches=batches, decode_kernel=decode_kernel,
-                                       rope_kv_write=rope_kv_write, decode_linear=decode_linear)
+                                   rope_kv_write=rope_kv_write, decode_linear=decode_linear, pdl=pdl)
             if args.step_repeats and 1 in batches:
                 steps += time_engine_steps(name, model, backend, (1,), repeats=args.step_repeats,
                                            compiles=compiles, decode_kernel=decode_kernel,
-                                               rope_kv_write=rope_kv_write,
-                                               decode_linear=decode_linear,
+                                           rope_kv_write=rope_kv_write,
+                                           decode_linear=decode_linear, pdl=pdl,
                                            progress=progress)
             del model
     tables = [render(backend.name, captures, replays, floors, args.iters, batches=batches,
@@ -477,6 +521,8 @@ def main(argv: list[str]) -> int:
         tables.append("CUDA kernels per decode replay at batch 1 (torch.profiler; greedy graphs: the "
                       "ranking runs after the replay): " + ", ".join(
                           f"{n} {k:g} ({k / layers[n]:.1f} per layer)" for n, k in kernels.items()))
+    if heading:
+        tables.insert(0, f"### {heading}")
     table = "\n\n".join(tables)
     missed = misses(captures, replays) + step_misses(steps)
     print(table)
@@ -484,6 +530,8 @@ def main(argv: list[str]) -> int:
     print(kernel_line)
     print("targets: " + (f"missed: {'; '.join(missed)}" if missed else "met"))
     if args.output and not args.no_write:
-        append_section(args.output, "harness bench capture", table, threads=timed_threads)
+        append_section(args.output, "harness bench capture" + (f" ({heading})" if heading else ""),
+                       table, threads=timed_threads)
         print(f"appended to {args.output}")
-    return 1 if args.check and missed else 0
+    return missed
+

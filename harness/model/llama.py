@@ -12,8 +12,9 @@ gate/up each one GEMM over weights concatenated at load, RMSNorm one `rms_norm`,
 table gathered once per forward and applied in place, each residual add folded into the GEMM before
 it, and what each token attends to (`ContextPlan`) computed once per forward for every layer. With
 `metadata.decode_linear == "fused"` a decode-sized batch runs each layer's linear layers as three
-decode GEMV ops carrying the norm, residual add and SiLU-and-multiply next to them, and the final
-norm + lm_head as a fourth (harness/ops/decode_linear.py). These
+decode GEMV ops carrying the norm, residual add and SiLU-and-multiply next to them
+(harness/ops/decode_linear.py); the final norm + lm_head stay on the torch ops (cuBLAS is faster
+at the vocabulary's width). These
 round differently from transformers at a few points (one rounding where it rounds twice); the model
 suites hold them to BF16 tolerance. The returned
 logits are the lm_head output in the model dtype, cast to fp32 ([num_seqs, vocab], float32).
@@ -115,7 +116,8 @@ class Attention(nn.Module):
         tokens = qkv.shape[0]
         if metadata.rope_kv_write == "fused":
             q, k, v = self.split_heads(qkv)
-            rope_kv_write(q, k, v, cos, sin, kv_layer, metadata.slot_mapping[: metadata.num_tokens])
+            rope_kv_write(q, k, v, cos, sin, kv_layer, metadata.slot_mapping[: metadata.num_tokens],
+                          metadata.pdl)
             k = v = None  # in the cache now
         else:
             q, k, v = self.split_heads(self.rotate_(qkv, cos, sin))
@@ -152,37 +154,40 @@ class DecoderLayer(nn.Module):
         self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.mlp = MLP(config)
 
-    def qkv_heads(self, x: torch.Tensor, fused: bool = False) -> torch.Tensor:
+    def qkv_heads(self, x: torch.Tensor, fused: bool = False, pdl: bool = False) -> torch.Tensor:
         """The attention's q, k and v projection of the layer input `x` (normalised first), not
         rotated, in `Attention.heads()` layout. `fused`: one `harness::norm_gemv`, the norm
-        inside it (decode-sized batches; decode_linear_choice.py)."""
+        inside it (decode-sized batches; decode_linear_choice.py), its kernel launched with PDL
+        where `pdl` says so (pdl_choice.py)."""
         attn, norm = self.self_attn, self.input_layernorm
         if fused:
-            projection = norm_gemv(x, norm.weight, norm.eps, attn.qkv_proj.weight, attn.qkv_proj.bias)
+            projection = norm_gemv(x, norm.weight, norm.eps, attn.qkv_proj.weight, attn.qkv_proj.bias,
+                                   pdl)
         else:
             projection = attn.qkv_proj(norm(x))
         return attn.heads(projection)
 
     def after_attention(self, x: torch.Tensor, attended: torch.Tensor, *,
-                        in_place: bool = True, fused: bool = False) -> torch.Tensor:
+                        in_place: bool = True, fused: bool = False,
+                        pdl: bool = False) -> torch.Tensor:
         """The layer's output from its input `x` and its attention output: both residual adds
         ride on the GEMM before them (o_proj, down_proj). `fused`: three decode GEMV ops, o_proj +
         residual, norm + gate_up + SiLU-and-multiply, down_proj + residual (each a new tensor, so
-        `in_place` does not apply)."""
+        `in_place` does not apply; `pdl` launches their kernels with PDL)."""
         if fused:
             o_proj, mlp, norm = self.self_attn.o_proj, self.mlp, self.post_attention_layernorm
-            x = gemv_residual(attended, o_proj.weight, o_proj.bias, x)
+            x = gemv_residual(attended, o_proj.weight, o_proj.bias, x, pdl)
             act = norm_gemv_silu_mul(x, norm.weight, norm.eps, mlp.gate_up_proj.weight,
-                                     mlp.gate_up_proj.bias)
-            return gemv_residual(act, mlp.down_proj.weight, mlp.down_proj.bias, x)
+                                     mlp.gate_up_proj.bias, pdl)
+            return gemv_residual(act, mlp.down_proj.weight, mlp.down_proj.bias, x, pdl)
         x = add_linear_(x, attended, self.self_attn.o_proj, in_place=in_place)
         return add_linear_(x, self.mlp.activation(self.post_attention_layernorm(x)), self.mlp.down_proj)
 
     def forward(self, x, cos, sin, kv_layer, metadata, workspace, plan=None):
         fused = uses_decode_linear(metadata.decode_linear, x.shape[0])
-        attended = self.self_attn.attend(self.qkv_heads(x, fused), cos, sin, kv_layer, metadata,
-                                         workspace, plan)
-        return self.after_attention(x, attended, fused=fused)
+        attended = self.self_attn.attend(self.qkv_heads(x, fused, metadata.pdl), cos, sin, kv_layer,
+                                         metadata, workspace, plan)
+        return self.after_attention(x, attended, fused=fused, pdl=metadata.pdl)
 
 
 class ReferenceLlama(nn.Module):
@@ -278,10 +283,11 @@ class ReferenceLlama(nn.Module):
         for i, layer in enumerate(self.layers):
             x = layer(x, cos, sin, kv_cache.layer(i), metadata, self.workspace, plan)
         last = x.index_select(0, metadata.logits_indices[:num_seqs])
-        return self.logits(last, fused=uses_decode_linear(metadata.decode_linear, num_tokens))
+        return self.logits(last)
 
-    def logits(self, last: torch.Tensor, *, fused: bool = False) -> torch.Tensor:
-        """lm_head(norm(last)) as float32, [rows, vocab]; `fused`: one `harness::norm_gemv`."""
-        if fused:
-            return norm_gemv(last, self.norm.weight, self.norm.eps, self.lm_head.weight).float()
+    def logits(self, last: torch.Tensor) -> torch.Tensor:
+        """lm_head(norm(last)) as float32, [rows, vocab], in the torch ops whatever the decode-linear
+        mode: at the lm_head's shape (vocab x hidden, 128256 x 2048 for the 1B) cuBLAS's GEMV is
+        faster than the Triton `norm_gemv` (135 against 152 us on the H200), and the per-layer
+        shapes are where the fused ops win."""
         return self.lm_head(self.norm(last)).float()

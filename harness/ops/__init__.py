@@ -32,9 +32,11 @@ chooses; `choose_decode_kernel(None, device)` is the engine's default). Metadata
 Triton kernel on CUDA, the torch ops elsewhere) and call the attention op with k = v = None (the
 cache already written); rope_kv_choice.py chooses. Metadata built with `decode_linear="fused"`
 tells the model to run a decode-sized batch's linear layers as `torch.ops.harness.norm_gemv`
-(norm + qkv_proj, final norm + lm_head), `gemv_residual` (o_proj, down_proj + the residual) and
+(norm + qkv_proj), `gemv_residual` (o_proj, down_proj + the residual) and
 `norm_gemv_silu_mul` (norm + gate_up_proj + SiLU-and-multiply): Triton GEMV kernels on CUDA, the
-torch ops elsewhere (decode_linear.py; decode_linear_choice.py chooses).
+torch ops elsewhere (decode_linear.py; decode_linear_choice.py chooses). Metadata built with
+`pdl=True` has those ops launch their Triton kernels with Programmatic Dependent Launch
+(pdl_choice.py chooses; the torch implementations ignore it).
 """
 
 from harness.ops.attention import paged_attention, paged_attention_op

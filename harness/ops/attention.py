@@ -209,7 +209,8 @@ def paged_attention(q: torch.Tensor, k: Optional[torch.Tensor], v: Optional[torc
         # Imported here: decode_attention builds on this module's functions.
         from harness.ops.decode_attention import paged_decode_attention_op
 
-        paged_decode_attention_op(q, k, v, kv_layer, *metadata.op_inputs(), scale, out)
+        paged_decode_attention_op(q, k, v, kv_layer, *metadata.op_inputs(), scale, out,
+                                  metadata.pdl)
         return out
     tokens = metadata.num_tokens
     scratch = None

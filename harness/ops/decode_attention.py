@@ -12,6 +12,10 @@ them (`harness::rope_kv_write` wrote it). The implementations:
   torch-ops path of `harness::paged_attention` (`paged_attention_impl`), the kernel's reference.
 - fake: nothing to compute (it returns nothing and mutates what it was given).
 
+`pdl` (last, default False): the Triton launches use Programmatic Dependent Launch
+(`pdl_choice.py`); the torch path ignores it. (With k and v given, the torch cache write before
+the kernel is an ordinary kernel, so the kernel's wait orders it.)
+
 The kernel is right for any batch (each token row attends causally within its own sequence); it is
 only fast where one query token per sequence reads a long context, so `paged_attention()` picks it
 for decode-only batches (`decode_kernel.py` says when).
@@ -30,7 +34,7 @@ def _torch_ops(q: torch.Tensor, k: Optional[torch.Tensor], v: Optional[torch.Ten
                kv_layer: torch.Tensor,
                slot_mapping: torch.Tensor, positions: torch.Tensor, token_to_seq: torch.Tensor,
                seq_lens: torch.Tensor, block_tables: torch.Tensor, scale: float,
-               out: torch.Tensor) -> None:
+               out: torch.Tensor, pdl: bool = False) -> None:
     paged_attention_impl(q, k, v, kv_layer, slot_mapping, positions, token_to_seq, seq_lens,
                          block_tables, scale, out, None)
 
@@ -41,15 +45,16 @@ paged_decode_attention_op = torch.library.custom_op(
 
 @paged_decode_attention_op.register_kernel("cuda")
 def _(q, k, v, kv_layer, slot_mapping, positions, token_to_seq, seq_lens, block_tables, scale,
-      out) -> None:
+      out, pdl=False) -> None:
     from harness.ops.triton_decode import paged_decode_triton
 
     if k is not None and v is not None:
         write_kv(kv_layer, k, v, slot_mapping)
-    paged_decode_triton(q, kv_layer, positions, token_to_seq, seq_lens, block_tables, scale, out)
+    paged_decode_triton(q, kv_layer, positions, token_to_seq, seq_lens, block_tables, scale, out,
+                        pdl=pdl)
 
 
 @paged_decode_attention_op.register_fake
 def _(q, k, v, kv_layer, slot_mapping, positions, token_to_seq, seq_lens, block_tables, scale,
-      out) -> None:
+      out, pdl=False) -> None:
     return None

@@ -2,7 +2,8 @@
 runs a GEMM and the norm, residual or activation kernels around it:
 
 - `harness::norm_gemv(x, norm_weight, eps, weight, bias)`: linear(rms_norm(x)) (qkv_proj after
-  input_layernorm; lm_head after the final norm);
+  input_layernorm; the model keeps the final norm + lm_head on the torch ops, where cuBLAS is
+  faster);
 - `harness::gemv_residual(x, weight, bias, residual)`: residual + linear(x) (o_proj, down_proj:
   the residual add the separate path folds into the GEMM as beta = 1);
 - `harness::norm_gemv_silu_mul(x, norm_weight, eps, weight, bias)`: silu(gate) * up of
@@ -21,6 +22,9 @@ inside). The implementations:
   the model computes without the ops, and the kernels' reference.
 - fake: an empty [M, N] of x's dtype, so dynamo and inductor keep each op as one opaque call.
 
+Each op takes `pdl` last (default False): on CUDA its kernels are launched with Programmatic
+Dependent Launch (`pdl_choice.py`); the torch implementations have no launches and ignore it.
+
 The kernels are right for any M; they are fast for decode-sized M, so the model calls them only
 there (`decode_linear_choice.py` says when).
 """
@@ -38,18 +42,19 @@ def _rms_norm(x: torch.Tensor, norm_weight: torch.Tensor, eps: float) -> torch.T
 
 
 def _norm_gemv_torch(x: torch.Tensor, norm_weight: torch.Tensor, eps: float, weight: torch.Tensor,
-                     bias: Optional[torch.Tensor]) -> torch.Tensor:
+                     bias: Optional[torch.Tensor], pdl: bool = False) -> torch.Tensor:
     return F.linear(_rms_norm(x, norm_weight, eps), weight, bias)
 
 
 def _gemv_residual_torch(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor],
-                         residual: torch.Tensor) -> torch.Tensor:
+                         residual: torch.Tensor, pdl: bool = False) -> torch.Tensor:
     out = torch.addmm(residual, x, weight.t())
     return out if bias is None else out.add_(bias)
 
 
 def _norm_gemv_silu_mul_torch(x: torch.Tensor, norm_weight: torch.Tensor, eps: float,
-                              weight: torch.Tensor, bias: Optional[torch.Tensor]) -> torch.Tensor:
+                              weight: torch.Tensor, bias: Optional[torch.Tensor],
+                              pdl: bool = False) -> torch.Tensor:
     gate, up = F.linear(_rms_norm(x, norm_weight, eps), weight, bias).chunk(2, dim=-1)
     return F.silu(gate) * up
 
@@ -62,38 +67,38 @@ norm_gemv_silu_mul_op = torch.library.custom_op("harness::norm_gemv_silu_mul",
 
 
 @norm_gemv_op.register_kernel("cuda")
-def _(x, norm_weight, eps, weight, bias):
+def _(x, norm_weight, eps, weight, bias, pdl=False):
     from harness.ops.triton_gemv import gemv_triton
 
-    return gemv_triton(x, weight, bias=bias, norm_weight=norm_weight, eps=eps)
+    return gemv_triton(x, weight, bias=bias, norm_weight=norm_weight, eps=eps, pdl=pdl)
 
 
 @gemv_residual_op.register_kernel("cuda")
-def _(x, weight, bias, residual):
+def _(x, weight, bias, residual, pdl=False):
     from harness.ops.triton_gemv import gemv_triton
 
-    return gemv_triton(x, weight, bias=bias, residual=residual)
+    return gemv_triton(x, weight, bias=bias, residual=residual, pdl=pdl)
 
 
 @norm_gemv_silu_mul_op.register_kernel("cuda")
-def _(x, norm_weight, eps, weight, bias):
+def _(x, norm_weight, eps, weight, bias, pdl=False):
     from harness.ops.triton_gemv import gemv_triton
 
-    return gemv_triton(x, weight, bias=bias, norm_weight=norm_weight, eps=eps, gated=True)
+    return gemv_triton(x, weight, bias=bias, norm_weight=norm_weight, eps=eps, gated=True, pdl=pdl)
 
 
 @norm_gemv_op.register_fake
-def _(x, norm_weight, eps, weight, bias):
+def _(x, norm_weight, eps, weight, bias, pdl=False):
     return x.new_empty((x.shape[0], weight.shape[0]))
 
 
 @gemv_residual_op.register_fake
-def _(x, weight, bias, residual):
+def _(x, weight, bias, residual, pdl=False):
     return residual.new_empty((x.shape[0], weight.shape[0]))
 
 
 @norm_gemv_silu_mul_op.register_fake
-def _(x, norm_weight, eps, weight, bias):
+def _(x, norm_weight, eps, weight, bias, pdl=False):
     return x.new_empty((x.shape[0], weight.shape[0] // 2))
 
 
@@ -118,25 +123,25 @@ def _check_norm(op: str, x: torch.Tensor, norm_weight: torch.Tensor) -> None:
 
 
 def norm_gemv(x: torch.Tensor, norm_weight: torch.Tensor, eps: float, weight: torch.Tensor,
-              bias: torch.Tensor | None = None) -> torch.Tensor:
+              bias: torch.Tensor | None = None, pdl: bool = False) -> torch.Tensor:
     """Checked call of `harness::norm_gemv`: linear(rms_norm(x) * norm_weight), [M, N]."""
     _check("norm_gemv", x, weight, bias, weight.shape[0])
     _check_norm("norm_gemv", x, norm_weight)
-    return norm_gemv_op(x, norm_weight, eps, weight, bias)
+    return norm_gemv_op(x, norm_weight, eps, weight, bias, pdl)
 
 
 def gemv_residual(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
-                  residual: torch.Tensor) -> torch.Tensor:
+                  residual: torch.Tensor, pdl: bool = False) -> torch.Tensor:
     """Checked call of `harness::gemv_residual`: residual + linear(x), a new [M, N] tensor."""
     _check("gemv_residual", x, weight, bias, weight.shape[0])
     if residual.shape != (x.shape[0], weight.shape[0]) or residual.dtype != x.dtype:
         raise ValueError(f"gemv_residual: residual {tuple(residual.shape)} {residual.dtype} must be "
                          f"[{x.shape[0]}, {weight.shape[0]}] {x.dtype}")
-    return gemv_residual_op(x, weight, bias, residual)
+    return gemv_residual_op(x, weight, bias, residual, pdl)
 
 
 def norm_gemv_silu_mul(x: torch.Tensor, norm_weight: torch.Tensor, eps: float, weight: torch.Tensor,
-                       bias: torch.Tensor | None = None) -> torch.Tensor:
+                       bias: torch.Tensor | None = None, pdl: bool = False) -> torch.Tensor:
     """Checked call of `harness::norm_gemv_silu_mul`: silu(gate) * up, [M, N / 2], from the fused
     weight [2I, K] (gate rows first)."""
     if weight.dim() == 2 and weight.shape[0] % 2:
@@ -144,4 +149,4 @@ def norm_gemv_silu_mul(x: torch.Tensor, norm_weight: torch.Tensor, eps: float, w
                          f"of rows (gate rows, then as many up rows)")
     _check("norm_gemv_silu_mul", x, weight, bias, weight.shape[0] // 2)
     _check_norm("norm_gemv_silu_mul", x, norm_weight)
-    return norm_gemv_silu_mul_op(x, norm_weight, eps, weight, bias)
+    return norm_gemv_silu_mul_op(x, norm_weight, eps, weight, bias, pdl)

@@ -89,6 +89,8 @@ class AttentionMetadata:
     `decode_linear` (one of `DECODE_LINEARS`, decode_linear_choice.py) is how the model's linear
     layers run for decode-sized batches: "separate" (the default, torch ops) or "fused" (the decode
     GEMV ops with their norm, residual and SiLU-and-multiply).
+    `pdl` (pdl_choice.py) is whether those ops' Triton kernels are launched with Programmatic
+    Dependent Launch: False (the default) or True; the torch implementations ignore it.
     """
 
     BUFFERS = ("positions", "slot_mapping", "token_to_seq", "block_tables", "logits_indices",
@@ -97,7 +99,7 @@ class AttentionMetadata:
     def __init__(self, max_batch_size: int, max_num_tokens: int, max_blocks_per_seq: int,
                  block_size: int, pad_slot: int, device: torch.device | str = "cpu", *,
                  decode_kernel: str = "torch", rope_kv_write: str = "separate",
-                 decode_linear: str = "separate") -> None:
+                 decode_linear: str = "separate", pdl: bool = False) -> None:
         require_positive(max_batch_size=max_batch_size, max_num_tokens=max_num_tokens,
                          max_blocks_per_seq=max_blocks_per_seq, block_size=block_size)
         if decode_kernel not in DECODE_KERNELS:
@@ -112,6 +114,9 @@ class AttentionMetadata:
             raise ValueError(f"decode_linear must be one of {list(DECODE_LINEARS)}, got "
                              f"{decode_linear!r}")
         self.decode_linear = decode_linear
+        if not isinstance(pdl, bool):
+            raise ValueError(f"pdl must be True or False, got {pdl!r}")
+        self.pdl = pdl
         if pad_slot < 0 or pad_slot % block_size:
             raise ValueError(f"pad_slot {pad_slot} must be the first slot of a block of {block_size}")
         self.max_batch_size = max_batch_size

@@ -27,7 +27,8 @@ from harness.ops.rotary import apply_rotary_, rotated
 
 
 def _torch_ops(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cos: torch.Tensor,
-               sin: torch.Tensor, kv_layer: torch.Tensor, slot_mapping: torch.Tensor) -> None:
+               sin: torch.Tensor, kv_layer: torch.Tensor, slot_mapping: torch.Tensor,
+               pdl: bool = False) -> None:
     apply_rotary_(q, cos, sin)
     write_kv(kv_layer, rotated(k, cos, sin), v, slot_mapping)
 
@@ -37,14 +38,14 @@ rope_kv_write_op = torch.library.custom_op(
 
 
 @rope_kv_write_op.register_kernel("cuda")
-def _(q, k, v, cos, sin, kv_layer, slot_mapping) -> None:
+def _(q, k, v, cos, sin, kv_layer, slot_mapping, pdl=False) -> None:
     from harness.ops.triton_rope_kv import rope_kv_write_triton
 
-    rope_kv_write_triton(q, k, v, cos, sin, kv_layer, slot_mapping)
+    rope_kv_write_triton(q, k, v, cos, sin, kv_layer, slot_mapping, pdl=pdl)
 
 
 @rope_kv_write_op.register_fake
-def _(q, k, v, cos, sin, kv_layer, slot_mapping) -> None:
+def _(q, k, v, cos, sin, kv_layer, slot_mapping, pdl=False) -> None:
     return None
 
 
@@ -72,8 +73,10 @@ def check_rope_kv_inputs(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cos:
 
 
 def rope_kv_write(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cos: torch.Tensor,
-                  sin: torch.Tensor, kv_layer: torch.Tensor, slot_mapping: torch.Tensor) -> torch.Tensor:
-    """Checked call of `harness::rope_kv_write`; returns q (rotated)."""
+                  sin: torch.Tensor, kv_layer: torch.Tensor, slot_mapping: torch.Tensor,
+                  pdl: bool = False) -> torch.Tensor:
+    """Checked call of `harness::rope_kv_write`; returns q (rotated). `pdl`: its CUDA kernel is
+    launched with Programmatic Dependent Launch (pdl_choice.py; the torch path ignores it)."""
     check_rope_kv_inputs(q, k, v, cos, sin, kv_layer, slot_mapping)
-    rope_kv_write_op(q, k, v, cos, sin, kv_layer, slot_mapping)
+    rope_kv_write_op(q, k, v, cos, sin, kv_layer, slot_mapping, pdl)
     return q

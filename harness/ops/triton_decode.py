@@ -37,6 +37,9 @@ import torch
 import triton
 import triton.language as tl
 
+from harness.ops.pdl_support import pdl_launch_options
+from harness.ops.triton_pdl import pdl_launch_dependents, pdl_wait
+
 # Programs the first launch aims for (about two per SM of an H200); fewer rows * kv heads than
 # this are split along the sequence until they reach it. A constant, not the device's SM count,
 # so the split (and with it the fp32 summation order) is the same on every GPU.
@@ -72,10 +75,15 @@ def _paged_decode_split_kernel(
         stride_bt_seq, stride_bt_blk,
         GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_SIZE: tl.constexpr,
         TILE: tl.constexpr, NUM_SPLITS: tl.constexpr,
-        PADDED_GROUP: tl.constexpr, PADDED_DIM: tl.constexpr):
+        PADDED_GROUP: tl.constexpr, PADDED_DIM: tl.constexpr, USE_PDL: tl.constexpr = False):
     token = tl.program_id(0)
     kv_head = tl.program_id(1)
     split = tl.program_id(2)
+    if USE_PDL:
+        # q, the cache (the rope + KV write just filled it) and the metadata are all earlier
+        # work: nothing to start on before the wait.
+        pdl_wait()
+        pdl_launch_dependents()
     seq, limit = _visible_limit(positions_ptr, token_to_seq_ptr, seq_lens_ptr, token)
     first, last = _split_run(limit, split, TILE, NUM_SPLITS)
 
@@ -141,9 +149,12 @@ def _paged_decode_combine_kernel(
         stride_ot, stride_oh, stride_od,
         GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, TILE: tl.constexpr,
         NUM_SPLITS: tl.constexpr, PADDED_GROUP: tl.constexpr, PADDED_DIM: tl.constexpr,
-        PADDED_SPLITS: tl.constexpr):
+        PADDED_SPLITS: tl.constexpr, USE_PDL: tl.constexpr = False):
     token = tl.program_id(0)
     kv_head = tl.program_id(1)
+    if USE_PDL:
+        pdl_wait()  # the partials are the split kernel's output
+        pdl_launch_dependents()
     _, limit = _visible_limit(positions_ptr, token_to_seq_ptr, seq_lens_ptr, token)
     s = tl.arange(0, PADDED_SPLITS)
     first, last = _split_run(limit, s, TILE, NUM_SPLITS)
@@ -185,12 +196,14 @@ def decode_splits(tokens: int, kv_heads: int, max_context: int,
 def paged_decode_triton(q: torch.Tensor, kv_layer: torch.Tensor, positions: torch.Tensor,
                         token_to_seq: torch.Tensor, seq_lens: torch.Tensor,
                         block_tables: torch.Tensor, scale: float, out: torch.Tensor, *,
-                        num_splits: int | None = None, tile_tokens: int = TILE_TOKENS) -> None:
+                        num_splits: int | None = None, tile_tokens: int = TILE_TOKENS,
+                        pdl: bool = False) -> None:
     """out[t] = attention of q[t] over the cached K/V its sequence shows it: q/out [T, H, D],
     kv_layer [2, blocks, block_size, KVH, D]; positions/token_to_seq [T], seq_lens [seqs],
     block_tables [seqs, max_blocks]. The cache must already hold each token's own K/V.
     num_splits None chooses from the shapes (`decode_splits`); tile_tokens is the context slots
-    one loop iteration reads, a power of two."""
+    one loop iteration reads, a power of two; `pdl`: both launches use Programmatic Dependent
+    Launch (triton_pdl.py)."""
     tokens, heads, head_dim = q.shape
     _, _, block_size, kv_heads, _ = kv_layer.shape
     group = heads // kv_heads
@@ -201,6 +214,7 @@ def paged_decode_triton(q: torch.Tensor, kv_layer: torch.Tensor, positions: torc
                                    tile_tokens)
     if not 1 <= num_splits <= MAX_SPLITS:
         raise ValueError(f"num_splits must be in 1..{MAX_SPLITS}, got {num_splits}")
+    launch = pdl_launch_options(pdl)
     if tokens == 0:
         return
     # Per (row, head, split): max, sum, then head_dim weighted-V values, fp32.
@@ -211,8 +225,8 @@ def paged_decode_triton(q: torch.Tensor, kv_layer: torch.Tensor, positions: torc
     _paged_decode_split_kernel[(tokens, kv_heads, num_splits)](
         q, kv_layer, out, partials, positions, token_to_seq, seq_lens, block_tables, scale, heads,
         *q.stride(), *kv_layer.stride(), *out.stride(), *block_tables.stride(),
-        BLOCK_SIZE=block_size, **shapes)
+        BLOCK_SIZE=block_size, **shapes, **launch)
     if num_splits > 1:
         _paged_decode_combine_kernel[(tokens, kv_heads)](
             out, partials, positions, token_to_seq, seq_lens, heads, *out.stride(),
-            PADDED_SPLITS=_padded(num_splits), **shapes)
+            PADDED_SPLITS=_padded(num_splits), **shapes, **launch)

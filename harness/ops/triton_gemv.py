@@ -27,6 +27,8 @@ import triton
 import triton.language as tl
 
 from harness.ops.gemv_configs import GemvConfig, block_m, choose_gemv_config, sm_count
+from harness.ops.pdl_support import pdl_launch_options
+from harness.ops.triton_pdl import pdl_launch_dependents, pdl_wait
 
 
 @triton.jit
@@ -58,13 +60,38 @@ def _finish(acc, acc_up, m, m_ok, n, n_ok, up_offset, bias_ptr, res_ptr, out_ptr
 
 
 @triton.jit
+def _tile(acc, acc_up, wide, wide_up, w, w_up, x_rows, m_ok, kk, k_ok, norm_ptr, rstd, stride_xk,
+          dtype, HAS_NORM: tl.constexpr, GATED: tl.constexpr, BLOCK_M: tl.constexpr,
+          BLOCK_K: tl.constexpr):
+    """One K tile's products of x (normalised first with HAS_NORM) with the weight tiles w (and
+    w_up, the up rows, with GATED), added to the accumulators."""
+    xv = tl.load(x_rows + kk[None, :] * stride_xk, mask=m_ok[:, None] & k_ok[None, :], other=0.0)
+    if HAS_NORM:
+        scale = tl.load(norm_ptr + kk, mask=k_ok, other=0.0).to(tl.float32)
+        normed = (xv.to(tl.float32) * rstd[:, None]).to(dtype).to(tl.float32)
+        xv = (normed * scale[None, :]).to(dtype)
+    xf = xv.to(tl.float32)
+    if BLOCK_M == 1:
+        x_row = tl.reshape(xf, [BLOCK_K])[None, :]
+        wide += w * x_row
+        if GATED:
+            wide_up += w_up * x_row
+    else:
+        acc += tl.sum(xf[:, None, :] * w[None, :, :], axis=2)
+        if GATED:
+            acc_up += tl.sum(xf[:, None, :] * w_up[None, :, :], axis=2)
+    return acc, acc_up, wide, wide_up
+
+
+@triton.jit
 def _gemv_kernel(
         x_ptr, w_ptr, bias_ptr, res_ptr, norm_ptr, out_ptr, part_ptr,
         M, N, K, k_per_split, up_offset, eps,
         stride_xm, stride_xk, stride_wn, stride_wk, stride_rm, stride_rn, stride_om, stride_on,
         HAS_NORM: tl.constexpr, HAS_BIAS: tl.constexpr, HAS_RESIDUAL: tl.constexpr,
         GATED: tl.constexpr, SPLIT: tl.constexpr,
-        BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+        BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+        USE_PDL: tl.constexpr = False):
     pid_n = tl.program_id(0)
     pid_k = tl.program_id(1)
     dtype = x_ptr.dtype.element_ty
@@ -73,6 +100,21 @@ def _gemv_kernel(
     n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     n_ok = n < N
     x_rows = x_ptr + m[:, None] * stride_xm
+    k_lo = pid_k * k_per_split
+    if USE_PDL:
+        # The weights are no earlier kernel's output: the first K tile's loads go out while the
+        # kernel before this one drains, and the loop below starts one tile later. x, the norm
+        # weight's partner statistics, the residual and every output wait for it.
+        first_kk = k_lo + tl.arange(0, BLOCK_K)
+        first_ok = first_kk < K
+        first_w = _weights(w_ptr, n, n_ok, first_kk, first_ok, stride_wn, stride_wk)
+        if GATED:
+            first_w_up = _weights(w_ptr, n + up_offset, n_ok, first_kk, first_ok, stride_wn,
+                                  stride_wk)
+        else:
+            first_w_up = first_w
+        pdl_wait()
+        pdl_launch_dependents()
 
     if HAS_NORM:
         # Every program needs its rows' full statistics, whatever slice of K it multiplies: x is
@@ -84,6 +126,8 @@ def _gemv_kernel(
                          other=0.0).to(tl.float32)
             squares += tl.sum(xv * xv, axis=1)
         rstd = tl.rsqrt(squares / K + eps)
+    else:
+        rstd = tl.zeros([BLOCK_M], dtype=tl.float32)  # unused: the norm is compiled out
 
     acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
     acc_up = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
@@ -91,28 +135,23 @@ def _gemv_kernel(
     # across lanes once, after the loop, instead of once per tile.
     wide = tl.zeros([BLOCK_N, BLOCK_K], dtype=tl.float32)
     wide_up = tl.zeros([BLOCK_N, BLOCK_K], dtype=tl.float32)
-    k_lo = pid_k * k_per_split
-    for k0 in range(k_lo, k_lo + k_per_split, BLOCK_K):
+    loop_lo = k_lo
+    if USE_PDL:
+        acc, acc_up, wide, wide_up = _tile(
+            acc, acc_up, wide, wide_up, first_w, first_w_up, x_rows, m_ok, first_kk, first_ok,
+            norm_ptr, rstd, stride_xk, dtype, HAS_NORM, GATED, BLOCK_M, BLOCK_K)
+        loop_lo = k_lo + BLOCK_K
+    for k0 in range(loop_lo, k_lo + k_per_split, BLOCK_K):
         kk = k0 + tl.arange(0, BLOCK_K)
         k_ok = kk < K
-        xv = tl.load(x_rows + kk[None, :] * stride_xk, mask=m_ok[:, None] & k_ok[None, :], other=0.0)
-        if HAS_NORM:
-            scale = tl.load(norm_ptr + kk, mask=k_ok, other=0.0).to(tl.float32)
-            normed = (xv.to(tl.float32) * rstd[:, None]).to(dtype).to(tl.float32)
-            xv = (normed * scale[None, :]).to(dtype)
-        xf = xv.to(tl.float32)
-        if BLOCK_M == 1:
-            x_row = tl.reshape(xf, [BLOCK_K])[None, :]
-            wide += _weights(w_ptr, n, n_ok, kk, k_ok, stride_wn, stride_wk) * x_row
-            if GATED:
-                wide_up += _weights(w_ptr, n + up_offset, n_ok, kk, k_ok, stride_wn,
-                                    stride_wk) * x_row
+        w = _weights(w_ptr, n, n_ok, kk, k_ok, stride_wn, stride_wk)
+        if GATED:
+            w_up = _weights(w_ptr, n + up_offset, n_ok, kk, k_ok, stride_wn, stride_wk)
         else:
-            w = _weights(w_ptr, n, n_ok, kk, k_ok, stride_wn, stride_wk)
-            acc += tl.sum(xf[:, None, :] * w[None, :, :], axis=2)
-            if GATED:
-                w_up = _weights(w_ptr, n + up_offset, n_ok, kk, k_ok, stride_wn, stride_wk)
-                acc_up += tl.sum(xf[:, None, :] * w_up[None, :, :], axis=2)
+            w_up = w
+        acc, acc_up, wide, wide_up = _tile(
+            acc, acc_up, wide, wide_up, w, w_up, x_rows, m_ok, kk, k_ok, norm_ptr, rstd,
+            stride_xk, dtype, HAS_NORM, GATED, BLOCK_M, BLOCK_K)
     if BLOCK_M == 1:
         acc = tl.sum(wide, axis=1)[None, :]
         acc_up = tl.sum(wide_up, axis=1)[None, :]
@@ -129,11 +168,15 @@ def _gemv_kernel(
 def _split_sum_kernel(part_ptr, bias_ptr, res_ptr, out_ptr, M, N,
                       stride_rm, stride_rn, stride_om, stride_on,
                       SPLIT_K: tl.constexpr, HAS_BIAS: tl.constexpr, HAS_RESIDUAL: tl.constexpr,
-                      BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+                      BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, USE_PDL: tl.constexpr = False):
     m = tl.arange(0, BLOCK_M)
     m_ok = m < M
     n = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
     n_ok = n < N
+    if USE_PDL:
+        # Everything this kernel reads but the bias is the GEMV kernel's output or earlier.
+        pdl_wait()
+        pdl_launch_dependents()
     acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
     for s in tl.static_range(SPLIT_K):  # a fixed order: the same sum at every launch
         acc += tl.load(part_ptr + (s * M + m[:, None]) * N + n[None, :],
@@ -148,10 +191,13 @@ SPLIT_SUM_BLOCK = 256
 def gemv_triton(x: torch.Tensor, weight: torch.Tensor, *, bias: torch.Tensor | None = None,
                 residual: torch.Tensor | None = None, norm_weight: torch.Tensor | None = None,
                 eps: float = 0.0, gated: bool = False,
-                config: GemvConfig | None = None) -> torch.Tensor:
+                config: GemvConfig | None = None, pdl: bool = False) -> torch.Tensor:
     """y [M, N] = (rms_norm(x) if norm_weight is given, else x) [M, K] @ weight[N, K]^T (+ bias)
     (+ residual [M, N]); `gated`: weight is [2N, K], gate rows then up rows, and
-    y = silu(gate) * up. `config` None: `choose_gemv_config` for the shapes and device."""
+    y = silu(gate) * up. `config` None: `choose_gemv_config` for the shapes and device. `pdl`:
+    both kernels are launched with Programmatic Dependent Launch (triton_pdl.py), the GEMV
+    loading its first weight tile before it waits for the kernel before it."""
+    launch = pdl_launch_options(pdl)
     rows_m, k = x.shape
     n = weight.shape[0] // 2 if gated else weight.shape[0]
     out = torch.empty((rows_m, n), dtype=x.dtype, device=x.device)
@@ -178,11 +224,12 @@ def gemv_triton(x: torch.Tensor, weight: torch.Tensor, *, bias: torch.Tensor | N
         *x.stride(), *weight.stride(), *res.stride(), *out.stride(),
         HAS_NORM=norm_weight is not None, HAS_BIAS=bias is not None,
         HAS_RESIDUAL=residual is not None, GATED=gated, SPLIT=split > 1,
-        BLOCK_M=bm, BLOCK_N=config.block_n, BLOCK_K=config.block_k, num_warps=config.num_warps)
+        BLOCK_M=bm, BLOCK_N=config.block_n, BLOCK_K=config.block_k, num_warps=config.num_warps,
+        **launch)
     if split > 1:
         _split_sum_kernel[(triton.cdiv(n, SPLIT_SUM_BLOCK),)](
             partials, bias if bias is not None else x, res, out, rows_m, n,
             *res.stride(), *out.stride(),
             SPLIT_K=split, HAS_BIAS=bias is not None, HAS_RESIDUAL=residual is not None,
-            BLOCK_M=bm, BLOCK_N=SPLIT_SUM_BLOCK, num_warps=4)
+            BLOCK_M=bm, BLOCK_N=SPLIT_SUM_BLOCK, num_warps=4, **launch)
     return out

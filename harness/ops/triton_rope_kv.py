@@ -20,6 +20,9 @@ import torch
 import triton
 import triton.language as tl
 
+from harness.ops.pdl_support import pdl_launch_options
+from harness.ops.triton_pdl import pdl_launch_dependents, pdl_wait
+
 
 @triton.jit
 def _rotate(ptr, rows, d, mask, cos, sin, stride_row, stride_d, HALF: tl.constexpr,
@@ -43,10 +46,14 @@ def _rope_kv_write_kernel(
         stride_kv, stride_kvb, stride_kvs, stride_kvh, stride_kvd,
         HEADS: tl.constexpr, KV_HEADS: tl.constexpr, HEAD_DIM: tl.constexpr,
         BLOCK_SIZE: tl.constexpr, PADDED_HEADS: tl.constexpr, PADDED_KV_HEADS: tl.constexpr,
-        PADDED_DIM: tl.constexpr):
+        PADDED_DIM: tl.constexpr, USE_PDL: tl.constexpr = False):
     token = tl.program_id(0)
     d = tl.arange(0, PADDED_DIM)
     d_ok = d < HEAD_DIM
+    if USE_PDL:
+        # cos/sin, q, k, v and the slot mapping are all earlier work.
+        pdl_wait()
+        pdl_launch_dependents()
     cos = tl.load(cos_ptr + token * stride_ct + d * stride_cd, mask=d_ok, other=0.0).to(tl.float32)
     sin = tl.load(sin_ptr + token * stride_st + d * stride_sd, mask=d_ok, other=0.0).to(tl.float32)
 
@@ -70,9 +77,12 @@ def _rope_kv_write_kernel(
 
 
 def rope_kv_write_triton(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cos: torch.Tensor,
-                         sin: torch.Tensor, kv_layer: torch.Tensor, slot_mapping: torch.Tensor) -> None:
+                         sin: torch.Tensor, kv_layer: torch.Tensor, slot_mapping: torch.Tensor, *,
+                         pdl: bool = False) -> None:
     """q [T, H, D] rotated in place; k rotated and v as it is written into kv_layer
-    [2, blocks, block_size, KVH, D] at slot_mapping [T]; cos/sin [T, 1, D] (any strides)."""
+    [2, blocks, block_size, KVH, D] at slot_mapping [T]; cos/sin [T, 1, D] (any strides).
+    `pdl`: launched with Programmatic Dependent Launch (triton_pdl.py)."""
+    launch = pdl_launch_options(pdl)
     tokens, heads, head_dim = q.shape
     kv_heads = k.shape[1]
     if tokens == 0:
@@ -85,4 +95,4 @@ def rope_kv_write_triton(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cos:
         *kv_layer.stride(),
         HEADS=heads, KV_HEADS=kv_heads, HEAD_DIM=head_dim, BLOCK_SIZE=block_size,
         PADDED_HEADS=triton.next_power_of_2(heads), PADDED_KV_HEADS=triton.next_power_of_2(kv_heads),
-        PADDED_DIM=triton.next_power_of_2(head_dim))
+        PADDED_DIM=triton.next_power_of_2(head_dim), **launch)

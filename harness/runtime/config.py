@@ -69,13 +69,26 @@ class EngineConfig:
     - `decode_linear`: how the layers' linear layers run for decode-sized batches (at most
       `DECODE_LINEAR_MAX_TOKENS` = 8 token rows; harness/ops/decode_linear_choice.py). "fused":
       three decode GEMV ops per layer carrying the norm, residual add and SiLU-and-multiply next to
-      them, and the final norm + lm_head as one more (`harness::norm_gemv`, `gemv_residual`,
-      `norm_gemv_silu_mul`: Triton kernels on CUDA, the separate path's torch ops elsewhere);
+      them (`harness::norm_gemv`, `gemv_residual`, `norm_gemv_silu_mul`: Triton kernels on CUDA,
+      the separate path's torch ops elsewhere); the final norm + lm_head stay on the torch ops
+      (cuBLAS is faster at the vocabulary's width);
       "separate": the model's torch ops. Larger batches (prefill, the piecewise graphs, big decode
       batches) always take torch's matmul, where a GEMM kernel beats a GEMV. None (the default)
       chooses for the device: "fused" on a real CUDA device where triton imports, else
       "separate"; a CUDA device without triton is counted in `stats.fallbacks`. "fused" on CUDA
       without triton is refused.
+
+    Kernel launches:
+    - `pdl`: whether the Triton kernels of the options above (decode GEMVs, rope + KV write, paged
+      decode attention) are launched with Programmatic Dependent Launch
+      (harness/ops/pdl_choice.py): each may start while the kernel before it drains, loads what no
+      earlier kernel writes (the GEMVs' first weight tile), then waits for it; on the compiled
+      path inductor's own Triton kernels too, where its `triton.enable_pdl` option exists. None
+      (the default) chooses for the device: on where it can run (a real CUDA device of compute
+      capability >= 9.0, a triton with `gdc_wait`, `gdc_launch_dependents` and `launch_pdl`),
+      else off; such a device whose triton lacks them is counted in `stats.fallbacks`. True where
+      it cannot run is refused, naming what is missing; False is off. The torch implementations
+      (CPU, the emulated CUDA device) have no launches to change: numerics are the same.
 
     Step loop:
     - `overlap`: TensorRT-LLM's overlap scheduler (overlap.py). Tokens are sampled on the device and
@@ -103,8 +116,12 @@ class EngineConfig:
     decode_kernel: str | None = None
     rope_kv_write: str | None = None
     decode_linear: str | None = None
+    pdl: bool | None = None
 
     def __post_init__(self) -> None:
+        if self.pdl is not None and not isinstance(self.pdl, bool):
+            raise ValueError(f"EngineConfig.pdl must be True, False or None (choose for the device), "
+                             f"got {self.pdl!r}")
         if self.decode_kernel is not None and self.decode_kernel not in DECODE_KERNELS:
             raise ValueError(f"EngineConfig.decode_kernel must be one of {list(DECODE_KERNELS)} or "
                              f"None (choose for the device), got {self.decode_kernel!r}")

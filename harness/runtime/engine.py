@@ -29,6 +29,7 @@ from harness.ranking import PackedRanking, logits_to_steps
 from harness.ops.decode_kernel import choose_decode_kernel
 from harness.ops.rope_kv_choice import choose_rope_kv_write
 from harness.ops.decode_linear_choice import choose_decode_linear
+from harness.ops.pdl_choice import choose_pdl
 from harness.ops.kv_cache import PagedKVCache
 from harness.ops.metadata import AttentionMetadata
 from harness.ops.sizing import cdiv
@@ -122,6 +123,10 @@ class Engine:
         self.decode_linear = choose_decode_linear(config.decode_linear, self.device)
         if self.decode_linear.fell_back:
             self._stats.fallbacks[f"decode linear separate: {self.decode_linear.reason}"] += 1
+        # Whether those Triton kernels are launched with PDL: the metadata carries it to the ops.
+        self.pdl = choose_pdl(config.pdl, self.device)
+        if self.pdl.fell_back:
+            self._stats.fallbacks[f"PDL off: {self.pdl.reason}"] += 1
         blocks_per_seq = cdiv(self.max_model_len, config.block_size)
         self._allocate_kv_cache(config.num_blocks or config.max_batch_size * blocks_per_seq)
         # Token ids live in one preallocated buffer, like the metadata, so a graph can read them.
@@ -146,7 +151,7 @@ class Engine:
         graphs = self.backend if (config.decode_graph_sizes or config.piecewise_buckets) else None
         if shared is None:
             return (CompiledStep(self.model, graphs, self.decode_kernel.kernel,
-                                 self.rope_kv_write.mode, self.decode_linear.mode)
+                                 self.rope_kv_write.mode, self.decode_linear.mode, self.pdl.enabled)
                     if config.compile == "inductor" else None)
         if config.compile != "inductor":
             raise ValueError(f"a compiled_step was given to an engine of EngineConfig.compile="
@@ -168,6 +173,10 @@ class Engine:
             raise ValueError(f"the compiled_step given runs its linear layers {shared.decode_linear!r}, "
                              f"this engine {self.decode_linear.mode!r} (EngineConfig.decode_linear); "
                              f"share it only between engines of one decode_linear")
+        if shared.pdl != self.pdl.enabled:
+            raise ValueError(f"the compiled_step given launches its kernels with pdl={shared.pdl}, "
+                             f"this engine with pdl={self.pdl.enabled} (EngineConfig.pdl); share it "
+                             f"only between engines of one pdl")
         return shared
 
     def _allocate_kv_cache(self, num_blocks: int) -> None:
@@ -180,7 +189,8 @@ class Engine:
                                           config.block_size, self.kv_cache.pad_slot, device=self.device,
                                           decode_kernel=self.decode_kernel.kernel,
                                           rope_kv_write=self.rope_kv_write.mode,
-                                          decode_linear=self.decode_linear.mode)
+                                          decode_linear=self.decode_linear.mode,
+                                          pdl=self.pdl.enabled)
         self.limits = RequestLimits(vocab_size=model.vocab_size, max_model_len=self.max_model_len,
                                     max_prompt_len=config.max_num_tokens, num_blocks=num_blocks,
                                     block_size=config.block_size,

@@ -52,13 +52,13 @@ def engine_forward(model, mode: str, tokens: int) -> tuple[torch.Tensor, list[st
 
 def test_the_fused_model_is_the_separate_model_bit_for_bit_off_cuda(reference_llama) -> None:
     """Off CUDA the ops run the separate path's torch ops: the same logits, to the bit, from
-    three ops per layer and one for lm_head."""
+    three ops per layer; the final norm + lm_head stay on the torch ops (cuBLAS wins there)."""
     expected, separate_ops = engine_forward(reference_llama, "separate", 4)
     got, fused_ops = engine_forward(reference_llama, "fused", 4)
     assert torch.equal(got, expected)
     layers = reference_llama.num_layers
     assert not GEMV_OPS & set(separate_ops)
-    assert fused_ops.count("harness.norm_gemv.default") == layers + 1  # qkv per layer, lm_head
+    assert fused_ops.count("harness.norm_gemv.default") == layers  # qkv per layer, not lm_head
     assert fused_ops.count("harness.gemv_residual.default") == 2 * layers  # o_proj, down_proj
     assert fused_ops.count("harness.norm_gemv_silu_mul.default") == layers
 

@@ -156,3 +156,51 @@ def test_cuda_engine_generations_with_the_kernels_match_the_separate_path(compil
     assert engine.decode_linear.mode == "fused" and not linear_fallbacks, engine.stats.fallbacks
     comparison = compare_generations(baseline, candidate)
     assert comparison.ok, str(comparison)
+
+
+def pdl_kernel(case: GemvCase, config: GemvConfig | None, pdl: bool) -> torch.Tensor:
+    from harness.ops.triton_gemv import gemv_triton
+
+    options = dict(bias=case.bias, config=config, pdl=pdl)
+    if case.op == "gemv_residual":
+        return gemv_triton(case.x, case.weight, residual=case.residual, **options)
+    return gemv_triton(case.x, case.weight, norm_weight=case.norm_weight, eps=1e-5,
+                       gated=case.op == "norm_gemv_silu_mul", **options)
+
+
+@needs_triton
+@needs_interpreter
+@pytest.mark.parametrize("config", list(CONFIGS))
+@pytest.mark.parametrize("shape", ["m1", "m3-bias"])
+@pytest.mark.parametrize("op", OPS)
+def test_interpreted_pdl_variant_is_the_default_bit_for_bit(monkeypatch, op, shape, config) -> None:
+    """USE_PDL peels the first K tile (its weights loaded before the wait): the same sums in the
+    same order. The interpreter runs no inline PTX, so the two grid-dependency instructions
+    become no-ops here; what is checked is the peeled loop."""
+    if op == "norm_gemv_silu_mul" and config == "split3":
+        pytest.skip("the gated kernel does not split K")
+    from harness.ops import triton_gemv, triton_pdl
+
+    monkeypatch.setattr(triton_pdl, "_gdc_wait", lambda *args, **kwargs: None)
+    monkeypatch.setattr(triton_pdl, "_gdc_launch_dependents", lambda *args, **kwargs: None)
+    monkeypatch.setattr(triton_gemv, "pdl_launch_options",
+                        lambda pdl: {"USE_PDL": True} if pdl else {})
+    case = gemv_case(op, **INTERPRETED_CASES[shape])
+    assert torch.equal(pdl_kernel(case, CONFIGS[config], True),
+                       pdl_kernel(case, CONFIGS[config], False))
+
+
+@needs_triton
+@needs_compiled_triton
+@pytest.mark.gpu
+@pytest.mark.parametrize("op", OPS)
+def test_cuda_pdl_variant_is_the_default_bit_for_bit(op) -> None:
+    from harness.ops.pdl_choice import pdl_blocker
+
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA device")
+    blocker, _ = pdl_blocker(torch.device("cuda"))
+    if blocker is not None:
+        pytest.skip(blocker)
+    case = gemv_case(op, m=1, n=3072, k=2048, device="cuda")
+    assert torch.equal(pdl_kernel(case, None, True), pdl_kernel(case, None, False))

@@ -21,12 +21,15 @@ from harness.runtime.piecewise.split import mutated_inputs, split_graph_at_dynam
 
 class InductorPiecesBackend:
     """`torch.compile(fn, backend=InductorPiecesBackend(graph_backend))`; `graph_backend` is the
-    one that captures the compiled function (None: no graphs). `counts` counts dynamo graphs and
-    inductor compiles; `pieces` lists every piece made."""
+    one that captures the compiled function (None: no graphs); `pdl`: the pieces are compiled
+    with `inductor_options(pdl=True)`. `counts` counts dynamo graphs and inductor compiles;
+    `pieces` lists every piece made."""
 
     def __init__(self, graph_backend: GraphBackend | None, *,
-                 split_at: Callable[[fx.Node], bool] = SplitPredicate(), name: str = "compiled step") -> None:
+                 split_at: Callable[[fx.Node], bool] = SplitPredicate(), name: str = "compiled step",
+                 pdl: bool = False) -> None:
         self.graph_backend = graph_backend
+        self.pdl = pdl
         self.split_at = split_at
         self.name = name
         self.counts = CompileCounts()
@@ -49,7 +52,8 @@ class InductorPiecesBackend:
                                  f"place; compiled pieces may not. Move the write into a dynamic op")
         for index in split.static:
             piece = CompiledPiece(split.submodule(index), name=f"{submodule_name(index)} of graph "
-                                  f"{self.counts.graphs}", backend=self.graph_backend, counts=self.counts)
+                                  f"{self.counts.graphs}", backend=self.graph_backend, counts=self.counts,
+                                  pdl=self.pdl)
             split.split_module.__dict__[submodule_name(index)] = piece
             self.pieces.append(piece)
         return split.split_module

@@ -48,10 +48,22 @@ class CompileCounts:
     pieces: int = 0  # inductor compiles, one per piece and input shape
 
 
-def inductor_options() -> dict[str, Any]:
-    """The inductor config patches every piece is compiled with. The reference asks for none; a
-    runtime that asks for cudagraph trees here (`mode="reduce-overhead"`) is refused."""
-    return {}
+PDL_OPTION = "triton.enable_pdl"
+
+
+def inductor_has_pdl() -> bool:
+    """Whether this torch's inductor can launch its own Triton kernels with PDL
+    (`torch._inductor.config.triton.enable_pdl`; torch 2.13 and 2.14 have it)."""
+    return hasattr(torch_internals.lazy_module("inductor_config").triton, "enable_pdl")
+
+
+def inductor_options(*, pdl: bool = False) -> dict[str, Any]:
+    """The inductor config patches every piece is compiled with, applied per compile
+    (`config_patches`), never to the global config. The reference asks for none but PDL: with
+    `pdl`, inductor's Triton kernels are launched with it too where this inductor has the option
+    (each waits on the kernel before it, as the project's do). A runtime that asks for cudagraph
+    trees here (`mode="reduce-overhead"`) is refused."""
+    return {PDL_OPTION: True} if pdl and inductor_has_pdl() else {}
 
 
 def place_outputs(outputs: list[Any]) -> list[Any]:
@@ -92,11 +104,13 @@ def unaliased(outputs: list[Any], inputs: list[Any]) -> list[Any]:
 
 class CompiledPiece:
     """`piece(*args)`: the static FX submodule `module`, compiled by inductor for the shapes of
-    `args` on first use. `backend` is the graph backend that may capture it (None: no graphs)."""
+    `args` on first use. `backend` is the graph backend that may capture it (None: no graphs);
+    `pdl`: compiled with `inductor_options(pdl=True)`."""
 
     def __init__(self, module: fx.GraphModule, *, name: str, backend: GraphBackend | None,
-                 counts: CompileCounts) -> None:
+                 counts: CompileCounts, pdl: bool = False) -> None:
         self.module = module
+        self.pdl = pdl
         self.name = name
         self.backend = backend
         self.counts = counts
@@ -163,7 +177,7 @@ class CompiledPiece:
                 f"{_describe(key)} inside a graph capture (already compiled for "
                 f"{len(self._compiled)} other shapes); a capture may only record work. Run every "
                 f"captured shape once before capturing it", op=self.name)
-        options = inductor_options()
+        options = inductor_options(pdl=self.pdl)
         if self.backend is not None and (options.get(CUDAGRAPHS_OPTION)
                                          or torch_internals.lazy_module("inductor_config").triton.cudagraphs):
             raise NestedCudagraphsError(

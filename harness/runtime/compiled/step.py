@@ -31,7 +31,6 @@ import torch
 
 from harness import torch_internals
 from harness.graphs.base import GraphBackend
-from harness.ops.decode_linear_choice import uses_decode_linear
 from harness.ops.kv_cache import PagedKVCache
 from harness.ops.metadata import AttentionMetadata
 from harness.runtime.compiled.backend import InductorPiecesBackend
@@ -40,19 +39,19 @@ from harness.runtime.piecewise.model import make_token_body, own_code, token_inp
 
 
 def make_step_body(model, decode_kernel: str = "torch", rope_kv_write: str = "separate",
-                   decode_linear: str = "separate") -> Callable[..., torch.Tensor]:
+                   decode_linear: str = "separate", pdl: bool = False) -> Callable[..., torch.Tensor]:
     """The step as a function of `step_arguments`: the token body (attending decode batches
     through `decode_kernel`, rotating and writing K/V as `rope_kv_write` says, its linear layers
-    as `decode_linear` says), then the final norm and lm_head on the rows of `logits_indices`;
+    as `decode_linear` says, the Triton kernels launched with PDL where `pdl` says so), then the
+    final norm and lm_head (torch ops, `ReferenceLlama.logits`) on the rows of `logits_indices`;
     logits [rows, vocab] in float32."""
-    token_body = make_token_body(model, decode_kernel, rope_kv_write, decode_linear)
+    token_body = make_token_body(model, decode_kernel, rope_kv_write, decode_linear, pdl)
 
     def step_body(input_ids, positions, slot_mapping, token_to_seq, seq_lens, block_tables,
                   logits_indices, kv_layers, scratch):
         hidden = token_body(input_ids, positions, slot_mapping, token_to_seq, seq_lens, block_tables,
                             kv_layers, scratch)
-        last = hidden.index_select(0, logits_indices)
-        return model.logits(last, fused=uses_decode_linear(decode_linear, input_ids.shape[0]))
+        return model.logits(hidden.index_select(0, logits_indices))
 
     return own_code(step_body)
 
@@ -75,17 +74,21 @@ class CompiledStep:
     compiled step. `graph_backend` is the backend that captures it (None: no graphs); the step
     serves decode batches only, so `decode_kernel` (the engine's, as its metadata carries it)
     says how it attends; `rope_kv_write` (the same) how it rotates and stores K/V; `decode_linear`
-    (the same) how its linear layers run."""
+    (the same) how its linear layers run; `pdl` (the same) whether the Triton kernels are
+    launched with Programmatic Dependent Launch, and inductor's own kernels too where this
+    torch's inductor has the option (`piece.inductor_options`)."""
 
     def __init__(self, model, graph_backend: GraphBackend | None, decode_kernel: str = "torch",
-                 rope_kv_write: str = "separate", decode_linear: str = "separate") -> None:
+                 rope_kv_write: str = "separate", decode_linear: str = "separate",
+                 pdl: bool = False) -> None:
         self.model = model
-        self.backend = InductorPiecesBackend(graph_backend)
+        self.backend = InductorPiecesBackend(graph_backend, pdl=pdl)
         self.graph_backend = graph_backend
         self.decode_kernel = decode_kernel
         self.rope_kv_write = rope_kv_write
         self.decode_linear = decode_linear
-        self._body = make_step_body(model, decode_kernel, rope_kv_write, decode_linear)
+        self.pdl = pdl
+        self._body = make_step_body(model, decode_kernel, rope_kv_write, decode_linear, pdl)
         self._compiled = torch.compile(self._body, backend=self.backend, dynamic=False, fullgraph=True)
         # (num_tokens, num_seqs, KV layer shape) -> the function running dynamo's bytecode for it.
         self._dispatch: dict[tuple[Any, ...], Callable[..., torch.Tensor]] = {}
@@ -119,6 +122,9 @@ class CompiledStep:
             raise ValueError(f"compiled step: built for decode_linear {self.decode_linear!r}, the "
                              f"metadata asks for {metadata.decode_linear!r}; build both from one "
                              f"EngineConfig")
+        if metadata.pdl != self.pdl:
+            raise ValueError(f"compiled step: built for pdl={self.pdl}, the metadata asks for "
+                             f"pdl={metadata.pdl}; build both from one EngineConfig")
         # The decode kernel reads the cache in place: no gathered context to make room for.
         numel = 0 if self.decode_kernel == "triton" else scratch_numel(metadata, kv_cache)
         scratch = self.model.workspace.get(numel)

@@ -44,7 +44,7 @@ def bucket_key(bucket: int) -> str:
 
 
 def make_token_body(model, decode_kernel: str = "torch", rope_kv_write: str = "separate",
-                    decode_linear: str = "separate") -> Callable[..., torch.Tensor]:
+                    decode_linear: str = "separate", pdl: bool = False) -> Callable[..., torch.Tensor]:
     """The token body of `model` as a function of tensors; the hidden states [tokens, hidden] before
     the final norm. Mirrors `ReferenceLlama.forward` through the layers' own pieces (`Attention.qkv`,
     `DecoderLayer.after_attention`); suite piecewise checks it against the eager engine.
@@ -54,7 +54,8 @@ def make_token_body(model, decode_kernel: str = "torch", rope_kv_write: str = "s
     before each attention op, as `Attention.forward` does for such metadata. `decode_linear="fused"`
     (the compiled step, whose token count is static) runs the layers' linear layers as the decode
     GEMV ops where the batch is decode-sized, as `DecoderLayer.forward` does; the piecewise graphs,
-    whose token count is dynamic, keep "separate"."""
+    whose token count is dynamic, keep "separate". `pdl`: those ops' Triton kernels are launched
+    with Programmatic Dependent Launch (pdl_choice.py), as the metadata's `pdl` says in eager."""
     decode = decode_kernel == "triton"
     fused = rope_kv_write == "fused"
 
@@ -68,7 +69,7 @@ def make_token_body(model, decode_kernel: str = "torch", rope_kv_write: str = "s
         x = model.embed_tokens(input_ids)
         for layer, kv_layer in zip(model.layers, kv_layers):
             attn = layer.self_attn
-            qkv = layer.qkv_heads(x, linear)
+            qkv = layer.qkv_heads(x, linear, pdl)
             if fused:
                 q, k, v = attn.split_heads(qkv)
             else:
@@ -77,17 +78,18 @@ def make_token_body(model, decode_kernel: str = "torch", rope_kv_write: str = "s
             # piece between them.
             out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
             if fused:
-                rope_kv_write_op(q, k, v, cos, sin, kv_layer, slot_mapping)
+                rope_kv_write_op(q, k, v, cos, sin, kv_layer, slot_mapping, pdl)
                 k = v = None  # in the cache now
             if decode:
                 paged_decode_attention_op(q, k, v, kv_layer, slot_mapping, positions, token_to_seq,
-                                          seq_lens, block_tables, attn.scale, out)
+                                          seq_lens, block_tables, attn.scale, out, pdl)
             else:
                 paged_attention_op(q, k, v, kv_layer, slot_mapping, positions, token_to_seq,
                                    seq_lens, block_tables, attn.scale, out, scratch, plan.blocks,
                                    plan.hidden)
             # x is this segment's input (it crosses the attention op): not written in place.
-            x = layer.after_attention(x, out.view(x.shape[0], -1), in_place=False, fused=linear)
+            x = layer.after_attention(x, out.view(x.shape[0], -1), in_place=False, fused=linear,
+                                      pdl=pdl)
         return x
 
     return own_code(token_body)
