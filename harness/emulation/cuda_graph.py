@@ -138,7 +138,8 @@ class EmulatedCUDAGraph:
         self._graph = EmulatedGraph(None, self._arena, recording.steps, recording.inference_mode,
                                     recording.external, recording.records,
                                     reads=recording.reads, writes=recording.writes,
-                                    tensors=recording.tensors)
+                                    tensors=recording.tensors, allocated=recording.allocated,
+                                    shared=recording.shared)
         self._captured = True
         self._instantiated = not self._keep_graph
 

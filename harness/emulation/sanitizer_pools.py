@@ -75,6 +75,7 @@ class AllocatorPool(PoolArena):
         setattr(storage, BLOCK_ATTR, block)
         self._sweep()
         bisect.insort(self._blocks, block, key=lambda b: b.offset)
+        self.note_allocated(block)  # the allocator hands a freed block's address out again
         return storage, block
 
     def _sweep(self) -> None:

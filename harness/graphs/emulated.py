@@ -68,7 +68,8 @@ class EmulatedBackend(GraphBackend):
             raise
         recording = session.end(stacklevel=4)
         return EmulatedGraph(output, arena, recording.steps, recording.inference_mode,
-                             recording.external, recording.records, tensors=recording.tensors)
+                             recording.external, recording.records, tensors=recording.tensors,
+                             allocated=recording.allocated, shared=recording.shared)
 
     def _capture_through_torch_cuda(self, fn: Callable[[], Any], pool: Any) -> CapturedGraph:
         if self._stream is None:

@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from harness.check import explain_divergence
-from harness.check.causes import BUFFER_REBOUND, HOST_VALUE_FROZEN, NEVER_WRITTEN, POOL_OVERWRITTEN, Cause
+from harness.check.causes import BUFFER_REBOUND, HOST_VALUE_FROZEN, NEVER_WRITTEN, Cause
 
 
 def _line_of(snippet: str) -> str:
@@ -145,13 +145,16 @@ def _pool_step(backend, release: bool):
     second.replay()
 
 
-def test_pool_memory_another_graph_took_over_is_named():
+def test_pool_memory_another_graph_took_over_is_refused_and_named():
+    # The emulator refuses the replay before any op departs from eager (shared_blocks.py); the
+    # cause of that name is what explain_cuda gives where the pools are CUDA's own (the graph
+    # sanitizer: suites/public_bugs/test_shared_pool_block_reused_after_reset.py).
     assert not explain_divergence(_pool_step, False).diverged
     explanation = explain_divergence(_pool_step, True)
-    assert explanation.diverged and explanation.op == "aten.add.Tensor", explanation
-    assert explanation.where.startswith(_line_of('lambda: held["t"] + 1'))
-    assert explanation.cause.kind == POOL_OVERWRITTEN, explanation
-    assert "graph 2" in explanation.graph
+    assert not explanation.diverged, explanation
+    assert "reads pool memory overwritten by another graph" in explanation.raised
+    assert _line_of('lambda: held["t"] + 1') in explanation.raised
+    assert _line_of("lambda: y * 3") in explanation.raised
 
 
 def test_a_classifier_given_by_the_caller_is_consulted_first():

@@ -38,6 +38,8 @@ class Recording:
     reads: frozenset[int] = frozenset()  # storages (data pointers) a replay reads and writes
     writes: frozenset[int] = frozenset()
     tensors: tuple = ()  # storage_changes.CapturedTensor per tensor object met outside the pool
+    allocated: tuple = ()  # pool.Block per block the capture allocated
+    shared: tuple = ()  # shared_blocks.SharedBlock per block of another capture into the pool
 
 
 class CaptureSession:
@@ -103,7 +105,9 @@ class CaptureSession:
         return Recording(steps, torch.is_inference_mode_enabled(), self.recorder.external.storages(),
                          self.recorder.records,
                          frozenset(self.recorder.reads - self.recorder.writes),
-                         frozenset(self.recorder.writes), self.recorder.external.tensors.frozen())
+                         frozenset(self.recorder.writes), self.recorder.external.tensors.frozen(),
+                         tuple(self.recorder.allocated_blocks),
+                         tuple(self.recorder.shared_blocks.values()))
 
     def abort(self) -> None:
         """Leave a failed capture. The traceback keeps the caller's frame (and the recorder) alive

@@ -15,7 +15,8 @@ from harness.graphs.base import CapturedGraph, released_graph_error
 from harness.graphs.emulator.device_asserts import device_assert_error, is_index_out_of_bounds
 from harness.graphs.emulator.external import ExternalStorage, freed_error, moved_error
 from harness.graphs.emulator.opinfo import ReplayStep
-from harness.graphs.emulator.pool import PoolArena
+from harness.graphs.emulator.pool import Block, PoolArena
+from harness.graphs.emulator.shared_blocks import SharedBlock, first_overwritten
 from harness.graphs.emulator.trace import OpRecord
 from harness.graphs.emulator.storage_changes import CapturedTensor, first_changed, storage_changed_error
 
@@ -31,7 +32,8 @@ class EmulatedGraph(CapturedGraph):
                  inference_mode: bool, external: list[ExternalStorage],
                  records: list[OpRecord] | None = None, *,
                  reads: frozenset[int] = frozenset(), writes: frozenset[int] = frozenset(),
-                 tensors: tuple[CapturedTensor, ...] = ()) -> None:
+                 tensors: tuple[CapturedTensor, ...] = (),
+                 allocated: tuple[Block, ...] = (), shared: tuple[SharedBlock, ...] = ()) -> None:
         self.output = output
         self.pool = pool
         self._steps: list[ReplayStep] | None = steps
@@ -50,6 +52,13 @@ class EmulatedGraph(CapturedGraph):
         pool.token.hold(self)
         self.records: tuple[OpRecord, ...] = tuple(records or ())
         self._tensors = tensors
+        # The pool blocks this capture allocated, whose marks its replays renew where another
+        # graph reads them or was handed their bytes (shared_blocks.py), and the blocks of other
+        # captures into the pool that it reads.
+        self._allocated = allocated
+        self._contested: tuple[Block, ...] = ()
+        self._contest_epoch = -1
+        self._shared = shared
 
     @property
     def num_ops(self) -> int:
@@ -57,7 +66,7 @@ class EmulatedGraph(CapturedGraph):
         return len(self._steps or ())
 
     def replay(self) -> None:
-        steps = self.refuse_unreplayable()
+        steps = self._begin_replay()
         # Autograd never sees a graph's work (as on CUDA); inference mode is kept as captured
         # because capture-time outputs are inference tensors exactly when it was on.
         with torch.inference_mode(self._inference_mode), AutoDispatchBelowADInplaceOrView():
@@ -71,7 +80,7 @@ class EmulatedGraph(CapturedGraph):
     def replay_in_steps(self) -> list[Callable[[], None]]:
         """`replay()` cut at each recorded call, for a stream schedule that interleaves the
         replay with other streams' work (two graphs replayed concurrently, as on a GPU)."""
-        steps = self.refuse_unreplayable()
+        steps = self._begin_replay()
         inference = self._inference_mode
 
         def step(fn, args, kwargs) -> Callable[[], None]:
@@ -90,7 +99,7 @@ class EmulatedGraph(CapturedGraph):
                         after: Callable[[OpRecord], Any]) -> None:
         """`replay()`, calling `before(record)` ahead of each recorded op's replay call and
         `after(record)` once its outputs hold its results (for harness.check.explain)."""
-        steps = self.refuse_unreplayable()
+        steps = self._begin_replay()
         by_step: dict[int, list[OpRecord]] = {}
         for record in self.records:
             by_step.setdefault(record.step, []).append(record)
@@ -147,6 +156,20 @@ class EmulatedGraph(CapturedGraph):
         changed = first_changed(self._tensors)
         if changed is not None:
             raise storage_changed_error(changed)
+        if self._shared:
+            overwritten = first_overwritten(self.pool, self._shared)
+            if overwritten is not None:
+                raise overwritten
+        return steps
+
+    def _begin_replay(self) -> list[ReplayStep]:
+        steps = self.refuse_unreplayable()
+        if self._allocated:
+            if self._contest_epoch != self.pool.contest_epoch:
+                self._contest_epoch = self.pool.contest_epoch
+                self._contested = tuple(b for b in self._allocated if b.contested)
+            if self._contested:
+                self.pool.renew(self._contested)
         return steps
 
     def external_storages(self) -> list[torch.UntypedStorage]:

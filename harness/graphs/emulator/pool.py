@@ -11,9 +11,10 @@ graphs captured into the same pool. Separate arenas own separate segments and ne
 from __future__ import annotations
 
 import bisect
+import itertools
 import math
 import weakref
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Callable
 
 import torch
@@ -97,10 +98,23 @@ class Block:
     # Once its storage died: whether the bytes may be handed out again (None: at once). CUDA's
     # allocator holds back a block freed during capture after use on other streams.
     reusable: Callable[[], bool] | None = None
+    # Which allocation last wrote these bytes, as an order: set when a capture allocates the block
+    # and, for a contested block, each time its graph replays (shared_blocks.py).
+    mark: int = 0
+    # A block another graph's capture read (shared), or one allocated over such a block's bytes
+    # once it was freed: its graph's replays renew its mark.
+    contested: bool = False
+    # The blocks allocated over this one's bytes since it was freed (weak: a recording holds them).
+    overlaps: weakref.WeakSet = field(default_factory=weakref.WeakSet)
+    allocated_at: str = ""  # the capture's line, kept for a block allocated over a shared one
 
     @property
     def end(self) -> int:
         return self.offset + self.nbytes
+
+    def overlapped_by(self, other: "Block") -> bool:
+        return (other is not self and other.segment == self.segment
+                and other.offset < self.end and self.offset < other.end)
 
 
 class PoolArena:
@@ -117,6 +131,11 @@ class PoolArena:
         # Held by each block: a capture tells its own pool's blocks apart, and a graph reading
         # another pool's block asks whether that pool is still held.
         self.token = PoolUse(cached=cached)
+        self._marks = itertools.count(1)
+        # Blocks that another capture than their own read, per segment (weak): an allocation over
+        # one of them once it is freed is what a replay of its reader must be told about.
+        self._shared: dict[int, weakref.WeakSet] = {}
+        self.contest_epoch = 0  # counts blocks made contested, so a graph knows to look again
 
     @property
     def num_segments(self) -> int:
@@ -145,7 +164,41 @@ class PoolArena:
         block = Block(segment, offset, size, StorageWeakRef(storage), replay_storage, self.token)
         setattr(storage, BLOCK_ATTR, block)
         bisect.insort(self._live[segment], block, key=lambda b: b.offset)
+        self.note_allocated(block)
         return storage, block
+
+    # --- blocks shared between graphs (shared_blocks.py) --------------------------------------
+
+    def note_allocated(self, block: Block) -> None:
+        """`block` was just handed out: it is the newest writer of its bytes."""
+        block.mark = next(self._marks)
+        for shared in self._shared.get(block.segment, ()):
+            if shared.overlapped_by(block):
+                shared.overlaps.add(block)
+                self._contest(block)
+
+    def share(self, block: Block) -> None:
+        """`block`, of this pool, is read by a capture other than the one that allocated it."""
+        shared = self._shared.setdefault(block.segment, weakref.WeakSet())
+        if block not in shared:
+            shared.add(block)
+            self._contest(block)
+
+    def _contest(self, block: Block) -> None:
+        if not block.contested:
+            block.contested = True
+            self.contest_epoch += 1
+
+    def renew(self, blocks: tuple[Block, ...]) -> None:
+        """A replay of the graph that allocated `blocks` wrote them again."""
+        for block in blocks:
+            block.mark = next(self._marks)
+
+    def overwritten_by(self, block: Block) -> Block | None:
+        """The allocation that wrote `block`'s bytes after `block`'s own graph last did, if any:
+        the block was freed and handed to a later capture into this pool."""
+        newer = [o for o in block.overlaps if o.mark > block.mark]
+        return max(newer, key=lambda o: o.mark) if newer else None
 
     def _non_owning(self, segment: int, offset: int, nbytes: int) -> torch.UntypedStorage:
         memory = self._segments[segment]

@@ -25,7 +25,9 @@ from harness.graphs.emulator.external import ExternalMemory
 from harness.graphs.emulator.host_tensors import HOST_COPY_REFUSED
 from harness.graphs.emulator.memory import for_device
 from harness.graphs.emulator.opinfo import OpKind, ReplayStep
-from harness.graphs.emulator.pool import PoolArena, block_of, laid_out_like, laid_out_like_once, poison_value
+from harness.graphs.emulator.pool import (Block, PoolArena, block_of, laid_out_like,
+                                          laid_out_like_once, poison_value)
+from harness.graphs.emulator.shared_blocks import SharedBlock
 from harness.graphs.emulator.shapes import lacks_meta_kernel, result_shapes, to_meta
 from harness.graphs.emulator.accesses import split_accesses
 from harness.graphs.emulator.trace import Argument, OpRecord, Origin
@@ -71,6 +73,11 @@ class Recorder(TorchDispatchMode):
         # The first sync CUDA refused during this capture: the call invalidated the capture, which
         # then fails at its end on CUDA even where the caller caught the error.
         self.sync_refusal: CaptureError | None = None
+        # The pool blocks this capture allocated, and those of earlier captures into the same pool
+        # it reads (shared_blocks.py).
+        self.allocated_blocks: list[Block] = []
+        self._allocated_ids: set[int] = set()
+        self.shared_blocks: dict[int, SharedBlock] = {}
 
     def refuse_sync(self, error: CaptureError) -> CaptureError:
         """Note `error`, a refused sync (cudaErrorStreamCaptureUnsupported), and return it."""
@@ -180,6 +187,9 @@ class Recorder(TorchDispatchMode):
         self.collectives = collectives.PendingCollectives()
         self.reads.clear()
         self.writes.clear()
+        self.allocated_blocks.clear()
+        self._allocated_ids.clear()
+        self.shared_blocks.clear()
 
     # --- replay view of capture-time tensors -------------------------------------------------
 
@@ -196,6 +206,10 @@ class Recorder(TorchDispatchMode):
             # Another graph's pool owns it (a workspace first allocated in that graph's capture):
             # freed once its last tensor is dropped and that pool's graphs are reset or gone.
             return self.external.alias(t, owner_pool=block.pool)
+        if id(block) not in self._allocated_ids and id(block) not in self.shared_blocks:
+            self.shared_blocks[id(block)] = SharedBlock(
+                block, f"shape {tuple(t.shape)}, {t.dtype}", current_callsite())
+            self.arena.share(block)
         # The block itself, not its id: a freed block's id can be reused by a later block.
         return laid_out_like_once(self._replay_tensors, block, block.replay_storage, t)
 
@@ -235,7 +249,11 @@ class Recorder(TorchDispatchMode):
         if nbytes == 0:
             out = torch.empty_strided(meta.size(), meta.stride(), dtype=meta.dtype, device=device)
         else:
-            storage, _ = self.arena.allocate(nbytes)
+            storage, block = self.arena.allocate(nbytes)
+            self.allocated_blocks.append(block)
+            self._allocated_ids.add(id(block))
+            if block.contested:  # handed the bytes of a block another capture reads
+                block.allocated_at = current_callsite()
             out = laid_out_like(storage, meta, device).fill_(poison_value(meta.dtype))
         self.memory.mark_device(out)
         return out
