@@ -24,13 +24,17 @@ class PoolHandles:
 
     def __init__(self, storage_device: torch.device, *, cached: bool = False,
                  new_arena: Callable[[tuple[int, int]], PoolArena] | None = None,
-                 new_user_handle: Callable[[], tuple[int, int]] | None = None) -> None:
+                 new_user_handle: Callable[[], tuple[int, int]] | None = None,
+                 new_graph_handle: Callable[[], tuple[int, int]] | None = None) -> None:
         self._device = storage_device
         self._cached = cached  # see PoolUse: unused pools keep their memory until release_cached()
         # The arena of a pool id (default: the emulator's own segments), and the ids
         # graph_pool_handle() hands out (default: a counter of this table's).
         self._new_arena = new_arena or (lambda _: PoolArena(storage_device, cached=cached))
         self._new_user_handle = new_user_handle
+        # The id of a graph's own pool (default: `(n, 0)` from a counter of this table's, CUDA's
+        # shape).
+        self._new_graph_handle = new_graph_handle
         # Every pool's use, also of an arena already collected: its blocks and the graphs reading
         # them keep its token and its segments (external.py).
         self._uses: weakref.WeakSet = weakref.WeakSet()
@@ -47,7 +51,8 @@ class PoolHandles:
     def arena(self, handle) -> tuple[tuple[int, int], PoolArena]:
         """(the id, its arena) for a capture given `handle` (None: a pool of the graph's own)."""
         if handle is None:
-            handle = (next(self._graph_ids), 0)
+            handle = (self._new_graph_handle() if self._new_graph_handle is not None
+                      else (next(self._graph_ids), 0))
         elif not (type(handle) is tuple and len(handle) == 2
                   and all(type(i) is int and i >= 0 for i in handle) and any(handle)):
             raise TypeError(f"pool must be a pool id from torch.cuda.graph_pool_handle() or another "

@@ -28,11 +28,16 @@ class SanitizerHost(Observed):
         self.kernel_device = self.storage_device
         self.memory = ByDeviceType(self.storage_device)
         # Real pools of CUDA's allocator (sanitizer_pools.py), their ids from torch's own counter
-        # so that a torch.cuda.MemPool made beside them never gets the same id.
+        # so that a torch.cuda.MemPool made beside them never gets the same id. A graph's own pool
+        # too: CUDA names those (n, 0) from a counter Python cannot reach, and an id of a counter
+        # of our own would be one a real CUDAGraph captured later in the process is given, whose
+        # capture_begin then finds the sanitizer's released pool in the allocator (its internal
+        # assert `use_count > 0`, seen on the H200). So a graph's own pool is (0, n) here.
         self.pool_handles = PoolHandles(
             self.storage_device, cached=True,
             new_arena=lambda pool_id: AllocatorPool(self.storage_device, pool_id),
-            new_user_handle=torch_internals.graph_pool_handle)
+            new_user_handle=torch_internals.graph_pool_handle,
+            new_graph_handle=torch_internals.graph_pool_handle)
         self._routed: AllocatorPool | None = None
         # The default generator's seed and offset, held while any graph is registered with it.
         self._graphs: set[int] = set()

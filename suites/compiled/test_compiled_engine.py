@@ -92,7 +92,8 @@ def test_a_shape_first_met_inside_a_capture_is_refused(device_reference_llama, g
     engine = Engine(device_reference_llama, replace(TINY_ENGINE_CONFIG, max_batch_size=2))
     engine.prepare_padded((), num_tokens=2, num_seqs=2, input_ids=(0, 0))
     step = CompiledStep(device_reference_llama, graph_backend, engine.metadata.decode_kernel,
-                        engine.metadata.rope_kv_write, engine.metadata.decode_linear)
+                        engine.metadata.rope_kv_write, engine.metadata.decode_linear,
+                        engine.metadata.pdl)
     with pytest.raises(Exception, match=r"no compile for 2 token rows and 2 sequences, and dynamo would "
                                         r"compile it inside a graph capture"):
         graph_backend.capture(lambda: step(engine.input_ids, engine.metadata, engine.kv_cache))

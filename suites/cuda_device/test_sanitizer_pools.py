@@ -102,3 +102,33 @@ def test_a_driver_launched_kernel_inside_a_capture_is_refused_by_name(sanitizer)
     with pytest.raises(UnsupportedOnEmulatedDevice, match=r"_compile_kernel\(\) launched during"):
         with torch.cuda.graph(g):
             kernel(grid=(1, 1, 1), block=(4, 1, 1), args=[x])
+
+
+def _real_capture_after_sanitizer_graphs() -> list[float]:
+    """In a fresh process: three sanitizer graphs captured into pools of their own, reset with
+    their outputs kept (so the allocator keeps the released pools), then a real CUDA graph."""
+    x = torch.ones(4, device="cuda")
+    kept = []
+    with harness.emulate_cuda():
+        for _ in range(3):
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph):
+                kept.append(x * 2)
+            graph.reset()
+    real = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(real):
+        y = x * 3
+    real.replay()
+    torch.cuda.synchronize()
+    return y.tolist()
+
+
+def test_a_real_graph_captured_after_sanitizer_graphs_gets_a_pool_of_its_own():
+    # A sanitizer graph's own pool once took the ids (1, 0), (2, 0), ... that CUDA gives real
+    # graphs captured later in the process, whose capture_begin then failed on the allocator's
+    # internal assert `use_count > 0`.
+    from suites.cuda_device._own_process import in_a_process_of_its_own
+
+    if not torch.cuda.is_available() or emulation_active() is not None:
+        pytest.skip("a real GPU outside any emulation")
+    assert in_a_process_of_its_own(__file__, "_real_capture_after_sanitizer_graphs") == [3.0] * 4

@@ -99,6 +99,10 @@ def test_a_staging_buffer_refilled_after_its_copys_event_is_clean():
 
 
 def test_an_input_freed_while_a_side_stream_reads_it_is_a_race():
+    if emulation_active() != "cpu":
+        # Over a real GPU the CSAN-like mode sees the ops on CUDA tensors, not the allocator's frees
+        # (harness/emulation/tracking/real_streams.py).
+        pytest.skip("frees are tracked on the emulated device only")
     side, out = torch.cuda.Stream(), torch.zeros(8, device="cuda")
     with track_stream_races():
         with pytest.raises(RaceError, match=r"freed[\s\S]*del hidden[\s\S]*hidden \* 2"):

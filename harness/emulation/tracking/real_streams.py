@@ -32,6 +32,9 @@ __harness_machinery__ = True  # its frames are not the program's callers (callsi
 _LOCAL_SCALAR = torch.ops.aten._local_scalar_dense.default
 _TO_COPY = torch.ops.aten._to_copy.default
 _COPY = torch.ops.aten.copy_.default
+# Its schema marks the tensor mutable, but it touches no memory: it tells the allocator that a
+# stream uses the block (CUDA's own sanitizer passes it too).
+_RECORD_STREAM = torch.ops.aten.record_stream.default
 
 
 class StreamIds:
@@ -72,7 +75,7 @@ class RealStreamWork(TorchDispatchMode):
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
-        if _capturing():
+        if _capturing() or func is _RECORD_STREAM:
             return func(*args, **kwargs)  # captured work runs only at replay
         kind = opinfo.op_kind(func)
         if kind is OpKind.VIEW:
