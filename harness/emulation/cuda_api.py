@@ -34,6 +34,7 @@ from harness.emulation.compiled_graphs import compile_patches, keep_dynamo_out
 from harness.emulation.checkpoints import location_tag, restore_location
 from harness.emulation.capture_frees import OPTION, parse_settings
 from harness.emulation.capture_syncs import refuse_host_sync
+from harness.emulation.tensor_swaps import swap_tensors_past_watches
 from harness.emulation.generators import generator_class
 from harness.emulation.rules import DeviceIndexError, cuda_index, names_cuda
 from harness.emulation.allocator_tools import UnsupportedOnEmulatedDevice
@@ -612,6 +613,7 @@ REPLACEMENTS: tuple[Replacement, ...] = (
     Replacement("torch.serialization", "location_tag", checkpoint_tag, "value"),
     Replacement("torch.accelerator", "device_index", device_class, "value", if_present=True),
     Replacement("torch.cuda", "_compile_kernel", compile_kernel, if_present=True),
+    Replacement("torch.utils", "swap_tensors", swap_tensors_past_watches, "value"),
 )
 
 # torch.cuda's names that its submodules define too, and that code may reach through them.

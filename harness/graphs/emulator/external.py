@@ -21,7 +21,7 @@ from harness import torch_internals
 from harness.graphs.base import FreedMemoryError
 from harness.graphs.emulator.callsite import current_callsite
 from harness.graphs.emulator.pool import PoolUse, laid_out_like_once
-from harness.graphs.emulator.storage_changes import CapturedTensors
+from harness.graphs.emulator.storage_changes import CapturedTensors, WatchRef
 
 
 @dataclass(frozen=True)
@@ -168,7 +168,7 @@ class ExternalMemory:
                 f"shape {tuple(t.shape)}, {t.dtype} (on a storage of {storage.nbytes()} bytes)",
                 current_callsite(),
                 weakref.ref(storage, _note_free(freed_at)), storage.data_ptr(), storage.nbytes(),
-                weakref.ref(t), freed_at, owner_pool,
+                WatchRef(t), freed_at, owner_pool,
                 getattr(storage, "_harness_segment", None) if owner_pool is not None else None)
             self._storages[address] = known
         self.tensors.note(t, current_callsite())

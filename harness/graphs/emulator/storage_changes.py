@@ -14,6 +14,15 @@ import torch
 from harness.graphs.base import StorageChangedError
 
 
+class WatchRef(weakref.ref):
+    """A weak reference the harness holds on a tensor object a capture met: to tell, at the next
+    replay, that the object now shows other memory. Its own class, so that a swap of the object
+    (`torch.utils.swap_tensors`, which refuses any tensor with weak references) can tell it from a
+    program's own (emulation/tensor_swaps.py)."""
+
+    __slots__ = ()
+
+
 @dataclass(frozen=True)
 class CapturedTensor:
     """One tensor object a capture read or wrote that it did not allocate, and where it was."""
@@ -45,7 +54,7 @@ class CapturedTensors:
         if known is not None and known.tensor() is tensor:
             return
         self._seen[id(tensor)] = CapturedTensor(
-            weakref.ref(tensor), _address(tensor), f"shape {tuple(tensor.shape)}, {tensor.dtype}",
+            WatchRef(tensor), _address(tensor), f"shape {tuple(tensor.shape)}, {tensor.dtype}",
             first_use)
 
     def frozen(self) -> tuple[CapturedTensor, ...]:
