@@ -3,7 +3,7 @@
 # wheel, and the CUDA wheel on a machine without a GPU (what `pip install torch` gives a Linux CI
 # runner). One line per build with its pass/fail counts; JUnit XML and logs in ${OUT:-results/matrix}.
 #
-#   scripts/device_matrix.sh                       # this checkout's .venv, and /work/venvs/cu214 if there
+#   scripts/device_matrix.sh                       # this checkout's .venv
 #   scripts/device_matrix.sh /path/to/venv ...     # those venvs instead (a venv dir or its python)
 #   JOBS=4 scripts/device_matrix.sh ...            # pytest-xdist workers per run (default 2; 0: none)
 #
@@ -19,7 +19,6 @@ mkdir -p "$out"
 builds=("$@")
 if [ ${#builds[@]} -eq 0 ]; then
   builds=("$root/.venv")
-  [ -x /work/venvs/cu214/bin/python ] && builds+=(/work/venvs/cu214)
 fi
 
 python_of() {  # a venv directory or a python executable
