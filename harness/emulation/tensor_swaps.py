@@ -17,6 +17,7 @@ replacement hands it one that leaves the harness's references out for the call. 
 
 from __future__ import annotations
 
+import functools
 import sys
 import types
 import weakref
@@ -27,20 +28,24 @@ import torch
 from harness.graphs.emulator.storage_changes import WatchRef
 
 
-def _weakrefs_not_watches(obj: Any) -> list:
+def _only_watches(refs: list) -> bool:
+    return all(isinstance(ref, WatchRef) for ref in refs)
+
+
+def _weakrefs_without_watches(obj: Any) -> list:
     return [ref for ref in weakref.getweakrefs(obj) if not isinstance(ref, WatchRef)]
 
 
-_WITHOUT_WATCHES = types.SimpleNamespace(getweakrefs=_weakrefs_not_watches)
+_WITHOUT_WATCHES = types.SimpleNamespace(getweakrefs=_weakrefs_without_watches)
 
 
 def swap_past_watches(original: Callable[[torch.Tensor, torch.Tensor], None]) -> Callable:
     module = sys.modules.get(getattr(original, "__module__", ""), None)
 
+    @functools.wraps(original)
     def swap_tensors(t1: torch.Tensor, t2: torch.Tensor) -> None:
-        watched = weakref.getweakrefs(t1) or weakref.getweakrefs(t2)
-        if (not watched or _weakrefs_not_watches(t1) or _weakrefs_not_watches(t2)
-                or getattr(module, "weakref", None) is not weakref):
+        refs = [*weakref.getweakrefs(t1), *weakref.getweakrefs(t2)]
+        if not refs or not _only_watches(refs) or getattr(module, "weakref", None) is not weakref:
             return original(t1, t2)
         module.weakref = _WITHOUT_WATCHES
         try:
@@ -48,8 +53,6 @@ def swap_past_watches(original: Callable[[torch.Tensor, torch.Tensor], None]) ->
         finally:
             module.weakref = weakref
 
-    swap_tensors.__wrapped__ = original
-    swap_tensors.__doc__ = original.__doc__
     return swap_tensors
 
 

@@ -75,9 +75,9 @@ class Recorder(TorchDispatchMode):
         self.sync_refusal: CaptureError | None = None
         # The pool blocks this capture allocated, and those of earlier captures into the same pool
         # it reads (shared_blocks.py).
-        self.allocated_blocks: list[Block] = []
-        self._allocated_ids: set[int] = set()
-        self.shared_blocks: dict[int, SharedBlock] = {}
+        # (Blocks compare by identity, and a dict keeps the allocation order.)
+        self.allocated_blocks: dict[Block, None] = {}
+        self.shared_blocks: dict[Block, SharedBlock] = {}
 
     def refuse_sync(self, error: CaptureError) -> CaptureError:
         """Note `error`, a refused sync (cudaErrorStreamCaptureUnsupported), and return it."""
@@ -188,7 +188,6 @@ class Recorder(TorchDispatchMode):
         self.reads.clear()
         self.writes.clear()
         self.allocated_blocks.clear()
-        self._allocated_ids.clear()
         self.shared_blocks.clear()
 
     # --- replay view of capture-time tensors -------------------------------------------------
@@ -206,8 +205,8 @@ class Recorder(TorchDispatchMode):
             # Another graph's pool owns it (a workspace first allocated in that graph's capture):
             # freed once its last tensor is dropped and that pool's graphs are reset or gone.
             return self.external.alias(t, owner_pool=block.pool)
-        if id(block) not in self._allocated_ids and id(block) not in self.shared_blocks:
-            self.shared_blocks[id(block)] = SharedBlock(
+        if block not in self.allocated_blocks and block not in self.shared_blocks:
+            self.shared_blocks[block] = SharedBlock(
                 block, f"shape {tuple(t.shape)}, {t.dtype}", current_callsite())
             self.arena.share(block)
         # The block itself, not its id: a freed block's id can be reused by a later block.
@@ -250,8 +249,7 @@ class Recorder(TorchDispatchMode):
             out = torch.empty_strided(meta.size(), meta.stride(), dtype=meta.dtype, device=device)
         else:
             storage, block = self.arena.allocate(nbytes)
-            self.allocated_blocks.append(block)
-            self._allocated_ids.add(id(block))
+            self.allocated_blocks[block] = None
             if block.contested:  # handed the bytes of a block another capture reads
                 block.allocated_at = current_callsite()
             out = laid_out_like(storage, meta, device).fill_(poison_value(meta.dtype))
