@@ -121,3 +121,88 @@ def render_op_counts(counts: list[OpCounts]) -> str:
     lines += [f"| {c.batch} | {c.recorded_per_layer:g} | {c.recorded_fixed:g} | {c.aten_per_layer:g} | "
               f"{c.aten_fixed:g} |" for c in counts]
     return "\n".join(lines)
+
+
+@dataclass(frozen=True)
+class KernelRow:
+    name: str
+    calls: float  # per replay
+    device_us: float  # summed kernel time per replay
+
+
+@dataclass(frozen=True)
+class ReplayDeviceProfile:
+    """Where one replay's device time goes: kernels by total time, and the replay's span on the
+    device (first kernel's start to last kernel's end) against the time some kernel was running.
+    With PDL a kernel starts while its predecessor drains, so the summed kernel time can exceed
+    the busy time; the span minus the busy time is the device idle between kernels."""
+
+    rows: tuple[KernelRow, ...]
+    kernels: float
+    span_us: float
+    busy_us: float
+    summed_us: float
+
+    @property
+    def idle_us(self) -> float:
+        return self.span_us - self.busy_us
+
+
+def busy_time(intervals: list[tuple[float, float]]) -> float:
+    """The time at least one of the intervals covers (overlaps counted once)."""
+    total, end = 0.0, float("-inf")
+    for start, stop in sorted(intervals):
+        if stop <= end:
+            continue
+        total += stop - max(start, end)
+        end = stop
+    return total
+
+
+def replay_device_profile(replay: Callable[[], object], *, iters: int = 20) -> ReplayDeviceProfile:
+    """The device side of `iters` replays under torch.profiler, per replay (medians of span and busy
+    time; memcpy and memset counted as kernels here, since they take device time too)."""
+    replay()
+    torch.cuda.synchronize()
+    spans, busy = [], []
+    activities = [torch.profiler.ProfilerActivity.CPU, torch.profiler.ProfilerActivity.CUDA]
+    with torch.profiler.profile(activities=activities) as prof:
+        for _ in range(iters):
+            replay()
+            torch.cuda.synchronize()
+    events = sorted((e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA),
+                    key=lambda e: e.time_range.start)
+    if not events or len(events) % iters:
+        raise RuntimeError(f"replay_device_profile: {len(events)} device events over {iters} replays; "
+                           "expected the same kernels in every replay")
+    per = len(events) // iters
+    for i in range(iters):
+        chunk = events[i * per:(i + 1) * per]
+        intervals = [(e.time_range.start, e.time_range.end) for e in chunk]
+        spans.append(max(b for _, b in intervals) - min(a for a, _ in intervals))
+        busy.append(busy_time(intervals))
+    totals: dict[str, list[float]] = {}
+    for e in events:
+        name = e.name if len(e.name) <= 70 else e.name[:67] + "..."
+        totals.setdefault(name, []).append(e.time_range.end - e.time_range.start)
+    rows = sorted((KernelRow(n, len(d) / iters, sum(d) / iters) for n, d in totals.items()),
+                  key=lambda r: -r.device_us)
+    spans.sort()
+    busy.sort()
+    return ReplayDeviceProfile(tuple(rows), float(per), spans[iters // 2], busy[iters // 2],
+                               sum(r.device_us for r in rows))
+
+
+def render_device_profile(p: ReplayDeviceProfile, *, limit: int = 25) -> str:
+    lines = [f"One replay on the device (torch.profiler, per replay): {p.kernels:g} kernels, span "
+             f"{p.span_us:.1f} us, busy {p.busy_us:.1f} us, idle between kernels {p.idle_us:.1f} us, "
+             f"summed kernel time {p.summed_us:.1f} us", "",
+             "| kernel | calls | us | share of summed |", "|---|---:|---:|---:|"]
+    lines += [f"| `{r.name}` | {r.calls:g} | {r.device_us:.1f} | {r.device_us / p.summed_us:.0%} |"
+              for r in p.rows[:limit]]
+    rest = p.rows[limit:]
+    if rest:
+        lines.append(f"| {len(rest)} others | {sum(r.calls for r in rest):g} | "
+                     f"{sum(r.device_us for r in rest):.1f} | "
+                     f"{sum(r.device_us for r in rest) / p.summed_us:.0%} |")
+    return "\n".join(lines)

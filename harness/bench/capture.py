@@ -22,9 +22,12 @@ and on (_engine_steps.py; targets at batch 1 with graphs and overlap: tiny <= 0.
 on an H200), the ops per layer of a decode step as a CPU proxy for kernels (_kernels.py), and on cuda
 the kernels one replay of batch 1 launches (torch.profiler).
 
-`--profile` (one model, one `--batch`): the engine's graph step (prepare, replay, ranking and its
-device-to-host transfer) under torch.profiler, the top host-side costs, and a perf_counter breakdown
-of the step with the share that is graph replay against host work. Prints only; writes nothing.
+`--profile` (one model, one `--batch`, one `--compile` path: `both` profiles the eager ops, one
+`--pdl` setting, the sizes of `--capture-sizes` captured): the engine's graph step (prepare,
+replay, ranking and its device-to-host transfer) under torch.profiler, the top host-side costs, and
+a perf_counter breakdown of the step with the share that is graph replay against host work; on cuda
+also one replay's device side: kernels by device time, and the replay's span against the time a
+kernel was running (the rest is the device idle between kernels). Prints only; writes nothing.
 
 `--decode-kernel` (default auto): what attends decode batches in every engine of the run
 (EngineConfig.decode_kernel): `torch` against `triton` is the before and after of the paged-decode
@@ -51,7 +54,8 @@ import torch
 
 from harness.bench._report import add_output_options, append_section, machine_line
 from harness.bench._engine_steps import render_steps, step_misses, time_engine_steps
-from harness.bench._kernels import cuda_kernels_per_replay, op_counts, render_op_counts
+from harness.bench._kernels import (cuda_kernels_per_replay, op_counts, render_device_profile,
+                                    render_op_counts, replay_device_profile)
 from harness.bench.timing import median_ms
 from harness.records import BACKENDS
 from harness.cli_support import require_backend
@@ -269,12 +273,18 @@ def _decode_spans(engine: Engine, batch: int) -> tuple[tuple[SequenceSpan, ...],
 
 
 def profile_step(name: str, model: ReferenceLlama, backend, batch: int, *, iters: int,
-                 warmup: int, decode_kernel: str | None = None,
+                 warmup: int, compile: str = "none", batches: tuple[int, ...] = BATCHES,
+                 decode_kernel: str | None = None,
                  rope_kv_write: str | None = None,
-                 decode_linear: str | None = None, pdl: bool | None = None) -> tuple[str, StepBreakdown]:
-    """The top host-side costs of the engine's graph step under torch.profiler, and its breakdown."""
-    engine = _new_engine(model, backend, single_pass=False, decode_kernel=decode_kernel,
-                         rope_kv_write=rope_kv_write, decode_linear=decode_linear, pdl=pdl)
+                 decode_linear: str | None = None,
+                 pdl: bool | None = None) -> tuple[str, StepBreakdown, str | None]:
+    """The top host-side costs of the engine's graph step under torch.profiler, its breakdown, and
+    on cuda where one replay's device time goes (None elsewhere)."""
+    if batch not in batches:
+        raise ValueError(f"--batch {batch} is not among the captured sizes {batches}")
+    engine = _new_engine(model, backend, single_pass=False, compile=compile, batches=batches,
+                         decode_kernel=decode_kernel, rope_kv_write=rope_kv_write,
+                         decode_linear=decode_linear, pdl=pdl)
     graphs = engine.decode_graphs
     graphs.warmup_and_capture("serve")
     device = model.device
@@ -312,7 +322,11 @@ def profile_step(name: str, model: ReferenceLlama, backend, batch: int, *, iters
                 rank()
         _sync(device)
     table = prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=15)
-    return table, breakdown
+    device_table = None
+    if device.type == "cuda":
+        device_table = render_device_profile(replay_device_profile(
+            lambda: graphs.runner.replay(key), iters=iters))
+    return table, breakdown, device_table
 
 
 def render_profile(table: str, b: StepBreakdown, backend_name: str, iters: int) -> str:
@@ -430,6 +444,9 @@ def main(argv: list[str]) -> int:
                      f"{args.step_repeats}")
     if args.profile and args.model and len(args.model) > 1:
         parser.error(f"--profile takes one --model, got {args.model}")
+    if args.profile and args.batch not in args.capture_sizes:
+        parser.error(f"--batch {args.batch} is not among --capture-sizes "
+                     f"{','.join(map(str, args.capture_sizes))}")
     require_backend("--backend", args.backend)
     backend = get_backend(args.backend)
     device = torch.device(backend.device)
@@ -456,13 +473,16 @@ def main(argv: list[str]) -> int:
         kernel_line += f"; PDL: {pdl_line(pdl_choices[pdl])}"
         name = (args.model or ["tiny"])[0]
         with torch.inference_mode():
-            table, breakdown = profile_step(name, build_model(name, device), backend, args.batch,
-                                            iters=args.iters, warmup=args.warmup,
-                                            decode_kernel=decode_kernel,
-                                                rope_kv_write=rope_kv_write,
-                                                decode_linear=decode_linear, pdl=pdl)
+            compile = "none" if args.compile == "both" else args.compile
+            table, breakdown, device_table = profile_step(
+                name, build_model(name, device), backend, args.batch, iters=args.iters,
+                warmup=args.warmup, compile=compile, batches=args.capture_sizes,
+                decode_kernel=decode_kernel, rope_kv_write=rope_kv_write,
+                decode_linear=decode_linear, pdl=pdl)
         print(render_profile(table, breakdown, backend.name, args.iters))
-        print(kernel_line)
+        if device_table:
+            print(device_table)
+        print(f"compile: {compile}; " + kernel_line)
         return 0
     models = args.model or (["tiny", "1b"] if device.type == "cuda" else ["tiny"])
     compiles = ("none", "inductor") if args.compile == "both" else (args.compile,)

@@ -35,6 +35,26 @@ def test_profile_prints_the_top_host_costs_and_the_breakdown(capsys, graph_backe
     assert "of the step; host work" in out
 
 
+def test_profile_refuses_a_batch_that_is_not_captured(capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        capture.main(["--profile", "--model", "tiny", "--batch", "8", "--capture-sizes", "1"])
+    assert exit_info.value.code == 2
+    assert "--batch 8 is not among --capture-sizes 1" in capsys.readouterr().err
+
+
+def test_device_profile_counts_overlapping_kernels_once_and_names_the_idle_time():
+    from harness.bench._kernels import KernelRow, ReplayDeviceProfile, busy_time, render_device_profile
+
+    # Two kernels overlapping by 2 us (a PDL launch), then a 3 us gap, then a third kernel.
+    assert busy_time([(0.0, 5.0), (3.0, 6.0), (9.0, 10.0)]) == 7.0
+    assert busy_time([(0.0, 10.0), (2.0, 3.0)]) == 10.0
+    rows = (KernelRow("gemv", 2, 8.0), KernelRow("norm", 1, 1.0))
+    text = render_device_profile(ReplayDeviceProfile(rows, kernels=3, span_us=10.0, busy_us=7.0,
+                                                     summed_us=9.0))
+    assert "3 kernels, span 10.0 us, busy 7.0 us, idle between kernels 3.0 us" in text
+    assert "| `gemv` | 2 | 8.0 | 89% |" in text and "| `norm` | 1 | 1.0 | 11% |" in text
+
+
 def test_profile_breakdown_names_the_replay_share():
     b = capture.StepBreakdown("tiny", 1, prepare_ms=0.1, replay_ms=0.6, rank_ms=0.2, step_ms=1.0)
     assert (round(b.host_ms, 6), b.replay_share) == (0.4, 0.6)
