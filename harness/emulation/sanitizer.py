@@ -140,6 +140,7 @@ def enter_sanitizer(stack: contextlib.ExitStack) -> SanitizerHost:
     import torch.cuda.memory
 
     from harness.emulation.replacing import apply
+    from harness.emulation.tensor_swaps import swap_past_watches
 
     host = SanitizerHost()
     real_empty_cache = torch.cuda.memory.empty_cache
@@ -163,11 +164,14 @@ def enter_sanitizer(stack: contextlib.ExitStack) -> SanitizerHost:
 
     names = {"CUDAGraph": CUDAGraph, "graph_pool_handle": graph_pool_handle,
              "is_current_stream_capturing": is_current_stream_capturing}
+    # The graphs' weak references to captured tensors are the harness's, not the program's: a swap
+    # of a captured tensor happens as on CUDA and the next replay is refused (tensor_swaps.py).
+    swap = (torch.utils, "swap_tensors", swap_past_watches(torch.utils.swap_tensors))
     apply([(module, name, value) for module in (torch.cuda, torch.cuda.graphs)
             for name, value in names.items()]
           + [(module, "empty_cache", empty_cache) for module in (torch.cuda, torch.cuda.memory)]
           + ([(torch.cuda, "_compile_kernel", compile_kernel_checked)] if compile_kernel else [])
-          + _capture_rules(host), stack)
+          + [swap] + _capture_rules(host), stack)
     return host
 
 
