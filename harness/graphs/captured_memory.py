@@ -18,9 +18,10 @@ import torch
 from torch.multiprocessing.reductions import StorageWeakRef
 
 from harness import torch_internals
-from harness.torch_internals import TorchDispatchMode, tree_flatten
+from harness.torch_internals import TorchDispatchMode
 from harness.graphs.base import FreedMemoryError
-from harness.graphs.emulator.callsite import current_callsite
+from harness.graphs.emulator.callsite import LaterCallsite, callsite_later
+from harness.graphs.emulator.opinfo import op_name
 from harness.graphs.emulator.storage_changes import CapturedTensors
 
 
@@ -30,7 +31,7 @@ class PoolStorage:
 
     liveness: StorageWeakRef
     pool: Any
-    description: str  # "shape (4,), torch.float32, allocated at file:line: source"
+    description: Any  # AllocationNote: "shape (4,), torch.float32, allocated at file:line: source"
 
 
 @dataclass(frozen=True)
@@ -38,7 +39,7 @@ class ForeignRead:
     """Memory of another graph's pool that a capture read or wrote."""
 
     owner: PoolStorage
-    first_use: str
+    first_use: Any  # callsite.LaterCallsite: "file:line: source" when written out
 
 
 class PoolHolders:
@@ -81,7 +82,13 @@ def foreign_freed_error(read: ForeignRead) -> FreedMemoryError:
 
 class CapturedMemory(TorchDispatchMode):
     """During one capture into `pool` (None: a fresh pool): `known` maps a storage's StorageImpl
-    address to what earlier captures allocated there (the backend's registry, read only here)."""
+    address to what earlier captures allocated there (the backend's registry, read only here).
+    `failed` names the op whose call raised last, or is None; an op that runs afterwards clears
+    it, so an error the captured code caught and handled is not blamed for a later one.
+
+    It runs for every op of a capture, so it walks the caller's frames at most once per op, and
+    only for an op that meets a tensor it has not seen or makes one; the line is written out only
+    when an error names it (callsite.LaterCallsite)."""
 
     def __init__(self, pool: Any, known: dict[int, PoolStorage]) -> None:
         super().__init__()
@@ -90,33 +97,42 @@ class CapturedMemory(TorchDispatchMode):
         self.tensors = CapturedTensors()
         # Weak: a strong reference would keep a dropped intermediate's block from being reused
         # within the capture, as CUDA's allocator reuses it.
-        self.allocated: list[tuple[int, StorageWeakRef, str]] = []
+        self.allocated: list[tuple[int, StorageWeakRef, AllocationNote]] = []
         self.foreign: list[ForeignRead] = []
+        self.failed: str | None = None
         self._own: set[int] = set()
         self._foreign_seen: set[int] = set()
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
-        inputs = [t for t in tree_flatten((args, kwargs))[0] if _dense(t)]
-        for t in inputs:
-            self._note_input(t)
-        result = func(*args, **kwargs)
-        for t in tree_flatten(result)[0]:
-            if _dense(t):
-                key = torch_internals.storage_key(t.untyped_storage())
-                if key not in self._own and not any(key == torch_internals.storage_key(i.untyped_storage()) for i in inputs):
-                    self._own.add(key)
-                    self.allocated.append((key, StorageWeakRef(t.untyped_storage()),
-                                           f"shape {tuple(t.shape)}, {t.dtype}, "
-                                           f"allocated at {current_callsite()}"))
+        where = None
+        input_keys = set()
+        for t in _dense_tensors((args, kwargs)):
+            storage = t.untyped_storage()
+            key = _storage_key(storage)
+            input_keys.add(key)
+            if key in self._own or storage.nbytes() == 0 or self.tensors.seen(t):
+                continue
+            if where is None:
+                where = callsite_later()
+            self._note_input(t, key, where)
+        self.failed = None
+        try:
+            result = func(*args, **kwargs)
+        except Exception:
+            self.failed = op_name(func)
+            raise
+        for t in _dense_tensors(result):
+            key = _storage_key(t.untyped_storage())
+            if key not in self._own and key not in input_keys:
+                self._own.add(key)
+                if where is None:
+                    where = callsite_later()
+                self.allocated.append((key, StorageWeakRef(t.untyped_storage()),
+                                       AllocationNote(tuple(t.shape), t.dtype, where)))
         return result
 
-    def _note_input(self, t: torch.Tensor) -> None:
-        storage = t.untyped_storage()
-        key = torch_internals.storage_key(storage)
-        if key in self._own or storage.nbytes() == 0:
-            return
-        where = current_callsite()
+    def _note_input(self, t: torch.Tensor, key: int, where: LaterCallsite) -> None:
         self.tensors.note(t, where)
         owner = self._known.get(key)
         if owner is None or key in self._foreign_seen or owner.liveness.expired():
@@ -127,8 +143,43 @@ class CapturedMemory(TorchDispatchMode):
         self.foreign.append(ForeignRead(owner, where))
 
 
-def _dense(t: Any) -> bool:
-    return isinstance(t, torch.Tensor) and t.layout == torch.strided and t.device.type != "meta"
+@dataclass(frozen=True)
+class AllocationNote:
+    """What a capture allocated, written out (`shape (4,), torch.float32, allocated at file:line:
+    source`) only when an error names it."""
+
+    shape: tuple[int, ...]
+    dtype: torch.dtype
+    where: LaterCallsite
+
+    def __str__(self) -> str:
+        return f"shape {self.shape}, {self.dtype}, allocated at {self.where}"
+
+
+_storage_key = torch_internals.storage_key
+
+
+def _dense(t: torch.Tensor) -> bool:
+    return t.layout is torch.strided and not t.is_meta
+
+
+def _dense_tensors(tree: Any) -> list[torch.Tensor]:
+    """The strided, non-meta tensors in an op's arguments or results: tensors, and lists, tuples
+    and dicts of them (what aten schemas and higher-order ops pass), without pytree's cost."""
+    if isinstance(tree, torch.Tensor):
+        return [tree] if _dense(tree) else []
+    found: list[torch.Tensor] = []
+    stack = [tree]
+    while stack:
+        node = stack.pop()
+        items = node.values() if isinstance(node, dict) else node
+        for item in items:
+            if isinstance(item, torch.Tensor):
+                if _dense(item):
+                    found.append(item)
+            elif isinstance(item, (list, tuple, dict)):
+                stack.append(item)
+    return found
 
 
 def register_allocations(known: dict[int, PoolStorage], capture: CapturedMemory, pool: Any) -> None:

@@ -15,7 +15,6 @@ from harness.graphs.captured_memory import (CapturedMemory, ForeignRead, PoolHol
 from harness.graphs.emulator.callsite import at_callsite, traceback_callsite
 from harness.graphs.base import CaptureSyncError
 from harness.graphs.emulator.cuda_errors import cuda_first
-from harness.graphs.emulator.op_tracker import FailedOpTracker
 from harness.graphs.emulator.storage_changes import CapturedTensor, first_changed, storage_changed_error
 
 _ATEN_NAME = re.compile(r"\baten::\w+(?:\.\w+)?")
@@ -84,7 +83,6 @@ class CudaBackend(GraphBackend):
             self._stream = torch.cuda.Stream(self.device)
         graph = torch.cuda.CUDAGraph()
         caller_stream = torch.cuda.current_stream(self.device)
-        tracker = FailedOpTracker()
         memory = CapturedMemory(pool, self._pool_storages)
         # torch.cuda.graph collects garbage before the capture begins; a collection during it could
         # destroy an unreachable CUDAGraph (an engine dropped in a reference cycle), whose reset is
@@ -94,11 +92,11 @@ class CudaBackend(GraphBackend):
             with torch.cuda.device(self.device), torch.cuda.graph(graph, pool=pool,
                                                                   stream=self._stream):
                 gc.disable()
-                with tracker, memory:
+                with memory:
                     output = fn()
         except Exception as error:
             _release_generator_captures(self.device)
-            mapped = _as_capture_error(error, tracker.failed)
+            mapped = _as_capture_error(error, memory.failed)
             if mapped is error:
                 raise
             raise mapped from error

@@ -92,17 +92,25 @@ def current_callsite(also_skip: tuple[str, ...] = ()) -> str:
 
 
 class LaterCallsite:
-    """`current_callsite()` found now and written out only if asked (`str()`): what a tracker
-    keeps for every access, most of which no report ever names."""
+    """`current_callsite()` found now and written out only if asked (`str()`, once): what a tracker
+    keeps for every access, most of which no report ever names. A frame of FX-generated code is
+    resolved to its node's model line now, while the frame is live."""
 
-    __slots__ = ("_filename", "_lineno")
+    __slots__ = ("_filename", "_lineno", "_text")
 
     def __init__(self, frame: FrameType | None) -> None:
-        self._filename = "" if frame is None else frame.f_code.co_filename
-        self._lineno = 0 if frame is None else frame.f_lineno
+        self._text: str | None = None
+        if frame is None:
+            self._filename, self._lineno = "", 0
+        elif fx_lines.is_generated(frame.f_code.co_filename):
+            self._filename, self._lineno = _source_frames(frame)[0]
+        else:
+            self._filename, self._lineno = frame.f_code.co_filename, frame.f_lineno
 
     def __str__(self) -> str:
-        return describe_line(self._filename, self._lineno) if self._filename else ""
+        if self._text is None:
+            self._text = describe_line(self._filename, self._lineno) if self._filename else ""
+        return self._text
 
     def __bool__(self) -> bool:
         return bool(self._filename)

@@ -7,6 +7,7 @@ next replay, as PyTorch's cudagraph_trees refuses a static input whose data poin
 from __future__ import annotations
 
 import weakref
+from typing import Any
 from dataclasses import dataclass
 
 import torch
@@ -30,7 +31,9 @@ class CapturedTensor:
     tensor: weakref.ref
     address: int
     description: str  # "shape (4, 8), torch.bfloat16"
-    first_use: str  # "file:line: source" of the capture's first op on it
+    # "file:line: source" of the capture's first op on it (a str, or a callsite.LaterCallsite
+    # that writes itself out when an error names it)
+    first_use: Any
 
     def changed(self) -> bool:
         tensor = self.tensor()
@@ -46,6 +49,11 @@ class CapturedTensors:
 
     def __init__(self) -> None:
         self._seen: dict[int, CapturedTensor] = {}
+
+    def seen(self, tensor: torch.Tensor) -> bool:
+        """Whether this very tensor object was noted already."""
+        known = self._seen.get(id(tensor))
+        return known is not None and known.tensor() is tensor
 
     def note(self, tensor: torch.Tensor, first_use: str) -> None:
         if tensor.layout != torch.strided or tensor.device.type == "meta":
