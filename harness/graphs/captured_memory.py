@@ -168,6 +168,8 @@ def _dense_tensors(tree: Any) -> list[torch.Tensor]:
     and dicts of them (what aten schemas and higher-order ops pass), without pytree's cost."""
     if isinstance(tree, torch.Tensor):
         return [tree] if _dense(tree) else []
+    if not isinstance(tree, (list, tuple, dict)):
+        return []  # None, a Python scalar: what an op that returns no tensor gives
     found: list[torch.Tensor] = []
     stack = [tree]
     while stack:

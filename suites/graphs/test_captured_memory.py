@@ -24,6 +24,14 @@ def test_inputs_are_noted_once_with_their_first_use_and_outputs_as_allocations()
     assert w.tolist() == [3.0] * 4 and memory.failed is None
 
 
+def test_ops_that_return_no_tensor_pass_through():
+    x = torch.ones(4)
+    with CapturedMemory(None, {}) as memory:
+        assert x.sum().item() == 4.0  # a Python scalar
+        torch.ops.aten._assert_async.msg(torch.tensor(True), "never raised")  # None
+    assert memory.failed is None and any(note.shape == () for _, _, note in memory.allocated)
+
+
 def test_the_op_that_raised_is_named_until_a_later_op_runs():
     x = torch.ones(4)
     with CapturedMemory(None, {}) as memory:
