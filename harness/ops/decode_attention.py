@@ -27,7 +27,7 @@ from typing import Optional
 
 import torch
 
-from harness.ops.attention import paged_attention_impl, write_kv
+from harness.ops.paged_context import paged_attention_impl, write_kv
 
 
 def _torch_ops(q: torch.Tensor, k: Optional[torch.Tensor], v: Optional[torch.Tensor],
