@@ -114,7 +114,7 @@ class CapturedMemory(TorchDispatchMode):
             if key in self._own or storage.nbytes() == 0 or self.tensors.seen(t):
                 continue
             if where is None:
-                where = callsite_later()
+                where = callsite_later(resolve_generated=True)
             self._note_input(t, key, where)
         self.failed = None
         try:
@@ -127,7 +127,7 @@ class CapturedMemory(TorchDispatchMode):
             if key not in self._own and key not in input_keys:
                 self._own.add(key)
                 if where is None:
-                    where = callsite_later()
+                    where = callsite_later(resolve_generated=True)
                 self.allocated.append((key, StorageWeakRef(t.untyped_storage()),
                                        AllocationNote(tuple(t.shape), t.dtype, where)))
         return result

@@ -60,3 +60,23 @@ def test_memory_another_pool_allocated_is_a_foreign_read_once():
     with CapturedMemory("pool A", known) as same_pool:
         shared.add_(1)
     assert same_pool.foreign == []  # one pool: CUDA's shared-pool rules allow it
+
+
+class _Doubled(torch.nn.Module):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x * 2  # the model line an allocation names
+
+
+def test_an_allocation_in_fx_generated_code_names_the_model_line():
+    traced: list[torch.fx.GraphModule] = []
+
+    def keep(gm, example_inputs):
+        traced.append(gm)
+        return gm
+
+    torch.compile(_Doubled(), backend=keep, dynamic=False)(torch.ones(3))
+    graph_module, x = traced[0], torch.ones(3)
+    with CapturedMemory(None, {}) as memory:
+        graph_module(x)
+    notes = [str(note) for _, _, note in memory.allocated]
+    assert notes and all("return x * 2  # the model line an allocation names" in n for n in notes), notes

@@ -92,17 +92,19 @@ def current_callsite(also_skip: tuple[str, ...] = ()) -> str:
 
 
 class LaterCallsite:
-    """`current_callsite()` found now and written out only if asked (`str()`, once): what a tracker
-    keeps for every access, most of which no report ever names. A frame of FX-generated code is
-    resolved to its node's model line now, while the frame is live."""
+    """The innermost caller frame found now and written out only if asked (`str()`, once): what a
+    tracker keeps for every access, most of which no report ever names. With `resolve_generated`
+    a frame of FX-generated code is resolved to its node's model line now, while the frame is live
+    (what `current_callsite()` names); without, it names the generated line, which costs nothing
+    more on the tracking's hot path."""
 
     __slots__ = ("_filename", "_lineno", "_text")
 
-    def __init__(self, frame: FrameType | None) -> None:
+    def __init__(self, frame: FrameType | None, *, resolve_generated: bool = False) -> None:
         self._text: str | None = None
         if frame is None:
             self._filename, self._lineno = "", 0
-        elif fx_lines.is_generated(frame.f_code.co_filename):
+        elif resolve_generated and fx_lines.is_generated(frame.f_code.co_filename):
             self._filename, self._lineno = _source_frames(frame)[0]
         else:
             self._filename, self._lineno = frame.f_code.co_filename, frame.f_lineno
@@ -119,9 +121,10 @@ class LaterCallsite:
         return text in str(self)
 
 
-def callsite_later() -> LaterCallsite:
-    """The innermost caller frame outside torch and this package, written out when needed."""
-    return LaterCallsite(_user_frame())
+def callsite_later(*, resolve_generated: bool = False) -> LaterCallsite:
+    """The innermost caller frame outside torch and this package, written out when needed;
+    `resolve_generated`: an FX-generated frame as its model line, as `current_callsite()` has it."""
+    return LaterCallsite(_user_frame(), resolve_generated=resolve_generated)
 
 
 def in_index_assignment() -> bool:
