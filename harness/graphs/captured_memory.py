@@ -87,8 +87,8 @@ class CapturedMemory(TorchDispatchMode):
     it, so an error the captured code caught and handled is not blamed for a later one.
 
     It runs for every op of a capture, so it walks the caller's frames at most once per op, and
-    only for an op that meets a tensor it has not seen or makes one; the line is written out only
-    when an error names it (callsite.LaterCallsite)."""
+    only for an op that meets a tensor it has not seen, or another pool's memory, or makes one;
+    the line is written out only when an error names it (callsite.LaterCallsite)."""
 
     def __init__(self, pool: Any, known: dict[int, PoolStorage]) -> None:
         super().__init__()
@@ -111,11 +111,17 @@ class CapturedMemory(TorchDispatchMode):
             storage = t.untyped_storage()
             key = _storage_key(storage)
             input_keys.add(key)
-            if key in self._own or storage.nbytes() == 0 or self.tensors.seen(t):
+            if key in self._own or storage.nbytes() == 0:
                 continue
-            if where is None:
-                where = callsite_later(resolve_generated=True)
-            self._note_input(t, key, where)
+            if not self.tensors.seen(t):
+                if where is None:
+                    where = callsite_later(resolve_generated=True)
+                self.tensors.note(t, where)
+            if self._is_new_foreign_read(key):
+                if where is None:
+                    where = callsite_later(resolve_generated=True)
+                self._foreign_seen.add(key)
+                self.foreign.append(ForeignRead(self._known[key], where))
         self.failed = None
         try:
             result = func(*args, **kwargs)
@@ -132,15 +138,14 @@ class CapturedMemory(TorchDispatchMode):
                                        AllocationNote(tuple(t.shape), t.dtype, where)))
         return result
 
-    def _note_input(self, t: torch.Tensor, key: int, where: LaterCallsite) -> None:
-        self.tensors.note(t, where)
+    def _is_new_foreign_read(self, key: int) -> bool:
+        """Whether the storage at `key` is live memory another pool's capture allocated, met for
+        the first time in this capture."""
         owner = self._known.get(key)
         if owner is None or key in self._foreign_seen or owner.liveness.expired():
-            return
-        if self._pool is not None and owner.pool == self._pool:
-            return  # one pool: CUDA's shared-pool rules, a later graph may use an earlier one's memory
-        self._foreign_seen.add(key)
-        self.foreign.append(ForeignRead(owner, where))
+            return False
+        # One pool: CUDA's shared-pool rules, a later graph may use an earlier one's memory.
+        return self._pool is None or owner.pool != self._pool
 
 
 @dataclass(frozen=True)

@@ -62,6 +62,19 @@ def test_memory_another_pool_allocated_is_a_foreign_read_once():
     assert same_pool.foreign == []  # one pool: CUDA's shared-pool rules allow it
 
 
+def test_a_seen_tensor_moved_onto_another_pools_memory_is_a_foreign_read():
+    with CapturedMemory("pool A", {}) as first:
+        shared = torch.zeros(3) + 1
+    known: dict[int, PoolStorage] = {}
+    register_allocations(known, first, "pool A")
+    local = torch.ones(3)
+    with CapturedMemory("pool B", known) as second:
+        local.add_(1)  # met first on memory of its own
+        local.data = shared  # no op: the same object now shows pool A's memory
+        local.mul_(2)
+    assert len(second.foreign) == 1 and "local.mul_(2)" in str(second.foreign[0].first_use)
+
+
 class _Doubled(torch.nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return x * 2  # the model line an allocation names
