@@ -56,10 +56,7 @@ class CapturedTensors:
         return known is not None and known.tensor() is tensor
 
     def note(self, tensor: torch.Tensor, first_use: str) -> None:
-        if tensor.layout != torch.strided or tensor.device.type == "meta":
-            return
-        known = self._seen.get(id(tensor))
-        if known is not None and known.tensor() is tensor:
+        if tensor.layout != torch.strided or tensor.device.type == "meta" or self.seen(tensor):
             return
         self._seen[id(tensor)] = CapturedTensor(
             WatchRef(tensor), _address(tensor), f"shape {tuple(tensor.shape)}, {tensor.dtype}",
