@@ -14,6 +14,7 @@ norm, lm_head, the ranking) are counted apart (`fixed`). Two counts:
 
 from __future__ import annotations
 
+import statistics
 from dataclasses import dataclass
 from typing import Callable
 
@@ -99,17 +100,25 @@ def op_counts(batch: int = 1) -> OpCounts:
                     aten_layer, aten_a - PROXY_LAYERS[0] * aten_layer)
 
 
-def cuda_kernels_per_replay(replay: Callable[[], object], *, iters: int = 5) -> float:
-    """CUDA kernels a replay launches, by torch.profiler (memcpy and memset not counted)."""
+def _device_events(replay: Callable[[], object], iters: int, *, sync_each: bool) -> list:
+    """The CUDA events of `iters` replays under torch.profiler, after one unprofiled replay;
+    `sync_each`: wait for each replay before the next is launched."""
     replay()
     torch.cuda.synchronize()
     activities = [torch.profiler.ProfilerActivity.CPU, torch.profiler.ProfilerActivity.CUDA]
     with torch.profiler.profile(activities=activities) as prof:
         for _ in range(iters):
             replay()
+            if sync_each:
+                torch.cuda.synchronize()
         torch.cuda.synchronize()
-    kernels = [e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA
-               and "memcpy" not in e.name.lower() and "memset" not in e.name.lower()]
+    return [e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
+
+
+def cuda_kernels_per_replay(replay: Callable[[], object], *, iters: int = 5) -> float:
+    """CUDA kernels a replay launches, by torch.profiler (memcpy and memset not counted)."""
+    kernels = [e for e in _device_events(replay, iters, sync_each=False)
+               if "memcpy" not in e.name.lower() and "memset" not in e.name.lower()]
     return len(kernels) / iters
 
 
@@ -162,20 +171,12 @@ def busy_time(intervals: list[tuple[float, float]]) -> float:
 def replay_device_profile(replay: Callable[[], object], *, iters: int = 20) -> ReplayDeviceProfile:
     """The device side of `iters` replays under torch.profiler, per replay (medians of span and busy
     time; memcpy and memset counted as kernels here, since they take device time too)."""
-    replay()
-    torch.cuda.synchronize()
-    spans, busy = [], []
-    activities = [torch.profiler.ProfilerActivity.CPU, torch.profiler.ProfilerActivity.CUDA]
-    with torch.profiler.profile(activities=activities) as prof:
-        for _ in range(iters):
-            replay()
-            torch.cuda.synchronize()
-    events = sorted((e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA),
-                    key=lambda e: e.time_range.start)
+    events = sorted(_device_events(replay, iters, sync_each=True), key=lambda e: e.time_range.start)
     if not events or len(events) % iters:
         raise RuntimeError(f"replay_device_profile: {len(events)} device events over {iters} replays; "
                            "expected the same kernels in every replay")
     per = len(events) // iters
+    spans, busy = [], []
     for i in range(iters):
         chunk = events[i * per:(i + 1) * per]
         intervals = [(e.time_range.start, e.time_range.end) for e in chunk]
@@ -187,10 +188,8 @@ def replay_device_profile(replay: Callable[[], object], *, iters: int = 20) -> R
         totals.setdefault(name, []).append(e.time_range.end - e.time_range.start)
     rows = sorted((KernelRow(n, len(d) / iters, sum(d) / iters) for n, d in totals.items()),
                   key=lambda r: -r.device_us)
-    spans.sort()
-    busy.sort()
-    return ReplayDeviceProfile(tuple(rows), float(per), spans[iters // 2], busy[iters // 2],
-                               sum(r.device_us for r in rows))
+    return ReplayDeviceProfile(tuple(rows), float(per), statistics.median_high(spans),
+                               statistics.median_high(busy), sum(r.device_us for r in rows))
 
 
 def render_device_profile(p: ReplayDeviceProfile, *, limit: int = 25) -> str:
