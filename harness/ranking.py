@@ -57,16 +57,22 @@ def rank_logits(logits: torch.Tensor, width: int) -> RankedLogits:
                         scales=logits.abs().amax(dim=-1))
 
 
+def check_packable(rows: int, vocab: int, n: int) -> None:
+    """Refuse packing `n` of `rows` ranked rows over `vocab` tokens where the packed floats cannot
+    hold them: more sequences than rows, or ids float32 cannot hold exactly."""
+    if rows < n:
+        raise ValueError(f"{rows} ranked rows for {n} sequences")
+    if vocab > 2 ** 24:
+        raise ValueError(f"a vocabulary of {vocab} tokens has ids float32 cannot hold exactly "
+                         f"(at most 2**24)")
+
+
 def pack_ranked(ranked: RankedLogits, n: int, width: int | None = None) -> torch.Tensor:
     """The first `n` rows of a ranking as one device tensor [n, 2 * width + 1] (float32: ids,
     logprobs, scale), so that one device-to-host transfer (each one is a sync, or an event to wait
     for) carries the whole batch. float32 holds the logprobs and scales as they are and token ids
     below 2**24 exactly."""
-    if ranked.order.shape[0] < n:
-        raise ValueError(f"{ranked.order.shape[0]} ranked rows for {n} sequences")
-    if ranked.logprobs.shape[-1] > 2 ** 24:
-        raise ValueError(f"a vocabulary of {ranked.logprobs.shape[-1]} tokens has ids float32 cannot "
-                         f"hold exactly (at most 2**24)")
+    check_packable(ranked.order.shape[0], ranked.logprobs.shape[-1], n)
     width = ranked.order.shape[1] if width is None else width
     return torch.cat([ranked.order[:n, :width].float(), ranked.top_logprobs[:n, :width],
                       ranked.scales[:n, None]], dim=1)

@@ -20,6 +20,7 @@ from typing import Callable
 
 import torch
 
+from harness.bench._kernel_options import KernelOptions
 from harness.bench._report import refuse_fallbacks
 from harness.records import Request
 from harness.runtime import Engine, EngineConfig
@@ -47,15 +48,13 @@ def _requests(batch: int, new_tokens: int, vocab: int) -> list[Request]:
 
 
 def _engine(model, backend, batch: int, *, graphs: bool, overlap: bool,
-            compile: str = "none", decode_kernel: str | None = None,
-                rope_kv_write: str | None = None, decode_linear: str | None = None, pdl: bool | None = None,
+            compile: str = "none", options: KernelOptions = KernelOptions(),
             shared: Engine | None = None) -> Engine:
     config = EngineConfig(max_batch_size=batch, max_num_tokens=max(batch * PROMPT, 2 * batch),
                           block_size=16, max_model_len=PROMPT + NEW_TOKENS + 16,
                           decode_graph_sizes=(batch,) if graphs else (),
                           graph_top_k=(1,) if graphs else (), overlap=overlap, compile=compile,
-                          decode_kernel=decode_kernel, rope_kv_write=rope_kv_write,
-                          decode_linear=decode_linear, pdl=pdl)
+                          **options.config_fields())
     engine = Engine(model, config, backend=backend if graphs else None,
                     compiled_step=shared.compiled_step if shared is not None else None)
     if graphs:
@@ -90,8 +89,7 @@ def ms_per_step(engine: Engine, batch: int, repeats: int) -> float:
 
 def time_engine_steps(name: str, model, backend, batches: tuple[int, ...], *,
                       repeats: int, compiles: tuple[str, ...] = ("none",),
-                      decode_kernel: str | None = None, rope_kv_write: str | None = None,
-                      decode_linear: str | None = None, pdl: bool | None = None,
+                      options: KernelOptions = KernelOptions(),
                       progress: Callable[[str], None] = lambda line: None) -> list[StepTiming]:
     """`progress` hears of each timing as it ends. The compiled engines of one shape (eager and
     graphed apart: a compiled step belongs to one graph backend) share one compiled step."""
@@ -102,15 +100,11 @@ def time_engine_steps(name: str, model, backend, batches: tuple[int, ...], *,
                 shared: dict[bool, Engine] = {}
                 for overlap in (False, True):
                     eager_engine = _engine(model, backend, batch, graphs=False, overlap=overlap,
-                                           compile=compile, decode_kernel=decode_kernel,
-                                               rope_kv_write=rope_kv_write,
-                                               decode_linear=decode_linear, pdl=pdl,
+                                           compile=compile, options=options,
                                            shared=shared.get(False))
                     eager = ms_per_step(eager_engine, batch, repeats)
                     graph_engine = _engine(model, backend, batch, graphs=True, overlap=overlap,
-                                           compile=compile, decode_kernel=decode_kernel,
-                                               rope_kv_write=rope_kv_write,
-                                               decode_linear=decode_linear, pdl=pdl,
+                                           compile=compile, options=options,
                                            shared=shared.get(True))
                     graph = ms_per_step(graph_engine, batch, repeats)
                     shared.setdefault(False, eager_engine)

@@ -35,7 +35,9 @@ kernel; the run prints which one served and why. `--rope-kv-write` (default auto
 for EngineConfig.rope_kv_write: `separate` against `fused` is the before and after of
 `harness::rope_kv_write`; `--decode-linear` (default auto) for EngineConfig.decode_linear:
 `separate` against `fused` is the before and after of the decode GEMV ops (norm + qkv, o_proj +
-residual, norm + gate_up + SiLU-and-multiply, down + residual). `--pdl` (default auto) for
+residual, norm + gate_up + SiLU-and-multiply, down + residual); `--greedy-ranking` (default auto)
+for EngineConfig.greedy_ranking: `separate` against `fused` is the before and after of
+`harness::greedy_pack` in the engine step's top-1 graphs. `--pdl` (default auto) for
 EngineConfig.pdl: `both` runs every measurement with PDL off, then on, and prints (and appends)
 one set of tables per setting, headed "PDL off" / "PDL on"; `on` where PDL cannot run exits 2 with
 the reason, before anything is built.
@@ -53,6 +55,7 @@ from typing import Callable
 import torch
 
 from harness.bench._report import add_output_options, append_section, machine_line
+from harness.bench._kernel_options import KernelOptions
 from harness.bench._engine_steps import render_steps, step_misses, time_engine_steps
 from harness.bench._kernels import (cuda_kernels_per_replay, op_counts, render_device_profile,
                                     render_op_counts, replay_device_profile)
@@ -63,6 +66,7 @@ from harness.graphs import get_backend
 from harness.model import ReferenceLlama, llama_1b_config, random_llama, tiny_llama_config
 from harness.ops.decode_kernel import choose_decode_kernel
 from harness.ops.decode_linear_choice import choose_decode_linear
+from harness.ops.greedy_ranking_choice import choose_greedy_ranking
 from harness.ops.pdl_choice import PdlChoice, choose_pdl
 from harness.ops.rope_kv_choice import choose_rope_kv_write
 from harness.ops.metadata import SequenceSpan
@@ -121,27 +125,21 @@ def progress(line: str) -> None:
 
 
 def engine_config(*, single_pass: bool, compile: str = "none", batches: tuple[int, ...] = BATCHES,
-                  decode_kernel: str | None = None,
-                      rope_kv_write: str | None = None,
-                      decode_linear: str | None = None, pdl: bool | None = None) -> EngineConfig:
+                  options: KernelOptions = KernelOptions()) -> EngineConfig:
     return EngineConfig(max_batch_size=max(batches), max_num_tokens=max(batches) * 2, block_size=16,
                         max_model_len=2 * CONTEXT, decode_graph_sizes=batches,
-                        single_pass_capture=single_pass, compile=compile,
-                        decode_kernel=decode_kernel, rope_kv_write=rope_kv_write,
-                        decode_linear=decode_linear, pdl=pdl)
+                        single_pass_capture=single_pass, compile=compile, **options.config_fields())
 
 
 def _new_engine(model: ReferenceLlama, backend, *, single_pass: bool, compile: str = "none",
                 batches: tuple[int, ...] = BATCHES, shared: Engine | None = None,
-                decode_kernel: str | None = None, rope_kv_write: str | None = None,
-                decode_linear: str | None = None, pdl: bool | None = None) -> Engine:
+                options: KernelOptions = KernelOptions()) -> Engine:
     # The compiled path compiles every size in this untimed first capture: a capture is timed
     # against what it records, not against inductor. Engines after the first share its compiled
     # step (`shared`), so each size is compiled once per run, not once per engine.
     step = shared.compiled_step if shared is not None else None
     engine = Engine(model, engine_config(single_pass=single_pass, compile=compile, batches=batches,
-                                         decode_kernel=decode_kernel, rope_kv_write=rope_kv_write,
-                                         decode_linear=decode_linear, pdl=pdl),
+                                         options=options),
                     backend=backend, compiled_step=step)
     _sync(model.device)
     start = time.perf_counter()
@@ -164,9 +162,7 @@ def compile_seconds(engine: Engine) -> dict[int, float]:
 def time_capture(name: str, model: ReferenceLlama, backend, *,
                  repeats: int = CAPTURE_REPEATS, compile: str = "none",
                  batches: tuple[int, ...] = BATCHES,
-                 decode_kernel: str | None = None,
-                     rope_kv_write: str | None = None,
-                     decode_linear: str | None = None, pdl: bool | None = None) -> CaptureTiming:
+                 options: KernelOptions = KernelOptions()) -> CaptureTiming:
     """The median of `repeats` timed captures per arm, the arms alternating so that drift in the
     machine's speed reaches both, after one untimed capture of each."""
     device = model.device
@@ -175,8 +171,7 @@ def time_capture(name: str, model: ReferenceLlama, backend, *,
     for run in range(repeats + 1):
         for single_pass in (False, True):
             engine = _new_engine(model, backend, single_pass=single_pass, compile=compile,
-                                 batches=batches, shared=first, decode_kernel=decode_kernel,
-                                     rope_kv_write=rope_kv_write, decode_linear=decode_linear, pdl=pdl)
+                                 batches=batches, shared=first, options=options)
             if first is None:
                 first = engine
                 progress(f"{name} ({compile}): first capture of batch {', '.join(map(str, batches))} "
@@ -203,14 +198,10 @@ def time_capture(name: str, model: ReferenceLlama, backend, *,
 def time_replay(name: str, model: ReferenceLlama, backend, *, iters: int, warmup: int,
                 kernels: dict[str, float] | None = None,
                 batches: tuple[int, ...] = BATCHES,
-                decode_kernel: str | None = None,
-                    rope_kv_write: str | None = None,
-                    decode_linear: str | None = None, pdl: bool | None = None) -> list[ReplayTiming]:
+                options: KernelOptions = KernelOptions()) -> list[ReplayTiming]:
     """Eager against replay at every batch; on cuda `kernels[name]` gets the kernels one replay of
     batch 1 launches."""
-    engine = _new_engine(model, backend, single_pass=False, batches=batches,
-                         decode_kernel=decode_kernel, rope_kv_write=rope_kv_write,
-                         decode_linear=decode_linear, pdl=pdl)
+    engine = _new_engine(model, backend, single_pass=False, batches=batches, options=options)
     engine.decode_graphs.warmup_and_capture("serve")
     device = model.device
     cache = engine.kv_cache
@@ -274,17 +265,13 @@ def _decode_spans(engine: Engine, batch: int) -> tuple[tuple[SequenceSpan, ...],
 
 def profile_step(name: str, model: ReferenceLlama, backend, batch: int, *, iters: int,
                  warmup: int, compile: str = "none", batches: tuple[int, ...] = BATCHES,
-                 decode_kernel: str | None = None,
-                 rope_kv_write: str | None = None,
-                 decode_linear: str | None = None,
-                 pdl: bool | None = None) -> tuple[str, StepBreakdown, str | None]:
+                 options: KernelOptions = KernelOptions()) -> tuple[str, StepBreakdown, str | None]:
     """The top host-side costs of the engine's graph step under torch.profiler, its breakdown, and
     on cuda where one replay's device time goes (None elsewhere)."""
     if batch not in batches:
         raise ValueError(f"--batch {batch} is not among the captured sizes {batches}")
     engine = _new_engine(model, backend, single_pass=False, compile=compile, batches=batches,
-                         decode_kernel=decode_kernel, rope_kv_write=rope_kv_write,
-                         decode_linear=decode_linear, pdl=pdl)
+                         options=options)
     graphs = engine.decode_graphs
     graphs.warmup_and_capture("serve")
     device = model.device
@@ -423,6 +410,10 @@ def main(argv: list[str]) -> int:
                         help="how decode-sized batches run the linear layers (EngineConfig."
                              "decode_linear): auto (fused on CUDA where triton imports, default), "
                              "separate (torch ops), or fused (the decode GEMV ops)")
+    parser.add_argument("--greedy-ranking", choices=("auto", "separate", "fused"), default="auto",
+                        help="how a top-1 graph ranks its logits (EngineConfig.greedy_ranking): auto "
+                             "(fused on CUDA where triton imports, default), separate (torch ops), "
+                             "or fused (harness::greedy_pack)")
     parser.add_argument("--pdl", choices=("auto", "off", "on", "both"), default="auto",
                         help="Programmatic Dependent Launch of the Triton kernels (EngineConfig.pdl): "
                              "auto (on where it can run, default), off, on (refused where it cannot "
@@ -456,6 +447,10 @@ def main(argv: list[str]) -> int:
     rope_kv = choose_rope_kv_write(rope_kv_write, device)
     decode_linear = None if args.decode_linear == "auto" else args.decode_linear
     linear = choose_decode_linear(decode_linear, device)
+    greedy_ranking = None if args.greedy_ranking == "auto" else args.greedy_ranking
+    ranking = choose_greedy_ranking(greedy_ranking, device)
+    options = KernelOptions(decode_kernel=decode_kernel, rope_kv_write=rope_kv_write,
+                            decode_linear=decode_linear, greedy_ranking=greedy_ranking)
     settings = {"auto": (None,), "off": (False,), "on": (True,), "both": (False, True)}[args.pdl]
     try:
         pdl_choices = {pdl: choose_pdl(pdl, device) for pdl in settings}
@@ -464,7 +459,7 @@ def main(argv: list[str]) -> int:
         return 2
     kernel_line = (f"decode kernel: {chosen.kernel} ({chosen.reason}); rope + KV write: "
                    f"{rope_kv.mode} ({rope_kv.reason}); decode linear: {linear.mode} "
-                   f"({linear.reason})")
+                   f"({linear.reason}); greedy ranking: {ranking.mode} ({ranking.reason})")
     timed_threads = torch.get_num_threads()
     if args.profile:
         if len(settings) > 1:
@@ -477,8 +472,7 @@ def main(argv: list[str]) -> int:
             table, breakdown, device_table = profile_step(
                 name, build_model(name, device), backend, args.batch, iters=args.iters,
                 warmup=args.warmup, compile=compile, batches=args.capture_sizes,
-                decode_kernel=decode_kernel, rope_kv_write=rope_kv_write,
-                decode_linear=decode_linear, pdl=pdl)
+                options=options.with_pdl(pdl))
         print(render_profile(table, breakdown, backend.name, args.iters))
         if device_table:
             print(device_table)
@@ -491,9 +485,7 @@ def main(argv: list[str]) -> int:
         missed = _measure(args, backend, device, models, compiles, timed_threads,
                           kernel_line + f"; PDL: {pdl_line(pdl_choice)}",
                           heading=f"PDL {'on' if pdl_choice.enabled else 'off'}" if len(settings) > 1
-                          else None,
-                          decode_kernel=decode_kernel, rope_kv_write=rope_kv_write,
-                          decode_linear=decode_linear, pdl=pdl)
+                          else None, options=options.with_pdl(pdl))
         missed_any = missed_any or bool(missed)
     return 1 if args.check and missed_any else 0
 
@@ -508,8 +500,7 @@ def pdl_line(choice: PdlChoice) -> str:
 
 
 def _measure(args, backend, device, models, compiles, timed_threads, kernel_line, *,
-             heading: str | None, decode_kernel: str | None, rope_kv_write: str | None,
-             decode_linear: str | None, pdl: bool | None) -> list[str]:
+             heading: str | None, options: KernelOptions) -> list[str]:
     """One set of measurements and tables for one PDL setting; the targets it missed."""
     batches = args.capture_sizes
     captures, replays, floors, steps, kernels, layers = [], [], {}, [], {}, {}
@@ -519,18 +510,12 @@ def _measure(args, backend, device, models, compiles, timed_threads, kernel_line
             floors[name], layers[name] = weight_floor_ms(model), model.num_layers
             progress(f"{name}: model built" + (f" ({heading})" if heading else ""))
             captures += [time_capture(name, model, backend, compile=c, repeats=args.capture_repeats,
-                                      batches=batches, decode_kernel=decode_kernel,
-                                      rope_kv_write=rope_kv_write,
-                                      decode_linear=decode_linear, pdl=pdl) for c in compiles]
+                                      batches=batches, options=options) for c in compiles]
             replays += time_replay(name, model, backend, iters=args.iters, warmup=args.warmup,
-                                   kernels=kernels, batches=batches, decode_kernel=decode_kernel,
-                                   rope_kv_write=rope_kv_write, decode_linear=decode_linear, pdl=pdl)
+                                   kernels=kernels, batches=batches, options=options)
             if args.step_repeats and 1 in batches:
                 steps += time_engine_steps(name, model, backend, (1,), repeats=args.step_repeats,
-                                           compiles=compiles, decode_kernel=decode_kernel,
-                                           rope_kv_write=rope_kv_write,
-                                           decode_linear=decode_linear, pdl=pdl,
-                                           progress=progress)
+                                           compiles=compiles, options=options, progress=progress)
             del model
     tables = [render(backend.name, captures, replays, floors, args.iters, batches=batches,
                      repeats=args.capture_repeats)]

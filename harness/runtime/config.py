@@ -9,6 +9,7 @@ import torch
 
 from harness.ops.decode_kernel import DECODE_KERNELS
 from harness.ops.decode_linear_choice import DECODE_LINEARS
+from harness.ops.greedy_ranking_choice import GREEDY_RANKINGS
 from harness.ops.rope_kv_choice import ROPE_KV_WRITES
 
 # EngineConfig.compile: the eager torch ops, or inductor pieces between the attention ops.
@@ -78,9 +79,20 @@ class EngineConfig:
       "separate"; a CUDA device without triton is counted in `stats.fallbacks`. "fused" on CUDA
       without triton is refused.
 
+    Ranking:
+    - `greedy_ranking`: how a top-1 decode graph (`graph_top_k` holding 1) ranks its logits, for
+      batches whose every sequence wants the greedy token alone (harness/ops/greedy_ranking_choice.py).
+      "fused": `harness::greedy_pack`, two Triton kernels on CUDA giving the token (bit for bit
+      the torch path's), its logprob (to a few fp32 ulps) and the logit scale, where the torch
+      ops run about ten kernels; the torch ops elsewhere. "separate": `rank_logits` and
+      `pack_ranked`. None (the default) chooses for the device: "fused" on a real CUDA device
+      where triton imports, else "separate"; a CUDA device without triton is counted in
+      `stats.fallbacks`. "fused" on CUDA without triton is refused. Eager steps (the reference the
+      graphs are compared with, and the overlap loop's) always rank with the torch ops.
+
     Kernel launches:
     - `pdl`: whether the Triton kernels of the options above (decode GEMVs, rope + KV write, paged
-      decode attention) are launched with Programmatic Dependent Launch
+      decode attention, greedy ranking) are launched with Programmatic Dependent Launch
       (harness/ops/pdl_choice.py): each may start while the kernel before it drains, loads what no
       earlier kernel writes (the GEMVs' first weight tile), then waits for it; on the compiled
       path inductor's own Triton kernels too, where its `triton.enable_pdl` option exists. None
@@ -116,6 +128,7 @@ class EngineConfig:
     decode_kernel: str | None = None
     rope_kv_write: str | None = None
     decode_linear: str | None = None
+    greedy_ranking: str | None = None
     pdl: bool | None = None
 
     def __post_init__(self) -> None:
@@ -131,6 +144,9 @@ class EngineConfig:
         if self.decode_linear is not None and self.decode_linear not in DECODE_LINEARS:
             raise ValueError(f"EngineConfig.decode_linear must be one of {list(DECODE_LINEARS)} or "
                              f"None (choose for the device), got {self.decode_linear!r}")
+        if self.greedy_ranking is not None and self.greedy_ranking not in GREEDY_RANKINGS:
+            raise ValueError(f"EngineConfig.greedy_ranking must be one of {list(GREEDY_RANKINGS)} or "
+                             f"None (choose for the device), got {self.greedy_ranking!r}")
         if self.compile is not COMPILE_NOT_GIVEN and self.compile not in COMPILE_MODES:
             raise ValueError(f"EngineConfig.compile must be one of {list(COMPILE_MODES)}, got "
                              f"{self.compile!r}")

@@ -29,6 +29,8 @@ from harness.ranking import PackedRanking, logits_to_steps
 from harness.ops.decode_kernel import choose_decode_kernel
 from harness.ops.rope_kv_choice import choose_rope_kv_write
 from harness.ops.decode_linear_choice import choose_decode_linear
+from harness.ops.greedy_ranking import rank_and_pack
+from harness.ops.greedy_ranking_choice import choose_greedy_ranking
 from harness.ops.pdl_choice import choose_pdl
 from harness.ops.kv_cache import PagedKVCache
 from harness.ops.metadata import AttentionMetadata
@@ -127,6 +129,10 @@ class Engine:
         self.pdl = choose_pdl(config.pdl, self.device)
         if self.pdl.fell_back:
             self._stats.fallbacks[f"PDL off: {self.pdl.reason}"] += 1
+        # How a top-1 decode graph ranks its logits (eager steps rank with the torch ops).
+        self.greedy_ranking = choose_greedy_ranking(config.greedy_ranking, self.device)
+        if self.greedy_ranking.fell_back:
+            self._stats.fallbacks[f"greedy ranking separate: {self.greedy_ranking.reason}"] += 1
         blocks_per_seq = cdiv(self.max_model_len, config.block_size)
         self._allocate_kv_cache(config.num_blocks or config.max_batch_size * blocks_per_seq)
         # Token ids live in one preallocated buffer, like the metadata, so a graph can read them.
@@ -144,6 +150,11 @@ class Engine:
         self.decode_graphs = self._make_decode_graphs(self.backend, comm, capture_scope, capture_features)
         self.piecewise = self._build_piecewise(config, self.backend, piecewise_policy)
         self._graphs_ready = False
+
+    def rank_and_pack(self, logits: torch.Tensor, n: int, width: int) -> PackedRanking:
+        """The first `n` rows of a decode graph's `logits` ranked `width` wide and packed for the
+        one transfer to the host, as `EngineConfig.greedy_ranking` and `pdl` say (greedy_ranking.py)."""
+        return rank_and_pack(logits, n, width, mode=self.greedy_ranking.mode, pdl=self.pdl.enabled)
 
     def _compiled_step(self, config: EngineConfig, shared: CompiledStep | None) -> CompiledStep | None:
         # The backend that captures the step: none without graphs, where a given backend is kept
@@ -221,7 +232,7 @@ class Engine:
                              capture_scope=capture_scope, single_pass=bool(config.single_pass_capture),
                              strict=config.strict_graph_buffers, features=features,
                              top_ks=config.graph_top_k, policy=self.capture_policy,
-                             step=self.compiled_step)
+                             step=self.compiled_step, rank=self.rank_and_pack)
 
     # --- phases (graph mode) ----------------------------------------------------------------------
 

@@ -157,3 +157,21 @@ def test_a_step_held_past_the_next_replay_keeps_its_values(make_engine, top_k):
     assert torch.equal(values, before), (
         f"the {held.key} step's {'logits' if top_k is None else 'ranking'} changed under the holder "
         f"after the next replay: the graph's static output was handed out uncopied")
+
+
+@pytest.mark.parametrize("greedy_ranking", ["separate", "fused"])
+def test_top1_graphs_rank_as_eager_with_either_greedy_ranking(make_engine, device_reference_llama,
+                                                             compiled_path, overlap, greedy_ranking):
+    """Requests wanting the greedy token alone replay top1 graphs, which rank with the engine's
+    greedy ranking (on CUDA "fused" is harness::greedy_pack's Triton kernels): the same tokens as
+    eager, logprobs within the comparison's tolerance."""
+    if compiled_path:
+        pytest.skip("the compiled step rounds apart from the eager ops, and a request with one "
+                    "logprob records no runner-up to judge a near-tie flip by")
+    requests = requests_with_logprobs((1,) * len(MAX_NEW_TOKENS))
+    eager = Engine(device_reference_llama, TINY_ENGINE_CONFIG).generate(requests)
+    engine = make_engine(graph_top_k=(1,), overlap=overlap, greedy_ranking=greedy_ranking)
+    assert engine.greedy_ranking.mode == greedy_ranking
+    comparison = compare_generations(eager, engine.generate(requests))
+    assert comparison.ok, str(comparison)
+    assert set(engine.stats.replays) == {str(DecodeGraphKey.of(s, "top1")) for s in SIZES}

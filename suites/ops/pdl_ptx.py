@@ -62,6 +62,13 @@ CASES = (
                 "sin_ptr": "bf16", "kv_ptr": "bf16", "slot_mapping_ptr": "i64"},
                dict(HEADS=32, KV_HEADS=8, HEAD_DIM=64, BLOCK_SIZE=16, PADDED_HEADS=32,
                     PADDED_KV_HEADS=8, PADDED_DIM=64)),
+    KernelCase("greedy ranking chunks", "harness.ops.triton_greedy", "_chunk_kernel",
+               {"logits_ptr": "bf16", "key_ptr": "i32", "index_ptr": "i32", "abs_ptr": "i32",
+                "max_ptr": "fp32", "sum_ptr": "fp32"}, dict(CHUNK_SIZE=4096), num_warps=8),
+    KernelCase("greedy ranking combine", "harness.ops.triton_greedy", "_combine_kernel",
+               {"key_ptr": "i32", "index_ptr": "i32", "abs_ptr": "i32", "max_ptr": "fp32",
+                "sum_ptr": "fp32", "values_ptr": "fp32", "tokens_ptr": "i64"},
+               dict(BLOCK_CHUNKS=32), num_warps=1),
 )
 
 

@@ -50,6 +50,8 @@ def test_default_variant_size_unchanged(ptx):
     if not triton.__version__.startswith(BEFORE_PDL_TRITON + "."):
         pytest.skip(f"sizes pinned with triton {BEFORE_PDL_TRITON}; this is {triton.__version__}")
     case, default, _ = ptx
+    if case.name not in BEFORE_PDL:
+        pytest.skip(f"{case.name} was written with its PDL variant: there is no size before PDL")
     before = BEFORE_PDL[case.name]
     assert abs(instruction_count(default) - before) <= max(4, before // 20), (
         f"{case.name}: {instruction_count(default)} PTX instructions without PDL, {before} before")

@@ -25,7 +25,8 @@ batch replays and the fallbacks counted when none does (serving.py).
 Sampling variants (`top_ks`, from `EngineConfig.graph_top_k`): without them each size has one graph
 that outputs logits (variant "greedy"). With them each size has one graph per k, variant f"top{k}",
 whose captured step also ranks the logits and packs the ranking for its transfer to the host
-(`pack_ranking(rank_logits(logits, k), size)`). `graph_key` is the one place a
+(`rank(logits, size, k)`: the torch ops' `pack_ranking(rank_logits(logits, k), size)` unless the
+engine fuses the greedy ranking, `harness::greedy_pack` at k = 1). `graph_key` is the one place a
 key is made, at capture and at replay.
 """
 
@@ -94,6 +95,10 @@ class CaptureReport:
     skipped_sizes: tuple[int, ...] = ()
 
 
+def _rank_with_torch_ops(logits: torch.Tensor, rows: int, top_k: int) -> PackedRanking:
+    return pack_ranking(rank_logits(logits, top_k), rows)
+
+
 class DecoderGraphs:
     """Decode graphs of `sizes` for `host`, captured by `warmup_and_capture` and replayed by `run`."""
 
@@ -105,7 +110,8 @@ class DecoderGraphs:
                  capture_scope: ScopeFactory = no_scope, single_pass: bool = False,
                  strict: bool = False, features: CaptureFeatures = CaptureFeatures(),
                  top_ks: tuple[int, ...] = (), policy: CapturePolicy | None = None,
-                 step: Callable[..., torch.Tensor] | None = None) -> None:
+                 step: Callable[..., torch.Tensor] | None = None,
+                 rank: Callable[[torch.Tensor, int, int], PackedRanking] | None = None) -> None:
         if not sizes:
             raise ValueError("DecoderGraphs needs at least one decode graph size")
         bad = [k for k in top_ks if not isinstance(k, int) or k < 1]
@@ -125,6 +131,9 @@ class DecoderGraphs:
         # What a graph captures and its warmup runs: `step(input_ids, metadata, kv_cache)`, the
         # model itself unless the engine compiles it (runtime/compiled/step.py).
         self.step = step
+        # How a top-k graph ranks its logits: `rank(logits, rows, k)`, the torch ops unless the
+        # engine fuses the greedy ranking (greedy_ranking.py).
+        self.rank = rank if rank is not None else _rank_with_torch_ops
         # (workspace, capacity) after the last eager-workspace reservation: the workspace only grows,
         # so a later single pass against the same workspace need not reserve it again.
         self._reserved: tuple[Any, int] | None = None
@@ -251,7 +260,7 @@ class DecoderGraphs:
         """The ranking's kernels run once before their capture, as the model's do."""
         model = self.host.model
         logits = torch.zeros(size, model.vocab_size, dtype=model.dtype, device=model.device)
-        pack_ranking(rank_logits(logits, top_k), size)
+        self.rank(logits, size, top_k)
 
     def warmup_step(self) -> torch.Tensor:
         """A warmup forward of the prepared dummy batch: the step its graph will capture, run once
@@ -270,7 +279,7 @@ class DecoderGraphs:
 
         def step_and_rank() -> PackedRanking:
             logits = self._model_step()
-            return pack_ranking(rank_logits(logits, top_k), logits.shape[0])
+            return self.rank(logits, logits.shape[0], top_k)
 
         return step_and_rank
 
