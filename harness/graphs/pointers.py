@@ -21,11 +21,13 @@ from __future__ import annotations
 
 import dataclasses
 import enum
+import functools
 import types
 import weakref
 from collections.abc import Mapping
 from typing import Any, Callable
 
+import numpy
 import torch
 from torch import nn
 
@@ -179,7 +181,7 @@ def _walk(obj: Any, path: str, out: dict[str, Any], *, on_path: set[int], depth:
         if too_deep is not None:
             too_deep.append(path)
         return
-    if isinstance(obj, _ATOMS) or id(obj) in on_path:
+    if isinstance(obj, _ATOMS) or id(obj) in on_path or _holds_no_objects(obj):
         return
     if depth >= max_depth:
         if too_deep is None:
@@ -193,6 +195,11 @@ def _walk(obj: Any, path: str, out: dict[str, Any], *, on_path: set[int], depth:
                   leaf=leaf, too_deep=too_deep, public=public)
     finally:
         on_path.discard(id(obj))
+
+
+def _holds_no_objects(obj: Any) -> bool:
+    """A numpy array of numbers (a runtime's host-side staging views): nothing in it to walk."""
+    return isinstance(obj, numpy.ndarray) and not obj.dtype.hasobject
 
 
 def _children(obj: Any, path: str, public: bool = False):
@@ -217,7 +224,12 @@ def _children(obj: Any, path: str, public: bool = False):
 
 
 def _is_machinery(obj: Any) -> bool:
-    module = getattr(type(obj), "__module__", "") or ""
+    return _is_machinery_type(type(obj))
+
+
+@functools.lru_cache(maxsize=1024)  # a snapshot asks once per object walked, of a few types
+def _is_machinery_type(cls: type) -> bool:
+    module = getattr(cls, "__module__", "") or ""
     return any(module == p or module.startswith(p + ".") for p in _MACHINERY_PACKAGES)
 
 
@@ -242,22 +254,32 @@ def _module_children(module: nn.Module, path: str, public: bool):
 
 
 def _attributes(obj: Any):
+    attributes = getattr(obj, "__dict__", {})
+    yield from attributes.items()
+    for name, stored in _slots(type(obj)):
+        if name in attributes:
+            continue
+        try:
+            yield name, object.__getattribute__(obj, stored)
+        except AttributeError:
+            continue  # an unset slot holds nothing
+
+
+@functools.lru_cache(maxsize=1024)
+def _slots(cls: type) -> tuple[tuple[str, str], ...]:
+    """(name, stored name) of every slot `cls` and its bases declare, first declaration first (a
+    private `__name` is stored under its mangled name)."""
     seen: set[str] = set()
-    for name, value in getattr(obj, "__dict__", {}).items():
-        seen.add(name)
-        yield name, value
-    for cls in type(obj).__mro__:
-        slots = cls.__dict__.get("__slots__", ())
-        for name in (slots,) if isinstance(slots, str) else slots:
+    slots = []
+    for base in cls.__mro__:
+        declared = base.__dict__.get("__slots__", ())
+        for name in (declared,) if isinstance(declared, str) else declared:
             if name in seen or name in ("__dict__", "__weakref__"):
                 continue
             seen.add(name)
             private = name.startswith("__") and not name.endswith("__")
-            stored = f"_{cls.__name__.lstrip('_')}{name}" if private else name  # the mangled slot name
-            try:
-                yield name, object.__getattribute__(obj, stored)
-            except AttributeError:
-                continue  # an unset slot holds nothing
+            slots.append((name, f"_{base.__name__.lstrip('_')}{name}" if private else name))
+    return tuple(slots)
 
 
 def _attr(path: str, name: str) -> str:
