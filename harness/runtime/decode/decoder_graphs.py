@@ -40,7 +40,8 @@ import torch
 
 from harness.graphs.base import GraphBackend
 from harness.ops.metadata import SequenceSpan
-from harness.ranking import PackedRanking, pack_ranking, rank_logits
+from harness.ops.greedy_ranking import rank_and_pack
+from harness.ranking import PackedRanking
 from harness.runtime.comm import Comm, SingleProcessComm
 from harness.runtime.decode.blockers import CaptureFeatures, single_pass_blocker
 from harness.runtime.decode.dummy import buildable_sizes, dummy_batch
@@ -95,10 +96,6 @@ class CaptureReport:
     skipped_sizes: tuple[int, ...] = ()
 
 
-def _rank_with_torch_ops(logits: torch.Tensor, rows: int, top_k: int) -> PackedRanking:
-    return pack_ranking(rank_logits(logits, top_k), rows)
-
-
 class DecoderGraphs:
     """Decode graphs of `sizes` for `host`, captured by `warmup_and_capture` and replayed by `run`."""
 
@@ -133,7 +130,7 @@ class DecoderGraphs:
         self.step = step
         # How a top-k graph ranks its logits: `rank(logits, rows, k)`, the torch ops unless the
         # engine fuses the greedy ranking (greedy_ranking.py).
-        self.rank = rank if rank is not None else _rank_with_torch_ops
+        self.rank = rank if rank is not None else rank_and_pack
         # (workspace, capacity) after the last eager-workspace reservation: the workspace only grows,
         # so a later single pass against the same workspace need not reserve it again.
         self._reserved: tuple[Any, int] | None = None
