@@ -113,9 +113,16 @@ def triton_call(shape: Shape, ops: Operands, w: torch.Tensor, config: GemvConfig
 def candidates(shape: Shape, m: int, sms: int, quick: bool) -> list[GemvConfig]:
     """The heuristic's config, then its neighbours one parameter away (deduplicated)."""
     gated = shape.op == "norm_gemv_silu_mul"
-    base = choose_gemv_config(m, shape.n, shape.k, sms=sms, rows_per_output=2 if gated else 1)
+    base = choose_gemv_config(m, shape.n, shape.k, sms=sms, rows_per_output=2 if gated else 1,
+                              tensor_cores=True)
     if quick:
         return [base]
+    if base.mma:
+        row_tiles = choose_gemv_config(m, shape.n, shape.k, sms=sms,
+                                       rows_per_output=2 if gated else 1)
+        return [base, row_tiles, replace(base, block_n=base.block_n // 2),
+                replace(base, block_k=base.block_k // 2), replace(base, num_stages=base.num_stages + 2),
+                replace(base, num_warps=4)][:MAX_CANDIDATES]
     options = [base, replace(base, block_n=base.block_n * 2),
                replace(base, block_k=max(32, base.block_k // 2)),
                replace(base, block_k=min(1024, base.block_k * 2)),

@@ -25,28 +25,50 @@ PROGRAMS_PER_SM = 2
 DEFAULT_SM_COUNT = 132  # an H200; used where the tensors are not on a CUDA device (the interpreter)
 MAX_SPLIT_K = 8
 TILE_ELEMENTS = 16384
+MMA_MAX_ROWS = 16  # rows of x one tensor-core tile holds
 
 
 @dataclass(frozen=True)
 class GemvConfig:
-    """`block_n` output rows per program, `block_k` columns of W per loop step, `num_warps`, and
-    `split_k` programs sharing one row block's K (1: no split, no second kernel)."""
+    """`block_n` output rows per program, `block_k` columns of W per loop step, `num_warps`,
+    `split_k` programs sharing one row block's K (1: no split, no second kernel), `mma`: the
+    products on tensor cores (x padded to 16 rows, W's tiles streamed through shared memory
+    `num_stages` deep by Triton's pipeliner; 16-bit operands only), `prefetch_k`: with PDL, the
+    tensor-core kernel first starts copying that many columns of each of its rows of W into L2,
+    before it waits for the kernel before it (0: none)."""
 
     block_n: int
     block_k: int
     num_warps: int = 4
     split_k: int = 1
+    mma: bool = False
+    num_stages: int = 3
+    prefetch_k: int = 0
 
     def __post_init__(self) -> None:
         for name in ("block_n", "block_k", "num_warps"):
             value = getattr(self, name)
             if value < 1 or value & (value - 1):
                 raise ValueError(f"GemvConfig.{name} must be a power of two >= 1, got {value}")
+        if not 1 <= self.num_stages <= 8:
+            raise ValueError(f"GemvConfig.num_stages must be in [1, 8], got {self.num_stages}")
+        if self.prefetch_k < 0 or self.prefetch_k % 8 or (self.prefetch_k and not self.mma):
+            raise ValueError(f"GemvConfig.prefetch_k must be a multiple of 8 >= 0, on a tensor-core "
+                             f"config only, got {self.prefetch_k} (mma={self.mma})")
+        if self.mma and (self.block_n < 16 or self.block_k < 16):
+            raise ValueError(f"a tensor-core GemvConfig needs block_n and block_k >= 16, got "
+                             f"{self.block_n} and {self.block_k}")
         if not 1 <= self.split_k <= 64:
             raise ValueError(f"GemvConfig.split_k must be in [1, 64], got {self.split_k}")
 
     def label(self) -> str:
-        return f"n{self.block_n} k{self.block_k} w{self.num_warps} s{self.split_k}"
+        label = f"n{self.block_n} k{self.block_k} w{self.num_warps} s{self.split_k}"
+        if self.mma:
+            label += f" mma st{self.num_stages}" + (f" pf{self.prefetch_k}" if self.prefetch_k else "")
+        return label
+
+
+GATED_MMA = GemvConfig(block_n=64, block_k=128, num_warps=8, mma=True, num_stages=4)
 
 
 def next_power_of_2(n: int) -> int:
@@ -70,14 +92,21 @@ def _cuda_sm_count(index: int) -> int:
     return torch.cuda.get_device_properties(index).multi_processor_count
 
 
-@functools.lru_cache(maxsize=256)  # a pure function of its ints, asked at every eager launch
+@functools.lru_cache(maxsize=256)  # a pure function of its arguments, asked at every eager launch
 def choose_gemv_config(m: int, n: int, k: int, *, sms: int = DEFAULT_SM_COUNT,
-                       rows_per_output: int = 1) -> GemvConfig:
+                       rows_per_output: int = 1, tensor_cores: bool = False) -> GemvConfig:
     """The config for y[m, n] = x[m, k] @ W[n * rows_per_output, k]^T (rows_per_output 2: the
     gated kernel reads a gate and an up row per output). Wide K tiles for M = 1, narrower as M
-    grows so that the [M, block_n, block_k] product stays in registers."""
+    grows so that the [M, block_n, block_k] product stays in registers. `tensor_cores`: the
+    operands are 16-bit, so the tensor-core kernel may be chosen (the gated GEMV of up to
+    MMA_MAX_ROWS rows)."""
     if m < 1 or n < 1 or k < 1:
         raise ValueError(f"GEMV shapes must be >= 1, got m={m}, n={n}, k={k}")
+    if tensor_cores and rows_per_output == 2 and m <= MMA_MAX_ROWS and n >= GATED_MMA.block_n:
+        # gate_up at the 1B shapes on the H200 (decode_linear_bench, docs/benchmarks.md): 20.1 us
+        # against 27.2 for the best row-tile config, the pipelined tiles keeping more of W in
+        # flight than loads into registers do.
+        return GATED_MMA
     bm = block_m(m)
     block_k = min(next_power_of_2(k), max(64, 512 // bm))
     target = PROGRAMS_PER_SM * sms

@@ -6,7 +6,11 @@ Importing this module imports triton; `harness.ops.decode_linear` imports it onl
 runs (a CUDA tensor). Under TRITON_INTERPRET=1 (set before this module is first imported) the same
 launchers run on CPU tensors, which is how the CPU suites check them.
 
-One kernel serves every variant (constexpr flags): program (i, s) owns output columns
+Two kernels serve every variant (constexpr flags), chosen by the config (`gemv_configs.py`):
+the row-tile kernel multiplies in registers, the tensor-core kernel (`GemvConfig.mma`, 16-bit
+operands, at most 16 rows of x padded to 16) feeds W's tiles to `tl.dot`, so Triton's pipeliner
+streams them through shared memory several tiles ahead; the 1B's gate_up runs there. In both,
+program (i, s) owns output columns
 [i * BLOCK_N, (i + 1) * BLOCK_N) for every row of x, and reads its rows of W over the s-th slice of
 K. Each program carries all M rows of x (M <= a few), so W, the bulk of the bytes, is read once.
 With a split (s > 1 programs per row block) each writes fp32 partial sums and a second kernel adds
@@ -26,9 +30,10 @@ import torch
 import triton
 import triton.language as tl
 
-from harness.ops.gemv_configs import GemvConfig, block_m, choose_gemv_config, sm_count
+from harness.ops.gemv_configs import (MMA_MAX_ROWS, GemvConfig, block_m, choose_gemv_config,
+                                      sm_count)
 from harness.ops.pdl_support import pdl_launch_options
-from harness.ops.triton_pdl import pdl_launch_dependents, pdl_wait
+from harness.ops.triton_pdl import pdl_launch_dependents, pdl_wait, prefetch_rows_to_l2
 
 
 @triton.jit
@@ -60,17 +65,40 @@ def _finish(acc, acc_up, m, m_ok, n, n_ok, up_offset, bias_ptr, res_ptr, out_ptr
 
 
 @triton.jit
-def _tile(acc, acc_up, wide, wide_up, w, w_up, x_rows, m_ok, kk, k_ok, norm_ptr, rstd, stride_xk,
-          dtype, HAS_NORM: tl.constexpr, GATED: tl.constexpr, BLOCK_M: tl.constexpr,
-          BLOCK_K: tl.constexpr):
-    """One K tile's products of x (normalised first with HAS_NORM) with the weight tiles w (and
-    w_up, the up rows, with GATED), added to the accumulators."""
+def _row_rstd(x_rows, m_ok, K, eps, stride_xk, HAS_NORM: tl.constexpr, BLOCK_M: tl.constexpr,
+              BLOCK_K: tl.constexpr):
+    """1 / rms of each row of x over all of K (zeros without HAS_NORM: the norm compiled out).
+    Every program needs its rows' full statistics, whatever slice of K it multiplies: x is a few
+    KB, read from L2."""
+    if HAS_NORM:
+        squares = tl.zeros([BLOCK_M], dtype=tl.float32)
+        for k0 in range(0, K, BLOCK_K):
+            kk = k0 + tl.arange(0, BLOCK_K)
+            xv = tl.load(x_rows + kk[None, :] * stride_xk, mask=m_ok[:, None] & (kk < K)[None, :],
+                         other=0.0).to(tl.float32)
+            squares += tl.sum(xv * xv, axis=1)
+        return tl.rsqrt(squares / K + eps)
+    return tl.zeros([BLOCK_M], dtype=tl.float32)
+
+
+@triton.jit
+def _x_tile(x_rows, m_ok, kk, k_ok, norm_ptr, rstd, stride_xk, dtype, HAS_NORM: tl.constexpr):
+    """x[:, kk] as the model dtype, normalised first with HAS_NORM (the torch path's roundings)."""
     xv = tl.load(x_rows + kk[None, :] * stride_xk, mask=m_ok[:, None] & k_ok[None, :], other=0.0)
     if HAS_NORM:
         scale = tl.load(norm_ptr + kk, mask=k_ok, other=0.0).to(tl.float32)
         normed = (xv.to(tl.float32) * rstd[:, None]).to(dtype).to(tl.float32)
         xv = (normed * scale[None, :]).to(dtype)
-    xf = xv.to(tl.float32)
+    return xv
+
+
+@triton.jit
+def _tile(acc, acc_up, wide, wide_up, w, w_up, x_rows, m_ok, kk, k_ok, norm_ptr, rstd, stride_xk,
+          dtype, HAS_NORM: tl.constexpr, GATED: tl.constexpr, BLOCK_M: tl.constexpr,
+          BLOCK_K: tl.constexpr):
+    """One K tile's products of x (normalised first with HAS_NORM) with the weight tiles w (and
+    w_up, the up rows, with GATED), added to the accumulators."""
+    xf = _x_tile(x_rows, m_ok, kk, k_ok, norm_ptr, rstd, stride_xk, dtype, HAS_NORM).to(tl.float32)
     if BLOCK_M == 1:
         x_row = tl.reshape(xf, [BLOCK_K])[None, :]
         wide += w * x_row
@@ -116,18 +144,7 @@ def _gemv_kernel(
         pdl_wait()
         pdl_launch_dependents()
 
-    if HAS_NORM:
-        # Every program needs its rows' full statistics, whatever slice of K it multiplies: x is
-        # a few KB, read from L2.
-        squares = tl.zeros([BLOCK_M], dtype=tl.float32)
-        for k0 in range(0, K, BLOCK_K):
-            kk = k0 + tl.arange(0, BLOCK_K)
-            xv = tl.load(x_rows + kk[None, :] * stride_xk, mask=m_ok[:, None] & (kk < K)[None, :],
-                         other=0.0).to(tl.float32)
-            squares += tl.sum(xv * xv, axis=1)
-        rstd = tl.rsqrt(squares / K + eps)
-    else:
-        rstd = tl.zeros([BLOCK_M], dtype=tl.float32)  # unused: the norm is compiled out
+    rstd = _row_rstd(x_rows, m_ok, K, eps, stride_xk, HAS_NORM, BLOCK_M, BLOCK_K)
 
     acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
     acc_up = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
@@ -165,6 +182,75 @@ def _gemv_kernel(
 
 
 @triton.jit
+def _weights_t(w_ptr, rows, rows_ok, kk, k_ok, stride_wn, stride_wk):
+    """W[rows, kk]^T as a [BLOCK_K, BLOCK_N] tile in the weights' own dtype (0 outside)."""
+    return tl.load(w_ptr + rows[None, :] * stride_wn + kk[:, None] * stride_wk,
+                   mask=rows_ok[None, :] & k_ok[:, None], other=0.0)
+
+
+@triton.jit
+def _dot(a, b, acc, INTERPRETED: tl.constexpr):
+    """acc + a @ b, 16-bit operands. Triton's interpreter (3.6) multiplies bf16 operands' bits as
+    integers, so there the operands go up to fp32 first: the same exact products."""
+    if INTERPRETED:
+        return tl.dot(a.to(tl.float32), b.to(tl.float32), acc, input_precision="ieee")
+    return tl.dot(a, b, acc)
+
+
+@triton.jit
+def _gemv_mma_kernel(
+        x_ptr, w_ptr, bias_ptr, res_ptr, norm_ptr, out_ptr, part_ptr,
+        M, N, K, k_per_split, up_offset, eps,
+        stride_xm, stride_xk, stride_wn, stride_wk, stride_rm, stride_rn, stride_om, stride_on,
+        HAS_NORM: tl.constexpr, HAS_BIAS: tl.constexpr, HAS_RESIDUAL: tl.constexpr,
+        GATED: tl.constexpr, SPLIT: tl.constexpr,
+        BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+        INTERPRETED: tl.constexpr, PREFETCH_K: tl.constexpr = 0, USE_PDL: tl.constexpr = False):
+    """`_gemv_kernel`'s contract with the products on tensor cores: x padded to BLOCK_M >= 16
+    rows (zeros), W's tiles fed to `tl.dot`, so that Triton's pipeliner streams them through
+    shared memory `num_stages` tiles ahead: more bytes in flight per SM than loads into
+    registers keep. Products of 16-bit values are exact in fp32 and summed in fp32, as there."""
+    pid_n = tl.program_id(0)
+    pid_k = tl.program_id(1)
+    dtype = x_ptr.dtype.element_ty
+    m = tl.arange(0, BLOCK_M)
+    m_ok = m < M
+    n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    n_ok = n < N
+    x_rows = x_ptr + m[:, None] * stride_xm
+    k_lo = pid_k * k_per_split
+    if USE_PDL:
+        # The weights are no earlier kernel's output: the first PREFETCH_K columns of this
+        # program's rows go to L2 while the kernel before drains. x, the residual and the outputs
+        # wait for it.
+        if PREFETCH_K > 0:
+            row_bytes = tl.minimum(PREFETCH_K, K - k_lo) * (w_ptr.dtype.element_ty.primitive_bitwidth // 8)
+            prefetch_rows_to_l2(w_ptr + n * stride_wn + k_lo, n_ok, row_bytes)
+            if GATED:
+                prefetch_rows_to_l2(w_ptr + (n + up_offset) * stride_wn + k_lo, n_ok, row_bytes)
+        pdl_wait()
+        pdl_launch_dependents()
+    rstd = _row_rstd(x_rows, m_ok, K, eps, stride_xk, HAS_NORM, BLOCK_M, BLOCK_K)
+    acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+    acc_up = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+    for k0 in range(k_lo, k_lo + k_per_split, BLOCK_K):
+        kk = k0 + tl.arange(0, BLOCK_K)
+        k_ok = kk < K
+        xv = _x_tile(x_rows, m_ok, kk, k_ok, norm_ptr, rstd, stride_xk, dtype, HAS_NORM)
+        w = _weights_t(w_ptr, n, n_ok, kk, k_ok, stride_wn, stride_wk)
+        acc = _dot(xv, w, acc, INTERPRETED)
+        if GATED:
+            w_up = _weights_t(w_ptr, n + up_offset, n_ok, kk, k_ok, stride_wn, stride_wk)
+            acc_up = _dot(xv, w_up, acc_up, INTERPRETED)
+    if SPLIT:
+        tl.store(part_ptr + (pid_k * M + m[:, None]) * N + n[None, :], acc,
+                 mask=m_ok[:, None] & n_ok[None, :])
+    else:
+        _finish(acc, acc_up, m, m_ok, n, n_ok, up_offset, bias_ptr, res_ptr, out_ptr, stride_rm,
+                stride_rn, stride_om, stride_on, HAS_BIAS, HAS_RESIDUAL, GATED)
+
+
+@triton.jit
 def _split_sum_kernel(part_ptr, bias_ptr, res_ptr, out_ptr, M, N,
                       stride_rm, stride_rn, stride_om, stride_on,
                       SPLIT_K: tl.constexpr, HAS_BIAS: tl.constexpr, HAS_RESIDUAL: tl.constexpr,
@@ -186,6 +272,15 @@ def _split_sum_kernel(part_ptr, bias_ptr, res_ptr, out_ptr, M, N,
 
 
 SPLIT_SUM_BLOCK = 256
+SIXTEEN_BIT = (torch.bfloat16, torch.float16)
+
+
+def _rows_prefetchable(weight: torch.Tensor) -> bool:
+    """Whether every row of W starts 16-byte aligned with contiguous columns (and so every prefetch
+    of whole 16-byte pieces from a row's tile start is valid): otherwise the kernel prefetches
+    nothing (its results are the same; only the loads before the PDL wait are lost)."""
+    row_bytes = weight.stride(0) * weight.element_size()
+    return weight.stride(1) == 1 and weight.data_ptr() % 16 == 0 and row_bytes % 16 == 0
 
 
 def gemv_triton(x: torch.Tensor, weight: torch.Tensor, *, bias: torch.Tensor | None = None,
@@ -205,7 +300,11 @@ def gemv_triton(x: torch.Tensor, weight: torch.Tensor, *, bias: torch.Tensor | N
         return out
     if config is None:
         config = choose_gemv_config(rows_m, n, k, sms=sm_count(x.device),
-                                    rows_per_output=2 if gated else 1)
+                                    rows_per_output=2 if gated else 1,
+                                    tensor_cores=x.dtype in SIXTEEN_BIT)
+    if config.mma and x.dtype not in SIXTEEN_BIT:
+        raise ValueError(f"the tensor-core GEMV ({config.label()}) takes bf16 or fp16 operands, "
+                         f"got {x.dtype}")
     if gated and config.split_k > 1:
         raise ValueError(f"the gated GEMV does not split K (its epilogue needs whole sums), got "
                          f"{config.label()}")
@@ -216,8 +315,17 @@ def gemv_triton(x: torch.Tensor, weight: torch.Tensor, *, bias: torch.Tensor | N
                 if split > 1 else out)
     # Absent operands get a stand-in pointer: their loads are compiled out (constexpr flags).
     res = residual if residual is not None else out
-    bm = block_m(rows_m)
-    _gemv_kernel[(triton.cdiv(n, config.block_n), split)](
+    if config.mma and rows_m > MMA_MAX_ROWS:
+        raise ValueError(f"the tensor-core GEMV ({config.label()}) takes at most {MMA_MAX_ROWS} "
+                         f"rows of x, got {rows_m}")
+    bm = MMA_MAX_ROWS if config.mma else block_m(rows_m)
+    kernel, extra = _gemv_kernel, {}
+    if config.mma:
+        # A CPU tensor reaches a launcher only under Triton's interpreter.
+        kernel, extra = _gemv_mma_kernel, {"INTERPRETED": not x.is_cuda}
+        if pdl and x.is_cuda and config.prefetch_k and k % 8 == 0 and _rows_prefetchable(weight):
+            extra["PREFETCH_K"] = min(config.prefetch_k, k_per_split)
+    kernel[(triton.cdiv(n, config.block_n), split)](
         x, weight, bias if bias is not None else x, res,
         norm_weight if norm_weight is not None else x, out, partials,
         rows_m, n, k, k_per_split, n if gated else 0, eps,
@@ -225,7 +333,7 @@ def gemv_triton(x: torch.Tensor, weight: torch.Tensor, *, bias: torch.Tensor | N
         HAS_NORM=norm_weight is not None, HAS_BIAS=bias is not None,
         HAS_RESIDUAL=residual is not None, GATED=gated, SPLIT=split > 1,
         BLOCK_M=bm, BLOCK_N=config.block_n, BLOCK_K=config.block_k, num_warps=config.num_warps,
-        **launch)
+        num_stages=config.num_stages, **extra, **launch)
     if split > 1:
         _split_sum_kernel[(triton.cdiv(n, SPLIT_SUM_BLOCK),)](
             partials, bias if bias is not None else x, res, out, rows_m, n,

@@ -43,3 +43,21 @@ else:
     @triton.jit
     def pdl_launch_dependents():
         pass
+
+
+@triton.jit
+def prefetch_rows_to_l2(row_ptrs, row_ok, nbytes):
+    """Starts copying `nbytes` (a multiple of 16) from each 16-byte-aligned address of `row_ptrs`
+    where `row_ok` into L2 and returns at once (`cp.async.bulk.prefetch.L2`, sm_90): what a PDL
+    kernel can do with memory no earlier kernel writes while that kernel still runs. Compiled
+    code only: the interpreter runs no PTX."""
+    tl.inline_asm_elementwise(
+        asm="""{
+        .reg .pred ok;
+        setp.ne.b32 ok, $3, 0;
+        @ok cp.async.bulk.prefetch.L2.global [$1], $2;
+        mov.u32 $0, 0;
+        }""",
+        constraints="=r,l,r,r", args=[row_ptrs, nbytes, row_ok.to(tl.int32)], dtype=tl.int32,
+        is_pure=False, pack=1)
+

@@ -17,7 +17,8 @@ SM90 = ("cuda", 90, 32)
 class KernelCase:
     """`kernel(module)` picks the JIT function out of its module (imported on use, since the
     modules import triton); `pointers` maps pointer arguments to their element type (the rest of
-    the non-constexpr arguments are i32, `floats` fp32); `constants` the constexprs."""
+    the non-constexpr arguments are i32, `floats` fp32); `constants` the constexprs (a stride
+    of 1 among them, as the launcher specialises it at run time)."""
 
     name: str
     module: str
@@ -27,6 +28,7 @@ class KernelCase:
     floats: tuple[str, ...] = ()
     num_warps: int = 4
     options: dict[str, Any] = field(default_factory=dict)
+    aligned: tuple[str, ...] = ()  # arguments divisible by 16, as the launcher specialises them
 
 
 _GEMV_POINTERS = {"x_ptr": "bf16", "w_ptr": "bf16", "bias_ptr": "bf16", "res_ptr": "bf16",
@@ -43,6 +45,13 @@ CASES = (
     KernelCase("gate_up norm_gemv_silu_mul", "harness.ops.triton_gemv", "_gemv_kernel",
                _GEMV_POINTERS, dict(_GEMV_FLAGS, HAS_NORM=True, HAS_RESIDUAL=False, GATED=True,
                                     BLOCK_N=16, BLOCK_K=512), floats=("eps",)),
+    KernelCase("gate_up tensor cores", "harness.ops.triton_gemv", "_gemv_mma_kernel",
+               _GEMV_POINTERS, dict(_GEMV_FLAGS, HAS_NORM=True, HAS_RESIDUAL=False, GATED=True,
+                                    BLOCK_M=16, BLOCK_N=64, BLOCK_K=128, INTERPRETED=False,
+                                    PREFETCH_K=512, stride_xk=1, stride_wk=1),
+               floats=("eps",), num_warps=8, options=dict(num_stages=4),
+               aligned=("x_ptr", "w_ptr", "norm_ptr", "out_ptr", "K", "N", "stride_xm",
+                        "stride_wn", "stride_om", "up_offset", "k_per_split")),
     KernelCase("gemv split sum", "harness.ops.triton_gemv", "_split_sum_kernel",
                {"part_ptr": "fp32", "bias_ptr": "bf16", "res_ptr": "bf16", "out_ptr": "bf16"},
                dict(SPLIT_K=2, HAS_BIAS=False, HAS_RESIDUAL=True, BLOCK_M=1, BLOCK_N=256)),
@@ -92,7 +101,8 @@ def kernel_ptx(case: KernelCase, pdl: bool) -> str:
             signature[name] = f"*{case.pointers[name]}"
         else:
             signature[name] = "fp32" if name in case.floats else "i32"
-    source = ASTSource(fn, signature, constexprs=constants)
+    attrs = {(fn.arg_names.index(name),): [["tt.divisibility", 16]] for name in case.aligned}
+    source = ASTSource(fn, signature, constexprs=constants, attrs=attrs)
     compiled = triton.compile(source, target=GPUTarget(*SM90),
                               options=dict(case.options, num_warps=case.num_warps,
                                            launch_pdl=pdl))

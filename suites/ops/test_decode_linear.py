@@ -182,10 +182,32 @@ def test_down_proj_splits_k_and_lm_head_does_not() -> None:
     assert choose_gemv_config(1, 128256, 2048, sms=132).split_k == 1
 
 
+def test_gate_up_takes_tensor_cores_only_where_they_can_run() -> None:
+    gate_up = dict(sms=132, rows_per_output=2)
+    assert choose_gemv_config(1, 8192, 2048, tensor_cores=True, **gate_up).mma
+    assert choose_gemv_config(16, 8192, 2048, tensor_cores=True, **gate_up).mma
+    # fp32 operands, more rows than one tile holds, an N narrower than its row block: row tiles.
+    assert not choose_gemv_config(1, 8192, 2048, **gate_up).mma
+    assert not choose_gemv_config(17, 8192, 2048, tensor_cores=True, **gate_up).mma
+    assert not choose_gemv_config(1, 32, 2048, tensor_cores=True, **gate_up).mma
+    # The other GEMVs measured faster on row tiles (docs/benchmarks.md).
+    assert not choose_gemv_config(1, 2048, 8192, sms=132, tensor_cores=True).mma
+
+
 def test_bad_configs_and_shapes_are_refused() -> None:
     with pytest.raises(ValueError, match="block_n must be a power of two"):
         GemvConfig(block_n=24, block_k=64)
     with pytest.raises(ValueError, match="split_k must be in"):
         GemvConfig(block_n=8, block_k=64, split_k=0)
+    with pytest.raises(ValueError, match="num_stages must be in"):
+        GemvConfig(block_n=8, block_k=64, num_stages=0)
+    with pytest.raises(ValueError, match="tensor-core GemvConfig needs block_n and block_k >= 16, "
+                                         "got 8 and 64"):
+        GemvConfig(block_n=8, block_k=64, mma=True)
+    with pytest.raises(ValueError, match="prefetch_k must be a multiple of 8 >= 0, on a "
+                                         r"tensor-core config only, got 512 \(mma=False\)"):
+        GemvConfig(block_n=8, block_k=64, prefetch_k=512)
+    with pytest.raises(ValueError, match="got 12"):
+        GemvConfig(block_n=16, block_k=64, mma=True, prefetch_k=12)
     with pytest.raises(ValueError, match="GEMV shapes must be >= 1"):
         choose_gemv_config(0, 8, 8)

@@ -35,7 +35,8 @@ def test_candidates_start_with_the_heuristic_and_stay_valid(bench, m: int) -> No
         gated = shape.op == "norm_gemv_silu_mul"
         configs = bench.candidates(shape, m, 132, quick=False)
         assert configs[0] == choose_gemv_config(m, shape.n, shape.k, sms=132,
-                                                rows_per_output=2 if gated else 1)
+                                                rows_per_output=2 if gated else 1,
+                                                tensor_cores=True)  # the bench's bf16
         assert len(set(configs)) == len(configs) and 2 <= len(configs) <= bench.MAX_CANDIDATES
         assert not gated or all(c.split_k == 1 for c in configs), "the gated kernel cannot split"
         assert bench.candidates(shape, m, 132, quick=True) == configs[:1]

@@ -58,11 +58,17 @@ def test_default_variant_size_unchanged(ptx):
 
 
 def test_gemv_loads_weights_before_it_waits(ptx):
-    case, _, with_pdl = ptx
-    if case.kernel != "_gemv_kernel":
+    """The row-tile GEMV loads its first weight tile, the tensor-core one prefetches its rows
+    (gate and up) into L2; the default variant of either has neither before any wait."""
+    case, default, with_pdl = ptx
+    early = {"_gemv_kernel": "ld.global", "_gemv_mma_kernel": "cp.async.bulk.prefetch.L2"}
+    if case.kernel not in early:
         pytest.skip("only the GEMVs have loads no earlier kernel feeds")
     before_wait = with_pdl.split("griddepcontrol.wait")[0]
-    assert "ld.global" in before_wait
+    assert early[case.kernel] in before_wait
+    if case.kernel == "_gemv_mma_kernel":
+        assert before_wait.count("cp.async.bulk.prefetch.L2") == 2  # gate rows, up rows
+        assert "cp.async.bulk.prefetch" not in default
 
 
 def test_other_kernels_load_nothing_before_they_wait(ptx):

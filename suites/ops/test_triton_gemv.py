@@ -25,7 +25,10 @@ INTERPRETED_CASES = {
     "fp16": dict(m=2, n=16, k=64, dtype=torch.float16),
 }
 CONFIGS = {"heuristic": None, "wide": GemvConfig(block_n=16, block_k=32),
-           "split3": GemvConfig(block_n=8, block_k=32, split_k=3)}
+           "split3": GemvConfig(block_n=8, block_k=32, split_k=3),
+           "mma": GemvConfig(block_n=16, block_k=32, mma=True),
+           "mma-split3": GemvConfig(block_n=16, block_k=16, split_k=3, mma=True, num_stages=2)}
+SPLITS = ("split3", "mma-split3")
 
 
 def kernel(case: GemvCase, config: GemvConfig | None = None) -> torch.Tensor:
@@ -71,7 +74,7 @@ def assert_matches_torch_path(case: GemvCase, config: GemvConfig | None = None) 
 @pytest.mark.parametrize("shape", list(INTERPRETED_CASES))
 @pytest.mark.parametrize("op", OPS)
 def test_interpreted_kernel_matches_the_torch_path(op: str, shape: str, config: str) -> None:
-    if op == "norm_gemv_silu_mul" and config == "split3":
+    if op == "norm_gemv_silu_mul" and config in SPLITS:
         pytest.skip("the gated kernel does not split K")
     assert_matches_torch_path(gemv_case(op, **INTERPRETED_CASES[shape]), CONFIGS[config])
 
@@ -81,6 +84,27 @@ def test_interpreted_kernel_matches_the_torch_path(op: str, shape: str, config: 
 def test_interpreted_gated_kernel_refuses_a_split() -> None:
     with pytest.raises(ValueError, match="does not split K"):
         kernel(gemv_case("norm_gemv_silu_mul"), CONFIGS["split3"])
+
+
+@needs_triton
+@needs_interpreter
+def test_interpreted_tensor_core_kernel_refuses_what_it_cannot_hold() -> None:
+    with pytest.raises(ValueError, match="takes bf16 or fp16 operands, got torch.float32"):
+        kernel(gemv_case("norm_gemv", m=1, n=16, k=32, dtype=torch.float32), CONFIGS["mma"])
+    with pytest.raises(ValueError, match="takes at most 16 rows of x, got 17"):
+        kernel(gemv_case("norm_gemv", m=17, n=16, k=32), CONFIGS["mma"])
+
+
+@needs_triton
+@needs_compiled_triton
+def test_tensor_core_kernel_streams_its_tiles_through_shared_memory() -> None:
+    """What the config's `mma` is for, in the sm_90 PTX (no GPU needed): the products on tensor
+    cores and W's tiles copied asynchronously, the pipeliner's stages ahead of the products."""
+    from suites.ops.pdl_ptx import CASES, kernel_ptx
+
+    ptx = kernel_ptx(next(c for c in CASES if c.name == "gate_up tensor cores"), pdl=False)
+    assert "mma.sync" in ptx
+    assert "cp.async" in ptx
 
 
 def test_a_planted_wrong_gate_order_is_caught() -> None:
@@ -177,7 +201,7 @@ def test_interpreted_pdl_variant_is_the_default_bit_for_bit(monkeypatch, op, sha
     """USE_PDL peels the first K tile (its weights loaded before the wait): the same sums in the
     same order. The interpreter runs no inline PTX, so the two grid-dependency instructions
     become no-ops here; what is checked is the peeled loop."""
-    if op == "norm_gemv_silu_mul" and config == "split3":
+    if op == "norm_gemv_silu_mul" and config in SPLITS:
         pytest.skip("the gated kernel does not split K")
     from harness.ops import triton_gemv, triton_pdl
 
