@@ -49,7 +49,7 @@ CASES = (
                _GEMV_POINTERS, dict(_GEMV_FLAGS, HAS_NORM=True, HAS_RESIDUAL=False, GATED=True,
                                     BLOCK_M=16, BLOCK_N=64, BLOCK_K=128, INTERPRETED=False,
                                     PREFETCH_K=512, stride_xk=1, stride_wk=1),
-               floats=("eps",), num_warps=8, options=dict(num_stages=4),
+               floats=("eps",), num_warps=8, options=dict(num_stages=6),
                aligned=("x_ptr", "w_ptr", "norm_ptr", "out_ptr", "K", "N", "stride_xm",
                         "stride_wn", "stride_om", "up_offset", "k_per_split")),
     KernelCase("gemv split sum", "harness.ops.triton_gemv", "_split_sum_kernel",
