@@ -224,7 +224,8 @@ def _gemv_mma_kernel(
         # program's rows go to L2 while the kernel before drains. x, the residual and the outputs
         # wait for it.
         if PREFETCH_K > 0:
-            row_bytes = tl.minimum(PREFETCH_K, K - k_lo) * (w_ptr.dtype.element_ty.primitive_bitwidth // 8)
+            item_bytes = w_ptr.dtype.element_ty.primitive_bitwidth // 8
+            row_bytes = tl.minimum(PREFETCH_K, K - k_lo) * item_bytes
             prefetch_rows_to_l2(w_ptr + n * stride_wn + k_lo, n_ok, row_bytes)
             if GATED:
                 prefetch_rows_to_l2(w_ptr + (n + up_offset) * stride_wn + k_lo, n_ok, row_bytes)

@@ -60,4 +60,3 @@ def prefetch_rows_to_l2(row_ptrs, row_ok, nbytes):
         }""",
         constraints="=r,l,r,r", args=[row_ptrs, nbytes, row_ok.to(tl.int32)], dtype=tl.int32,
         is_pure=False, pack=1)
-
