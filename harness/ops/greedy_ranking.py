@@ -45,9 +45,15 @@ def _(logits, pdl=False):
 
 def greedy_pack(logits: torch.Tensor, pdl: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
     """Checked call of `harness::greedy_pack` on `logits` [rows, vocab]."""
+    return _checked_greedy_pack(logits, logits.shape[0] if logits.dim() else 0, pdl)
+
+
+def _checked_greedy_pack(logits: torch.Tensor, n: int, pdl: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """`harness::greedy_pack` on `logits` [rows, vocab], refused where its first `n` rows cannot be
+    packed."""
     if logits.dim() != 2:
         raise ValueError(f"greedy_pack: logits must be [rows, vocab], got {tuple(logits.shape)}")
-    check_packable(logits.shape[0], logits.shape[1], logits.shape[0])
+    check_packable(logits.shape[0], logits.shape[1], n)
     return greedy_pack_op(logits, pdl)
 
 
@@ -57,7 +63,6 @@ def rank_and_pack(logits: torch.Tensor, n: int, width: int, *, mode: str = "sepa
     `mode` "fused" takes `harness::greedy_pack` at width 1 (its kernels launched with PDL where
     `pdl`), every other case the torch ops."""
     if mode == "fused" and width <= 1:
-        check_packable(logits.shape[0], logits.shape[-1], n)
-        values, tokens = greedy_pack(logits, pdl)
+        values, tokens = _checked_greedy_pack(logits, n, pdl)
         return PackedRanking(values=values[:n], tokens=tokens[:n])
     return pack_ranking(rank_logits(logits, width), n, width)

@@ -65,6 +65,21 @@ def _finish(acc, acc_up, m, m_ok, n, n_ok, up_offset, bias_ptr, res_ptr, out_ptr
 
 
 @triton.jit
+def _write_result(acc, acc_up, pid_k, m, m_ok, n, n_ok, M, N, up_offset, part_ptr, bias_ptr,
+                  res_ptr, out_ptr, stride_rm, stride_rn, stride_om, stride_on,
+                  HAS_BIAS: tl.constexpr, HAS_RESIDUAL: tl.constexpr, GATED: tl.constexpr,
+                  SPLIT: tl.constexpr):
+    """A GEMV program's sums: with SPLIT its slice's fp32 partials for `_split_sum_kernel`, else
+    through the epilogue to the output."""
+    if SPLIT:
+        tl.store(part_ptr + (pid_k * M + m[:, None]) * N + n[None, :], acc,
+                 mask=m_ok[:, None] & n_ok[None, :])
+    else:
+        _finish(acc, acc_up, m, m_ok, n, n_ok, up_offset, bias_ptr, res_ptr, out_ptr, stride_rm,
+                stride_rn, stride_om, stride_on, HAS_BIAS, HAS_RESIDUAL, GATED)
+
+
+@triton.jit
 def _row_rstd(x_rows, m_ok, K, eps, stride_xk, HAS_NORM: tl.constexpr, BLOCK_M: tl.constexpr,
               BLOCK_K: tl.constexpr):
     """1 / rms of each row of x over all of K (zeros without HAS_NORM: the norm compiled out).
@@ -173,12 +188,9 @@ def _gemv_kernel(
         acc = tl.sum(wide, axis=1)[None, :]
         acc_up = tl.sum(wide_up, axis=1)[None, :]
 
-    if SPLIT:
-        tl.store(part_ptr + (pid_k * M + m[:, None]) * N + n[None, :], acc,
-                 mask=m_ok[:, None] & n_ok[None, :])
-    else:
-        _finish(acc, acc_up, m, m_ok, n, n_ok, up_offset, bias_ptr, res_ptr, out_ptr, stride_rm,
-                stride_rn, stride_om, stride_on, HAS_BIAS, HAS_RESIDUAL, GATED)
+    _write_result(acc, acc_up, pid_k, m, m_ok, n, n_ok, M, N, up_offset, part_ptr, bias_ptr,
+                  res_ptr, out_ptr, stride_rm, stride_rn, stride_om, stride_on, HAS_BIAS,
+                  HAS_RESIDUAL, GATED, SPLIT)
 
 
 @triton.jit
@@ -243,12 +255,9 @@ def _gemv_mma_kernel(
         if GATED:
             w_up = _weights_t(w_ptr, n + up_offset, n_ok, kk, k_ok, stride_wn, stride_wk)
             acc_up = _dot(xv, w_up, acc_up, INTERPRETED)
-    if SPLIT:
-        tl.store(part_ptr + (pid_k * M + m[:, None]) * N + n[None, :], acc,
-                 mask=m_ok[:, None] & n_ok[None, :])
-    else:
-        _finish(acc, acc_up, m, m_ok, n, n_ok, up_offset, bias_ptr, res_ptr, out_ptr, stride_rm,
-                stride_rn, stride_om, stride_on, HAS_BIAS, HAS_RESIDUAL, GATED)
+    _write_result(acc, acc_up, pid_k, m, m_ok, n, n_ok, M, N, up_offset, part_ptr, bias_ptr,
+                  res_ptr, out_ptr, stride_rm, stride_rn, stride_om, stride_on, HAS_BIAS,
+                  HAS_RESIDUAL, GATED, SPLIT)
 
 
 @triton.jit
@@ -292,7 +301,8 @@ def gemv_triton(x: torch.Tensor, weight: torch.Tensor, *, bias: torch.Tensor | N
     (+ residual [M, N]); `gated`: weight is [2N, K], gate rows then up rows, and
     y = silu(gate) * up. `config` None: `choose_gemv_config` for the shapes and device. `pdl`:
     both kernels are launched with Programmatic Dependent Launch (triton_pdl.py), the GEMV
-    loading its first weight tile before it waits for the kernel before it."""
+    loading its first weight tile (row tiles) or prefetching its rows' first `config.prefetch_k`
+    columns into L2 (tensor cores) before it waits for the kernel before it."""
     launch = pdl_launch_options(pdl)
     rows_m, k = x.shape
     n = weight.shape[0] // 2 if gated else weight.shape[0]
@@ -306,6 +316,9 @@ def gemv_triton(x: torch.Tensor, weight: torch.Tensor, *, bias: torch.Tensor | N
     if config.mma and x.dtype not in SIXTEEN_BIT:
         raise ValueError(f"the tensor-core GEMV ({config.label()}) takes bf16 or fp16 operands, "
                          f"got {x.dtype}")
+    if config.mma and rows_m > MMA_MAX_ROWS:
+        raise ValueError(f"the tensor-core GEMV ({config.label()}) takes at most {MMA_MAX_ROWS} "
+                         f"rows of x, got {rows_m}")
     if gated and config.split_k > 1:
         raise ValueError(f"the gated GEMV does not split K (its epilogue needs whole sums), got "
                          f"{config.label()}")
@@ -316,9 +329,6 @@ def gemv_triton(x: torch.Tensor, weight: torch.Tensor, *, bias: torch.Tensor | N
                 if split > 1 else out)
     # Absent operands get a stand-in pointer: their loads are compiled out (constexpr flags).
     res = residual if residual is not None else out
-    if config.mma and rows_m > MMA_MAX_ROWS:
-        raise ValueError(f"the tensor-core GEMV ({config.label()}) takes at most {MMA_MAX_ROWS} "
-                         f"rows of x, got {rows_m}")
     bm = MMA_MAX_ROWS if config.mma else block_m(rows_m)
     kernel, extra = _gemv_kernel, {}
     if config.mma:
