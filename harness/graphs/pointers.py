@@ -181,7 +181,7 @@ def _walk(obj: Any, path: str, out: dict[str, Any], *, on_path: set[int], depth:
         if too_deep is not None:
             too_deep.append(path)
         return
-    if isinstance(obj, _ATOMS) or id(obj) in on_path or _holds_no_objects(obj):
+    if _is_atom(type(obj)) or id(obj) in on_path or _holds_no_objects(obj):
         return
     if depth >= max_depth:
         if too_deep is None:
@@ -191,10 +191,19 @@ def _walk(obj: Any, path: str, out: dict[str, Any], *, on_path: set[int], depth:
     on_path.add(id(obj))
     try:
         for child_path, child in _children(obj, path, public):
-            _walk(child, child_path, out, on_path=on_path, depth=depth + 1, max_depth=max_depth,
-                  leaf=leaf, too_deep=too_deep, public=public)
+            # Tensors and atoms are most children: settled here, without a call each.
+            if isinstance(child, torch.Tensor):
+                out[child_path] = leaf(child)
+            elif not (_is_atom(type(child)) or _holds_no_objects(child)):
+                _walk(child, child_path, out, on_path=on_path, depth=depth + 1, max_depth=max_depth,
+                      leaf=leaf, too_deep=too_deep, public=public)
     finally:
         on_path.discard(id(obj))
+
+
+@functools.lru_cache(maxsize=1024)  # per type: isinstance against the whole tuple costs a microsecond
+def _is_atom(cls: type) -> bool:
+    return issubclass(cls, _ATOMS)
 
 
 def _holds_no_objects(obj: Any) -> bool:
@@ -207,19 +216,23 @@ def _children(obj: Any, path: str, public: bool = False):
         yield from _module_children(obj, path, public)
     elif isinstance(obj, Mapping):
         for key, value in list(obj.items()):
-            yield f"{path}[{key!r}]", value
+            if not _is_atom(type(value)):  # no path to write for what holds no tensor
+                yield f"{path}[{key!r}]", value
     elif isinstance(obj, tuple) and hasattr(obj, "_fields"):
         for name, value in zip(obj._fields, obj):
             yield _attr(path, name), value
     elif isinstance(obj, (list, tuple)):
         for i, value in enumerate(list(obj)):
-            yield f"{path}[{i}]", value
+            if not _is_atom(type(value)):
+                yield f"{path}[{i}]", value
     else:
         machinery = _is_machinery(obj)
         for name, value in _attributes(obj):
+            if _is_atom(type(value)):
+                continue
             if not ((public or machinery) and name.startswith("_")):
                 yield _attr(path, name), value
-            elif machinery and not public and not isinstance(value, _ATOMS):
+            elif machinery and not public:
                 yield _attr(path, name), _NOT_WALKED
 
 

@@ -78,6 +78,22 @@ def test_the_single_pass_does_nothing_twice(make_engine):
     assert final_phase_forwards(make_engine(single_pass_capture=True, **variants)) == 3 * sizes
 
 
+def test_the_single_pass_snapshots_once_per_graph(make_engine, monkeypatch):
+    # Each graph's records are one snapshot, taken after its capture; the moved-tensor check after
+    # the last capture compares with that capture's records instead of walking the runtime again.
+    engine = make_engine(single_pass_capture=True)
+    graphs = engine.decode_graphs
+    graphs.warmup_and_capture("estimate")
+    graphs.release()
+    runner, snapshots = graphs.runner, []
+    snapshot = runner.snapshot
+    monkeypatch.setattr(runner, "snapshot", lambda: snapshots.append(1) or snapshot())
+    engine.finalize_kv_cache()
+    report = engine.capture_reports[-1]
+    assert (report.passes, report.fell_back, report.moved) == (1, False, ())
+    assert len(runner) > 1 and len(snapshots) == len(runner), (len(snapshots), len(runner))
+
+
 def test_the_environment_fills_only_an_unset_switch(make_engine):
     defaults = engine_defaults_from_env({"HARNESS_SKIP_WARMUP_PASS": "1"})
     assert defaults == {"single_pass_capture": True}

@@ -34,11 +34,12 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
-from typing import Any, Callable, Protocol, Sequence
+from typing import Any, Callable, Mapping, Protocol, Sequence
 
 import torch
 
 from harness.graphs.base import GraphBackend
+from harness.graphs.pointers import TensorRecord
 from harness.ops.metadata import SequenceSpan
 from harness.ops.greedy_ranking import rank_and_pack
 from harness.ranking import PackedRanking
@@ -191,8 +192,8 @@ class DecoderGraphs:
             if not (single and self._still_reserved()):
                 self._reserve_eager_workspace()
             if single:
-                passes = self._capture_single_pass(sizes)
-                moved = self.runner.moved_tensors()
+                passes, latest = self._capture_single_pass(sizes)
+                moved = self.runner.moved_tensors(now=latest)
                 if agreement.moved(self.comm, moved):
                     fell_back = True
                     self._discard_single_pass()
@@ -229,18 +230,26 @@ class DecoderGraphs:
                 self._warmup_and_capture_one(size, top_k, record=False)
         return 2
 
-    def _capture_single_pass(self, sizes: list[int]) -> int:
+    def _capture_single_pass(self, sizes: list[int]) -> tuple[int, Mapping[str, TensorRecord] | None]:
+        """The passes (one), and the records of the last graph captured (None: none was): all that
+        ran since is that graph's line-up and replay, so they are the present the moved-tensor
+        check compares with, one snapshot fewer than taking it afresh."""
+        latest = None
         for size in sizes:
             for i, top_k in enumerate(self._variants()):
                 # A size's later variants capture the same model step: its warmup ran for the first.
-                self._warmup_and_capture_one(size, top_k, record=True, warm_model=i == 0)
-        return 1
+                key = self._warmup_and_capture_one(size, top_k, record=True, warm_model=i == 0)
+                if key is not None:
+                    latest = self.runner.records(key)
+        return 1, latest
 
     def _warmup_and_capture_one(self, size: int, top_k: int | None, *, record: bool,
-                                warm_model: bool = True) -> None:
+                                warm_model: bool = True) -> DecodeGraphKey | None:
+        """Warm up and capture `size`'s graph of `top_k`; its key, or None if it was captured
+        already."""
         key = self.graph_key(size, top_k)
         if key in self.runner:
-            return
+            return None
         with dummy_batch(self.host.kv_cache, size) as batch:
             self._prepare(batch)
             if warm_model:
@@ -252,6 +261,7 @@ class DecoderGraphs:
             self.stats.captures[str(key)] += 1
             self.policy.agreement.line_up(self.comm, self.backend, key)
             self.runner.replay(key)
+        return key
 
     def _warmup_ranking(self, size: int, top_k: int) -> None:
         """The ranking's kernels run once before their capture, as the model's do."""

@@ -175,9 +175,13 @@ class GraphRunner:
             lines = "\n".join(describe_moved_tensor(p, records[p], now.get(p)) for p in moved)
             raise StaleGraphBufferError(f"decode graph {key} would replay against moved tensors:\n{lines}")
 
-    def moved_tensors(self) -> list[str]:
-        """`key: path` of every recorded tensor, of any graph, that moved since its capture."""
-        now = self.snapshot()
+    def moved_tensors(self, now: Mapping[str, TensorRecord] | None = None) -> list[str]:
+        """`key: path` of every recorded tensor, of any graph, that moved since its capture.
+        `now` stands for the present where the caller knows nothing ran since it was taken that
+        could rebind a tensor (the records of the capture just made: a replay rebinds none);
+        None takes a fresh snapshot."""
+        if now is None:
+            now = self.snapshot()
         moved = []
         for key in self.keys:
             records = self._entries[key].records
