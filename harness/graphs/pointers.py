@@ -191,10 +191,10 @@ def _walk(obj: Any, path: str, out: dict[str, Any], *, on_path: set[int], depth:
     on_path.add(id(obj))
     try:
         for child_path, child in _children(obj, path, public):
-            # Tensors and atoms are most children: settled here, without a call each.
+            # Tensors are most children (`_children` leaves atoms out): settled here, without a call.
             if isinstance(child, torch.Tensor):
                 out[child_path] = leaf(child)
-            elif not (_is_atom(type(child)) or _holds_no_objects(child)):
+            elif not _holds_no_objects(child):
                 _walk(child, child_path, out, on_path=on_path, depth=depth + 1, max_depth=max_depth,
                       leaf=leaf, too_deep=too_deep, public=public)
     finally:
@@ -212,15 +212,20 @@ def _holds_no_objects(obj: Any) -> bool:
 
 
 def _children(obj: Any, path: str, public: bool = False):
+    """(path, child) of every child that can hold a tensor: atoms are left out before their path
+    is written."""
     if isinstance(obj, nn.Module):
-        yield from _module_children(obj, path, public)
+        for child_path, value in _module_children(obj, path, public):
+            if not _is_atom(type(value)):
+                yield child_path, value
     elif isinstance(obj, Mapping):
         for key, value in list(obj.items()):
-            if not _is_atom(type(value)):  # no path to write for what holds no tensor
+            if not _is_atom(type(value)):
                 yield f"{path}[{key!r}]", value
     elif isinstance(obj, tuple) and hasattr(obj, "_fields"):
         for name, value in zip(obj._fields, obj):
-            yield _attr(path, name), value
+            if not _is_atom(type(value)):
+                yield _attr(path, name), value
     elif isinstance(obj, (list, tuple)):
         for i, value in enumerate(list(obj)):
             if not _is_atom(type(value)):
