@@ -26,6 +26,7 @@ schedule defers every copy, event and replay until something waits for it), each
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Any, Callable
 
@@ -78,24 +79,48 @@ class PinnedTurns:
     def __init__(self, numel: int, dtype: torch.dtype, device: torch.device) -> None:
         pinned = device.type == "cuda"
         self.device = device
+        # torch.cuda.current_stream takes most of its host time parsing a torch.device; an index
+        # skips that, every step.
+        self._stream_device = device.index if device.index is not None else device
         self.buffers = tuple(torch.zeros(numel, dtype=dtype, pin_memory=pinned)
                              for _ in range(STAGING_BUFFERS))
         self.events = tuple(torch.cuda.Event() if pinned else None for _ in self.buffers)
         self._turn = 0
+        # (turn, shape) -> that buffer's leading elements viewed as `shape`: the same few shapes
+        # every step, so each view is made once.
+        self._views: dict[tuple[int, tuple[int, ...]], torch.Tensor] = {}
 
-    def next(self) -> tuple[torch.Tensor, torch.cuda.Event | None]:
-        """The next buffer, once the copy that last used it is done (two steps ago: no wait on a
-        queue no deeper than one step)."""
+    def _advance(self) -> int:
+        """The next turn, once the copy that last used its buffer is done (two steps ago: no wait
+        on a queue no deeper than one step)."""
         turn = self._turn
         self._turn = (turn + 1) % len(self.buffers)
         event = self.events[turn]
         if event is not None:
             event.synchronize()
-        return self.buffers[turn], event
+        return turn
+
+    def next(self) -> tuple[torch.Tensor, torch.cuda.Event | None]:
+        """The next buffer and its event (see `_advance`)."""
+        turn = self._advance()
+        return self.buffers[turn], self.events[turn]
+
+    def next_view(self, shape: tuple[int, ...]) -> tuple[torch.Tensor, torch.cuda.Event | None]:
+        """The next buffer's leading elements as `shape`, and its event (see `_advance`)."""
+        turn = self._advance()
+        view = self._views.get((turn, shape))
+        if view is None:
+            buffer = self.buffers[turn]
+            numel = math.prod(shape)
+            if numel > buffer.numel():
+                raise RuntimeError(f"{shape} does not fit a staging buffer of {buffer.numel()} "
+                                   f"elements")
+            view = self._views[(turn, shape)] = buffer[:numel].view(shape)
+        return view, self.events[turn]
 
     def record(self, event: torch.cuda.Event | None) -> None:
         if event is not None:
-            event.record(torch.cuda.current_stream(self.device))
+            event.record(torch.cuda.current_stream(self._stream_device))
 
 
 class InputFeed:
@@ -115,7 +140,8 @@ class InputFeed:
         if feed is not None and feed.rows == feed.sources == tuple(range(n)):
             # Every row, in order, takes the previous step's token of the same row (a steady decode
             # batch without padding): no id is known on the host, so one device copy is the write.
-            input_ids[:n].copy_(feed.tokens[:n])
+            tokens = feed.tokens
+            input_ids[:n].copy_(tokens if tokens.shape[0] == n else tokens[:n])
             return
         rows = feed.rows if feed is not None else ()
         sources = feed.sources if feed is not None else ()
@@ -195,12 +221,12 @@ class OverlapLoop:
             width = max(max((s.request.logprobs for s in batch.sequences), default=0), 1)
             packed = pack_ranking(rank_logits(result.logits, width), n, width)
         values = packed.values  # the batch's real rows, from a graph and from pack_ranking alike
-        buffer, event = self.outputs.next()
-        if values.numel() > buffer.numel():
-            raise RuntimeError(f"a packed ranking of {tuple(values.shape)} exceeds the pinned output "
-                               f"buffer of {buffer.numel()} values (max_batch_size x (2 x "
-                               f"{self.width_capacity} + 1)): an overlap loop bug")
-        host = buffer[:values.numel()].view(values.shape)
+        try:
+            host, event = self.outputs.next_view(values.shape)
+        except RuntimeError as error:
+            raise RuntimeError(f"a packed ranking of {tuple(values.shape)} exceeds the pinned "
+                               f"output buffer (max_batch_size x (2 x {self.width_capacity} + 1) "
+                               f"values): an overlap loop bug") from error
         host.copy_(values, non_blocking=True)
         self.outputs.record(event)
         engine._stats.record_batch(BatchRecord(kind=batch.kind, num_seqs=batch.num_seqs,

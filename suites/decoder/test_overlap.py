@@ -99,6 +99,35 @@ def test_overlap_under_a_stalled_stream_matches_the_loop_without(make_engine, de
     assert sum(engine.stats.replays.values()) > 0
 
 
+def test_the_steady_feed_copies_a_previous_step_of_exactly_its_rows():
+    from harness.runtime.overlap import InputFeed, TokenFeed
+
+    input_ids = torch.full((8,), -1, dtype=torch.int64)
+    feed = InputFeed(input_ids, max_batch_size=4)
+    feed.feed = TokenFeed(torch.tensor([70, 71]), (0, 1), (0, 1))
+    feed.write(input_ids, [5, 6])
+    assert input_ids.tolist() == [70, 71] + [-1] * 6
+
+
+def test_pinned_turns_hand_out_each_buffer_in_turn_as_the_asked_shape():
+    """The output staging of the overlap loop: buffers alternate, a shape's view of a buffer is
+    made once (the loop asks for the same shape every step), and a shape past the buffer is refused
+    with its size."""
+    from harness.runtime.overlap import PinnedTurns
+
+    turns = PinnedTurns(12, torch.float32, torch.device("cpu"))
+    first, _ = turns.next_view((2, 3))
+    second, _ = turns.next_view((2, 3))
+    again, _ = turns.next_view((2, 3))
+    assert first.shape == (2, 3) and first.data_ptr() == turns.buffers[0].data_ptr()
+    assert second.data_ptr() == turns.buffers[1].data_ptr()
+    assert again is first
+    first.fill_(1.0)
+    assert turns.buffers[0][:6].eq(1.0).all() and turns.buffers[0][6:].eq(0.0).all()
+    with pytest.raises(RuntimeError, match=r"\(4, 4\) does not fit a staging buffer of 12"):
+        turns.next_view((4, 4))
+
+
 @pytest.mark.parametrize("rows, sources", [((0, 1, 2), (0, 1, 2)), ((2,), (0,)), ((0, 1), (1, 0))],
                          ids=["steady-batch", "one-pending-row", "reordered"])
 def test_the_input_feed_writes_host_ids_and_feeds_pending_rows(rows, sources):
