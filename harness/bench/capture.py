@@ -20,7 +20,8 @@ them); the first capture of each shape is timed apart, every compile in it.
 Then, in the same run: the decode step through `Engine.generate`, eager and with graphs, overlap off
 and on (_engine_steps.py; targets at batch 1 with graphs and overlap: tiny <= 0.25 ms, 1b <= 1.2 ms
 on an H200), the ops per layer of a decode step as a CPU proxy for kernels (_kernels.py), and on cuda
-the kernels one replay of batch 1 launches (torch.profiler).
+the kernels one replay of batch 1 launches (torch.profiler, counted after every timing: CUPTI stays
+attached once the profiler has run, and slows every host loop after it).
 
 `--profile` (one model, one `--batch`, one `--compile` path: `both` profiles the eager ops, one
 `--pdl` setting, the sizes of `--capture-sizes` captured): the engine's graph step (prepare,
