@@ -138,3 +138,43 @@ def test_engine_step_timing_refuses_steps_that_fell_back_to_eager():
         assert ms_per_step(engine, 1, repeats=1) > 0
         with pytest.raises(RuntimeError, match="decode steps at batch 2 fell back: .*decode batch of 2 exceeds"):
             ms_per_step(engine, 2, repeats=1)  # no graph holds two sequences: eager steps
+
+
+def test_kernels_are_counted_after_every_timing_of_the_run(monkeypatch, capsys):
+    """torch.profiler leaves CUPTI attached and slows every host loop after it: on cuda the kernel
+    count must follow the last timing of every model and of every PDL setting."""
+    import argparse
+
+    import torch
+
+    events = []
+
+    def recorder(label, result):
+        def record(name_or_model, *args, **kwargs):
+            events.append((label, name_or_model if isinstance(name_or_model, str) else "model"))
+            return result
+        return record
+
+    monkeypatch.setattr(capture, "weight_floor_ms", lambda model: 0.0)
+    monkeypatch.setattr(capture, "time_capture", recorder("capture", None))
+    monkeypatch.setattr(capture, "time_replay", recorder("replay", []))
+    monkeypatch.setattr(capture, "time_engine_steps", recorder("steps", []))
+    monkeypatch.setattr(capture, "count_replay_kernels", recorder("kernels", 7.0))
+    monkeypatch.setattr(capture, "render", lambda *args, **kwargs: "")
+    monkeypatch.setattr(capture, "render_op_counts", lambda counts: "")
+    monkeypatch.setattr(capture, "op_counts", lambda batch: None)
+    monkeypatch.setattr(capture, "misses", lambda captures, replays: [])
+
+    class Model(str):
+        num_layers = 2
+
+    monkeypatch.setattr(capture, "build_model", lambda name, device: Model(name))
+    args = argparse.Namespace(capture_sizes=(1,), capture_repeats=1, iters=1, warmup=0,
+                              step_repeats=1, output=None, no_write=True)
+    for last in (False, True):
+        capture._measure(args, argparse.Namespace(name="cuda"), torch.device("cuda"), ["1b", "tiny"], ("inductor",), 1, "",
+                         heading=None, options=capture.KernelOptions(), count_kernels=last)
+    labels = [label for label, _ in events]
+    assert labels.count("kernels") == 2, events
+    assert labels.index("kernels") > max(i for i, label in enumerate(labels) if label != "kernels")
+    assert "CUDA kernels per decode replay at batch 1" in capsys.readouterr().out
