@@ -206,9 +206,7 @@ def time_replay(name: str, model: ReferenceLlama, backend, *, iters: int, warmup
     cache = engine.kv_cache
     timings = []
     for batch in batches:
-        blocks = [cache.allocator.allocate(-(-CONTEXT // cache.block_size)) for _ in range(batch)]
-        spans = tuple(SequenceSpan(seq_len=CONTEXT, query_len=1, block_table=tuple(b)) for b in blocks)
-        ids = tuple(range(1, batch + 1))
+        spans, ids, blocks = _decode_spans(engine, batch)
 
         def eager() -> torch.Tensor:
             engine.prepare_padded(spans, input_ids=ids)

@@ -22,6 +22,7 @@ from typing import Sequence
 import numpy as np
 import torch
 
+from harness.ops.current_stream import stream_device
 from harness.ops.decode_kernel import DECODE_KERNELS
 from harness.ops.decode_linear_choice import DECODE_LINEARS
 from harness.ops.rope_kv_choice import ROPE_KV_WRITES
@@ -147,9 +148,7 @@ class AttentionMetadata:
             offsets[name] = nbytes
             nbytes += math.prod(shape) * dtype.itemsize
         flat = torch.zeros(nbytes, dtype=torch.uint8, device=self.device)
-        # torch.cuda.current_stream takes most of its host time parsing a torch.device; an index
-        # skips that, every step.
-        self._stream_device = flat.device.index if flat.device.index is not None else self.device
+        self._stream_device = stream_device(flat.device)
         pinned = self.device.type == "cuda"
         # Two host staging buffers, used in turn: a non-blocking copy from pinned memory reads its
         # buffer when the device reaches it, so the host may fill one buffer for the next step while

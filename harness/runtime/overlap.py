@@ -32,6 +32,7 @@ from typing import Any, Callable
 
 import torch
 
+from harness.ops.current_stream import stream_device
 from harness.ranking import pack_ranking, rank_logits, steps_from_packed
 from harness.runtime.scheduler import ScheduledBatch, Scheduler
 from harness.runtime.stats import BatchRecord
@@ -79,9 +80,7 @@ class PinnedTurns:
     def __init__(self, numel: int, dtype: torch.dtype, device: torch.device) -> None:
         pinned = device.type == "cuda"
         self.device = device
-        # torch.cuda.current_stream takes most of its host time parsing a torch.device; an index
-        # skips that, every step.
-        self._stream_device = device.index if device.index is not None else device
+        self._stream_device = stream_device(device)
         self.buffers = tuple(torch.zeros(numel, dtype=dtype, pin_memory=pinned)
                              for _ in range(STAGING_BUFFERS))
         self.events = tuple(torch.cuda.Event() if pinned else None for _ in self.buffers)
@@ -221,12 +220,12 @@ class OverlapLoop:
             width = max(max((s.request.logprobs for s in batch.sequences), default=0), 1)
             packed = pack_ranking(rank_logits(result.logits, width), n, width)
         values = packed.values  # the batch's real rows, from a graph and from pack_ranking alike
-        try:
-            host, event = self.outputs.next_view(values.shape)
-        except RuntimeError as error:
-            raise RuntimeError(f"a packed ranking of {tuple(values.shape)} exceeds the pinned "
-                               f"output buffer (max_batch_size x (2 x {self.width_capacity} + 1) "
-                               f"values): an overlap loop bug") from error
+        capacity = self.outputs.buffers[0].numel()
+        if values.numel() > capacity:
+            raise RuntimeError(f"a packed ranking of {tuple(values.shape)} exceeds the pinned output "
+                               f"buffer of {capacity} values (max_batch_size x (2 x "
+                               f"{self.width_capacity} + 1)): an overlap loop bug")
+        host, event = self.outputs.next_view(values.shape)
         host.copy_(values, non_blocking=True)
         self.outputs.record(event)
         engine._stats.record_batch(BatchRecord(kind=batch.kind, num_seqs=batch.num_seqs,

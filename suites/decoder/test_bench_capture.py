@@ -172,8 +172,9 @@ def test_kernels_are_counted_after_every_timing_of_the_run(monkeypatch, capsys):
     args = argparse.Namespace(capture_sizes=(1,), capture_repeats=1, iters=1, warmup=0,
                               step_repeats=1, output=None, no_write=True)
     for last in (False, True):
-        capture._measure(args, argparse.Namespace(name="cuda"), torch.device("cuda"), ["1b", "tiny"], ("inductor",), 1, "",
-                         heading=None, options=capture.KernelOptions(), count_kernels=last)
+        capture._measure(args, argparse.Namespace(name="cuda"), torch.device("cuda"),
+                         ["1b", "tiny"], ("inductor",), 1, "", heading=None,
+                         options=capture.KernelOptions(), count_kernels=last)
     labels = [label for label, _ in events]
     assert labels.count("kernels") == 2, events
     assert labels.index("kernels") > max(i for i, label in enumerate(labels) if label != "kernels")
