@@ -84,7 +84,8 @@ class CudaBackend(GraphBackend):
         graph = torch.cuda.CUDAGraph()
         caller_stream = torch.cuda.current_stream(self.device)
         memory = CapturedMemory(pool, self._pool_storages)
-        # torch.cuda.graph collects garbage before the capture begins; a collection during it could
+        # The collector's automatic runs can fall inside the capture (torch.cuda.graph's own
+        # collection before it runs only under torch.compiler.config.force_cudagraph_gc); one could
         # destroy an unreachable CUDAGraph (an engine dropped in a reference cycle), whose reset is
         # an illegal call while a stream captures and invalidates this capture.
         gc_was_enabled = gc.isenabled()
