@@ -170,6 +170,7 @@ def time_capture(name: str, model: ReferenceLlama, backend, *,
     times: dict[bool, list[float]] = {False: [], True: []}
     first: Engine | None = None
     for run in range(repeats + 1):
+        this_run: dict[bool, float] = {}
         for single_pass in (False, True):
             engine = _new_engine(model, backend, single_pass=single_pass, compile=compile,
                                  batches=batches, shared=first, options=options)
@@ -182,14 +183,17 @@ def time_capture(name: str, model: ReferenceLlama, backend, *,
             start = time.perf_counter()
             engine.decode_graphs.warmup_and_capture("serve")
             _sync(device)
+            this_run[single_pass] = (time.perf_counter() - start) * 1e3
             if run:
-                times[single_pass].append((time.perf_counter() - start) * 1e3)
+                times[single_pass].append(this_run[single_pass])
             report = engine.capture_reports[-1]
             if report.passes != (1 if single_pass else 2):
                 raise RuntimeError(f"{name}: expected {1 if single_pass else 2} capture passes, the "
                                    f"report says {report}")
+        # Each run's own times, so that a median off its usual ratio can be traced to one arm.
         progress(f"{name} ({compile}): capture run {run} of {repeats} done"
-                 + (" (untimed)" if not run else ""))
+                 + (" (untimed)" if not run else "")
+                 + f": two passes {this_run[False]:.1f} ms, single pass {this_run[True]:.1f} ms")
     return CaptureTiming(name, two_pass_ms=statistics.median(times[False]),
                          single_pass_ms=statistics.median(times[True]), compile=compile,
                          first_capture_s=first.first_capture_s,

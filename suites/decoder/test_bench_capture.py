@@ -179,3 +179,19 @@ def test_kernels_are_counted_after_every_timing_of_the_run(monkeypatch, capsys):
     assert labels.count("kernels") == 2, events
     assert labels.index("kernels") > max(i for i, label in enumerate(labels) if label != "kernels")
     assert "CUDA kernels per decode replay at batch 1" in capsys.readouterr().out
+
+
+def test_each_capture_run_reports_both_arms_times(capsys, graph_backend):
+    """The table gives medians; each run's progress line gives that run's two arms, so that a
+    median off its usual ratio can be traced to the arm and the run that moved it."""
+    import torch
+
+    device = torch.device(graph_backend.device)
+    with torch.inference_mode():
+        timing = capture.time_capture("tiny", capture.build_model("tiny", device), graph_backend,
+                                      repeats=1, batches=(1,))
+    lines = [line for line in capsys.readouterr().err.splitlines() if "capture run" in line]
+    assert len(lines) == 2 and "(untimed): two passes " in lines[0], lines
+    # One timed run: its line's times are the medians.
+    assert lines[1].endswith(f"capture run 1 of 1 done: two passes {timing.two_pass_ms:.1f} ms, "
+                             f"single pass {timing.single_pass_ms:.1f} ms"), lines[1]
