@@ -1,7 +1,8 @@
 """Kernels CUDA has and the CPU build of torch lacks, for device tensors: computed from CPU kernels
 that exist, with CUDA's result dtype. Code written for CUDA takes these paths when it sees a cuda
 device (transformers' grouped MoE counts tokens per expert with an integer `histc`, a router asks
-`mm(..., out_dtype=float32)`), and would otherwise fail eagerly where a GPU runs it.
+`mm(..., out_dtype=float32)`, an attention layer allows only the memory-efficient SDPA kernel),
+and would otherwise fail eagerly where a GPU runs it.
 
 Each entry is called by the placement mode as `func` of its generic rule, so the outputs are
 device memory and a capture records the CPU ops they are made of."""
@@ -37,5 +38,25 @@ def mm(input: Tensor, mat2: Tensor, out_dtype: torch.dtype | None = None, *, out
     return result if out is None else out.copy_(result)
 
 
+def scaled_dot_product_attention(query: Tensor, key: Tensor, value: Tensor, *args, **kwargs):
+    """SDPA where the caller allows only CUDA's fused kernels (`sdpa_kernel(SDPBackend.
+    EFFICIENT_ATTENTION)` or cuDNN's): the CPU build has neither, so with its own two (flash and
+    math) switched off it finds "No viable backend" where an H200 runs the call. The CPU's kernels
+    stand in for the fused one, as every emulated kernel is a CPU kernel; the caller's switches are
+    back as they were when the call returns. Where the CPU's own backends are allowed, or on a
+    real device, nothing changes."""
+    backends = torch.backends.cuda
+    if (query.device.type == "cpu" and not (backends.flash_sdp_enabled() or backends.math_sdp_enabled())
+            and (backends.mem_efficient_sdp_enabled() or backends.cudnn_sdp_enabled())):
+        from torch.nn.attention import SDPBackend, sdpa_kernel
+
+        with sdpa_kernel([SDPBackend.FLASH_ATTENTION, SDPBackend.MATH]):
+            return _sdpa(query, key, value, *args, **kwargs)
+    return _sdpa(query, key, value, *args, **kwargs)
+
+
+_sdpa = torch.nn.functional.scaled_dot_product_attention
+
 # The torch function each replaces, for the placement mode's table.
-REPLACEMENTS = {torch.histc: histc, Tensor.histc: tensor_histc, torch.mm: mm}
+REPLACEMENTS = {torch.histc: histc, Tensor.histc: tensor_histc, torch.mm: mm,
+                torch.nn.functional.scaled_dot_product_attention: scaled_dot_product_attention}

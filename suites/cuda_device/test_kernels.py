@@ -40,3 +40,43 @@ def test_mm_with_out_dtype_multiplies_in_float32(cuda_device):
     assert logits.is_cuda and logits.dtype == torch.float32
     assert logits.cpu().tolist() == [[2.25, -3.0], [1.25, 2.0]]
     assert torch.mm(a, b).dtype == torch.bfloat16
+
+
+def _attention_inputs(seed: int):
+    gen = torch.Generator().manual_seed(seed)
+    return [torch.randn(1, 4, 16, 64, generator=gen).to(torch.bfloat16).to("cuda") for _ in range(3)]
+
+
+def test_sdpa_allowed_only_the_memory_efficient_kernel_runs_as_on_an_h200(cuda_device):
+    """`sdpa_kernel(SDPBackend.EFFICIENT_ATTENTION)` switches off the CPU's own two SDPA kernels;
+    on the emulated device the call still runs (an H200 has the kernel), the CPU's kernels
+    standing in, and the caller's switches are as they were afterwards."""
+    import torch.nn.functional as F
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    q, k, v = _attention_inputs(0)
+    expected = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+    with sdpa_kernel(SDPBackend.EFFICIENT_ATTENTION):
+        got = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        assert not torch.backends.cuda.math_sdp_enabled()
+        assert not torch.backends.cuda.flash_sdp_enabled()
+    assert got.is_cuda and got.dtype == torch.bfloat16
+    torch.testing.assert_close(got.float(), expected.float(), atol=2e-2, rtol=2e-2)
+
+
+def test_sdpa_allowed_only_the_memory_efficient_kernel_captures_and_replays(cuda_device):
+    import torch.nn.functional as F
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    q, k, v = _attention_inputs(1)
+    later = _attention_inputs(2)
+    with sdpa_kernel(SDPBackend.EFFICIENT_ATTENTION):
+        out = F.scaled_dot_product_attention(q, k, v, is_causal=True)  # warmup, as CUDA code does
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            out = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+    for live, new in zip((q, k, v), later):
+        live.copy_(new)
+    graph.replay()
+    expected = F.scaled_dot_product_attention(*later, is_causal=True)
+    torch.testing.assert_close(out.float(), expected.float(), atol=2e-2, rtol=2e-2)
