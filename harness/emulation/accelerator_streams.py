@@ -65,10 +65,12 @@ def event_class(state) -> type:
         def __new__(cls, device: Any = None, *, enable_timing: bool = False,
                     blocking: bool = False, interprocess: bool = False):
             if _on_device(device):
-                if device is not None:
-                    state.streams.device_index(device)  # a bad ordinal raises CUDA's error
-                return Event(enable_timing=enable_timing, blocking=blocking,
-                             interprocess=interprocess)
+                # A bad ordinal raises CUDA's error; None is the current device.
+                index = state.streams.device_index(device)
+                event = Event(enable_timing=enable_timing, blocking=blocking,
+                              interprocess=interprocess)
+                event.made_for = torch.device("cuda", index)
+                return event
             return _TorchEvent(device, enable_timing=enable_timing, blocking=blocking,
                                interprocess=interprocess)
 

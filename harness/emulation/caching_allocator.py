@@ -202,6 +202,7 @@ class CachingAllocator:
         # Segment start address -> (size, small, stream, pool): what snapshots list.
         self.segments: dict[int, tuple[int, bool, object, Pool]] = {}
         self.history = None  # a MemoryHistory while torch.cuda.memory._record_memory_history runs
+        self.caching = True  # torch.cuda.memory.caching_allocator_enable
 
     # --- allocation (on every device allocation and free: kept to plain list and dict work) ----
 
@@ -340,6 +341,8 @@ class CachingAllocator:
         if block.prev is not None or block.next is not None:
             net_count += 1
             net_bytes += block.size
+        elif not self.caching:  # the allocator switched off: a whole free segment goes back
+            self._release_segment(block.pool, free_list, block)
         if net_count or net_bytes:
             current[3] += net_count
             current[4] += net_bytes
@@ -413,18 +416,22 @@ class CachingAllocator:
             whole = [b for b in list(free_list.blocks.values())
                      if b.prev is None and b.next is None]
             for block in whole:
-                key = block.size << ADDRESS_BITS | block.address
-                del free_list.blocks[key]
-                free_list.keys.remove(key)
-                pool.segments -= 1
-                self.num_device_free += 1
-                _, _, stream, _ = self.segments.pop(block.address)
-                if self.history is not None:
-                    self.history.segment("segment_free", block.address, block.size, stream, pool)
-                for name, amount in (("segment", 1), ("reserved_bytes", block.size)):
-                    stats = self.segment_stats[name]
-                    stats[0].decrease(amount)
-                    stats[1 if block.small else 2].decrease(amount)
+                self._release_segment(pool, free_list, block)
+
+    def _release_segment(self, pool: Pool, free_list: _FreeList, block: Block) -> None:
+        """`block`, free and a whole segment, goes back to the device (cudaFree)."""
+        key = block.size << ADDRESS_BITS | block.address
+        del free_list.blocks[key]
+        free_list.keys.remove(key)
+        pool.segments -= 1
+        self.num_device_free += 1
+        _, _, stream, _ = self.segments.pop(block.address)
+        if self.history is not None:
+            self.history.segment("segment_free", block.address, block.size, stream, pool)
+        for name, amount in (("segment", 1), ("reserved_bytes", block.size)):
+            stats = self.segment_stats[name]
+            stats[0].decrease(amount)
+            stats[1 if block.small else 2].decrease(amount)
 
     def carry_over(self, early: EarlyCounts) -> None:
         """Take the totals and peaks counted before the model started (`early`), once the blocks

@@ -61,6 +61,16 @@ class CudaDeviceProperties:
     L2_cache_size: int = 52_428_800
     uuid: str = "00000000-0000-0000-0000-000000000000"
     gcnArchName: str = "NVIDIA"
+    # sm_90's shared memory: 48 KB a block by default, 227 KB opted in, 228 KB an SM (what kernel
+    # libraries size their tiles from); HBM3e at 3201 MHz over 6144 bits.
+    shared_memory_per_block: int = 49_152
+    shared_memory_per_block_optin: int = 232_448
+    shared_memory_per_multiprocessor: int = 233_472
+    memory_clock_rate: int = 3_201_000
+    memory_bus_width: int = 6144
+    pci_bus_id: int = 0
+    pci_device_id: int = 0
+    pci_domain_id: int = 0
 
     def __repr__(self) -> str:
         return (f"_CudaDeviceProperties(name='{self.name}', major={self.major}, minor={self.minor}, "
@@ -212,7 +222,9 @@ def empty_cache(state) -> None:
 
 
 def is_initialized(state) -> bool:
-    return state.initialized
+    # A device tensor initializes CUDA as torch.cuda.init() does (torch's C++ side calls
+    # _lazy_init when it makes one).
+    return state.initialized or state.memory.adopted_any
 
 
 def init(state) -> None:
@@ -388,6 +400,20 @@ def get_sync_debug_mode(state) -> int:
 
 def set_memory_fraction(state, fraction, device: Any = None) -> None:
     state.memory_fraction = check_memory_fraction(fraction)
+
+
+def get_memory_fraction(state, device: Any = None) -> float:
+    return state.memory_fraction
+
+
+def caching_allocator_enable(state, value: bool) -> None:
+    """`torch.cuda.memory.caching_allocator_enable`: off, each block that frees a whole segment
+    gives it back to the device at once (nothing cached); on again, caching resumes."""
+    state.memory.accounting().caching = bool(value)
+
+
+def caching_allocator_is_enabled(state) -> bool:
+    return state.memory.accounting().caching
 
 
 def can_device_access_peer(state, device: int, peer: int) -> bool:
@@ -595,6 +621,9 @@ REPLACEMENTS: tuple[Replacement, ...] = (
     _private("_cuda_set_sync_debug_mode", set_sync_debug_mode),
     _private("_cuda_get_sync_debug_mode", get_sync_debug_mode),
     _private("_cuda_setMemoryFraction", set_memory_fraction),
+    _private("_cuda_getMemoryFraction", get_memory_fraction),
+    _private("_cuda_cudaCachingAllocator_enable", caching_allocator_enable),
+    _private("_cuda_cudaCachingAllocator_is_enabled", caching_allocator_is_enabled),
     _private("_cuda_CUDAAllocator_AllocatorState", allocator_state_class, "value"),
     _private("_cuda_canDeviceAccessPeer", can_device_access_peer),
 

@@ -144,11 +144,20 @@ class Event:
         self.external = bool(external)  # waited on in a capture as an external-event node
         self.event_id = next(_state().streams.event_ids)
         self.recorded_on: Stream | None = None
+        self.made_for: torch.device | None = None  # torch.Event(device): known from the start
         self._time: float | None = None
 
     @property
     def cuda_event(self) -> int:
         return self.event_id
+
+    @property
+    def device(self) -> torch.device | None:
+        """The device a `torch.Event` was made for; a `torch.cuda.Event`'s is its first record's
+        stream's (None before: CUDA makes the event at its first record)."""
+        if self.made_for is not None:
+            return self.made_for
+        return None if self.recorded_on is None else torch.device("cuda", self.recorded_on.device_index)
 
     def record(self, stream: Stream | None = None) -> None:
         state = _state()

@@ -122,6 +122,8 @@ class DeviceMemory:
         # Told of each storage made device memory, so stream tracking learns the stream of memory
         # that no op it saw returned (`torch.as_tensor(x, device="cuda")` is made in C++).
         self.adoption_listeners: list = []
+        # CUDA initializes at its first device tensor: torch.cuda.is_initialized() is True after.
+        self.adopted_any = False
 
     # --- what a tensor is --------------------------------------------------------------------
 
@@ -146,6 +148,7 @@ class DeviceMemory:
     def adopt(self, storage: torch.UntypedStorage) -> None:
         """Mark `storage` device memory: an allocation on the current stream while it lives."""
         setattr(storage, MEMORY_ATTR, DEVICE)
+        self.adopted_any = True
         nbytes = storage.nbytes()
         if nbytes:  # CUDA's allocator makes no block for an empty request
             ref = _StorageRef(storage, self._on_freed)

@@ -165,3 +165,39 @@ def test_the_allocator_backend_is_cuda_s_native_one(cuda_device):
     # PyTorch's own tests read it at import to pick their expectations (TEST_CUDAMALLOCASYNC).
     assert torch.cuda.get_allocator_backend() == "native"
     assert torch.cuda.memory.get_allocator_backend() == "native"
+
+
+def test_the_memory_fraction_reads_back_what_was_set(cuda_device):
+    assert torch.cuda.get_per_process_memory_fraction() == 1.0
+    torch.cuda.set_per_process_memory_fraction(0.25)
+    try:
+        assert torch.cuda.get_per_process_memory_fraction(0) == 0.25
+    finally:
+        torch.cuda.set_per_process_memory_fraction(1.0)
+
+
+def test_a_switched_off_caching_allocator_gives_each_freed_segment_back(cuda_device):
+    """caching_allocator_enable(False): a freed tensor's segment goes back to the device at once
+    (reserved falls with allocated), where the caching allocator keeps it until empty_cache."""
+    torch.cuda.empty_cache()
+    assert torch._C._cuda_cudaCachingAllocator_is_enabled()
+    x = torch.empty(4 * MiB, device="cuda")
+    del x
+    gc.collect()
+    cached = torch.cuda.memory_reserved()
+    torch.cuda.memory.caching_allocator_enable(False)
+    try:
+        assert not torch._C._cuda_cudaCachingAllocator_is_enabled()
+        y = torch.empty(8 * MiB, device="cuda")
+        with_y = torch.cuda.memory_reserved()
+        del y
+        gc.collect()
+        assert torch.cuda.memory_reserved() <= with_y - 8 * MiB * 4
+    finally:
+        torch.cuda.memory.caching_allocator_enable(True)
+    z = torch.empty(8 * MiB, device="cuda")
+    with_z = torch.cuda.memory_reserved()
+    del z
+    gc.collect()
+    assert torch.cuda.memory_reserved() == with_z, "caching is back on: the segment stays"
+    assert cached > 0

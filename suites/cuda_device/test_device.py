@@ -305,3 +305,28 @@ def test_a_capture_after_tracking_started_inside_inference_mode_records_its_ops(
     x.fill_(2.0)
     graph.replay()
     assert out.tolist() == [6.0] * 4  # the replay ran the recorded ops on the new input
+
+
+def test_device_properties_name_sm_90s_shared_memory_and_memory_bus(cuda_device):
+    """The fields kernel libraries size their tiles from, with an H200's values."""
+    props = torch.cuda.get_device_properties(0)
+    assert props.shared_memory_per_block == 48 * 1024
+    assert props.shared_memory_per_block_optin == 227 * 1024
+    assert props.shared_memory_per_multiprocessor == 228 * 1024
+    assert props.memory_bus_width == 6144 and props.memory_clock_rate > 0
+    assert (props.pci_bus_id, props.pci_device_id, props.pci_domain_id) == (0, 0, 0)
+
+
+def test_an_event_names_its_device(cuda_device):
+    assert torch.Event("cuda").device == torch.device("cuda", 0)
+    event = torch.cuda.Event()
+    assert event.device is None  # CUDA makes the event at its first record
+    event.record()
+    assert event.device == torch.device("cuda", 0)
+
+
+def test_the_first_device_tensor_initializes_cuda(cuda_device):
+    """On CUDA making a tensor on the device runs torch.cuda's lazy init, and the functions gated
+    on `is_initialized()` (caching_allocator_enable, memory_stats) act from then on."""
+    torch.zeros(1, device="cuda")
+    assert torch.cuda.is_initialized()
