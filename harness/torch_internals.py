@@ -185,6 +185,9 @@ NAMES: dict[str, Internal] = {
     # A torch call whose aten ops the stream tracking already knows runs past its dispatch mode.
     "DisableTorchDispatch": Internal("torch._C", "_DisableTorchDispatch", _entered),
     "get_dispatch_stack_at": Internal("torch._C", "_get_dispatch_stack_at"),
+    # torch.func's wrappers (vmap's batched tensors, grad's): no storage of their own
+    "is_functorch_wrapped_tensor": Internal("torch._C", "_functorch.is_functorch_wrapped_tensor"),
+    "functorch_get_unwrapped": Internal("torch._C", "_functorch.get_unwrapped"),
 }
 
 
@@ -300,6 +303,8 @@ cuda_release_pool = bind(NAMES["cuda_release_pool"])
 graph_pool_handle = bind(NAMES["graph_pool_handle"])
 DisableTorchDispatch = bind(NAMES["DisableTorchDispatch"])
 get_dispatch_stack_at = bind(NAMES["get_dispatch_stack_at"])
+is_functorch_wrapped_tensor = bind(NAMES["is_functorch_wrapped_tensor"])
+functorch_get_unwrapped = bind(NAMES["functorch_get_unwrapped"])
 
 
 def lazy_module(name: str) -> Any:

@@ -37,6 +37,7 @@ from typing import Any, Callable
 import torch
 
 from harness.emulation.caching_allocator import Block, CachingAllocator, EarlyCounts
+from harness.torch_internals import functorch_get_unwrapped, is_functorch_wrapped_tensor
 
 MEMORY_ATTR = "_harness_memory"
 DEVICE = "device"
@@ -70,11 +71,14 @@ class HeldBlock:
 
 def memory_mark(x: torch.Tensor | torch.UntypedStorage) -> str | None:
     """Where a tensor, or an untyped storage, lives on the emulated device: DEVICE, PINNED, or None
-    for pageable host memory (and for a tensor without a storage, sparse or nested)."""
+    for pageable host memory (and for a tensor without a storage, sparse or nested). A torch.func
+    wrapper (vmap's batched tensor) lives where the tensor it wraps does."""
     try:
         storage = x if type(x) is torch.UntypedStorage else x.untyped_storage()
     except (RuntimeError, NotImplementedError):
-        return None
+        storage = _storage(x)
+        if storage is None:
+            return None
     return getattr(storage, MEMORY_ATTR, None)
 
 
@@ -85,9 +89,17 @@ def is_device_memory(x: torch.Tensor | torch.UntypedStorage) -> bool:
 
 
 def _storage(t: torch.Tensor) -> torch.UntypedStorage | None:
+    """`t`'s storage; a torch.func wrapper's is the wrapped tensor's (vmap and grad wrap tensors in
+    ones without a storage, and the ops below them make the wrapped ones)."""
     try:
         return t.untyped_storage()
     except (RuntimeError, NotImplementedError):  # sparse, nested and other storage-less layouts
+        while is_functorch_wrapped_tensor(t):
+            t = functorch_get_unwrapped(t)
+            try:
+                return t.untyped_storage()
+            except (RuntimeError, NotImplementedError):
+                continue
         return None
 
 

@@ -199,8 +199,8 @@ class Placement(TorchFunctionMode):
                 storage = out.untyped_storage()
                 if not is_device_memory(storage):
                     memory.adopt(storage)
-            except (RuntimeError, NotImplementedError):
-                pass
+            except (RuntimeError, NotImplementedError):  # no storage of its own: a vmap wrapper's
+                memory.mark_device(out)
         elif out is not None:
             self._mark(out, DEVICE)
         if index:

@@ -21,6 +21,7 @@ import torch
 from torch.multiprocessing.reductions import StorageWeakRef
 
 from harness import torch_internals
+from harness.graphs.base import CaptureError
 
 # CUDA's allocator rounds every block to 512 bytes; matching it makes reuse decisions comparable.
 BLOCK_ALIGN = 512
@@ -255,7 +256,19 @@ def laid_out_like_once(cache: dict[tuple, torch.Tensor], owner: object,
 
 def block_of(tensor: torch.Tensor) -> Block | None:
     """The pool block a tensor lives in, or None for memory that no arena handed out."""
-    block = getattr(tensor.untyped_storage(), BLOCK_ATTR, None)
+    try:
+        storage = tensor.untyped_storage()
+    except NotImplementedError as error:
+        if torch_internals.is_functorch_wrapped_tensor(tensor):
+            # Named here because the emulated graph would otherwise fail on the storage lookup.
+            raise CaptureError(
+                "a torch.func transform (vmap, grad, jacrev, ...) inside a capture: the emulated "
+                "graph records each op's tensors and storages, and the transform's wrapped "
+                "tensors have no storage of their own; CUDA captures the kernels the transform "
+                "launches. Capture the transformed function natively, or apply the transform "
+                "outside the capture on the emulated device") from error
+        raise
+    block = getattr(storage, BLOCK_ATTR, None)
     if block is None or block.liveness.expired():
         return None
     return block
