@@ -202,6 +202,19 @@ def memory_stats(state, device: Any = None):
     return state.memory.accounting().memory_stats()
 
 
+def memory_stats_nested(state, device: Any = None) -> dict:
+    """`torch._C._cuda_memoryStats` (behind `memory_stats_as_nested_dict`): the statistics as the
+    nested dict whose dotted paths are `memory_stats`' keys."""
+    nested: dict = {}
+    for key, value in memory_stats(state, device).items():
+        *path, leaf = key.split(".")
+        node = nested
+        for part in path:
+            node = node.setdefault(part, {})
+        node[leaf] = value
+    return nested
+
+
 def memory_summary(state, device: Any = None, abbreviated: bool = False) -> str:
     stats = memory_stats(state, device)
     fields = ("current", "peak", "allocated", "freed")
@@ -622,6 +635,7 @@ REPLACEMENTS: tuple[Replacement, ...] = (
     _private("_cuda_get_sync_debug_mode", get_sync_debug_mode),
     _private("_cuda_setMemoryFraction", set_memory_fraction),
     _private("_cuda_getMemoryFraction", get_memory_fraction),
+    _private("_cuda_memoryStats", memory_stats_nested),
     _private("_cuda_cudaCachingAllocator_enable", caching_allocator_enable),
     _private("_cuda_cudaCachingAllocator_is_enabled", caching_allocator_is_enabled),
     _private("_cuda_CUDAAllocator_AllocatorState", allocator_state_class, "value"),

@@ -201,3 +201,19 @@ def test_a_switched_off_caching_allocator_gives_each_freed_segment_back(cuda_dev
     gc.collect()
     assert torch.cuda.memory_reserved() == with_z, "caching is back on: the segment stays"
     assert cached > 0
+
+
+def test_the_nested_statistics_flatten_to_memory_stats(cuda_device):
+    x = torch.empty(MiB, device="cuda")
+    nested = torch.cuda.memory_stats_as_nested_dict()
+    assert nested["allocated_bytes"]["all"]["current"] >= MiB
+    flat = {}
+
+    def walk(prefix, node):
+        for key, value in node.items():
+            path = f"{prefix}.{key}" if prefix else key
+            walk(path, value) if isinstance(value, dict) else flat.__setitem__(path, value)
+
+    walk("", nested)
+    assert flat == dict(torch.cuda.memory_stats())
+    del x
