@@ -8,7 +8,16 @@ import pytest
 import torch
 
 
-def test_vmap_over_device_tensors_stays_on_the_device(cuda_device):
+@pytest.fixture(params=["untracked", "tracked"])
+def device(request, cuda_device):
+    """The emulated device before stream tracking starts, and after: a stream made turns it on
+    (every runtime that captures makes one), and tracking keys calls by their tensors' storages."""
+    if request.param == "tracked":
+        torch.cuda.Stream()
+    return cuda_device
+
+
+def test_vmap_over_device_tensors_stays_on_the_device(device):
     x = torch.randn(3, 4, device="cuda")
     w = torch.randn(4, device="cuda")
     seen = []
@@ -22,21 +31,21 @@ def test_vmap_over_device_tensors_stays_on_the_device(cuda_device):
     torch.testing.assert_close(y, x @ w)
 
 
-def test_vmap_mixing_a_host_tensor_is_refused_as_on_cuda(cuda_device):
+def test_vmap_mixing_a_host_tensor_is_refused_as_on_cuda(device):
     x = torch.randn(3, 4, device="cuda")
     host = torch.randn(4)
     with pytest.raises(RuntimeError, match="Expected all tensors to be on the same device"):
         torch.vmap(lambda row: row * host)(x)
 
 
-def test_grad_of_a_device_function_is_a_device_tensor(cuda_device):
+def test_grad_of_a_device_function_is_a_device_tensor(device):
     w = torch.randn(4, device="cuda")
     g = torch.func.grad(lambda v: (v * v).sum())(w)
     assert g.is_cuda
     torch.testing.assert_close(g, 2 * w)
 
 
-def test_flex_attention_eager_matches_sdpa(cuda_device):
+def test_flex_attention_eager_matches_sdpa(device):
     from torch.nn.attention.flex_attention import flex_attention
 
     gen = torch.Generator().manual_seed(0)
@@ -46,7 +55,7 @@ def test_flex_attention_eager_matches_sdpa(cuda_device):
     torch.testing.assert_close(out, torch.nn.functional.scaled_dot_product_attention(q, k, v))
 
 
-def test_vmap_inside_a_capture_is_refused_by_name(cuda_device):
+def test_vmap_inside_a_capture_is_refused_by_name(device):
     """A documented difference (docs/fidelity.md): CUDA captures the kernels vmap launches; the
     emulated graph cannot record ops on its storage-less batched tensors, and says so."""
     from harness.graphs.base import CaptureError

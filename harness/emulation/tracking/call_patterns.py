@@ -42,6 +42,7 @@ _STRIDED = torch.strided
 _DisableTorchDispatch = torch_internals.DisableTorchDispatch
 _stack_length = torch_internals.len_torch_dispatch_stack
 _stack_at = torch_internals.get_dispatch_stack_at
+_functorch_wrapped = torch_internals.is_functorch_wrapped_tensor
 _grad_on = torch.is_grad_enabled
 _inference_on = torch.is_inference_mode_enabled
 _deterministic = torch.are_deterministic_algorithms_enabled
@@ -91,7 +92,10 @@ class Probe:
 
 def _tensor_meta(a: Any, tensors: list, is_device, is_pinned) -> tuple:
     dtype = a.dtype
-    if type(a) not in _PLAIN or a.layout is not _STRIDED or not a.is_cpu or dtype.is_complex:
+    if type(a) not in _PLAIN or a.layout is not _STRIDED or not a.is_cpu or dtype.is_complex \
+            or _functorch_wrapped(a):
+        # A torch.func wrapper (vmap's batched tensor) has no storage to key its reads by; the
+        # aten ops below the transform see the tensors it wraps, and are tracked there.
         raise _Unkeyed
     device = is_device(a)
     if not device and is_pinned(a):
