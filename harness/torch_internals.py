@@ -132,6 +132,8 @@ NAMES: dict[str, Internal] = {
     # torch._ops
     "OpOverload": Internal("torch._ops", "OpOverload", _is_class_with("name")),
     "OpOverloadPacket": Internal("torch._ops", "OpOverloadPacket", _is_class_with("overloads")),
+    # flex attention's, torch.cond's: a dispatch mode sees one call of it, not the ops it runs
+    "HigherOrderOperator": Internal("torch._ops", "HigherOrderOperator", _is_class_with("name")),
     # torch.utils._pytree
     "tree_flatten": Internal("torch.utils._pytree", "tree_flatten", _flattens),
     "tree_map_only": Internal("torch.utils._pytree", "tree_map_only", _maps_only),
@@ -253,7 +255,8 @@ def bind(entry: Internal) -> Any:
         return _Absent(entry.path, error)
 
 
-_BASE_CLASSES = ("TorchDispatchMode", "DeviceContext", "Generator", "TensorBase")
+_BASE_CLASSES = ("TorchDispatchMode", "DeviceContext", "Generator", "TensorBase",
+                 "HigherOrderOperator")
 
 
 DisableTorchFunction = bind(NAMES["DisableTorchFunction"])
@@ -281,6 +284,7 @@ engine_run_backward = bind(NAMES["engine_run_backward"])
 has_compatible_shallow_copy_type = bind(NAMES["has_compatible_shallow_copy_type"])
 OpOverload = bind(NAMES["OpOverload"])
 OpOverloadPacket = bind(NAMES["OpOverloadPacket"])
+HigherOrderOperator = bind(NAMES["HigherOrderOperator"])
 tree_flatten = bind(NAMES["tree_flatten"])
 tree_map_only = bind(NAMES["tree_map_only"])
 TorchDispatchMode = bind(NAMES["TorchDispatchMode"])

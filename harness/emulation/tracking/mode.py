@@ -20,8 +20,8 @@ from harness.torch_internals import TorchDispatchMode
 from harness.graphs.emulator import opinfo
 from harness.graphs.emulator.callsite import callsite_later, current_callsite
 from harness.graphs.emulator.opinfo import OpKind
-from harness.graphs.emulator.accesses import (blocks_host, copy_blocks_host, split_accesses,
-                                              tensors_of)
+from harness.graphs.emulator.accesses import (blocks_host, copy_blocks_host, higher_order_tensors,
+                                              split_accesses, tensors_of)
 from harness.emulation.tracking.deferral import defer
 from harness.emulation.tracking.names import ShapeLabels, label_of, storage_key
 from harness.emulation.tracking.op_plans import OpPlans
@@ -32,6 +32,7 @@ from harness.emulation.tracking.tracker import StreamTracker
 from harness.emulation.tracking.unseen_writes import IssuedBytes
 
 
+_HigherOrderOperator = torch_internals.HigherOrderOperator
 DEFAULT_STREAM = 0  # device 0's default stream: where memory made before tracking began lives
 
 
@@ -50,6 +51,9 @@ class _Allocation(weakref.ref):
 
 
 class StreamWork(TorchDispatchMode):
+    # Higher-order operators (flex attention's, torch.cond) reach __torch_dispatch__ as one call.
+    supports_higher_order_operators = True
+
     def __init__(self, memory: Any, stream: Callable[[], int], capturing: Callable[[], bool],
                  tracker: StreamTracker, schedule: Schedule) -> None:
         super().__init__()
@@ -86,6 +90,8 @@ class StreamWork(TorchDispatchMode):
         # The device's placement mode acted on the torch call above this op; what runs here
         # (attribute reads, allocations, the op itself) must not pass through it again.
         with torch_internals.DisableTorchFunction():
+            if isinstance(func, _HigherOrderOperator):
+                return self._higher_order_op(func, args, kwargs or {})
             return self._dispatch(func, args, kwargs or {})
 
     def begin_op(self) -> None:
@@ -128,6 +134,33 @@ class StreamWork(TorchDispatchMode):
         if not targets_device and True not in on_device:
             return self._host_op(func, args, kwargs)
         return self._device_op(func, args, kwargs, plan, targets_device, tensors, on_device)
+
+    def _higher_order_op(self, func, args, kwargs) -> Any:
+        """A higher-order operator as one kernel on the current stream: it reads every tracked
+        tensor it is given and makes its results. What it runs inside goes below this mode (the
+        operator's dispatch took the mode off the stack), so a write into an operand is not seen:
+        a missed race at worst, never a false one."""
+        self.begin_op()
+        tensors = higher_order_tensors(args, kwargs)
+        if self.capturing() or any(t.device.type != "cpu" for t in tensors):
+            return func(*args, **kwargs)  # recorded by the capture; or meta and fake tensors
+        if self.probe is not None:
+            self.probe.spoil()
+        reads = [t for t in tensors if self._tracked(t)]
+        if not reads and not self.memory.call_targets_device():
+            return func(*args, **kwargs)
+        stream, name, where = self.stream(), f"{func.name()} (a higher-order op)", callsite_later()
+        read_keys = []
+        for t in reads:
+            read_keys.append(storage_key(t))
+            self.note_read(t, read_keys[-1], self._shape_labels.of(t))
+        seq = self.tracker.launch(stream, read_keys, (), op=name, where=where)
+        if self.schedule.defers(stream):
+            self.schedule.run_stream(stream)  # the operator runs now: what its stream queued first
+        out = func(*args, **kwargs)
+        self.schedule.ran(stream, seq)
+        self._note_fresh(higher_order_tensors((out,), {}), Access(True, stream, seq, name, where))
+        return out
 
     # --- the host's own work on pinned memory ------------------------------------------------
 

@@ -20,7 +20,7 @@ import torch
 from harness import torch_internals
 from harness.torch_internals import TorchDispatchMode
 from harness.graphs.emulator import opinfo
-from harness.graphs.emulator.accesses import split_accesses, tensors_of
+from harness.graphs.emulator.accesses import higher_order_tensors, split_accesses, tensors_of
 from harness.graphs.emulator.callsite import current_callsite
 from harness.graphs.emulator.opinfo import OpKind
 from harness.emulation.replacing import apply
@@ -35,6 +35,7 @@ _COPY = torch.ops.aten.copy_.default
 # Its schema marks the tensor mutable, but it touches no memory: it tells the allocator that a
 # stream uses the block (CUDA's own sanitizer passes it too).
 _RECORD_STREAM = torch.ops.aten.record_stream.default
+_HigherOrderOperator = torch_internals.HigherOrderOperator
 
 
 class StreamIds:
@@ -69,6 +70,9 @@ def _host_waits(func, args: tuple, kwargs: dict) -> bool:
 
 
 class RealStreamWork(TorchDispatchMode):
+    # Higher-order operators (flex attention's, torch.cond) reach __torch_dispatch__ as one call.
+    supports_higher_order_operators = True
+
     def __init__(self, tracker: StreamTracker, ids: StreamIds) -> None:
         super().__init__()
         self.tracker, self.ids = tracker, ids
@@ -77,6 +81,8 @@ class RealStreamWork(TorchDispatchMode):
         kwargs = kwargs or {}
         if _capturing() or func is _RECORD_STREAM:
             return func(*args, **kwargs)  # captured work runs only at replay
+        if isinstance(func, _HigherOrderOperator):
+            return self._higher_order_op(func, args, kwargs)
         kind = opinfo.op_kind(func)
         if kind is OpKind.VIEW:
             return func(*args, **kwargs)
@@ -98,6 +104,22 @@ class RealStreamWork(TorchDispatchMode):
                     # Fresh memory (perhaps a freed block again): written by this op only.
                     self.tracker.record_write(storage_key(t), stream, seq, op=name, where=where)
                     self.tracker.labels[storage_key(t)] = label_of(t)
+        return out
+
+    def _higher_order_op(self, func, args: tuple, kwargs: dict) -> Any:
+        """One kernel on the current stream reading every CUDA tensor it is given; what it runs
+        inside goes below this mode, so a write into an operand is not seen."""
+        stream = self.ids.of(torch.cuda.current_stream())
+        reads = [t for t in higher_order_tensors(args, kwargs) if _is_cuda(t)]
+        where, name = current_callsite(), f"{func.name()} (a higher-order op)"
+        for t in reads:
+            self.tracker.labels.setdefault(storage_key(t), label_of(t))
+        seq = self.tracker.launch(stream, [storage_key(t) for t in reads], [], op=name, where=where)
+        out = func(*args, **kwargs)
+        for t in higher_order_tensors((out,), {}):
+            if _is_cuda(t) and t.untyped_storage().nbytes():
+                self.tracker.record_write(storage_key(t), stream, seq, op=name, where=where)
+                self.tracker.labels[storage_key(t)] = label_of(t)
         return out
 
 

@@ -13,6 +13,7 @@ from typing import Any, Callable
 
 import torch
 
+from harness import torch_internals
 from harness.graphs.emulator import opinfo
 
 aten = torch.ops.aten
@@ -34,6 +35,13 @@ def tensors_of(values) -> list[torch.Tensor]:
         elif isinstance(value, (list, tuple)):
             out.extend(v for v in value if isinstance(v, torch.Tensor))
     return out
+
+
+def higher_order_tensors(args: tuple, kwargs: dict) -> list[torch.Tensor]:
+    """The tensors a higher-order operator is given, at any depth (its operands nest in tuples and
+    dicts, beside the graphs it runs)."""
+    leaves, _ = torch_internals.tree_flatten((args, kwargs))
+    return [x for x in leaves if isinstance(x, torch.Tensor)]
 
 
 def split_accesses(func, args: tuple, kwargs: dict, tracked: Callable[[torch.Tensor], bool]
