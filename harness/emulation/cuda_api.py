@@ -35,6 +35,8 @@ from harness.emulation.checkpoints import location_tag, restore_location
 from harness.emulation.capture_frees import OPTION, parse_settings
 from harness.emulation.capture_syncs import refuse_host_sync
 from harness.emulation.tensor_swaps import swap_tensors_past_watches
+from harness.emulation.storages import (share_cuda_refused, storage_device, storage_is_shared,
+                                        storage_new)
 from harness.emulation.generators import generator_class
 from harness.emulation.rules import DeviceIndexError, cuda_index, names_cuda
 from harness.emulation.allocator_tools import UnsupportedOnEmulatedDevice
@@ -657,6 +659,10 @@ REPLACEMENTS: tuple[Replacement, ...] = (
     Replacement("torch.accelerator", "device_index", device_class, "value", if_present=True),
     Replacement("torch.cuda", "_compile_kernel", compile_kernel, if_present=True),
     Replacement("torch.utils", "swap_tensors", swap_tensors_past_watches, "value"),
+    Replacement("torch.UntypedStorage", "device", storage_device, "value"),
+    Replacement("torch.UntypedStorage", "is_shared", storage_is_shared, "value"),
+    Replacement("torch.UntypedStorage", "__new__", storage_new, "value"),
+    Replacement("torch.UntypedStorage", "_share_cuda_", share_cuda_refused, "value"),
 )
 
 # torch.cuda's names that its submodules define too, and that code may reach through them.

@@ -1,0 +1,74 @@
+"""A device tensor's storage as CUDA's: it says it is on the device (`storage.device`,
+`is_cuda`, and so `Tensor.is_shared()`, True for every CUDA tensor, and `share_memory_()`, a no-op
+for one), and `torch.UntypedStorage(n, device="cuda")` makes device memory. Sharing device memory
+with another process (CUDA IPC, what torch.multiprocessing does with a CUDA tensor) is refused by
+name: the emulated device lives in one process.
+"""
+
+from __future__ import annotations
+
+import inspect
+from typing import Any
+
+import torch
+
+from harness.emulation.device_indices import storage_index
+from harness.emulation.device_memory import is_device_memory
+from harness.emulation.rules import names_cuda
+
+
+def storage_device(state) -> property:
+    """`UntypedStorage.device`: cuda:i for device memory, torch's own answer otherwise."""
+    base = inspect.getattr_static(torch.UntypedStorage, "device")
+
+    def device(storage: torch.UntypedStorage) -> torch.device:
+        if is_device_memory(storage):
+            return torch.device("cuda", storage_index(storage))
+        return base.__get__(storage, type(storage))
+
+    return property(device)
+
+
+def storage_is_shared(state):
+    """`UntypedStorage.is_shared()`: True for device memory, as for every CUDA storage (its C
+    implementation asks the storage's own, cpu, device)."""
+    base = torch.UntypedStorage.is_shared
+
+    def is_shared(storage: torch.UntypedStorage) -> bool:
+        return True if is_device_memory(storage) else base(storage)
+
+    return is_shared
+
+
+def storage_new(state) -> staticmethod:
+    """`torch.UntypedStorage(...)`: with a cuda device, the device memory of a byte tensor made
+    there (its size, or the bytes of a sequence); anything else as torch makes it."""
+    base = torch.UntypedStorage.__new__
+
+    def new(cls, *args, device: Any = None, **kwargs):
+        if device is None or not names_cuda(device) or cls is not torch.UntypedStorage:
+            if device is not None:
+                kwargs["device"] = device
+            return base(cls, *args, **kwargs)
+        if kwargs or len(args) > 1:
+            raise TypeError(f"torch.UntypedStorage(...) on the emulated CUDA device takes a size "
+                            f"or a sequence of bytes and device=; got {len(args)} positional "
+                            f"arguments and {sorted(kwargs)}")
+        source = args[0] if args else 0
+        if isinstance(source, int):
+            made = torch.empty(source, dtype=torch.uint8, device=device)
+        else:
+            made = torch.tensor(list(source), dtype=torch.uint8, device=device)
+        return made.untyped_storage()
+
+    return staticmethod(new)
+
+
+def share_cuda_refused(state):
+    def _share_cuda_(storage, *args, **kwargs):
+        raise NotImplementedError(
+            "sharing device memory with another process (CUDA IPC: torch.multiprocessing with a "
+            "CUDA tensor, UntypedStorage._share_cuda_) is not supported on the emulated CUDA "
+            "device: it lives in one process. Send host tensors between processes instead.")
+
+    return _share_cuda_
