@@ -41,6 +41,7 @@ from harness.emulation.generators import generator_class
 from harness.emulation.rules import DeviceIndexError, cuda_index, names_cuda
 from harness.emulation.allocator_tools import UnsupportedOnEmulatedDevice
 from harness.emulation.cuda_graph import CUDAGraph
+from harness.emulation.cudart import EmulatedCudart
 from harness.emulation.cuda_streams import Event, ExternalStream, Stream
 from harness.emulation.tools import (NvtxRanges, check_memory_fraction,
                                                  check_sync_debug_mode)
@@ -165,6 +166,10 @@ def mem_get_info(state, device: Any = None) -> tuple[int, int]:
     index(state, device)
     total = state.properties.total_memory
     return (total - state.memory.accounting().stat("reserved_bytes", "current"), total)
+
+
+def emulated_cudart(state) -> EmulatedCudart:
+    return EmulatedCudart(lambda device: mem_get_info(state, device))
 
 
 def _stat(state, name: str, field: str, device: Any) -> int:
@@ -644,6 +649,7 @@ REPLACEMENTS: tuple[Replacement, ...] = (
     _private("_cuda_canDeviceAccessPeer", can_device_access_peer),
 
     Replacement("torch.cuda.nvtx", "_nvtx", nvtx_ranges, "value"),
+    Replacement("torch.cuda", "_cudart", emulated_cudart, "value"),
     Replacement("torch", "Generator", device_generator_class, "value"),
     Replacement("torch.cuda.graph", "default_capture_stream", no_default_capture_stream, "value"),
     Replacement("torch.backends.cudnn", "is_available", cudnn_unavailable),

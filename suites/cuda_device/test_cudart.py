@@ -1,0 +1,37 @@
+"""`torch.cuda.cudart()` on the emulated device: the profiler switches that runtimes call around a
+run succeed, memory info answers as mem_get_info, host registration is refused with the remedy."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+
+def test_the_profiler_switches_succeed(cuda_device):
+    runtime = torch.cuda.cudart()
+    before = runtime.profiler_runs
+    torch.cuda.profiler.start()
+    torch.cuda.profiler.stop()
+    with torch.cuda.profiler.profile():
+        torch.ones(2, device="cuda").sum()
+    assert runtime.profiler_runs == before + 2
+
+
+def test_memory_info_is_mem_get_info(cuda_device):
+    held = torch.empty(1 << 20, dtype=torch.uint8, device="cuda")
+    assert torch.cuda.cudart().cudaMemGetInfo(0) == torch.cuda.mem_get_info(0)
+    del held
+
+
+def test_error_codes_read_as_cuda_reads_them(cuda_device):
+    torch.cuda.check_error(0)
+    runtime = torch.cuda.cudart()
+    assert runtime.cudaError.success == 0
+    assert runtime.cudaGetErrorString(runtime.cudaError(1)) == "invalid argument"
+
+
+def test_host_registration_is_refused_with_the_remedy(cuda_device):
+    host = torch.ones(4)
+    code = torch.cuda.cudart().cudaHostRegister(host.data_ptr(), host.nbytes, 0)
+    with pytest.raises(torch.cuda.CudaError, match=r"operation not supported.*pin_memory\(\).*\(801\)"):
+        torch.cuda.check_error(code)
