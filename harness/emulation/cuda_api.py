@@ -707,6 +707,9 @@ def patches(state, table: tuple[Replacement, ...] = REPLACEMENTS) -> list[tuple[
     from harness.emulation.foreach_groups import patches as foreach_group_patches
 
     out += foreach_group_patches(state)
+    from harness.emulation.dlpack import patches as dlpack_patches
+
+    out += dlpack_patches(state)
     return out
 
 
