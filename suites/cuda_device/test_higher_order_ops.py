@@ -92,3 +92,17 @@ def test_real_streams_see_flex_attention_as_one_kernel(where):
                 with torch.cuda.stream(side):
                     flex_attention(q, k, v)
         torch.cuda.synchronize()
+
+
+def test_cond_inside_a_capture_is_refused_by_name(cuda_device):
+    """CUDA refuses it too (the dense torch.cond reads its device predicate on the host, a sync);
+    the emulated graph says why it cannot record one, at the user's line."""
+    from harness.graphs.base import CaptureError
+
+    x = torch.arange(4.0, device="cuda")
+    torch.cond(x.sum() > 0, lambda t: t * 2, lambda t: t - 1, (x,))  # compiled before the capture
+    graph = torch.cuda.CUDAGraph()
+    with pytest.raises(CaptureError, match=r"cond, a higher-order operator .* inside a capture.*"
+                                           r"test_higher_order_ops\.py:\d+"):
+        with torch.cuda.graph(graph):
+            torch.cond(x.sum() > 0, lambda t: t * 2, lambda t: t - 1, (x,))

@@ -28,6 +28,9 @@ from harness.emulation.tracking.clocks import Clocks
 class CaptureStreams(TorchDispatchMode):
     """Pushed above the recorder for one capture; `key(stream)` is the stream's int id."""
 
+    # A higher-order operator is judged by its stream like any op, then left to the recorder.
+    supports_higher_order_operators = True
+
     def __init__(self, state: Any, origin: Any, mode: str, key) -> None:
         super().__init__()
         self.state = state

@@ -15,7 +15,8 @@ from typing import Any
 
 import torch
 
-from harness.torch_internals import TorchDispatchMode, tree_flatten, tree_map_only
+from harness.torch_internals import (HigherOrderOperator, TorchDispatchMode, tree_flatten,
+                                     tree_map_only)
 from harness.graphs.emulator import opinfo
 from harness.graphs.base import CaptureError, CaptureSyncError
 from harness.graphs.emulator import collectives, cuda_errors
@@ -29,7 +30,7 @@ from harness.graphs.emulator.pool import (Block, PoolArena, block_of, laid_out_l
                                           laid_out_like_once, poison_value)
 from harness.graphs.emulator.shared_blocks import SharedBlock
 from harness.graphs.emulator.shapes import lacks_meta_kernel, result_shapes, to_meta
-from harness.graphs.emulator.accesses import split_accesses
+from harness.graphs.emulator.accesses import higher_order_tensors, split_accesses
 from harness.graphs.emulator.trace import Argument, OpRecord, Origin
 from harness.graphs.emulator.private_generators import (is_registered, private_generator,
                                                         unregistered_generator_error)
@@ -51,6 +52,9 @@ class Recorder(TorchDispatchMode):
     plain emulator on `device` assumes. `kernel_device` is whose kernels' rules apply (the emulated
     CUDA device keeps its memory on the cpu but stands for cuda). `trace`: keep an OpRecord per op
     (trace.py): what a reader of the replay needs."""
+
+    # Higher-order operators reach __torch_dispatch__ as one call (refused on the device by name).
+    supports_higher_order_operators = True
 
     def __init__(self, arena: PoolArena, device: torch.device, memory=None,
                  kernel_device: torch.device | None = None, *, trace: bool = False) -> None:
@@ -87,6 +91,8 @@ class Recorder(TorchDispatchMode):
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
+        if isinstance(func, HigherOrderOperator):
+            return self._higher_order_op(func, args, kwargs)
         if collectives.is_collective(func):
             return self._record_collective(func, args, kwargs)
         if types and collectives.waits_on_subclass(types):
@@ -211,6 +217,18 @@ class Recorder(TorchDispatchMode):
             self.arena.share(block)
         # The block itself, not its id: a freed block's id can be reused by a later block.
         return laid_out_like_once(self._replay_tensors, block, block.replay_storage, t)
+
+    def _higher_order_op(self, func, args: tuple, kwargs: dict) -> Any:
+        tensors = higher_order_tensors(args, kwargs)
+        if not self.memory.all_device and not any(self.memory.is_device(t) for t in tensors):
+            return func(*args, **kwargs)  # host work, run once as CUDA runs it
+        raise CaptureError(at_callsite(
+            f"{func.name()}, a higher-order operator (torch.cond, torch.while_loop, flex "
+            f"attention's eager path), inside a capture: the emulated graph records aten ops "
+            f"and cannot see into the graph this operator runs. CUDA captures the kernels it "
+            f"launches (a torch.cond whose predicate is read on the host excepted: that is a "
+            f"sync, refused). Capture it natively, compile it (torch.compile) before the capture, "
+            f"or call the branch it takes directly.", current_callsite()), op=func.name())
 
     def _is_host_work(self, func, args, kwargs) -> bool:
         """On a cuda device, an op that touches no tensor on it and makes none there (CPU tensor
