@@ -103,6 +103,10 @@ class CapturedMemory(TorchDispatchMode):
         self._own: set[int] = set()
         self._foreign_seen: set[int] = set()
 
+    # Higher-order operators (torch.cond, flex attention) reach __torch_dispatch__ as one call,
+    # which the body below takes as any op; without this torch refuses them during a capture.
+    supports_higher_order_operators = True
+
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
         where = None

@@ -148,3 +148,19 @@ def test_backend_captures_again_after_a_failed_capture(backend):
     graph.replay()
     backend.synchronize()
     assert torch.equal(graph.output, torch.full((3,), 4.0, device=backend.device))
+
+
+def test_a_higher_order_operator_in_a_capture_is_a_capture_error(backend):
+    """torch.cond on a device predicate: CUDA's dense kernel reads the predicate on the host (a
+    sync the capture refuses); the emulator cannot record the operator's own graph. Either way a
+    CaptureError, not torch's "no rule registered for HigherOrderOperator" from a harness mode."""
+    x = torch.arange(4.0, device=backend.device)
+
+    def branchy():
+        return torch.cond(x.sum() > 0, lambda t: t * 2, lambda t: t - 1, (x,))
+
+    branchy()  # compiled outside the capture
+    with pytest.raises(CaptureError) as caught:
+        backend.capture(branchy)
+    assert "HigherOrderOperator" not in str(caught.value)
+    assert not backend.is_capturing()
