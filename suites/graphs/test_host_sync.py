@@ -162,8 +162,9 @@ def test_a_higher_order_operator_in_a_capture_is_a_capture_error(backend):
     try:
         branchy()  # compiled outside the capture
     except Exception as error:  # noqa: BLE001 (torch's own eager path, no capture yet)
-        # Seen on the H200 (torch 2.11.0+cu130): dynamo traced into cond's dense kernel and
-        # stopped ("torch.* op returned non-Tensor"), outside any capture.
+        # Seen on the H200 (torch 2.11.0+cu130) when an earlier case of this process compiled
+        # torch.cond for other tensors: dynamo's recompile traced into cond's dense kernel and
+        # stopped ("torch.* op returned non-Tensor"), outside any capture and any harness mode.
         pytest.skip(f"torch.cond fails eagerly on torch {torch.__version__} outside any capture "
                     f"({type(error).__name__}); nothing to capture")
     with pytest.raises(CaptureError) as caught:
