@@ -31,6 +31,8 @@ from harness.graphs.base import CaptureError
 from harness.emulation import autocast, blas_workspaces, device_indices, kernels, transfers
 from harness.graphs.emulator.dispatch_keys import keep_modes_reachable
 from harness.emulation.capacity import requested_bytes
+from harness.emulation.sync_debug import call_flagging_syncs
+from harness.emulation.tools import on_host_sync
 from harness.emulation.generators import DeviceGenerator
 from harness.emulation.device_memory import DEVICE, PINNED, is_device_memory
 from harness.emulation.rules import (CPU, cuda_index, device_generator_on_host_error,
@@ -169,6 +171,9 @@ class Placement(TorchFunctionMode):
             kwargs = {**kwargs, "generator": self.state.default_states.resolve(kwargs["generator"])}
         if named_device and func in _FROM_HOST_DATA and self.state.capturing():
             transfers.refuse_host_data(self.state, func, args)
+        if named_device and func in _FROM_HOST_DATA and self.state.sync_debug_mode and not (
+                args and isinstance(args[0], Tensor) and is_device_memory(args[0])):
+            on_host_sync(self.state.sync_debug_mode)  # host data copied to the device, blocking
         if func in transfers.INDEXING and device_in and self.state.capturing() \
                 and is_device_memory(args[0]):
             transfers.refuse_host_indices(self.state, func, args)
@@ -187,7 +192,11 @@ class Placement(TorchFunctionMode):
         keep_modes_reachable()  # stream tracking, if an inference_mode block dropped its keys
         runner = self.state.call_runner
         try:
-            out = func(*args, **kwargs) if runner is None else runner(func, args, kwargs)
+            if self.state.sync_debug_mode:
+                out = call_flagging_syncs(self.state.sync_debug_mode, runner or _call, func, args,
+                                          kwargs)
+            else:
+                out = func(*args, **kwargs) if runner is None else runner(func, args, kwargs)
         except RuntimeError as error:
             if "can't allocate memory" in str(error):
                 raise self.state.out_of_memory(error) from error
@@ -316,6 +325,10 @@ class Placement(TorchFunctionMode):
             return func(*args, **kwargs)
         with self:  # torch's printer asks `.device`, which this mode answers
             return torch_internals.tensor_str(args[0], **kwargs)
+
+def _call(func, args: tuple, kwargs: dict):
+    return func(*args, **kwargs)
+
 
 def _call_name(func) -> str:
     """A torch call as a user writes it: `torch.mm`, `Tensor.mm`, `F.linear`."""
