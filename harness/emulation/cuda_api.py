@@ -43,8 +43,10 @@ from harness.emulation.allocator_tools import UnsupportedOnEmulatedDevice
 from harness.emulation.cuda_graph import CUDAGraph
 from harness.emulation.cudart import EmulatedCudart
 from harness.emulation.cuda_streams import Event, ExternalStream, Stream
+from harness.emulation.device_memory import is_device_memory
 from harness.emulation.tools import (NvtxRanges, check_memory_fraction,
                                                  check_sync_debug_mode)
+from harness.emulation.tunable_ops import PRIVATE_NAMES as TUNABLE_OP_NAMES
 
 
 @dataclass(frozen=True)
@@ -497,6 +499,56 @@ def saved_tensor_hooks(state):
         state, torch_internals.push_saved_tensors_default_hooks)
 
 
+def host_memory_stats(state) -> dict:
+    return state.memory.host.stats()
+
+
+def host_empty_cache(state) -> None:
+    state.memory.host.empty_cache()
+
+
+def reset_peak_host_memory_stats(state) -> None:
+    state.memory.host.reset_peak()
+
+
+def reset_accumulated_host_memory_stats(state) -> None:
+    state.memory.host.reset_accumulated()
+
+
+def get_stream_from_external(state, data_ptr: int, device: Any = None) -> Stream:
+    """A stream for the raw handle `data_ptr`: the default stream for handle 0, else an external
+    stream wrapping it, which compares unequal to a pooled stream of the same handle (both as
+    measured on CUDA)."""
+    index = state.streams.device_index(device)
+    if int(data_ptr) == 0:
+        return state.streams.default(index)
+    return ExternalStream(data_ptr, index)
+
+
+def cuda_array_interface(state):
+    """Tensor.__cuda_array_interface__ hands a raw device pointer to CuPy, Numba and the like;
+    the emulated device's memory is host memory, which none of them can read as device memory."""
+    host_interface = torch.Tensor.__cuda_array_interface__
+
+    def interface(tensor):
+        if not is_device_memory(tensor):
+            return host_interface.__get__(tensor)
+        raise UnsupportedOnEmulatedDevice(
+            f"Tensor.__cuda_array_interface__ of a cuda tensor of shape {tuple(tensor.shape)}: "
+            f"it hands a raw CUDA device pointer to another library (CuPy, Numba, ...), and the "
+            f"emulated CUDA device's memory is host memory that no CUDA library can read. Share "
+            f"the tensor through DLPack (torch.from_dlpack / __dlpack__) or run this code on a GPU")
+
+    return property(interface)
+
+
+def tunable_op(name: str):
+    """The replacement of one of `torch._C`'s TunableOp functions: the state's settings."""
+    def build(state):
+        return getattr(state.tunable_ops, name)
+    return build
+
+
 def checkpoint_restore(state):
     return restore_location(state, torch.serialization.default_restore_location)
 
@@ -636,7 +688,7 @@ REPLACEMENTS: tuple[Replacement, ...] = (
     _private("_cuda_emptyCache", empty_cache),
     _private("_cuda_synchronize", synchronize),
     _private("_cuda_isCurrentStreamCapturing", is_current_stream_capturing),
-    _private("_host_emptyCache", nothing),
+    _private("_host_emptyCache", host_empty_cache),
     _private("_accelerator_setAllocatorSettings", set_allocator_settings),
     _private("_cuda_set_sync_debug_mode", set_sync_debug_mode),
     _private("_cuda_get_sync_debug_mode", get_sync_debug_mode),
@@ -647,6 +699,10 @@ REPLACEMENTS: tuple[Replacement, ...] = (
     _private("_cuda_cudaCachingAllocator_is_enabled", caching_allocator_is_enabled),
     _private("_cuda_CUDAAllocator_AllocatorState", allocator_state_class, "value"),
     _private("_cuda_canDeviceAccessPeer", can_device_access_peer),
+    _private("_cuda_hostMemoryStats", host_memory_stats),
+    _private("_cuda_resetPeakHostMemoryStats", reset_peak_host_memory_stats),
+    _private("_cuda_resetAccumulatedHostMemoryStats", reset_accumulated_host_memory_stats),
+    *(_private(name, tunable_op(method), "value") for name, method in TUNABLE_OP_NAMES.items()),
 
     Replacement("torch.cuda.nvtx", "_nvtx", nvtx_ranges, "value"),
     Replacement("torch.cuda", "_cudart", emulated_cudart, "value"),
@@ -669,6 +725,9 @@ REPLACEMENTS: tuple[Replacement, ...] = (
     Replacement("torch.UntypedStorage", "is_shared", storage_is_shared, "value"),
     Replacement("torch.UntypedStorage", "__new__", storage_new, "value"),
     Replacement("torch.UntypedStorage", "_share_cuda_", share_cuda_refused, "value"),
+    Replacement("torch.cuda", "get_stream_from_external", get_stream_from_external,
+                if_present=True),
+    Replacement("torch.Tensor", "__cuda_array_interface__", cuda_array_interface, "value"),
 )
 
 # torch.cuda's names that its submodules define too, and that code may reach through them.

@@ -37,6 +37,7 @@ from typing import Any, Callable
 import torch
 
 from harness.emulation.caching_allocator import Block, CachingAllocator, EarlyCounts
+from harness.emulation.host_allocator import PinnedHostAllocator
 from harness.torch_internals import functorch_get_unwrapped, is_functorch_wrapped_tensor
 
 MEMORY_ATTR = "_harness_memory"
@@ -111,6 +112,7 @@ class DeviceMemory:
 
     def __init__(self, current_stream: Callable[[], Any]) -> None:
         self.allocator = CachingAllocator()
+        self.host = PinnedHostAllocator()  # pinned memory: CUDA's caching host allocator
         self._current_stream = current_stream
         self._blocks: dict[_StorageRef, Block] = {}
         # Not yet played: (ref, nbytes, stream, graph pool or None) for an allocation, the ref for
@@ -270,8 +272,10 @@ class DeviceMemory:
 
     def mark_pinned(self, t: torch.Tensor) -> None:
         storage = _storage(t)
-        if storage is not None:
+        if storage is not None and getattr(storage, MEMORY_ATTR, None) != PINNED:
             setattr(storage, MEMORY_ATTR, PINNED)
+            self.adopted_any = True  # pinning initializes CUDA, as a device tensor does
+            self.host.allocate(storage)
 
     # --- what CUDA graphs hold -----------------------------------------------------------------
 
