@@ -58,6 +58,7 @@ _MIXING_ALLOWED = frozenset({
     Tensor.__deepcopy__, Tensor.__setstate__, Tensor.__reduce_ex__,
 })
 _FROM_HOST_DATA = frozenset({torch.tensor, torch.as_tensor, torch.asarray})
+_CUDA = torch.device("cuda")
 
 
 class Placement(TorchFunctionMode):
@@ -111,6 +112,8 @@ class Placement(TorchFunctionMode):
         """The rule for every call without a handler of its own (see the module docstring)."""
         if func in _CONSTRUCTORS and kwargs.get("device") is None:
             default = _default_device()
+            if default is None and self.state.legacy_default_on_device:
+                default = _CUDA
             if default is not None and default.type == "cuda":
                 kwargs = {**kwargs, "device": default}
         device_in = False
@@ -267,9 +270,12 @@ class Placement(TorchFunctionMode):
         name = wanted if isinstance(wanted, str) else f"{wanted.__module__}.{wanted.__name__}"
         module, _, type_name = name.rpartition(".")
         legacy = getattr({"torch.cuda": torch.cuda, "torch": torch}.get(module), type_name, None)
-        if not isinstance(getattr(legacy, "dtype", None), torch.dtype) or (
-                module == "torch" and not is_device_memory(t)):
+        if not isinstance(getattr(legacy, "dtype", None), torch.dtype):
             return func(*args, **kwargs)  # torch's own answer, errors included
+        if module == "torch" and not is_device_memory(t):
+            # By name: torch's C++ takes its own type objects, not legacy_types.py's classes.
+            rest = {k: v for k, v in kwargs.items() if k != "dtype"}
+            return func(t, name, *args[2:], **rest)
         to = {"device": "cuda" if module == "torch.cuda" else "cpu", "dtype": legacy.dtype,
               "non_blocking": bool(args[2] if len(args) > 2 else kwargs.get("non_blocking"))}
         return self.__torch_function__(Tensor.to, (Tensor,), (t,), to)
