@@ -82,6 +82,7 @@ class Placement(TorchFunctionMode):
             torch.nn.functional.layer_norm: self._layer_norm,
             torch.layer_norm: self._layer_norm, torch.native_layer_norm: self._layer_norm,
             Tensor.__repr__: self._repr,
+            torch.device: _device_of_index,
             **{func: self._cuda_kernel for func in kernels.REPLACEMENTS},
             **{func: self._blas_call for func in blas_workspaces.MATMUL_FUNCS},
         }
@@ -322,6 +323,14 @@ class Placement(TorchFunctionMode):
             return func(*args, **kwargs)
         with self:  # torch's printer asks `.device`, which this mode answers
             return torch_internals.tensor_str(args[0], **kwargs)
+
+def _device_of_index(func, args, kwargs):
+    """`torch.device(0)`: a CUDA build reads a bare index as the accelerator's (cuda:0), a CPU
+    build as none's (nn.DataParallel's backward names its devices so)."""
+    if len(args) == 1 and not kwargs and isinstance(args[0], int) and not isinstance(args[0], bool):
+        return func("cuda", args[0])
+    return func(*args, **kwargs)
+
 
 def _call_name(func) -> str:
     """A torch call as a user writes it: `torch.mm`, `Tensor.mm`, `F.linear`."""
