@@ -769,6 +769,12 @@ def patches(state, table: tuple[Replacement, ...] = REPLACEMENTS) -> list[tuple[
     from harness.emulation.dlpack import patches as dlpack_patches
 
     out += dlpack_patches(state)
+    from harness.emulation.legacy_types import patches as legacy_type_patches
+
+    out += legacy_type_patches(state)
+    from harness.emulation.device_comm import patches as device_comm_patches
+
+    out += device_comm_patches(state)
     return out
 
 

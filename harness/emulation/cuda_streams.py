@@ -107,6 +107,18 @@ class Stream:
         event.record(self)
         return event
 
+    def __enter__(self) -> "Stream":
+        # torch.Stream's own protocol (torch/csrc/Stream.cpp): the stream and its device are
+        # current inside, what was current comes back at exit. nn.parallel_apply enters each
+        # replica's stream so.
+        context = torch.cuda.StreamContext(self)
+        context.__enter__()
+        self.__dict__.setdefault("_entered", []).append(context)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.__dict__["_entered"].pop().__exit__(*exc)
+
     def __eq__(self, other: object) -> bool:
         return (isinstance(other, Stream) and self.stream_id == other.stream_id
                 and self.device_index == other.device_index)

@@ -60,6 +60,7 @@ _MIXING_ALLOWED = frozenset({
     Tensor.__deepcopy__, Tensor.__setstate__, Tensor.__reduce_ex__,
 })
 _FROM_HOST_DATA = frozenset({torch.tensor, torch.as_tensor, torch.asarray})
+_CUDA = torch.device("cuda")
 
 
 class Placement(TorchFunctionMode):
@@ -83,6 +84,7 @@ class Placement(TorchFunctionMode):
             torch.nn.functional.layer_norm: self._layer_norm,
             torch.layer_norm: self._layer_norm, torch.native_layer_norm: self._layer_norm,
             Tensor.__repr__: self._repr,
+            torch.device: _device_of_index,
             **{func: self._cuda_kernel for func in kernels.REPLACEMENTS},
             **{func: self._blas_call for func in blas_workspaces.MATMUL_FUNCS},
         }
@@ -113,6 +115,8 @@ class Placement(TorchFunctionMode):
         """The rule for every call without a handler of its own (see the module docstring)."""
         if func in _CONSTRUCTORS and kwargs.get("device") is None:
             default = _default_device()
+            if default is None and self.state.legacy_default_on_device:
+                default = _CUDA
             if default is not None and default.type == "cuda":
                 kwargs = {**kwargs, "device": default}
         device_in = False
@@ -276,9 +280,12 @@ class Placement(TorchFunctionMode):
         name = wanted if isinstance(wanted, str) else f"{wanted.__module__}.{wanted.__name__}"
         module, _, type_name = name.rpartition(".")
         legacy = getattr({"torch.cuda": torch.cuda, "torch": torch}.get(module), type_name, None)
-        if not isinstance(getattr(legacy, "dtype", None), torch.dtype) or (
-                module == "torch" and not is_device_memory(t)):
+        if not isinstance(getattr(legacy, "dtype", None), torch.dtype):
             return func(*args, **kwargs)  # torch's own answer, errors included
+        if module == "torch" and not is_device_memory(t):
+            # By name: torch's C++ takes its own type objects, not legacy_types.py's classes.
+            rest = {k: v for k, v in kwargs.items() if k != "dtype"}
+            return func(t, name, *args[2:], **rest)
         to = {"device": "cuda" if module == "torch.cuda" else "cpu", "dtype": legacy.dtype,
               "non_blocking": bool(args[2] if len(args) > 2 else kwargs.get("non_blocking"))}
         return self.__torch_function__(Tensor.to, (Tensor,), (t,), to)
@@ -327,6 +334,14 @@ class Placement(TorchFunctionMode):
             return torch_internals.tensor_str(args[0], **kwargs)
 
 def _call(func, args: tuple, kwargs: dict):
+    return func(*args, **kwargs)
+
+
+def _device_of_index(func, args, kwargs):
+    """`torch.device(0)`: a CUDA build reads a bare index as the accelerator's (cuda:0), a CPU
+    build as none's (nn.DataParallel's backward names its devices so)."""
+    if len(args) == 1 and not kwargs and isinstance(args[0], int) and not isinstance(args[0], bool):
+        return func("cuda", args[0])
     return func(*args, **kwargs)
 
 

@@ -175,7 +175,7 @@ def handlers(mode) -> dict[Callable, Callable]:
                 memory.mark_device(out)
             return out
         copied = {**rest, "copy": True}
-        if src and rest.get("non_blocking") and t.layout == torch.strided:
+        if src and not dst and rest.get("non_blocking") and t.layout == torch.strided:
             return to_pinned_host(t, rest)
         if dst:
             out = to_device(t, "Tensor.to", lambda: func(t, CPU, **copied),

@@ -54,6 +54,14 @@ def test_moving_between_devices_copies(two_devices):
     assert str(torch.ones(2).to("cuda:1").device) == "cuda:1"
 
 
+def test_a_non_blocking_copy_to_another_device_lands_there(two_devices):
+    x = torch.ones(2, device="cuda:1")
+    for moved in (x.to(device=torch.device("cuda", 0), non_blocking=True),
+                  x.to("cuda:0", non_blocking=True), x.to("cuda:0", torch.float16, True)):
+        assert str(moved.device) == "cuda:0" and not moved.is_pinned()
+        assert moved.tolist() == [1.0, 1.0]
+
+
 def test_an_index_beyond_the_devices_raises_cudas_invalid_device_ordinal(two_devices):
     for call in (lambda: torch.ones(1, device="cuda:2"), lambda: torch.cuda.set_device(2),
                  lambda: torch.ones(1).to("cuda:2")):
