@@ -170,6 +170,10 @@ NAMES: dict[str, Internal] = {
                                   _found("torch._dynamo.eval_frame"), lazy=True),
     "dynamo_utils": Internal("torch._dynamo.utils", "", _found("torch._dynamo.utils"), lazy=True),
     "triton_utils": Internal("torch.utils._triton", "", _found("torch.utils._triton"), lazy=True),
+    "inductor_config": Internal("torch._inductor.config", "", _found("torch._inductor.config"),
+                                lazy=True),
+    "inductor_cudagraph_trees": Internal("torch._inductor.cudagraph_trees", "",
+                                         _found("torch._inductor.cudagraph_trees"), lazy=True),
     "tree_unflatten": Internal("torch.utils._pytree", "tree_unflatten"),
     "dynamo_convert_frame": Internal("torch._dynamo.convert_frame", "",
                                      _found("torch._dynamo.convert_frame"), lazy=True),
@@ -177,6 +181,8 @@ NAMES: dict[str, Internal] = {
                                     _found("torch._inductor.compile_fx"), lazy=True),
     "inductor_config": Internal("torch._inductor.config", "", _found("torch._inductor.config"),
                                 lazy=True),
+    "inductor_cudagraph_trees": Internal("torch._inductor.cudagraph_trees", "",
+                                         _found("torch._inductor.cudagraph_trees"), lazy=True),
     "set_allocator_settings": Internal("torch._C", "_accelerator_setAllocatorSettings"),
     # CUDA's caching allocator's private pools (the graph sanitizer's pools, sanitizer_pools.py)
     "cuda_begin_allocate_current_thread_to_pool": Internal(
@@ -313,7 +319,8 @@ functorch_get_unwrapped = bind(NAMES["functorch_get_unwrapped"])
 
 def lazy_module(name: str) -> Any:
     """One of the heavy private modules of NAMES marked lazy (`dynamo_output_graph`,
-    `dynamo_eval_frame`, `dynamo_utils`, `triton_utils`), imported at first use."""
+    `dynamo_eval_frame`, `dynamo_utils`, `triton_utils`, `inductor_config`,
+    `inductor_cudagraph_trees`), imported at first use."""
     entry = NAMES[name]
     if not entry.lazy or entry.attribute:
         raise ValueError(f"{name!r} is not a lazy module of harness.torch_internals.NAMES")

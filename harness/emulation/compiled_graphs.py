@@ -14,7 +14,10 @@ what the emulation adds is at the two ends of each compiled graph:
   so while stream tracking or a capture is on, the graph is called as one custom op
   (`harness_compiled::graph_N`) whose schema says which inputs it writes and whose fake kernel gives
   its outputs' shapes: the schedule runs it on the current stream once its inputs are ready, as any
-  op, and a capture records it and runs it at each replay.
+  op, and a capture records it and runs it at each replay. An output aliasing an input is rebuilt
+  after the op as a view of that input (views run for real; the op's schema says what it writes).
+- **mode="reduce-overhead".** Each input layout is warmed up, captured and replayed as cudagraph
+  trees do, one recording per set of static-input addresses (a new cache re-records).
 """
 
 from __future__ import annotations
@@ -58,11 +61,26 @@ class TensorLayout:
 
 
 @dataclass(frozen=True)
+class InputView:
+    """An output that aliases input `index` (a mutated cache returned, a reshape of an input):
+    rebuilt after the op as a view of that input, as CUDA returns the same memory."""
+
+    index: int
+    size: tuple
+    stride: tuple
+    storage_offset: int
+
+    def of(self, args) -> torch.Tensor:
+        return args[self.index].as_strided(self.size, self.stride, self.storage_offset)
+
+
+@dataclass(frozen=True)
 class GraphCall:
     """What one compiled graph does for one input layout: its op and how to rebuild its result."""
 
     op: Any  # the OpOverload
-    outputs: tuple  # per output: a TensorLayout (a fresh tensor) or the constant returned
+    # per output: a TensorLayout (a fresh tensor the op returns), an InputView, or the constant
+    outputs: tuple
     sequence: type  # tuple or list, as the compiled graph returns
 
 
@@ -86,9 +104,11 @@ class DeviceGraph:
         self.opaque = backend in _OPAQUE_BACKENDS
         self.calls: dict[tuple, GraphCall] = {}
         self.name = f"graph_{next(_COUNTER)}"
-        # mode="reduce-overhead": each input layout is warmed up, captured and then replayed
+        # mode="reduce-overhead": each input layout is warmed up, captured and then replayed; a
+        # layout keeps one recording per set of static-input addresses (see `_replayed`)
         self.cudagraphs = cudagraphs
         self.replays: dict[tuple, Any] = {}
+        self.rerecords = 0  # recordings made because a static input's address changed
         self.skipped: list[str] = []  # why a layout ran without a graph, as inductor logs it
         # cuBLAS on CUDA: each run reserves the thread's handle (blas_workspaces.py)
         from harness.emulation.blas_workspaces import uses_blas
@@ -124,18 +144,36 @@ class DeviceGraph:
             self.replays[key] = "warm"
             return self._run(state, args)
         if isinstance(entry, str):
+            if entry != "warm":  # skipped, for the reason kept
+                return self._run(state, args)
             mutated = _analyse(self.graph_module, args)[0]
             if mutated - self.static:
-                reason = f"mutated inputs ({len(mutated - self.static)} instances)"
-                self.skipped.append(reason)
-                # where inductor counts the graphs its cudagraph trees skip
-                torch_internals.lazy_module("dynamo_utils").counters["inductor"]["cudagraph_skips"] += 1
-                self.replays[key] = reason
-                return self._run(state, args)
-            entry = self.replays[key] = _Replay.capture(self, state, args)
-        if isinstance(entry, str):
-            return self._run(state, args)
-        return entry.replay(args)
+                return self._skip(state, args, key,
+                                  f"mutated inputs ({len(mutated - self.static)} instances)")
+            entry = self.replays[key] = [_Replay.capture(self, state, args)]
+            return entry[0].replay(args)
+        addresses = _static_addresses(args, self.static)
+        for recorded in entry:
+            if recorded.static_addresses == addresses:
+                return recorded.replay(args)
+        # A static input (a parameter, a marked cache buffer) at a new address: the recordings
+        # read and write the old one, so cudagraph trees record again, up to their limit.
+        self.rerecords += 1
+        limit = torch_internals.lazy_module("inductor_config").triton.cudagraph_unexpected_rerecord_limit
+        if self.rerecords > limit:
+            return self._skip(state, args, key,
+                              f"exceeding max re-recording limit (={limit}) due to static input "
+                              f"data pointer changed")
+        entry.append(_Replay.capture(self, state, args))
+        return entry[-1].replay(args)
+
+    def _skip(self, state, args, key, reason: str):
+        """This layout runs without a graph from now on, as cudagraph trees skip it."""
+        self.skipped.append(reason)
+        # where inductor counts the graphs its cudagraph trees skip
+        torch_internals.lazy_module("dynamo_utils").counters["inductor"]["cudagraph_skips"] += 1
+        self.replays[key] = reason
+        return self._run(state, args)
 
     def _run(self, state, args):
         if self.blas:
@@ -165,7 +203,8 @@ class DeviceGraph:
         if call is None:
             call = self.calls[key] = self._define(state, args)
         results = iter(call.op(*tensors))
-        return call.sequence(next(results) if isinstance(o, TensorLayout) else o
+        return call.sequence(next(results) if isinstance(o, TensorLayout)
+                             else o.of(args) if isinstance(o, InputView) else o
                              for o in call.outputs)
 
     def _define(self, state, args) -> GraphCall:
@@ -186,7 +225,7 @@ class DeviceGraph:
                 call_args[i] = t
             with _on_device(state):
                 out = compiled(*call_args)
-            return [t for t in out if isinstance(t, torch.Tensor)]
+            return [t for t, o in zip(out, outputs) if isinstance(o, TensorLayout)]
 
         def fake(*tensors):
             device = tensors[0].device if tensors else torch.device("meta")
@@ -210,11 +249,19 @@ def _key(args) -> tuple:
     return tuple(TensorLayout.of(a) if isinstance(a, torch.Tensor) else (type(a), a) for a in args)
 
 
-class _Replay:
-    """One captured input layout of a reduce-overhead graph."""
+def _static_addresses(args, static: frozenset) -> tuple:
+    """Where the static inputs live: a recording replays against these addresses only."""
+    return tuple(args[i].data_ptr() for i in sorted(static)
+                 if i < len(args) and isinstance(args[i], torch.Tensor))
 
-    def __init__(self, graph, inputs: list, outputs, copied: list[int]) -> None:
+
+class _Replay:
+    """One captured input layout of a reduce-overhead graph, for one set of static addresses."""
+
+    def __init__(self, graph, inputs: list, outputs, copied: list[int],
+                 static_addresses: tuple) -> None:
         self.graph, self.inputs, self.outputs, self.copied = graph, inputs, outputs, copied
+        self.static_addresses = static_addresses
 
     @staticmethod
     def capture(device_graph: DeviceGraph, state, args) -> "_Replay":
@@ -231,7 +278,8 @@ class _Replay:
         with torch.cuda.graph(graph, pool=device_graph.pool, stream=stream):
             outputs = device_graph(*inputs)
         torch.cuda.current_stream().wait_stream(stream)
-        return _Replay(graph, inputs, outputs, copied)
+        return _Replay(graph, inputs, outputs, copied,
+                       _static_addresses(args, device_graph.static))
 
     def replay(self, args):
         for i in self.copied:
@@ -263,12 +311,11 @@ def _analyse(graph_module, args) -> tuple[frozenset, tuple, type]:
         if not isinstance(o, torch.Tensor):
             outputs.append(o)
             continue
-        if StorageWeakRef(o.untyped_storage()) in inputs:
-            raise CompiledGraphError(
-                f"a compiled graph returns a view of its input {inputs[StorageWeakRef(o.untyped_storage())]} "
-                f"under stream tracking or a capture on the emulated CUDA device, which runs the "
-                f"graph as one op whose results are fresh tensors; return a copy (.clone()) or "
-                f"call it with races='off' outside a capture")
+        aliased = inputs.get(StorageWeakRef(o.untyped_storage()))
+        if aliased is not None:
+            outputs.append(InputView(aliased, tuple(o.size()), tuple(o.stride()),
+                                     o.storage_offset()))
+            continue
         outputs.append(TensorLayout.of(o))
     mutated = frozenset(i for i, (f, v) in enumerate(zip(fakes, versions))
                         if isinstance(f, torch.Tensor) and f._version != v)

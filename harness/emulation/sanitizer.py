@@ -171,8 +171,28 @@ def enter_sanitizer(stack: contextlib.ExitStack) -> SanitizerHost:
             for name, value in names.items()]
           + [(module, "empty_cache", empty_cache) for module in (torch.cuda, torch.cuda.memory)]
           + ([(torch.cuda, "_compile_kernel", compile_kernel_checked)] if compile_kernel else [])
-          + [swap] + _capture_rules(host), stack)
+          + [swap] + _capture_rules(host) + _cudagraph_trees_refused(), stack)
     return host
+
+
+CUDAGRAPH_TREES_REFUSED = (
+    "torch.compile(mode='reduce-overhead') (inductor's CUDA graphs) under the graph sanitizer, "
+    "harness.emulate_cuda() on a GPU: cudagraph trees keep each graph's inputs and outputs alive "
+    "through checkpoints of a real CUDA graph pool in the caching allocator, which the sanitizer's "
+    "emulated graphs do not have, so their replays would be refused as reads of freed memory. "
+    "Check this code natively, on the emulated device without a GPU (--emulate-cuda there replays "
+    "reduce-overhead through its own graphs), or compile it without CUDA graphs "
+    "(mode='max-autotune-no-cudagraphs') inside the sanitizer")
+
+
+def _cudagraph_trees_refused() -> list:
+    """Inductor wraps a reduce-overhead graph with these when it compiles it (a graph compiled
+    before the sanitizer began keeps torch's own, and meets the refusals of freed memory)."""
+    def refused(*args, **kwargs):
+        raise UnsupportedOnEmulatedDevice(CUDAGRAPH_TREES_REFUSED)
+
+    return [(torch_internals.lazy_module("inductor_cudagraph_trees"), "cudagraphify_impl", refused),
+            (torch_internals.lazy_module("inductor_compile_fx"), "cudagraphify_impl", refused)]
 
 
 def _capture_rules(host: SanitizerHost) -> list:

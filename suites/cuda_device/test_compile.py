@@ -4,10 +4,13 @@ graphs are device ops the adversarial schedule orders and a capture records."""
 
 from __future__ import annotations
 
+import contextlib
+
 import pytest
 import torch
 
 import harness
+from harness.emulation.allocator_tools import UnsupportedOnEmulatedDevice
 from harness.emulation.tracking import RaceError
 
 MODES = {
@@ -203,3 +206,90 @@ def test_reduce_overhead_runs_a_graph_writing_a_plain_input_without_capturing_an
     assert counter.tolist() == [3.0, 3.0] and out.tolist() == [6.0, 6.0]
     assert replays.count == 0  # as cudagraph trees: mutated inputs skip the graph
     assert torch._dynamo.utils.counters["inductor"]["cudagraph_skips"] > skips
+
+
+def _write_and_read(cache, x, pos):
+    cache.index_copy_(0, pos, x)
+    return cache[:2], (cache * 2).sum(0)
+
+
+def test_a_compiled_graph_returning_a_view_of_its_input_runs_in_a_capture(cuda_kind):
+    """transformers' static cache returns the buffers its forward writes; the emulated device ran
+    a compiled graph as one op with fresh results only, and refused such a graph (before
+    2026-12-06). CUDA returns the input's own memory, and so does the device now."""
+    compiled = torch.compile(_write_and_read)
+    cache = torch.zeros(4, 3, device="cuda")
+    x = torch.ones(1, 3, device="cuda")
+    pos = torch.zeros(1, dtype=torch.long, device="cuda")
+    compiled(cache, x, pos)  # warm up: compile before capturing
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph, stream=stream):
+        head, total = compiled(cache, x, pos)
+    torch.cuda.current_stream().wait_stream(stream)
+    assert head.data_ptr() == cache.data_ptr()  # a view of the cache, not a copy
+    for step in (1, 2):
+        x.fill_(10.0 * step)
+        pos.fill_(step)
+        graph.replay()
+    torch.cuda.synchronize()
+    assert cache[:, 0].tolist() == [1.0, 10.0, 20.0, 0.0]
+    assert head[:, 0].tolist() == [1.0, 10.0] and total.tolist() == [62.0] * 3
+
+
+def _refused_in_the_sanitizer(cuda_kind):
+    """The graph sanitizer refuses inductor's CUDA graphs by name (sanitizer.py): on the H100 they
+    failed there with a false FreedMemoryError, or read memory no replay wrote."""
+    if cuda_kind != "sanitizer":
+        return contextlib.nullcontext()
+    return pytest.raises(UnsupportedOnEmulatedDevice, match="cudagraph trees")
+
+
+def test_reduce_overhead_equals_eager_call_after_call(cuda_kind):
+    compiled = torch.compile(_scaled_relu, mode="reduce-overhead")
+    w = torch.randn(8, 8, device="cuda")
+    with _refused_in_the_sanitizer(cuda_kind):
+        for _ in range(5):
+            x = torch.randn(4, 8, device="cuda")
+            torch.testing.assert_close(compiled(x, w), _scaled_relu(x, w))
+
+
+def test_reduce_overhead_records_again_when_a_static_input_moves(cuda_kind):
+    """A new static cache (transformers makes one per generate call): cudagraph trees record the
+    graph again for the new address. The emulated device replayed the first recording, which wrote
+    into the old cache and left the new one at zeros (before 2026-12-06)."""
+    compiled = torch.compile(_write_and_read, mode="reduce-overhead")
+    sums = []
+    with _refused_in_the_sanitizer(cuda_kind):
+        for round_ in range(2):
+            cache = torch.zeros(4, 3, device="cuda")
+            torch._dynamo.mark_static_address(cache)
+            for step in range(4):
+                x = torch.full((1, 3), float(step + 1 + 10 * round_), device="cuda")
+                head, total = compiled(cache, x, torch.tensor([step], device="cuda"))
+            torch.cuda.synchronize()
+            sums.append(cache.sum().item())
+            assert total.tolist() == [2 * cache[:, 0].sum().item()] * 3
+        assert sums == [30.0, 150.0]
+
+
+@pytest.mark.slow
+def test_transformers_generates_twice_with_its_compiled_static_cache(cuda_device):
+    """transformers compiles the forward of a static-cache generate itself (reduce-overhead), and
+    makes a new cache for the second call: both agree with the CPU's tokens."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    config = LlamaConfig(vocab_size=128, hidden_size=64, intermediate_size=128,
+                         num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+                         max_position_embeddings=64)
+    torch.manual_seed(0)
+    model = LlamaForCausalLM(config).eval()
+    prompt = torch.tensor([[1, 5, 7, 9]])
+    with torch.no_grad():
+        expected = model.generate(prompt, max_new_tokens=8, do_sample=False)
+        model = model.to("cuda")
+        for _ in range(2):
+            out = model.generate(prompt.to("cuda"), max_new_tokens=8, do_sample=False,
+                                 cache_implementation="static")
+            assert out.device.type == "cuda" and torch.equal(out.cpu(), expected)
