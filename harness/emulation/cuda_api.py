@@ -34,7 +34,7 @@ from harness.emulation.compiled_graphs import compile_patches, keep_dynamo_out
 from harness.emulation.checkpoints import location_tag, restore_location
 from harness.emulation.capture_frees import OPTION, parse_settings
 from harness.emulation.capture_syncs import refuse_host_sync
-from harness.emulation.tensor_swaps import swap_tensors_past_watches
+from harness.graphs.emulator.watch_refs import install_swaps_past_watches
 from harness.emulation.storages import (share_cuda_refused, storage_device, storage_is_shared,
                                         storage_new)
 from harness.emulation.generators import generator_class
@@ -549,6 +549,12 @@ def tunable_op(name: str):
     return build
 
 
+def swaps_past_watches(state):
+    """torch.utils.swap_tensors that swaps past the harness's own weak references (watch_refs.py):
+    in place once the harness watches a tensor, and from the emulation's start."""
+    return install_swaps_past_watches()
+
+
 def checkpoint_restore(state):
     return restore_location(state, torch.serialization.default_restore_location)
 
@@ -720,7 +726,7 @@ REPLACEMENTS: tuple[Replacement, ...] = (
     Replacement("torch.serialization", "location_tag", checkpoint_tag, "value"),
     Replacement("torch.accelerator", "device_index", device_class, "value", if_present=True),
     Replacement("torch.cuda", "_compile_kernel", compile_kernel, if_present=True),
-    Replacement("torch.utils", "swap_tensors", swap_tensors_past_watches, "value"),
+    Replacement("torch.utils", "swap_tensors", swaps_past_watches, "value"),
     Replacement("torch.UntypedStorage", "device", storage_device, "value"),
     Replacement("torch.UntypedStorage", "is_shared", storage_is_shared, "value"),
     Replacement("torch.UntypedStorage", "__new__", storage_new, "value"),

@@ -15,6 +15,7 @@ from harness.emulation.allocator_tools import UnsupportedOnEmulatedDevice
 from harness.emulation.observers import Observed
 from harness.emulation.pool_handles import PoolHandles
 from harness.emulation.sanitizer_pools import AllocatorPool
+from harness.graphs.emulator.watch_refs import install_swaps_past_watches
 from harness.graphs.emulator.memory import ByDeviceType
 
 
@@ -140,7 +141,6 @@ def enter_sanitizer(stack: contextlib.ExitStack) -> SanitizerHost:
     import torch.cuda.memory
 
     from harness.emulation.replacing import apply
-    from harness.emulation.tensor_swaps import swap_past_watches
 
     host = SanitizerHost()
     real_empty_cache = torch.cuda.memory.empty_cache
@@ -165,8 +165,8 @@ def enter_sanitizer(stack: contextlib.ExitStack) -> SanitizerHost:
     names = {"CUDAGraph": CUDAGraph, "graph_pool_handle": graph_pool_handle,
              "is_current_stream_capturing": is_current_stream_capturing}
     # The graphs' weak references to captured tensors are the harness's, not the program's: a swap
-    # of a captured tensor happens as on CUDA and the next replay is refused (tensor_swaps.py).
-    swap = (torch.utils, "swap_tensors", swap_past_watches(torch.utils.swap_tensors))
+    # of a captured tensor happens as on CUDA and the next replay is refused (watch_refs.py).
+    swap = (torch.utils, "swap_tensors", install_swaps_past_watches())
     apply([(module, name, value) for module in (torch.cuda, torch.cuda.graphs)
             for name, value in names.items()]
           + [(module, "empty_cache", empty_cache) for module in (torch.cuda, torch.cuda.memory)]

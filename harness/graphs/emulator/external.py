@@ -21,7 +21,8 @@ from harness import torch_internals
 from harness.graphs.base import FreedMemoryError
 from harness.graphs.emulator.callsite import current_callsite
 from harness.graphs.emulator.pool import PoolUse, laid_out_like_once
-from harness.graphs.emulator.storage_changes import CapturedTensors, WatchRef
+from harness.graphs.emulator.storage_changes import CapturedTensors
+from harness.graphs.emulator.watch_refs import WatchRef
 
 
 @dataclass(frozen=True)

@@ -13,15 +13,7 @@ from dataclasses import dataclass
 import torch
 
 from harness.graphs.base import StorageChangedError
-
-
-class WatchRef(weakref.ref):
-    """A weak reference the harness holds on a tensor object a capture met: to tell, at the next
-    replay, that the object now shows other memory. Its own class, so that a swap of the object
-    (`torch.utils.swap_tensors`, which refuses any tensor with weak references) can tell it from a
-    program's own (emulation/tensor_swaps.py)."""
-
-    __slots__ = ()
+from harness.graphs.emulator.watch_refs import WatchRef
 
 
 @dataclass(frozen=True)
