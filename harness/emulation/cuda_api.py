@@ -781,6 +781,9 @@ def patches(state, table: tuple[Replacement, ...] = REPLACEMENTS) -> list[tuple[
     from harness.emulation.device_comm import patches as device_comm_patches
 
     out += device_comm_patches(state)
+    from harness.emulation.distributed import patches as distributed_patches
+
+    out += distributed_patches(state)
     return out
 
 
