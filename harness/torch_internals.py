@@ -172,6 +172,7 @@ NAMES: dict[str, Internal] = {
     "triton_utils": Internal("torch.utils._triton", "", _found("torch.utils._triton"), lazy=True),
     "inductor_config": Internal("torch._inductor.config", "", _found("torch._inductor.config"),
                                 lazy=True),
+    "library_impls": Internal("torch.library", "_impls", lambda impls: isinstance(impls, set)),
     "inductor_cudagraph_trees": Internal("torch._inductor.cudagraph_trees", "",
                                          _found("torch._inductor.cudagraph_trees"), lazy=True),
     "tree_unflatten": Internal("torch.utils._pytree", "tree_unflatten"),
@@ -272,6 +273,7 @@ DISPATCH_KEY_PYTHON_TLS_SNAPSHOT = bind(NAMES["DISPATCH_KEY_PYTHON_TLS_SNAPSHOT"
 dispatch_tls_is_dispatch_key_included = bind(NAMES["dispatch_tls_is_dispatch_key_included"])
 dispatch_tls_set_dispatch_key_included = bind(NAMES["dispatch_tls_set_dispatch_key_included"])
 len_torch_dispatch_stack = bind(NAMES["len_torch_dispatch_stack"])
+library_impls = bind(NAMES["library_impls"])
 dispatch_has_kernel_for_dispatch_key = bind(NAMES["dispatch_has_kernel_for_dispatch_key"])
 construct_storage_from_data_pointer = bind(NAMES["construct_storage_from_data_pointer"])
 storage_use_count = bind(NAMES["storage_use_count"])

@@ -784,6 +784,9 @@ def patches(state, table: tuple[Replacement, ...] = REPLACEMENTS) -> list[tuple[
     from harness.emulation.distributed import patches as distributed_patches
 
     out += distributed_patches(state)
+    from harness.emulation.custom_ops import patches as custom_op_patches
+
+    out += custom_op_patches(state)
     return out
 
 

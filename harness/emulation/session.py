@@ -165,6 +165,8 @@ def _enter_cpu(properties: DeviceProperties, stack: contextlib.ExitStack, schedu
     state.kind = "cpu"
     apply(patches(state), stack)
     stack.callback(clear_triton_answer)
+    state.cuda_only_ops.route_registered()
+    stack.callback(state.cuda_only_ops.close)
     placement = state.placement = Placement(state)
     placement.__enter__()
     stack.callback(remove_function_mode, placement)
