@@ -12,9 +12,10 @@ from typing import Any
 
 import torch
 
+from harness.emulation import device_indices
 from harness.emulation.device_indices import storage_index
 from harness.emulation.device_memory import is_device_memory
-from harness.emulation.rules import names_cuda
+from harness.emulation.rules import cuda_index, names_cuda
 
 
 def storage_device(state) -> property:
@@ -55,10 +56,17 @@ def storage_new(state) -> staticmethod:
                             f"or a sequence of bytes and device=; got {len(args)} positional "
                             f"arguments and {sorted(kwargs)}")
         source = args[0] if args else 0
+        index = cuda_index(device, state.current_index, state.properties.count)
         if isinstance(source, int):
-            made = torch.empty(source, dtype=torch.uint8, device=device)
+            state.check_capacity(source)
+            made = torch.empty(source, dtype=torch.uint8)
         else:
-            made = torch.tensor(list(source), dtype=torch.uint8, device=device)
+            made = torch.tensor(list(source), dtype=torch.uint8)
+        # Made on the host and marked, not through a "cuda" factory: torch's own storage code
+        # (a storage's clone(), so copy.deepcopy of a device tensor) calls this from inside the
+        # placement mode's handling of a call, where no factory is rewritten to the device.
+        state.memory.mark_device(made)
+        device_indices.set_index(made, index)
         return made.untyped_storage()
 
     return staticmethod(new)

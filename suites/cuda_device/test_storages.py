@@ -58,3 +58,28 @@ def test_sharing_with_another_process_is_refused_by_name(cuda_device):
 
     with pytest.raises(NotImplementedError, match="CUDA IPC.*emulated CUDA device: it lives in one process"):
         reduce_tensor(torch.ones(2, device="cuda"))
+
+
+def test_a_deep_copy_of_a_device_tensor_is_new_device_memory(cuda_device):
+    """copy.deepcopy reaches `torch.UntypedStorage(n, device="cuda")` from inside the placement
+    mode's handling of the call; it failed there ("Could not run 'aten::empty.memory_format' with
+    arguments from the 'CUDA' backend") before 2026-12-06."""
+    import copy
+
+    x = torch.arange(4.0, device="cuda")
+    view = x[1:3]
+    x_copy, view_copy = copy.deepcopy((x, view))
+    assert x_copy.is_cuda and x_copy.tolist() == [0.0, 1.0, 2.0, 3.0]
+    assert x_copy.data_ptr() != x.data_ptr()
+    view_copy.fill_(9.0)  # the copies share their new storage, as the originals did
+    assert x_copy.tolist() == [0.0, 9.0, 9.0, 3.0] and x.tolist() == [0.0, 1.0, 2.0, 3.0]
+    weight = torch.nn.Parameter(torch.ones(2, device="cuda"))
+    weight_copy = copy.deepcopy(weight)
+    assert isinstance(weight_copy, torch.nn.Parameter) and weight_copy.is_cuda
+
+
+def test_a_deep_copy_stays_on_its_device(outside_emulation):
+    import copy
+
+    with harness.emulate_cuda(device="cpu", device_count=2):
+        assert copy.deepcopy(torch.ones(2, device="cuda:1")).device == torch.device("cuda", 1)
