@@ -55,6 +55,13 @@ def parse_settings(settings: str) -> dict[str, bool]:
     return found
 
 
+def unmodelled_settings(settings: str) -> list[str]:
+    """The keys of an allocator settings string that the emulated device's allocator model does
+    not act on (each changes CUDA's segments, and so its memory statistics, not the results)."""
+    keys = [item.strip().partition(":")[0].strip() for item in settings.split(",")]
+    return [key for key in keys if key and key != OPTION]
+
+
 class CaptureFrees:
     """One capture's stream clocks and the record_stream uses of its pool blocks."""
 

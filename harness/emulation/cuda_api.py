@@ -13,6 +13,7 @@ generator.
 from __future__ import annotations
 
 import functools
+import warnings
 from dataclasses import dataclass
 from typing import Any, Callable
 
@@ -32,7 +33,7 @@ from harness.emulation.backward import engine_with_placement, saved_tensor_hooks
 from harness.emulation.autocast import clearing_cache_too
 from harness.emulation.compiled_graphs import compile_patches, keep_dynamo_out
 from harness.emulation.checkpoints import location_tag, restore_location
-from harness.emulation.capture_frees import OPTION, parse_settings
+from harness.emulation.capture_frees import OPTION, parse_settings, unmodelled_settings
 from harness.emulation.capture_syncs import refuse_host_sync
 from harness.graphs.emulator.watch_refs import install_swaps_past_watches
 from harness.emulation.storages import (share_cuda_refused, storage_device, storage_is_shared,
@@ -381,6 +382,14 @@ def set_allocator_settings(state, settings: str) -> None:
     options = parse_settings(settings)
     if OPTION in options:
         state.record_stream_reuse = options[OPTION]
+    for key in unmodelled_settings(settings):
+        if key not in state.unmodelled_allocator_settings:  # reported once each, not at every call
+            state.unmodelled_allocator_settings.add(key)
+            warnings.warn(
+                f"torch.cuda.memory._set_allocator_settings: the emulated CUDA device's allocator "
+                f"model does not act on {key!r}; its memory statistics (reserved bytes, segments) "
+                f"follow CUDA's default allocator settings, results are unaffected",
+                UserWarning, stacklevel=3)
 
 
 def clear_cublas_workspaces(state) -> None:

@@ -100,6 +100,7 @@ class DeviceState(Observed):
         self.memory_fraction = 1.0  # torch.cuda.set_per_process_memory_fraction
         # torch.cuda.memory._set_allocator_settings("graph_capture_record_stream_reuse:True")
         self.record_stream_reuse = False
+        self.unmodelled_allocator_settings: set[str] = set()  # reported once each (cuda_api.py)
         # torch.set_default_tensor_type(torch.cuda.*Tensor): factories without a device go to the
         # device (legacy_types.py; placement.py reads it)
         self.legacy_default_on_device = False

@@ -217,3 +217,19 @@ def test_the_nested_statistics_flatten_to_memory_stats(cuda_device):
     walk("", nested)
     assert flat == dict(torch.cuda.memory_stats())
     del x
+
+
+def test_allocator_settings_the_model_does_not_act_on_are_reported_once(cuda_device):
+    """expandable_segments and friends change CUDA's segments, so its statistics: the emulated
+    allocator model follows the defaults, and says so once per key instead of in silence."""
+    import warnings
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        for _ in range(2):
+            torch.cuda.memory._set_allocator_settings(
+                "expandable_segments:False,graph_capture_record_stream_reuse:False")
+    reports = [str(w.message) for w in caught if "allocator model" in str(w.message)]
+    if "expandable_segments" in cuda_device.unmodelled_allocator_settings and not reports:
+        pytest.skip("this session's emulation reported the key before this test")
+    assert len(reports) == 1 and "'expandable_segments'" in reports[0]
