@@ -25,6 +25,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Sequence
 
+from harness.testdb.child_pytest import plugin_arguments
+
 # Third-party only: a harness module imported here would be bound before a fault is planted.
 PRELOAD = ("torch", "torch._dynamo", "torch.distributed", "numpy", "yaml", "hypothesis", "pytest",
            "_pytest.python", "transformers")
@@ -92,6 +94,7 @@ SUBPROCESS = "python -m pytest subprocesses"
 def run_session(args: Sequence[str], *, root: Path) -> SessionResult:
     """`python -m pytest ARGS` in `root`, in a process of its own (the module's docstring)."""
     env = _environment(root)
+    args = [*plugin_arguments(env), *args]
     started = time.monotonic()
     if session_kind() == SUBPROCESS:
         proc = subprocess.run([sys.executable, "-m", "pytest", *args], cwd=root, env=env,

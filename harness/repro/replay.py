@@ -10,6 +10,7 @@ from typing import Any, Mapping
 
 from harness.repro.record import ReproRecord
 from harness.repro.scenario import ReplayResult, run_scenario
+from harness.testdb.child_pytest import plugin_arguments
 
 
 def replay(record: ReproRecord, *, without_fault: bool = False, root: Path | None = None,
@@ -43,11 +44,12 @@ def _project_root() -> Path:
 
 def _rerun_test(record: ReproRecord, fault: str | None, root: Path,
                 extra_options: tuple[str, ...] = ()) -> ReplayResult:
-    cmd = [sys.executable, "-m", "pytest", record.node_id, "-p", "no:xdist", "-q",
-           *record.pytest_options, *(o for o in extra_options if o not in record.pytest_options)]
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PYTEST_")}
+    cmd = [sys.executable, "-m", "pytest", *plugin_arguments(env), record.node_id, "-p", "no:xdist",
+           "-q", *record.pytest_options,
+           *(o for o in extra_options if o not in record.pytest_options)]
     if fault is not None:
         cmd += ["--plant-fault", fault]
-    env = {k: v for k, v in os.environ.items() if not k.startswith("PYTEST_")}
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(root), env.get("PYTHONPATH")]))
     proc = subprocess.run(cmd, cwd=root, env=env, capture_output=True, text=True)
     output = (proc.stdout + proc.stderr)[-6000:]

@@ -12,6 +12,7 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
+from harness.testdb.child_pytest import plugin_arguments
 from harness.testdb.schema import TestDbError, TestLine, TestList
 
 
@@ -57,7 +58,8 @@ def collect_node_ids(root: Path, paths: tuple[str, ...] = ("suites",)) -> list[s
     """The node ids pytest collects under `paths`, from `pytest --collect-only -q` in a subprocess
     (a fresh process: collection imports every test module)."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("PYTEST_")}
-    cmd = [sys.executable, "-m", "pytest", "--collect-only", "-q", "-p", "no:xdist", *paths]
+    cmd = [sys.executable, "-m", "pytest", *plugin_arguments(env), "--collect-only", "-q", "-p",
+           "no:xdist", *paths]
     proc = subprocess.run(cmd, cwd=root, env=env, capture_output=True, text=True)
     if proc.returncode not in (0, 5):  # 5: nothing collected, which the coverage check reports
         raise TestDbError(f"collecting {' '.join(paths)} failed with exit code {proc.returncode}:\n"

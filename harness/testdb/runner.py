@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Callable
 
 from harness.device_options import DeviceOverride, EmulatedDevice
+from harness.testdb.child_pytest import plugin_arguments
 from harness.testdb.matching import Machine, select
 from harness.testdb.processes import StopRequest, execute, stopping_on_signals
 from harness.testdb.render import nothing_selected
@@ -91,8 +92,8 @@ def available_cpus() -> int:
 
 def pytest_command(invocation: Invocation, *, backend: str, junit: Path, workers: int,
                    extra_args: tuple[str, ...] = ()) -> list[str]:
-    cmd = [sys.executable, "-m", "pytest", *(line.test for line in invocation.lines),
-           f"--graph-backend={backend}", f"--junitxml={junit}", "--junit-part-of-run"]
+    cmd = [sys.executable, "-m", "pytest", *plugin_arguments(),
+           *(line.test for line in invocation.lines), f"--graph-backend={backend}", f"--junitxml={junit}", "--junit-part-of-run"]
     if invocation.keyword is not None:
         cmd += ["-k", invocation.keyword]
     if invocation.marker is not None:
