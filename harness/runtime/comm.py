@@ -40,8 +40,13 @@ class SingleProcessComm:
 
 
 def process_group_backend(device: torch.device | str) -> str:
-    """The torch.distributed backend for tensors on `device`: nccl for cuda, gloo otherwise."""
-    return "nccl" if torch.device(device).type == "cuda" else "gloo"
+    """The torch.distributed backend for tensors on `device`: nccl for cuda, gloo otherwise, and
+    gloo for the emulated CUDA device's tensors (host memory, which NCCL cannot carry)."""
+    from harness.emulation import emulation_active
+
+    if torch.device(device).type != "cuda" or emulation_active() == "cpu":
+        return "gloo"
+    return "nccl"
 
 
 class TorchDistributedComm:
