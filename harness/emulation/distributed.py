@@ -7,8 +7,10 @@ package doesn't have NCCL built in", on a CUDA wheel without a GPU the first col
 tensors NCCL saw as cpu ones, neither naming the emulation. Inside it a backend naming NCCL is
 refused with `UnsupportedOnEmulatedDevice` and the remedy; gloo takes the emulated device's
 tensors, collectives inside a capture included, and is the default backend for cuda tensors while
-the emulation lasts. `init_process_group(device_id=<a cuda device>)` leaves the binding out (its
-barrier would allocate on a cuda device in C++): the group is gloo's, unbound.
+the emulation lasts: `init_process_group()` without a backend is gloo's (a CUDA build would derive
+one from its accelerator and leave the device's cpu tensors without a backend), and
+`init_process_group(device_id=<a cuda device>)` leaves the binding out (its barrier would allocate
+on a cuda device in C++).
 """
 
 from __future__ import annotations
@@ -43,7 +45,14 @@ def patches(state) -> list[tuple[Any, str, Any]]:
     init, new = c10d.init_process_group, c10d.new_group
 
     def init_process_group(*args, **kwargs):
-        _refuse_nccl("torch.distributed.init_process_group", _backend_argument(args, kwargs, 0))
+        backend = _backend_argument(args, kwargs, 0)
+        _refuse_nccl("torch.distributed.init_process_group", backend)
+        if backend is None:
+            # torch derives a missing backend from the accelerator a CUDA build reports, and gives
+            # the group no backend for the cpu tensors the emulated device's really are; gloo
+            # names one for each device type
+            kwargs = {**kwargs, "backend": "gloo"}
+            args = args[1:]
         device_id = kwargs.get("device_id")
         if device_id is not None and (isinstance(device_id, int)
                                       or torch.device(device_id).type == "cuda"):
