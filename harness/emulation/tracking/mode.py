@@ -205,6 +205,13 @@ class StreamWork(TorchDispatchMode):
                     self._note_allocation(t, DEFAULT_STREAM)  # made before tracking began
         reported = len(self.tracker.reports)
         seq = self.tracker.launch(stream, read_keys, write_keys, op=name, where=where)
+        if plan.is_copy:
+            # A copy to or from pinned memory records an event on the pinned block
+            # (CachingHostAllocator_recordEvent), so the host allocator reuses it only once the
+            # copy is done: a free right after issuing the copy is safe, as after record_stream.
+            for t, key in zip((*reads, *writes), (*read_keys, *write_keys)):
+                if is_pinned(t):
+                    self.tracker.record_stream(key, stream)
         overtakes = self.schedule.adversarial and self._overtakes_queued_work(reported)
         memory = self.memory
         probe, ran_in_order = self.probe, False
