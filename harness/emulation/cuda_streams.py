@@ -23,7 +23,6 @@ from harness.emulation.active import active_state
 from harness.emulation.blas_workspaces import PRIORITY_POOLS, STREAMS_PER_POOL
 from harness.emulation.capture_syncs import refuse_host_sync
 from harness.emulation.capture_waits import refuse_uncaptured_wait
-from harness.emulation.tools import on_host_sync
 
 _STREAM_HANDLE_BASE = 0x7E0000  # fake `cuda_stream` handles, distinct from 0 (the default stream)
 
@@ -86,8 +85,7 @@ class Stream:
     def synchronize(self) -> None:
         state = _state()
         refuse_host_sync(state, "Stream.synchronize()", stream=self)
-        if state.sync_debug_mode:  # CUDA's stream sync is flagged; its device and event syncs not
-            on_host_sync(state.sync_debug_mode)
+        state.flag_host_sync()  # CUDA flags a stream's sync; its device and event syncs not
         state.notify_stream("synchronize", self, None)
 
     def wait_event(self, event: "Event") -> None:

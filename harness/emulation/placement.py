@@ -32,7 +32,6 @@ from harness.emulation import autocast, blas_workspaces, device_indices, kernels
 from harness.graphs.emulator.dispatch_keys import keep_modes_reachable
 from harness.emulation.capacity import requested_bytes
 from harness.emulation.sync_debug import call_flagging_syncs
-from harness.emulation.tools import on_host_sync
 from harness.emulation.generators import DeviceGenerator
 from harness.emulation.device_memory import DEVICE, PINNED, is_device_memory
 from harness.emulation.rules import (CPU, cuda_index, device_generator_on_host_error,
@@ -175,9 +174,9 @@ class Placement(TorchFunctionMode):
             kwargs = {**kwargs, "generator": self.state.default_states.resolve(kwargs["generator"])}
         if named_device and func in _FROM_HOST_DATA and self.state.capturing():
             transfers.refuse_host_data(self.state, func, args)
-        if named_device and func in _FROM_HOST_DATA and self.state.sync_debug_mode and not (
+        if named_device and func in _FROM_HOST_DATA and not (
                 args and isinstance(args[0], Tensor) and is_device_memory(args[0])):
-            on_host_sync(self.state.sync_debug_mode)  # host data copied to the device, blocking
+            self.state.flag_host_sync()  # host data copied to the device, blocking
         if func in transfers.INDEXING and device_in and self.state.capturing() \
                 and is_device_memory(args[0]):
             transfers.refuse_host_indices(self.state, func, args)
@@ -332,6 +331,7 @@ class Placement(TorchFunctionMode):
             return func(*args, **kwargs)
         with self:  # torch's printer asks `.device`, which this mode answers
             return torch_internals.tensor_str(args[0], **kwargs)
+
 
 def _call(func, args: tuple, kwargs: dict):
     return func(*args, **kwargs)

@@ -202,11 +202,16 @@ class DeviceState(Observed):
             for hook in hooks:
                 hook(op, args, kwargs, result, stream)
 
-    def notify_sync(self, what: str, tensor) -> None:
-        if tensor is not None and self.sync_debug_mode:
+    def flag_host_sync(self) -> None:
+        """A host sync under `torch.cuda.set_sync_debug_mode`: warned of or refused, as on CUDA."""
+        if self.sync_debug_mode:
             from harness.emulation.tools import on_host_sync
 
             on_host_sync(self.sync_debug_mode)
+
+    def notify_sync(self, what: str, tensor) -> None:
+        if tensor is not None:
+            self.flag_host_sync()
         self._tell("on_sync", what, tensor, self.streams.current())
 
     def notify_host_read(self, what: str, tensor) -> None:

@@ -15,7 +15,6 @@ import torch
 
 from harness.emulation import device_indices
 from harness.emulation.device_memory import DEVICE, PINNED, is_device_memory, memory_mark
-from harness.emulation.tools import on_host_sync
 from harness.emulation.rules import (
     CPU, blocking_copy_refused, cuda_index, host_copy_refused, names_cuda,
     numpy_of_device_error, pageable_copy_refused)
@@ -117,8 +116,8 @@ def handlers(mode) -> dict[Callable, Callable]:
                 state.refuse(pageable_copy_refused(op, tuple(t.shape)))
             elif memory_mark(t) == PINNED and not non_blocking:
                 state.refuse(blocking_copy_refused(op, tuple(t.shape), "from"))
-        if state.sync_debug_mode and not non_blocking and memory_mark(t) != DEVICE:
-            on_host_sync(state.sync_debug_mode)  # a blocking copy waits for the stream
+        if not non_blocking and memory_mark(t) != DEVICE:
+            state.flag_host_sync()  # a blocking copy waits for the stream
         previous, memory.call_on_device = memory.call_on_device, True
         try:
             out = call()
@@ -228,8 +227,8 @@ def handlers(mode) -> dict[Callable, Callable]:
                     state.refuse(pageable_copy_refused("Tensor.copy_", tuple(src.shape)))
                 elif not non_blocking:
                     state.refuse(blocking_copy_refused("Tensor.copy_", tuple(src.shape), "from"))
-            if state.sync_debug_mode and not non_blocking and src.dim():
-                on_host_sync(state.sync_debug_mode)  # a blocking copy waits for the stream
+            if not non_blocking and src.dim():
+                state.flag_host_sync()  # a blocking copy waits for the stream
         elif s and not d:
             if memory_mark(dst) != PINNED:
                 return to_host(src, "Tensor.copy_", lambda: func(*args, **kwargs))
