@@ -39,7 +39,8 @@ from harness.graphs.emulator.watch_refs import install_swaps_past_watches
 from harness.emulation.storages import (share_cuda_refused, storage_device, storage_is_shared,
                                         storage_new)
 from harness.emulation.generators import generator_class
-from harness.emulation.rules import DeviceIndexError, cuda_index, names_cuda
+from harness.emulation.rules import (DeviceIndexError, cuda_index, generator_made_in_capture,
+                                     names_cuda)
 from harness.emulation.allocator_tools import UnsupportedOnEmulatedDevice
 from harness.emulation.cuda_graph import CUDAGraph
 from harness.emulation.cudart import EmulatedCudart
@@ -62,6 +63,8 @@ class CudaDeviceProperties:
     is_integrated: int = 0
     is_multi_gpu_board: int = 0
     max_threads_per_multi_processor: int = 2048
+    max_threads_per_block: int = 1024
+    clock_rate: int = 1_980_000  # kHz, an H200 SXM's boost clock
     warp_size: int = 32
     regs_per_multiprocessor: int = 65536
     L2_cache_size: int = 52_428_800
@@ -124,7 +127,9 @@ def device_class(state) -> type:
 
     class device:
         def __init__(self, device: Any) -> None:
-            self.idx = -1 if device is None else index(state, device)
+            # torch: None or a negative index makes the context a no-op
+            no_op = device is None or (isinstance(device, int) and device < 0)
+            self.idx = -1 if no_op else index(state, device)
             self.prev_idx = -1
 
         def __enter__(self) -> None:
@@ -150,7 +155,10 @@ def device_of_class(state) -> type:
 
 
 def get_device_properties(state, device: Any = None) -> CudaDeviceProperties:
-    index(state, device)
+    try:
+        index(state, device)
+    except DeviceIndexError as error:
+        raise AssertionError(f"Invalid device id ({error})") from None  # torch's own words first
     props = state.properties
     return CudaDeviceProperties(props.name, props.major, props.minor, props.total_memory,
                                 props.multi_processor_count)
@@ -471,8 +479,16 @@ def nvtx_ranges(state) -> NvtxRanges:
 
 def device_generator_class(state) -> type:
     count = state.properties.count
-    return generator_class(lambda device: cuda_index(device, state.current_index, count)
-                           if names_cuda(device) else None)
+
+    def device_index(device: Any) -> int | None:
+        if not names_cuda(device):
+            return None
+        index = cuda_index(device, state.current_index, count)
+        if state.is_current_stream_capturing():
+            raise generator_made_in_capture(index)
+        return index
+
+    return generator_class(device_index)
 
 
 def no_default_capture_stream(state) -> None:
@@ -487,7 +503,46 @@ def cudnn_unavailable(state, *args) -> bool:
 
 def record_stream(state, self, stream) -> None:
     """Tensor.record_stream: its C++ argument parser takes only torch's own Stream type."""
+    if not is_device_memory(self):
+        # aten::record_stream has CUDA kernels only
+        raise NotImplementedError(
+            "Could not run 'aten::record_stream' with arguments from the 'CPU' backend. "
+            f"(Tensor.record_stream of a host tensor of shape {tuple(self.shape)}: only device "
+            f"memory has streams to record.)")
     state.streams.record_stream(self, stream)
+
+
+def list_gpu_processes(state, device: Any = None) -> str:
+    """torch.cuda.list_gpu_processes: no other process uses the emulated device."""
+    return f"GPU:{index(state, device)}\nno processes are running"
+
+
+# torch.cuda's readings through NVML (torch/cuda/__init__.py), besides list_gpu_processes
+NVML_READINGS = ("utilization", "memory_usage", "temperature", "power_draw", "clock_rate",
+                 "device_memory_used")
+
+
+def nvml_query(name: str) -> Callable:
+    """torch.cuda's NVML readings (utilization, temperature, ...): the emulated device has no NVML
+    and no figure that would mean anything, so a reading is refused by name, not made up."""
+
+    def refuse(state, *args, **kwargs):
+        raise UnsupportedOnEmulatedDevice(
+            f"torch.cuda.{name}() is not supported by harness.emulate_cuda(): it reads the GPU "
+            f"through NVML, and the emulated device has no hardware to read. Keep monitoring calls "
+            f"out of the code under test, or catch NotImplementedError around them")
+
+    refuse.__name__ = name
+    return refuse
+
+
+def jiterator_launch(state, *args, **kwargs):
+    """torch.cuda.jiterator's launches: NVRTC output runs only on a GPU."""
+    raise UnsupportedOnEmulatedDevice(
+        "torch.cuda.jiterator is not supported by harness.emulate_cuda(): it compiles CUDA C++ "
+        "with NVRTC at the first call, and the emulated device runs torch's CPU kernels, with no "
+        "driver to load a kernel into. Run code that compiles its own kernels on a GPU (the graph "
+        "sanitizer, --emulate-cuda there)")
 
 
 def compile_kernel(state, *args, **kwargs):
@@ -645,6 +700,7 @@ REPLACEMENTS: tuple[Replacement, ...] = (
     _cuda("reset_accumulated_memory_stats", reset_accumulated_memory_stats),
     _cuda("memory_stats", memory_stats),
     _cuda("memory_summary", memory_summary),
+    _cuda("list_gpu_processes", list_gpu_processes),
     _cuda("empty_cache", empty_cache),
     _cuda("is_initialized", is_initialized),
     _cuda("init", init),
@@ -696,6 +752,7 @@ REPLACEMENTS: tuple[Replacement, ...] = (
     _accelerator("empty_cache", empty_cache),
 
     # not _cuda_getDeviceCount: torch.cuda._is_compiled() asks for it to tell a CUDA build
+    _private("_cuda_jiterator_compile_and_launch_kernel", jiterator_launch),
     _private("_cuda_setStream", cuda_set_stream),
     _private("_cuda_setDevice", set_device),
     _private("_cuda_getDevice", current_device),
@@ -743,6 +800,7 @@ REPLACEMENTS: tuple[Replacement, ...] = (
     Replacement("torch.cuda", "get_stream_from_external", get_stream_from_external,
                 if_present=True),
     Replacement("torch.Tensor", "__cuda_array_interface__", cuda_array_interface, "value"),
+    *(Replacement("torch.cuda", name, nvml_query(name), if_present=True) for name in NVML_READINGS),
 )
 
 # torch.cuda's names that its submodules define too, and that code may reach through them.

@@ -25,6 +25,8 @@ from harness.emulation.capture_syncs import refuse_host_sync
 from harness.emulation.capture_waits import refuse_uncaptured_wait
 
 _STREAM_HANDLE_BASE = 0x7E0000  # fake `cuda_stream` handles, distinct from 0 (the default stream)
+# (least, greatest) priority, as torch reports it on CUDA: see Stream.__new__
+PRIORITY_RANGE = (0, -3)
 
 
 class Stream:
@@ -46,7 +48,9 @@ class Stream:
             self.stream_id = next(state.streams.ids)
         self.device_index = index
         self.device_type = 1  # c10::DeviceType::CUDA
-        self._priority = max(-5, min(0, int(priority)))  # CUDA's range on an H200: 0 to -5
+        # torch clamps to its compiled-in priority levels (c10::cuda::max_compile_time_stream_priorities,
+        # 4): 0 to -3 whatever the GPU allows (measured on an H100, torch 2.11)
+        self._priority = max(PRIORITY_RANGE[1], min(PRIORITY_RANGE[0], int(priority)))
         known = state.streams.by_id.setdefault((self.stream_id, index), self)
         # Which of CUDA's pooled streams this one is (blas_workspaces.py keys workspaces by it).
         self.pool_slot = None if self.stream_id == 0 or not cls._pooled else (
@@ -67,7 +71,7 @@ class Stream:
 
     @staticmethod
     def priority_range() -> tuple[int, int]:
-        return (0, -5)
+        return PRIORITY_RANGE
 
     @property
     def cuda_stream(self) -> int:
@@ -196,9 +200,9 @@ class Event:
 
     def elapsed_time(self, end_event: "Event") -> float:
         if not (self.enable_timing and end_event.enable_timing):
-            raise RuntimeError("Both events must be created with argument 'enable_timing=True'.")
+            raise ValueError("Both events must be created with argument 'enable_timing=True'.")
         if self._time is None or end_event._time is None:
-            raise RuntimeError("Both events must be recorded before calculating elapsed time.")
+            raise ValueError("Both events must be recorded before calculating elapsed time.")
         return (end_event._time - self._time) * 1e3
 
     def ipc_handle(self):

@@ -38,6 +38,9 @@ _REDUCTIONS: dict[int, Callable[[torch.Tensor, torch.Tensor], Any]] = {
 # torch.cuda.nccl's collectives other than reduce (torch/csrc/cuda/python_nccl.cpp).
 REFUSED_NCCL = ("_nccl_all_reduce", "_nccl_broadcast", "_nccl_all_gather", "_nccl_reduce_scatter",
                 "_nccl_version", "_nccl_version_suffix", "_nccl_unique_id", "_nccl_init_rank")
+# What the NCCL torch was built with: a build fact, answered by a CUDA build with or without a GPU
+# (runtimes log it at start-up), so left alone where the build has it.
+NCCL_BUILD_FACTS = ("_nccl_version", "_nccl_version_suffix")
 
 
 def _on(index: int) -> torch.device:
@@ -302,7 +305,8 @@ def patches(state) -> list[tuple[Any, str, Any]]:
             "_scatter_out": scatter_out, "_gather": gather, "_gather_out": gather_out,
             "_nccl_reduce": nccl_reduce}
     return ([(owner, name, fn) for name, fn in comm.items()]
-            + [(owner, name, _refused(name)) for name in REFUSED_NCCL])
+            + [(owner, name, _refused(name)) for name in REFUSED_NCCL
+               if not (name in NCCL_BUILD_FACTS and hasattr(owner, name))])
 
 
 __all__ = ["REFUSED_NCCL", "patches"]

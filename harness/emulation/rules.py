@@ -15,7 +15,11 @@ CPU = torch.device("cpu")
 PAGEABLE_COPY_TEXT = cuda_errors.PAGEABLE_COPY
 
 
-class DeviceIndexError(RuntimeError):
+# torch >= 2.9 raises CUDA's runtime errors as torch.AcceleratorError, a RuntimeError.
+_ACCELERATOR_ERROR = getattr(torch, "AcceleratorError", RuntimeError)
+
+
+class DeviceIndexError(_ACCELERATOR_ERROR):
     """A device index the emulated device does not have (CUDA: "invalid device ordinal")."""
 
 
@@ -45,6 +49,19 @@ def cuda_index(device: Any, current: int, count: int) -> int:
         raise DeviceIndexError(f"CUDA error: invalid device ordinal (device index {index}; the "
                                f"emulated device has {count} device(s), indices 0 to {count - 1})")
     return index
+
+
+NEW_GENERATOR_IN_CAPTURE = ("Cannot construct a new CUDAGeneratorImpl during CUDA graph capture. If "
+                            "you need this call to be captured, please file an issue. Current "
+                            "cudaStreamCaptureStatus: cudaStreamCaptureStatusActive")
+
+
+def generator_made_in_capture(index: int) -> CaptureError:
+    """CUDAGeneratorImpl's constructor refuses to run while the current stream captures."""
+    return CaptureError(at_callsite(
+        f"{NEW_GENERATOR_IN_CAPTURE}\ntorch.Generator(device='cuda:{index}') was made while the "
+        f"current stream captures a graph. Make the generator before capture and register it with "
+        f"graph.register_generator_state(generator)", current_callsite()), op="torch.Generator")
 
 
 def mixed_devices_error(first: str, second: str) -> RuntimeError:
