@@ -46,6 +46,14 @@ def scaled_dot_product_attention(query: Tensor, key: Tensor, value: Tensor, *arg
     back as they were when the call returns. Where the CPU's own backends are allowed, or on a
     real device, nothing changes."""
     backends = torch.backends.cuda
+    if (query.device.type == "cpu" and backends.flash_sdp_enabled() and not (
+            backends.math_sdp_enabled() or backends.mem_efficient_sdp_enabled()
+            or backends.cudnn_sdp_enabled())):
+        refusal = _flash_refusal(query, key, value, kwargs.get("attn_mask", args[0] if args else None))
+        if refusal:
+            raise RuntimeError(f"No available kernel. Aborting execution. (SDPA allowed only flash "
+                               f"attention, and CUDA's flash kernel refuses these inputs: {refusal}; "
+                               f"the CPU's flash kernel would take them)")
     if (query.device.type == "cpu" and not (backends.flash_sdp_enabled() or backends.math_sdp_enabled())
             and (backends.mem_efficient_sdp_enabled() or backends.cudnn_sdp_enabled())):
         from torch.nn.attention import SDPBackend, sdpa_kernel
@@ -53,6 +61,21 @@ def scaled_dot_product_attention(query: Tensor, key: Tensor, value: Tensor, *arg
         with sdpa_kernel([SDPBackend.FLASH_ATTENTION, SDPBackend.MATH]):
             return _sdpa(query, key, value, *args, **kwargs)
     return _sdpa(query, key, value, *args, **kwargs)
+
+
+def _flash_refusal(query: Tensor, key: Tensor, value: Tensor, attn_mask) -> str:
+    """Why CUDA's flash attention kernel would refuse the inputs (sdp_utils.cpp's checks that hold
+    on every GPU it runs on), or "" where it takes them."""
+    if query.dtype not in (torch.float16, torch.bfloat16):
+        return f"it takes float16 and bfloat16 only, the query is {query.dtype}"
+    if attn_mask is not None:
+        return "it takes no attn_mask (is_causal=True is its only mask)"
+    if query.size(-1) > 256:
+        return f"head dimension {query.size(-1)} over its limit of 256"
+    if not query.size(-1) == key.size(-1) == value.size(-1):
+        return (f"query, key and value head dimensions differ ({query.size(-1)}, {key.size(-1)}, "
+                f"{value.size(-1)})")
+    return ""
 
 
 _sdpa = torch.nn.functional.scaled_dot_product_attention

@@ -80,3 +80,28 @@ def test_sdpa_allowed_only_the_memory_efficient_kernel_captures_and_replays(cuda
     graph.replay()
     expected = F.scaled_dot_product_attention(*later, is_causal=True)
     torch.testing.assert_close(out.float(), expected.float(), atol=2e-2, rtol=2e-2)
+
+
+@pytest.mark.parametrize("case", ["float32", "a mask"])
+def test_sdpa_allowed_only_flash_attention_refuses_what_cudas_flash_kernel_refuses(cuda_kind, case):
+    """The CPU's flash kernel takes float32 and masks; CUDA's takes neither, and with no other
+    backend allowed SDPA finds no kernel (measured on an H100)."""
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    dtype = torch.float32 if case == "float32" else torch.bfloat16
+    q = torch.randn(1, 2, 4, 8, device="cuda", dtype=dtype)
+    mask = torch.ones(4, 4, device="cuda", dtype=torch.bool) if case == "a mask" else None
+    with sdpa_kernel(SDPBackend.FLASH_ATTENTION):
+        with pytest.raises(RuntimeError, match="No available kernel"):
+            torch.nn.functional.scaled_dot_product_attention(q, q, q, attn_mask=mask)
+
+
+def test_sdpa_allowed_only_flash_attention_runs_what_cudas_flash_kernel_takes(cuda_kind):
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    q = torch.randn(1, 2, 4, 8, device="cuda", dtype=torch.bfloat16)
+    with sdpa_kernel(SDPBackend.FLASH_ATTENTION):
+        out = torch.nn.functional.scaled_dot_product_attention(q, q, q, is_causal=True)
+    with sdpa_kernel(SDPBackend.MATH):
+        expected = torch.nn.functional.scaled_dot_product_attention(q, q, q, is_causal=True)
+    torch.testing.assert_close(out, expected, atol=2e-2, rtol=2e-2)
