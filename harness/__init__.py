@@ -16,8 +16,9 @@ def emulate_cuda(device: str = "auto", *, schedule: str = "issue_order", races: 
     On the emulated device every device op is issued to the current stream and tracked: a race
     between streams, or between a stream and the host (a pinned buffer rewritten before its
     non_blocking copy ran, read before its copy landed; a side stream without wait_stream; a tensor
-    freed without record_stream; a graph replay still in flight) raises `RaceError` (`races=
-    "strict"`), is collected in `state.streams_tracking.reports` (`"report"`), or is
+    freed without record_stream and its memory made again; a graph replay still in flight)
+    raises `RaceError` (`races="strict"`), is collected in `state.streams_tracking.reports`
+    (`"report"`), or is
     not looked for (`"off"`). `schedule="adversarial"` runs each stream's work as late as
     synchronization allows (a write racing with another stream's queued access runs ahead of it),
     so such a race gives the wrong values a loaded GPU gives, every time;

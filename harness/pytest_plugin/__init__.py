@@ -118,13 +118,13 @@ def pytest_runtest_teardown(item: pytest.Item, nextitem):
         try:
             emulation_session.restore_default_stream(item.nodeid)
         finally:
-            _raise_late_races(item)
+            _raise_late_races(item, test_ended=True)
     return result
 
 
-def _raise_late_races(item: pytest.Item) -> None:
+def _raise_late_races(item: pytest.Item, *, test_ended: bool = False) -> None:
     if emulation_session.active(item.config):
-        late = emulation_session.late_races()
+        late = emulation_session.late_races(test_ended=test_ended)
         if late:
             raise late[0]
 
@@ -140,7 +140,8 @@ def pytest_runtest_call(item: pytest.Item):
     try:
         result = yield
     except BaseException:
-        emulation_session.late_races()  # the test failed already: its frees' races must not reach the next one
+        # The test failed already: its frees' races must not reach its teardown or the next test.
+        emulation_session.late_races(test_ended=True)
         raise
     late = emulation_session.late_races()
     if late:

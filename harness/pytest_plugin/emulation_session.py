@@ -62,14 +62,16 @@ def session_device(config: pytest.Config) -> str | None:
     return "cuda" if active(config) else None
 
 
-def late_races() -> list:
+def late_races(*, test_ended: bool = False) -> list:
+    """Strict races found where raising was impossible; `test_ended`: with the races of blocks the
+    test freed on a default stream that the next test's allocations would meet."""
     from harness.emulation import emulation_active
     from harness.emulation.session import active_state
 
     if emulation_active() != "cpu":
         return []
     tracking = getattr(active_state(), "streams_tracking", None)
-    return [] if tracking is None else tracking.take_late_races()
+    return [] if tracking is None else tracking.take_late_races(test_ended=test_ended)
 
 
 class LeftStreamError(RuntimeError):

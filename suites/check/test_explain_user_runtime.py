@@ -110,7 +110,9 @@ def test_a_race_under_explain_names_the_users_line(tmp_path):
             with torch.cuda.stream(side):
                 y = x * 2
             del x  # freed on its stream while the side stream's read may still be running
-            return y + 1
+            z = torch.zeros(1024, device="cuda")  # the stream's next allocation takes x's block
+            torch.cuda.current_stream().wait_stream(side)
+            return y + z
     """)
     with _on_the_emulated_device():
         run = load_entry_point(f"{path}::run")
@@ -121,7 +123,8 @@ def test_a_race_under_explain_names_the_users_line(tmp_path):
     read = re.search(rf"reads it on stream (\d+) at {re.escape(_line_in(path, 'y = x * 2'))}", explanation.raised)
     assert read is not None and read.group(1) != "0", explanation.raised
     assert f"on stream 0 at {_line_in(path, 'del x')}" in explanation.raised, explanation.raised
-    assert f"raised at {_line_in(path, 'return y + 1')}" in explanation.raised, explanation.raised
+    assert f"on stream 0 at {_line_in(path, 'z = torch.zeros(1024')}" in explanation.raised, explanation.raised
+    assert f"raised at {_line_in(path, 'z = torch.zeros(1024')}" in explanation.raised, explanation.raised
     assert "harness/check" not in explanation.raised, explanation.raised
 
 

@@ -1,4 +1,5 @@
-"""A pytest session under `--emulate-cuda`: where a race found at a tensor's free is reported."""
+"""A pytest session under `--emulate-cuda`: where a race of a tensor's free is reported (at the reuse
+of its memory, or at the end of the test that freed it)."""
 
 from __future__ import annotations
 
@@ -23,6 +24,28 @@ def test_frees_a_side_stream_input_without_record_stream():
         torch.cuda._sleep(1000)
         y = x * 2
     del x  # freed on the main stream while the side stream may still read it
+    torch.zeros(1024, device="cuda")  # the main stream's next allocation may take x's block
+
+
+def test_frees_a_side_stream_input_and_ends():
+    side = torch.cuda.Stream()
+    x = torch.ones(1024, device="cuda")
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        torch.cuda._sleep(1000)
+        y = x * 2
+    del x  # the next test's first allocation on the main stream may take x's block
+
+
+def test_frees_a_side_stream_input_then_waits():
+    side = torch.cuda.Stream()
+    x = torch.ones(1024, device="cuda")
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        torch.cuda._sleep(1000)
+        y = x * 2
+    del x
+    torch.cuda.current_stream().wait_stream(side)  # before anything reuses x's block: correct
 
 
 def test_next_one_is_clean():
@@ -43,6 +66,10 @@ def test_a_race_found_at_a_free_fails_the_test_that_freed_not_the_next(tmp_path)
     out = done.stdout
     assert "FAILED test_racy.py::test_frees_a_side_stream_input_without_record_stream" in out, out
     assert "memory freed while another stream's work may still use it" in out, out
+    # A free the test's own work never reuses is the next test's hazard, judged at its end.
+    assert "ERROR test_racy.py::test_frees_a_side_stream_input_and_ends" in out, out
+    assert "the next test's allocations (this test ended)" in out, out
+    assert "PASSED test_racy.py::test_frees_a_side_stream_input_then_waits" in out, out
     assert "PASSED test_racy.py::test_next_one_is_clean" in out, out
 
 

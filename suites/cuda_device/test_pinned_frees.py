@@ -4,7 +4,8 @@ block out again only once the copy is done: the free is safe. The emulated devic
 held pinned blocks to the device allocator's rule (record_stream, or a wait before the last
 reference goes) and reported a race, found on transformers' offloaded KV cache (its `prefetch`
 drops the offloaded copy as soon as the copy back to the device is issued). A device tensor read
-on another stream and freed without record_stream is still a race."""
+on another stream and freed without record_stream, its block reused by the freeing stream's next
+allocation, is still a race."""
 
 from __future__ import annotations
 
@@ -54,6 +55,7 @@ def _device_tensor_freed_while_another_stream_reads_it():
     with torch.cuda.stream(side):
         data.sum()
     del data
+    torch.ones(1 << 10, device="cuda")  # the main stream's next allocation may take data's block
 
 
 def test_a_pinned_source_dropped_after_its_copy_is_issued_is_no_race(outside_emulation):

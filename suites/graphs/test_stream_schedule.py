@@ -171,8 +171,9 @@ def test_freed_while_another_stream_uses_it(record):
             h.work.record_stream(x, SIDE)
         h.current = MAIN
         del x
+        reused = device(torch.zeros(8)) + 3  # the main stream's next allocation: x's block
         h.work.synchronize_device()
-    assert y.item() == 16.0
+    assert y.item() == 16.0 and reused.sum().item() == 24.0
     assert h.kinds() == ([] if record else [RaceKind.FREED_IN_USE])
 
 

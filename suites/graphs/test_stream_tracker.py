@@ -157,23 +157,72 @@ def test_replay_in_flight_reads_its_static_input(tracker):
     assert "replay of decode[bs=4]" in str(tracker.reports[0])
 
 
-def test_free_without_record_stream_races(tracker):
+D = 400  # a storage allocated after a free: perhaps made of the freed block
+
+
+def _freed_while_s1_reads(tracker: StreamTracker) -> None:
     tracker.launch(S0, writes=[A])             # allocated and filled on S0
     tracker.wait_stream(S1, S0)
-    tracker.launch(S1, reads=[A], writes=[B])  # used on S1
-    tracker.free(A, allocation_stream=S0)
+    tracker.launch(S1, reads=[A], writes=[B], op="sum", where="m.py:3: total = a.sum()")
+    tracker.free(A, allocation_stream=S0, nbytes=64, where="m.py:4: del a")
+
+
+def test_a_free_alone_is_no_race(tracker):
+    # The block goes back to S0's pool: nothing touches it until S0 allocates again.
+    _freed_while_s1_reads(tracker)
+    assert tracker.reports == []
+
+
+def test_memory_reused_on_the_freeing_stream_before_the_read_is_waited_for_races(tracker):
+    _freed_while_s1_reads(tracker)
+    tracker.allocate(D, S0, nbytes=64)
+    tracker.launch(S0, writes=[D], op="fill_", where="m.py:5: reused.fill_(7)")
     assert kinds(tracker) == [RaceKind.FREED_IN_USE]
+    text = str(tracker.reports[0])
+    assert "del a" in text and "reused.fill_(7)" in text and "total = a.sum()" in text, text
+    assert "on stream 1" in text and "on stream 0" in text, text
 
 
-@pytest.mark.parametrize("order", ["record_stream", "wait_stream", "synchronize"])
-def test_free_after_ordering_is_quiet(tracker, order):
+@pytest.mark.parametrize("order", ["record_stream", "wait_stream", "wait_event", "synchronize",
+                                   "wait_stream after the free", "synchronize after the free"])
+def test_memory_reused_after_ordering_is_quiet(tracker, order):
     tracker.launch(S0, writes=[A])
     tracker.wait_stream(S1, S0)
     tracker.launch(S1, reads=[A], writes=[B])
-    {"record_stream": lambda: tracker.record_stream(A, S1),
-     "wait_stream": lambda: tracker.wait_stream(S0, S1),
-     "synchronize": tracker.synchronize_device}[order]()
+    tracker.record_event(E, S1)
+    before, after = order.split(" after the free")[0], "after the free" in order
+    make_order = {"record_stream": lambda: tracker.record_stream(A, S1),
+                  "wait_stream": lambda: tracker.wait_stream(S0, S1),
+                  "wait_event": lambda: tracker.wait_event(S0, E),
+                  "synchronize": tracker.synchronize_device}[before]
+    if not after:
+        make_order()
     tracker.free(A, allocation_stream=S0)
+    if after:
+        make_order()
+    tracker.allocate(D, S0, nbytes=1)
+    tracker.launch(S0, writes=[D])
+    assert tracker.reports == []
+
+
+def test_an_allocation_touched_only_after_the_wait_is_quiet(tracker):
+    # `torch.empty` on S0, then S0 waits for the reader, then the first write: what CUDA runs.
+    _freed_while_s1_reads(tracker)
+    seq = tracker.launch(S0)
+    tracker.allocate(D, S0, nbytes=64)
+    tracker.record_fresh(D, Access(True, S0, seq, "empty", ""), touched=False)
+    tracker.wait_stream(S0, S1)
+    tracker.launch(S0, writes=[D], op="fill_")
+    assert tracker.reports == []
+
+
+def test_the_other_pool_never_gets_the_block(tracker):
+    # A freed small-pool block (up to 1 MiB) is never handed to a large-pool request.
+    _freed_while_s1_reads(tracker)
+    tracker.allocate(D, S0, nbytes=4 << 20)
+    tracker.launch(S0, writes=[D])
+    tracker.allocate(C, S1, nbytes=64)  # another stream's pool
+    tracker.launch(S1, writes=[C])
     assert tracker.reports == []
 
 
@@ -184,12 +233,16 @@ def test_a_freed_storage_is_reported_under_its_label_and_then_forgets_it(tracker
     tracker.launch(S0, writes=[A])
     tracker.wait_stream(S1, S0)
     tracker.launch(S1, reads=[A], writes=[B])
-    tracker.free(A, allocation_stream=S0)
+    tracker.free(A, allocation_stream=S0, nbytes=128)
     tracker.launch(S1, writes=[A], op="copy_")  # the address taken by a pinned buffer
     tracker.host_read(A, op="tolist")
-    assert kinds(tracker) == [RaceKind.FREED_IN_USE, RaceKind.HOST_READ_PENDING]
-    assert "(shape (1, 64), torch.bfloat16)" in str(tracker.reports[0])
-    assert "torch.bfloat16" not in str(tracker.reports[1])
+    tracker.allocate(D, S0, nbytes=128)
+    tracker.labels[D] = TensorLabel((2,), "torch.float32", "")
+    tracker.launch(S0, writes=[D])
+    assert kinds(tracker) == [RaceKind.HOST_READ_PENDING, RaceKind.FREED_IN_USE]
+    assert "torch.bfloat16" not in str(tracker.reports[0])
+    assert "(shape (1, 64), torch.bfloat16)" in str(tracker.reports[1])
+    assert "(shape (2,), torch.float32)" in str(tracker.reports[1])
 
 
 @pytest.mark.parametrize("between", ["nothing", "a tracked host write"])

@@ -17,7 +17,7 @@ pytestmark = pytest.mark.filterwarnings("ignore::harness.emulation.tracking.Race
 
 aten = torch.ops.aten
 S0, S1, S2 = 0, 1, 2
-A, B = 100, 200  # storages
+A, B, C = 100, 200, 300  # storages
 
 
 def _bound_answer(func, args, kwargs, is_device, is_pinned, targets_device) -> bool:
@@ -85,6 +85,8 @@ def test_a_fresh_result_forgets_the_streams_recorded_on_the_previous_tenant():
     tracker.wait_stream(S1, S0)
     tracker.launch(S1, reads=[A], writes=[B])  # used on S1 again, without record_stream
     tracker.free(A, allocation_stream=S0)
+    tracker.allocate(C, S0, nbytes=1)  # S0's next allocation: perhaps A's block
+    tracker.launch(S0, writes=[C])
     assert [r.kind for r in tracker.reports] == [RaceKind.FREED_IN_USE]
 
 

@@ -62,6 +62,7 @@ class CallPattern:
     read_positions: tuple[int, ...] = ()  # per tensor the op read, its index among the call's
     read_labels: tuple = ()
     result_label: Any = None
+    touches_result: bool = True  # False for `empty` and kin (op_plans.py)
 
 
 _NOTHING = CallPattern()  # only views reached the stream mode
@@ -209,7 +210,8 @@ class CallPatterns:
         with _DisableTorchDispatch():
             out = func(*args, **kwargs)
         mode.schedule.ran(stream, seq)
-        mode.note_result(out, pattern.result_label, Access(True, stream, seq, name, where))
+        mode.note_result(out, pattern.result_label, Access(True, stream, seq, name, where),
+                         touched=pattern.touches_result)
         self.used += 1
         return out
 
@@ -247,4 +249,4 @@ class CallPatterns:
             positions.append(storages.index(read_key))
         label = self.mode.label_of
         return CallPattern(plan.name, tuple(positions), tuple(label(t) for t in reads),
-                           label(op_out))
+                           label(op_out), plan.touches_results)

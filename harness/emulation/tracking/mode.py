@@ -47,7 +47,7 @@ class _Allocation(weakref.ref):
     """The weak reference noting a device storage's free, carrying what the free is judged by:
     made for every result of every device op, so one object instead of a closure and a ref."""
 
-    __slots__ = ("key", "stream")
+    __slots__ = ("key", "stream", "nbytes")
 
 
 class StreamWork(TorchDispatchMode):
@@ -64,12 +64,14 @@ class StreamWork(TorchDispatchMode):
         self.schedule = schedule
         self._allocations: dict[int, weakref.ref] = {}  # storage key -> weak ref noting its free
         self._allocated_on: dict[int, int] = {}  # storage key -> the stream that allocated it
-        self._late: list[RaceError] = []  # strict races found where raising is impossible (a free)
+        # Strict races found where raising is impossible (a queued op run inside a host wait).
+        self._late: list[RaceError] = []
         # Queued work keeps aliases of the memory it uses, not the caller's tensors, so the caller
         # dropping its last tensor is seen when it happens (as the caching allocator sees it).
         self._queued_aliases: dict[int, int] = {}  # storage key -> aliases held by queued work
         self._watched: dict[int, weakref.ref] = {}  # id of a caller's tensor -> weak ref on it
-        self._dropped: list[int] = []  # storage keys whose caller tensors died since the last op
+        # Storage keys whose caller tensors died since the last op, with the line that dropped them.
+        self._dropped: list[tuple[int, Any]] = []
         self._on_freed = self._freed  # bound once: every result's weak reference calls it
         self._plans = OpPlans()
         self._shape_labels = ShapeLabels()
@@ -246,7 +248,7 @@ class StreamWork(TorchDispatchMode):
         to_host = plan.is_to_copy and kwargs.get("device") is not None and not targets_device
         fresh = plan.kind is not OpKind.MUTATING and not to_host
         if fresh:
-            self._note_fresh(out, Access(True, stream, seq, name, where))
+            self._note_fresh(out, Access(True, stream, seq, name, where), plan.touches_results)
         if probe is not None:
             probe.device_op(plan, reads, read_keys, write_keys, ran_in_order and fresh, out)
         return out
@@ -309,14 +311,14 @@ class StreamWork(TorchDispatchMode):
         def dropped(ref: weakref.ref) -> None:
             if self._watched.get(tensor_id) is ref:
                 del self._watched[tensor_id]
-            self._dropped.append(key)
+            self._dropped.append((key, callsite_later()))
         return dropped
 
     def check_drops(self) -> None:
         """For storages whose caller tensors died: if only queued work still holds the memory,
         the caller freed it while that work is pending (what the caching allocator would reuse)."""
         dropped, self._dropped = self._dropped, []
-        for key in dict.fromkeys(dropped):
+        for key, where in dict(dropped).items():
             ref = self._allocations.get(key)
             storage = ref() if ref is not None else None
             if storage is None or key not in self._allocated_on:
@@ -325,13 +327,11 @@ class StreamWork(TorchDispatchMode):
             uses = torch_internals.storage_use_count(torch_internals.storage_key(storage))
             if uses - 1 > self._queued_aliases.get(key, 0):
                 continue  # the caller still has a tensor on it
-            try:
-                self.tracker.free(key, self._allocated_on.pop(key), where=current_callsite())
-            except RaceError as race:
-                self._late.append(race)
+            self.tracker.free(key, self._allocated_on.pop(key), nbytes=ref.nbytes, where=where)
 
-    def _note_fresh(self, out: Any, write: Access) -> None:
-        """Results of a device op (`write`) are device memory, written by it, freed when dropped."""
+    def _note_fresh(self, out: Any, write: Access, touched: bool = True) -> None:
+        """Results of a device op (`write`) are device memory, written by it (`touched`; False: only
+        allocated, `torch.empty`), freed when dropped."""
         stream = write.participant
         tracker, labels = self.tracker, self.tracker.labels
         allocations, allocated_on = self._allocations, self._allocated_on
@@ -343,11 +343,12 @@ class StreamWork(TorchDispatchMode):
                 continue
             key = storage.data_ptr()
             ref = allocations.get(key)
-            if ref is None or ref() is not storage or allocated_on.get(key) != stream:
-                self._note_storage(storage, stream)
+            new = ref is None or ref() is not storage
+            if new or allocated_on.get(key) != stream:
+                self._note_storage(storage, stream, new=new)
             self.memory.mark_device(t)  # after the note: `adopted` finds it noted
-            tracker.record_fresh(key, write)
-            labels[key] = self._shape_labels.of(t)
+            labels[key] = self._shape_labels.of(t)  # before the write: a reuse report names it
+            tracker.record_fresh(key, write, touched=touched)
 
     def note_read(self, t: torch.Tensor, key: int, label) -> None:
         """`_device_op`'s bookkeeping of one tensor it reads, for a caller that did not dispatch."""
@@ -356,18 +357,19 @@ class StreamWork(TorchDispatchMode):
         if key not in self._allocations and self.memory.is_device(t):
             self._note_allocation(t, DEFAULT_STREAM)  # made before tracking began
 
-    def note_result(self, t: torch.Tensor, label, write: Access) -> None:
+    def note_result(self, t: torch.Tensor, label, write: Access, *, touched: bool = True) -> None:
         """`_note_fresh` of one result with its label known, for a caller that did not dispatch."""
         storage = _storage(t)
         if storage is None or storage.nbytes() == 0:
             return
         key = storage.data_ptr()
         ref = self._allocations.get(key)
-        if ref is None or ref() is not storage or self._allocated_on.get(key) != write.participant:
-            self._note_storage(storage, write.participant)
+        new = ref is None or ref() is not storage
+        if new or self._allocated_on.get(key) != write.participant:
+            self._note_storage(storage, write.participant, new=new)
         self.memory.mark_device(t)
-        self.tracker.record_fresh(key, write)
         self.tracker.labels[key] = label
+        self.tracker.record_fresh(key, write, touched=touched)
 
     def label_of(self, t: torch.Tensor):
         return self._shape_labels.of(t)
@@ -381,14 +383,18 @@ class StreamWork(TorchDispatchMode):
             self._note_storage(storage, self.stream())
 
     def _note_allocation(self, t: torch.Tensor, stream: int) -> None:
-        self._note_storage(t.untyped_storage(), stream)
+        self._note_storage(t.untyped_storage(), stream, new=False)
 
-    def _note_storage(self, storage: torch.UntypedStorage, stream: int) -> None:
-        key = storage.data_ptr()
+    def _note_storage(self, storage: torch.UntypedStorage, stream: int, *, new: bool = True) -> None:
+        """`storage` belongs to `stream` from now; `new`: allocated now (not memory made before
+        tracking began), so it may be a block freed on that stream (tracker.allocate)."""
+        key, nbytes = storage.data_ptr(), storage.nbytes()
         ref = _Allocation(storage, self._on_freed)
-        ref.key, ref.stream = key, stream
+        ref.key, ref.stream, ref.nbytes = key, stream, nbytes
         self._allocations[key] = ref
         self._allocated_on[key] = stream
+        if new:
+            self.tracker.allocate(key, stream, nbytes)
 
     def _freed(self, ref: _Allocation) -> None:
         key = ref.key
@@ -396,10 +402,7 @@ class StreamWork(TorchDispatchMode):
             del self._allocations[key]
         if self._allocated_on.pop(key, None) is None:
             return  # already judged when its caller dropped it (check_drops)
-        try:
-            self.tracker.free(key, ref.stream, where=callsite_later)
-        except RaceError as race:
-            self._late.append(race)  # raised at the next op: a finalizer cannot raise
+        self.tracker.free(key, ref.stream, nbytes=ref.nbytes, where=callsite_later)
 
     def _label(self, t: torch.Tensor) -> None:
         key = storage_key(t)
@@ -412,13 +415,14 @@ class StreamWork(TorchDispatchMode):
         self._late.append(race)
 
     def raise_late(self) -> None:
-        """Raise a strict race found during a free, if any (at the end of the tracked region)."""
+        """Raise a strict race found where raising was impossible, if any (at the end of the
+        tracked region)."""
         if self._late:
             raise self._late.pop(0)
 
     def take_late(self) -> list[RaceError]:
-        """The strict races found during frees since the last call (frees of tensors dropped
-        since the last op are judged first); they are not raised later."""
+        """The strict races found where raising was impossible since the last call (frees of
+        tensors dropped since the last op are noted first); they are not raised later."""
         self.check_drops()
         late, self._late = self._late, []
         return late

@@ -12,13 +12,21 @@ from harness import torch_internals
 from harness.graphs.emulator.callsite import callsite_later, current_callsite
 from harness.emulation.tracking.capture_streams import CaptureStreams
 from harness.emulation.tracking.names import name_tensors
+from harness.emulation.tracking.races import RaceError
 from harness.emulation.tracking.work import AsyncWork
 
 RACE_MODES = ("strict", "report", "off")
 
 
+_STREAM_ID_BITS = 40
+
+
 def stream_key(stream: Any) -> int:
-    return (stream.device_index << 40) | stream.stream_id
+    return (stream.device_index << _STREAM_ID_BITS) | stream.stream_id
+
+
+def _is_default_stream(key: int) -> bool:
+    return key & ((1 << _STREAM_ID_BITS) - 1) == 0
 
 
 class DeviceStreams:
@@ -166,11 +174,24 @@ class DeviceStreams:
         ops to the stream mode (call_patterns.py)."""
         return self.work.calls.used
 
-    def take_late_races(self) -> list:
-        """Strict races found where raising was impossible (a tensor's free, judged in its
-        finalizer) and not raised yet; the caller raises them where they belong (pytest: at the
-        end of the test that freed the memory, not in the next test's first op)."""
-        return self.work.mode.take_late()
+    def take_late_races(self, *, test_ended: bool = False) -> list:
+        """Strict races found where raising was impossible and not raised yet; the caller raises
+        them where they belong (pytest: at the end of the test that caused them, not in the next
+        test's first op). `test_ended`: a test and its teardown are over, and blocks it freed on a
+        device's default stream while another stream's access was pending are judged now, as the
+        next test's first allocation there would meet them (it cannot know to wait)."""
+        late = self.work.mode.take_late()
+        if test_ended:
+            tracker = self.work.tracker
+            for stream in filter(_is_default_stream, tracker.streams_with_frees()):
+                while True:  # strict mode raises one race per call; each leaves its block
+                    try:
+                        tracker.frees_left_on(stream, op="the next test's allocations (this "
+                                                         "test ended)")
+                        break
+                    except RaceError as race:
+                        late.append(race)
+        return late
 
     # --- what the device's stream and event API asks ------------------------------------------
 

@@ -34,18 +34,20 @@ class OpPlan:
     deferrable: bool  # may wait in a stream's queue: no seed taken, no metadata changed
     is_to_copy: bool
     is_copy: bool  # a copy between memories: whether it blocks the host is read off its arguments
+    touches_results: bool  # False for `empty` and kin: their results are memory no one touched yet
 
 
 def plan_of(func: Any) -> OpPlan:
     if opinfo.is_composite(func):  # decomposed by the mode: nothing else is asked of it
         return OpPlan(func=func, name=opinfo.op_name(func), composite=True, kind=OpKind.MIXED,
                       written=frozenset(), may_block_host=False, deferrable=False,
-                      is_to_copy=False, is_copy=False)
+                      is_to_copy=False, is_copy=False, touches_results=True)
     kind = opinfo.op_kind(func)
     return OpPlan(func=func, name=opinfo.op_name(func), composite=False, kind=kind,
                   written=written_names(func), may_block_host=may_block_host(func),
                   deferrable=can_defer(kind) and not is_seeded(func) and not changes_metadata(func),
-                  is_to_copy=func is _TO_COPY, is_copy=func in COPIES)
+                  is_to_copy=func is _TO_COPY, is_copy=func in COPIES,
+                  touches_results=opinfo.special_replay(func) != (True, None))
 
 
 class OpPlans:

@@ -27,8 +27,9 @@ _REMEDY = {
         "order the streams: consumer.wait_stream(producer), or record an event on the producer "
         "and consumer.wait_event(event)"),
     RaceKind.FREED_IN_USE: (
-        "call tensor.record_stream(stream) for each other stream that used it, or make the "
-        "allocating stream wait for them before dropping the last reference"),
+        "call tensor.record_stream(stream) on the freed tensor for each other stream that used it, "
+        "or make its allocating stream wait for them (wait_stream, or wait_event on an event "
+        "recorded after their work) before it allocates again"),
 }
 
 
@@ -66,14 +67,31 @@ class Access:
 
 
 @dataclass(frozen=True)
+class Reuse:
+    """How freed memory met its race: the free (its stream and line) and the tensor made from the
+    memory again, which `current` of the report touches."""
+
+    free: Access
+    tensor: TensorLabel | None = None  # None: the stream's next allocation, not made yet
+
+    def describe(self) -> str:
+        at = f" at {self.free.where}" if self.free.where else ""
+        now = (f"may be {self.tensor} now" if self.tensor is not None
+               else "goes to the stream's next allocation")
+        return f"{self.free.op} on stream {self.free.participant}{at}; its memory {now}"
+
+
+@dataclass(frozen=True)
 class RaceReport:
     kind: RaceKind
     tensor: TensorLabel
     current: Access
     previous: Access
+    reuse: Reuse | None = None  # FREED_IN_USE: the free and the tensor made again
 
     def __str__(self) -> str:
-        return (f"race on {self.tensor}: {self.kind.value}. Now: {self.current.describe()}; "
+        freed = f"Freed: {self.reuse.describe()}. " if self.reuse is not None else ""
+        return (f"race on {self.tensor}: {self.kind.value}. {freed}Now: {self.current.describe()}; "
                 f"before, not waited for: {self.previous.describe()}. Fix: {_REMEDY[self.kind]}")
 
 

@@ -6,6 +6,11 @@ Storages are named by an int key (the emulated device uses the storage's data po
 maps keys to `TensorLabel`s for reports, filled by whoever knows the tensors (`name_tensors`).
 Host accesses are checked only for storages some device op touched: a host buffer that never took
 part in asynchronous work has nothing pending.
+
+A free is no race by itself: the block goes back to its allocating stream's pool, and the race is
+memory made from it again being touched before another stream's pending access to the freed tensor
+is done (freed_blocks.py). A free notes the block with those accesses; `allocate` notes which new
+storages may be made of it, and their first access is checked against them.
 """
 
 from __future__ import annotations
@@ -15,8 +20,9 @@ import warnings
 from typing import Callable, Iterable
 
 from harness.emulation.tracking.clocks import HOST, Clocks
+from harness.emulation.tracking.freed_blocks import FreedBlock, FreedBlocks, pool_of
 from harness.emulation.tracking.races import (UNKNOWN_TENSOR, Access, RaceError, RaceKind,
-                                                   RaceReport, RaceWarning, TensorLabel)
+                                                   RaceReport, RaceWarning, Reuse, TensorLabel)
 from harness.emulation.tracking.unseen_writes import UNSEEN_HOST_WRITE
 
 MODES = ("strict", "report")
@@ -47,6 +53,7 @@ class StreamTracker:
         self.reports: list[RaceReport] = []
         self._describe = describe
         self._storages: dict[int, _StorageState] = {}
+        self._freed = FreedBlocks()
         self._reported: set[tuple] = set()  # one report per race, however many calls meet it
 
     # --- device work -------------------------------------------------------------------------
@@ -59,6 +66,14 @@ class StreamTracker:
         storages = self._storages
         ordered = self.clocks.ordered
         read_access = Access(False, stream, seq, op, where)
+        reuses = self._freed.reuses
+        if reuses:
+            for key in reads:
+                if key in reuses and key not in written:
+                    self._first_touch(key, read_access)
+            for key in written:
+                if key in reuses:
+                    self._first_touch(key, Access(True, stream, seq, op, where))
         for key in reads:
             if key in written:
                 continue
@@ -90,8 +105,11 @@ class StreamTracker:
         """A fresh result of op `seq` on `stream`: written by it, known to no one else yet."""
         self.record_fresh(key, Access(True, stream, seq, op, where))
 
-    def record_fresh(self, key: int, write: Access) -> None:
-        """`record_write` with the op's write access made by the caller, once for all its results."""
+    def record_fresh(self, key: int, write: Access, *, touched: bool = True) -> None:
+        """`record_write` with the op's write access made by the caller, once for all its results.
+        `touched=False`: the op only allocated the memory (`torch.empty`), touching none of it."""
+        if touched and key in self._freed.reuses:
+            self._first_touch(key, write)
         state = self._storages.get(key)
         if state is None:
             self._storages[key] = _StorageState(write, 1)
@@ -190,38 +208,63 @@ class StreamTracker:
             state = self._storages[key] = _StorageState()
         state.recorded_streams = state.recorded_streams | {stream}
 
-    def free(self, key: int, allocation_stream: int, *,
-             where: str | Callable[[], object] = "") -> None:
-        """The last reference to a storage allocated on `allocation_stream` was dropped: the
-        caching allocator may hand it to that stream's next allocation at once. Its label goes
-        with it (reported first if the free races): the next tensor at that address is another.
-        `where` may be a call that finds the line, made only for a free that races (the host is
-        still inside the free then; most frees race with nothing)."""
-        try:
-            self._check_free(key, allocation_stream, where)
-        finally:
-            self.labels.pop(key, None)
+    def allocate(self, key: int, stream: int, nbytes: int) -> None:
+        """A new device storage of `nbytes` on `stream` (not yet touched): it may be made of a block
+        freed on that stream while another stream's access was pending; its first access says."""
+        if self._freed.active():
+            self._freed.allocated(key, stream, nbytes, self.clocks.ordered)
 
-    def _check_free(self, key: int, allocation_stream: int,
-                    where: str | Callable[[], object]) -> None:
+    def free(self, key: int, allocation_stream: int, *, nbytes: int = 1,
+             where: str | Callable[[], object] = "") -> None:
+        """The last reference to a storage of `nbytes` allocated on `allocation_stream` was
+        dropped: the caching allocator may hand its block to that stream's next allocation at
+        once, which races if touched before the other streams' pending accesses are done. Its
+        label goes with it (kept with the block if accesses are pending): the next tensor at that
+        address is another. `where` may be a call that finds the line, made only for a free with
+        accesses pending (the host is still inside the free then; most frees have none)."""
+        label = self.labels.pop(key, None)
+        self._freed.forget(key)
         state = self._storages.pop(key, None)
         if state is None:
             return
         accesses = [*state.reads.values(), *([state.write] if state.write else [])]
-        for access in accesses:
-            if (access.participant in (HOST, allocation_stream)
-                    or access.participant in state.recorded_streams):
-                continue
-            if not self.clocks.ordered(allocation_stream, access.participant, access.seq):
-                freed = Access(True, allocation_stream, 0, "free (last reference dropped)",
-                               where() if callable(where) else where)
-                self._race(RaceKind.FREED_IN_USE, key, freed, access)
-                return
+        pending = tuple(a for a in accesses
+                        if a.participant not in (HOST, allocation_stream)
+                        and a.participant not in state.recorded_streams
+                        and not self.clocks.ordered(allocation_stream, a.participant, a.seq))
+        if pending:
+            if label is None and self._describe is not None:
+                label = self._describe(key)
+            free = Access(True, allocation_stream, 0, "free (last reference dropped)",
+                          str(where()) if callable(where) else where)
+            self._freed.freed(FreedBlock(allocation_stream, pool_of(nbytes), label or UNKNOWN_TENSOR,
+                                         free, pending))
+
+    def _first_touch(self, key: int, access: Access) -> None:
+        found = self._freed.first_touch(key, access.participant, self.clocks.ordered)
+        if found is not None:
+            block, pending = found
+            self._race(RaceKind.FREED_IN_USE, key, access, pending,
+                       reuse=Reuse(block.free, self._label(key)), label=block.label)
+
+    def frees_left_on(self, stream: int, *, op: str, where: str = "") -> None:
+        """Judge the blocks freed on `stream` that its work is not yet ordered after as if an
+        allocation made now touched them (`op`): where no later work of the program can still
+        order them (a pytest session's next test allocates on the stream without knowing)."""
+        for block, pending in self._freed.left_on(stream, self.clocks.ordered):
+            self._freed.reported(block)
+            self._race(RaceKind.FREED_IN_USE, id(block), Access(True, stream, 0, op, where),
+                       pending, reuse=Reuse(block.free), label=block.label)
+
+    def streams_with_frees(self) -> list[int]:
+        """The streams with freed blocks another stream's access may still be pending on."""
+        return self._freed.streams()
 
     def forget(self, key: int) -> None:
         """Drop what is known of a storage without checking it (its memory left the device)."""
         self._storages.pop(key, None)
         self.labels.pop(key, None)
+        self._freed.forget(key)
 
     def pending_streams(self, key: int) -> set[int]:
         """The streams with work on a storage the host has not waited for."""
@@ -238,12 +281,13 @@ class StreamTracker:
             label = self._describe(key)
         return label or UNKNOWN_TENSOR
 
-    def _race(self, kind: RaceKind, key: int, current: Access, previous: Access) -> None:
+    def _race(self, kind: RaceKind, key: int, current: Access, previous: Access, *,
+              label: TensorLabel | None = None, reuse: Reuse | None = None) -> None:
         seen = (kind, key, previous.participant, previous.seq, current.participant, current.seq)
         if seen in self._reported:
             return  # `item()` reaches the tracker twice: through the device API and aten
         self._reported.add(seen)
-        report = RaceReport(kind, self._label(key), current, previous)
+        report = RaceReport(kind, label or self._label(key), current, previous, reuse)
         if self.mode == "strict":
             raise RaceError(report)
         self.reports.append(report)
