@@ -32,6 +32,7 @@ import torch
 from harness import torch_internals
 from harness.torch_internals import get_current_function_mode_stack as _get_current_function_mode_stack
 
+from harness.emulation.compiled_devices import Placement, has_transfers, placement, register_markers
 from harness.emulation.device_memory import is_device_memory
 
 # One library for every graph's op: torch.library keeps what it defines for the process.
@@ -114,6 +115,10 @@ class DeviceGraph:
         from harness.emulation.blas_workspaces import uses_blas
 
         self.blas = uses_blas(graph_module)
+        # Host and device memory through the graph (compiled_devices.py): per input layout and
+        # memory of the inputs, where each output lives.
+        self.transfers = has_transfers(graph_module)
+        self.placements: dict[tuple, Placement] = {}
         self.static = frozenset(
             i for i, node in enumerate(n for n in graph_module.graph.nodes if n.op == "placeholder")
             if node.meta.get("tensor_dict", {}).get("_dynamo_static_input_type") is not None)
@@ -121,8 +126,8 @@ class DeviceGraph:
     def __call__(self, *args):
         from harness.emulation.active import emulation_active
 
-        if emulation_active() != "cpu" or not any(
-                isinstance(a, torch.Tensor) and is_device_memory(a) for a in args):
+        if emulation_active() != "cpu" or not (self.transfers or any(
+                isinstance(a, torch.Tensor) and is_device_memory(a) for a in args)):
             return self.compiled(*args)
         from harness.emulation.active import active_state
 
@@ -141,6 +146,10 @@ class DeviceGraph:
         key = _key(args)
         entry = self.replays.get(key)
         if entry is None:
+            host = self._placement(args).host
+            if host is not None:
+                # inductor's check_multiple_devices_or_any_cpu_nodes: decided at compile time
+                return self._skip(state, args, key, f"cpu device ({host})")
             self.replays[key] = "warm"
             return self._run(state, args)
         if isinstance(entry, str):
@@ -175,18 +184,52 @@ class DeviceGraph:
         self.replays[key] = reason
         return self._run(state, args)
 
+    def _placement(self, args) -> Placement:
+        key = (_key(args), tuple(is_device_memory(a) for a in args if isinstance(a, torch.Tensor)))
+        found = self.placements.get(key)
+        if found is None:
+            found = self.placements[key] = placement(self.graph_module, args)
+        return found
+
     def _run(self, state, args):
         if self.blas:
             state.blas_workspaces.note_call(state.streams.current(), f"compiled {self.name}")
-        if self.opaque and (state.streams_tracking is not None or state.capturing()):
+        # A graph reading host memory beside device memory (one that copies between them), or
+        # one without tensor inputs (a factory), runs as host code: as one device op its host
+        # inputs would be a mixed-device call, and an op without tensors has no kernel to pick.
+        tensors = [a for a in args if isinstance(a, torch.Tensor)]
+        host_inputs = any(a.dim() and not is_device_memory(a) for a in tensors)
+        if self.opaque and tensors and not host_inputs and (
+                state.streams_tracking is not None or state.capturing()):
             out = self._as_op(state, args)
         else:
             with _on_device(state):
                 out = self.compiled(*args)
-        for t in out if isinstance(out, (tuple, list)) else (out,):
-            if isinstance(t, torch.Tensor):
-                state.memory.mark_device(t)
-        return out
+        return self._placed(state, args, out)
+
+    def _placed(self, state, args, out):
+        """The outputs in the memory CUDA gives them: device memory where the graph's path from
+        its inputs runs on the device, host memory where it ends in a copy to the host. An output
+        the compiled code left in the other memory (a transfer is a view in the graph) is copied
+        there, as the transfer does."""
+        marks = self._placement(args).outputs
+        single = not isinstance(out, (tuple, list))
+        outs = [out] if single else list(out)
+        for i, t in enumerate(outs):
+            mark = marks[i] if i < len(marks) else None
+            if not isinstance(t, torch.Tensor) or mark is None:
+                continue
+            inputs = [a for a in args if isinstance(a, torch.Tensor)]
+            if mark.device and not is_device_memory(t):
+                if _shares_memory(t, inputs):
+                    outs[i] = t.to("cuda", non_blocking=mark.non_blocking)
+                else:
+                    state.memory.mark_device(t)
+            elif not mark.device and is_device_memory(t):
+                outs[i] = t.to("cpu", non_blocking=mark.non_blocking)
+        if single:
+            return outs[0]
+        return type(out)(outs) if isinstance(out, list) else tuple(outs)
 
     # --- one op per input layout -------------------------------------------------------------
 
@@ -243,6 +286,11 @@ class DeviceGraph:
                 raise
         op = getattr(getattr(torch.ops, _LIBRARY_NAME), name).default
         return GraphCall(op, outputs, sequence)
+
+
+def _shares_memory(t: torch.Tensor, inputs: list) -> bool:
+    storage = t.untyped_storage().data_ptr()
+    return any(a.untyped_storage().data_ptr() == storage for a in inputs)
 
 
 def _key(args) -> tuple:
@@ -437,6 +485,7 @@ def compile_patches(state) -> list[tuple[Any, str, Any]]:
     inductor = torch_internals.lazy_module("inductor_compile_fx")
 
     clear_triton_answer()
+    register_markers()
     return [(OutputGraph, "call_user_compiler", user_compiler_on_device(
         OutputGraph.call_user_compiler)),
             (inductor, "compile_fx", inductor_on_host(inductor.compile_fx))]

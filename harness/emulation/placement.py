@@ -33,6 +33,7 @@ from harness.graphs.emulator.dispatch_keys import keep_modes_reachable
 from harness.emulation.capacity import requested_bytes
 from harness.emulation.sync_debug import call_flagging_syncs
 from harness.emulation.generators import DeviceGenerator
+from harness.emulation.compiled_devices import to_device, to_host
 from harness.emulation.device_memory import DEVICE, PINNED, is_device_memory
 from harness.emulation.rules import (CPU, cuda_index, device_generator_on_host_error,
                                                  host_generator_error, mixed_devices_error,
@@ -358,14 +359,29 @@ def _call_name(func) -> str:
 
 
 def _traced_on_host(func, args: tuple, kwargs: dict):
-    target = kwargs.get("device")
-    if target is not None and names_cuda(target):
-        kwargs = {**kwargs, "device": CPU}
+    """The call as dynamo records it: on the cpu, a transfer or a factory naming cuda wrapped in
+    compiled_devices' marker of where its result lives (what the graph's outputs are made of when
+    it runs)."""
     if func is Tensor.cuda:
-        return args[0]
+        return to_device(args[0], bool(args[2] if len(args) > 2 else
+                                       kwargs.get("non_blocking", False)))
+    if func is Tensor.cpu:
+        return to_host(args[0])
+    target = kwargs.get("device")
     if func is Tensor.to:
+        target = next((a for a in args[1:] if isinstance(a, (str, torch.device))), target)
+        if target is None or (isinstance(target, (str, torch.device)) and
+                              torch.device(target).type not in ("cuda", "cpu")):
+            return func(*args, **kwargs)
+        non_blocking = bool(kwargs.get("non_blocking", False) or
+                            any(a is True for a in args[1:]))
         args = tuple(CPU if isinstance(a, (str, torch.device)) and names_cuda(a) else a
                      for a in args)
+        kwargs = {**kwargs, "device": CPU} if "device" in kwargs else kwargs
+        out = func(*args, **kwargs)
+        return (to_device if names_cuda(target) else to_host)(out, non_blocking)
+    if target is not None and names_cuda(target):
+        return to_device(func(*args, **{**kwargs, "device": CPU}))
     return func(*args, **kwargs)
 
 

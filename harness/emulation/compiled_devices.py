@@ -1,0 +1,123 @@
+"""Host and device memory through a `torch.compile`d graph on the emulated CUDA device.
+
+Dynamo traces the cpu tensors under the device's tensors, so inside a trace every tensor says
+"cpu" and a transfer between host and device is a no-op on cpu tensors: the placement mode traces
+`.to("cuda")`, `.cuda()` and a factory naming cuda on the cpu (placement.py, `_traced_on_host`).
+What a transfer means is kept in the graph instead: the traced call is wrapped in `to_device` or
+`to_host`, identities that dynamo puts in the graph as nodes (allow_in_graph) and inductor compiles
+to a view. When the graph runs, `output_marks` follows the memory of its inputs through its nodes
+to each output, so the outputs are host or device memory as on CUDA: transformers' offloaded
+static cache prefetches host keys to the device inside its compiled update.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from harness.emulation.device_memory import is_device_memory
+
+
+def to_device(t: torch.Tensor, non_blocking: bool = False) -> torch.Tensor:
+    """A traced copy to the device: the tensor itself (the copy, if any, is made when the graph's
+    output is handed back; see DeviceGraph)."""
+    return torch.ops.aten.alias(t)
+
+
+def to_host(t: torch.Tensor, non_blocking: bool = False) -> torch.Tensor:
+    """A traced copy to the host, as `to_device`."""
+    return torch.ops.aten.alias(t)
+
+
+_MARKERS = {to_device: True, to_host: False}
+_registered = False
+
+
+def register_markers() -> None:
+    """Dynamo keeps the markers as graph nodes instead of inlining them (done once per process,
+    when an emulation first enters: importing dynamo costs seconds)."""
+    global _registered
+    if not _registered:
+        for marker in _MARKERS:
+            torch.compiler.allow_in_graph(marker)
+        _registered = True
+
+
+def has_transfers(graph_module: torch.fx.GraphModule) -> bool:
+    return any(node.op == "call_function" and node.target in _MARKERS
+               for node in graph_module.graph.nodes)
+
+
+@dataclass(frozen=True)
+class OutputMark:
+    """Where one output of a graph lives on CUDA, and how a marker got it there."""
+
+    device: bool
+    non_blocking: bool = False
+
+
+@dataclass(frozen=True)
+class Placement:
+    """Where a graph's values live for one set of input memories: an OutputMark (or None, for
+    what is no tensor) per output, and the first host tensor of one or more dimensions it works on
+    (inductor skips CUDA graphs for such a graph, naming it), or None."""
+
+    outputs: tuple
+    host: str | None
+
+
+def placement(graph_module: torch.fx.GraphModule, args) -> Placement:
+    """The graph's Placement for these arguments.
+
+    An input is the memory it is; a marker's node is the memory it names; a call writing in place
+    (a method ending in "_") returns its first argument's memory; any other call is device memory
+    when one of its tensor arguments is (CUDA's ops run on their tensors' device; a factory that
+    names cuda is wrapped in to_device), else host memory."""
+    marks: dict[torch.fx.Node, OutputMark] = {}
+    placeholders = iter(args)
+    outputs: tuple = ()
+    host = None
+    for node in graph_module.graph.nodes:
+        value = node.meta.get("example_value")
+        if node.op == "placeholder":
+            value = next(placeholders, None)
+            if isinstance(value, torch.Tensor):
+                marks[node] = OutputMark(is_device_memory(value))
+        elif node.op == "get_attr":
+            value = _attribute(graph_module, node.target)
+            if isinstance(value, torch.Tensor):
+                marks[node] = OutputMark(is_device_memory(value))
+        elif node.op == "output":
+            outs = node.args[0]
+            outs = outs if isinstance(outs, (tuple, list)) else (outs,)
+            outputs = tuple(marks.get(o) if isinstance(o, torch.fx.Node) else None for o in outs)
+            continue
+        elif node.op == "call_function" and node.target in _MARKERS:
+            non_blocking = bool(node.args[1] if len(node.args) > 1
+                                else node.kwargs.get("non_blocking", False))
+            marks[node] = OutputMark(_MARKERS[node.target], non_blocking)
+        else:
+            inputs = [n for n in node.all_input_nodes if n in marks]
+            if _in_place(node) and node.args and node.args[0] in marks:
+                marks[node] = marks[node.args[0]]
+            elif inputs or isinstance(value, torch.Tensor):
+                marks[node] = OutputMark(any(marks[n].device for n in inputs),
+                                         any(marks[n].non_blocking for n in inputs))
+        if (host is None and node in marks and not marks[node].device and
+                isinstance(value, torch.Tensor) and value.dim()):
+            host = node.name
+    return Placement(outputs, host)
+
+
+def _in_place(node: torch.fx.Node) -> bool:
+    name = node.target if node.op == "call_method" else getattr(node.target, "__name__", "")
+    return isinstance(name, str) and name.endswith("_") and not name.endswith("__")
+
+
+def _attribute(graph_module: torch.nn.Module, target: str) -> Any:
+    value: Any = graph_module
+    for name in target.split("."):
+        value = getattr(value, name, None)
+    return value

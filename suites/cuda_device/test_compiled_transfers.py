@@ -1,0 +1,132 @@
+"""Copies between host and device memory inside `torch.compile`d code: their results are host or
+device memory as on CUDA. Dynamo traces the emulated device's tensors as the cpu tensors they are,
+where a copy between host and device is a no-op; until 2026-12-06 every output of a graph with a
+device input was device memory and every output of one without was host memory, so transformers'
+offloaded static cache (its compiled update prefetches host keys to the device) met a mixed-device
+error in attention."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+
+@pytest.fixture(autouse=True)
+def fresh_dynamo():
+    torch._dynamo.reset()
+    yield
+    torch._dynamo.reset()
+
+
+@pytest.mark.parametrize("to_device", [
+    lambda h: h.to("cuda", non_blocking=True),
+    lambda h: h.to("cuda") * 2,
+    lambda h: h.cuda(),
+    lambda h: h.to(device=torch.device("cuda"), non_blocking=True) + torch.ones(3, device="cuda"),
+], ids=["to_non_blocking", "to_then_compute", "cuda", "to_device_kwarg_and_factory"])
+def test_a_compiled_copy_of_host_memory_to_the_device_is_device_memory(cuda_kind, to_device):
+    host = torch.arange(3.0).pin_memory()
+    out = torch.compile(to_device)(host)
+    torch.cuda.synchronize()
+    assert out.is_cuda
+    assert out.cpu().tolist() == to_device(host).cpu().tolist()
+
+
+@pytest.mark.parametrize("to_host, expected", [
+    (lambda d: d.to("cpu"), [0.0, 1.0, 2.0]),
+    (lambda d: (d * 2).cpu(), [0.0, 2.0, 4.0]),
+    (lambda d: d.to("cpu", non_blocking=True), [0.0, 1.0, 2.0]),
+], ids=["to", "compute_then_cpu", "to_non_blocking"])
+def test_a_compiled_copy_of_device_memory_to_the_host_is_host_memory(cuda_kind, to_host, expected):
+    device = torch.arange(3.0, device="cuda")
+    out = torch.compile(to_host)(device)
+    torch.cuda.synchronize()
+    assert not out.is_cuda
+    assert out.tolist() == expected
+
+
+def test_each_output_of_a_compiled_graph_is_in_its_own_inputs_memory(cuda_kind):
+    def both(host, device):
+        return host + 1, device + 1, torch.zeros(2, device="cuda")
+
+    host, device = torch.ones(2), torch.ones(2, device="cuda")
+    on_host, on_device, made = torch.compile(both)(host, device)
+    assert (on_host.is_cuda, on_device.is_cuda, made.is_cuda) == (False, True, True)
+    assert on_host.tolist() == on_device.cpu().tolist() == [2.0, 2.0]
+
+
+def test_a_compiled_factory_naming_cuda_without_inputs_is_device_memory(cuda_kind):
+    out = torch.compile(lambda: torch.full((2,), 3.0, device="cuda"))()
+    assert out.is_cuda and out.cpu().tolist() == [3.0, 3.0]
+
+
+def test_reduce_overhead_skips_a_graph_that_reads_host_memory(cuda_kind):
+    """inductor runs a graph with a cpu tensor without CUDA graphs ("skipping cudagraphs due to
+    cpu device") and counts it; the emulated device captured it."""
+    if cuda_kind == "sanitizer":
+        pytest.skip("the graph sanitizer refuses inductor's CUDA graphs by name")
+
+    def add_prefetched(host, device):
+        return device + host.to("cuda", non_blocking=True)
+
+    compiled = torch.compile(add_prefetched, mode="reduce-overhead")
+    skips = torch._dynamo.utils.counters["inductor"]["cudagraph_skips"]
+    device = torch.ones(3, device="cuda")
+    for step in range(3):
+        host = torch.full((3,), float(step)).pin_memory()
+        out = compiled(host, device)
+        torch.cuda.synchronize()
+        assert out.is_cuda and out.cpu().tolist() == [1.0 + step] * 3
+    assert torch._dynamo.utils.counters["inductor"]["cudagraph_skips"] > skips
+
+
+def test_layers_offloaded_and_prefetched_by_compiled_copies_round_trip(cuda_kind):
+    """The offloaded static cache's life, with torch.cuda only: each layer's buffer waits in
+    pinned host memory, a compiled copy brings it to the device on a side stream, a compiled
+    update writes one position of it there, and a copy takes it back to the host."""
+    if cuda_kind == "sanitizer":
+        pytest.skip("the graph sanitizer refuses inductor's CUDA graphs by name")
+    prefetch = torch.compile(lambda k: k.to("cuda", non_blocking=True), mode="reduce-overhead")
+
+    def update(keys, pos, x):
+        keys.index_copy_(0, pos, x)
+        return keys.sum()
+
+    update = torch.compile(update, mode="reduce-overhead")
+    layers = [torch.zeros(4, 2).pin_memory() for _ in range(2)]
+    side = torch.cuda.Stream()
+    totals = []
+    for step in range(3):
+        for i in range(2):
+            side.wait_stream(torch.cuda.current_stream())
+            with torch.cuda.stream(side):
+                keys = prefetch(layers[i])
+            torch.cuda.current_stream().wait_stream(side)
+            assert keys.is_cuda
+            x = torch.full((1, 2), float(10 * step + i), device="cuda")
+            totals.append(update(keys, torch.tensor([step], device="cuda"), x).item())
+            layers[i] = keys.to("cpu", non_blocking=True)
+            assert not layers[i].is_cuda
+    torch.cuda.synchronize()
+    assert [layer[:, 0].tolist() for layer in layers] == [[0.0, 10.0, 20.0, 0.0],
+                                                          [1.0, 11.0, 21.0, 0.0]]
+    assert totals == [0.0, 2.0, 20.0, 24.0, 60.0, 66.0]
+
+
+def test_transformers_generates_with_its_offloaded_static_cache(cuda_device):
+    """transformers' offloaded static cache keeps each layer in pinned host memory and prefetches
+    the next one on a side stream inside the forward it compiles (reduce-overhead): its tokens are
+    the static cache's. It failed with a mixed-device error in attention before 2026-12-06."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    config = LlamaConfig(vocab_size=128, hidden_size=64, intermediate_size=128,
+                         num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+                         max_position_embeddings=64)
+    torch.manual_seed(0)
+    model = LlamaForCausalLM(config).eval()
+    prompt = torch.tensor([[1, 5, 7, 9]])
+    with torch.no_grad():
+        expected = model.generate(prompt, max_new_tokens=8, do_sample=False)
+        out = model.to("cuda").generate(prompt.to("cuda"), max_new_tokens=8, do_sample=False,
+                                        cache_implementation="offloaded_static")
+    assert out.device.type == "cuda" and torch.equal(out.cpu(), expected)
