@@ -153,6 +153,23 @@ class AsyncWork:
     def stream_done(self, stream: int) -> bool:
         return not self.schedule.pending(stream)
 
+    def poll_event(self, event: int) -> bool:
+        """`Event.query()`: False while the work before `event` is queued (which then runs, see
+        Schedule.poll_event); True orders the host after that work, as CUDA's cudaSuccess does."""
+        with _outside_modes():
+            done = self.schedule.poll_event(event)
+        if done:
+            self.synchronize_event(event)
+        return done
+
+    def poll_stream(self, stream: int) -> bool:
+        """`Stream.query()`, as `poll_event` for everything issued to `stream`."""
+        with _outside_modes():
+            done = self.schedule.poll_stream(stream)
+        if done:
+            self.synchronize_stream(stream)
+        return done
+
     def sleep(self, stream: int, where: str = "") -> None:
         """`torch.cuda._sleep`: the stream's later work waits until something waits for it."""
         self.schedule.stall(stream, self.tracker.launch(stream, op="torch.cuda._sleep", where=where))
