@@ -12,6 +12,7 @@ import torch
 
 import harness
 from harness.emulation import track_stream_races
+from harness.emulation.tracking import RaceWarning
 
 SLEEP_CYCLES = 50_000_000  # tens of milliseconds on a GPU: the host polls long before it ends
 
@@ -74,3 +75,30 @@ def test_a_polling_loop_ends_under_the_adversarial_schedule(outside_emulation):
             polls += 1
         assert polls == 2
         assert on_host.tolist() == [3.0] * 8  # read after a True answer: no race, no poison
+
+
+def test_an_event_node_of_a_graph_is_recorded_at_each_replay(outside_emulation):
+    """`Event(external=True)` recorded inside a capture is a node of the graph: a stream waiting on
+    it after a replay is ordered after the work captured before it, not after the rest."""
+    with pytest.warns(RaceWarning), \
+            harness.emulate_cuda(device="cpu", schedule="adversarial", races="report") as state:
+        table, out = torch.arange(4.0, device="cuda"), torch.zeros(4, device="cuda")
+        scratch = torch.zeros(4, device="cuda")
+        read_done = torch.cuda.Event(external=True)
+        graph = torch.cuda.CUDAGraph()
+        torch.cuda.synchronize()
+        with torch.cuda.graph(graph):
+            scratch.copy_(table + 1)  # the only read of `table`
+            read_done.record()
+            out.copy_(scratch * 2)
+        writer = torch.cuda.Stream()
+        graph.replay()
+        writer.wait_event(read_done)
+        with torch.cuda.stream(writer):
+            table.fill_(0.0)
+            out.fill_(-1.0)  # written after the node only: the replay's later write races
+        torch.cuda.synchronize()
+        reports = state.streams_tracking.reports
+    assert len(reports) == 1, [str(r) for r in reports]
+    assert "out.fill_(-1.0)" in reports[0].current.where
+    assert reports[0].previous.op.startswith("replay of CUDAGraph")

@@ -154,9 +154,15 @@ class DeviceStreams:
                 return run_step
             return [without_torch_function(step) for step in prepared]
 
+        segments = getattr(graph, "replay_segments", ())
+        for *_, event in segments:
+            if event is not None:
+                event.recorded_on = stream  # the replay records the graph's event node
         self.work.replay(stream_key(stream), recording.reads, recording.writes,
                          lambda: run(recording), name=f"CUDAGraph {id(graph):#x}",
-                         where=callsite_later(), hold=recording.external_storages, steps=steps)
+                         where=callsite_later(), hold=recording.external_storages, steps=steps,
+                         segments=[(reads, writes, None if event is None else event.event_id)
+                                   for reads, writes, event in segments])
 
     # --- naming --------------------------------------------------------------------------------
 
