@@ -78,6 +78,9 @@ class Explanation:
     tolerance_steps: float = 2
     raised: str = ""  # the step raised this (after the divergence, if one was found): its own diagnosis
     paths_not_walked: tuple[str, ...] = ()
+    # A replayed op eager never ran (its op and line): the graph runs a path the eager run of the
+    # same step does not take, chosen on the host at capture (explain_against_eager fills it).
+    first_unmatched: str = ""
 
     def __str__(self) -> str:
         counted = (f"{self.replays_compared} replays, {self.ops_compared} ops compared with eager"
@@ -96,6 +99,10 @@ class Explanation:
                     ["if the run still diverges, the cause is outside the replayed ops: what is copied "
                      "into the graph's inputs, padding that the eager run of the same step shares, or "
                      "which graph is replayed"])
+            if self.first_unmatched and not self.raised:
+                hint.append(f"or the path the graph runs: the eager run of the step never ran the "
+                            f"replayed {self.first_unmatched} (a choice made on the host at capture, "
+                            f"such as a layout or kernel picked for the capture batch)")
             return "\n".join([f"{head}: {counted}", *hint, *failures])
         lines = [f"first divergent op: {self.op}", f"  at {self.where}"]
         lines += [f"  called from {s}" for s in self.stack]

@@ -79,6 +79,7 @@ class _Matcher:
         self.cursor = 0
         self.compared = 0
         self.unmatched = 0
+        self.first_unmatched = ""  # the first replayed op with no eager counterpart, and its line
         self.agreed: deque[OpLine] = deque(maxlen=context)
         self.found: Explanation | None = None
         self.too_deep: set[str] = set()  # paths under the roots the walks skipped
@@ -97,6 +98,8 @@ class _Matcher:
         at = bisect.bisect_left(found, self.cursor)
         if at == len(found):
             self.unmatched += 1
+            if replayed is not None and not self.first_unmatched:
+                self.first_unmatched = f"{event.op} at {event.where()}"
             return
         self.cursor = found[at] + 1
         self.compared += 1
@@ -135,7 +138,8 @@ class _Matcher:
                            paths_not_walked=tuple(sorted(self.too_deep)))
         return Explanation(False, replays, self.compared, unmatched_ops=self.unmatched,
                            tolerance_steps=self.steps, raised=raised,
-                           paths_not_walked=tuple(sorted(self.too_deep)))
+                           paths_not_walked=tuple(sorted(self.too_deep)),
+                           first_unmatched=self.first_unmatched)
 
 
 class _GraphedRun:

@@ -55,6 +55,7 @@ class EmulatedCUDAGraph:
         # recorded on its streams: querying those conflicts with the capture in every mode.
         self._invalidation: CaptureError | None = None
         self._recorded_events: list = []
+        self.replay_segments: tuple = ()  # the recording's, cut at its event nodes (recorder.py)
         # The pool whose use this graph holds (from capture_begin to reset or destruction), in a
         # list its finalizer shares without keeping the graph alive.
         self._pool_in_use: list[PoolArena] = []
@@ -140,6 +141,7 @@ class EmulatedCUDAGraph:
                                     reads=recording.reads, writes=recording.writes,
                                     tensors=recording.tensors, allocated=recording.allocated,
                                     shared=recording.shared)
+        self.replay_segments = recording.segments  # what stream tracking cuts a replay into
         self._captured = True
         self._instantiated = not self._keep_graph
 
@@ -152,8 +154,12 @@ class EmulatedCUDAGraph:
             self._session.recorder.refuse_sync(error)
 
     def note_recorded_event(self, event) -> None:
-        """`event` was recorded on a stream of this graph's capture."""
+        """`event` was recorded on a stream of this graph's capture. One made with
+        `external=True` is a node of the graph (cudaEventRecordExternal): each replay records
+        it again once the work captured before it ran."""
         self._recorded_events.append(event)
+        if getattr(event, "external", False) and self._session is not None:
+            self._session.recorder.cut_at_event(event)
 
     def recorded_event(self, event) -> bool:
         """Whether `event` was last recorded inside this graph's capture."""

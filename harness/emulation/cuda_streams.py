@@ -5,6 +5,11 @@ for yet: each one is reported to the device's observers (state.py), which is whe
 an adversarial schedule hook in. The current stream is per thread and per device, as in CUDA; the
 default stream of each device has id 0 and `cuda_stream` 0.
 
+`Stream.query()` and `Event.query()` answer from the device's stream tracking: False while the
+work they cover waits in a queue (the adversarial schedule, behind `torch.cuda._sleep`), which
+then runs, so a polling loop ends; True orders the host after that work, as on CUDA, where a
+query's cudaSuccess is the host's proof of completion.
+
 Event timing is emulated: `record()` notes the host's clock (`time.perf_counter`), and because work
 is synchronous, `start.elapsed_time(end)` is the host time between the two records in milliseconds:
 the time the work issued between them took on the cpu, not what a GPU would take.
@@ -78,8 +83,10 @@ class Stream:
         return 0 if self.stream_id == 0 else _STREAM_HANDLE_BASE + self.stream_id
 
     def query(self) -> bool:
-        refuse_host_sync(_state(), "Stream.query()", stream=self)
-        return True  # synchronous: everything issued has finished
+        state = _state()
+        refuse_host_sync(state, "Stream.query()", stream=self)
+        tracking = state.streams_tracking
+        return True if tracking is None else tracking.query_stream(self)
 
     def is_capturing(self) -> bool:
         """Whether this stream takes part in the capture in progress."""
@@ -190,8 +197,13 @@ class Event:
         stream.wait_event(self)
 
     def query(self) -> bool:
-        refuse_host_sync(_state(), "Event.query()", event=self)
-        return True
+        return self._query("Event.query()")
+
+    def _query(self, what: str) -> bool:
+        state = _state()
+        refuse_host_sync(state, what, event=self)
+        tracking = state.streams_tracking
+        return True if tracking is None else tracking.query_event(self)
 
     def synchronize(self) -> None:
         state = _state()
@@ -203,6 +215,11 @@ class Event:
             raise ValueError("Both events must be created with argument 'enable_timing=True'.")
         if self._time is None or end_event._time is None:
             raise ValueError("Both events must be recorded before calculating elapsed time.")
+        # torch's CUDAEvent::elapsed_time queries both events first: refused during a capture
+        # that recorded one (cudaErrorCapturedEvent), an error while their work is queued.
+        what = "Event.elapsed_time()"
+        if not (self._query(what) and end_event._query(what)):
+            raise RuntimeError("Both events must be completed before calculating elapsed time.")
         return (end_event._time - self._time) * 1e3
 
     def ipc_handle(self):

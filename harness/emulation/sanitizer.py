@@ -206,6 +206,7 @@ def _capture_rules(host: SanitizerHost) -> list:
     Stream, Event = torch.cuda.Stream, torch.cuda.Event
     stream_sync, stream_query = Stream.synchronize, Stream.query
     event_sync, event_query, event_record = Event.synchronize, Event.query, Event.record
+    event_elapsed = Event.elapsed_time
     event_wait, stream_wait_stream = Event.wait, Stream.wait_stream
     tensor_record_stream = torch.Tensor.record_stream
     torch_C = torch_internals.torch_namespace("torch._C")
@@ -226,6 +227,12 @@ def _capture_rules(host: SanitizerHost) -> list:
     def query_event(self) -> bool:
         refuse_host_sync(host, "Event.query()", event=self)
         return event_query(self)
+
+    def elapsed_time(self, end_event) -> float:
+        # torch's CUDAEvent::elapsed_time queries both events first (C++, past the patch above).
+        refuse_host_sync(host, "Event.elapsed_time()", event=self)
+        refuse_host_sync(host, "Event.elapsed_time()", event=end_event)
+        return event_elapsed(self, end_event)
 
     def record_event(self, stream=None) -> None:
         event_record(self, stream)
@@ -261,6 +268,6 @@ def _capture_rules(host: SanitizerHost) -> list:
 
     return [(Stream, "synchronize", synchronize_stream), (Stream, "query", query_stream),
             (Event, "synchronize", synchronize_event), (Event, "query", query_event),
-            (Event, "record", record_event), (Event, "wait", wait_on_event),
+            (Event, "elapsed_time", elapsed_time), (Event, "record", record_event), (Event, "wait", wait_on_event),
             (Stream, "wait_stream", wait_stream), (torch.Tensor, "record_stream", record_stream),
             (torch_C, "_cuda_synchronize", synchronize_device)]

@@ -52,7 +52,16 @@ CASES = [
     Case("side_stream.query()", lambda t: t.side.query(), False),
     Case("outside_event.synchronize()", lambda t: t.outside.synchronize(), False),
     Case("outside_event.query()", lambda t: t.outside.query(), False),
+    # torch's elapsed_time queries both events first (an autotuner timing candidates in capture).
+    Case("captured_event.elapsed_time()", lambda t: _timed_on(t.capturing), True),
 ]
+
+
+def _timed_on(stream) -> float:
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record(stream)
+    end.record(stream)
+    return start.elapsed_time(end)
 
 
 def _alias(stream) -> torch.cuda.Stream:

@@ -154,9 +154,15 @@ class DeviceStreams:
                 return run_step
             return [without_torch_function(step) for step in prepared]
 
+        segments = getattr(graph, "replay_segments", ())
+        for *_, event in segments:
+            if event is not None:
+                event.recorded_on = stream  # the replay records the graph's event node
         self.work.replay(stream_key(stream), recording.reads, recording.writes,
                          lambda: run(recording), name=f"CUDAGraph {id(graph):#x}",
-                         where=callsite_later(), hold=recording.external_storages, steps=steps)
+                         where=callsite_later(), hold=recording.external_storages, steps=steps,
+                         segments=[(reads, writes, None if event is None else event.event_id)
+                                   for reads, writes, event in segments])
 
     # --- naming --------------------------------------------------------------------------------
 
@@ -200,3 +206,19 @@ class DeviceStreams:
 
     def event_done(self, event) -> bool:
         return self.work.event_done(event.event_id)
+
+    def query_stream(self, stream) -> bool:
+        """`Stream.query()`: True once everything issued to `stream` ran, and then the host is
+        ordered after that work, as after `synchronize()` (cudaStreamQuery's cudaSuccess is
+        the host's proof of completion). Queued work answers False once, then runs."""
+        if not self.work.active or self.capture is not None:
+            # Nothing was ever queued (every op ran in order with the host), or a capture is
+            # under way, where nothing runs and a synchronization is not tracked either.
+            return True
+        return self.work.poll_stream(stream_key(stream))
+
+    def query_event(self, event) -> bool:
+        """`Event.query()`, as `query_stream` for the work recorded before `event`."""
+        if not self.work.active or self.capture is not None or event.recorded_on is None:
+            return True
+        return self.work.poll_event(event.event_id)

@@ -6,8 +6,9 @@ CUDA, natively or under the graph sanitizer, where the GPU runs the streams and 
 can be checked, not their timing.
 
 What it does not see, as CSAN does not: frees (a tensor dropped while another stream reads it:
-use `record_stream`), graph replays (recorded work replayed by CUDA or the sanitizer), kernels that
-skip the dispatcher (Triton launched directly, NCCL's own streams), and `query()` answers.
+use `record_stream`), graph replays (recorded work replayed by CUDA or the sanitizer), and kernels
+that skip the dispatcher (Triton launched directly, NCCL's own streams). Unlike CSAN it takes a
+`query()` answering True as the synchronization it is (a polling loop's read after it is ordered).
 """
 
 from __future__ import annotations
@@ -136,6 +137,7 @@ def _api_patches(tracker: StreamTracker, ids: StreamIds) -> list[tuple[Any, str,
     Stream, Event = torch.cuda.Stream, torch.cuda.Event
     record, wait = Event.record, Event.wait
     stream_sync, event_sync = Stream.synchronize, Event.synchronize
+    stream_query, event_query = Stream.query, Event.query
     torch_C = torch_internals.torch_namespace("torch._C")
     device_sync = getattr(torch_C, "_cuda_synchronize")
 
@@ -159,8 +161,23 @@ def _api_patches(tracker: StreamTracker, ids: StreamIds) -> list[tuple[Any, str,
         device_sync()
         tracker.synchronize_device()
 
+    # A query answering True is the host's proof that the work completed, as a synchronize is
+    # (a polling loop); CSAN does not trace queries, which would report the read after it.
+    def query_stream(self) -> bool:
+        done = stream_query(self)
+        if done and not _capturing():
+            tracker.synchronize_stream(ids.of(self))
+        return done
+
+    def query_event(self) -> bool:
+        done = event_query(self)
+        if done and not _capturing():
+            tracker.synchronize_event(id(self))
+        return done
+
     return [(Event, "record", record_event), (Event, "wait", wait_event),
             (Stream, "synchronize", synchronize_stream), (Event, "synchronize", synchronize_event),
+            (Stream, "query", query_stream), (Event, "query", query_event),
             (torch_C, "_cuda_synchronize", synchronize_device)]
 
 

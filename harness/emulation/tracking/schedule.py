@@ -69,6 +69,7 @@ class Schedule:
         self._issued: dict[int, float] = {}  # stream -> seq of its last issued item
         self._ran: dict[int, float] = {}  # stream -> seq of its last item run
         self._events: dict[int, tuple[int, float]] = {}
+        self._answered_busy: set[tuple[str, int, float]] = set()  # queries answered False
         self.deferred = 0  # ops that waited in a queue, for statistics
 
     def _queue(self, stream: int) -> deque:
@@ -195,6 +196,31 @@ class Schedule:
 
     def synchronize_device(self) -> None:
         self._run({stream: float("inf") for stream in self._queues})
+
+    def poll_event(self, event: int) -> bool:
+        """`Event.query()`: whether the work before `event` ran. Work still queued answers False
+        once, then runs, so the next query answers True: a busy GPU gets to it meanwhile, and a
+        polling loop ends."""
+        known = self._events.get(event)
+        if known is None or self.event_done(event):
+            return True
+        return self._poll("event", *known)
+
+    def poll_stream(self, stream: int) -> bool:
+        """`Stream.query()`, as `poll_event` for everything issued to `stream`."""
+        if not self.pending(stream):
+            return True
+        return self._poll("stream", stream, self._issued.get(stream, 0))
+
+    def _poll(self, kind: str, stream: int, seq: float) -> bool:
+        self._answered_busy = {(k, s, q) for k, s, q in self._answered_busy
+                               if self._ran.get(s, 0) < q and self.pending(s)}
+        if (kind, stream, seq) not in self._answered_busy:
+            self._answered_busy.add((kind, stream, seq))
+            return False
+        self._answered_busy.discard((kind, stream, seq))
+        self.run_stream(stream, seq)
+        return True
 
     def event_done(self, event: int) -> bool:
         """`Event.query()`: whether the work before the event has run."""

@@ -153,6 +153,23 @@ class AsyncWork:
     def stream_done(self, stream: int) -> bool:
         return not self.schedule.pending(stream)
 
+    def poll_event(self, event: int) -> bool:
+        """`Event.query()`: False while the work before `event` is queued (which then runs, see
+        Schedule.poll_event); True orders the host after that work, as CUDA's cudaSuccess does."""
+        with _outside_modes():
+            done = self.schedule.poll_event(event)
+        if done:
+            self.synchronize_event(event)
+        return done
+
+    def poll_stream(self, stream: int) -> bool:
+        """`Stream.query()`, as `poll_event` for everything issued to `stream`."""
+        with _outside_modes():
+            done = self.schedule.poll_stream(stream)
+        if done:
+            self.synchronize_stream(stream)
+        return done
+
     def sleep(self, stream: int, where: str = "") -> None:
         """`torch.cuda._sleep`: the stream's later work waits until something waits for it."""
         self.schedule.stall(stream, self.tracker.launch(stream, op="torch.cuda._sleep", where=where))
@@ -165,13 +182,26 @@ class AsyncWork:
     def replay(self, stream: int, reads: Iterable[int], writes: Iterable[int],
                run: Callable[[], None], *, name: str = "a graph", where: object = "",
                hold: Callable[[], list] | None = None,
-               steps: Callable[[], list] | None = None) -> None:
+               steps: Callable[[], list] | None = None,
+               segments: list[tuple[Iterable[int], Iterable[int], int | None]] = ()) -> None:
         """A graph replay issued to `stream`: one op over every storage its recording touches.
         A replay that waits in its stream's queue keeps what `hold()` returns alive until it
         runs (the memory it uses but does not own, as the caching allocator keeps a block that
         queued work uses); given `steps()` (its recorded calls one by one), the queued replay
-        runs step by step, interleaved with other streams' queued work."""
-        seq = self.tracker.launch(stream, reads, writes, op=f"replay of {name}", where=where)
+        runs step by step, interleaved with other streams' queued work.
+
+        A graph with event nodes comes as `segments` (reads, writes, the event id recorded after
+        them): the tracker sees one op per segment with each event recorded between, so a
+        stream waiting on the event is ordered after the work before the node only. The schedule
+        still runs the replay as one item, and a wait on the event runs all of it."""
+        op = f"replay of {name}"
+        if segments:
+            for part_reads, part_writes, event in segments:
+                seq = self.tracker.launch(stream, part_reads, part_writes, op=op, where=where)
+                if event is not None:
+                    self.tracker.record_event(event, stream)
+        else:
+            seq = self.tracker.launch(stream, reads, writes, op=op, where=where)
         with _outside_modes():
             if self.schedule.defers(stream):
                 held = hold() if hold is not None else []
@@ -186,3 +216,6 @@ class AsyncWork:
             else:
                 run()
                 self.schedule.ran(stream, seq)
+        for *_, event in segments:
+            if event is not None:
+                self.schedule.record_event(event, stream)

@@ -40,6 +40,7 @@ class Recording:
     tensors: tuple = ()  # storage_changes.CapturedTensor per tensor object met outside the pool
     allocated: tuple = ()  # pool.Block per block the capture allocated
     shared: tuple = ()  # shared_blocks.SharedBlock per block of another capture into the pool
+    segments: tuple = ()  # (reads, writes, event recorded after them): recorder.replay_segments
 
 
 class CaptureSession:
@@ -107,7 +108,8 @@ class CaptureSession:
                          frozenset(self.recorder.reads - self.recorder.writes),
                          frozenset(self.recorder.writes), self.recorder.external.tensors.frozen(),
                          tuple(self.recorder.allocated_blocks),
-                         tuple(self.recorder.shared_blocks.values()))
+                         tuple(self.recorder.shared_blocks.values()),
+                         self.recorder.replay_segments())
 
     def abort(self) -> None:
         """Leave a failed capture. The traceback keeps the caller's frame (and the recorder) alive

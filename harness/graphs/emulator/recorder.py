@@ -74,6 +74,10 @@ class Recorder(TorchDispatchMode):
         self.registered_generators: tuple[torch.Generator, ...] = ()
         self.reads: set[int] = set()  # storages the recording reads (data pointers)
         self.writes: set[int] = set()  # and writes: what a replay touches as one stream op
+        # Cut at each event recorded as a graph node (`Event(external=True)`): the accesses
+        # before it, which a stream waiting on that event at replay is ordered after.
+        self.segments: list[tuple[frozenset[int], frozenset[int], Any]] = []
+        self._segment: tuple[set[int], set[int]] = (set(), set())
         # The first sync CUDA refused during this capture: the call invalidated the capture, which
         # then fails at its end on CUDA even where the caller caught the error.
         self.sync_refusal: CaptureError | None = None
@@ -193,6 +197,8 @@ class Recorder(TorchDispatchMode):
         self.collectives = collectives.PendingCollectives()
         self.reads.clear()
         self.writes.clear()
+        self.segments.clear()
+        self._segment = (set(), set())
         self.allocated_blocks.clear()
         self.shared_blocks.clear()
 
@@ -278,10 +284,29 @@ class Recorder(TorchDispatchMode):
 
     def _note_accesses(self, func, args, kwargs, outputs) -> None:
         reads, writes = split_accesses(func, args, kwargs, _has_storage)
-        self.reads.update(t.untyped_storage().data_ptr() for t in reads)
-        self.writes.update(t.untyped_storage().data_ptr() for t in writes)
-        self.writes.update(t.untyped_storage().data_ptr() for t in tree_flatten(outputs)[0]
-                           if isinstance(t, torch.Tensor) and _has_storage(t))
+        read = {t.untyped_storage().data_ptr() for t in reads}
+        written = {t.untyped_storage().data_ptr() for t in writes}
+        written.update(t.untyped_storage().data_ptr() for t in tree_flatten(outputs)[0]
+                       if isinstance(t, torch.Tensor) and _has_storage(t))
+        self.reads |= read
+        self.writes |= written
+        self._segment[0].update(read)
+        self._segment[1].update(written)
+
+    def cut_at_event(self, event: Any) -> None:
+        """`event` was recorded as a node of the graph (an external event): the accesses since
+        the last cut precede it at every replay."""
+        reads, writes = self._segment
+        self.segments.append((frozenset(reads - writes), frozenset(writes), event))
+        self._segment = (set(), set())
+
+    def replay_segments(self) -> tuple:
+        """The recording's accesses cut at its event nodes, each with the event recorded after
+        it (None for the last part); empty when the graph records no event."""
+        if not self.segments:
+            return ()
+        reads, writes = self._segment
+        return (*self.segments, (frozenset(reads - writes), frozenset(writes), None))
 
     def _record_collective(self, func, args, kwargs) -> Any:
         if func.namespace == collectives.PROCESS_GROUP_NAMESPACE:

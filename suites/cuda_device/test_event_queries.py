@@ -1,0 +1,104 @@
+"""`Stream.query()` and `Event.query()` as CUDA answers them: False while the work they cover has
+not run (held back by `torch.cuda._sleep`, or queued by the adversarial schedule), True once it
+has, and a True answer is a synchronization: the host (and work it issues afterwards, on any
+stream) is ordered after that work, so a polling loop's read is no race. `elapsed_time` queries
+both events first, as torch's CUDAEvent does. The same checks run natively on a GPU and in the
+graph sanitizer, with the race tracker over the real streams."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import harness
+from harness.emulation import track_stream_races
+from harness.emulation.tracking import RaceWarning
+
+SLEEP_CYCLES = 50_000_000  # tens of milliseconds on a GPU: the host polls long before it ends
+
+
+def _produce_on_a_side_stream(x: torch.Tensor, *, stall: bool):
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        if stall:
+            torch.cuda._sleep(SLEEP_CYCLES)
+        y = x * 2
+        done = torch.cuda.Event()
+        done.record()
+    return side, y, done
+
+
+@pytest.mark.parametrize("poll", ["event", "stream"])
+def test_work_a_query_saw_done_is_ordered_before_later_work_on_any_stream(cuda_kind, poll):
+    with track_stream_races():
+        x = torch.ones(8, device="cuda")
+        side, y, done = _produce_on_a_side_stream(x, stall=False)
+        target = done if poll == "event" else side
+        while not target.query():
+            pass
+        z = y + 1  # the main stream, no wait_stream: the host saw the side stream's work done
+        assert z.tolist() == [3.0] * 8
+
+
+def test_a_query_answers_false_while_a_sleep_holds_the_work_back(cuda_kind):
+    with track_stream_races():
+        x = torch.ones(8, device="cuda")
+        side, y, done = _produce_on_a_side_stream(x, stall=True)
+        assert not done.query() and not side.query()
+        done.synchronize()
+        assert done.query() and side.query()
+        assert y.tolist() == [2.0] * 8
+
+
+def test_elapsed_time_of_events_still_pending_is_refused(cuda_kind):
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    torch.cuda._sleep(SLEEP_CYCLES)
+    end.record()
+    # torch checks both events with query(); a build without that check gets CUDA's own answer.
+    with pytest.raises(RuntimeError, match="must be completed|not ready"):
+        start.elapsed_time(end)
+    end.synchronize()
+    assert start.elapsed_time(end) >= 0.0
+
+
+def test_a_polling_loop_ends_under_the_adversarial_schedule(outside_emulation):
+    with harness.emulate_cuda(device="cpu", schedule="adversarial", races="strict"):
+        x = torch.ones(8, device="cuda")
+        on_host = torch.empty(8, pin_memory=True)
+        on_host.copy_(x * 3, non_blocking=True)
+        copied = torch.cuda.Event()
+        copied.record()
+        polls = 1
+        while not copied.query():  # the queued copy runs after the first answer, as a GPU gets to it
+            polls += 1
+        assert polls == 2
+        assert on_host.tolist() == [3.0] * 8  # read after a True answer: no race, no poison
+
+
+def test_an_event_node_of_a_graph_is_recorded_at_each_replay(outside_emulation):
+    """`Event(external=True)` recorded inside a capture is a node of the graph: a stream waiting on
+    it after a replay is ordered after the work captured before it, not after the rest."""
+    with pytest.warns(RaceWarning), \
+            harness.emulate_cuda(device="cpu", schedule="adversarial", races="report") as state:
+        table, out = torch.arange(4.0, device="cuda"), torch.zeros(4, device="cuda")
+        scratch = torch.zeros(4, device="cuda")
+        read_done = torch.cuda.Event(external=True)
+        graph = torch.cuda.CUDAGraph()
+        torch.cuda.synchronize()
+        with torch.cuda.graph(graph):
+            scratch.copy_(table + 1)  # the only read of `table`
+            read_done.record()
+            out.copy_(scratch * 2)
+        writer = torch.cuda.Stream()
+        graph.replay()
+        writer.wait_event(read_done)
+        with torch.cuda.stream(writer):
+            table.fill_(0.0)
+            out.fill_(-1.0)  # written after the node only: the replay's later write races
+        torch.cuda.synchronize()
+        reports = state.streams_tracking.reports
+    assert len(reports) == 1, [str(r) for r in reports]
+    assert "out.fill_(-1.0)" in reports[0].current.where
+    assert reports[0].previous.op.startswith("replay of CUDAGraph")
