@@ -59,6 +59,12 @@ class EmulatedGraph(CapturedGraph):
         self._contested: tuple[Block, ...] = ()
         self._contest_epoch = -1
         self._shared = shared
+        # Replays issued by `replay_in_steps()` (a stream schedule's launch) that have not started
+        # to run: their launch already refused or renewed (`_begin_replay`), and the run that
+        # follows (`replay()`, `replay_observed()` or the first step) must not do it again. A
+        # second renewal would make this graph's own blocks newer than the ones it reads, and
+        # refuse its in-order replay (PyTorch's test_graph_two_successive).
+        self._launched = 0
 
     @property
     def num_ops(self) -> int:
@@ -66,7 +72,7 @@ class EmulatedGraph(CapturedGraph):
         return len(self._steps or ())
 
     def replay(self) -> None:
-        steps = self._begin_replay()
+        steps = self._begin_run()
         # Autograd never sees a graph's work (as on CUDA); inference mode is kept as captured
         # because capture-time outputs are inference tensors exactly when it was on.
         with torch.inference_mode(self._inference_mode), AutoDispatchBelowADInplaceOrView():
@@ -81,6 +87,7 @@ class EmulatedGraph(CapturedGraph):
         """`replay()` cut at each recorded call, for a stream schedule that interleaves the
         replay with other streams' work (two graphs replayed concurrently, as on a GPU)."""
         steps = self._begin_replay()
+        self._launched += 1
         inference = self._inference_mode
 
         def step(fn, args, kwargs) -> Callable[[], None]:
@@ -93,13 +100,23 @@ class EmulatedGraph(CapturedGraph):
                         raise
             return run
 
-        return [step(*s) for s in steps]
+        def started(first: Callable[[], None] | None) -> Callable[[], None]:
+            def run() -> None:
+                self._launched = max(0, self._launched - 1)
+                if first is not None:
+                    first()
+            return run
+
+        runs = [step(*s) for s in steps]
+        # Exactly one of the two runs a launch: these steps, or the whole replay (whose
+        # `_begin_run` takes the launch back instead).
+        return [started(runs[0] if runs else None), *runs[1:]]
 
     def replay_observed(self, before: Callable[[OpRecord], Any],
                         after: Callable[[OpRecord], Any]) -> None:
         """`replay()`, calling `before(record)` ahead of each recorded op's replay call and
         `after(record)` once its outputs hold its results (for harness.check.explain)."""
-        steps = self._begin_replay()
+        steps = self._begin_run()
         by_step: dict[int, list[OpRecord]] = {}
         for record in self.records:
             by_step.setdefault(record.step, []).append(record)
@@ -161,6 +178,17 @@ class EmulatedGraph(CapturedGraph):
             if overwritten is not None:
                 raise overwritten
         return steps
+
+    def _begin_run(self) -> list[ReplayStep]:
+        """The steps of a replay about to run: refused or renewed here, unless its launch
+        (`replay_in_steps()`) did that already."""
+        if self._launched:
+            self._launched -= 1
+            steps = self._steps
+            if steps is None:
+                raise released_graph_error()
+            return steps
+        return self._begin_replay()
 
     def _begin_replay(self) -> list[ReplayStep]:
         steps = self.refuse_unreplayable()

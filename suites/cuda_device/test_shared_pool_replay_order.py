@@ -1,0 +1,59 @@
+"""Two graphs captured into one pool, the second reading the first's output and then allocating
+over its bytes (PyTorch's test_graph_two_successive, a runtime capturing one step after another
+into a shared pool). Replayed in capture order the second graph reads what the first wrote, before
+it writes its own values there: CUDA gives the right result, and so must the emulated device with
+its stream tracking, where each replay is launched (refused or renewed) before it runs. A replay
+of the second graph with no replay of the first in between reads its own leftovers, silently on
+CUDA; the emulated device refuses it."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from harness.graphs import FreedMemoryError
+
+SIZE = 1000
+
+
+def _with_temps(t: torch.Tensor, val: float) -> torch.Tensor:
+    x = t.clone() + val
+    y = t.clone() + val
+    return x + y
+
+
+def _two_graphs_one_pool():
+    a = torch.ones((SIZE,), device="cuda")
+    g0, g1 = torch.cuda.CUDAGraph(), torch.cuda.CUDAGraph()
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        g0.capture_begin()
+        b = a.clone()
+        for _ in range(2):
+            b = _with_temps(b, 1)
+        g0.capture_end()
+        # g0's output is read, dropped while `b` is rebound, and its bytes handed to g1's temps.
+        g1.capture_begin(g0.pool())
+        for _ in range(2):
+            b = _with_temps(b, 1)
+        g1.capture_end()
+    torch.cuda.current_stream().wait_stream(s)
+    return a, g0, g1, b
+
+
+def test_replays_in_capture_order_read_the_first_graphs_values(cuda_kind):
+    a, g0, g1, b = _two_graphs_one_pool()
+    for _ in range(2):
+        g0.replay()
+        g1.replay()
+        # 1 -> 4 -> 10 after g0; -> 22 -> 46 after g1
+        assert b.sum().item() == SIZE * 46
+
+
+def test_a_replay_of_the_reader_alone_after_its_own_replay_is_refused(cuda_device):
+    a, g0, g1, b = _two_graphs_one_pool()
+    g0.replay()
+    g1.replay()
+    with pytest.raises(FreedMemoryError, match="overwritten by another graph"):
+        g1.replay()
