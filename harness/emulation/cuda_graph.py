@@ -13,6 +13,7 @@ What it needs from the device (`host`): `memory` (which tensors are device memor
 from __future__ import annotations
 
 import sys
+from typing import Callable
 import warnings
 import threading
 import weakref
@@ -21,8 +22,9 @@ import torch
 
 from harness import torch_internals
 from harness.emulation.active import active_state
+from harness.emulation.tracking.races import RaceWarning
 from harness.emulation.allocator_tools import UnsupportedOnEmulatedDevice
-from harness.graphs.base import CaptureError
+from harness.graphs.base import CaptureError, FreedMemoryError
 from harness.graphs.emulator.graph import EmulatedGraph
 from harness.graphs.emulator.pool import PoolArena
 from harness.graphs.emulator.capture_session import CaptureSession
@@ -140,7 +142,8 @@ class EmulatedCUDAGraph:
                                     recording.external, recording.records,
                                     reads=recording.reads, writes=recording.writes,
                                     tensors=recording.tensors, allocated=recording.allocated,
-                                    shared=recording.shared)
+                                    shared=recording.shared,
+                                    on_overwritten_read=overwritten_read_handler(self._host.races))
         self.replay_segments = recording.segments  # what stream tracking cuts a replay into
         self._captured = True
         self._instantiated = not self._keep_graph
@@ -328,6 +331,23 @@ def _graph_gone(host, key: int, pool_in_use: list) -> None:
 _NO_CUDA_GRAPH = ("CUDAGraph.{} is not supported by harness.emulate_cuda(): an emulated graph is a "
                   "recording of torch ops, there is no cudaGraph_t to show (nor a CUDA driver to "
                   "hand one to: cuda-bindings' cudaGraphGetNodes and the like need a GPU)")
+
+
+def overwritten_read_handler(races: str) -> Callable[[FreedMemoryError], None] | None:
+    """What a replay reading shared-pool memory another graph overwrote does on this device: CUDA
+    reads the other graph's values silently, as a race gives wrong values silently, so the races
+    setting decides: refused (`strict`), warned of and replayed with CUDA's values (`report`, a
+    `RaceWarning`), replayed (`off`)."""
+    if races == "strict":
+        return None
+    if races == "off":
+        return lambda error: None
+
+    def warn(error: FreedMemoryError) -> None:
+        warnings.warn(RaceWarning(f"FreedMemoryError (reported, not raised: races='report'; the "
+                                  f"replay reads what CUDA reads): {error}"), stacklevel=4)
+
+    return warn
 
 
 class CUDAGraph(EmulatedCUDAGraph):

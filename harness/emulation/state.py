@@ -69,6 +69,7 @@ class DeviceState(Observed):
         from harness.emulation.cuda_streams import Streams
 
         self.properties = properties
+        self.races = "strict"  # emulate_cuda(races=...), set on entering
         self.current_index = 0
         self.observers: list[Any] = []
         self.streams = Streams(self)

@@ -57,3 +57,48 @@ def test_a_replay_of_the_reader_alone_after_its_own_replay_is_refused(cuda_devic
     g1.replay()
     with pytest.raises(FreedMemoryError, match="overwritten by another graph"):
         g1.replay()
+
+
+def _three_graphs_out_of_order(races: str):
+    """PyTorch's test_graph_three_successive: g2's capture is handed the bytes of `c`, which g1
+    reads; replayed g0, g2, g1, g1 reads g2's values (what CUDA gives, silently)."""
+    import harness
+
+    with harness.emulate_cuda(device="cpu", races=races):
+        a = torch.ones((SIZE,), device="cuda")
+        g0, g1, g2 = torch.cuda.CUDAGraph(), torch.cuda.CUDAGraph(), torch.cuda.CUDAGraph()
+        s = torch.cuda.Stream()
+        s.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(s):
+            g0.capture_begin()
+            b = a.clone()
+            c, d = b + 1, b + 2
+            g0.capture_end()
+            g1.capture_begin(pool=g0.pool())
+            e = c + 3
+            del c
+            g1.capture_end()
+            g2.capture_begin(pool=g0.pool())
+            f = d + 4
+            g2.capture_end()
+        torch.cuda.current_stream().wait_stream(s)
+        for graph in (g0, g2, g1):
+            graph.replay()
+        return e.sum().item(), f.sum().item()
+
+
+def test_races_report_warns_of_an_overwritten_read_and_replays_cudas_values(outside_emulation):
+    from harness.emulation.tracking import RaceWarning
+
+    with pytest.warns(RaceWarning, match="reads pool memory overwritten by another graph"):
+        assert _three_graphs_out_of_order("report") == (SIZE * (7 + 3), SIZE * 7)
+
+
+def test_races_off_replays_cudas_values_in_silence(outside_emulation, recwarn):
+    assert _three_graphs_out_of_order("off") == (SIZE * (7 + 3), SIZE * 7)
+    assert not [w for w in recwarn if "overwritten" in str(w.message)]
+
+
+def test_strict_races_refuse_the_overwritten_read(outside_emulation):
+    with pytest.raises(FreedMemoryError, match="reads pool memory overwritten by another graph"):
+        _three_graphs_out_of_order("strict")

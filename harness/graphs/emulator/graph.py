@@ -11,7 +11,7 @@ import torch
 
 from harness import torch_internals
 from harness.torch_internals import AutoDispatchBelowADInplaceOrView
-from harness.graphs.base import CapturedGraph, released_graph_error
+from harness.graphs.base import CapturedGraph, FreedMemoryError, released_graph_error
 from harness.graphs.emulator.device_asserts import device_assert_error, is_index_out_of_bounds
 from harness.graphs.emulator.external import ExternalStorage, freed_error, moved_error
 from harness.graphs.emulator.opinfo import ReplayStep
@@ -33,7 +33,8 @@ class EmulatedGraph(CapturedGraph):
                  records: list[OpRecord] | None = None, *,
                  reads: frozenset[int] = frozenset(), writes: frozenset[int] = frozenset(),
                  tensors: tuple[CapturedTensor, ...] = (),
-                 allocated: tuple[Block, ...] = (), shared: tuple[SharedBlock, ...] = ()) -> None:
+                 allocated: tuple[Block, ...] = (), shared: tuple[SharedBlock, ...] = (),
+                 on_overwritten_read: Callable[[FreedMemoryError], None] | None = None) -> None:
         self.output = output
         self.pool = pool
         self._steps: list[ReplayStep] | None = steps
@@ -59,6 +60,10 @@ class EmulatedGraph(CapturedGraph):
         self._contested: tuple[Block, ...] = ()
         self._contest_epoch = -1
         self._shared = shared
+        # What a replay reading shared-pool memory another graph overwrote does: raise (None), or
+        # hand the error to this and replay, reading the other graph's values as CUDA does (the
+        # emulated device's races="report" and "off": shared_blocks.py).
+        self._on_overwritten_read = on_overwritten_read
         # Replays issued by `replay_in_steps()` (a stream schedule's launch) that have not started
         # to run: their launch already refused or renewed (`_begin_replay`), and the run that
         # follows (`replay()`, `replay_observed()` or the first step) must not do it again. A
@@ -176,7 +181,9 @@ class EmulatedGraph(CapturedGraph):
         if self._shared:
             overwritten = first_overwritten(self.pool, self._shared)
             if overwritten is not None:
-                raise overwritten
+                if self._on_overwritten_read is None:
+                    raise overwritten
+                self._on_overwritten_read(overwritten)
         return steps
 
     def _begin_run(self) -> list[ReplayStep]:
