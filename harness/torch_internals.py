@@ -180,10 +180,6 @@ NAMES: dict[str, Internal] = {
                                      _found("torch._dynamo.convert_frame"), lazy=True),
     "inductor_compile_fx": Internal("torch._inductor.compile_fx", "",
                                     _found("torch._inductor.compile_fx"), lazy=True),
-    "inductor_config": Internal("torch._inductor.config", "", _found("torch._inductor.config"),
-                                lazy=True),
-    "inductor_cudagraph_trees": Internal("torch._inductor.cudagraph_trees", "",
-                                         _found("torch._inductor.cudagraph_trees"), lazy=True),
     "set_allocator_settings": Internal("torch._C", "_accelerator_setAllocatorSettings"),
     # CUDA's caching allocator's private pools (the graph sanitizer's pools, sanitizer_pools.py)
     "cuda_begin_allocate_current_thread_to_pool": Internal(

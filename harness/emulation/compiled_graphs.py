@@ -111,6 +111,10 @@ class DeviceGraph:
         self.replays: dict[tuple, Any] = {}
         self.rerecords = 0  # recordings made because a static input's address changed
         self.skipped: list[str] = []  # why a layout ran without a graph, as inductor logs it
+        # Layouts with host memory that inductor's graph partition would split (its cpu nodes
+        # eager, the device partitions replayed): run here without a graph, and inductor counts
+        # no skip for them, so they are listed apart.
+        self.unpartitioned: list[str] = []
         # cuBLAS on CUDA: each run reserves the thread's handle (blas_workspaces.py)
         from harness.emulation.blas_workspaces import uses_blas
 
@@ -149,7 +153,14 @@ class DeviceGraph:
             host = self._placement(args).host
             if host is not None:
                 # inductor's check_multiple_devices_or_any_cpu_nodes: decided at compile time
-                return self._skip(state, args, key, f"cpu device ({host})")
+                if not torch_internals.lazy_module("inductor_config").graph_partition:
+                    return self._skip(state, args, key, f"cpu device ({host})")
+                # With graph partition (inductor's default) the graph is split at its cpu nodes
+                # and its device partitions replayed, no skip counted (measured on an H100, torch
+                # 2.11). A compiled graph is not split here: the layout runs without a graph.
+                self.replays[key] = "unpartitioned"
+                self.unpartitioned.append(f"cpu device ({host})")
+                return self._run(state, args)
             self.replays[key] = "warm"
             return self._run(state, args)
         if isinstance(entry, str):
@@ -451,12 +462,21 @@ def user_compiler_on_device(original):
 
 @contextlib.contextmanager
 def _torchs_own_cuda(real_is_available):
+    """Compiling for the host the device's tensors are: with torch's own CUDA answers, and with
+    inductor's count of skipped CUDA graphs as it was. inductor compiles a reduce-overhead graph
+    of the device for the cpu, finds cpu nodes and counts a skip (also on a cache hit, from the
+    counts it cached), where CUDA counts none; DeviceGraph counts the skips CUDA makes."""
     emulated = torch.cuda.is_available
     torch.cuda.is_available = real_is_available
+    counters = torch_internals.lazy_module("dynamo_utils").counters
+    skips = counters["inductor"]["cudagraph_skips"]
     try:
         yield
     finally:
         torch.cuda.is_available = emulated
+        # read again: compiling may replace the "inductor" counter object (a cache hit adds the
+        # counts it cached to a copy)
+        counters["inductor"]["cudagraph_skips"] = skips
 
 
 def inductor_on_host(original):
