@@ -28,6 +28,7 @@ from harness.emulation.active import active_state
 from harness.emulation.blas_workspaces import PRIORITY_POOLS, STREAMS_PER_POOL
 from harness.emulation.capture_syncs import refuse_host_sync
 from harness.emulation.capture_waits import refuse_uncaptured_wait
+from harness.emulation.rules import captured_event_used
 
 _STREAM_HANDLE_BASE = 0x7E0000  # fake `cuda_stream` handles, distinct from 0 (the default stream)
 # (least, greatest) priority, as torch reports it on CUDA: see Stream.__new__
@@ -102,6 +103,7 @@ class Stream:
     def wait_event(self, event: "Event") -> None:
         state = _state()
         refuse_uncaptured_wait(state, self, event=event, what="Stream.wait_event()")
+        event.refuse_outside_its_capture(state, "Stream.wait_event()")
         state.streams.joins(self, event.recorded_on)
         state.notify_stream("wait_event", self, event)
 
@@ -170,6 +172,9 @@ class Event:
         self.recorded_on: Stream | None = None
         self.made_for: torch.device | None = None  # torch.Event(device): known from the start
         self._time: float | None = None
+        # The capture its last record went into (not an external event's): outside that capture
+        # CUDA refuses the event's use (measured on an H100: "invalid argument").
+        self._captured_by = None
 
     @property
     def cuda_event(self) -> int:
@@ -188,8 +193,11 @@ class Event:
         stream = state.streams.current() if stream is None else stream
         self.recorded_on = stream
         self._time = time.perf_counter()
+        self._captured_by = None
         if state.stream_captures(stream):
             state.capture.note_recorded_event(self)
+            if not self.external:
+                self._captured_by = state.capture
         state.notify_stream("record_event", stream, self)
 
     def wait(self, stream: Stream | None = None) -> None:
@@ -199,15 +207,21 @@ class Event:
     def query(self) -> bool:
         return self._query("Event.query()")
 
+    def refuse_outside_its_capture(self, state, what: str) -> None:
+        if self._captured_by is not None and self._captured_by is not state.capture:
+            raise captured_event_used(what)
+
     def _query(self, what: str) -> bool:
         state = _state()
         refuse_host_sync(state, what, event=self)
+        self.refuse_outside_its_capture(state, what)
         tracking = state.streams_tracking
         return True if tracking is None else tracking.query_event(self)
 
     def synchronize(self) -> None:
         state = _state()
         refuse_host_sync(state, "Event.synchronize()", event=self)
+        self.refuse_outside_its_capture(state, "Event.synchronize()")
         state.notify_stream("event_synchronize", self.recorded_on, self)
 
     def elapsed_time(self, end_event: "Event") -> float:

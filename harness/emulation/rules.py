@@ -23,6 +23,20 @@ class DeviceIndexError(_ACCELERATOR_ERROR):
     """A device index the emulated device does not have (CUDA: "invalid device ordinal")."""
 
 
+class CapturedEventError(_ACCELERATOR_ERROR):
+    """An event whose last record was captured into a graph, used outside that capture."""
+
+
+def captured_event_used(what: str) -> CapturedEventError:
+    """CUDA's answer to a query, synchronize or wait on an event last recorded during a capture
+    that has ended (not an `external=True` event, which the graph records at each replay)."""
+    return CapturedEventError(at_callsite(
+        f"CUDA error: invalid argument\n{what} on an event last recorded during a graph capture "
+        f"that has ended: the record became part of the graph, and the event was never recorded "
+        f"outside it. Record it again after the capture, or make it with "
+        f"torch.cuda.Event(external=True) so that each replay records it", current_callsite()))
+
+
 def cuda_device(index: int) -> torch.device:
     return torch.device("cuda", index)
 

@@ -102,3 +102,26 @@ def test_an_event_node_of_a_graph_is_recorded_at_each_replay(outside_emulation):
     assert len(reports) == 1, [str(r) for r in reports]
     assert "out.fill_(-1.0)" in reports[0].current.where
     assert reports[0].previous.op.startswith("replay of CUDAGraph")
+
+
+@pytest.mark.parametrize("use", ["query", "synchronize", "wait_event"])
+def test_an_event_last_recorded_in_a_finished_capture_is_an_invalid_argument(cuda_kind, use):
+    """Its record went into the graph (not an external event, which each replay records): CUDA
+    answers "invalid argument" to its use after the capture (measured on an H100, torch 2.11); a
+    record after the capture makes it usable again."""
+    if cuda_kind == "sanitizer":
+        pytest.skip("the sanitizer's events are recorded for real during its capture")
+    x = torch.ones(4, device="cuda")
+    event = torch.cuda.Event()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        x.mul_(2)
+        event.record()
+    graph.replay()
+    uses = {"query": event.query, "synchronize": event.synchronize,
+            "wait_event": lambda: torch.cuda.current_stream().wait_event(event)}
+    with pytest.raises(torch.AcceleratorError, match="invalid argument"):
+        uses[use]()
+    event.record()
+    event.synchronize()
+    assert event.query() and x.tolist() == [2.0] * 4
