@@ -10,6 +10,8 @@ from __future__ import annotations
 import pytest
 import torch
 
+from harness.emulation.tracking import RaceError
+
 
 @pytest.fixture(autouse=True)
 def fresh_dynamo():
@@ -161,6 +163,25 @@ def test_transformers_generates_with_its_offloaded_static_cache(cuda_device):
     prompt = torch.tensor([[1, 5, 7, 9]])
     with torch.no_grad():
         expected = model.generate(prompt, max_new_tokens=8, do_sample=False)
-        out = model.to("cuda").generate(prompt.to("cuda"), max_new_tokens=8, do_sample=False,
-                                        cache_implementation="offloaded_static")
+        model.to("cuda")
+        if not _prefetch_waits_for_the_offload():
+            # transformers before the fix: its own race, which the tracking reports
+            with pytest.raises(RaceError, match=r"(?s)cache_utils\.py.*non_blocking=True"):
+                model.generate(prompt.to("cuda"), max_new_tokens=8, do_sample=False,
+                               cache_implementation="offloaded_static")
+            return
+        out = model.generate(prompt.to("cuda"), max_new_tokens=8, do_sample=False,
+                             cache_implementation="offloaded_static")
     assert out.device.type == "cuda" and torch.equal(out.cpu(), expected)
+
+
+def _prefetch_waits_for_the_offload() -> bool:
+    """Whether this transformers' offloading cache makes its prefetch stream wait for the default
+    stream. transformers 5.17 did not: a layer's prefetch (an H2D copy on the prefetch stream) read
+    the pinned copy its offload (a D2H copy on the default stream) was still writing, a race the
+    tracking reports (on the CUDA wheel with the GPU hidden, 2026-12-06); 5.25 waits."""
+    import inspect
+
+    from transformers.cache_utils import Cache
+
+    return "prefetch_stream.wait_stream(" in inspect.getsource(Cache.update)
