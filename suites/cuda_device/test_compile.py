@@ -12,6 +12,7 @@ import torch
 import harness
 from harness.emulation.allocator_tools import UnsupportedOnEmulatedDevice
 from harness.emulation.tracking import RaceError
+from suites.cuda_device._tiny_llama import tiny_llama_with_cpu_tokens
 
 MODES = {
     "inductor": {},
@@ -278,16 +279,8 @@ def test_reduce_overhead_records_again_when_a_static_input_moves(cuda_kind):
 def test_transformers_generates_twice_with_its_compiled_static_cache(cuda_device):
     """transformers compiles the forward of a static-cache generate itself (reduce-overhead), and
     makes a new cache for the second call: both agree with the CPU's tokens."""
-    from transformers import LlamaConfig, LlamaForCausalLM
-
-    config = LlamaConfig(vocab_size=128, hidden_size=64, intermediate_size=128,
-                         num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
-                         max_position_embeddings=64)
-    torch.manual_seed(0)
-    model = LlamaForCausalLM(config).eval()
-    prompt = torch.tensor([[1, 5, 7, 9]])
+    model, prompt, expected = tiny_llama_with_cpu_tokens()
     with torch.no_grad():
-        expected = model.generate(prompt, max_new_tokens=8, do_sample=False)
         model = model.to("cuda")
         for _ in range(2):
             out = model.generate(prompt.to("cuda"), max_new_tokens=8, do_sample=False,

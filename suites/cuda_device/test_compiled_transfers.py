@@ -11,6 +11,7 @@ import pytest
 import torch
 
 from harness.emulation.tracking import RaceError
+from suites.cuda_device._tiny_llama import tiny_llama_with_cpu_tokens
 
 
 @pytest.fixture(autouse=True)
@@ -153,16 +154,8 @@ def test_transformers_generates_with_its_offloaded_static_cache(cuda_device):
     """transformers' offloaded static cache keeps each layer in pinned host memory and prefetches
     the next one on a side stream inside the forward it compiles (reduce-overhead): its tokens are
     the static cache's. It failed with a mixed-device error in attention before 2026-12-06."""
-    from transformers import LlamaConfig, LlamaForCausalLM
-
-    config = LlamaConfig(vocab_size=128, hidden_size=64, intermediate_size=128,
-                         num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
-                         max_position_embeddings=64)
-    torch.manual_seed(0)
-    model = LlamaForCausalLM(config).eval()
-    prompt = torch.tensor([[1, 5, 7, 9]])
+    model, prompt, expected = tiny_llama_with_cpu_tokens()
     with torch.no_grad():
-        expected = model.generate(prompt, max_new_tokens=8, do_sample=False)
         model.to("cuda")
         if not _prefetch_waits_for_the_offload():
             # transformers before the fix: its own race, which the tracking reports
