@@ -37,7 +37,7 @@ from harness.emulation.capture_frees import OPTION, parse_settings, unmodelled_s
 from harness.emulation.capture_syncs import refuse_host_sync
 from harness.graphs.emulator.watch_refs import install_swaps_past_watches
 from harness.emulation.storages import (share_cuda_refused, storage_device, storage_is_shared,
-                                        storage_new)
+                                        storage_new, storage_resize)
 from harness.emulation.generators import generator_class
 from harness.emulation.rules import (DeviceIndexError, cuda_index, generator_made_in_capture,
                                      names_cuda)
@@ -795,6 +795,7 @@ REPLACEMENTS: tuple[Replacement, ...] = (
     Replacement("torch.utils", "swap_tensors", swaps_past_watches, "value"),
     Replacement("torch.UntypedStorage", "device", storage_device, "value"),
     Replacement("torch.UntypedStorage", "is_shared", storage_is_shared, "value"),
+    Replacement("torch.UntypedStorage", "resize_", storage_resize, "value"),
     Replacement("torch.UntypedStorage", "__new__", storage_new, "value"),
     Replacement("torch.UntypedStorage", "_share_cuda_", share_cuda_refused, "value"),
     Replacement("torch.cuda", "get_stream_from_external", get_stream_from_external,

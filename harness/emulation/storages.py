@@ -41,6 +41,22 @@ def storage_is_shared(state):
     return is_shared
 
 
+def storage_resize(state):
+    """`UntypedStorage.resize_()` of device memory: CUDA copies the old bytes into the new block on
+    the current stream, after the work queued there (Resize.cpp, a cudaMemcpyAsync), and frees the
+    old block. The host swaps the memory at once here, so the current stream's queued work (a
+    replay held back by the adversarial schedule) runs first, as on CUDA it reads the old block
+    before the copy; the host waits for nothing more."""
+    base = torch.UntypedStorage.resize_
+
+    def resize_(storage: torch.UntypedStorage, size: int):
+        if is_device_memory(storage):
+            state.notify_stream("storage_resize", state.streams.current(), None)
+        return base(storage, size)
+
+    return resize_
+
+
 def storage_new(state) -> staticmethod:
     """`torch.UntypedStorage(...)`: with a cuda device, the device memory of a byte tensor made
     there (its size, or the bytes of a sequence); anything else as torch makes it."""

@@ -131,6 +131,8 @@ class DeviceStreams:
                 work.synchronize_event(other.event_id)
         elif what == "record_stream":
             work.record_stream(other, stream_key(stream))
+        elif what == "storage_resize":
+            work.run_ahead_of_the_host(stream_key(stream))
 
     def _capture_stream_op(self, what: str, stream, other) -> None:
         capture = self.capture

@@ -164,7 +164,14 @@ class Schedule:
             seq, item = queues[stream][0]
             if isinstance(item, Stepped):
                 stepping = stream
-                if item.step():
+                try:
+                    more = item.step()
+                except BaseException:
+                    # a step refused (a replay whose memory is gone): the rest does not run on
+                    queues[stream].popleft()
+                    self._ran[stream] = max(self._ran.get(stream, 0), seq)
+                    raise
+                if more:
                     continue
             elif stepping is not None:
                 stepping = stream

@@ -125,6 +125,12 @@ class AsyncWork:
             self.schedule.synchronize_device()
         self.tracker.synchronize_device()
 
+    def run_ahead_of_the_host(self, stream: int) -> None:
+        """Run `stream`'s queued work now, without the host waiting for it: the host is about to
+        change memory in a way CUDA orders after that work (a storage's resize copies on it)."""
+        with _outside_modes():
+            self.schedule.run_stream(stream)
+
     def host_reads(self, tensor: torch.Tensor, op: str, where: str = "") -> None:
         """A host read that skips the dispatcher (`tolist`, `numpy`, printing) of a pinned buffer."""
         key = storage_key(tensor)

@@ -97,6 +97,9 @@ class EmulatedGraph(CapturedGraph):
 
         def step(fn, args, kwargs) -> Callable[[], None]:
             def run() -> None:
+                # The schedule may run this step long after the launch, after host code freed or
+                # regrew memory the step writes through its raw pointers.
+                self._refuse_lost_memory()
                 with torch.inference_mode(inference), AutoDispatchBelowADInplaceOrView():
                     try:
                         fn(*args, **kwargs)
@@ -158,7 +161,22 @@ class EmulatedGraph(CapturedGraph):
         return ""
 
     def refuse_unreplayable(self) -> list[ReplayStep]:
-        """The steps to replay, or the error a replay raises (released, freed or moved memory)."""
+        """The steps to replay, or the error a replay raises (released, freed or moved memory, or
+        shared-pool memory another graph overwrote)."""
+        steps = self._refuse_lost_memory()
+        if self._shared:
+            overwritten = first_overwritten(self.pool, self._shared)
+            if overwritten is not None:
+                if self._on_overwritten_read is None:
+                    raise overwritten
+                self._on_overwritten_read(overwritten)
+        return steps
+
+    def _refuse_lost_memory(self) -> list[ReplayStep]:
+        """The steps to replay, or the error of a replay whose memory is gone: the graph released,
+        memory it reads freed or moved. The replay writes through raw pointers into that memory,
+        so this holds at every run, also of a replay launched earlier (a queued replay that runs
+        after the host freed its memory would write into the host's heap)."""
         steps = self._steps
         if steps is None:
             raise released_graph_error()
@@ -178,12 +196,6 @@ class EmulatedGraph(CapturedGraph):
         changed = first_changed(self._tensors)
         if changed is not None:
             raise storage_changed_error(changed)
-        if self._shared:
-            overwritten = first_overwritten(self.pool, self._shared)
-            if overwritten is not None:
-                if self._on_overwritten_read is None:
-                    raise overwritten
-                self._on_overwritten_read(overwritten)
         return steps
 
     def _begin_run(self) -> list[ReplayStep]:
@@ -191,10 +203,7 @@ class EmulatedGraph(CapturedGraph):
         (`replay_in_steps()`) did that already."""
         if self._launched:
             self._launched -= 1
-            steps = self._steps
-            if steps is None:
-                raise released_graph_error()
-            return steps
+            return self._refuse_lost_memory()
         return self._begin_replay()
 
     def _begin_replay(self) -> list[ReplayStep]:
