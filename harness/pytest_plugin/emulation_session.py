@@ -22,7 +22,11 @@ def enter(config: pytest.Config) -> None:
         return
     import torch
 
-    if torch.cuda.is_available():
+    from harness.emulation import emulation_active
+
+    # An xdist worker inherits the controller's emulated device (children=True) as it imports
+    # torch: torch.cuda then answers for the emulation, not for a GPU.
+    if torch.cuda.is_available() and emulation_active() != "cpu":
         choice = for_a_real_gpu(choice, config)
     from harness import emulate_cuda
 

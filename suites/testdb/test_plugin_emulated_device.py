@@ -61,6 +61,21 @@ def test_command_line_options_size_name_and_count_the_emulated_device(project):
                       "count": 2, "device": "cuda:0"}
 
 
+def test_xdist_workers_take_the_device_options_under_the_inherited_emulation(project):
+    """An xdist worker enters the controller's emulated device as it imports torch, so torch.cuda
+    says a device is there; the options were refused as if the worker had a real GPU."""
+    without_cuda()
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PYTEST_")}
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(ROOT), env.get("PYTHONPATH")) if p)
+    env["DEVICE_REPORT"] = str(project / "device.json")
+    cmd = [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-n", "1", "-q",
+           "--repro-dir", "none", "--emulate-cuda", "--emulate-cuda-count", "2",
+           "--cuda-schedule", "adversarial"]
+    proc = subprocess.run(cmd, cwd=project, env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert json.loads((project / "device.json").read_text())["count"] == 2
+
+
 @pytest.mark.slow  # subprocesses that import torch: nightly_cpu runs it
 def test_ini_keys_set_the_device_and_the_command_line_wins(project):
     without_cuda()
