@@ -47,3 +47,22 @@ def test_a_queued_replay_on_another_stream_is_refused_when_it_runs(outside_emula
     outcome, out = in_a_process_of_its_own(__file__, "_regrow_under_a_queued_replay", "another stream")
     assert outcome.startswith("FreedMemoryError: replay() of a graph whose memory moved"), outcome
     assert out == [0.0] * 8  # refused before its first write; and the process goes on
+
+
+def test_a_queued_replay_of_a_graph_reset_meanwhile_runs_what_was_launched(outside_emulation):
+    """CUDA finishes a launch of a graph destroyed after it; the memory check of a queued step
+    must not take the reset for lost memory."""
+    import harness
+
+    with harness.emulate_cuda(device="cpu", schedule="adversarial", races="off"):
+        x, out = torch.ones(8, device="cuda"), torch.zeros(8, device="cuda")
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            out.copy_(x * 3)
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            graph.replay()
+        graph.reset()
+        torch.cuda.synchronize()
+        assert out.tolist() == [3.0] * 8

@@ -98,8 +98,9 @@ class EmulatedGraph(CapturedGraph):
         def step(fn, args, kwargs) -> Callable[[], None]:
             def run() -> None:
                 # The schedule may run this step long after the launch, after host code freed or
-                # regrew memory the step writes through its raw pointers.
-                self._refuse_lost_memory()
+                # regrew memory the step writes through its raw pointers (a graph reset meanwhile
+                # still runs what was launched, as CUDA finishes a launch of a destroyed graph).
+                self._refuse_lost_memory(released_ok=True)
                 with torch.inference_mode(inference), AutoDispatchBelowADInplaceOrView():
                     try:
                         fn(*args, **kwargs)
@@ -172,13 +173,13 @@ class EmulatedGraph(CapturedGraph):
                 self._on_overwritten_read(overwritten)
         return steps
 
-    def _refuse_lost_memory(self) -> list[ReplayStep]:
+    def _refuse_lost_memory(self, *, released_ok: bool = False) -> list[ReplayStep] | None:
         """The steps to replay, or the error of a replay whose memory is gone: the graph released,
         memory it reads freed or moved. The replay writes through raw pointers into that memory,
         so this holds at every run, also of a replay launched earlier (a queued replay that runs
         after the host freed its memory would write into the host's heap)."""
         steps = self._steps
-        if steps is None:
+        if steps is None and not released_ok:
             raise released_graph_error()
         if any(map(_expired, self._external_weak_refs)):
             raise freed_error(next(s for s in self._plain_external if s.liveness.expired()))
