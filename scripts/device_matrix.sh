@@ -21,8 +21,10 @@ if [ ${#builds[@]} -eq 0 ]; then
   builds=("$root/.venv")
 fi
 
-python_of() {  # a venv directory or a python executable
-  if [ -x "$1/bin/python" ]; then echo "$1/bin/python"; elif [ -x "$1" ]; then echo "$1"; else return 1; fi
+python_of() {  # a venv directory or a python executable, as an absolute path (the runs cd)
+  local py
+  if [ -x "$1/bin/python" ]; then py="$1/bin/python"; elif [ -x "$1" ]; then py="$1"; else return 1; fi
+  case $py in /*) echo "$py" ;; *) echo "$(cd "$(dirname "$py")" && pwd)/$(basename "$py")" ;; esac
 }
 
 counts() {  # passed failed skipped errors of a JUnit XML file
