@@ -30,6 +30,7 @@ from harness.torch_internals import DeviceContext, device_constructors
 from harness.graphs.base import CaptureError
 from harness.emulation import autocast, blas_workspaces, device_indices, kernels, transfers
 from harness.graphs.emulator.dispatch_keys import keep_modes_reachable
+from harness.graphs.emulator.device_asserts import eager_device_assert_error, is_index_out_of_bounds
 from harness.emulation.capacity import requested_bytes
 from harness.emulation.sync_debug import call_flagging_syncs
 from harness.emulation.generators import DeviceGenerator
@@ -201,9 +202,11 @@ class Placement(TorchFunctionMode):
                                           kwargs)
             else:
                 out = func(*args, **kwargs) if runner is None else runner(func, args, kwargs)
-        except RuntimeError as error:
+        except (IndexError, RuntimeError) as error:
             if "can't allocate memory" in str(error):
                 raise self.state.out_of_memory(error) from error
+            if is_index_out_of_bounds(error):
+                raise eager_device_assert_error(error, getattr(func, "__name__", str(func))) from error
             raise
         finally:
             memory.call_on_device = previous

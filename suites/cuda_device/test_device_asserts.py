@@ -117,3 +117,19 @@ def test_the_untraced_emulated_backend_names_the_op():
     position.fill_(8)
     with pytest.raises(torch.AcceleratorError, match=DEVICE_ASSERT + "\naten.index_copy_"):
         graph.replay()
+
+
+@pytest.mark.parametrize("name, op, call", CASES, ids=[c[0] for c in CASES])
+def test_an_eager_index_out_of_bounds_on_the_device_is_cudas_device_assert(cuda_device, name, op, call):
+    """Eager, CUDA reports the kernel's assertion at the next synchronization as
+    `torch.AcceleratorError` (measured on an H100, torch 2.11, advanced indexing); the cpu kernel
+    raised `IndexError` at the op, which code catching CUDA's error does not catch. A host tensor
+    keeps the cpu kernel's error."""
+    index = torch.tensor([9], device="cuda")
+    source = torch.arange(8.0, device="cuda")
+    with pytest.raises(torch.AcceleratorError, match=DEVICE_ASSERT):
+        call(index, source)
+        torch.cuda.synchronize()
+    with pytest.raises((IndexError, RuntimeError)) as host_error:
+        call(index.cpu(), source.cpu())
+    assert not isinstance(host_error.value, torch.AcceleratorError)

@@ -68,6 +68,16 @@ def device_assert_error(error: BaseException, kernels: Iterable[Any],
     return DeviceAssertError(cuda_first(DEVICE_ASSERT, detail), op=op)
 
 
+def eager_device_assert_error(error: BaseException, op: str) -> DeviceAssertError:
+    """CUDA's error for an eager call on device memory that met an index out of bounds: CUDA raises
+    it at the next synchronization, the emulated device at the call (earlier, same type and text)."""
+    cpu_text = (str(error).strip().splitlines() or [""])[0]
+    detail = (f"{op} on the device: {cpu_text}. On CUDA the kernel's device-side assertion fails "
+              f"and is reported at the next synchronization (here at the call), leaving the CUDA "
+              f"context unusable")
+    return DeviceAssertError(cuda_first(DEVICE_ASSERT, detail), op=op)
+
+
 def _op_name(fn: Any) -> str | None:
     """The aten op whose kernel `fn` is, among the ops that assert on an index."""
     if not callable(fn):
