@@ -206,8 +206,9 @@ def test_tooling_calls_a_runtime_makes_in_passing_answer_as_on_cuda(outside_emul
     import warnings
 
     with harness.emulate_cuda(device="cpu", total_memory=2**20, device_count=2):
+        # NVTX with no profiler attached: no range tracking (-2), as measured on an H100
         assert [torch.cuda.nvtx.range_push("step"), torch.cuda.nvtx.range_push("attn"),
-                torch.cuda.nvtx.range_pop(), torch.cuda.nvtx.range_pop()] == [0, 1, 1, 0]
+                torch.cuda.nvtx.range_pop(), torch.cuda.nvtx.range_pop()] == [-2, -2, -2, -2]
         with torch.cuda.nvtx.range("decode"):
             torch.cuda.nvtx.mark("replay")
         x = torch.ones(4, device="cuda")
