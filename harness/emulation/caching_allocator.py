@@ -32,6 +32,8 @@ import collections
 import weakref
 from bisect import bisect_left, insort
 
+from harness.emulation.allocator_stats import Stat
+
 MIN_BLOCK = 512  # kMinBlockSize
 SMALL_SIZE = 1 << 20  # kSmallSize: the largest request the small pool serves
 SMALL_BUFFER = 2 << 20  # kSmallBuffer: a small-pool segment
@@ -59,25 +61,6 @@ def segment_size(size: int) -> int:
     if size < MIN_LARGE_ALLOC:
         return LARGE_BUFFER
     return -(-size // ROUND_LARGE) * ROUND_LARGE
-
-
-class _Stat:
-    """One of CUDA's Stat counters (for the rare ones: segments and reserved bytes)."""
-
-    __slots__ = ("current", "peak", "allocated", "freed")
-
-    def __init__(self) -> None:
-        self.current = self.peak = self.allocated = self.freed = 0
-
-    def increase(self, amount: int) -> None:
-        self.current += amount
-        self.allocated += amount
-        if self.current > self.peak:
-            self.peak = self.current
-
-    def decrease(self, amount: int) -> None:
-        self.current -= amount
-        self.freed += amount
 
 
 class _Counters:
@@ -194,7 +177,7 @@ class CachingAllocator:
         self._small, self._large = _Counters(), _Counters()
         self._pairs = {True: (self._small, self._large), False: (self._large, self._small)}
         self._all_peak = [0] * len(HOT_STATS)
-        self.segment_stats = {name: (_Stat(), _Stat(), _Stat()) for name in SEGMENT_STATS}
+        self.segment_stats = {name: (Stat(), Stat(), Stat()) for name in SEGMENT_STATS}
         self.num_device_alloc = 0
         self.num_device_free = 0
         # CUDA numbers graph pools (uid, 0) and user-created MemPools (0, uid), each from 1.
@@ -466,7 +449,7 @@ class CachingAllocator:
         self._all_peak[:] = [s + l for s, l in zip(self._small.current, self._large.current)]
         for stats in self.segment_stats.values():
             for stat in stats:
-                stat.peak = stat.current
+                stat.reset_peak()
 
     def reset_accumulated(self) -> None:
         for counters in (self._small, self._large):
@@ -474,7 +457,7 @@ class CachingAllocator:
             counters.base[:] = counters.current
         for stats in self.segment_stats.values():
             for stat in stats:
-                stat.allocated = stat.freed = 0
+                stat.reset_accumulated()
         self.num_device_alloc = self.num_device_free = 0
 
     def _stats(self, name: str) -> list[tuple[int, int, int, int]]:
