@@ -201,10 +201,14 @@ class EmulatedGraph(CapturedGraph):
 
     def _begin_run(self) -> list[ReplayStep]:
         """The steps of a replay about to run: refused or renewed here, unless its launch
-        (`replay_in_steps()`) did that already."""
+        (`replay_in_steps()`) did that already. A launch run whole runs at once (a deferred one
+        runs its steps, each checking its memory), so nothing can have changed since."""
         if self._launched:
             self._launched -= 1
-            return self._refuse_lost_memory()
+            steps = self._steps
+            if steps is None:
+                raise released_graph_error()
+            return steps
         return self._begin_replay()
 
     def _begin_replay(self) -> list[ReplayStep]:
