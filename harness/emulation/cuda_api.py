@@ -536,22 +536,24 @@ def nvml_query(name: str) -> Callable:
     return refuse
 
 
+def nvrtc_refused(what: str, how: str) -> UnsupportedOnEmulatedDevice:
+    """The refusal of code that compiles its own CUDA C++: NVRTC output runs only on a GPU."""
+    return UnsupportedOnEmulatedDevice(
+        f"{what} is not supported by harness.emulate_cuda(): it compiles CUDA C++ with NVRTC "
+        f"{how}, and the emulated device runs torch's CPU kernels, with no driver to load a kernel "
+        f"into. Run code that compiles its own kernels on a GPU (the graph sanitizer, "
+        f"--emulate-cuda there)")
+
+
 def jiterator_launch(state, *args, **kwargs):
-    """torch.cuda.jiterator's launches: NVRTC output runs only on a GPU."""
-    raise UnsupportedOnEmulatedDevice(
-        "torch.cuda.jiterator is not supported by harness.emulate_cuda(): it compiles CUDA C++ "
-        "with NVRTC at the first call, and the emulated device runs torch's CPU kernels, with no "
-        "driver to load a kernel into. Run code that compiles its own kernels on a GPU (the graph "
-        "sanitizer, --emulate-cuda there)")
+    """torch.cuda.jiterator's launches."""
+    raise nvrtc_refused("torch.cuda.jiterator", "at the first call")
 
 
 def compile_kernel(state, *args, **kwargs):
-    """torch.cuda._compile_kernel: NVRTC output runs only on a GPU, through the CUDA driver."""
-    raise UnsupportedOnEmulatedDevice(
-        "torch.cuda._compile_kernel() is not supported by harness.emulate_cuda(): it compiles CUDA "
-        "C++ with NVRTC and loads the result with the CUDA driver, and the emulated device runs "
-        "torch's CPU kernels, with no driver to load a kernel into. Run code that compiles its "
-        "own kernels on a GPU (the graph sanitizer, --emulate-cuda there)")
+    """torch.cuda._compile_kernel."""
+    raise nvrtc_refused("torch.cuda._compile_kernel()",
+                        "and loads the result with the CUDA driver")
 
 
 def backward_engine(state):
