@@ -193,6 +193,17 @@ NAMES: dict[str, Internal] = {
     # torch.func's wrappers (vmap's batched tensors, grad's): no storage of their own
     "is_functorch_wrapped_tensor": Internal("torch._C", "_functorch.is_functorch_wrapped_tensor"),
     "functorch_get_unwrapped": Internal("torch._C", "_functorch.get_unwrapped"),
+    # torch.profiler on the emulated device (profiling.py): a range the profiler records, its
+    # states, and the autograd profiler's steps the device's events are added in
+    "RecordFunctionFast": Internal("torch._C", "_profiler._RecordFunctionFast",
+                                   lambda c: _entered(lambda: c("harness probe"))),
+    "ProfilerState": Internal("torch._C", "_profiler.ProfilerState",
+                              lambda s: hasattr(s, "KINETO_GPU_FALLBACK") and hasattr(s, "KINETO")),
+    "ProfilerActivity": Internal("torch._C", "_profiler.ProfilerActivity",
+                                 lambda a: hasattr(a, "CUDA")),
+    "autograd_profile_start_trace": Internal("torch.autograd.profiler", "profile._start_trace"),
+    "autograd_profile_parse_kineto_results": Internal("torch.autograd.profiler",
+                                                      "profile._parse_kineto_results"),
 }
 
 
@@ -313,6 +324,11 @@ DisableTorchDispatch = bind(NAMES["DisableTorchDispatch"])
 get_dispatch_stack_at = bind(NAMES["get_dispatch_stack_at"])
 is_functorch_wrapped_tensor = bind(NAMES["is_functorch_wrapped_tensor"])
 functorch_get_unwrapped = bind(NAMES["functorch_get_unwrapped"])
+RecordFunctionFast = bind(NAMES["RecordFunctionFast"])
+ProfilerState = bind(NAMES["ProfilerState"])
+ProfilerActivity = bind(NAMES["ProfilerActivity"])
+autograd_profile_start_trace = bind(NAMES["autograd_profile_start_trace"])
+autograd_profile_parse_kineto_results = bind(NAMES["autograd_profile_parse_kineto_results"])
 
 
 def lazy_module(name: str) -> Any:

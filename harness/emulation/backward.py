@@ -12,6 +12,7 @@ from harness import torch_internals
 from harness.torch_internals import TorchDispatchMode, get_current_function_mode_stack, tree_flatten
 from harness.emulation.blas_workspaces import ATEN_MATMUL_NAMES
 from harness.emulation.device_memory import is_device_memory
+from harness.emulation.kernel_log import KERNELS
 
 
 class _MarkResults(TorchDispatchMode):
@@ -22,11 +23,17 @@ class _MarkResults(TorchDispatchMode):
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
+        inputs = tree_flatten((args, kwargs))[0]
+        on_device = any(isinstance(t, torch.Tensor) and is_device_memory(t) for t in inputs)
         # an aten op: nothing for the placement mode to place
         with torch_internals.DisableTorchFunction():
-            out = func(*args, **kwargs)
-        inputs = tree_flatten((args, kwargs))[0]
-        if any(isinstance(t, torch.Tensor) and is_device_memory(t) for t in inputs):
+            if on_device and self.state.kernel_log is not None and not self.state.capturing():
+                # a profiler records CUDA activity: the engine's ops are the device's kernels
+                with self.state.kernel_log.bracket(KERNELS):
+                    out = func(*args, **kwargs)
+            else:
+                out = func(*args, **kwargs)
+        if on_device:
             for t in tree_flatten(out)[0]:
                 if isinstance(t, torch.Tensor):
                     self.memory.mark_device(t)

@@ -857,6 +857,9 @@ def patches(state, table: tuple[Replacement, ...] = REPLACEMENTS) -> list[tuple[
     from harness.emulation.custom_ops import patches as custom_op_patches
 
     out += custom_op_patches(state)
+    from harness.emulation.profiling import patches as profiling_patches
+
+    out += profiling_patches(state)
     return out
 
 

@@ -208,7 +208,10 @@ class EmulatedCUDAGraph:
         self._host.notify_replay(self)
         observer = self._replay_observer
         if observer is None:
-            self._host.issue_replay(self, graph, self._run)
+            # A profiler recording CUDA activity sees the launch and each node (kernel_log.py).
+            log = getattr(self._host, "kernel_log", None)
+            self._host.issue_replay(self, graph, self._run if log is None else
+                                    self._bracketed(log.run_graph))
             return
 
         def observed(recording: EmulatedGraph) -> None:
@@ -221,6 +224,13 @@ class EmulatedCUDAGraph:
         """From now on each `replay()` runs `observer(recording)` in place of the plain replay
         (harness.check.explain_cuda runs `recording.replay_observed` there); None restores it."""
         self._replay_observer = observer
+
+    @staticmethod
+    def _bracketed(run: Callable[[EmulatedGraph], None]) -> Callable[[EmulatedGraph], None]:
+        def without_placement(graph: EmulatedGraph) -> None:
+            with torch_internals.DisableTorchFunction():
+                run(graph)
+        return without_placement
 
     @staticmethod
     def _run(graph: EmulatedGraph) -> None:

@@ -196,6 +196,8 @@ class Placement(TorchFunctionMode):
         previous, memory.call_on_device = memory.call_on_device, True
         keep_modes_reachable()  # stream tracking, if an inference_mode block dropped its keys
         runner = self.state.call_runner
+        if self.state.kernel_log is not None:  # a profiler records CUDA activity
+            runner = self.state.kernel_log.runner(runner)
         try:
             if self.state.sync_debug_mode:
                 out = call_flagging_syncs(self.state.sync_debug_mode, runner or _call, func, args,

@@ -87,6 +87,8 @@ class DeviceState(Observed):
         self.placement = None  # the placement mode (placement.py), once entered
         # Runs the placement mode's device calls once stream tracking is on (call_patterns.py).
         self.call_runner = None
+        # What the device launches, while a torch profiler records CUDA activity (kernel_log.py)
+        self.kernel_log = None
         from harness.emulation.autocast import WeightCastCache
 
         self.autocast_cache = WeightCastCache()  # autocast("cuda")'s weight casts (autocast.py)

@@ -120,7 +120,10 @@ def handlers(mode) -> dict[Callable, Callable]:
             state.flag_host_sync()  # a blocking copy waits for the stream
         previous, memory.call_on_device = memory.call_on_device, True
         try:
-            out = call()
+            if state.kernel_log is None:
+                out = call()
+            else:  # a profiler records CUDA activity: the copy is CUDA's memcpy
+                out = state.kernel_log.copy("HtoD", memory_mark(t) == PINNED, call)
         finally:
             memory.call_on_device = previous
         memory.mark_device(out)
@@ -133,6 +136,8 @@ def handlers(mode) -> dict[Callable, Callable]:
         if state.capturing():
             state.refuse(host_copy_refused(op, tuple(t.shape)))
         state.notify_sync(op, t)
+        if state.kernel_log is not None:  # a profiler records CUDA activity
+            return state.kernel_log.copy("DtoH", False, call)
         return call()
 
     def to_pinned_host(t: Tensor, rest: dict) -> Tensor:
@@ -213,6 +218,8 @@ def handlers(mode) -> dict[Callable, Callable]:
     def host_read(func, args, kwargs):
         if is_device(args[0]):
             state.notify_sync(getattr(func, "__name__", str(func)), args[0])
+            if state.kernel_log is not None:  # a profiler records CUDA activity
+                return state.kernel_log.copy("DtoH", False, lambda: func(*args, **kwargs))
         elif state.observers and memory_mark(args[0]) == PINNED:
             state.notify_host_read(getattr(func, "__name__", str(func)), args[0])
         return func(*args, **kwargs)
@@ -236,10 +243,17 @@ def handlers(mode) -> dict[Callable, Callable]:
                 if state.capturing():
                     state.refuse(blocking_copy_refused("Tensor.copy_", tuple(src.shape), "into"))
                 state.notify_sync("Tensor.copy_", src)
+                if state.kernel_log is not None:  # a profiler records CUDA activity
+                    return state.kernel_log.copy("DtoH", True, lambda: func(*args, **kwargs))
                 return func(*args, **kwargs)
             # Into pinned memory, non_blocking: a stream op the host does not wait for (captured,
             # as on CUDA: each replay writes the buffer again).
-        out = func(*args, **kwargs)
+        if state.kernel_log is not None and d != s:  # a profiler records CUDA activity
+            out = state.kernel_log.copy("HtoD" if d else "DtoH",
+                                        memory_mark(dst if s else src) == PINNED,
+                                        lambda: func(*args, **kwargs))
+        else:
+            out = func(*args, **kwargs)
         if (d or s) and state.observers:
             state.notify_op(func, args, kwargs, out)
         return out

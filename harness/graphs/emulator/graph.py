@@ -16,6 +16,7 @@ from harness.graphs.emulator.device_asserts import device_assert_error, is_index
 from harness.graphs.emulator.external import ExternalStorage, freed_error, moved_error
 from harness.graphs.emulator.opinfo import ReplayStep
 from harness.graphs.emulator.pool import Block, PoolArena
+from harness.graphs.emulator.rng import is_state_step
 from harness.graphs.emulator.shared_blocks import SharedBlock, first_overwritten
 from harness.graphs.emulator.trace import OpRecord
 from harness.graphs.emulator.storage_changes import CapturedTensor, first_changed, storage_changed_error
@@ -84,6 +85,22 @@ class EmulatedGraph(CapturedGraph):
             try:
                 for fn, args, kwargs in steps:
                     fn(*args, **kwargs)
+            except (IndexError, RuntimeError) as error:
+                self._raise_as_cuda(error, steps, fn, args)
+                raise
+
+    def replay_each(self, run_node: Callable[[Callable[..., Any], tuple, dict], None]) -> None:
+        """`replay()` with each recorded node's call made by `run_node(fn, args, kwargs)` (a
+        profiler brackets each as one kernel); the graph's RNG state bookkeeping, which is no
+        node of CUDA's graph, runs as in `replay()`."""
+        steps = self._begin_run()
+        with torch.inference_mode(self._inference_mode), AutoDispatchBelowADInplaceOrView():
+            try:
+                for fn, args, kwargs in steps:
+                    if is_state_step(fn):
+                        fn(*args, **kwargs)
+                    else:
+                        run_node(fn, args, kwargs)
             except (IndexError, RuntimeError) as error:
                 self._raise_as_cuda(error, steps, fn, args)
                 raise

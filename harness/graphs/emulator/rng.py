@@ -28,6 +28,13 @@ def _save_state(generator: torch.Generator, into: torch.Tensor) -> None:
     into.copy_(generator.get_state())
 
 
+def is_state_step(fn: Any) -> bool:
+    """Whether a replay step is the recording's RNG state bookkeeping (a saved state refreshed,
+    a state set), not a node of CUDA's graph: a profiler counts no kernel for it."""
+    return fn is _save_state or (isinstance(getattr(fn, "__self__", None), torch.Generator)
+                                 and getattr(fn, "__name__", "") == "set_state")
+
+
 class _RngRecording:
     def __init__(self, device: torch.device, steps: list[ReplayStep]) -> None:
         self.device = device
