@@ -20,6 +20,7 @@ products are marked by backward.py.
 
 from __future__ import annotations
 
+import re
 import types
 
 import torch
@@ -207,7 +208,7 @@ class Placement(TorchFunctionMode):
         except (IndexError, RuntimeError) as error:
             if "can't allocate memory" in str(error):
                 raise self.state.out_of_memory(error) from error
-            if is_index_out_of_bounds(error):
+            if is_index_out_of_bounds(error) and not _host_checked_index(func, args, error):
                 raise eager_device_assert_error(error, getattr(func, "__name__", str(func))) from error
             raise
         finally:
@@ -341,6 +342,30 @@ class Placement(TorchFunctionMode):
 
 def _call(func, args: tuple, kwargs: dict):
     return func(*args, **kwargs)
+
+
+_HOST_INDEX_CHECK = re.compile(r"index (-?\d+) is out of bounds for dimension \d+ with size \d+")
+
+
+def _host_checked_index(func, args: tuple, error: BaseException) -> bool:
+    """Whether `error` is the host's check of a Python integer index (`x[10]`, `x[0, 10] = v`):
+    ATen's applySlicing raises it before any kernel runs, on CUDA too, as an IndexError with the
+    text the cpu kernel's check also uses. Index tensors and lists are checked on the device."""
+    if func is not Tensor.__getitem__ and func is not Tensor.__setitem__ or len(args) < 2:
+        return False
+    found = _HOST_INDEX_CHECK.search(str(error))
+    if found is None:
+        return False
+    value = int(found.group(1))
+    parts = args[1] if type(args[1]) is tuple else (args[1],)
+    return any(_integer(p) == value for p in parts)
+
+
+def _integer(part) -> int | None:
+    """An index part Python hands ATen as an integer (an int, a numpy integer), else None."""
+    if isinstance(part, (Tensor, bool, list)) or not hasattr(type(part), "__index__"):
+        return None
+    return part.__index__()
 
 
 def _device_of_index(func, args, kwargs):

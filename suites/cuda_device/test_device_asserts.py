@@ -133,3 +133,25 @@ def test_an_eager_index_out_of_bounds_on_the_device_is_cudas_device_assert(cuda_
     with pytest.raises((IndexError, RuntimeError)) as host_error:
         call(index.cpu(), source.cpu())
     assert not isinstance(host_error.value, torch.AcceleratorError)
+
+
+@pytest.mark.parametrize("index", [10, -11, (0, 10)], ids=["int", "negative int", "tuple of ints"])
+def test_a_python_integer_index_out_of_range_is_the_hosts_index_error(cuda_kind, index):
+    """An integer index is checked on the host before any kernel (ATen's applySlicing), on CUDA
+    too: `IndexError`, not the device-side assert of an index tensor. The emulated device raised
+    CUDA's assert for it, which code catching IndexError does not catch."""
+    x = torch.zeros(4, 4, device="cuda") if isinstance(index, tuple) else torch.zeros(4, device="cuda")
+    with pytest.raises(IndexError, match="is out of bounds for dimension") as read:
+        x[index]
+    assert not isinstance(read.value, torch.AcceleratorError)
+    with pytest.raises(IndexError, match="is out of bounds for dimension") as write:
+        x[index] = 1.0
+    assert not isinstance(write.value, torch.AcceleratorError)
+    torch.cuda.synchronize()  # no device-side assert was left behind
+
+
+def test_an_integer_beside_an_index_tensor_out_of_range_is_still_the_devices(cuda_device):
+    x = torch.zeros(4, 4, device="cuda")
+    with pytest.raises(torch.AcceleratorError, match=DEVICE_ASSERT):
+        x[1, torch.tensor([9], device="cuda")]
+        torch.cuda.synchronize()
