@@ -204,6 +204,9 @@ NAMES: dict[str, Internal] = {
     "autograd_profile_start_trace": Internal("torch.autograd.profiler", "profile._start_trace"),
     "autograd_profile_parse_kineto_results": Internal("torch.autograd.profiler",
                                                       "profile._parse_kineto_results"),
+    # random ops torch.distributions calls (the emulated device's draws, device_draws.py)
+    "standard_gamma": Internal("torch", "_standard_gamma"),
+    "sample_dirichlet": Internal("torch", "_sample_dirichlet"),
 }
 
 
@@ -329,6 +332,8 @@ ProfilerState = bind(NAMES["ProfilerState"])
 ProfilerActivity = bind(NAMES["ProfilerActivity"])
 autograd_profile_start_trace = bind(NAMES["autograd_profile_start_trace"])
 autograd_profile_parse_kineto_results = bind(NAMES["autograd_profile_parse_kineto_results"])
+standard_gamma = bind(NAMES["standard_gamma"])
+sample_dirichlet = bind(NAMES["sample_dirichlet"])
 
 
 def lazy_module(name: str) -> Any:

@@ -5,9 +5,10 @@ Memory statistics come from the model of CUDA's caching allocator that the devic
 frees drive (caching_allocator.py): `memory_stats()` has the native allocator's keys,
 `memory_allocated`/`memory_reserved` and their `max_*` read its `allocated_bytes.all` and
 `reserved_bytes.all`, `empty_cache()` gives back its wholly free segments, and `mem_get_info` counts
-the reserved bytes as used. Random state: the emulated device draws from the cpu's default generator
-(device tensors are cpu tensors), so `torch.cuda.manual_seed` and `torch.manual_seed` seed the same
-generator.
+the reserved bytes as used. Random state: each emulated device has default generators of its own
+(default_generators.py): `torch.cuda.manual_seed`/`seed` reseed the current device's, the `_all`
+forms every device's, `get_rng_state`/`set_rng_state` read and write CUDA's 16-byte state, and the
+cpu's generator is apart (`torch.manual_seed` seeds both, through `manual_seed_all`).
 """
 
 from __future__ import annotations
@@ -330,28 +331,37 @@ def sleep(state, cycles: int) -> None:
         state.notify_stream("sleep", state.streams.current(), None)
 
 
+def _generator(state, device: Any = None):
+    return state.default_generators.generators[index(state, device)]
+
+
 def manual_seed(state, seed: int) -> None:
-    if state.capturing():
-        torch.random.manual_seed(seed)  # the capture's RNG rules (emulator/rng.py) decide
-    else:
-        torch.default_generator.manual_seed(int(seed))
+    _generator(state).manual_seed(int(seed))
+
+
+def manual_seed_all(state, seed: int) -> None:
+    for generator in state.default_generators.generators:
+        generator.manual_seed(int(seed))
 
 
 def seed(state) -> None:
-    if state.capturing():
-        torch.random.seed()
-    else:
-        torch.default_generator.seed()
+    _generator(state).seed()
+
+
+def seed_all(state) -> None:
+    """torch.cuda.seed_all: a fresh seed for the first device, the same for the others."""
+    first, *others = state.default_generators.generators
+    first.seed()
+    for generator in others:
+        generator.manual_seed(first.initial_seed())
 
 
 def get_rng_state(state, device: Any = "cuda") -> torch.Tensor:
-    index(state, device)
-    return torch.random.get_rng_state()  # looked up at call time: a capture records it
+    return _generator(state, device).get_state()
 
 
 def set_rng_state(state, new_state: torch.Tensor, device: Any = "cuda") -> None:
-    index(state, device)
-    torch.random.set_rng_state(new_state)
+    _generator(state, device).set_state(new_state)
 
 
 def get_rng_state_all(state) -> list[torch.Tensor]:
@@ -364,7 +374,7 @@ def set_rng_state_all(state, new_states) -> None:
 
 
 def initial_seed(state) -> int:
-    return torch.default_generator.initial_seed()
+    return _generator(state).initial_seed()
 
 
 def is_bf16_supported(state, including_emulation: bool = True) -> bool:
@@ -470,7 +480,7 @@ def cuda_graph_class(state) -> type:
 
 
 def default_generators(state) -> tuple:
-    return state.default_states.generators
+    return state.default_generators.generators
 
 
 def nvtx_ranges(state) -> NvtxRanges:
@@ -488,7 +498,7 @@ def device_generator_class(state) -> type:
             raise generator_made_in_capture(index)
         return index
 
-    return generator_class(device_index)
+    return generator_class(device_index, state.is_current_stream_capturing)
 
 
 def no_default_capture_stream(state) -> None:
@@ -721,9 +731,9 @@ REPLACEMENTS: tuple[Replacement, ...] = (
     _cuda("CUDAGraph", cuda_graph_class, "value"),
     _cuda("_sleep", sleep),
     _cuda("manual_seed", manual_seed),
-    _cuda("manual_seed_all", manual_seed),
+    _cuda("manual_seed_all", manual_seed_all),
     _cuda("seed", seed),
-    _cuda("seed_all", seed),
+    _cuda("seed_all", seed_all),
     _cuda("get_rng_state", get_rng_state),
     _cuda("set_rng_state", set_rng_state),
     _cuda("get_rng_state_all", get_rng_state_all),

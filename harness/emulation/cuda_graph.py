@@ -90,7 +90,9 @@ class EmulatedCUDAGraph:
         pool_id, arena = host.pool_handles.arena(pool)
         session = CaptureSession(arena, host.storage_device, memory=host.memory,
                                  kernel_device=host.kernel_device, report_capturing=False,
-                                 trace=self._trace)
+                                 trace=self._trace, rng_device=host.rng_device())
+        # The emulated device's random ops draw from its generators at each replay (device_draws.py).
+        session.recorder.draws = host.capture_draws()
         if self._finalizer is None:
             self._finalizer = weakref.finalize(self, _graph_gone, host, id(self), self._pool_in_use)
         # Set before the host names this graph its capture: another thread may ask at once.

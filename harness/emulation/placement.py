@@ -34,6 +34,7 @@ from harness.graphs.emulator.dispatch_keys import keep_modes_reachable
 from harness.graphs.emulator.device_asserts import eager_device_assert_error, is_index_out_of_bounds
 from harness.emulation.capacity import requested_bytes
 from harness.emulation.sync_debug import call_flagging_syncs
+from harness.emulation.device_draws import EagerDraws, may_draw, recorded
 from harness.emulation.generators import DeviceGenerator
 from harness.emulation.compiled_devices import to_device, to_host
 from harness.emulation.device_memory import DEVICE, PINNED, is_device_memory
@@ -157,7 +158,7 @@ class Placement(TorchFunctionMode):
                 kwargs = {**kwargs, "pin_memory": False}
                 pinned = True
         if not (device_in or named_device):
-            if kwargs and type(kwargs.get("generator")) is DeviceGenerator:
+            if kwargs and isinstance(kwargs.get("generator"), DeviceGenerator):
                 raise device_generator_on_host_error()
             out = func(*args, **kwargs)
             if pinned:
@@ -173,8 +174,6 @@ class Placement(TorchFunctionMode):
             if not isinstance(kwargs["generator"], DeviceGenerator):
                 # A cpu generator cannot drive CUDA's random kernels; on a CPU build it would, silently.
                 raise host_generator_error()
-            # the default device generator's state in use lives in the cpu's default generator
-            kwargs = {**kwargs, "generator": self.state.default_states.resolve(kwargs["generator"])}
         if named_device and func in _FROM_HOST_DATA and self.state.capturing():
             transfers.refuse_host_data(self.state, func, args)
         if named_device and func in _FROM_HOST_DATA and not (
@@ -199,6 +198,13 @@ class Placement(TorchFunctionMode):
         runner = self.state.call_runner
         if self.state.kernel_log is not None:  # a profiler records CUDA activity
             runner = self.state.kernel_log.runner(runner)
+        # A call that may draw meets its random aten ops, which draw from the device's generators
+        # (device_draws.py); a capture records them to draw at replay instead.
+        draws = (EagerDraws(self.state.draws, index)
+                 if may_draw(func, kwargs) and not self.state.capturing() and not recorded()
+                 else None)
+        if draws is not None:
+            draws.__enter__()
         try:
             if self.state.sync_debug_mode:
                 out = call_flagging_syncs(self.state.sync_debug_mode, runner or _call, func, args,
@@ -213,6 +219,8 @@ class Placement(TorchFunctionMode):
             raise
         finally:
             memory.call_on_device = previous
+            if draws is not None:
+                draws.__exit__(None, None, None)
         if isinstance(out, Tensor):
             try:
                 storage = out.untyped_storage()

@@ -83,6 +83,14 @@ def mixed_devices_error(first: str, second: str) -> RuntimeError:
                         f"devices, {first} and {second}!")
 
 
+def reseed_in_capture_error(generator: Any, seed: int) -> CaptureError:
+    """CUDAGeneratorImpl::set_current_seed during a capture, to another seed than its own."""
+    return CaptureError(cuda_errors.cuda_first(cuda_errors.RESEED, at_callsite(
+        f"{generator!r} reseeded with {seed} during capture, but it was seeded with "
+        f"{generator.initial_seed()}; CUDA allows only the same seed: seed before capture",
+        current_callsite())), op="Generator.manual_seed")
+
+
 def host_generator_error() -> RuntimeError:
     """CUDA's refusal of a cpu `torch.Generator` for a random op on the device."""
     return RuntimeError("Expected a 'cuda' device type for generator but found 'cpu'")

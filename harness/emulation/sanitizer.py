@@ -50,6 +50,13 @@ class SanitizerHost(Observed):
         self._capturing: set[tuple[int, int]] = set()
         self.observers: list = []
 
+    def rng_device(self) -> torch.device:
+        return self.storage_device
+
+    def capture_draws(self) -> None:
+        """A capture's random ops draw from the GPU's generators as recorded."""
+        return None
+
     def current_stream(self):
         return torch.cuda.current_stream()
 

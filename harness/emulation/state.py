@@ -77,10 +77,14 @@ class DeviceState(Observed):
         # cuBLAS's workspace per (handle, stream), as PyTorch allocates it (blas_workspaces.py)
         self.blas_workspaces = BlasWorkspaces(self.memory, properties.major, lambda: self.capture)
         self.capture = None  # the CUDAGraph being captured, if any
-        from harness.emulation.default_generators import DefaultStates
+        from harness.emulation.default_generators import DefaultGenerators
+        from harness.emulation.device_draws import Draws
 
-        # torch.cuda.default_generators and their graph-safe state objects (default_generators.py)
-        self.default_states = DefaultStates(properties.count, lambda: self.capture is not None)
+        # torch.cuda.default_generators (default_generators.py), and the random ops' draws from the
+        # device's generators (device_draws.py)
+        self.default_generators = DefaultGenerators(properties.count,
+                                                    self.is_current_stream_capturing)
+        self.draws = Draws(self.default_generators, properties.multi_processor_count)
         self.reporter = None  # (op, message) -> None while the capture lint runs
         self.initialized = False
         self.kind = "cpu"
@@ -130,6 +134,16 @@ class DeviceState(Observed):
 
     def default_stream(self):
         return self.streams.default()
+
+    def rng_device(self) -> torch.device:
+        """The device whose generator a capture's RNG state calls record: the current one."""
+        return self._devices[self.current_index]
+
+    def capture_draws(self):
+        """How a capture's random ops draw at replay: from the current device's generators."""
+        from harness.emulation.device_draws import CaptureDraws
+
+        return CaptureDraws(self.draws, self.current_index)
 
     def begin_capture(self, graph, stream, pool) -> None:
         """`graph` captures on `stream` into `pool` (a pool handle: the allocations of the streams

@@ -153,7 +153,7 @@ def test_a_mem_pool_with_a_custom_allocator_is_refused_by_name(cuda_device):
 def test_graph_safe_state_of_a_device_generator(cuda_device):
     generator = torch.Generator(device="cuda")
     generator.manual_seed(3)
-    saved = generator.graphsafe_get_state()
+    saved = generator.clone_state()  # a copy: graphsafe_get_state() would share the state
     drawn = torch.rand(4, generator=generator, device="cuda")
     generator.graphsafe_set_state(saved)
     assert torch.equal(torch.rand(4, generator=generator, device="cuda"), drawn)

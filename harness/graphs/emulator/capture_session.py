@@ -50,14 +50,17 @@ class CaptureSession:
     `memory` says which tensors are device memory (emulator/memory.py; by default what the plain
     emulator assumes on `device`); `kernel_device` whose kernels' rules apply; `report_capturing`
     makes `torch.cuda.is_current_stream_capturing()` answer True meanwhile (the emulated CUDA device
-    answers it itself, by stream); `trace` keeps an OpRecord per op (the recorder's)."""
+    answers it itself, by stream); `trace` keeps an OpRecord per op (the recorder's); `rng_device`
+whose generator the capture's RNG state calls record (emulator/rng.py; by default `device`'s: the
+emulated CUDA device keeps its memory on the cpu but draws from its own generators)."""
 
     def __init__(self, arena: PoolArena, device: torch.device, *, memory: Any = None,
                  kernel_device: torch.device | None = None, report_capturing: bool = True,
-                 trace: bool = False) -> None:
+                 trace: bool = False, rng_device: torch.device | None = None) -> None:
         self.memory = memory if memory is not None else for_device(device)
         self.recorder = Recorder(arena, device, self.memory, kernel_device, trace=trace)
         self._device = device
+        self._rng_device = rng_device if rng_device is not None else device
         self._report_capturing = report_capturing
         self._stack: contextlib.ExitStack | None = None
 
@@ -73,7 +76,7 @@ class CaptureSession:
             stack.enter_context(host_reads_raise(device, on_device, recorder.refuse_sync))
             if self._report_capturing:
                 stack.enter_context(reports_capturing())
-            stack.enter_context(rng_recorded(device, recorder.steps))
+            stack.enter_context(rng_recorded(self._rng_device, recorder.steps))
             if device.type == "cpu":
                 stack.enter_context(CudaPaths())
                 if self.memory.all_device:

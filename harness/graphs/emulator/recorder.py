@@ -72,6 +72,10 @@ class Recorder(TorchDispatchMode):
         # Generators registered with the graph (CUDAGraph.register_generator_state): random ops
         # may draw from these besides the device's default generator (private_generators.py).
         self.registered_generators: tuple[torch.Generator, ...] = ()
+        # The emulated CUDA device's draws (its device_draws.CaptureDraws): a random op draws from
+        # a state object of the device at each replay. None: random ops draw from the generator
+        # their recorded arguments name, or the cpu's default one.
+        self.draws: Any = None
         self.reads: set[int] = set()  # storages the recording reads (data pointers)
         self.writes: set[int] = set()  # and writes: what a replay touches as one stream op
         # Cut at each event recorded as a graph node (`Event(external=True)`): the accesses
@@ -132,19 +136,30 @@ class Recorder(TorchDispatchMode):
         kind = opinfo.op_kind(func)
         if kind is OpKind.VIEW:
             return func(*args, **kwargs)
+        first_step = len(self.steps)
         if kind is OpKind.MUTATING:
             self._check_mutation(func, args, kwargs)
             self._note_accesses(func, args, kwargs, None)
             self.steps.append((func._op, *self._for_replay((args, kwargs))))
             self._trace(func, args, kwargs, ())
-            return opinfo.aliased_returns(func, args, kwargs)
-        device = self._output_device(func, args, kwargs)
-        shapes = opinfo.device_result_dtypes(func, args, kwargs,
-                                             result_shapes(func, args, kwargs), device)
-        outputs = tree_map_only(torch.Tensor, lambda meta: self._allocate(meta, device), shapes)
-        self._record_fresh(func, kind, args, kwargs, outputs)
-        self._note_accesses(func, args, kwargs, outputs)
+            outputs = opinfo.aliased_returns(func, args, kwargs)
+        else:
+            device = self._output_device(func, args, kwargs)
+            shapes = opinfo.device_result_dtypes(func, args, kwargs,
+                                                 result_shapes(func, args, kwargs), device)
+            outputs = tree_map_only(torch.Tensor, lambda meta: self._allocate(meta, device), shapes)
+            self._record_fresh(func, kind, args, kwargs, outputs)
+            self._note_accesses(func, args, kwargs, outputs)
+        if self.draws is not None and len(self.steps) > first_step:
+            self._draw_at_replay(first_step, func, args, kwargs, outputs)
         return outputs
+
+    def _draw_at_replay(self, first_step: int, func, args, kwargs, outputs) -> None:
+        """A random op of the emulated CUDA device: its steps draw from the device's state."""
+        state = self.draws.source(func, args, kwargs)
+        if state is not None:
+            self.steps[first_step:] = self.draws.replay_steps(
+                self.steps[first_step:], func, args, kwargs, outputs, state)
 
     def _refusal(self, func, args: tuple, kwargs: dict) -> CaptureError | None:
         """What CUDA raises for this op during capture, in its words, then the op and the line."""
