@@ -9,6 +9,7 @@ under `--cuda-schedule adversarial`."""
 
 from __future__ import annotations
 
+import pytest
 import torch
 
 from suites.cuda_device._own_process import in_a_process_of_its_own
@@ -66,3 +67,109 @@ def test_a_queued_replay_of_a_graph_reset_meanwhile_runs_what_was_launched(outsi
         graph.reset()
         torch.cuda.synchronize()
         assert out.tolist() == [3.0] * 8
+
+
+# A launch while an earlier launch of the graph (or an op reading the memory) still waits in a
+# queue: the queued work keeps the caller's memory alive in the emulator (its raw pointers must stay
+# valid), but on CUDA the caller's free gives the block back to the allocator at once, so the new
+# launch replays into freed memory. The launch must be refused on every schedule, as it is when
+# nothing is queued. Found running suites/public_bugs/test_workspace_shared_across_graph_pools.py
+# under `--cuda-schedule adversarial` (the replay was never refused).
+
+def _graph_reading(buf: torch.Tensor, out: torch.Tensor) -> torch.cuda.CUDAGraph:
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out.copy_(buf * 2)
+    return graph
+
+
+def _queue_on_current_stream(schedule: str) -> None:
+    """What makes the next work on the current stream wait in its queue on `schedule`."""
+    if schedule == "issue_order":
+        torch.cuda._sleep(1000)
+
+
+@pytest.mark.parametrize("schedule", ["adversarial", "issue_order"])
+def test_a_launch_after_the_caller_freed_memory_an_earlier_queued_launch_holds_is_refused(
+        outside_emulation, schedule):
+    import harness
+    from harness.graphs import FreedMemoryError
+
+    with harness.emulate_cuda(device="cpu", schedule=schedule, races="report"):
+        buf, out = torch.ones(4, device="cuda"), torch.zeros(4, device="cuda")
+        graph = _graph_reading(buf, out)
+        _queue_on_current_stream(schedule)
+        graph.replay()  # queued: keeps buf's memory valid until it runs
+        del buf  # CUDA's allocator has the block back now
+        with pytest.raises(FreedMemoryError, match="last reference was dropped since capture"):
+            graph.replay()
+        torch.cuda.synchronize()
+        assert out.tolist() == [2.0] * 4  # the first launch still ran, on memory alive at launch
+
+
+def test_a_launch_after_the_caller_freed_memory_a_queued_op_reads_is_refused(outside_emulation):
+    import harness
+    from harness.graphs import FreedMemoryError
+
+    with harness.emulate_cuda(device="cpu", schedule="adversarial", races="report"):
+        buf, out = torch.ones(4, device="cuda"), torch.zeros(4, device="cuda")
+        graph = _graph_reading(buf, out)
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            total = buf.sum()  # queued on the side stream, reading buf
+        del buf
+        with pytest.raises(FreedMemoryError, match="last reference was dropped since capture"):
+            graph.replay()
+        torch.cuda.synchronize()
+        assert total.item() == 4.0
+
+
+def test_a_launch_after_the_pool_owning_its_workspace_was_released_is_refused(outside_emulation):
+    """TensorRT-LLM's shared workspace: allocated in graph A's capture (A's pool), used by B; A is
+    evicted with its workspace and the pool released while B's launch is queued."""
+    import harness
+    from harness.graphs import FreedMemoryError
+
+    with harness.emulate_cuda(device="cpu", schedule="adversarial", races="report"):
+        x, out = torch.ones(4, device="cuda"), torch.zeros(4, device="cuda")
+        torch.cuda.synchronize()
+        first, second = torch.cuda.CUDAGraph(), torch.cuda.CUDAGraph()
+        with torch.cuda.graph(first):
+            workspace = torch.zeros(4, device="cuda")
+            workspace.copy_(x)
+        with torch.cuda.graph(second):
+            workspace.mul_(3)
+            out.copy_(workspace)
+        second.replay()  # queued
+        first.reset()
+        del workspace
+        torch.cuda.empty_cache()
+        with pytest.raises(FreedMemoryError, match="another graph's private pool"):
+            second.replay()
+
+
+@pytest.mark.parametrize("schedule", ["adversarial", "issue_order"])
+def test_memory_the_caller_keeps_or_frees_after_the_launch_replays_as_launched(outside_emulation,
+                                                                               schedule):
+    """Freeing after the launch is stream-ordered on CUDA (the block goes to work queued after the
+    replay), and a buffer the caller still holds is no free at all: both replay."""
+    import harness
+
+    with harness.emulate_cuda(device="cpu", schedule=schedule, races="report"):
+        kept, dropped = torch.ones(4, device="cuda"), torch.full((4,), 2.0, device="cuda")
+        out = torch.zeros(4, device="cuda")
+        torch.cuda.synchronize()
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            out.copy_(kept + dropped)
+        alias = kept.view(2, 2)
+        del kept  # a view keeps the memory: no free
+        _queue_on_current_stream(schedule)
+        graph.replay()
+        graph.replay()  # queued behind the first: both launched with every buffer alive
+        del dropped
+        torch.cuda.synchronize()
+        assert out.tolist() == [3.0] * 4
+        assert alias.sum().item() == 4.0

@@ -25,6 +25,7 @@ from harness.graphs.emulator.accesses import (blocks_host, copy_blocks_host, hig
 from harness.emulation.tracking.deferral import defer
 from harness.emulation.tracking.names import ShapeLabels, label_of, storage_key
 from harness.emulation.tracking.op_plans import OpPlans
+from harness.emulation.tracking.queued_holds import QueuedHolds
 from harness.emulation.tracking.queued_shapes import ResultShapes, map_tensors
 from harness.emulation.tracking.races import Access, RaceError
 from harness.emulation.tracking.schedule import Schedule
@@ -68,7 +69,7 @@ class StreamWork(TorchDispatchMode):
         self._late: list[RaceError] = []
         # Queued work keeps aliases of the memory it uses, not the caller's tensors, so the caller
         # dropping its last tensor is seen when it happens (as the caching allocator sees it).
-        self._queued_aliases: dict[int, int] = {}  # storage key -> aliases held by queued work
+        self.holds = QueuedHolds()
         self._watched: dict[int, weakref.ref] = {}  # id of a caller's tensor -> weak ref on it
         # Storage keys whose caller tensors died since the last op, with the line that dropped them.
         self._dropped: list[tuple[int, Any]] = []
@@ -289,7 +290,7 @@ class StreamWork(TorchDispatchMode):
                 return t
             key = storage_key(t)
             keys.append(key)
-            self._queued_aliases[key] = self._queued_aliases.get(key, 0) + 1
+            self.holds.alias(key)
             if id(t) not in self._watched:
                 self._watched[id(t)] = weakref.ref(t, self._caller_dropped(id(t), key))
             return t.detach()
@@ -297,12 +298,7 @@ class StreamWork(TorchDispatchMode):
         held = map_tensors(alias, tree)
 
         def release() -> None:
-            for key in keys:
-                left = self._queued_aliases.get(key, 1) - 1
-                if left:
-                    self._queued_aliases[key] = left
-                else:
-                    self._queued_aliases.pop(key, None)
+            self.holds.release_aliases(keys)
             keys.clear()
 
         return held, release
@@ -325,7 +321,7 @@ class StreamWork(TorchDispatchMode):
                 continue
             # The storage's own Python object holds one use; queued aliases hold the rest.
             uses = torch_internals.storage_use_count(torch_internals.storage_key(storage))
-            if uses - 1 > self._queued_aliases.get(key, 0):
+            if uses - 1 > self.holds.aliases(key):
                 continue  # the caller still has a tensor on it
             self.tracker.free(key, self._allocated_on.pop(key), nbytes=ref.nbytes, where=where)
 

@@ -144,9 +144,11 @@ class DeviceStreams:
             capture.record_event(other.event_id, stream)
 
     def issue_replay(self, graph, recording, run, stream) -> None:
-        # Cut at the call: freed or moved memory raises here, and a graph reset while its replay
-        # is still queued runs what was launched, as CUDA finishes a launch of a destroyed graph.
-        prepared = recording.replay_in_steps()
+        # Cut at the call: freed or moved memory raises here (also memory the caller freed that
+        # only queued work still keeps alive), and a graph reset while its replay is still queued
+        # runs what was launched, as CUDA finishes a launch of a destroyed graph.
+        holds = self.work.mode.holds
+        prepared = recording.replay_in_steps(holds.caller_dropped if holds else None)
 
         def steps() -> list:
             def without_torch_function(step):

@@ -192,8 +192,8 @@ class AsyncWork:
                segments: list[tuple[Iterable[int], Iterable[int], int | None]] = ()) -> None:
         """A graph replay issued to `stream`: one op over every storage its recording touches.
         A replay that waits in its stream's queue keeps what `hold()` returns alive until it
-        runs (the memory it uses but does not own, as the caching allocator keeps a block that
-        queued work uses); given `steps()` (its recorded calls one by one), the queued replay
+        runs (the memory it uses but does not own: it writes through raw pointers), counted in
+        `mode.holds`, which tells a later launch that the caller dropped that memory; given `steps()` (its recorded calls one by one), the queued replay
         runs step by step, interleaved with other streams' queued work.
 
         A graph with event nodes comes as `segments` (reads, writes, the event id recorded after
@@ -210,13 +210,13 @@ class AsyncWork:
             seq = self.tracker.launch(stream, reads, writes, op=op, where=where)
         with _outside_modes():
             if self.schedule.defers(stream):
-                held = hold() if hold is not None else []
+                release = self.mode.holds.hold_for_replay(hold() if hold is not None else [])
                 if steps is not None:
-                    self.schedule.queue(stream, seq, Stepped(steps, held.clear))
+                    self.schedule.queue(stream, seq, Stepped(steps, release))
                 else:
                     def run_holding() -> None:
                         run()
-                        held.clear()
+                        release()
 
                     self.schedule.queue(stream, seq, run_holding)
             else:

@@ -105,10 +105,14 @@ class EmulatedGraph(CapturedGraph):
                 self._raise_as_cuda(error, steps, fn, args)
                 raise
 
-    def replay_in_steps(self) -> list[Callable[[], None]]:
+    def replay_in_steps(self, caller_dropped: Callable[[torch.UntypedStorage], bool] | None = None
+                        ) -> list[Callable[[], None]]:
         """`replay()` cut at each recorded call, for a stream schedule that interleaves the
-        replay with other streams' work (two graphs replayed concurrently, as on a GPU)."""
-        steps = self._begin_replay()
+        replay with other streams' work (two graphs replayed concurrently, as on a GPU).
+        `caller_dropped(storage)`: whether only the schedule's queued work still holds a storage
+        (an earlier launch still queued keeps memory alive that the caller freed, which CUDA gave
+        back to the allocator at the free): this launch is refused as for freed memory."""
+        steps = self._begin_replay(caller_dropped)
         self._launched += 1
         inference = self._inference_mode
 
@@ -178,10 +182,13 @@ class EmulatedGraph(CapturedGraph):
                 return storage.first_use
         return ""
 
-    def refuse_unreplayable(self) -> list[ReplayStep]:
+    def refuse_unreplayable(self, caller_dropped: Callable[[torch.UntypedStorage], bool] | None = None
+                            ) -> list[ReplayStep]:
         """The steps to replay, or the error a replay raises (released, freed or moved memory, or
-        shared-pool memory another graph overwrote)."""
+        shared-pool memory another graph overwrote). `caller_dropped`: see `replay_in_steps`."""
         steps = self._refuse_lost_memory()
+        if caller_dropped is not None:
+            self._refuse_memory_only_queued_work_holds(caller_dropped)
         if self._shared:
             overwritten = first_overwritten(self.pool, self._shared)
             if overwritten is not None:
@@ -216,6 +223,16 @@ class EmulatedGraph(CapturedGraph):
             raise storage_changed_error(changed)
         return steps
 
+    def _refuse_memory_only_queued_work_holds(self, caller_dropped) -> None:
+        """At a launch only: a launch earlier than the free ran (or runs) on memory that was
+        alive then, as CUDA orders the free after it on the stream."""
+        for storage in self._external:
+            if storage.owner_pool is not None and not storage.owner_pool.memory_released():
+                continue  # another graph's pool keeps the block (pool.PoolUse)
+            obj = storage.storage_object()
+            if obj is not None and caller_dropped(obj):
+                raise freed_error(storage)
+
     def _begin_run(self) -> list[ReplayStep]:
         """The steps of a replay about to run: refused or renewed here, unless its launch
         (`replay_in_steps()`) did that already. A launch run whole runs at once (a deferred one
@@ -228,8 +245,8 @@ class EmulatedGraph(CapturedGraph):
             return steps
         return self._begin_replay()
 
-    def _begin_replay(self) -> list[ReplayStep]:
-        steps = self.refuse_unreplayable()
+    def _begin_replay(self, caller_dropped=None) -> list[ReplayStep]:
+        steps = self.refuse_unreplayable(caller_dropped)
         if self._allocated:
             if self._contest_epoch != self.pool.contest_epoch:
                 self._contest_epoch = self.pool.contest_epoch
