@@ -407,15 +407,14 @@ def explain_against_eager(graphed: Callable[[], Any], eager: Callable[[], Any], 
 
 
 def _refuse_deferred_replays(state) -> None:
-    tracking = getattr(state, "streams_tracking", None)
-    schedule = getattr(getattr(tracking, "work", None), "schedule", None)
-    name = getattr(schedule, "name", "issue_order")
+    name = getattr(state, "schedule", "issue_order")
     if name != "issue_order":
         raise ReplaysNotObserved(
             f"explain_against_eager cannot observe replays under emulate_cuda(schedule={name!r}): "
             f"that schedule runs each replay at its stream's turn, after the op log moved on; "
-            f"accepted: schedule='issue_order' (races under the adversarial schedule are reported "
-            f"by the schedule itself)")
+            f"accepted: schedule='issue_order' (the default; in a pytest session, drop "
+            f"--cuda-schedule {name} or pass --cuda-schedule issue_order). Races under the "
+            f"adversarial schedule are reported by the schedule itself")
 
 
 def _named(error: Exception) -> str:

@@ -45,6 +45,7 @@ class SanitizerHost(Observed):
         self._generator_state: tuple[torch.Tensor, ...] = ()
         self.capture = None
         self.races = "strict"  # the sanitizer tracks no races and takes no races setting
+        self.schedule = "issue_order"  # nor a schedule: the GPU runs its streams
         # The streams of the capture under way: its stream and those forked from it (a wait on an
         # event recorded in it). No driver capture runs here, so CUDA cannot say which they are.
         self._capturing: set[tuple[int, int]] = set()

@@ -164,6 +164,7 @@ def _enter_cpu(properties: DeviceProperties, stack: contextlib.ExitStack, schedu
     state = DeviceState(properties)
     state.kind = "cpu"
     state.races = races
+    state.schedule = schedule
     apply(patches(state), stack)
     stack.callback(clear_triton_answer)
     state.cuda_only_ops.route_registered()

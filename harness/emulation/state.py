@@ -70,6 +70,7 @@ class DeviceState(Observed):
 
         self.properties = properties
         self.races = "strict"  # emulate_cuda(races=...), set on entering
+        self.schedule = "issue_order"  # emulate_cuda(schedule=...), set on entering
         self.current_index = 0
         self.observers: list[Any] = []
         self.streams = Streams(self)
