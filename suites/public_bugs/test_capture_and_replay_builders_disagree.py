@@ -10,6 +10,7 @@ it said only that no replayed op departs from eager). Fixed: one builder, whose 
 
 from __future__ import annotations
 
+import pytest
 import torch
 
 from harness.check.explain_cuda import explain_against_eager
@@ -69,6 +70,7 @@ def _explained(*, one_builder: bool):
     return explain_against_eager(graphed.graphed, VerifyStep(one_builder=one_builder).eager)
 
 
+@pytest.mark.explains_against_eager
 def test_the_graph_keeps_the_capture_builders_layout():
     graphed = VerifyStep(one_builder=False).prepare_capture().graphed().tolist()
     eager = VerifyStep(one_builder=False).eager().tolist()
@@ -81,6 +83,7 @@ def test_the_graph_keeps_the_capture_builders_layout():
     assert "a choice made on the host at capture" in str(found)
 
 
+@pytest.mark.explains_against_eager
 def test_one_builder_reading_cu_seqlens_agrees_with_eager():
     found = _explained(one_builder=True)
     assert not found.diverged and found.replays_compared == 1, found

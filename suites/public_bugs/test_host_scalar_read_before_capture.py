@@ -7,6 +7,7 @@ the device tensor, which the runtime copies each step's value into."""
 
 from __future__ import annotations
 
+import pytest
 import torch
 
 from harness.check.causes import HOST_VALUE_FROZEN
@@ -44,6 +45,7 @@ def _explained(*, reads_the_device_tensor: bool):
     return explain_against_eager(graphed.graphed, eager.eager)
 
 
+@pytest.mark.explains_against_eager
 def test_a_host_scalar_baked_at_capture_is_named_with_its_frozen_value():
     found = _explained(reads_the_device_tensor=False)
     assert found.diverged, found
@@ -53,6 +55,7 @@ def test_a_host_scalar_baked_at_capture_is_named_with_its_frozen_value():
     assert "= 3" in found.cause.detail and "eager passes 5" in found.cause.detail, found.cause
 
 
+@pytest.mark.explains_against_eager
 def test_the_kernel_reading_the_device_tensor_follows_the_new_batch():
     found = _explained(reads_the_device_tensor=True)
     assert not found.diverged, found

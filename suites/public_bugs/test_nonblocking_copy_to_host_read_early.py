@@ -40,6 +40,7 @@ def test_the_copy_to_the_host_is_pinned_as_on_cuda():
     assert accepted.device.type == "cpu"
 
 
+@pytest.mark.strict_races
 def test_reading_the_copy_before_waiting_is_a_race():
     _needs_the_emulated_streams()
     with pytest.raises(RaceError, match="test_nonblocking_copy_to_host_read_early.py") as caught:
@@ -48,6 +49,7 @@ def test_reading_the_copy_before_waiting_is_a_race():
     assert "host read before the device work" in str(caught.value)
 
 
+@pytest.mark.strict_races
 def test_reading_after_the_event_gives_the_device_values():
     with track_stream_races():
         assert Sampler().accepted_tokens(wait=True) == [3, 7, 1, 12]

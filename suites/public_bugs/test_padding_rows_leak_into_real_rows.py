@@ -8,6 +8,7 @@ and the real rows match eager."""
 
 from __future__ import annotations
 
+import pytest
 import torch
 
 from harness.check.explain_cuda import explain_against_eager
@@ -53,6 +54,7 @@ def _explained(*, mask_by_where: bool):
                                  Decode(mask_by_where=mask_by_where).eager)
 
 
+@pytest.mark.explains_against_eager
 def test_padding_masked_by_multiplying_is_named_where_it_enters_the_real_rows():
     found = _explained(mask_by_where=False)
     assert found.diverged, found
@@ -61,6 +63,7 @@ def test_padding_masked_by_multiplying_is_named_where_it_enters_the_real_rows():
     assert found.cause is not None and "padding rows [3:4] hold [nan" in found.cause.detail, found.cause
 
 
+@pytest.mark.explains_against_eager
 def test_padding_masked_with_where_leaves_the_real_rows_as_eager_computes_them():
     found = _explained(mask_by_where=True)
     assert not found.diverged, found

@@ -58,6 +58,7 @@ def _needs_the_emulated_streams() -> None:
         pytest.skip("host accesses of pinned memory are tracked on the emulated device only")
 
 
+@pytest.mark.strict_races
 def test_polling_the_forward_event_and_reading_the_copy_is_a_race():
     _needs_the_emulated_streams()
     with pytest.raises(RaceError, match="test_polled_event_before_reading_tokens.py") as caught:
@@ -69,6 +70,7 @@ def test_polling_the_forward_event_and_reading_the_copy_is_a_race():
     assert "host read before the device work" in text and "aten.copy_" in text
 
 
+@pytest.mark.strict_races
 def test_polling_the_copy_event_reads_the_tokens_clean():
     with track_stream_races():
         output = AsyncOutput()
@@ -77,6 +79,7 @@ def test_polling_the_copy_event_reads_the_tokens_clean():
     assert tokens == TOKENS
 
 
+@pytest.mark.strict_races
 def test_a_copy_held_back_answers_false_until_it_ran():
     with track_stream_races():
         output = AsyncOutput()

@@ -8,6 +8,7 @@ outside the captured function."""
 
 from __future__ import annotations
 
+import pytest
 import torch
 
 from harness.check.causes import HOST_VALUE_FROZEN
@@ -48,6 +49,7 @@ class Decoder:
         return self.out
 
 
+@pytest.mark.explains_against_eager
 def test_a_python_counter_in_the_captured_step_is_frozen_at_capture():
     graphed, eager = Decoder(count_on_device=False), Decoder(count_on_device=False)
     found = explain_against_eager(graphed.graphed, eager.eager)
@@ -58,6 +60,7 @@ def test_a_python_counter_in_the_captured_step_is_frozen_at_capture():
     assert graphed.steps_done == 1 and eager.steps_done == STEPS  # the replays ran no Python
 
 
+@pytest.mark.explains_against_eager
 def test_a_count_kept_on_the_device_advances_at_every_replay():
     graphed, eager = Decoder(count_on_device=True), Decoder(count_on_device=True)
     found = explain_against_eager(graphed.graphed, eager.eager)

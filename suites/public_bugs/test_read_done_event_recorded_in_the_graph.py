@@ -64,6 +64,7 @@ class OverlapRunner:
         return [float(s) for s in sums]
 
 
+@pytest.mark.strict_races
 @pytest.mark.parametrize("fence", ["between_reads", "before_replay"])
 def test_a_fence_before_the_last_read_of_the_table_is_a_race(fence):
     _needs_the_emulated_device()
@@ -74,6 +75,7 @@ def test_a_fence_before_the_last_read_of_the_table_is_a_race(fence):
     assert "aten.fill_" in text and "replay of CUDAGraph" in text
 
 
+@pytest.mark.strict_races
 def test_the_event_node_after_the_last_read_fences_the_write():
     _needs_the_emulated_device()
     with track_stream_races():

@@ -71,6 +71,7 @@ def _explained(*, keep_the_scratch: bool):
                                  SharedPool(keep_the_scratch=keep_the_scratch).eager)
 
 
+@pytest.mark.strict_races
 def test_a_shared_pool_block_reused_after_its_graph_was_reset_is_refused_at_replay():
     with pytest.raises(FreedMemoryError, match=OVERWRITTEN) as caught:
         SharedPool(keep_the_scratch=False).graphed()
@@ -79,12 +80,15 @@ def test_a_shared_pool_block_reused_after_its_graph_was_reset_is_refused_at_repl
     assert "out.copy_(x * 100)" in message  # C's allocation over the scratch
 
 
+@pytest.mark.strict_races
+@pytest.mark.explains_against_eager
 def test_explain_reports_the_refusal_with_the_replay_line():
     found = _explained(keep_the_scratch=False)
     assert not found.diverged, found  # refused before any op could depart from eager
     assert OVERWRITTEN in found.raised and "second.replay()" in found.raised, found
 
 
+@pytest.mark.explains_against_eager
 def test_a_scratch_kept_as_long_as_its_reader_replays_as_eager():
     found = _explained(keep_the_scratch=True)
     assert not found.diverged, found
@@ -121,6 +125,7 @@ def test_graphs_sharing_a_pool_replayed_in_capture_order_read_what_the_owner_wro
     assert replayed_in_order(("first", "second", "third")) == [[4.0] * 8, [7.0] * 8, [10.0] * 8]
 
 
+@pytest.mark.strict_races
 def test_a_reader_replayed_after_the_graph_handed_its_bytes_is_refused():
     with pytest.raises(FreedMemoryError, match=OVERWRITTEN):
         replayed_in_order(("first", "third", "second"))

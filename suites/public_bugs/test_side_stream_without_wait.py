@@ -30,10 +30,12 @@ def _step(wait: bool) -> torch.Tensor:
     return result
 
 
+@pytest.mark.strict_races
 def test_a_side_stream_reading_unwaited_work_is_a_race():
     with pytest.raises(RaceError, match="test_side_stream_without_wait.py"):
         _overlap(wait=False)
 
 
+@pytest.mark.strict_races
 def test_the_side_stream_that_waits_reads_the_producers_values():
     assert _overlap(wait=True).sum().item() == 3.0 * (1 << 12)

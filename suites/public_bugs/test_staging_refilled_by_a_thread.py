@@ -46,6 +46,7 @@ class Runner:
 
 
 # The race also ends the worker thread (where it was met), which pytest reports as a warning.
+@pytest.mark.strict_races
 @pytest.mark.filterwarnings("ignore::pytest.PytestUnhandledThreadExceptionWarning")
 def test_a_worker_refilling_the_queued_staging_buffer_fails_the_step():
     _needs_the_emulated_streams()
@@ -56,6 +57,7 @@ def test_a_worker_refilling_the_queued_staging_buffer_fails_the_step():
     assert "test_staging_refilled_by_a_thread.py" in str(caught.value)
 
 
+@pytest.mark.strict_races
 def test_a_worker_that_waits_for_the_copy_leaves_the_step_its_tokens():
     with track_stream_races():
         assert Runner().step(1, worker_waits=True) == 1 << 12

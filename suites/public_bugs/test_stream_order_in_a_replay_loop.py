@@ -74,16 +74,19 @@ def side_stream_frees(side: torch.cuda.Stream, out: torch.Tensor, *, record_stre
     return float(out.sum())
 
 
+@pytest.mark.strict_races
 def test_an_event_recorded_once_and_reused_for_later_replays_is_a_race():
     with track_stream_races(), pytest.raises(RaceError, match="test_stream_order_in_a_replay_loop.py"):
         event_per_replay(record_every_step=False)
 
 
+@pytest.mark.strict_races
 def test_an_event_recorded_after_every_replay_orders_the_reader():
     with track_stream_races():
         assert event_per_replay(record_every_step=True) == [2.0 * 8 * step for step in range(STEPS)]
 
 
+@pytest.mark.strict_races
 def test_one_pinned_staging_buffer_refilled_before_its_copy_ran_is_a_race():
     if emulation_active() != "cpu":
         # Over a real GPU, track_stream_races() is a CSAN-like mode that sees CUDA tensors only,
@@ -93,11 +96,13 @@ def test_one_pinned_staging_buffer_refilled_before_its_copy_ran_is_a_race():
         staged_copies(wait_before_refill=False)
 
 
+@pytest.mark.strict_races
 def test_a_staging_buffer_refilled_after_its_copys_event_is_clean():
     with track_stream_races():
         assert staged_copies(wait_before_refill=True) == [8.0 * step for step in range(STEPS)]
 
 
+@pytest.mark.strict_races
 def test_an_input_freed_while_a_side_stream_reads_it_is_a_race():
     if emulation_active() != "cpu":
         # Over a real GPU the CSAN-like mode sees the ops on CUDA tensors, not the allocator's frees
@@ -110,6 +115,7 @@ def test_an_input_freed_while_a_side_stream_reads_it_is_a_race():
         torch.cuda.synchronize()  # the loop aborted before its join; out is the side stream's
 
 
+@pytest.mark.strict_races
 def test_record_stream_keeps_the_input_until_the_side_stream_is_done():
     with track_stream_races():
         assert side_stream_frees(torch.cuda.Stream(), torch.zeros(8, device="cuda"),
