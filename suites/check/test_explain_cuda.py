@@ -46,6 +46,7 @@ def _host_int_step(backend, change: bool):
         graph.replay()
 
 
+@pytest.mark.explains_against_eager
 def test_a_host_int_frozen_at_capture_is_named_on_the_emulated_device():
     with _on_the_emulated_device():
         explanation = explain_divergence(_host_int_step, True, device="cuda")
@@ -61,6 +62,7 @@ class Weights:
         self.scale = torch.full((8,), 2.0, device="cuda")
 
 
+@pytest.mark.explains_against_eager
 def test_a_buffer_rebound_since_capture_is_named_on_the_emulated_device():
     with _on_the_emulated_device():
         weights = Weights()
@@ -81,6 +83,7 @@ def test_a_buffer_rebound_since_capture_is_named_on_the_emulated_device():
     assert "where `weights.scale` was at capture" in explanation.cause.detail
 
 
+@pytest.mark.explains_against_eager
 def test_the_emulated_cuda_graph_keeps_its_recording_when_asked():
     with _on_the_emulated_device():
         x = torch.ones(4, device="cuda")
@@ -149,6 +152,7 @@ def _explain_runner(rebind: bool, **more_roots):
                                      roots=lambda: {**more_roots, "runner": runners[-1]})
 
 
+@pytest.mark.explains_against_eager
 def test_a_static_input_rebound_in_user_cuda_graph_code_is_named():
     explanation = _explain_runner(rebind=True)
     assert explanation.diverged and explanation.op == "aten.mm.default", explanation
@@ -180,6 +184,7 @@ def _chain(length: int) -> Block:
     return block
 
 
+@pytest.mark.explains_against_eager
 def test_a_root_nested_too_deep_is_skipped_and_reported_while_the_rest_is_walked():
     # The example runtime's emulated CUDAGraph reaches the device's allocator, whose blocks chain
     # by `prev` beyond the walk's depth; the divergence must still be named, the deep path listed.
@@ -191,6 +196,7 @@ def test_a_root_nested_too_deep_is_skipped_and_reported_while_the_rest_is_walked
     assert "1 paths under the roots nested too deep to name tensors by were skipped" in str(explanation)
 
 
+@pytest.mark.explains_against_eager
 def test_user_cuda_graph_code_without_the_bug_agrees_with_its_eager_path():
     explanation = _explain_runner(rebind=False)
     assert not explanation.diverged and not explanation.raised, explanation
@@ -231,6 +237,7 @@ def _explain_example(rebind: bool):
             torch.set_default_device(None)  # the runner leaves set_default_device("cpu") behind
 
 
+@pytest.mark.explains_against_eager
 @pytest.mark.slow
 def test_the_example_runtimes_rebound_input_is_named_at_the_embedding():
     explanation = _explain_example(rebind=True)
@@ -241,6 +248,7 @@ def test_the_example_runtimes_rebound_input_is_named_at_the_embedding():
     assert "the values eager reads are in `runner.graph_vars['input_ids']`" in explanation.cause.detail
 
 
+@pytest.mark.explains_against_eager
 @pytest.mark.slow
 def test_the_example_runtime_without_the_bug_agrees_with_its_eager_path():
     explanation = _explain_example(rebind=False)
@@ -248,6 +256,7 @@ def test_the_example_runtime_without_the_bug_agrees_with_its_eager_path():
     assert explanation.replays_compared > 0, explanation
 
 
+@pytest.mark.explains_against_eager
 @pytest.mark.slow
 def test_the_transformers_sliding_window_mask_is_named_on_the_emulated_device():
     import warnings

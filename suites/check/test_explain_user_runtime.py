@@ -44,12 +44,14 @@ def _line(snippet: str) -> str:
     return next(f"{RUNTIME.name}:{i}: {line.strip()}" for i, line in enumerate(lines, 1) if snippet in line)
 
 
+@pytest.mark.explains_against_eager
 def test_a_padded_batch_and_a_wider_static_block_table_are_no_divergence():
     explanation = _explain("run")
     assert not explanation.diverged and not explanation.raised, explanation
     assert explanation.replays_compared == 3 and explanation.ops_compared > 60, explanation
 
 
+@pytest.mark.explains_against_eager
 def test_padding_rows_written_to_a_live_slot_are_named_at_the_write():
     explanation = _explain("run_padding_bug")
     assert explanation.diverged and explanation.op == "aten.index_copy_.default", explanation
@@ -59,6 +61,7 @@ def test_padding_rows_written_to_a_live_slot_are_named_at_the_write():
     assert "its padding rows [3:4] hold [0]" in explanation.cause.detail, explanation.cause.detail
 
 
+@pytest.mark.explains_against_eager
 def test_the_harness_ranking_of_a_padded_and_an_unpadded_batch_agrees():
     # The lm head's 4-row and 3-row matmuls round apart by an ulp; logits_to_steps turns the logits'
     # bits into exact int64 keys, which must not count as a divergence.
@@ -67,6 +70,7 @@ def test_the_harness_ranking_of_a_padded_and_an_unpadded_batch_agrees():
     assert explanation.replays_compared == 3, explanation
 
 
+@pytest.mark.explains_against_eager
 def test_the_op_log_is_not_device_memory():
     explanation = _explain("run_checks_free_memory")
     assert not explanation.raised and not explanation.diverged, explanation
@@ -85,6 +89,7 @@ def _line_in(path: Path, snippet: str) -> str:
     return f"{path}:{number}: {lines[number - 1].strip()}"
 
 
+@pytest.mark.explains_against_eager
 def test_an_eager_run_that_raises_is_reported_with_its_type_message_and_line(tmp_path):
     path = _user_file(tmp_path, """
         import torch
@@ -100,6 +105,7 @@ def test_an_eager_run_that_raises_is_reported_with_its_type_message_and_line(tmp
     assert _line_in(path, "assert float(x.sum()) == 5.0") in explanation.raised, explanation.raised
 
 
+@pytest.mark.explains_against_eager
 def test_a_race_under_explain_names_the_users_line(tmp_path):
     path = _user_file(tmp_path, """
         import torch
@@ -133,6 +139,7 @@ def test_the_adversarial_schedule_is_refused_for_want_of_observed_replays():
         _explain("run", schedule="adversarial")
 
 
+@pytest.mark.explains_against_eager
 def test_harness_explain_takes_a_users_file_and_function(capsys):
     # Enters emulate_cuda() itself, or reuses the session's under --emulate-cuda.
     before = emulation_active()
