@@ -870,6 +870,9 @@ def patches(state, table: tuple[Replacement, ...] = REPLACEMENTS) -> list[tuple[
     from harness.emulation.profiling import patches as profiling_patches
 
     out += profiling_patches(state)
+    from harness.emulation.triton_launches import patches as triton_launch_patches
+
+    out += triton_launch_patches(state)
     return out
 
 

@@ -41,6 +41,7 @@ from harness.emulation.device_memory import DeviceMemory
 from harness.emulation.observers import Observed
 from harness.emulation.pool_handles import PoolHandles
 from harness.emulation.custom_ops import CudaOnlyOps
+from harness.emulation.triton_launches import LaunchTable
 from harness.emulation.tunable_ops import TunableOps
 
 
@@ -99,6 +100,7 @@ class DeviceState(Observed):
         self.autocast_cache = WeightCastCache()  # autocast("cuda")'s weight casts (autocast.py)
         self.tunable_ops = TunableOps()  # torch.cuda.tunable's settings (tunable_ops.py)
         self.cuda_only_ops = CudaOnlyOps()  # custom ops with a Python CUDA kernel only
+        self.triton_launches = LaunchTable()  # users' Triton launches (triton_launches.py)
         self._devices = tuple(torch.device("cuda", i) for i in range(properties.count))
         self.storage_device = torch.device("cpu")  # where device memory really lives
         # CUDA's allocator keeps an unused graph pool's memory until empty_cache() (pool.PoolUse)

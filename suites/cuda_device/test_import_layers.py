@@ -13,7 +13,8 @@ from dataclasses import dataclass
 import harness
 
 HARNESS = pathlib.Path(harness.__file__).parent
-STANDALONE = ("harness.records", "harness.torch_internals", "harness.provenance")
+STANDALONE = ("harness.records", "harness.torch_internals", "harness.triton_internals",
+              "harness.provenance")
 # graphs' lower half, which the emulated device builds on: the contract's types, pointer
 # snapshots and the graph emulator's internals
 GRAPHS_BELOW = ("harness.graphs.base", "harness.graphs.pointers", "harness.graphs.emulator")

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dis
 import functools
+import importlib.util
 import linecache
 import os
 import sys
@@ -22,7 +23,17 @@ from harness.graphs.emulator import fx_lines
 _HARNESS_DIR = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 # The graph backends and the emulated device are machinery: an error names the line that called them.
 MACHINERY_DIRS = (os.path.join(_HARNESS_DIR, "graphs") + os.sep, os.path.join(_HARNESS_DIR, "emulation") + os.sep)
-_SKIPPED = (os.path.dirname(torch.__file__),) + MACHINERY_DIRS
+
+
+def _package_dirs(name: str) -> tuple[str, ...]:
+    """Where an installed package's modules live (none where it is not installed)."""
+    spec = importlib.util.find_spec(name)
+    return tuple(os.path.join(d, "") for d in (spec.submodule_search_locations or ())) if spec else ()
+
+
+# Triton's launcher (`kernel[grid](...)` goes through triton's JIT module) is machinery too: a
+# Triton launch on the emulated device names the line that launched the kernel.
+_SKIPPED = (os.path.dirname(torch.__file__),) + MACHINERY_DIRS + _package_dirs("triton")
 # A module outside these folders that runs inside the program's ops (the explainer's op log, a
 # dispatch mode of its own) sets `__harness_machinery__ = True`: its frames are skipped too, so
 # an error raised under it names the program's line, not the module's.

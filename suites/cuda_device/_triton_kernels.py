@@ -1,0 +1,56 @@
+"""Triton kernels of the kind runtimes launch on "cuda" tensors, for test_triton_kernels.py.
+Importing this module imports triton: the tests import it only once triton is known to be there."""
+
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def store_kvcache_kernel(key_ptr, key_stride, value_ptr, value_stride, k_cache_ptr, v_cache_ptr,
+                         slot_mapping_ptr, D: tl.constexpr):
+    """nano-vllm's: each token's K and V rows into the caches at its slot (-1: no slot)."""
+    idx = tl.program_id(0)
+    slot = tl.load(slot_mapping_ptr + idx)
+    if slot == -1:
+        return
+    key = tl.load(key_ptr + idx * key_stride + tl.arange(0, D))
+    value = tl.load(value_ptr + idx * value_stride + tl.arange(0, D))
+    cache_offsets = slot * D + tl.arange(0, D)
+    tl.store(k_cache_ptr + cache_offsets, key)
+    tl.store(v_cache_ptr + cache_offsets, value)
+
+
+@triton.jit
+def _scaled_row(out_ptr, row, scale, offsets, mask):
+    tl.store(out_ptr + offsets, row * scale, mask=mask)
+
+
+@triton.jit
+def scaled_store_kernel(x_ptr, out_ptr, slot_ptr, n, scale, BLOCK: tl.constexpr):
+    """Row i of x, times `scale`, into row slot[i] of out; `n` columns. The store is in a jitted
+    helper: the write is found through it."""
+    i = tl.program_id(0)
+    slot = tl.load(slot_ptr + i)
+    offsets = tl.arange(0, BLOCK)
+    mask = offsets < n
+    row = tl.load(x_ptr + i * n + offsets, mask=mask)
+    _scaled_row(out_ptr + slot * n, row, scale, offsets, mask)
+
+
+@triton.autotune(configs=[triton.Config({"BLOCK": 4}), triton.Config({"BLOCK": 8})], key=["n"])
+@triton.jit
+def autotuned_add_kernel(x_ptr, y_ptr, out_ptr, n, BLOCK: tl.constexpr):
+    start = tl.program_id(0) * BLOCK
+    offsets = start + tl.arange(0, BLOCK)
+    mask = offsets < n
+    tl.store(out_ptr + offsets, tl.load(x_ptr + offsets, mask=mask)
+             + tl.load(y_ptr + offsets, mask=mask), mask=mask)
+
+
+@triton.heuristics({"BLOCK": lambda args: triton.next_power_of_2(args["n"])})
+@triton.jit
+def heuristic_sum_kernel(x_ptr, out_ptr, n, BLOCK: tl.constexpr):
+    offsets = tl.arange(0, BLOCK)
+    tl.atomic_add(out_ptr, tl.sum(tl.load(x_ptr + offsets, mask=offsets < n, other=0.0)))

@@ -1,0 +1,230 @@
+"""Users' Triton kernels on the emulated CUDA device (runtimes launch their own on "cuda" tensors:
+nano-vllm's store_kvcache, vLLM's and SGLang's kernels). A launch runs through Triton's interpreter
+as one device op on the current stream: its result is CUDA's, the stream tracking sees its reads
+and writes, a capture records it and each replay runs it again with the arguments of the capture,
+an autotuned kernel picks a config without benchmarking, and leaving the emulation gives triton
+back as it was. Where triton is not installed (the CPU wheel), every test here skips."""
+
+from __future__ import annotations
+
+import importlib
+import pathlib
+
+import pytest
+import torch
+
+import harness
+from harness.emulation import emulation_active
+from harness.emulation.tracking import RaceError
+
+NO_TRITON = "triton is not installed (the CPU wheel has none); the CUDA wheel's runs these"
+
+
+@pytest.fixture
+def kernels():
+    pytest.importorskip("triton", reason=NO_TRITON)
+    return importlib.import_module("suites.cuda_device._triton_kernels")
+
+
+@pytest.fixture
+def triton_where(cuda_kind):
+    """The emulated device, or a GPU natively; the graph sanitizer records what reaches torch's
+    dispatcher, and a compiled Triton launch does not."""
+    if cuda_kind == "sanitizer":
+        pytest.skip("the graph sanitizer does not see a compiled Triton launch (it bypasses "
+                    "torch's dispatcher)")
+    return cuda_kind
+
+
+@pytest.fixture
+def tracked(cuda_device):
+    torch.cuda.Stream()  # the first stream made turns tracking on
+    return cuda_device
+
+
+def _kv_case(rows: int = 3, dim: int = 8, slots: int = 6, dtype=torch.bfloat16):
+    generator = torch.Generator().manual_seed(0)
+    key = torch.randn(rows, dim, generator=generator).to(dtype).to("cuda")
+    value = torch.randn(rows, dim, generator=generator).to(dtype).to("cuda")
+    k_cache = torch.zeros(slots, dim, dtype=dtype, device="cuda")
+    v_cache = torch.zeros(slots, dim, dtype=dtype, device="cuda")
+    slot_mapping = torch.tensor([4, -1, 1][:rows], device="cuda")
+    return key, value, k_cache, v_cache, slot_mapping
+
+
+def _store(kernels, key, value, k_cache, v_cache, slot_mapping) -> None:
+    kernels.store_kvcache_kernel[(key.shape[0],)](key, key.stride(0), value, value.stride(0),
+                                                  k_cache, v_cache, slot_mapping, key.shape[1])
+
+
+def _reference(key, value, k_cache, v_cache, slot_mapping):
+    """What the kernel must leave: torch's indexed writes of the rows that have a slot."""
+    k_ref, v_ref = k_cache.clone(), v_cache.clone()
+    has_slot = slot_mapping != -1
+    k_ref[slot_mapping[has_slot]] = key[has_slot]
+    v_ref[slot_mapping[has_slot]] = value[has_slot]
+    return k_ref, v_ref
+
+
+def test_a_store_kernel_writes_the_cache_rows_as_torch_does(kernels, triton_where):
+    key, value, k_cache, v_cache, slot_mapping = _kv_case()
+    k_ref, v_ref = _reference(key, value, k_cache, v_cache, slot_mapping)
+    _store(kernels, key, value, k_cache, v_cache, slot_mapping)
+    torch.cuda.synchronize()
+    assert k_cache.is_cuda
+    assert torch.equal(k_cache.cpu(), k_ref.cpu()) and torch.equal(v_cache.cpu(), v_ref.cpu())
+
+
+def test_a_captured_launch_reruns_at_each_replay_with_its_captured_arguments(kernels, triton_where):
+    x = torch.arange(6.0, device="cuda").reshape(2, 3)
+    out = torch.zeros(4, 3, device="cuda")
+    slots = torch.tensor([3, 0], device="cuda")
+    launch = kernels.scaled_store_kernel[(2,)]
+    launch(x, out, slots, 3, 2.0, BLOCK=4)  # warm up (compiles on a GPU)
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        launch(x, out, slots, 3, 2.0, BLOCK=4)
+    other = torch.zeros(4, 3, device="cuda")
+    launch(x, other, slots, 3, 5.0, BLOCK=4)  # the same kernel with another scale, after capture
+    x.copy_(torch.full((2, 3), 7.0))
+    slots.copy_(torch.tensor([1, 2]))
+    out.zero_()
+    graph.replay()
+    torch.cuda.synchronize()
+    expected = torch.zeros(4, 3)
+    expected[1] = expected[2] = 14.0  # the new rows at the new slots, times the captured 2.0
+    assert torch.equal(out.cpu(), expected)
+    assert torch.equal(other.cpu()[[3, 0]], torch.arange(6.0).reshape(2, 3) * 5.0)
+
+
+def test_a_launch_into_a_capture_does_not_run_until_the_replay(kernels, cuda_device):
+    x = torch.ones(2, 3, device="cuda")
+    out = torch.zeros(2, 3, device="cuda")
+    slots = torch.tensor([0, 1], device="cuda")
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        kernels.scaled_store_kernel[(2,)](x, out, slots, 3, 3.0, BLOCK=4)
+    assert out.cpu().eq(0).all()
+    graph.replay()
+    assert out.cpu().eq(3.0).all()
+
+
+def test_a_kernel_writing_on_a_side_stream_races_with_an_unwaited_read(kernels, tracked):
+    key, value, k_cache, v_cache, slot_mapping = _kv_case()
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        _store(kernels, key, value, k_cache, v_cache, slot_mapping)
+    with pytest.raises(RaceError, match="store_kvcache_kernel"):
+        k_cache.sum()  # on the default stream, which did not wait for the side stream
+    torch.cuda.synchronize()
+
+
+def test_a_waited_read_of_the_kernels_output_is_no_race(kernels, tracked):
+    key, value, k_cache, v_cache, slot_mapping = _kv_case()
+    k_ref, _ = _reference(key, value, k_cache, v_cache, slot_mapping)
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        _store(kernels, key, value, k_cache, v_cache, slot_mapping)
+    torch.cuda.current_stream().wait_stream(side)
+    assert torch.equal(k_cache.cpu(), k_ref.cpu())
+
+
+def test_two_kernels_only_reading_one_tensor_on_two_streams_do_not_race(kernels, tracked):
+    key, value, k_cache, v_cache, slot_mapping = _kv_case()
+    other_k, other_v = torch.zeros_like(k_cache), torch.zeros_like(v_cache)
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        _store(kernels, key, value, k_cache, v_cache, slot_mapping)
+    # key, value and slot_mapping are read on both streams, with no wait between them
+    _store(kernels, key, value, other_k, other_v, slot_mapping)
+    torch.cuda.current_stream().wait_stream(side)
+    assert torch.equal(k_cache.cpu(), other_k.cpu()) and torch.equal(v_cache.cpu(), other_v.cpu())
+
+
+def test_a_write_through_a_jitted_helper_is_tracked(kernels, tracked):
+    x = torch.ones(2, 3, device="cuda")
+    out = torch.zeros(2, 3, device="cuda")
+    slots = torch.tensor([0, 1], device="cuda")
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        kernels.scaled_store_kernel[(2,)](x, out, slots, 3, 2.0, BLOCK=4)
+    x.sum()  # x is only read there: reading it on the default stream too is no race
+    with pytest.raises(RaceError, match=r"scaled_store_kernel.* writes it on stream .* at "
+                                        r"suites/cuda_device/test_triton_kernels.py:\d+"):
+        out.add_(1)
+    torch.cuda.synchronize()
+
+
+def test_an_autotuned_kernel_runs_with_its_first_config(kernels, triton_where):
+    x = torch.arange(10.0, device="cuda")
+    y = torch.full((10,), 0.5, device="cuda")
+    out = torch.empty(10, device="cuda")
+    kernels.autotuned_add_kernel[lambda meta: (triton_cdiv(10, meta["BLOCK"]),)](x, y, out, 10)
+    torch.cuda.synchronize()
+    assert torch.equal(out.cpu(), torch.arange(10.0) + 0.5)
+    if triton_where == "emulated":  # a GPU keeps the faster one
+        assert kernels.autotuned_add_kernel.best_config.kwargs == {"BLOCK": 4}
+
+
+def test_a_heuristics_kernel_runs(kernels, triton_where):
+    x = torch.arange(5.0, device="cuda")
+    out = torch.zeros(1, device="cuda")
+    kernels.heuristic_sum_kernel[(1,)](x, out, 5)
+    torch.cuda.synchronize()
+    assert out.item() == 10.0
+
+
+def triton_cdiv(n: int, d: int) -> int:
+    return -(-n // d)
+
+
+def test_leaving_the_emulation_gives_triton_back(kernels, outside_emulation):
+    from triton.runtime.autotuner import Autotuner
+    from triton.runtime.jit import JITFunction
+
+    before = (JITFunction.run, JITFunction.__call__, Autotuner.run)
+    module_names = set(vars(kernels))
+    with harness.emulate_cuda(device="cpu"):
+        key, value, k_cache, v_cache, slot_mapping = _kv_case()
+        _store(kernels, key, value, k_cache, v_cache, slot_mapping)
+        assert JITFunction.run is not before[0]
+    assert emulation_active() is None
+    assert (JITFunction.run, JITFunction.__call__, Autotuner.run) == before
+    # the interpreter's own names went into a copy of the kernel's globals, not its module
+    assert set(vars(kernels)) == module_names
+    with pytest.raises(RuntimeError, match="outside of the scope of a kernel"):
+        kernels._scaled_row(None, None, None, None, None)
+
+
+def test_a_triton_missing_a_piece_is_refused_naming_its_version(kernels):
+    import triton
+
+    from harness import triton_internals
+
+    def resolver(entry):
+        if entry.attribute == "_patch_lang":
+            raise AttributeError("module has no attribute '_patch_lang'")
+        return triton_internals.resolve(entry)
+
+    with pytest.raises(triton_internals.TritonInternalsError,
+                       match=rf"triton {triton.__version__} lacks .*_patch_lang \(missing"):
+        triton_internals.check(resolver=resolver)
+
+
+def test_no_module_but_the_door_names_a_private_triton_name():
+    """Every private triton name the harness reaches is in triton_internals.NAMES, resolved there."""
+    from harness import triton_internals
+
+    harness_dir = pathlib.Path(harness.__file__).parent
+    door = harness_dir / "triton_internals.py"
+    private = {entry.attribute.split(".")[-1] for entry in triton_internals.NAMES.values()
+               if entry.attribute.startswith("_")} | {"triton.runtime"}
+    reached = [f"{path.relative_to(harness_dir.parent)}: {name}"
+               for path in sorted(harness_dir.rglob("*.py")) if path != door
+               for name in sorted(private) if name in path.read_text()]
+    assert reached == []
