@@ -97,6 +97,9 @@ NAMES: dict[str, Internal] = {
                                     lambda b: callable(b.set_grid_dim) and callable(b.set_grid_idx)),
     "InterpreterError": Internal("triton.runtime.interpreter", "InterpreterError",
                                  lambda c: isinstance(c, type) and issubclass(c, Exception)),
+    # what triton.jit makes while TRITON_INTERPRET=1
+    "InterpretedFunction": Internal("triton.runtime.interpreter", "InterpretedFunction",
+                                    _class_with("run", "rewrite")),
     "AutotunerError": Internal("triton.runtime.errors", "AutotunerError",
                                lambda c: isinstance(c, type) and issubclass(c, Exception)),
 }

@@ -3,8 +3,8 @@
 Triton's interpreter (TRITON_INTERPRET=1 when a kernel is decorated) rewrites the kernel's Python
 so that `tl.*` runs on numpy, and runs it once per program of the grid, reading and writing through
 the arguments' data pointers. A kernel decorated without it is a `JITFunction`, which compiles for
-a GPU; this module interprets such a kernel as the interpreter would have, with three differences
-of the harness's:
+a GPU; this module interprets such a kernel as the interpreter would have (and one decorated with
+it, an `InterpretedFunction`, the same way), with three differences of the harness's:
 
 - the emulated device's memory is the host's, so the arguments' own memory is read and written
   (the interpreter's launcher copies each storage to a host copy and back, which would copy a
@@ -20,6 +20,7 @@ Every private name of triton is reached through harness/triton_internals.py.
 
 from __future__ import annotations
 
+import inspect
 import threading
 import types
 from typing import Any
@@ -69,11 +70,22 @@ def _rewritten(fn: Any) -> Any:
         return entry.refreshed()
 
 
+def constexpr_names(kernel: Any) -> frozenset[str]:
+    """The kernel's `tl.constexpr` parameters (passed to the kernel as they are, not as tensors):
+    a JITFunction marks them; an InterpretedFunction (TRITON_INTERPRET=1) has only annotations."""
+    params = getattr(kernel, "params", None)
+    if params is not None:
+        return frozenset(p.name for p in params if p.is_constexpr)
+    return frozenset(name for name, p in inspect.signature(kernel.fn).parameters.items()
+                     if "constexpr" in str(p.annotation))
+
+
 def run_grid(kernel: Any, grid: tuple[int, int, int], arguments: dict[str, Any]) -> None:
-    """Run `kernel` (a JITFunction) over `grid` with `arguments` by parameter name (tensors,
-    Python scalars, constexpr values), as one launch: every program in turn, in grid order."""
+    """Run `kernel` (a JITFunction or an InterpretedFunction) over `grid` with `arguments` by
+    parameter name (tensors, Python scalars, constexpr values), as one launch: every program in
+    turn, in grid order."""
     fn = kernel.fn
-    constexprs = {p.name for p in kernel.params if p.is_constexpr}
+    constexprs = constexpr_names(kernel)
     convert = triton_internals.get("implicit_cvt")
     builder = triton_internals.get("interpreter_builder")
     function = _rewritten(fn)
@@ -113,4 +125,4 @@ def call_helper(helper: Any, args: tuple, kwargs: dict) -> Any:
         scope.restore()
 
 
-__all__ = ["call_helper", "interpreting", "run_grid"]
+__all__ = ["call_helper", "constexpr_names", "interpreting", "run_grid"]

@@ -295,15 +295,19 @@ def _jit_call(original):
 
 
 def patches(state) -> list[tuple[Any, str, Any]]:
-    """`JITFunction.run` and `__call__`, and `Autotuner.run` (triton_autotune.py), where triton
-    is installed (its private names checked first); nothing on a torch without triton."""
+    """`JITFunction.run` and `__call__`, `InterpretedFunction.run` (what `triton.jit` makes under
+    TRITON_INTERPRET=1, whose own launcher would run the kernel at once, untracked and uncaptured),
+    and `Autotuner.run` (triton_autotune.py), where triton is installed (its private names checked
+    first); nothing on a torch without triton."""
     if not triton_internals.installed():
         return []
     triton_internals.check()
     jit_function = triton_internals.get("JITFunction")
+    interpreted = triton_internals.get("InterpretedFunction")
     autotuner = triton_internals.get("Autotuner")
     return [(jit_function, "run", _jit_run(state, jit_function.__dict__["run"])),
             (jit_function, "__call__", _jit_call(jit_function.__dict__["__call__"])),
+            (interpreted, "run", _jit_run(state, interpreted.__dict__["run"])),
             (autotuner, "run", autotuner_run(autotuner.__dict__["run"], on_device))]
 
 

@@ -126,8 +126,7 @@ class _Analysis:
         if name in STORES and isinstance(call.func, ast.Attribute):
             # a method of a value (`desc.store(offsets, value)`): it writes what it describes
             return self._carried(call.func.value)
-        jit_function = triton_internals.get("JITFunction")
-        if isinstance(target, jit_function):
+        if isinstance(target, _jitted()):
             return self._helper_writes(call, target.fn)
         if target is _UNRESOLVED and isinstance(call.func, ast.Name):
             # a name this analysis cannot follow: whatever it is given may be written
@@ -192,6 +191,11 @@ class _Analysis:
                 return _UNRESOLVED
             return getattr(owner, node.attr, _UNRESOLVED)
         return _UNRESOLVED
+
+
+def _jitted() -> tuple[type, ...]:
+    """What `@triton.jit` makes: a JITFunction, or an InterpretedFunction under TRITON_INTERPRET=1."""
+    return (triton_internals.get("JITFunction"), triton_internals.get("InterpretedFunction"))
 
 
 def _assignments(node: ast.AST):

@@ -179,22 +179,49 @@ def test_a_heuristics_kernel_runs(kernels, triton_where):
     assert out.item() == 10.0
 
 
+def test_a_kernel_decorated_for_the_interpreter_is_a_device_op_too(kernels, tracked):
+    """Under TRITON_INTERPRET=1 `triton.jit` makes InterpretedFunctions, whose own launcher would
+    run at once: untracked, and at capture time instead of at each replay."""
+    import triton
+
+    with triton.knobs.runtime.scope():
+        triton.knobs.runtime.interpret = True
+        kernel = triton.jit(kernels.scaled_store_kernel.fn)
+    assert type(kernel).__name__ == "InterpretedFunction"
+    x = torch.ones(2, 3, device="cuda")
+    out = torch.zeros(2, 3, device="cuda")
+    slots = torch.tensor([0, 1], device="cuda")
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        kernel[(2,)](x, out, slots, 3, 3.0, BLOCK=4)
+    assert out.cpu().eq(0).all()
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        graph.replay()
+    with pytest.raises(RaceError):
+        out.sum()
+    torch.cuda.synchronize()
+    assert out.cpu().eq(3.0).all()
+
+
 def triton_cdiv(n: int, d: int) -> int:
     return -(-n // d)
 
 
 def test_leaving_the_emulation_gives_triton_back(kernels, outside_emulation):
     from triton.runtime.autotuner import Autotuner
+    from triton.runtime.interpreter import InterpretedFunction
     from triton.runtime.jit import JITFunction
 
-    before = (JITFunction.run, JITFunction.__call__, Autotuner.run)
+    before = (JITFunction.run, JITFunction.__call__, InterpretedFunction.run, Autotuner.run)
     module_names = set(vars(kernels))
     with harness.emulate_cuda(device="cpu"):
         key, value, k_cache, v_cache, slot_mapping = _kv_case()
         _store(kernels, key, value, k_cache, v_cache, slot_mapping)
         assert JITFunction.run is not before[0]
     assert emulation_active() is None
-    assert (JITFunction.run, JITFunction.__call__, Autotuner.run) == before
+    assert (JITFunction.run, JITFunction.__call__, InterpretedFunction.run, Autotuner.run) == before
     # the interpreter's own names went into a copy of the kernel's globals, not its module
     assert set(vars(kernels)) == module_names
     with pytest.raises(RuntimeError, match="outside of the scope of a kernel"):
