@@ -5,8 +5,9 @@ Runtimes launch `@triton.jit` kernels of their own on "cuda" tensors (nano-vllm'
 vLLM's and SGLang's kernels); on the emulated device those tensors are host memory, which a
 compiled Triton kernel cannot read, and the CUDA wheel's triton on a machine without a GPU finds no
 driver. While the emulation lasts, `JITFunction.run` (what `kernel[grid](...)` calls, and through
-it `triton.heuristics`' and `triton.autotune`'s wrappers) sends a launch whose tensor arguments are
-device memory here instead; any other launch goes to triton as before.
+it `triton.heuristics`' and `triton.autotune`'s wrappers; `InterpretedFunction.run` under
+TRITON_INTERPRET=1) sends a launch whose tensor arguments are device memory here instead; any other
+launch goes to triton as before.
 
 A launch is one call of a custom op made for the kernel, `harness_triton::<kernel name>(Tensor(a!)[]
 written, Tensor[] read, int launch) -> ()`: the tensors the kernel may write (triton_writes.py reads
@@ -23,7 +24,7 @@ Inside a capture the recorder records the op, not run (as CUDA records a kernel 
 replay calls it on the recorder's aliases of the captured memory with the same record: the
 captured addresses and the arguments as they were at capture, whatever the Python variables hold
 at replay. A record is dropped once its eager launch ran; a captured launch's record lives as long
-as the emulation (its graphs cannot replay after it).
+as the emulation's state (a replay after the emulation ended finds none and says so).
 """
 
 from __future__ import annotations
@@ -183,10 +184,12 @@ class _Ops:
         self._lock = threading.Lock()
 
     def of(self, kernel: Any) -> Any:
+        """The op of `kernel`'s function (one op however often it is jitted: the launch's record
+        says which kernel object runs)."""
         with self._lock:
-            op = self._ops.get(kernel)
+            op = self._ops.get(kernel.fn)
             if op is None:
-                op = self._ops[kernel] = self._define(kernel)
+                op = self._ops[kernel.fn] = self._define(kernel)
             return op
 
     def _define(self, kernel: Any) -> Any:
