@@ -265,8 +265,8 @@ def launch(state, kernel: Any, args: tuple, kwargs: dict, grid: Any) -> None:
     arguments = tuple((name, _slotted(value, writes is None or name in writes, written, read))
                       for name, value in bound.items())
     number = state.triton_launches.add(Launch(kernel, sizes, arguments, kept=state.capturing()))
-    # Below autograd: a kernel writes memory as it is, an inference tensor or a leaf that
-    # requires grad included, and bumps no version counter (CUDA's does not either).
+    # Below autograd, as CUDA's launch never reaches autograd: no in-place checks, no version
+    # counter bumped, whatever tensors (inference tensors, leaves that require grad) it writes.
     with torch_internals.AutoDispatchBelowADInplaceOrView():
         _OPS.of(kernel)(written, read, number)
 

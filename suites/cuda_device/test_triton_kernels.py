@@ -160,6 +160,19 @@ def test_a_write_through_a_jitted_helper_is_tracked(kernels, tracked):
     torch.cuda.synchronize()
 
 
+def test_a_kernel_writes_an_inference_tensor_and_a_leaf_that_requires_grad(kernels, triton_where):
+    """A Triton kernel writes memory as it is: autograd's in-place checks are not CUDA's here."""
+    with torch.inference_mode():
+        cache = torch.zeros(2, 3, device="cuda")
+    leaf = torch.zeros(2, 3, device="cuda", requires_grad=True)
+    x = torch.ones(2, 3, device="cuda")
+    slots = torch.tensor([1, 0], device="cuda")
+    for out in (cache, leaf):
+        kernels.scaled_store_kernel[(2,)](x, out, slots, 3, 4.0, BLOCK=4)
+    torch.cuda.synchronize()
+    assert cache.cpu().eq(4.0).all() and leaf.detach().cpu().eq(4.0).all()
+
+
 def test_an_autotuned_kernel_runs_with_its_first_config(kernels, triton_where):
     x = torch.arange(10.0, device="cuda")
     y = torch.full((10,), 0.5, device="cuda")
