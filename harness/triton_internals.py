@@ -94,7 +94,8 @@ NAMES: dict[str, Internal] = {
                                _class_with("restore")),
     "implicit_cvt": Internal("triton.runtime.interpreter", "_implicit_cvt", _takes("arg")),
     "interpreter_builder": Internal("triton.runtime.interpreter", "interpreter_builder",
-                                    lambda b: callable(b.set_grid_dim) and callable(b.set_grid_idx)),
+                                    lambda b: callable(b.set_grid_dim)
+                                    and callable(b.set_grid_idx)),
     "InterpreterError": Internal("triton.runtime.interpreter", "InterpreterError",
                                  lambda c: isinstance(c, type) and issubclass(c, Exception)),
     # what triton.jit makes while TRITON_INTERPRET=1

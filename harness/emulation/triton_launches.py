@@ -125,7 +125,8 @@ def _filled(value: Any, written: list, read: list) -> Any:
     if isinstance(value, _Slot):
         return (written if value.written else read)[value.index]
     if isinstance(value, _Reinterpreted):
-        return triton_internals.get("TensorWrapper")(_filled(value.slot, written, read), value.dtype)
+        wrapper = triton_internals.get("TensorWrapper")
+        return wrapper(_filled(value.slot, written, read), value.dtype)
     if isinstance(value, _Described):
         return value.kind(base=_filled(value.base, written, read), **dict(value.fields))
     if type(value) is tuple:

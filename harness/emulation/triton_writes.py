@@ -194,7 +194,7 @@ class _Analysis:
 
 
 def _jitted() -> tuple[type, ...]:
-    """What `@triton.jit` makes: a JITFunction, or an InterpretedFunction under TRITON_INTERPRET=1."""
+    """What `@triton.jit` makes: a JITFunction (an InterpretedFunction under TRITON_INTERPRET=1)."""
     return (triton_internals.get("JITFunction"), triton_internals.get("InterpretedFunction"))
 
 
