@@ -4,10 +4,11 @@ The emulated CUDA device runs users' Triton kernels through Triton's interpreter
 (emulation/triton_launches.py), which reaches names triton does not promise to keep: the
 interpreter's rewriter and builder, the JIT's registry, the attributes of `JITFunction` and
 `Autotuner` objects. They are resolved here and nowhere else. Importing this module never imports
-triton (the CPU wheel has none): `installed()` says whether it can be, and `check()`, which
-`emulate_cuda()` calls on entry where triton is installed, probes each name and refuses with one
-message naming the triton version and every missing or misbehaving piece, rather than a Triton
-launch failing later with wrong answers.
+triton (the CPU wheel has none): `installed()` says whether it can be, and `problems()`, which
+`emulate_cuda()` asks on entry where triton is installed, probes each name; where one is missing or
+misbehaves, a Triton launch on device memory is refused with one message naming the triton version
+and every such piece (`unusable_error`), rather than failing later with wrong answers. The
+emulation itself still enters: code that launches no Triton kernel on the device is unaffected.
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ class Internal:
     module: str
     attribute: str
     probe: Callable[[Any], bool] = callable
+    optional: bool = False  # a name some releases lack, which the harness then does without
 
     @property
     def path(self) -> str:
@@ -60,8 +62,8 @@ def _jit_function_behaves(cls: Any) -> bool:
                 and [p.is_constexpr for p in kernel.params] == [False, True]
                 and kernel.pre_run_hooks == [] and callable(kernel.run))
     finally:
-        registry = resolve(NAMES["jit_function_registry"])
-        registry.pop(f"{_probe_kernel.__module__}:{_probe_kernel.__qualname__}", None)
+        jit_function_registry().pop(f"{_probe_kernel.__module__}:{_probe_kernel.__qualname__}",
+                                    None)
 
 
 def _autotuner_behaves(cls: Any) -> bool:
@@ -75,16 +77,17 @@ def _autotuner_behaves(cls: Any) -> bool:
                 and hasattr(tuner, "early_config_prune") and config.all_kwargs()["n"] == 1
                 and hasattr(config, "pre_hook"))
     finally:
-        registry = resolve(NAMES["jit_function_registry"])
-        registry.pop(f"{_probe_kernel.__module__}:{_probe_kernel.__qualname__}", None)
+        jit_function_registry().pop(f"{_probe_kernel.__module__}:{_probe_kernel.__qualname__}",
+                                    None)
 
 
 # Exported name -> what it is in triton. Add rows at the end.
 NAMES: dict[str, Internal] = {
     "JITFunction": Internal("triton.runtime.jit", "JITFunction", _jit_function_behaves),
     "TensorWrapper": Internal("triton.runtime.jit", "TensorWrapper", _class_with("data_ptr")),
+    # triton 3.8 keeps every jitted function by name; 3.6 keeps none (nothing to restore there)
     "jit_function_registry": Internal("triton.runtime.jit", "_triton_jit_function_registry",
-                                      lambda registry: isinstance(registry, dict)),
+                                      lambda registry: isinstance(registry, dict), optional=True),
     "Autotuner": Internal("triton.runtime.autotuner", "Autotuner", _autotuner_behaves),
     # Triton's interpreter (TRITON_INTERPRET=1), run on a kernel decorated without it
     "FunctionRewriter": Internal("triton.runtime.interpreter", "FunctionRewriter",
@@ -129,7 +132,8 @@ def problems(names: dict[str, Internal] | None = None,
         try:
             obj = resolver(entry)
         except (AttributeError, ImportError) as error:
-            found.append(f"{entry.path} (missing: {error})")
+            if not entry.optional:
+                found.append(f"{entry.path} (missing: {error})")
             continue
         try:
             behaves = entry.probe(obj)
@@ -142,17 +146,22 @@ def problems(names: dict[str, Internal] | None = None,
     return found
 
 
+def unusable_error(found: list[str]) -> TritonInternalsError:
+    """The error naming this triton's version and each of `found` (problems())."""
+    return TritonInternalsError(
+        f"triton {version()} lacks or changed {len(found)} name(s) the harness's emulated CUDA "
+        f"device needs to run Triton kernels through Triton's interpreter: " + "; ".join(found)
+        + ". Install the triton of a torch in the range pyproject.toml declares, or update "
+        "harness/triton_internals.py for this release.")
+
+
 def check(names: dict[str, Internal] | None = None,
           resolver: Callable[[Internal], Any] = resolve) -> None:
     """Raise one TritonInternalsError naming the triton version and every missing or misbehaving
     name, or return when all are there and behave."""
     found = problems(names, resolver)
     if found:
-        raise TritonInternalsError(
-            f"triton {version()} lacks or changed {len(found)} name(s) the harness's emulated "
-            f"CUDA device needs to run Triton kernels through Triton's interpreter: "
-            + "; ".join(found) + ". Install the triton of a torch in the range pyproject.toml "
-            "declares, or update harness/triton_internals.py for this release.")
+        raise unusable_error(found)
 
 
 @functools.cache
@@ -161,10 +170,19 @@ def get(name: str) -> Any:
     return resolve(NAMES[name])
 
 
+def jit_function_registry() -> dict:
+    """triton's registry of jitted functions by "module:qualname" (an empty dict, not triton's,
+    where this release keeps none)."""
+    try:
+        return resolve(NAMES["jit_function_registry"])
+    except (AttributeError, ImportError):
+        return {}
+
+
 def language() -> Any:
     """triton.language (public; imported at first use)."""
     return importlib.import_module("triton.language")
 
 
-__all__ = ["NAMES", "Internal", "TritonInternalsError", "check", "get", "installed", "language",
-           "problems", "version"]
+__all__ = ["NAMES", "Internal", "TritonInternalsError", "check", "get", "installed",
+           "jit_function_registry", "language", "problems", "unusable_error", "version"]

@@ -38,7 +38,7 @@ class _Rewritten:
         copy = types.FunctionType(fn.__code__, self.globals, fn.__name__, fn.__defaults__,
                                   fn.__closure__)
         copy.__qualname__, copy.__module__ = fn.__qualname__, fn.__module__
-        registry = triton_internals.get("jit_function_registry")
+        registry = triton_internals.jit_function_registry()
         key = f"{fn.__module__}:{fn.__qualname__}"
         kept = registry.get(key)
         try:

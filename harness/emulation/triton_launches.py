@@ -301,11 +301,15 @@ def _jit_call(original):
 def patches(state) -> list[tuple[Any, str, Any]]:
     """`JITFunction.run` and `__call__`, `InterpretedFunction.run` (what `triton.jit` makes under
     TRITON_INTERPRET=1, whose own launcher would run the kernel at once, untracked and uncaptured),
-    and `Autotuner.run` (triton_autotune.py), where triton is installed (its private names checked
-    first); nothing on a torch without triton."""
+    and `Autotuner.run` (triton_autotune.py), where triton is installed; nothing on a torch without
+    triton. Where this triton lacks a private name the interpreter path needs, the `run` methods
+    instead refuse a launch on device memory with the error naming what is missing (a launch on
+    host tensors goes to triton as before), and the emulation enters all the same."""
     if not triton_internals.installed():
         return []
-    triton_internals.check()
+    found = triton_internals.problems()
+    if found:
+        return _refusals(triton_internals.unusable_error(found))
     jit_function = triton_internals.get("JITFunction")
     interpreted = triton_internals.get("InterpretedFunction")
     autotuner = triton_internals.get("Autotuner")
@@ -313,6 +317,28 @@ def patches(state) -> list[tuple[Any, str, Any]]:
             (jit_function, "__call__", _jit_call(jit_function.__dict__["__call__"])),
             (interpreted, "run", _jit_run(state, interpreted.__dict__["run"])),
             (autotuner, "run", autotuner_run(autotuner.__dict__["run"], on_device))]
+
+
+def _refusals(error: Exception) -> list[tuple[Any, str, Any]]:
+    found = []
+    for name in ("JITFunction", "InterpretedFunction", "Autotuner"):
+        try:
+            cls = triton_internals.get(name)
+        except (AttributeError, ImportError):
+            continue
+        if "run" in cls.__dict__:
+            found.append((cls, "run", _refused_run(cls.__dict__["run"], error)))
+    return found
+
+
+def _refused_run(original, error: Exception):
+    def run(self, *args, **kwargs):
+        if on_device(args, kwargs):
+            raise error
+        return original(self, *args, **kwargs)
+
+    run.__wrapped__ = original
+    return run
 
 
 __all__ = ["Launch", "LaunchTable", "NAMESPACE", "launch", "on_device", "patches"]

@@ -268,3 +268,36 @@ def test_no_module_but_the_door_names_a_private_triton_name():
                for path in sorted(harness_dir.rglob("*.py")) if path != door
                for name in sorted(private) if name in path.read_text()]
     assert reached == []
+
+
+def test_a_triton_without_the_registry_of_jitted_functions_is_complete(kernels):
+    """triton 3.6 (torch 2.11's) keeps no registry of jitted functions, which 3.8 has; the harness
+    does without it there. Refusing it refused emulate_cuda() itself on torch 2.11's CUDA wheel."""
+    from harness import triton_internals
+
+    def resolver(entry):
+        if entry.attribute == "_triton_jit_function_registry":
+            raise AttributeError("module 'triton.runtime.jit' has no attribute "
+                                 "'_triton_jit_function_registry'")
+        return triton_internals.resolve(entry)
+
+    assert triton_internals.problems(resolver=resolver) == []
+
+
+def test_a_triton_missing_a_piece_still_enters_and_refuses_only_device_launches(
+        kernels, outside_emulation, monkeypatch):
+    import triton
+
+    from harness import triton_internals
+
+    # an older or newer triton without one of the interpreter's private names
+    monkeypatch.delattr(importlib.import_module("triton.runtime.interpreter"), "_patch_lang")
+    with harness.emulate_cuda(device="cpu"):
+        x = torch.arange(4.0, device="cuda")
+        assert (x * 2).tolist() == [0.0, 2.0, 4.0, 6.0]  # the device works without Triton
+        out = torch.zeros(4, device="cuda")
+        with pytest.raises(triton_internals.TritonInternalsError,
+                           match=rf"triton {triton.__version__} lacks .*_patch_lang \(missing"):
+            kernels.scaled_store_kernel[(1,)](x, out, torch.arange(1, device="cuda"), 4, 2.0,
+                                              BLOCK=4)
+    assert out.tolist() == [0.0, 0.0, 0.0, 0.0]
