@@ -17,14 +17,17 @@ what each thread may consume, rounded up to a multiple of 4 (CUDAGeneratorState:
   4` (cuda/MultinomialKernel.cu); without replacement, or one sample, it draws exponential_ over
   the probabilities, the distribution rule.
 
+- randperm: its random_ keys (int32 while the key bits fit 32, else int64), then n rounded up to 4
+  for the shuffle of equal keys (cuda/Randperm.cu, Randperm.cuh).
+
 What differs from CUDA: the grid depends on the SM count and the threads an SM holds; the emulated
-device takes its `multi_processor_count` and sm_90's 2048 threads. randperm's increment is taken as
-random_'s over n int64 keys (CUDA sorts random keys, then reshuffles ties with its own draws); an op
-this table does not know moves the offset by the distribution rule over its output (docs/fidelity.md).
+device takes its `multi_processor_count` and sm_90's 2048 threads; an op this table does not know
+moves the offset by the distribution rule over its output (docs/fidelity.md).
 """
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import torch
@@ -67,12 +70,21 @@ def increment(func: Any, args: tuple, kwargs: dict, out: Any, sm_count: int) -> 
         return distribution_increment(numel, _random_unroll(overload, args, kwargs, dtype, base),
                                       sm_count)
     if base == "randperm":
-        return distribution_increment(numel, 2, sm_count)
+        return _randperm(numel, sm_count)
     if base in ("native_dropout", "_fused_dropout", "rrelu_with_noise"):
         if base == "native_dropout" and _dropout_is_skipped(args, kwargs):
             return 0
         return distribution_increment(numel, 4, sm_count)
     return distribution_increment(numel, 2 if dtype == torch.float64 else 4, sm_count)
+
+
+def _randperm(n: int, sm_count: int) -> int:
+    """Randperm.cu: random_ keys (int32 where `bits` fit 32, drawn four to a thread, else int64,
+    two), then randperm_handle_duplicate_keys's philox_cuda_state(n), n rounded up to 4."""
+    if n <= 0:
+        return 0
+    bits = min(64, math.ceil(math.log2(n - (6 * n * n + 1) / (math.log(0.9) * 12))))
+    return distribution_increment(n, 4 if bits <= 32 else 2, sm_count) + (n + 3) // 4 * 4
 
 
 def _fixed(name: str) -> int:
