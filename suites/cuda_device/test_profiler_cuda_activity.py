@@ -49,7 +49,8 @@ def test_device_ops_are_kernels_linked_to_their_ops_and_views_launch_none(cuda_k
     assert _row(prof, "aten::mm").device_time_total > 0
     assert _row(prof, "aten::add").device_time_total > 0
     assert _row(prof, "aten::t").device_time_total == 0  # a view: no kernel on CUDA
-    launches = [e for e in prof.events() if e.name == "cudaLaunchKernel"]
+    # cuBLASLt launches its GEMM with cudaLaunchKernelExC (measured on an H100, torch 2.11)
+    launches = [e for e in prof.events() if e.name.startswith("cudaLaunchKernel")]
     assert len(launches) >= 2
 
 
