@@ -17,6 +17,8 @@ kernel)`.
 
 from __future__ import annotations
 
+import functools
+import inspect
 import itertools
 import json
 from dataclasses import dataclass
@@ -214,7 +216,7 @@ def apply_to_events(events: list, the_plan: Plan, use_device: str | None) -> lis
             e.name = e.trace_name = GRAPH_LAUNCH
     for d in the_plan.device_events:
         launcher = by_id.get(d.launcher)
-        kept.append(FunctionEvent(
+        kept.append(_function_event(
             id=d.correlation, name=d.name, trace_name=d.name, thread=d.stream,
             start_us=d.start_us, end_us=d.end_us, use_device=use_device, device_type=_CUDA,
             device_index=d.device, device_resource_id=d.stream, linked_correlation_id=d.launcher,
@@ -222,12 +224,24 @@ def apply_to_events(events: list, the_plan: Plan, use_device: str | None) -> lis
         if launcher is not None:
             launcher.append_kernel(d.name, d.device, d.end_us - d.start_us)
             if d.runtime:
-                kept.append(FunctionEvent(
+                kept.append(_function_event(
                     id=d.correlation, name=d.runtime, trace_name=d.runtime,
                     thread=launcher.thread, start_us=launcher.time_range.start,
                     end_us=launcher.time_range.start, use_device=use_device,
                     linked_correlation_id=d.launcher, stack=[], input_shapes=[]))
     return kept
+
+
+@functools.cache
+def _function_event_parameters() -> frozenset[str]:
+    return frozenset(inspect.signature(FunctionEvent.__init__).parameters)
+
+
+def _function_event(**fields: Any) -> FunctionEvent:
+    """A FunctionEvent of the fields this torch's takes: torch 2.11's has no
+    `linked_correlation_id` (2.13's and 2.14's have), and a device event is one without it."""
+    known = _function_event_parameters()
+    return FunctionEvent(**{name: value for name, value in fields.items() if name in known})
 
 
 def apply_to_trace(path: str, events: list, the_plan: Plan) -> None:
