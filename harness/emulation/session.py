@@ -181,6 +181,12 @@ def _enter_cpu(properties: DeviceProperties, stack: contextlib.ExitStack, schedu
         stack.enter_context(tracking.work)
         stack.enter_context(state.observe(tracking))
         state.streams_tracking = tracking
+    else:
+        # Which work a capture records does not depend on whether races are looked for.
+        from harness.emulation.tracking.capture_streams import CaptureRules
+        from harness.emulation.tracking.observer import stream_key
+
+        stack.enter_context(state.observe(CaptureRules(state, stream_key)))
     from harness.emulation.threads import thread_start_patch
 
     apply(thread_start_patch(state, lambda: is_in_force(state)), stack)

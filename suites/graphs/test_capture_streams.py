@@ -1,7 +1,7 @@
 """Streams during a capture on the emulated CUDA device, as CUDA has them: the legacy default
 stream refused while another stream captures (global and thread_local modes, and the capture
 invalidated), relaxed mode letting that work run outside the graph, fork and join through events,
-and a fork never joined back failing the capture."""
+and a fork never joined back failing the capture; with races strict and off alike."""
 
 from __future__ import annotations
 
@@ -17,10 +17,12 @@ from harness.emulation import emulation_active
 from fixtures.emulated_device import skip_unless_the_emulated_device_can_be_entered
 
 
-@pytest.fixture
-def cuda() -> Iterator[None]:
+@pytest.fixture(params=["strict", "off"], ids=["races strict", "races off"])
+def cuda(request) -> Iterator[None]:
+    """Which work a capture records does not depend on the races setting: with races off the
+    device tracks no streams, and until 2026-12-06 recorded every stream's work into the graph."""
     skip_unless_the_emulated_device_can_be_entered()
-    with harness.emulate_cuda(device="cpu"):
+    with harness.emulate_cuda(device="cpu", races=request.param):
         yield
 
 

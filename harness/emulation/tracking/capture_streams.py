@@ -98,3 +98,40 @@ class CaptureStreams(TorchDispatchMode):
                     f"(torch.cuda.current_stream().wait_stream(side), or wait_event on an event "
                     f"recorded on the side stream after its last op)", where)), op="capture_end")
         return None
+
+
+class CaptureRules:
+    """The capture's stream rules as an observer of the device: a `CaptureStreams` for each
+    capture, told of the forks and joins made during it. Stream tracking (observer.py) holds one;
+    a device without tracking (`races="off"` in issue order) is given one of its own, since which
+    work a capture records does not depend on whether races are looked for."""
+
+    def __init__(self, state: Any, key) -> None:
+        self.state = state
+        self.key = key
+        self.capture: CaptureStreams | None = None
+
+    def on_capture_begin(self, graph, stream, mode: str) -> None:
+        self.capture = CaptureStreams(self.state, stream, mode, self.key)
+        self.capture.__enter__()
+
+    def on_capture_end(self, graph, aborted: bool) -> None:
+        capture, self.capture = self.capture, None
+        if capture is None:
+            return
+        capture.__exit__(None, None, None)
+        if not aborted:
+            error = capture.end_error()
+            if error is not None:
+                raise error
+
+    def on_stream(self, what: str, stream, other) -> None:
+        capture = self.capture
+        if capture is None:
+            return
+        if what == "wait_stream":
+            capture.wait_stream(stream, other)
+        elif what == "wait_event" and other.recorded_on is not None:
+            capture.wait_event(stream, other.event_id)
+        elif what == "record_event":
+            capture.record_event(other.event_id, stream)

@@ -10,7 +10,7 @@ import torch
 
 from harness import torch_internals
 from harness.graphs.emulator.callsite import callsite_later, current_callsite
-from harness.emulation.tracking.capture_streams import CaptureStreams
+from harness.emulation.tracking.capture_streams import CaptureRules, CaptureStreams
 from harness.emulation.tracking.names import name_tensors
 from harness.emulation.tracking.races import RaceError
 from harness.emulation.tracking.work import AsyncWork
@@ -34,7 +34,7 @@ class DeviceStreams:
 
     def __init__(self, state: Any, *, schedule: str, races: str) -> None:
         self.state = state
-        self.capture: CaptureStreams | None = None
+        self.capture_rules = CaptureRules(state, stream_key)
         self.work = AsyncWork(state.memory, lambda: stream_key(state.streams.current()),
                               state.capturing, schedule=schedule, races=races,
                               lazy=schedule == "issue_order")
@@ -89,22 +89,21 @@ class DeviceStreams:
     def on_host_read(self, what: str, tensor) -> None:
         self.work.host_reads(tensor, f"Tensor.{what} on the host", current_callsite())
 
+    @property
+    def capture(self) -> CaptureStreams | None:
+        """The capture under way's stream rules, None outside a capture."""
+        return self.capture_rules.capture
+
     def on_capture_begin(self, graph, stream, mode: str) -> None:
-        self.capture = CaptureStreams(self.state, stream, mode, stream_key)
-        self.capture.__enter__()
+        self.capture_rules.on_capture_begin(graph, stream, mode)
 
     def on_capture_end(self, graph, aborted: bool) -> None:
-        capture, self.capture = self.capture, None
-        if capture is None:
-            return
-        capture.__exit__(None, None, None)
-        if self._pending_activation:
-            self._pending_activation = False
-            self._start()
-        if not aborted:
-            error = capture.end_error()
-            if error is not None:
-                raise error
+        try:
+            self.capture_rules.on_capture_end(graph, aborted)
+        finally:
+            if self._pending_activation:
+                self._pending_activation = False
+                self._start()
 
     def on_stream(self, what: str, stream, other) -> None:
         if what == "sleep":
@@ -113,7 +112,7 @@ class DeviceStreams:
                 self.work.sleep(stream_key(stream), where=current_callsite())
             return
         if self.capture is not None:
-            self._capture_stream_op(what, stream, other)
+            self.capture_rules.on_stream(what, stream, other)
             return  # inside a capture nothing runs: fork and join are the capture's business
         self.activate()
         work = self.work
@@ -133,15 +132,6 @@ class DeviceStreams:
             work.record_stream(other, stream_key(stream))
         elif what == "storage_resize":
             work.run_ahead_of_the_host(stream_key(stream))
-
-    def _capture_stream_op(self, what: str, stream, other) -> None:
-        capture = self.capture
-        if what == "wait_stream":
-            capture.wait_stream(stream, other)
-        elif what == "wait_event" and other.recorded_on is not None:
-            capture.wait_event(stream, other.event_id)
-        elif what == "record_event":
-            capture.record_event(other.event_id, stream)
 
     def issue_replay(self, graph, recording, run, stream) -> None:
         # Cut at the call: freed or moved memory raises here (also memory the caller freed that
