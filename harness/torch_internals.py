@@ -26,6 +26,8 @@ from typing import Any, Callable
 
 import torch
 
+from harness.internals_findings import findings
+
 
 class TorchInternalsError(RuntimeError):
     """This torch lacks (or changed) a private name the harness needs."""
@@ -215,22 +217,8 @@ def problems(names: dict[str, Internal] | None = None,
     """What is wrong with `names` (default: all of NAMES) in this torch, one line per name:
     `path (missing: ...)` or `path (does not behave: ...)`. `resolver` finds an entry's object
     (the seam a test plants a missing name through)."""
-    found = []
-    for entry in (NAMES if names is None else names).values():
-        try:
-            obj = None if entry.lazy else resolver(entry)
-        except (AttributeError, ImportError) as error:
-            found.append(f"{entry.path} (missing: {error})")
-            continue
-        try:
-            behaves = entry.probe(obj)
-        except Exception as error:  # noqa: BLE001 (any failure of a probe is the finding)
-            behaves, detail = False, f"{type(error).__name__}: {error}"
-        else:
-            detail = f"probe {getattr(entry.probe, '__name__', 'check')} returned {behaves!r}"
-        if behaves is not True:
-            found.append(f"{entry.path} (does not behave: {detail})")
-    return found
+    return findings((NAMES if names is None else names).values(),
+                    lambda entry: None if entry.lazy else resolver(entry))
 
 
 def check(names: dict[str, Internal] | None = None,

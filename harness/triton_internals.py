@@ -20,6 +20,8 @@ import inspect
 from dataclasses import dataclass
 from typing import Any, Callable
 
+from harness.internals_findings import findings
+
 
 class TritonInternalsError(RuntimeError):
     """This triton lacks (or changed) a private name the harness needs."""
@@ -127,23 +129,8 @@ def resolve(entry: Internal) -> Any:
 def problems(names: dict[str, Internal] | None = None,
              resolver: Callable[[Internal], Any] = resolve) -> list[str]:
     """What is wrong with `names` (default: all of NAMES) in this triton, one line per name."""
-    found = []
-    for entry in (NAMES if names is None else names).values():
-        try:
-            obj = resolver(entry)
-        except (AttributeError, ImportError) as error:
-            if not entry.optional:
-                found.append(f"{entry.path} (missing: {error})")
-            continue
-        try:
-            behaves = entry.probe(obj)
-        except Exception as error:  # noqa: BLE001 (any failure of a probe is the finding)
-            behaves, detail = False, f"{type(error).__name__}: {error}"
-        else:
-            detail = f"probe {getattr(entry.probe, '__name__', 'check')} returned {behaves!r}"
-        if behaves is not True:
-            found.append(f"{entry.path} (does not behave: {detail})")
-    return found
+    return findings((NAMES if names is None else names).values(), resolver,
+                    optional=lambda entry: entry.optional)
 
 
 def unusable_error(found: list[str]) -> TritonInternalsError:
