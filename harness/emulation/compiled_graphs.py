@@ -453,11 +453,43 @@ def user_compiler_on_device(original):
             return original(self, gm, example_inputs)
         _refuse_cuda_autocast(gm)
         with _torchs_own_cuda(real_is_available):
-            compiled = original(self, gm, example_inputs)
+            try:
+                compiled = original(self, gm, example_inputs)
+            except Exception as error:
+                if _compiles_a_user_triton_kernel(error):
+                    raise _user_triton_kernel_refused(error) from error
+                raise
         return DeviceGraph(compiled, gm, _backend_name(self.compiler_fn),
                            cudagraphs=_wants_cudagraphs(self.compiler_fn))
 
     return call_user_compiler
+
+
+def _compiles_a_user_triton_kernel(error: BaseException) -> bool:
+    """Whether inductor failed on a user's Triton kernel in the graph (a `kernel[grid](...)` or a
+    `torch.library.triton_op`): it compiles the device's graph for the cpu, and triton has no cpu
+    backend to compile the kernel for."""
+    seen = set()
+    while error is not None and id(error) not in seen:
+        seen.add(id(error))
+        if type(error).__name__ == "TritonUnavailableError" or (
+                "triton not built with the 'cpu' backend" in str(error)):
+            return True
+        error = error.__cause__ or error.__context__
+    return False
+
+
+def _user_triton_kernel_refused(error: BaseException) -> "UnsupportedOnEmulatedDevice":
+    from harness.emulation.allocator_tools import UnsupportedOnEmulatedDevice
+
+    return UnsupportedOnEmulatedDevice(
+        "a user's Triton kernel inside a torch.compile'd function on the emulated CUDA device: "
+        "inductor compiles the device's graphs for the cpu its tensors live on, and triton has no "
+        "cpu backend to compile the kernel for (inductor: " + (str(error).strip().splitlines()
+                                                               or [""])[-1][:200] + "). The "
+        "emulated device runs Triton kernels launched eagerly (through Triton's interpreter); "
+        "keep the launch out of the compiled region (torch.compiler.disable on the function that "
+        "launches it) or run that function uncompiled under the emulation")
 
 
 @contextlib.contextmanager

@@ -301,3 +301,30 @@ def test_a_triton_missing_a_piece_still_enters_and_refuses_only_device_launches(
             kernels.scaled_store_kernel[(1,)](x, out, torch.arange(1, device="cuda"), 4, 2.0,
                                               BLOCK=4)
     assert out.tolist() == [0.0, 0.0, 0.0, 0.0]
+
+
+def test_a_triton_kernel_inside_a_compiled_function_is_refused_by_name(kernels, cuda_device):
+    """inductor compiles the emulated device's graphs for the cpu, and triton has no cpu backend:
+    the launch inside the compiled region failed with inductor's "triton not built with the 'cpu'
+    backend". It is refused by name, with the remedy; the remedy (the launch kept out of the
+    compiled region) runs the kernel through the interpreter."""
+    torch._dynamo.reset()
+    x, slot = torch.arange(4.0, device="cuda").view(1, 4), torch.tensor([0], device="cuda")
+
+    def compiled_launch(a):
+        out = torch.zeros_like(a)
+        kernels.scaled_store_kernel[(1,)](a, out, slot, 4, 2.0, BLOCK=4)
+        return out + 1
+
+    with pytest.raises(Exception, match="UnsupportedOnEmulatedDevice: a user's Triton kernel "
+                                         "inside a torch.compile'd function"):
+        torch.compile(compiled_launch)(x)
+
+    @torch.compiler.disable
+    def launched_eagerly(a):
+        out = torch.zeros_like(a)
+        kernels.scaled_store_kernel[(1,)](a, out, slot, 4, 2.0, BLOCK=4)
+        return out
+
+    assert torch.compile(lambda a: launched_eagerly(a * 1) + 1)(x).tolist() == [[1.0, 3.0, 5.0, 7.0]]
+    torch._dynamo.reset()
