@@ -177,6 +177,9 @@ NAMES: dict[str, Internal] = {
     "library_impls": Internal("torch.library", "_impls", lambda impls: isinstance(impls, set)),
     "inductor_cudagraph_trees": Internal("torch._inductor.cudagraph_trees", "",
                                          _found("torch._inductor.cudagraph_trees"), lazy=True),
+    # where dynamo keeps the user Triton kernels a graph launches (kernel_side_table)
+    "triton_kernel_wrap": Internal("torch._higher_order_ops.triton_kernel_wrap", "",
+                                   _found("torch._higher_order_ops.triton_kernel_wrap"), lazy=True),
     "tree_unflatten": Internal("torch.utils._pytree", "tree_unflatten"),
     "dynamo_convert_frame": Internal("torch._dynamo.convert_frame", "",
                                      _found("torch._dynamo.convert_frame"), lazy=True),
@@ -327,7 +330,7 @@ sample_dirichlet = bind(NAMES["sample_dirichlet"])
 def lazy_module(name: str) -> Any:
     """One of the heavy private modules of NAMES marked lazy (`dynamo_output_graph`,
     `dynamo_eval_frame`, `dynamo_utils`, `triton_utils`, `inductor_config`,
-    `inductor_cudagraph_trees`), imported at first use."""
+    `inductor_cudagraph_trees`, `triton_kernel_wrap`), imported at first use."""
     entry = NAMES[name]
     if not entry.lazy or entry.attribute:
         raise ValueError(f"{name!r} is not a lazy module of harness.torch_internals.NAMES")

@@ -29,7 +29,7 @@ from typing import Any, Callable
 
 import torch
 
-from harness import torch_internals
+from harness import torch_internals, triton_internals
 from harness.torch_internals import get_current_function_mode_stack as _get_current_function_mode_stack
 
 from harness.emulation.compiled_devices import Placement, has_transfers, placement, register_markers
@@ -452,6 +452,7 @@ def user_compiler_on_device(original):
         if emulation_active() != "cpu":
             return original(self, gm, example_inputs)
         _refuse_cuda_autocast(gm)
+        _user_triton_kernels_as_device_ops(gm)
         with _torchs_own_cuda(real_is_available):
             try:
                 compiled = original(self, gm, example_inputs)
@@ -463,6 +464,37 @@ def user_compiler_on_device(original):
                            cudagraphs=_wants_cudagraphs(self.compiler_fn))
 
     return call_user_compiler
+
+
+def _user_triton_kernels_as_device_ops(gm) -> None:
+    """Each user Triton kernel dynamo traced into `gm` (`kernel[grid](...)` in the compiled
+    function) becomes a call of the device's op for that kernel (triton_launches.py), which runs it
+    through Triton's interpreter when the graph runs: inductor, compiling for the cpu, would try to
+    compile the kernel for a cpu backend triton does not have. A launch with a grid computed in
+    the graph, or with TMA descriptors, is left to inductor (and refused by name there)."""
+    hop = getattr(torch.ops.higher_order, "triton_kernel_wrapper_mutation", None)
+    nodes = [node for node in gm.graph.nodes
+             if node.op == "call_function" and hop is not None and node.target is hop]
+    if not nodes or not triton_internals.installed() or triton_internals.problems():
+        return
+    from harness.emulation.active import active_state
+    from harness.emulation.triton_launches import graph_launch
+
+    table = torch_internals.lazy_module("triton_kernel_wrap").kernel_side_table
+    state = active_state()
+    for node in nodes:
+        grid = tuple(node.kwargs["grid"][0])
+        if node.kwargs.get("tma_descriptor_metadata") or not all(isinstance(g, int) for g in grid):
+            continue
+        arguments = {**node.kwargs["kwargs"],
+                     **table.get_constant_args(node.kwargs["constant_args_idx"])}
+        op, written, read, number = graph_launch(
+            state, table.get_kernel(node.kwargs["kernel_idx"]), arguments, grid,
+            lambda value: isinstance(value, torch.fx.Node))
+        with gm.graph.inserting_before(node):
+            gm.graph.call_function(op, (written, read, number))
+        gm.graph.erase_node(node)
+    gm.recompile()
 
 
 def _compiles_a_user_triton_kernel(error: BaseException) -> bool:

@@ -272,6 +272,31 @@ def launch(state, kernel: Any, args: tuple, kwargs: dict, grid: Any) -> None:
         _OPS.of(kernel)(written, read, number)
 
 
+def graph_launch(state, kernel: Any, arguments: dict[str, Any], grid: tuple,
+                 is_tensor) -> tuple[Any, list, list, int]:
+    """A launch a compiled graph makes (dynamo traced `kernel[grid](...)`): the kernel's op, the
+    arguments it writes and reads (the graph's values, those `is_tensor` says are tensors), and
+    the number of the launch's record, kept for every call of the graph. An autotuner takes its
+    first config, as an eager launch does."""
+    if isinstance(kernel, triton_internals.get("Autotuner")):
+        arguments = {**arguments, **kernel.configs[0].kwargs}
+        kernel = kernel.fn
+    bound = _bind(kernel, (), arguments)
+    sizes = _grid(grid, bound)
+    writes = written_parameters(kernel.fn)
+    written: list[Any] = []
+    read: list[Any] = []
+    slotted = []
+    for name, value in bound.items():
+        if is_tensor(value):
+            into = written if writes is None or name in writes else read
+            into.append(value)
+            value = _Slot(into is written, len(into) - 1)
+        slotted.append((name, value))
+    number = state.triton_launches.add(Launch(kernel, sizes, tuple(slotted), kept=True))
+    return _OPS.of(kernel), written, read, number
+
+
 # --- what the emulation puts in place -----------------------------------------------------------
 
 
@@ -341,4 +366,4 @@ def _refused_run(original, error: Exception):
     return run
 
 
-__all__ = ["Launch", "LaunchTable", "NAMESPACE", "launch", "on_device", "patches"]
+__all__ = ["Launch", "LaunchTable", "NAMESPACE", "graph_launch", "launch", "on_device", "patches"]

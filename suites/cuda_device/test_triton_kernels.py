@@ -303,28 +303,55 @@ def test_a_triton_missing_a_piece_still_enters_and_refuses_only_device_launches(
     assert out.tolist() == [0.0, 0.0, 0.0, 0.0]
 
 
-def test_a_triton_kernel_inside_a_compiled_function_is_refused_by_name(kernels, cuda_device):
-    """inductor compiles the emulated device's graphs for the cpu, and triton has no cpu backend:
-    the launch inside the compiled region failed with inductor's "triton not built with the 'cpu'
-    backend". It is refused by name, with the remedy; the remedy (the launch kept out of the
-    compiled region) runs the kernel through the interpreter."""
+def test_a_triton_kernel_launched_in_a_compiled_function_runs_and_replays(kernels, cuda_device):
+    """dynamo traces `kernel[grid](...)` into the graph; inductor compiles the device's graphs for
+    the cpu, where triton has no backend ("triton not built with the 'cpu' backend" before). The
+    launch is now the device's op for the kernel, run through the interpreter when the graph runs,
+    also as part of a captured compiled function at each replay."""
     torch._dynamo.reset()
-    x, slot = torch.arange(4.0, device="cuda").view(1, 4), torch.tensor([0], device="cuda")
+    slot = torch.tensor([0], device="cuda")
 
-    def compiled_launch(a):
+    def step(a):
         out = torch.zeros_like(a)
         kernels.scaled_store_kernel[(1,)](a, out, slot, 4, 2.0, BLOCK=4)
         return out + 1
 
-    with pytest.raises(Exception, match="UnsupportedOnEmulatedDevice: a user's Triton kernel "
-                                         "inside a torch.compile'd function"):
-        torch.compile(compiled_launch)(x)
+    compiled = torch.compile(step)
+    x = torch.arange(4.0, device="cuda").view(1, 4)
+    assert compiled(x).tolist() == [[1.0, 3.0, 5.0, 7.0]]
+    compiled(x)  # warm, as runtimes do before capture
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = compiled(x)
+    x.copy_(torch.full((1, 4), 10.0, device="cuda"))
+    graph.replay()
+    torch.cuda.synchronize()
+    assert out.tolist() == [[21.0, 21.0, 21.0, 21.0]]
+    torch._dynamo.reset()
 
-    @torch.compiler.disable
-    def launched_eagerly(a):
+
+def test_a_triton_op_inside_a_compiled_function_is_refused_by_name(kernels, cuda_device):
+    """A `torch.library.triton_op` is traced into its kernel by AOTAutograd, after the device
+    turned dynamo's launches into its ops: inductor meets the kernel and has no cpu backend for
+    it. Refused by name with the remedy (inductor's "triton not built with the 'cpu' backend"
+    before); the remedy (the launch kept out of the compiled region) runs it."""
+    from torch.library import triton_op, wrap_triton
+
+    torch._dynamo.reset()
+    slot = torch.tensor([0], device="cuda")
+
+    @triton_op("harness_tests::scaled_store", mutates_args={})
+    def scaled_store(a: torch.Tensor, slots: torch.Tensor) -> torch.Tensor:
         out = torch.zeros_like(a)
-        kernels.scaled_store_kernel[(1,)](a, out, slot, 4, 2.0, BLOCK=4)
+        wrap_triton(kernels.scaled_store_kernel)[(1,)](a, out, slots, 4, 2.0, BLOCK=4)
         return out
 
-    assert torch.compile(lambda a: launched_eagerly(a * 1) + 1)(x).tolist() == [[1.0, 3.0, 5.0, 7.0]]
+    x = torch.arange(4.0, device="cuda").view(1, 4)
+    assert scaled_store(x, slot).tolist() == [[0.0, 2.0, 4.0, 6.0]]  # eager: the interpreter
+    with pytest.raises(Exception, match="UnsupportedOnEmulatedDevice: a user's Triton kernel "
+                                         "inside a torch.compile'd function"):
+        torch.compile(lambda a, s: scaled_store(a, s) + 1)(x, slot)
+    launched_eagerly = torch.compiler.disable(scaled_store)
+    assert torch.compile(lambda a, s: launched_eagerly(a * 1, s) + 1)(x, slot).tolist() == [
+        [1.0, 3.0, 5.0, 7.0]]
     torch._dynamo.reset()
