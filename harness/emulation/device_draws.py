@@ -131,20 +131,27 @@ class Draws:
              increment: int | None = None) -> Any:
         """Run the op on values drawn at `state`'s (seed, offset), then move the offset by
         `increment` (CUDA's for this op, when None)."""
-        seed = scratch_seed(state.seed, state.offset)
-        position = _generator_position(func)
-        if position is None:
-            out = _with_default_generator(seed, func, args, kwargs)
-        else:
-            scratch = torch.Generator()
-            scratch.manual_seed(seed)
-            if len(args) > position:
-                args = (*args[:position], scratch, *args[position + 1:])
-            else:
-                kwargs = {**kwargs, func._schema.arguments[position].name: scratch}
-            out = func(*args, **kwargs)
+        out = _drawing(scratch_seed(state.seed, state.offset), func, args, kwargs)
         state.advance(self.increment(func, args, kwargs, out) if increment is None else increment)
         return out
+
+
+def _drawing(seed: int, func: Any, args: tuple, kwargs: dict) -> Any:
+    """`func(*args, **kwargs)` drawing from a scratch cpu generator seeded `seed`: an op whose
+    schema takes a generator is handed it there; anything else has its generator objects replaced
+    by it and the cpu's default generator seeded the same for the call."""
+    scratch = torch.Generator()
+    scratch.manual_seed(seed)
+    position = (_generator_position(func) if isinstance(func, torch_internals.OpOverload)
+                else None)
+    if position is None:
+        args, kwargs = tree_map_only(torch.Generator, lambda _: scratch, (args, kwargs))
+        return _with_default_generator(seed, func, args, kwargs)
+    if len(args) > position:
+        args = (*args[:position], scratch, *args[position + 1:])
+    else:
+        kwargs = {**kwargs, func._schema.arguments[position].name: scratch}
+    return func(*args, **kwargs)
 
 
 def _with_default_generator(seed: int, func: Any, args: tuple, kwargs: dict) -> Any:
@@ -160,14 +167,8 @@ def _with_default_generator(seed: int, func: Any, args: tuple, kwargs: dict) -> 
 
 
 def replay_draw(state: PhiloxState, increment: int, fn: Any, args: tuple, kwargs: dict) -> Any:
-    """A recorded step `fn(*args, **kwargs)` of a random op, drawing from `state` at replay: its
-    generator objects (wherever the step holds them) become a scratch generator, and the cpu's
-    default generator holds the scratch seed for an op without one."""
-    seed = scratch_seed(state.seed, state.offset)
-    scratch = torch.Generator()
-    scratch.manual_seed(seed)
-    args, kwargs = tree_map_only(torch.Generator, lambda _: scratch, (args, kwargs))
-    out = _with_default_generator(seed, fn, args, kwargs)
+    """A recorded step `fn(*args, **kwargs)` of a random op, drawing from `state` at replay."""
+    out = _drawing(scratch_seed(state.seed, state.offset), fn, args, kwargs)
     state.advance(increment)
     return out
 
