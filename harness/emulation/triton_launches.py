@@ -134,19 +134,25 @@ def _filled(value: Any, written: list, read: list) -> Any:
     return value
 
 
-def _slotted(value: Any, writes: bool, written: list, read: list) -> Any:
-    """`value` with each tensor in it replaced by its slot (the tensor appended to its list)."""
-    if isinstance(value, torch.Tensor):
+def _is_tensor(value: Any) -> bool:
+    return isinstance(value, torch.Tensor)
+
+
+def _slotted(value: Any, writes: bool, written: list, read: list, is_tensor=_is_tensor) -> Any:
+    """`value` with each tensor in it (what `is_tensor` says is one: a torch tensor, or a compiled
+    graph's value for one) replaced by its slot, the tensor appended to its list."""
+    if is_tensor(value):
         into = written if writes else read
         into.append(value)
         return _Slot(writes, len(into) - 1)
     if isinstance(value, triton_internals.get("TensorWrapper")):
-        return _Reinterpreted(_slotted(value.base, writes, written, read), value.dtype)
+        return _Reinterpreted(_slotted(value.base, writes, written, read, is_tensor), value.dtype)
     if _is_descriptor(value):
         fields = tuple((name, getattr(value, name)) for name in _descriptor_fields(value))
-        return _Described(type(value), _slotted(value.base, writes, written, read), fields)
+        return _Described(type(value), _slotted(value.base, writes, written, read, is_tensor),
+                          fields)
     if type(value) is tuple:
-        return tuple(_slotted(v, writes, written, read) for v in value)
+        return tuple(_slotted(v, writes, written, read, is_tensor) for v in value)
     return value
 
 
@@ -260,16 +266,24 @@ def launch(state, kernel: Any, args: tuple, kwargs: dict, grid: Any) -> None:
     sizes = _grid(grid, bound)
     if 0 in sizes:
         return  # Triton's launcher launches nothing for an empty grid
-    writes = written_parameters(kernel.fn)
-    written: list[torch.Tensor] = []
-    read: list[torch.Tensor] = []
-    arguments = tuple((name, _slotted(value, writes is None or name in writes, written, read))
-                      for name, value in bound.items())
-    number = state.triton_launches.add(Launch(kernel, sizes, arguments, kept=state.capturing()))
+    written, read, number = _recorded(state, kernel, bound, sizes, kept=state.capturing())
     # Below autograd, as CUDA's launch never reaches autograd: no in-place checks, no version
     # counter bumped, whatever tensors (inference tensors, leaves that require grad) it writes.
     with torch_internals.AutoDispatchBelowADInplaceOrView():
         _OPS.of(kernel)(written, read, number)
+
+
+def _recorded(state, kernel: Any, bound: dict[str, Any], sizes: tuple[int, int, int], *,
+              kept: bool, is_tensor=_is_tensor) -> tuple[list, list, int]:
+    """The tensors a launch writes and reads, and the number of its record in the device's table
+    (`kept` for every run of a capture's or a compiled graph's launch)."""
+    writes = written_parameters(kernel.fn)
+    written: list[Any] = []
+    read: list[Any] = []
+    arguments = tuple((name, _slotted(value, writes is None or name in writes, written, read,
+                                      is_tensor))
+                      for name, value in bound.items())
+    return written, read, state.triton_launches.add(Launch(kernel, sizes, arguments, kept=kept))
 
 
 def graph_launch(state, kernel: Any, arguments: dict[str, Any], grid: tuple,
@@ -277,23 +291,13 @@ def graph_launch(state, kernel: Any, arguments: dict[str, Any], grid: tuple,
     """A launch a compiled graph makes (dynamo traced `kernel[grid](...)`): the kernel's op, the
     arguments it writes and reads (the graph's values, those `is_tensor` says are tensors), and
     the number of the launch's record, kept for every call of the graph. An autotuner takes its
-    first config, as an eager launch does."""
+    first config."""
     if isinstance(kernel, triton_internals.get("Autotuner")):
         arguments = {**arguments, **kernel.configs[0].kwargs}
         kernel = kernel.fn
     bound = _bind(kernel, (), arguments)
-    sizes = _grid(grid, bound)
-    writes = written_parameters(kernel.fn)
-    written: list[Any] = []
-    read: list[Any] = []
-    slotted = []
-    for name, value in bound.items():
-        if is_tensor(value):
-            into = written if writes is None or name in writes else read
-            into.append(value)
-            value = _Slot(into is written, len(into) - 1)
-        slotted.append((name, value))
-    number = state.triton_launches.add(Launch(kernel, sizes, tuple(slotted), kept=True))
+    written, read, number = _recorded(state, kernel, bound, _grid(grid, bound), kept=True,
+                                      is_tensor=is_tensor)
     return _OPS.of(kernel), written, read, number
 
 

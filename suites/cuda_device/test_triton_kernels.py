@@ -355,3 +355,16 @@ def test_a_triton_op_inside_a_compiled_function_is_refused_by_name(kernels, cuda
     assert torch.compile(lambda a, s: launched_eagerly(a * 1, s) + 1)(x, slot).tolist() == [
         [1.0, 3.0, 5.0, 7.0]]
     torch._dynamo.reset()
+
+
+def test_an_autotuned_launch_in_a_compiled_function_takes_the_first_config(kernels, cuda_device):
+    torch._dynamo.reset()
+    x, y = torch.arange(8.0, device="cuda"), torch.ones(8, device="cuda")
+
+    def add(a, b):
+        out = torch.empty_like(a)
+        kernels.autotuned_add_kernel[(2,)](a, b, out, 8)  # BLOCK 4: two programs cover 8
+        return out * 2
+
+    assert torch.compile(add)(x, y).tolist() == [2.0 * (v + 1) for v in range(8)]
+    torch._dynamo.reset()
