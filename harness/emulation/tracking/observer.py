@@ -137,8 +137,11 @@ class DeviceStreams:
         # Cut at the call: freed or moved memory raises here (also memory the caller freed that
         # only queued work still keeps alive), and a graph reset while its replay is still queued
         # runs what was launched, as CUDA finishes a launch of a destroyed graph.
+        # The launch's checks read data pointers of the captured tensors, which the placement
+        # mode would take for device calls of the user's.
         holds = self.work.mode.holds
-        prepared = recording.replay_in_steps(holds.caller_dropped if holds else None)
+        with torch_internals.DisableTorchFunction():
+            cut = recording.replay_in_steps(holds.caller_dropped if holds else None)
 
         def steps() -> list:
             def without_torch_function(step):
@@ -146,7 +149,7 @@ class DeviceStreams:
                     with torch_internals.DisableTorchFunction():
                         step()
                 return run_step
-            return [without_torch_function(step) for step in prepared]
+            return [without_torch_function(step) for step in cut()]
 
         segments = getattr(graph, "replay_segments", ())
         for *_, event in segments:

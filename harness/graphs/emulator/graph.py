@@ -106,9 +106,11 @@ class EmulatedGraph(CapturedGraph):
                 raise
 
     def replay_in_steps(self, caller_dropped: Callable[[torch.UntypedStorage], bool] | None = None
-                        ) -> list[Callable[[], None]]:
-        """`replay()` cut at each recorded call, for a stream schedule that interleaves the
-        replay with other streams' work (two graphs replayed concurrently, as on a GPU).
+                        ) -> Callable[[], list[Callable[[], None]]]:
+        """Launch a replay for a stream schedule: refused here if its memory is gone, then run
+        whole (`replay()`) or cut at each recorded call by the function returned, for a schedule
+        that interleaves the replay with other streams' work (two graphs replayed concurrently,
+        as on a GPU). The cut is made only when asked for: most launches run at once, whole.
         `caller_dropped(storage)`: whether only the schedule's queued work still holds a storage
         (an earlier launch still queued keeps memory alive that the caller freed, which CUDA gave
         back to the allocator at the free): this launch is refused as for freed memory."""
@@ -137,10 +139,12 @@ class EmulatedGraph(CapturedGraph):
                     first()
             return run
 
-        runs = [step(*s) for s in steps]
-        # Exactly one of the two runs a launch: these steps, or the whole replay (whose
-        # `_begin_run` takes the launch back instead).
-        return [started(runs[0] if runs else None), *runs[1:]]
+        def cut() -> list[Callable[[], None]]:
+            runs = [step(*s) for s in steps]
+            # Exactly one of the two runs a launch: these steps, or the whole replay (whose
+            # `_begin_run` takes the launch back instead).
+            return [started(runs[0] if runs else None), *runs[1:]]
+        return cut
 
     def replay_observed(self, before: Callable[[OpRecord], Any],
                         after: Callable[[OpRecord], Any]) -> None:
