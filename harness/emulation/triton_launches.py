@@ -221,7 +221,23 @@ _OPS = _Ops()
 def _run(written: list[torch.Tensor], read: list[torch.Tensor], launch: int) -> None:
     """The op's kernel: the launch's Triton kernel through the interpreter."""
     record = active_state().triton_launches.take(launch)
-    run_grid(record.kernel, record.grid, record.bound(written, read))
+    _without_dynamo(run_grid)(record.kernel, record.grid, record.bound(written, read))
+
+
+_UNCOMPILED: dict[Any, Any] = {}
+
+
+def _without_dynamo(fn):
+    """`fn` with dynamo's frame callback off while it runs. A launch that dynamo leaves out of a
+    compiled function's graph (a graph break: an autotuner config with a `pre_hook`, which dynamo
+    does not trace) runs eagerly inside dynamo's callback, which offers every new Python frame for
+    compiling; the device's own modules are skipped (compiled_graphs.keep_dynamo_out), but the
+    frames of Triton's interpreter they call were not, and dynamo failed inside them. On CUDA
+    those frames would be a compiled kernel's launch, no Python at all."""
+    wrapped = _UNCOMPILED.get(fn)
+    if wrapped is None:
+        wrapped = _UNCOMPILED[fn] = torch.compiler.disable(fn)
+    return wrapped
 
 
 def _run_meta(written: list[torch.Tensor], read: list[torch.Tensor], launch: int) -> None:

@@ -54,3 +54,19 @@ def autotuned_add_kernel(x_ptr, y_ptr, out_ptr, n, BLOCK: tl.constexpr):
 def heuristic_sum_kernel(x_ptr, out_ptr, n, BLOCK: tl.constexpr):
     offsets = tl.arange(0, BLOCK)
     tl.atomic_add(out_ptr, tl.sum(tl.load(x_ptr + offsets, mask=offsets < n, other=0.0)))
+
+
+def _zero_the_output(arguments) -> None:
+    arguments["out_ptr"].zero_()
+
+
+@triton.autotune(configs=[triton.Config({"BLOCK": 4}, pre_hook=_zero_the_output),
+                          triton.Config({"BLOCK": 8}, pre_hook=_zero_the_output)], key=["n"])
+@triton.jit
+def accumulated_add_kernel(x_ptr, y_ptr, out_ptr, n, BLOCK: tl.constexpr):
+    """x + y added into out, which each config's pre_hook zeroes first (as split-K kernels
+    zero their accumulator)."""
+    offsets = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    mask = offsets < n
+    tl.atomic_add(out_ptr + offsets, tl.load(x_ptr + offsets, mask=mask)
+                  + tl.load(y_ptr + offsets, mask=mask), mask=mask)

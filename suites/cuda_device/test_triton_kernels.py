@@ -368,3 +368,25 @@ def test_an_autotuned_launch_in_a_compiled_function_takes_the_first_config(kerne
 
     assert torch.compile(add)(x, y).tolist() == [2.0 * (v + 1) for v in range(8)]
     torch._dynamo.reset()
+
+
+def test_an_autotuned_launch_with_a_pre_hook_in_a_compiled_function_runs_eagerly(kernels,
+                                                                                  triton_where):
+    """dynamo does not trace an autotuner whose configs have a `pre_hook` ("pre_hook and
+    post_hook are not supported in triton.Autotune or triton.Config"): a graph break, and the
+    launch runs eagerly between two graphs, its frames offered to dynamo. The interpreter's frames
+    were compiled there before and failed ("'constexpr' object has no attribute 'value'")."""
+    torch._dynamo.reset()
+    counters = importlib.import_module("torch._dynamo.utils").counters
+    counters.clear()
+    x, y = torch.arange(8.0, device="cuda"), torch.ones(8, device="cuda")
+
+    def add(a, b):
+        out = torch.ones_like(a)  # the pre_hook zeroes it before the kernel adds into it
+        kernels.accumulated_add_kernel[lambda meta: (triton_cdiv(8, meta["BLOCK"]),)](
+            a, b, out, 8)
+        return out * 2
+
+    assert torch.compile(add)(x, y).tolist() == [2.0 * (v + 1) for v in range(8)]
+    assert any("pre_hook" in reason for reason in counters["graph_break"])
+    torch._dynamo.reset()
