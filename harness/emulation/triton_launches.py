@@ -43,6 +43,7 @@ from harness.emulation.device_memory import is_device_memory
 from harness.emulation.triton_autotune import autotuner_run
 from harness.emulation.triton_interpreter import call_helper, interpreting, run_grid
 from harness.emulation.triton_writes import written_parameters
+from harness.graphs.emulator.graph import replaying
 
 NAMESPACE = "harness_triton"
 _SCHEMA = "(Tensor(a!)[] written, Tensor[] read, int launch) -> ()"
@@ -248,8 +249,12 @@ def _run_meta(written: list[torch.Tensor], read: list[torch.Tensor], launch: int
 
 
 def on_device(args: tuple, kwargs: dict) -> bool:
-    """Whether a launch's arguments hold device memory (it is the emulated device's to run)."""
-    return any(is_device_memory(t) for value in (*args, *kwargs.values()) for t in _tensors(value))
+    """Whether a launch is the emulated device's to run: its arguments hold device memory, or it
+    is met while a graph replays (inside a recorded custom op's body, a `torch.library.triton_op`
+    or a compiled graph, whose tensors are the replay's aliases of captured memory, which carry
+    no device mark: a launch there went to triton's driver and failed)."""
+    return replaying() or any(is_device_memory(t) for value in (*args, *kwargs.values())
+                              for t in _tensors(value))
 
 
 def _bind(kernel: Any, args: tuple, kwargs: dict) -> dict[str, Any]:

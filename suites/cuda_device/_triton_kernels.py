@@ -3,8 +3,10 @@ Importing this module imports triton: the tests import it only once triton is kn
 
 from __future__ import annotations
 
+import torch
 import triton
 import triton.language as tl
+from torch.library import triton_op, wrap_triton
 
 
 @triton.jit
@@ -70,3 +72,12 @@ def accumulated_add_kernel(x_ptr, y_ptr, out_ptr, n, BLOCK: tl.constexpr):
     mask = offsets < n
     tl.atomic_add(out_ptr + offsets, tl.load(x_ptr + offsets, mask=mask)
                   + tl.load(y_ptr + offsets, mask=mask), mask=mask)
+
+
+@triton_op("harness_tests::scaled_row", mutates_args={})
+def scaled_row(x: torch.Tensor, slots: torch.Tensor) -> torch.Tensor:
+    """A `torch.library.triton_op`: row slots[0] of a fresh zero tensor shaped as `x` gets row 0
+    of x times 2, through `scaled_store_kernel`."""
+    out = torch.zeros_like(x)
+    wrap_triton(scaled_store_kernel)[(1,)](x, out, slots, x.shape[1], 2.0, BLOCK=4)
+    return out

@@ -330,6 +330,24 @@ def test_a_triton_kernel_launched_in_a_compiled_function_runs_and_replays(kernel
     torch._dynamo.reset()
 
 
+def test_a_triton_op_runs_eagerly_and_replays_from_a_capture(kernels, triton_where):
+    """A `torch.library.triton_op` called eagerly launches its kernel as any launch. Captured,
+    its body runs at each replay on the replay's aliases of the captured memory, which carry no
+    device mark: the launch there went to triton's driver ("libcuda.so cannot found!" on the CUDA
+    wheel without a GPU) before a launch met during a replay was the device's."""
+    slot = torch.tensor([0], device="cuda")
+    x = torch.arange(4.0, device="cuda").view(1, 4)
+    assert kernels.scaled_row(x, slot).tolist() == [[0.0, 2.0, 4.0, 6.0]]
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = kernels.scaled_row(x, slot)
+    x.copy_(torch.full((1, 4), 10.0, device="cuda"))
+    graph.replay()
+    torch.cuda.synchronize()
+    assert out.tolist() == [[20.0, 20.0, 20.0, 20.0]]
+
+
 def test_a_triton_op_inside_a_compiled_function_is_refused_by_name(kernels, cuda_device):
     """A `torch.library.triton_op` is traced into its kernel by AOTAutograd, after the device
     turned dynamo's launches into its ops: inductor meets the kernel and has no cpu backend for

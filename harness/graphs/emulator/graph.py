@@ -5,6 +5,8 @@ both."""
 
 from __future__ import annotations
 
+import contextlib
+import threading
 from typing import Any, Callable
 
 import torch
@@ -26,6 +28,27 @@ from harness.graphs.emulator.storage_changes import CapturedTensor, first_change
 # the address check is C calls too (dereference the storage objects, read their data pointers).
 _expired = torch_internals.storage_expired
 _data_ptr = torch.UntypedStorage.data_ptr
+
+
+_REPLAYS = threading.local()
+
+
+def replaying() -> bool:
+    """Whether this thread is running a replay's recorded calls. Everything a replay runs is the
+    device's work on captured memory, also what runs inside a recorded op's Python kernel (a
+    custom op's body, a compiled graph's code), whose tensors are the replay's own aliases of
+    that memory: the emulated device launches a Triton kernel met there on the device."""
+    return getattr(_REPLAYS, "depth", 0) > 0
+
+
+@contextlib.contextmanager
+def _replay_running():
+    depth = getattr(_REPLAYS, "depth", 0)
+    _REPLAYS.depth = depth + 1
+    try:
+        yield
+    finally:
+        _REPLAYS.depth = depth
 
 
 class EmulatedGraph(CapturedGraph):
@@ -81,7 +104,8 @@ class EmulatedGraph(CapturedGraph):
         steps = self._begin_run()
         # Autograd never sees a graph's work (as on CUDA); inference mode is kept as captured
         # because capture-time outputs are inference tensors exactly when it was on.
-        with torch.inference_mode(self._inference_mode), AutoDispatchBelowADInplaceOrView():
+        with torch.inference_mode(self._inference_mode), AutoDispatchBelowADInplaceOrView(), \
+                _replay_running():
             try:
                 for fn, args, kwargs in steps:
                     fn(*args, **kwargs)
@@ -94,7 +118,8 @@ class EmulatedGraph(CapturedGraph):
         profiler brackets each as one kernel); the graph's RNG state bookkeeping, which is no
         node of CUDA's graph, runs as in `replay()`."""
         steps = self._begin_run()
-        with torch.inference_mode(self._inference_mode), AutoDispatchBelowADInplaceOrView():
+        with torch.inference_mode(self._inference_mode), AutoDispatchBelowADInplaceOrView(), \
+                _replay_running():
             try:
                 for fn, args, kwargs in steps:
                     if is_state_step(fn):
@@ -124,7 +149,8 @@ class EmulatedGraph(CapturedGraph):
                 # regrew memory the step writes through its raw pointers (a graph reset meanwhile
                 # still runs what was launched, as CUDA finishes a launch of a destroyed graph).
                 self._refuse_lost_memory(released_ok=True)
-                with torch.inference_mode(inference), AutoDispatchBelowADInplaceOrView():
+                with torch.inference_mode(inference), AutoDispatchBelowADInplaceOrView(), \
+                        _replay_running():
                     try:
                         fn(*args, **kwargs)
                     except (IndexError, RuntimeError) as error:
@@ -154,7 +180,8 @@ class EmulatedGraph(CapturedGraph):
         by_step: dict[int, list[OpRecord]] = {}
         for record in self.records:
             by_step.setdefault(record.step, []).append(record)
-        with torch.inference_mode(self._inference_mode), AutoDispatchBelowADInplaceOrView():
+        with torch.inference_mode(self._inference_mode), AutoDispatchBelowADInplaceOrView(), \
+                _replay_running():
             for index, (fn, args, kwargs) in enumerate(steps):
                 records = by_step.get(index, ())
                 for record in records:
