@@ -185,6 +185,9 @@ NAMES: dict[str, Internal] = {
                                      _found("torch._dynamo.convert_frame"), lazy=True),
     "inductor_compile_fx": Internal("torch._inductor.compile_fx", "",
                                     _found("torch._inductor.compile_fx"), lazy=True),
+    # AOTAutograd's config: `decompose_custom_triton_ops` (torch.export keeps triton_ops whole)
+    "functorch_config": Internal("torch._functorch.config", "", _found("torch._functorch.config"),
+                                 lazy=True),
     "set_allocator_settings": Internal("torch._C", "_accelerator_setAllocatorSettings"),
     # CUDA's caching allocator's private pools (the graph sanitizer's pools, sanitizer_pools.py)
     "cuda_begin_allocate_current_thread_to_pool": Internal(
@@ -330,7 +333,8 @@ sample_dirichlet = bind(NAMES["sample_dirichlet"])
 def lazy_module(name: str) -> Any:
     """One of the heavy private modules of NAMES marked lazy (`dynamo_output_graph`,
     `dynamo_eval_frame`, `dynamo_utils`, `triton_utils`, `inductor_config`,
-    `inductor_cudagraph_trees`, `triton_kernel_wrap`), imported at first use."""
+    `inductor_cudagraph_trees`, `triton_kernel_wrap`, `functorch_config`), imported at first
+    use."""
     entry = NAMES[name]
     if not entry.lazy or entry.attribute:
         raise ValueError(f"{name!r} is not a lazy module of harness.torch_internals.NAMES")

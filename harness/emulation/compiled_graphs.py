@@ -453,7 +453,7 @@ def user_compiler_on_device(original):
             return original(self, gm, example_inputs)
         _refuse_cuda_autocast(gm)
         _user_triton_kernels_as_device_ops(gm)
-        with _torchs_own_cuda(real_is_available):
+        with _torchs_own_cuda(real_is_available), _triton_ops_kept_whole():
             try:
                 compiled = original(self, gm, example_inputs)
             except Exception as error:
@@ -497,10 +497,25 @@ def _user_triton_kernels_as_device_ops(gm) -> None:
     gm.recompile()
 
 
+def _triton_ops_kept_whole():
+    """AOTAutograd with `torch.library.triton_op`s kept whole, as torch.export keeps them
+    (`decompose_custom_triton_ops` off). AOTAutograd otherwise traces a triton_op into its body,
+    whose kernels reach inductor as `triton_kernel_wrapper_*` nodes, and inductor, compiling the
+    device's graph for the cpu, has no triton backend for them. Kept whole, the op is a call in the
+    compiled graph: its body runs when the graph runs, its kernels launched as the device launches
+    any (through Triton's interpreter, as one device op; a capture of the compiled function records
+    the graph, whose replays run it again). The flag is AOTAutograd's config, so it is part of
+    its cache key: a graph compiled so is never served to a compile that decomposes."""
+    config = torch_internals.lazy_module("functorch_config")
+    if not hasattr(config, "decompose_custom_triton_ops"):  # a torch before triton_op
+        return contextlib.nullcontext()
+    return config.patch(decompose_custom_triton_ops=False)
+
+
 def _compiles_a_user_triton_kernel(error: BaseException) -> bool:
-    """Whether inductor failed on a user's Triton kernel in the graph (a `kernel[grid](...)` or a
-    `torch.library.triton_op`): it compiles the device's graph for the cpu, and triton has no cpu
-    backend to compile the kernel for."""
+    """Whether inductor failed on a user's Triton kernel in the graph (a `kernel[grid](...)` left
+    to it: a grid the graph computes, TMA descriptors): it compiles the device's graph for the
+    cpu, and triton has no cpu backend to compile the kernel for."""
     seen = set()
     while error is not None and id(error) not in seen:
         seen.add(id(error))
@@ -557,7 +572,8 @@ def inductor_on_host(original):
     def compile_fx(*args, **kwargs):
         if emulation_active() != "cpu":
             return original(*args, **kwargs)
-        with _torchs_own_cuda(real_is_available), torch_internals.disable_current_modes():
+        with _torchs_own_cuda(real_is_available), _triton_ops_kept_whole(), \
+                torch_internals.disable_current_modes():
             return original(*args, **kwargs)
 
     return compile_fx

@@ -348,30 +348,56 @@ def test_a_triton_op_runs_eagerly_and_replays_from_a_capture(kernels, triton_whe
     assert out.tolist() == [[20.0, 20.0, 20.0, 20.0]]
 
 
-def test_a_triton_op_inside_a_compiled_function_is_refused_by_name(kernels, cuda_device):
-    """A `torch.library.triton_op` is traced into its kernel by AOTAutograd, after the device
-    turned dynamo's launches into its ops: inductor meets the kernel and has no cpu backend for
-    it. Refused by name with the remedy (inductor's "triton not built with the 'cpu' backend"
-    before); the remedy (the launch kept out of the compiled region) runs it."""
-    from torch.library import triton_op, wrap_triton
-
+def test_a_triton_op_inside_a_compiled_function_runs_and_replays(kernels, triton_where):
+    """AOTAutograd traces a triton_op into its kernel, which inductor, compiling the device's
+    graphs for the cpu, has no triton backend for (refused by name before: "a user's Triton kernel
+    inside a torch.compile'd function"). The device's compiles keep the op whole, as torch.export
+    does; its kernel runs through the interpreter when the graph runs, in a capture of the
+    compiled function at each replay, and under mode="reduce-overhead"."""
     torch._dynamo.reset()
     slot = torch.tensor([0], device="cuda")
-
-    @triton_op("harness_tests::scaled_store", mutates_args={})
-    def scaled_store(a: torch.Tensor, slots: torch.Tensor) -> torch.Tensor:
-        out = torch.zeros_like(a)
-        wrap_triton(kernels.scaled_store_kernel)[(1,)](a, out, slots, 4, 2.0, BLOCK=4)
-        return out
-
     x = torch.arange(4.0, device="cuda").view(1, 4)
-    assert scaled_store(x, slot).tolist() == [[0.0, 2.0, 4.0, 6.0]]  # eager: the interpreter
+    compiled = torch.compile(lambda a, s: kernels.scaled_row(a, s) + 1)
+    assert compiled(x, slot).tolist() == [[1.0, 3.0, 5.0, 7.0]]
+    compiled(x, slot)  # warm, as runtimes do before capture
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = compiled(x, slot)
+    x.copy_(torch.full((1, 4), 10.0, device="cuda"))
+    graph.replay()
+    torch.cuda.synchronize()
+    assert out.tolist() == [[21.0, 21.0, 21.0, 21.0]]
+    overhead = torch.compile(lambda a, s: kernels.scaled_row(a, s) * 3, mode="reduce-overhead")
+    for value in (1.0, 2.0, 3.0):  # warm-up, capture, replay
+        result = overhead(torch.full((1, 4), value, device="cuda"), slot)
+        torch.cuda.synchronize()
+        assert result.tolist() == [[6.0 * value] * 4]
+    torch._dynamo.reset()
+
+
+def test_a_launch_whose_grid_the_graph_computes_is_refused_by_name(kernels, cuda_device):
+    """A grid computed inside the graph (from a dynamic size) is left to inductor, which has no
+    cpu backend for the kernel: refused by name with the remedy, which works (the launching
+    function kept out of the compiled region runs the kernel through the interpreter)."""
+    torch._dynamo.reset()
+
+    def step(a, slots):
+        out = torch.zeros_like(a)
+        kernels.scaled_store_kernel[(a.shape[0],)](a, out, slots, 4, 2.0, BLOCK=4)
+        return out + 1
+
+    x = torch.arange(8.0, device="cuda").view(2, 4)
+    slots = torch.tensor([1, 0], device="cuda")
+    torch._dynamo.mark_dynamic(x, 0)
+    torch._dynamo.mark_dynamic(slots, 0)
     with pytest.raises(Exception, match="UnsupportedOnEmulatedDevice: a user's Triton kernel "
                                          "inside a torch.compile'd function"):
-        torch.compile(lambda a, s: scaled_store(a, s) + 1)(x, slot)
-    launched_eagerly = torch.compiler.disable(scaled_store)
-    assert torch.compile(lambda a, s: launched_eagerly(a * 1, s) + 1)(x, slot).tolist() == [
-        [1.0, 3.0, 5.0, 7.0]]
+        torch.compile(step)(x, slots)
+    torch._dynamo.reset()
+    launched_eagerly = torch.compiler.disable(step)
+    assert torch.compile(lambda a, s: launched_eagerly(a * 1, s) * 2)(x, slots).tolist() == [
+        [18.0, 22.0, 26.0, 30.0], [2.0, 6.0, 10.0, 14.0]]
     torch._dynamo.reset()
 
 
