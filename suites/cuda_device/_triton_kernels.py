@@ -81,3 +81,17 @@ def scaled_row(x: torch.Tensor, slots: torch.Tensor) -> torch.Tensor:
     out = torch.zeros_like(x)
     wrap_triton(scaled_store_kernel)[(1,)](x, out, slots, x.shape[1], 2.0, BLOCK=4)
     return out
+
+
+@torch.library.custom_op("harness_tests::scaled_row_cuda", mutates_args=(), device_types="cuda")
+def scaled_row_cuda(x: torch.Tensor, slots: torch.Tensor) -> torch.Tensor:
+    """`scaled_row` as runtimes register their ops (vLLM's direct_register_custom_op): a CUDA
+    kernel in Python that launches the Triton kernel."""
+    out = torch.zeros_like(x)
+    scaled_store_kernel[(1,)](x, out, slots, x.shape[1], 2.0, BLOCK=4)
+    return out
+
+
+@scaled_row_cuda.register_fake
+def _(x: torch.Tensor, slots: torch.Tensor) -> torch.Tensor:
+    return torch.empty_like(x)

@@ -348,6 +348,22 @@ def test_a_triton_op_runs_eagerly_and_replays_from_a_capture(kernels, triton_whe
     assert out.tolist() == [[20.0, 20.0, 20.0, 20.0]]
 
 
+def test_a_cuda_only_custom_op_launching_a_kernel_replays_from_a_capture(kernels, triton_where):
+    """A runtime's op with only a CUDA kernel in Python, which launches a Triton kernel: captured
+    as one op, run again at each replay, where its launch is the device's."""
+    slot = torch.tensor([0], device="cuda")
+    x = torch.arange(4.0, device="cuda").view(1, 4)
+    assert kernels.scaled_row_cuda(x, slot).tolist() == [[0.0, 2.0, 4.0, 6.0]]
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = kernels.scaled_row_cuda(x, slot)
+    x.copy_(torch.full((1, 4), 5.0, device="cuda"))
+    graph.replay()
+    torch.cuda.synchronize()
+    assert out.tolist() == [[10.0, 10.0, 10.0, 10.0]]
+
+
 def test_a_triton_op_inside_a_compiled_function_runs_and_replays(kernels, triton_where):
     """AOTAutograd traces a triton_op into its kernel, which inductor, compiling the device's
     graphs for the cpu, has no triton backend for (refused by name before: "a user's Triton kernel
