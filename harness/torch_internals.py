@@ -367,6 +367,11 @@ def fake_tensor_mode(**options: Any) -> Any:
     return importlib.import_module("torch._subclasses.fake_tensor").FakeTensorMode(**options)
 
 
+def shape_env() -> Any:
+    """A fresh torch.fx.experimental.symbolic_shapes.ShapeEnv (imported at first use)."""
+    return importlib.import_module("torch.fx.experimental.symbolic_shapes").ShapeEnv()
+
+
 def torch_namespace(path: str) -> Any:
     """The torch module or class a dotted path names ("torch._C", "torch.cuda.graph"): what the
     emulated device replaces attributes of, private owners included."""

@@ -353,7 +353,10 @@ def _analyse(graph_module, args) -> tuple[frozenset, tuple, type]:
     from torch.multiprocessing.reductions import StorageWeakRef
 
     with torch_internals.disable_current_modes(), torch_internals.DisableTorchFunction():
-        mode = torch_internals.fake_tensor_mode(allow_non_fake_inputs=True)
+        # A ShapeEnv lets the graph read a scalar input's value (`item()`): a float that
+        # `dynamic=True` passes as a 0-dim tensor becomes a symbol instead of an error.
+        mode = torch_internals.fake_tensor_mode(allow_non_fake_inputs=True,
+                                                shape_env=torch_internals.shape_env())
         with mode:
             fakes = [torch.empty_strided(a.size(), a.stride(), dtype=a.dtype)
                      .as_strided(a.size(), a.stride(), a.storage_offset())

@@ -37,8 +37,9 @@ from harness.emulation.checkpoints import location_tag, restore_location
 from harness.emulation.capture_frees import OPTION, parse_settings, unmodelled_settings
 from harness.emulation.capture_syncs import refuse_host_sync
 from harness.graphs.emulator.watch_refs import install_swaps_past_watches
-from harness.emulation.storages import (share_cuda_refused, storage_device, storage_is_shared,
-                                        storage_new, storage_resize)
+from harness.emulation.storages import (share_cuda_refused, storage_device,
+                                        storage_from_data_pointer, storage_is_shared, storage_new,
+                                        storage_resize)
 from harness.emulation.generators import generator_class
 from harness.emulation.rules import (DeviceIndexError, cuda_index, generator_made_in_capture,
                                      names_cuda)
@@ -288,6 +289,9 @@ def stream_context_class(state) -> type:
     streams = state.streams
 
     class StreamContext:
+        # Every change goes through `torch.cuda.set_stream`, looked up at each call, as torch's own
+        # StreamContext does: a runtime that wraps it to follow the current stream (vLLM keeps
+        # its current stream in a thread-local so) sees each stream context.
         def __init__(self, stream: Stream | None) -> None:
             self.stream = stream
             self.idx = -1 if stream is None else stream.device_index
@@ -298,16 +302,16 @@ def stream_context_class(state) -> type:
             if self.stream is None:
                 return
             self._prev_index = state.current_index
-            self._saved = [streams.current(self._prev_index),
-                           streams.current(self.stream.device_index)]
-            state.current_index = self.stream.device_index
-            streams.set_current(self.stream)
+            self._saved = [streams.current(self._prev_index)]
+            if self.stream.device_index != self._prev_index:
+                self._saved.append(streams.current(self.stream.device_index))
+            torch.cuda.set_stream(self.stream)
 
         def __exit__(self, *exc) -> None:
             if self.stream is None:
                 return
             for saved in reversed(self._saved):
-                streams.set_current(saved)
+                torch.cuda.set_stream(saved)
             state.current_index = self._prev_index
 
     return StreamContext
@@ -723,7 +727,6 @@ REPLACEMENTS: tuple[Replacement, ...] = (
     _cuda("Event", lambda state: Event, "value"),
     _cuda("current_stream", current_stream),
     _cuda("default_stream", default_stream),
-    _cuda("set_stream", set_stream),
     _cuda("stream", stream),
     _cuda("StreamContext", stream_context_class, "value"),
     _cuda("is_current_stream_capturing", is_current_stream_capturing),
@@ -787,6 +790,7 @@ REPLACEMENTS: tuple[Replacement, ...] = (
     _private("_cuda_resetPeakHostMemoryStats", reset_peak_host_memory_stats),
     _private("_cuda_resetAccumulatedHostMemoryStats", reset_accumulated_host_memory_stats),
     *(_private(name, tunable_op(method), "value") for name, method in TUNABLE_OP_NAMES.items()),
+    _private("_construct_storage_from_data_pointer", storage_from_data_pointer, "value"),
 
     Replacement("torch.cuda.nvtx", "_nvtx", nvtx_ranges, "value"),
     Replacement("torch.cuda", "_cudart", emulated_cudart, "value"),

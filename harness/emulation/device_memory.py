@@ -171,6 +171,13 @@ class DeviceMemory:
         for listener in self.adoption_listeners:
             listener(storage)
 
+    def mark_alias(self, storage: torch.UntypedStorage) -> None:
+        """Mark `storage`, which does not own its bytes (made from a data pointer into device
+        memory), device memory: no allocation of its own, as CUDA's allocator makes none."""
+        setattr(storage, MEMORY_ATTR, DEVICE)
+        for listener in self.adoption_listeners:
+            listener(storage)
+
     def _allocate(self, ref, nbytes: int, stream) -> None:
         self._live += nbytes
         if not self._modelled:

@@ -12,6 +12,7 @@ from typing import Any
 
 import torch
 
+from harness import torch_internals
 from harness.emulation import device_indices
 from harness.emulation.device_indices import storage_index
 from harness.emulation.device_memory import is_device_memory
@@ -86,6 +87,25 @@ def storage_new(state) -> staticmethod:
         return made.untyped_storage()
 
     return staticmethod(new)
+
+
+def storage_from_data_pointer(state):
+    """`torch._C._construct_storage_from_data_pointer(ptr, device, nbytes)`: a storage over bytes
+    it does not own, what cudagraph trees and runtimes' weak references to graph outputs are made
+    of (vLLM keeps its captured outputs so). For a cuda device, the host bytes at `ptr` marked as
+    device memory; a CPU build would make a storage that says cuda and that no device op takes."""
+    base = torch_internals.construct_storage_from_data_pointer
+
+    def construct(data_ptr: int, device: Any, nbytes: int) -> torch.UntypedStorage:
+        if not names_cuda(device):
+            return base(data_ptr, device, nbytes)
+        index = cuda_index(device, state.current_index, state.properties.count)
+        storage = base(data_ptr, torch.device("cpu"), nbytes)
+        state.memory.mark_alias(storage)
+        device_indices.set_storage_index(storage, index)
+        return storage
+
+    return construct
 
 
 def share_cuda_refused(state):

@@ -116,6 +116,15 @@ def changes_metadata(func) -> bool:
             or func._schema.name.split("::")[-1] in _REALLOCATING)
 
 
+@functools.lru_cache(maxsize=None)
+def only_metadata(func) -> bool:
+    """Ops that change nothing but a tensor's shape, strides or storage on the host (`set_`,
+    `unsqueeze_`, `t_`, `as_strided_`): CUDA launches nothing for them, so a capture runs them when
+    it meets them and its graph has no node of theirs."""
+    return (torch.Tag.inplace_view in func.tags
+            or func._schema.name.split("::")[-1] == "set_")
+
+
 def is_seeded(func) -> bool:
     """Random ops take their generator offset when issued: they must not be reordered."""
     return torch.Tag.nondeterministic_seeded in func.tags

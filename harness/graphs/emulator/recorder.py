@@ -30,7 +30,7 @@ from harness.graphs.emulator.pool import (Block, PoolArena, block_of, laid_out_l
                                           laid_out_like_once, poison_value)
 from harness.graphs.emulator.shared_blocks import SharedBlock
 from harness.graphs.emulator.shapes import lacks_meta_kernel, result_shapes, to_meta
-from harness.graphs.emulator.accesses import higher_order_tensors, split_accesses
+from harness.graphs.emulator.accesses import higher_order_tensors, only_metadata, split_accesses
 from harness.graphs.emulator.trace import Argument, OpRecord, Origin
 from harness.graphs.emulator.private_generators import (is_registered, private_generator,
                                                         unregistered_generator_error)
@@ -134,7 +134,7 @@ class Recorder(TorchDispatchMode):
                 return func.decompose(*args, **kwargs)
         self._check_generator(func, kwargs)
         kind = opinfo.op_kind(func)
-        if kind is OpKind.VIEW:
+        if kind is OpKind.VIEW or only_metadata(func):
             return func(*args, **kwargs)
         first_step = len(self.steps)
         if kind is OpKind.MUTATING:
