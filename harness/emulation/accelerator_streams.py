@@ -6,6 +6,12 @@ the emulation both names are classes whose construction for cuda (or for no devi
 accelerator is cuda there) makes the emulated device's stream or event (cuda_streams.py), and for
 any other device torch's own object. `isinstance(x, torch.Stream)` holds for both kinds, as
 `isinstance(torch.cuda.Stream(), torch.Stream)` does on CUDA.
+
+`torch.accelerator.current_stream()` is a `torch.Stream` on CUDA, not a `torch.cuda.Stream`: it
+compares unequal to `torch.cuda.current_stream()` (torch.cuda.Stream's `__eq__` takes its own type
+only) though it names the same stream, and runtimes rebuild a `torch.cuda.Stream` from its ids.
+`AcceleratorStream` is that object for an emulated stream: torch's own class, with the device's
+stream doing its work.
 """
 
 from __future__ import annotations
@@ -14,7 +20,7 @@ from typing import Any
 
 import torch
 
-from harness.emulation.cuda_streams import Event, Stream
+from harness.emulation.cuda_streams import Event, Stream, as_device_stream
 from harness.emulation.rules import names_cuda
 
 _TorchStream = torch.Stream
@@ -47,7 +53,11 @@ def stream_class(state) -> type:
     class DeviceStream(_TorchStream, metaclass=_EitherStream):
         __doc__ = _TorchStream.__doc__
 
-        def __new__(cls, device: Any = None, *, priority: int = 0):
+        def __new__(cls, device: Any = None, *, priority: int = 0, **ids):
+            if ids:  # torch.Stream(stream_id=, device_index=, device_type=): an existing stream
+                if ids.get("device_type") == 1:  # c10::DeviceType::CUDA
+                    return AcceleratorStream(as_device_stream(_TorchStream(**ids)))
+                return _TorchStream(**ids)
             if _on_device(device):
                 return Stream(device, priority=priority)
             return _TorchStream(device, priority=priority)
@@ -76,3 +86,56 @@ def event_class(state) -> type:
 
     DeviceEvent.__name__ = DeviceEvent.__qualname__ = "Event"
     return DeviceEvent
+
+
+class AcceleratorStream(_TorchStream):
+    """A `torch.Stream` naming one of the device's streams (see the module docstring)."""
+
+    def __new__(cls, stream: Stream):
+        self = _TorchStream.__new__(cls, stream_id=stream.stream_id,
+                                    device_index=stream.device_index,
+                                    device_type=stream.device_type)
+        self.device_stream = stream
+        return self
+
+    def query(self) -> bool:
+        return self.device_stream.query()
+
+    def synchronize(self) -> None:
+        self.device_stream.synchronize()
+
+    def wait_event(self, event) -> None:
+        self.device_stream.wait_event(event)
+
+    def wait_stream(self, stream) -> None:
+        self.device_stream.wait_stream(as_device_stream(stream))
+
+    def record_event(self, event=None):
+        return self.device_stream.record_event(event)
+
+    def is_capturing(self) -> bool:
+        return self.device_stream.is_capturing()
+
+    @property
+    def native_handle(self) -> int:
+        return self.device_stream.cuda_stream
+
+    def __enter__(self) -> "AcceleratorStream":
+        self.device_stream.__enter__()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.device_stream.__exit__(*exc)
+
+
+def accelerator_current_stream(state, device: Any = None) -> AcceleratorStream:
+    """`torch.accelerator.current_stream()`: the current stream, as torch's generic type."""
+    return AcceleratorStream(state.streams.current(device))
+
+
+def accelerator_set_stream(state, stream) -> None:
+    """`torch.accelerator.set_stream()`: either kind of stream, made current with its device."""
+    stream = as_device_stream(stream)
+    state.streams.set_current(stream)
+    state.current_index = stream.device_index
+

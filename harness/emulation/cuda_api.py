@@ -29,7 +29,9 @@ import torch.cuda.streams
 import torch.serialization
 
 from harness import torch_internals
-from harness.emulation.accelerator_streams import event_class, stream_class
+from harness.emulation.accelerator_streams import (accelerator_current_stream,
+                                                   accelerator_set_stream, event_class,
+                                                   stream_class)
 from harness.emulation.backward import engine_with_placement, saved_tensor_hooks_with_placement
 from harness.emulation.autocast import clearing_cache_too
 from harness.emulation.compiled_graphs import compile_patches, keep_dynamo_out
@@ -46,7 +48,7 @@ from harness.emulation.rules import (DeviceIndexError, cuda_index, generator_mad
 from harness.emulation.allocator_tools import UnsupportedOnEmulatedDevice
 from harness.emulation.cuda_graph import CUDAGraph
 from harness.emulation.cudart import EmulatedCudart
-from harness.emulation.cuda_streams import Event, ExternalStream, Stream
+from harness.emulation.cuda_streams import Event, ExternalStream, Stream, as_device_stream
 from harness.emulation.device_memory import is_device_memory
 from harness.emulation.tools import (NvtxRanges, check_memory_fraction,
                                                  check_sync_debug_mode)
@@ -276,12 +278,6 @@ def current_stream(state, device: Any = None) -> Stream:
 
 def default_stream(state, device: Any = None) -> Stream:
     return state.streams.default(device)
-
-
-def set_stream(state, stream: Stream) -> None:
-    if stream is None:
-        return
-    state.streams.set_current(stream)
 
 
 def stream_context_class(state) -> type:
@@ -523,7 +519,7 @@ def record_stream(state, self, stream) -> None:
             "Could not run 'aten::record_stream' with arguments from the 'CPU' backend. "
             f"(Tensor.record_stream of a host tensor of shape {tuple(self.shape)}: only device "
             f"memory has streams to record.)")
-    state.streams.record_stream(self, stream)
+    state.streams.record_stream(self, as_device_stream(stream))
 
 
 def list_gpu_processes(state, device: Any = None) -> str:
@@ -755,8 +751,8 @@ REPLACEMENTS: tuple[Replacement, ...] = (
     _accelerator("current_device_idx", current_device_index),
     _accelerator("set_device_index", set_device),
     _accelerator("set_device_idx", set_device),
-    _accelerator("current_stream", current_stream),
-    _accelerator("set_stream", set_stream),
+    _accelerator("current_stream", accelerator_current_stream),
+    _accelerator("set_stream", accelerator_set_stream),
     _accelerator("synchronize", synchronize),
     _accelerator("memory_allocated", memory_allocated),
     _accelerator("max_memory_allocated", max_memory_allocated),

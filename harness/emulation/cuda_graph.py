@@ -53,6 +53,7 @@ class EmulatedCUDAGraph:
         self._replay_observer = None
         self.capture_error_mode: str | None = None
         self.capture_thread: int | None = None  # the thread that began the capture
+        self._capture_stream = None  # the stream its last capture began on
         # The first refused call of the capture in progress (capture_syncs.py), and the events
         # recorded on its streams: querying those conflicts with the capture in every mode.
         self._invalidation: CaptureError | None = None
@@ -99,6 +100,7 @@ class EmulatedCUDAGraph:
         self.capture_error_mode, self.capture_thread = capture_error_mode, threading.get_ident()
         self._invalidation, self._recorded_events = None, []
         host.begin_capture(self, stream, arena)
+        self._capture_stream = stream
         self._pool_in_use.append(arena)
         try:
             session.begin()
@@ -114,6 +116,9 @@ class EmulatedCUDAGraph:
 
     def capture_end(self) -> None:
         session = self._session
+        # CUDAGraph::capture_end checks the stream before anything else, a second call included.
+        if self._capture_stream is not None and self._host.current_stream() != self._capture_stream:
+            raise RuntimeError("Capture must end on the same stream it began on.")
         if session is None:
             raise RuntimeError("capture_end() called before capture_begin().")
         self._session = None

@@ -30,6 +30,7 @@ from harness.emulation.capture_syncs import refuse_host_sync
 from harness.emulation.capture_waits import refuse_uncaptured_wait
 from harness.emulation.rules import captured_event_used
 
+_TorchStream = torch.Stream  # torch's own class (the emulation replaces the name while it lasts)
 _STREAM_HANDLE_BASE = 0x7E0000  # fake `cuda_stream` handles, distinct from 0 (the default stream)
 # (least, greatest) priority, as torch reports it on CUDA: see Stream.__new__
 PRIORITY_RANGE = (0, -3)
@@ -109,6 +110,7 @@ class Stream:
 
     def wait_stream(self, stream: "Stream") -> None:
         state = _state()
+        stream = as_device_stream(stream)
         refuse_uncaptured_wait(state, self, other=stream, what="Stream.wait_stream()")
         state.streams.joins(self, stream)
         state.notify_stream("wait_stream", self, stream)
@@ -190,7 +192,7 @@ class Event:
 
     def record(self, stream: Stream | None = None) -> None:
         state = _state()
-        stream = state.streams.current() if stream is None else stream
+        stream = state.streams.current() if stream is None else as_device_stream(stream)
         self.recorded_on = stream
         self._time = time.perf_counter()
         self._captured_by = None
@@ -201,7 +203,7 @@ class Event:
         state.notify_stream("record_event", stream, self)
 
     def wait(self, stream: Stream | None = None) -> None:
-        stream = _state().streams.current() if stream is None else stream
+        stream = _state().streams.current() if stream is None else as_device_stream(stream)
         stream.wait_event(self)
 
     def query(self) -> bool:
@@ -303,6 +305,21 @@ class Streams:
 
     def record_stream(self, tensor: torch.Tensor, stream: Stream) -> None:
         self._state.notify_stream("record_stream", stream, tensor)
+
+
+def as_device_stream(stream: Any) -> Any:
+    """A `torch.Stream` naming a CUDA stream (what `torch.accelerator.current_stream()` gives, or
+    one made from ids) as the device's Stream of that id, where the device's calls take one as
+    CUDA's take either; anything else as it is."""
+    if stream is None or isinstance(stream, Stream) or not isinstance(stream, _TorchStream):
+        return stream
+    if stream.device_type != 1:  # c10::DeviceType::CUDA
+        return stream
+    known = getattr(stream, "device_stream", None)
+    if known is not None:
+        return known
+    found = _state().streams.by_id.get((stream.stream_id, stream.device_index))
+    return found if found is not None else Stream(stream.device_index, stream_id=stream.stream_id)
 
 
 def _state():

@@ -82,3 +82,54 @@ def test_jiterator_kernels_are_refused_by_name(cuda_device):
     double = torch.cuda.jiterator._create_jit_fn("template <typename T> T twice(T x) { return 2 * x; }")
     with pytest.raises(UnsupportedOnEmulatedDevice, match="torch.cuda.jiterator .* NVRTC"):
         double(torch.ones(2, device="cuda"))
+
+
+def test_the_accelerators_current_stream_is_a_generic_stream(cuda_kind):
+    if cuda_kind == "sanitizer":
+        pytest.skip("the sanitizer's streams are CUDA's own: torch answers for them")
+    acc, cur = torch.accelerator.current_stream(), torch.cuda.current_stream()
+    assert isinstance(acc, torch.Stream) and not isinstance(acc, torch.cuda.Stream)
+    # torch.cuda.Stream.__eq__ takes its own type only: unequal, though both name one stream
+    assert not acc == cur and not cur == acc
+    assert acc == torch.accelerator.current_stream()
+    assert (acc.stream_id, acc.device_index, acc.device) == (cur.stream_id, cur.device_index,
+                                                             torch.device("cuda", 0))
+    rebuilt = torch.cuda.Stream(stream_id=acc.stream_id, device_index=acc.device_index,
+                                device_type=acc.device_type)
+    assert rebuilt == cur
+    side = torch.cuda.Stream()
+    with torch.cuda.stream(side):
+        assert torch.accelerator.current_stream().stream_id == side.stream_id
+    torch.accelerator.set_stream(torch.Stream(stream_id=side.stream_id,
+                                              device_index=side.device_index,
+                                              device_type=side.device_type))
+    assert torch.cuda.current_stream() == side
+    torch.accelerator.set_stream(cur)
+    assert torch.cuda.current_stream() == cur
+
+
+def test_the_accelerators_stream_works_where_a_cuda_stream_does(cuda_kind):
+    if cuda_kind == "sanitizer":
+        pytest.skip("the sanitizer's streams are CUDA's own: torch answers for them")
+    acc = torch.accelerator.current_stream()
+    side = torch.cuda.Stream()
+    x = torch.ones(4, device="cuda")
+    side.wait_stream(acc)
+    event = torch.cuda.Event()
+    event.record(acc)
+    side.wait_event(event)
+    x.record_stream(acc)
+    acc.synchronize()
+    assert acc.query()
+    with acc:
+        assert torch.cuda.current_stream().stream_id == acc.stream_id
+
+
+def test_a_second_capture_end_on_another_stream_is_refused(cuda_kind):
+    x = torch.ones(4, device="cuda")
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        x.mul_(2)
+    # ended by torch.cuda.graph on its capture stream; the default stream is current again
+    with pytest.raises(RuntimeError, match="Capture must end on the same stream it began on"):
+        graph.capture_end()
