@@ -106,6 +106,7 @@ def _returns_host_value(func) -> bool:
 
 
 _REALLOCATING = frozenset({"resize_", "resize_as_", "set_", "_resize_output_"})
+_RESIZING = _REALLOCATING - {"set_"}
 
 
 @functools.lru_cache(maxsize=None)
@@ -120,9 +121,10 @@ def changes_metadata(func) -> bool:
 def only_metadata(func) -> bool:
     """Ops that change nothing but a tensor's shape, strides or storage on the host (`set_`,
     `unsqueeze_`, `t_`, `as_strided_`): CUDA launches nothing for them, so a capture runs them when
-    it meets them and its graph has no node of theirs."""
-    return (torch.Tag.inplace_view in func.tags
-            or func._schema.name.split("::")[-1] == "set_")
+    it meets them and its graph has no node of theirs. `resize_` is tagged so too, but growing
+    a tensor allocates and copies: it stays with the capture's checks."""
+    name = func._schema.name.split("::")[-1]
+    return name == "set_" or (torch.Tag.inplace_view in func.tags and name not in _RESIZING)
 
 
 def is_seeded(func) -> bool:
