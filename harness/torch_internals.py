@@ -215,6 +215,9 @@ NAMES: dict[str, Internal] = {
     # random ops torch.distributions calls (the emulated device's draws, device_draws.py)
     "standard_gamma": Internal("torch", "_standard_gamma"),
     "sample_dirichlet": Internal("torch", "_sample_dirichlet"),
+    # whether Python dispatch is off here (inside a kernel run under _DisableTorchDispatch)
+    "dispatch_tls_is_dispatch_key_excluded": Internal(
+        "torch._C", "_dispatch_tls_is_dispatch_key_excluded"),
 }
 
 
@@ -328,6 +331,7 @@ autograd_profile_start_trace = bind(NAMES["autograd_profile_start_trace"])
 autograd_profile_parse_kineto_results = bind(NAMES["autograd_profile_parse_kineto_results"])
 standard_gamma = bind(NAMES["standard_gamma"])
 sample_dirichlet = bind(NAMES["sample_dirichlet"])
+dispatch_tls_is_dispatch_key_excluded = bind(NAMES["dispatch_tls_is_dispatch_key_excluded"])
 
 
 def lazy_module(name: str) -> Any:

@@ -82,7 +82,9 @@ class GraphCall:
     op: Any  # the OpOverload
     # per output: a TensorLayout (a fresh tensor the op returns), an InputView, or the constant
     outputs: tuple
-    sequence: type  # tuple or list, as the compiled graph returns
+    # tuple or list, as the compiled graph returns; None for one value returned bare (inductor's
+    # compile_fx called on a graph whose output is one tensor, as a runtime's own backend does)
+    sequence: type | None
 
 
 def _library():
@@ -99,9 +101,12 @@ class DeviceGraph:
     """A compiled graph (the backend's callable) as the emulated device runs it."""
 
     def __init__(self, compiled: Callable, graph_module: torch.fx.GraphModule, backend: str,
-                 cudagraphs: bool = False) -> None:
+                 cudagraphs: bool = False, bare_output: bool = False) -> None:
         self.compiled = compiled
         self.graph_module = graph_module
+        # inductor's compile_fx of a graph returning one tensor returns it bare, and rewrites the
+        # graph to return a list
+        self.bare_output = bare_output
         self.opaque = backend in _OPAQUE_BACKENDS
         self.calls: dict[tuple, GraphCall] = {}
         self.name = f"graph_{next(_COUNTER)}"
@@ -211,7 +216,7 @@ class DeviceGraph:
         tensors = [a for a in args if isinstance(a, torch.Tensor)]
         host_inputs = any(a.dim() and not is_device_memory(a) for a in tensors)
         if self.opaque and tensors and not host_inputs and (
-                state.streams_tracking is not None or state.capturing()):
+                state.streams_tracking is not None or state.capturing()) and _device_sees_calls():
             out = self._as_op(state, args)
         else:
             with _on_device(state):
@@ -257,9 +262,9 @@ class DeviceGraph:
         if call is None:
             call = self.calls[key] = self._define(state, args)
         results = iter(call.op(*tensors))
-        return call.sequence(next(results) if isinstance(o, TensorLayout)
-                             else o.of(args) if isinstance(o, InputView) else o
-                             for o in call.outputs)
+        outputs = [next(results) if isinstance(o, TensorLayout)
+                   else o.of(args) if isinstance(o, InputView) else o for o in call.outputs]
+        return outputs[0] if call.sequence is None else call.sequence(outputs)
 
     def _define(self, state, args) -> GraphCall:
         mutated, outputs, sequence = _analyse(self.graph_module, args)
@@ -279,6 +284,8 @@ class DeviceGraph:
                 call_args[i] = t
             with _on_device(state):
                 out = compiled(*call_args)
+            if not isinstance(out, (tuple, list)):
+                out = (out,)
             return [t for t, o in zip(out, outputs) if isinstance(o, TensorLayout)]
 
         def fake(*tensors):
@@ -296,7 +303,21 @@ class DeviceGraph:
             if "already has an DispatchKey::Meta" not in str(error):
                 raise
         op = getattr(getattr(torch.ops, _LIBRARY_NAME), name).default
-        return GraphCall(op, outputs, sequence)
+        return GraphCall(op, outputs, None if self.bare_output else sequence)
+
+
+def _device_sees_calls() -> bool:
+    """Whether a torch call made here reaches the device's dispatch modes (a capture's recorder,
+    the stream tracking). Inside the kernel of an op they dispatched (a runtime's custom op, the
+    harness's compiled piece, whose kernel calls compiled code) they are off: that op is the one
+    the device tracks or records, and the compiled code inside runs as it is."""
+    from harness.emulation.tracking.mode import StreamWork
+    from harness.graphs.emulator.recorder import Recorder
+
+    if torch_internals.dispatch_tls_is_dispatch_key_excluded(torch_internals.DISPATCH_KEY_PYTHON):
+        return False
+    return any(isinstance(mode, (Recorder, StreamWork))
+               for mode in torch_internals.get_current_dispatch_mode_stack())
 
 
 def _shares_memory(t: torch.Tensor, inputs: list) -> bool:
@@ -348,7 +369,7 @@ class _Replay:
         return self.outputs
 
 
-def _analyse(graph_module, args) -> tuple[frozenset, tuple, type]:
+def _analyse(graph_module, args) -> tuple[frozenset, tuple, type | None]:
     """Run the graph on fake tensors: which inputs it writes, what it returns."""
     from torch.multiprocessing.reductions import StorageWeakRef
 
@@ -364,7 +385,7 @@ def _analyse(graph_module, args) -> tuple[frozenset, tuple, type]:
         versions = [f._version if isinstance(f, torch.Tensor) else None for f in fakes]
         with mode, torch_internals.DisableTorchFunction():
             out = graph_module(*fakes)
-    sequence = list if isinstance(out, list) else tuple
+    sequence = list if isinstance(out, list) else tuple if isinstance(out, tuple) else None
     out = out if isinstance(out, (tuple, list)) else (out,)
     inputs = {StorageWeakRef(f.untyped_storage()): i for i, f in enumerate(fakes)
               if isinstance(f, torch.Tensor)}
@@ -388,18 +409,28 @@ def _analyse(graph_module, args) -> tuple[frozenset, tuple, type]:
 def _on_device(state):
     """The graph's own code runs with the placement mode off the stack, its factories counted as
     device memory (a capture's recorder asks that)."""
+    memory = state.memory
+    previous, memory.call_on_device = memory.call_on_device, True
+    try:
+        with _without_placement(state):
+            yield
+    finally:
+        memory.call_on_device = previous
+
+
+@contextlib.contextmanager
+def _without_placement(state):
+    """The placement mode off the stack: device tensors are the cpu tensors they are."""
     from harness.emulation.backward import put_back_function_mode, remove_function_mode
 
-    memory, placement = state.memory, state.placement
+    placement = state.placement
     stack = _get_current_function_mode_stack()
     index = next((i for i, m in enumerate(stack) if m is placement), None)
-    previous, memory.call_on_device = memory.call_on_device, True
     if index is not None:
         remove_function_mode(placement)
     try:
         yield
     finally:
-        memory.call_on_device = previous
         if index is not None:
             put_back_function_mode(placement, index)
 
@@ -463,6 +494,8 @@ def user_compiler_on_device(original):
                 if _compiles_a_user_triton_kernel(error):
                     raise _user_triton_kernel_refused(error) from error
                 raise
+        if isinstance(compiled, DeviceGraph):  # inductor's compile_fx, called by the backend
+            compiled = compiled.compiled
         return DeviceGraph(compiled, gm, _backend_name(self.compiler_fn),
                            cudagraphs=_wants_cudagraphs(self.compiler_fn))
 
@@ -567,7 +600,10 @@ def inductor_on_host(original):
     backend; harness.runtime.compiled): inductor compiles as dynamo's backends do here, with
     torch's own CUDA answers, and with the device's dispatch modes off the stack. Compiling is host
     work: its fake-tensor tracing is no device op for the stream tracking to order (it would meet
-    ops such as `prim::device` that no kernel runs) nor for a capture to record."""
+    ops such as `prim::device` that no kernel runs) nor for a capture to record. What it returns
+    runs as a `DeviceGraph`: inductor's C++ kernels are no torch calls, so a runtime capturing the
+    compiled piece in `torch.cuda.graph` would record only the calls between them (vLLM's
+    default: pieces compiled per size, each captured)."""
     from harness.emulation.active import emulation_active
 
     real_is_available = torch.cuda.is_available
@@ -575,11 +611,25 @@ def inductor_on_host(original):
     def compile_fx(*args, **kwargs):
         if emulation_active() != "cpu":
             return original(*args, **kwargs)
+        graph_module = args[0] if args else kwargs.get("model_")
+        bare = isinstance(graph_module, torch.fx.GraphModule) and _returns_one_value(graph_module)
+        # Without the placement mode the example inputs are the cpu tensors inductor writes code
+        # for (it would build its pattern tables on the "cuda" they report).
+        from harness.emulation.active import active_state
+
         with _torchs_own_cuda(real_is_available), _triton_ops_kept_whole(), \
-                torch_internals.disable_current_modes():
-            return original(*args, **kwargs)
+                torch_internals.disable_current_modes(), _without_placement(active_state()):
+            compiled = original(*args, **kwargs)
+        if not isinstance(graph_module, torch.fx.GraphModule) or isinstance(compiled, DeviceGraph):
+            return compiled  # compile_fx calls itself: the outer call wraps
+        return DeviceGraph(compiled, graph_module, "inductor", bare_output=bare)
 
     return compile_fx
+
+
+def _returns_one_value(graph_module: torch.fx.GraphModule) -> bool:
+    output = next(iter(graph_module.graph.find_nodes(op="output")), None)
+    return output is not None and bool(output.args) and isinstance(output.args[0], torch.fx.Node)
 
 
 def compile_patches(state) -> list[tuple[Any, str, Any]]:
