@@ -6,6 +6,12 @@ On CUDA a pool is named by a `MempoolId_t`, an `(int, int)` tuple: `graph_pool_h
 keeps each pool as a `PoolArena`; this table maps the ids to arenas. An arena lives as long as a
 graph captured into it (CUDA frees a private pool when no graph uses it); an id handed out and not
 yet used gets its arena at its first capture.
+
+CUDA's allocator keeps a pool whose graphs are all gone (use count 0) until a release of cached
+memory (`empty_cache()`, which `torch.cuda.graph` calls before each capture) finds all of its
+memory free and erases it; a capture naming the pool before then fails the allocator's internal
+assert `use_count > 0` in capture_begin. With `refuses_released_pools` (the emulated device) the
+table keeps such an arena until that release and refuses a capture into it in CUDA's words.
 """
 
 from __future__ import annotations
@@ -18,6 +24,23 @@ import torch
 
 from harness.graphs.emulator.pool import PoolArena
 
+# c10/cuda/CUDACachingAllocator.cpp, the pool lookup of beginAllocateToPool (TORCH_INTERNAL_ASSERT;
+# the build's file path and line follow "at" on CUDA).
+RELEASED_POOL = ("it->second->use_count > 0 INTERNAL ASSERT FAILED at "
+                 "\"c10/cuda/CUDACachingAllocator.cpp\", please report a bug to PyTorch. ")
+
+
+def released_pool_message(handle: tuple[int, int], live_blocks: int) -> str:
+    """CUDA's text, then the harness's detail, for a capture into the released pool `handle`."""
+    held = (f"{live_blocks} block(s) of it still alive (tensors its captures allocated), so "
+            f"empty_cache() cannot free it" if live_blocks else
+            "no empty_cache() since (torch.cuda.graph() calls it; capture_begin() does not)")
+    return (f"{RELEASED_POOL}\ncapture into pool {handle!r}: every graph captured into it was reset "
+            f"or destroyed, and CUDA's caching allocator keeps a pool no graph uses until a "
+            f"release of cached memory finds all of it free; {held}. Take a fresh id from "
+            f"torch.cuda.graph_pool_handle() (or let the capture make its own pool) once the "
+            f"graphs sharing a pool are gone, or keep one of them alive while the pool is shared")
+
 
 class PoolHandles:
     """The pool ids of one device (the emulated one, or the sanitizer's GPU)."""
@@ -25,7 +48,8 @@ class PoolHandles:
     def __init__(self, storage_device: torch.device, *, cached: bool = False,
                  new_arena: Callable[[tuple[int, int]], PoolArena] | None = None,
                  new_user_handle: Callable[[], tuple[int, int]] | None = None,
-                 new_graph_handle: Callable[[], tuple[int, int]] | None = None) -> None:
+                 new_graph_handle: Callable[[], tuple[int, int]] | None = None,
+                 refuses_released_pools: bool = False) -> None:
         self._device = storage_device
         self._cached = cached  # see PoolUse: unused pools keep their memory until release_cached()
         # The arena of a pool id (default: the emulator's own segments), and the ids
@@ -41,6 +65,9 @@ class PoolHandles:
         self._user_ids = itertools.count(1)
         self._graph_ids = itertools.count(1)
         self._arenas: weakref.WeakValueDictionary = weakref.WeakValueDictionary()
+        # Every pool until a release of cached memory erases it (see the module docstring).
+        self._refuses_released = refuses_released_pools
+        self._kept: dict[tuple[int, int], PoolArena] = {}
 
     def user_handle(self) -> tuple[int, int]:
         """What `torch.cuda.graph_pool_handle()` returns."""
@@ -58,12 +85,20 @@ class PoolHandles:
             raise TypeError(f"pool must be a pool id from torch.cuda.graph_pool_handle() or another "
                             f"graph's pool(): a tuple of two ints, not both 0; got {handle!r}")
         arena = self._arenas.get(handle)
+        if arena is not None and self._refuses_released and not arena.token.in_use():
+            raise RuntimeError(released_pool_message(handle, arena.live_blocks()))
         if arena is None:
             arena = self._arenas[handle] = self._new_arena(handle)
             self._uses.add(arena.token)
+            if self._refuses_released:
+                self._kept[handle] = arena
         return handle, arena
 
     def release_cached(self) -> None:
         """`empty_cache()`: the pools no graph holds give their memory back."""
         for use in list(self._uses):
             use.release_cached()
+        for handle, arena in list(self._kept.items()):
+            if not arena.token.in_use() and arena.live_blocks() == 0:
+                del self._kept[handle]  # CUDA erases the pool: its id names a fresh one
+                self._arenas.pop(handle, None)

@@ -104,7 +104,8 @@ class DeviceState(Observed):
         self._devices = tuple(torch.device("cuda", i) for i in range(properties.count))
         self.storage_device = torch.device("cpu")  # where device memory really lives
         # CUDA's allocator keeps an unused graph pool's memory until empty_cache() (pool.PoolUse)
-        self.pool_handles = PoolHandles(self.storage_device, cached=True)
+        self.pool_handles = PoolHandles(self.storage_device, cached=True,
+                                        refuses_released_pools=True)
         self.kernel_device = torch.device("cuda", 0)  # whose kernels' rules a capture applies
         self.sync_debug_mode = 0  # torch.cuda.set_sync_debug_mode: 0 default, 1 warn, 2 error
         self.memory_fraction = 1.0  # torch.cuda.set_per_process_memory_fraction
