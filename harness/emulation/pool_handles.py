@@ -22,12 +22,8 @@ from typing import Callable
 
 import torch
 
+from harness.graphs.emulator.cuda_errors import RELEASED_POOL, cuda_first
 from harness.graphs.emulator.pool import PoolArena
-
-# c10/cuda/CUDACachingAllocator.cpp, the pool lookup of beginAllocateToPool (TORCH_INTERNAL_ASSERT;
-# the build's file path and line follow "at" on CUDA).
-RELEASED_POOL = ("it->second->use_count > 0 INTERNAL ASSERT FAILED at "
-                 "\"c10/cuda/CUDACachingAllocator.cpp\", please report a bug to PyTorch. ")
 
 
 def released_pool_message(handle: tuple[int, int], live_blocks: int) -> str:
@@ -35,11 +31,13 @@ def released_pool_message(handle: tuple[int, int], live_blocks: int) -> str:
     held = (f"{live_blocks} block(s) of it still alive (tensors its captures allocated), so "
             f"empty_cache() cannot free it" if live_blocks else
             "no empty_cache() since (torch.cuda.graph() calls it; capture_begin() does not)")
-    return (f"{RELEASED_POOL}\ncapture into pool {handle!r}: every graph captured into it was reset "
-            f"or destroyed, and CUDA's caching allocator keeps a pool no graph uses until a "
-            f"release of cached memory finds all of it free; {held}. Take a fresh id from "
-            f"torch.cuda.graph_pool_handle() (or let the capture make its own pool) once the "
-            f"graphs sharing a pool are gone, or keep one of them alive while the pool is shared")
+    return cuda_first(RELEASED_POOL,
+                      f"capture into pool {handle!r}: every graph captured into it was reset or "
+                      f"destroyed, and CUDA's caching allocator keeps a pool no graph uses until a "
+                      f"release of cached memory finds all of it free; {held}. Take a fresh id "
+                      f"from torch.cuda.graph_pool_handle() (or let the capture make its own pool) "
+                      f"once the graphs sharing a pool are gone, or keep one of them alive while "
+                      f"the pool is shared")
 
 
 class PoolHandles:

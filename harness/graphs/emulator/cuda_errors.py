@@ -5,7 +5,8 @@ so every refusal the emulator shares with CUDA begins with CUDA's message, word 
 then adds the harness's detail: the op, the user's line, the remedy. The texts come from PyTorch's
 C++ sources: aten/src/ATen/native/cuda/Copy.cu (pageable copies), c10/cuda/CUDAException.cpp
 (`C10_CUDA_CHECK`: "CUDA error: " and the runtime's string for the error code),
-aten/src/ATen/cuda/CUDAGeneratorImpl.cpp (reseeding) and aten/src/ATen/cuda/CUDAGraph.cpp.
+aten/src/ATen/cuda/CUDAGeneratorImpl.cpp (reseeding), aten/src/ATen/cuda/CUDAGraph.cpp and
+c10/cuda/CUDACachingAllocator.cpp (a released pool).
 """
 
 from __future__ import annotations
@@ -27,6 +28,11 @@ UNJOINED = "CUDA error: capture sequence contains a fork that was not joined to 
 # CUDAGeneratorImpl::set_current_seed during capture, to another seed (a RuntimeError).
 RESEED = ("CUDAGeneratorImpl::set_current_seed can be called during stream capture only if new "
           "seed is the same as the original seed.")
+# c10/cuda/CUDACachingAllocator.cpp, the pool lookup of beginAllocateToPool: a capture into a pool
+# id whose graphs are all gone before a release of cached memory erased it (a RuntimeError; on CUDA
+# the build's file path and line follow "at").
+RELEASED_POOL = ("it->second->use_count > 0 INTERNAL ASSERT FAILED at "
+                 "\"c10/cuda/CUDACachingAllocator.cpp\", please report a bug to PyTorch. ")
 
 
 def cuda_first(cuda_text: str, detail: str) -> str:
