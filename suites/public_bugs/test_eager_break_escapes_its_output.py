@@ -5,12 +5,13 @@ debug mode hunts, ROCm ATOM #2126: https://github.com/ROCm/ATOM/pull/2126), or f
 piece, "ADDRESS MISMATCH": https://github.com/NVIDIA/TensorRT-LLM/pull/13354). The break allocates
 its result anew at every step; the second piece's graph keeps the address of the tensor the break
 made during the capture pass. Rebinding `self.attn` drops that tensor: the replay would read freed
-memory (on CUDA whatever the allocator put there next, right by luck on one stream whose
-allocations repeat, wrong on a side stream's), and the harness refuses it, naming the capture's
-line. Kept alive (a list of past results, a debug hook), the old tensor gives the capture pass's
-values at every replay, on CUDA as on the emulated device: the output differs from eager. Fixed:
-the break returns its result and the runtime copies it into the piece's static input, after the
-main stream waits for the side stream, which `record_stream` tells of the main stream's use."""
+memory (on CUDA whatever the allocator put there next: the break's newest result on the steps its
+allocation happens to take that block, stale or foreign values on the others), and the harness
+refuses it, naming the capture's line and the rebinding. Kept alive (a list of past results, a
+debug hook), the old tensor gives the capture pass's values at every replay, on CUDA as on the
+emulated device: the output differs from eager. Fixed: the break returns its result and the
+runtime copies it into the piece's static input, after the main stream waits for the side stream,
+which `record_stream` tells of the main stream's use."""
 
 from __future__ import annotations
 
@@ -23,7 +24,8 @@ STEPS = 3
 
 
 class PiecewiseStep:
-    def __init__(self, *, copy_into_static: bool, side_stream: bool, keep_old: bool = False) -> None:
+    def __init__(self, *, copy_into_static: bool, side_stream: bool,
+                 keep_old: bool = False) -> None:
         self.copy_into_static = copy_into_static
         self.side = torch.cuda.Stream() if side_stream else None
         self.keep_old = keep_old
