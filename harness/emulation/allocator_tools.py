@@ -10,7 +10,7 @@ gives it, answered from the model of that allocator (caching_allocator.py):
   ring of `max_entries`. torch's own Python wrappers run; the names they call in `torch._C` are
   what is replaced.
 - `torch.cuda.MemPool()` and `torch.cuda.use_mem_pool(pool)`: a user-created pool with id
-  `(0, n)`; allocations of the current thread inside `use_mem_pool` come from it, its blocks are
+  `(0, n)`, n from the counter `graph_pool_handle()` takes its ids from too, as on CUDA; allocations of the current thread inside `use_mem_pool` come from it, its blocks are
   reused by it alone, it counts in the device's statistics, and its free segments go back on
   `empty_cache()` once the MemPool is gone. A MemPool with a custom allocator
   (`CUDAPluggableAllocator`: functions in a shared library that call cudaMalloc, or NCCL's
@@ -180,10 +180,13 @@ def patches(state) -> list[tuple[Any, str, Any]]:
                     f"is modelled (docs/fidelity.md)")
             key = _PoolKey(next(pool_keys))
             self._key = key
-            self._pool = memory.accounting().new_mem_pool(key)
+            # CUDA numbers MemPools and graph_pool_handle() ids from one counter.
+            pool_id = state.pool_handles.mem_pool_made()
+            self._pool = memory.accounting().new_mem_pool(key, pool_id)
             self._use_on_oom, self._no_split = use_on_oom, no_split
             mem_pools[self._pool.id] = self._pool
-            weakref.finalize(self, _release, memory, self._pool, mem_pools, key)
+            weakref.finalize(self, _release, memory, self._pool, mem_pools, key,
+                             state.pool_handles)
 
         @property
         def id(self) -> tuple[int, int]:
@@ -247,8 +250,9 @@ class _PoolKey:
         self.n = n
 
 
-def _release(memory, pool: Pool, mem_pools: dict, key: _PoolKey) -> None:
+def _release(memory, pool: Pool, mem_pools: dict, key: _PoolKey, pool_handles) -> None:
     mem_pools.pop(pool.id, None)
+    pool_handles.mem_pool_gone(pool.id)
     memory.allocator.release(pool)
     del key  # the pool stays listed as freeable until empty_cache() gives its segments back
 

@@ -180,8 +180,9 @@ class CachingAllocator:
         self.segment_stats = {name: (Stat(), Stat(), Stat()) for name in SEGMENT_STATS}
         self.num_device_alloc = 0
         self.num_device_free = 0
-        # CUDA numbers graph pools (uid, 0) and user-created MemPools (0, uid), each from 1.
-        self._next_graph_pool, self._next_mem_pool = 1, 1
+        # CUDA numbers graph pools (uid, 0) from 1; a user-created MemPool's (0, uid) comes from
+        # the counter graph_pool_handle() shares with it (new_mem_pool's caller).
+        self._next_graph_pool = 1
         # Segment start address -> (size, small, stream, pool): what snapshots list.
         self.segments: dict[int, tuple[int, bool, object, Pool]] = {}
         self.history = None  # a MemoryHistory while torch.cuda.memory._record_memory_history runs
@@ -355,10 +356,10 @@ class CachingAllocator:
             self._next_graph_pool += 1
         return pool
 
-    def new_mem_pool(self, handle) -> Pool:
-        """A user-created pool (torch.cuda.MemPool) for `handle`, in use once (by its MemPool)."""
-        pool = self._graph_pools[handle] = Pool((0, self._next_mem_pool))
-        self._next_mem_pool += 1
+    def new_mem_pool(self, handle, pool_id: tuple[int, int]) -> Pool:
+        """A user-created pool (torch.cuda.MemPool) for `handle`, named `pool_id`, in use once (by
+        its MemPool)."""
+        pool = self._graph_pools[handle] = Pool(pool_id)
         pool.use_count = 1
         return pool
 

@@ -66,12 +66,27 @@ class PoolHandles:
         # Every pool until a release of cached memory erases it (see the module docstring).
         self._refuses_released = refuses_released_pools
         self._kept: dict[tuple[int, int], PoolArena] = {}
+        # The ids of live torch.cuda.MemPools: each holds a use of its pool while it lives.
+        self._mem_pools: set[tuple[int, int]] = set()
 
     def user_handle(self) -> tuple[int, int]:
         """What `torch.cuda.graph_pool_handle()` returns."""
         if self._new_user_handle is not None:
             return self._new_user_handle()
         return (0, next(self._user_ids))
+
+    def mem_pool_made(self) -> tuple[int, int]:
+        """The id of a new torch.cuda.MemPool (CUDA's one counter of user-created ids); the pool
+        counts as in use until `mem_pool_gone`."""
+        handle = self.user_handle()
+        self._mem_pools.add(handle)
+        return handle
+
+    def mem_pool_gone(self, handle: tuple[int, int]) -> None:
+        self._mem_pools.discard(handle)
+
+    def _unused(self, handle: tuple[int, int], arena: PoolArena) -> bool:
+        return not arena.token.in_use() and handle not in self._mem_pools
 
     def arena(self, handle) -> tuple[tuple[int, int], PoolArena]:
         """(the id, its arena) for a capture given `handle` (None: a pool of the graph's own)."""
@@ -83,7 +98,7 @@ class PoolHandles:
             raise TypeError(f"pool must be a pool id from torch.cuda.graph_pool_handle() or another "
                             f"graph's pool(): a tuple of two ints, not both 0; got {handle!r}")
         arena = self._arenas.get(handle)
-        if arena is not None and self._refuses_released and not arena.token.in_use():
+        if arena is not None and self._refuses_released and self._unused(handle, arena):
             raise RuntimeError(released_pool_message(handle, arena.live_blocks()))
         if arena is None:
             arena = self._arenas[handle] = self._new_arena(handle)
@@ -97,6 +112,6 @@ class PoolHandles:
         for use in list(self._uses):
             use.release_cached()
         for handle, arena in list(self._kept.items()):
-            if not arena.token.in_use() and arena.live_blocks() == 0:
+            if self._unused(handle, arena) and arena.live_blocks() == 0:
                 del self._kept[handle]  # CUDA erases the pool: its id names a fresh one
                 self._arenas.pop(handle, None)

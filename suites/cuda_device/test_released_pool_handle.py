@@ -112,3 +112,23 @@ def test_a_pool_shared_while_one_of_its_graphs_lives_is_captured_into(cuda_kind)
     second.replay()
     assert x.tolist() == [3.0] * 8
     del graph, held
+
+
+@pytest.mark.parametrize("cuda_kind", KINDS, indirect=True)
+def test_a_mem_pool_and_a_pool_handle_get_distinct_ids(cuda_kind):
+    mem_pool = torch.cuda.MemPool()
+    handle = torch.cuda.graph_pool_handle()
+    later = torch.cuda.MemPool()
+    assert len({tuple(mem_pool.id), tuple(handle), tuple(later.id)}) == 3  # one counter on CUDA
+
+
+@pytest.mark.parametrize("cuda_kind", KINDS, indirect=True)
+def test_a_live_mem_pool_keeps_its_id_open_to_captures_after_a_graph_reset(cuda_kind):
+    mem_pool = torch.cuda.MemPool()  # holds a use of its pool while it lives
+    graph, x, held = _first_graph(mem_pool.id)
+    graph.reset()
+    second = _capture_into(mem_pool.id, x)
+    x.fill_(1.0)
+    second.replay()
+    assert x.tolist() == [3.0] * 8
+    del second, held
