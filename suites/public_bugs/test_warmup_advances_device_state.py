@@ -7,8 +7,10 @@ The runtime warms up twice and captures on the batch's own metadata: each warmup
 advances `kv_lens`, and the capture records the step without running it (CUDA runs no kernel while
 capturing). Every replay then reads two positions past the right one: the step's output differs
 from the eager run's, silently on CUDA as on the emulated device, and with enough drift the read
-leaves the cache ("CUDA error: device-side assert triggered" at the replay). Fixed: the runtime
-saves the state the step mutates before warming up and restores it after the capture."""
+leaves the cache ("CUDA error: device-side assert triggered" at the replay). The same with
+`torch.cuda.make_graphed_callables`, whose own warmup runs the module `num_warmup_iters` (3) times
+on its buffers before the capture. Fixed: the runtime saves the state the step mutates before
+warming up and restores it after the capture."""
 
 from __future__ import annotations
 
@@ -100,3 +102,39 @@ def test_drift_past_the_cache_end_fails_the_replay_as_a_device_assert():
 
 def test_state_restored_after_the_capture_replays_as_eager():
     assert SpecDecodeStep(restore_after_capture=True).graphed() == EAGER
+
+
+class AppendStep(torch.nn.Module):
+    """The step as a module with its metadata in buffers, graphed by make_graphed_callables."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        rows = torch.arange(2, device="cuda").unsqueeze(1) * 100
+        self.register_buffer("kv", (rows + torch.arange(CACHE, device="cuda")).float())
+        self.register_buffer("kv_lens", torch.tensor([4, 7], device="cuda"))
+        self.register_buffer("rows", torch.arange(2, device="cuda"))
+
+    def forward(self, scale: torch.Tensor) -> torch.Tensor:
+        self.kv_lens.add_(1)
+        return self.kv[self.rows, self.kv_lens - 1] * scale
+
+
+def _graphed_module(*, restore: bool) -> tuple[AppendStep, object]:
+    module = AppendStep()
+    saved = module.kv_lens.clone()
+    graphed = torch.cuda.make_graphed_callables(module, (torch.ones(2, device="cuda"),))
+    if restore:
+        module.kv_lens.copy_(saved)
+    return module, graphed
+
+
+def test_make_graphed_callables_warmups_advance_the_module_state():
+    module, graphed = _graphed_module(restore=False)
+    assert module.kv_lens.tolist() == [4 + 3, 7 + 3]  # three warmup calls, a capture that ran none
+    outs = [graphed(torch.ones(2, device="cuda")).tolist() for _ in range(STEPS)]
+    assert outs == [[a + 3, b + 3] for a, b in EAGER]
+
+
+def test_make_graphed_callables_with_the_state_restored_replays_as_eager():
+    _, graphed = _graphed_module(restore=True)
+    assert [graphed(torch.ones(2, device="cuda")).tolist() for _ in range(STEPS)] == EAGER
