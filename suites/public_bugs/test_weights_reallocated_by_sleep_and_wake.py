@@ -2,8 +2,8 @@
 a sleep mode can give back), the decode graph is captured reading them; sleep drops the weights and
 frees the pool's memory, wake reloads them into new tensors (vLLM #55013, EAGLE3 + sleep level 2:
 illegal memory access at the draft graph's replay after wake:
-https://github.com/vllm-project/vllm/issues/55013; SGLang #27140, memory freed or remapped under live
-graphs by the memory saver: https://github.com/sgl-project/sglang/pull/27140). The graph still
+https://github.com/vllm-project/vllm/issues/55013; SGLang #27140, memory freed or remapped under
+live graphs by the memory saver: https://github.com/sgl-project/sglang/pull/27140). The graph still
 holds the old addresses: on CUDA the replay reads unmapped memory (an illegal memory access) or
 whatever took the address; the harness refuses it, naming the capture's line and the line that
 dropped the weights. Fixed: wake copies the weights back into the tensors the graph captured (the
