@@ -183,6 +183,7 @@ def patches(state) -> list[tuple[Any, str, Any]]:
             # CUDA numbers MemPools and graph_pool_handle() ids from one counter.
             pool_id = state.pool_handles.mem_pool_made()
             self._pool = memory.accounting().new_mem_pool(key, pool_id)
+            state.pool_handles.mem_pool_modelled(pool_id, self._pool)
             self._use_on_oom, self._no_split = use_on_oom, no_split
             mem_pools[self._pool.id] = self._pool
             weakref.finalize(self, _release, memory, self._pool, mem_pools, key,

@@ -356,6 +356,11 @@ class CachingAllocator:
             self._next_graph_pool += 1
         return pool
 
+    def share_pool(self, handle, pool: Pool) -> None:
+        """Captures into `handle` allocate from `pool` and take a use of it (a capture into a
+        MemPool's id: CUDA's pool of that id is the MemPool's)."""
+        self._graph_pools[handle] = pool
+
     def new_mem_pool(self, handle, pool_id: tuple[int, int]) -> Pool:
         """A user-created pool (torch.cuda.MemPool) for `handle`, named `pool_id`, in use once (by
         its MemPool)."""

@@ -66,8 +66,9 @@ class PoolHandles:
         # Every pool until a release of cached memory erases it (see the module docstring).
         self._refuses_released = refuses_released_pools
         self._kept: dict[tuple[int, int], PoolArena] = {}
-        # The ids of live torch.cuda.MemPools: each holds a use of its pool while it lives.
-        self._mem_pools: set[tuple[int, int]] = set()
+        # The ids of live torch.cuda.MemPools (each holds a use of its pool while it lives), with
+        # the allocator model's pool of each, which a capture into the id allocates from.
+        self._mem_pools: dict[tuple[int, int], object] = {}
 
     def user_handle(self) -> tuple[int, int]:
         """What `torch.cuda.graph_pool_handle()` returns."""
@@ -79,11 +80,22 @@ class PoolHandles:
         """The id of a new torch.cuda.MemPool (CUDA's one counter of user-created ids); the pool
         counts as in use until `mem_pool_gone`."""
         handle = self.user_handle()
-        self._mem_pools.add(handle)
+        self._mem_pools[handle] = None
         return handle
 
+    def mem_pool_modelled(self, handle: tuple[int, int], model_pool: object) -> None:
+        """The allocator model's pool of the MemPool `handle` names."""
+        self._mem_pools[handle] = model_pool
+
     def mem_pool_gone(self, handle: tuple[int, int]) -> None:
-        self._mem_pools.discard(handle)
+        self._mem_pools.pop(handle, None)
+
+    def mem_pool_of(self, arena: PoolArena) -> object | None:
+        """The model's pool of the live MemPool whose id `arena` was made for, or None."""
+        for handle, model_pool in self._mem_pools.items():
+            if self._arenas.get(handle) is arena:
+                return model_pool
+        return None
 
     def _unused(self, handle: tuple[int, int], arena: PoolArena) -> bool:
         return not arena.token.in_use() and handle not in self._mem_pools

@@ -155,6 +155,9 @@ class DeviceState(Observed):
         self.memory.graph_registered(id(graph), stream)
         self.capture = graph
         self.streams.capturing = {stream}
+        mem_pool = self.pool_handles.mem_pool_of(pool)
+        if mem_pool is not None:  # a capture into a MemPool's id allocates from the MemPool
+            self.memory.allocator.share_pool(pool, mem_pool)
         self.memory.allocator.begin_allocate_to_pool(pool, self.streams.capturing)
         # Blocks freed after record_stream are held back as CUDA's allocator holds them.
         self._capture_frees = CaptureFrees(self, reuse_after_join=self.record_stream_reuse)

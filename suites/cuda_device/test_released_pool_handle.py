@@ -132,3 +132,14 @@ def test_a_live_mem_pool_keeps_its_id_open_to_captures_after_a_graph_reset(cuda_
     second.replay()
     assert x.tolist() == [3.0] * 8
     del second, held
+
+
+@pytest.mark.parametrize("cuda_kind", KINDS, indirect=True)
+def test_a_graph_captured_into_a_mem_pool_holds_a_use_of_it(cuda_kind):
+    mem_pool = torch.cuda.MemPool()
+    assert mem_pool.use_count() == 1
+    graph, x, held = _first_graph(mem_pool.id)
+    assert mem_pool.use_count() == 2  # CUDA's count: the MemPool and the graph
+    graph.reset()
+    assert mem_pool.use_count() == 1
+    del held
