@@ -335,33 +335,30 @@ def test_a_triton_op_runs_eagerly_and_replays_from_a_capture(kernels, triton_whe
     its body runs at each replay on the replay's aliases of the captured memory, which carry no
     device mark: the launch there went to triton's driver ("libcuda.so cannot found!" on the CUDA
     wheel without a GPU) before a launch met during a replay was the device's."""
-    slot = torch.tensor([0], device="cuda")
-    x = torch.arange(4.0, device="cuda").view(1, 4)
-    assert kernels.scaled_row(x, slot).tolist() == [[0.0, 2.0, 4.0, 6.0]]
-    torch.cuda.synchronize()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        out = kernels.scaled_row(x, slot)
-    x.copy_(torch.full((1, 4), 10.0, device="cuda"))
-    graph.replay()
-    torch.cuda.synchronize()
-    assert out.tolist() == [[20.0, 20.0, 20.0, 20.0]]
+    assert _eager_then_replayed(kernels.scaled_row, 10.0) == ([[0.0, 2.0, 4.0, 6.0]],
+                                                               [[20.0, 20.0, 20.0, 20.0]])
 
 
 def test_a_cuda_only_custom_op_launching_a_kernel_replays_from_a_capture(kernels, triton_where):
     """A runtime's op with only a CUDA kernel in Python, which launches a Triton kernel: captured
     as one op, run again at each replay, where its launch is the device's."""
+    assert _eager_then_replayed(kernels.scaled_row_cuda, 5.0) == ([[0.0, 2.0, 4.0, 6.0]],
+                                                                   [[10.0, 10.0, 10.0, 10.0]])
+
+
+def _eager_then_replayed(op, fill: float) -> tuple[list, list]:
+    """`op(x, slot)` eagerly on 0, 1, 2, 3, then captured and replayed with x filled with `fill`."""
     slot = torch.tensor([0], device="cuda")
     x = torch.arange(4.0, device="cuda").view(1, 4)
-    assert kernels.scaled_row_cuda(x, slot).tolist() == [[0.0, 2.0, 4.0, 6.0]]
+    eager = op(x, slot).tolist()
     torch.cuda.synchronize()
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
-        out = kernels.scaled_row_cuda(x, slot)
-    x.copy_(torch.full((1, 4), 5.0, device="cuda"))
+        out = op(x, slot)
+    x.copy_(torch.full((1, 4), fill, device="cuda"))
     graph.replay()
     torch.cuda.synchronize()
-    assert out.tolist() == [[10.0, 10.0, 10.0, 10.0]]
+    return eager, out.tolist()
 
 
 def test_a_triton_op_inside_a_compiled_function_runs_and_replays(kernels, triton_where):
