@@ -17,7 +17,12 @@ what the emulation adds is at the two ends of each compiled graph:
   op, and a capture records it and runs it at each replay. An output aliasing an input is rebuilt
   after the op as a view of that input (views run for real; the op's schema says what it writes).
 - **mode="reduce-overhead".** Each input layout is warmed up, captured and replayed as cudagraph
-  trees do, one recording per set of static-input addresses (a new cache re-records).
+  trees do, one recording per set of static-input addresses (a new cache re-records). What
+  stands in for the trees around that (which graphs get CUDA graphs, generations whose outputs
+  the next one makes raise, `torch._dynamo.reset()`) is compiled_trees.py; cuBLAS's workspaces
+  are cleared around a warm-up and a recording, as the trees clear them. A graph with a
+  data-dependent op (`.item()`, `nonzero()`) has no fixed output layout: it runs as host code
+  outside a capture, without a CUDA graph under reduce-overhead, and is refused inside a capture.
 """
 
 from __future__ import annotations
@@ -33,6 +38,7 @@ from harness import torch_internals, triton_internals
 from harness.torch_internals import get_current_function_mode_stack as _get_current_function_mode_stack
 
 from harness.emulation.compiled_devices import Placement, has_transfers, placement, register_markers
+from harness.emulation.compiled_trees import direct_trees_refused, trees_reset, wants_cudagraphs
 from harness.emulation.device_memory import is_device_memory
 
 # One library for every graph's op: torch.library keeps what it defines for the process.
@@ -115,6 +121,7 @@ class DeviceGraph:
         self.cudagraphs = cudagraphs
         self.replays: dict[tuple, Any] = {}
         self.rerecords = 0  # recordings made because a static input's address changed
+        self.output_traces = _output_traces(graph_module)  # for the trees' overwritten error
         self.skipped: list[str] = []  # why a layout ran without a graph, as inductor logs it
         # Layouts with host memory that inductor's graph partition would split (its cpu nodes
         # eager, the device partitions replayed): run here without a graph, and inductor counts
@@ -151,9 +158,11 @@ class DeviceGraph:
         """cudagraph trees' life of one input layout: the first call runs as compiled (the warm-up),
         the second captures the graph into the graph's pool and replays it (capture runs nothing), later calls copy the
         inputs that are not static (parameters, buffers, marked static addresses) into the
-        captured ones and replay. Outputs are the graph's own, rewritten by the next replay."""
+        captured ones and replay. Outputs in the pool are handed out as the trees hand them out
+        (see `_recorded`): the replays' are the same tensors each time, rewritten by the next."""
         key = _key(args)
         entry = self.replays.get(key)
+        state.trees.enter(self)
         if entry is None:
             host = self._placement(args).host
             if host is not None:
@@ -167,20 +176,35 @@ class DeviceGraph:
                 self.unpartitioned.append(f"cpu device ({host})")
                 return self._run(state, args)
             self.replays[key] = "warm"
-            return self._run(state, args)
+            with _cublas_cleared(state):
+                out = self._run(state, args)
+            state.trees.note_pool_outputs(*self._pool_outputs(args, out))
+            return out
         if isinstance(entry, str):
             if entry != "warm":  # skipped, for the reason kept
                 return self._run(state, args)
-            mutated = _analyse(self.graph_module, args)[0]
+            try:
+                mutated = _analyse(self.graph_module, args)[0]
+            except _data_dependent_errors():
+                # inductor's incompatible ops (`.item()`, `nonzero()`): with graph partition CUDA
+                # replays the partitions around them, which the device cannot split off
+                if torch_internals.lazy_module("inductor_config").graph_partition:
+                    self.replays[key] = "unpartitioned"
+                    self.unpartitioned.append("data-dependent op")
+                    return self._run(state, args)
+                return self._skip(state, args, key, "incompatible op (data-dependent)")
             if mutated - self.static:
                 return self._skip(state, args, key,
                                   f"mutated inputs ({len(mutated - self.static)} instances)")
             entry = self.replays[key] = [_Replay.capture(self, state, args)]
-            return entry[0].replay(args)
+            return self._recorded(state, args, entry[0].replay(args))
         addresses = _static_addresses(args, self.static)
         for recorded in entry:
             if recorded.static_addresses == addresses:
-                return recorded.replay(args)
+                out = recorded.replay(args)
+                if recorded.handed is None:  # trees hand out the same tensors every replay
+                    recorded.handed = self._aliased(state, args, out)
+                return recorded.handed
         # A static input (a parameter, a marked cache buffer) at a new address: the recordings
         # read and write the old one, so cudagraph trees record again, up to their limit.
         self.rerecords += 1
@@ -190,7 +214,52 @@ class DeviceGraph:
                               f"exceeding max re-recording limit (={limit}) due to static input "
                               f"data pointer changed")
         entry.append(_Replay.capture(self, state, args))
-        return entry[-1].replay(args)
+        return self._recorded(state, args, entry[-1].replay(args))
+
+    def _pool_outputs(self, args, out) -> tuple[list, list]:
+        """The outputs in the trees' pool (fresh device tensors, not views of an input), with the
+        stack trace of the line that made each, as the trees keep them for their error."""
+        outs = list(out) if isinstance(out, (tuple, list)) else [out]
+        inputs = [a for a in args if isinstance(a, torch.Tensor)]
+        pooled, traces = [], []
+        for i, t in enumerate(outs):
+            if (isinstance(t, torch.Tensor) and is_device_memory(t) and t.untyped_storage().nbytes()
+                    and not _shares_memory(t, inputs)):
+                pooled.append(t)
+                traces.append(self.output_traces[i] if i < len(self.output_traces) else None)
+        return pooled, traces
+
+    def _recorded(self, state, args, out):
+        """A recording's result: the trees hand out its outputs over the pool's memory as
+        tensors of their own, which the next generation makes raise; the replays hand out one
+        other set, the same tensors every replay, rewritten by each."""
+        handed = self._aliased(state, args, out)
+        state.trees.note_pool_outputs(*self._pool_outputs(args, handed))
+        return handed
+
+    def _aliased(self, state, args, out):
+        """`out` with each output in the pool replaced by a tensor of its own over the same
+        memory, as the trees build their outputs from the pool's pointers."""
+        pooled = {id(t) for t in self._pool_outputs(args, out)[0]}
+        single = not isinstance(out, (tuple, list))
+        outs = [out] if single else list(out)
+        aliases: dict = {}  # outputs sharing a storage share one alias storage, as trees build them
+        for i, t in enumerate(outs):
+            if id(t) in pooled:
+                outs[i] = _pool_alias(state, t, aliases)
+                state.trees.note_handed(outs[i])
+        if single:
+            return outs[0]
+        return type(out)(outs) if isinstance(out, list) else tuple(outs)
+
+    def release_recordings(self) -> None:
+        """Forget every layout's warm-up, recordings and skips (the graphs and their pool go with
+        them), as `torch._dynamo.reset()` shuts cudagraph trees down: a later call warms up
+        again."""
+        self.replays.clear()
+        self.rerecords = 0
+        self.skipped.clear()
+        self.__dict__.pop("pool", None)
 
     def _skip(self, state, args, key, reason: str):
         """This layout runs without a graph from now on, as cudagraph trees skip it."""
@@ -215,9 +284,23 @@ class DeviceGraph:
         # inputs would be a mixed-device call, and an op without tensors has no kernel to pick.
         tensors = [a for a in args if isinstance(a, torch.Tensor)]
         host_inputs = any(a.dim() and not is_device_memory(a) for a in tensors)
-        if self.opaque and tensors and not host_inputs and (
+        data_dependent = self.calls.get(_key(args), False) is None
+        if self.opaque and tensors and not host_inputs and not data_dependent and (
                 state.streams_tracking is not None or state.capturing()) and _device_sees_calls():
-            out = self._as_op(state, args)
+            try:
+                out = self._as_op(state, args)
+            except _data_dependent_errors() as error:
+                # `.item()`, `nonzero()`, ... inside the graph: no fixed output layout for an
+                # op's fake kernel to give. Outside a capture it runs as host code, untracked.
+                if state.capturing():
+                    raise CompiledGraphError(
+                        f"a compiled graph ({self.name}) with a data-dependent op "
+                        f"({type(error).__name__}: {str(error).splitlines()[0][:120]}) inside a "
+                        f"capture on the emulated CUDA device: its outputs' shapes depend on "
+                        f"values the capture cannot read (CUDA refuses the host sync it needs); "
+                        f"move that op out of the captured region") from error
+                self.calls[_key(args)] = None
+                return self._run(state, args)
         else:
             with _on_device(state):
                 out = self.compiled(*args)
@@ -274,7 +357,9 @@ class DeviceGraph:
                            for n, i in enumerate(tensor_positions))
         lib = _library()
         lib.define(f"{name}({params}) -> Tensor[]")
-        template = list(args)
+        # the graph's non-tensor arguments: the op keeps this for the process (torch.library), so
+        # it must hold no tensor (the first call's inputs would never be freed)
+        template = [None if isinstance(a, torch.Tensor) else a for a in args]
         compiled = self.compiled
         fresh = [o for o in outputs if isinstance(o, TensorLayout)]
 
@@ -320,6 +405,64 @@ def _device_sees_calls() -> bool:
                for mode in torch_internals.get_current_dispatch_mode_stack())
 
 
+@contextlib.contextmanager
+def _cublas_cleared(state):
+    """cudagraph trees clear cuBLAS's workspaces before and after a warm-up or a recording: a
+    workspace allocated then lives in the graph's pool for as long as the graph, not in the
+    handle's cache (where the next generation would reuse memory the pool hands out again)."""
+    state.blas_workspaces.clear()
+    try:
+        yield
+    finally:
+        state.blas_workspaces.clear()
+
+
+def _pool_alias(state, t: torch.Tensor, aliases: dict) -> torch.Tensor:
+    """A tensor over `t`'s memory with a storage of its own (cudagraph trees build their outputs
+    so from the pool's pointers): an error set on one storage leaves the other readable.
+    `aliases` maps a storage already aliased in this result to its alias."""
+    storage = t.untyped_storage()
+    alias = aliases.get(storage._cdata)
+    if alias is None:
+        alias = aliases[storage._cdata] = torch._C._construct_storage_from_data_pointer(
+            storage.data_ptr(), state.storage_device, storage.nbytes())
+        state.memory.mark_alias(alias, storage)
+    with torch_internals.disable_current_modes(), torch.no_grad():
+        out = torch.empty(0, dtype=t.dtype, device=state.storage_device)
+        out.set_(alias, t.storage_offset(), t.size(), t.stride())
+    return out
+
+
+def _output_traces(graph_module) -> list:
+    """Per output of the graph, the user's line that made it (dynamo's stack trace)."""
+    output = next((n for n in graph_module.graph.nodes if n.op == "output"), None)
+    if output is None:
+        return []
+    values = output.args[0] if isinstance(output.args[0], (tuple, list)) else [output.args[0]]
+    return [_users_frames(v.meta.get("stack_trace")) if isinstance(v, torch.fx.Node) else None
+            for v in values]
+
+
+def _users_frames(trace: str | None) -> str | None:
+    """Dynamo's stack trace less the device's own frames (the placement mode's __torch_function__
+    stands in every traced call): CUDA's trace ends at the user's line."""
+    if not trace:
+        return trace
+    import os
+    import re
+
+    own = '  File "' + os.path.dirname(os.path.abspath(__file__))
+    return "".join(f for f in re.split(r'(?m)^(?=  File ")', trace) if not f.startswith(own))
+
+
+def _data_dependent_errors() -> tuple:
+    """What a fake-tensor run raises at an op whose result depends on tensor values."""
+    fake = torch_internals.lazy_module("fake_tensor")
+    return tuple(getattr(fake, name) for name in
+                 ("DataDependentOutputException", "DynamicOutputShapeException")
+                 if hasattr(fake, name))
+
+
 def _shares_memory(t: torch.Tensor, inputs: list) -> bool:
     storage = t.untyped_storage().data_ptr()
     return any(a.untyped_storage().data_ptr() == storage for a in inputs)
@@ -342,6 +485,7 @@ class _Replay:
                  static_addresses: tuple) -> None:
         self.graph, self.inputs, self.outputs, self.copied = graph, inputs, outputs, copied
         self.static_addresses = static_addresses
+        self.handed = None  # what the replays return: aliases of `outputs`, made at the first
 
     @staticmethod
     def capture(device_graph: DeviceGraph, state, args) -> "_Replay":
@@ -355,7 +499,7 @@ class _Replay:
         graph = torch.cuda.CUDAGraph()
         stream = torch.cuda.Stream()
         stream.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.graph(graph, pool=device_graph.pool, stream=stream):
+        with _cublas_cleared(state), torch.cuda.graph(graph, pool=device_graph.pool, stream=stream):
             outputs = device_graph(*inputs)
         torch.cuda.current_stream().wait_stream(stream)
         return _Replay(graph, inputs, outputs, copied,
@@ -451,17 +595,6 @@ def _refuse_cuda_autocast(gm) -> None:
             "or run that part eagerly")
 
 
-def _wants_cudagraphs(compiler_fn) -> bool:
-    """mode="reduce-overhead" (or options={"triton.cudagraphs": True}): inductor's wrapper holds it
-    in its config, applied only while it compiles."""
-    fn = getattr(compiler_fn, "compiler_fn", compiler_fn)
-    fn = getattr(fn, "_torchdynamo_orig_backend", fn)
-    config = getattr(fn, "config", None)
-    if isinstance(config, dict) and "triton.cudagraphs" in config:
-        return bool(config["triton.cudagraphs"])
-    return False
-
-
 def _backend_name(compiler_fn) -> str:
     fn = getattr(compiler_fn, "compiler_fn", compiler_fn)  # dynamo's WrapBackendDebug
     fn = getattr(fn, "_torchdynamo_orig_backend", fn)
@@ -496,8 +629,9 @@ def user_compiler_on_device(original):
                 raise
         if isinstance(compiled, DeviceGraph):  # inductor's compile_fx, called by the backend
             compiled = compiled.compiled
-        return DeviceGraph(compiled, gm, _backend_name(self.compiler_fn),
-                           cudagraphs=_wants_cudagraphs(self.compiler_fn))
+        backend = _backend_name(self.compiler_fn)
+        return DeviceGraph(compiled, gm, backend,
+                           cudagraphs=wants_cudagraphs(self.compiler_fn, backend))
 
     return call_user_compiler
 
@@ -641,7 +775,8 @@ def compile_patches(state) -> list[tuple[Any, str, Any]]:
     register_markers()
     return [(OutputGraph, "call_user_compiler", user_compiler_on_device(
         OutputGraph.call_user_compiler)),
-            (inductor, "compile_fx", inductor_on_host(inductor.compile_fx))]
+            (inductor, "compile_fx", inductor_on_host(inductor.compile_fx))] + direct_trees_refused() \
+        + trees_reset()
 
 
 def clear_triton_answer() -> None:

@@ -159,6 +159,13 @@ class DeviceMemory:
             if storage is not None:
                 self.adopt(storage)
 
+    def mark_alias(self, storage: torch.UntypedStorage, of: torch.UntypedStorage) -> None:
+        """Mark `storage`, a second storage over the memory of the device storage `of` (what
+        cudagraph trees hand out over their pool), device memory without an allocation of its
+        own: `of` holds the allocation, and the alias keeps it alive while it lives."""
+        setattr(storage, MEMORY_ATTR, DEVICE)
+        storage._harness_alias_of = of
+
     def adopt(self, storage: torch.UntypedStorage) -> None:
         """Mark `storage` device memory: an allocation on the current stream while it lives."""
         setattr(storage, MEMORY_ATTR, DEVICE)

@@ -37,6 +37,7 @@ import torch
 
 from harness.emulation.blas_workspaces import BlasWorkspaces
 from harness.emulation.capture_frees import CaptureFrees
+from harness.emulation.compiled_trees import TreeGenerations
 from harness.emulation.device_memory import DeviceMemory
 from harness.emulation.observers import Observed
 from harness.emulation.pool_handles import PoolHandles
@@ -101,6 +102,7 @@ class DeviceState(Observed):
         self.tunable_ops = TunableOps()  # torch.cuda.tunable's settings (tunable_ops.py)
         self.cuda_only_ops = CudaOnlyOps()  # custom ops with a Python CUDA kernel only
         self.triton_launches = LaunchTable()  # users' Triton launches (triton_launches.py)
+        self.trees = TreeGenerations()  # reduce-overhead's generations (compiled_trees.py)
         self._devices = tuple(torch.device("cuda", i) for i in range(properties.count))
         self.storage_device = torch.device("cpu")  # where device memory really lives
         # CUDA's allocator keeps an unused graph pool's memory until empty_cache() (pool.PoolUse)

@@ -1,0 +1,181 @@
+"""Inductor's cudagraph trees as the emulated CUDA device stands in for them.
+
+The device replays a reduce-overhead graph through its own emulated graphs (compiled_graphs.py,
+`DeviceGraph`). Two things decide, as on CUDA, whether a graph gets that treatment, and one thing
+is refused by name:
+
+- **Which graphs.** Inductor reads `triton.cudagraphs` from its config when it compiles a graph:
+  `mode="reduce-overhead"` (or `options={"triton.cudagraphs": ...}`) sets it for that compile, and
+  otherwise the process-wide `torch._inductor.config.triton.cudagraphs` holds (PyTorch's own
+  cudagraph-trees tests set it and call plain `torch.compile(fn)`). `backend="cudagraphs"` is
+  cudagraph trees over AOTAutograd's graphs: its ops run one by one, so the device's graphs
+  capture them as they do an eager region. (Compiling for the cpu the device's tensors are, that
+  backend and inductor skip CUDA graphs themselves, "cpu device"; the device counts no such skip.)
+- **Trees driven directly.** `torch._inductor.cudagraph_trees.cudagraphify_impl` (what
+  `torch.compile(backend="cudagraphs")` and tests call) keeps its graphs' memory in CUDA's caching
+  allocator: private pools, checkpoints of the allocator's state, storages rebuilt from raw
+  pointers. The emulated device has no such allocator; torch's calls into it crashed the process
+  (a segfault in `_cuda_checkPoolLiveAllocations` on a CUDA wheel without a GPU) or failed on a
+  missing name (a CPU wheel). They are refused with `UnsupportedOnEmulatedDevice` instead.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from harness import torch_internals
+
+DIRECT_TREES_REFUSED = (
+    "inductor's cudagraph trees driven directly (torch._inductor.cudagraph_trees.{name}, which "
+    "torch.compile(backend='cudagraphs') also calls) on the emulated CUDA device: the trees keep "
+    "their graphs' memory in CUDA's caching allocator (private pools, checkpoints of its state, "
+    "storages rebuilt from raw pointers), which the emulated device does not have. "
+    "torch.compile(mode='reduce-overhead'), or inductor with triton.cudagraphs on, replays "
+    "through the device's own graphs (each input layout warmed up, captured, then replayed); use "
+    "that, or torch.cuda.graph / torch.cuda.make_graphed_callables, or check this code natively")
+
+
+def wants_cudagraphs(compiler_fn, backend: str) -> bool:
+    """Whether inductor would wrap the graph it compiles for `compiler_fn` in CUDA graphs: the
+    compile's own options first (a mode's or `options=`), else inductor's config as it is now."""
+    fn = getattr(compiler_fn, "compiler_fn", compiler_fn)
+    fn = getattr(fn, "_torchdynamo_orig_backend", fn)
+    config = getattr(fn, "config", None)
+    if isinstance(config, dict) and "triton.cudagraphs" in config:
+        return bool(config["triton.cudagraphs"])
+    if backend == "cudagraphs":  # dynamo's backend: cudagraph trees over AOTAutograd's graphs
+        return True
+    if backend != "inductor":
+        return False
+    return bool(torch_internals.lazy_module("inductor_config").triton.cudagraphs)
+
+
+def direct_trees_refused() -> list[tuple[Any, str, Any]]:
+    """(owner, name, replacement) refusing cudagraph trees' entry points on the emulated device
+    without a GPU; elsewhere (natively, the graph sanitizer's own refusal) torch's run."""
+    from harness.emulation.active import emulation_active
+    from harness.emulation.allocator_tools import UnsupportedOnEmulatedDevice
+
+    trees = torch_internals.lazy_module("inductor_cudagraph_trees")
+    out = []
+    for name in ("cudagraphify_impl", "cudagraphify"):
+        original = getattr(trees, name, None)
+        if original is None:
+            continue
+
+        def refused(*args, _original=original, _name=name, **kwargs):
+            if emulation_active() != "cpu":
+                return _original(*args, **kwargs)
+            raise UnsupportedOnEmulatedDevice(DIRECT_TREES_REFUSED.format(name=_name))
+
+        out.append((trees, name, refused))
+    return out
+
+
+class TreeGenerations:
+    """Cudagraph trees' generations: what a reduce-overhead graph's warm-up and recording return is
+    memory of the trees' pool, which the next generation reuses. A generation is one top-level
+    call of a compiled function (dynamo counts them), or the step between two
+    `torch.compiler.cudagraph_mark_step_begin()` calls; when a graph runs in a new one, the trees
+    make every output of the previous generation's warm-ups and recordings still alive raise
+    "accessing tensor output of CUDAGraphs that has been overwritten by a subsequent run" when its
+    memory is read (`torch._C._set_storage_access_error_msg`). A replay's outputs are the same
+    tensors from replay to replay and are not made to raise. A generation whose outputs still need
+    a backward is not ended (trees wait for the backward); the emulated device leaves those alone.
+    Only a torch built with CUDA (a CUDA wheel, with or without a GPU) has the call that makes a
+    storage raise; on a CPU wheel the outputs keep what the next run wrote, as before.
+    """
+
+    def __init__(self) -> None:
+        import weakref
+
+        self.current: int | None = None
+        self._pool_outputs: list[tuple[Any, str | None]] = []  # (weakref to tensor, stack trace)
+        self._graphs: Any = weakref.WeakSet()  # the DeviceGraphs that ran with CUDA graphs
+        self._handed: Any = weakref.WeakSet()  # tensors over the pool handed to the program
+
+    def reset(self) -> None:
+        """`torch._dynamo.reset()`: cudagraph trees shut down, their graphs and pool freed even
+        where compiled code that ran them is still referenced; the device's graphs let go of
+        their recordings likewise."""
+        for graph in list(self._graphs):
+            graph.release_recordings()
+        # Trees free the pool's memory under the tensors the program still holds, which raise
+        # from then on; where a storage cannot be made to raise (a CPU wheel) the memory is kept.
+        import torch
+
+        refuse_access = getattr(torch._C, "_set_storage_access_error_msg", None)
+        if refuse_access is not None:
+            trees = torch_internals.lazy_module("inductor_cudagraph_trees")
+            message = trees.CUDAGraphTreeManager.format_dealloc_msg(None)
+            for t in list(self._handed):
+                _refuse(t, message, refuse_access)
+        self._handed = type(self._handed)()
+        self._pool_outputs = []
+        self.current = None
+
+    def note_handed(self, t) -> None:
+        """`t`, a tensor over the pool's memory that a warm-up, recording or replay handed out."""
+        self._handed.add(t)
+
+    def enter(self, graph) -> None:
+        """`graph`, a reduce-overhead DeviceGraph, is about to run: end the previous generation if
+        this is a new one."""
+        self._graphs.add(graph)
+        trees = torch_internals.lazy_module("inductor_cudagraph_trees")
+        generation = trees.CUDAGraphTreeManager.get_curr_generation()
+        if generation == self.current:
+            return
+        live = [(ref(), trace) for ref, trace in self._pool_outputs]
+        live = [(t, trace) for t, trace in live if t is not None]
+        if any(t.requires_grad for t, _ in live):
+            return  # a forward whose backward is pending: trees keep its generation going
+        import torch
+
+        # A build without it (the CPU wheels: torch defines it with CUDA) cannot make a storage
+        # raise on access; there the outputs keep what the next run wrote, silently.
+        refuse_access = getattr(torch._C, "_set_storage_access_error_msg", None)
+        for t, trace in live if refuse_access is not None else ():
+            _refuse(t, trees.CUDAGraphTreeManager.format_dealloc_msg(trace), refuse_access)
+        self._pool_outputs = []
+        self.current = generation
+
+    def note_pool_outputs(self, outputs: list, traces: list) -> None:
+        """Outputs of a warm-up or a recording that live in the trees' pool (not aliases of the
+        graph's inputs)."""
+        import weakref
+
+        for t, trace in zip(outputs, traces):
+            self._pool_outputs.append((weakref.ref(t), trace))
+
+
+def _refuse(t, message: str, refuse_access) -> None:
+    """Make `t`'s storage raise `message` when read. An alias over the pool (compiled_graphs.py)
+    stops keeping the graph's own storage alive: nothing reads through it any more, and the
+    memory goes back to the pool with the recording, as the trees free it. A storage made to
+    raise already is left as it is (asking for it raises)."""
+    try:
+        storage = t.untyped_storage()
+    except RuntimeError:
+        return
+    storage.__dict__.pop("_harness_alias_of", None)
+    refuse_access(t, message)
+
+
+def trees_reset() -> list[tuple[Any, str, Any]]:
+    """`torch._dynamo.reset()` calls `reset_cudagraph_trees()` (imported at the call): on the
+    emulated device it also releases the device's reduce-overhead recordings."""
+    from harness.emulation.active import active_state, emulation_active
+
+    trees = torch_internals.lazy_module("inductor_cudagraph_trees")
+    original = getattr(trees, "reset_cudagraph_trees", None)
+    if original is None:
+        return []
+
+    def reset_cudagraph_trees(*args, **kwargs):
+        out = original(*args, **kwargs)
+        if emulation_active() == "cpu":
+            active_state().trees.reset()
+        return out
+
+    return [(trees, "reset_cudagraph_trees", reset_cudagraph_trees)]

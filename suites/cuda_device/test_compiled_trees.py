@@ -1,0 +1,184 @@
+"""Inductor's cudagraph trees on the emulated CUDA device (harness/emulation/compiled_trees.py):
+which compiled graphs are replayed through CUDA graphs, trees' generations (outputs of a warm-up
+or a recording overwritten by the next one raise trees' error), and cudagraph trees driven
+directly, refused by name. The `cuda_kind` rows run natively on a GPU to show CUDA's answer."""
+
+from __future__ import annotations
+
+import contextlib
+
+import pytest
+import torch
+
+from harness.emulation.allocator_tools import UnsupportedOnEmulatedDevice
+
+OVERWRITTEN = "overwritten by a subsequent run"
+# torch defines the call that makes a storage raise on access with CUDA: a CPU wheel lacks it.
+needs_access_errors = pytest.mark.skipif(
+    not hasattr(torch._C, "_set_storage_access_error_msg"),
+    reason="this torch (a CPU wheel) cannot make a storage raise on access "
+           "(torch._C._set_storage_access_error_msg)")
+
+
+@pytest.fixture(autouse=True)
+def fresh_dynamo():
+    torch._dynamo.reset()
+    yield
+    torch._dynamo.reset()
+
+
+def _cubed(x):
+    return x * x * x
+
+
+def _refused_in_the_sanitizer(cuda_kind):
+    """The graph sanitizer refuses inductor's CUDA graphs by name (sanitizer.py)."""
+    if cuda_kind != "sanitizer":
+        return contextlib.nullcontext()
+    return pytest.raises(UnsupportedOnEmulatedDevice, match="cudagraph trees")
+
+
+def test_inductors_cudagraphs_config_replays_a_plain_compile(cuda_kind):
+    """`torch._inductor.config.triton.cudagraphs = True` makes inductor wrap every graph it
+    compiles in cudagraph trees, whose replays hand back the same output tensor each time; until
+    2026-12-06 the emulated device read only the compile's own mode and ran it without graphs
+    (a new tensor per call)."""
+    compiled = torch.compile(_cubed)
+    x = torch.rand(4, device="cuda")
+    with _refused_in_the_sanitizer(cuda_kind), \
+            torch._inductor.config.patch({"triton.cudagraphs": True}):
+        compiled(x), compiled(x)  # warm-up, recording
+        first, second = compiled(x), compiled(x)  # replays
+        assert first is second
+        torch.testing.assert_close(second, _cubed(x))
+
+
+@needs_access_errors
+def test_an_output_of_the_warm_up_is_overwritten_by_the_next_generation(cuda_kind):
+    compiled = torch.compile(_cubed, mode="reduce-overhead")
+    x = torch.rand(4, device="cuda")
+    with _refused_in_the_sanitizer(cuda_kind):
+        warm = compiled(x)
+        kept = warm.clone()  # the remedy trees name: a copy outside the compiled code
+        recorded = compiled(x)
+        with pytest.raises(RuntimeError, match=OVERWRITTEN) as error:
+            warm + 1
+        assert "x * x * x" in str(error.value)  # the line that made the output
+        torch.testing.assert_close(kept, _cubed(x))
+        torch.testing.assert_close(recorded, _cubed(x))
+
+
+@needs_access_errors
+def test_an_output_of_the_recording_is_overwritten_by_the_first_replay(cuda_kind):
+    compiled = torch.compile(_cubed, mode="reduce-overhead")
+    x = torch.rand(4, device="cuda")
+    with _refused_in_the_sanitizer(cuda_kind):
+        compiled(x)
+        recorded = compiled(x)
+        replayed = compiled(x)
+        with pytest.raises(RuntimeError, match=OVERWRITTEN):
+            recorded.sum()
+        torch.testing.assert_close(replayed, _cubed(x))
+        again = compiled(x * 2)  # a replay: its outputs are the graph's, rewritten, not refused
+        assert again is replayed
+        torch.testing.assert_close(again, _cubed(x * 2))
+
+
+def test_outputs_of_one_call_across_a_graph_break_stay_readable(cuda_kind):
+    """Graphs run in one call of the compiled function are one generation: the first graph's
+    output feeds the second."""
+    def broken(x):
+        y = x * 2
+        torch._dynamo.graph_break()
+        return y, y + 1
+
+    compiled = torch.compile(broken, mode="reduce-overhead")
+    with _refused_in_the_sanitizer(cuda_kind):
+        for step in range(4):
+            x = torch.full((4,), float(step), device="cuda")
+            y, z = compiled(x)
+            assert y.tolist() == [2.0 * step] * 4 and z.tolist() == [2.0 * step + 1] * 4
+
+
+def test_cudagraph_trees_driven_directly_are_refused_by_name(cuda_device):
+    """Trees keep their memory in CUDA's caching allocator; on a CUDA wheel without a GPU torch's
+    call into it crashed the process (a segfault), on a CPU wheel it failed on a missing name."""
+    from torch._inductor import cudagraph_trees
+
+    x = torch.rand(4, device="cuda")
+
+    def model(inputs):
+        (t,) = inputs
+        inputs.clear()
+        return (t + 1,)
+
+    with pytest.raises(UnsupportedOnEmulatedDevice, match="reduce-overhead"):
+        cudagraph_trees.cudagraphify_impl(model, [x], (), device_index=0, is_backward=False,
+                                          is_inference=True)
+
+
+def test_dynamos_cudagraphs_backend_replays_through_the_devices_graphs(cuda_kind):
+    """backend="cudagraphs" is cudagraph trees over AOTAutograd's graphs: its replays hand back
+    the same output tensor each time. The emulated device ran it without graphs until 2026-12-06
+    (the backend, compiling for the cpu, skipped them)."""
+    compiled = torch.compile(_cubed, backend="cudagraphs")
+    x = torch.rand(4, device="cuda")
+    with _refused_in_the_sanitizer(cuda_kind):
+        compiled(x), compiled(x)  # warm-up, recording
+        first, second = compiled(x), compiled(x * 2)
+        assert first is second
+        torch.testing.assert_close(second, _cubed(x * 2))
+
+
+def _graph_pool_blocks() -> int:
+    """Blocks in use in graph pools (PyTorch's tree tests count these at their tearDown)."""
+    return sum(1 for segment in torch.cuda.memory_snapshot() if segment["segment_pool_id"] != (0, 0)
+               for block in segment["blocks"] if block["state"] == "active_allocated")
+
+
+def test_dynamo_reset_frees_the_graph_pool_while_the_compiled_code_lives(cuda_kind):
+    """`torch._dynamo.reset()` shuts cudagraph trees down: their graphs and pool go even though the
+    compiled function is still referenced. The emulated device kept its recordings, and their
+    pool blocks, for as long as the compiled code lived (until 2026-12-06)."""
+    compiled = torch.compile(_cubed, mode="reduce-overhead")
+    x = torch.rand(4, device="cuda")
+    with _refused_in_the_sanitizer(cuda_kind):
+        for _ in range(3):
+            out = compiled(x)
+        del out
+        assert _graph_pool_blocks() > 0
+        torch._dynamo.reset()
+        torch.cuda.empty_cache()
+        assert _graph_pool_blocks() == 0
+        torch.testing.assert_close(compiled(x), _cubed(x))  # still runs: a new warm-up
+
+
+@needs_access_errors
+def test_an_output_held_across_dynamo_reset_raises_and_gives_its_pool_memory_back(cuda_kind):
+    """Trees free the pool under the outputs the program still holds, which raise from then on
+    (PyTorch's tree tests count the pool's blocks after reset whatever a failed test kept)."""
+    compiled = torch.compile(_cubed, mode="reduce-overhead")
+    x = torch.rand(4, device="cuda")
+    with _refused_in_the_sanitizer(cuda_kind):
+        held = [compiled(x) for _ in range(4)][-1]  # a replay's output
+        torch._dynamo.reset()
+        torch.cuda.empty_cache()
+        assert _graph_pool_blocks() == 0
+        with pytest.raises(RuntimeError, match=OVERWRITTEN):
+            held.sum()
+
+
+def test_reduce_overhead_runs_a_graph_with_data_dependent_ops(cuda_kind):
+    """`.item()` and `nonzero()` inside the graph (dynamo's capture_scalar_outputs and
+    capture_dynamic_output_shape_ops): inductor runs them without a CUDA graph (or replays the
+    partitions around them). The emulated device's fake-tensor analysis of the graph raised
+    DataDependentOutputException / DynamicOutputShapeException at the second call (until
+    2026-12-06)."""
+    item = torch.compile(lambda x: x.item() + 1, mode="reduce-overhead")
+    nonzero = torch.compile(lambda x: (x * 2).nonzero(), mode="reduce-overhead")
+    with _refused_in_the_sanitizer(cuda_kind), torch._dynamo.config.patch(
+            capture_scalar_outputs=True, capture_dynamic_output_shape_ops=True):
+        assert [item(torch.tensor(v, device="cuda")) for v in (3, 6, 7)] == [4, 7, 8]
+        for values, expected in (([1, 0, 2], [[0], [2]]), ([0, 0, 5], [[2]]), ([1, 1, 0], [[0], [1]])):
+            out = nonzero(torch.tensor(values, device="cuda"))
+            assert out.is_cuda and out.tolist() == expected
