@@ -28,6 +28,7 @@ what the emulation adds is at the two ends of each compiled graph:
 from __future__ import annotations
 
 import contextlib
+import importlib
 import itertools
 from dataclasses import dataclass
 from typing import Any, Callable
@@ -455,12 +456,18 @@ def _users_frames(trace: str | None) -> str | None:
     return "".join(f for f in re.split(r'(?m)^(?=  File ")', trace) if not f.startswith(own))
 
 
+class _ValueDependentLayout(RuntimeError):
+    """An output whose size the fake-tensor run left as a symbol of tensor values (`nonzero()`)."""
+
+
 def _data_dependent_errors() -> tuple:
-    """What a fake-tensor run raises at an op whose result depends on tensor values."""
+    """What a fake-tensor run raises at an op whose result depends on tensor values: without a
+    shape environment, or with one (`_analyse` has one) where a guard needs the value."""
     fake = torch_internals.lazy_module("fake_tensor")
-    return tuple(getattr(fake, name) for name in
-                 ("DataDependentOutputException", "DynamicOutputShapeException")
-                 if hasattr(fake, name))
+    shapes = importlib.import_module("torch.fx.experimental.symbolic_shapes")
+    return (_ValueDependentLayout, *(getattr(module, name) for module, name in (
+        (fake, "DataDependentOutputException"), (fake, "DynamicOutputShapeException"),
+        (shapes, "GuardOnDataDependentSymNode")) if hasattr(module, name)))
 
 
 def _shares_memory(t: torch.Tensor, inputs: list) -> bool:
@@ -535,6 +542,8 @@ def _analyse(graph_module, args) -> tuple[frozenset, tuple, type | None]:
               if isinstance(f, torch.Tensor)}
     outputs = []
     for o in out:
+        if isinstance(o, (torch.SymInt, torch.SymFloat, torch.SymBool)):
+            raise _ValueDependentLayout(f"output {o} (a value read from a tensor)")
         if not isinstance(o, torch.Tensor):
             outputs.append(o)
             continue
@@ -543,6 +552,8 @@ def _analyse(graph_module, args) -> tuple[frozenset, tuple, type | None]:
             outputs.append(InputView(aliased, tuple(o.size()), tuple(o.stride()),
                                      o.storage_offset()))
             continue
+        if not all(isinstance(n, int) for n in (*o.size(), *o.stride(), o.storage_offset())):
+            raise _ValueDependentLayout(f"output of shape {tuple(o.size())}")
         outputs.append(TensorLayout.of(o))
     mutated = frozenset(i for i, (f, v) in enumerate(zip(fakes, versions))
                         if isinstance(f, torch.Tensor) and f._version != v)

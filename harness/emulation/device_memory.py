@@ -159,13 +159,6 @@ class DeviceMemory:
             if storage is not None:
                 self.adopt(storage)
 
-    def mark_alias(self, storage: torch.UntypedStorage, of: torch.UntypedStorage) -> None:
-        """Mark `storage`, a second storage over the memory of the device storage `of` (what
-        cudagraph trees hand out over their pool), device memory without an allocation of its
-        own: `of` holds the allocation, and the alias keeps it alive while it lives."""
-        setattr(storage, MEMORY_ATTR, DEVICE)
-        storage._harness_alias_of = of
-
     def adopt(self, storage: torch.UntypedStorage) -> None:
         """Mark `storage` device memory: an allocation on the current stream while it lives."""
         setattr(storage, MEMORY_ATTR, DEVICE)
@@ -178,10 +171,15 @@ class DeviceMemory:
         for listener in self.adoption_listeners:
             listener(storage)
 
-    def mark_alias(self, storage: torch.UntypedStorage) -> None:
-        """Mark `storage`, which does not own its bytes (made from a data pointer into device
-        memory), device memory: no allocation of its own, as CUDA's allocator makes none."""
+    def mark_alias(self, storage: torch.UntypedStorage,
+                   of: torch.UntypedStorage | None = None) -> None:
+        """Mark `storage`, which does not own its bytes, device memory with no allocation of its
+        own, as CUDA's allocator makes none: one made from a data pointer into device memory, or
+        a second storage over the memory of the device storage `of` (what cudagraph trees hand
+        out over their pool), which holds the allocation and which the alias keeps alive."""
         setattr(storage, MEMORY_ATTR, DEVICE)
+        if of is not None:
+            storage._harness_alias_of = of
         for listener in self.adoption_listeners:
             listener(storage)
 
