@@ -38,13 +38,16 @@ class Internal:
     """One private torch name: `module` (imported) then the attributes of `attribute` (dotted).
 
     `probe(obj)` returns True when the object behaves as the harness uses it (raising counts as
-    not behaving). `lazy`: the module is not imported on entry, only found.
+    not behaving). `lazy`: the module is not imported on entry, only found. `optional`: only
+    some builds define it (CUDA builds), so entering does not require it; `optional_name()`
+    answers None where this build lacks it.
     """
 
     module: str
     attribute: str
     probe: Callable[[Any], bool] = callable
     lazy: bool = False
+    optional: bool = False
 
     @property
     def path(self) -> str:
@@ -218,6 +221,9 @@ NAMES: dict[str, Internal] = {
     # whether Python dispatch is off here (inside a kernel run under _DisableTorchDispatch)
     "dispatch_tls_is_dispatch_key_excluded": Internal(
         "torch._C", "_dispatch_tls_is_dispatch_key_excluded"),
+    # a storage made to raise on access (cudagraph trees' overwritten outputs); CUDA builds only
+    "set_storage_access_error_msg": Internal("torch._C", "_set_storage_access_error_msg",
+                                             optional=True),
 }
 
 
@@ -227,7 +233,8 @@ def problems(names: dict[str, Internal] | None = None,
     `path (missing: ...)` or `path (does not behave: ...)`. `resolver` finds an entry's object
     (the seam a test plants a missing name through)."""
     return findings((NAMES if names is None else names).values(),
-                    lambda entry: None if entry.lazy else resolver(entry))
+                    lambda entry: None if entry.lazy else resolver(entry),
+                    optional=lambda entry: entry.optional)
 
 
 def check(names: dict[str, Internal] | None = None,
@@ -332,6 +339,17 @@ autograd_profile_parse_kineto_results = bind(NAMES["autograd_profile_parse_kinet
 standard_gamma = bind(NAMES["standard_gamma"])
 sample_dirichlet = bind(NAMES["sample_dirichlet"])
 dispatch_tls_is_dispatch_key_excluded = bind(NAMES["dispatch_tls_is_dispatch_key_excluded"])
+
+
+def optional_name(name: str) -> Any:
+    """The object of an `optional` entry of NAMES, or None where this build lacks it."""
+    entry = NAMES[name]
+    if not entry.optional:
+        raise ValueError(f"{name!r} is not an optional entry of harness.torch_internals.NAMES")
+    try:
+        return resolve(entry)
+    except (AttributeError, ImportError):
+        return None
 
 
 def lazy_module(name: str) -> Any:

@@ -121,6 +121,7 @@ class DeviceGraph:
         # layout keeps one recording per set of static-input addresses (see `_replayed`)
         self.cudagraphs = cudagraphs
         self.replays: dict[tuple, Any] = {}
+        self.warm_generation: dict[tuple, Any] = {}  # the generation each layout warmed up in
         self.rerecords = 0  # recordings made because a static input's address changed
         self.output_traces = _output_traces(graph_module)  # for the trees' overwritten error
         self.skipped: list[str] = []  # why a layout ran without a graph, as inductor logs it
@@ -163,7 +164,11 @@ class DeviceGraph:
         (see `_recorded`): the replays' are the same tensors each time, rewritten by the next."""
         key = _key(args)
         entry = self.replays.get(key)
-        state.trees.enter(self)
+        generation = state.trees.enter(self)
+        # The trees' path within a generation: a graph run again in one generation (one step
+        # between cudagraph_mark_step_begin calls, or one top-level call) is another node of the
+        # tree, recorded apart with memory of its own, not a replay over the first one's outputs.
+        position = state.trees.position(self, key)
         if entry is None:
             host = self._placement(args).host
             if host is not None:
@@ -177,13 +182,14 @@ class DeviceGraph:
                 self.unpartitioned.append(f"cpu device ({host})")
                 return self._run(state, args)
             self.replays[key] = "warm"
-            with _cublas_cleared(state):
-                out = self._run(state, args)
-            state.trees.note_pool_outputs(*self._pool_outputs(args, out))
-            return out
+            self.warm_generation[key] = generation
+            return self._warm_up(state, args)
         if isinstance(entry, str):
             if entry != "warm":  # skipped, for the reason kept
                 return self._run(state, args)
+            if self.warm_generation.get(key) == generation:
+                # the trees stay in warm-up for the rest of the generation it began in
+                return self._warm_up(state, args)
             try:
                 mutated = _analyse(self.graph_module, args)[0]
             except _data_dependent_errors():
@@ -197,15 +203,18 @@ class DeviceGraph:
             if mutated - self.static:
                 return self._skip(state, args, key,
                                   f"mutated inputs ({len(mutated - self.static)} instances)")
-            entry = self.replays[key] = [_Replay.capture(self, state, args)]
+            entry = self.replays[key] = [_Replay.capture(self, state, args, position)]
             return self._recorded(state, args, entry[0].replay(args))
         addresses = _static_addresses(args, self.static)
         for recorded in entry:
-            if recorded.static_addresses == addresses:
+            if recorded.static_addresses == addresses and recorded.position == position:
                 out = recorded.replay(args)
                 if recorded.handed is None:  # trees hand out the same tensors every replay
                     recorded.handed = self._aliased(state, args, out)
                 return recorded.handed
+        if any(recorded.static_addresses == addresses for recorded in entry):
+            entry.append(_Replay.capture(self, state, args, position))  # a new node, no re-record
+            return self._recorded(state, args, entry[-1].replay(args))
         # A static input (a parameter, a marked cache buffer) at a new address: the recordings
         # read and write the old one, so cudagraph trees record again, up to their limit.
         self.rerecords += 1
@@ -214,8 +223,14 @@ class DeviceGraph:
             return self._skip(state, args, key,
                               f"exceeding max re-recording limit (={limit}) due to static input "
                               f"data pointer changed")
-        entry.append(_Replay.capture(self, state, args))
+        entry.append(_Replay.capture(self, state, args, position))
         return self._recorded(state, args, entry[-1].replay(args))
+
+    def _warm_up(self, state, args):
+        with _cublas_cleared(state):
+            out = self._run(state, args)
+        state.trees.note_pool_outputs(*self._pool_outputs(args, out))
+        return out
 
     def _pool_outputs(self, args, out) -> tuple[list, list]:
         """The outputs in the trees' pool (fresh device tensors, not views of an input), with the
@@ -258,6 +273,7 @@ class DeviceGraph:
         them), as `torch._dynamo.reset()` shuts cudagraph trees down: a later call warms up
         again."""
         self.replays.clear()
+        self.warm_generation.clear()
         self.rerecords = 0
         self.skipped.clear()
         self.__dict__.pop("pool", None)
@@ -423,9 +439,9 @@ def _pool_alias(state, t: torch.Tensor, aliases: dict) -> torch.Tensor:
     so from the pool's pointers): an error set on one storage leaves the other readable.
     `aliases` maps a storage already aliased in this result to its alias."""
     storage = t.untyped_storage()
-    alias = aliases.get(storage._cdata)
+    alias = aliases.get(storage.data_ptr())
     if alias is None:
-        alias = aliases[storage._cdata] = torch._C._construct_storage_from_data_pointer(
+        alias = aliases[storage.data_ptr()] = torch_internals.construct_storage_from_data_pointer(
             storage.data_ptr(), state.storage_device, storage.nbytes())
         state.memory.mark_alias(alias, storage)
     with torch_internals.disable_current_modes(), torch.no_grad():
@@ -489,13 +505,14 @@ class _Replay:
     """One captured input layout of a reduce-overhead graph, for one set of static addresses."""
 
     def __init__(self, graph, inputs: list, outputs, copied: list[int],
-                 static_addresses: tuple) -> None:
+                 static_addresses: tuple, position: int) -> None:
         self.graph, self.inputs, self.outputs, self.copied = graph, inputs, outputs, copied
         self.static_addresses = static_addresses
+        self.position = position  # its run's place among this layout's runs in a generation
         self.handed = None  # what the replays return: aliases of `outputs`, made at the first
 
     @staticmethod
-    def capture(device_graph: DeviceGraph, state, args) -> "_Replay":
+    def capture(device_graph: DeviceGraph, state, args, position: int) -> "_Replay":
         copied = [i for i, a in enumerate(args)
                   if isinstance(a, torch.Tensor) and i not in device_graph.static]
         inputs = list(args)
@@ -510,7 +527,7 @@ class _Replay:
             outputs = device_graph(*inputs)
         torch.cuda.current_stream().wait_stream(stream)
         return _Replay(graph, inputs, outputs, copied,
-                       _static_addresses(args, device_graph.static))
+                       _static_addresses(args, device_graph.static), position)
 
     def replay(self, args):
         for i in self.copied:

@@ -90,6 +90,7 @@ class TreeGenerations:
         import weakref
 
         self.current: int | None = None
+        self._runs: dict[tuple, int] = {}  # (graph, layout) -> its runs in this generation
         self._pool_outputs: list[tuple[Any, str | None]] = []  # (weakref to tensor, stack trace)
         self._graphs: Any = weakref.WeakSet()  # the DeviceGraphs that ran with CUDA graphs
         self._handed: Any = weakref.WeakSet()  # tensors over the pool handed to the program
@@ -102,9 +103,7 @@ class TreeGenerations:
             graph.release_recordings()
         # Trees free the pool's memory under the tensors the program still holds, which raise
         # from then on; where a storage cannot be made to raise (a CPU wheel) the memory is kept.
-        import torch
-
-        refuse_access = getattr(torch._C, "_set_storage_access_error_msg", None)
+        refuse_access = torch_internals.optional_name("set_storage_access_error_msg")
         if refuse_access is not None:
             trees = torch_internals.lazy_module("inductor_cudagraph_trees")
             message = trees.CUDAGraphTreeManager.format_dealloc_msg(None)
@@ -112,33 +111,41 @@ class TreeGenerations:
                 _refuse(t, message, refuse_access)
         self._handed = type(self._handed)()
         self._pool_outputs = []
+        self._runs = {}
         self.current = None
 
     def note_handed(self, t) -> None:
         """`t`, a tensor over the pool's memory that a warm-up, recording or replay handed out."""
         self._handed.add(t)
 
-    def enter(self, graph) -> None:
+    def enter(self, graph) -> Any:
         """`graph`, a reduce-overhead DeviceGraph, is about to run: end the previous generation if
-        this is a new one."""
+        this is a new one. Returns the generation it runs in."""
         self._graphs.add(graph)
         trees = torch_internals.lazy_module("inductor_cudagraph_trees")
         generation = trees.CUDAGraphTreeManager.get_curr_generation()
         if generation == self.current:
-            return
+            return self.current
         live = [(ref(), trace) for ref, trace in self._pool_outputs]
         live = [(t, trace) for t, trace in live if t is not None]
         if any(t.requires_grad for t, _ in live):
-            return  # a forward whose backward is pending: trees keep its generation going
-        import torch
-
+            return self.current  # a forward whose backward is pending: trees keep it going
         # A build without it (the CPU wheels: torch defines it with CUDA) cannot make a storage
         # raise on access; there the outputs keep what the next run wrote, silently.
-        refuse_access = getattr(torch._C, "_set_storage_access_error_msg", None)
+        refuse_access = torch_internals.optional_name("set_storage_access_error_msg")
         for t, trace in live if refuse_access is not None else ():
             _refuse(t, trees.CUDAGraphTreeManager.format_dealloc_msg(trace), refuse_access)
         self._pool_outputs = []
+        self._runs = {}
         self.current = generation
+        return generation
+
+    def position(self, graph, layout) -> int:
+        """How many times `graph` ran with `layout` before in this generation (0 the first)."""
+        key = (id(graph), layout)
+        count = self._runs.get(key, 0)
+        self._runs[key] = count + 1
+        return count
 
     def note_pool_outputs(self, outputs: list, traces: list) -> None:
         """Outputs of a warm-up or a recording that live in the trees' pool (not aliases of the

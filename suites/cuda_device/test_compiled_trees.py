@@ -182,3 +182,19 @@ def test_reduce_overhead_runs_a_graph_with_data_dependent_ops(cuda_kind):
         for values, expected in (([1, 0, 2], [[0], [2]]), ([0, 0, 5], [[2]]), ([1, 1, 0], [[0], [1]])):
             out = nonzero(torch.tensor(values, device="cuda"))
             assert out.is_cuda and out.tolist() == expected
+
+
+def test_a_graph_run_twice_in_one_step_keeps_both_outputs(cuda_kind):
+    """Between two `cudagraph_mark_step_begin()` calls the trees make a second run of the same
+    graph another node of the tree, recorded with memory of its own (a draft model run k times per
+    step). The emulated device replayed the first run's recording again, so the second run wrote
+    over the first one's outputs (until 2026-12-06)."""
+    compiled = torch.compile(lambda x: x * 2 + 1, mode="reduce-overhead")
+    seen = []
+    with _refused_in_the_sanitizer(cuda_kind):
+        for step in range(4):  # warm-up, recording, then replays of both nodes
+            torch.compiler.cudagraph_mark_step_begin()
+            first = compiled(torch.full((4,), float(step), device="cuda"))
+            second = compiled(torch.full((4,), float(step + 10), device="cuda"))
+            seen.append((first[0].item(), second[0].item()))
+        assert seen == [(2 * s + 1, 2 * s + 21) for s in range(4)]
