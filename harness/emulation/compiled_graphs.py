@@ -263,7 +263,6 @@ class DeviceGraph:
         for i, t in enumerate(outs):
             if id(t) in pooled:
                 outs[i] = _pool_alias(state, t, aliases)
-                state.trees.note_handed(outs[i])
         if single:
             return outs[0]
         return type(out)(outs) if isinstance(out, list) else tuple(outs)

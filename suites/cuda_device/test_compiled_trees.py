@@ -35,7 +35,9 @@ def _refused_in_the_sanitizer(cuda_kind):
     """The graph sanitizer refuses inductor's CUDA graphs by name (sanitizer.py)."""
     if cuda_kind != "sanitizer":
         return contextlib.nullcontext()
-    return pytest.raises(UnsupportedOnEmulatedDevice, match="cudagraph trees")
+    # dynamo's cudagraphs backend meets it while compiling: BackendCompilerFailed carries it
+    return pytest.raises((UnsupportedOnEmulatedDevice, torch._dynamo.exc.BackendCompilerFailed),
+                         match="cudagraph trees")
 
 
 def test_inductors_cudagraphs_config_replays_a_plain_compile(cuda_kind):
@@ -136,36 +138,34 @@ def _graph_pool_blocks() -> int:
                for block in segment["blocks"] if block["state"] == "active_allocated")
 
 
-def test_dynamo_reset_frees_the_graph_pool_while_the_compiled_code_lives(cuda_kind):
-    """`torch._dynamo.reset()` shuts cudagraph trees down: their graphs and pool go even though the
-    compiled function is still referenced. The emulated device kept its recordings, and their
-    pool blocks, for as long as the compiled code lived (until 2026-12-06)."""
+def test_dynamo_reset_drops_the_recordings_while_the_compiled_code_lives(cuda_kind):
+    """`torch._dynamo.reset()` shuts cudagraph trees down even though the compiled function is
+    still referenced; the next call warms up again, and the pool holds no block once the cache is
+    emptied. (Natively the pool showed no active block before the reset either, once the output
+    was dropped; the emulated device's snapshot still shows the recording's outputs then: H100,
+    torch 2.11, 2026-12-06.)"""
     compiled = torch.compile(_cubed, mode="reduce-overhead")
     x = torch.rand(4, device="cuda")
     with _refused_in_the_sanitizer(cuda_kind):
         for _ in range(3):
             out = compiled(x)
         del out
-        assert _graph_pool_blocks() > 0
         torch._dynamo.reset()
         torch.cuda.empty_cache()
         assert _graph_pool_blocks() == 0
         torch.testing.assert_close(compiled(x), _cubed(x))  # still runs: a new warm-up
 
 
-@needs_access_errors
-def test_an_output_held_across_dynamo_reset_raises_and_gives_its_pool_memory_back(cuda_kind):
-    """Trees free the pool under the outputs the program still holds, which raise from then on
-    (PyTorch's tree tests count the pool's blocks after reset whatever a failed test kept)."""
+def test_an_output_held_across_dynamo_reset_stays_readable(cuda_kind):
+    """torch's shutdown of the trees sets no access error on the outputs the program holds (none
+    raised natively, H100, torch 2.11, 2026-12-06; torch 2.14's `shutdown` sets none either). The
+    emulated device made them raise "overwritten by a subsequent run" until later that day."""
     compiled = torch.compile(_cubed, mode="reduce-overhead")
     x = torch.rand(4, device="cuda")
     with _refused_in_the_sanitizer(cuda_kind):
         held = [compiled(x) for _ in range(4)][-1]  # a replay's output
         torch._dynamo.reset()
-        torch.cuda.empty_cache()
-        assert _graph_pool_blocks() == 0
-        with pytest.raises(RuntimeError, match=OVERWRITTEN):
-            held.sum()
+        held.sum()
 
 
 def test_reduce_overhead_runs_a_graph_with_data_dependent_ops(cuda_kind):
@@ -174,6 +174,9 @@ def test_reduce_overhead_runs_a_graph_with_data_dependent_ops(cuda_kind):
     partitions around them). The emulated device's fake-tensor analysis of the graph raised
     DataDependentOutputException / DynamicOutputShapeException at the second call (until
     2026-12-06)."""
+    if cuda_kind == "native":
+        pytest.skip("natively (H100, torch 2.11, 2026-12-06) this graph raised CUDA's illegal "
+                    "memory access, which leaves the process's CUDA context unusable")
     item = torch.compile(lambda x: x.item() + 1, mode="reduce-overhead")
     nonzero = torch.compile(lambda x: (x * 2).nonzero(), mode="reduce-overhead")
     with _refused_in_the_sanitizer(cuda_kind), torch._dynamo.config.patch(
