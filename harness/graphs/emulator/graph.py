@@ -42,11 +42,15 @@ def replaying() -> bool:
 
 
 @contextlib.contextmanager
-def _replay_running():
+def _replay_running(inference_mode: bool):
+    """What a replay's recorded calls run under: autograd never sees a graph's work (as on CUDA);
+    inference mode is kept as captured, because capture-time outputs are inference tensors exactly
+    when it was on; and `replaying()` says so."""
     depth = getattr(_REPLAYS, "depth", 0)
     _REPLAYS.depth = depth + 1
     try:
-        yield
+        with torch.inference_mode(inference_mode), AutoDispatchBelowADInplaceOrView():
+            yield
     finally:
         _REPLAYS.depth = depth
 
@@ -102,10 +106,7 @@ class EmulatedGraph(CapturedGraph):
 
     def replay(self) -> None:
         steps = self._begin_run()
-        # Autograd never sees a graph's work (as on CUDA); inference mode is kept as captured
-        # because capture-time outputs are inference tensors exactly when it was on.
-        with torch.inference_mode(self._inference_mode), AutoDispatchBelowADInplaceOrView(), \
-                _replay_running():
+        with _replay_running(self._inference_mode):
             try:
                 for fn, args, kwargs in steps:
                     fn(*args, **kwargs)
@@ -118,8 +119,7 @@ class EmulatedGraph(CapturedGraph):
         profiler brackets each as one kernel); the graph's RNG state bookkeeping, which is no
         node of CUDA's graph, runs as in `replay()`."""
         steps = self._begin_run()
-        with torch.inference_mode(self._inference_mode), AutoDispatchBelowADInplaceOrView(), \
-                _replay_running():
+        with _replay_running(self._inference_mode):
             try:
                 for fn, args, kwargs in steps:
                     if is_state_step(fn):
@@ -149,8 +149,7 @@ class EmulatedGraph(CapturedGraph):
                 # regrew memory the step writes through its raw pointers (a graph reset meanwhile
                 # still runs what was launched, as CUDA finishes a launch of a destroyed graph).
                 self._refuse_lost_memory(released_ok=True)
-                with torch.inference_mode(inference), AutoDispatchBelowADInplaceOrView(), \
-                        _replay_running():
+                with _replay_running(inference):
                     try:
                         fn(*args, **kwargs)
                     except (IndexError, RuntimeError) as error:
@@ -180,8 +179,7 @@ class EmulatedGraph(CapturedGraph):
         by_step: dict[int, list[OpRecord]] = {}
         for record in self.records:
             by_step.setdefault(record.step, []).append(record)
-        with torch.inference_mode(self._inference_mode), AutoDispatchBelowADInplaceOrView(), \
-                _replay_running():
+        with _replay_running(self._inference_mode):
             for index, (fn, args, kwargs) in enumerate(steps):
                 records = by_step.get(index, ())
                 for record in records:
