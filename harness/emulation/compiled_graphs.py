@@ -170,7 +170,7 @@ class DeviceGraph:
         # tree, recorded apart with memory of its own, not a replay over the first one's outputs.
         position = state.trees.position(self, key)
         if entry is None:
-            host = self._placement(args).host
+            host = self._placement(args, key).host
             if host is not None:
                 # inductor's check_multiple_devices_or_any_cpu_nodes: decided at compile time
                 if not torch_internals.lazy_module("inductor_config").graph_partition:
@@ -285,8 +285,9 @@ class DeviceGraph:
         self.replays[key] = reason
         return self._run(state, args)
 
-    def _placement(self, args) -> Placement:
-        key = (_key(args), tuple(is_device_memory(a) for a in args if isinstance(a, torch.Tensor)))
+    def _placement(self, args, key: tuple) -> Placement:
+        """Where the outputs of the layout `key` (`_key(args)`) live, for these inputs' memory."""
+        key = (key, tuple(is_device_memory(a) for a in args if isinstance(a, torch.Tensor)))
         found = self.placements.get(key)
         if found is None:
             found = self.placements[key] = placement(self.graph_module, args)
@@ -300,11 +301,12 @@ class DeviceGraph:
         # inputs would be a mixed-device call, and an op without tensors has no kernel to pick.
         tensors = [a for a in args if isinstance(a, torch.Tensor)]
         host_inputs = any(a.dim() and not is_device_memory(a) for a in tensors)
-        data_dependent = self.calls.get(_key(args), False) is None
+        key = _key(args)
+        data_dependent = self.calls.get(key, False) is None
         if self.opaque and tensors and not host_inputs and not data_dependent and (
                 state.streams_tracking is not None or state.capturing()) and _device_sees_calls():
             try:
-                out = self._as_op(state, args)
+                out = self._as_op(state, args, key)
             except _data_dependent_errors() as error:
                 # `.item()`, `nonzero()`, ... inside the graph: no fixed output layout for an
                 # op's fake kernel to give. Outside a capture it runs as host code, untracked.
@@ -315,19 +317,19 @@ class DeviceGraph:
                         f"capture on the emulated CUDA device: its outputs' shapes depend on "
                         f"values the capture cannot read (CUDA refuses the host sync it needs); "
                         f"move that op out of the captured region") from error
-                self.calls[_key(args)] = None
+                self.calls[key] = None
                 return self._run(state, args)
         else:
             with _on_device(state):
                 out = self.compiled(*args)
-        return self._placed(state, args, out)
+        return self._placed(state, args, out, key)
 
-    def _placed(self, state, args, out):
+    def _placed(self, state, args, out, key: tuple):
         """The outputs in the memory CUDA gives them: device memory where the graph's path from
         its inputs runs on the device, host memory where it ends in a copy to the host. An output
         the compiled code left in the other memory (a transfer is a view in the graph) is copied
         there, as the transfer does."""
-        marks = self._placement(args).outputs
+        marks = self._placement(args, key).outputs
         single = not isinstance(out, (tuple, list))
         outs = [out] if single else list(out)
         for i, t in enumerate(outs):
@@ -348,7 +350,7 @@ class DeviceGraph:
 
     # --- one op per input layout -------------------------------------------------------------
 
-    def _as_op(self, state, args):
+    def _as_op(self, state, args, key: tuple):
         tensors = [a for a in args if isinstance(a, torch.Tensor)]
         if torch.is_grad_enabled() and any(t.requires_grad for t in tensors):
             raise CompiledGraphError(
@@ -356,7 +358,6 @@ class DeviceGraph:
                 f"tracking or a capture on the emulated CUDA device: its kernels are opaque to the "
                 f"device, which runs them as one op without a backward; run it under "
                 f"torch.no_grad(), or with races='off' outside a capture")
-        key = _key(args)
         call = self.calls.get(key)
         if call is None:
             call = self.calls[key] = self._define(state, args)
