@@ -29,6 +29,7 @@ as the emulation's state (a replay after the emulation ended finds none and says
 
 from __future__ import annotations
 
+import functools
 import inspect
 import itertools
 import threading
@@ -222,23 +223,19 @@ _OPS = _Ops()
 def _run(written: list[torch.Tensor], read: list[torch.Tensor], launch: int) -> None:
     """The op's kernel: the launch's Triton kernel through the interpreter."""
     record = active_state().triton_launches.take(launch)
-    _without_dynamo(run_grid)(record.kernel, record.grid, record.bound(written, read))
+    _run_grid_without_dynamo()(record.kernel, record.grid, record.bound(written, read))
 
 
-_UNCOMPILED: dict[Any, Any] = {}
-
-
-def _without_dynamo(fn):
-    """`fn` with dynamo's frame callback off while it runs. A launch that dynamo leaves out of a
-    compiled function's graph (a graph break: an autotuner config with a `pre_hook`, which dynamo
-    does not trace) runs eagerly inside dynamo's callback, which offers every new Python frame for
+@functools.cache
+def _run_grid_without_dynamo():
+    """`run_grid` with dynamo's frame callback off while it runs (made at the first launch, as
+    `torch.compiler.disable` imports dynamo). A launch that dynamo leaves out of a compiled
+    function's graph (a graph break: an autotuner config with a `pre_hook`, which dynamo does not
+    trace) runs eagerly inside dynamo's callback, which offers every new Python frame for
     compiling; the device's own modules are skipped (compiled_graphs.keep_dynamo_out), but the
     frames of Triton's interpreter they call were not, and dynamo failed inside them. On CUDA
     those frames would be a compiled kernel's launch, no Python at all."""
-    wrapped = _UNCOMPILED.get(fn)
-    if wrapped is None:
-        wrapped = _UNCOMPILED[fn] = torch.compiler.disable(fn)
-    return wrapped
+    return torch.compiler.disable(run_grid)
 
 
 def _run_meta(written: list[torch.Tensor], read: list[torch.Tensor], launch: int) -> None:
