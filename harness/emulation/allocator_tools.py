@@ -10,8 +10,9 @@ gives it, answered from the model of that allocator (caching_allocator.py):
   ring of `max_entries`. torch's own Python wrappers run; the names they call in `torch._C` are
   what is replaced.
 - `torch.cuda.MemPool()` and `torch.cuda.use_mem_pool(pool)`: a user-created pool with id
-  `(0, n)`, n from the counter `graph_pool_handle()` takes its ids from too, as on CUDA; allocations of the current thread inside `use_mem_pool` come from it, its blocks are
-  reused by it alone, it counts in the device's statistics, and its free segments go back on
+  `(0, n)`, n from the counter `graph_pool_handle()` takes its ids from too, as on CUDA;
+  allocations of the current thread inside `use_mem_pool` come from it, its blocks are reused by
+  it alone, it counts in the device's statistics, and its free segments go back on
   `empty_cache()` once the MemPool is gone. A MemPool with a custom allocator
   (`CUDAPluggableAllocator`: functions in a shared library that call cudaMalloc, or NCCL's
   `ncclMemAlloc`) is refused: that code needs a GPU.
