@@ -144,7 +144,15 @@ class DeviceGraph:
     def __call__(self, *args):
         from harness.emulation.active import emulation_active
 
-        if emulation_active() != "cpu" or not (self.transfers or any(
+        active = emulation_active()
+        if active == "cuda" and self.opaque and _device_sees_calls() and any(
+                isinstance(a, torch.Tensor) for a in args):
+            from harness.emulation.active import active_state
+
+            # The graph sanitizer's capture records what reaches the dispatcher; inductor's
+            # Triton launches do not, so the piece is recorded as one op that replays it.
+            return self._as_op(active_state(), args, _key(args))
+        if active != "cpu" or not (self.transfers or any(
                 isinstance(a, torch.Tensor) and is_device_memory(a) for a in args)):
             return self.compiled(*args)
         from harness.emulation.active import active_state
@@ -380,11 +388,15 @@ class DeviceGraph:
         compiled = self.compiled
         fresh = [o for o in outputs if isinstance(o, TensorLayout)]
 
+        # on the emulated device the graph's code runs on the cpu tensors the device's are; in
+        # the graph sanitizer the tensors are the GPU's and the code runs as it is
+        on_device = (lambda: _on_device(state)) if state.kind == "cpu" else contextlib.nullcontext
+
         def run(*tensors):
             call_args = list(template)
             for i, t in zip(tensor_positions, tensors):
                 call_args[i] = t
-            with _on_device(state):
+            with on_device():
                 out = compiled(*call_args)
             if not isinstance(out, (tuple, list)):
                 out = (out,)
@@ -395,7 +407,7 @@ class DeviceGraph:
             return [torch.empty_strided(o.size, o.stride, dtype=o.dtype, device=device)
                     for o in fresh]
 
-        lib.impl(name, run, "CPU")
+        lib.impl(name, run, "CPU" if state.kind == "cpu" else "CUDA")
         lib.impl(name, fake, "Meta")
         try:
             torch.library.register_fake(f"{_LIBRARY_NAME}::{name}", fake, lib=lib)
@@ -787,6 +799,36 @@ def inductor_on_host(original):
         return DeviceGraph(compiled, graph_module, "inductor", bare_output=bare)
 
     return compile_fx
+
+
+def pieces_recorded_by_the_sanitizer(original):
+    """A replacement for inductor's `compile_fx` under the graph sanitizer (emulate_cuda() on a
+    GPU): the piece it returns runs as it is, except inside the sanitizer's capture, where it is
+    recorded as one op that runs the compiled code again at each replay (`DeviceGraph`). The
+    sanitizer's capture records the calls that reach the dispatcher, and a compiled piece's Triton
+    kernels launch past it: a runtime capturing the piece (vLLM's default) recorded nothing and
+    replayed nothing (seen on an H100, torch 2.11). Code compiled through dynamo is not affected:
+    dynamo runs a compiled frame's original code while a dispatch mode such as the capture's
+    recorder is active."""
+    from harness.emulation.active import emulation_active
+
+    def compile_fx(*args, **kwargs):
+        graph_module = args[0] if args else kwargs.get("model_")
+        # read before compiling: inductor rewrites a graph returning one value to return a list
+        bare = isinstance(graph_module, torch.fx.GraphModule) and _returns_one_value(graph_module)
+        compiled = original(*args, **kwargs)
+        if emulation_active() != "cuda" or not isinstance(graph_module, torch.fx.GraphModule) \
+                or isinstance(compiled, DeviceGraph):
+            return compiled
+        return DeviceGraph(compiled, graph_module, "inductor", bare_output=bare)
+
+    return compile_fx
+
+
+def sanitizer_compile_patches() -> list[tuple[Any, str, Any]]:
+    """The (owner, name, replacement) entries the graph sanitizer adds for torch.compile."""
+    inductor = torch_internals.lazy_module("inductor_compile_fx")
+    return [(inductor, "compile_fx", pieces_recorded_by_the_sanitizer(inductor.compile_fx))]
 
 
 def _returns_one_value(graph_module: torch.fx.GraphModule) -> bool:

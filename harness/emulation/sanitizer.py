@@ -6,12 +6,14 @@ CUDA would replay silently into stale memory."""
 from __future__ import annotations
 
 import contextlib
+import gc
 
 import torch
 
 from harness import torch_internals
 
 from harness.emulation.allocator_tools import UnsupportedOnEmulatedDevice
+from harness.emulation.compiled_graphs import sanitizer_compile_patches
 from harness.emulation.observers import Observed
 from harness.emulation.pool_handles import PoolHandles
 from harness.emulation.sanitizer_pools import AllocatorPool
@@ -44,6 +46,7 @@ class SanitizerHost(Observed):
         self._graphs: set[int] = set()
         self._generator_state: tuple[torch.Tensor, ...] = ()
         self.capture = None
+        self._gc_was_enabled = False
         self.races = "strict"  # the sanitizer tracks no races and takes no races setting
         self.schedule = "issue_order"  # nor a schedule: the GPU runs its streams
         # The streams of the capture under way: its stream and those forked from it (a wait on an
@@ -73,6 +76,13 @@ class SanitizerHost(Observed):
         self._graphs.add(id(graph))
         pool.begin_routing()
         self.capture, self._capturing, self._routed = graph, {_key(stream)}, pool
+        # The recorder's Python objects set the collector off far more often than a real capture
+        # does; a collection inside the capture can destroy an unreachable MemPool or CUDAGraph,
+        # whose release of its memory CUDA's allocator refuses while a pool is being captured into
+        # (an internal assert in a destructor: the process aborted, H100, torch 2.11). Collections
+        # wait for the capture's end, as the harness's cuda backend makes them wait.
+        self._gc_was_enabled = gc.isenabled()
+        gc.disable()
 
     def release_pool(self, pool) -> None:
         pool.release()
@@ -86,6 +96,8 @@ class SanitizerHost(Observed):
         if self._routed is not None:
             self._routed.end_routing()
         self.capture, self._capturing, self._routed = None, set(), None
+        if self._gc_was_enabled:
+            gc.enable()
 
     def is_current_stream_capturing(self) -> bool:
         return self.stream_captures(torch.cuda.current_stream())
@@ -180,7 +192,8 @@ def enter_sanitizer(stack: contextlib.ExitStack) -> SanitizerHost:
             for name, value in names.items()]
           + [(module, "empty_cache", empty_cache) for module in (torch.cuda, torch.cuda.memory)]
           + ([(torch.cuda, "_compile_kernel", compile_kernel_checked)] if compile_kernel else [])
-          + [swap] + _capture_rules(host) + _cudagraph_trees_refused(), stack)
+          + [swap] + _capture_rules(host) + _cudagraph_trees_refused()
+          + sanitizer_compile_patches(), stack)
     return host
 
 

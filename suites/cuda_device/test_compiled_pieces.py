@@ -32,14 +32,6 @@ class _SplitQKV(torch.nn.Module):
         return q, k, v, torch.empty_like(q), h * 2
 
 
-def _sanitizer_gap(cuda_kind) -> None:
-    if cuda_kind == "sanitizer":
-        # measured on an H100 (torch 2.11, 2026-12-06): the replay left the captured output as
-        # it was, and PyTorch warned "The CUDA Graph is empty"
-        pytest.xfail("the graph sanitizer records what reaches the dispatcher, not inductor's "
-                     "Triton launches: a captured compile_fx piece does not replay (open)")
-
-
 def _compile_fx(module: torch.nn.Module, inputs: list):
     # imported where a runtime imports it (vLLM: inside its compiler adaptor), after entering
     from torch._inductor.compile_fx import compile_fx
@@ -60,7 +52,6 @@ def fresh_dynamo():
 
 
 def test_a_piece_of_fused_kernels_returns_one_tensor_and_replays_them(cuda_kind):
-    _sanitizer_gap(cuda_kind)
     torch.manual_seed(0)
     _tracking_on()
     x, y = torch.randn(4, 8, device="cuda"), torch.randn(4, 8, device="cuda")
@@ -80,7 +71,6 @@ def test_a_piece_of_fused_kernels_returns_one_tensor_and_replays_them(cuda_kind)
 
 
 def test_a_piece_returning_views_of_one_buffer_runs_and_replays(cuda_kind):
-    _sanitizer_gap(cuda_kind)
     torch.manual_seed(0)
     _tracking_on()
     module = _SplitQKV().to("cuda")

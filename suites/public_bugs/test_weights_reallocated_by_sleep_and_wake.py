@@ -17,16 +17,7 @@ import gc
 import pytest
 import torch
 
-from harness.emulation import emulation_active
 from harness.graphs import FreedMemoryError
-
-
-@pytest.fixture(autouse=True)
-def not_in_the_sanitizer():
-    if emulation_active() == "cuda":
-        pytest.skip("in the graph sanitizer (H100, torch 2.11, 2026-12-06) the process aborted "
-                    "collecting garbage inside the recorder after the weights' MemPool was "
-                    "dropped (open)")
 
 
 class SleepingRunner:
