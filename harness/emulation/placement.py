@@ -29,7 +29,8 @@ from torch.overrides import TorchFunctionMode
 from harness import torch_internals
 from harness.torch_internals import DeviceContext, device_constructors
 from harness.graphs.base import CaptureError
-from harness.emulation import autocast, blas_workspaces, device_indices, kernels, transfers
+from harness.emulation import (array_interface, autocast, blas_workspaces, device_indices, kernels,
+                               transfers)
 from harness.graphs.emulator.dispatch_keys import keep_modes_reachable
 from harness.graphs.emulator.device_asserts import eager_device_assert_error, is_index_out_of_bounds
 from harness.emulation.capacity import requested_bytes
@@ -90,6 +91,7 @@ class Placement(TorchFunctionMode):
             torch.device: _device_of_index,
             **{func: self._cuda_kernel for func in kernels.REPLACEMENTS},
             **{func: self._blas_call for func in blas_workspaces.MATMUL_FUNCS},
+            **dict.fromkeys(_FROM_HOST_DATA, array_interface.handler(self)),
         }
 
     # --- the hot path ------------------------------------------------------------------------
