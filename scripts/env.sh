@@ -9,9 +9,9 @@ py="${PYTHON:-python3}"
 stamp="$venv/.installed"
 cpu_torch="torch==2.13.0+cpu"
 # The torch range this project is tested on, the same as pyproject.toml declares: 2.11 (the CUDA
-# wheel on the GPU machine), 2.13 (the CPU wheel, CI) and 2.14.1 (the CUDA wheel without a GPU).
+# wheel on the GPU machine), 2.13 (the CPU wheel, CI), 2.14.1 and 2.15.0 (CUDA wheels without a GPU).
 # suites/cuda_device/test_builds.py holds the two ranges equal.
-torch_spec="torch>=2.11,<2.15"
+torch_spec="torch>=2.11,<2.16"
 
 pip_install() {
   # pip's own lines, less the ones about what is already there; its errors stay visible.

@@ -133,6 +133,29 @@ def accelerator_current_stream(state, device: Any = None) -> AcceleratorStream:
     return AcceleratorStream(state.streams.current(device))
 
 
+def dynamo_current_stream(owner: str):
+    """A builder of the replacement of `get_current_stream` in dynamo's module `owner`
+    ("torch._dynamo.utils", "torch._dynamo.guards"): from torch 2.15 the bytecode dynamo writes
+    for a compiled frame, and its guards, ask C++ for the current stream
+    (`torch._C._dynamo.utils.get_current_stream`, c10's getCurrentCUDAStream), which a CUDA wheel
+    without a GPU answers with "CUDA driver version is insufficient". For cuda it is the emulated
+    device's current stream as `torch.accelerator.current_stream()` gives it. Each owner gets a
+    function of its own (dynamo's trace rules refuse one function known under two names)."""
+    from harness.torch_internals import torch_namespace
+
+    def build(state):
+        original = getattr(torch_namespace(owner), "get_current_stream")
+
+        def get_current_stream(device):
+            if names_cuda(device):
+                return accelerator_current_stream(state, device)
+            return original(device)
+
+        return get_current_stream
+
+    return build
+
+
 def accelerator_set_stream(state, stream) -> None:
     """`torch.accelerator.set_stream()`: either kind of stream, made current with its device."""
     stream = as_device_stream(stream)

@@ -30,8 +30,8 @@ import torch.serialization
 
 from harness import torch_internals
 from harness.emulation.accelerator_streams import (accelerator_current_stream,
-                                                   accelerator_set_stream, event_class,
-                                                   stream_class)
+                                                   accelerator_set_stream, dynamo_current_stream,
+                                                   event_class, stream_class)
 from harness.emulation.backward import engine_with_placement, saved_tensor_hooks_with_placement
 from harness.emulation.autocast import clearing_cache_too
 from harness.emulation.compiled_graphs import compile_patches, keep_dynamo_out
@@ -814,6 +814,8 @@ REPLACEMENTS: tuple[Replacement, ...] = (
                 if_present=True),
     Replacement("torch.Tensor", "__cuda_array_interface__", cuda_array_interface, "value"),
     *(Replacement("torch.cuda", name, nvml_query(name), if_present=True) for name in NVML_READINGS),
+    *(Replacement(owner, "get_current_stream", dynamo_current_stream(owner), "value",
+                  if_present=True) for owner in ("torch._dynamo.utils", "torch._dynamo.guards")),
 )
 
 # torch.cuda's names that its submodules define too, and that code may reach through them.

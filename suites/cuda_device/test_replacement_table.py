@@ -133,3 +133,21 @@ def test_every_row_is_in_place_inside_and_restored_after(outside_emulation):
     after = {(row.owner, row.name): vars(cuda_api.owner_object(row.owner)).get(row.name)
              for row in REPLACEMENTS}
     assert after == before
+
+
+def test_dynamos_own_current_stream_is_the_devices(cuda_device):
+    """From torch 2.15 dynamo's compiled frames and guards ask C++ for the current stream
+    (`torch._C._dynamo.utils.get_current_stream`), which a CUDA wheel without a GPU answers with
+    "CUDA driver version is insufficient": every compiled call on the device failed there."""
+    import torch._dynamo.guards as guards
+    import torch._dynamo.utils as utils
+
+    if "get_current_stream" not in vars(utils):
+        pytest.skip(f"torch {torch.__version__}'s dynamo asks torch.accelerator (before 2.15)")
+    side = torch.cuda.Stream()
+    for owner in (utils, guards):
+        with torch.cuda.stream(side):
+            got = owner.get_current_stream(torch.device("cuda", 0))
+        assert isinstance(got, torch.Stream)
+        assert (got.stream_id, got.device_index) == (side.stream_id, side.device_index)
+    assert utils.get_current_stream is not guards.get_current_stream
