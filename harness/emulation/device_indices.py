@@ -79,3 +79,27 @@ def first_index(args: tuple, kwargs: dict) -> int:
                 if storage is not None and is_device_memory(storage):
                     return getattr(storage, INDEX_ATTR, 0)
     return 0
+
+
+def copy_index(args: tuple, kwargs: dict) -> int | None:
+    """The device a `copy_(dst, src)` runs on (None for a copy between host tensors): the
+    source's when it is device memory (ATen copies between devices on the source device's
+    current stream), else the destination's."""
+    dst, src = args[0], args[1] if len(args) > 1 else kwargs.get("src")
+    for t in (src, dst):
+        if isinstance(t, torch.Tensor):
+            storage = _storage(t)
+            if storage is not None and is_device_memory(storage):
+                return getattr(storage, INDEX_ATTR, 0)
+    return None
+
+
+def guard_index(args: tuple, kwargs: dict) -> int | None:
+    """The device of the call's first device tensor, None without any."""
+    for a in (*args, *kwargs.values()):
+        for t in (a if type(a) in (list, tuple) else (a,)):
+            if isinstance(t, torch.Tensor):
+                storage = _storage(t)
+                if storage is not None and is_device_memory(storage):
+                    return getattr(storage, INDEX_ATTR, 0)
+    return None

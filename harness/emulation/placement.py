@@ -113,6 +113,8 @@ class Placement(TorchFunctionMode):
                                          self.state.autocast_cache)
         handler = self._calls.get(func)
         if handler is not None:
+            if self._several_devices:
+                return self._on_its_device(handler, func, args, kwargs or {})
             return handler(func, args, kwargs or {})
         return self._generic(func, args, {} if kwargs is None else kwargs)
 
@@ -192,51 +194,75 @@ class Placement(TorchFunctionMode):
             asked = requested_bytes(func, args, kwargs)
             if asked:
                 self.state.check_capacity(asked)
-        # What the call makes inside (a composite's own factories: SDPA's causal mask) is device
-        # memory too; the recorder asks this flag for calls without device tensors.
-        memory = self.memory
-        previous, memory.call_on_device = memory.call_on_device, True
-        keep_modes_reachable()  # stream tracking, if an inference_mode block dropped its keys
-        runner = self.state.call_runner
-        if self.state.kernel_log is not None:  # a profiler records CUDA activity
-            runner = self.state.kernel_log.runner(runner)
-        # A call that may draw meets its random aten ops, which draw from the device's generators
-        # (device_draws.py); a capture records them to draw at replay instead.
-        draws = (EagerDraws(self.state.draws, index)
-                 if may_draw(func, kwargs) and not self.state.capturing() and not recorded()
-                 else None)
-        if draws is not None:
-            draws.__enter__()
+        # PyTorch runs the call under a device guard for its tensors' device: its kernel goes to
+        # that device's current stream (outside a capture made on another device's stream).
+        state = self.state
+        guarded = self._several_devices and index != state.current_index
+        if guarded:
+            caller_index, state.current_index = state.current_index, index
         try:
-            if self.state.sync_debug_mode:
-                out = call_flagging_syncs(self.state.sync_debug_mode, runner or _call, func, args,
-                                          kwargs)
-            else:
-                out = func(*args, **kwargs) if runner is None else runner(func, args, kwargs)
-        except (IndexError, RuntimeError) as error:
-            if "can't allocate memory" in str(error):
-                raise self.state.out_of_memory(error) from error
-            if is_index_out_of_bounds(error) and not _host_checked_index(func, args, error):
-                raise eager_device_assert_error(error, getattr(func, "__name__", str(func))) from error
-            raise
-        finally:
-            memory.call_on_device = previous
+            # What the call makes inside (a composite's own factories: SDPA's causal mask) is
+            # device memory too; the recorder asks this flag for calls without device tensors.
+            memory = self.memory
+            previous, memory.call_on_device = memory.call_on_device, True
+            keep_modes_reachable()  # stream tracking, if an inference_mode block dropped its keys
+            runner = self.state.call_runner
+            if self.state.kernel_log is not None:  # a profiler records CUDA activity
+                runner = self.state.kernel_log.runner(runner)
+            # A call that may draw meets its random aten ops, which draw from the device's
+            # generators (device_draws.py); a capture records them to draw at replay instead.
+            draws = (EagerDraws(self.state.draws, index)
+                     if may_draw(func, kwargs) and not self.state.capturing() and not recorded()
+                     else None)
             if draws is not None:
-                draws.__exit__(None, None, None)
-        if isinstance(out, Tensor):
+                draws.__enter__()
             try:
-                storage = out.untyped_storage()
-                if not is_device_memory(storage):
-                    memory.adopt(storage)
-            except (RuntimeError, NotImplementedError):  # no storage of its own: a vmap wrapper's
-                memory.mark_device(out)
-        elif out is not None:
-            self._mark(out, DEVICE)
-        if index:
-            device_indices.set_index(out, index)
-        if self.state.observers:
-            self.state.notify_op(func, args, kwargs, out)
-        return out
+                if self.state.sync_debug_mode:
+                    out = call_flagging_syncs(self.state.sync_debug_mode, runner or _call, func,
+                                              args, kwargs)
+                else:
+                    out = func(*args, **kwargs) if runner is None else runner(func, args, kwargs)
+            except (IndexError, RuntimeError) as error:
+                if "can't allocate memory" in str(error):
+                    raise self.state.out_of_memory(error) from error
+                if is_index_out_of_bounds(error) and not _host_checked_index(func, args, error):
+                    raise eager_device_assert_error(
+                        error, getattr(func, "__name__", str(func))) from error
+                raise
+            finally:
+                memory.call_on_device = previous
+                if draws is not None:
+                    draws.__exit__(None, None, None)
+            if isinstance(out, Tensor):
+                try:
+                    storage = out.untyped_storage()
+                    if not is_device_memory(storage):
+                        memory.adopt(storage)
+                except (RuntimeError, NotImplementedError):  # no storage of its own: vmap's
+                    memory.mark_device(out)
+            elif out is not None:
+                self._mark(out, DEVICE)
+            if index:
+                device_indices.set_index(out, index)
+            if self.state.observers:
+                self.state.notify_op(func, args, kwargs, out)
+            return out
+        finally:
+            if guarded:
+                state.current_index = caller_index
+
+    def _on_its_device(self, handler, func, args, kwargs):
+        """A handled call (a copy, a host read) under the device guard of its device tensors."""
+        index = (device_indices.copy_index(args, kwargs) if func is Tensor.copy_
+                 else device_indices.guard_index(args, kwargs))
+        state = self.state
+        if index is None or index == state.current_index:
+            return handler(func, args, kwargs)
+        caller_index, state.current_index = state.current_index, index
+        try:
+            return handler(func, args, kwargs)
+        finally:
+            state.current_index = caller_index
 
     def _cast(self, t: Tensor, dtype: torch.dtype) -> Tensor:
         """An autocast cast: a device op of its own, as CUDA's cast kernel is."""

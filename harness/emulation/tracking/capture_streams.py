@@ -54,7 +54,10 @@ class CaptureStreams(TorchDispatchMode):
             if stream != self.origin:
                 self.last[stream] = (seq, current_callsite())
             return func(*args, **kwargs)
-        if stream.stream_id == 0 and (self.mode == "global" or (
+        # The legacy default stream waits on the blocking streams of its own device only: another
+        # device's default stream runs its work outside the graph, as any other stream does.
+        if stream.stream_id == 0 and stream.device_index == self.origin.device_index and (
+                self.mode == "global" or (
                 self.mode == "thread_local" and threading.get_ident() == self.thread)):
             self.invalidated = cuda_errors.sync_refused(at_callsite(
                 f"{opinfo.op_name(func)} on the default stream while stream "
