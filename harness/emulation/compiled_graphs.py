@@ -108,9 +108,14 @@ class DeviceGraph:
     """A compiled graph (the backend's callable) as the emulated device runs it."""
 
     def __init__(self, compiled: Callable, graph_module: torch.fx.GraphModule, backend: str,
-                 cudagraphs: bool = False, bare_output: bool = False) -> None:
+                 cudagraphs: bool = False, bare_output: bool = False,
+                 autograd_split: bool = False) -> None:
         self.compiled = compiled
         self.graph_module = graph_module
+        # Compiled for training: AOTAutograd's forward and backward graphs inside run as
+        # DeviceGraphs of their own (compiled_training.py), and this one runs its wrappers as
+        # eager code around them.
+        self.autograd_split = autograd_split
         # inductor's compile_fx of a graph returning one tensor returns it bare, and rewrites the
         # graph to return a list
         self.bare_output = bare_output
@@ -121,6 +126,7 @@ class DeviceGraph:
         # layout keeps one recording per set of static-input addresses (see `_replayed`)
         self.cudagraphs = cudagraphs
         self.replays: dict[tuple, Any] = {}
+        self.input_views: dict[tuple, tuple] = {}  # per layout: (output index, InputView)
         self.warm_generation: dict[tuple, Any] = {}  # the generation each layout warmed up in
         self.rerecords = 0  # recordings made because a static input's address changed
         self.output_traces = _output_traces(graph_module)  # for the trees' overwritten error
@@ -158,6 +164,8 @@ class DeviceGraph:
         from harness.emulation.active import active_state
 
         state = active_state()
+        if self.autograd_split:
+            return self._placed(state, args, self.compiled(*args), _key(args))
         if self.cudagraphs and not state.capturing():
             return self._replayed(state, args)
         return self._run(state, args)
@@ -212,17 +220,18 @@ class DeviceGraph:
                 return self._skip(state, args, key,
                                   f"mutated inputs ({len(mutated - self.static)} instances)")
             entry = self.replays[key] = [_Replay.capture(self, state, args, position)]
-            return self._recorded(state, args, entry[0].replay(args))
+            return self._from_inputs(args, key, self._recorded(state, args, entry[0].replay(args)))
         addresses = _static_addresses(args, self.static)
         for recorded in entry:
             if recorded.static_addresses == addresses and recorded.position == position:
                 out = recorded.replay(args)
                 if recorded.handed is None:  # trees hand out the same tensors every replay
                     recorded.handed = self._aliased(state, args, out)
-                return recorded.handed
+                return self._from_inputs(args, key, recorded.handed)
         if any(recorded.static_addresses == addresses for recorded in entry):
             entry.append(_Replay.capture(self, state, args, position))  # a new node, no re-record
-            return self._recorded(state, args, entry[-1].replay(args))
+            return self._from_inputs(args, key,
+                                     self._recorded(state, args, entry[-1].replay(args)))
         # A static input (a parameter, a marked cache buffer) at a new address: the recordings
         # read and write the old one, so cudagraph trees record again, up to their limit.
         self.rerecords += 1
@@ -232,7 +241,31 @@ class DeviceGraph:
                               f"exceeding max re-recording limit (={limit}) due to static input "
                               f"data pointer changed")
         entry.append(_Replay.capture(self, state, args, position))
-        return self._recorded(state, args, entry[-1].replay(args))
+        return self._from_inputs(args, key, self._recorded(state, args, entry[-1].replay(args)))
+
+    def _from_inputs(self, args, key, out):
+        """`out` with each output that aliases an input rebuilt as a view of this call's input:
+        AOTAutograd regenerates such outputs from the caller's tensors around the compiled code
+        (what autograd records, and CUDA's memory), where a recording's are views of the copies
+        it reads its inputs from."""
+        views = self.input_views.get(key)
+        if views is None:
+            try:
+                outputs = _analyse(self.graph_module, args)[1]
+            except _data_dependent_errors():
+                outputs = ()
+            views = self.input_views[key] = tuple(
+                (i, o) for i, o in enumerate(outputs) if isinstance(o, InputView))
+        if not views:
+            return out
+        single = not isinstance(out, (tuple, list))
+        outs = [out] if single else list(out)
+        for i, view in views:
+            if i < len(outs):
+                outs[i] = view.of(args)
+        if single:
+            return outs[0]
+        return type(out)(outs) if isinstance(out, list) else tuple(outs)
 
     def _warm_up(self, state, args):
         with _cublas_cleared(state):
@@ -359,13 +392,11 @@ class DeviceGraph:
     # --- one op per input layout -------------------------------------------------------------
 
     def _as_op(self, state, args, key: tuple):
+        # Inputs that require grad here are no refusal: a graph autograd differentiates runs
+        # AOTAutograd's forward and backward as graphs of their own (compiled_training.py), and
+        # one AOTAutograd compiled for inference returns nothing that needs a backward (an alias
+        # of an input is rebuilt outside the op, as a view autograd records).
         tensors = [a for a in args if isinstance(a, torch.Tensor)]
-        if torch.is_grad_enabled() and any(t.requires_grad for t in tensors):
-            raise CompiledGraphError(
-                f"a compiled graph ({self.name}) that autograd must differentiate runs under stream "
-                f"tracking or a capture on the emulated CUDA device: its kernels are opaque to the "
-                f"device, which runs them as one op without a backward; run it under "
-                f"torch.no_grad(), or with races='off' outside a capture")
         call = self.calls.get(key)
         if call is None:
             call = self.calls[key] = self._define(state, args)
@@ -446,20 +477,32 @@ def _cublas_cleared(state):
         state.blas_workspaces.clear()
 
 
-def _pool_alias(state, t: torch.Tensor, aliases: dict) -> torch.Tensor:
+def _pool_alias(state, t: torch.Tensor, aliases: dict, of=None) -> torch.Tensor:
     """A tensor over `t`'s memory with a storage of its own (cudagraph trees build their outputs
     so from the pool's pointers): an error set on one storage leaves the other readable.
-    `aliases` maps a storage already aliased in this result to its alias."""
+    `aliases` maps a storage already aliased in this result to its alias; `of`, the storage the
+    alias keeps alive (`t`'s own by default)."""
     storage = t.untyped_storage()
     alias = aliases.get(storage.data_ptr())
     if alias is None:
         alias = aliases[storage.data_ptr()] = torch_internals.construct_storage_from_data_pointer(
             storage.data_ptr(), state.storage_device, storage.nbytes())
-        state.memory.mark_alias(alias, storage)
+        state.memory.mark_alias(alias, storage if of is None else of)
     with torch_internals.disable_current_modes(), torch.no_grad():
         out = torch.empty(0, dtype=t.dtype, device=state.storage_device)
         out.set_(alias, t.storage_offset(), t.size(), t.stride())
     return out
+
+
+def _held_alias(state, t: torch.Tensor) -> torch.Tensor:
+    """`t`, or where `t` is a tensor the trees handed out over their pool (an output of another
+    recording, a saved activation a backward graph reads), a tensor of the recording's own over
+    that memory: the next generation makes the handed tensor raise, and the recording reads the
+    memory, not that tensor, at its replays."""
+    pooled = t.untyped_storage().__dict__.get("_harness_alias_of")
+    if pooled is None:
+        return t
+    return _pool_alias(state, t, {}, of=pooled)
 
 
 def _output_traces(graph_module) -> list:
@@ -530,6 +573,9 @@ class _Replay:
         inputs = list(args)
         for i in copied:
             inputs[i] = args[i].clone()
+        for i in device_graph.static:
+            if i < len(args) and isinstance(args[i], torch.Tensor):
+                inputs[i] = _held_alias(state, args[i])
         if not hasattr(device_graph, "pool"):
             device_graph.pool = torch.cuda.graph_pool_handle()
         graph = torch.cuda.CUDAGraph()
@@ -658,9 +704,12 @@ def user_compiler_on_device(original):
     def call_user_compiler(self, gm, example_inputs):
         if emulation_active() != "cpu":
             return original(self, gm, example_inputs)
+        from harness.emulation.compiled_training import autograd_cache_off, training_compiles
+
         _refuse_cuda_autocast(gm)
         _user_triton_kernels_as_device_ops(gm)
-        with _torchs_own_cuda(real_is_available), _triton_ops_kept_whole():
+        with _torchs_own_cuda(real_is_available), _triton_ops_kept_whole(), \
+                autograd_cache_off(), training_compiles() as training:
             try:
                 compiled = original(self, gm, example_inputs)
             except Exception as error:
@@ -670,8 +719,9 @@ def user_compiler_on_device(original):
         if isinstance(compiled, DeviceGraph):  # inductor's compile_fx, called by the backend
             compiled = compiled.compiled
         backend = _backend_name(self.compiler_fn)
-        return DeviceGraph(compiled, gm, backend,
-                           cudagraphs=wants_cudagraphs(self.compiler_fn, backend))
+        split = bool(training)
+        return DeviceGraph(compiled, gm, backend, autograd_split=split,
+                           cudagraphs=not split and wants_cudagraphs(self.compiler_fn, backend))
 
     return call_user_compiler
 
@@ -768,7 +818,7 @@ def _torchs_own_cuda(real_is_available):
         counters["inductor"]["cudagraph_skips"] = skips
 
 
-def inductor_on_host(original):
+def inductor_on_host(original, inner_default):
     """A replacement for inductor's `compile_fx`, which a runtime's own backend calls on each piece
     of a split graph, outside dynamo and whenever it first meets a shape (vLLM's piecewise
     backend; harness.runtime.compiled): inductor compiles as dynamo's backends do here, with
@@ -790,13 +840,29 @@ def inductor_on_host(original):
         # Without the placement mode the example inputs are the cpu tensors inductor writes code
         # for (it would build its pattern tables on the "cuda" they report).
         from harness.emulation.active import active_state
+        from harness.emulation.compiled_training import (autograd_cache_off,
+                                                         device_inner_compile, training_compiles)
 
-        with _torchs_own_cuda(real_is_available), _triton_ops_kept_whole(), \
-                torch_internals.disable_current_modes(), _without_placement(active_state()):
+        # AOTAutograd's graphs for training run as DeviceGraphs of their own: compile_fx hands
+        # them to `inner_compile`, also a backward compiled lazily after compile_fx returned
+        args, kwargs = list(args), dict(kwargs)
+        inner = args.pop(2) if len(args) > 2 else kwargs.pop("inner_compile", inner_default)
+        kwargs["inner_compile"] = device_inner_compile(inner, compiling)
+        with compiling(), _triton_ops_kept_whole(), autograd_cache_off(), \
+                training_compiles() as training:
             compiled = original(*args, **kwargs)
         if not isinstance(graph_module, torch.fx.GraphModule) or isinstance(compiled, DeviceGraph):
             return compiled  # compile_fx calls itself: the outer call wraps
-        return DeviceGraph(compiled, graph_module, "inductor", bare_output=bare)
+        return DeviceGraph(compiled, graph_module, "inductor", bare_output=bare,
+                           autograd_split=bool(training))
+
+    @contextlib.contextmanager
+    def compiling():
+        from harness.emulation.active import active_state
+
+        with _torchs_own_cuda(real_is_available), torch_internals.disable_current_modes(), \
+                _without_placement(active_state()):
+            yield
 
     return compile_fx
 
@@ -845,7 +911,8 @@ def compile_patches(state) -> list[tuple[Any, str, Any]]:
     register_markers()
     return [(OutputGraph, "call_user_compiler", user_compiler_on_device(
         OutputGraph.call_user_compiler)),
-            (inductor, "compile_fx", inductor_on_host(inductor.compile_fx))] + direct_trees_refused() \
+            (inductor, "compile_fx", inductor_on_host(inductor.compile_fx,
+                                                      inductor.compile_fx_inner))] + direct_trees_refused() \
         + trees_reset()
 
 

@@ -1,0 +1,157 @@
+"""Training through `torch.compile` on the emulated CUDA device: AOTAutograd's forward and backward.
+
+When autograd must differentiate a compiled graph, AOTAutograd splits it into a forward graph and a
+backward graph and hands each to inductor's `compile_fx_inner`; the forward runs inside an
+`autograd.Function` whose backward runs the compiled backward. On CUDA, inductor wraps each of the
+two in cudagraph trees under reduce-overhead (`CompiledFxGraph.current_callable` replaced by
+`cudagraphify`): the forward is a node of the tree, its saved activations live in the trees' pool,
+and the backward is a node of its own, replayed when autograd runs it.
+
+The device does the same at the same seam: each forward or backward graph compiled for training
+has its `current_callable` run as a `DeviceGraph` (compiled_graphs.py), which runs inductor's cpu
+code with the placement mode off the stack, marks its results (the saved activations among them)
+device memory, runs as one op under stream tracking or a capture, and, where inductor's
+`triton.cudagraphs` was on when it compiled, is warmed up, captured and replayed as the trees do.
+The dynamo graph around them is then no opaque graph of its own (`training_compiles` says so): it
+runs AOTAutograd's wrappers as eager code, and the two graphs inside do the device's work.
+
+An inference graph (`is_inference`) is left to the `DeviceGraph` of the whole dynamo graph, as
+before. AOTAutograd's cache is off inside the emulation: a hit rebuilds the compiled graphs from
+inductor's cache without calling `compile_fx_inner`, so the backward would run unwrapped (inductor's
+own FX graph cache still serves each graph).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import contextvars
+from typing import Any, Callable
+
+import torch
+
+from harness import torch_internals
+from harness.emulation.compiled_devices import OutputMark, Placement
+from harness.emulation.compiled_graphs import DeviceGraph
+from harness.emulation.device_memory import is_device_memory
+
+# the forward graphs compiled for training within one compile (see `training_compiles`)
+_TRAINING: contextvars.ContextVar[list | None] = contextvars.ContextVar(
+    "harness_training_compiles", default=None)
+_WRAPPED = "_harness_device_inner_compile"
+
+
+@contextlib.contextmanager
+def training_compiles():
+    """Collects the training forwards compiled inside: the list is non-empty when the graph being
+    compiled runs through AOTAutograd's autograd.Function (its own DeviceGraph steps aside)."""
+    found = _TRAINING.get()
+    if found is not None:  # compile_fx inside dynamo's compile, or calling itself
+        yield found
+        return
+    found = []
+    token = _TRAINING.set(found)
+    try:
+        yield found
+    finally:
+        _TRAINING.reset(token)
+
+
+def autograd_cache_off():
+    """AOTAutograd's cache off (see the module's docstring); part of its config, so of its key."""
+    config = torch_internals.lazy_module("functorch_config")
+    if not hasattr(config, "enable_autograd_cache"):
+        return contextlib.nullcontext()
+    return config.patch(enable_autograd_cache=False)
+
+
+def device_inner_compile(inner_compile: Callable, compiling: Callable) -> Callable:
+    """`inner_compile` (inductor's `compile_fx_inner`, or what a caller passed to `compile_fx`)
+    compiling under `compiling()` (torch's own CUDA answers, the device's modes off the stack: a
+    backward AOTAutograd compiles lazily, at the first backward, runs outside `compile_fx`), with
+    each training forward and each backward it returns run as a DeviceGraph."""
+    if getattr(inner_compile, _WRAPPED, False):
+        return inner_compile
+
+    def compile_inner(gm, example_inputs, *args, **kwargs):
+        from harness.emulation.active import emulation_active
+
+        if emulation_active() != "cpu":
+            return inner_compile(gm, example_inputs, *args, **kwargs)
+        backward = bool(kwargs.get("is_backward", False))
+        training = backward or kwargs.get("is_inference") is False
+        # inductor rewrites the graph it compiles (post-grad passes): the device reads a copy
+        original = _copy_graph(gm) if training and isinstance(gm, torch.fx.GraphModule) else None
+        with compiling():
+            compiled = inner_compile(gm, example_inputs, *args, **kwargs)
+            # mode="reduce-overhead" patches inductor's config around this call, also for a
+            # backward compiled lazily
+            cudagraphs = bool(torch_internals.lazy_module("inductor_config").triton.cudagraphs)
+        if original is None or getattr(compiled, "current_callable", None) is None:
+            return compiled
+        compiled.current_callable = _Boxed(TrainingGraph(
+            compiled.current_callable, original, cudagraphs=cudagraphs,
+            static=kwargs.get("static_input_idxs") or (), backward=backward))
+        found = _TRAINING.get()
+        if found is not None and not backward:
+            found.append(compiled.current_callable.graph)
+        return compiled
+
+    setattr(compile_inner, _WRAPPED, True)
+    return compile_inner
+
+
+def _copy_graph(gm: torch.fx.GraphModule) -> torch.fx.GraphModule:
+    import copy
+
+    return torch.fx.GraphModule(gm, copy.deepcopy(gm.graph))
+
+
+class _Boxed:
+    """A DeviceGraph in inductor's boxed calling convention: one list of inputs, which the callee
+    empties (AOTAutograd hands its saved tensors over so)."""
+
+    _boxed_call = True
+
+    def __init__(self, graph) -> None:
+        self.graph = graph
+
+    def __call__(self, args: list) -> Any:
+        inputs = list(args)
+        args.clear()
+        return self.graph(*inputs)
+
+
+def _unboxed(boxed: Callable) -> Callable:
+    def call(*inputs):
+        return boxed(list(inputs))
+
+    return call
+
+
+class TrainingGraph(DeviceGraph):
+    """A forward or backward graph AOTAutograd compiled with inductor for training."""
+
+    def __init__(self, boxed: Callable, graph_module, *, cudagraphs: bool, static,
+                 backward: bool) -> None:
+        super().__init__(_unboxed(boxed), graph_module, "inductor", cudagraphs=cudagraphs)
+        # AOTAutograd's static inputs: the parameters and buffers of a forward, the saved
+        # activations of a backward (as inductor gives them to cudagraph trees)
+        self.static = frozenset(static)
+        self.backward = backward
+
+    def _placement(self, args, key: tuple) -> Placement:
+        """Every tensor result is device memory when an input is: the markers of transfers
+        (compiled_devices.py) are traced away into AOTAutograd's aten graphs, and its saved
+        activations are the device's intermediates."""
+        device = any(isinstance(a, torch.Tensor) and is_device_memory(a) for a in args)
+        outputs = _output_count(self.graph_module)
+        return Placement(tuple(OutputMark(True) if device else None for _ in range(outputs)),
+                         None)
+
+
+def _output_count(graph_module) -> int:
+    output = next(iter(graph_module.graph.find_nodes(op="output")), None)
+    if output is None or not output.args:
+        return 0
+    outs = output.args[0]
+    return len(outs) if isinstance(outs, (tuple, list)) else 1

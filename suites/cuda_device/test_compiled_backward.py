@@ -1,0 +1,137 @@
+"""Training through `torch.compile` on the emulated CUDA device (harness/emulation/
+compiled_training.py): AOTAutograd's forward and backward graphs each run as a graph of the device,
+gradients equal eager's in every mode, and under reduce-overhead both replay through the device's
+CUDA graphs, as cudagraph trees replay a forward node and a backward node. The `cuda_kind` rows
+run natively on a GPU to show CUDA's answer."""
+
+from __future__ import annotations
+
+import contextlib
+
+import pytest
+import torch
+from torch.profiler import ProfilerActivity, profile
+
+from harness.emulation.allocator_tools import UnsupportedOnEmulatedDevice
+
+MODES = [None, "reduce-overhead", "max-autotune-no-cudagraphs"]
+
+
+@pytest.fixture(autouse=True)
+def fresh_dynamo():
+    torch._dynamo.reset()
+    yield
+    torch._dynamo.reset()
+
+
+def _refused_in_the_sanitizer(cuda_kind, mode):
+    """The graph sanitizer refuses inductor's CUDA graphs by name (sanitizer.py)."""
+    if cuda_kind != "sanitizer" or mode != "reduce-overhead":
+        return contextlib.nullcontext()
+    return pytest.raises(UnsupportedOnEmulatedDevice, match="cudagraph trees")
+
+
+def _models():
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(),
+                                torch.nn.Linear(16, 4)).cuda()
+    reference = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(),
+                                    torch.nn.Linear(16, 4)).cuda()
+    reference.load_state_dict(model.state_dict())
+    return model, reference
+
+
+def _step(model, x):
+    loss = model(x).square().mean()
+    loss.backward()
+    return loss.detach().clone()
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_a_compiled_training_step_gives_eagers_gradients(cuda_kind, mode):
+    """Until 2026-12-06 a compiled model's `loss.backward()` failed on the emulated device in
+    every mode: the compiled backward ran inductor's code with the device's placement mode on the
+    stack (a mixed-device error on its saved activations), on the CUDA wheel without a GPU it was
+    compiled lazily for Triton ("libcuda.so cannot found"), and under stream tracking or
+    reduce-overhead the forward was refused as one op without a backward."""
+    model, reference = _models()
+    compiled = torch.compile(model, mode=mode)
+    with _refused_in_the_sanitizer(cuda_kind, mode):
+        for _ in range(4):  # warm-up, recording and replays under reduce-overhead
+            x = torch.rand(4, 8, device="cuda")
+            torch.compiler.cudagraph_mark_step_begin()
+            loss = _step(compiled, x)
+            torch.testing.assert_close(loss, _step(reference, x))
+            for p, q in zip(model.parameters(), reference.parameters()):
+                assert p.grad.is_cuda
+                torch.testing.assert_close(p.grad, q.grad)
+                p.grad, q.grad = None, None
+
+
+def test_reduce_overhead_replays_the_forward_and_the_backward_graph(cuda_kind):
+    """Cudagraph trees record AOTAutograd's forward and its backward as two nodes; after the
+    warm-up and the recording, a training step is two graph launches."""
+    if cuda_kind == "sanitizer":
+        pytest.skip("the graph sanitizer refuses inductor's CUDA graphs by name")
+    model, reference = _models()
+    compiled = torch.compile(model, mode="reduce-overhead")
+    x = torch.rand(4, 8, device="cuda")
+    for _ in range(2):  # warm-up, recording
+        torch.compiler.cudagraph_mark_step_begin()
+        _step(compiled, x)
+    for p in model.parameters():
+        p.grad = None
+    torch.compiler.cudagraph_mark_step_begin()
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        _step(compiled, x)
+        torch.cuda.synchronize()
+    assert [e.name for e in prof.events()].count("cudaGraphLaunch") == 2
+    _step(reference, x)
+    for p, q in zip(model.parameters(), reference.parameters()):
+        torch.testing.assert_close(p.grad, q.grad)
+
+
+def test_a_replayed_output_that_views_an_input_stays_on_autograds_path(cuda_kind):
+    """AOTAutograd compiles `x[2:]` of an input that requires grad for inference and rebuilds the
+    output as a view of the caller's tensor around the compiled code; a replay returned a view of
+    the recording's copy of the input before 2026-12-06 (no grad_fn: backward raised)."""
+    if cuda_kind == "sanitizer":
+        pytest.skip("the graph sanitizer refuses inductor's CUDA graphs by name")
+    compiled = torch.compile(lambda x: x[2:], mode="reduce-overhead")
+    for _ in range(3):  # warm-up, recording, replay
+        leaf = torch.rand(6, 3, device="cuda", requires_grad=True)
+        y = leaf * 2
+        torch.compiler.cudagraph_mark_step_begin()
+        out = compiled(y)
+        assert out.data_ptr() == y[2:].data_ptr()
+        (out * out).sum().backward()
+        expected = torch.zeros(6, 3, device="cuda")
+        expected[2:] = 8 * leaf.detach()[2:]
+        torch.testing.assert_close(leaf.grad, expected)
+
+
+def test_a_training_step_runs_under_strict_stream_tracking(cuda_device):
+    """Under stream tracking a compiled graph is one device op; a forward autograd must
+    differentiate was refused so until 2026-12-06. Now the forward and the backward are each one
+    op, ordered on the current stream as any op (no race reported)."""
+    model, reference = _models()
+    compiled = torch.compile(model)
+    x = torch.rand(4, 8, device="cuda")
+    torch.testing.assert_close(_step(compiled, x), _step(reference, x))
+    for p, q in zip(model.parameters(), reference.parameters()):
+        torch.testing.assert_close(p.grad, q.grad)
+
+
+def test_training_after_dynamo_reset_recompiles_both_graphs(cuda_device):
+    """AOTAutograd's cache would serve the second compile of the same model from inductor's cache
+    without calling `compile_fx_inner`, so its backward would run as the compiled code is: it is
+    off inside the emulation, and the second compile trains as the first."""
+    model, reference = _models()
+    x = torch.rand(4, 8, device="cuda")
+    for _ in range(2):
+        torch._dynamo.reset()
+        compiled = torch.compile(model)
+        torch.testing.assert_close(_step(compiled, x), _step(reference, x))
+        for p, q in zip(model.parameters(), reference.parameters()):
+            torch.testing.assert_close(p.grad, q.grad)
+            p.grad, q.grad = None, None
