@@ -64,6 +64,23 @@ def engine_with_placement(state, original):
     return run
 
 
+def implicit_grads_with_placement(state, original):
+    """A replacement for torch.autograd's `_make_grads`: `backward()` and `autograd.grad()` make
+    the gradients the caller left out (`ones_like` of each output) inside the placement mode's
+    handling of the call, where it is off the stack, so they were host memory. With it back on
+    they are device memory, as each output is: Python backwards (a custom autograd.Function's,
+    AOTAutograd's for aot_eager) combine them with device tensors, a mixed-device error before."""
+
+    def make_grads(*args, **kwargs):
+        placement = state.placement
+        if placement in get_current_function_mode_stack():
+            return original(*args, **kwargs)
+        with placement:
+            return original(*args, **kwargs)
+
+    return make_grads
+
+
 def saved_tensor_hooks_with_placement(state, original):
     """A replacement for `torch._C._autograd._push_saved_tensors_default_hooks`: autograd calls
     pack hooks from inside an op (where the placement mode is off the stack) and unpack hooks from

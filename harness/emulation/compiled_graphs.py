@@ -38,7 +38,8 @@ import torch
 from harness import torch_internals, triton_internals
 from harness.torch_internals import get_current_function_mode_stack as _get_current_function_mode_stack
 
-from harness.emulation.compiled_devices import Placement, has_transfers, placement, register_markers
+from harness.emulation.compiled_devices import (OutputMark, Placement, has_transfers, placement,
+                                                register_markers)
 from harness.emulation.compiled_trees import direct_trees_refused, trees_reset, wants_cudagraphs
 from harness.emulation.device_memory import is_device_memory
 
@@ -109,7 +110,7 @@ class DeviceGraph:
 
     def __init__(self, compiled: Callable, graph_module: torch.fx.GraphModule, backend: str,
                  cudagraphs: bool = False, bare_output: bool = False,
-                 autograd_split: bool = False) -> None:
+                 autograd_split: bool = False, aot_static: Any = None) -> None:
         self.compiled = compiled
         self.graph_module = graph_module
         # Compiled for training: AOTAutograd's forward and backward graphs inside run as
@@ -135,6 +136,10 @@ class DeviceGraph:
         # eager, the device partitions replayed): run here without a graph, and inductor counts
         # no skip for them, so they are listed apart.
         self.unpartitioned: list[str] = []
+        # Calls of a backend whose graphs run op by op (aot_eager, dynamo's cudagraphs) that
+        # autograd must differentiate: AOTAutograd's forward and backward run as eager ops, and
+        # under CUDA graphs (backend="cudagraphs") without one, where CUDA replays each
+        self.differentiated_op_by_op = 0
         # cuBLAS on CUDA: each run reserves the thread's handle (blas_workspaces.py)
         from harness.emulation.blas_workspaces import uses_blas
 
@@ -146,6 +151,13 @@ class DeviceGraph:
         self.static = frozenset(
             i for i, node in enumerate(n for n in graph_module.graph.nodes if n.op == "placeholder")
             if node.meta.get("tensor_dict", {}).get("_dynamo_static_input_type") is not None)
+        # One of AOTAutograd's forward or backward graphs for training (compiled_training.py):
+        # its static inputs are AOTAutograd's (parameters and buffers of a forward, saved
+        # activations of a backward, as inductor gives them to cudagraph trees), and its outputs
+        # are device memory (the transfer markers are traced away into its aten ops)
+        self.aot_graph = aot_static is not None
+        if self.aot_graph:
+            self.static = frozenset(aot_static)
 
     def __call__(self, *args):
         from harness.emulation.active import emulation_active
@@ -165,6 +177,13 @@ class DeviceGraph:
 
         state = active_state()
         if self.autograd_split:
+            return self._placed(state, args, self.compiled(*args), _key(args))
+        if not self.opaque and torch.is_grad_enabled() and any(
+                isinstance(a, torch.Tensor) and a.requires_grad for a in args):
+            # AOTAutograd's graphs of such a backend are torch calls: with the placement mode on
+            # they are the device's eager ops, their saved activations device memory for the
+            # backward, which autograd's engine runs later, outside this call
+            self.differentiated_op_by_op += 1
             return self._placed(state, args, self.compiled(*args), _key(args))
         if self.cudagraphs and not state.capturing():
             return self._replayed(state, args)
@@ -328,6 +347,10 @@ class DeviceGraph:
 
     def _placement(self, args, key: tuple) -> Placement:
         """Where the outputs of the layout `key` (`_key(args)`) live, for these inputs' memory."""
+        if self.aot_graph:
+            device = any(isinstance(a, torch.Tensor) and is_device_memory(a) for a in args)
+            return Placement((OutputMark(True) if device else None,) * len(self.output_traces),
+                             None)
         key = (key, tuple(is_device_memory(a) for a in args if isinstance(a, torch.Tensor)))
         found = self.placements.get(key)
         if found is None:
@@ -847,7 +870,7 @@ def inductor_on_host(original, inner_default):
         # them to `inner_compile`, also a backward compiled lazily after compile_fx returned
         args, kwargs = list(args), dict(kwargs)
         inner = args.pop(2) if len(args) > 2 else kwargs.pop("inner_compile", inner_default)
-        kwargs["inner_compile"] = device_inner_compile(inner, compiling)
+        kwargs["inner_compile"] = device_inner_compile(inner, compiling, _aot_graph)
         with compiling(), _triton_ops_kept_whole(), autograd_cache_off(), \
                 training_compiles() as training:
             compiled = original(*args, **kwargs)
@@ -895,6 +918,11 @@ def sanitizer_compile_patches() -> list[tuple[Any, str, Any]]:
     """The (owner, name, replacement) entries the graph sanitizer adds for torch.compile."""
     inductor = torch_internals.lazy_module("inductor_compile_fx")
     return [(inductor, "compile_fx", pieces_recorded_by_the_sanitizer(inductor.compile_fx))]
+
+
+def _aot_graph(compiled, graph_module, *, cudagraphs: bool, static) -> DeviceGraph:
+    return DeviceGraph(compiled, graph_module, "inductor", cudagraphs=cudagraphs,
+                       aot_static=static)
 
 
 def _returns_one_value(graph_module: torch.fx.GraphModule) -> bool:

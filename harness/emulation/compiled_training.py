@@ -30,9 +30,6 @@ from typing import Any, Callable
 import torch
 
 from harness import torch_internals
-from harness.emulation.compiled_devices import OutputMark, Placement
-from harness.emulation.compiled_graphs import DeviceGraph
-from harness.emulation.device_memory import is_device_memory
 
 # the forward graphs compiled for training within one compile (see `training_compiles`)
 _TRAINING: contextvars.ContextVar[list | None] = contextvars.ContextVar(
@@ -64,11 +61,14 @@ def autograd_cache_off():
     return config.patch(enable_autograd_cache=False)
 
 
-def device_inner_compile(inner_compile: Callable, compiling: Callable) -> Callable:
+def device_inner_compile(inner_compile: Callable, compiling: Callable,
+                         device_graph: Callable) -> Callable:
     """`inner_compile` (inductor's `compile_fx_inner`, or what a caller passed to `compile_fx`)
     compiling under `compiling()` (torch's own CUDA answers, the device's modes off the stack: a
     backward AOTAutograd compiles lazily, at the first backward, runs outside `compile_fx`), with
-    each training forward and each backward it returns run as a DeviceGraph."""
+    each training forward and each backward it returns run as
+    `device_graph(compiled, graph_module, cudagraphs=..., static=...)` (compiled_graphs.py's
+    DeviceGraph for one of AOTAutograd's graphs, called with inputs unboxed)."""
     if getattr(inner_compile, _WRAPPED, False):
         return inner_compile
 
@@ -88,9 +88,9 @@ def device_inner_compile(inner_compile: Callable, compiling: Callable) -> Callab
             cudagraphs = bool(torch_internals.lazy_module("inductor_config").triton.cudagraphs)
         if original is None or getattr(compiled, "current_callable", None) is None:
             return compiled
-        compiled.current_callable = _Boxed(TrainingGraph(
-            compiled.current_callable, original, cudagraphs=cudagraphs,
-            static=kwargs.get("static_input_idxs") or (), backward=backward))
+        compiled.current_callable = _Boxed(device_graph(
+            _unboxed(compiled.current_callable), original, cudagraphs=cudagraphs,
+            static=kwargs.get("static_input_idxs") or ()))
         found = _TRAINING.get()
         if found is not None and not backward:
             found.append(compiled.current_callable.graph)
@@ -126,32 +126,3 @@ def _unboxed(boxed: Callable) -> Callable:
         return boxed(list(inputs))
 
     return call
-
-
-class TrainingGraph(DeviceGraph):
-    """A forward or backward graph AOTAutograd compiled with inductor for training."""
-
-    def __init__(self, boxed: Callable, graph_module, *, cudagraphs: bool, static,
-                 backward: bool) -> None:
-        super().__init__(_unboxed(boxed), graph_module, "inductor", cudagraphs=cudagraphs)
-        # AOTAutograd's static inputs: the parameters and buffers of a forward, the saved
-        # activations of a backward (as inductor gives them to cudagraph trees)
-        self.static = frozenset(static)
-        self.backward = backward
-
-    def _placement(self, args, key: tuple) -> Placement:
-        """Every tensor result is device memory when an input is: the markers of transfers
-        (compiled_devices.py) are traced away into AOTAutograd's aten graphs, and its saved
-        activations are the device's intermediates."""
-        device = any(isinstance(a, torch.Tensor) and is_device_memory(a) for a in args)
-        outputs = _output_count(self.graph_module)
-        return Placement(tuple(OutputMark(True) if device else None for _ in range(outputs)),
-                         None)
-
-
-def _output_count(graph_module) -> int:
-    output = next(iter(graph_module.graph.find_nodes(op="output")), None)
-    if output is None or not output.args:
-        return 0
-    outs = output.args[0]
-    return len(outs) if isinstance(outs, (tuple, list)) else 1

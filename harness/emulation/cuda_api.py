@@ -32,7 +32,8 @@ from harness import torch_internals
 from harness.emulation.accelerator_streams import (accelerator_current_stream,
                                                    accelerator_set_stream, dynamo_current_stream,
                                                    event_class, stream_class)
-from harness.emulation.backward import engine_with_placement, saved_tensor_hooks_with_placement
+from harness.emulation.backward import (engine_with_placement, implicit_grads_with_placement,
+                                        saved_tensor_hooks_with_placement)
 from harness.emulation.autocast import clearing_cache_too
 from harness.emulation.compiled_graphs import compile_patches, keep_dynamo_out
 from harness.emulation.checkpoints import location_tag, restore_location
@@ -570,6 +571,12 @@ def backward_engine(state):
     return engine_with_placement(state, torch_internals.engine_run_backward)
 
 
+def implicit_grads(state):
+    import torch.autograd
+
+    return implicit_grads_with_placement(state, torch.autograd._make_grads)
+
+
 def saved_tensor_hooks(state):
     return saved_tensor_hooks_with_placement(
         state, torch_internals.push_saved_tensors_default_hooks)
@@ -796,6 +803,7 @@ REPLACEMENTS: tuple[Replacement, ...] = (
     Replacement("torch.backends.cudnn", "is_acceptable", cudnn_unavailable),
     Replacement("torch.Tensor", "record_stream", record_stream),
     Replacement("torch.autograd", "_engine_run_backward", backward_engine, "value"),
+    Replacement("torch.autograd", "_make_grads", implicit_grads, "value", if_present=True),
     Replacement("torch._C._autograd", "_push_saved_tensors_default_hooks", saved_tensor_hooks,
                 "value"),
     Replacement("torch", "Stream", stream_class, "value"),

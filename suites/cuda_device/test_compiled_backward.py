@@ -135,3 +135,42 @@ def test_training_after_dynamo_reset_recompiles_both_graphs(cuda_device):
         for p, q in zip(model.parameters(), reference.parameters()):
             torch.testing.assert_close(p.grad, q.grad)
             p.grad, q.grad = None, None
+
+
+class _Cube(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x):
+        ctx.save_for_backward(x)
+        return x * x * x
+
+    @staticmethod
+    def backward(ctx, grad):
+        (x,) = ctx.saved_tensors
+        return grad * 3 * x * x
+
+
+def test_a_python_backward_meets_the_implicit_gradient_on_the_device(cuda_kind):
+    """`loss.backward()` makes the gradient of `loss` itself (`ones_like`) where the device's
+    placement mode is off the stack: it was host memory until 2026-12-06, and a Python backward
+    (a custom autograd.Function's, AOTAutograd's under aot_eager) that multiplied it with a saved
+    device tensor raised CUDA's mixed-device error."""
+    x = torch.rand(5, device="cuda", requires_grad=True)
+    _Cube.apply(x).sum().backward()
+    torch.testing.assert_close(x.grad, 3 * x.detach() ** 2)
+
+
+@pytest.mark.parametrize("backend", ["aot_eager", "cudagraphs"])
+def test_training_through_a_backend_of_eager_ops_gives_eagers_gradients(cuda_kind, backend):
+    """Backends whose AOTAutograd graphs are torch calls run them as the device's eager ops when
+    autograd must differentiate them (dynamo's cudagraphs backend without the device's graphs:
+    counted on the DeviceGraph, `differentiated_op_by_op`)."""
+    if cuda_kind == "sanitizer" and backend == "cudagraphs":
+        pytest.skip("the graph sanitizer refuses cudagraph trees by name")
+    model, reference = _models()
+    compiled = torch.compile(model, backend=backend)
+    for _ in range(3):
+        x = torch.rand(4, 8, device="cuda")
+        torch.testing.assert_close(_step(compiled, x), _step(reference, x))
+        for p, q in zip(model.parameters(), reference.parameters()):
+            torch.testing.assert_close(p.grad, q.grad)
+            p.grad, q.grad = None, None
