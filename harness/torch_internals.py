@@ -133,6 +133,7 @@ NAMES: dict[str, Internal] = {
     "push_saved_tensors_default_hooks": Internal(
         "torch._C", "_autograd._push_saved_tensors_default_hooks"),
     "engine_run_backward": Internal("torch.autograd", "_engine_run_backward"),
+    "make_grads": Internal("torch.autograd", "_make_grads"),
     "has_compatible_shallow_copy_type": Internal("torch", "_has_compatible_shallow_copy_type"),
     # torch._ops
     "OpOverload": Internal("torch._ops", "OpOverload", _is_class_with("name")),
@@ -303,6 +304,7 @@ nn_parse_to = bind(NAMES["nn_parse_to"])
 autograd_C = bind(NAMES["autograd_C"])
 push_saved_tensors_default_hooks = bind(NAMES["push_saved_tensors_default_hooks"])
 engine_run_backward = bind(NAMES["engine_run_backward"])
+make_grads = bind(NAMES["make_grads"])
 has_compatible_shallow_copy_type = bind(NAMES["has_compatible_shallow_copy_type"])
 OpOverload = bind(NAMES["OpOverload"])
 OpOverloadPacket = bind(NAMES["OpOverloadPacket"])

@@ -572,9 +572,7 @@ def backward_engine(state):
 
 
 def implicit_grads(state):
-    import torch.autograd
-
-    return implicit_grads_with_placement(state, torch.autograd._make_grads)
+    return implicit_grads_with_placement(state, torch_internals.make_grads)
 
 
 def saved_tensor_hooks(state):
@@ -803,7 +801,7 @@ REPLACEMENTS: tuple[Replacement, ...] = (
     Replacement("torch.backends.cudnn", "is_acceptable", cudnn_unavailable),
     Replacement("torch.Tensor", "record_stream", record_stream),
     Replacement("torch.autograd", "_engine_run_backward", backward_engine, "value"),
-    Replacement("torch.autograd", "_make_grads", implicit_grads, "value", if_present=True),
+    Replacement("torch.autograd", "_make_grads", implicit_grads, "value"),
     Replacement("torch._C._autograd", "_push_saved_tensors_default_hooks", saved_tensor_hooks,
                 "value"),
     Replacement("torch", "Stream", stream_class, "value"),
