@@ -628,7 +628,8 @@ def _analyse(graph_module, args) -> tuple[frozenset, tuple, type | None]:
         mode = torch_internals.fake_tensor_mode(allow_non_fake_inputs=True,
                                                 shape_env=torch_internals.shape_env())
         with mode:
-            fakes = [torch.empty_strided(a.size(), a.stride(), dtype=a.dtype)
+            # on each input's own device (the graph sanitizer's are the GPU's, as its parameters)
+            fakes = [torch.empty_strided(a.size(), a.stride(), dtype=a.dtype, device=a.device)
                      .as_strided(a.size(), a.stride(), a.storage_offset())
                      if isinstance(a, torch.Tensor) else a for a in args]
         versions = [f._version if isinstance(f, torch.Tensor) else None for f in fakes]
@@ -802,8 +803,11 @@ def _compiles_a_user_triton_kernel(error: BaseException) -> bool:
     seen = set()
     while error is not None and id(error) not in seen:
         seen.add(id(error))
-        if type(error).__name__ == "TritonUnavailableError" or (
-                "triton not built with the 'cpu' backend" in str(error)):
+        # triton 3.6 (torch 2.11's) finds no driver first: "0 active drivers ([]). There
+        # should only be one."
+        if type(error).__name__ == "TritonUnavailableError" or any(
+                text in str(error) for text in ("triton not built with the 'cpu' backend",
+                                                "0 active drivers")):
             return True
         error = error.__cause__ or error.__context__
     return False
