@@ -225,6 +225,12 @@ NAMES: dict[str, Internal] = {
     # a storage made to raise on access (cudagraph trees' overwritten outputs); CUDA builds only
     "set_storage_access_error_msg": Internal("torch._C", "_set_storage_access_error_msg",
                                              optional=True),
+    # torch function handling back on inside a DisableTorchFunction block (a user's op body)
+    "EnableTorchFunction": Internal("torch._C", "_EnableTorchFunction", _entered),
+    "is_torch_function_enabled": Internal("torch._C", "_is_torch_function_enabled"),
+    # torch.library.custom_op's ops by qualified name (their device kernels in `_backend_fns`)
+    "library_custom_ops": Internal("torch._library.custom_ops", "",
+                                   _found("torch._library.custom_ops"), lazy=True),
 }
 
 
@@ -282,6 +288,8 @@ _BASE_CLASSES = ("TorchDispatchMode", "DeviceContext", "Generator", "TensorBase"
 
 
 DisableTorchFunction = bind(NAMES["DisableTorchFunction"])
+EnableTorchFunction = bind(NAMES["EnableTorchFunction"])
+is_torch_function_enabled = bind(NAMES["is_torch_function_enabled"])
 AutoDispatchBelowADInplaceOrView = bind(NAMES["AutoDispatchBelowADInplaceOrView"])
 DISPATCH_KEY_PYTHON = bind(NAMES["DISPATCH_KEY_PYTHON"])
 DISPATCH_KEY_PYTHON_TLS_SNAPSHOT = bind(NAMES["DISPATCH_KEY_PYTHON_TLS_SNAPSHOT"])

@@ -384,7 +384,7 @@ class DeviceGraph:
                 self.calls[key] = None
                 return self._run(state, args)
         else:
-            with _on_device(state):
+            with _on_device(state, self._placement(args, key).host is None):
                 out = self.compiled(*args)
         return self._placed(state, args, out, key)
 
@@ -441,10 +441,13 @@ class DeviceGraph:
         template = [None if isinstance(a, torch.Tensor) else a for a in args]
         compiled = self.compiled
         fresh = [o for o in outputs if isinstance(o, TensorLayout)]
-
         # on the emulated device the graph's code runs on the cpu tensors the device's are; in
         # the graph sanitizer the tensors are the GPU's and the code runs as it is
-        on_device = (lambda: _on_device(state)) if state.kind == "cpu" else contextlib.nullcontext
+        if state.kind == "cpu":
+            device_only = self._placement(args, _key(args)).host is None
+            on_device = lambda: _on_device(state, device_only)  # noqa: E731
+        else:
+            on_device = contextlib.nullcontext
 
         def run(*tensors):
             call_args = list(template)
@@ -660,16 +663,18 @@ def _analyse(graph_module, args) -> tuple[frozenset, tuple, type | None]:
 
 
 @contextlib.contextmanager
-def _on_device(state):
+def _on_device(state, device_only: bool = False):
     """The graph's own code runs with the placement mode off the stack, its factories counted as
-    device memory (a capture's recorder asks that)."""
+    device memory (a capture's recorder asks that). `device_only`: the graph works on device
+    memory only, so the buffers it hands a user's op body are device memory (op_bodies.py)."""
     memory = state.memory
-    previous, memory.call_on_device = memory.call_on_device, True
+    previous = memory.call_on_device, memory.compiled_on_device
+    memory.call_on_device, memory.compiled_on_device = True, device_only
     try:
         with _without_placement(state):
             yield
     finally:
-        memory.call_on_device = previous
+        memory.call_on_device, memory.compiled_on_device = previous
 
 
 @contextlib.contextmanager

@@ -31,7 +31,8 @@ _LEFT_ALONE = frozenset({"aten", "prim", "prims", "c10d", "inductor", "quantized
 _SERVING_CPU = ("CPU", "CompositeExplicitAutograd", "CompositeImplicitAutograd")
 
 
-def _routed(namespace: str) -> bool:
+def user_namespace(namespace: str) -> bool:
+    """Whether ops of `namespace` are a user's (not torch's nor the harness's own)."""
     return namespace not in _LEFT_ALONE and not namespace.startswith("_")
 
 
@@ -59,7 +60,7 @@ class CudaOnlyOps:
         """Give `namespace::name` (an op name, with its overload if any) the routing CPU kernel,
         when it is a user's op with no kernel that serves the CPU."""
         qualname = f"{namespace}::{name}"
-        if not _routed(namespace) or qualname in self.routed or _runs_on_cpu(qualname):
+        if not user_namespace(namespace) or qualname in self.routed or _runs_on_cpu(qualname):
             return
         cuda_kernel = torch.library.get_kernel(qualname, "CUDA")
 
@@ -77,11 +78,16 @@ class CudaOnlyOps:
 
 def patches(state) -> list[tuple[Any, str, Any]]:
     """`Library.impl`, routing the ops it registers for CUDA while the emulation lasts (the session
-    routes those registered before, `CudaOnlyOps.route_registered`)."""
+    routes those registered before, `CudaOnlyOps.route_registered`), and running the Python
+    bodies it registers with the device in view (op_bodies.py)."""
+    from harness.emulation.op_bodies import wrapped
+
     ops = state.cuda_only_ops
     register = torch.library.Library.impl
 
     def impl(self, op_name, fn, dispatch_key="", *args, **kwargs):
+        namespace = op_name.rpartition("::")[0] if isinstance(op_name, str) else ""
+        fn = wrapped(state, namespace or self.ns, dispatch_key, fn)
         result = register(self, op_name, fn, dispatch_key, *args, **kwargs)
         if dispatch_key == "CUDA" and isinstance(op_name, str):
             namespace, _, name = op_name.rpartition("::")

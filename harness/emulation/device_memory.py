@@ -133,6 +133,9 @@ class DeviceMemory:
         # Set by the placement mode around a call that names the device (a factory with
         # device="cuda", a copy to it): the recorder cannot see the device once it is rewritten.
         self.call_on_device = False
+        # Set while a compiled graph that works on device memory only runs its own code: the
+        # buffers it hands a user's op body are device memory (op_bodies.py).
+        self.compiled_on_device = False
         # Told of each storage made device memory, so stream tracking learns the stream of memory
         # that no op it saw returned (`torch.as_tensor(x, device="cuda")` is made in C++).
         self.adoption_listeners: list = []

@@ -433,6 +433,8 @@ def _traced_on_host(func, args: tuple, kwargs: dict):
                                        kwargs.get("non_blocking", False)))
     if func is Tensor.cpu:
         return to_host(args[0])
+    if isinstance(func, torch._ops.OpOverload) and any(_names_cuda(a) for a in args):
+        return _user_op_traced_on_host(func, args, kwargs)
     target = kwargs.get("device")
     if func is Tensor.to:
         target = next((a for a in args[1:] if isinstance(a, (str, torch.device))), target)
@@ -449,6 +451,20 @@ def _traced_on_host(func, args: tuple, kwargs: dict):
     if target is not None and names_cuda(target):
         return to_device(func(*args, **{**kwargs, "device": CPU}))
     return func(*args, **kwargs)
+
+
+def _user_op_traced_on_host(func, args: tuple, kwargs: dict):
+    """An op given a device naming cuda as an argument (a user's `create_mask(n, "cuda")`; torch's
+    factories take it by keyword, handled below): traced with the cpu the device's tensors are,
+    its tensor result wrapped in the marker of device memory, as a factory naming cuda is. Dynamo
+    traces this, so the check reads only the arguments (an op's schema is opaque to it)."""
+    args = tuple(CPU if _names_cuda(a) else a for a in args)
+    out = func(*args, **kwargs)
+    return to_device(out) if isinstance(out, Tensor) else out
+
+
+def _names_cuda(a) -> bool:
+    return isinstance(a, (str, torch.device)) and names_cuda(a)
 
 
 def _default_device() -> torch.device | None:

@@ -159,6 +159,7 @@ def _enter_cpu(properties: DeviceProperties, stack: contextlib.ExitStack, schedu
                races: str) -> DeviceState:
     from harness.emulation.compiled_graphs import clear_triton_answer
     from harness.emulation.cuda_api import patches
+    from harness.emulation.op_bodies import wrap_registered
     from harness.emulation.placement import Placement
 
     state = DeviceState(properties)
@@ -169,6 +170,7 @@ def _enter_cpu(properties: DeviceProperties, stack: contextlib.ExitStack, schedu
     stack.callback(clear_triton_answer)
     state.cuda_only_ops.route_registered()
     stack.callback(state.cuda_only_ops.close)
+    stack.callback(wrap_registered(state))
     placement = state.placement = Placement(state)
     placement.__enter__()
     stack.callback(remove_function_mode, placement)
