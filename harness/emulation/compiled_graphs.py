@@ -23,6 +23,8 @@ what the emulation adds is at the two ends of each compiled graph:
   are cleared around a warm-up and a recording, as the trees clear them. A graph with a
   data-dependent op (`.item()`, `nonzero()`) has no fixed output layout: it runs as host code
   outside a capture, without a CUDA graph under reduce-overhead, and is refused inside a capture.
+- **compile_fx and compile_fx_inner called by code itself** (a runtime's own backend, PyTorch's
+  tests): compiled as dynamo's backends are here, and run as a `DeviceGraph` alike.
 """
 
 from __future__ import annotations
@@ -110,7 +112,8 @@ class DeviceGraph:
 
     def __init__(self, compiled: Callable, graph_module: torch.fx.GraphModule, backend: str,
                  cudagraphs: bool = False, bare_output: bool = False,
-                 autograd_split: bool = False, aot_static: Any = None) -> None:
+                 autograd_split: bool = False, aot_static: Any = None,
+                 static: frozenset | None = None) -> None:
         self.compiled = compiled
         self.graph_module = graph_module
         # Compiled for training: AOTAutograd's forward and backward graphs inside run as
@@ -148,7 +151,8 @@ class DeviceGraph:
         # memory of the inputs, where each output lives.
         self.transfers = has_transfers(graph_module)
         self.placements: dict[tuple, Placement] = {}
-        self.static = frozenset(
+        # the inputs that keep their address (dynamo marks them; compile_fx_inner is told them)
+        self.static = static if static is not None else frozenset(
             i for i, node in enumerate(n for n in graph_module.graph.nodes if n.op == "placeholder")
             if node.meta.get("tensor_dict", {}).get("_dynamo_static_input_type") is not None)
         # One of AOTAutograd's forward or backward graphs for training (compiled_training.py):
@@ -934,6 +938,55 @@ def _aot_graph(compiled, graph_module, *, cudagraphs: bool, static) -> DeviceGra
                        aot_static=static)
 
 
+def inductor_inner_on_host(original):
+    """A replacement for inductor's `compile_fx_inner` where code calls it itself (PyTorch's tests
+    do, on a `make_fx` graph and fake inputs): compiled as `compile_fx` is here (`inductor_on_host`),
+    and what it returns, a boxed callable (one list of inputs, emptied), runs as a `DeviceGraph`,
+    replayed through the device's graphs where `cudagraphs` (else inductor's config) asks for CUDA
+    graphs, with `static_input_idxs` as its static inputs. Inductor's own calls of it inside a
+    compile are left as they are (its `compile_fx` binds the original)."""
+    from harness.emulation.active import emulation_active
+
+    real_is_available = torch.cuda.is_available
+
+    def compile_fx_inner(*args, **kwargs):
+        # inside a compile the emulation has given torch.cuda.is_available back to torch
+        if emulation_active() != "cpu" or torch.cuda.is_available is real_is_available:
+            return original(*args, **kwargs)
+        graph_module = args[0] if args else kwargs.get("gm")
+        from harness.emulation.active import active_state
+
+        with _torchs_own_cuda(real_is_available), _triton_ops_kept_whole(), \
+                torch_internals.disable_current_modes(), _without_placement(active_state()):
+            compiled = original(*args, **kwargs)
+        if not isinstance(graph_module, torch.fx.GraphModule) or not callable(compiled):
+            return compiled
+        cudagraphs = kwargs.get("cudagraphs")
+        cudagraphs = bool(torch_internals.lazy_module("inductor_config").triton.cudagraphs
+                          if cudagraphs is None else getattr(cudagraphs, "value", cudagraphs))
+        device_graph = DeviceGraph(lambda *inputs: compiled(list(inputs)), graph_module,
+                                   "inductor", cudagraphs=cudagraphs,
+                                   static=frozenset(kwargs.get("static_input_idxs") or ()))
+        return _Boxed(device_graph)
+
+    return compile_fx_inner
+
+
+class _Boxed:
+    """A DeviceGraph called as inductor's compiled graphs are: with one list of inputs, which
+    the call empties (the inputs are freed as soon as the graph is done with them)."""
+
+    _boxed_call = True
+
+    def __init__(self, device_graph: DeviceGraph) -> None:
+        self.device_graph = device_graph
+
+    def __call__(self, inputs: list):
+        args = list(inputs)
+        inputs.clear()
+        return self.device_graph(*args)
+
+
 def _returns_one_value(graph_module: torch.fx.GraphModule) -> bool:
     output = next(iter(graph_module.graph.find_nodes(op="output")), None)
     return output is not None and bool(output.args) and isinstance(output.args[0], torch.fx.Node)
@@ -949,7 +1002,9 @@ def compile_patches(state) -> list[tuple[Any, str, Any]]:
     return [(OutputGraph, "call_user_compiler", user_compiler_on_device(
         OutputGraph.call_user_compiler)),
             (inductor, "compile_fx", inductor_on_host(inductor.compile_fx,
-                                                      inductor.compile_fx_inner))] + direct_trees_refused() \
+                                                      inductor.compile_fx_inner)),
+            (inductor, "compile_fx_inner", inductor_inner_on_host(inductor.compile_fx_inner))] \
+        + direct_trees_refused() \
         + trees_reset()
 
 

@@ -201,3 +201,30 @@ def test_a_graph_run_twice_in_one_step_keeps_both_outputs(cuda_kind):
             second = compiled(torch.full((4,), float(step + 10), device="cuda"))
             seen.append((first[0].item(), second[0].item()))
         assert seen == [(2 * s + 1, 2 * s + 21) for s in range(4)]
+
+
+@pytest.mark.parametrize("cudagraphs", [False, True])
+def test_compile_fx_inner_called_directly_on_a_make_fx_graph(cuda_kind, cudagraphs):
+    """PyTorch's tests call inductor's `compile_fx_inner` themselves, on a `make_fx` graph with
+    fake cuda inputs, and call the result with one list of inputs. On the emulated device it
+    compiled with the device's modes on the stack and failed in inductor's fake-tensor
+    propagation (until 2026-12-06)."""
+    if cudagraphs and cuda_kind == "sanitizer":
+        pytest.skip("the graph sanitizer refuses inductor's cudagraph trees by name")
+    from torch._inductor.compile_fx import compile_fx_inner
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    def fn(x, y):
+        return (x + y,)
+
+    graph = make_fx(fn)(*[torch.rand(5, 5, device="cuda") for _ in range(2)])
+    with torch._subclasses.FakeTensorMode():
+        fakes = [torch.rand(6, 5, device="cuda")[1:] for _ in range(2)]
+    compiled = compile_fx_inner(graph, fakes, static_input_idxs=[0], cudagraphs=cudagraphs)
+    for _ in range(3):
+        x, y = [torch.rand(6, 5, device="cuda")[1:] for _ in range(2)]
+        inputs = [x, y]
+        out = compiled(inputs)
+        assert inputs == []  # the boxed convention: the callee takes the inputs
+        assert out[0].is_cuda
+        torch.testing.assert_close(out[0], x + y)
