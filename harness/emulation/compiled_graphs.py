@@ -220,15 +220,8 @@ class DeviceGraph:
                 self.replays[key] = "unpartitioned"
                 self.unpartitioned.append(f"cpu device ({host})")
                 return self._run(state, args)
-            self.replays[key] = "warm"
-            self.warm_generation[key] = generation
-            return self._warm_up(state, args)
-        if isinstance(entry, str):
-            if entry != "warm":  # skipped, for the reason kept
-                return self._run(state, args)
-            if self.warm_generation.get(key) == generation:
-                # the trees stay in warm-up for the rest of the generation it began in
-                return self._warm_up(state, args)
+            # What inductor and the trees decide before the first run (at compile time, or as
+            # the trees first run the function): `triton.cudagraph_or_error` raises there.
             try:
                 mutated = _analyse(self.graph_module, args)[0]
             except _data_dependent_errors():
@@ -242,6 +235,15 @@ class DeviceGraph:
             if mutated - self.static:
                 return self._skip(state, args, key,
                                   f"mutated inputs ({len(mutated - self.static)} instances)")
+            self.replays[key] = "warm"
+            self.warm_generation[key] = generation
+            return self._warm_up(state, args)
+        if isinstance(entry, str):
+            if entry != "warm":  # skipped, for the reason kept
+                return self._run(state, args)
+            if self.warm_generation.get(key) == generation:
+                # the trees stay in warm-up for the rest of the generation it began in
+                return self._warm_up(state, args)
             entry = self.replays[key] = [_Replay.capture(self, state, args, position)]
             return self._from_inputs(args, key, self._recorded(state, args, entry[0].replay(args)))
         addresses = _static_addresses(args, self.static)
@@ -342,10 +344,10 @@ class DeviceGraph:
         self.__dict__.pop("pool", None)
 
     def _skip(self, state, args, key, reason: str):
-        """This layout runs without a graph from now on, as cudagraph trees skip it."""
+        """This layout runs without a graph from now on, as cudagraph trees skip it: inductor's
+        skip is logged and counted, and raised under `triton.cudagraph_or_error`."""
+        _log_skip(f"skipping cudagraphs due to {reason}")
         self.skipped.append(reason)
-        # where inductor counts the graphs its cudagraph trees skip
-        torch_internals.lazy_module("dynamo_utils").counters["inductor"]["cudagraph_skips"] += 1
         self.replays[key] = reason
         return self._run(state, args)
 
@@ -479,6 +481,20 @@ class DeviceGraph:
                 raise
         op = getattr(getattr(torch.ops, _LIBRARY_NAME), name).default
         return GraphCall(op, outputs, None if self.bare_output else sequence)
+
+
+def _log_skip(message: str) -> None:
+    """Inductor's `log_cudagraph_skip_and_bump_counter`: its log line, its count of skipped
+    graphs, and its RuntimeError under `triton.cudagraph_or_error`."""
+    utils = torch_internals.lazy_module("inductor_cudagraph_utils")
+    log = getattr(utils, "log_cudagraph_skip_and_bump_counter", None)
+    if log is not None:
+        log(message)
+        return
+    counters = torch_internals.lazy_module("dynamo_utils").counters
+    counters["inductor"]["cudagraph_skips"] += 1
+    if getattr(torch_internals.lazy_module("inductor_config").triton, "cudagraph_or_error", False):
+        raise RuntimeError(message)
 
 
 def _device_sees_calls() -> bool:

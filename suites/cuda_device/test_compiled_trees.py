@@ -228,3 +228,34 @@ def test_compile_fx_inner_called_directly_on_a_make_fx_graph(cuda_kind, cudagrap
         assert inputs == []  # the boxed convention: the callee takes the inputs
         assert out[0].is_cuda
         torch.testing.assert_close(out[0], x + y)
+
+
+def _add_one_in_place(x):
+    x.add_(1)
+    return x
+
+
+def test_cudagraph_or_error_raises_where_a_graph_is_skipped(cuda_kind):
+    """`triton.cudagraph_or_error`: a graph that cannot run as a CUDA graph (it writes its
+    input) raises at its first call instead of running without one. The emulated device counted
+    its skip without raising, and only at the layout's second call (until 2026-12-06)."""
+    if cuda_kind == "sanitizer":
+        pytest.skip("the graph sanitizer refuses inductor's cudagraph trees by name")
+    compiled = torch.compile(_add_one_in_place, mode="reduce-overhead")
+    with torch._inductor.config.patch({"triton.cudagraph_or_error": True}), \
+            pytest.raises(RuntimeError, match="skipping cudagraphs due to mutated inputs"):
+        compiled(torch.tensor(1, device="cuda"))
+
+
+def test_a_skip_is_counted_at_the_first_call(cuda_kind):
+    if cuda_kind == "sanitizer":
+        pytest.skip("the graph sanitizer refuses inductor's cudagraph trees by name")
+    from torch._dynamo.utils import counters
+
+    counters.clear()
+    compiled = torch.compile(_add_one_in_place, mode="reduce-overhead")
+    x = torch.tensor(1, device="cuda")
+    compiled(x)
+    assert counters["inductor"]["cudagraph_skips"] == 1
+    compiled(x), compiled(x)
+    assert x.item() == 4 and counters["inductor"]["cudagraph_skips"] == 1
