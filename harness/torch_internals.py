@@ -231,6 +231,10 @@ NAMES: dict[str, Internal] = {
     # torch.library.custom_op's ops by qualified name (their device kernels in `_backend_fns`)
     "library_custom_ops": Internal("torch._library.custom_ops", "",
                                    _found("torch._library.custom_ops"), lazy=True),
+    # a storage's memory released and made to raise on access through every tensor over it
+    # (cudagraph trees' overwritten outputs, views and detached copies included); CUDA builds only
+    "set_storage_data_ptr_access_error_msg": Internal(
+        "torch._C", "_set_storage_data_ptr_access_error_msg", optional=True),
     # inductor's log and count of the graphs it runs without CUDA graphs
     "inductor_cudagraph_utils": Internal("torch._inductor.cudagraph_utils", "",
                                          _found("torch._inductor.cudagraph_utils"), lazy=True),

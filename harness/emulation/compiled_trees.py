@@ -79,8 +79,8 @@ class TreeGenerations:
     `torch.compiler.cudagraph_mark_step_begin()` calls; when a graph runs in a new one, the trees
     make every output of the previous generation's warm-ups and recordings still alive raise
     "accessing tensor output of CUDAGraphs that has been overwritten by a subsequent run" when its
-    memory is read (`torch._C._set_storage_access_error_msg`). A replay's outputs are the same
-    tensors from replay to replay and are not made to raise. A generation whose outputs still need
+    memory is read through any tensor over it (`torch._C._set_storage_data_ptr_access_error_msg`).
+    A replay's outputs are the same tensors from replay to replay and are not made to raise. A generation whose outputs still need
     a backward is not ended (trees wait for the backward); the emulated device leaves those alone.
     Only a torch built with CUDA (a CUDA wheel, with or without a GPU) has the call that makes a
     storage raise; on a CPU wheel the outputs keep what the next run wrote, as before.
@@ -91,7 +91,9 @@ class TreeGenerations:
 
         self.current: int | None = None
         self._runs: dict[tuple, int] = {}  # (graph, layout) -> its runs in this generation
-        self._pool_outputs: list[tuple[Any, str | None]] = []  # (weakref to tensor, stack trace)
+        # (weakref to the tensor, weakref to its storage, stack trace): the storage is what the
+        # next generation overwrites, whatever tensor (a `.detach()`, a view) the program keeps
+        self._pool_outputs: list[tuple[Any, Any, str | None]] = []
         self._graphs: Any = weakref.WeakSet()  # the DeviceGraphs that ran with CUDA graphs
 
     def reset(self) -> None:
@@ -114,15 +116,17 @@ class TreeGenerations:
         generation = trees.CUDAGraphTreeManager.get_curr_generation()
         if generation == self.current:
             return self.current
-        live = [(ref(), trace) for ref, trace in self._pool_outputs]
-        live = [(t, trace) for t, trace in live if t is not None]
-        if any(t.requires_grad for t, _ in live):
+        tensors = [ref() for ref, _, _ in self._pool_outputs]
+        if any(t is not None and t.requires_grad for t in tensors):
             return self.current  # a forward whose backward is pending: trees keep it going
         # A build without it (the CPU wheels: torch defines it with CUDA) cannot make a storage
         # raise on access; there the outputs keep what the next run wrote, silently.
-        refuse_access = torch_internals.optional_name("set_storage_access_error_msg")
-        for t, trace in live if refuse_access is not None else ():
-            _refuse(t, trees.CUDAGraphTreeManager.format_dealloc_msg(trace), refuse_access)
+        refuse_access = torch_internals.optional_name("set_storage_data_ptr_access_error_msg")
+        for _, ref, trace in self._pool_outputs if refuse_access is not None else ():
+            storage = ref()
+            if storage is not None:
+                _refuse(storage, trees.CUDAGraphTreeManager.format_dealloc_msg(trace),
+                        refuse_access)
         self._pool_outputs = []
         self._runs = {}
         self.current = generation
@@ -141,20 +145,17 @@ class TreeGenerations:
         import weakref
 
         for t, trace in zip(outputs, traces):
-            self._pool_outputs.append((weakref.ref(t), trace))
+            self._pool_outputs.append((weakref.ref(t), weakref.ref(t.untyped_storage()), trace))
 
 
-def _refuse(t, message: str, refuse_access) -> None:
-    """Make `t`'s storage raise `message` when read. An alias over the pool (compiled_graphs.py)
-    stops keeping the graph's own storage alive: nothing reads through it any more, and the
-    memory goes back to the pool with the recording, as the trees free it. A storage made to
-    raise already is left as it is (asking for it raises)."""
-    try:
-        storage = t.untyped_storage()
-    except RuntimeError:
-        return
+def _refuse(storage, message: str, refuse_access) -> None:
+    """Release `storage`'s memory and make it raise `message` when read, through every tensor
+    over it (a `.detach()` or a view the program made of the output too), as the trees free the
+    outputs of the generation that ended. An alias over the pool (compiled_graphs.py) stops
+    keeping the graph's own storage alive, and its own memory is the recording's, which it does
+    not own: the memory goes back to the pool with the recording, as the trees free it."""
     storage.__dict__.pop("_harness_alias_of", None)
-    refuse_access(t, message)
+    refuse_access(storage._cdata, message)
 
 
 def trees_reset() -> list[tuple[Any, str, Any]]:

@@ -15,9 +15,9 @@ from harness.emulation.allocator_tools import UnsupportedOnEmulatedDevice
 OVERWRITTEN = "overwritten by a subsequent run"
 # torch defines the call that makes a storage raise on access with CUDA: a CPU wheel lacks it.
 needs_access_errors = pytest.mark.skipif(
-    not hasattr(torch._C, "_set_storage_access_error_msg"),
+    not hasattr(torch._C, "_set_storage_data_ptr_access_error_msg"),
     reason="this torch (a CPU wheel) cannot make a storage raise on access "
-           "(torch._C._set_storage_access_error_msg)")
+           "(torch._C._set_storage_data_ptr_access_error_msg)")
 
 
 @pytest.fixture(autouse=True)
@@ -259,3 +259,19 @@ def test_a_skip_is_counted_at_the_first_call(cuda_kind):
     assert counters["inductor"]["cudagraph_skips"] == 1
     compiled(x), compiled(x)
     assert x.item() == 4 and counters["inductor"]["cudagraph_skips"] == 1
+
+
+@needs_access_errors
+@pytest.mark.parametrize("keep", ["detach", "view"])
+def test_a_detached_copy_of_a_warm_up_output_is_overwritten_too(cuda_kind, keep):
+    """The trees free the previous generation's memory, not tensor objects: a `.detach()` or a
+    view the program made of an output raises as the output does. The emulated device made only
+    the returned tensor raise (until 2026-12-06), so a detached copy read what the next run
+    wrote."""
+    compiled = torch.compile(_cubed, mode="reduce-overhead")
+    x = torch.rand(4, device="cuda")
+    with _refused_in_the_sanitizer(cuda_kind):
+        kept = compiled(x).detach() if keep == "detach" else compiled(x)[1:]
+        compiled(x)  # the next generation: a recording into the same pool
+        with pytest.raises(RuntimeError, match=OVERWRITTEN):
+            kept + kept
