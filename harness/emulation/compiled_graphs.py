@@ -245,18 +245,41 @@ class DeviceGraph:
                 # the trees stay in warm-up for the rest of the generation it began in
                 return self._warm_up(state, args)
             entry = self.replays[key] = [_Replay.capture(self, state, args, position)]
-            return self._from_inputs(args, key, self._recorded(state, args, entry[0].replay(args)))
+            return self._from_inputs(
+                args, key, self._recorded(state, args, entry[0].replay(args, state.trees)))
+        trees = state.trees
+        if (trees.node, trees.function_id(self)) in trees.eager:
+            return self._run(state, args)  # past the re-recording limit under this node
         addresses = _static_addresses(args, self.static)
         for recorded in entry:
-            if recorded.static_addresses == addresses and recorded.position == position:
-                out = recorded.replay(args)
+            if (recorded.static_addresses == addresses and recorded.position == position
+                    and recorded.managed_addresses == _addresses(args, recorded.managed)):
+                out = recorded.replay(args, state.trees)
                 if recorded.handed is None:  # trees hand out the same tensors every replay
                     recorded.handed = self._aliased(state, args, out)
+                    state.trees.note_managed(self._pool_outputs(args, recorded.handed)[0])
                 return self._from_inputs(args, key, recorded.handed)
+        if any(recorded.static_addresses == addresses and recorded.position == position
+               for recorded in entry):
+            # An input that was an output of a recording (a "cudagraph managed" tensor, read by
+            # address) is another tensor now: the trees record again under this node, up to
+            # their limit, past which the function runs without a graph there.
+            limit = torch_internals.lazy_module("inductor_config").triton \
+                .cudagraph_unexpected_rerecord_limit
+            if trees.rerecord(self) > limit:
+                trees.eager.add((trees.node, trees.function_id(self)))
+                node = "None" if trees.node is None else trees.node
+                _log_skip(f"skipping cudagraph due to function {trees.function_id(self)} exceeding "
+                          f"max re-recording limit (={limit}) on cudagraph node {node} due to "
+                          f"cudagraph managed tensor data pointer changed.")
+                return self._run(state, args)
+            entry.append(_Replay.capture(self, state, args, position))
+            return self._from_inputs(
+                args, key, self._recorded(state, args, entry[-1].replay(args, state.trees)))
         if any(recorded.static_addresses == addresses for recorded in entry):
             entry.append(_Replay.capture(self, state, args, position))  # a new node, no re-record
-            return self._from_inputs(args, key,
-                                     self._recorded(state, args, entry[-1].replay(args)))
+            return self._from_inputs(
+                args, key, self._recorded(state, args, entry[-1].replay(args, state.trees)))
         # A static input (a parameter, a marked cache buffer) at a new address: the recordings
         # read and write the old one, so cudagraph trees record again, up to their limit.
         self.rerecords += 1
@@ -266,7 +289,8 @@ class DeviceGraph:
                               f"exceeding max re-recording limit (={limit}) due to static input "
                               f"data pointer changed")
         entry.append(_Replay.capture(self, state, args, position))
-        return self._from_inputs(args, key, self._recorded(state, args, entry[-1].replay(args)))
+        return self._from_inputs(
+            args, key, self._recorded(state, args, entry[-1].replay(args, state.trees)))
 
     def _from_inputs(self, args, key, out):
         """`out` with each output that aliases an input rebuilt as a view of this call's input:
@@ -317,6 +341,7 @@ class DeviceGraph:
         other set, the same tensors every replay, rewritten by each."""
         handed = self._aliased(state, args, out)
         state.trees.note_pool_outputs(*self._pool_outputs(args, handed))
+        state.trees.note_managed(self._pool_outputs(args, handed)[0])
         return handed
 
     def _aliased(self, state, args, out):
@@ -596,6 +621,10 @@ def _key(args) -> tuple:
     return tuple(TensorLayout.of(a) if isinstance(a, torch.Tensor) else (type(a), a) for a in args)
 
 
+def _addresses(args, indices) -> tuple:
+    return tuple(args[i].data_ptr() for i in indices)
+
+
 def _static_addresses(args, static: frozenset) -> tuple:
     """Where the static inputs live: a recording replays against these addresses only."""
     return tuple(args[i].data_ptr() for i in sorted(static)
@@ -606,14 +635,25 @@ class _Replay:
     """One captured input layout of a reduce-overhead graph, for one set of static addresses."""
 
     def __init__(self, graph, inputs: list, outputs, copied: list[int],
-                 static_addresses: tuple, position: int) -> None:
+                 static_addresses: tuple, position: int, managed: tuple = (),
+                 args: tuple = (), node: int | None = None) -> None:
         self.graph, self.inputs, self.outputs, self.copied = graph, inputs, outputs, copied
         self.static_addresses = static_addresses
         self.position = position  # its run's place among this layout's runs in a generation
         self.handed = None  # what the replays return: aliases of `outputs`, made at the first
+        # inputs that were outputs of a recording ("cudagraph managed"): where they were
+        self.managed = managed
+        self.managed_addresses = _addresses(args, managed)
+        self.node = node  # the trees' id of this recording
 
     @staticmethod
     def capture(device_graph: DeviceGraph, state, args, position: int) -> "_Replay":
+        managed = tuple(i for i, a in enumerate(args)
+                        if isinstance(a, torch.Tensor) and i not in device_graph.static
+                        and state.trees.is_managed(a))
+        # The trees read a managed input where it is, baked into the graph; the device copies it
+        # as any other input (the same values: its memory is another recording's, which the
+        # generations release), and keeps only the trees' rule that it may not move.
         copied = [i for i, a in enumerate(args)
                   if isinstance(a, torch.Tensor) and i not in device_graph.static]
         inputs = list(args)
@@ -631,13 +671,15 @@ class _Replay:
             outputs = device_graph(*inputs)
         torch.cuda.current_stream().wait_stream(stream)
         return _Replay(graph, inputs, outputs, copied,
-                       _static_addresses(args, device_graph.static), position)
+                       _static_addresses(args, device_graph.static), position, managed,
+                       args, state.trees.new_node())
 
-    def replay(self, args):
+    def replay(self, args, trees):
         for i in self.copied:
             if args[i] is not self.inputs[i]:
                 self.inputs[i].copy_(args[i])
         self.graph.replay()
+        trees.node = self.node  # the trees' path is at this node now
         return self.outputs
 
 

@@ -21,7 +21,10 @@ is refused by name:
 
 from __future__ import annotations
 
+import weakref
 from typing import Any
+
+import torch
 
 from harness import torch_internals
 
@@ -87,10 +90,20 @@ class TreeGenerations:
     """
 
     def __init__(self) -> None:
-        import weakref
-
         self.current: int | None = None
         self._runs: dict[tuple, int] = {}  # (graph, layout) -> its runs in this generation
+        # The trees' numbering: a function id per graph (in the order they first ran), a node id
+        # per recording; the node the path of this generation is at (the last recording that
+        # ran in it), under which a graph's next recording is a child.
+        self._function_ids: Any = weakref.WeakKeyDictionary()
+        self._nodes = 0
+        self.node: int | None = None
+        # Outputs of recordings handed to the program (storage key -> weakref to the storage):
+        # "cudagraph managed" tensors, which a recording reading them bakes in by address.
+        self._managed: dict[int, Any] = {}
+        # (node, function id) -> re-recordings because a managed input moved; pairs past the limit
+        self._rerecords: dict[tuple, int] = {}
+        self.eager: set[tuple] = set()
         # (weakref to the tensor, weakref to its storage, stack trace): the storage is what the
         # next generation overwrites, whatever tensor (a `.detach()`, a view) the program keeps
         self._pool_outputs: list[tuple[Any, Any, str | None]] = []
@@ -107,11 +120,18 @@ class TreeGenerations:
         self._pool_outputs = []
         self._runs = {}
         self.current = None
+        self._function_ids = weakref.WeakKeyDictionary()
+        self._nodes = 0
+        self.node = None
+        self._managed = {}
+        self._rerecords = {}
+        self.eager = set()
 
     def enter(self, graph) -> Any:
         """`graph`, a reduce-overhead DeviceGraph, is about to run: end the previous generation if
         this is a new one. Returns the generation it runs in."""
         self._graphs.add(graph)
+        self.function_id(graph)  # the trees number functions as they first run
         trees = torch_internals.lazy_module("inductor_cudagraph_trees")
         generation = trees.CUDAGraphTreeManager.get_curr_generation()
         if generation == self.current:
@@ -130,7 +150,43 @@ class TreeGenerations:
         self._pool_outputs = []
         self._runs = {}
         self.current = generation
+        self.node = None
         return generation
+
+    def function_id(self, graph) -> int:
+        """The trees' id of `graph`'s function: functions are numbered as they first run."""
+        found = self._function_ids.get(graph)
+        if found is None:
+            found = self._function_ids[graph] = len(self._function_ids)
+        return found
+
+    def new_node(self) -> int:
+        node, self._nodes = self._nodes, self._nodes + 1
+        return node
+
+    def note_managed(self, outputs) -> None:
+        """`outputs` (a recording's, as handed to the program) live in the trees' pool."""
+        for t in outputs if isinstance(outputs, (tuple, list)) else (outputs,):
+            if isinstance(t, torch.Tensor):
+                storage = t.untyped_storage()
+                self._managed[storage._cdata] = weakref.ref(storage)
+
+    def is_managed(self, t) -> bool:
+        """Whether `t` is an output of a recording (the trees' `_is_cuda_graph_recorded_tensor`)."""
+        try:
+            storage = t.untyped_storage()
+        except RuntimeError:  # overwritten: made to raise
+            return False
+        ref = self._managed.get(storage._cdata)
+        return ref is not None and ref() is storage
+
+    def rerecord(self, graph) -> int:
+        """A recording of `graph` under the current node is to be made again because a managed
+        input moved: how many times that happened there (the trees count it per node and
+        function against `triton.cudagraph_unexpected_rerecord_limit`)."""
+        key = (self.node, self.function_id(graph))
+        self._rerecords[key] = self._rerecords.get(key, 0) + 1
+        return self._rerecords[key]
 
     def position(self, graph, layout) -> int:
         """How many times `graph` ran with `layout` before in this generation (0 the first)."""
@@ -142,8 +198,6 @@ class TreeGenerations:
     def note_pool_outputs(self, outputs: list, traces: list) -> None:
         """Outputs of a warm-up or a recording that live in the trees' pool (not aliases of the
         graph's inputs)."""
-        import weakref
-
         for t, trace in zip(outputs, traces):
             self._pool_outputs.append((weakref.ref(t), weakref.ref(t.untyped_storage()), trace))
 

@@ -275,3 +275,30 @@ def test_a_detached_copy_of_a_warm_up_output_is_overwritten_too(cuda_kind, keep)
         compiled(x)  # the next generation: a recording into the same pool
         with pytest.raises(RuntimeError, match=OVERWRITTEN):
             kept + kept
+
+
+@pytest.mark.parametrize("limit", [0, 8])
+def test_a_cudagraph_managed_input_that_moves_re_records_up_to_the_limit(cuda_kind, limit):
+    """A graph recorded reading another graph's output (a "cudagraph managed" tensor, which the
+    trees bake in by address) and later given another tensor there: the trees record it again
+    under that node, and past `cudagraph_unexpected_rerecord_limit` run it without a graph there,
+    logging and counting one skip. The emulated device copied such an input like any other and
+    replayed (until 2026-12-06)."""
+    if cuda_kind == "sanitizer":
+        pytest.skip("the graph sanitizer refuses inductor's cudagraph trees by name")
+    from torch._dynamo.utils import counters
+
+    counters.clear()
+    foo = torch.compile(lambda x: x + 1, mode="reduce-overhead")
+    goo = torch.compile(lambda x: x * 2, mode="reduce-overhead")
+    with torch._inductor.config.patch({"triton.cudagraph_unexpected_rerecord_limit": limit,
+                                       "triton.cudagraph_support_input_mutation": True}):
+        for _ in range(3):  # warm-up, recording (goo's under foo's node), replay
+            torch.compiler.cudagraph_mark_step_begin()
+            goo(foo(torch.rand(2, 3, device="cuda")))
+        for _ in range(4):
+            torch.compiler.cudagraph_mark_step_begin()
+            x = torch.rand(2, 3, device="cuda")
+            z = goo(foo(x).clone())
+            torch.testing.assert_close(z, (x + 1) * 2)
+    assert counters["inductor"]["cudagraph_skips"] == (1 if limit == 0 else 0)
