@@ -86,11 +86,27 @@ class InputView:
 
 
 @dataclass(frozen=True)
+class OutputView:
+    """An output aliasing another output of the graph (`x` and `x[0]`, both returned): rebuilt
+    after the op as a view of that one, which the op returns, as CUDA returns one memory."""
+
+    index: int  # the output it is a view of (one the op returns)
+    size: tuple
+    stride: tuple
+    offset: int  # its storage offset less that output's
+
+    def of(self, outputs: list) -> torch.Tensor:
+        base = outputs[self.index]
+        return base.as_strided(self.size, self.stride, base.storage_offset() + self.offset)
+
+
+@dataclass(frozen=True)
 class GraphCall:
     """What one compiled graph does for one input layout: its op and how to rebuild its result."""
 
     op: Any  # the OpOverload
-    # per output: a TensorLayout (a fresh tensor the op returns), an InputView, or the constant
+    # per output: a TensorLayout (a fresh tensor the op returns), an InputView, an OutputView,
+    # or the constant
     outputs: tuple
     # tuple or list, as the compiled graph returns; None for one value returned bare (inductor's
     # compile_fx called on a graph whose output is one tensor, as a runtime's own backend does)
@@ -457,6 +473,7 @@ class DeviceGraph:
         results = iter(call.op(*tensors))
         outputs = [next(results) if isinstance(o, TensorLayout)
                    else o.of(args) if isinstance(o, InputView) else o for o in call.outputs]
+        outputs = [o.of(outputs) if isinstance(o, OutputView) else o for o in outputs]
         return outputs[0] if call.sequence is None else call.sequence(outputs)
 
     def _define(self, state, args) -> GraphCall:
@@ -721,7 +738,38 @@ def _analyse(graph_module, args) -> tuple[frozenset, tuple, type | None]:
         outputs.append(TensorLayout.of(o))
     mutated = frozenset(i for i, (f, v) in enumerate(zip(fakes, versions))
                         if isinstance(f, torch.Tensor) and f._version != v)
-    return mutated, tuple(outputs), sequence
+    return mutated, _views_of_outputs(outputs, out), sequence
+
+
+def _views_of_outputs(outputs: list, out) -> tuple:
+    """`outputs` with each fresh output that shares its memory with another one made an
+    OutputView of the one among them whose extent holds the others' (the op returns that one
+    alone). A group without such an output stays as separate outputs."""
+    from torch.multiprocessing.reductions import StorageWeakRef
+
+    groups: dict = {}
+    for i, (layout, o) in enumerate(zip(outputs, out)):
+        if isinstance(layout, TensorLayout) and o.numel():
+            groups.setdefault(StorageWeakRef(o.untyped_storage()), []).append(i)
+    outputs = list(outputs)
+    for members in groups.values():
+        spans = {i: _span(outputs[i]) for i in members}
+        base = next((b for b in members if all(
+            spans[b][0] <= spans[i][0] and spans[i][1] <= spans[b][1] for i in members)), None)
+        if len(members) < 2 or base is None:
+            continue
+        for i in members:
+            if i != base:
+                layout = outputs[i]
+                outputs[i] = OutputView(base, layout.size, layout.stride,
+                                        layout.storage_offset - outputs[base].storage_offset)
+    return tuple(outputs)
+
+
+def _span(layout: TensorLayout) -> tuple[int, int]:
+    """The elements of its storage a layout reaches: [first, last + 1)."""
+    last = layout.storage_offset + sum((n - 1) * s for n, s in zip(layout.size, layout.stride))
+    return layout.storage_offset, last + 1
 
 
 @contextlib.contextmanager

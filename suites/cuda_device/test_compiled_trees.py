@@ -302,3 +302,25 @@ def test_a_cudagraph_managed_input_that_moves_re_records_up_to_the_limit(cuda_ki
             z = goo(foo(x).clone())
             torch.testing.assert_close(z, (x + 1) * 2)
     assert counters["inductor"]["cudagraph_skips"] == (1 if limit == 0 else 0)
+
+
+def _with_its_first_row(x):
+    y = x * 20
+    return y, y[0], y[1:]
+
+
+def test_outputs_that_alias_each_other_still_do_after_a_recording(cuda_kind):
+    """A graph returning `y` and views of it: CUDA hands back one memory, which the trees'
+    replays keep. The emulated device's capture ran the graph as one op, whose outputs were
+    separate memory each (until 2026-12-06)."""
+    if cuda_kind == "sanitizer":
+        pytest.skip("the graph sanitizer refuses inductor's cudagraph trees by name")
+    compiled = torch.compile(_with_its_first_row, mode="reduce-overhead")
+    for _ in range(4):  # warm-up, recording, replays
+        x = torch.rand(3, 4, device="cuda")
+        y, first, rest = compiled(x)
+        assert first.untyped_storage().data_ptr() == y.untyped_storage().data_ptr()
+        assert rest.untyped_storage().data_ptr() == y.untyped_storage().data_ptr()
+        torch.testing.assert_close(first, x[0] * 20)
+        y.fill_(7)
+        assert first.eq(7).all() and rest.eq(7).all()
