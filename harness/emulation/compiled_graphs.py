@@ -140,6 +140,7 @@ class DeviceGraph:
         # graph to return a list
         self.bare_output = bare_output
         self.opaque = backend in _OPAQUE_BACKENDS
+        self.backend = backend
         self.calls: dict[tuple, GraphCall] = {}
         self.name = f"graph_{next(_COUNTER)}"
         # mode="reduce-overhead": each input layout is warmed up, captured and then replayed; a
@@ -159,6 +160,10 @@ class DeviceGraph:
         # autograd must differentiate: AOTAutograd's forward and backward run as eager ops, and
         # under CUDA graphs (backend="cudagraphs") without one, where CUDA replays each
         self.differentiated_op_by_op = 0
+        # per layout, the inputs the graph writes that are not static: the trees let it write
+        # one only where it is another recording's output (`triton.cudagraph_support_input_
+        # mutation`), deciding at each call
+        self.mutated_inputs: dict[tuple, frozenset] = {}
         # cuBLAS on CUDA: each run reserves the thread's handle (blas_workspaces.py)
         from harness.emulation.blas_workspaces import uses_blas
 
@@ -249,11 +254,27 @@ class DeviceGraph:
                     return self._run(state, args)
                 return self._skip(state, args, key, "incompatible op (data-dependent)")
             if mutated - self.static:
-                return self._skip(state, args, key,
-                                  f"mutated inputs ({len(mutated - self.static)} instances)")
+                if self.backend == "cudagraphs" and not torch._dynamo.config \
+                        .cudagraph_backend_support_input_mutation:
+                    # dynamo's backend logged this skip as it compiled the graph (its count
+                    # went with the ones compiling for the cpu made, see _torchs_own_cuda)
+                    torch_internals.lazy_module("dynamo_utils").counters["inductor"][
+                        "cudagraph_skips"] += 1
+                    self.skipped.append("mutated inputs")
+                    self.replays[key] = "mutated inputs"
+                    return self._run(state, args)
+                if self.backend != "cudagraphs" and not torch_internals.lazy_module(
+                        "inductor_config").triton.cudagraph_support_input_mutation:
+                    return self._skip(state, args, key,
+                                      self._mutation_reason(sorted(mutated - self.static)))
+                self.mutated_inputs[key] = frozenset(mutated - self.static)
             self.replays[key] = "warm"
             self.warm_generation[key] = generation
+            if self._writes_an_input_of_its_own(state, args, key):
+                return self._run(state, args)
             return self._warm_up(state, args)
+        if self._writes_an_input_of_its_own(state, args, key):
+            return self._run(state, args)
         if isinstance(entry, str):
             if entry != "warm":  # skipped, for the reason kept
                 return self._run(state, args)
@@ -332,10 +353,27 @@ class DeviceGraph:
             return outs[0]
         return type(out)(outs) if isinstance(out, list) else tuple(outs)
 
+    def _writes_an_input_of_its_own(self, state, args, key) -> bool:
+        """The trees' check at each call of a graph that writes inputs: one that is not another
+        recording's (or warm-up's) output runs the graph without a CUDA graph, the skip logged
+        once per function."""
+        written = [i for i in sorted(self.mutated_inputs.get(key, ()))
+                   if not state.trees.is_managed(args[i])]
+        if written and state.trees.warn_mutation(self):
+            _log_skip(f"skipping cudagraphs due to {self._mutation_reason(written)}")
+        return bool(written)
+
+    def _mutation_reason(self, indices: list) -> str:
+        trace = _mutating_use_trace(self.graph_module, indices)
+        return f"mutated inputs ({len(indices)} instances)" + (
+            f". Found from : \n {trace}" if trace else "")
+
     def _warm_up(self, state, args):
         with _cublas_cleared(state):
             out = self._run(state, args)
-        state.trees.note_pool_outputs(*self._pool_outputs(args, out))
+        pooled = self._pool_outputs(args, out)
+        state.trees.note_pool_outputs(*pooled)
+        state.trees.note_managed(pooled[0])  # read by a later graph on the path, as recorded
         return out
 
     def _pool_outputs(self, args, out) -> tuple[list, list]:
@@ -601,6 +639,27 @@ def _output_traces(graph_module) -> list:
     values = output.args[0] if isinstance(output.args[0], (tuple, list)) else [output.args[0]]
     return [_users_frames(v.meta.get("stack_trace")) if isinstance(v, torch.fx.Node) else None
             for v in values]
+
+
+def _mutating_use_trace(graph_module, indices: list) -> str | None:
+    """The user's line that writes the first of these inputs (inductor's "Found from"): the
+    placeholder's one use, or its use by an in-place call."""
+    placeholders = [n for n in graph_module.graph.nodes if n.op == "placeholder"]
+    for i in indices:
+        if i >= len(placeholders):
+            continue
+        users = list(placeholders[i].users)
+        in_place = [u for u in users if _writes_first_argument(u)] if len(users) > 1 else users
+        for use in in_place:
+            trace = _users_frames(use.meta.get("stack_trace"))
+            if trace:
+                return trace
+    return None
+
+
+def _writes_first_argument(node) -> bool:
+    name = node.target if node.op == "call_method" else getattr(node.target, "__name__", "")
+    return isinstance(name, str) and name.endswith("_") and not name.endswith("__")
 
 
 def _users_frames(trace: str | None) -> str | None:
@@ -956,8 +1015,11 @@ def _torchs_own_cuda(real_is_available):
     finally:
         torch.cuda.is_available = emulated
         # read again: compiling may replace the "inductor" counter object (a cache hit adds the
-        # counts it cached to a copy)
-        counters["inductor"]["cudagraph_skips"] = skips
+        # counts it cached to a copy); no count is no entry, as on CUDA
+        if skips:
+            counters["inductor"]["cudagraph_skips"] = skips
+        else:
+            counters["inductor"].pop("cudagraph_skips", None)
 
 
 def inductor_on_host(original, inner_default):

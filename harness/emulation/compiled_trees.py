@@ -104,6 +104,7 @@ class TreeGenerations:
         # (node, function id) -> re-recordings because a managed input moved; pairs past the limit
         self._rerecords: dict[tuple, int] = {}
         self.eager: set[tuple] = set()
+        self._warned_mutation: set[int] = set()  # function ids whose input writes were logged
         # (weakref to the tensor, weakref to its storage, stack trace): the storage is what the
         # next generation overwrites, whatever tensor (a `.detach()`, a view) the program keeps
         self._pool_outputs: list[tuple[Any, Any, str | None]] = []
@@ -126,6 +127,7 @@ class TreeGenerations:
         self._managed = {}
         self._rerecords = {}
         self.eager = set()
+        self._warned_mutation = set()
 
     def enter(self, graph) -> Any:
         """`graph`, a reduce-overhead DeviceGraph, is about to run: end the previous generation if
@@ -179,6 +181,15 @@ class TreeGenerations:
             return False
         ref = self._managed.get(storage._cdata)
         return ref is not None and ref() is storage
+
+    def warn_mutation(self, graph) -> bool:
+        """Whether `graph`'s skip for writing an input of its own is to be logged: once per
+        function, as the trees warn."""
+        function = self.function_id(graph)
+        if function in self._warned_mutation:
+            return False
+        self._warned_mutation.add(function)
+        return True
 
     def rerecord(self, graph) -> int:
         """A recording of `graph` under the current node is to be made again because a managed

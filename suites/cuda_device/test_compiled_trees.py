@@ -324,3 +324,48 @@ def test_outputs_that_alias_each_other_still_do_after_a_recording(cuda_kind):
         torch.testing.assert_close(first, x[0] * 20)
         y.fill_(7)
         assert first.eq(7).all() and rest.eq(7).all()
+
+
+def _add_two_in_place(x):
+    x.add_(2)
+    return x
+
+
+def test_a_graph_may_write_another_recordings_output_but_not_an_eager_tensor(cuda_kind):
+    """With `triton.cudagraph_support_input_mutation` (the default) the trees let a graph write
+    an input that is another graph's output (cudagraph managed memory), and decide at each call:
+    given an eager tensor to write, the graph runs without a CUDA graph, its skip logged once.
+    The emulated device skipped such a graph for good at its first write of any input, and
+    counted it without the log's "Found from" line (until 2026-12-06)."""
+    if cuda_kind == "sanitizer":
+        pytest.skip("the graph sanitizer refuses inductor's cudagraph trees by name")
+    import logging
+
+    from torch._dynamo.utils import counters
+
+    counters.clear()
+    foo = torch.compile(lambda x: x + 1, mode="reduce-overhead")
+    mut = torch.compile(_add_two_in_place, mode="reduce-overhead")
+    records = []
+    handler = logging.Handler()
+    handler.emit = records.append
+    log = logging.getLogger("torch._inductor.cudagraph_utils.__cudagraphs")
+    log.addHandler(handler)
+    try:
+        with torch._inductor.config.patch({"triton.cudagraph_support_input_mutation": True}):
+            for _ in range(3):
+                torch.compiler.cudagraph_mark_step_begin()
+                x = torch.rand(4, device="cuda")
+                torch.testing.assert_close(mut(foo(x)), x + 3)
+            assert "cudagraph_skips" not in counters["inductor"]
+            for _ in range(2):
+                torch.compiler.cudagraph_mark_step_begin()
+                x = torch.rand(4, device="cuda")
+                eager = foo(x).clone()
+                mut(eager)
+                torch.testing.assert_close(eager, x + 3)
+    finally:
+        log.removeHandler(handler)
+    skips = [r.getMessage() for r in records if "mutated inputs" in r.getMessage()]
+    assert len(skips) == 1 and "Found from" in skips[0] and "x.add_(2)" in skips[0]
+    assert counters["inductor"]["cudagraph_skips"] == 1
