@@ -168,6 +168,8 @@ class DeviceGraph:
         from harness.emulation.blas_workspaces import uses_blas
 
         self.blas = uses_blas(graph_module)
+        # whether the graph draws random numbers, which on CUDA come from the device's generator
+        self.draws = _draws(graph_module)
         # Host and device memory through the graph (compiled_devices.py): per input layout and
         # memory of the inputs, where each output lives.
         self.transfers = has_transfers(graph_module)
@@ -469,7 +471,8 @@ class DeviceGraph:
                 self.calls[key] = None
                 return self._run(state, args)
         else:
-            with _on_device(state, self._placement(args, key).host is None):
+            with _on_device(state, self._placement(args, key).host is None), \
+                    _device_draws(state, self.draws):
                 out = self.compiled(*args)
         return self._placed(state, args, out, key)
 
@@ -527,8 +530,10 @@ class DeviceGraph:
         template = [None if isinstance(a, torch.Tensor) else a for a in args]
         compiled = self.compiled
         fresh = [o for o in outputs if isinstance(o, TensorLayout)]
-        # on the emulated device the graph's code runs on the cpu tensors the device's are; in
-        # the graph sanitizer the tensors are the GPU's and the code runs as it is
+        # on the emulated device the graph's code runs on the cpu tensors the device's are, its
+        # random ops drawing from the device's generators; in the graph sanitizer the tensors
+        # are the GPU's and the code runs as it is
+        draws = self.draws and state.kind == "cpu"
         if state.kind == "cpu":
             device_only = self._placement(args, _key(args)).host is None
             on_device = lambda: _on_device(state, device_only)  # noqa: E731
@@ -539,7 +544,7 @@ class DeviceGraph:
             call_args = list(template)
             for i, t in zip(tensor_positions, tensors):
                 call_args[i] = t
-            with on_device():
+            with on_device(), _device_draws(state, draws):
                 out = compiled(*call_args)
             if not isinstance(out, (tuple, list)):
                 out = (out,)
@@ -829,6 +834,31 @@ def _span(layout: TensorLayout) -> tuple[int, int]:
     """The elements of its storage a layout reaches: [first, last + 1)."""
     last = layout.storage_offset + sum((n - 1) * s for n, s in zip(layout.size, layout.stride))
     return layout.storage_offset, last + 1
+
+
+def _draws(graph_module) -> bool:
+    """Whether the graph calls a random torch function (a random aten op of inductor's code or
+    a fallback to one follows from it)."""
+    from harness.emulation.device_draws import may_draw
+
+    for node in graph_module.graph.nodes:
+        target = (getattr(torch.Tensor, node.target, None) if node.op == "call_method"
+                  else node.target if node.op == "call_function" else None)
+        if target is not None and may_draw(target, dict(node.kwargs)):
+            return True
+    return False
+
+
+def _device_draws(state, draws: bool):
+    """The graph's random aten ops (inductor's seeds, its fallbacks to aten's random kernels)
+    draw from the device's generator, as CUDA's do, where they drew from the cpu's: a compiled
+    `torch.multinomial` then draws what the eager one does. Inside a capture the recorder meets
+    them (a replay draws afresh)."""
+    from harness.emulation.device_draws import EagerDraws, recorded
+
+    if not draws or state.capturing() or recorded():
+        return contextlib.nullcontext()
+    return EagerDraws(state.draws, state.current_index)
 
 
 @contextlib.contextmanager

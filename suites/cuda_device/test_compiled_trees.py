@@ -369,3 +369,23 @@ def test_a_graph_may_write_another_recordings_output_but_not_an_eager_tensor(cud
     skips = [r.getMessage() for r in records if "mutated inputs" in r.getMessage()]
     assert len(skips) == 1 and "Found from" in skips[0] and "x.add_(2)" in skips[0]
     assert counters["inductor"]["cudagraph_skips"] == 1
+
+
+def _draw_five(probs):
+    return torch.multinomial(probs, 5, replacement=True)
+
+
+def test_a_compiled_graph_draws_from_the_devices_generator(cuda_kind):
+    """Inductor falls back to aten's kernel for `torch.multinomial`, which on CUDA draws from the
+    device's generator, as the eager call does: with the state set back, the same samples. On
+    the emulated device the compiled graph's random ops drew from the cpu's generator (until
+    2026-12-06)."""
+    probs = torch.tensor([0.1, 0.2, 0.3, 0.4], device="cuda")
+    compiled = torch.compile(_draw_five)
+    state = torch.cuda.get_rng_state()
+    eager = [_draw_five(probs) for _ in range(2)]
+    torch.cuda.set_rng_state(state)
+    cpu_state = torch.get_rng_state()
+    drawn = [compiled(probs) for _ in range(2)]
+    assert [d.tolist() for d in drawn] == [e.tolist() for e in eager]
+    assert torch.equal(torch.get_rng_state(), cpu_state)  # the host's generator is not drawn from
