@@ -256,8 +256,8 @@ class DeviceGraph:
                     return self._run(state, args)
                 return self._skip(state, args, key, "incompatible op (data-dependent)")
             if mutated - self.static:
-                if self.backend == "cudagraphs" and not torch._dynamo.config \
-                        .cudagraph_backend_support_input_mutation:
+                if self.backend == "cudagraphs" and not torch_internals.lazy_module(
+                        "dynamo").config.cudagraph_backend_support_input_mutation:
                     # dynamo's backend logged this skip as it compiled the graph (its count
                     # went with the ones compiling for the cpu made, see _torchs_own_cuda)
                     torch_internals.lazy_module("dynamo_utils").counters["inductor"][

@@ -171,7 +171,7 @@ class TreeGenerations:
         for t in outputs if isinstance(outputs, (tuple, list)) else (outputs,):
             if isinstance(t, torch.Tensor):
                 storage = t.untyped_storage()
-                self._managed[storage._cdata] = weakref.ref(storage)
+                self._managed[torch_internals.storage_key(storage)] = weakref.ref(storage)
 
     def is_managed(self, t) -> bool:
         """Whether `t` is an output of a recording (the trees' `_is_cuda_graph_recorded_tensor`)."""
@@ -179,7 +179,7 @@ class TreeGenerations:
             storage = t.untyped_storage()
         except RuntimeError:  # overwritten: made to raise
             return False
-        ref = self._managed.get(storage._cdata)
+        ref = self._managed.get(torch_internals.storage_key(storage))
         return ref is not None and ref() is storage
 
     def warn_mutation(self, graph) -> bool:
@@ -220,7 +220,7 @@ def _refuse(storage, message: str, refuse_access) -> None:
     keeping the graph's own storage alive, and its own memory is the recording's, which it does
     not own: the memory goes back to the pool with the recording, as the trees free it."""
     storage.__dict__.pop("_harness_alias_of", None)
-    refuse_access(storage._cdata, message)
+    refuse_access(torch_internals.storage_key(storage), message)
 
 
 def trees_reset() -> list[tuple[Any, str, Any]]:

@@ -24,16 +24,9 @@ from typing import Any
 import torch
 
 from harness import torch_internals
+from harness.emulation.op_bodies import user_namespace, wrapped
 
-# torch's own and the harness's: their ops' CPU paths are deliberate, or they are torch's kernels
-_LEFT_ALONE = frozenset({"aten", "prim", "prims", "c10d", "inductor", "quantized", "harness",
-                         "harness_compiled"})
 _SERVING_CPU = ("CPU", "CompositeExplicitAutograd", "CompositeImplicitAutograd")
-
-
-def user_namespace(namespace: str) -> bool:
-    """Whether ops of `namespace` are a user's (not torch's nor the harness's own)."""
-    return namespace not in _LEFT_ALONE and not namespace.startswith("_")
 
 
 def _runs_on_cpu(qualname: str) -> bool:
@@ -80,8 +73,6 @@ def patches(state) -> list[tuple[Any, str, Any]]:
     """`Library.impl`, routing the ops it registers for CUDA while the emulation lasts (the session
     routes those registered before, `CudaOnlyOps.route_registered`), and running the Python
     bodies it registers with the device in view (op_bodies.py)."""
-    from harness.emulation.op_bodies import wrapped
-
     ops = state.cuda_only_ops
     register = torch.library.Library.impl
 

@@ -31,6 +31,10 @@ import torch
 
 from harness import torch_internals
 
+# torch's own and the harness's: their ops' CPU paths are deliberate, or they are torch's kernels
+_LEFT_ALONE = frozenset({"aten", "prim", "prims", "c10d", "inductor", "quantized", "harness",
+                         "harness_compiled"})
+
 # Dispatch keys whose kernel is eager code on the tensors: a device's backend, the composite
 # kernel custom_op registers for every device (device_types=None), and the meta kernel
 # `register_fake` registers, which runs for real meta tensors (a fake tensor run calls the fake
@@ -39,11 +43,14 @@ _BODY_KEYS = frozenset({"CPU", "CUDA", "CompositeExplicitAutograd", "CompositeIm
                         "Meta"})
 
 
+def user_namespace(namespace: str) -> bool:
+    """Whether ops of `namespace` are a user's (not torch's nor the harness's own)."""
+    return namespace not in _LEFT_ALONE and not namespace.startswith("_")
+
+
 def wrapped(state, namespace: str, dispatch_key: str, fn: Any) -> Any:
     """`fn`, a Python kernel registered for `namespace`'s op at `dispatch_key`, as the emulated
     device runs it: with the placement mode on the stack for its body."""
-    from harness.emulation.custom_ops import user_namespace
-
     if not callable(fn) or dispatch_key not in _BODY_KEYS or not user_namespace(namespace):
         return fn
 
@@ -58,8 +65,6 @@ def wrapped(state, namespace: str, dispatch_key: str, fn: Any) -> Any:
 def wrap_registered(state) -> Callable[[], None]:
     """Wrap the device kernels of every user's `custom_op` defined before now; returns what puts
     them back (the emulation's exit)."""
-    from harness.emulation.custom_ops import user_namespace
-
     custom_ops = torch_internals.lazy_module("library_custom_ops")
     wrapped_now: list[tuple[dict, Any, Any, Any]] = []
     for qualname, opdef in list(custom_ops.OPDEFS.items()):
@@ -137,4 +142,4 @@ def _pop(placement) -> None:
     remove_function_mode(placement)
 
 
-__all__ = ["wrapped"]
+__all__ = ["user_namespace", "wrap_registered", "wrapped"]

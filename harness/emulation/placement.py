@@ -433,7 +433,7 @@ def _traced_on_host(func, args: tuple, kwargs: dict):
                                        kwargs.get("non_blocking", False)))
     if func is Tensor.cpu:
         return to_host(args[0])
-    if isinstance(func, torch._ops.OpOverload) and any(_names_cuda(a) for a in args):
+    if isinstance(func, torch_internals.OpOverload) and any(_names_cuda(a) for a in args):
         return _user_op_traced_on_host(func, args, kwargs)
     target = kwargs.get("device")
     if func is Tensor.to:
