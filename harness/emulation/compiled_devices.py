@@ -86,7 +86,7 @@ def placement(graph_module: torch.fx.GraphModule, args) -> Placement:
             if isinstance(value, torch.Tensor):
                 marks[node] = OutputMark(is_device_memory(value))
         elif node.op == "get_attr":
-            value = _attribute(graph_module, node.target)
+            value = graph_attribute(graph_module, node.target)
             if isinstance(value, torch.Tensor):
                 marks[node] = OutputMark(is_device_memory(value))
         elif node.op == "output":
@@ -116,7 +116,7 @@ def _in_place(node: torch.fx.Node) -> bool:
     return isinstance(name, str) and name.endswith("_") and not name.endswith("__")
 
 
-def _attribute(graph_module: torch.nn.Module, target: str) -> Any:
+def graph_attribute(graph_module: torch.nn.Module, target: str) -> Any:
     value: Any = graph_module
     for name in target.split("."):
         value = getattr(value, name, None)

@@ -40,8 +40,8 @@ import torch
 from harness import torch_internals, triton_internals
 from harness.torch_internals import get_current_function_mode_stack as _get_current_function_mode_stack
 
-from harness.emulation.compiled_devices import (OutputMark, Placement, has_transfers, placement,
-                                                register_markers)
+from harness.emulation.compiled_devices import (OutputMark, Placement, graph_attribute,
+                                                has_transfers, placement, register_markers)
 from harness.emulation.compiled_trees import direct_trees_refused, trees_reset, wants_cudagraphs
 from harness.emulation.device_memory import is_device_memory
 
@@ -245,6 +245,16 @@ class DeviceGraph:
                 return self._run(state, args)
             # What inductor and the trees decide before the first run (at compile time, or as
             # the trees first run the function): `triton.cudagraph_or_error` raises there.
+            unsafe = _cudagraph_unsafe_op(self.graph_module)
+            if unsafe is not None:
+                # an op tagged cudagraph_unsafe: with graph partition inductor runs it between
+                # the replayed partitions, which the device cannot split off
+                if torch_internals.lazy_module("inductor_config").graph_partition:
+                    self.replays[key] = "unpartitioned"
+                    self.unpartitioned.append(f"cudagraph-unsafe op {unsafe}")
+                    return self._run(state, args)
+                return self._skip(state, args, key,
+                                  f"disabling cudagraphs due to incompatible op {unsafe}")
             try:
                 mutated = _analyse(self.graph_module, args)[0]
             except _data_dependent_errors():
@@ -382,7 +392,12 @@ class DeviceGraph:
         """The outputs in the trees' pool (fresh device tensors, not views of an input), with the
         stack trace of the line that made each, as the trees keep them for their error."""
         outs = list(out) if isinstance(out, (tuple, list)) else [out]
-        inputs = [a for a in args if isinstance(a, torch.Tensor)]
+        # the graph's inputs, and its attributes (a parameter read with get_attr, which
+        # inductor's freezing returns as a constant): memory of the program, not of the pool
+        inputs = [a for a in args if isinstance(a, torch.Tensor)] + [
+            a for a in (graph_attribute(self.graph_module, n.target)
+                        for n in self.graph_module.graph.nodes if n.op == "get_attr")
+            if isinstance(a, torch.Tensor)]
         pooled, traces = [], []
         for i, t in enumerate(outs):
             if (isinstance(t, torch.Tensor) and is_device_memory(t) and t.untyped_storage().nbytes()
@@ -644,6 +659,18 @@ def _output_traces(graph_module) -> list:
     values = output.args[0] if isinstance(output.args[0], (tuple, list)) else [output.args[0]]
     return [_users_frames(v.meta.get("stack_trace")) if isinstance(v, torch.fx.Node) else None
             for v in values]
+
+
+def _cudagraph_unsafe_op(graph_module) -> Any:
+    """The first op of the graph tagged `torch.Tag.cudagraph_unsafe` (a user's op that syncs with
+    the host, say), or None."""
+    tag = getattr(torch.Tag, "cudagraph_unsafe", None)
+    for node in graph_module.graph.nodes:
+        if (tag is not None and node.op == "call_function"
+                and isinstance(node.target, torch_internals.OpOverload)
+                and tag in node.target.tags):
+            return node.target
+    return None
 
 
 def _mutating_use_trace(graph_module, indices: list) -> str | None:

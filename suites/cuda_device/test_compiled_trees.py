@@ -389,3 +389,41 @@ def test_a_compiled_graph_draws_from_the_devices_generator(cuda_kind):
     drawn = [compiled(probs) for _ in range(2)]
     assert [d.tolist() for d in drawn] == [e.tolist() for e in eager]
     assert torch.equal(torch.get_rng_state(), cpu_state)  # the host's generator is not drawn from
+
+
+class _ReturnsItsParameter(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.param = torch.nn.Parameter(torch.tensor([float(i) for i in range(10)], device="cuda"))
+
+    def forward(self, inp):
+        return self.param, self.param[0:2], inp + 2
+
+
+def test_an_output_of_a_parameter_is_not_the_pools(cuda_kind):
+    """A graph returning a view of a parameter it reads as an attribute (inductor's freezing):
+    that memory is the module's, not the trees' pool, and the next generation leaves it alone."""
+    if cuda_kind == "sanitizer":
+        pytest.skip("the graph sanitizer refuses inductor's cudagraph trees by name")
+    module = _ReturnsItsParameter()
+    inp = torch.tensor([2.0], device="cuda")
+    with torch.no_grad(), torch._inductor.config.patch({"freezing": True,
+                                                        "triton.cudagraphs": True}):
+        compiled = torch.compile(module)
+        sums = [[o.sum().item() for o in compiled(inp)] for _ in range(3)]
+    assert sums == [[45.0, 1.0, 4.0]] * 3
+    assert module.param.sum().item() == 45.0
+
+
+def test_a_fake_tensor_mode_under_stream_tracking(cuda_device):
+    """PyTorch's tests make fake cuda inputs (for compile_fx_inner) once a side stream has
+    switched stream tracking on: the tracking met the fake mode's `prim::device`, an op the
+    dispatcher does not hold, and failed ("operator prim::device does not exist") until
+    2026-12-06."""
+    side = torch.cuda.Stream()
+    with torch.cuda.stream(side):
+        torch.ones(2, device="cuda").add_(1)
+    torch.cuda.synchronize()
+    with torch._subclasses.FakeTensorMode():
+        fakes = [torch.rand(6, 5, device="cuda")[1:] for _ in range(2)]
+    assert [tuple(f.shape) for f in fakes] == [(5, 5), (5, 5)]

@@ -99,9 +99,14 @@ def test_a_cudagraph_unsafe_custom_op_under_reduce_overhead(cuda_kind, partition
     def f(x):
         return unsafe(x * 2) + 1
 
+    from torch._dynamo.utils import counters
+
+    counters.clear()
     x = torch.rand(3, 4, device="cuda")
     with torch._inductor.config.patch(graph_partition=partition):
         compiled = torch.compile(f, mode="reduce-overhead", fullgraph=True)
         for _ in range(3):
             x.copy_(torch.rand(3, 4, device="cuda"))
             torch.testing.assert_close(compiled(x), f(x))
+    # inductor skips the CUDA graphs for it without partitions ("incompatible op"), and counts it
+    assert counters["inductor"]["cudagraph_skips"] == (0 if partition else 1)

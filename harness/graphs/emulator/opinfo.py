@@ -54,9 +54,16 @@ def op_kind(func: torch_internals.OpOverload) -> OpKind:
 @functools.lru_cache(maxsize=None)
 def is_composite(func: torch_internals.OpOverload) -> bool:
     """Ops that autograd normally decomposes; under inference mode they reach the recorder whole,
-    and their alias annotation only means "may alias" (`to`, `reshape`), so they are decomposed."""
-    return torch_internals.dispatch_has_kernel_for_dispatch_key(func.name(),
-                                                               "CompositeImplicitAutograd")
+    and their alias annotation only means "may alias" (`to`, `reshape`), so they are decomposed.
+    An op the dispatcher does not hold (TorchScript's `prim::device`, which a fake tensor mode
+    dispatches for `.device`) has no such kernel."""
+    try:
+        return torch_internals.dispatch_has_kernel_for_dispatch_key(func.name(),
+                                                                   "CompositeImplicitAutograd")
+    except RuntimeError as error:
+        if "does not exist" not in str(error):
+            raise
+        return False
 
 
 def bind(func: torch_internals.OpOverload, args: tuple, kwargs: dict, *,
