@@ -753,6 +753,7 @@ class _Replay:
         self.managed = managed
         self.managed_addresses = _addresses(args, managed)
         self.node = node  # the trees' id of this recording
+        self.written: tuple[int, ...] = ()  # copied inputs the graph writes (set by `capture`)
 
     @staticmethod
     def capture(device_graph: DeviceGraph, state, args, position: int) -> "_Replay":
@@ -778,15 +779,24 @@ class _Replay:
         with _cublas_cleared(state), torch.cuda.graph(graph, pool=device_graph.pool, stream=stream):
             outputs = device_graph(*inputs)
         torch.cuda.current_stream().wait_stream(stream)
-        return _Replay(graph, inputs, outputs, copied,
-                       _static_addresses(args, device_graph.static), position, managed,
-                       args, state.trees.new_node())
+        recorded = _Replay(graph, inputs, outputs, copied,
+                           _static_addresses(args, device_graph.static), position, managed,
+                           args, state.trees.new_node())
+        mutated = device_graph.mutated_inputs.get(_key(args), frozenset())
+        recorded.written = tuple(i for i in copied if i in mutated)
+        return recorded
 
     def replay(self, args, trees):
         for i in self.copied:
             if args[i] is not self.inputs[i]:
                 self.inputs[i].copy_(args[i])
         self.graph.replay()
+        # The trees write a managed input where it is; the device wrote its copy, so the
+        # caller's tensor gets the values the graph wrote (an output aliasing it is rebuilt
+        # from the caller's tensor, as AOTAutograd rebuilds it).
+        for i in self.written:
+            if args[i] is not self.inputs[i]:
+                args[i].copy_(self.inputs[i])
         trees.node = self.node  # the trees' path is at this node now
         return self.outputs
 
