@@ -176,3 +176,23 @@ def test_training_through_a_backend_of_eager_ops_gives_eagers_gradients(cuda_kin
         for p, q in zip(model.parameters(), reference.parameters()):
             torch.testing.assert_close(p.grad, q.grad)
             p.grad, q.grad = None, None
+
+
+@pytest.mark.skipif(not hasattr(torch._C, "_set_storage_data_ptr_access_error_msg"),
+                    reason="this torch (a CPU wheel) cannot make a storage raise on access")
+def test_gradients_accumulated_into_the_last_steps_raise_as_pool_outputs(cuda_kind):
+    """The gradients a reduce-overhead backward returns are outputs in the trees' pool, and
+    autograd keeps them as `.grad`: accumulating into them at the next step reads memory the new
+    generation owns, which raises natively (H100, torch 2.11, 2026-12-06). The emulated device let
+    it through until the trees' generations followed storages: autograd keeps the gradient under a
+    new Python object, so a reference to the one the backward returned died."""
+    if cuda_kind == "sanitizer":
+        pytest.skip("the graph sanitizer refuses inductor's CUDA graphs by name")
+    model, _ = _models()
+    compiled = torch.compile(model, mode="reduce-overhead")
+    x = torch.rand(4, 8, device="cuda")
+    torch.compiler.cudagraph_mark_step_begin()
+    _step(compiled, x)
+    torch.compiler.cudagraph_mark_step_begin()
+    with pytest.raises(RuntimeError, match="overwritten by a subsequent run"):
+        _step(compiled, x)
