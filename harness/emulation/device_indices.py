@@ -72,13 +72,17 @@ def common_index(args: tuple, kwargs: dict) -> int | None:
 
 def first_index(args: tuple, kwargs: dict) -> int:
     """The device index of the call's first device tensor (calls that may mix devices: copies)."""
-    for a in (*args, *kwargs.values()):
-        for t in (a if type(a) in (list, tuple) else (a,)):
-            if isinstance(t, torch.Tensor):
-                storage = _storage(t)
-                if storage is not None and is_device_memory(storage):
-                    return getattr(storage, INDEX_ATTR, 0)
-    return 0
+    found = guard_index(args, kwargs)
+    return 0 if found is None else found
+
+
+def _index_of(t: Any) -> int | None:
+    """The device index of `t` when it is a tensor in device memory, else None."""
+    if isinstance(t, torch.Tensor):
+        storage = _storage(t)
+        if storage is not None and is_device_memory(storage):
+            return getattr(storage, INDEX_ATTR, 0)
+    return None
 
 
 def copy_index(args: tuple, kwargs: dict) -> int | None:
@@ -86,20 +90,15 @@ def copy_index(args: tuple, kwargs: dict) -> int | None:
     source's when it is device memory (ATen copies between devices on the source device's
     current stream), else the destination's."""
     dst, src = args[0], args[1] if len(args) > 1 else kwargs.get("src")
-    for t in (src, dst):
-        if isinstance(t, torch.Tensor):
-            storage = _storage(t)
-            if storage is not None and is_device_memory(storage):
-                return getattr(storage, INDEX_ATTR, 0)
-    return None
+    found = _index_of(src)
+    return _index_of(dst) if found is None else found
 
 
 def guard_index(args: tuple, kwargs: dict) -> int | None:
     """The device of the call's first device tensor, None without any."""
     for a in (*args, *kwargs.values()):
         for t in (a if type(a) in (list, tuple) else (a,)):
-            if isinstance(t, torch.Tensor):
-                storage = _storage(t)
-                if storage is not None and is_device_memory(storage):
-                    return getattr(storage, INDEX_ATTR, 0)
+            found = _index_of(t)
+            if found is not None:
+                return found
     return None
