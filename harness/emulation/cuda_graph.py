@@ -63,6 +63,7 @@ class EmulatedCUDAGraph:
         # list its finalizer shares without keeping the graph alive.
         self._pool_in_use: list[PoolArena] = []
         self._generators: list[torch.Generator] = []  # registered with register_generator_state
+        self._generator_states: list = []  # whose capture prologue ran, for the epilogue
         self._finalizer: weakref.finalize | None = None
 
     # --- capture -----------------------------------------------------------------------------
@@ -85,6 +86,12 @@ class EmulatedCUDAGraph:
                                "allows one capture at a time in the process here (the emulator "
                                "records one capture at a time)", op="capture_begin")
         stream = host.current_stream()
+        # CUDAGraph::capture_begin runs its generators' capture prologue before it checks the
+        # stream: a capture refused on the default stream leaves them capturing (see
+        # device_rng.PhiloxState.capturing), until a later capture's epilogue.
+        for generator_state in host.capture_generator_states(self._generators):
+            generator_state.capturing = True
+            self._generator_states.append(generator_state)
         if stream == host.default_stream():
             raise RuntimeError("CUDA graphs must be captured on a non-default stream. (However, "
                                "after capture, it's ok to replay them on the default stream.)")
@@ -145,6 +152,7 @@ class EmulatedCUDAGraph:
             recording = session.end(stacklevel=4)
         finally:
             self._host.end_capture()
+            self._generator_epilogue()
         self._graph = EmulatedGraph(None, self._arena, recording.steps, recording.inference_mode,
                                     recording.external, recording.records,
                                     reads=recording.reads, writes=recording.writes,
@@ -246,12 +254,18 @@ class EmulatedCUDAGraph:
         with torch_internals.DisableTorchFunction():
             graph.replay()
 
+    def _generator_epilogue(self) -> None:
+        for generator_state in self._generator_states:
+            generator_state.capturing = False
+        self._generator_states = []
+
     def reset(self) -> None:
         if self._session is not None:
             self._host.notify_capture_end(self, aborted=True)
             self._session.abort()
             self._session = None
             self._host.end_capture()
+            self._generator_epilogue()
         self._release_pool()
         if self._graph is not None:
             self._graph.reset()  # gives its pool's use back (pool.PoolUse)

@@ -131,6 +131,8 @@ class Draws:
              increment: int | None = None) -> Any:
         """Run the op on values drawn at `state`'s (seed, offset), then move the offset by
         `increment` (CUDA's for this op, when None)."""
+        if state.capturing:  # an eager draw: CUDAGeneratorState::increment's check
+            raise RuntimeError("Offset increment outside graph capture encountered unexpectedly.")
         out = _drawing(scratch_seed(state.seed, state.offset), func, args, kwargs)
         state.advance(self.increment(func, args, kwargs, out) if increment is None else increment)
         return out

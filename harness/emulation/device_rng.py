@@ -30,11 +30,15 @@ class PhiloxState:
     hands out, copied by `clone_state()`. Mutable on purpose: CUDA's is one object that each
     holder's draws advance."""
 
-    __slots__ = ("seed", "offset", "__weakref__")
+    __slots__ = ("seed", "offset", "capturing", "__weakref__")
 
     def __init__(self, seed: int, offset: int = 0) -> None:
         self.seed = seed
         self.offset = offset
+        # CUDAGeneratorState's capturing_: from a capture's prologue (capture_begin) to its
+        # epilogue (capture_end). A capture_begin refused after its prologue (on the default
+        # stream) leaves it set, and every eager draw from the state then raises.
+        self.capturing = False
 
     def clone(self) -> "PhiloxState":
         return PhiloxState(self.seed, self.offset)

@@ -57,6 +57,10 @@ class SanitizerHost(Observed):
     def rng_device(self) -> torch.device:
         return self.storage_device
 
+    def capture_generator_states(self, generators) -> list:
+        """None to mark: the GPU's generators run CUDA's own capture prologue."""
+        return []
+
     def capture_draws(self) -> None:
         """A capture's random ops draw from the GPU's generators as recorded."""
         return None

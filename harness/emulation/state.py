@@ -145,6 +145,19 @@ class DeviceState(Observed):
         """The device whose generator a capture's RNG state calls record: the current one."""
         return self._devices[self.current_index]
 
+    def capture_generator_states(self, generators) -> list:
+        """The generator states a capture's prologue marks capturing: the current device's
+        default generator's (CUDAGraph::capture_begin registers it) and those of `generators`
+        (registered with `register_generator_state`)."""
+        from harness.emulation.generators import device_generator
+
+        states = [self.draws.defaults.state_in_use(self.current_index)]
+        for generator in generators:
+            found = device_generator(generator)
+            if found is not None and all(found.philox_state is not s for s in states):
+                states.append(found.philox_state)
+        return states
+
     def capture_draws(self):
         """How a capture's random ops draw at replay: from the current device's generators."""
         from harness.emulation.device_draws import CaptureDraws

@@ -97,3 +97,22 @@ def test_a_swap_during_a_capture_is_refused_by_name_on_the_emulated_device(devic
     with pytest.raises(UnsupportedOnEmulatedDevice, match="graphsafe_set_state.*during a capture"):
         with torch.cuda.graph(graph):
             device.graphsafe_set_state(other)
+
+
+def test_a_capture_refused_on_the_default_stream_leaves_the_generator_capturing(device):
+    """CUDAGraph::capture_begin runs its generators' capture prologue before it refuses the
+    default stream, and no epilogue follows: every eager draw then fails until a capture begins
+    and ends. An lmdeploy-shaped runtime that checked the refusal met this natively (H100, torch
+    2.11, 2026-12-06: "Offset increment outside graph capture encountered unexpectedly" at its next
+    torch.randint); the emulated device drew as if nothing had happened."""
+    refused = torch.cuda.CUDAGraph()
+    with pytest.raises(RuntimeError, match="non-default stream"):
+        with torch.cuda.graph(refused, stream=torch.cuda.default_stream()):
+            pass
+    with pytest.raises(RuntimeError, match="Offset increment outside graph capture encountered"):
+        draw()
+    side = torch.cuda.Stream()
+    captured = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(captured, stream=side):
+        torch.ones(1, device="cuda").add_(1)
+    assert len(draw()) == 4  # the epilogue of a capture that ended
