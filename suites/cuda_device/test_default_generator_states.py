@@ -20,6 +20,7 @@ def device():
     with contextlib.ExitStack() as stack:
         if emulation_active() is None and not torch.cuda.is_available():
             stack.enter_context(harness.emulate_cuda())
+        torch.cuda.init()  # natively the default generators exist once CUDA is initialized
         generator = torch.cuda.default_generators[0]
         in_use = generator.graphsafe_get_state()
         yield generator
