@@ -1202,24 +1202,11 @@ def inductor_inner_on_host(original):
         device_graph = DeviceGraph(lambda *inputs: compiled(list(inputs)), graph_module,
                                    "inductor", cudagraphs=cudagraphs,
                                    static=frozenset(kwargs.get("static_input_idxs") or ()))
-        return _Boxed(device_graph)
+        from harness.emulation.compiled_training import BoxedGraph
+
+        return BoxedGraph(device_graph)
 
     return compile_fx_inner
-
-
-class _Boxed:
-    """A DeviceGraph called as inductor's compiled graphs are: with one list of inputs, which
-    the call empties (the inputs are freed as soon as the graph is done with them)."""
-
-    _boxed_call = True
-
-    def __init__(self, device_graph: DeviceGraph) -> None:
-        self.device_graph = device_graph
-
-    def __call__(self, inputs: list):
-        args = list(inputs)
-        inputs.clear()
-        return self.device_graph(*args)
 
 
 def _returns_one_value(graph_module: torch.fx.GraphModule) -> bool:

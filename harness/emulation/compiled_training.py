@@ -88,7 +88,7 @@ def device_inner_compile(inner_compile: Callable, compiling: Callable,
             cudagraphs = bool(torch_internals.lazy_module("inductor_config").triton.cudagraphs)
         if original is None or getattr(compiled, "current_callable", None) is None:
             return compiled
-        compiled.current_callable = _Boxed(device_graph(
+        compiled.current_callable = BoxedGraph(device_graph(
             _unboxed(compiled.current_callable), original, cudagraphs=cudagraphs,
             static=kwargs.get("static_input_idxs") or ()))
         found = _TRAINING.get()
@@ -106,7 +106,7 @@ def _copy_graph(gm: torch.fx.GraphModule) -> torch.fx.GraphModule:
     return torch.fx.GraphModule(gm, copy.deepcopy(gm.graph))
 
 
-class _Boxed:
+class BoxedGraph:
     """A DeviceGraph in inductor's boxed calling convention: one list of inputs, which the callee
     empties (AOTAutograd hands its saved tensors over so)."""
 
