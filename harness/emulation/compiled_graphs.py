@@ -240,9 +240,7 @@ class DeviceGraph:
                 # With graph partition (inductor's default) the graph is split at its cpu nodes
                 # and its device partitions replayed, no skip counted (measured on an H100, torch
                 # 2.11). A compiled graph is not split here: the layout runs without a graph.
-                self.replays[key] = "unpartitioned"
-                self.unpartitioned.append(f"cpu device ({host})")
-                return self._run(state, args)
+                return self._unpartitioned(state, args, key, f"cpu device ({host})")
             # What inductor and the trees decide before the first run (at compile time, or as
             # the trees first run the function): `triton.cudagraph_or_error` raises there.
             unsafe = _cudagraph_unsafe_op(self.graph_module)
@@ -250,9 +248,7 @@ class DeviceGraph:
                 # an op tagged cudagraph_unsafe: with graph partition inductor runs it between
                 # the replayed partitions, which the device cannot split off
                 if torch_internals.lazy_module("inductor_config").graph_partition:
-                    self.replays[key] = "unpartitioned"
-                    self.unpartitioned.append(f"cudagraph-unsafe op {unsafe}")
-                    return self._run(state, args)
+                    return self._unpartitioned(state, args, key, f"cudagraph-unsafe op {unsafe}")
                 return self._skip(state, args, key,
                                   f"disabling cudagraphs due to incompatible op {unsafe}")
             try:
@@ -261,9 +257,7 @@ class DeviceGraph:
                 # inductor's incompatible ops (`.item()`, `nonzero()`): with graph partition CUDA
                 # replays the partitions around them, which the device cannot split off
                 if torch_internals.lazy_module("inductor_config").graph_partition:
-                    self.replays[key] = "unpartitioned"
-                    self.unpartitioned.append("data-dependent op")
-                    return self._run(state, args)
+                    return self._unpartitioned(state, args, key, "data-dependent op")
                 return self._skip(state, args, key, "incompatible op (data-dependent)")
             if mutated - self.static:
                 if self.backend == "cudagraphs" and not torch_internals.lazy_module(
@@ -356,14 +350,11 @@ class DeviceGraph:
                 (i, o) for i, o in enumerate(outputs) if isinstance(o, InputView))
         if not views:
             return out
-        single = not isinstance(out, (tuple, list))
-        outs = [out] if single else list(out)
+        outs = _outputs_of(out)
         for i, view in views:
             if i < len(outs):
                 outs[i] = view.of(args)
-        if single:
-            return outs[0]
-        return type(out)(outs) if isinstance(out, list) else tuple(outs)
+        return _as_returned(outs, out)
 
     def _writes_an_input_of_its_own(self, state, args, key) -> bool:
         """The trees' check at each call of a graph that writes inputs: one that is not another
@@ -383,15 +374,20 @@ class DeviceGraph:
     def _warm_up(self, state, args):
         with _cublas_cleared(state):
             out = self._run(state, args)
+        self._note_in_pool(state, args, out)
+        return out
+
+    def _note_in_pool(self, state, args, out) -> None:
+        """The trees keep a warm-up's or a recording's outputs in their pool: the next generation
+        makes them raise, and a later graph on the path reads them where they are (managed)."""
         pooled = self._pool_outputs(args, out)
         state.trees.note_pool_outputs(*pooled)
-        state.trees.note_managed(pooled[0])  # read by a later graph on the path, as recorded
-        return out
+        state.trees.note_managed(pooled[0])
 
     def _pool_outputs(self, args, out) -> tuple[list, list]:
         """The outputs in the trees' pool (fresh device tensors, not views of an input), with the
         stack trace of the line that made each, as the trees keep them for their error."""
-        outs = list(out) if isinstance(out, (tuple, list)) else [out]
+        outs = _outputs_of(out)
         # the graph's inputs, and its attributes (a parameter read with get_attr, which
         # inductor's freezing returns as a constant): memory of the program, not of the pool
         inputs = [a for a in args if isinstance(a, torch.Tensor)] + [
@@ -411,23 +407,19 @@ class DeviceGraph:
         tensors of their own, which the next generation makes raise; the replays hand out one
         other set, the same tensors every replay, rewritten by each."""
         handed = self._aliased(state, args, out)
-        state.trees.note_pool_outputs(*self._pool_outputs(args, handed))
-        state.trees.note_managed(self._pool_outputs(args, handed)[0])
+        self._note_in_pool(state, args, handed)
         return handed
 
     def _aliased(self, state, args, out):
         """`out` with each output in the pool replaced by a tensor of its own over the same
         memory, as the trees build their outputs from the pool's pointers."""
         pooled = {id(t) for t in self._pool_outputs(args, out)[0]}
-        single = not isinstance(out, (tuple, list))
-        outs = [out] if single else list(out)
+        outs = _outputs_of(out)
         aliases: dict = {}  # outputs sharing a storage share one alias storage, as trees build them
         for i, t in enumerate(outs):
             if id(t) in pooled:
                 outs[i] = _pool_alias(state, t, aliases)
-        if single:
-            return outs[0]
-        return type(out)(outs) if isinstance(out, list) else tuple(outs)
+        return _as_returned(outs, out)
 
     def release_recordings(self) -> None:
         """Forget every layout's warm-up, recordings and skips (the graphs and their pool go with
@@ -438,6 +430,14 @@ class DeviceGraph:
         self.rerecords = 0
         self.skipped.clear()
         self.__dict__.pop("pool", None)
+
+    def _unpartitioned(self, state, args, key, reason: str):
+        """This layout runs without a graph from now on, where inductor's graph partition would
+        replay the parts around `reason` (the device cannot split a compiled graph): no skip is
+        counted, as inductor counts none."""
+        self.replays[key] = "unpartitioned"
+        self.unpartitioned.append(reason)
+        return self._run(state, args)
 
     def _skip(self, state, args, key, reason: str):
         """This layout runs without a graph from now on, as cudagraph trees skip it: inductor's
@@ -497,8 +497,7 @@ class DeviceGraph:
         the compiled code left in the other memory (a transfer is a view in the graph) is copied
         there, as the transfer does."""
         marks = self._placement(args, key).outputs
-        single = not isinstance(out, (tuple, list))
-        outs = [out] if single else list(out)
+        outs = _outputs_of(out)
         for i, t in enumerate(outs):
             mark = marks[i] if i < len(marks) else None
             if not isinstance(t, torch.Tensor) or mark is None:
@@ -511,9 +510,7 @@ class DeviceGraph:
                     state.memory.mark_device(t)
             elif not mark.device and is_device_memory(t):
                 outs[i] = t.to("cpu", non_blocking=mark.non_blocking)
-        if single:
-            return outs[0]
-        return type(out)(outs) if isinstance(out, list) else tuple(outs)
+        return _as_returned(outs, out)
 
     # --- one op per input layout -------------------------------------------------------------
 
@@ -718,6 +715,18 @@ def _data_dependent_errors() -> tuple:
     return (_ValueDependentLayout, *(getattr(module, name) for module, name in (
         (fake, "DataDependentOutputException"), (fake, "DynamicOutputShapeException"),
         (shapes, "GuardOnDataDependentSymNode")) if hasattr(module, name)))
+
+
+def _outputs_of(out) -> list:
+    """A graph's result as a list of its outputs (one value returned bare is a list of one)."""
+    return list(out) if isinstance(out, (tuple, list)) else [out]
+
+
+def _as_returned(outs: list, out):
+    """`outs` in the shape `out` was returned in: bare, a list or a tuple."""
+    if not isinstance(out, (tuple, list)):
+        return outs[0]
+    return type(out)(outs) if isinstance(out, list) else tuple(outs)
 
 
 def _shares_memory(t: torch.Tensor, inputs: list) -> bool:
