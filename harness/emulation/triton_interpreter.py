@@ -80,6 +80,24 @@ def constexpr_names(kernel: Any) -> frozenset[str]:
                      if "constexpr" in str(p.annotation))
 
 
+def _scalar_index(tensor: Any) -> int:
+    """A scalar's value where Python wants an int (`range(0, K, BLOCK)` over a scalar argument).
+    The interpreter holds every scalar as a one-element array; triton 3.6 reads it with
+    `int(data)`, which numpy 2.4 refuses for an array of one dimension. Later tritons squeeze
+    first, as this does."""
+    return int(tensor.handle.data.squeeze())
+
+
+def _patch_lang(fn: Any) -> Any:
+    """triton.language patched for interpreting `fn`, as the interpreter patches it, with a
+    scalar's `__index__` that every numpy takes; the returned scope restores both."""
+    import triton.language as tl
+
+    scope = triton_internals.get("patch_lang")(fn)
+    scope.set_attr(tl.tensor, "__index__", _scalar_index)
+    return scope
+
+
 def run_grid(kernel: Any, grid: tuple[int, int, int], arguments: dict[str, Any]) -> None:
     """Run `kernel` (a JITFunction or an InterpretedFunction) over `grid` with `arguments` by
     parameter name (tensors, Python scalars, constexpr values), as one launch: every program in
@@ -89,7 +107,7 @@ def run_grid(kernel: Any, grid: tuple[int, int, int], arguments: dict[str, Any])
     convert = triton_internals.get("implicit_cvt")
     builder = triton_internals.get("interpreter_builder")
     function = _rewritten(fn)
-    scope = triton_internals.get("patch_lang")(fn)
+    scope = _patch_lang(fn)
     depth = getattr(_RUNNING, "depth", 0)
     _RUNNING.depth = depth + 1
     try:
@@ -118,7 +136,7 @@ def interpreting() -> bool:
 def call_helper(helper: Any, args: tuple, kwargs: dict) -> Any:
     """A jitted helper called from an interpreted kernel: its rewritten function, with
     triton.language patched for the helper's module too."""
-    scope = triton_internals.get("patch_lang")(helper.fn)
+    scope = _patch_lang(helper.fn)
     try:
         return _rewritten(helper.fn)(*args, **kwargs)
     finally:

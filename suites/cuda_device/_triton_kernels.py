@@ -25,6 +25,17 @@ def store_kvcache_kernel(key_ptr, key_stride, value_ptr, value_stride, k_cache_p
 
 
 @triton.jit
+def blocked_sum_kernel(x_ptr, out_ptr, n, BLOCK: tl.constexpr):
+    """out[0] = sum of x[:n], BLOCK at a time: a loop bounded by a scalar argument, as the
+    decode GEMVs loop over K."""
+    acc = tl.zeros((BLOCK,), dtype=tl.float32)
+    for start in range(0, n, BLOCK):
+        offsets = start + tl.arange(0, BLOCK)
+        acc += tl.load(x_ptr + offsets, mask=offsets < n, other=0.0)
+    tl.store(out_ptr, tl.sum(acc, axis=0))
+
+
+@triton.jit
 def _scaled_row(out_ptr, row, scale, offsets, mask):
     tl.store(out_ptr + offsets, row * scale, mask=mask)
 

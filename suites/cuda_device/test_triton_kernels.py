@@ -75,6 +75,15 @@ def test_a_store_kernel_writes_the_cache_rows_as_torch_does(kernels, triton_wher
     assert torch.equal(k_cache.cpu(), k_ref.cpu()) and torch.equal(v_cache.cpu(), v_ref.cpu())
 
 
+def test_a_loop_bounded_by_a_scalar_argument_runs(kernels, triton_where):
+    """triton 3.6's interpreter reads a scalar's index with int() of a one-element array, which
+    numpy 2.4 refuses: every decode GEMV failed with the GPU hidden on torch 2.11's wheel."""
+    x = torch.arange(11, dtype=torch.float32, device="cuda")
+    out = torch.zeros(1, device="cuda")
+    kernels.blocked_sum_kernel[(1,)](x, out, 11, BLOCK=4)
+    assert out.item() == 55.0
+
+
 def test_a_captured_launch_reruns_at_each_replay_with_its_captured_arguments(kernels, triton_where):
     x = torch.arange(6.0, device="cuda").reshape(2, 3)
     out = torch.zeros(4, 3, device="cuda")
