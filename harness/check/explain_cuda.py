@@ -86,6 +86,9 @@ class _Matcher:
         # Storages of the graphed run holding values that agree with eager's only within the
         # tolerance (the module's docstring).
         self.approximate: set[int] = set()
+        # Storages of the graphed run that one of its replayed ops wrote where eager's op wrote
+        # nothing (the graph's padding rows), with that op: judged where a real row reads them.
+        self.graph_only: dict[int, OpLine] = {}
 
     def feed(self, event: OpEvent, replayed: _Replayed | None) -> None:
         if self.found is not None:
@@ -114,11 +117,14 @@ class _Matcher:
             else:  # written exactly now (or memory freed and made again at that address)
                 self.approximate.difference_update(event.output_storages)
             self.agreed.append(OpLine(event.op, event.where()))
+            for storage in _graph_only_writes(reference, event):
+                self.graph_only[storage] = OpLine(event.op, event.where())
             return
         context = CauseContext(replayed.written if replayed else frozenset(), self.roots,
                                replayed.first_use if replayed else (lambda address: ""),
                                too_deep=self.too_deep)
-        pairs = [(p, classify(p, context, CLASSIFIERS)) for p in _differing(reference, event, self.steps)]
+        classifiers = (self._written_by_padding,) + CLASSIFIERS
+        pairs = [(p, classify(p, context, classifiers)) for p in _differing(reference, event, self.steps)]
         if not pairs:
             pairs = _padding_rows(reference, event)
         first = pairs[0] if pairs else None
@@ -130,6 +136,16 @@ class _Matcher:
             cause=first[1] if first else None,
             other_arguments=tuple(f"`{p.name}`: {c.kind}" for p, c in pairs[1:]),
             before=tuple(self.agreed), tolerance_steps=self.steps)
+
+    def _written_by_padding(self, pair: ArgumentPair, context: CauseContext) -> Cause | None:
+        line = self.graph_only.get(pair.replay.storage) if pair.replay.storage is not None else None
+        if line is None:
+            return None
+        return Cause(PADDING_ALIASES,
+                     f"`{pair.name}` holds what the replayed {line.op} at {line.where} wrote where "
+                     f"eager's wrote nothing, rows only the graph computes (its padding): padding "
+                     f"rows must write only memory that no real row reads, such as a sink slot "
+                     f"({pair.difference})")
 
     def result(self, replays: int, raised: str) -> Explanation:
         if self.found is not None:
@@ -288,6 +304,26 @@ def _beyond_eager_writes(eager: OpEvent, graphed: OpEvent) -> list[Any]:
                 and len({t.dtype for t in tensors}) == 1:
             outputs[i] = torch.where(before == after, after, written)
     return outputs
+
+
+def _graph_only_writes(eager: OpEvent, graphed: OpEvent) -> list[int]:
+    """Storages of arguments the graphed op wrote, with other values, where eager's op left them
+    unchanged (what `_beyond_eager_writes` leaves out of the op's own comparison)."""
+    found = []
+    eager_before = {v.name: v.value for v in eager.inputs}
+    names = [v.name for v in graphed.inputs if v.written]
+    for i, name in enumerate(names[:min(len(graphed.outputs), len(eager.outputs), len(graphed.output_storages))]):
+        before, after, written = eager_before.get(name), eager.outputs[i], graphed.outputs[i]
+        tensors = (before, after, written)
+        if not all(isinstance(t, torch.Tensor) for t in tensors) or len({t.shape for t in tensors}) != 1 \
+                or len({t.dtype for t in tensors}) != 1:
+            continue
+        differs = written != after
+        if after.dtype.is_floating_point:
+            differs &= ~(written.isnan() & after.isnan())
+        if bool(((before == after) & differs).any()):
+            found.append(graphed.output_storages[i])
+    return found
 
 
 def _output_difference(eager: OpEvent, graphed: OpEvent, steps: float) -> str | None:
