@@ -89,6 +89,8 @@ class _Matcher:
         # Storages of the graphed run that one of its replayed ops wrote where eager's op wrote
         # nothing (the graph's padding rows), with that op: judged where a real row reads them.
         self.graph_only: dict[int, OpLine] = {}
+        # Storages the replays wrote, with the last replay that wrote each ("graph 1, replay 2").
+        self.replay_writes: dict[int, str] = {}
 
     def feed(self, event: OpEvent, replayed: _Replayed | None) -> None:
         if self.found is not None:
@@ -123,7 +125,8 @@ class _Matcher:
         context = CauseContext(replayed.written if replayed else frozenset(), self.roots,
                                replayed.first_use if replayed else (lambda address: ""),
                                too_deep=self.too_deep)
-        classifiers = (self._written_by_padding,) + CLASSIFIERS
+        classifiers = (self._written_by_padding,) + (() if replayed else (self._rewritten_by_a_replay,))
+        classifiers += CLASSIFIERS
         pairs = [(p, classify(p, context, classifiers)) for p in _differing(reference, event, self.steps)]
         if not pairs:
             pairs = _padding_rows(reference, event)
@@ -146,6 +149,17 @@ class _Matcher:
                      f"eager's wrote nothing, rows only the graph computes (its padding): padding "
                      f"rows must write only memory that no real row reads, such as a sink slot "
                      f"({pair.difference})")
+
+    def _rewritten_by_a_replay(self, pair: ArgumentPair, context: CauseContext) -> Cause | None:
+        """Eager work of the graphed run reading memory a replay wrote: a graph's output, held."""
+        label = self.replay_writes.get(pair.replay.storage) if pair.replay.storage is not None else None
+        if label is None:
+            return None
+        return Cause(CONTENTS_CHANGED,
+                     f"`{pair.name}` is memory the graph writes (its static output, or a buffer of its "
+                     f"pool), last written by {label}: it holds that replay's values where eager "
+                     f"reads its own result. A graph rewrites its outputs at every replay: a result "
+                     f"held across the next replay must be cloned before it ({pair.difference})")
 
     def result(self, replays: int, raised: str) -> Explanation:
         if self.found is not None:
@@ -207,7 +221,9 @@ class _GraphedRun:
         def after(record) -> None:
             replayed = _Replayed(label, recording.first_use, frozenset(written))
             self.matcher.feed(record_event(record, pending.pop(id(record))), replayed)
-            written.update(t.untyped_storage().data_ptr() for t in record.outputs)
+            storages = [t.untyped_storage().data_ptr() for t in record.outputs]
+            written.update(storages)
+            self.matcher.replay_writes.update(dict.fromkeys(storages, label))
 
         self.log.paused = True
         try:
