@@ -17,7 +17,11 @@ static buffers are sized for the longest table ([max_bs, max_blocks] where eager
 [batch, blocks in use]): wherever the graphed tensor is larger than eager's in a dimension (same
 number of dimensions), only eager's leading slice is compared, so the padded shape itself is
 expected. What the padding rows do is still judged where it shows: an op whose output departs from
-eager's on the real rows while every input agrees on them is blamed on its inputs' padding rows.
+eager's on the real rows while every input agrees on them is blamed on its inputs' padding rows,
+and a read of memory a replayed op wrote where eager's op wrote nothing (a padding row's write into
+a live slot) is blamed on that write, named with its line. Eager work of the graphed run that reads
+memory a replay wrote, and departs, is told which replay last wrote it: a graph's static output
+held across its next replay.
 
 Values within the tolerance are not a cause either: an op whose float output agrees with eager's
 only within the BF16-step tolerance (a 4-row and a 3-row matmul round differently) taints where it
