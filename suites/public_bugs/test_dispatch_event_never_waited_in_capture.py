@@ -27,7 +27,8 @@ class Dispatch:
         self.comm = torch.cuda.Stream()
         self.load = torch.zeros(EXPERTS, device="cuda")  # tokens per expert, for the host's balancer
 
-    def __call__(self, hidden: torch.Tensor, expert_ids: torch.Tensor) -> tuple[torch.Tensor, torch.cuda.Event]:
+    def __call__(self, hidden: torch.Tensor,
+                 expert_ids: torch.Tensor) -> tuple[torch.Tensor, torch.cuda.Event]:
         caller = torch.cuda.current_stream()
         self.comm.wait_stream(caller)  # the fork: the comm stream starts after the caller's work
         with torch.cuda.stream(self.comm):
@@ -66,7 +67,8 @@ class Layer:
             with torch.cuda.graph(graph):
                 self.step()
         finally:
-            torch.cuda.set_stream(caller)  # torch.cuda.graph leaves its stream current when capture_end raises
+            # torch.cuda.graph leaves its capture stream current when capture_end raises
+            torch.cuda.set_stream(caller)
         return graph
 
 

@@ -50,7 +50,8 @@ class GatheredStep:
     def __init__(self, *, masks_padding: bool) -> None:
         self.layer = ExpertLayer(masks_padding=masks_padding)
         self.hidden = torch.zeros(2 * CAPTURED, EXPERTS, device="cuda")
-        self.real = torch.zeros(2 * CAPTURED, dtype=torch.bool, device="cuda")  # rows under num_token_non_padded
+        # the real rows of each rank (SGLang's num_token_non_padded, as a mask)
+        self.real = torch.zeros(2 * CAPTURED, dtype=torch.bool, device="cuda")
         self.graph = torch.cuda.CUDAGraph()
         self.layer(self.hidden, self.real)  # warmup: the first matmul creates the cuBLAS handle
         torch.cuda.synchronize()

@@ -88,7 +88,8 @@ def test_the_guidance_read_of_the_rewritten_output_is_named():
     assert "test_static_output_held_across_replays.py" in found.where, found
     assert "eps_cond - eps_uncond" in found.where, found
     assert found.graph.startswith("not a replayed op"), found  # guidance runs eagerly
-    assert found.cause is not None and "last written by graph 1, replay 2" in found.cause.detail, found.cause
+    assert found.cause is not None, found
+    assert "last written by graph 1, replay 2" in found.cause.detail, found.cause
     assert "cloned" in found.cause.detail, found.cause
 
 
