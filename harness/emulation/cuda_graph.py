@@ -93,6 +93,7 @@ class EmulatedCUDAGraph:
             generator_state.capturing = True
             self._generator_states.append(generator_state)
         if stream == host.default_stream():
+            host.refuse_capture_on_default_stream(self._generators)
             raise RuntimeError("CUDA graphs must be captured on a non-default stream. (However, "
                                "after capture, it's ok to replay them on the default stream.)")
         pool_id, arena = host.pool_handles.arena(pool)

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import contextlib
 import gc
+import warnings
 
 import torch
 
@@ -26,7 +27,12 @@ class SanitizerHost(Observed):
 
     kind = "cuda"
 
-    def __init__(self) -> None:
+    def __init__(self, real_graph_class: type) -> None:
+        # torch's own CUDAGraph, taken before the emulation's replaces the public name: CUDA's
+        # generator prologue and epilogue run only inside a real capture_begin/capture_end.
+        self._real_graph_class = real_graph_class
+        self._generators_left_capturing = False
+        self._refused: list = []
         self.storage_device = torch.device("cuda", torch.cuda.current_device())
         self.kernel_device = self.storage_device
         self.memory = ByDeviceType(self.storage_device)
@@ -58,8 +64,35 @@ class SanitizerHost(Observed):
         return self.storage_device
 
     def capture_generator_states(self, generators) -> list:
-        """None to mark: the GPU's generators run CUDA's own capture prologue."""
+        """None to mark: the GPU's generators run CUDA's own capture prologue. Where a refused
+        capture left them capturing, this capture's prologue and epilogue would end that on CUDA:
+        an empty real capture on a side stream runs both (with `generators` registered)."""
+        if self._generators_left_capturing:
+            graph = self._real_graph_class()
+            for generator in generators:
+                graph.register_generator_state(generator)
+            with torch.cuda.stream(torch.cuda.Stream()), warnings.catch_warnings():
+                warnings.simplefilter("ignore")  # "The CUDA Graph is empty"
+                graph.capture_begin()
+                graph.capture_end()
+            self._generators_left_capturing = False
         return []
+
+    def refuse_capture_on_default_stream(self, generators) -> None:
+        """CUDAGraph::capture_begin runs the GPU's generators' capture prologue before it refuses
+        the default stream, leaving them capturing: a real capture_begin there does both."""
+        graph = self._real_graph_class()
+        for generator in generators:
+            graph.register_generator_state(generator)
+        try:
+            graph.capture_begin()
+        except RuntimeError:
+            self._generators_left_capturing = True
+            self._refused.append(graph)  # a graph's generators stay registered while it lives
+        else:
+            graph.capture_end()
+            raise RuntimeError("this torch's CUDAGraph.capture_begin accepted the default stream, "
+                               "which the emulated graph refuses as CUDA does")
 
     def capture_draws(self) -> None:
         """A capture's random ops draw from the GPU's generators as recorded."""
@@ -167,7 +200,7 @@ def enter_sanitizer(stack: contextlib.ExitStack) -> SanitizerHost:
 
     from harness.emulation.replacing import apply
 
-    host = SanitizerHost()
+    host = SanitizerHost(torch.cuda.graphs.CUDAGraph)
     real_empty_cache = torch.cuda.memory.empty_cache
 
     def empty_cache() -> None:

@@ -158,6 +158,9 @@ class DeviceState(Observed):
                 states.append(found.philox_state)
         return states
 
+    def refuse_capture_on_default_stream(self, generators) -> None:
+        """Nothing more: capture_generator_states already marked the states capturing."""
+
     def capture_draws(self):
         """How a capture's random ops draw at replay: from the current device's generators."""
         from harness.emulation.device_draws import CaptureDraws
