@@ -293,9 +293,20 @@ def _copy_problem(to_device: bool, host_pinned: bool,
     return None
 
 
+# Reduced losses whose out= kernel first sizes the out like the unreduced loss and then reduces
+# into it: given the final (scalar) out it warns "An output with one or more elements was resized"
+# on every call. The functional kernel does not; a replay runs that and copies its result.
+_OUT_KERNEL_RESIZES_ITS_OUT = frozenset({
+    aten.mse_loss.default, aten.smooth_l1_loss.default, aten.huber_loss.default,
+    aten.soft_margin_loss.default, aten.binary_cross_entropy.default})
+
+
 @functools.lru_cache(maxsize=None)
 def out_overload(func: torch_internals.OpOverload) -> torch_internals.OpOverload | None:
-    """The `out=` sibling of a functional op that takes the same arguments, or None."""
+    """The `out=` sibling of a functional op that takes the same arguments and fills a captured
+    output of the right shape as it is, or None."""
+    if func in _OUT_KERNEL_RESIZES_ITS_OUT:
+        return None
     schema = func._schema
     if not schema.returns or any(str(r.type) != "Tensor" for r in schema.returns):
         return None
