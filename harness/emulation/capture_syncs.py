@@ -12,6 +12,9 @@ cudaStreamCaptureMode):
   unsafe" call: refused in "global" mode from every thread of the process, in "thread_local" mode
   from the thread that began the capture only, never in "relaxed" mode.
 
+- Launching a graph (`CUDAGraph.replay()`) into a stream that takes part in the capture: refused
+  in every mode (cudaGraphLaunch is not a capturable call).
+
 A refused call raises cudaErrorStreamCaptureUnsupported's text and invalidates the capture, so
 `capture_end()` then fails even when the caller caught the first error (EmulatedCUDAGraph).
 
@@ -60,6 +63,23 @@ def refuse_host_sync(host: Any, what: str, *, stream: Any = None, event: Any = N
     error = CaptureError(at_callsite(
         f"{text}: {what} during a CUDA graph "
         f"capture: {why}. The capture is invalidated; {remedy}", current_callsite()), op=what)
+    graph.invalidate(error)
+    raise error
+
+
+def refuse_graph_launch(host: Any, what: str) -> None:
+    """Raise CUDA's error for launching a graph (`what`, the call) into a stream that takes part
+    in the capture under way: cudaGraphLaunch is not captured, so CUDA refuses it in every mode
+    and invalidates the capture. A launch into any other stream is asynchronous work, allowed."""
+    graph = host.capture
+    if graph is None or not host.stream_captures(host.current_stream()):
+        return
+    error = CaptureError(at_callsite(
+        f"{NOT_PERMITTED} (cudaErrorStreamCaptureUnsupported): {what} on a stream that is "
+        f"capturing: a graph launch is not captured into another graph. The capture is "
+        f"invalidated; replay before capture_begin() or after capture_end(), or run the "
+        f"graphed callable's own ops (not its graph) inside the capture", current_callsite()),
+        op=what)
     graph.invalidate(error)
     raise error
 

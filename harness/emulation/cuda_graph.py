@@ -28,7 +28,7 @@ from harness.graphs.base import CaptureError, FreedMemoryError
 from harness.graphs.emulator.graph import EmulatedGraph
 from harness.graphs.emulator.pool import PoolArena
 from harness.graphs.emulator.capture_session import CaptureSession
-from harness.emulation.capture_syncs import invalidated_capture_error
+from harness.emulation.capture_syncs import invalidated_capture_error, refuse_graph_launch
 
 CAPTURE_ERROR_MODES = ("global", "thread_local", "relaxed")
 _CAPTURE_BEGIN_OPTIONS = {"check_input_liveness"}
@@ -208,6 +208,7 @@ class EmulatedCUDAGraph:
         graph = self._graph
         if graph is None:
             raise RuntimeError("Called CUDAGraph::replay_observed without a preceding successful capture.")
+        refuse_graph_launch(self._host, "CUDAGraph.replay()")
         self._host.notify_replay(self)
 
         def run(recording: EmulatedGraph) -> None:
@@ -221,6 +222,7 @@ class EmulatedCUDAGraph:
         if graph is None:
             raise RuntimeError("Called CUDAGraph::replay without a preceding successful capture.")
         self._instantiated = True
+        refuse_graph_launch(self._host, "CUDAGraph.replay()")
         self._host.notify_replay(self)
         observer = self._replay_observer
         if observer is None:
