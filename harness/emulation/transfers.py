@@ -13,7 +13,10 @@ from typing import Any, Callable
 
 import torch
 
+import threading
+
 from harness.emulation import device_indices
+from harness.emulation.capture_syncs import refuse_host_sync
 from harness.emulation.device_memory import DEVICE, PINNED, is_device_memory, memory_mark
 from harness.emulation.rules import (
     CPU, blocking_copy_refused, cuda_index, host_copy_refused, names_cuda,
@@ -131,10 +134,30 @@ def handlers(mode) -> dict[Callable, Callable]:
             state.notify_op(op, (t,), {}, out)
         return out
 
+    def copy_checks_capture() -> bool:
+        """Whether Copy.cu's pageable-copy check refuses: it asks the calling thread's current
+        stream, so only a copy on a capturing stream (or a lint of what a capture refuses)."""
+        if state.capture is None:
+            return state.capturing()
+        return state.stream_captures(state.current_stream())
+
+    def refuse_unrecorded_sync(op: str) -> None:
+        """A device-to-host copy the capture does not record (another thread's, or one on a
+        stream outside the capture) still waits for its stream (memcpy_and_sync): refused as
+        capture_syncs.py says for a sync of that stream from this thread."""
+        graph = state.capture
+        if graph is None:
+            return
+        stream = state.current_stream()
+        if state.stream_captures(stream) and threading.get_ident() == graph.capture_thread:
+            return  # the capture's own recorder refuses it, in CUDA's words
+        refuse_host_sync(state, op, stream=stream)
+
     def to_host(t: Tensor, op: str, call: Callable[[], Tensor]) -> Tensor:
         """A device tensor copied into fresh pageable host memory."""
-        if state.capturing():
+        if copy_checks_capture():
             state.refuse(host_copy_refused(op, tuple(t.shape)))
+        refuse_unrecorded_sync(op)
         state.notify_sync(op, t)
         if state.kernel_log is not None:  # a profiler records CUDA activity
             return state.kernel_log.copy("DtoH", False, call)
@@ -217,6 +240,7 @@ def handlers(mode) -> dict[Callable, Callable]:
 
     def host_read(func, args, kwargs):
         if is_device(args[0]):
+            refuse_unrecorded_sync(f"Tensor.{getattr(func, '__name__', str(func))}()")
             state.notify_sync(getattr(func, "__name__", str(func)), args[0])
             if state.kernel_log is not None:  # a profiler records CUDA activity
                 return state.kernel_log.copy("DtoH", False, lambda: func(*args, **kwargs))
