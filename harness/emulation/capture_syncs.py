@@ -67,6 +67,22 @@ def refuse_host_sync(host: Any, what: str, *, stream: Any = None, event: Any = N
     raise error
 
 
+def read_outside_capture(host: Any, what: str) -> bool:
+    """Whether a host read of device data (`what`, the call) by this thread on its current stream
+    is outside the capture under way: another thread's on a stream the capture does not take in,
+    or the capturing thread's on a side stream. Copy.cu's capture check asks only the current
+    stream, so such a read copies and then waits for its own stream, a potentially unsafe call:
+    raises CUDA's refusal (`refuse_host_sync`) where the capture's mode refuses it. False for a
+    read on a capturing stream: the capture refuses that one itself, in CUDA's words."""
+    if host.capture is None:
+        return True
+    stream = host.current_stream()
+    if host.stream_captures(stream):
+        return False
+    refuse_host_sync(host, what, stream=stream)
+    return True
+
+
 def refuse_graph_launch(host: Any, what: str) -> None:
     """Raise CUDA's error for launching a graph (`what`, the call) into a stream that takes part
     in the capture under way: cudaGraphLaunch is not captured, so CUDA refuses it in every mode

@@ -28,7 +28,8 @@ from harness.graphs.base import CaptureError, FreedMemoryError
 from harness.graphs.emulator.graph import EmulatedGraph
 from harness.graphs.emulator.pool import PoolArena
 from harness.graphs.emulator.capture_session import CaptureSession
-from harness.emulation.capture_syncs import invalidated_capture_error, refuse_graph_launch
+from harness.emulation.capture_syncs import (invalidated_capture_error, read_outside_capture,
+                                             refuse_graph_launch)
 
 CAPTURE_ERROR_MODES = ("global", "thread_local", "relaxed")
 _CAPTURE_BEGIN_OPTIONS = {"check_input_liveness"}
@@ -102,6 +103,7 @@ class EmulatedCUDAGraph:
                                  trace=self._trace, rng_device=host.rng_device())
         # The emulated device's random ops draw from its generators at each replay (device_draws.py).
         session.recorder.draws = host.capture_draws()
+        session.reads_outside = lambda what: read_outside_capture(host, what)
         if self._finalizer is None:
             self._finalizer = weakref.finalize(self, _graph_gone, host, id(self), self._pool_in_use)
         # Set before the host names this graph its capture: another thread may ask at once.

@@ -16,7 +16,7 @@ import torch
 import threading
 
 from harness.emulation import device_indices
-from harness.emulation.capture_syncs import refuse_host_sync
+from harness.emulation.capture_syncs import read_outside_capture, refuse_host_sync
 from harness.emulation.device_memory import DEVICE, PINNED, is_device_memory, memory_mark
 from harness.emulation.rules import (
     CPU, blocking_copy_refused, cuda_index, host_copy_refused, names_cuda,
@@ -151,7 +151,10 @@ def handlers(mode) -> dict[Callable, Callable]:
         stream = state.current_stream()
         if state.stream_captures(stream) and threading.get_ident() == graph.capture_thread:
             return  # the capture's own recorder refuses it, in CUDA's words
-        refuse_host_sync(state, op, stream=stream)
+        if state.stream_captures(stream):
+            # another thread's read on a capturing stream waits for the capture: refused
+            refuse_host_sync(state, op, stream=stream)
+        read_outside_capture(state, op)
 
     def to_host(t: Tensor, op: str, call: Callable[[], Tensor]) -> Tensor:
         """A device tensor copied into fresh pageable host memory."""

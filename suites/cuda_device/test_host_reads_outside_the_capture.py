@@ -3,8 +3,8 @@ own stream, or a side stream of the capturing thread): Copy.cu's pageable-copy c
 calling thread's current stream, so it passes; the copy then waits for its stream
 (memcpy_and_sync), a potentially unsafe call: refused in "global" mode from every thread, in
 "thread_local" mode from the capturing thread, never in "relaxed" mode, and a refusal invalidates
-the capture. The emulated device let `.item()` through in every case and refused `.cpu()` with
-Copy.cu's text in every case without invalidating the capture. Native rows of refused cases run in
+the capture. The emulated device let `.item()` through in every case and refused `.cpu()`, `.tolist()` and
+printing with Copy.cu's text (or a sync refusal) in every case. Native rows of refused cases run in
 a process of their own (a failed real capture leaves CUDA's process state broken)."""
 
 from __future__ import annotations
@@ -18,7 +18,9 @@ from suites.cuda_device._own_process import in_a_process_of_its_own
 
 NOT_PERMITTED = "operation not permitted when stream is capturing"
 INVALIDATED = "operation failed due to a previous error during capture"
-READS = {"item": lambda t: t.sum().item(), "cpu": lambda t: t.cpu().sum().item()}
+READS = {"item": lambda t: t.sum().item(), "cpu": lambda t: t.cpu().sum().item(),
+         "tolist": lambda t: float(sum(t.tolist())),
+         "repr": lambda t: 12.0 if "3." in repr(t) else None}
 
 
 def _read_during_capture(mode: str, read: str, in_thread: bool) -> tuple[str, str | None]:

@@ -63,6 +63,9 @@ emulated CUDA device keeps its memory on the cpu but draws from its own generato
         self._rng_device = rng_device if rng_device is not None else device
         self._report_capturing = report_capturing
         self._stack: contextlib.ExitStack | None = None
+        # Set by a device that knows streams and threads: whether a host read is outside the
+        # capture (host_guard.host_reads_raise's `outside`).
+        self.reads_outside: Any = None
 
     @property
     def active(self) -> bool:
@@ -73,7 +76,8 @@ emulated CUDA device keeps its memory on the cpu but draws from its own generato
         stack = contextlib.ExitStack()
         try:
             on_device = None if self.memory.all_device else self.memory.is_device
-            stack.enter_context(host_reads_raise(device, on_device, recorder.refuse_sync))
+            stack.enter_context(host_reads_raise(device, on_device, recorder.refuse_sync,
+                                                 self.reads_outside))
             if self._report_capturing:
                 stack.enter_context(reports_capturing())
             stack.enter_context(rng_recorded(self._rng_device, recorder.steps))

@@ -14,11 +14,11 @@ from harness.graphs.emulator import cuda_errors
 from harness.graphs.emulator.callsite import at_callsite, current_callsite
 
 def _guarded(name: str, original: Callable, on_device: Callable[[torch.Tensor], bool],
-             device: torch.device, on_sync_refused: Callable[[CaptureError], CaptureError]
-             ) -> Callable:
+             device: torch.device, on_sync_refused: Callable[[CaptureError], CaptureError],
+             outside: Callable[[str], bool] | None = None) -> Callable:
     @functools.wraps(original)
     def guard(self: torch.Tensor, *args, **kwargs):
-        if on_device(self):
+        if on_device(self) and (outside is None or not outside(f"Tensor.{name}()")):
             detail = at_callsite(f"Tensor.{name} reads {device} data on the host during capture "
                                  f"(a sync); move it out of the captured region", current_callsite())
             if name in _COPY_TO_HOST:
@@ -51,13 +51,17 @@ def wrapped_host_reads(wrap: Callable[[str, Callable], Callable]) -> Iterator[No
 
 
 def host_reads_raise(device: torch.device, on_device: Callable[[torch.Tensor], bool] | None = None,
-                     on_sync_refused: Callable[[CaptureError], CaptureError] | None = None
+                     on_sync_refused: Callable[[CaptureError], CaptureError] | None = None,
+                     outside: Callable[[str], bool] | None = None
                      ) -> contextlib.AbstractContextManager[None]:
     """Make host reads of `device` tensors (those `on_device` answers True for; by default, those
     whose `.device` has `device`'s type) raise `CaptureError` for the duration; a refused sync
-    passes through `on_sync_refused` (which returns the error to raise) first."""
+    passes through `on_sync_refused` (which returns the error to raise) first. The methods are
+    patched for every thread: `outside(call)`, where given, says a read is not the capture's own
+    (another thread's, or one on a stream outside the capture), which then runs, or raises what
+    `outside` raises."""
     if on_device is None:
         on_device = lambda t: t.device.type == device.type  # noqa: E731
     passed = on_sync_refused if on_sync_refused is not None else (lambda error: error)
     return wrapped_host_reads(
-        lambda name, original: _guarded(name, original, on_device, device, passed))
+        lambda name, original: _guarded(name, original, on_device, device, passed, outside))
