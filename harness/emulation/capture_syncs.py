@@ -55,7 +55,10 @@ def refuse_host_sync(host: Any, what: str, *, stream: Any = None, event: Any = N
     else:
         why = (f"a potentially unsafe call while a capture_error_mode={mode!r} capture is under "
                f"way{'' if own_thread else ' in another thread'}")
+    # A call that waits for the capture itself is refused in every mode: no mode is a remedy.
     remedy = ("synchronize before capture_begin() or after capture_end()" if own_thread else
+              "keep other threads from waiting for the device or the capture's streams while "
+              "the capture runs" if conflicts else
               "keep other threads from synchronizing while the capture runs, or capture with "
               "capture_error_mode='thread_local'")
     text = (f"{CAPTURED_EVENT} (cudaErrorCapturedEvent)" if captured_event and not device else

@@ -274,3 +274,11 @@ def test_a_host_read_of_device_data_on_the_capturing_thread(request, cuda_kind, 
         assert ended is not None and INVALIDATED in ended, ended
     else:
         assert ended is None, ended
+
+
+def test_a_refusal_in_every_mode_suggests_no_capture_mode(cuda_device):
+    """Another thread's torch.cuda.synchronize() waits for the capture itself, so "thread_local"
+    refuses it too: the message must not offer that mode as the remedy."""
+    _, _, errors, _ = _capture_with(lambda t: torch.cuda.synchronize(), "thread_local", True)
+    assert len(errors) == 1 and NOT_PERMITTED in str(errors[0])
+    assert "capture_error_mode='thread_local'" not in str(errors[0])
