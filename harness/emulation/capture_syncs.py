@@ -86,21 +86,25 @@ def read_outside_capture(host: Any, what: str) -> bool:
     return True
 
 
+REPLAY_WHILE_CAPTURING = (
+    "Cannot prepare for replay during capturing stage. during CUDA graph capture. If you need "
+    "this call to be captured, please file an issue. Current cudaStreamCaptureStatus: "
+    "cudaStreamCaptureStatusActive")
+
+
 def refuse_graph_launch(host: Any, what: str) -> None:
-    """Raise CUDA's error for launching a graph (`what`, the call) into a stream that takes part
-    in the capture under way: cudaGraphLaunch is not captured, so CUDA refuses it in every mode
-    and invalidates the capture. A launch into any other stream is asynchronous work, allowed."""
-    graph = host.capture
-    if graph is None or not host.stream_captures(host.current_stream()):
+    """Raise torch's error for replaying a graph (`what`, the call) on a stream that takes part in
+    the capture under way: CUDAGraph::replay checks the current stream before it launches, in
+    every capture mode, so nothing reaches CUDA and the capture goes on (H100, torch 2.11: the
+    outer capture_end succeeds, without the inner graph's work). A replay on any other stream is
+    asynchronous work, allowed."""
+    if host.capture is None or not host.stream_captures(host.current_stream()):
         return
-    error = CaptureError(at_callsite(
-        f"{NOT_PERMITTED} (cudaErrorStreamCaptureUnsupported): {what} on a stream that is "
-        f"capturing: a graph launch is not captured into another graph. The capture is "
-        f"invalidated; replay before capture_begin() or after capture_end(), or run the "
-        f"graphed callable's own ops (not its graph) inside the capture", current_callsite()),
-        op=what)
-    graph.invalidate(error)
-    raise error
+    raise CaptureError(at_callsite(
+        f"{REPLAY_WHILE_CAPTURING}: {what} on a stream that is capturing. A graph launch is not "
+        f"captured into another graph; replay before capture_begin() or after capture_end(), or "
+        f"run the graphed callable's own ops (not its graph) inside the capture",
+        current_callsite()), op=what)
 
 
 def invalidated_capture_error(cause: CaptureError) -> CaptureError:
