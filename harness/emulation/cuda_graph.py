@@ -132,15 +132,20 @@ class EmulatedCUDAGraph:
         if session is None:
             raise RuntimeError("capture_end() called before capture_begin().")
         self._session = None
+        # CUDAGraph::capture_end runs the generators' epilogue only after cudaStreamEndCapture
+        # succeeds: a capture that ends invalidated (or with unjoined work) leaves them capturing,
+        # and every eager draw fails until a later capture ends (H100, torch 2.11).
+        ended = False
         try:
+            invalidation = self._invalidation or session.recorder.sync_refusal
             if sys.exc_info()[1] is not None:
                 # Called from torch.cuda.graph's __exit__ while the captured code's exception
                 # propagates: drop the capture and let that exception be the one the caller sees.
                 self._host.notify_capture_end(self, aborted=True)
                 session.abort()
                 self._release_pool()
+                ended = invalidation is None
                 return
-            invalidation = self._invalidation or session.recorder.sync_refusal
             if invalidation is not None:
                 self._host.notify_capture_end(self, aborted=True)
                 session.abort()
@@ -152,10 +157,14 @@ class EmulatedCUDAGraph:
                 session.abort()
                 self._release_pool()
                 raise
+            ended = True
             recording = session.end(stacklevel=4)
         finally:
             self._host.end_capture()
-            self._generator_epilogue()
+            if ended:
+                self._generator_epilogue()
+            else:
+                self._generator_states = []
         self._graph = EmulatedGraph(None, self._arena, recording.steps, recording.inference_mode,
                                     recording.external, recording.records,
                                     reads=recording.reads, writes=recording.writes,
