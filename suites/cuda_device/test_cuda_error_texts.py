@@ -19,7 +19,7 @@ PAGEABLE = ("Cannot copy between CPU and CUDA tensors during CUDA graph capture 
 NOT_PERMITTED = "CUDA error: operation not permitted when stream is capturing"
 RESEED = ("CUDAGeneratorImpl::set_current_seed can be called during stream capture only if new "
           "seed is the same as the original seed.")
-UNJOINED = "CUDA error: capture sequence contains a fork that was not joined to the primary stream"
+UNJOINED = "CUDA error: capturing stream has unjoined work"
 HERE = "test_cuda_error_texts.py"
 
 

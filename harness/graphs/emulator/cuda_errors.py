@@ -24,7 +24,9 @@ NOT_PERMITTED = "CUDA error: operation not permitted when stream is capturing"
 # cudaErrorStreamCaptureInvalidated (901): what capture_end() gets once a call invalidated it.
 INVALIDATED = "CUDA error: operation failed due to a previous error during capture"
 # cudaErrorStreamCaptureUnjoined (904): a forked stream's work not joined back when capture ends.
-UNJOINED = "CUDA error: capture sequence contains a fork that was not joined to the primary stream"
+# The runtime's text (H100, CUDA 13, 2026-12-06); its documentation describes it as "the capture
+# sequence contains a fork that was not joined to the primary stream".
+UNJOINED = "CUDA error: capturing stream has unjoined work"
 # CUDAGeneratorImpl::set_current_seed during capture, to another seed (a RuntimeError).
 RESEED = ("CUDAGeneratorImpl::set_current_seed can be called during stream capture only if new "
           "seed is the same as the original seed.")
