@@ -66,6 +66,9 @@ def _refused(mode: str, in_thread: bool) -> bool:
 @pytest.mark.parametrize("read", sorted(READS))
 @pytest.mark.parametrize("mode", ["global", "thread_local", "relaxed"])
 def test_a_host_read_on_a_stream_outside_the_capture(cuda_kind, mode, read, in_thread):
+    if cuda_kind == "sanitizer":
+        pytest.skip("the graph sanitizer does not apply these rules yet: reads off the capture's "
+                    "streams run on the GPU's real, uncaptured streams (docs/fidelity.md)")
     refused = _refused(mode, in_thread)
     if cuda_kind == "native" and refused:
         got, ended = in_a_process_of_its_own(__file__, "_read_during_capture", mode, read, in_thread)
