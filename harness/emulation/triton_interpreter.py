@@ -88,7 +88,7 @@ def _scalar_index(tensor: Any) -> int:
     return int(tensor.handle.data.squeeze())
 
 
-def _patch_lang(fn: Any) -> Any:
+def _language_patched(fn: Any) -> Any:
     """triton.language patched for interpreting `fn`, as the interpreter patches it, with a
     scalar's `__index__` that every numpy takes; the returned scope restores both."""
     import triton.language as tl
@@ -107,7 +107,7 @@ def run_grid(kernel: Any, grid: tuple[int, int, int], arguments: dict[str, Any])
     convert = triton_internals.get("implicit_cvt")
     builder = triton_internals.get("interpreter_builder")
     function = _rewritten(fn)
-    scope = _patch_lang(fn)
+    scope = _language_patched(fn)
     depth = getattr(_RUNNING, "depth", 0)
     _RUNNING.depth = depth + 1
     try:
@@ -136,7 +136,7 @@ def interpreting() -> bool:
 def call_helper(helper: Any, args: tuple, kwargs: dict) -> Any:
     """A jitted helper called from an interpreted kernel: its rewritten function, with
     triton.language patched for the helper's module too."""
-    scope = _patch_lang(helper.fn)
+    scope = _language_patched(helper.fn)
     try:
         return _rewritten(helper.fn)(*args, **kwargs)
     finally:

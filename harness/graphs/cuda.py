@@ -96,7 +96,7 @@ class CudaBackend(GraphBackend):
                 with memory:
                     output = fn()
         except Exception as error:
-            _release_generator_captures(self.device)
+            release_generator_captures(self.device)
             mapped = _as_capture_error(error, memory.failed)
             if mapped is error:
                 raise
@@ -112,18 +112,15 @@ class CudaBackend(GraphBackend):
                          foreign=tuple(memory.foreign), holders=self._pool_holders)
 
 
-def _release_generator_captures(device: torch.device) -> None:
+def release_generator_captures(device: torch.device) -> None:
     """Undo what a failed capture leaves behind in the device's default RNG.
 
     torch.cuda.graph marks the default generator as capturing when the capture begins and unmarks it
     only when the capture ends well; after a capture broken by a host sync every later random op on
     the device raises "Offset increment outside graph capture encountered unexpectedly". Replacing the
     generator's state with a fresh one at the same seed and offset makes the device usable again.
+    The emulated device's generators behave the same way and take the same remedy.
     """
-    from harness.emulation import emulation_active
-
-    if emulation_active() == "cpu":
-        return  # the emulated CUDAGraph leaves the generator as it was
     generator = torch.cuda.default_generators[device.index if device.index is not None
                                               else torch.cuda.current_device()]
     fresh = torch.Generator(device=device)

@@ -9,7 +9,7 @@ import torch
 
 from harness.torch_internals import get_current_dispatch_mode_stack
 from harness.graphs.base import GraphBackend
-from harness.graphs.cuda import CudaGraph
+from harness.graphs.cuda import CudaGraph, release_generator_captures
 from harness.graphs.emulator.graph import EmulatedGraph
 from harness.graphs.emulator.pool import PoolArena
 from harness.graphs.emulator.recorder import Recorder
@@ -81,6 +81,10 @@ class EmulatedBackend(GraphBackend):
         try:
             with torch.cuda.device(self.device), torch.cuda.graph(graph, pool=pool, stream=self._stream):
                 output = fn()
+        except Exception:
+            # As on CUDA, a capture that failed may leave the default generator capturing.
+            release_generator_captures(self.device)
+            raise
         finally:
             # torch.cuda.graph leaves its side stream current when the capture's end raises.
             torch.cuda.set_stream(caller_stream)
