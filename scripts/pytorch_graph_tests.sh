@@ -4,7 +4,10 @@
 #
 #   bash scripts/pytorch_graph_tests.sh PATH/TO/test_cuda.py OUT_DIR [PYTHON ...]
 #   bash scripts/pytorch_graph_tests.sh PATH/TO/test_cudagraph_trees.py OUT_DIR [PYTHON ...]
+#   bash scripts/pytorch_graph_tests.sh -k EXPRESSION PATH/TO/test_cuda.py OUT_DIR [PYTHON ...]
 #
+# -k EXPRESSION replaces the default selection with pytest's -k EXPRESSION (e.g. "TestMemPool" or
+# "test_streams or test_events"); -k "" runs the whole file.
 # PATH/TO/test_cuda.py is PyTorch's test/test_cuda.py from a commit near each installed torch
 # (not part of this repository); test_cudagraph_trees.py is its test/inductor/ file of inductor's
 # cudagraph trees (torch.compile's CUDA graphs), run whole (a test_cuda.py runs the graph family
@@ -31,8 +34,17 @@
 # Each run leaves OUT_DIR/<build>-<run>.txt and .xml and prints its last line; docs/fidelity.md
 # lists the verdicts and every case that differs, with its reason.
 set -u
+CHOSEN=
+if [ "${1:-}" = "-k" ]; then
+    if [ $# -lt 2 ]; then
+        echo "usage: $0 [-k EXPRESSION] PATH/TO/test_cuda.py OUT_DIR [PYTHON ...]" >&2
+        exit 2
+    fi
+    CHOSEN=set SELECTION=$2
+    shift 2
+fi
 if [ $# -lt 2 ]; then
-    echo "usage: $0 PATH/TO/test_cuda.py OUT_DIR [PYTHON ...]" >&2
+    echo "usage: $0 [-k EXPRESSION] PATH/TO/test_cuda.py OUT_DIR [PYTHON ...]" >&2
     exit 2
 fi
 TEST_FILE=$(realpath "$1")
@@ -46,6 +58,7 @@ LIMIT=1200
 case $(basename "$TEST_FILE") in
     test_cudagraph_trees.py) SELECT=""; LIMIT=3600 ;;  # the whole file: 191 cases, ~15 min on 2 cores
 esac
+[ -n "$CHOSEN" ] && { SELECT=$SELECTION; LIMIT=3600; }
 mkdir -p "$OUT"
 printf '[pytest]\n' > "$OUT/pytest.ini"
 status=0

@@ -47,7 +47,7 @@ from harness.emulation.generators import generator_class
 from harness.emulation.rules import (DeviceIndexError, cuda_index, generator_made_in_capture,
                                      names_cuda)
 from harness.emulation.allocator_tools import UnsupportedOnEmulatedDevice
-from harness.emulation.cuda_graph import CUDAGraph
+from harness.emulation.cuda_graph import torch_cuda_graph_class
 from harness.emulation.cudart import EmulatedCudart
 from harness.emulation.cuda_streams import Event, ExternalStream, Stream, as_device_stream
 from harness.emulation.device_memory import is_device_memory
@@ -477,7 +477,7 @@ def allocator_state_class(state) -> type:
 
 
 def cuda_graph_class(state) -> type:
-    return CUDAGraph
+    return torch_cuda_graph_class()
 
 
 def default_generators(state) -> tuple:

@@ -6,7 +6,8 @@ torch's own `torch.cuda.graph` and `make_graphed_callables` run on top of it unc
 What it needs from the device (`host`): `memory` (which tensors are device memory), `storage_device`
 (where the emulator keeps device memory: the cpu, or the real cuda device), `kernel_device`,
 `pool_handles` (pool_handles.py), `current_stream()`, `default_stream()`, `begin_capture(graph, stream, pool)`, `end_capture()`,
-`release_pool(pool)` (a graph captured into `pool` was reset or destroyed), `graph_destroyed(key)`
+`release_pool(pool)` (a graph captured into `pool` was reset or destroyed), `graph_reset(key)` (the
+graph whose `id()` is `key` was reset), `graph_destroyed(key)`
 (the graph whose `id()` was `key` is gone), `notify_replay(graph)`.
 """
 
@@ -19,6 +20,7 @@ import threading
 import weakref
 
 import torch
+import torch.cuda.graphs
 
 from harness import torch_internals
 from harness.emulation.active import active_state
@@ -30,6 +32,7 @@ from harness.graphs.emulator.pool import PoolArena
 from harness.graphs.emulator.capture_session import CaptureSession
 from harness.emulation.capture_syncs import (invalidated_capture_error, read_outside_capture,
                                              refuse_graph_launch)
+from harness.emulation.torch_graph_class import rebased
 
 CAPTURE_ERROR_MODES = ("global", "thread_local", "relaxed")
 _CAPTURE_BEGIN_OPTIONS = {"check_input_liveness"}
@@ -49,6 +52,12 @@ class EmulatedCUDAGraph:
         # CUDA's has_graph_exec_: made by capture_end() unless keep_graph, else by instantiate()
         # or the first replay.
         self._instantiated = False
+        # capture_end_pre() to capture_end_post() (keep_graph=False) or reset(): CUDA's template,
+        # the cudaGraph_t that raw_cuda_graph() names (builds that split capture_end).
+        self._template_live = False
+        # The capture was dropped by capture_end_pre() while the captured code's exception
+        # propagated: nothing to instantiate or finalize.
+        self._dropped = False
         self._debug = False
         self._trace = False
         self._replay_observer = None
@@ -125,6 +134,20 @@ class EmulatedCUDAGraph:
         self.capture_error_mode = capture_error_mode
 
     def capture_end(self) -> None:
+        """CUDAGraph::capture_end: end the capture, instantiate unless keep_graph, finalize."""
+        self.capture_end_pre()
+        if not self._dropped and not self._keep_graph:
+            self._instantiated = True
+        self.capture_end_post()
+
+    def capture_end_post(self) -> None:
+        """CUDAGraph::capture_end_post: with keep_graph=False the template is destroyed (the
+        graph was instantiated by capture_end, or by torch's Python half just before)."""
+        if not self._keep_graph:
+            self._template_live = False
+
+    def capture_end_pre(self) -> None:
+        """CUDAGraph::capture_end_pre: end the capture and keep the template, not instantiated."""
         session = self._session
         # CUDAGraph::capture_end checks the stream before anything else, a second call included.
         if self._capture_stream is not None and self._host.current_stream() != self._capture_stream:
@@ -145,6 +168,7 @@ class EmulatedCUDAGraph:
                 session.abort()
                 self._release_pool()
                 ended = invalidation is None
+                self._dropped = True
                 return
             if invalidation is not None:
                 self._host.notify_capture_end(self, aborted=True)
@@ -173,7 +197,9 @@ class EmulatedCUDAGraph:
                                     on_overwritten_read=overwritten_read_handler(self._host.races))
         self.replay_segments = recording.segments  # what stream tracking cuts a replay into
         self._captured = True
-        self._instantiated = not self._keep_graph
+        self._dropped = False
+        self._template_live = True
+        self._instantiated = False
 
     def invalidate(self, error: CaptureError) -> None:
         """A call CUDA refuses during capture was made (capture_syncs.py): as on CUDA, the capture
@@ -274,6 +300,7 @@ class EmulatedCUDAGraph:
         self._generator_states = []
 
     def reset(self) -> None:
+        self._host.graph_reset(id(self))
         if self._session is not None:
             self._host.notify_capture_end(self, aborted=True)
             self._session.abort()
@@ -286,6 +313,8 @@ class EmulatedCUDAGraph:
         self._graph = None
         self._captured = False
         self._instantiated = False
+        self._template_live = False
+        self._dropped = False
 
     def _release_pool(self) -> None:
         while self._pool_in_use:
@@ -297,8 +326,19 @@ class EmulatedCUDAGraph:
             raise RuntimeError("Called CUDAGraph::pool() without a preceding successful capture.")
         return self._pool_id
 
+    def pools(self) -> list[tuple[int, int]]:
+        """CUDA's ids of the pools this graph holds: its own, once captured."""
+        return [] if self._pool_id is None or not self._pool_in_use else [self._pool_id]
+
+    @property
+    def _has_graph_exec(self) -> bool:
+        """Whether the graph is instantiated (CUDAGraph's has_graph_exec_)."""
+        return self._instantiated
+
     def instantiate(self) -> None:
         """CUDAGraph.cpp's checks; the recording itself needs no instantiation."""
+        if self._dropped and sys.exc_info()[1] is not None:
+            return  # the capture was dropped for the exception torch.cuda.graph's exit re-raises
         if not self._captured:
             raise RuntimeError("capture_end() must have been called before calling instantiate")
         if self._instantiated and not self._keep_graph:
@@ -351,6 +391,14 @@ class EmulatedCUDAGraph:
             out.write("\n".join(lines) + "\n")
 
     def raw_cuda_graph(self) -> int:
+        if TEMPLATE_SPLIT:
+            # torch 2.14's rule: the template lives from capture_end_pre to capture_end_post
+            # (a capture-end hook sees it whatever keep_graph), or until reset with keep_graph.
+            if not self._template_live:
+                raise RuntimeError("No cudaGraph_t is available: either capture_end() has not "
+                                   "been called, or the underlying cudaGraph_t was destroyed "
+                                   "(keep_graph=false, and capture has been finalized).")
+            raise UnsupportedOnEmulatedDevice(_NO_CUDA_GRAPH.format("raw_cuda_graph()"))
         if not self._keep_graph:
             raise RuntimeError("You cannot access the raw cudaGraph_t instance unless CUDAGraph "
                                "was initialized with keep_graph=true")
@@ -396,7 +444,28 @@ def overwritten_read_handler(races: str) -> Callable[[FreedMemoryError], None] |
 
 
 class CUDAGraph(EmulatedCUDAGraph):
-    """What `torch.cuda.CUDAGraph` is inside emulate_cuda(): a graph on the active device."""
+    """A graph on the active device: the emulated `_CUDAGraph`, the C++ half under torch's
+    Python CUDAGraph class (torch_graph_class.py), and the harness's own graphs."""
+
+    def __new__(cls, keep_graph: bool = False):
+        # torch's Python half calls super().__new__(cls, keep_graph), as _CUDAGraph takes it.
+        return super().__new__(cls)
 
     def __init__(self, keep_graph: bool = False) -> None:
         super().__init__(active_state(), keep_graph)
+
+
+# This build's Python CUDAGraph, taken before an emulation replaces torch.cuda.graphs.CUDAGraph.
+TORCH_CUDA_GRAPH = torch.cuda.graphs.CUDAGraph
+# Whether this build splits capture_end into capture_end_pre/_post (torch 2.14), which came with
+# the template rule of raw_cuda_graph() above.
+TEMPLATE_SPLIT = hasattr(TORCH_CUDA_GRAPH, "capture_end_pre")
+_BUILT: list[type] = []
+
+
+def torch_cuda_graph_class() -> type:
+    """What `torch.cuda.CUDAGraph` is inside emulate_cuda(): this build's Python class over
+    `CUDAGraph` above (made once)."""
+    if not _BUILT:
+        _BUILT.append(rebased(TORCH_CUDA_GRAPH, CUDAGraph))
+    return _BUILT[0]

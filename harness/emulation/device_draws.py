@@ -18,7 +18,7 @@ replay_prologue does.
 from __future__ import annotations
 
 import functools
-from typing import Any
+from typing import Any, Callable
 
 import torch
 
@@ -179,14 +179,19 @@ class CaptureDraws:
     """What a capture on device `index` asks (the recorder's `draws`): which state object a random
     op draws from, and its recorded step made to draw from it at each replay."""
 
-    def __init__(self, draws: Draws, index: int) -> None:
+    def __init__(self, draws: Draws, index: int,
+                 on_draw: Callable[[PhiloxState], None] | None = None) -> None:
         self.draws = draws
         self.index = index
+        self.on_draw = on_draw  # told of each state a random op of the capture draws from
 
     def source(self, func: Any, args: tuple, kwargs: dict) -> PhiloxState | None:
         if not is_random(func):
             return None
-        return self.draws.source(func, args, kwargs, self.index)
+        state = self.draws.source(func, args, kwargs, self.index)
+        if state is not None and self.on_draw is not None:
+            self.on_draw(state)
+        return state
 
     def replay_steps(self, steps: list, func: Any, args: tuple, kwargs: dict, out: Any,
                      state: PhiloxState) -> list:

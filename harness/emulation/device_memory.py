@@ -57,6 +57,12 @@ class _StorageRef(weakref.ref):
     __eq__ = object.__eq__
 
 
+# torch 2.14 moved the generators' graph seed and offset holders from one pair per generator
+# state, made when it registers a graph, to one pair per (generator state, capture), made at the
+# capture's first draw; Generator.philox_state came with that change.
+PER_CAPTURE_GENERATOR_STATE = hasattr(torch.Generator, "philox_state")
+
+
 class HeldBlock:
     """Stands where a storage's weak reference stands for an allocation no storage owns: alive
     (calling it returns it) until released."""
@@ -130,6 +136,9 @@ class DeviceMemory:
         self.thread_pools: dict[int, Any] = {}  # thread id -> the Pool use_mem_pool routes to
         self._graphs: set[int] = set()
         self._generator_state: tuple = ()
+        # Builds with per-capture generator state: graph key -> {generator state id: its seed
+        # and offset holders in that capture}.
+        self._capture_states: dict[int, dict[int, tuple]] = {}
         # Set by the placement mode around a call that names the device (a factory with
         # device="cuda", a copy to it): the recorder cannot see the device once it is rewritten.
         self.call_on_device = False
@@ -295,10 +304,13 @@ class DeviceMemory:
     # --- what CUDA graphs hold -----------------------------------------------------------------
 
     def graph_registered(self, key: int, stream: Any) -> None:
-        """A capture begins (graph `key`, on `stream`): the default generator registers the graph
-        and, while any graph is registered, holds its seed and offset for replays in two
-        one-element int64 device tensors, made on the capture stream before the capture's pool
-        takes over (CUDAGeneratorState::register_graph)."""
+        """A capture begins (graph `key`, on `stream`): up to torch 2.13 the default generator
+        registers the graph and, while any graph is registered, holds its seed and offset for
+        replays in two one-element int64 device tensors, made on the capture stream before the
+        capture's pool takes over (CUDAGeneratorState::register_graph). Later builds make them
+        per capture, at its first draw (`capture_drew`)."""
+        if PER_CAPTURE_GENERATOR_STATE:
+            return
         if not self._graphs:
             allocator = self.accounting()
             self._generator_state = (allocator.malloc(8, stream, None),
@@ -308,10 +320,31 @@ class DeviceMemory:
     def graph_unregistered(self, key: int) -> None:
         """Graph `key` was destroyed: the last one frees the generator's seed and offset (logged:
         a graph's finalizer may run in the middle of an allocation)."""
+        if PER_CAPTURE_GENERATOR_STATE:
+            self.capture_states_removed(key)
+            return
         self._graphs.discard(key)
         if not self._graphs:
             self._pending.extend(self._generator_state)
             self._generator_state = ()
+
+    def capture_drew(self, key: int, state_key: int, stream: Any) -> None:
+        """A random op of graph `key`'s capture drew from the generator state `state_key` on
+        `stream`. From torch 2.14 (CUDAGeneratorState::get_capture_state(id, create_if_not_found))
+        the first such draw makes that capture's seed and offset holders, two one-element int64
+        device tensors allocated there (so from the capture's pool); a capture that draws nothing
+        makes none. They live until the graph is reset or destroyed."""
+        if not PER_CAPTURE_GENERATOR_STATE:
+            return
+        states = self._capture_states.setdefault(key, {})
+        if state_key not in states:
+            states[state_key] = (self.hold_block(8, stream), self.hold_block(8, stream))
+
+    def capture_states_removed(self, key: int) -> None:
+        """Graph `key` was reset or destroyed: its captures' generator holders are freed."""
+        for holders in self._capture_states.pop(key, {}).values():
+            for held in holders:
+                self.release_block(held)
 
     # --- statistics --------------------------------------------------------------------------
 

@@ -94,6 +94,9 @@ class SanitizerHost(Observed):
             raise RuntimeError("this torch's CUDAGraph.capture_begin accepted the default stream, "
                                "which the emulated graph refuses as CUDA does")
 
+    def graph_reset(self, key: int) -> None:
+        """The GPU's generators drop the reset graph's capture state themselves."""
+
     def capture_draws(self) -> None:
         """A capture's random ops draw from the GPU's generators as recorded."""
         return None
@@ -195,7 +198,7 @@ def _key(stream) -> tuple[int, int]:
 def enter_sanitizer(stack: contextlib.ExitStack) -> SanitizerHost:
     import torch.cuda.graphs
 
-    from harness.emulation.cuda_graph import CUDAGraph
+    from harness.emulation.cuda_graph import torch_cuda_graph_class
     import torch.cuda.memory
 
     from harness.emulation.replacing import apply
@@ -220,7 +223,7 @@ def enter_sanitizer(stack: contextlib.ExitStack) -> SanitizerHost:
     def compile_kernel_checked(*args, **kwargs):
         return CompiledKernel(compile_kernel(*args, **kwargs), host)
 
-    names = {"CUDAGraph": CUDAGraph, "graph_pool_handle": graph_pool_handle,
+    names = {"CUDAGraph": torch_cuda_graph_class(), "graph_pool_handle": graph_pool_handle,
              "is_current_stream_capturing": is_current_stream_capturing}
     # The graphs' weak references to captured tensors are the harness's, not the program's: a swap
     # of a captured tensor happens as on CUDA and the next replay is refused (watch_refs.py).

@@ -165,7 +165,16 @@ class DeviceState(Observed):
         """How a capture's random ops draw at replay: from the current device's generators."""
         from harness.emulation.device_draws import CaptureDraws
 
-        return CaptureDraws(self.draws, self.current_index)
+        return CaptureDraws(self.draws, self.current_index, on_draw=self._capture_drew)
+
+    def _capture_drew(self, philox_state) -> None:
+        if self.capture is not None:
+            self.memory.capture_drew(id(self.capture), id(philox_state), self.streams.current())
+
+    def graph_reset(self, key: int) -> None:
+        """The graph whose `id()` is `key` was reset (CUDAGraph::reset): its captures' generator
+        state goes (device_memory.capture_states_removed)."""
+        self.memory.capture_states_removed(key)
 
     def begin_capture(self, graph, stream, pool) -> None:
         """`graph` captures on `stream` into `pool` (a pool handle: the allocations of the streams

@@ -25,7 +25,9 @@ def test_torch_cuda_graph_captures_and_replays(cuda_device):
 def test_capture_on_the_default_stream_is_refused(cuda_device):
     with pytest.raises(RuntimeError, match="CUDA graphs must be captured on a non-default stream"):
         torch.cuda.CUDAGraph().capture_begin()
-    with pytest.raises(RuntimeError, match="without a preceding successful capture"):
+    # torch 2.14's Python replay() instantiates first, whose check speaks first there.
+    with pytest.raises(RuntimeError, match=r"without a preceding successful capture|"
+                                           r"capture_end\(\) must have been called before"):
         torch.cuda.CUDAGraph().replay()
 
 

@@ -1,0 +1,71 @@
+"""The device memory a CUDA graph's random ops cost, per torch build. From torch 2.14 each
+(generator state, capture) pair gets its seed and offset holders (two one-element int64 tensors,
+one 512-byte small-pool block each) at the capture's first draw from that state, freed when the
+graph is reset or destroyed; a capture that draws nothing makes none (PyTorch's
+test_graph_memory_stats_and_use_result_after_destroy_graph counts one small-pool block for a
+capture of clones). Builds before 2.14 (no `Generator.philox_state`) made one pair per generator
+state when it registered its first graph, and that model is unchanged."""
+
+from __future__ import annotations
+
+import gc
+
+import pytest
+import torch
+
+pytestmark = pytest.mark.skipif(not hasattr(torch.Generator, "philox_state"),
+                                reason="generator holders per capture came with torch 2.14")
+
+
+def _small_active() -> tuple[int, int]:
+    stats = torch.cuda.memory_stats()
+    return stats["active.small_pool.current"], stats["active_bytes.small_pool.current"]
+
+
+def _delta(before: tuple[int, int]) -> tuple[int, int]:
+    now = _small_active()
+    return now[0] - before[0], now[1] - before[1]
+
+
+def test_a_capture_without_random_ops_holds_no_generator_state(cuda_kind):
+    x = torch.ones(4, device="cuda")
+    torch.cuda.synchronize()
+    before = _small_active()
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        y = x + 1
+    assert _delta(before) == (1, 512)  # y alone
+    del g, y
+
+
+def test_the_first_draw_of_a_capture_makes_two_holders_freed_at_reset(cuda_kind):
+    torch.ones(1, device="cuda")
+    torch.cuda.synchronize()
+    before = _small_active()
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        a = torch.rand(4, device="cuda")
+        b = torch.rand(4, device="cuda")  # the same state: no more holders
+    assert _delta(before) == (4, 4 * 512)
+    g.reset()
+    del a, b
+    gc.collect()
+    torch.cuda.synchronize()
+    assert _delta(before) == (0, 0)
+
+
+def test_each_graph_has_its_own_holders(cuda_kind):
+    torch.ones(1, device="cuda")
+    torch.cuda.synchronize()
+    before = _small_active()
+    graphs, outs = [], []
+    for _ in range(3):
+        g = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(g):
+            outs.append(torch.rand(4, device="cuda"))
+        graphs.append(g)
+    assert _delta(before) == (3 * 3, 3 * 3 * 512)
+    del graphs, outs, g
+    gc.collect()
+    torch.cuda.synchronize()
+    assert _delta(before) == (0, 0)
