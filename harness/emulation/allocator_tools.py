@@ -102,6 +102,8 @@ def patches(state) -> list[tuple[Any, str, Any]]:
         return int(getattr(stream, "cuda_stream", 0) or 0)
 
     def caching_allocator_alloc(size, device=None, stream=None) -> int:
+        if int(size) < 0:  # the raw_alloc binding's check (TORCH_CHECK_VALUE)
+            raise ValueError(f"Invalid memory size: {int(size)}")
         if device is not None:
             torch.cuda.device(device)  # an index the device lacks raises CUDA's error
         if stream is not None and not isinstance(stream, (int, torch.cuda.Stream)):

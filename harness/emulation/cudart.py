@@ -14,16 +14,37 @@ from typing import Any, Callable
 
 
 class CudaError(enum.IntEnum):
-    """The codes of cudaError_t the emulated runtime returns (CUDA's numbering)."""
+    """cudaError_t (CUDA's numbering): the codes the emulated runtime returns are named; any
+    other code converts too, as torch's `cudaError(code)` does for every code CUDA has (code
+    hands `torch.cuda.check_error` codes it got elsewhere, PyTorch's test_check_error a 2)."""
 
     success = 0
     ErrorInvalidValue = 1
+    ErrorMemoryAllocation = 2
+    ErrorInitializationError = 3
+    ErrorNoDevice = 100
+    ErrorInvalidDevice = 101
+    ErrorIllegalAddress = 700
     ErrorNotSupported = 801
+
+    @classmethod
+    def _missing_(cls, value):
+        if not isinstance(value, int) or isinstance(value, bool):
+            return None
+        member = int.__new__(cls, value)
+        member._name_ = f"cudaError{value}"
+        member._value_ = value
+        return member
 
 
 _MESSAGES = {
     CudaError.success: "no error",
     CudaError.ErrorInvalidValue: "invalid argument",
+    CudaError.ErrorMemoryAllocation: "out of memory",
+    CudaError.ErrorInitializationError: "initialization error",
+    CudaError.ErrorNoDevice: "no CUDA-capable device is detected",
+    CudaError.ErrorInvalidDevice: "invalid device ordinal",
+    CudaError.ErrorIllegalAddress: "an illegal memory access was encountered",
     CudaError.ErrorNotSupported: (
         "operation not supported: cudaHostRegister/cudaHostUnregister on the emulated CUDA device "
         "(it cannot tell which tensor an address belongs to); make pinned host memory with "
@@ -41,11 +62,11 @@ class EmulatedCudart:
         self.profiler_runs = 0  # cudaProfilerStart calls, for a test to see the switch reached
 
     def cudaGetErrorString(self, code: Any) -> str:  # noqa: N802
-        try:
-            return _MESSAGES[CudaError(int(code))]
-        except ValueError:
-            return f"unrecognized error code {int(code)} (the emulated runtime returns only " \
-                   f"{', '.join(str(int(c)) for c in CudaError)})"
+        message = _MESSAGES.get(CudaError(int(code)))
+        if message is None:
+            return f"unrecognized error code {int(code)} (the emulated runtime knows the texts " \
+                   f"of {', '.join(str(int(c)) for c in _MESSAGES)})"
+        return message
 
     def cudaProfilerStart(self) -> CudaError:  # noqa: N802
         self.profiler_runs += 1

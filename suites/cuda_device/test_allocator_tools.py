@@ -49,6 +49,13 @@ def test_segments_cached_from_frees_before_the_first_statistics_call_are_kept(ou
         assert torch.cuda.memory_reserved() == 0
 
 
+def test_a_negative_raw_allocation_is_a_value_error(cuda_device):
+    # The raw_alloc binding's check, before any allocation (PyTorch's
+    # test_caching_allocator_alloc_negative_size).
+    with pytest.raises(ValueError, match="Invalid memory size"):
+        torch.cuda.memory.caching_allocator_alloc(-1024)
+
+
 def test_caching_allocator_alloc_and_delete(cuda_device):
     gc.collect()
     before = torch.cuda.memory_allocated()

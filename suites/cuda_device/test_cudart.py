@@ -30,6 +30,14 @@ def test_error_codes_read_as_cuda_reads_them(cuda_device):
     assert runtime.cudaGetErrorString(runtime.cudaError(1)) == "invalid argument"
 
 
+def test_check_error_raises_cudas_text_for_any_code(cuda_device):
+    # PyTorch's test_check_error hands check_error a code the emulated runtime never returns.
+    with pytest.raises(torch.cuda.CudaError, match=r"^out of memory \(2\)$"):
+        torch.cuda.check_error(2)
+    with pytest.raises(torch.cuda.CudaError, match=r"unrecognized error code 9999"):
+        torch.cuda.check_error(9999)
+
+
 def test_host_registration_is_refused_with_the_remedy(cuda_device):
     host = torch.ones(4)
     code = torch.cuda.cudart().cudaHostRegister(host.data_ptr(), host.nbytes, 0)
