@@ -371,7 +371,7 @@ class EmulatedCUDAGraph:
         """An emulated graph keeps its recording anyway; this allows debug_dump(), as on CUDA."""
         self._debug = True
 
-    def debug_dump(self, debug_path: str) -> None:
+    def debug_dump(self, debug_path: str, *, verbose: bool = True) -> None:
         """Write the recording as a Graphviz DOT file: one node per recorded call, in replay
         order (an emulated graph is a sequence; CUDA's dump shows its kernel nodes)."""
         if not (self._debug or self._keep_graph):
@@ -407,6 +407,16 @@ class EmulatedCUDAGraph:
                                "capture_end() has been called")
         raise UnsupportedOnEmulatedDevice(_NO_CUDA_GRAPH.format("raw_cuda_graph()"))
 
+    def begin_capture_to_if_node(self, scalar_cuda_pred_tensor) -> None:
+        raise UnsupportedOnEmulatedDevice(_NO_CONDITIONAL_NODES.format("begin_capture_to_if_node"))
+
+    def begin_capture_to_while_node(self, scalar_cuda_pred_tensor) -> None:
+        raise UnsupportedOnEmulatedDevice(_NO_CONDITIONAL_NODES.format("begin_capture_to_while_node"))
+
+    def end_capture_to_conditional_node(self) -> None:
+        raise UnsupportedOnEmulatedDevice(
+            _NO_CONDITIONAL_NODES.format("end_capture_to_conditional_node"))
+
     def raw_cuda_graph_exec(self) -> int:
         if not self._instantiated:
             raise RuntimeError("You cannot access the raw cudaGraphExec_t instance until "
@@ -424,6 +434,13 @@ def _graph_gone(host, key: int, pool_in_use: list) -> None:
 _NO_CUDA_GRAPH = ("CUDAGraph.{} is not supported by harness.emulate_cuda(): an emulated graph is a "
                   "recording of torch ops, there is no cudaGraph_t to show (nor a CUDA driver to "
                   "hand one to: cuda-bindings' cudaGraphGetNodes and the like need a GPU)")
+
+
+_NO_CONDITIONAL_NODES = (
+    "CUDAGraph.{}() is not supported by harness.emulate_cuda(): CUDA 12.4's conditional graph "
+    "nodes decide on the GPU at each replay whether (or how often) their body runs; an emulated "
+    "graph replays its recorded ops in order and has no such node. Check this code natively, or "
+    "branch on the host between two captured graphs")
 
 
 def overwritten_read_handler(races: str) -> Callable[[FreedMemoryError], None] | None:
