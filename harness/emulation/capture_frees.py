@@ -92,9 +92,9 @@ class CaptureFrees:
             clocks.wait_stream(stream_key(stream), stream_key(other))
         elif what == "wait_event":
             if other.recorded_on is not None:
-                clocks.wait_event(stream_key(stream), other.event_id)
+                clocks.wait_event(stream_key(stream), other.key)
         elif what == "record_event":
-            clocks.record_event(other.event_id, stream_key(stream))
+            clocks.record_event(other.key, stream_key(stream))
         elif what == "record_stream":
             self._record_stream(other, stream)
 

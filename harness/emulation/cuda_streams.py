@@ -170,7 +170,9 @@ class Event:
         self.blocking = bool(blocking)
         self.interprocess = bool(interprocess)
         self.external = bool(external)  # waited on in a capture as an external-event node
-        self.event_id = next(_state().streams.event_ids)
+        # The emulator's own name for the event (stream tracking keys on it); CUDA's handle,
+        # `cuda_event`/`event_id`, is 0 until the first record creates the event.
+        self.key = next(_state().streams.event_ids)
         self.recorded_on: Stream | None = None
         self.made_for: torch.device | None = None  # torch.Event(device): known from the start
         self._time: float | None = None
@@ -180,7 +182,11 @@ class Event:
 
     @property
     def cuda_event(self) -> int:
-        return self.event_id
+        return 0 if self.recorded_on is None else self.key
+
+    @property
+    def event_id(self) -> int:
+        return self.cuda_event
 
     @property
     def device(self) -> torch.device | None:
@@ -243,7 +249,7 @@ class Event:
                                   "(one process, no interprocess events)")
 
     def __repr__(self) -> str:
-        return f"<torch.cuda.Event {self.event_id:#x}>" if self.recorded_on else "<torch.cuda.Event uninitialized>"
+        return f"<torch.cuda.Event {self.key:#x}>" if self.recorded_on else "<torch.cuda.Event uninitialized>"
 
 
 class Streams:

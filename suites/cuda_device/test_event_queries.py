@@ -125,3 +125,14 @@ def test_an_event_last_recorded_in_a_finished_capture_is_an_invalid_argument(cud
     event.record()
     event.synchronize()
     assert event.query() and x.tolist() == [2.0] * 4
+
+
+def test_an_events_handle_is_zero_until_its_first_record(cuda_kind):
+    # CUDA creates the event at its first record (PyTorch's test_events).
+    event = torch.cuda.Event(enable_timing=True)
+    assert event.cuda_event == 0
+    assert event.event_id == 0
+    event.record()
+    assert event.cuda_event != 0
+    assert event.event_id == event.cuda_event
+    event.synchronize()

@@ -135,6 +135,6 @@ class CaptureRules:
         if what == "wait_stream":
             capture.wait_stream(stream, other)
         elif what == "wait_event" and other.recorded_on is not None:
-            capture.wait_event(stream, other.event_id)
+            capture.wait_event(stream, other.key)
         elif what == "record_event":
-            capture.record_event(other.event_id, stream)
+            capture.record_event(other.key, stream)

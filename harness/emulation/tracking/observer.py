@@ -120,14 +120,14 @@ class DeviceStreams:
             work.wait_stream(stream_key(stream), stream_key(other))
         elif what == "wait_event":
             if other.recorded_on is not None:
-                work.wait_event(stream_key(stream), other.event_id)
+                work.wait_event(stream_key(stream), other.key)
         elif what == "record_event":
-            work.record_event(other.event_id, stream_key(stream))
+            work.record_event(other.key, stream_key(stream))
         elif what == "synchronize":
             work.synchronize_stream(stream_key(stream))
         elif what == "event_synchronize":
             if other.recorded_on is not None:
-                work.synchronize_event(other.event_id)
+                work.synchronize_event(other.key)
         elif what == "record_stream":
             work.record_stream(other, stream_key(stream))
         elif what == "storage_resize":
@@ -158,7 +158,7 @@ class DeviceStreams:
         self.work.replay(stream_key(stream), recording.reads, recording.writes,
                          lambda: run(recording), name=f"CUDAGraph {id(graph):#x}",
                          where=callsite_later(), hold=recording.external_storages, steps=steps,
-                         segments=[(reads, writes, None if event is None else event.event_id)
+                         segments=[(reads, writes, None if event is None else event.key)
                                    for reads, writes, event in segments])
 
     # --- naming --------------------------------------------------------------------------------
@@ -202,7 +202,7 @@ class DeviceStreams:
         return self.work.stream_done(stream_key(stream))
 
     def event_done(self, event) -> bool:
-        return self.work.event_done(event.event_id)
+        return self.work.event_done(event.key)
 
     def query_stream(self, stream) -> bool:
         """`Stream.query()`: True once everything issued to `stream` ran, and then the host is
@@ -218,4 +218,4 @@ class DeviceStreams:
         """`Event.query()`, as `query_stream` for the work recorded before `event`."""
         if not self.work.active or self.capture is not None or event.recorded_on is None:
             return True
-        return self.work.poll_event(event.event_id)
+        return self.work.poll_event(event.key)
