@@ -63,9 +63,15 @@ def format_size(nbytes: float) -> str:
     return f"{nbytes / 2**30:.2f} GiB"
 
 
+# c10's CUDACachingAllocator refuses a request this large before looking at the device.
+ONE_EXA_BYTES = 1 << 60
+
+
 def out_of_memory_error(nbytes: float, index: int, total: int, free: int,
                         why: str = "") -> torch.OutOfMemoryError:
     """CUDA's caching allocator's text, with the emulated device's figures."""
+    if nbytes >= ONE_EXA_BYTES:
+        return torch.OutOfMemoryError("CUDA out of memory. Tried to allocate more than 1EB memory.")
     note = f" (emulated device: {why})" if why else ""
     return torch.OutOfMemoryError(
         f"CUDA out of memory. Tried to allocate {format_size(nbytes)}. GPU {index} has a total "

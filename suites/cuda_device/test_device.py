@@ -159,6 +159,15 @@ def test_compiled_code_on_device_tensors_returns_device_tensors(cuda_device):
     assert not norm(torch.ones(2, 8), torch.ones(8)).is_cuda
 
 
+def test_a_request_of_an_exabyte_or_more_gets_cudas_own_refusal(cuda_device):
+    # c10's allocator checks the size before the device (PyTorch's test_out_of_memory).
+    with pytest.raises(torch.OutOfMemoryError,
+                       match=r"^CUDA out of memory\. Tried to allocate more than 1EB memory\.$"):
+        torch.empty(1024 * 1024 * 1024 * 8000000000, dtype=torch.int8, device="cuda")
+    with pytest.raises(torch.OutOfMemoryError, match=r"Tried to allocate 800000000\.00 GiB"):
+        torch.empty(1024 * 1024 * 1024 * 800000000, dtype=torch.int8, device="cuda")
+
+
 def test_a_factory_beyond_the_device_capacity_raises_cudas_oom_before_touching_the_host(
         outside_emulation):
     with harness.emulate_cuda(device="cpu", total_memory=2**20):
