@@ -30,6 +30,7 @@ def _delta(before: tuple[int, int]) -> tuple[int, int]:
 def test_a_capture_without_random_ops_holds_no_generator_state(cuda_kind):
     x = torch.ones(4, device="cuda")
     torch.cuda.synchronize()
+    gc.collect()  # garbage of earlier tests must not be freed inside the measurement
     before = _small_active()
     g = torch.cuda.CUDAGraph()
     with torch.cuda.graph(g):
@@ -41,6 +42,7 @@ def test_a_capture_without_random_ops_holds_no_generator_state(cuda_kind):
 def test_the_first_draw_of_a_capture_makes_two_holders_freed_at_reset(cuda_kind):
     torch.ones(1, device="cuda")
     torch.cuda.synchronize()
+    gc.collect()  # garbage of earlier tests must not be freed inside the measurement
     before = _small_active()
     g = torch.cuda.CUDAGraph()
     with torch.cuda.graph(g):
@@ -57,6 +59,7 @@ def test_the_first_draw_of_a_capture_makes_two_holders_freed_at_reset(cuda_kind)
 def test_each_graph_has_its_own_holders(cuda_kind):
     torch.ones(1, device="cuda")
     torch.cuda.synchronize()
+    gc.collect()  # garbage of earlier tests must not be freed inside the measurement
     before = _small_active()
     graphs, outs = [], []
     for _ in range(3):
