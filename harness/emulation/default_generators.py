@@ -8,17 +8,15 @@ i and moves its offset by what CUDA's kernel would (rng_increments.py). The cpu'
 is apart: a cpu draw does not move a device generator, `torch.cuda.manual_seed` does not reseed the
 cpu, and `torch.manual_seed` seeds both, as natively. Graph-safe states as on CUDA:
 `graphsafe_get_state()` shares the state object in use, `clone_state()` copies it,
-`graphsafe_set_state(g)` makes the generator use `g`'s object; a capture draws from the state object
-in use when it begins (and from those of the generators registered with the graph), each replay
-drawing fresh values and advancing it.
+`graphsafe_set_state(g)` makes the generator use `g`'s object, during a capture too; a captured
+draw binds to the state object in use when the capture meets it (the one in use at its beginning, or
+one registered with the graph and swapped in), each replay drawing fresh values and advancing it.
 
 What differs from CUDA: the values are the cpu kernels' drawn from a scratch cpu generator seeded
 from (seed, offset), not Philox's; the offset increments take the emulated device's SM count (see
 rng_increments.py); a new default generator starts from the cpu generator's initial seed (what a
 `torch.manual_seed` before entering the emulation gives CUDA through its lazy seeding; an unseeded
-CUDA generator starts from a random seed); `graphsafe_set_state` during a capture is refused by name
-(`UnsupportedOnEmulatedDevice`): a replay draws from the state objects the capture recorded and the
-emulator does not record the swap.
+CUDA generator starts from a random seed).
 """
 
 from __future__ import annotations

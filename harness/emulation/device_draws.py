@@ -189,6 +189,13 @@ class CaptureDraws:
         if not is_random(func):
             return None
         state = self.draws.source(func, args, kwargs, self.index)
+        if (state is not None and not state.capturing
+                and _given_generator(func, args, kwargs) is None):
+            # The default generator draws from the state object in use now: one swapped in
+            # during the capture (graphsafe_set_state) takes part only if registered with the
+            # graph, whose capture prologue marked it (a generator= of its own is checked by the
+            # recorder, private_generators.py)
+            raise _unregistered_default_state(func)
         if state is not None and self.on_draw is not None:
             self.on_draw(state)
         return state
@@ -201,6 +208,19 @@ class CaptureDraws:
         last = len(steps) - 1
         return [(replay_draw, (state, increment if i == last else 0, fn, step_args, step_kwargs), {})
                 for i, (fn, step_args, step_kwargs) in enumerate(steps)]
+
+
+def _unregistered_default_state(func: Any):
+    from harness.graphs.base import CaptureError
+    from harness.graphs.emulator.callsite import at_callsite, current_callsite
+    from harness.graphs.emulator.opinfo import op_name
+    from harness.graphs.emulator.private_generators import CUDA_UNREGISTERED
+
+    return CaptureError(at_callsite(
+        f"{CUDA_UNREGISTERED} {op_name(func)} draws from the device's default generator, whose "
+        f"state object was swapped (graphsafe_set_state) for one not registered with the graph "
+        f"being captured: register that state with graph.register_generator_state(state) before "
+        f"capture", current_callsite()), op=op_name(func))
 
 
 class EagerDraws(TorchDispatchMode):

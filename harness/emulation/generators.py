@@ -12,9 +12,9 @@ CUDA's graph-safe states: `graphsafe_get_state()` hands out a generator sharing 
 object (draws through either show in the other), `clone_state()` one holding a copy, and
 `graphsafe_set_state(g)` makes this generator use `g`'s object from then on. During a capture,
 `seed()`, `get_offset()` and `set_offset()` raise CUDA's assertNotCapturing error, `manual_seed()`
-to another seed CUDA's set_current_seed error (the same seed is a no-op); `graphsafe_set_state()`
-is refused by name (a replay draws from the state objects the capture recorded and does not record
-the swap; docs/fidelity.md).
+to another seed CUDA's set_current_seed error (the same seed is a no-op). `graphsafe_set_state()`
+swaps during a capture as before one: the capture's draws bind to the state object in use when it
+meets them, as CUDA's do, and one not registered with the graph raises CUDA's error there.
 """
 
 from __future__ import annotations
@@ -132,16 +132,9 @@ class DeviceGenerator(_TorchGenerator):
             raise RuntimeError(f"Expected a CUDA Generator (graphsafe_set_state takes a generator "
                                f"of the device, from graphsafe_get_state() or clone_state()), got "
                                f"{state!r}")
-        if state._rng is self._rng:
-            return self
-        if self._capturing():
-            from harness.emulation.allocator_tools import UnsupportedOnEmulatedDevice
-
-            raise UnsupportedOnEmulatedDevice(
-                "graphsafe_set_state() of a CUDA generator during a capture: the emulated device "
-                "replays each draw from the state object the capture recorded and does not record "
-                "the swap; swap before capture_begin(), or draw from the state with "
-                "generator=state after registering it with graph.register_generator_state()")
+        # During a capture too: CUDA swaps the object on the host, and a captured draw binds to
+        # the object in use when the capture meets it (device_draws.CaptureDraws), which must be
+        # registered with the graph (AOTAutograd's graph-safe rng swaps so in a backward).
         self._rng = state._rng
         return self
 

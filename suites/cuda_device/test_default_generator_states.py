@@ -89,16 +89,42 @@ def test_the_default_generator_says_it_is_the_devices(device):
     assert isinstance(device.clone_state(), torch.Generator)
 
 
-def test_a_swap_during_a_capture_is_refused_by_name_on_the_emulated_device(device):
-    if emulation_active() != "cpu":
-        pytest.skip("CUDA records the swap: an emulated-device limit (docs/fidelity.md)")
-    from harness.emulation.allocator_tools import UnsupportedOnEmulatedDevice
+def test_a_state_swapped_in_during_a_capture_is_what_the_replays_draw_from(device):
+    """AOTAutograd's graph-safe rng (a checkpointed random op under cudagraph trees) swaps a
+    registered state in around the backward's draw while it is captured; each replay draws from
+    that state as it is then (PyTorch's TestSAC.test_cudagraph_uneven_forward_backward). The
+    emulated device refused the swap during a capture."""
+    device.manual_seed(13)
+    generator = device
+    new_state = generator.graphsafe_get_state().clone_state()
+    graph = torch.cuda.CUDAGraph()
+    graph.register_generator_state(new_state)
+    with torch.cuda.graph(graph):
+        current = generator.graphsafe_get_state()
+        generator.graphsafe_set_state(new_state)
+        replayed = torch.randperm(10, device="cuda")
+        generator.graphsafe_set_state(current)
+    for _ in range(2):
+        draw()  # the default state moves on; the captured draw does not follow it
+        before = generator.get_state()
+        expected = torch.randperm(10, device="cuda")
+        new_state.set_state(before)
+        graph.replay()
+        assert torch.equal(replayed, expected)
+    assert generator.graphsafe_get_state().get_state().equal(generator.get_state())
 
+
+def test_an_unregistered_state_swapped_in_during_a_capture_cannot_draw(device):
     other = device.clone_state()
     graph = torch.cuda.CUDAGraph()
-    with pytest.raises(UnsupportedOnEmulatedDevice, match="graphsafe_set_state.*during a capture"):
+    with pytest.raises(RuntimeError, match="not in capture mode"):
         with torch.cuda.graph(graph):
+            current = device.graphsafe_get_state()
             device.graphsafe_set_state(other)
+            try:
+                torch.rand(4, device="cuda")
+            finally:
+                device.graphsafe_set_state(current)
 
 
 def test_a_capture_refused_on_the_default_stream_leaves_the_generator_capturing(device):
