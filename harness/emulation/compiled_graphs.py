@@ -791,6 +791,11 @@ class _Replay:
         recorded = _Replay(graph, inputs, outputs, copied,
                            _static_addresses(args, device_graph.static), position, managed,
                            args, state.trees.new_node())
+        # the trees count each recording's inputs that are neither static nor managed (the
+        # ones a replay copies in; ints among them), in inductor's counters
+        torch_internals.lazy_module("dynamo_utils").counters["inductor"][
+            "cudagraph_recorded_non_static_inputs"] += sum(
+                1 for i in range(len(args)) if i not in device_graph.static and i not in managed)
         mutated = device_graph.mutated_inputs.get(_key(args), frozenset())
         recorded.written = tuple(i for i in copied if i in mutated)
         return recorded

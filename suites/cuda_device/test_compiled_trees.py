@@ -431,3 +431,23 @@ def test_a_fake_tensor_mode_under_stream_tracking(cuda_device):
     with torch._subclasses.FakeTensorMode():
         fakes = [torch.rand(6, 5, device="cuda")[1:] for _ in range(2)]
     assert [tuple(f.shape) for f in fakes] == [(5, 5), (5, 5)]
+
+
+def test_a_recording_counts_the_inputs_it_copies(cuda_kind):
+    """The trees count, at each recording, the inputs a replay copies in (neither static, as a
+    parameter is, nor another recording's output) in inductor's
+    `cudagraph_recorded_non_static_inputs` (PyTorch's test_compiled_autograd_static_input_params
+    reads it). The emulated device counted none (until 2026-12-06)."""
+    if cuda_kind == "sanitizer":
+        pytest.skip("the graph sanitizer refuses inductor's cudagraph trees by name")
+    from torch._dynamo.utils import counters
+
+    linear = torch.nn.Linear(4, 4, device="cuda")
+    compiled = torch.compile(lambda x: linear(x), mode="reduce-overhead")
+    x = torch.rand(2, 4, device="cuda")
+    counters.clear()
+    with torch.no_grad():
+        for _ in range(4):  # warm-up, recording, replays
+            out = compiled(x)
+        torch.testing.assert_close(out, linear(x))
+    assert counters["inductor"]["cudagraph_recorded_non_static_inputs"] == 1
