@@ -42,7 +42,8 @@ from harness.torch_internals import get_current_function_mode_stack as _get_curr
 
 from harness.emulation.compiled_devices import (OutputMark, Placement, graph_attribute,
                                                 has_transfers, placement, register_markers)
-from harness.emulation.compiled_trees import direct_trees_refused, trees_reset, wants_cudagraphs
+from harness.emulation.compiled_trees import (direct_trees_refused, rerecord_limit_exceeded,
+                                              trees_reset, wants_cudagraphs)
 from harness.emulation.device_memory import is_device_memory
 
 # One library for every graph's op: torch.library keeps what it defines for the process.
@@ -309,7 +310,7 @@ class DeviceGraph:
             # their limit, past which the function runs without a graph there.
             limit = torch_internals.lazy_module("inductor_config").triton \
                 .cudagraph_unexpected_rerecord_limit
-            if trees.rerecord(self) > limit:
+            if rerecord_limit_exceeded(trees.rerecord(self), static_input_moved=False):
                 trees.eager.add((trees.node, trees.function_id(self)))
                 node = "None" if trees.node is None else trees.node
                 _log_skip(f"skipping cudagraph due to function {trees.function_id(self)} exceeding "
@@ -324,10 +325,11 @@ class DeviceGraph:
             return self._from_inputs(
                 args, key, self._recorded(state, args, entry[-1].replay(args, state.trees)))
         # A static input (a parameter, a marked cache buffer) at a new address: the recordings
-        # read and write the old one, so cudagraph trees record again, up to their limit.
+        # read and write the old one, so cudagraph trees record again, up to their limit where
+        # this torch's trees count such moves (from 2.13 they do not).
         self.rerecords += 1
         limit = torch_internals.lazy_module("inductor_config").triton.cudagraph_unexpected_rerecord_limit
-        if self.rerecords > limit:
+        if rerecord_limit_exceeded(self.rerecords, static_input_moved=True):
             return self._skip(state, args, key,
                               f"exceeding max re-recording limit (={limit}) due to static input "
                               f"data pointer changed")

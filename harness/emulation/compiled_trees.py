@@ -213,6 +213,31 @@ class TreeGenerations:
             self._pool_outputs.append((weakref.ref(t), weakref.ref(t.untyped_storage()), trace))
 
 
+def rerecord_limit_exceeded(count: int, static_input_moved: bool) -> bool:
+    """Whether a function re-recorded `count` times under one node now runs without a graph there,
+    as this torch's trees decide: their own `exceed_rerecord_limit` answers for the count (torch
+    2.11's ignores the limit while dynamo inlines nn modules, its default; 2.13 on compare it with
+    `triton.cudagraph_unexpected_rerecord_limit`), and a move of a static input (a parameter, a
+    buffer marked static) is not counted at all where their `_run` leaves it out (2.13 on)."""
+    manager = torch_internals.lazy_module("inductor_cudagraph_trees").CUDAGraphTreeManager
+    if static_input_moved and not _static_moves_counted(manager):
+        return False
+    import types
+
+    stand_in = types.SimpleNamespace(num_rerecord={None: {0: count}})
+    return bool(manager.exceed_rerecord_limit(stand_in, None, 0))
+
+
+def _static_moves_counted(manager) -> bool:
+    import inspect
+
+    try:
+        source = inspect.getsource(manager._run)
+    except (OSError, TypeError):  # no source shipped: the older trees, which counted them
+        return True
+    return "!= CheckInvariantStatus.StaticInputIdxMismatch" not in source
+
+
 def _refuse(storage, message: str, refuse_access) -> None:
     """Release `storage`'s memory and make it raise `message` when read, through every tensor
     over it (a `.detach()` or a view the program made of the output too), as the trees free the
