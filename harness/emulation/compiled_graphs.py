@@ -165,6 +165,10 @@ class DeviceGraph:
         # one only where it is another recording's output (`triton.cudagraph_support_input_
         # mutation`), deciding at each call
         self.mutated_inputs: dict[tuple, frozenset] = {}
+        # the trees' cache of one compiled graph's functions, by the ints among its inputs (its
+        # dynamic sizes): past `triton.cudagraph_dynamic_shape_warn_limit` sizes they warn once
+        self.int_keys: dict[Any, None] = {}
+        self.warned_dynamic_shapes = False
         # cuBLAS on CUDA: each run reserves the thread's handle (blas_workspaces.py)
         from harness.emulation.blas_workspaces import uses_blas
 
@@ -275,6 +279,7 @@ class DeviceGraph:
                     return self._skip(state, args, key,
                                       self._mutation_reason(sorted(mutated - self.static)))
                 self.mutated_inputs[key] = frozenset(mutated - self.static)
+            self._note_sizes(args)
             self.replays[key] = "warm"
             self.warm_generation[key] = generation
             if self._writes_an_input_of_its_own(state, args, key):
@@ -336,6 +341,20 @@ class DeviceGraph:
         entry.append(_Replay.capture(self, state, args, position))
         return self._from_inputs(
             args, key, self._recorded(state, args, entry[-1].replay(args, state.trees)))
+
+    def _note_sizes(self, args) -> None:
+        """The trees record a function per set of int inputs (`cudagraphify_impl`'s cache) and,
+        at a new one past the warn limit, log their dynamic-shape warning once per graph."""
+        ints = tuple(a for a in args if isinstance(a, int) and not isinstance(a, bool))
+        int_key = (ints if len(ints) > 1 else ints[0]) if ints else None
+        if int_key in self.int_keys:
+            return
+        if not self.warned_dynamic_shapes:
+            utils = torch_internals.lazy_module("inductor_cudagraph_utils")
+            warn = getattr(utils, "maybe_warning_due_to_dynamic_shape", None)
+            if warn is not None:
+                self.warned_dynamic_shapes = bool(warn(self.int_keys, int_key))
+        self.int_keys[int_key] = None
 
     def _from_inputs(self, args, key, out):
         """`out` with each output that aliases an input rebuilt as a view of this call's input:
@@ -431,6 +450,8 @@ class DeviceGraph:
         self.warm_generation.clear()
         self.rerecords = 0
         self.skipped.clear()
+        self.int_keys.clear()
+        self.warned_dynamic_shapes = False
         self.__dict__.pop("pool", None)
 
     def _unpartitioned(self, state, args, key, reason: str):

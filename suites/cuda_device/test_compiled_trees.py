@@ -487,3 +487,24 @@ def test_a_parameter_that_moves_is_recorded_again_past_the_limit(cuda_kind):
             out = compiled(x)
             torch.testing.assert_close(out, x @ linear.weight.T + linear.bias)
     assert counters["inductor"]["cudagraph_skips"] == 0
+
+
+def test_too_many_recorded_sizes_warn_once(cuda_kind):
+    """The trees record one function per set of a graph's dynamic sizes, and past
+    `triton.cudagraph_dynamic_shape_warn_limit` sizes log their warning, once per graph. The
+    emulated device recorded each size without it (until 2026-12-06)."""
+    if cuda_kind == "sanitizer":
+        pytest.skip("the graph sanitizer refuses inductor's cudagraph trees by name")
+    from unittest import mock
+
+    from torch._inductor import cudagraph_utils
+
+    compiled = torch.compile(lambda x: x * 2 + 1, mode="reduce-overhead")
+    with torch._inductor.config.patch({"triton.cudagraph_dynamic_shape_warn_limit": 1}), \
+            mock.patch.object(cudagraph_utils.cudagraphs_log, "warning") as warning:
+        for size in (2, 3, 4, 5):  # 2 compiles static; 3 on, one dynamic graph
+            x = torch.rand(size, device="cuda")
+            for _ in range(3):
+                torch.testing.assert_close(compiled(x), x * 2 + 1)
+    messages = [call.args[0] for call in warning.call_args_list]
+    assert len(messages) == 1 and "We have observed 2 distinct sizes" in messages[0]
