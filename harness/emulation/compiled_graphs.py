@@ -806,7 +806,7 @@ class _Replay:
         if not hasattr(device_graph, "pool"):
             device_graph.pool = torch.cuda.graph_pool_handle()
         graph = torch.cuda.CUDAGraph()
-        stream = torch.cuda.Stream()
+        stream = state.trees.capture_stream()
         stream.wait_stream(torch.cuda.current_stream())
         with _cublas_cleared(state), torch.cuda.graph(graph, pool=device_graph.pool, stream=stream):
             outputs = device_graph(*inputs)

@@ -109,6 +109,8 @@ class TreeGenerations:
         # next generation overwrites, whatever tensor (a `.detach()`, a view) the program keeps
         self._pool_outputs: list[tuple[Any, Any, str | None]] = []
         self._graphs: Any = weakref.WeakSet()  # the DeviceGraphs that ran with CUDA graphs
+        # per device: the one side stream the trees' manager records every graph on
+        self._streams: dict[int, Any] = {}
 
     def reset(self) -> None:
         """`torch._dynamo.reset()`: cudagraph trees shut down, their graphs dropped even where
@@ -128,6 +130,16 @@ class TreeGenerations:
         self._rerecords = {}
         self.eager = set()
         self._warned_mutation = set()
+        self._streams = {}
+
+    def capture_stream(self):
+        """The stream recordings on the current device are captured on: one per device, as the
+        trees' manager keeps one (its graph-pool segments then all belong to that stream)."""
+        index = torch.cuda.current_device()
+        stream = self._streams.get(index)
+        if stream is None:
+            stream = self._streams[index] = torch.cuda.Stream()
+        return stream
 
     def enter(self, graph) -> Any:
         """`graph`, a reduce-overhead DeviceGraph, is about to run: end the previous generation if

@@ -508,3 +508,26 @@ def test_too_many_recorded_sizes_warn_once(cuda_kind):
                 torch.testing.assert_close(compiled(x), x * 2 + 1)
     messages = [call.args[0] for call in warning.call_args_list]
     assert len(messages) == 1 and "We have observed 2 distinct sizes" in messages[0]
+
+
+def test_every_recording_is_captured_on_one_stream(cuda_kind):
+    """The trees' manager records every graph of a device on one side stream of its own, so its
+    graph-pool segments all belong to that stream (PyTorch's test_single_stream_use). The
+    emulated device captured each recording on a new stream (until 2026-12-06)."""
+    if cuda_kind == "sanitizer":
+        pytest.skip("the graph sanitizer refuses inductor's cudagraph trees by name")
+
+    def pool_streams():
+        return {seg["stream"] for seg in torch.cuda.memory_snapshot()
+                if seg["segment_pool_id"] != (0, 0)}
+
+    before = pool_streams()
+    first = torch.compile(_cubed, mode="reduce-overhead")
+    second = torch.compile(lambda x: (x + 1).relu(), mode="reduce-overhead")
+    x = torch.rand(4, device="cuda")
+    outs = []
+    for _ in range(3):
+        torch.compiler.cudagraph_mark_step_begin()
+        outs = [first(x), second(x)]
+    torch.testing.assert_close(outs[0], _cubed(x))
+    assert len(pool_streams() - before) == 1
