@@ -15,7 +15,8 @@ from harness.ops.gemv_configs import GemvConfig
 from suites.ops.decode_linear_cases import (OPS, GemvCase, float64_result, gemv_case,
                                             replay_on_a_later_case, steps_off)
 from suites.ops.test_decode_linear import LLAMA_1B
-from suites.ops.triton_marks import INTERPRETED, needs_compiled_triton, needs_interpreter, needs_triton
+from suites.ops.triton_marks import (INTERPRETED, needs_a_real_gpu_for_model_shapes,
+                                     needs_compiled_triton, needs_interpreter, needs_triton)
 
 # Small shapes for the interpreter: ragged N and K (masks), several M, bias, a split of K.
 INTERPRETED_CASES = {
@@ -128,6 +129,7 @@ def cuda_ops(shape: str) -> list[str]:
             "down": ["gemv_residual"], "gate_up": ["norm_gemv_silu_mul"]}[shape]
 
 
+@needs_a_real_gpu_for_model_shapes
 @pytest.mark.gpu
 @needs_triton
 @needs_compiled_triton
@@ -139,6 +141,7 @@ def test_cuda_kernel_matches_the_torch_path_on_the_1b_shapes(shape: str, m: int)
         assert_matches_torch_path(gemv_case(op, m=m, device="cuda", **CUDA_SHAPES[shape]))
 
 
+@needs_a_real_gpu_for_model_shapes
 @pytest.mark.gpu
 @needs_triton
 @needs_compiled_triton
@@ -164,6 +167,12 @@ def test_cuda_engine_generations_with_the_kernels_match_the_separate_path(compil
     """The tiny model on CUDA, decode graphs and eager steps: the fused GEMVs' generations against
     the separate path's, within compare_generations' tolerance."""
     from dataclasses import replace
+
+    from harness.emulation import emulation_active
+
+    if emulation_active() == "cpu":
+        pytest.skip("the engine picks the fused GEMVs on a real CUDA device only "
+                    "(choose_decode_linear); on the emulated device it runs the torch path")
 
     from fixtures.models import TINY_ENGINE_CONFIG, mixed_requests
     from harness.check import compare_generations
@@ -216,6 +225,7 @@ def test_interpreted_pdl_variant_is_the_default_bit_for_bit(monkeypatch, op, sha
 
 @needs_triton
 @needs_compiled_triton
+@needs_a_real_gpu_for_model_shapes
 @pytest.mark.gpu
 @pytest.mark.parametrize("op", OPS)
 def test_cuda_pdl_variant_is_the_default_bit_for_bit(op) -> None:

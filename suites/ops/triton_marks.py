@@ -51,5 +51,17 @@ needs_triton = pytest.mark.skipif(triton_import_error() is not None,
 needs_interpreter = pytest.mark.skipif(
     not INTERPRETED or interpreter_blocker() is not None,
     reason=interpreter_blocker() or "runs Triton's interpreter on CPU tensors: set TRITON_INTERPRET=1")
+def _on_the_emulated_device() -> bool:
+    from harness.emulation import emulation_active
+
+    return emulation_active() == "cpu"
+
+
+# The emulated device runs a CUDA launch through Triton's interpreter, a Python call per program
+# and block op: a 1B-shaped GEMV (3072 x 2048 weights, eight rows) takes minutes a case there. The
+# interpreted tests on small shapes check the same kernels.
+needs_a_real_gpu_for_model_shapes = pytest.mark.skipif(
+    _on_the_emulated_device(), reason="the emulated device interprets Triton launches, minutes a "
+    "case at the 1B model's shapes; the interpreted small-shape tests cover these kernels")
 needs_compiled_triton = pytest.mark.skipif(INTERPRETED, reason="TRITON_INTERPRET=1 runs kernels "
                                            "on CPU tensors, these use CUDA ones")
