@@ -88,13 +88,29 @@ def _scalar_index(tensor: Any) -> int:
     return int(tensor.handle.data.squeeze())
 
 
+def _boolean(mask: Any) -> Any:
+    """`mask` with boolean data. An int1 mask and-ed with a scalar comparison holds int32 data in
+    triton 3.9's interpreter, whose C++ load and store then refuse it ("mask has unsupported
+    dtype"); compiled code takes it, as do earlier interpreters."""
+    if mask.data.dtype == bool:
+        return mask
+    return type(mask)(mask.data.astype(bool), mask.dtype)
+
+
 def _language_patched(fn: Any) -> Any:
     """triton.language patched for interpreting `fn`, as the interpreter patches it, with a
-    scalar's `__index__` that every numpy takes; the returned scope restores both."""
+    scalar's `__index__` that every numpy takes and masks every interpreter loads with; the
+    returned scope restores all of it."""
     import triton.language as tl
 
     scope = triton_internals.get("patch_lang")(fn)
     scope.set_attr(tl.tensor, "__index__", _scalar_index)
+    builder = triton_internals.get("interpreter_builder")
+    load, store = builder.create_masked_load, builder.create_masked_store
+    scope.set_attr(builder, "create_masked_load",
+                   lambda ptrs, mask, *rest: load(ptrs, _boolean(mask), *rest))
+    scope.set_attr(builder, "create_masked_store",
+                   lambda ptrs, value, mask, *rest: store(ptrs, value, _boolean(mask), *rest))
     return scope
 
 

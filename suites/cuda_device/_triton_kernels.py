@@ -36,6 +36,15 @@ def blocked_sum_kernel(x_ptr, out_ptr, n, BLOCK: tl.constexpr):
 
 
 @triton.jit
+def masked_copy_kernel(x_ptr, out_ptr, n, first, last, BLOCK: tl.constexpr):
+    """out[:n] = x[:n] where the run [first, last) is not empty: a block mask and-ed with a scalar
+    comparison, as the paged-decode kernel's split masks its rows."""
+    offsets = tl.arange(0, BLOCK)
+    mask = (offsets < n) & (first < last)
+    tl.store(out_ptr + offsets, tl.load(x_ptr + offsets, mask=mask, other=0.0), mask=mask)
+
+
+@triton.jit
 def _scaled_row(out_ptr, row, scale, offsets, mask):
     tl.store(out_ptr + offsets, row * scale, mask=mask)
 

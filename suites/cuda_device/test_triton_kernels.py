@@ -84,6 +84,18 @@ def test_a_loop_bounded_by_a_scalar_argument_runs(kernels, triton_where):
     assert out.item() == 55.0
 
 
+def test_a_mask_anded_with_a_scalar_comparison_loads_and_stores(kernels, triton_where):
+    """triton 3.9's interpreter keeps such a mask's data as int32 and its C++ load refused it
+    ("mask has unsupported dtype"): the paged-decode kernel failed on torch 2.15's wheel."""
+    x = torch.arange(1.0, 7.0, device="cuda")
+    out = torch.zeros(8, device="cuda")
+    kernels.masked_copy_kernel[(1,)](x, out, 6, 0, 1, BLOCK=8)
+    assert out.tolist() == [1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 0.0, 0.0]
+    empty_run = torch.full((8,), -1.0, device="cuda")
+    kernels.masked_copy_kernel[(1,)](x, empty_run, 6, 1, 1, BLOCK=8)
+    assert empty_run.tolist() == [-1.0] * 8
+
+
 def test_a_captured_launch_reruns_at_each_replay_with_its_captured_arguments(kernels, triton_where):
     x = torch.arange(6.0, device="cuda").reshape(2, 3)
     out = torch.zeros(4, 3, device="cuda")

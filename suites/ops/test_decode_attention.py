@@ -15,6 +15,7 @@ from harness.ops.decode_kernel import triton_import_error
 from harness.runtime import Engine, EngineConfig
 from suites.ops.batches import Batch
 from suites.ops.decode_cases import decode_batch, replay_on_a_later_batch, torch_ops_output
+from suites.ops.triton_marks import ENGINE_PICKS_TRITON_ON_A_GPU, on_a_real_gpu_only
 from fixtures.emulated_device import on_the_emulated_device
 
 SCALE = 0.35
@@ -126,6 +127,7 @@ def test_the_emulated_device_captures_and_replays_the_decode_op() -> None:
         assert torch.equal(out.cpu(), expected.cpu())
 
 
+@on_a_real_gpu_only(ENGINE_PICKS_TRITON_ON_A_GPU)
 @pytest.mark.gpu
 @pytest.mark.skipif(triton_import_error() is not None, reason="triton is not importable")
 @pytest.mark.parametrize("compile_mode", ["none", "inductor"])

@@ -13,8 +13,9 @@ import torch
 
 from suites.ops.rope_kv_cases import (RopeKvCase, bf16_steps, float64_rotation, replay_on_a_later_case,
                                       rope_kv_case, separate_path)
-from suites.ops.triton_marks import (INTERPRETED, needs_compiled_triton, needs_interpreter,
-                                     needs_triton)
+from suites.ops.triton_marks import (ENGINE_PICKS_TRITON_ON_A_GPU, INTERPRETED,
+                                     needs_compiled_triton, needs_interpreter, needs_triton,
+                                     on_a_real_gpu_only)
 
 
 SHAPES = {
@@ -76,6 +77,8 @@ def test_interpreted_kernel_matches_the_torch_path(shape: str) -> None:
     assert_matches_torch_path(rope_kv_case(**SHAPES[shape]))
 
 
+@on_a_real_gpu_only("the tolerance is the GPU kernel's; the interpreter rounds bf16 otherwise, "
+                    "and the interpreted rows check the kernel with their own")
 @pytest.mark.gpu
 @needs_triton
 @needs_compiled_triton
@@ -102,6 +105,7 @@ def test_cuda_op_is_captured_and_replays_a_later_batch() -> None:
     assert (got[:, slots].double() - want[:, slots].double()).abs().max().item() <= limit
 
 
+@on_a_real_gpu_only(ENGINE_PICKS_TRITON_ON_A_GPU)
 @pytest.mark.gpu
 @needs_triton
 @needs_compiled_triton

@@ -63,5 +63,15 @@ def _on_the_emulated_device() -> bool:
 needs_a_real_gpu_for_model_shapes = pytest.mark.skipif(
     _on_the_emulated_device(), reason="the emulated device interprets Triton launches, minutes a "
     "case at the 1B model's shapes; the interpreted small-shape tests cover these kernels")
+
+
+def on_a_real_gpu_only(why: str):
+    """Skips a GPU row on the emulated device, `why` saying what only a real GPU answers."""
+    return pytest.mark.skipif(_on_the_emulated_device(), reason=why)
+
+
+ENGINE_PICKS_TRITON_ON_A_GPU = ("the engine runs Triton kernels on a real CUDA device only; on "
+                                "the emulated device it refuses them by name (CPU tensors run the "
+                                "torch-ops implementation)")
 needs_compiled_triton = pytest.mark.skipif(INTERPRETED, reason="TRITON_INTERPRET=1 runs kernels "
                                            "on CPU tensors, these use CUDA ones")
