@@ -158,6 +158,16 @@ class DeviceState(Observed):
                 states.append(found.philox_state)
         return states
 
+    def end_generators_left_capturing(self) -> int:
+        """Outside any capture, end the capture state a failed capture left on the devices'
+        default generators (what a fresh process has); how many were left so."""
+        if self.capture is not None:
+            return 0
+        left = [g.philox_state for g in self.draws.defaults.generators if g.philox_state.capturing]
+        for state in left:
+            state.capturing = False
+        return len(left)
+
     def refuse_capture_on_default_stream(self, generators) -> None:
         """Nothing more: capture_generator_states already marked the states capturing."""
 

@@ -116,6 +116,7 @@ def pytest_runtest_teardown(item: pytest.Item, nextitem):
     result = yield
     if emulation_session.active(item.config):
         try:
+            emulation_session.end_generators_left_capturing()
             emulation_session.restore_default_stream(item.nodeid)
         finally:
             _raise_late_races(item, test_ended=True)

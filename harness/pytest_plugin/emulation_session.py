@@ -83,6 +83,17 @@ class LeftStreamError(RuntimeError):
     test of its worker would issue its work there, and its frees would race with it."""
 
 
+def end_generators_left_capturing() -> int:
+    """Between tests, end the capture state a failed capture left on the emulated device's default
+    generators, as a test's own process would start without it (natively, tests that fail a real
+    capture run in a process of their own); within the test CUDA's stuck state holds. How many
+    generators were left so (the graph sanitizer's are the GPU's own: 0)."""
+    from harness.emulation.active import active_state
+
+    end = getattr(active_state(), "end_generators_left_capturing", None)
+    return end() if end is not None else 0
+
+
 def restore_default_stream(nodeid: str) -> None:
     """Make the default stream current again where a test left another, and raise naming the test
     and the stream (the test's bug: a `torch.cuda.set_stream` with no way back, or a stream
