@@ -12,11 +12,10 @@ cudaStreamCaptureMode):
   unsafe" call: refused in "global" mode from every thread of the process, in "thread_local" mode
   from the thread that began the capture only, never in "relaxed" mode.
 
-- Launching a graph (`CUDAGraph.replay()`) into a stream that takes part in the capture: refused
-  in every mode (cudaGraphLaunch is not a capturable call).
-
 A refused call raises cudaErrorStreamCaptureUnsupported's text and invalidates the capture, so
 `capture_end()` then fails even when the caller caught the first error (EmulatedCUDAGraph).
+A graph replayed into a capturing stream is torch's refusal instead (`refuse_graph_launch`):
+nothing reaches CUDA, and the capture goes on.
 
 The device a check asks (`host`: the emulated device's state or the graph sanitizer's host) has
 `capture` (the graph being captured, or None) and `stream_captures(stream)`.

@@ -63,32 +63,42 @@ class SanitizerHost(Observed):
     def rng_device(self) -> torch.device:
         return self.storage_device
 
+    def _real_graph(self, generators) -> torch.cuda.CUDAGraph:
+        """A real CUDAGraph with `generators` registered, whose capture_begin and capture_end run
+        CUDA's own generator prologue and epilogue."""
+        graph = self._real_graph_class()
+        for generator in generators:
+            graph.register_generator_state(generator)
+        return graph
+
     def capture_generator_states(self, generators) -> list:
         """None to mark: the GPU's generators run CUDA's own capture prologue. Where a refused
         capture left them capturing, this capture's prologue and epilogue would end that on CUDA:
         an empty real capture on a side stream runs both (with `generators` registered)."""
         if self._generators_left_capturing:
-            graph = self._real_graph_class()
-            for generator in generators:
-                graph.register_generator_state(generator)
+            graph = self._real_graph(generators)
             with torch.cuda.stream(torch.cuda.Stream()), warnings.catch_warnings():
                 warnings.simplefilter("ignore")  # "The CUDA Graph is empty"
                 graph.capture_begin()
                 graph.capture_end()
             self._generators_left_capturing = False
+            self._refused.clear()
         return []
+
+    def end_generators_left_capturing(self) -> int:
+        """Nothing to end here: the GPU's generators are CUDA's, as a real capture left them."""
+        return 0
 
     def refuse_capture_on_default_stream(self, generators) -> None:
         """CUDAGraph::capture_begin runs the GPU's generators' capture prologue before it refuses
         the default stream, leaving them capturing: a real capture_begin there does both."""
-        graph = self._real_graph_class()
-        for generator in generators:
-            graph.register_generator_state(generator)
+        graph = self._real_graph(generators)
         try:
             graph.capture_begin()
         except RuntimeError:
             self._generators_left_capturing = True
-            self._refused.append(graph)  # a graph's generators stay registered while it lives
+            # its generators stay registered while it lives: until a capture ends their state
+            self._refused.append(graph)
         else:
             graph.capture_end()
             raise RuntimeError("this torch's CUDAGraph.capture_begin accepted the default stream, "

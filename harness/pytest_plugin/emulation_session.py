@@ -90,8 +90,7 @@ def end_generators_left_capturing() -> int:
     generators were left so (the graph sanitizer's are the GPU's own: 0)."""
     from harness.emulation.active import active_state
 
-    end = getattr(active_state(), "end_generators_left_capturing", None)
-    return end() if end is not None else 0
+    return active_state().end_generators_left_capturing()
 
 
 def restore_default_stream(nodeid: str) -> None:
