@@ -164,22 +164,17 @@ class EmulatedCUDAGraph:
             if sys.exc_info()[1] is not None:
                 # Called from torch.cuda.graph's __exit__ while the captured code's exception
                 # propagates: drop the capture and let that exception be the one the caller sees.
-                self._host.notify_capture_end(self, aborted=True)
-                session.abort()
-                self._release_pool()
+                self._drop_capture(session)
                 ended = invalidation is None
                 self._dropped = True
                 return
             if invalidation is not None:
-                self._host.notify_capture_end(self, aborted=True)
-                session.abort()
-                self._release_pool()
+                self._drop_capture(session)
                 raise invalidated_capture_error(invalidation)
             try:
                 self._host.notify_capture_end(self, aborted=False)  # may raise: unjoined work
             except BaseException:
-                session.abort()
-                self._release_pool()
+                self._drop_capture(session, told_host=True)
                 raise
             ended = True
             recording = session.end(stacklevel=4)
@@ -200,6 +195,14 @@ class EmulatedCUDAGraph:
         self._dropped = False
         self._template_live = True
         self._instantiated = False
+
+    def _drop_capture(self, session, told_host: bool = False) -> None:
+        """End `session` without a graph and give its pool back; `told_host`: the host already
+        heard of the capture's end (and refused it)."""
+        if not told_host:
+            self._host.notify_capture_end(self, aborted=True)
+        session.abort()
+        self._release_pool()
 
     def invalidate(self, error: CaptureError) -> None:
         """A call CUDA refuses during capture was made (capture_syncs.py): as on CUDA, the capture
