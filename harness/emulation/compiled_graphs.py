@@ -786,6 +786,7 @@ class _Replay:
         self.managed_addresses = _addresses(args, managed)
         self.node = node  # the trees' id of this recording
         self.written: tuple[int, ...] = ()  # copied inputs the graph writes (set by `capture`)
+        self.static_indices: tuple[int, ...] = ()  # the static inputs (set by `capture`)
 
     @staticmethod
     def capture(device_graph: DeviceGraph, state, args, position: int) -> "_Replay":
@@ -821,12 +822,21 @@ class _Replay:
                 1 for i in range(len(args)) if i not in device_graph.static and i not in managed)
         mutated = device_graph.mutated_inputs.get(_key(args), frozenset())
         recorded.written = tuple(i for i in copied if i in mutated)
+        recorded.static_indices = tuple(sorted(device_graph.static))
         return recorded
 
     def replay(self, args, trees):
         for i in self.copied:
             if args[i] is not self.inputs[i]:
                 self.inputs[i].copy_(args[i])
+        recording = self.graph.recording
+        if recording is not None:
+            # The trees replay a recording whose static inputs are at the addresses it captured
+            # (checked by the caller), not necessarily the same buffers: a parameter reassigned
+            # with `.data = ...` whose new memory landed where the old one was freed is read there.
+            recording.adopt_reallocated(lambda: [
+                args[i].untyped_storage() for i in self.static_indices
+                if i < len(args) and isinstance(args[i], torch.Tensor)])
         self.graph.replay()
         # The trees write a managed input where it is; the device wrote its copy, so the
         # caller's tensor gets the values the graph wrote (an output aliasing it is rebuilt

@@ -489,6 +489,35 @@ def test_a_parameter_that_moves_is_recorded_again_past_the_limit(cuda_kind):
     assert counters["inductor"]["cudagraph_skips"] == 0
 
 
+REALLOCATIONS = 48
+
+
+def test_a_parameter_reallocated_at_its_captured_address_is_read_there(cuda_kind):
+    """The trees replay a recording when its static inputs are at the captured addresses: they
+    compare data pointers, not buffers. A parameter reassigned with `.data = ...` whose new memory
+    landed where the captured one was freed is read there, on CUDA as on the emulated device,
+    which until 2026-12-06 refused the replay (`FreedMemoryError`, the captured buffer freed)
+    whenever the host allocator handed the address back (at random there: host memory)."""
+    if cuda_kind == "sanitizer":
+        pytest.skip("the graph sanitizer refuses inductor's cudagraph trees by name")
+    linear = torch.nn.Linear(4, 4, device="cuda")
+    compiled = torch.compile(linear, mode="reduce-overhead")
+    x = torch.rand(2, 4, device="cuda")
+    addresses = set()
+    with torch.no_grad():
+        for _ in range(3):  # warm-up, recording, replay
+            compiled(x)
+        for _ in range(REALLOCATIONS):
+            # the new buffer is made while the old one lives, which is freed next: CUDA's
+            # caching allocator alternates two blocks, the emulated device's host memory often
+            addresses.add(linear.weight.data_ptr())
+            linear.weight.data = torch.rand(4, 4, device="cuda")
+            out = compiled(x)
+            torch.testing.assert_close(out, x @ linear.weight.T + linear.bias)
+    if len(addresses) == REALLOCATIONS:
+        pytest.skip(f"no address came back in {REALLOCATIONS} reallocations: nothing was checked")
+
+
 def test_too_many_recorded_sizes_warn_once(cuda_kind):
     """The trees record one function per set of a graph's dynamic sizes, and past
     `triton.cudagraph_dynamic_shape_warn_limit` sizes log their warning, once per graph. The

@@ -11,6 +11,7 @@ reference (a `set_()`, a rebinding, a `del`).
 
 from __future__ import annotations
 
+import dataclasses
 import weakref
 from dataclasses import dataclass, field
 
@@ -55,6 +56,14 @@ class ExternalStorage:
     def moved(self) -> bool:
         storage = self.storage_object()
         return storage is not None and storage.data_ptr() != self.address
+
+    def adopted(self, storage: torch.UntypedStorage) -> "ExternalStorage":
+        """This entry with `storage`, which the allocator placed at the freed memory's address,
+        as the memory a replay reads: what a CUDA graph does, which keeps the address."""
+        freed_at: list[str] = []
+        return dataclasses.replace(self, liveness=StorageWeakRef(storage),
+                                   storage_object=weakref.ref(storage, _note_free(freed_at)),
+                                   freed_at=freed_at)
 
 
 def _note_free(cell: list[str]) -> weakref.CallbackType:

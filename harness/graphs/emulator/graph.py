@@ -69,15 +69,7 @@ class EmulatedGraph(CapturedGraph):
         self._inference_mode = inference_mode
         self.reads = reads  # the storages a replay reads and writes, for stream tracking
         self.writes = writes
-        self._external = external  # holds the weak references the raw pointers below stand for
-        # Blocks of other graphs' pools stay valid while their pool is held (pool.PoolUse), so
-        # they are checked apart; the rest in bulk, below.
-        self._pool_blocks = tuple(s for s in external if s.owner_pool is not None)
-        plain = [s for s in external if s.owner_pool is None]
-        self._external_weak_refs = tuple(s.liveness.cdata for s in plain)
-        self._external_objects = tuple(s.storage_object for s in plain)
-        self._external_addresses = tuple(s.address for s in plain)
-        self._plain_external = tuple(plain)
+        self._index_external(external)
         pool.token.hold(self)
         self.records: tuple[OpRecord, ...] = tuple(records or ())
         self._tensors = tensors
@@ -98,6 +90,39 @@ class EmulatedGraph(CapturedGraph):
         # second renewal would make this graph's own blocks newer than the ones it reads, and
         # refuse its in-order replay (PyTorch's test_graph_two_successive).
         self._launched = 0
+
+    def _index_external(self, external: list[ExternalStorage]) -> None:
+        self._external = external  # holds the weak references the raw pointers below stand for
+        # Blocks of other graphs' pools stay valid while their pool is held (pool.PoolUse), so
+        # they are checked apart; the rest in bulk, below.
+        self._pool_blocks = tuple(s for s in external if s.owner_pool is not None)
+        plain = [s for s in external if s.owner_pool is None]
+        self._external_weak_refs = tuple(s.liveness.cdata for s in plain)
+        self._external_objects = tuple(s.storage_object for s in plain)
+        self._external_addresses = tuple(s.address for s in plain)
+        self._plain_external = tuple(plain)
+
+    def adopt_reallocated(self, storages: Callable[[], list[torch.UntypedStorage]]) -> int:
+        """Where memory the capture used outside its pool was freed and one of `storages` (called
+        only then) now starts at its address, holding at least as many bytes, read and write that
+        storage from now on, as the CUDA graph does, which keeps the address. For a caller that
+        checked the address itself before replaying (cudagraph trees compare a static input's
+        data pointer, not its storage); every other replay refuses freed memory. Returns how many
+        entries were adopted."""
+        if not any(map(_expired, self._external_weak_refs)):
+            return 0
+        at = {s.data_ptr(): s for s in storages()}
+        adopted = 0
+        external = list(self._external)
+        for index, entry in enumerate(external):
+            storage = at.get(entry.address)
+            if (entry.owner_pool is None and storage is not None and entry.freed()
+                    and storage.nbytes() >= entry.nbytes):
+                external[index] = entry.adopted(storage)
+                adopted += 1
+        if adopted:
+            self._index_external(external)
+        return adopted
 
     @property
     def num_ops(self) -> int:
