@@ -31,7 +31,16 @@ def to_host(t: torch.Tensor, non_blocking: bool = False) -> torch.Tensor:
     return torch.ops.aten.alias(t)
 
 
-_MARKERS = {to_device: True, to_host: False}
+def to_traced_device(t: torch.Tensor, non_blocking: bool = False) -> torch.Tensor:
+    """A traced transfer or factory given a `torch.device` that reads "cpu" in the trace: on CUDA
+    most often a traced tensor's own `.device` (`inv_freq.to(x.device)`, `torch.arange(n,
+    device=x.device)`), which dynamo gives as the cpu the device's tensors are; resolved when
+    the graph runs (see `placement`)."""
+    return torch.ops.aten.alias(t)
+
+
+# Where each marker's result lives: True device, False host, None the graph's own device.
+_MARKERS = {to_device: True, to_host: False, to_traced_device: None}
 _registered = False
 
 
@@ -74,7 +83,11 @@ def placement(graph_module: torch.fx.GraphModule, args) -> Placement:
     An input is the memory it is; a marker's node is the memory it names; a call writing in place
     (a method ending in "_") returns its first argument's memory; any other call is device memory
     when one of its tensor arguments is (CUDA's ops run on their tensors' device; a factory that
-    names cuda is wrapped in to_device), else host memory."""
+    names cuda is wrapped in to_device), else host memory. A `to_traced_device` marker is device
+    memory when any input of the graph is: a trace cannot tell `x.device` from `torch.device("cpu")`
+    (the string "cpu" and `.cpu()` are `to_host`), and in a graph of device tensors the device a
+    tensor names is the device's."""
+    on_device = any(isinstance(a, torch.Tensor) and is_device_memory(a) for a in args)
     marks: dict[torch.fx.Node, OutputMark] = {}
     placeholders = iter(args)
     outputs: tuple = ()
@@ -97,7 +110,8 @@ def placement(graph_module: torch.fx.GraphModule, args) -> Placement:
         elif node.op == "call_function" and node.target in _MARKERS:
             non_blocking = bool(node.args[1] if len(node.args) > 1
                                 else node.kwargs.get("non_blocking", False))
-            marks[node] = OutputMark(_MARKERS[node.target], non_blocking)
+            device = _MARKERS[node.target]
+            marks[node] = OutputMark(on_device if device is None else device, non_blocking)
         else:
             inputs = [n for n in node.all_input_nodes if n in marks]
             if _in_place(node) and node.args and node.args[0] in marks:
@@ -106,9 +120,16 @@ def placement(graph_module: torch.fx.GraphModule, args) -> Placement:
                 marks[node] = OutputMark(any(marks[n].device for n in inputs),
                                          any(marks[n].non_blocking for n in inputs))
         if (host is None and node in marks and not marks[node].device and
-                isinstance(value, torch.Tensor) and value.dim()):
+                isinstance(value, torch.Tensor) and value.dim() and not _marked(node)):
             host = node.name
     return Placement(outputs, host)
+
+
+def _marked(node: torch.fx.Node) -> bool:
+    """A value only markers use: a factory naming cuda, traced on the cpu and wrapped in its marker,
+    lives where the marker says (the cpu tensor in the trace is the device's)."""
+    return bool(node.users) and all(
+        user.op == "call_function" and user.target in _MARKERS for user in node.users)
 
 
 def _in_place(node: torch.fx.Node) -> bool:

@@ -37,7 +37,7 @@ from harness.emulation.capacity import requested_bytes
 from harness.emulation.sync_debug import call_flagging_syncs
 from harness.emulation.device_draws import EagerDraws, may_draw, recorded
 from harness.emulation.generators import DeviceGenerator
-from harness.emulation.compiled_devices import to_device, to_host
+from harness.emulation.compiled_devices import to_device, to_host, to_traced_device
 from harness.emulation.device_memory import DEVICE, PINNED, is_device_memory
 from harness.emulation.rules import (CPU, cuda_index, device_generator_on_host_error,
                                                  host_generator_error, mixed_devices_error,
@@ -447,10 +447,20 @@ def _traced_on_host(func, args: tuple, kwargs: dict):
                      for a in args)
         kwargs = {**kwargs, "device": CPU} if "device" in kwargs else kwargs
         out = func(*args, **kwargs)
-        return (to_device if names_cuda(target) else to_host)(out, non_blocking)
+        if names_cuda(target):
+            return to_device(out, non_blocking)
+        # a device object reading cpu: most often a traced tensor's `.device` (compiled_devices)
+        return (to_traced_device if _device_object(target) else to_host)(out, non_blocking)
     if target is not None and names_cuda(target):
         return to_device(func(*args, **{**kwargs, "device": CPU}))
+    if _device_object(target):
+        return to_traced_device(func(*args, **kwargs))
     return func(*args, **kwargs)
+
+
+def _device_object(target) -> bool:
+    """A `torch.device` (not the string "cpu") naming the cpu, as a traced tensor's `.device` is."""
+    return isinstance(target, torch.device) and target.type == "cpu"
 
 
 def _user_op_traced_on_host(func, args: tuple, kwargs: dict):
