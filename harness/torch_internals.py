@@ -175,6 +175,9 @@ NAMES: dict[str, Internal] = {
     "dynamo_eval_frame": Internal("torch._dynamo.eval_frame", "",
                                   _found("torch._dynamo.eval_frame"), lazy=True),
     "dynamo_utils": Internal("torch._dynamo.utils", "", _found("torch._dynamo.utils"), lazy=True),
+    # dynamo's torch.* variables: `get_overridable_functions`, the calls it hands to a mode
+    "dynamo_torch_variables": Internal("torch._dynamo.variables.torch", "",
+                                       _found("torch._dynamo.variables.torch"), lazy=True),
     "triton_utils": Internal("torch.utils._triton", "", _found("torch.utils._triton"), lazy=True),
     "inductor_config": Internal("torch._inductor.config", "", _found("torch._inductor.config"),
                                 lazy=True),

@@ -45,6 +45,7 @@ from harness.emulation.compiled_devices import (OutputMark, Placement, graph_att
 from harness.emulation.compiled_trees import (direct_trees_refused, rerecord_limit_exceeded,
                                               trees_reset, wants_cudagraphs)
 from harness.emulation.device_memory import is_device_memory
+from harness.emulation.traced_factories import factories_patch
 
 # One library for every graph's op: torch.library keeps what it defines for the process.
 _LIBRARY_NAME = "harness_compiled"
@@ -1274,7 +1275,8 @@ def compile_patches(state) -> list[tuple[Any, str, Any]]:
                                                       inductor.compile_fx_inner)),
             (inductor, "compile_fx_inner", inductor_inner_on_host(inductor.compile_fx_inner))] \
         + direct_trees_refused() \
-        + trees_reset()
+        + trees_reset() \
+        + factories_patch()
 
 
 def clear_triton_answer() -> None:
