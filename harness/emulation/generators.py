@@ -123,7 +123,11 @@ class DeviceGenerator(_TorchGenerator):
         return DeviceGenerator(self.index, self._rng, self._capturing)
 
     def clone_state(self) -> "DeviceGenerator":
-        """A generator holding a copy of this one's state."""
+        """A generator holding a copy of this one's state. Refused during a capture, as
+        CUDAGeneratorImpl::clone_impl refuses it (no graph-safe clone exists: a state to rewind to
+        inside a capture is `torch.cuda.get_rng_state()`'s)."""
+        if self._capturing():
+            raise _not_capturing("Cannot call CUDAGeneratorImpl::clone_impl")
         return DeviceGenerator(self.index, self._rng.clone(), self._capturing)
 
     def graphsafe_set_state(self, state: Any) -> "DeviceGenerator":

@@ -30,6 +30,13 @@ UNJOINED = "CUDA error: capturing stream has unjoined work"
 # CUDAGeneratorImpl::set_current_seed during capture, to another seed (a RuntimeError).
 RESEED = ("CUDAGeneratorImpl::set_current_seed can be called during stream capture only if new "
           "seed is the same as the original seed.")
+
+
+def not_capturing(attempt: str) -> str:
+    """at::cuda::assertNotCapturing's text (CUDAGraphsUtils.cuh), e.g. for CUDAGeneratorImpl::seed
+    and ::clone_impl, which a capture refuses whatever the seed."""
+    return (f"{attempt} during CUDA graph capture. If you need this call to be captured, please "
+            f"file an issue. Current cudaStreamCaptureStatus: cudaStreamCaptureStatusActive")
 # c10/cuda/CUDACachingAllocator.cpp, the pool lookup of beginAllocateToPool: a capture into a pool
 # id whose graphs are all gone before a release of cached memory erased it (a RuntimeError; on CUDA
 # the build's file path and line follow "at").

@@ -64,6 +64,14 @@ class _RngRecording:
             state = state.clone()  # a state from before capture: read once, as CUDA reads it
         self.steps.append((self.generator.set_state, (state,), {}))
 
+    def fresh_seed(self, call: str) -> None:
+        """`torch.cuda.seed()`/`seed_all()`: CUDAGeneratorImpl::seed asserts no capture before it
+        draws a seed, so CUDA refuses it whatever the generator's seed."""
+        raise CaptureError(cuda_errors.cuda_first(
+            cuda_errors.not_capturing("Cannot call CUDAGeneratorImpl::seed"), at_callsite(
+                f"{call} during capture asks the {self.device} generator the graph draws from for "
+                f"a fresh random seed: seed before capture", current_callsite())), op=call)
+
     def reseed(self, call: str, seed: int | None) -> bool:
         """Refuse a reseed to another seed; True when the call may go on (same seed: a no-op)."""
         current = self.generator.initial_seed()
@@ -105,7 +113,10 @@ def _patches(rng: _RngRecording) -> list[tuple[Any, str, Callable]]:
         rng.reseed("torch.cuda.manual_seed_all", seed)
 
     def cuda_seed():
-        rng.reseed("torch.cuda.seed", None)
+        rng.fresh_seed("torch.cuda.seed")
+
+    def cuda_seed_all():
+        rng.fresh_seed("torch.cuda.seed_all")
 
     def manual_seed(seed):
         rng.reseed("torch.manual_seed", seed)
@@ -117,7 +128,7 @@ def _patches(rng: _RngRecording) -> list[tuple[Any, str, Callable]]:
     cuda = [(module, name, fn) for module in (torch.cuda, torch.cuda.random)
             for name, fn in (("get_rng_state", get_rng_state), ("set_rng_state", set_rng_state),
                              ("manual_seed", cuda_manual_seed), ("manual_seed_all", cuda_manual_seed_all),
-                             ("seed", cuda_seed), ("seed_all", cuda_seed))]
+                             ("seed", cuda_seed), ("seed_all", cuda_seed_all))]
     return cuda + [(module, name, fn) for module in (torch, torch.random)
                    for name, fn in (("manual_seed", manual_seed), ("seed", seed))]
 
