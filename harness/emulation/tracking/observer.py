@@ -4,6 +4,7 @@
 
 from __future__ import annotations
 
+import weakref
 from typing import Any
 
 import torch
@@ -39,6 +40,9 @@ class DeviceStreams:
                               state.capturing, schedule=schedule, races=races,
                               lazy=schedule == "issue_order")
         self._pending_activation = False
+        # One private event per executable graph: CUDA orders each launch of a graphExec behind
+        # its previous launch, whatever the stream (cudaGraphLaunch), so the replay waits on it.
+        self._launches: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
         self._watch_for_asynchrony()
 
     def _watch_for_asynchrony(self) -> None:
@@ -155,11 +159,18 @@ class DeviceStreams:
         for *_, event in segments:
             if event is not None:
                 event.recorded_on = stream  # the replay records the graph's event node
-        self.work.replay(stream_key(stream), recording.reads, recording.writes,
+        key = stream_key(stream)
+        launched = self._launches.get(recording)
+        if launched is not None:
+            self.work.wait_event(key, launched)
+        else:
+            launched = self._launches[recording] = next(self.state.streams.event_ids)
+        self.work.replay(key, recording.reads, recording.writes,
                          lambda: run(recording), name=f"CUDAGraph {id(graph):#x}",
                          where=callsite_later(), hold=recording.external_storages, steps=steps,
                          segments=[(reads, writes, None if event is None else event.key)
                                    for reads, writes, event in segments])
+        self.work.record_event(launched, key)
 
     # --- naming --------------------------------------------------------------------------------
 
