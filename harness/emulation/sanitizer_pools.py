@@ -60,7 +60,8 @@ class AllocatorPool(PoolArena):
         block = getattr(tensor.untyped_storage(), BLOCK_ATTR, None)
         return block is not None and not block.liveness.expired() and block in self._blocks
 
-    def allocate(self, nbytes: int) -> tuple[torch.UntypedStorage, Block]:
+    def allocate(self, nbytes: int, stream: object = None) -> tuple[torch.UntypedStorage, Block]:
+        # `stream` is the caching allocator's business here: it places the block by stream.
         if nbytes <= 0:
             raise ValueError(f"pool allocations must be positive, got nbytes={nbytes}")
         if not self._routing:

@@ -21,6 +21,7 @@ from harness.torch_internals import TorchDispatchMode, disable_current_modes, tr
 from harness.graphs.base import CaptureError
 from harness.graphs.emulator import cuda_errors, opinfo
 from harness.graphs.emulator.callsite import at_callsite, current_callsite
+from harness.emulation.tracking.capture_races import CaptureRaces
 from harness.emulation.tracking.clocks import Clocks
 
 
@@ -31,14 +32,16 @@ class CaptureStreams(TorchDispatchMode):
     # A higher-order operator is judged by its stream like any op, then left to the recorder.
     supports_higher_order_operators = True
 
-    def __init__(self, state: Any, origin: Any, mode: str, key) -> None:
+    def __init__(self, state: Any, origin: Any, mode: str, key,
+                 races: CaptureRaces | None = None) -> None:
         super().__init__()
         self.state = state
         self.origin = origin
         self.mode = mode
         self.key = key
         self.thread = threading.get_ident()
-        self.clocks = Clocks()
+        self.races = races
+        self.clocks = Clocks() if races is None else races.clocks
         self.last: dict[Any, tuple[int, str]] = {}  # forked stream -> (its last op's seq, line)
         self.invalidated: CaptureError | None = None
 
@@ -50,10 +53,14 @@ class CaptureStreams(TorchDispatchMode):
             return func(*args, **kwargs)  # host work: the recorder's business
         stream = self.state.streams.current()
         if stream in self.state.streams.capturing:
-            seq = self.clocks.launch(self.key(stream))
+            if self.races is None:
+                seq, out = self.clocks.launch(self.key(stream)), func(*args, **kwargs)
+            else:
+                out = func(*args, **kwargs)
+                seq = self.races.op(self.key(stream), func, args, kwargs, out)
             if stream != self.origin:
                 self.last[stream] = (seq, current_callsite())
-            return func(*args, **kwargs)
+            return out
         # The legacy default stream waits on the blocking streams of its own device only: another
         # device's default stream runs its work outside the graph, as any other stream does.
         if stream.stream_id == 0 and stream.device_index == self.origin.device_index and (
@@ -109,13 +116,15 @@ class CaptureRules:
     a device without tracking (`races="off"` in issue order) is given one of its own, since which
     work a capture records does not depend on whether races are looked for."""
 
-    def __init__(self, state: Any, key) -> None:
+    def __init__(self, state: Any, key, tracker: Any = None) -> None:
         self.state = state
         self.key = key
+        self.tracker = tracker  # the device's StreamTracker, where races between branches go
         self.capture: CaptureStreams | None = None
 
     def on_capture_begin(self, graph, stream, mode: str) -> None:
-        self.capture = CaptureStreams(self.state, stream, mode, self.key)
+        races = None if self.tracker is None else CaptureRaces(self.tracker, self.state.memory)
+        self.capture = CaptureStreams(self.state, stream, mode, self.key, races)
         self.capture.__enter__()
 
     def on_capture_end(self, graph, aborted: bool) -> None:

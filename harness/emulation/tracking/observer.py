@@ -35,10 +35,10 @@ class DeviceStreams:
 
     def __init__(self, state: Any, *, schedule: str, races: str) -> None:
         self.state = state
-        self.capture_rules = CaptureRules(state, stream_key)
         self.work = AsyncWork(state.memory, lambda: stream_key(state.streams.current()),
                               state.capturing, schedule=schedule, races=races,
                               lazy=schedule == "issue_order")
+        self.capture_rules = CaptureRules(state, stream_key, self.work.tracker)
         self._pending_activation = False
         # One private event per executable graph: CUDA orders each launch of a graphExec behind
         # its previous launch, whatever the stream (cudaGraphLaunch), so the replay waits on it.

@@ -129,6 +129,7 @@ class PoolArena:
         self.segment_bytes = segment_bytes
         self._segments: list[torch.Tensor] = []
         self._live: list[list[Block]] = []  # per segment, sorted by offset
+        self._streams: list[object] = []  # per segment, the stream it serves (None: any caller)
         # Held by each block: a capture tells its own pool's blocks apart, and a graph reading
         # another pool's block asks whether that pool is still held.
         self.token = PoolUse(cached=cached)
@@ -151,15 +152,17 @@ class PoolArena:
         block = block_of(tensor)
         return block is not None and any(block in blocks for blocks in self._live)
 
-    def allocate(self, nbytes: int) -> tuple[torch.UntypedStorage, Block]:
-        """A fresh non-owning storage of at least `nbytes`, best fit among the free gaps."""
+    def allocate(self, nbytes: int, stream: object = None) -> tuple[torch.UntypedStorage, Block]:
+        """A fresh non-owning storage of at least `nbytes`, best fit among the free gaps of the
+        segments made for `stream`: as in CUDA's allocator, a segment serves the stream it was
+        reserved for, so a block freed on one stream is never handed to another's allocation."""
         if nbytes <= 0:
             raise ValueError(f"pool allocations must be positive, got nbytes={nbytes}")
         size = -(-nbytes // BLOCK_ALIGN) * BLOCK_ALIGN
         self._sweep()
-        segment, offset = self._best_fit(size)
+        segment, offset = self._best_fit(size, stream)
         if segment is None:
-            segment, offset = self._new_segment(size), 0
+            segment, offset = self._new_segment(size, stream), 0
         storage = self._non_owning(segment, offset, size)
         replay_storage = self._non_owning(segment, offset, size)
         block = Block(segment, offset, size, StorageWeakRef(storage), replay_storage, self.token)
@@ -215,9 +218,11 @@ class PoolArena:
                 self._live[i] = [b for b in blocks if not b.liveness.expired()
                                  or (b.reusable is not None and not b.reusable())]
 
-    def _best_fit(self, size: int) -> tuple[int | None, int]:
+    def _best_fit(self, size: int, stream: object) -> tuple[int | None, int]:
         best: tuple[int, int, int] | None = None  # (gap, segment, offset)
         for segment, blocks in enumerate(self._live):
+            if self._streams[segment] != stream:
+                continue
             spans = [(b.offset, b.end) for b in blocks]
             spans.append((self._segments[segment].numel(), 0))  # the segment's end closes the last gap
             cursor = 0
@@ -228,10 +233,11 @@ class PoolArena:
                 cursor = end
         return (None, 0) if best is None else (best[1], best[2])
 
-    def _new_segment(self, size: int) -> int:
+    def _new_segment(self, size: int, stream: object) -> int:
         nbytes = -(-size // self.segment_bytes) * self.segment_bytes
         self._segments.append(torch.empty(nbytes, dtype=torch.uint8, device=self.device))
         self._live.append([])
+        self._streams.append(stream)
         return len(self._segments) - 1
 
 

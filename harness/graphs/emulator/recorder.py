@@ -11,7 +11,7 @@ replay refuses to run once it was freed.
 from __future__ import annotations
 
 import warnings
-from typing import Any
+from typing import Any, Callable
 
 import torch
 
@@ -76,6 +76,9 @@ class Recorder(TorchDispatchMode):
         # a state object of the device at each replay. None: random ops draw from the generator
         # their recorded arguments name, or the cpu's default one.
         self.draws: Any = None
+        # The emulated CUDA device's stream an allocation is made on (a key): the pool serves each
+        # stream from segments of its own, as CUDA's allocator does. None: one stream.
+        self.allocation_stream: Callable[[], object] | None = None
         self.reads: set[int] = set()  # storages the recording reads (data pointers)
         self.writes: set[int] = set()  # and writes: what a replay touches as one stream op
         # Cut at each event recorded as a graph node (`Event(external=True)`): the accesses
@@ -287,7 +290,8 @@ class Recorder(TorchDispatchMode):
         if nbytes == 0:
             out = torch.empty_strided(meta.size(), meta.stride(), dtype=meta.dtype, device=device)
         else:
-            storage, block = self.arena.allocate(nbytes)
+            stream = None if self.allocation_stream is None else self.allocation_stream()
+            storage, block = self.arena.allocate(nbytes, stream)
             self.allocated_blocks[block] = None
             if block.contested:  # handed the bytes of a block another capture reads
                 block.allocated_at = current_callsite()
