@@ -253,6 +253,10 @@ def memory_summary(state, device: Any = None, abbreviated: bool = False) -> str:
 
 
 def empty_cache(state) -> None:
+    # CUDA's allocator does nothing while a capture is underway, in any thread (PyTorch #158152;
+    # it raised before torch 2.8): cached segments stay reserved until a call after the capture.
+    if state.capture is not None:
+        return
     state.memory.accounting().empty_cache()
     state.pool_handles.release_cached()
 
