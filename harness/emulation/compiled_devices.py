@@ -12,22 +12,44 @@ static cache prefetches host keys to the device inside its compiled update.
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Iterator
 
 import torch
 
 from harness.emulation.device_memory import is_device_memory
 
 
+# Set while a graph's own nodes run as the device's eager ops (DeviceGraph's calls autograd must
+# differentiate through a backend of torch calls): there a marker is the transfer it stands for,
+# since nothing follows the graph's memory afterwards but the marking of each op's result.
+_EAGER: contextvars.ContextVar[bool] = contextvars.ContextVar("harness_eager_transfers",
+                                                              default=False)
+
+
+@contextlib.contextmanager
+def transfers_run_eagerly() -> Iterator[None]:
+    token = _EAGER.set(True)
+    try:
+        yield
+    finally:
+        _EAGER.reset(token)
+
+
 def to_device(t: torch.Tensor, non_blocking: bool = False) -> torch.Tensor:
     """A traced copy to the device: the tensor itself (the copy, if any, is made when the graph's
     output is handed back; see DeviceGraph)."""
+    if _EAGER.get() and not torch.compiler.is_compiling():
+        return t.to("cuda", non_blocking=non_blocking)
     return torch.ops.aten.alias(t)
 
 
 def to_host(t: torch.Tensor, non_blocking: bool = False) -> torch.Tensor:
     """A traced copy to the host, as `to_device`."""
+    if _EAGER.get() and not torch.compiler.is_compiling():
+        return t.to("cpu", non_blocking=non_blocking)
     return torch.ops.aten.alias(t)
 
 

@@ -41,7 +41,8 @@ from harness import torch_internals, triton_internals
 from harness.torch_internals import get_current_function_mode_stack as _get_current_function_mode_stack
 
 from harness.emulation.compiled_devices import (OutputMark, Placement, graph_attribute,
-                                                has_transfers, placement, register_markers)
+                                                has_transfers, placement, register_markers,
+                                                transfers_run_eagerly)
 from harness.emulation.compiled_trees import (direct_trees_refused, rerecord_limit_exceeded,
                                               trees_reset, wants_cudagraphs)
 from harness.emulation.device_memory import is_device_memory
@@ -217,6 +218,14 @@ class DeviceGraph:
             # they are the device's eager ops, their saved activations device memory for the
             # backward, which autograd's engine runs later, outside this call
             self.differentiated_op_by_op += 1
+            if self.transfers:
+                # AOTAutograd traced the transfer markers into plain aliases, so its graphs
+                # would leave a factory naming cuda (traced on the cpu) host memory and meet
+                # device tensors with it; dynamo's graph still holds them, and its eager ops
+                # are what those graphs run
+                with transfers_run_eagerly():
+                    out = self.graph_module(*args)
+                return self._placed(state, args, out, _key(args))
             return self._placed(state, args, self.compiled(*args), _key(args))
         if self.cudagraphs and not state.capturing():
             return self._replayed(state, args)

@@ -199,3 +199,29 @@ def test_gradients_accumulated_into_the_last_steps_raise_as_pool_outputs(cuda_ki
     torch.compiler.cudagraph_mark_step_begin()
     with pytest.raises(RuntimeError, match="overwritten by a subsequent run"):
         _step(compiled, x)
+
+
+def _a_factory_and_a_copy_to_the_host(y):
+    x = torch.zeros(3, device="cuda")
+    x.add_(3)
+    z = x * y
+    return z, z.cpu() * 2
+
+
+@pytest.mark.parametrize("backend", ["eager", "aot_eager", "cudagraphs"])
+def test_a_graph_of_eager_ops_keeps_its_transfers_when_differentiated(cuda_kind, backend):
+    """A factory naming cuda and a copy to the host inside a graph autograd differentiates, through
+    a backend of torch calls (dynamo's `backend="cudagraphs"` in PyTorch's test/dynamo/
+    test_cudagraphs.py `test_factory`). The device traces a transfer as a marker that AOTAutograd
+    traces into an alias, and its graphs ran as the device's eager ops: the factory's tensor stayed
+    host memory and its product with a device tensor raised CUDA's mixed-device error (until
+    2026-12-06), and the copy to the host came back as device memory."""
+    if cuda_kind == "sanitizer" and backend == "cudagraphs":
+        pytest.skip("the graph sanitizer refuses cudagraph trees by name")
+    compiled = torch.compile(_a_factory_and_a_copy_to_the_host, backend=backend)
+    for _ in range(3):
+        y = torch.rand(3, device="cuda", requires_grad=True)
+        z, host = compiled(y)
+        assert (z.device.type, host.device.type) == ("cuda", "cpu")
+        (z.sum() + host.sum()).backward()
+        torch.testing.assert_close(y.grad, torch.full((3,), 9.0, device="cuda"))
