@@ -180,6 +180,9 @@ class CachingAllocator:
         self.segment_stats = {name: (Stat(), Stat(), Stat()) for name in SEGMENT_STATS}
         self.num_device_alloc = 0
         self.num_device_free = 0
+        # CUDA's release_cached_blocks first synchronizes every stream's outstanding frees
+        # (synchronize_and_free_events), counted whether or not any were outstanding
+        self.num_sync_all_streams = 0
         # CUDA numbers graph pools (uid, 0) from 1; a user-created MemPool's (0, uid) comes from
         # the counter graph_pool_handle() shares with it (new_mem_pool's caller).
         self._next_graph_pool = 1
@@ -394,6 +397,7 @@ class CachingAllocator:
 
     def empty_cache(self) -> None:
         """Give back every wholly free segment of the regular pool and of unused graph pools."""
+        self.num_sync_all_streams += 1
         self._release_free_segments(self.regular)
         for pool in tuple(self._freeable):
             self._release_free_segments(pool)
@@ -464,7 +468,7 @@ class CachingAllocator:
         for stats in self.segment_stats.values():
             for stat in stats:
                 stat.reset_accumulated()
-        self.num_device_alloc = self.num_device_free = 0
+        self.num_device_alloc = self.num_device_free = self.num_sync_all_streams = 0
 
     def _stats(self, name: str) -> list[tuple[int, int, int, int]]:
         """(current, peak, allocated, freed) of `name` for all, small_pool, large_pool."""
@@ -487,7 +491,7 @@ class CachingAllocator:
                 out.update({f"{name}.{scope}.{field}": v for field, v in zip(FIELDS, values)})
         for name in ("oversize_allocations", "oversize_segments"):  # none: no max_split_size
             out.update({f"{name}.{field}": 0 for field in FIELDS})
-        out.update({"num_alloc_retries": 0, "num_ooms": 0, "num_sync_all_streams": 0,
+        out.update({"num_alloc_retries": 0, "num_ooms": 0, "num_sync_all_streams": self.num_sync_all_streams,
                     "num_device_alloc": self.num_device_alloc,
                     "num_device_free": self.num_device_free, "max_split_size": -1})
         return collections.OrderedDict(sorted(out.items()))

@@ -159,6 +159,21 @@ def test_peaks_reset_to_the_current_values():
         assert stat("allocated_bytes.all.freed") == 512
 
 
+def test_each_empty_cache_counts_one_sync_of_all_streams():
+    """CUDA's allocator synchronizes every stream's outstanding frees before it releases its
+    cached segments, and counts it (`num_sync_all_streams`) whether or not any were outstanding;
+    reset_accumulated_memory_stats zeroes it (PyTorch's test_cuda_multigpu.py
+    `test_memory_stats` asserts one more per empty_cache; the emulated device said 0 until
+    2026-12-06)."""
+    torch.cuda.reset_accumulated_memory_stats()
+    assert stat("num_sync_all_streams") == 0
+    torch.cuda.empty_cache()
+    torch.cuda.empty_cache()
+    assert stat("num_sync_all_streams") == 2
+    torch.cuda.reset_accumulated_memory_stats()
+    assert stat("num_sync_all_streams") == 0
+
+
 def _capture_two(share: str) -> tuple[int, list]:
     """Two graphs whose temporaries fit one small segment each, captured with their pools shared
     or not; returns the reserved bytes they added and what keeps them alive."""
