@@ -30,7 +30,15 @@ def restore_location(state, original: Callable[[Any, str], Any]) -> Callable[[An
     def restore(storage: Any, location: str):
         if not (isinstance(location, str) and names_cuda(location)):
             return original(storage, location)
-        index = cuda_index(location, state.current_index, state.properties.count)
+        count = state.properties.count
+        index = torch.device(location).index
+        if index is not None and index >= count:
+            # torch.serialization's _validate_device, before CUDA is asked for the device
+            raise RuntimeError(
+                f"Attempting to deserialize object on CUDA device {index} but "
+                f"torch.cuda.device_count() is {count}. Please use torch.load with map_location "
+                "to map your storages to an existing device.")
+        index = cuda_index(location, state.current_index, count)
         # torch.load hands every storage over untyped (the zip and the legacy format alike)
         state.check_capacity(storage.nbytes())
         restored = storage.clone()

@@ -102,6 +102,8 @@ def index(state, device: Any = None) -> int:
     """The device index `device` names (the current one for None), checked against the count."""
     if device is None:
         return state.current_index
+    if isinstance(device, str):  # torch.cuda's _get_device_index reads a name as a device
+        device = torch.device(device)
     if isinstance(device, torch.device) and device.type != "cuda":
         raise ValueError(f"Expected a cuda device, but got: {device}")
     return cuda_index(device, state.current_index, state.properties.count)

@@ -4,13 +4,21 @@ SGLang's profiling switches call around a run for Nsight) succeed with nothing t
 `cudaMemGetInfo` answers as `torch.cuda.mem_get_info`; registering pageable host memory as pinned
 (`cudaHostRegister`) answers cudaErrorNotSupported, which `torch.cuda.check_error` raises with the
 remedy: pinned memory on the emulated device is made by `pin_memory()`, and an address alone does
-not say which tensor to mark.
+not say which tensor to mark. `cudaStreamCreate` writes a new stream handle where it is told, as
+CUDA does, for `torch.cuda.ExternalStream` to wrap (PyTorch's test_cuda_multigpu.py makes its
+external streams so); `cudaStreamDestroy` forgets it.
 """
 
 from __future__ import annotations
 
+import ctypes
 import enum
+import itertools
 from typing import Any, Callable
+
+# Handles of streams made through cudaStreamCreate: apart from the pooled streams' (0x7E0000 on)
+# and never 0 (the default stream)
+_CREATED_STREAM_BASE = 0x7F000000
 
 
 class CudaError(enum.IntEnum):
@@ -24,6 +32,7 @@ class CudaError(enum.IntEnum):
     ErrorInitializationError = 3
     ErrorNoDevice = 100
     ErrorInvalidDevice = 101
+    ErrorInvalidResourceHandle = 400
     ErrorIllegalAddress = 700
     ErrorNotSupported = 801
 
@@ -44,6 +53,7 @@ _MESSAGES = {
     CudaError.ErrorInitializationError: "initialization error",
     CudaError.ErrorNoDevice: "no CUDA-capable device is detected",
     CudaError.ErrorInvalidDevice: "invalid device ordinal",
+    CudaError.ErrorInvalidResourceHandle: "invalid resource handle",
     CudaError.ErrorIllegalAddress: "an illegal memory access was encountered",
     CudaError.ErrorNotSupported: (
         "operation not supported: cudaHostRegister/cudaHostUnregister on the emulated CUDA device "
@@ -60,6 +70,8 @@ class EmulatedCudart:
     def __init__(self, mem_get_info: Callable[[Any], tuple[int, int]]) -> None:
         self._mem_get_info = mem_get_info
         self.profiler_runs = 0  # cudaProfilerStart calls, for a test to see the switch reached
+        self._next_stream = itertools.count(_CREATED_STREAM_BASE)
+        self._streams: set[int] = set()
 
     def cudaGetErrorString(self, code: Any) -> str:  # noqa: N802
         message = _MESSAGES.get(CudaError(int(code)))
@@ -83,3 +95,18 @@ class EmulatedCudart:
 
     def cudaHostUnregister(self, ptr: int) -> CudaError:  # noqa: N802
         return CudaError.ErrorNotSupported
+
+    def cudaStreamCreate(self, ptr: int) -> CudaError:  # noqa: N802
+        """torch binds cudaStreamCreate(cudaStream_t*) with the pointer as an int."""
+        if not ptr:
+            return CudaError.ErrorInvalidValue
+        handle = next(self._next_stream)
+        self._streams.add(handle)
+        ctypes.c_void_p.from_address(int(ptr)).value = handle
+        return CudaError.success
+
+    def cudaStreamDestroy(self, stream: int) -> CudaError:  # noqa: N802
+        if int(stream) not in self._streams:
+            return CudaError.ErrorInvalidResourceHandle
+        self._streams.discard(int(stream))
+        return CudaError.success

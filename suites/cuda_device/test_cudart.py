@@ -43,3 +43,25 @@ def test_host_registration_is_refused_with_the_remedy(cuda_device):
     code = torch.cuda.cudart().cudaHostRegister(host.data_ptr(), host.nbytes, 0)
     with pytest.raises(torch.cuda.CudaError, match=r"operation not supported.*pin_memory\(\).*\(801\)"):
         torch.cuda.check_error(code)
+
+
+def test_a_stream_made_through_the_runtime_wraps_as_an_external_stream(cuda_kind):
+    """cudaStreamCreate writes the new stream's handle where it is told, and ExternalStream and
+    get_stream_from_external wrap it (PyTorch's test_cuda_multigpu.py `test_external_streams`;
+    the emulated runtime had neither call until 2026-12-06)."""
+    import ctypes
+
+    runtime = torch.cuda.cudart()
+    handle = ctypes.c_ulonglong(0)
+    assert runtime.cudaStreamCreate(ctypes.addressof(handle)) == 0
+    assert handle.value != 0
+    try:
+        external = torch.cuda.ExternalStream(handle.value)
+        assert (external.cuda_stream, external.device.index) == (handle.value, 0)
+        assert torch.cuda.get_stream_from_external(handle.value, 0).cuda_stream == handle.value
+        with torch.cuda.stream(external):
+            x = torch.ones(4, device="cuda") * 2
+        external.synchronize()
+        assert x.sum().item() == 8
+    finally:
+        assert runtime.cudaStreamDestroy(handle.value) == 0
