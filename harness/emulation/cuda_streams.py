@@ -278,6 +278,8 @@ class Streams:
         state = self._state
         if device is None:
             return state.current_index
+        if isinstance(device, str):  # torch.cuda's _get_device_index reads a name as a device
+            device = torch.device(device)
         if isinstance(device, torch.device) and device.type != "cuda":
             raise ValueError(f"Expected a cuda device, but got: {device}")
         from harness.emulation.rules import cuda_index

@@ -258,6 +258,10 @@ class Placement(TorchFunctionMode):
         state = self.state
         if index is None or index == state.current_index:
             return handler(func, args, kwargs)
+        if func is Tensor.to or func is Tensor.cuda:
+            # ATen's _to_copy takes no guard of its input's device: a target without an index
+            # ("cuda", `.cuda()`) is the caller's current device
+            args, kwargs = _target_on_device(func, args, kwargs, state.current_index)
         caller_index, state.current_index = state.current_index, index
         try:
             return handler(func, args, kwargs)
@@ -422,6 +426,28 @@ def _call_name(func) -> str:
     if name.startswith("linalg_"):
         return f"torch.linalg.{name[len('linalg_'):]}"
     return f"torch.{name}"
+
+
+def _indexless_cuda(device) -> bool:
+    return (isinstance(device, (str, torch.device)) and torch.device(device).type == "cuda"
+            and torch.device(device).index is None)
+
+
+def _target_on_device(func, args: tuple, kwargs: dict, index: int) -> tuple[tuple, dict]:
+    """`Tensor.to`'s or `Tensor.cuda`'s arguments with a cuda target lacking an index given
+    `index`."""
+    target = torch.device("cuda", index)
+    if func is Tensor.cuda:
+        if len(args) > 1:
+            if args[1] is None or _indexless_cuda(args[1]):
+                return (args[0], target, *args[2:]), kwargs
+            return args, kwargs
+        if kwargs.get("device") is None or _indexless_cuda(kwargs["device"]):
+            return args, {**kwargs, "device": target}
+        return args, kwargs
+    if _indexless_cuda(kwargs.get("device")):
+        return args, {**kwargs, "device": target}
+    return (args[0], *(target if _indexless_cuda(a) else a for a in args[1:])), kwargs
 
 
 def _traced_on_host(func, args: tuple, kwargs: dict):

@@ -32,3 +32,12 @@ def test_loading_onto_a_device_the_machine_lacks_is_refused_in_torchs_words(cuda
                                            f"{missing} but torch.cuda.device_count\\(\\) is "
                                            f"{missing}"):
         torch.load(saved)
+
+
+def test_a_device_context_object_names_its_device(cuda_kind):
+    """torch.cuda's _get_device_index reads a `torch.cuda.device` object as its index: PyTorch's
+    test_cuda_multigpu.py `test_external_streams` passes one to get_stream_from_external (a
+    TypeError on the emulated device until 2026-12-06)."""
+    context = torch.cuda.device(0)
+    assert torch.cuda.get_stream_from_external(0, context) == torch.cuda.default_stream(0)
+    assert torch.cuda.current_stream(context) == torch.cuda.current_stream(0)

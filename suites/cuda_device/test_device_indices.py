@@ -85,3 +85,17 @@ def test_a_checkpoint_saved_from_the_second_device_loads_back_onto_it(two_device
     torch.save(torch.full((2,), 5.0, device="cuda:1"), saved)
     back = torch.load(io.BytesIO(saved.getvalue()))
     assert str(back.device) == "cuda:1" and back.tolist() == [5.0, 5.0]
+
+
+def test_a_copy_to_cuda_without_an_index_goes_to_the_callers_device(two_devices):
+    """ATen's `_to_copy` takes no guard of its input's device, so `.cuda()` and `.to("cuda")` of a
+    tensor on cuda:0 inside `torch.cuda.device(1)` copy it to cuda:1 (PyTorch's
+    test_cuda_multigpu.py `test_autogpu`, `test_copy_device`); the emulated device ran the copy
+    under its input's device and handed the tensor back (until 2026-12-06)."""
+    y = torch.ones(2, device="cuda:0")
+    with torch.cuda.device(1):
+        assert y.cuda().get_device() == 1
+        assert y.to("cuda").get_device() == 1
+        assert y.to(torch.device("cuda"), torch.float64).get_device() == 1
+        assert y.cuda(0) is y and y.to("cuda:0") is y
+        assert y.to(torch.float64).get_device() == 0
