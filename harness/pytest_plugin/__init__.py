@@ -204,6 +204,7 @@ def pytest_runtest_makereport(item: pytest.Item, call):
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    emulation_session.align_torch_testcase(config)  # the test modules are imported by now
     if not config.stash.get(_in_use, False) and any(uses_harness(item) for item in items):
         config.stash[_in_use] = True
         _one_thread_per_worker()

@@ -127,3 +127,54 @@ def test_a_teardown_race_and_a_left_stream_are_the_leaving_tests_not_the_next(tm
     assert "ERROR test_leaks.py::test_leaves_a_side_stream_current" in out, out
     assert "LeftStreamError: test_leaks.py::test_leaves_a_side_stream_current left" in out, out
     assert "PASSED test_leaks.py::test_after_the_left_stream_runs_on_the_default_stream" in out, out
+
+
+_TORCH_TESTCASE_WITHOUT_SUPER_SETUP = '''
+import torch
+from torch.testing._internal.common_utils import TestCase
+
+
+class OwnSetUp(TestCase):
+    def setUp(self):  # as test_cuda_sanitizer.py's TestEventHandler: no super().setUp()
+        self.value = 1
+
+    def test_first(self):
+        self.assertEqual(self.value, 1)
+
+    def test_second_on_the_device(self):
+        self.assertEqual(torch.ones(2, device="cuda").sum().item(), 2)
+'''
+
+# torch.testing's common_utils imports expecttest for its TestCase base; a stand-in suffices here
+_EXPECTTEST_STAND_IN = '''
+import unittest
+
+ACCEPT = False
+
+
+class TestCase(unittest.TestCase):
+    pass
+'''
+
+
+@pytest.mark.slow  # a pytest subprocess: nightly_cpu runs it
+def test_a_torch_testcase_without_super_setup_sees_no_leaked_mode(tmp_path):
+    """PyTorch's TestCase compares the function-mode stack at tearDown with its length at setUp; a
+    subclass that skips super().setUp() compares with the class default, 0. The emulation's own
+    modes are on the stack for the whole session, so its first test failed with "torch function
+    mode stack was leaked" and its tearDown popped the emulation's placement mode, leaving the
+    next test's `device="cuda"` unplaced (until 2026-12-06)."""
+    if emulation_active() is not None or torch.cuda.is_available():
+        pytest.skip("runs a session under --emulate-cuda from one outside it, without a GPU")
+    (tmp_path / "test_own_setup.py").write_text(_TORCH_TESTCASE_WITHOUT_SUPER_SETUP)
+    (tmp_path / "expecttest.py").write_text(_EXPECTTEST_STAND_IN)
+    env = {**os.environ, "OMP_NUM_THREADS": "1",
+           "PYTHONPATH": os.pathsep.join(filter(None, [str(tmp_path),
+                                                       os.environ.get("PYTHONPATH")]))}
+    done = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:xdist", "-p",
+                           "no:cacheprovider", "--repro-dir", "none", "--emulate-cuda", "-rA",
+                           "test_own_setup.py"], cwd=tmp_path, env=env, capture_output=True,
+                          text=True, timeout=300)
+    out = done.stdout
+    assert "PASSED test_own_setup.py::OwnSetUp::test_first" in out, out + done.stderr
+    assert "PASSED test_own_setup.py::OwnSetUp::test_second_on_the_device" in out, out
