@@ -7,7 +7,13 @@
 #   bash scripts/pytorch_graph_tests.sh -k EXPRESSION PATH/TO/test_cuda.py OUT_DIR [PYTHON ...]
 #
 # -k EXPRESSION replaces the default selection with pytest's -k EXPRESSION (e.g. "TestMemPool" or
-# "test_streams or test_events"); -k "" runs the whole file.
+# "test_streams or test_events"); -k "" runs the whole file. -c DEVICES emulates that many devices
+# (--emulate-cuda-count), e.g. -c 2 for test_cuda_multigpu.py's TEST_MULTIGPU cases; the native
+# runs see the machine's own GPUs.
+# Also run whole when given (2026-12-06): test/dynamo/test_cudagraphs.py (dynamo's
+# backend="cudagraphs") and test/test_cuda_multigpu.py (device indices, device contexts, streams
+# and events, torch.cuda.comm; a copy newer than the installed torch may need a conftest.py of
+# placeholders beside it, see docs/fidelity.md) and test/test_cuda_sanitizer.py (CSAN).
 # PATH/TO/test_cuda.py is PyTorch's test/test_cuda.py from a commit near each installed torch
 # (not part of this repository); test_cudagraph_trees.py is its test/inductor/ file of inductor's
 # cudagraph trees (torch.compile's CUDA graphs), run whole (a test_cuda.py runs the graph family
@@ -35,16 +41,21 @@
 # lists the verdicts and every case that differs, with its reason.
 set -u
 CHOSEN=
-if [ "${1:-}" = "-k" ]; then
+COUNT=()
+USAGE="usage: $0 [-k EXPRESSION] [-c DEVICES] PATH/TO/test_cuda.py OUT_DIR [PYTHON ...]"
+while [ "${1:-}" = "-k" ] || [ "${1:-}" = "-c" ]; do
     if [ $# -lt 2 ]; then
-        echo "usage: $0 [-k EXPRESSION] PATH/TO/test_cuda.py OUT_DIR [PYTHON ...]" >&2
+        echo "$USAGE" >&2
         exit 2
     fi
-    CHOSEN=set SELECTION=$2
+    case $1 in
+        -k) CHOSEN=set SELECTION=$2 ;;
+        -c) COUNT=(--emulate-cuda-count "$2") ;;
+    esac
     shift 2
-fi
+done
 if [ $# -lt 2 ]; then
-    echo "usage: $0 [-k EXPRESSION] PATH/TO/test_cuda.py OUT_DIR [PYTHON ...]" >&2
+    echo "$USAGE" >&2
     exit 2
 fi
 TEST_FILE=$(realpath "$1")
@@ -57,6 +68,9 @@ SELECT="test_graph_ or test_cuda_graph_"
 LIMIT=1200
 case $(basename "$TEST_FILE") in
     test_cudagraph_trees.py) SELECT=""; LIMIT=3600 ;;  # the whole file: 191 cases, ~15 min on 2 cores
+    # run whole: dynamo's backend="cudagraphs" (test/dynamo/), and the device, stream and event
+    # cases of the multi-GPU file (those that need a second device skip themselves)
+    test_cudagraphs.py|test_cuda_multigpu.py|test_cuda_sanitizer.py) SELECT="" ;;
 esac
 [ -n "$CHOSEN" ] && { SELECT=$SELECTION; LIMIT=3600; }
 mkdir -p "$OUT"
@@ -90,7 +104,8 @@ sys.exit(0 if any(e.value == 'harness.pytest_plugin' for e in entry_points(group
     # emulation reports a CUDA version there only when asked by name.
     version=()
     "$python" -c "import sys, torch; sys.exit(torch.version.cuda is not None)" && version=(--emulate-cuda-version 12.8)
-    run "$build" emulated "$python" "CUDA_VISIBLE_DEVICES=" --emulate-cuda --cuda-races report "${version[@]}"
+    run "$build" emulated "$python" "CUDA_VISIBLE_DEVICES=" --emulate-cuda --cuda-races report \
+        "${version[@]}" "${COUNT[@]}"
     if "$python" -c "import sys, torch; sys.exit(0 if torch.cuda.is_available() else 1)"; then
         run "$build" native "$python" ""
         run "$build" sanitizer "$python" "" --emulate-cuda
