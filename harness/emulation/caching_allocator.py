@@ -491,7 +491,8 @@ class CachingAllocator:
                 out.update({f"{name}.{scope}.{field}": v for field, v in zip(FIELDS, values)})
         for name in ("oversize_allocations", "oversize_segments"):  # none: no max_split_size
             out.update({f"{name}.{field}": 0 for field in FIELDS})
-        out.update({"num_alloc_retries": 0, "num_ooms": 0, "num_sync_all_streams": self.num_sync_all_streams,
+        out.update({"num_alloc_retries": 0, "num_ooms": 0,
+                    "num_sync_all_streams": self.num_sync_all_streams,
                     "num_device_alloc": self.num_device_alloc,
                     "num_device_free": self.num_device_free, "max_split_size": -1})
         return collections.OrderedDict(sorted(out.items()))

@@ -58,7 +58,8 @@ def cuda_index(device: Any, current: int, count: int) -> int:
         index = device
     elif not isinstance(device, (str, torch.device)) and isinstance(getattr(device, "idx", None),
                                                                      int):
-        index = device.idx  # a torch.cuda.device context, as torch.cuda's _get_device_index reads it
+        # a torch.cuda.device context, as torch.cuda's _get_device_index reads it
+        index = device.idx
     else:
         index = torch.device(device).index
         index = current if index is None else index
