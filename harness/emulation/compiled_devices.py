@@ -24,31 +24,37 @@ from harness.emulation.device_memory import is_device_memory
 
 # Set while a graph's own nodes run as the device's eager ops (DeviceGraph's calls autograd must
 # differentiate through a backend of torch calls): there a marker is the transfer it stands for,
-# since nothing follows the graph's memory afterwards but the marking of each op's result.
-_EAGER: contextvars.ContextVar[bool] = contextvars.ContextVar("harness_eager_transfers",
-                                                              default=False)
+# since nothing follows the graph's memory afterwards but the marking of each op's result. The
+# value says whether the graph runs on the device (any input in device memory), which is where a
+# `to_traced_device` marker goes; None when no graph runs so.
+_EAGER: contextvars.ContextVar[bool | None] = contextvars.ContextVar("harness_eager_transfers",
+                                                                     default=None)
 
 
 @contextlib.contextmanager
-def transfers_run_eagerly() -> Iterator[None]:
-    token = _EAGER.set(True)
+def transfers_run_eagerly(on_device: bool) -> Iterator[None]:
+    token = _EAGER.set(on_device)
     try:
         yield
     finally:
         _EAGER.reset(token)
 
 
+def _eager() -> bool:
+    return _EAGER.get() is not None and not torch.compiler.is_compiling()
+
+
 def to_device(t: torch.Tensor, non_blocking: bool = False) -> torch.Tensor:
     """A traced copy to the device: the tensor itself (the copy, if any, is made when the graph's
     output is handed back; see DeviceGraph)."""
-    if _EAGER.get() and not torch.compiler.is_compiling():
+    if _eager():
         return t.to("cuda", non_blocking=non_blocking)
     return torch.ops.aten.alias(t)
 
 
 def to_host(t: torch.Tensor, non_blocking: bool = False) -> torch.Tensor:
     """A traced copy to the host, as `to_device`."""
-    if _EAGER.get() and not torch.compiler.is_compiling():
+    if _eager():
         return t.to("cpu", non_blocking=non_blocking)
     return torch.ops.aten.alias(t)
 
@@ -58,6 +64,8 @@ def to_traced_device(t: torch.Tensor, non_blocking: bool = False) -> torch.Tenso
     most often a traced tensor's own `.device` (`inv_freq.to(x.device)`, `torch.arange(n,
     device=x.device)`), which dynamo gives as the cpu the device's tensors are; resolved when
     the graph runs (see `placement`)."""
+    if _eager():
+        return t.to("cuda" if _EAGER.get() else "cpu", non_blocking=non_blocking)
     return torch.ops.aten.alias(t)
 
 

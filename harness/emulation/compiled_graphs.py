@@ -223,7 +223,8 @@ class DeviceGraph:
                 # would leave a factory naming cuda (traced on the cpu) host memory and meet
                 # device tensors with it; dynamo's graph still holds them, and its eager ops
                 # are what those graphs run
-                with transfers_run_eagerly():
+                with transfers_run_eagerly(any(isinstance(a, torch.Tensor) and
+                                               is_device_memory(a) for a in args)):
                     out = self.graph_module(*args)
                 return self._placed(state, args, out, _key(args))
             return self._placed(state, args, self.compiled(*args), _key(args))

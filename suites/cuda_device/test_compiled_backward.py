@@ -208,8 +208,16 @@ def _a_factory_and_a_copy_to_the_host(y):
     return z, z.cpu() * 2
 
 
+def _a_factory_on_the_inputs_device(y):
+    x = torch.full((3,), 3.0, device=y.device)  # traced on the cpu: the device's `.device`
+    z = x * y
+    return z, z.cpu() * 2
+
+
+@pytest.mark.parametrize("fn", [_a_factory_and_a_copy_to_the_host,
+                                _a_factory_on_the_inputs_device])
 @pytest.mark.parametrize("backend", ["eager", "aot_eager", "cudagraphs"])
-def test_a_graph_of_eager_ops_keeps_its_transfers_when_differentiated(cuda_kind, backend):
+def test_a_graph_of_eager_ops_keeps_its_transfers_when_differentiated(cuda_kind, backend, fn):
     """A factory naming cuda and a copy to the host inside a graph autograd differentiates, through
     a backend of torch calls (dynamo's `backend="cudagraphs"` in PyTorch's test/dynamo/
     test_cudagraphs.py `test_factory`). The device traces a transfer as a marker that AOTAutograd
@@ -218,7 +226,7 @@ def test_a_graph_of_eager_ops_keeps_its_transfers_when_differentiated(cuda_kind,
     2026-12-06), and the copy to the host came back as device memory."""
     if cuda_kind == "sanitizer" and backend == "cudagraphs":
         pytest.skip("the graph sanitizer refuses cudagraph trees by name")
-    compiled = torch.compile(_a_factory_and_a_copy_to_the_host, backend=backend)
+    compiled = torch.compile(fn, backend=backend)
     for _ in range(3):
         y = torch.rand(3, device="cuda", requires_grad=True)
         z, host = compiled(y)
