@@ -11,7 +11,6 @@ the capture before its work."""
 
 from __future__ import annotations
 
-import pytest
 import torch
 
 import harness
@@ -19,15 +18,9 @@ from harness.emulation import emulation_active
 from suites.cuda_device._own_process import in_a_process_of_its_own
 
 
-@pytest.fixture(autouse=True)
-def harness_device():
-    """On a GPU, natively (CUDA's own verdict) or the session's graph sanitizer. On a CPU, the
-    emulated device."""
-    if emulation_active() is not None or torch.cuda.is_available():
-        yield
-        return
-    with harness.emulate_cuda():
-        yield
+# On a GPU, natively (CUDA's own verdict) or the session's graph sanitizer; on a CPU, the
+# emulated device (conftest.py)
+RUNS_NATIVELY_ON_A_GPU = True
 
 
 class Prefetcher:

@@ -15,21 +15,13 @@ from __future__ import annotations
 import pytest
 import torch
 
-import harness
-from harness.emulation import emulation_active
 
 STEPS = ((3, 1, 4, 1), (5, 9, 2, 6), (5, 3, 5, 8))
 VOCAB = 16
 
 
-@pytest.fixture(autouse=True)
-def harness_device():
-    """CUDA where there is one, else the emulated device (the conftest's fixture, overridden)."""
-    if emulation_active() is not None or torch.cuda.is_available():
-        yield
-        return
-    with harness.emulate_cuda():
-        yield
+# CUDA where there is one, else the emulated device (conftest.py)
+RUNS_NATIVELY_ON_A_GPU = True
 
 
 class Decoder:

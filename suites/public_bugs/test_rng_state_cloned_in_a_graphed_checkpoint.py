@@ -17,20 +17,12 @@ from __future__ import annotations
 import pytest
 import torch
 
-import harness
-from harness.emulation import emulation_active
 
 N, P = 256, 0.5
 
 
-@pytest.fixture(autouse=True)
-def harness_device():
-    """CUDA where there is one, else the emulated device (the conftest's fixture, overridden)."""
-    if emulation_active() is not None or torch.cuda.is_available():
-        yield
-        return
-    with harness.emulate_cuda():
-        yield
+# CUDA where there is one, else the emulated device (conftest.py)
+RUNS_NATIVELY_ON_A_GPU = True
 
 
 class RecomputedDropout:
