@@ -64,6 +64,10 @@ class EmulatedCUDAGraph:
         self.capture_error_mode: str | None = None
         self.capture_thread: int | None = None  # the thread that began the capture
         self._capture_stream = None  # the stream its last capture began on
+        # The dispatch modes the capture under way pushed on the thread that began it, bottom
+        # first: another thread's work on a capturing stream passes through them too
+        # (capture_threads.py).
+        self._thread_modes: tuple = ()
         # The first refused call of the capture in progress (capture_syncs.py), and the events
         # recorded on its streams: querying those conflicts with the capture in every mode.
         self._invalidation: CaptureError | None = None
@@ -122,6 +126,7 @@ class EmulatedCUDAGraph:
         host.begin_capture(self, stream, arena)
         self._capture_stream = stream
         self._pool_in_use.append(arena)
+        below = len(torch_internals.get_current_dispatch_mode_stack())
         try:
             session.begin()
         except BaseException:
@@ -129,6 +134,7 @@ class EmulatedCUDAGraph:
             self._release_pool()
             raise
         host.notify_capture_begin(self, stream, capture_error_mode)
+        self._thread_modes = tuple(torch_internals.get_current_dispatch_mode_stack()[below:])
         session.recorder.trace = session.recorder.trace or self._trace  # an observer may ask for it
         session.recorder.registered_generators = tuple(self._generators)
         self._arena, self._session, self._pool_id = arena, session, pool_id
@@ -204,6 +210,12 @@ class EmulatedCUDAGraph:
             self._host.notify_capture_end(self, aborted=True)
         session.abort()
         self._release_pool()
+
+    @property
+    def thread_modes(self) -> tuple:
+        """The dispatch modes this graph's capture under way pushed on the thread that began it,
+        bottom first (its recorder, the capture's stream rules); () outside a capture."""
+        return self._thread_modes if self._session is not None else ()
 
     def invalidate(self, error: CaptureError) -> None:
         """A call CUDA refuses during capture was made (capture_syncs.py): as on CUDA, the capture

@@ -34,6 +34,7 @@ from harness.emulation import (array_interface, autocast, blas_workspaces, devic
 from harness.graphs.emulator.dispatch_keys import keep_modes_reachable
 from harness.graphs.emulator.device_asserts import eager_device_assert_error, is_index_out_of_bounds
 from harness.emulation.capacity import requested_bytes
+from harness.emulation.capture_threads import capture_modes_for_this_thread, joined
 from harness.emulation.sync_debug import call_flagging_syncs
 from harness.emulation.device_draws import EagerDraws, may_draw, recorded
 from harness.emulation.generators import DeviceGenerator
@@ -108,6 +109,12 @@ class Placement(TorchFunctionMode):
             if getter is None or func.__name__ != "__get__":
                 return func(*args)
             return getter(func, args[0])
+        if self.state.capture is not None:
+            # Another thread's call on a capturing stream is captured (capture_threads.py).
+            modes = capture_modes_for_this_thread(self.state)
+            if modes:
+                with joined(modes):
+                    return self.__torch_function__(func, types, args, kwargs)
         if func in _AUTOCAST_OPS and _autocast_on("cuda"):
             args, kwargs = autocast.cast(func, args, kwargs or {}, is_device_memory, self._cast,
                                          self.state.autocast_cache)
