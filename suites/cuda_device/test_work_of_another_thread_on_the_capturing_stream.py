@@ -18,6 +18,7 @@ import torch
 
 import harness
 from harness.graphs import CaptureError
+from harness.emulation.tracking import RaceWarning
 from fixtures.emulated_device import skip_unless_the_emulated_device_can_be_entered
 
 MODES = ("thread_local", "global", "relaxed")
@@ -151,3 +152,23 @@ def test_without_stream_tracking_the_launch_is_captured_too():
     skip_unless_the_emulated_device_can_be_entered()
     with harness.emulate_cuda(device="cpu", races="off"):
         assert _capture_while_a_worker_works(_add_one, "thread_local") == ([0.0] * 4, [2.0] * 4)
+
+
+def test_the_race_checks_of_the_capture_see_another_threads_launch():
+    """The worker's write on the capturing stream is a node of the graph, unordered with the
+    forked branch's read of the same buffer: a race at every replay, found at capture."""
+    skip_unless_the_emulated_device_can_be_entered()
+    with harness.emulate_cuda(device="cpu", races="report"):
+        buf, out = torch.zeros(4, device="cuda"), torch.zeros(4, device="cuda")
+        capturing, side = torch.cuda.Stream(), torch.cuda.Stream()
+        torch.cuda.synchronize()
+        graph = torch.cuda.CUDAGraph()
+        thread = threading.Thread(target=_add_one, args=(buf, capturing))
+        with pytest.warns(RaceWarning, match=r"captured aten.add_.*log.add_\(1\).*captured aten.mul"):
+            with torch.cuda.graph(graph, stream=capturing, capture_error_mode="thread_local"):
+                side.wait_stream(capturing)
+                with torch.cuda.stream(side):
+                    out.copy_(buf * 2)
+                thread.start()
+                thread.join()
+                capturing.wait_stream(side)
