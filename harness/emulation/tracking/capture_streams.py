@@ -2,10 +2,12 @@
 the work of a stream forked into the capture (it waited on the capturing stream, or on an event
 recorded on it). Work on the legacy default stream meanwhile would make it wait on the capturing
 stream, which CUDA refuses ("operation not permitted when stream is capturing") and which
-invalidates the capture: in "global" mode from any thread, in "thread_local" mode from the thread
-that began the capture, never in "relaxed" mode. Work on any other stream runs at once, outside
-the graph. A stream forked into the capture must be joined back (the capturing stream waits on it)
-before the capture ends, or the capture fails with CUDA's unjoined-work error.
+invalidates the capture: in "global" and "thread_local" mode, never in "relaxed" mode. These rules
+see the thread that began the capture and threads whose work capture_threads.py routes into it
+(work on a stream taking part in the capture); another thread's work on the legacy default
+stream is not refused (open: CUDA's answer there is not measured). Work on any other stream runs
+at once, outside the graph. A stream forked into the capture must be joined back (the capturing
+stream waits on it) before the capture ends, or the capture fails with CUDA's unjoined-work error.
 """
 
 from __future__ import annotations
