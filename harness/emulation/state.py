@@ -30,6 +30,7 @@ when an observer hears of an op, its result is already computed.
 
 from __future__ import annotations
 
+import threading
 from dataclasses import dataclass
 from typing import Any
 
@@ -73,7 +74,9 @@ class DeviceState(Observed):
         self.properties = properties
         self.races = "strict"  # emulate_cuda(races=...), set on entering
         self.schedule = "issue_order"  # emulate_cuda(schedule=...), set on entering
-        self.current_index = 0
+        # CUDA's current device is per host thread, and a new thread starts on device 0
+        # (cudaGetDevice), whatever the thread that started it had set
+        self._thread_device = threading.local()
         self.observers: list[Any] = []
         self.streams = Streams(self)
         self.memory = DeviceMemory(self.streams.current)
@@ -118,6 +121,15 @@ class DeviceState(Observed):
         # device (legacy_types.py; placement.py reads it)
         self.legacy_default_on_device = False
         self._capture_frees: CaptureFrees | None = None
+
+    @property
+    def current_index(self) -> int:
+        """This thread's current device (torch.cuda.current_device())."""
+        return getattr(self._thread_device, "index", 0)
+
+    @current_index.setter
+    def current_index(self, index: int) -> None:
+        self._thread_device.index = index
 
     def device_object(self, index: int = 0) -> torch.device:
         """What `tensor.device` answers for a device tensor on device `index`."""

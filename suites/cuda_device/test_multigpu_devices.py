@@ -1,0 +1,72 @@
+"""Two devices, as CUDA keeps them apart: the current device is per host thread (a new thread starts
+on device 0), and the allocator's statistics are per device. The emulated rows use
+`emulate_cuda(device_count=2)`; the native rows need two GPUs and show CUDA's own verdict."""
+
+from __future__ import annotations
+
+import threading
+from typing import Iterator
+
+import pytest
+import torch
+
+import harness
+from harness.emulation import emulation_active
+
+
+@pytest.fixture(params=["emulated", pytest.param("native", marks=pytest.mark.gpu)])
+def two_devices(request) -> Iterator[str]:
+    """Two CUDA devices: emulated ones, or a machine's own two GPUs."""
+    if request.param == "native":
+        if emulation_active() is not None:
+            pytest.skip("checks real CUDA outside any emulation")
+        if torch.cuda.device_count() < 2:
+            pytest.skip("needs two GPUs")
+        yield request.param
+        return
+    if emulation_active() is not None or torch.cuda.is_available():
+        pytest.skip("two emulated devices are entered outside any emulation, without a GPU")
+    with harness.emulate_cuda(device="cpu", device_count=2):
+        yield request.param
+
+
+def _in_a_thread(work):
+    out: list = []
+    worker = threading.Thread(target=lambda: out.append(work()))
+    worker.start()
+    worker.join()
+    return out[0]
+
+
+def test_a_new_thread_starts_on_device_zero_whatever_its_starter_set(two_devices):
+    torch.cuda.set_device(1)
+    try:
+        seen = _in_a_thread(lambda: (torch.cuda.current_device(), str(torch.ones(1, device="cuda").device)))
+        assert seen == (0, "cuda:0")
+        assert torch.cuda.current_device() == 1
+    finally:
+        torch.cuda.set_device(0)
+
+
+def test_a_threads_device_context_leaves_the_other_threads_device_alone(two_devices):
+    entered, release = threading.Event(), threading.Event()
+
+    def on_device_one() -> int:
+        with torch.cuda.device(1):
+            entered.set()
+            release.wait()
+            return torch.cuda.current_device()
+
+    worker = threading.Thread(target=lambda: seen.append(on_device_one()))
+    seen: list[int] = []
+    worker.start()
+    entered.wait()
+    try:
+        # the worker is inside device 1; this thread's device stays 0, and its own context nests
+        assert torch.cuda.current_device() == 0
+        with torch.cuda.device(0):
+            assert str(torch.ones(1, device="cuda").device) == "cuda:0"
+    finally:
+        release.set()
+        worker.join()
+    assert seen == [1] and torch.cuda.current_device() == 0
