@@ -160,6 +160,9 @@ def patches(state) -> list[tuple[Any, str, Any]]:
             lambda block: [])
         segments = segments_snapshot(allocator, memory.allocated_blocks(), frames_of,
                                      stream_handle, pool_id)
+        for other in memory.device_accountings()[1:]:  # each device's segments, as CUDA lists
+            segments += segments_snapshot(other, memory.allocated_blocks(other.device),
+                                          lambda block: [], stream_handle, pool_id)
         trace = list(history.trace) if history is not None and include_traces else []
         count = state.properties.count
         return {"segments": segments, "device_traces": [trace] + [[] for _ in range(count - 1)],

@@ -22,7 +22,8 @@ The rules, as CUDA's allocator applies them by default:
 Not modelled: expandable segments, `cudaMallocAsync`, `max_split_size_mb` and the other allocator
 options (each at its default), `record_stream`'s deferred frees (a block is free when its tensor
 dies), out of memory by reserved bytes (the host's own allocation decides), one pool set per device
-(the emulated devices share one), the bytes a capture's allocations asked for (its pool arena hands
+(each device has its own regular pool and statistics; graph pools and MemPools are device 0's
+model), the bytes a capture's allocations asked for (its pool arena hands
 out blocks already rounded to 512 bytes).
 """
 
@@ -41,6 +42,7 @@ LARGE_BUFFER = 20 << 20  # kLargeBuffer: the segment for a large request below M
 MIN_LARGE_ALLOC = 10 << 20  # kMinLargeAlloc
 ROUND_LARGE = 2 << 20  # kRoundLarge
 ADDRESS_BITS = 52  # the model's addresses: segments one after the other, never reused
+DEVICE_ADDRESS_BITS = 44  # device i's addresses start at i << 44 (16 TiB each, 256 devices)
 # The stats every allocation or free moves, by their index in a `_Counters`' lists.
 HOT_STATS = ("allocation", "allocated_bytes", "requested_bytes", "inactive_split",
              "inactive_split_bytes")
@@ -165,15 +167,17 @@ class Pool:
 
 
 class CachingAllocator:
-    """The allocator's accounting for one emulated device set (see the module docstring)."""
+    """The allocator's accounting for one emulated device (see the module docstring)."""
 
-    def __init__(self) -> None:
+    def __init__(self, device: int = 0) -> None:
+        self.device = device
         self.regular = Pool()
         self._graph_pools: "weakref.WeakKeyDictionary[object, Pool]" = weakref.WeakKeyDictionary()
         self._freeable: set[Pool] = set()
         self.capture_pool: Pool | None = None
         self.capture_streams: set = set()
-        self._next_address = 0
+        # each device's segments in an address range of its own, as a snapshot lists them
+        self._next_address = device << DEVICE_ADDRESS_BITS
         self._small, self._large = _Counters(), _Counters()
         self._pairs = {True: (self._small, self._large), False: (self._large, self._small)}
         self._all_peak = [0] * len(HOT_STATS)
@@ -532,7 +536,7 @@ def segments_snapshot(allocator: CachingAllocator, allocated: list[Block], frame
                          "state": "active_allocated" if block.allocated else "inactive",
                          "frames": frames_of(block) if block.allocated else []})
         in_use = sum(r["size"] for r in rows if r["state"] == "active_allocated")
-        out.append({"device": 0, "address": start, "total_size": size,
+        out.append({"device": allocator.device, "address": start, "total_size": size,
                     "allocated_size": in_use, "active_size": in_use,
                     "requested_size": sum(r["requested_size"] for r in rows),
                     "stream": stream_handle(stream), "segment_type": "small" if small else "large",

@@ -2,9 +2,9 @@
 functions for its duration (`patches(state)`), each answering from the device's state.
 
 Memory statistics come from the model of CUDA's caching allocator that the device's allocations and
-frees drive (caching_allocator.py): `memory_stats()` has the native allocator's keys,
+frees drive (caching_allocator.py), one per device as CUDA keeps them: `memory_stats(i)` has the native allocator's keys,
 `memory_allocated`/`memory_reserved` and their `max_*` read its `allocated_bytes.all` and
-`reserved_bytes.all`, `empty_cache()` gives back its wholly free segments, and `mem_get_info` counts
+`reserved_bytes.all`, `empty_cache()` gives back every device's wholly free segments, and `mem_get_info` counts
 the reserved bytes as used. Random state: each emulated device has default generators of its own
 (default_generators.py): `torch.cuda.manual_seed`/`seed` reseed the current device's, the `_all`
 forms every device's, `get_rng_state`/`set_rng_state` read and write CUDA's 16-byte state, and the
@@ -181,9 +181,9 @@ def get_device_capability(state, device: Any = None) -> tuple[int, int]:
 
 
 def mem_get_info(state, device: Any = None) -> tuple[int, int]:
-    index(state, device)
     total = state.properties.total_memory
-    return (total - state.memory.accounting().stat("reserved_bytes", "current"), total)
+    return (total - state.memory.accounting(index(state, device)).stat("reserved_bytes", "current"),
+            total)
 
 
 def emulated_cudart(state) -> EmulatedCudart:
@@ -191,8 +191,7 @@ def emulated_cudart(state) -> EmulatedCudart:
 
 
 def _stat(state, name: str, field: str, device: Any) -> int:
-    index(state, device)
-    return state.memory.accounting().stat(name, field)
+    return state.memory.accounting(index(state, device)).stat(name, field)
 
 
 def memory_allocated(state, device: Any = None) -> int:
@@ -212,19 +211,16 @@ def max_memory_reserved(state, device: Any = None) -> int:
 
 
 def reset_peak_memory_stats(state, device: Any = None) -> None:
-    index(state, device)
-    state.memory.accounting().reset_peak()
+    state.memory.accounting(index(state, device)).reset_peak()
 
 
 def reset_accumulated_memory_stats(state, device: Any = None) -> None:
-    index(state, device)
-    state.memory.accounting().reset_accumulated()
+    state.memory.accounting(index(state, device)).reset_accumulated()
 
 
 def memory_stats(state, device: Any = None):
     """The native caching allocator's keys (caching_allocator.py: what it models)."""
-    index(state, device)
-    return state.memory.accounting().memory_stats()
+    return state.memory.accounting(index(state, device)).memory_stats()
 
 
 def memory_stats_nested(state, device: Any = None) -> dict:
@@ -259,7 +255,8 @@ def empty_cache(state) -> None:
     # it raised before torch 2.8): cached segments stay reserved until a call after the capture.
     if state.capture is not None:
         return
-    state.memory.accounting().empty_cache()
+    for allocator in state.memory.device_accountings():  # every device's cache, as CUDA's
+        allocator.empty_cache()
     state.pool_handles.release_cached()
 
 
@@ -465,7 +462,8 @@ def get_memory_fraction(state, device: Any = None) -> float:
 def caching_allocator_enable(state, value: bool) -> None:
     """`torch.cuda.memory.caching_allocator_enable`: off, each block that frees a whole segment
     gives it back to the device at once (nothing cached); on again, caching resumes."""
-    state.memory.accounting().caching = bool(value)
+    for allocator in state.memory.device_accountings():
+        allocator.caching = bool(value)
 
 
 def caching_allocator_is_enabled(state) -> bool:

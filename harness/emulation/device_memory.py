@@ -117,7 +117,12 @@ class DeviceMemory:
     all_device = False
 
     def __init__(self, current_stream: Callable[[], Any]) -> None:
+        # CUDA's allocator keeps a DeviceCachingAllocator per device: device 0's here, whose
+        # graph pools and MemPools every device's captures use (not modelled per device), and the
+        # regular pool and statistics of each other device, made at its first allocation.
         self.allocator = CachingAllocator()
+        self._allocators: dict[int, CachingAllocator] = {0: self.allocator}
+        self._owners: dict[Any, CachingAllocator] = {}  # regular pool of a device > 0 -> its model
         self.host = PinnedHostAllocator()  # pinned memory: CUDA's caching host allocator
         self._current_stream = current_stream
         self._blocks: dict[_StorageRef, Block] = {}
@@ -129,7 +134,8 @@ class DeviceMemory:
         self._live = 0  # bytes of the device storages alive, counted without the accounting
         self._modelled = False  # whether the accounting has started (see the module docstring)
         self._unmodelled: dict[_StorageRef, Any] = {}  # before it: live storage -> its stream
-        self._early = EarlyCounts()  # before it: what the allocations and frees moved
+        # before it: what the allocations and frees moved, per device
+        self._early = {0: EarlyCounts()}
         # Before it too: the first EARLY_LOG allocations and frees in order, so that the model
         # starts with the segments CUDA would hold then (freed ones stay cached); None once full.
         self._early_log: list | None = []
@@ -165,21 +171,22 @@ class DeviceMemory:
 
     # --- marking -----------------------------------------------------------------------------
 
-    def mark_device(self, t: torch.Tensor) -> None:
+    def mark_device(self, t: torch.Tensor, stream: Any = None) -> None:
         if not is_device_memory(t):
             storage = _storage(t)
             if storage is not None:
-                self.adopt(storage)
+                self.adopt(storage, stream)
 
-    def adopt(self, storage: torch.UntypedStorage) -> None:
-        """Mark `storage` device memory: an allocation on the current stream while it lives."""
+    def adopt(self, storage: torch.UntypedStorage, stream: Any = None) -> None:
+        """Mark `storage` device memory: an allocation on `stream` (the current stream for None),
+        whose device's allocator holds it, while it lives."""
         setattr(storage, MEMORY_ATTR, DEVICE)
         self.adopted_any = True
         nbytes = storage.nbytes()
         if nbytes:  # CUDA's allocator makes no block for an empty request
             ref = _StorageRef(storage, self._on_freed)
             ref.nbytes = nbytes
-            self._allocate(ref, nbytes, self._current_stream())
+            self._allocate(ref, nbytes, self._current_stream() if stream is None else stream)
         for listener in self.adoption_listeners:
             listener(storage)
 
@@ -199,7 +206,7 @@ class DeviceMemory:
         self._live += nbytes
         if not self._modelled:
             self._unmodelled[ref] = stream
-            self._early.allocate(nbytes)
+            self._early_counts(stream).allocate(nbytes)
             self._log_early((ref, nbytes, stream))
             return
         pool = self.allocator.capture_pool
@@ -226,10 +233,11 @@ class DeviceMemory:
 
     def _pending_free(self, ref: _StorageRef) -> None:
         self._live -= ref.nbytes
-        if self._unmodelled.pop(ref, None) is None:
+        stream = self._unmodelled.pop(ref, None)
+        if stream is None:
             self._pending.append(ref)
         else:  # it died before the model started
-            self._early.free(ref.nbytes)
+            self._early_counts(stream).free(ref.nbytes)
             self._log_early(ref)
 
     def _log_early(self, event) -> None:
@@ -249,9 +257,8 @@ class DeviceMemory:
             # died before the switch left the dict taken here, its free counted early.
             alive, self._unmodelled, self._modelled = self._unmodelled, {}, True
             log, self._early_log = self._early_log, None
-            malloc, blocks = self.allocator.malloc, self._blocks
+            malloc, free, blocks = self._malloc, self._free, self._blocks
             if log is not None:  # the whole history: played as it happened
-                free = self.allocator.free
                 for event in log:
                     if event.__class__ is tuple:
                         blocks[event[0]] = malloc(event[1], event[2], None)
@@ -264,11 +271,12 @@ class DeviceMemory:
                 if ref() is not None:
                     blocks[ref] = malloc(ref.nbytes, stream, None)
                 else:
-                    self._early.free(ref.nbytes)
-            self.allocator.carry_over(self._early)
+                    self._early_counts(stream).free(ref.nbytes)
+            for index, early in self._early.items():
+                self.device_allocator(index).carry_over(early)
 
     def _play(self) -> None:
-        blocks, malloc, free = self._blocks, self.allocator.malloc, self.allocator.free
+        blocks, malloc, free = self._blocks, self._malloc, self._free
         with self._playing:
             while self._pending:
                 events, self._pending = self._pending, []  # what callbacks add meanwhile: next
@@ -282,17 +290,51 @@ class DeviceMemory:
                         if block is not None:
                             free(block)
 
-    def accounting(self) -> CachingAllocator:
-        """The caching allocator's accounting, up to date (started now if it had not)."""
+    def _early_counts(self, stream) -> EarlyCounts:
+        index = getattr(stream, "device_index", 0)
+        early = self._early.get(index)
+        if early is None:
+            early = self._early[index] = EarlyCounts()
+        return early
+
+    def device_allocator(self, index: int) -> CachingAllocator:
+        """Device `index`'s model (made at its first use)."""
+        allocator = self._allocators.get(index)
+        if allocator is None:
+            allocator = self._allocators[index] = CachingAllocator(index)
+            allocator.caching = self.allocator.caching
+            self._owners[allocator.regular] = allocator
+        return allocator
+
+    def _malloc(self, nbytes: int, stream, pool) -> Block:
+        """A block from the model of the device `stream` is on (a graph pool's: device 0's)."""
+        index = getattr(stream, "device_index", 0)
+        if pool is not None or not index:
+            return self.allocator.malloc(nbytes, stream, pool)
+        return self.device_allocator(index).malloc(nbytes, stream, pool)
+
+    def _free(self, block: Block) -> None:
+        self._owners.get(block.pool, self.allocator).free(block)
+
+    def accounting(self, index: int = 0) -> CachingAllocator:
+        """Device `index`'s caching allocator accounting, up to date (started now if it had not)."""
         if not self._modelled:
             self._start_accounting()
         self._play()
-        return self.allocator
+        return self.allocator if not index else self.device_allocator(index)
 
-    def allocated_blocks(self) -> list[Block]:
-        """The blocks in use now (the accounting up to date): what a snapshot lists."""
+    def device_accountings(self) -> list[CachingAllocator]:
+        """Every device's accounting that has been used, up to date, by device index."""
         self.accounting()
-        return [*self._blocks.values(), *self._generator_state]
+        return [self._allocators[i] for i in sorted(self._allocators)]
+
+    def allocated_blocks(self, index: int = 0) -> list[Block]:
+        """Device `index`'s blocks in use now (the accounting up to date): what a snapshot lists."""
+        allocator = self.accounting(index)
+        owners = self._owners
+        if index:
+            return [b for b in self._blocks.values() if owners.get(b.pool) is allocator]
+        return [*(b for b in self._blocks.values() if b.pool not in owners), *self._generator_state]
 
     def mark_pinned(self, t: torch.Tensor) -> None:
         storage = _storage(t)

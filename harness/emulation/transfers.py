@@ -111,9 +111,11 @@ def handlers(mode) -> dict[Callable, Callable]:
     def is_device(t: Tensor) -> bool:
         return is_device_memory(t)
 
-    def to_device(t: Tensor, op: str, call: Callable[[], Tensor], non_blocking: bool) -> Tensor:
-        """A host tensor copied to the device: from pinned memory with non_blocking it is captured;
-        pageable memory, or a blocking copy (it waits for the stream), is refused."""
+    def to_device(t: Tensor, op: str, call: Callable[[], Tensor], non_blocking: bool,
+                  index: int = 0) -> Tensor:
+        """A host tensor copied to device `index`: from pinned memory with non_blocking it is
+        captured; pageable memory, or a blocking copy (it waits for the stream), is refused. The
+        copy's memory is that device's allocation (made on its current stream)."""
         if state.capturing():
             if memory_mark(t) not in (PINNED, DEVICE):  # DEVICE: between devices
                 state.refuse(pageable_copy_refused(op, tuple(t.shape)))
@@ -129,7 +131,7 @@ def handlers(mode) -> dict[Callable, Callable]:
                 out = state.kernel_log.copy("HtoD", memory_mark(t) == PINNED, call)
         finally:
             memory.call_on_device = previous
-        memory.mark_device(out)
+        memory.mark_device(out, state.streams.current(index) if index else None)
         if state.observers:
             state.notify_op(op, (t,), {}, out)
         return out
@@ -209,7 +211,7 @@ def handlers(mode) -> dict[Callable, Callable]:
             return to_pinned_host(t, rest)
         if dst:
             out = to_device(t, "Tensor.to", lambda: func(t, CPU, **copied),
-                            bool(rest.get("non_blocking")))
+                            bool(rest.get("non_blocking")), index)
             device_indices.set_index(out, index)
             return out
         return to_host(t, "Tensor.to", lambda: func(t, CPU, **copied))
@@ -224,7 +226,7 @@ def handlers(mode) -> dict[Callable, Callable]:
         if is_device(t) and index == device_indices.index_of(t):
             return t
         out = to_device(t, "Tensor.cuda", lambda: t.to(CPU, copy=True, **rest),
-                        bool(args[2] if len(args) > 2 else rest.get("non_blocking")))
+                        bool(args[2] if len(args) > 2 else rest.get("non_blocking")), index)
         device_indices.set_index(out, index)
         return out
 

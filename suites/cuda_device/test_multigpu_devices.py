@@ -41,7 +41,8 @@ def _in_a_thread(work):
 def test_a_new_thread_starts_on_device_zero_whatever_its_starter_set(two_devices):
     torch.cuda.set_device(1)
     try:
-        seen = _in_a_thread(lambda: (torch.cuda.current_device(), str(torch.ones(1, device="cuda").device)))
+        seen = _in_a_thread(lambda: (torch.cuda.current_device(),
+                                     str(torch.ones(1, device="cuda").device)))
         assert seen == (0, "cuda:0")
         assert torch.cuda.current_device() == 1
     finally:
@@ -70,3 +71,26 @@ def test_a_threads_device_context_leaves_the_other_threads_device_alone(two_devi
         release.set()
         worker.join()
     assert seen == [1] and torch.cuda.current_device() == 0
+
+
+def test_each_device_keeps_its_own_memory_statistics(two_devices):
+    torch.cuda.synchronize()
+    before = [torch.cuda.memory_allocated(i) for i in (0, 1)]
+    reserved_before = torch.cuda.memory_reserved(1)
+    on_zero = torch.ones(1024, device="cuda:0")
+    assert torch.cuda.memory_allocated(0) == before[0] + 4096
+    assert torch.cuda.memory_allocated(1) == before[1]
+    on_one = torch.ones(3 << 20, device="cuda:1")
+    moved = on_zero.to("cuda:1")
+    with torch.cuda.device(1):
+        made_inside = torch.empty(256, device="cuda")
+    assert torch.cuda.memory_allocated(1) == before[1] + (12 << 20) + 4096 + 1024
+    assert torch.cuda.memory_allocated(0) == before[0] + 4096
+    assert torch.cuda.memory_stats(1)["allocation.all.current"] >= 3
+    assert torch.cuda.memory_reserved(1) > reserved_before
+    del on_one, moved, made_inside
+    assert torch.cuda.memory_allocated(1) == before[1]
+    assert torch.cuda.memory_allocated(0) == before[0] + 4096
+    torch.cuda.reset_peak_memory_stats(0)
+    assert torch.cuda.max_memory_allocated(0) == torch.cuda.memory_allocated(0)
+    assert torch.cuda.max_memory_allocated(1) >= before[1] + (12 << 20)
