@@ -5,10 +5,11 @@ Memory statistics come from the model of CUDA's caching allocator that the devic
 frees drive (caching_allocator.py), one per device as CUDA keeps them: `memory_stats(i)` has the
 native allocator's keys, `memory_allocated`/`memory_reserved` and their `max_*` read its
 `allocated_bytes.all` and `reserved_bytes.all`, `empty_cache()` gives back every device's wholly
-free segments, and `mem_get_info` counts the reserved bytes as used. Random state: each emulated device has default generators of its own
-(default_generators.py): `torch.cuda.manual_seed`/`seed` reseed the current device's, the `_all`
-forms every device's, `get_rng_state`/`set_rng_state` read and write CUDA's 16-byte state, and the
-cpu's generator is apart (`torch.manual_seed` seeds both, through `manual_seed_all`).
+free segments, and `mem_get_info` counts the reserved bytes as used. Random state: each emulated
+device has default generators of its own (default_generators.py): `torch.cuda.manual_seed`/`seed`
+reseed the current device's, the `_all` forms every device's, `get_rng_state`/`set_rng_state`
+read and write CUDA's 16-byte state, and the cpu's generator is apart (`torch.manual_seed` seeds
+both, through `manual_seed_all`).
 """
 
 from __future__ import annotations
