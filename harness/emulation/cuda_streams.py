@@ -28,7 +28,7 @@ from harness.emulation.active import active_state
 from harness.emulation.blas_workspaces import PRIORITY_POOLS, STREAMS_PER_POOL
 from harness.emulation.capture_syncs import refuse_host_sync
 from harness.emulation.capture_waits import refuse_uncaptured_wait
-from harness.emulation.rules import captured_event_used
+from harness.emulation.rules import captured_event_used, events_of_two_devices_error
 
 _TorchStream = torch.Stream  # torch's own class (the emulation replaces the name while it lasts)
 _STREAM_HANDLE_BASE = 0x7E0000  # fake `cuda_stream` handles, distinct from 0 (the default stream)
@@ -242,6 +242,9 @@ class Event:
         what = "Event.elapsed_time()"
         if not (self._query(what) and end_event._query(what)):
             raise RuntimeError("Both events must be completed before calculating elapsed time.")
+        if self.recorded_on.device_index != end_event.recorded_on.device_index:
+            raise events_of_two_devices_error(self.recorded_on.device_index,
+                                              end_event.recorded_on.device_index)
         return (end_event._time - self._time) * 1e3
 
     def ipc_handle(self):

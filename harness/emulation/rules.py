@@ -87,6 +87,14 @@ def mixed_devices_error(first: str, second: str) -> RuntimeError:
                         f"devices, {first} and {second}!")
 
 
+def events_of_two_devices_error(start: int, end: int) -> RuntimeError:
+    """cudaEventElapsedTime of events recorded on two devices: CUDA times events of one device
+    only (torch's CUDAEvent::elapsed_time passes the error on)."""
+    return RuntimeError(f"CUDA error: invalid resource handle (Event.elapsed_time() between an "
+                        f"event recorded on cuda:{start} and one recorded on cuda:{end}; CUDA "
+                        f"times two events of one device only: record both on one device)")
+
+
 def reseed_in_capture_error(generator: Any, seed: int) -> CaptureError:
     """CUDAGeneratorImpl::set_current_seed during a capture, to another seed than its own."""
     return CaptureError(cuda_errors.cuda_first(cuda_errors.RESEED, at_callsite(

@@ -94,3 +94,19 @@ def test_each_device_keeps_its_own_memory_statistics(two_devices):
     torch.cuda.reset_peak_memory_stats(0)
     assert torch.cuda.max_memory_allocated(0) == torch.cuda.memory_allocated(0)
     assert torch.cuda.max_memory_allocated(1) >= before[1] + (12 << 20)
+
+
+def test_elapsed_time_between_events_of_two_devices_raises(two_devices):
+    events = []
+    for index in (0, 1, 0):
+        with torch.cuda.device(index):
+            event = torch.cuda.Event(enable_timing=True)
+            event.record()
+            event.synchronize()
+            events.append(event)
+    first, on_one, later = events
+    for current in (0, 1):
+        with torch.cuda.device(current):
+            with pytest.raises(RuntimeError):
+                first.elapsed_time(on_one)
+            assert first.elapsed_time(later) >= 0  # one device's events, whatever is current
