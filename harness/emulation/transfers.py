@@ -203,8 +203,9 @@ def handlers(mode) -> dict[Callable, Callable]:
         index = target_index(device, other, t)
         if dst == src and not (src and index != device_indices.index_of(t)):
             out = func(t, **rest)
-            if src:
-                memory.mark_device(out)
+            if src and not is_device(out):  # a new tensor (a dtype change, copy=True): t's device
+                memory.mark_device(out, state.streams.current(index) if index else None)
+                device_indices.set_index(out, index)
             return out
         copied = {**rest, "copy": True}
         if src and not dst and rest.get("non_blocking") and t.layout == torch.strided:

@@ -110,3 +110,22 @@ def test_elapsed_time_between_events_of_two_devices_raises(two_devices):
             with pytest.raises(RuntimeError):
                 first.elapsed_time(on_one)
             assert first.elapsed_time(later) >= 0  # one device's events, whatever is current
+
+
+def test_a_new_tensor_from_to_on_its_own_device_stays_there(two_devices):
+    x = torch.full((4,), 4.0, device="cuda:1")
+    before = torch.cuda.memory_allocated(1)
+    made = (x.to(device=torch.device("cuda:1"), non_blocking=True, copy=True),
+            x.to(torch.float16), x.to("cuda:1", torch.float64), x.to(x, copy=True))
+    assert [str(t.device) for t in made] == ["cuda:1"] * 4
+    assert all(t.data_ptr() != x.data_ptr() for t in made)
+    assert torch.cuda.memory_allocated(1) == before + 4 * 512
+
+
+def test_grad_scaler_scales_outputs_on_two_devices(two_devices):
+    scaler = torch.amp.GradScaler(device="cuda", init_scale=2.0)
+    t0 = torch.full((1,), 4.0, device="cuda:0")
+    t1 = torch.full((1,), 4.0, device="cuda:1")
+    scaled = scaler.scale((t1.clone(), [t0.clone(), t1.clone()]))
+    assert [str(t.device) for t in (scaled[0], *scaled[1])] == ["cuda:1", "cuda:0", "cuda:1"]
+    assert [t.item() for t in (scaled[0], *scaled[1])] == [8.0, 8.0, 8.0]
