@@ -10,6 +10,7 @@ import torch
 
 from harness import torch_internals
 from harness.torch_internals import TorchDispatchMode, get_current_function_mode_stack, tree_flatten
+from harness.emulation import device_indices
 from harness.emulation.blas_workspaces import ATEN_MATMUL_NAMES
 from harness.emulation.device_memory import is_device_memory
 from harness.emulation.kernel_log import KERNELS
@@ -20,6 +21,7 @@ class _MarkResults(TorchDispatchMode):
         super().__init__()
         self.memory = state.memory
         self.state = state
+        self.several = state.properties.count > 1
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
@@ -34,15 +36,43 @@ class _MarkResults(TorchDispatchMode):
             else:
                 out = func(*args, **kwargs)
         if on_device:
+            # a fresh result is on its inputs' device (CUDA's device guard of the op), allocated
+            # there
+            index = device_indices.guard_index(args, kwargs) if self.several else 0
+            stream = self.state.streams.current(index) if index else None
             for t in tree_flatten(out)[0]:
-                if isinstance(t, torch.Tensor):
-                    self.memory.mark_device(t)
+                if isinstance(t, torch.Tensor) and not is_device_memory(t):
+                    self.memory.mark_device(t, stream)
+                    if index:
+                        device_indices.set_index(t, index)
             if func.overloadpacket.__name__ in ATEN_MATMUL_NAMES and all(
                     t.numel() for t in inputs if isinstance(t, torch.Tensor)):
                 # the engine's device thread, with a cuBLAS handle of its own
                 self.state.blas_workspaces.note_backward_call(
                     self.state.streams.current(), f"aten.{func.overloadpacket.__name__} in backward")
         return out
+
+
+def gradient_back_to_its_device(out: torch.Tensor, index: int) -> None:
+    """`out` is a copy of a tensor on device `index` to another device: its gradient goes back to
+    device `index`, as ToCopyBackward copies it there on CUDA. The engine's copy is between cpu
+    tensors (the device saved for it is the cpu), which the dispatch mode above would leave on
+    the gradient's device: the node's hook copies it across (a real copy, as on CUDA)."""
+    if out.grad_fn is None:
+        return
+
+    def to_source_device(grad_inputs, grad_outputs):
+        grad = grad_inputs[0]
+        if not isinstance(grad, torch.Tensor) or not is_device_memory(grad) or (
+                device_indices.index_of(grad) == index):
+            return None
+        # the placement mode makes and marks the copy; the engine's dispatch mode stays out of
+        # it (it would mark the copy on the gradient's device first)
+        with torch_internals.disable_current_modes():
+            moved = grad.to(torch.device("cuda", index), copy=True)
+        return (moved, *grad_inputs[1:])
+
+    out.grad_fn.register_hook(to_source_device)
 
 
 def engine_with_placement(state, original):

@@ -16,6 +16,7 @@ import torch
 import threading
 
 from harness.emulation import device_indices
+from harness.emulation.backward import gradient_back_to_its_device
 from harness.emulation.capture_syncs import read_outside_capture, refuse_host_sync
 from harness.emulation.device_memory import DEVICE, PINNED, is_device_memory, memory_mark
 from harness.emulation.rules import (
@@ -214,6 +215,8 @@ def handlers(mode) -> dict[Callable, Callable]:
             out = to_device(t, "Tensor.to", lambda: func(t, CPU, **copied),
                             bool(rest.get("non_blocking")), index)
             device_indices.set_index(out, index)
+            if src:
+                gradient_back_to_its_device(out, device_indices.index_of(t))
             return out
         return to_host(t, "Tensor.to", lambda: func(t, CPU, **copied))
 
@@ -229,6 +232,8 @@ def handlers(mode) -> dict[Callable, Callable]:
         out = to_device(t, "Tensor.cuda", lambda: t.to(CPU, copy=True, **rest),
                         bool(args[2] if len(args) > 2 else rest.get("non_blocking")), index)
         device_indices.set_index(out, index)
+        if is_device(t):
+            gradient_back_to_its_device(out, device_indices.index_of(t))
         return out
 
     def cpu(func, args, kwargs):

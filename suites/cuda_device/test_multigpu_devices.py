@@ -129,3 +129,24 @@ def test_grad_scaler_scales_outputs_on_two_devices(two_devices):
     scaled = scaler.scale((t1.clone(), [t0.clone(), t1.clone()]))
     assert [str(t.device) for t in (scaled[0], *scaled[1])] == ["cuda:1", "cuda:0", "cuda:1"]
     assert [t.item() for t in (scaled[0], *scaled[1])] == [8.0, 8.0, 8.0]
+
+
+def test_gradients_land_on_their_parameters_devices_across_a_copy(two_devices):
+    torch.manual_seed(0)
+    first, second = torch.nn.Linear(4, 4), torch.nn.Linear(4, 2)
+    x = torch.randn(3, 4)
+    first(x).relu().matmul(second.weight.t()).add(second.bias).square().sum().backward()
+    expected = [p.grad.clone() for p in (*first.parameters(), *second.parameters())]
+    first.cuda(0).zero_grad(), second.cuda(1).zero_grad()
+    optimizer = torch.optim.SGD([*first.parameters(), *second.parameters()], lr=0.1, foreach=True)
+    scaler = torch.amp.GradScaler("cuda", init_scale=4.0)
+    loss = second(first(x.cuda(0)).relu().to("cuda:1")).square().sum()
+    scaler.scale(loss).backward()
+    scaler.unscale_(optimizer)
+    params = [*first.parameters(), *second.parameters()]
+    assert [str(p.grad.device) for p in params] == ["cuda:0", "cuda:0", "cuda:1", "cuda:1"]
+    for p, want in zip(params, expected):
+        torch.testing.assert_close(p.grad.cpu(), want)
+    scaler.step(optimizer)
+    scaler.update()
+    assert [str(p.device) for p in params] == ["cuda:0", "cuda:0", "cuda:1", "cuda:1"]
