@@ -5,6 +5,7 @@ mode marks each fresh result device memory when one of the op's inputs is."""
 from __future__ import annotations
 
 import contextlib
+import threading
 
 import torch
 
@@ -22,35 +23,47 @@ class _MarkResults(TorchDispatchMode):
         self.memory = state.memory
         self.state = state
         self.several = state.properties.count > 1
+        self.paused = False  # while a hook's own device call places and marks its results
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
+        if self.paused:
+            return func(*args, **kwargs)
         inputs = tree_flatten((args, kwargs))[0]
         on_device = any(isinstance(t, torch.Tensor) and is_device_memory(t) for t in inputs)
-        # an aten op: nothing for the placement mode to place
-        with torch_internals.DisableTorchFunction():
-            if on_device and self.state.kernel_log is not None and not self.state.capturing():
-                # a profiler records CUDA activity: the engine's ops are the device's kernels
-                with self.state.kernel_log.bracket(KERNELS):
+        state = self.state
+        # The op runs on its inputs' device, as the engine's device thread and the op's device
+        # guard have it on CUDA: its results are allocated there, on that device's stream.
+        index = device_indices.guard_index(args, kwargs) if on_device and self.several else None
+        caller = state.current_index
+        if index is not None and index != caller:
+            state.current_index = index
+        try:
+            # an aten op: nothing for the placement mode to place
+            with torch_internals.DisableTorchFunction():
+                if on_device and state.kernel_log is not None and not state.capturing():
+                    # a profiler records CUDA activity: the engine's ops are the device's kernels
+                    with state.kernel_log.bracket(KERNELS):
+                        out = func(*args, **kwargs)
+                else:
                     out = func(*args, **kwargs)
-            else:
-                out = func(*args, **kwargs)
-        if on_device:
-            # a fresh result is on its inputs' device (CUDA's device guard of the op), allocated
-            # there
-            index = device_indices.guard_index(args, kwargs) if self.several else 0
-            stream = self.state.streams.current(index) if index else None
-            for t in tree_flatten(out)[0]:
-                if isinstance(t, torch.Tensor) and not is_device_memory(t):
-                    self.memory.mark_device(t, stream)
-                    if index:
-                        device_indices.set_index(t, index)
-            if func.overloadpacket.__name__ in ATEN_MATMUL_NAMES and all(
-                    t.numel() for t in inputs if isinstance(t, torch.Tensor)):
-                # the engine's device thread, with a cuBLAS handle of its own
-                self.state.blas_workspaces.note_backward_call(
-                    self.state.streams.current(), f"aten.{func.overloadpacket.__name__} in backward")
+            if on_device:
+                for t in tree_flatten(out)[0]:
+                    if isinstance(t, torch.Tensor):
+                        self.memory.mark_device(t)
+                        if index:  # a fresh result, or a view of an input on that device
+                            device_indices.set_index(t, index)
+                if func.overloadpacket.__name__ in ATEN_MATMUL_NAMES and all(
+                        t.numel() for t in inputs if isinstance(t, torch.Tensor)):
+                    # the engine's device thread, with a cuBLAS handle of its own
+                    state.blas_workspaces.note_backward_call(
+                        state.streams.current(), f"aten.{func.overloadpacket.__name__} in backward")
+        finally:
+            state.current_index = caller
         return out
+
+
+_engine_marking = threading.local()  # the _MarkResults of the backward running on this thread
 
 
 def gradient_back_to_its_device(out: torch.Tensor, index: int) -> None:
@@ -66,10 +79,16 @@ def gradient_back_to_its_device(out: torch.Tensor, index: int) -> None:
         if not isinstance(grad, torch.Tensor) or not is_device_memory(grad) or (
                 device_indices.index_of(grad) == index):
             return None
-        # the placement mode makes and marks the copy; the engine's dispatch mode stays out of
-        # it (it would mark the copy on the gradient's device first)
-        with torch_internals.disable_current_modes():
+        # the placement mode makes and marks the copy; the engine's marking stays out of it (it
+        # would mark the copy on the gradient's device first)
+        marking = getattr(_engine_marking, "mode", None)
+        if marking is not None:
+            marking.paused = True
+        try:
             moved = grad.to(torch.device("cuda", index), copy=True)
+        finally:
+            if marking is not None:
+                marking.paused = False
         return (moved, *grad_inputs[1:])
 
     out.grad_fn.register_hook(to_source_device)
@@ -86,7 +105,9 @@ def engine_with_placement(state, original):
         with contextlib.ExitStack() as stack:
             if placement not in get_current_function_mode_stack():
                 stack.enter_context(placement)
-            stack.enter_context(_MarkResults(state))
+            marking = stack.enter_context(_MarkResults(state))
+            outer, _engine_marking.mode = getattr(_engine_marking, "mode", None), marking
+            stack.callback(setattr, _engine_marking, "mode", outer)
             # a forward recomputed by a hook runs in the engine's thread on CUDA
             stack.enter_context(state.blas_workspaces.backward_running())
             return original(*args, **kwargs)

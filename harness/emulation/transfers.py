@@ -112,6 +112,12 @@ def handlers(mode) -> dict[Callable, Callable]:
     def is_device(t: Tensor) -> bool:
         return is_device_memory(t)
 
+    def tracking_started() -> bool:
+        """Whether stream tracking hears the device's work (a barrier is a no-op for it before, and
+        would start it)."""
+        tracking = state.streams_tracking
+        return tracking is not None and tracking.work.active
+
     def to_device(t: Tensor, op: str, call: Callable[[], Tensor], non_blocking: bool,
                   index: int = 0) -> Tensor:
         """A host tensor copied to device `index`: from pinned memory with non_blocking it is
@@ -124,7 +130,18 @@ def handlers(mode) -> dict[Callable, Callable]:
                 state.refuse(blocking_copy_refused(op, tuple(t.shape), "from"))
         if not non_blocking and memory_mark(t) != DEVICE:
             state.flag_host_sync()  # a blocking copy waits for the stream
+        # The copy runs with device `index` current: its memory is allocated there, and the
+        # stream tracking hears it on that device's current stream. Between two devices ATen
+        # copies on the source's current stream behind a two-way barrier with the destination's
+        # (Copy.cu, copy_device_to_device); on the destination's stream the same order is: it
+        # waits for the source's stream before the copy, and the source's waits for it after.
+        source = device_indices.index_of(t) if memory_mark(t) == DEVICE else index
+        barrier = source != index and tracking_started()
+        if barrier:
+            state.streams.current(index).wait_stream(state.streams.current(source))
         previous, memory.call_on_device = memory.call_on_device, True
+        caller = state.current_index
+        state.current_index = index
         try:
             if state.kernel_log is None:
                 out = call()
@@ -132,7 +149,10 @@ def handlers(mode) -> dict[Callable, Callable]:
                 out = state.kernel_log.copy("HtoD", memory_mark(t) == PINNED, call)
         finally:
             memory.call_on_device = previous
+            state.current_index = caller
         memory.mark_device(out, state.streams.current(index) if index else None)
+        if barrier:
+            state.streams.current(source).wait_stream(state.streams.current(index))
         if state.observers:
             state.notify_op(op, (t,), {}, out)
         return out
@@ -283,6 +303,13 @@ def handlers(mode) -> dict[Callable, Callable]:
                 return func(*args, **kwargs)
             # Into pinned memory, non_blocking: a stream op the host does not wait for (captured,
             # as on CUDA: each replay writes the buffer again).
+        between = None
+        if d and s and tracking_started():
+            between = device_indices.index_of(src), device_indices.index_of(dst)
+            if between[0] == between[1]:
+                between = None
+            else:  # ATen's two-way barrier around a copy between devices (see to_device)
+                state.streams.current(between[0]).wait_stream(state.streams.current(between[1]))
         if state.kernel_log is not None and d != s:  # a profiler records CUDA activity
             out = state.kernel_log.copy("HtoD" if d else "DtoH",
                                         memory_mark(dst if s else src) == PINNED,
@@ -291,6 +318,8 @@ def handlers(mode) -> dict[Callable, Callable]:
             out = func(*args, **kwargs)
         if (d or s) and state.observers:
             state.notify_op(func, args, kwargs, out)
+        if between is not None:
+            state.streams.current(between[1]).wait_stream(state.streams.current(between[0]))
         return out
 
     def pin_memory(func, args, kwargs):

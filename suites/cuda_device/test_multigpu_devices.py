@@ -131,7 +131,12 @@ def test_grad_scaler_scales_outputs_on_two_devices(two_devices):
     assert [t.item() for t in (scaled[0], *scaled[1])] == [8.0, 8.0, 8.0]
 
 
-def test_gradients_land_on_their_parameters_devices_across_a_copy(two_devices):
+@pytest.mark.parametrize("tracked", [False, True], ids=["untracked", "stream_tracking"])
+def test_gradients_land_on_their_parameters_devices_across_a_copy(two_devices, tracked):
+    if tracked:
+        if two_devices == "native":
+            pytest.skip("stream tracking is the emulated device's")
+        torch.cuda._sleep(1)  # starts the emulated device's stream tracking
     torch.manual_seed(0)
     first, second = torch.nn.Linear(4, 4), torch.nn.Linear(4, 2)
     x = torch.randn(3, 4)
