@@ -155,3 +155,21 @@ def test_gradients_land_on_their_parameters_devices_across_a_copy(two_devices, t
     scaler.step(optimizer)
     scaler.update()
     assert [str(p.device) for p in params] == ["cuda:0", "cuda:0", "cuda:1", "cuda:1"]
+
+
+def test_copies_between_devices_are_ordered_with_both_current_streams(two_devices):
+    # PyTorch's test_copy_streams: a copy between devices waits for, and is waited for by, the
+    # current streams of both devices, so the second copy lands after the first, stalled one
+    x = torch.zeros(5, 5, device="cuda:0")
+    y = torch.zeros(5, 5, device="cuda:1")
+    x_plus_one = x + 1
+    s0, s2 = torch.cuda.Stream(device=0), torch.cuda.Stream(device=0)
+    s1 = torch.cuda.Stream(device=1)
+    with torch.cuda.stream(s0):
+        torch.cuda._sleep(50_000_000)
+        with torch.cuda.stream(s1):
+            y.copy_(x_plus_one)
+    with torch.cuda.stream(s2), torch.cuda.stream(s1):
+        y.copy_(x)
+    s1.synchronize()
+    assert y.cpu().eq(0).all()

@@ -18,6 +18,7 @@ each other's intermediates exactly when CUDA lets them.
 
 from __future__ import annotations
 
+import math
 from collections import deque
 from dataclasses import dataclass
 from typing import Callable
@@ -116,8 +117,15 @@ class Schedule:
 
     # --- waits between streams ---------------------------------------------------------------
 
+    def _last(self, stream: int) -> float:
+        """Where the stream's work ends now: its last issued item, or a wait queued after it
+        (whatever waits for this stream from now on waits for that wait too, as on CUDA)."""
+        last = self._issued.get(stream, 0)
+        queue = self._queues.get(stream)
+        return max(last, queue[-1][0]) if queue else last
+
     def record_event(self, event: int, stream: int) -> None:
-        self._events[event] = (stream, self._issued.get(stream, 0))
+        self._events[event] = (stream, self._last(stream))
 
     def wait_event(self, stream: int, event: int) -> None:
         known = self._events.get(event)
@@ -125,13 +133,16 @@ class Schedule:
             self._wait(stream, *known)
 
     def wait_stream(self, stream: int, other: int) -> None:
-        self._wait(stream, other, self._issued.get(other, 0))
+        self._wait(stream, other, self._last(other))
 
     def _wait(self, stream: int, other: int, seq: float) -> None:
         if other == stream or self._ran.get(other, 0) >= seq or not self.pending(other):
             return
-        # Half a step past the stream's last item: the wait sits between it and the next one.
-        self._queue(stream).append((self._issued.get(stream, 0) + 0.5, _After(other, seq)))
+        # Between the stream's last item (or wait) and its next item: halfway to the next whole
+        # step, so that waits queued one after another keep their order (a later wait is not
+        # inside an earlier one's reach, and waits that reach each other do not form a cycle).
+        last = self._last(stream)
+        self._queue(stream).append((last + (math.floor(last) + 1 - last) / 2, _After(other, seq)))
 
     # --- the host waits ----------------------------------------------------------------------
 
