@@ -223,10 +223,17 @@ def handlers(mode) -> dict[Callable, Callable]:
                 cuda_index(device, state.current_index, state.properties.count)
         index = target_index(device, other, t)
         if dst == src and not (src and index != device_indices.index_of(t)):
-            out = func(t, **rest)
-            if src and not is_device(out):  # a new tensor (a dtype change, copy=True): t's device
-                memory.mark_device(out, state.streams.current(index) if index else None)
-                device_indices.set_index(out, index)
+            if not src:
+                return func(t, **rest)
+            # a new tensor (a dtype change, copy=True) is made on t's device, with it current
+            caller = state.current_index
+            state.current_index = index
+            try:
+                out = func(t, **rest)
+            finally:
+                state.current_index = caller
+            memory.mark_device(out, state.streams.current(index) if index else None)
+            device_indices.set_index(out, index)
             return out
         copied = {**rest, "copy": True}
         if src and not dst and rest.get("non_blocking") and t.layout == torch.strided:

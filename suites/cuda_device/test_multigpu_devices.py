@@ -112,7 +112,12 @@ def test_elapsed_time_between_events_of_two_devices_raises(two_devices):
             assert first.elapsed_time(later) >= 0  # one device's events, whatever is current
 
 
-def test_a_new_tensor_from_to_on_its_own_device_stays_there(two_devices):
+@pytest.mark.parametrize("tracked", [False, True], ids=["untracked", "stream_tracking"])
+def test_a_new_tensor_from_to_on_its_own_device_stays_there(two_devices, tracked):
+    if tracked:
+        if two_devices == "native":
+            pytest.skip("stream tracking is the emulated device's")
+        torch.cuda._sleep(1)  # starts the emulated device's stream tracking
     x = torch.full((4,), 4.0, device="cuda:1")
     before = torch.cuda.memory_allocated(1)
     made = (x.to(device=torch.device("cuda:1"), non_blocking=True, copy=True),
