@@ -1,4 +1,5 @@
-"""A tiny transformers Llama with seeded weights, and its CPU greedy tokens to compare against."""
+"""A tiny transformers Llama with seeded weights, its CPU greedy tokens to compare against, and
+what the installed transformers' offloading cache does."""
 
 from __future__ import annotations
 
@@ -18,3 +19,16 @@ def tiny_llama_with_cpu_tokens(new_tokens: int = 8):
     with torch.no_grad():
         expected = model.generate(prompt, max_new_tokens=new_tokens, do_sample=False)
     return model, prompt, expected
+
+
+def prefetch_waits_for_the_offload() -> bool:
+    """Whether this transformers' offloading cache makes its prefetch stream wait for the default
+    stream. transformers 5.17 did not: a layer's prefetch (an H2D copy on the prefetch stream) read
+    the pinned copy its offload (a D2H copy on the default stream) was still writing, a race the
+    tracking reports with both lines (on the CUDA wheel with the GPU hidden, 2026-12-06); 5.25
+    waits."""
+    import inspect
+
+    from transformers.cache_utils import Cache
+
+    return "prefetch_stream.wait_stream(" in inspect.getsource(Cache.update)

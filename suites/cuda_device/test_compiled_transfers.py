@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from harness.emulation.tracking import RaceError
-from suites.cuda_device._tiny_llama import tiny_llama_with_cpu_tokens
+from suites.cuda_device._tiny_llama import prefetch_waits_for_the_offload, tiny_llama_with_cpu_tokens
 
 
 @pytest.fixture(autouse=True)
@@ -157,7 +157,7 @@ def test_transformers_generates_with_its_offloaded_static_cache(cuda_device):
     model, prompt, expected = tiny_llama_with_cpu_tokens()
     with torch.no_grad():
         model.to("cuda")
-        if not _prefetch_waits_for_the_offload():
+        if not prefetch_waits_for_the_offload():
             # transformers before the fix: its own race, which the tracking reports
             with pytest.raises(RaceError, match=r"(?s)cache_utils\.py.*non_blocking=True"):
                 model.generate(prompt.to("cuda"), max_new_tokens=8, do_sample=False,
@@ -166,15 +166,3 @@ def test_transformers_generates_with_its_offloaded_static_cache(cuda_device):
         out = model.generate(prompt.to("cuda"), max_new_tokens=8, do_sample=False,
                              cache_implementation="offloaded_static")
     assert out.device.type == "cuda" and torch.equal(out.cpu(), expected)
-
-
-def _prefetch_waits_for_the_offload() -> bool:
-    """Whether this transformers' offloading cache makes its prefetch stream wait for the default
-    stream. transformers 5.17 did not: a layer's prefetch (an H2D copy on the prefetch stream) read
-    the pinned copy its offload (a D2H copy on the default stream) was still writing, a race the
-    tracking reports (on the CUDA wheel with the GPU hidden, 2026-12-06); 5.25 waits."""
-    import inspect
-
-    from transformers.cache_utils import Cache
-
-    return "prefetch_stream.wait_stream(" in inspect.getsource(Cache.update)

@@ -15,6 +15,7 @@ import torch
 from harness.emulation.allocator_tools import UnsupportedOnEmulatedDevice
 from harness.emulation.tracking import RaceError
 from harness.graphs import FreedMemoryError
+from suites.cuda_device._tiny_llama import prefetch_waits_for_the_offload
 
 transformers = pytest.importorskip("transformers")
 
@@ -173,23 +174,13 @@ def test_the_offloaded_cache_generates_the_dynamic_caches_tokens(cuda_device, ar
     model = _tiny(arch)
     expected = _cpu_tokens(model, cache_implementation="dynamic")
     model.to("cuda")
-    if not _prefetch_waits_for_the_offload():
+    if not prefetch_waits_for_the_offload():
         # transformers 5.17 (the H100 host's): its prefetch reads the pinned copy its offload is
         # still writing, a race of its own that the tracking reports with both lines
         with pytest.raises(RaceError, match=r"(?s)cache_utils\.py.*non_blocking=True"):
             _device_tokens(model, cache_implementation="offloaded")
         return
     assert torch.equal(_device_tokens(model, cache_implementation="offloaded"), expected)
-
-
-def _prefetch_waits_for_the_offload() -> bool:
-    """Whether the offloading cache makes its prefetch stream wait for the default stream
-    (transformers 5.25 does, 5.17 did not; see test_compiled_transfers.py)."""
-    import inspect
-
-    from transformers.cache_utils import Cache
-
-    return "prefetch_stream.wait_stream(" in inspect.getsource(Cache.update)
 
 
 @pytest.mark.parametrize("decoding", [
