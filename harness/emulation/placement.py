@@ -240,6 +240,9 @@ class Placement(TorchFunctionMode):
                 memory.call_on_device = previous
                 if draws is not None:
                     draws.__exit__(None, None, None)
+            if isinstance(out, Tensor) and out.layout != torch.strided:
+                # a sparse result would be host memory that says cpu, handed back as if on cuda
+                transfers.refuse_sparse_to_device(out, getattr(func, "__name__", str(func)))
             if isinstance(out, Tensor):
                 try:
                     storage = out.untyped_storage()
