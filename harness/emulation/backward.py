@@ -35,10 +35,7 @@ class _MarkResults(TorchDispatchMode):
         # The op runs on its inputs' device, as the engine's device thread and the op's device
         # guard have it on CUDA: its results are allocated there, on that device's stream.
         index = device_indices.guard_index(args, kwargs) if on_device and self.several else None
-        caller = state.current_index
-        if index is not None and index != caller:
-            state.current_index = index
-        try:
+        with state.device_guard(state.current_index if index is None else index):
             # an aten op: nothing for the placement mode to place
             with torch_internals.DisableTorchFunction():
                 if on_device and state.kernel_log is not None and not state.capturing():
@@ -58,8 +55,6 @@ class _MarkResults(TorchDispatchMode):
                     # the engine's device thread, with a cuBLAS handle of its own
                     state.blas_workspaces.note_backward_call(
                         state.streams.current(), f"aten.{func.overloadpacket.__name__} in backward")
-        finally:
-            state.current_index = caller
         return out
 
 

@@ -272,11 +272,8 @@ class Placement(TorchFunctionMode):
             # ATen's _to_copy takes no guard of its input's device: a target without an index
             # ("cuda", `.cuda()`) is the caller's current device
             args, kwargs = _target_on_device(func, args, kwargs, state.current_index)
-        caller_index, state.current_index = state.current_index, index
-        try:
+        with state.device_guard(index):
             return handler(func, args, kwargs)
-        finally:
-            state.current_index = caller_index
 
     def _cast(self, t: Tensor, dtype: torch.dtype) -> Tensor:
         """An autocast cast: a device op of its own, as CUDA's cast kernel is."""

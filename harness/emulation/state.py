@@ -30,9 +30,10 @@ when an observer hears of an op, its result is already computed.
 
 from __future__ import annotations
 
+import contextlib
 import threading
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Iterator
 
 import torch
 
@@ -130,6 +131,17 @@ class DeviceState(Observed):
     @current_index.setter
     def current_index(self, index: int) -> None:
         self._thread_device.index = index
+
+    @contextlib.contextmanager
+    def device_guard(self, index: int) -> Iterator[None]:
+        """Device `index` current on this thread for the block, as ATen's device guard makes an
+        op's device current while it runs (its allocations and its stream are that device's)."""
+        caller = self.current_index
+        self.current_index = index
+        try:
+            yield
+        finally:
+            self.current_index = caller
 
     def device_object(self, index: int = 0) -> torch.device:
         """What `tensor.device` answers for a device tensor on device `index`."""

@@ -9,7 +9,8 @@ during a capture CUDA refuses them. `.numpy()` of a device tensor raises CUDA's 
 
 from __future__ import annotations
 
-from typing import Any, Callable
+import contextlib
+from typing import Any, Callable, Iterator
 
 import torch
 
@@ -134,6 +135,19 @@ def handlers(mode) -> dict[Callable, Callable]:
         tracking = state.streams_tracking
         return tracking is not None and tracking.work.active
 
+    @contextlib.contextmanager
+    def between_devices(runs_on: int, other: int) -> Iterator[None]:
+        """ATen's two-way barrier around a copy between devices (Copy.cu, copy_device_to_device):
+        the stream the copy runs on (`runs_on`'s current) waits for `other`'s current stream
+        before it, and `other`'s waits for it after. Nothing for a copy within one device, nor
+        before stream tracking hears the device's work."""
+        barrier = runs_on != other and tracking_started()
+        if barrier:
+            state.streams.current(runs_on).wait_stream(state.streams.current(other))
+        yield
+        if barrier:
+            state.streams.current(other).wait_stream(state.streams.current(runs_on))
+
     def to_device(t: Tensor, op: str, call: Callable[[], Tensor], non_blocking: bool,
                   index: int = 0) -> Tensor:
         """A host tensor copied to device `index`: from pinned memory with non_blocking it is
@@ -152,23 +166,17 @@ def handlers(mode) -> dict[Callable, Callable]:
         # (Copy.cu, copy_device_to_device); on the destination's stream the same order is: it
         # waits for the source's stream before the copy, and the source's waits for it after.
         source = device_indices.index_of(t) if memory_mark(t) == DEVICE else index
-        barrier = source != index and tracking_started()
-        if barrier:
-            state.streams.current(index).wait_stream(state.streams.current(source))
-        previous, memory.call_on_device = memory.call_on_device, True
-        caller = state.current_index
-        state.current_index = index
-        try:
-            if state.kernel_log is None:
-                out = call()
-            else:  # a profiler records CUDA activity: the copy is CUDA's memcpy
-                out = state.kernel_log.copy("HtoD", memory_mark(t) == PINNED, call)
-        finally:
-            memory.call_on_device = previous
-            state.current_index = caller
-        memory.mark_device(out, state.streams.current(index) if index else None)
-        if barrier:
-            state.streams.current(source).wait_stream(state.streams.current(index))
+        with between_devices(index, source):
+            previous, memory.call_on_device = memory.call_on_device, True
+            try:
+                with state.device_guard(index):
+                    if state.kernel_log is None:
+                        out = call()
+                    else:  # a profiler records CUDA activity: the copy is CUDA's memcpy
+                        out = state.kernel_log.copy("HtoD", memory_mark(t) == PINNED, call)
+            finally:
+                memory.call_on_device = previous
+            memory.mark_device(out, state.streams.current(index) if index else None)
         if state.observers:
             state.notify_op(op, (t,), {}, out)
         return out
@@ -244,12 +252,8 @@ def handlers(mode) -> dict[Callable, Callable]:
             if not src:
                 return func(t, **rest)
             # a new tensor (a dtype change, copy=True) is made on t's device, with it current
-            caller = state.current_index
-            state.current_index = index
-            try:
+            with state.device_guard(index):
                 out = func(t, **rest)
-            finally:
-                state.current_index = caller
             memory.mark_device(out, state.streams.current(index) if index else None)
             device_indices.set_index(out, index)
             return out
@@ -330,23 +334,17 @@ def handlers(mode) -> dict[Callable, Callable]:
                 return func(*args, **kwargs)
             # Into pinned memory, non_blocking: a stream op the host does not wait for (captured,
             # as on CUDA: each replay writes the buffer again).
-        between = None
-        if d and s and tracking_started():
-            between = device_indices.index_of(src), device_indices.index_of(dst)
-            if between[0] == between[1]:
-                between = None
-            else:  # ATen's two-way barrier around a copy between devices (see to_device)
-                state.streams.current(between[0]).wait_stream(state.streams.current(between[1]))
-        if state.kernel_log is not None and d != s:  # a profiler records CUDA activity
-            out = state.kernel_log.copy("HtoD" if d else "DtoH",
-                                        memory_mark(dst if s else src) == PINNED,
-                                        lambda: func(*args, **kwargs))
-        else:
-            out = func(*args, **kwargs)
-        if (d or s) and state.observers:
-            state.notify_op(func, args, kwargs, out)
-        if between is not None:
-            state.streams.current(between[1]).wait_stream(state.streams.current(between[0]))
+        barrier = (between_devices(device_indices.index_of(src), device_indices.index_of(dst))
+                   if d and s else contextlib.nullcontext())
+        with barrier:
+            if state.kernel_log is not None and d != s:  # a profiler records CUDA activity
+                out = state.kernel_log.copy("HtoD" if d else "DtoH",
+                                            memory_mark(dst if s else src) == PINNED,
+                                            lambda: func(*args, **kwargs))
+            else:
+                out = func(*args, **kwargs)
+            if (d or s) and state.observers:
+                state.notify_op(func, args, kwargs, out)
         return out
 
     def pin_memory(func, args, kwargs):
