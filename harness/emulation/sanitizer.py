@@ -59,6 +59,9 @@ class SanitizerHost(Observed):
         # event recorded in it). No driver capture runs here, so CUDA cannot say which they are.
         self._capturing: set[tuple[int, int]] = set()
         self.observers: list = []
+        # The capture's stream rules on its own thread (sanitizer_threads.py), pushed above the
+        # recorder from capture_begin to capture_end.
+        self._stream_rules = None
 
     def rng_device(self) -> torch.device:
         return self.storage_device
@@ -170,10 +173,19 @@ class SanitizerHost(Observed):
         run(recording)
 
     def notify_capture_begin(self, graph, stream, mode) -> None:
-        # Real streams: CUDA itself enforces the capture's stream rules; only observers are told.
+        # No driver capture runs on the real streams, so CUDA enforces none of the capture's
+        # stream rules: the sanitizer's own are pushed above the recorder, where they join the
+        # capture's thread modes (another thread's routed work meets them too).
+        from harness.emulation.sanitizer_threads import SanitizerStreamRules
+
+        self._stream_rules = SanitizerStreamRules(self)
+        self._stream_rules.__enter__()
         self._tell("on_capture_begin", graph, stream, mode)
 
     def notify_capture_end(self, graph, *, aborted: bool) -> None:
+        rules, self._stream_rules = self._stream_rules, None
+        if rules is not None:
+            rules.__exit__(None, None, None)
         self._tell("on_capture_end", graph, aborted)
 
 
@@ -211,7 +223,9 @@ def enter_sanitizer(stack: contextlib.ExitStack) -> SanitizerHost:
     from harness.emulation.cuda_graph import torch_cuda_graph_class
     import torch.cuda.memory
 
+    from harness.emulation.active import is_in_force
     from harness.emulation.replacing import apply
+    from harness.emulation.sanitizer_threads import thread_start_patch
 
     host = SanitizerHost(torch.cuda.graphs.CUDAGraph)
     real_empty_cache = torch.cuda.memory.empty_cache
@@ -243,7 +257,8 @@ def enter_sanitizer(stack: contextlib.ExitStack) -> SanitizerHost:
           + [(module, "empty_cache", empty_cache) for module in (torch.cuda, torch.cuda.memory)]
           + ([(torch.cuda, "_compile_kernel", compile_kernel_checked)] if compile_kernel else [])
           + [swap] + _capture_rules(host) + _cudagraph_trees_refused()
-          + sanitizer_compile_patches(), stack)
+          + sanitizer_compile_patches()
+          + thread_start_patch(host, lambda: is_in_force(host)), stack)
     return host
 
 

@@ -4,7 +4,8 @@ calling thread's current stream, so it passes; the copy then waits for its strea
 (memcpy_and_sync), a potentially unsafe call: refused in "global" mode from every thread, in
 "thread_local" mode from the capturing thread, never in "relaxed" mode, and a refusal invalidates
 the capture. The emulated device let `.item()` through in every case and refused `.cpu()`, `.tolist()` and
-printing with Copy.cu's text (or a sync refusal) in every case. Native rows of refused cases run in
+printing with Copy.cu's text (or a sync refusal) in every case. The graph sanitizer applies the
+same rule since 2026-12-06 (sanitizer_threads.py). Native rows of refused cases run in
 a process of their own (a failed real capture leaves CUDA's process state broken)."""
 
 from __future__ import annotations
@@ -66,9 +67,6 @@ def _refused(mode: str, in_thread: bool) -> bool:
 @pytest.mark.parametrize("read", sorted(READS))
 @pytest.mark.parametrize("mode", ["global", "thread_local", "relaxed"])
 def test_a_host_read_on_a_stream_outside_the_capture(cuda_kind, mode, read, in_thread):
-    if cuda_kind == "sanitizer":
-        pytest.skip("the graph sanitizer does not apply these rules yet: reads off the capture's "
-                    "streams run on the GPU's real, uncaptured streams (docs/fidelity.md)")
     refused = _refused(mode, in_thread)
     if cuda_kind == "native" and refused:
         got, ended = in_a_process_of_its_own(__file__, "_read_during_capture", mode, read, in_thread)

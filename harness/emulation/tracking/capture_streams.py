@@ -1,13 +1,14 @@
 """Streams during a capture, as CUDA has them. The capturing stream's work is recorded, and so is
 the work of a stream forked into the capture (it waited on the capturing stream, or on an event
-recorded on it). Work on the legacy default stream meanwhile would make it wait on the capturing
-stream, which CUDA refuses ("operation not permitted when stream is capturing") and which
-invalidates the capture: in "global" and "thread_local" mode, never in "relaxed" mode. These rules
-see the thread that began the capture and threads whose work capture_threads.py routes into it
-(work on a stream taking part in the capture); another thread's work on the legacy default
-stream is not refused (open: CUDA's answer there is not measured). Work on any other stream runs
-at once, outside the graph. A stream forked into the capture must be joined back (the capturing
-stream waits on it) before the capture ends, or the capture fails with CUDA's unjoined-work error.
+recorded on it). Work on any other stream runs at once, outside the graph: the legacy default
+stream too, in every capture_error_mode and from any thread, since torch's pooled streams (a
+capture's among them) are created cudaStreamNonBlocking and the legacy stream waits only on
+blocking streams; a kernel launch is not one of the "potentially unsafe" calls a capture mode
+prohibits (measured on an H100, torch 2.11, 2026-12-06: the launch runs once, at capture, and
+the capture ends valid). These rules see the thread that began the capture and threads whose work
+capture_threads.py routes into it. A stream forked into the capture must be joined back (the
+capturing stream waits on it) before the capture ends, or the capture fails with CUDA's
+unjoined-work error.
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ import torch
 from harness import torch_internals
 from harness.torch_internals import TorchDispatchMode, disable_current_modes, tree_flatten
 from harness.graphs.base import CaptureError
-from harness.graphs.emulator import cuda_errors, opinfo
+from harness.graphs.emulator import cuda_errors
 from harness.graphs.emulator.callsite import at_callsite, current_callsite
 from harness.emulation.tracking.capture_races import CaptureRaces
 from harness.emulation.tracking.clocks import Clocks
@@ -45,7 +46,6 @@ class CaptureStreams(TorchDispatchMode):
         self.races = races
         self.clocks = Clocks() if races is None else races.clocks
         self.last: dict[Any, tuple[int, str]] = {}  # forked stream -> (its last op's seq, line)
-        self.invalidated: CaptureError | None = None
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
@@ -63,20 +63,8 @@ class CaptureStreams(TorchDispatchMode):
             if stream != self.origin:
                 self.last[stream] = (seq, current_callsite())
             return out
-        # The legacy default stream waits on the blocking streams of its own device only: another
-        # device's default stream runs its work outside the graph, as any other stream does.
-        if stream.stream_id == 0 and stream.device_index == self.origin.device_index and (
-                self.mode == "global" or (
-                self.mode == "thread_local" and threading.get_ident() == self.thread)):
-            self.invalidated = cuda_errors.sync_refused(at_callsite(
-                f"{opinfo.op_name(func)} on the default stream while stream "
-                f"{self.origin.stream_id} captures (the legacy default stream would wait on the "
-                f"capturing stream; capture_error_mode={self.mode!r}). The capture is invalidated. Issue the work on the capturing "
-                f"stream (inside `with torch.cuda.graph(g)` it is the current one), or on a side "
-                f"stream joined to the capture by an event", current_callsite()),
-                op=opinfo.op_name(func))
-            raise self.invalidated
-        # Another stream, not part of the capture: its work runs now and stays out of the graph.
+        # Another stream, not part of the capture (the legacy default stream included): its work
+        # runs now and stays out of the graph.
         with disable_current_modes(), torch_internals.DisableTorchFunction():
             return func(*args, **kwargs)
 
@@ -92,13 +80,7 @@ class CaptureStreams(TorchDispatchMode):
         self.clocks.wait_stream(self.key(stream), self.key(other))
 
     def end_error(self) -> CaptureError | None:
-        """What ending the capture raises: an invalidating call made during it, or a fork not
-        joined back to the capturing stream."""
-        if self.invalidated is not None:
-            return CaptureError(cuda_errors.cuda_first(
-                cuda_errors.INVALIDATED, f"capture_end() of an invalidated capture "
-                f"(cudaErrorStreamCaptureInvalidated); the call that "
-                f"invalidated it: {self.invalidated}"), op="capture_end")
+        """What ending the capture raises: a fork not joined back to the capturing stream."""
         origin = self.key(self.origin)
         for stream, (seq, where) in self.last.items():
             if not self.clocks.ordered(origin, self.key(stream), seq):

@@ -57,7 +57,7 @@ def _is_cuda(t: torch.Tensor) -> bool:
     return t.device.type == "cuda" and not t.is_meta
 
 
-def _host_waits(func, args: tuple, kwargs: dict) -> bool:
+def host_waits(func, args: tuple, kwargs: dict) -> bool:
     """A blocking copy to the host or a scalar read: the host waits for the current stream."""
     if func is _LOCAL_SCALAR:
         return True
@@ -97,7 +97,7 @@ class RealStreamWork(TorchDispatchMode):
         seq = self.tracker.launch(stream, [storage_key(t) for t in reads], [storage_key(t) for t in writes],
                                   op=name, where=where)
         out = func(*args, **kwargs)
-        if _host_waits(func, args, kwargs):
+        if host_waits(func, args, kwargs):
             self.tracker.synchronize_stream(stream)
         if kind is not OpKind.MUTATING:
             for t in tensors_of(out if isinstance(out, (list, tuple)) else (out,)):
