@@ -13,8 +13,8 @@ tracking/capture_streams.py, capture_syncs.py):
   that stream: refused by the capture's mode as a potentially unsafe call
   (`capture_syncs.read_outside_capture`), else run at once, outside the graph;
 - other device work on a stream outside the capture (the legacy default stream included, which
-  CUDA does not refuse: tracking/capture_streams.py) is left as the sanitizer had it: another
-  thread's runs at once; the capturing thread's is recorded (a known difference, docs/fidelity.md).
+  CUDA does not refuse: tracking/capture_streams.py) runs at once, outside the graph, from any
+  thread (the recorder below the mode does not see it).
 
 One instance is pushed above the recorder for each capture (on the capturing thread, where it
 joins the capture's thread modes), and each thread started inside the sanitizer runs under one
@@ -76,7 +76,10 @@ class SanitizerStreamRules(TorchDispatchMode):
             read_outside_capture(host, opinfo.op_name(func))
             with disable_current_modes():
                 return func(*args, **kwargs)
-        return func(*args, **kwargs)
+        # Other device work on a stream outside the capture runs now and stays out of the graph,
+        # as CUDA runs it; below this mode the capturing thread's recorder would replay it.
+        with disable_current_modes():
+            return func(*args, **kwargs)
 
 
 def thread_start_patch(host: Any, active: Any) -> list[tuple[Any, str, Any]]:
