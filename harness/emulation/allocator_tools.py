@@ -8,11 +8,16 @@ gives it, answered from the model of that allocator (caching_allocator.py):
   with their blocks (address, size, requested size, state, the allocating stack's frames), and the
   trace of alloc, free_requested, free_completed, segment_alloc and segment_free entries, in a
   ring of `max_entries`. torch's own Python wrappers run; the names they call in `torch._C` are
-  what is replaced.
+  what is replaced. As on CUDA, the history is recorded on every device at once, each device
+  keeps its own trace (`device_traces[i]`), and a snapshot lists every device's segments, each
+  with its `device`.
 - `torch.cuda.MemPool()` and `torch.cuda.use_mem_pool(pool)`: a user-created pool with id
-  `(0, n)`, n from the counter `graph_pool_handle()` takes its ids from too, as on CUDA;
-  allocations of the current thread inside `use_mem_pool` come from it, its blocks are reused by
-  it alone, it counts in the device's statistics, and its free segments go back on
+  `(0, n)`, n from the counter `graph_pool_handle()` takes its ids from too, as on CUDA; the
+  pool is of the device current when it is made (at::cuda::MemPool's `device_`). The current
+  thread's allocations on the device `use_mem_pool` names (the current one by default) come from
+  that device's pool of the id: the MemPool's own on its device, on another device a pool of the
+  same id made there, as CUDA's beginAllocateCurrentThreadToPool(device, id) makes one; its blocks
+  are reused by it alone, it counts in its device's statistics, and its free segments go back on
   `empty_cache()` once the MemPool is gone. A MemPool with a custom allocator
   (`CUDAPluggableAllocator`: functions in a shared library that call cudaMalloc, or NCCL's
   `ncclMemAlloc`) is refused: that code needs a GPU.
@@ -127,17 +132,21 @@ def patches(state) -> list[tuple[Any, str, Any]]:
             raise ValueError(f"enabled={enabled!r}; accepted: None, 'state', 'all'")
         if context not in (None, "state", "alloc", "all"):
             raise ValueError(f"context={context!r}; accepted: None, 'state', 'alloc', 'all'")
-        allocator = memory.accounting()  # what is pending is played outside the history
-        old = allocator.history
-        if enabled is None:
-            allocator.history = None
-            return
-        history = MemoryHistory(stream_handle, max_entries, enabled == "all", context is not None)
-        if old is not None:
-            history.frames = old.frames
-            if not clear_history:
-                history.trace.extend(old.trace)
-        allocator.history = history
+        memory.accounting()  # what is pending is played outside the history
+        # CUDA records on every device's allocator at once (NativeCachingAllocator::recordHistory)
+        for index in range(state.properties.count):
+            allocator = memory.device_allocator(index)
+            old = allocator.history
+            if enabled is None:
+                allocator.history = None
+                continue
+            history = MemoryHistory(stream_handle, max_entries, enabled == "all",
+                                    context is not None)
+            if old is not None:
+                history.frames = old.frames
+                if not clear_history:
+                    history.trace.extend(old.trace)
+            allocator.history = history
 
     def record_memory_history_legacy(enabled: bool, record_context=True, trace_alloc_max_entries=1,
                                      trace_alloc_record_context=False, *rest) -> None:
@@ -154,18 +163,17 @@ def patches(state) -> list[tuple[Any, str, Any]]:
                 pool_id = None
             if len(arg) > 2:
                 include_traces = bool(arg[2])
-        allocator = memory.accounting()
-        history = allocator.history
-        frames_of = (lambda block: history.frames.get(id(block), [])) if history else (
-            lambda block: [])
-        segments = segments_snapshot(allocator, memory.allocated_blocks(), frames_of,
-                                     stream_handle, pool_id)
-        for other in memory.device_accountings()[1:]:  # each device's segments, as CUDA lists
-            segments += segments_snapshot(other, memory.allocated_blocks(other.device),
-                                          lambda block: [], stream_handle, pool_id)
-        trace = list(history.trace) if history is not None and include_traces else []
-        count = state.properties.count
-        return {"segments": segments, "device_traces": [trace] + [[] for _ in range(count - 1)],
+        segments: list[dict] = []
+        traces: list[list] = [[] for _ in range(state.properties.count)]
+        for allocator in memory.device_accountings():  # each device's segments, as CUDA lists
+            history = allocator.history
+            frames_of = (lambda block, h=history: h.frames.get(id(block), [])) if history else (
+                lambda block: [])
+            segments += segments_snapshot(allocator, memory.allocated_blocks(allocator.device),
+                                          frames_of, stream_handle, pool_id)
+            if history is not None and include_traces:
+                traces[allocator.device] = list(history.trace)
+        return {"segments": segments, "device_traces": traces,
                 "allocator_settings": {"PYTORCH_CUDA_ALLOC_CONF": "", "max_split_size": -1,
                                        "garbage_collection_threshold": 0.0,
                                        "expandable_segments": False,
@@ -188,7 +196,8 @@ def patches(state) -> list[tuple[Any, str, Any]]:
             self._key = key
             # CUDA numbers MemPools and graph_pool_handle() ids from one counter.
             pool_id = state.pool_handles.mem_pool_made()
-            self._pool = memory.accounting().new_mem_pool(key, pool_id)
+            # the pool is made on the device current now (at::cuda::MemPool's device_)
+            self._pool = memory.accounting(torch.cuda.current_device()).new_mem_pool(key, pool_id)
             state.pool_handles.mem_pool_modelled(pool_id, self._pool)
             self._use_on_oom, self._no_split = use_on_oom, no_split
             mem_pools[self._pool.id] = self._pool
@@ -214,21 +223,26 @@ def patches(state) -> list[tuple[Any, str, Any]]:
         if not isinstance(pool, MemPool):
             raise TypeError(f"use_mem_pool() takes a torch.cuda.MemPool, got "
                             f"{type(pool).__name__}")
-        if device is not None:
-            torch.cuda.device(device)
-        allocator = memory.accounting()
-        thread = threading.get_ident()
-        previous = memory.thread_pools.get(thread)
-        allocator.use_pool(pool._pool)
-        memory.thread_pools[thread] = pool._pool
+        index = (torch.cuda.current_device() if device is None
+                 else torch.cuda._get_device_index(device))
+        torch.cuda.device(index)  # an index the device lacks raises CUDA's error
+        allocator = memory.accounting(index)
+        # the MemPool's own pool on its device; on another, that device's pool of the same id
+        # (made there in use once by this context, as create_or_incref_pool makes it)
+        target = pool._pool if pool._pool.device == index else allocator.pool_of(pool._key,
+                                                                                   pool.id)
+        key = (threading.get_ident(), index)
+        previous = memory.thread_pools.get(key)
+        allocator.use_pool(target)
+        memory.thread_pools[key] = target
         try:
             yield
         finally:
             if previous is None:
-                memory.thread_pools.pop(thread, None)
+                memory.thread_pools.pop(key, None)
             else:
-                memory.thread_pools[thread] = previous
-            allocator.release(pool._pool)
+                memory.thread_pools[key] = previous
+            allocator.release(target)
 
     private = {
         "_cuda_cudaCachingAllocator_raw_alloc": lambda size, stream: caching_allocator_alloc(size),
@@ -260,7 +274,7 @@ class _PoolKey:
 def _release(memory, pool: Pool, mem_pools: dict, key: _PoolKey, pool_handles) -> None:
     mem_pools.pop(pool.id, None)
     pool_handles.mem_pool_gone(pool.id)
-    memory.allocator.release(pool)
+    memory.device_allocator(pool.device).release(pool)
     del key  # the pool stays listed as freeable until empty_cache() gives its segments back
 
 

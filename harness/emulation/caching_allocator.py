@@ -21,10 +21,12 @@ The rules, as CUDA's allocator applies them by default:
 
 Not modelled: expandable segments, `cudaMallocAsync`, `max_split_size_mb` and the other allocator
 options (each at its default), `record_stream`'s deferred frees (a block is free when its tensor
-dies), out of memory by reserved bytes (the host's own allocation decides), one pool set per device
-(each device has its own regular pool and statistics; graph pools and MemPools are device 0's
-model), the bytes a capture's allocations asked for (its pool arena hands
-out blocks already rounded to 512 bytes).
+dies), out of memory by reserved bytes (the host's own allocation decides), the bytes a capture's
+allocations asked for (its pool arena hands out blocks already rounded to 512 bytes).
+
+Each device has its own `CachingAllocator`, as CUDA keeps a DeviceCachingAllocator per device: its
+regular pool, its graph pools and MemPools (a pool id names one pool per device), its statistics
+and its memory history.
 """
 
 from __future__ import annotations
@@ -150,14 +152,15 @@ class _FreeList:
 
 
 class Pool:
-    """The regular pool or one graph pool: its free lists by stream (small, large), how many
-    segments it holds, and how many graphs use it."""
+    """The regular pool or one graph pool of device `device`: its free lists by stream (small,
+    large), how many segments it holds, and how many graphs use it."""
 
     __slots__ = ("free_lists", "segments", "use_count", "last_stream", "last_lists", "id",
-                 "__weakref__")
+                 "device", "__weakref__")
 
-    def __init__(self, pool_id: tuple[int, int] = (0, 0)) -> None:
+    def __init__(self, pool_id: tuple[int, int] = (0, 0), device: int = 0) -> None:
         self.id = pool_id  # CUDA's MempoolId_t: (0, 0) the regular pool
+        self.device = device  # whose allocator holds it: a block's free goes back there
         self.free_lists: dict[object, tuple[_FreeList, _FreeList]] = {}
         self.segments = 0
         self.use_count = 0
@@ -171,7 +174,7 @@ class CachingAllocator:
 
     def __init__(self, device: int = 0) -> None:
         self.device = device
-        self.regular = Pool()
+        self.regular = Pool((0, 0), device)
         self._graph_pools: "weakref.WeakKeyDictionary[object, Pool]" = weakref.WeakKeyDictionary()
         self._freeable: set[Pool] = set()
         self.capture_pool: Pool | None = None
@@ -187,9 +190,6 @@ class CachingAllocator:
         # CUDA's release_cached_blocks first synchronizes every stream's outstanding frees
         # (synchronize_and_free_events), counted whether or not any were outstanding
         self.num_sync_all_streams = 0
-        # CUDA numbers graph pools (uid, 0) from 1; a user-created MemPool's (0, uid) comes from
-        # the counter graph_pool_handle() shares with it (new_mem_pool's caller).
-        self._next_graph_pool = 1
         # Segment start address -> (size, small, stream, pool): what snapshots list.
         self.segments: dict[int, tuple[int, bool, object, Pool]] = {}
         self.history = None  # a MemoryHistory while torch.cuda.memory._record_memory_history runs
@@ -346,21 +346,21 @@ class CachingAllocator:
 
     # --- graph pools -------------------------------------------------------------------------
 
-    def begin_allocate_to_pool(self, handle, streams: set) -> None:
-        """A capture into the pool of `handle` begins: allocations on `streams` (the set itself,
-        which grows as streams join the capture) come from that pool (`capture_pool`) until it
-        ends; the caller reads both when each allocation is made."""
-        pool = self.pool_of(handle)
+    def begin_allocate_to_pool(self, handle, pool_id: tuple[int, int], streams: set) -> None:
+        """A capture into the pool of `handle` (CUDA's id `pool_id`) begins: allocations on
+        `streams` (the set itself, which grows as streams join the capture) come from that pool
+        (`capture_pool`) until it ends; the caller reads both when each allocation is made."""
+        pool = self.pool_of(handle, pool_id)
         pool.use_count += 1
         self._freeable.discard(pool)
         self.capture_pool, self.capture_streams = pool, streams
 
-    def pool_of(self, handle) -> Pool:
-        """The graph pool of a graph pool handle, made on first use."""
+    def pool_of(self, handle, pool_id: tuple[int, int]) -> Pool:
+        """This device's graph pool of a graph pool handle (CUDA's id `pool_id`: a snapshot's
+        `segment_pool_id`), made on first use."""
         pool = self._graph_pools.get(handle)
         if pool is None:
-            pool = self._graph_pools[handle] = Pool((self._next_graph_pool, 0))
-            self._next_graph_pool += 1
+            pool = self._graph_pools[handle] = Pool(pool_id, self.device)
         return pool
 
     def share_pool(self, handle, pool: Pool) -> None:
@@ -371,7 +371,7 @@ class CachingAllocator:
     def new_mem_pool(self, handle, pool_id: tuple[int, int]) -> Pool:
         """A user-created pool (torch.cuda.MemPool) for `handle`, named `pool_id`, in use once (by
         its MemPool)."""
-        pool = self._graph_pools[handle] = Pool(pool_id)
+        pool = self._graph_pools[handle] = Pool(pool_id, self.device)
         pool.use_count = 1
         return pool
 

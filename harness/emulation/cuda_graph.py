@@ -5,8 +5,9 @@ torch's own `torch.cuda.graph` and `make_graphed_callables` run on top of it unc
 
 What it needs from the device (`host`): `memory` (which tensors are device memory), `storage_device`
 (where the emulator keeps device memory: the cpu, or the real cuda device), `kernel_device`,
-`pool_handles` (pool_handles.py), `current_stream()`, `default_stream()`, `begin_capture(graph, stream, pool)`, `end_capture()`,
-`release_pool(pool)` (a graph captured into `pool` was reset or destroyed), `graph_reset(key)` (the
+`pool_handles` (pool_handles.py), `current_stream()`, `default_stream()`, `begin_capture(graph, stream, pool)`
+(which returns the pool use the graph then holds), `end_capture()`,
+`release_pool(use)` (a graph holding the pool use `use` was reset or destroyed), `graph_reset(key)` (the
 graph whose `id()` is `key` was reset), `graph_destroyed(key)`
 (the graph whose `id()` was `key` is gone), `notify_replay(graph)`.
 """
@@ -75,7 +76,7 @@ class EmulatedCUDAGraph:
         self.replay_segments: tuple = ()  # the recording's, cut at its event nodes (recorder.py)
         # The pool whose use this graph holds (from capture_begin to reset or destruction), in a
         # list its finalizer shares without keeping the graph alive.
-        self._pool_in_use: list[PoolArena] = []
+        self._pool_in_use: list = []
         self._generators: list[torch.Generator] = []  # registered with register_generator_state
         self._generator_states: list = []  # whose capture prologue ran, for the epilogue
         self._finalizer: weakref.finalize | None = None
@@ -123,9 +124,9 @@ class EmulatedCUDAGraph:
         # Set before the host names this graph its capture: another thread may ask at once.
         self.capture_error_mode, self.capture_thread = capture_error_mode, threading.get_ident()
         self._invalidation, self._recorded_events = None, []
-        host.begin_capture(self, stream, arena)
+        pool_use = host.begin_capture(self, stream, arena)
         self._capture_stream = stream
-        self._pool_in_use.append(arena)
+        self._pool_in_use.append(pool_use)
         below = len(torch_internals.get_current_dispatch_mode_stack())
         try:
             session.begin()

@@ -117,12 +117,13 @@ class DeviceMemory:
     all_device = False
 
     def __init__(self, current_stream: Callable[[], Any]) -> None:
-        # CUDA's allocator keeps a DeviceCachingAllocator per device: device 0's here, whose
-        # graph pools and MemPools every device's captures use (not modelled per device), and the
-        # regular pool and statistics of each other device, made at its first allocation.
+        # CUDA's allocator keeps a DeviceCachingAllocator per device: device 0's here, and each
+        # other device's, made at its first use (its pools, graph pools and MemPools included).
         self.allocator = CachingAllocator()
         self._allocators: dict[int, CachingAllocator] = {0: self.allocator}
-        self._owners: dict[Any, CachingAllocator] = {}  # regular pool of a device > 0 -> its model
+        # The device whose capture is under way (one capture at a time): its capture streams'
+        # allocations come from its capture pool.
+        self._capturing: CachingAllocator | None = None
         self.host = PinnedHostAllocator()  # pinned memory: CUDA's caching host allocator
         self._current_stream = current_stream
         self._blocks: dict[_StorageRef, Block] = {}
@@ -139,7 +140,9 @@ class DeviceMemory:
         # Before it too: the first EARLY_LOG allocations and frees in order, so that the model
         # starts with the segments CUDA would hold then (freed ones stay cached); None once full.
         self._early_log: list | None = []
-        self.thread_pools: dict[int, Any] = {}  # thread id -> the Pool use_mem_pool routes to
+        # (thread id, device index) -> the Pool use_mem_pool routes that thread's allocations on
+        # that device to (CUDA routes per device: beginAllocateCurrentThreadToPool(device, id))
+        self.thread_pools: dict[tuple[int, int], Any] = {}
         self._graphs: set[int] = set()
         self._generator_state: tuple = ()
         # Builds with per-capture generator state: graph key -> {generator state id: its seed
@@ -209,11 +212,13 @@ class DeviceMemory:
             self._early_counts(stream).allocate(nbytes)
             self._log_early((ref, nbytes, stream))
             return
-        pool = self.allocator.capture_pool
-        if pool is not None and stream not in self.allocator.capture_streams:
-            pool = None
-        if self.thread_pools:  # torch.cuda.use_mem_pool: this thread's allocations
-            pool = self.thread_pools.get(threading.get_ident(), pool)
+        pool = None
+        capturing = self._capturing
+        if capturing is not None and stream in capturing.capture_streams:
+            pool = capturing.capture_pool
+        if self.thread_pools:  # torch.cuda.use_mem_pool: this thread's allocations on a device
+            pool = self.thread_pools.get(
+                (threading.get_ident(), getattr(stream, "device_index", 0)), pool)
         pending = self._pending
         pending.append((ref, nbytes, stream, pool))
         # While the history is recorded, each allocation is played at once: its trace entry and
@@ -303,18 +308,20 @@ class DeviceMemory:
         if allocator is None:
             allocator = self._allocators[index] = CachingAllocator(index)
             allocator.caching = self.allocator.caching
-            self._owners[allocator.regular] = allocator
         return allocator
 
     def _malloc(self, nbytes: int, stream, pool) -> Block:
-        """A block from the model of the device `stream` is on (a graph pool's: device 0's)."""
+        """A block from `pool` (a graph pool or MemPool, of its device's model), or from the
+        regular pool of the device `stream` is on (None)."""
+        if pool is not None:
+            return self._allocators[pool.device].malloc(nbytes, stream, pool)
         index = getattr(stream, "device_index", 0)
-        if pool is not None or not index:
-            return self.allocator.malloc(nbytes, stream, pool)
-        return self.device_allocator(index).malloc(nbytes, stream, pool)
+        if not index:
+            return self.allocator.malloc(nbytes, stream, None)
+        return self.device_allocator(index).malloc(nbytes, stream, None)
 
     def _free(self, block: Block) -> None:
-        self._owners.get(block.pool, self.allocator).free(block)
+        self._allocators[block.pool.device].free(block)
 
     def accounting(self, index: int = 0) -> CachingAllocator:
         """Device `index`'s caching allocator accounting, up to date (started now if it had not)."""
@@ -330,11 +337,9 @@ class DeviceMemory:
 
     def allocated_blocks(self, index: int = 0) -> list[Block]:
         """Device `index`'s blocks in use now (the accounting up to date): what a snapshot lists."""
-        allocator = self.accounting(index)
-        owners = self._owners
-        if index:
-            return [b for b in self._blocks.values() if owners.get(b.pool) is allocator]
-        return [*(b for b in self._blocks.values() if b.pool not in owners), *self._generator_state]
+        self.accounting(index)
+        return [b for b in (*self._blocks.values(), *self._generator_state)
+                if b.pool.device == index]
 
     def mark_pinned(self, t: torch.Tensor) -> None:
         storage = _storage(t)
@@ -354,9 +359,8 @@ class DeviceMemory:
         if PER_CAPTURE_GENERATOR_STATE:
             return
         if not self._graphs:
-            allocator = self.accounting()
-            self._generator_state = (allocator.malloc(8, stream, None),
-                                     allocator.malloc(8, stream, None))
+            self.accounting()
+            self._generator_state = (self._malloc(8, stream, None), self._malloc(8, stream, None))
         self._graphs.add(key)
 
     def graph_unregistered(self, key: int) -> None:
@@ -387,6 +391,30 @@ class DeviceMemory:
         for holders in self._capture_states.pop(key, {}).values():
             for held in holders:
                 self.release_block(held)
+
+    # --- graph pools of a capture --------------------------------------------------------------
+
+    def begin_capture_pool(self, handle, pool_id: tuple[int, int], stream, streams: set,
+                           mem_pool=None) -> None:
+        """A capture on `stream` into `handle`'s pool (CUDA's id `pool_id`) begins: as
+        CUDAGraph::capture_begin, on the capture device's allocator (the device `stream` is on),
+        the allocations on `streams` come from that device's pool of the id; `mem_pool` is the
+        model's pool of a live MemPool of that id, which the capture shares when it is of the
+        same device (on another device the id names a pool of that device's own)."""
+        allocator = self.accounting(getattr(stream, "device_index", 0))
+        if mem_pool is not None and mem_pool.device == allocator.device:
+            allocator.share_pool(handle, mem_pool)
+        allocator.begin_allocate_to_pool(handle, pool_id, streams)
+        self._capturing = allocator
+
+    def end_capture_pool(self) -> None:
+        if self._capturing is not None:
+            self._capturing.end_allocate_to_pool()
+            self._capturing = None
+
+    def release_capture_pool(self, device: int, handle) -> None:
+        """A graph captured on `device` into `handle`'s pool was reset or destroyed."""
+        self.device_allocator(device).release_pool(handle)
 
     # --- statistics --------------------------------------------------------------------------
 

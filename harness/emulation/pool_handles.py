@@ -97,6 +97,13 @@ class PoolHandles:
                 return model_pool
         return None
 
+    def id_of(self, arena: PoolArena) -> tuple[int, int]:
+        """The id `arena` was made for (what a snapshot lists as its segments' pool id)."""
+        for handle, known in self._arenas.items():
+            if known is arena:
+                return handle
+        raise KeyError(f"no pool id names the arena {arena!r}: take it from arena()")
+
     def _unused(self, handle: tuple[int, int], arena: PoolArena) -> bool:
         return not arena.token.in_use() and handle not in self._mem_pools
 

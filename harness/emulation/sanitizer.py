@@ -120,7 +120,8 @@ class SanitizerHost(Observed):
     def default_stream(self):
         return torch.cuda.default_stream()
 
-    def begin_capture(self, graph, stream, pool) -> None:
+    def begin_capture(self, graph, stream, pool) -> AllocatorPool:
+        """The capture's pool use is its pool (the GPU's allocator knows its device)."""
         if not self._graphs:
             # CUDAGeneratorState::register_graph: two one-element int64 device tensors, made on
             # the capture stream before the capture's pool takes over.
@@ -136,6 +137,7 @@ class SanitizerHost(Observed):
         # wait for the capture's end, as the harness's cuda backend makes them wait.
         self._gc_was_enabled = gc.isenabled()
         gc.disable()
+        return pool
 
     def release_pool(self, pool) -> None:
         pool.release()

@@ -210,33 +210,35 @@ class DeviceState(Observed):
         state goes (device_memory.capture_states_removed)."""
         self.memory.capture_states_removed(key)
 
-    def begin_capture(self, graph, stream, pool) -> None:
+    def begin_capture(self, graph, stream, pool) -> tuple:
         """`graph` captures on `stream` into `pool` (a pool handle: the allocations of the streams
-        in the capture come from its private pool)."""
+        in the capture come from its private pool, of the capture device's allocator, as
+        CUDAGraph::capture_begin names its current device); the pool use the graph holds."""
         self.memory.graph_registered(id(graph), stream)
         self.capture = graph
         self.streams.capturing = {stream}
-        mem_pool = self.pool_handles.mem_pool_of(pool)
-        if mem_pool is not None:  # a capture into a MemPool's id allocates from the MemPool
-            self.memory.allocator.share_pool(pool, mem_pool)
-        self.memory.allocator.begin_allocate_to_pool(pool, self.streams.capturing)
+        # a capture into a MemPool's id allocates from the MemPool (on the MemPool's device)
+        self.memory.begin_capture_pool(pool, self.pool_handles.id_of(pool), stream,
+                                       self.streams.capturing, self.pool_handles.mem_pool_of(pool))
         # Blocks freed after record_stream are held back as CUDA's allocator holds them.
         self._capture_frees = CaptureFrees(self, reuse_after_join=self.record_stream_reuse)
         self.observers.append(self._capture_frees)
+        return (getattr(stream, "device_index", 0), pool)
 
     def end_capture(self) -> None:
         self.capture = None
         self.streams.capturing = set()
-        self.memory.allocator.end_allocate_to_pool()
+        self.memory.end_capture_pool()
         frees, self._capture_frees = self._capture_frees, None
         if frees is not None:
             frees.end()
             self.observers.remove(frees)
 
-    def release_pool(self, pool) -> None:
-        """A graph captured into `pool` was reset or destroyed (maybe by a finalizer in the middle
-        of an allocation: a count that only empty_cache() reads)."""
-        self.memory.allocator.release_pool(pool)
+    def release_pool(self, use: tuple) -> None:
+        """A graph holding the pool use `use` (begin_capture's: the capture device and the pool)
+        was reset or destroyed (maybe by a finalizer in the middle of an allocation: a count that
+        only empty_cache() reads)."""
+        self.memory.release_capture_pool(*use)
 
     def graph_destroyed(self, key: int) -> None:
         """The graph whose `id()` was `key` is gone (after its `release_pool`)."""

@@ -57,3 +57,19 @@ def cuda_kind(request) -> Iterator[str]:
         return
     with harness.emulate_cuda():
         yield where
+
+
+@pytest.fixture(params=["emulated", pytest.param("native", marks=pytest.mark.gpu)])
+def two_devices(request) -> Iterator[str]:
+    """Two CUDA devices: emulated ones, or a machine's own two GPUs."""
+    if request.param == "native":
+        if emulation_active() is not None:
+            pytest.skip("checks real CUDA outside any emulation")
+        if torch.cuda.device_count() < 2:
+            pytest.skip("needs two GPUs")
+        yield request.param
+        return
+    if emulation_active() is not None or torch.cuda.is_available():
+        pytest.skip("two emulated devices are entered outside any emulation, without a GPU")
+    with harness.emulate_cuda(device="cpu", device_count=2):
+        yield request.param

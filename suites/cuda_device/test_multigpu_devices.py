@@ -1,33 +1,14 @@
 """Two devices, as CUDA keeps them apart: the current device is per host thread (a new thread starts
 on device 0), and the allocator's statistics are per device. The emulated rows use
-`emulate_cuda(device_count=2)`; the native rows need two GPUs and show CUDA's own verdict."""
+`emulate_cuda(device_count=2)`; the native rows need two GPUs and show CUDA's own verdict (the
+`two_devices` fixture, conftest.py)."""
 
 from __future__ import annotations
 
 import threading
-from typing import Iterator
 
 import pytest
 import torch
-
-import harness
-from harness.emulation import emulation_active
-
-
-@pytest.fixture(params=["emulated", pytest.param("native", marks=pytest.mark.gpu)])
-def two_devices(request) -> Iterator[str]:
-    """Two CUDA devices: emulated ones, or a machine's own two GPUs."""
-    if request.param == "native":
-        if emulation_active() is not None:
-            pytest.skip("checks real CUDA outside any emulation")
-        if torch.cuda.device_count() < 2:
-            pytest.skip("needs two GPUs")
-        yield request.param
-        return
-    if emulation_active() is not None or torch.cuda.is_available():
-        pytest.skip("two emulated devices are entered outside any emulation, without a GPU")
-    with harness.emulate_cuda(device="cpu", device_count=2):
-        yield request.param
 
 
 def _in_a_thread(work):
