@@ -333,7 +333,7 @@ def graph_pool_handle(state) -> tuple[int, int]:
 def sleep(state, cycles: int) -> None:
     if state.observers:
         state.notify_op("torch.cuda._sleep", (cycles,), {}, None)
-        state.notify_stream("sleep", state.streams.current(), None)
+        state.notify_stream("sleep", state.streams.current(), int(cycles))
 
 
 def _generator(state, device: Any = None):

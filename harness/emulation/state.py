@@ -15,7 +15,7 @@ calling thread:
   (`item`, `tolist`, `__bool__`, a copy to the host) or `torch.cuda.synchronize()` (tensor None).
 - `on_stream(what, stream, other)`: "wait_stream" (other: a Stream), "wait_event" / "record_event"
   (other: an Event), "synchronize" (other: None), "event_synchronize" (other: the Event), "sleep"
-  (`torch.cuda._sleep` on the stream; other: None; also heard by `on_op`).
+  (`torch.cuda._sleep` on the stream; other: its cycles; also heard by `on_op`).
 - `on_host_read(what, tensor)`: the host read a pinned host tensor without the dispatcher
   (`tolist`, `item`, `numpy`): a non_blocking copy into it may still be pending.
 - `on_replay(graph, stream)`: a graph replay was issued.

@@ -51,6 +51,22 @@ def test_a_query_answers_false_while_a_sleep_holds_the_work_back(cuda_kind):
         assert y.tolist() == [2.0] * 8
 
 
+@pytest.mark.parametrize("poll", ["event", "stream"])
+def test_a_long_sleep_outlasts_polls_in_a_row_and_a_polling_loop_still_ends(cuda_kind, poll):
+    # tens of milliseconds of spinning: a host asking three times in a row finds it busy each
+    # time (PyTorch's test_streams_multi_gpu_query and test_events_multi_gpu_query ask so)
+    with track_stream_races():
+        x = torch.ones(8, device="cuda")
+        side, y, done = _produce_on_a_side_stream(x, stall=True)
+        target = done if poll == "event" else side
+        assert [target.query() for _ in range(3)] == [False, False, False]
+        polls = 3
+        while not target.query():
+            polls += 1
+        assert polls > 3
+        assert y.tolist() == [2.0] * 8  # read after a True answer: no race
+
+
 def test_elapsed_time_of_events_still_pending_is_refused(cuda_kind):
     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
     start.record()

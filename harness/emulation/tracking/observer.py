@@ -113,7 +113,7 @@ class DeviceStreams:
         if what == "sleep":
             if not self.state.capturing():
                 self.activate()
-                self.work.sleep(stream_key(stream), where=current_callsite())
+                self.work.sleep(stream_key(stream), where=current_callsite(), cycles=other or 0)
             return
         if self.capture is not None:
             self.capture_rules.on_stream(what, stream, other)

@@ -8,7 +8,11 @@ stream mode asks `queued`) runs at once, ahead of that access (a writer ahead of
 as a GPU runs it while the reader's stream is busy).
 
 `torch.cuda._sleep` holds its stream back in issue order too: the stream's later work queues
-until the host or another stream waits for it, as a stalled GPU stream would.
+until the host or another stream waits for it, as a stalled GPU stream would. A query that finds
+the stall in the way answers False for as many polls as the sleep's cycles last (`polls_of`), and
+only then as for other queued work (False once, then the work runs): a host polling three times in
+a row sees a 50M-cycle sleep still busy, as a GPU spinning for tens of milliseconds is, and a
+polling loop still ends.
 
 A queued graph replay runs one recorded call at a time (`Stepped`), and while one is under way the
 schedule alternates between the streams that are ready: two replays on streams that never waited
@@ -34,9 +38,25 @@ class _After:
     seq: float
 
 
+# A query from Python takes a few microseconds (torch's binding and cudaStreamQuery or
+# cudaEventQuery): about 10,000 cycles of a GPU clocked near 2 GHz, as an H100's or H200's SM
+# clock runs under load. How many polls a sleep outlasts comes from it: the GPU's own clock is
+# not modelled (no wall time), only the order of polls and work.
+CYCLES_PER_POLL = 10_000
+
+
+def polls_of(cycles: int) -> int:
+    """How many queries a `torch.cuda._sleep(cycles)` still running answers False to, before
+    the work behind it counts as queued work (0 for a sleep shorter than one poll)."""
+    return max(0, int(cycles)) // CYCLES_PER_POLL
+
+
 @dataclass(frozen=True)
 class _Stall:
-    """`torch.cuda._sleep` on the stream: nothing to run, but the work behind it queues."""
+    """`torch.cuda._sleep` on the stream: nothing to run, but the work behind it queues. It ends
+    once the schedule's poll count reaches `ends_at` (see `polls_of`)."""
+
+    ends_at: int
 
 
 class Stepped:
@@ -71,6 +91,9 @@ class Schedule:
         self._ran: dict[int, float] = {}  # stream -> seq of its last item run
         self._events: dict[int, tuple[int, float]] = {}
         self._answered_busy: set[tuple[str, int, float]] = set()  # queries answered False
+        # Queries that found a stall still running: the schedule's measure of the GPU's time
+        # (each such poll is CYCLES_PER_POLL cycles of every stall, on every stream).
+        self._polls = 0
         self.deferred = 0  # ops that waited in a queue, for statistics
 
     def _queue(self, stream: int) -> deque:
@@ -109,11 +132,15 @@ class Schedule:
         self._issued[stream] = seq
         self._ran[stream] = seq
 
-    def stall(self, stream: int, seq: int) -> None:
+    def stall(self, stream: int, seq: int, cycles: int = 0) -> None:
         """The stall is an item of its own: a stream that waits for this one after it waits for
-        the stall to end."""
+        the stall to end. It spins for `cycles` (from the start of the stream's queue)."""
         self._issued[stream] = seq
-        self._queue(stream).append((seq, _Stall()))
+        queue = self._queue(stream)
+        # the stall starts once what is queued before it ran; the polls count from there
+        after = max((item.ends_at for _, item in queue if isinstance(item, _Stall)),
+                    default=self._polls)
+        queue.append((seq, _Stall(max(after, self._polls) + polls_of(cycles))))
 
     # --- waits between streams ---------------------------------------------------------------
 
@@ -231,6 +258,9 @@ class Schedule:
         return self._poll("stream", stream, self._issued.get(stream, 0))
 
     def _poll(self, kind: str, stream: int, seq: float) -> bool:
+        if self._stall_running(stream, seq):
+            self._polls += 1
+            return False
         self._answered_busy = {(k, s, q) for k, s, q in self._answered_busy
                                if self._ran.get(s, 0) < q and self.pending(s)}
         if (kind, stream, seq) not in self._answered_busy:
@@ -239,6 +269,20 @@ class Schedule:
         self._answered_busy.discard((kind, stream, seq))
         self.run_stream(stream, seq)
         return True
+
+    def _stall_running(self, stream: int, seq: float) -> bool:
+        """Whether a stall the work up to `seq` of `stream` waits for (on its stream or, through
+        queued waits, on another) still spins."""
+        needs = {stream: seq}
+        self._close(needs)
+        polls = self._polls
+        for other, upto in needs.items():
+            for item_seq, item in self._queues.get(other, ()):
+                if item_seq > upto:
+                    break
+                if isinstance(item, _Stall) and item.ends_at > polls:
+                    return True
+        return False
 
     def event_done(self, event: int) -> bool:
         """`Event.query()`: whether the work before the event has run."""

@@ -176,9 +176,11 @@ class AsyncWork:
             self.synchronize_stream(stream)
         return done
 
-    def sleep(self, stream: int, where: str = "") -> None:
-        """`torch.cuda._sleep`: the stream's later work waits until something waits for it."""
-        self.schedule.stall(stream, self.tracker.launch(stream, op="torch.cuda._sleep", where=where))
+    def sleep(self, stream: int, where: str = "", cycles: int = 0) -> None:
+        """`torch.cuda._sleep(cycles)`: the stream's later work waits until something waits for
+        it (or polls outlast the cycles: schedule.polls_of)."""
+        self.schedule.stall(stream, self.tracker.launch(stream, op="torch.cuda._sleep", where=where),
+                            cycles)
 
     def record_stream(self, tensor: torch.Tensor, stream: int) -> None:
         self.tracker.record_stream(storage_key(tensor), stream)
