@@ -37,6 +37,7 @@ from harness.emulation.backward import (engine_with_placement, implicit_grads_wi
                                         saved_tensor_hooks_with_placement)
 from harness.emulation.autocast import clearing_cache_too
 from harness.emulation.compiled_graphs import compile_patches, keep_dynamo_out
+from harness.emulation.device_clock import SM_CLOCK_HZ
 from harness.emulation.checkpoints import location_tag, restore_location
 from harness.emulation.capture_frees import OPTION, parse_settings, unmodelled_settings
 from harness.emulation.capture_syncs import refuse_host_sync
@@ -70,7 +71,7 @@ class CudaDeviceProperties:
     is_multi_gpu_board: int = 0
     max_threads_per_multi_processor: int = 2048
     max_threads_per_block: int = 1024
-    clock_rate: int = 1_980_000  # kHz, an H200 SXM's boost clock
+    clock_rate: int = SM_CLOCK_HZ // 1000  # kHz, an H200 SXM's boost clock
     warp_size: int = 32
     regs_per_multiprocessor: int = 65536
     L2_cache_size: int = 52_428_800
@@ -275,6 +276,7 @@ def synchronize(state, device: Any = None) -> None:
     index(state, device)
     refuse_host_sync(state, "torch.cuda.synchronize()", device=True)
     state.notify_sync("torch.cuda.synchronize", None)
+    state.streams.clock.host_waits_for_device(index(state, device))
 
 
 def current_stream(state, device: Any = None) -> Stream:
@@ -331,6 +333,8 @@ def graph_pool_handle(state) -> tuple[int, int]:
 
 
 def sleep(state, cycles: int) -> None:
+    if not state.capturing():  # a captured sleep spins at replay (not timed: docs/fidelity.md)
+        state.streams.clock.sleep(state.streams.current(), int(cycles))
     if state.observers:
         state.notify_op("torch.cuda._sleep", (cycles,), {}, None)
         state.notify_stream("sleep", state.streams.current(), int(cycles))

@@ -12,14 +12,15 @@ query's cudaSuccess is the host's proof of completion.
 
 Event timing is emulated: `record()` notes the host's clock (`time.perf_counter`), and because work
 is synchronous, `start.elapsed_time(end)` is the host time between the two records in milliseconds:
-the time the work issued between them took on the cpu, not what a GPU would take.
+the time the work issued between them took on the cpu, not what a GPU would take; except that a
+`torch.cuda._sleep` keeps its stream busy for its cycles at the SM clock, and the host's waits for
+it move the host's clock on without sleeping (device_clock.py).
 """
 
 from __future__ import annotations
 
 import itertools
 import threading
-import time
 from typing import Any
 
 import torch
@@ -28,6 +29,7 @@ from harness.emulation.active import active_state
 from harness.emulation.blas_workspaces import PRIORITY_POOLS, STREAMS_PER_POOL
 from harness.emulation.capture_syncs import refuse_host_sync
 from harness.emulation.capture_waits import refuse_uncaptured_wait
+from harness.emulation.device_clock import SM_CLOCK_HZ, DeviceClock
 from harness.emulation.rules import captured_event_used, events_of_two_devices_error
 
 _TorchStream = torch.Stream  # torch's own class (the emulation replaces the name while it lasts)
@@ -88,7 +90,10 @@ class Stream:
         state = _state()
         refuse_host_sync(state, "Stream.query()", stream=self)
         tracking = state.streams_tracking
-        return True if tracking is None else tracking.query_stream(self)
+        done = True if tracking is None else tracking.query_stream(self)
+        if done:  # the host saw the stream's work done: its clock is past that work's end
+            state.streams.clock.host_waits(state.streams.clock.busy_until(self))
+        return done
 
     def is_capturing(self) -> bool:
         """Whether this stream takes part in the capture in progress."""
@@ -100,6 +105,7 @@ class Stream:
         refuse_host_sync(state, "Stream.synchronize()", stream=self)
         state.flag_host_sync()  # CUDA flags a stream's sync; its device and event syncs not
         state.notify_stream("synchronize", self, None)
+        state.streams.clock.host_waits(state.streams.clock.busy_until(self))
 
     def wait_event(self, event: "Event") -> None:
         state = _state()
@@ -107,6 +113,8 @@ class Stream:
         event.refuse_outside_its_capture(state, "Stream.wait_event()")
         state.streams.joins(self, event.recorded_on)
         state.notify_stream("wait_event", self, event)
+        if event._time is not None:
+            state.streams.clock.wait_until(self, event._time)
 
     def wait_stream(self, stream: "Stream") -> None:
         state = _state()
@@ -114,6 +122,7 @@ class Stream:
         refuse_uncaptured_wait(state, self, other=stream, what="Stream.wait_stream()")
         state.streams.joins(self, stream)
         state.notify_stream("wait_stream", self, stream)
+        state.streams.clock.wait_until(self, state.streams.clock.busy_until(stream))
 
     def record_event(self, event: "Event | None" = None) -> "Event":
         event = Event() if event is None else event
@@ -200,7 +209,7 @@ class Event:
         state = _state()
         stream = state.streams.current() if stream is None else as_device_stream(stream)
         self.recorded_on = stream
-        self._time = time.perf_counter()
+        self._time = state.streams.clock.record(stream)
         self._captured_by = None
         if state.stream_captures(stream):
             state.capture.note_recorded_event(self)
@@ -224,13 +233,18 @@ class Event:
         refuse_host_sync(state, what, event=self)
         self.refuse_outside_its_capture(state, what)
         tracking = state.streams_tracking
-        return True if tracking is None else tracking.query_event(self)
+        done = True if tracking is None else tracking.query_event(self)
+        if done and self._time is not None:
+            state.streams.clock.host_waits(self._time)
+        return done
 
     def synchronize(self) -> None:
         state = _state()
         refuse_host_sync(state, "Event.synchronize()", event=self)
         self.refuse_outside_its_capture(state, "Event.synchronize()")
         state.notify_stream("event_synchronize", self.recorded_on, self)
+        if self._time is not None:
+            state.streams.clock.host_waits(self._time)
 
     def elapsed_time(self, end_event: "Event") -> float:
         if not (self.enable_timing and end_event.enable_timing):
@@ -268,6 +282,8 @@ class Streams:
         self.by_id: dict[tuple[int, int], Stream] = {}  # what torch._C._cuda_setStream names
         self.capturing: set[Stream] = set()
         self._made_at: dict[tuple[int, int], int] = {}  # (device, priority pool) -> streams made
+        # event timing's clock: the host's, and the streams a torch.cuda._sleep keeps busy
+        self.clock = DeviceClock(SM_CLOCK_HZ)
 
     def next_pool_slot(self, device: int, priority: int) -> tuple[int, int]:
         """The (priority pool, index) of CUDA's pooled stream that a new stream of `priority`

@@ -67,6 +67,15 @@ def test_a_long_sleep_outlasts_polls_in_a_row_and_a_polling_loop_still_ends(cuda
         assert y.tolist() == [2.0] * 8  # read after a True answer: no race
 
 
+def test_a_sleeps_cycles_show_in_the_event_time_around_it(cuda_kind):
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    torch.cuda._sleep(SLEEP_CYCLES)
+    end.record()
+    end.synchronize()
+    assert start.elapsed_time(end) >= 20.0  # 50M cycles at a 2 GHz clock or slower: 25 ms or more
+
+
 def test_elapsed_time_of_events_still_pending_is_refused(cuda_kind):
     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
     start.record()
