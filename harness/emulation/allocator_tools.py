@@ -223,8 +223,7 @@ def patches(state) -> list[tuple[Any, str, Any]]:
         if not isinstance(pool, MemPool):
             raise TypeError(f"use_mem_pool() takes a torch.cuda.MemPool, got "
                             f"{type(pool).__name__}")
-        index = (torch.cuda.current_device() if device is None
-                 else torch.cuda._get_device_index(device))
+        index = state.streams.device_index(device)  # the current device for None
         torch.cuda.device(index)  # an index the device lacks raises CUDA's error
         allocator = memory.accounting(index)
         # the MemPool's own pool on its device; on another, that device's pool of the same id
