@@ -171,17 +171,19 @@ def _timed_sleep(cycles: int) -> tuple[torch.cuda.Event, torch.cuda.Event]:
 
 def test_sleeps_on_two_devices_overlap_in_event_time(two_devices):
     # PyTorch's test_stream_event_nogil compares so (its threads aside): each device spins for
-    # tens of milliseconds at once, so the span is about one sleep, not the sum of the two
+    # about 200 ms at once, so the span is about one sleep, not the sum of the two. The sleeps are
+    # long so that the host's own time between the records (a loaded machine's stalls) stays far
+    # below the 120 ms the comparison leaves it; on the emulated device they cost no wall time.
     torch.cuda.synchronize(0)
     torch.cuda.synchronize(1)
     span_start, span_end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
     span_start.record()
     with torch.cuda.device(1):
-        on_one = _timed_sleep(50_000_000)
-    on_zero = _timed_sleep(50_000_000)
+        on_one = _timed_sleep(400_000_000)
+    on_zero = _timed_sleep(400_000_000)
     torch.cuda.synchronize(1)
     span_end.record()
     span_end.synchronize()
     each = [start.elapsed_time(end) for start, end in (on_zero, on_one)]
-    assert min(each) >= 20.0  # 50M cycles at a 2 GHz clock or slower: 25 ms or more
+    assert min(each) >= 160.0  # 400M cycles at a 2 GHz clock or slower: 200 ms or more
     assert sum(each) > 1.3 * span_start.elapsed_time(span_end)
