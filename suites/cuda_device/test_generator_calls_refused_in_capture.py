@@ -25,6 +25,9 @@ def _capture(body) -> None:
 
 
 def test_clone_state_is_refused_during_capture(cuda_kind):
+    if cuda_kind == "sanitizer":
+        pytest.skip("the sanitizer's generators are CUDA's own, whose clone_state asks the real "
+                    "stream, which a sanitizer capture leaves uncapturing (docs/fidelity.md)")
     generator = torch.cuda.default_generators[torch.cuda.current_device()]
     with pytest.raises(RuntimeError, match="Cannot call CUDAGeneratorImpl::clone_impl " + NOT_CAPTURING):
         _capture(generator.clone_state)

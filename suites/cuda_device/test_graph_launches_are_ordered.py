@@ -3,7 +3,9 @@ each launch "behind both any previous work in stream and any previous launches o
 (CUDA Runtime API). A graph replayed on one stream and then on another without an event between
 is no race between the two replays; a read of the first replay's output on its own stream, not
 ordered before the second replay, still is. Another graph (another executable) is not ordered so.
-Rows run in the emulated device's stream tracking, and natively over the real streams' tracker."""
+Rows run in the emulated device's stream tracking, and over the real streams' tracker in the graph
+sanitizer, whose replays reach the dispatcher. Natively that tracker does not see what CUDA's own
+replays read and write, so the race rows skip there."""
 
 from __future__ import annotations
 
@@ -12,6 +14,9 @@ import torch
 
 from harness.emulation import track_stream_races
 from harness.emulation.tracking import RaceError
+
+NATIVE_REPLAYS_UNSEEN = ("the real streams' tracker does not see the accesses of CUDA's own graph "
+                         "replays (tracking/real_streams.py); the sanitizer row checks the order")
 
 
 def _graph(source: torch.Tensor) -> tuple[torch.cuda.CUDAGraph, torch.Tensor]:
@@ -39,6 +44,8 @@ def test_replays_of_one_graph_on_two_streams_are_ordered(cuda_kind):
 
 @pytest.mark.strict_races
 def test_a_read_of_the_first_replays_output_races_the_second_replay(cuda_kind):
+    if cuda_kind == "native":
+        pytest.skip(NATIVE_REPLAYS_UNSEEN)
     source = torch.full((1 << 12,), 3.0, device="cuda")
     graph, out = _graph(source)
     first, second = torch.cuda.Stream(), torch.cuda.Stream()
@@ -57,6 +64,8 @@ def test_a_read_of_the_first_replays_output_races_the_second_replay(cuda_kind):
 
 @pytest.mark.strict_races
 def test_two_graphs_writing_one_tensor_from_two_streams_race(cuda_kind):
+    if cuda_kind == "native":
+        pytest.skip(NATIVE_REPLAYS_UNSEEN)
     source = torch.full((1 << 12,), 3.0, device="cuda")
     out = torch.zeros(1 << 12, device="cuda")
     torch.cuda.synchronize()

@@ -6,7 +6,8 @@ CUDA, natively or under the graph sanitizer, where the GPU runs the streams and 
 can be checked, not their timing.
 
 What it does not see, as CSAN does not: frees (a tensor dropped while another stream reads it:
-use `record_stream`), graph replays (recorded work replayed by CUDA or the sanitizer), and kernels
+use `record_stream`), CUDA's own graph replays (the sanitizer's go through the dispatcher and are
+seen, each launch of a graph ordered behind its previous one as cudaGraphLaunch orders it), and kernels
 that skip the dispatcher (Triton launched directly, NCCL's own streams). Unlike CSAN it takes a
 `query()` answering True as the synchronization it is (a polling loop's read after it is ordered).
 """
@@ -175,7 +176,21 @@ def _api_patches(tracker: StreamTracker, ids: StreamIds) -> list[tuple[Any, str,
             tracker.synchronize_event(id(self))
         return done
 
-    return [(Event, "record", record_event), (Event, "wait", wait_event),
+    graph_class = torch.cuda.CUDAGraph
+    replay = graph_class.replay
+
+    # CUDA orders each launch of an executable graph behind its previous launch, whatever the
+    # stream (cudaGraphLaunch): a private event per graph, keyed apart from Python event ids,
+    # carries that edge. The replay's own accesses are seen only where they reach the
+    # dispatcher (the graph sanitizer's replays), not in CUDA's.
+    def replay_in_launch_order(self) -> None:
+        stream = ids.of(torch.cuda.current_stream())
+        tracker.wait_event(stream, -id(self))
+        replay(self)
+        tracker.record_event(-id(self), stream)
+
+    return [(graph_class, "replay", replay_in_launch_order),
+            (Event, "record", record_event), (Event, "wait", wait_event),
             (Stream, "synchronize", synchronize_stream), (Event, "synchronize", synchronize_event),
             (Stream, "query", query_stream), (Event, "query", query_event),
             (torch_C, "_cuda_synchronize", synchronize_device)]
