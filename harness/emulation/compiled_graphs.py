@@ -32,6 +32,7 @@ from __future__ import annotations
 import contextlib
 import importlib
 import itertools
+import weakref
 from dataclasses import dataclass
 from typing import Any, Callable
 
@@ -242,7 +243,7 @@ class DeviceGraph:
         (see `_recorded`): the replays' are the same tensors each time, rewritten by the next."""
         key = _key(args)
         entry = self.replays.get(key)
-        generation = state.trees.enter(self)
+        generation = state.trees.enter(self, state.memory)
         # The trees' path within a generation: a graph run again in one generation (one step
         # between cudagraph_mark_step_begin calls, or one top-level call) is another node of the
         # tree, recorded apart with memory of its own, not a replay over the first one's outputs.
@@ -315,10 +316,7 @@ class DeviceGraph:
             if (recorded.static_addresses == addresses and recorded.position == position
                     and recorded.managed_addresses == _addresses(args, recorded.managed)):
                 out = recorded.replay(args, state.trees)
-                if recorded.handed is None:  # trees hand out the same tensors every replay
-                    recorded.handed = self._aliased(state, args, out)
-                    state.trees.note_managed(self._pool_outputs(args, recorded.handed)[0])
-                return self._from_inputs(args, key, recorded.handed)
+                return self._from_inputs(args, key, self._handed_again(state, args, recorded, out))
         if any(recorded.static_addresses == addresses and recorded.position == position
                for recorded in entry):
             # An input that was an output of a recording (a "cudagraph managed" tensor, read by
@@ -403,8 +401,16 @@ class DeviceGraph:
         return f"mutated inputs ({len(indices)} instances)" + (
             f". Found from : \n {trace}" if trace else "")
 
+    def pool_handle(self):
+        """The graph pool this graph's warm-ups allocate from and its recordings capture into
+        (the trees keep one per device; each graph has its own here)."""
+        if not hasattr(self, "pool"):
+            self.pool = torch.cuda.graph_pool_handle()
+        return self.pool
+
     def _warm_up(self, state, args):
-        with _cublas_cleared(state):
+        # what a warm-up returns is memory of the trees' graph pool
+        with _cublas_cleared(state), state.trees.warming_up(state.memory):
             out = self._run(state, args)
         self._note_in_pool(state, args, out)
         return out
@@ -442,16 +448,49 @@ class DeviceGraph:
         self._note_in_pool(state, args, handed)
         return handed
 
-    def _aliased(self, state, args, out):
+    def _aliased(self, state, args, out, kept: list | None = None):
         """`out` with each output in the pool replaced by a tensor of its own over the same
-        memory, as the trees build their outputs from the pool's pointers."""
+        memory, as the trees build their outputs from the pool's pointers. `kept`: per output,
+        a tensor handed out before that is still to be handed out again (or None). Each new
+        alias storage holds its block of the pool while the program holds it, as the trees'
+        outputs own their blocks, not the recording."""
         pooled = {id(t) for t in self._pool_outputs(args, out)[0]}
         outs = _outputs_of(out)
         aliases: dict = {}  # outputs sharing a storage share one alias storage, as trees build them
         for i, t in enumerate(outs):
+            if id(t) in pooled and kept and kept[i] is not None:
+                aliases[t.untyped_storage().data_ptr()] = kept[i].untyped_storage()
+        known = {id(a) for a in aliases.values()}
+        for i, t in enumerate(outs):
             if id(t) in pooled:
-                outs[i] = _pool_alias(state, t, aliases)
+                outs[i] = kept[i] if kept and kept[i] is not None else _pool_alias(
+                    state, t, aliases)
+        new = [alias for alias in aliases.values() if id(alias) not in known]
+        if new:
+            # what the allocator's model keys the recordings' pool by; the blocks are the
+            # capture's, made on the trees' stream
+            arena = state.pool_handles.arena(self.pool_handle())[1]
+            with torch.cuda.stream(state.trees.capture_stream()):
+                for alias in new:
+                    state.memory.adopt_in_pool(alias, arena)
         return _as_returned(outs, out)
+
+    def _handed_again(self, state, args, recorded, out):
+        """What a replay of `recorded` returns: the trees hand out the same tensors every replay;
+        an output the program dropped (its block back in the pool) is built again over the
+        recording's memory, taking its block again."""
+        previous = recorded.handed
+        kept = None if previous is None else [None if ref is None else ref() for ref in previous]
+        fresh = kept is None or any(t is None and ref is not None
+                                    for t, ref in zip(kept, previous))
+        handed = self._aliased(state, args, out, kept)
+        if fresh:
+            pooled = self._pool_outputs(args, handed)[0]
+            ids = {id(t) for t in pooled}
+            recorded.handed = [weakref.ref(t) if id(t) in ids else None
+                               for t in _outputs_of(handed)]
+            state.trees.note_managed(pooled)
+        return handed
 
     def release_recordings(self) -> None:
         """Forget every layout's warm-up, recordings and skips (the graphs and their pool go with
@@ -791,7 +830,9 @@ class _Replay:
         self.graph, self.inputs, self.outputs, self.copied = graph, inputs, outputs, copied
         self.static_addresses = static_addresses
         self.position = position  # its run's place among this layout's runs in a generation
-        self.handed = None  # what the replays return: aliases of `outputs`, made at the first
+        # weakrefs to what the replays return (aliases of `outputs`), made at the first replay
+        # and again for any the program dropped
+        self.handed = None
         # inputs that were outputs of a recording ("cudagraph managed"): where they were
         self.managed = managed
         self.managed_addresses = _addresses(args, managed)
@@ -815,14 +856,17 @@ class _Replay:
         for i in device_graph.static:
             if i < len(args) and isinstance(args[i], torch.Tensor):
                 inputs[i] = _held_alias(state, args[i])
-        if not hasattr(device_graph, "pool"):
-            device_graph.pool = torch.cuda.graph_pool_handle()
+        device_graph.pool_handle()
         graph = torch.cuda.CUDAGraph()
         stream = state.trees.capture_stream()
         stream.wait_stream(torch.cuda.current_stream())
         with _cublas_cleared(state), torch.cuda.graph(graph, pool=device_graph.pool, stream=stream):
             outputs = device_graph(*inputs)
         torch.cuda.current_stream().wait_stream(stream)
+        # The outputs' blocks are the tensors' the program is handed (`_aliased`), not the
+        # recording's: on CUDA they go back to the pool when the program drops the outputs.
+        for t in device_graph._pool_outputs(args, outputs)[0]:
+            state.memory.release_storage(t.untyped_storage())
         recorded = _Replay(graph, inputs, outputs, copied,
                            _static_addresses(args, device_graph.static), position, managed,
                            args, state.trees.new_node())

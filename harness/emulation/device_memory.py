@@ -236,6 +236,31 @@ class DeviceMemory:
     def release_block(self, held: "HeldBlock") -> None:
         self._pending_free(held)
 
+    def release_storage(self, storage: torch.UntypedStorage) -> None:
+        """`storage`'s allocation goes back to its pool now, while the storage lives on (its
+        death later frees nothing): what cudagraph trees do to the outputs of a generation that
+        ended (`_free_And_Remove_DeleterFn`), and to a recording's outputs, whose blocks the
+        tensors handed to the program hold rather than the recording. A storage without an
+        allocation of its own (an alias) is left as it is."""
+        for ref in weakref.getweakrefs(storage):
+            if ref.__class__ is _StorageRef and ref.nbytes:
+                self._pending_free(ref)
+                ref.nbytes = 0  # the free at its death: nothing left to count or free
+
+    def adopt_in_pool(self, storage: torch.UntypedStorage, handle) -> None:
+        """`storage`, an alias over memory of the graph pool of `handle` (one the trees build
+        from a pool pointer and hand to the program), holds a block of that pool until it dies,
+        as the trees' checkpoint hands the block's deleter to the storage the program holds."""
+        nbytes = storage.nbytes()
+        if not nbytes:
+            return
+        allocator = self.accounting()
+        ref = _StorageRef(storage, self._on_freed)
+        ref.nbytes = nbytes
+        self._live += nbytes
+        self._pending.append((ref, nbytes, self._current_stream(), allocator.pool_of(handle)))
+        self._play()
+
     def _pending_free(self, ref: _StorageRef) -> None:
         self._live -= ref.nbytes
         stream = self._unmodelled.pop(ref, None)
