@@ -32,7 +32,6 @@ from __future__ import annotations
 import contextlib
 import importlib
 import itertools
-import weakref
 from dataclasses import dataclass
 from typing import Any, Callable
 
@@ -316,7 +315,13 @@ class DeviceGraph:
             if (recorded.static_addresses == addresses and recorded.position == position
                     and recorded.managed_addresses == _addresses(args, recorded.managed)):
                 out = recorded.replay(args, state.trees)
-                return self._from_inputs(args, key, self._handed_again(state, args, recorded, out))
+                if recorded.handed is None:  # trees hand out the same tensors every replay
+                    # over the pool without blocks of their own (their cached tensors' storages
+                    # are built from the pool's pointers; a block goes back to a storage only
+                    # when the trees checkpoint the allocator's state for a later recording)
+                    recorded.handed = self._aliased(state, args, out, owned=False)
+                    state.trees.note_managed(self._pool_outputs(args, recorded.handed)[0])
+                return self._from_inputs(args, key, recorded.handed)
         if any(recorded.static_addresses == addresses and recorded.position == position
                for recorded in entry):
             # An input that was an output of a recording (a "cudagraph managed" tensor, read by
@@ -448,49 +453,25 @@ class DeviceGraph:
         self._note_in_pool(state, args, handed)
         return handed
 
-    def _aliased(self, state, args, out, kept: list | None = None):
+    def _aliased(self, state, args, out, owned: bool = True):
         """`out` with each output in the pool replaced by a tensor of its own over the same
-        memory, as the trees build their outputs from the pool's pointers. `kept`: per output,
-        a tensor handed out before that is still to be handed out again (or None). Each new
-        alias storage holds its block of the pool while the program holds it, as the trees'
-        outputs own their blocks, not the recording."""
+        memory, as the trees build their outputs from the pool's pointers. `owned` (a
+        recording's outputs): each new storage holds its block of the pool while the program
+        holds it, as the capture's own tensors do on CUDA, not the recording."""
         pooled = {id(t) for t in self._pool_outputs(args, out)[0]}
         outs = _outputs_of(out)
         aliases: dict = {}  # outputs sharing a storage share one alias storage, as trees build them
         for i, t in enumerate(outs):
-            if id(t) in pooled and kept and kept[i] is not None:
-                aliases[t.untyped_storage().data_ptr()] = kept[i].untyped_storage()
-        known = {id(a) for a in aliases.values()}
-        for i, t in enumerate(outs):
             if id(t) in pooled:
-                outs[i] = kept[i] if kept and kept[i] is not None else _pool_alias(
-                    state, t, aliases)
-        new = [alias for alias in aliases.values() if id(alias) not in known]
-        if new:
+                outs[i] = _pool_alias(state, t, aliases)
+        if owned and aliases:
             # what the allocator's model keys the recordings' pool by; the blocks are the
             # capture's, made on the trees' stream
             arena = state.pool_handles.arena(self.pool_handle())[1]
             with torch.cuda.stream(state.trees.capture_stream()):
-                for alias in new:
+                for alias in aliases.values():
                     state.memory.adopt_in_pool(alias, arena)
         return _as_returned(outs, out)
-
-    def _handed_again(self, state, args, recorded, out):
-        """What a replay of `recorded` returns: the trees hand out the same tensors every replay;
-        an output the program dropped (its block back in the pool) is built again over the
-        recording's memory, taking its block again."""
-        previous = recorded.handed
-        kept = None if previous is None else [None if ref is None else ref() for ref in previous]
-        fresh = kept is None or any(t is None and ref is not None
-                                    for t, ref in zip(kept, previous))
-        handed = self._aliased(state, args, out, kept)
-        if fresh:
-            pooled = self._pool_outputs(args, handed)[0]
-            ids = {id(t) for t in pooled}
-            recorded.handed = [weakref.ref(t) if id(t) in ids else None
-                               for t in _outputs_of(handed)]
-            state.trees.note_managed(pooled)
-        return handed
 
     def release_recordings(self) -> None:
         """Forget every layout's warm-up, recordings and skips (the graphs and their pool go with
@@ -830,9 +811,7 @@ class _Replay:
         self.graph, self.inputs, self.outputs, self.copied = graph, inputs, outputs, copied
         self.static_addresses = static_addresses
         self.position = position  # its run's place among this layout's runs in a generation
-        # weakrefs to what the replays return (aliases of `outputs`), made at the first replay
-        # and again for any the program dropped
-        self.handed = None
+        self.handed = None  # what the replays return: aliases of `outputs`, made at the first
         # inputs that were outputs of a recording ("cudagraph managed"): where they were
         self.managed = managed
         self.managed_addresses = _addresses(args, managed)

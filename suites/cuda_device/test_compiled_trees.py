@@ -586,22 +586,26 @@ def test_a_warm_ups_output_is_a_block_of_a_graph_pool_on_the_trees_stream(cuda_k
 
 
 def test_a_recordings_output_block_goes_back_when_the_program_drops_it(cuda_kind):
-    """A recording's outputs (and a replay's) hold their graph-pool blocks while the program holds
-    them, not for as long as the recording lives: dropped, the blocks are free (PyTorch's
+    """A recording's outputs hold their graph-pool blocks while the program holds them, not for
+    as long as the recording lives: dropped, the blocks are free (PyTorch's
     test_accumulate_multiple_recordings; natively the pool showed no active block once the output
-    was dropped, H100, torch 2.11, 2026-12-06). The emulated device kept every recording's
-    outputs allocated until `torch._dynamo.reset()` until 2026-12-06."""
+    was dropped, H100, torch 2.11, 2026-12-06). A replay's outputs hold none: the trees build them
+    over the pool from its pointers (test_execution_into_recording: 0 "in execution mode"). The
+    emulated device kept every recording's outputs allocated until `torch._dynamo.reset()` until
+    2026-12-06."""
     compiled = torch.compile(_cubed, mode="reduce-overhead")
     x = torch.rand(4, device="cuda")
     before = _graph_pool_blocks()
     with _refused_in_the_sanitizer(cuda_kind):
+        held_blocks = []
         for step in range(4):  # warm-up, recording, two replays
             torch.compiler.cudagraph_mark_step_begin()
             out = compiled(x * (step + 1))
-            assert _graph_pool_blocks() == before + 1
+            held_blocks.append(_graph_pool_blocks() - before)
             torch.testing.assert_close(out, _cubed(x * (step + 1)))
             del out
             assert _graph_pool_blocks() == before
+        assert held_blocks == [1, 1, 0, 0]
 
 
 def test_the_next_generation_frees_a_held_warm_up_outputs_block(cuda_kind):
