@@ -248,9 +248,9 @@ class DeviceMemory:
                 ref.nbytes = 0  # the free at its death: nothing left to count or free
 
     def adopt_in_pool(self, storage: torch.UntypedStorage, handle) -> None:
-        """`storage`, an alias over memory of the graph pool of `handle` (one the trees build
-        from a pool pointer and hand to the program), holds a block of that pool until it dies,
-        as the trees' checkpoint hands the block's deleter to the storage the program holds."""
+        """`storage`, an alias over memory of a graph pool (one the trees build from a pool
+        pointer and hand to the program), holds a block of the pool the allocator's model keys by
+        `handle` (a capture's arena) until it dies, as the capture's own tensor would on CUDA."""
         nbytes = storage.nbytes()
         if not nbytes:
             return
