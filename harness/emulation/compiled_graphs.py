@@ -466,10 +466,10 @@ class DeviceGraph:
         if owned and aliases:
             # what the allocator's model keys the recordings' pool by; the blocks are the
             # capture's, made on the trees' stream
-            arena = state.pool_handles.arena(self.pool_handle())[1]
+            pool_id, arena = state.pool_handles.arena(self.pool_handle())
             with torch.cuda.stream(state.trees.capture_stream()):
                 for alias in aliases.values():
-                    state.memory.adopt_in_pool(alias, arena)
+                    state.memory.adopt_in_pool(alias, arena, pool_id)
         return _as_returned(outs, out)
 
     def release_recordings(self) -> None:

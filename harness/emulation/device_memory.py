@@ -247,18 +247,19 @@ class DeviceMemory:
                 self._pending_free(ref)
                 ref.nbytes = 0  # the free at its death: nothing left to count or free
 
-    def adopt_in_pool(self, storage: torch.UntypedStorage, handle) -> None:
+    def adopt_in_pool(self, storage: torch.UntypedStorage, handle, pool_id: tuple[int, int]) -> None:
         """`storage`, an alias over memory of a graph pool (one the trees build from a pool
         pointer and hand to the program), holds a block of the pool the allocator's model keys by
-        `handle` (a capture's arena) until it dies, as the capture's own tensor would on CUDA."""
+        `handle` (a capture's arena; CUDA's id `pool_id`) on the current stream's device until it
+        dies, as the capture's own tensor would on CUDA."""
         nbytes = storage.nbytes()
         if not nbytes:
             return
-        allocator = self.accounting()
+        allocator = self.accounting(getattr(self._current_stream(), "device_index", 0))
         ref = _StorageRef(storage, self._on_freed)
         ref.nbytes = nbytes
         self._live += nbytes
-        self._pending.append((ref, nbytes, self._current_stream(), allocator.pool_of(handle)))
+        self._pending.append((ref, nbytes, self._current_stream(), allocator.pool_of(handle, pool_id)))
         self._play()
 
     def _pending_free(self, ref: _StorageRef) -> None:
