@@ -98,7 +98,8 @@ def is_random(func: Any) -> bool:
     return isinstance(func, torch_internals.OpOverload) and _random_packet(func.overloadpacket)
 
 
-def _given_generator(func: Any, args: tuple, kwargs: dict) -> Any:
+def given_generator(func: Any, args: tuple, kwargs: dict) -> Any:
+    """The Generator the op was handed (positionally or by name), None without one."""
     position = _generator_position(func)
     if position is None:
         return None
@@ -118,7 +119,7 @@ class Draws:
     def source(self, func: Any, args: tuple, kwargs: dict, index: int) -> PhiloxState | None:
         """The state object the op draws from: its generator='s, else device `index`'s default
         generator's; None for a generator not of the device (a cpu one, refused elsewhere)."""
-        given = _given_generator(func, args, kwargs)
+        given = given_generator(func, args, kwargs)
         if given is None:
             return self.defaults.state_in_use(index)
         generator = device_generator(given)
@@ -190,7 +191,7 @@ class CaptureDraws:
             return None
         state = self.draws.source(func, args, kwargs, self.index)
         if (state is not None and not state.capturing
-                and _given_generator(func, args, kwargs) is None):
+                and given_generator(func, args, kwargs) is None):
             # The default generator draws from the state object in use now: one swapped in
             # during the capture (graphsafe_set_state) takes part only if registered with the
             # graph, whose capture prologue marked it (a generator= of its own is checked by the

@@ -62,6 +62,8 @@ class SanitizerHost(Observed):
         # The capture's stream rules on its own thread (sanitizer_threads.py), pushed above the
         # recorder from capture_begin to capture_end.
         self._stream_rules = None
+        # The capture's branch races (sanitizer_races.py), while real streams are tracked.
+        self.capture_races = None
 
     def rng_device(self) -> torch.device:
         return self.storage_device
@@ -110,9 +112,12 @@ class SanitizerHost(Observed):
     def graph_reset(self, key: int) -> None:
         """The GPU's generators drop the reset graph's capture state themselves."""
 
-    def capture_draws(self) -> None:
-        """A capture's random ops draw from the GPU's generators as recorded."""
-        return None
+    def capture_draws(self):
+        """A capture's random ops draw from the GPU's generators, each from the default
+        generator's state in use when it was captured (sanitizer_draws.py)."""
+        from harness.emulation.sanitizer_draws import SanitizerDraws
+
+        return SanitizerDraws(self.storage_device)
 
     def current_stream(self):
         return torch.cuda.current_stream()
@@ -178,14 +183,17 @@ class SanitizerHost(Observed):
         # No driver capture runs on the real streams, so CUDA enforces none of the capture's
         # stream rules: the sanitizer's own are pushed above the recorder, where they join the
         # capture's thread modes (another thread's routed work meets them too).
+        from harness.emulation.sanitizer_races import capture_races
         from harness.emulation.sanitizer_threads import SanitizerStreamRules
 
+        self.capture_races = capture_races(self.memory)
         self._stream_rules = SanitizerStreamRules(self)
         self._stream_rules.__enter__()
         self._tell("on_capture_begin", graph, stream, mode)
 
     def notify_capture_end(self, graph, *, aborted: bool) -> None:
         rules, self._stream_rules = self._stream_rules, None
+        self.capture_races = None
         if rules is not None:
             rules.__exit__(None, None, None)
         self._tell("on_capture_end", graph, aborted)
@@ -329,6 +337,8 @@ def _capture_rules(host: SanitizerHost) -> list:
         self.recorded_on = on  # what capture_waits.py asks of an event
         if host.stream_captures(on):
             host.capture.note_recorded_event(self)
+        if host.capture_races is not None:
+            host.capture_races.record_event(self, on)
 
     def wait_on_event(self, stream=None) -> None:  # Stream.wait_event(e) is e.wait(stream)
         waiting = torch.cuda.current_stream() if stream is None else stream
@@ -336,6 +346,8 @@ def _capture_rules(host: SanitizerHost) -> list:
         if host.capture is not None and host.capture.recorded_event(self):
             host.joins(waiting)
         event_wait(self, stream)
+        if host.capture_races is not None:
+            host.capture_races.wait_event(waiting, self)
 
     def wait_stream(self, other) -> None:
         refuse_uncaptured_wait(host, self, other=other, what="Stream.wait_stream()")

@@ -67,8 +67,13 @@ class SanitizerStreamRules(TorchDispatchMode):
             modes = capture_modes_for_this_thread(host)
             if modes:  # another thread's op on a capturing stream: the recorder's
                 with joined(modes):
-                    return func(*args, **kwargs)
-            return func(*args, **kwargs)
+                    out = func(*args, **kwargs)
+            else:
+                out = func(*args, **kwargs)
+            races = host.capture_races
+            if races is not None and _on_the_gpu(func, args, kwargs):
+                races.op(stream, func, args, kwargs, out)  # a branch of the graph (sanitizer_races.py)
+            return out
         if not _on_the_gpu(func, args, kwargs):
             return func(*args, **kwargs)  # host work
         if not isinstance(func, torch_internals.HigherOrderOperator) and (

@@ -115,6 +115,11 @@ def test_a_state_swapped_in_during_a_capture_is_what_the_replays_draw_from(devic
 
 
 def test_an_unregistered_state_swapped_in_during_a_capture_cannot_draw(device):
+    if emulation_active() == "cuda":
+        pytest.skip("the graph sanitizer's captures are emulated: the GPU's generators are CUDA's, "
+                    "and CUDA's check of an unregistered state runs only under a real stream "
+                    "capture, which the sanitizer never begins (a known difference, "
+                    "docs/fidelity.md)")
     other = device.clone_state()
     graph = torch.cuda.CUDAGraph()
     with pytest.raises(RuntimeError, match="not in capture mode"):

@@ -7,7 +7,8 @@ can be checked, not their timing.
 
 What it does not see, as CSAN does not: frees (a tensor dropped while another stream reads it:
 use `record_stream`), CUDA's own graph replays (the sanitizer's go through the dispatcher and are
-seen, each launch of a graph ordered behind its previous one as cudaGraphLaunch orders it), and kernels
+seen, each launch of a graph ordered behind its previous one as cudaGraphLaunch orders it, and
+each of their ops named `replay of CUDAGraph 0x... (op)`), and kernels
 that skip the dispatcher (Triton launched directly, NCCL's own streams). Unlike CSAN it takes a
 `query()` answering True as the synchronization it is (a polling loop's read after it is ordered).
 """
@@ -15,6 +16,7 @@ that skip the dispatcher (Triton launched directly, NCCL's own streams). Unlike 
 from __future__ import annotations
 
 import contextlib
+import threading
 from typing import Any, Iterator
 
 import torch
@@ -78,6 +80,18 @@ class RealStreamWork(TorchDispatchMode):
     def __init__(self, tracker: StreamTracker, ids: StreamIds) -> None:
         super().__init__()
         self.tracker, self.ids = tracker, ids
+        # Per thread, the graph whose replay is running (`CUDAGraph 0x...`): the graph
+        # sanitizer's replays reach the dispatcher, and a report names the replay as the emulated
+        # device's does ("replay of CUDAGraph 0x..."), with the replayed op.
+        self._replays = threading.local()
+
+    @property
+    def replaying(self) -> str | None:
+        return getattr(self._replays, "graph", None)
+
+    @replaying.setter
+    def replaying(self, graph: str | None) -> None:
+        self._replays.graph = graph
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
@@ -92,7 +106,7 @@ class RealStreamWork(TorchDispatchMode):
         # still makes fresh device memory below, which may be a freed block handed out again.
         stream = self.ids.of(torch.cuda.current_stream())
         reads, writes = split_accesses(func, args, kwargs, _is_cuda)
-        where, name = current_callsite(), opinfo.op_name(func)
+        where, name = current_callsite(), self._named(opinfo.op_name(func))
         for t in (*reads, *writes):
             self.tracker.labels.setdefault(storage_key(t), label_of(t))
         seq = self.tracker.launch(stream, [storage_key(t) for t in reads], [storage_key(t) for t in writes],
@@ -108,12 +122,15 @@ class RealStreamWork(TorchDispatchMode):
                     self.tracker.labels[storage_key(t)] = label_of(t)
         return out
 
+    def _named(self, op: str) -> str:
+        return op if self.replaying is None else f"replay of {self.replaying} ({op})"
+
     def _higher_order_op(self, func, args: tuple, kwargs: dict) -> Any:
         """One kernel on the current stream reading every CUDA tensor it is given; what it runs
         inside goes below this mode, so a write into an operand is not seen."""
         stream = self.ids.of(torch.cuda.current_stream())
         reads = [t for t in higher_order_tensors(args, kwargs) if _is_cuda(t)]
-        where, name = current_callsite(), f"{func.name()} (a higher-order op)"
+        where, name = current_callsite(), self._named(f"{func.name()} (a higher-order op)")
         for t in reads:
             self.tracker.labels.setdefault(storage_key(t), label_of(t))
         seq = self.tracker.launch(stream, [storage_key(t) for t in reads], [], op=name, where=where)
@@ -132,9 +149,10 @@ def _capturing() -> bool:
         return False
 
 
-def _api_patches(tracker: StreamTracker, ids: StreamIds) -> list[tuple[Any, str, Any]]:
+def _api_patches(work: RealStreamWork) -> list[tuple[Any, str, Any]]:
     """The stream and event API's edges: Stream.wait_stream and wait_event go through Event.record
     and Event.wait (torch/cuda/streams.py), so those two carry every fork and join."""
+    tracker, ids = work.tracker, work.ids
     Stream, Event = torch.cuda.Stream, torch.cuda.Event
     record, wait = Event.record, Event.wait
     stream_sync, event_sync = Stream.synchronize, Event.synchronize
@@ -186,7 +204,11 @@ def _api_patches(tracker: StreamTracker, ids: StreamIds) -> list[tuple[Any, str,
     def replay_in_launch_order(self) -> None:
         stream = ids.of(torch.cuda.current_stream())
         tracker.wait_event(stream, -id(self))
-        replay(self)
+        outer, work.replaying = work.replaying, f"CUDAGraph {id(self):#x}"
+        try:
+            replay(self)
+        finally:
+            work.replaying = outer
         tracker.record_event(-id(self), stream)
 
     return [(graph_class, "replay", replay_in_launch_order),
@@ -203,7 +225,22 @@ def track_real_streams(*, races: str = "strict") -> Iterator[StreamTracker]:
     tracker = StreamTracker(mode=races)
     ids = StreamIds()
     ids.of(torch.cuda.default_stream())  # stream 0, as on the emulated device
+    work = RealStreamWork(tracker, ids)
     with contextlib.ExitStack() as stack:
-        apply(_api_patches(tracker, ids), stack)
-        stack.enter_context(RealStreamWork(tracker, ids))
-        yield tracker
+        apply(_api_patches(work), stack)
+        stack.enter_context(work)
+        _TRACKING.append(work)
+        try:
+            yield tracker
+        finally:
+            _TRACKING.remove(work)
+
+
+# The real streams' tracking in force, innermost last: the graph sanitizer judges the branches of
+# its captures against it (its captured ops never reach RealStreamWork as work: see `capturing`).
+_TRACKING: list[RealStreamWork] = []
+
+
+def tracking_in_force() -> RealStreamWork | None:
+    """The innermost `track_real_streams()` in force, None outside one."""
+    return _TRACKING[-1] if _TRACKING else None
