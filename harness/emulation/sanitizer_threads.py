@@ -70,9 +70,10 @@ class SanitizerStreamRules(TorchDispatchMode):
                     out = func(*args, **kwargs)
             else:
                 out = func(*args, **kwargs)
+            # Judged as a node of its branch of the graph (sanitizer_races.py).
             races = host.capture_races
             if races is not None and _on_the_gpu(func, args, kwargs):
-                races.op(stream, func, args, kwargs, out)  # a branch of the graph (sanitizer_races.py)
+                races.op(stream, func, args, kwargs, out)
             return out
         if not _on_the_gpu(func, args, kwargs):
             return func(*args, **kwargs)  # host work
