@@ -25,6 +25,7 @@ stack (a user's mode, the explainer's op log must see every aten op).
 from __future__ import annotations
 
 import threading
+import weakref
 from dataclasses import dataclass
 from typing import Any
 
@@ -71,15 +72,23 @@ _NEVER = object()  # a signature that dispatches every time (the probe saw more 
 
 
 class Probe:
-    """What the stream mode did during one torch call on one thread."""
+    """What the stream mode did during one torch call on one thread.
 
-    __slots__ = ("thread", "spoiled", "reached", "ops")
+    It holds no tensor: a reference kept while the call runs is one CUDA does not have, and
+    code inside one torch call reads use counts (autograd's AccumulateGrad steals a gradient
+    only when nothing else holds it, so `backward()`, learned here, cloned it). The first op is
+    kept as its read labels and keys, and its result's label and a weak reference to the
+    result's storage (which a view returned by the call keeps alive where the result's own
+    tensor dies: `linear`'s `mm` under its `_unsafe_view`)."""
 
-    def __init__(self) -> None:
+    __slots__ = ("thread", "spoiled", "reached", "ops", "_label")
+
+    def __init__(self, label) -> None:
         self.thread = threading.get_ident()
         self.spoiled = False
         self.reached = False  # whether any aten op reached the stream mode
         self.ops: list[tuple] = []
+        self._label = label  # the stream mode's label_of: a tensor's shape and dtype, immutable
 
     def spoil(self) -> None:
         self.spoiled = True
@@ -88,7 +97,17 @@ class Probe:
                   out: Any) -> None:
         if threading.get_ident() != self.thread or write_keys or not simple:
             self.spoiled = True
-        self.ops.append((plan, reads, read_keys, out))
+        if self.spoiled or self.ops:
+            self.ops.append(None)  # the call is never learned (_pattern): nothing to keep
+            return
+        label = self._label
+        result = None
+        if isinstance(out, _Tensor):
+            try:
+                result = (weakref.ref(out.untyped_storage()), label(out))
+            except (RuntimeError, NotImplementedError, TypeError):
+                result = None  # no storage to name (never learned, as before)
+        self.ops.append((plan, tuple(label(t) for t in reads), read_keys, result))
 
 
 def _tensor_meta(a: Any, tensors: list, is_device, is_pinned) -> tuple:
@@ -217,7 +236,7 @@ class CallPatterns:
 
     def _learn(self, key: tuple, tensors: list, func: Any, args: tuple, kwargs: dict) -> Any:
         mode = self.mode
-        probe = mode.probe = Probe()
+        probe = mode.probe = Probe(mode.label_of)
         try:
             out = func(*args, **kwargs)
         finally:
@@ -235,9 +254,11 @@ class CallPatterns:
             return _NEVER
         if not probe.ops:
             return _NOTHING if probe.reached else _UNSEEN
-        plan, reads, read_keys, op_out = probe.ops[0]
-        if not isinstance(op_out, _Tensor) or not isinstance(out, _Tensor) \
-                or out.untyped_storage().data_ptr() != op_out.untyped_storage().data_ptr():
+        plan, read_labels, read_keys, result = probe.ops[0]
+        # A storage freed by the call's end is not what it returned, whatever its address.
+        storage = None if result is None else result[0]()
+        if storage is None or not isinstance(out, _Tensor) \
+                or out.untyped_storage().data_ptr() != storage.data_ptr():
             return _NEVER
         storages = [t.untyped_storage().data_ptr() for t in tensors]
         if len(set(storages)) != len(storages):
@@ -247,6 +268,5 @@ class CallPatterns:
             if read_key not in storages:
                 return _NEVER  # read memory the call was not given
             positions.append(storages.index(read_key))
-        label = self.mode.label_of
-        return CallPattern(plan.name, tuple(positions), tuple(label(t) for t in reads),
-                           label(op_out), plan.touches_results)
+        return CallPattern(plan.name, tuple(positions), read_labels, result[1],
+                           plan.touches_results)

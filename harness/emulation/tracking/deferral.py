@@ -50,7 +50,10 @@ def defer(func, args: tuple, kwargs: dict, kind: OpKind, held: tuple = (),
     if kind is OpKind.MUTATING:
         return opinfo.aliased_returns(func, *returns_from), _as_issued(lambda: func(*args, **kwargs))
     outputs = map_tensors(_poisoned_like, shapes(func, *returns_from))
-    targets = flat_tensors(outputs)
+    # The queued call writes the results' memory, as a queued kernel does, without holding the
+    # tensors handed out: a second reference to a gradient made it clone where CUDA's
+    # AccumulateGrad steals it (it reads the tensor's use count).
+    targets = [t.detach() for t in flat_tensors(outputs)]
 
     def run() -> None:
         results = flat_tensors(func(*args, **kwargs))
