@@ -407,14 +407,15 @@ class DeviceGraph:
             f". Found from : \n {trace}" if trace else "")
 
     def pool_handle(self):
-        """The graph pool this graph's recordings capture into (the trees keep one per device;
-        each graph has its own here)."""
+        """The graph pool this graph's warm-ups allocate from and its recordings capture into
+        (the trees keep one per device; each graph has its own here)."""
         if not hasattr(self, "pool"):
             self.pool = torch.cuda.graph_pool_handle()
         return self.pool
 
     def _warm_up(self, state, args):
-        with _cublas_cleared(state):
+        # what a warm-up returns is memory of the trees' graph pool
+        with _cublas_cleared(state), state.trees.warming_up(state.memory):
             out = self._run(state, args)
         self._note_in_pool(state, args, out)
         return out

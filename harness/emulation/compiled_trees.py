@@ -21,8 +21,10 @@ is refused by name:
 
 from __future__ import annotations
 
+import contextlib
+import threading
 import weakref
-from typing import Any
+from typing import Any, Iterator
 
 import torch
 
@@ -111,6 +113,8 @@ class TreeGenerations:
         self._graphs: Any = weakref.WeakSet()  # the DeviceGraphs that ran with CUDA graphs
         # per device: the one side stream the trees' manager records every graph on
         self._streams: dict[int, Any] = {}
+        # per device: what the allocator's model keys the pool of the warm-ups by, and its id
+        self._warm_pools: dict[int, tuple[WarmUpPool, tuple[int, int]]] = {}
 
     def reset(self) -> None:
         """`torch._dynamo.reset()`: cudagraph trees shut down, their graphs dropped even where
@@ -131,6 +135,7 @@ class TreeGenerations:
         self.eager = set()
         self._warned_mutation = set()
         self._streams = {}
+        self._warm_pools = {}
 
     def capture_stream(self):
         """The stream recordings on the current device are captured on: one per device, as the
@@ -140,6 +145,24 @@ class TreeGenerations:
         if stream is None:
             stream = self._streams[index] = torch.cuda.Stream()
         return stream
+
+    @contextlib.contextmanager
+    def warming_up(self, memory) -> Iterator[None]:
+        """A warm-up runs as the trees run it (`_use_cuda_memory_pool_manager`): on their side
+        stream, after it waits for the current one, with the thread's device allocations routed
+        to their graph pool (CUDA's beginAllocateCurrentThreadToPool, endAllocateToPool and
+        releasePool); the current stream then waits for it. What is alive after it stays a
+        block of that pool. The device keeps its warm-ups' pool apart from its recordings'."""
+        index = torch.cuda.current_device()
+        warm = self._warm_pools.get(index)
+        if warm is None:
+            # its own id, as graph_pool_handle() hands out (a snapshot's segment_pool_id)
+            warm = self._warm_pools[index] = (WarmUpPool(), torch.cuda.graph_pool_handle())
+        stream = self.capture_stream()
+        stream.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(stream), allocating_to_pool(memory, *warm):
+            yield
+        torch.cuda.current_stream().wait_stream(stream)
 
     def enter(self, graph, memory=None) -> Any:
         """`graph`, a reduce-overhead DeviceGraph, is about to run: end the previous generation if
@@ -230,6 +253,36 @@ class TreeGenerations:
         graph's inputs)."""
         for t, trace in zip(outputs, traces):
             self._pool_outputs.append((weakref.ref(t), weakref.ref(t.untyped_storage()), trace))
+
+
+class WarmUpPool:
+    """What the allocator's model keys the pool of a device's warm-ups by (weakly)."""
+
+    __slots__ = ("__weakref__",)
+
+
+@contextlib.contextmanager
+def allocating_to_pool(memory, handle, pool_id: tuple[int, int]) -> Iterator[None]:
+    """The device allocations of this thread on the current device come from the graph pool of
+    `handle` (CUDA's id `pool_id`) meanwhile, as cudagraph trees route a warm-up's
+    (`_use_cuda_memory_pool_manager`: CUDA's beginAllocateCurrentThreadToPool, endAllocateToPool
+    and releasePool): the pool is in use for the duration, and what is still alive after it
+    stays a block of the pool."""
+    index = torch.cuda.current_device()
+    allocator = memory.accounting(index)
+    pool = allocator.pool_of(handle, pool_id)
+    key = (threading.get_ident(), index)
+    previous = memory.thread_pools.get(key)
+    allocator.use_pool(pool)
+    memory.thread_pools[key] = pool
+    try:
+        yield
+    finally:
+        if previous is None:
+            memory.thread_pools.pop(key, None)
+        else:
+            memory.thread_pools[key] = previous
+        allocator.release(pool)
 
 
 def rerecord_limit_exceeded(count: int, static_input_moved: bool) -> bool:

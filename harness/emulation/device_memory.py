@@ -250,8 +250,8 @@ class DeviceMemory:
     def adopt_in_pool(self, storage: torch.UntypedStorage, handle, pool_id: tuple[int, int]) -> None:
         """`storage`, an alias over memory of a graph pool (one the trees build from a pool
         pointer and hand to the program), holds a block of the pool the allocator's model keys by
-        `handle` (a capture's arena; CUDA's id `pool_id`) on the current stream's device until it
-        dies, as the capture's own tensor would on CUDA."""
+        `handle` (CUDA's id `pool_id`) on the current stream's device until it dies, as the
+        trees' checkpoint hands the block's deleter to the storage the program holds."""
         nbytes = storage.nbytes()
         if not nbytes:
             return

@@ -562,6 +562,29 @@ def test_every_recording_is_captured_on_one_stream(cuda_kind):
     assert len(pool_streams() - before) == 1
 
 
+def _pool_segment_streams() -> set:
+    return {segment["stream"] for segment in torch.cuda.memory_snapshot()
+            if segment["segment_pool_id"] != (0, 0)
+            and any(block["state"] == "active_allocated" for block in segment["blocks"])}
+
+
+def test_a_warm_ups_output_is_a_block_of_a_graph_pool_on_the_trees_stream(cuda_kind):
+    """The trees run a warm-up on their side stream with the thread's allocations routed to their
+    graph pool (`_use_cuda_memory_pool_manager`), so its output is a graph-pool block until the
+    program drops it (PyTorch's test_execution_into_recording counts it). The emulated device
+    warmed up on the current stream, in the regular pool, until 2026-12-07."""
+    compiled = torch.compile(_cubed, mode="reduce-overhead")
+    x = torch.rand(4, device="cuda")
+    before = _graph_pool_blocks()
+    with _refused_in_the_sanitizer(cuda_kind):
+        out = compiled(x)  # the warm-up
+        assert _graph_pool_blocks() == before + 1
+        assert torch.cuda.current_stream().cuda_stream not in _pool_segment_streams()
+        torch.testing.assert_close(out, _cubed(x))
+        del out
+        assert _graph_pool_blocks() == before
+
+
 def test_a_recordings_output_block_goes_back_when_the_program_drops_it(cuda_kind):
     """A recording's outputs hold their graph-pool blocks while the program holds them, not for
     as long as the recording lives: dropped, the blocks are free (PyTorch's
@@ -572,18 +595,17 @@ def test_a_recordings_output_block_goes_back_when_the_program_drops_it(cuda_kind
     2026-12-06."""
     compiled = torch.compile(_cubed, mode="reduce-overhead")
     x = torch.rand(4, device="cuda")
+    before = _graph_pool_blocks()
     with _refused_in_the_sanitizer(cuda_kind):
-        compiled(x)  # the warm-up
-        before = _graph_pool_blocks()
         held_blocks = []
-        for step in range(3):  # recording, two replays
+        for step in range(4):  # warm-up, recording, two replays
             torch.compiler.cudagraph_mark_step_begin()
             out = compiled(x * (step + 1))
             held_blocks.append(_graph_pool_blocks() - before)
             torch.testing.assert_close(out, _cubed(x * (step + 1)))
             del out
             assert _graph_pool_blocks() == before
-        assert held_blocks == [1, 0, 0]
+        assert held_blocks == [1, 1, 0, 0]
 
 
 def test_the_next_generation_frees_a_held_warm_up_outputs_block(cuda_kind):
