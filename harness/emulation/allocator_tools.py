@@ -31,7 +31,6 @@ import collections
 import contextlib
 import itertools
 import sys
-import threading
 import time
 import traceback
 import weakref
@@ -230,18 +229,8 @@ def patches(state) -> list[tuple[Any, str, Any]]:
         # (made there in use once by this context, as create_or_incref_pool makes it)
         target = pool._pool if pool._pool.device == index else allocator.pool_of(pool._key,
                                                                                    pool.id)
-        key = (threading.get_ident(), index)
-        previous = memory.thread_pools.get(key)
-        allocator.use_pool(target)
-        memory.thread_pools[key] = target
-        try:
+        with memory.thread_allocating_to(index, target):
             yield
-        finally:
-            if previous is None:
-                memory.thread_pools.pop(key, None)
-            else:
-                memory.thread_pools[key] = previous
-            allocator.release(target)
 
     private = {
         "_cuda_cudaCachingAllocator_raw_alloc": lambda size, stream: caching_allocator_alloc(size),

@@ -22,7 +22,6 @@ is refused by name:
 from __future__ import annotations
 
 import contextlib
-import threading
 import weakref
 from typing import Any, Iterator
 
@@ -269,20 +268,8 @@ def allocating_to_pool(memory, handle, pool_id: tuple[int, int]) -> Iterator[Non
     and releasePool): the pool is in use for the duration, and what is still alive after it
     stays a block of the pool."""
     index = torch.cuda.current_device()
-    allocator = memory.accounting(index)
-    pool = allocator.pool_of(handle, pool_id)
-    key = (threading.get_ident(), index)
-    previous = memory.thread_pools.get(key)
-    allocator.use_pool(pool)
-    memory.thread_pools[key] = pool
-    try:
+    with memory.thread_allocating_to(index, memory.accounting(index).pool_of(handle, pool_id)):
         yield
-    finally:
-        if previous is None:
-            memory.thread_pools.pop(key, None)
-        else:
-            memory.thread_pools[key] = previous
-        allocator.release(pool)
 
 
 def rerecord_limit_exceeded(count: int, static_input_moved: bool) -> bool:

@@ -30,9 +30,10 @@ files allocate on the device at import).
 
 from __future__ import annotations
 
+import contextlib
 import threading
 import weakref
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 import torch
 
@@ -235,6 +236,26 @@ class DeviceMemory:
 
     def release_block(self, held: "HeldBlock") -> None:
         self._pending_free(held)
+
+    @contextlib.contextmanager
+    def thread_allocating_to(self, index: int, pool: Any) -> Iterator[None]:
+        """This thread's allocations on device `index` come from `pool` (a Pool of that device's
+        allocator) meanwhile, as CUDA's beginAllocateCurrentThreadToPool, endAllocateToPool and
+        releasePool route them (`use_mem_pool`, a trees warm-up): the pool is in use for the
+        duration, and a routing made before it is back after it."""
+        allocator = self.accounting(index)
+        key = (threading.get_ident(), index)
+        previous = self.thread_pools.get(key)
+        allocator.use_pool(pool)
+        self.thread_pools[key] = pool
+        try:
+            yield
+        finally:
+            if previous is None:
+                self.thread_pools.pop(key, None)
+            else:
+                self.thread_pools[key] = previous
+            allocator.release(pool)
 
     def release_storage(self, storage: torch.UntypedStorage) -> None:
         """`storage`'s allocation goes back to its pool now, while the storage lives on (its
