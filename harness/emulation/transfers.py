@@ -176,7 +176,7 @@ def handlers(mode) -> dict[Callable, Callable]:
                         out = state.kernel_log.copy("HtoD", memory_mark(t) == PINNED, call)
             finally:
                 memory.call_on_device = previous
-            memory.mark_device(out, state.streams.current(index) if index else None)
+            memory.mark_device(out, state.streams.current(index))
         if state.observers:
             state.notify_op(op, (t,), {}, out)
         return out
@@ -254,7 +254,7 @@ def handlers(mode) -> dict[Callable, Callable]:
             # a new tensor (a dtype change, copy=True) is made on t's device, with it current
             with state.device_guard(index):
                 out = func(t, **rest)
-            memory.mark_device(out, state.streams.current(index) if index else None)
+            memory.mark_device(out, state.streams.current(index))
             device_indices.set_index(out, index)
             return out
         copied = {**rest, "copy": True}

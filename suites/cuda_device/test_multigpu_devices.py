@@ -77,6 +77,19 @@ def test_each_device_keeps_its_own_memory_statistics(two_devices):
     assert torch.cuda.max_memory_allocated(1) >= before[1] + (12 << 20)
 
 
+def test_copies_to_device_zero_count_there_whatever_device_is_current(two_devices):
+    # a copy's memory is the target device's allocation, device 0 included, while the caller's
+    # current device is another (the copy's device guard makes the target current)
+    torch.cuda.synchronize()
+    with torch.cuda.device(1):
+        before = [torch.cuda.memory_allocated(i) for i in (0, 1)]
+        on_zero = torch.ones(1024, device="cuda:0")
+        made = (torch.ones(1024).to("cuda:0"), torch.ones(1024).cuda(0), on_zero.to(torch.float64))
+        assert [str(t.device) for t in made] == ["cuda:0"] * 3
+        assert torch.cuda.memory_allocated(0) == before[0] + 5 * 4096  # float64: two of them
+        assert torch.cuda.memory_allocated(1) == before[1]
+
+
 def test_elapsed_time_between_events_of_two_devices_raises(two_devices):
     events = []
     for index in (0, 1, 0):
