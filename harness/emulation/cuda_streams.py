@@ -92,7 +92,7 @@ class Stream:
         tracking = state.streams_tracking
         done = True if tracking is None else tracking.query_stream(self)
         if done:  # the host saw the stream's work done: its clock is past that work's end
-            state.streams.clock.host_waits(state.streams.clock.busy_until(self))
+            state.streams.clock.host_waits_for_stream(self)
         return done
 
     def is_capturing(self) -> bool:
@@ -105,7 +105,7 @@ class Stream:
         refuse_host_sync(state, "Stream.synchronize()", stream=self)
         state.flag_host_sync()  # CUDA flags a stream's sync; its device and event syncs not
         state.notify_stream("synchronize", self, None)
-        state.streams.clock.host_waits(state.streams.clock.busy_until(self))
+        state.streams.clock.host_waits_for_stream(self)
 
     def wait_event(self, event: "Event") -> None:
         state = _state()

@@ -67,6 +67,10 @@ class DeviceClock:
             if late > 0:
                 self._lag += late
 
+    def host_waits_for_stream(self, stream) -> None:
+        """`Stream.synchronize()`, or a query that found the stream's work done."""
+        self.host_waits(self.busy_until(stream))
+
     def host_waits_for_device(self, device: int | None = None) -> None:
         """`torch.cuda.synchronize(device)` (every device for None)."""
         ends = [t for (_, index), t in list(self._busy.items()) if device is None or index == device]
