@@ -273,10 +273,10 @@ def init(state) -> None:
 
 
 def synchronize(state, device: Any = None) -> None:
-    index(state, device)
+    waited = index(state, device)  # a device the emulation lacks raises before the sync
     refuse_host_sync(state, "torch.cuda.synchronize()", device=True)
     state.notify_sync("torch.cuda.synchronize", None)
-    state.streams.clock.host_waits_for_device(index(state, device))
+    state.streams.clock.host_waits_for_device(waited)
 
 
 def current_stream(state, device: Any = None) -> Stream:
