@@ -13,7 +13,6 @@ unjoined-work error.
 
 from __future__ import annotations
 
-import threading
 from typing import Any
 
 
@@ -35,14 +34,11 @@ class CaptureStreams(TorchDispatchMode):
     # A higher-order operator is judged by its stream like any op, then left to the recorder.
     supports_higher_order_operators = True
 
-    def __init__(self, state: Any, origin: Any, mode: str, key,
-                 races: CaptureRaces | None = None) -> None:
+    def __init__(self, state: Any, origin: Any, key, races: CaptureRaces | None = None) -> None:
         super().__init__()
         self.state = state
         self.origin = origin
-        self.mode = mode
         self.key = key
-        self.thread = threading.get_ident()
         self.races = races
         self.clocks = Clocks() if races is None else races.clocks
         self.last: dict[Any, tuple[int, str]] = {}  # forked stream -> (its last op's seq, line)
@@ -108,7 +104,7 @@ class CaptureRules:
 
     def on_capture_begin(self, graph, stream, mode: str) -> None:
         races = None if self.tracker is None else CaptureRaces(self.tracker, self.state.memory)
-        self.capture = CaptureStreams(self.state, stream, mode, self.key, races)
+        self.capture = CaptureStreams(self.state, stream, self.key, races)
         self.capture.__enter__()
 
     def on_capture_end(self, graph, aborted: bool) -> None:
