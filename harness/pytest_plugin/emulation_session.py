@@ -5,6 +5,7 @@ test's tensors were freed fails that test."""
 from __future__ import annotations
 
 import contextlib
+import sys
 
 import pytest
 
@@ -47,12 +48,17 @@ def align_torch_testcase(config: pytest.Config) -> None:
     length natively, where nothing is on the stack. Inside the emulation its own modes are there
     for the whole session, so that default is their count (test_cuda_sanitizer.py's
     TestEventHandler failed, and its tearDown popped the emulation's placement mode)."""
-    import sys
-
-    module = sys.modules.get(_TORCH_TESTCASE)
     base = config.stash.get(_base_modes, 0)
-    if module is not None and active(config) and base:
-        module.TestCase._prev_torch_function_mode_stack_len = base
+    if active(config) and base:
+        _set_testcase_mode_stack_default(base)
+
+
+def _set_testcase_mode_stack_default(length: int) -> None:
+    """PyTorch's TestCase class default for the function-mode stack's length, where its module
+    has been imported (nothing to do otherwise)."""
+    module = sys.modules.get(_TORCH_TESTCASE)
+    if module is not None:
+        module.TestCase._prev_torch_function_mode_stack_len = length
 
 
 def active(config: pytest.Config) -> bool:
@@ -78,11 +84,8 @@ def leave(config: pytest.Config) -> None:
     if stack is not None:
         del config.stash[_emulation]
         stack.close()
-        import sys
-
-        module = sys.modules.get(_TORCH_TESTCASE)
-        if module is not None and config.stash.get(_base_modes, 0):
-            module.TestCase._prev_torch_function_mode_stack_len = 0
+        if config.stash.get(_base_modes, 0):
+            _set_testcase_mode_stack_default(0)
 
 
 def session_device(config: pytest.Config) -> str | None:
