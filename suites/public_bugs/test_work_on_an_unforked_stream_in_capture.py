@@ -8,8 +8,9 @@ refuses the join (test_capture_waits_on_uncaptured_work.py). Fixed: fork the sid
 capturing stream (`wait_stream`) and join it back.
 
 On a GPU this file runs on CUDA itself, not in the graph sanitizer the other miniatures use there:
-the sanitizer's captures are emulated and record every stream's work, so its replay runs the side
-kernel too and equals eager (what the H200 runs of 2026-12-01/02 saw; docs/fidelity.md).
+the sanitizer's captures are emulated, and until 2026-12-06 they recorded every stream's work, so
+its replay ran the side kernel too and equalled eager (what the H200 runs of 2026-12-01/02 saw;
+docs/fidelity.md).
 scripts/unforked_stream_probe.py prints CUDA's facts (the side stream does not report capturing;
 its kernel writes at capture; the replay leaves it out)."""
 
