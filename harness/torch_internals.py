@@ -241,6 +241,15 @@ NAMES: dict[str, Internal] = {
     # inductor's log and count of the graphs it runs without CUDA graphs
     "inductor_cudagraph_utils": Internal("torch._inductor.cudagraph_utils", "",
                                          _found("torch._inductor.cudagraph_utils"), lazy=True),
+    # AOTAutograd's partitioner: `functionalize_rng_ops` picks activation checkpointing's
+    # random-op wrappers by the traced device (emulation/compiled_rng.py)
+    "functorch_partitioners": Internal("torch._functorch.partitioners", "",
+                                       _found("torch._functorch.partitioners"), lazy=True),
+    # those wrappers (higher-order operators), and the dispatch key set a higher-order operator's
+    # call dispatches on (what its `__call__` computes after the torch-function check)
+    "rng_prims": Internal("torch._prims.rng_prims", "", _found("torch._prims.rng_prims"),
+                          lazy=True),
+    "hop_compute_keyset": Internal("torch._ops", "_compute_keyset"),
 }
 
 
@@ -359,6 +368,7 @@ autograd_profile_parse_kineto_results = bind(NAMES["autograd_profile_parse_kinet
 standard_gamma = bind(NAMES["standard_gamma"])
 sample_dirichlet = bind(NAMES["sample_dirichlet"])
 dispatch_tls_is_dispatch_key_excluded = bind(NAMES["dispatch_tls_is_dispatch_key_excluded"])
+hop_compute_keyset = bind(NAMES["hop_compute_keyset"])
 
 
 def optional_name(name: str) -> Any:

@@ -18,6 +18,10 @@ from harness.emulation.kernel_log import KERNELS
 
 
 class _MarkResults(TorchDispatchMode):
+    # higher-order operators (activation checkpointing's random-op wrappers in AOTAutograd's
+    # backward) come here too, and run on: the ops inside them are marked as they run
+    supports_higher_order_operators = True
+
     def __init__(self, state) -> None:
         super().__init__()
         self.memory = state.memory
@@ -27,7 +31,7 @@ class _MarkResults(TorchDispatchMode):
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
-        if self.paused:
+        if self.paused or isinstance(func, torch_internals.HigherOrderOperator):
             return func(*args, **kwargs)
         inputs = tree_flatten((args, kwargs))[0]
         on_device = any(isinstance(t, torch.Tensor) and is_device_memory(t) for t in inputs)

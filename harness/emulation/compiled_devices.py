@@ -84,6 +84,13 @@ def register_markers() -> None:
         _registered = True
 
 
+def traced_from_marker(node: torch.fx.Node) -> bool:
+    """Whether `node`, of a graph traced from dynamo's (AOTAutograd's aten graphs), is a marker's
+    `aten.alias`: a transfer, not a view (fx keeps the dynamo call each node comes from)."""
+    stack = node.meta.get("source_fn_stack")
+    return bool(stack) and stack[-1][1] in _MARKERS
+
+
 def has_transfers(graph_module: torch.fx.GraphModule) -> bool:
     return any(node.op == "call_function" and node.target in _MARKERS
                for node in graph_module.graph.nodes)

@@ -43,6 +43,7 @@ from harness.torch_internals import get_current_function_mode_stack as _get_curr
 from harness.emulation.compiled_devices import (OutputMark, Placement, graph_attribute,
                                                 has_transfers, placement, register_markers,
                                                 transfers_run_eagerly)
+from harness.emulation.compiled_rng import compiled_for_the_host, inputs_of, rng_ops_on_device
 from harness.emulation.compiled_trees import (direct_trees_refused, rerecord_limit_exceeded,
                                               trees_reset, wants_cudagraphs)
 from harness.emulation.device_memory import is_device_memory
@@ -1055,7 +1056,7 @@ def user_compiler_on_device(original):
         _refuse_cuda_autocast(gm)
         _user_triton_kernels_as_device_ops(gm)
         with _torchs_own_cuda(real_is_available), _triton_ops_kept_whole(), \
-                autograd_cache_off(), training_compiles() as training:
+                autograd_cache_off(), inputs_of(example_inputs), training_compiles() as training:
             try:
                 compiled = original(self, gm, example_inputs)
             except Exception as error:
@@ -1213,7 +1214,7 @@ def inductor_on_host(original, inner_default):
         from harness.emulation.active import active_state
 
         with _torchs_own_cuda(real_is_available), torch_internals.disable_current_modes(), \
-                _without_placement(active_state()):
+                _without_placement(active_state()), compiled_for_the_host():
             yield
 
     return compile_fx
@@ -1299,6 +1300,7 @@ def compile_patches(state) -> list[tuple[Any, str, Any]]:
     """The (owner, name, replacement) entries cuda_api.patches() adds for torch.compile."""
     OutputGraph = torch_internals.lazy_module("dynamo_output_graph").OutputGraph
     inductor = torch_internals.lazy_module("inductor_compile_fx")
+    partitioners = torch_internals.lazy_module("functorch_partitioners")
 
     clear_triton_answer()
     register_markers()
@@ -1306,7 +1308,9 @@ def compile_patches(state) -> list[tuple[Any, str, Any]]:
         OutputGraph.call_user_compiler)),
             (inductor, "compile_fx", inductor_on_host(inductor.compile_fx,
                                                       inductor.compile_fx_inner)),
-            (inductor, "compile_fx_inner", inductor_inner_on_host(inductor.compile_fx_inner))] \
+            (inductor, "compile_fx_inner", inductor_inner_on_host(inductor.compile_fx_inner)),
+            (partitioners, "functionalize_rng_ops",
+             rng_ops_on_device(partitioners.functionalize_rng_ops))] \
         + direct_trees_refused() \
         + trees_reset() \
         + factories_patch()

@@ -64,8 +64,17 @@ _RANDOM_CALLS = frozenset(f for f in (
 
 
 def may_draw(func: Any, kwargs: dict) -> bool:
-    """Whether a torch-level call may reach a random aten op (placement.py asks)."""
-    return func in _RANDOM_CALLS or kwargs.get("generator") is not None
+    """Whether a torch-level call may reach a random aten op (placement.py asks): a random aten op
+    called itself (AOTAutograd's graphs run as eager code call them so) is one."""
+    return func in _RANDOM_CALLS or kwargs.get("generator") is not None or is_random(func)
+
+
+def dispatch_modes_off() -> bool:
+    """Whether dispatch modes are off here (under `no_dispatch()`: a dispatch mode's own rule for
+    a higher-order operator runs the op inside so): EagerDraws would not meet a random aten op,
+    so `EagerDraws.draw_call` draws it."""
+    return torch_internals.dispatch_tls_is_dispatch_key_excluded(
+        torch_internals.DISPATCH_KEY_PYTHON)
 
 
 def recorded() -> bool:
@@ -236,6 +245,10 @@ class EagerDraws(TorchDispatchMode):
         out = super().__enter__()
         keep_modes_reachable()
         return out
+
+    def draw_call(self, func, args: tuple, kwargs: dict):
+        """`func`, a random aten op, called itself where this mode would not meet it."""
+        return self.__torch_dispatch__(func, (), args, kwargs)
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}

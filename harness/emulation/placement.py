@@ -29,14 +29,15 @@ from torch.overrides import TorchFunctionMode
 from harness import torch_internals
 from harness.torch_internals import DeviceContext, device_constructors
 from harness.graphs.base import CaptureError
-from harness.emulation import (array_interface, autocast, blas_workspaces, device_indices, kernels,
-                               transfers)
+from harness.emulation import (array_interface, autocast, blas_workspaces, compiled_rng,
+                               device_indices, kernels, transfers)
 from harness.graphs.emulator.dispatch_keys import keep_modes_reachable
 from harness.graphs.emulator.device_asserts import eager_device_assert_error, is_index_out_of_bounds
 from harness.emulation.capacity import requested_bytes
 from harness.emulation.capture_threads import capture_modes_for_this_thread, joined
 from harness.emulation.sync_debug import call_flagging_syncs
-from harness.emulation.device_draws import EagerDraws, may_draw, recorded
+from harness.emulation.device_draws import (EagerDraws, dispatch_modes_off, is_random, may_draw,
+                                            recorded)
 from harness.emulation.generators import DeviceGenerator
 from harness.emulation.compiled_devices import to_device, to_host, to_traced_device
 from harness.emulation.device_memory import DEVICE, PINNED, is_device_memory
@@ -93,6 +94,7 @@ class Placement(TorchFunctionMode):
             **{func: self._cuda_kernel for func in kernels.REPLACEMENTS},
             **{func: self._blas_call for func in blas_workspaces.MATMUL_FUNCS},
             **dict.fromkeys(_FROM_HOST_DATA, array_interface.handler(self)),
+            **compiled_rng.hop_handlers(self),
         }
 
     # --- the hot path ------------------------------------------------------------------------
@@ -224,7 +226,9 @@ class Placement(TorchFunctionMode):
             if draws is not None:
                 draws.__enter__()
             try:
-                if self.state.sync_debug_mode:
+                if draws is not None and is_random(func) and dispatch_modes_off():
+                    out = draws.draw_call(func, args, kwargs)
+                elif self.state.sync_debug_mode:
                     out = call_flagging_syncs(self.state.sync_debug_mode, runner or _call, func,
                                               args, kwargs)
                 else:

@@ -22,6 +22,7 @@ from harness.graphs.emulator.callsite import callsite_later, current_callsite
 from harness.graphs.emulator.opinfo import OpKind
 from harness.graphs.emulator.accesses import (blocks_host, copy_blocks_host, higher_order_tensors,
                                               split_accesses, tensors_of)
+from harness.emulation.compiled_rng import call_higher_order
 from harness.emulation.tracking.deferral import defer
 from harness.emulation.tracking.names import ShapeLabels, label_of, storage_key
 from harness.emulation.tracking.op_plans import OpPlans
@@ -146,12 +147,13 @@ class StreamWork(TorchDispatchMode):
         self.begin_op()
         tensors = higher_order_tensors(args, kwargs)
         if self.capturing() or any(t.device.type != "cpu" for t in tensors):
-            return func(*args, **kwargs)  # recorded by the capture; or meta and fake tensors
+            # recorded by the capture; or meta and fake tensors
+            return call_higher_order(func, args, kwargs)
         if self.probe is not None:
             self.probe.spoil()
         reads = [t for t in tensors if self._tracked(t)]
         if not reads and not self.memory.call_targets_device():
-            return func(*args, **kwargs)
+            return call_higher_order(func, args, kwargs)
         stream, name, where = self.stream(), f"{func.name()} (a higher-order op)", callsite_later()
         read_keys = []
         for t in reads:
@@ -160,7 +162,7 @@ class StreamWork(TorchDispatchMode):
         seq = self.tracker.launch(stream, read_keys, (), op=name, where=where)
         if self.schedule.defers(stream):
             self.schedule.run_stream(stream)  # the operator runs now: what its stream queued first
-        out = func(*args, **kwargs)
+        out = call_higher_order(func, args, kwargs)
         self.schedule.ran(stream, seq)
         self._note_fresh(higher_order_tensors((out,), {}), Access(True, stream, seq, name, where))
         return out

@@ -1,0 +1,122 @@
+"""Activation checkpointing's random ops through AOTAutograd on the emulated CUDA device
+(harness/emulation/compiled_rng.py): the partitioner wraps a checkpointed random op on device
+memory in CUDA's graph-safe wrapper, the forward and the backward's recompute draw the same
+numbers from the device's generator, and a random aten op that AOTAutograd's graphs call as eager
+code draws on the device. The `cuda_kind` rows run natively on a GPU to show CUDA's answer."""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+from collections import defaultdict
+
+import pytest
+import torch
+from torch.utils._mode_utils import no_dispatch
+from torch.utils._python_dispatch import TorchDispatchMode
+
+aten = torch.ops.aten
+
+
+@pytest.fixture(autouse=True)
+def fresh_dynamo():
+    torch._dynamo.reset()
+    yield
+    torch._dynamo.reset()
+
+
+def _wrappers():
+    from torch._prims import rng_prims
+
+    return {name: getattr(rng_prims, name) for name in
+            ("graphsafe_run_with_rng_state", "run_and_save_rng_state", "run_with_rng_state")}
+
+
+def _observer():
+    """A dispatch mode with a rule for each wrapper (as PyTorch's TestSAC observes them): it
+    records which wrapper ran which op, and what the op made."""
+
+    class Observer(TorchDispatchMode):
+        def __init__(self):
+            super().__init__()
+            self.outputs = defaultdict(list)
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            return func(*args, **(kwargs or {}))
+
+    for name, hop in _wrappers().items():
+        def rule(mode, *args, _hop=hop, _name=name, **kwargs):
+            with no_dispatch():
+                out = _hop(*args, **kwargs)
+            op = next(a for a in (*args, *kwargs.values()) if isinstance(a, torch._ops.OpOverload))
+            mode.outputs[(_name, op)].append(out[1] if _name == "run_and_save_rng_state" else out)
+            return out
+
+        hop.py_impl(Observer)(rule)
+    return Observer()
+
+
+def _checkpointed(x, y):
+    def region(x, y):
+        return torch.sigmoid(torch.rand_like(x) * y) * x
+
+    x = torch.sin(x)
+    x = torch.utils.checkpoint.checkpoint(region, x, y, use_reentrant=True)
+    return torch.sin(x)
+
+
+def test_a_checkpointed_random_op_on_the_device_is_wrapped_graph_safe(cuda_kind):
+    """Until 2026-12-07 AOTAutograd's partitioner wrapped a checkpointed random op of device
+    tensors in the cpu's `run_and_save_rng_state`/`run_with_rng_state` (it picks by the traced
+    value's device, a cpu tensor on the emulated device), the op drew host memory from the cpu's
+    generator, and the backward's recompute, under the device's marking of the engine's results,
+    met "no rule registered for HigherOrderOperator run_with_rng_state". CUDA wraps it in
+    `graphsafe_run_with_rng_state` and the recompute draws what the forward drew."""
+    from torch._dynamo.backends.debugging import aot_eager_decomp_partition_with_mode
+
+    observer = _observer()
+    backend = functools.partial(aot_eager_decomp_partition_with_mode, mode=observer)
+    x = torch.randn(4, 4, device="cuda", requires_grad=True)
+    y = torch.randn(4, 4, device="cuda", requires_grad=True)
+    torch.compile(_checkpointed, backend=backend)(x, y).sum().backward()
+    assert sorted(name for name, _ in observer.outputs) == ["graphsafe_run_with_rng_state"]
+    forward, recomputed = observer.outputs[("graphsafe_run_with_rng_state", aten.rand.default)]
+    assert forward.is_cuda and recomputed.is_cuda
+    torch.testing.assert_close(forward, recomputed, rtol=0, atol=0)
+    assert x.grad.is_cuda and y.grad.is_cuda
+
+
+def test_the_recompute_of_a_checkpointed_random_op_draws_what_the_forward_drew(cuda_kind):
+    """Without an observer the wrapper meets the device's own dispatch modes (the stream
+    tracking), which ran it with torch functions off, so the wrapper's CUDA kernel read the
+    device tensor's device as the cpu ("GraphSafe RNG operations not supported for device
+    'cpu'"). The gradient of `rand_like(x) * x` is the forward's draw only if the recompute drew
+    the same numbers."""
+    def region(x):
+        return torch.rand_like(x) * x
+
+    def fn(x):
+        return torch.utils.checkpoint.checkpoint(region, x, use_reentrant=True)
+
+    x = torch.rand(4, 4, device="cuda", requires_grad=True) + 1
+    x.retain_grad()
+    out = torch.compile(fn, backend="aot_eager_decomp_partition")(x)
+    out.sum().backward()
+    assert out.is_cuda and x.grad.is_cuda
+    torch.testing.assert_close(x.grad, (out / x).detach())
+
+
+@pytest.mark.parametrize("dispatch", ["on", "off"])
+def test_a_random_aten_op_called_itself_draws_from_the_devices_generator(cuda_kind, dispatch):
+    """AOTAutograd's graphs, run as eager code, call random aten ops themselves
+    (`aten.rand.default(..., device=...)`), and a wrapper's rule in a dispatch mode calls the op
+    under `no_dispatch()`. The emulated device drew such a call from the cpu's generator (it
+    met only torch's own random functions, and under `no_dispatch()` no dispatch mode at all).
+    On CUDA it draws from the device's generator, as `torch.rand` does."""
+    torch.cuda.manual_seed(7)
+    with no_dispatch() if dispatch == "off" else contextlib.nullcontext():
+        drawn = aten.rand.default([8], device=torch.device("cuda"))
+    torch.cuda.manual_seed(7)
+    expected = torch.rand(8, device="cuda")
+    assert drawn.is_cuda
+    torch.testing.assert_close(drawn, expected, rtol=0, atol=0)
