@@ -965,6 +965,9 @@ def _draws(graph_module) -> bool:
                   else node.target if node.op == "call_function" else None)
         if target is not None and may_draw(target, dict(node.kwargs)):
             return True
+        if node.op == "call_function" and any(  # a higher-order operator's op (compiled_rng.py)
+                isinstance(a, torch_internals.OpOverload) and may_draw(a, {}) for a in node.args):
+            return True
     return False
 
 

@@ -30,12 +30,17 @@ import torch
 from harness import torch_internals
 from harness.emulation import device_indices
 from harness.emulation.compiled_devices import traced_from_marker
+from harness.emulation.device_draws import EagerDraws
 from harness.emulation.device_memory import is_device_memory
 
 # While a backend compiles one of dynamo's graphs: per example input, its device index when it is
 # device memory, None when host memory or no tensor.
 _INPUTS: contextvars.ContextVar[tuple | None] = contextvars.ContextVar("harness_compiled_inputs",
                                                                        default=None)
+# Whether the graphs name the device in their random ops (eager code, which runs them through the
+# placement mode), or only the partitioner's choice changes (inductor: see compiled_for_the_host)
+_NAMED: contextvars.ContextVar[bool] = contextvars.ContextVar("harness_compiled_named",
+                                                              default=True)
 _HOST = "host"
 
 
@@ -55,14 +60,14 @@ def inputs_of(example_inputs) -> Iterator[None]:
 @contextlib.contextmanager
 def compiled_for_the_host() -> Iterator[None]:
     """While inductor compiles (compile_fx): its graphs are code for the cpu the device's tensors
-    are, with the partitioner's cpu operators. Inductor's lowering of CUDA's graph-safe one takes
-    the real CUDA generator of the device it names, which a machine without a GPU lacks, and the
-    cpu code it writes would run the op with the placement mode off the stack."""
-    token = _INPUTS.set(None)
+    are, so their random ops keep the cpu as their device (inductor would write CUDA code for a
+    value on cuda); the partitioner still picks CUDA's wrapper, which the code calls with the
+    device generator's state (`draw_rules`)."""
+    token = _NAMED.set(False)
     try:
         yield
     finally:
-        _INPUTS.reset(token)
+        _NAMED.reset(token)
 
 
 def rng_ops_on_device(original: Callable) -> Callable:
@@ -81,7 +86,7 @@ def rng_ops_on_device(original: Callable) -> Callable:
                 if node.op != "call_function" or node.name not in devices:
                     continue
                 device = torch.device("cuda", devices[node.name])
-                if isinstance(node.kwargs.get("device"), (str, torch.device)):
+                if _NAMED.get() and isinstance(node.kwargs.get("device"), (str, torch.device)):
                     node.kwargs = {**node.kwargs, "device": device}
                 value = node.meta.get("val")
                 if torch_internals.is_fake_tensor(value):
@@ -207,6 +212,7 @@ class _Groups:
 def hop_handlers(placement) -> dict:
     """The placement mode's handlers of the three wrappers, called by AOTAutograd's graphs as
     eager code (aot_eager's, a Python backward): see `_run_on_device`."""
+    register_draw_rules()
     rng_prims = torch_internals.lazy_module("rng_prims")
     hops = [getattr(rng_prims, name, None) for name in
             ("graphsafe_run_with_rng_state", "run_and_save_rng_state", "run_with_rng_state")]
@@ -248,3 +254,49 @@ def call_higher_order(func, args: tuple, kwargs: dict):
         with torch_internals.EnableTorchFunction():
             return func(*args, **kwargs)
     return func(*args, **kwargs)
+
+
+_rules_registered = False
+
+
+def register_draw_rules() -> None:
+    """The wrappers' rules under EagerDraws (device_draws.py), the mode under which the device's
+    compiled code runs its random ops (done once per process): inductor's code for the cpu calls
+    the wrapper itself, with its cpu buffers, and the op inside draws from the device's generator
+    as CUDA's kernel of each wrapper does (`torch.cuda`'s state saved and restored, or the
+    graph-safe state swapped in). Each rule runs only where EagerDraws is the mode met, that is on
+    the device."""
+    global _rules_registered
+    if _rules_registered:
+        return
+    rng_prims = torch_internals.lazy_module("rng_prims")
+    rules = {"graphsafe_run_with_rng_state": _graph_safe, "run_and_save_rng_state": _save_state,
+             "run_with_rng_state": _with_state}
+    for name, rule in rules.items():
+        hop = getattr(rng_prims, name, None)
+        if hop is not None:
+            hop.py_impl(EagerDraws)(rule)
+    _rules_registered = True
+
+
+def _graph_safe(mode, op, *args, rng_state=None, **kwargs):
+    generator = torch.cuda.default_generators[rng_state.device.index]
+    current = generator.graphsafe_get_state()
+    generator.graphsafe_set_state(rng_state)
+    try:
+        return mode.draw_call(op, args, kwargs)
+    finally:
+        generator.graphsafe_set_state(current)
+
+
+def _save_state(mode, op, *args, **kwargs):
+    return torch.cuda.get_rng_state(mode.index), mode.draw_call(op, args, kwargs)
+
+
+def _with_state(mode, rng_state, op, *args, **kwargs):
+    current = torch.cuda.get_rng_state(mode.index)
+    torch.cuda.set_rng_state(rng_state.cpu(), mode.index)
+    try:
+        return mode.draw_call(op, args, kwargs)
+    finally:
+        torch.cuda.set_rng_state(current, mode.index)

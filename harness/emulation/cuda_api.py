@@ -344,6 +344,12 @@ def _generator(state, device: Any = None):
     return state.default_generators.generators[index(state, device)]
 
 
+def accelerator_default_generator(state, device_index: int = -1):
+    """The accelerator's default generator of a device (`torch.accelerator.get_rng_state`, and
+    inductor's lowering of a graph-safe random op, which clones it): the device's own."""
+    return _generator(state, None if device_index is None or device_index < 0 else device_index)
+
+
 def manual_seed(state, seed: int) -> None:
     _generator(state).manual_seed(int(seed))
 
@@ -831,6 +837,8 @@ REPLACEMENTS: tuple[Replacement, ...] = (
     *(Replacement("torch.cuda", name, nvml_query(name), if_present=True) for name in NVML_READINGS),
     *(Replacement(owner, "get_current_stream", dynamo_current_stream(owner), "value",
                   if_present=True) for owner in ("torch._dynamo.utils", "torch._dynamo.guards")),
+    Replacement("torch._C", "_accelerator_getDefaultGenerator", accelerator_default_generator,
+                if_present=True),
 )
 
 # torch.cuda's names that its submodules define too, and that code may reach through them.

@@ -120,3 +120,47 @@ def test_a_random_aten_op_called_itself_draws_from_the_devices_generator(cuda_ki
     expected = torch.rand(8, device="cuda")
     assert drawn.is_cuda
     torch.testing.assert_close(drawn, expected, rtol=0, atol=0)
+
+
+def test_inductor_and_aot_eager_draw_the_same_for_a_checkpointed_random_op(cuda_kind):
+    """PyTorch's TestSAC.test_cudagraphs_aot_eager_compat_equal: with aten's random kernels kept
+    (`fallback_random`) and the graph-safe wrapper still chosen, a checkpointed random op draws
+    the same numbers compiled by inductor under reduce-overhead as by aot_eager, since both draw
+    from graph-safe states seeded alike. Inductor's compile on the emulated device kept the cpu's
+    wrappers, drawing other numbers from another generator."""
+    from torch._inductor import config
+
+    if not hasattr(config.test_configs, "graphsafe_rng_func_ignores_fallback_random"):
+        pytest.skip("this torch has no test_configs.graphsafe_rng_func_ignores_fallback_random")
+    runs = []
+    with config.patch(fallback_random=True), config.patch(
+            "test_configs.graphsafe_rng_func_ignores_fallback_random", True):
+        for compile_fn in (lambda f: torch.compile(f, backend="aot_eager_decomp_partition"),
+                           lambda f: torch.compile(f, mode="reduce-overhead")):
+            torch._dynamo.reset()
+            torch.manual_seed(0)
+            run = []
+            for _ in range(3):  # a warm-up, a recording and a replay under reduce-overhead
+                x = torch.randn(4, 4, device="cuda", requires_grad=True)
+                y = torch.randn(4, 4, device="cuda", requires_grad=True)
+                out = compile_fn(_checkpointed)(x, y)
+                out.sum().backward()
+                run.append((out.detach().clone(), x.grad.clone(), y.grad.clone()))
+            runs.append(run)
+    for eager_graphs, inductor in zip(*runs):
+        for a, b in zip(eager_graphs, inductor):
+            assert b.is_cuda
+            torch.testing.assert_close(a, b)
+
+
+def test_the_accelerators_default_generator_is_the_devices(cuda_kind):
+    """`torch.accelerator.random.get_rng_state()` (and inductor's lowering of a graph-safe random
+    op) asks `torch._C._accelerator_getDefaultGenerator`, which reached torch's own CUDA runtime
+    on the emulated device ("Expected idx >= 0 && idx < num_gpus" on a CUDA wheel without a
+    GPU)."""
+    accelerator_random = getattr(torch.accelerator, "random", None)
+    if not hasattr(accelerator_random, "get_rng_state"):
+        pytest.skip("this torch has no torch.accelerator.random.get_rng_state")
+    torch.cuda.manual_seed(11)
+    torch.rand(3, device="cuda")
+    assert torch.equal(accelerator_random.get_rng_state(), torch.cuda.get_rng_state())
