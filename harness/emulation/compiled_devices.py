@@ -44,17 +44,25 @@ def _eager() -> bool:
     return _EAGER.get() is not None and not torch.compiler.is_compiling()
 
 
+def _resumed_sparse(t: torch.Tensor) -> bool:
+    """A sparse tensor at a marker run as eager code outside any graph: dynamo cannot trace a
+    sparse factory, and its graph break resumes the placement mode's traced call in the device's
+    own frame, with the mode on the stack. `aten.alias` takes no sparse tensor ("Cannot access
+    storage of SparseTensorImpl"): there the marker is the transfer."""
+    return t.layout != torch.strided and not torch.compiler.is_compiling()
+
+
 def to_device(t: torch.Tensor, non_blocking: bool = False) -> torch.Tensor:
     """A traced copy to the device: the tensor itself (the copy, if any, is made when the graph's
     output is handed back; see DeviceGraph)."""
-    if _eager():
+    if _eager() or _resumed_sparse(t):
         return t.to("cuda", non_blocking=non_blocking)
     return torch.ops.aten.alias(t)
 
 
 def to_host(t: torch.Tensor, non_blocking: bool = False) -> torch.Tensor:
     """A traced copy to the host, as `to_device`."""
-    if _eager():
+    if _eager() or _resumed_sparse(t):
         return t.to("cpu", non_blocking=non_blocking)
     return torch.ops.aten.alias(t)
 
@@ -66,6 +74,8 @@ def to_traced_device(t: torch.Tensor, non_blocking: bool = False) -> torch.Tenso
     the graph runs (see `placement`)."""
     if _eager():
         return t.to("cuda" if _EAGER.get() else "cpu", non_blocking=non_blocking)
+    if _resumed_sparse(t):
+        return t  # the device it was given is a real tensor's, answered by the placement mode
     return torch.ops.aten.alias(t)
 
 

@@ -65,8 +65,11 @@ def _broadcast_into(tensor: torch.Tensor, outs: list[torch.Tensor]) -> list[torc
 
 
 def broadcast(tensor: torch.Tensor, devices: Sequence[int]) -> list[torch.Tensor]:
-    """`torch._C._broadcast`: on the tensor's own device the tensor itself, elsewhere a copy."""
+    """`torch._C._broadcast`: on the tensor's own device the tensor itself, elsewhere a copy (of
+    a sparse tensor, a sparse tensor with its parts copied, as CUDA's sparse-to-sparse copy)."""
     source = tensor.get_device()
+    if tensor.layout != torch.strided:
+        return [tensor if d == source else tensor.to(_on(d), non_blocking=True) for d in devices]
     copies = iter(_broadcast_into(tensor, [
         torch.empty(tensor.size(), dtype=tensor.dtype, device=_on(d))
         for d in devices if d != source]))
@@ -90,17 +93,26 @@ def _take_tensors(tensors: Sequence[torch.Tensor], limit: int) -> list[list[int]
     """torch::utils::take_tensors (not fine-grained) as positions: a type's group is closed once
     its bytes reach `limit`; the groups left over follow in ScalarType's order."""
     closed: list[list[int]] = []
-    open_groups: dict[torch.dtype, tuple[list[int], list[int]]] = {}
+    open_groups: dict[tuple, tuple[list[int], list[int]]] = {}
     for i, t in enumerate(tensors):
-        positions, size = open_groups.setdefault(t.dtype, ([], [0]))
+        key = (t.layout != torch.strided, t.dtype)  # a sparse type is a type of its own
+        positions, size = open_groups.setdefault(key, ([], [0]))
         positions.append(i)
-        size[0] += t.numel() * t.element_size()
+        size[0] += _nbytes(t)
         if size[0] >= limit:
             closed.append(positions)
-            del open_groups[t.dtype]
+            del open_groups[key]
     order = {dtype: n for n, dtype in enumerate(_SCALAR_ORDER)}
-    rest = sorted(open_groups.items(), key=lambda item: order.get(item[0], len(order)))
+    rest = sorted(open_groups.items(),
+                  key=lambda item: (item[0][0], order.get(item[0][1], len(order))))
     return closed + [positions for _, (positions, _) in rest]
+
+
+def _nbytes(t: torch.Tensor) -> int:
+    """What take_tensors counts for a tensor: a sparse one's indices and values."""
+    if t.layout == torch.sparse_coo:
+        return _nbytes(t._indices()) + _nbytes(t._values())
+    return t.numel() * t.element_size()
 
 
 def _unflatten(flat: torch.Tensor, like: list[torch.Tensor]) -> list[torch.Tensor]:
@@ -125,6 +137,13 @@ def broadcast_coalesced(tensors: Sequence[torch.Tensor], devices: Sequence[int],
     outputs: list[list[Any]] = [list(tensors)] + [[None] * len(tensors) for _ in devices[1:]]
     for positions in _take_tensors(tensors, buffer_size):
         chunk = [tensors[p] for p in positions]
+        if chunk[0].layout != torch.strided:
+            # CUDA flattens a sparse group's indices and values apart and rebuilds each tensor
+            # from the copies; here each is copied whole: the same values, other blocks
+            for p, t in zip(positions, chunk):
+                for device_outputs, copy in zip(outputs[1:], broadcast(t, devices)[1:]):
+                    device_outputs[p] = copy
+            continue
         flat = (chunk[0].contiguous().view(-1) if len(chunk) == 1 else
                 torch.cat([t.contiguous().view(-1) for t in chunk]))
         copies = broadcast(flat, devices)

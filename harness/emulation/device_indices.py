@@ -12,7 +12,7 @@ from typing import Any
 
 import torch
 
-from harness.emulation.device_memory import is_device_memory
+from harness.emulation.device_memory import is_device_memory, storage_of
 from harness.emulation.rules import mixed_devices_error
 
 INDEX_ATTR = "_harness_device_index"
@@ -22,7 +22,7 @@ def _storage(t: torch.Tensor):
     try:
         return t.untyped_storage()
     except (RuntimeError, NotImplementedError):
-        return None
+        return storage_of(t)  # a sparse tensor's values', a torch.func wrapper's wrapped tensor's
 
 
 def index_of(t: torch.Tensor) -> int:

@@ -39,6 +39,7 @@ import torch
 
 from harness.emulation.caching_allocator import Block, CachingAllocator, EarlyCounts
 from harness.emulation.host_allocator import PinnedHostAllocator
+from harness.graphs.emulator.accesses import SPARSE_LAYOUTS, sparse_parts
 from harness.torch_internals import functorch_get_unwrapped, is_functorch_wrapped_tensor
 
 MEMORY_ATTR = "_harness_memory"
@@ -79,8 +80,9 @@ class HeldBlock:
 
 def memory_mark(x: torch.Tensor | torch.UntypedStorage) -> str | None:
     """Where a tensor, or an untyped storage, lives on the emulated device: DEVICE, PINNED, or None
-    for pageable host memory (and for a tensor without a storage, sparse or nested). A torch.func
-    wrapper (vmap's batched tensor) lives where the tensor it wraps does."""
+    for pageable host memory (and for a tensor without a storage, nested). A torch.func wrapper
+    (vmap's batched tensor) lives where the tensor it wraps does, a sparse tensor where its values
+    do."""
     try:
         storage = x if type(x) is torch.UntypedStorage else x.untyped_storage()
     except (RuntimeError, NotImplementedError):
@@ -92,16 +94,20 @@ def memory_mark(x: torch.Tensor | torch.UntypedStorage) -> str | None:
 
 def is_device_memory(x: torch.Tensor | torch.UntypedStorage) -> bool:
     """Whether a tensor, or an untyped storage, is the emulated device's memory: the one answer
-    every part of the device asks (a tensor without a storage, sparse or nested, is not)."""
+    every part of the device asks (a nested tensor, without a storage, is not)."""
     return memory_mark(x) is DEVICE
 
 
 def _storage(t: torch.Tensor) -> torch.UntypedStorage | None:
     """`t`'s storage; a torch.func wrapper's is the wrapped tensor's (vmap and grad wrap tensors in
-    ones without a storage, and the ops below them make the wrapped ones)."""
+    ones without a storage, and the ops below them make the wrapped ones); a sparse tensor's is its
+    values' (`sparse_parts`)."""
     try:
         return t.untyped_storage()
     except (RuntimeError, NotImplementedError):  # sparse, nested and other storage-less layouts
+        if t.layout in SPARSE_LAYOUTS:
+            parts = sparse_parts(t)
+            return parts[0].untyped_storage() if parts else None
         while is_functorch_wrapped_tensor(t):
             t = functorch_get_unwrapped(t)
             try:
@@ -109,6 +115,12 @@ def _storage(t: torch.Tensor) -> torch.UntypedStorage | None:
             except (RuntimeError, NotImplementedError):
                 continue
         return None
+
+
+def storage_of(t: torch.Tensor) -> torch.UntypedStorage | None:
+    """The storage that says where `t` lives (its own; a sparse tensor's values'; a torch.func
+    wrapper's wrapped tensor's), None for a tensor without one."""
+    return _storage(t)
 
 
 class DeviceMemory:
@@ -176,6 +188,10 @@ class DeviceMemory:
     # --- marking -----------------------------------------------------------------------------
 
     def mark_device(self, t: torch.Tensor, stream: Any = None) -> None:
+        if t.layout in SPARSE_LAYOUTS:  # each part is an allocation of its own
+            for part in sparse_parts(t):
+                self.mark_device(part, stream)
+            return
         if not is_device_memory(t):
             storage = _storage(t)
             if storage is not None:

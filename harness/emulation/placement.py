@@ -40,7 +40,7 @@ from harness.emulation.device_draws import (EagerDraws, dispatch_modes_off, is_r
                                             recorded)
 from harness.emulation.generators import DeviceGenerator
 from harness.emulation.compiled_devices import to_device, to_host, to_traced_device
-from harness.emulation.device_memory import DEVICE, PINNED, is_device_memory
+from harness.emulation.device_memory import DEVICE, PINNED, SPARSE_LAYOUTS, is_device_memory
 from harness.emulation.rules import (CPU, cuda_index, device_generator_on_host_error,
                                                  host_generator_error, mixed_devices_error,
                                                  names_cuda)
@@ -66,6 +66,12 @@ _MIXING_ALLOWED = frozenset({
     Tensor.__deepcopy__, Tensor.__setstate__, Tensor.__reduce_ex__,
 })
 _FROM_HOST_DATA = frozenset({torch.tensor, torch.as_tensor, torch.asarray})
+# Factories of sparse tensors from their parts (aten's own takes `layout=` too)
+_SPARSE_FACTORIES = frozenset(f for f in (
+    torch.sparse_coo_tensor, torch.sparse_csr_tensor, torch.sparse_csc_tensor,
+    torch.sparse_bsr_tensor, torch.sparse_bsc_tensor, torch.sparse_compressed_tensor,
+    getattr(torch, "_sparse_coo_tensor_unsafe", None),
+    getattr(torch, "_sparse_compressed_tensor_unsafe", None)) if f is not None)
 _CUDA = torch.device("cuda")
 
 
@@ -199,6 +205,19 @@ class Placement(TorchFunctionMode):
                 named_device or (device_in and kwargs.get("device") is None)):
             # A device tensor's new_tensor(data) copies host data to the device, as torch.tensor.
             transfers.refuse_host_data(self.state, func, args[1:])
+        if self.state.capturing() and _any_sparse(args, kwargs):
+            from harness.emulation.allocator_tools import UnsupportedOnEmulatedDevice
+
+            raise UnsupportedOnEmulatedDevice(
+                f"{getattr(func, '__name__', func)} on a sparse tensor inside a CUDA graph "
+                f"capture: the emulated device holds sparse tensors eagerly, but its graphs "
+                f"record dense memory only; capture the dense form (`.to_dense()`), or run this "
+                f"on a GPU")
+        if named_device and kwargs.get("layout") in SPARSE_LAYOUTS or func in _SPARSE_FACTORIES:
+            # CUDA copies a sparse factory's host parts to the device; on the cpu the result
+            # would share their memory, and marking it would make the caller's tensors device memory
+            args = tuple(a.clone() if isinstance(a, Tensor) and not is_device_memory(a) else a
+                         for a in args)
         if named_device:
             asked = requested_bytes(func, args, kwargs)
             if asked:
@@ -244,9 +263,6 @@ class Placement(TorchFunctionMode):
                 memory.call_on_device = previous
                 if draws is not None:
                     draws.__exit__(None, None, None)
-            if isinstance(out, Tensor) and out.layout != torch.strided:
-                # a sparse result would be host memory that says cpu, handed back as if on cuda
-                transfers.refuse_sparse_to_device(out, getattr(func, "__name__", str(func)))
             if isinstance(out, Tensor):
                 try:
                     storage = out.untyped_storage()
@@ -493,6 +509,12 @@ def _traced_on_host(func, args: tuple, kwargs: dict):
     if _device_object(target):
         return to_traced_device(func(*args, **kwargs))
     return func(*args, **kwargs)
+
+
+def _any_sparse(args: tuple, kwargs: dict) -> bool:
+    return any(isinstance(t, Tensor) and t.layout in SPARSE_LAYOUTS
+               for a in (*args, *kwargs.values())
+               for t in (a if type(a) in (list, tuple) else (a,)))
 
 
 def _device_object(target) -> bool:

@@ -107,22 +107,6 @@ def _parse_to(args: tuple, kwargs: dict) -> tuple[Any, dict, Tensor | None]:
     return device, rest, other
 
 
-_SPARSE_LAYOUTS = (torch.sparse_coo, torch.sparse_csr, torch.sparse_csc, torch.sparse_bsr,
-                   torch.sparse_bsc)
-
-
-def refuse_sparse_to_device(t: Tensor, op: str) -> None:
-    """A sparse tensor cannot be moved to the emulated device: device memory is a mark on one
-    storage, and a sparse tensor has none of its own (its indices and values are tensors apart);
-    without this the move handed back the cpu tensor, `is_cuda` False, as if it had worked."""
-    if t.layout in _SPARSE_LAYOUTS:
-        from harness.emulation.allocator_tools import UnsupportedOnEmulatedDevice
-        raise UnsupportedOnEmulatedDevice(
-            f"{op} of a {t.layout} tensor: the emulated CUDA device does not hold sparse tensors "
-            f"(device memory is marked per storage, and a sparse tensor has none); move its "
-            f"dense form (`.to_dense()`), or run this on a GPU")
-
-
 def handlers(mode) -> dict[Callable, Callable]:
     state, memory = mode.state, mode.memory
 
@@ -245,8 +229,6 @@ def handlers(mode) -> dict[Callable, Callable]:
             dst = names_cuda(device)
             if dst:
                 cuda_index(device, state.current_index, state.properties.count)
-        if dst and not src:
-            refuse_sparse_to_device(t, "Tensor.to")
         index = target_index(device, other, t)
         if dst == src and not (src and index != device_indices.index_of(t)):
             if not src:
@@ -275,8 +257,6 @@ def handlers(mode) -> dict[Callable, Callable]:
         if device is not None:
             cuda_index(device, state.current_index, state.properties.count)
         rest = {k: v for k, v in kwargs.items() if k != "device"}
-        if not is_device(t):
-            refuse_sparse_to_device(t, "Tensor.cuda")
         index = target_index("cuda" if device is None else device, None, t)
         if is_device(t) and index == device_indices.index_of(t):
             return t

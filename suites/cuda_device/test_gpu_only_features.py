@@ -40,22 +40,3 @@ def test_conditional_graph_nodes_are_refused_by_name(cuda_device):
             graph.begin_capture_to_if_node(pred)
             x.add_(1.0)
             graph.end_capture_to_conditional_node()
-
-
-def test_making_a_sparse_tensor_on_the_device_is_refused_by_name(cuda_device):
-    """A factory naming cuda, or a device op, whose result is sparse: until 2026-12-06 the call
-    handed back the cpu tensor (`is_cuda` False) as if it had worked."""
-    for make in (lambda: torch.sparse_coo_tensor([[0, 2]], [1.0, 2.0], (3,), device="cuda"),
-                 lambda: torch.ones(3, device="cuda").to_sparse()):
-        with pytest.raises(UnsupportedOnEmulatedDevice, match=r"sparse_coo.*does not hold sparse"):
-            make()
-
-
-def test_moving_a_sparse_tensor_to_the_device_is_refused_by_name(cuda_device):
-    sparse = torch.sparse_coo_tensor([[0, 2]], [1.0, 2.0], (3,))
-    for move in (lambda: sparse.cuda(), lambda: sparse.to("cuda"),
-                 lambda: sparse.to(device="cuda", dtype=torch.float64)):
-        with pytest.raises(UnsupportedOnEmulatedDevice, match=r"sparse_coo.*does not hold sparse"):
-            move()
-    dense = sparse.to_dense().cuda()
-    assert dense.is_cuda and dense.tolist() == [1.0, 0.0, 2.0]

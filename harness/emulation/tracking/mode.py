@@ -333,7 +333,8 @@ class StreamWork(TorchDispatchMode):
         stream = write.participant
         tracker, labels = self.tracker, self.tracker.labels
         allocations, allocated_on = self._allocations, self._allocated_on
-        for t in ((out,) if isinstance(out, torch.Tensor) else tensors_of(out if isinstance(out, (list, tuple)) else ())):
+        for t in tensors_of((out,) if isinstance(out, torch.Tensor) else
+                            out if isinstance(out, (list, tuple)) else ()):
             if t.device.type != "cpu":
                 continue
             storage = _storage(t)

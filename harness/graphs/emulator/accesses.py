@@ -26,14 +26,36 @@ def _written_names(func) -> frozenset[str]:
                      if a.alias_info is not None and a.alias_info.is_write)
 
 
+SPARSE_LAYOUTS = frozenset({torch.sparse_coo, torch.sparse_csr, torch.sparse_csc, torch.sparse_bsr,
+                            torch.sparse_bsc})
+
+
+def sparse_parts(t: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    """The dense tensors a sparse tensor is made of, its values first (COO: values, indices; the
+    compressed layouts: values, compressed and plain indices), read with torch function and
+    dispatch modes off; () for one whose parts cannot be read (fake or meta)."""
+    try:
+        with torch_internals.DisableTorchFunction(), torch_internals.DisableTorchDispatch():
+            if t.layout is torch.sparse_coo:
+                return t._values(), t._indices()
+            if t.layout in (torch.sparse_csr, torch.sparse_bsr):
+                return t.values(), t.crow_indices(), t.col_indices()
+            return t.values(), t.ccol_indices(), t.row_indices()
+    except (RuntimeError, NotImplementedError, TypeError):
+        return ()
+
+
 def tensors_of(values) -> list[torch.Tensor]:
-    """The tensors among an op's argument values (aten arguments nest at most a list deep)."""
+    """The tensors among an op's argument values (aten arguments nest at most a list deep); a
+    sparse tensor's accesses are those of its parts (`sparse_parts`)."""
     out = []
     for value in values:
         if isinstance(value, torch.Tensor):
             out.append(value)
         elif isinstance(value, (list, tuple)):
             out.extend(v for v in value if isinstance(v, torch.Tensor))
+    if any(t.layout in SPARSE_LAYOUTS for t in out):
+        out = [p for t in out for p in (sparse_parts(t) if t.layout in SPARSE_LAYOUTS else (t,))]
     return out
 
 
