@@ -179,11 +179,12 @@ class _Groups:
         self.places: dict[Any, Any] = {}
 
     def root(self, node):
-        parent = self.parent.setdefault(node, node)
-        if parent is node:
-            return node
-        top = self.root(parent)
-        self.parent[node] = top
+        parent = self.parent
+        top = parent.setdefault(node, node)
+        while parent[top] is not top:  # iterative: a graph's chains run thousands of ops deep
+            top = parent[top]
+        while node is not top:
+            node, parent[node] = parent[node], top
         return top
 
     def know(self, node, place) -> None:

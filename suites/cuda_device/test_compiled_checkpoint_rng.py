@@ -164,3 +164,28 @@ def test_the_accelerators_default_generator_is_the_devices(cuda_kind):
     torch.cuda.manual_seed(11)
     torch.rand(3, device="cuda")
     assert torch.equal(accelerator_random.get_rng_state(), torch.cuda.get_rng_state())
+
+
+def test_a_random_op_meeting_an_input_thousands_of_ops_later_is_on_its_device():
+    """Which random ops are device memory follows the graph's ops from its inputs; a graph whose
+    input is met again past a chain of a thousand ops (a residual connection) overflowed Python's
+    recursion limit there (RecursionError at compile time)."""
+    from harness.emulation.compiled_rng import device_rng_ops
+
+    graph = torch.fx.Graph()
+    x = graph.placeholder("primals_1")
+    x.meta["val"] = torch.empty(4)
+    h = x
+    for _ in range(1200):
+        h = graph.call_function(aten.add.Tensor, (h, 1))
+        h.meta["val"] = torch.empty(4)
+    rand = graph.call_function(aten.rand.default, ([4],), {"device": torch.device("cpu")})
+    rand.meta["val"] = torch.empty(4)
+    product = graph.call_function(aten.mul.Tensor, (rand, x))
+    product.meta["val"] = torch.empty(4)
+    total = graph.call_function(aten.add.Tensor, (product, h))
+    total.meta["val"] = torch.empty(4)
+    graph.output(total)
+    module = torch.fx.GraphModule(torch.nn.Module(), graph)
+    assert device_rng_ops(module, (1,)) == {rand.name: 1}
+    assert device_rng_ops(module, ("host",)) == {}
