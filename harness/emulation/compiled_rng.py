@@ -34,7 +34,7 @@ from harness.emulation.device_draws import EagerDraws
 from harness.emulation.device_memory import is_device_memory
 
 # While a backend compiles one of dynamo's graphs: per example input, its device index when it is
-# device memory, None when host memory or no tensor.
+# device memory, _HOST when host memory, None when no tensor.
 _INPUTS: contextvars.ContextVar[tuple | None] = contextvars.ContextVar("harness_compiled_inputs",
                                                                        default=None)
 # Whether the graphs name the device in their random ops (eager code, which runs them through the
@@ -62,7 +62,7 @@ def compiled_for_the_host() -> Iterator[None]:
     """While inductor compiles (compile_fx): its graphs are code for the cpu the device's tensors
     are, so their random ops keep the cpu as their device (inductor would write CUDA code for a
     value on cuda); the partitioner still picks CUDA's wrapper, which the code calls with the
-    device generator's state (`draw_rules`)."""
+    device generator's state (`register_draw_rules`)."""
     token = _NAMED.set(False)
     try:
         yield
