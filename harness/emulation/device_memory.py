@@ -49,6 +49,16 @@ PLAY_AT = 2048  # pending allocations that are played into the accounting at onc
 EARLY_LOG = 4096  # allocations and frees kept in order before the accounting starts
 
 
+class _CallFlags(threading.local):
+    """What the device op running on a thread says of its memory. Per thread, as a device op's
+    own: a process-wide flag let a host factory on one thread make device memory while another
+    thread's device op ran, and two threads' overlapping ops left it set for good (each put back
+    what it found)."""
+
+    call_on_device = False
+    compiled_on_device = False
+
+
 class _StorageRef(weakref.ref):
     """A weak reference that hashes by identity: a pending one may be looked up after its storage
     died, and a plain weakref hashes by its referent (an error once that is gone). It keeps the
@@ -161,12 +171,8 @@ class DeviceMemory:
         # Builds with per-capture generator state: graph key -> {generator state id: its seed
         # and offset holders in that capture}.
         self._capture_states: dict[int, dict[int, tuple]] = {}
-        # Set by the placement mode around a call that names the device (a factory with
-        # device="cuda", a copy to it): the recorder cannot see the device once it is rewritten.
-        self.call_on_device = False
-        # Set while a compiled graph that works on device memory only runs its own code: the
-        # buffers it hands a user's op body are device memory (op_bodies.py).
-        self.compiled_on_device = False
+        # Per thread: another thread's host work while this one runs a device op is host work.
+        self._call_flags = _CallFlags()
         # Told of each storage made device memory, so stream tracking learns the stream of memory
         # that no op it saw returned (`torch.as_tensor(x, device="cuda")` is made in C++).
         self.adoption_listeners: list = []
@@ -183,7 +189,28 @@ class DeviceMemory:
         return storage is not None and getattr(storage, MEMORY_ATTR, None) == PINNED
 
     def call_targets_device(self) -> bool:
-        return self.call_on_device
+        return self._call_flags.call_on_device
+
+    @property
+    def call_on_device(self) -> bool:
+        """Set by the placement mode around a call that names the device (a factory with
+        device="cuda", a copy to it) on the thread making it: the recorder cannot see the device
+        once it is rewritten."""
+        return self._call_flags.call_on_device
+
+    @call_on_device.setter
+    def call_on_device(self, value: bool) -> None:
+        self._call_flags.call_on_device = value
+
+    @property
+    def compiled_on_device(self) -> bool:
+        """Set while a compiled graph that works on device memory only runs its own code on this
+        thread: the buffers it hands a user's op body are device memory (op_bodies.py)."""
+        return self._call_flags.compiled_on_device
+
+    @compiled_on_device.setter
+    def compiled_on_device(self, value: bool) -> None:
+        self._call_flags.compiled_on_device = value
 
     # --- marking -----------------------------------------------------------------------------
 

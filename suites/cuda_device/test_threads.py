@@ -9,6 +9,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 import torch
+from torch.utils._python_dispatch import TorchDispatchMode
 
 import harness
 
@@ -84,6 +85,75 @@ def test_a_threads_host_tensor_mixed_with_a_device_tensor_raises_cudas_error(cud
     worker.start()
     worker.join()
     assert errors and "Expected all tensors to be on the same device" in errors[0]
+
+
+class _PauseInsideTheOp(TorchDispatchMode):
+    """Holds the first op it meets on its thread, once inside the device op: it tells `inside`
+    and goes on when `resume` is set (another thread's work interleaves there)."""
+
+    def __init__(self, inside: threading.Event, resume: threading.Event) -> None:
+        super().__init__()
+        self.inside, self.resume, self.held = inside, resume, False
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if not self.held:
+            self.held = True
+            self.inside.set()
+            if not self.resume.wait(30):
+                raise TimeoutError("the other thread never let this op go on")
+        return func(*args, **(kwargs or {}))
+
+
+def _overlap_streams() -> None:
+    """Side-stream work first: the device tracks its streams from then on (so does a runtime's)."""
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        torch.ones(4, device="cuda").add_(1)
+    torch.cuda.current_stream().wait_stream(side)
+
+
+def test_a_host_tensor_made_while_another_thread_runs_a_device_op_is_host_memory(cuda_kind):
+    # An overlap scheduler's host thread builds the next batch on the cpu while the main thread
+    # launches the forward: its tensors are host tensors, whatever the other thread runs.
+    _overlap_streams()
+    x = torch.ones(4, device="cuda")
+    inside, made = threading.Event(), threading.Event()
+    host: list[torch.Tensor] = []
+
+    def build_batch() -> None:
+        inside.wait(30)
+        host.append(torch.arange(3))
+        made.set()
+
+    worker = threading.Thread(target=build_batch)
+    worker.start()
+    with _PauseInsideTheOp(inside, made):
+        x * 2
+    worker.join()
+    assert host[0].device.type == "cpu" and host[0].numpy().tolist() == [0, 1, 2]
+
+
+def test_overlapping_device_ops_of_two_threads_leave_host_factories_on_the_host(cuda_kind):
+    # The worker's op begins first and ends while the main thread's op is still running.
+    _overlap_streams()
+    x = torch.ones(4, device="cuda")
+    worker_inside, main_inside, worker_done = (threading.Event(), threading.Event(),
+                                               threading.Event())
+
+    def forward() -> None:
+        with _PauseInsideTheOp(worker_inside, main_inside):
+            x + 1
+        worker_done.set()
+
+    worker = threading.Thread(target=forward)
+    worker.start()
+    worker_inside.wait(30)
+    with _PauseInsideTheOp(main_inside, worker_done):
+        x * 2
+    worker.join()
+    assert torch.zeros(2).device.type == "cpu"
+    assert not torch.empty(2, pin_memory=True).is_cuda
 
 
 def test_leaving_the_emulation_gives_threads_back_as_they_were(outside_emulation):
