@@ -391,6 +391,10 @@ class EmulatedCUDAGraph:
     def debug_dump(self, debug_path: str, *, verbose: bool = True) -> None:
         """Write the recording as a Graphviz DOT file: one node per recorded call, in replay
         order (an emulated graph is a sequence; CUDA's dump shows its kernel nodes)."""
+        if TEMPLATE_SPLIT and not self._template_live:
+            # torch 2.14 dumps the template it reads with raw_cuda_graph(), and raises as it does
+            # where there is none (it warned and returned before)
+            raise RuntimeError(_NO_TEMPLATE)
         if not (self._debug or self._keep_graph):
             warnings.warn("CUDA Graphs debug not enabled, set with [graph].enable_debug_mode()",
                           stacklevel=2)
@@ -412,9 +416,7 @@ class EmulatedCUDAGraph:
             # torch 2.14's rule: the template lives from capture_end_pre to capture_end_post
             # (a capture-end hook sees it whatever keep_graph), or until reset with keep_graph.
             if not self._template_live:
-                raise RuntimeError("No cudaGraph_t is available: either capture_end() has not "
-                                   "been called, or the underlying cudaGraph_t was destroyed "
-                                   "(keep_graph=false, and capture has been finalized).")
+                raise RuntimeError(_NO_TEMPLATE)
             raise UnsupportedOnEmulatedDevice(_NO_CUDA_GRAPH.format("raw_cuda_graph()"))
         if not self._keep_graph:
             raise RuntimeError("You cannot access the raw cudaGraph_t instance unless CUDAGraph "
@@ -491,6 +493,9 @@ class CUDAGraph(EmulatedCUDAGraph):
 
 # This build's Python CUDAGraph, taken before an emulation replaces torch.cuda.graphs.CUDAGraph.
 TORCH_CUDA_GRAPH = torch.cuda.graphs.CUDAGraph
+_NO_TEMPLATE = ("No cudaGraph_t is available: either capture_end() has not been called, or the "
+                "underlying cudaGraph_t was destroyed (keep_graph=false, and capture has been "
+                "finalized).")
 # Whether this build splits capture_end into capture_end_pre/_post (torch 2.14), which came with
 # the template rule of raw_cuda_graph() above.
 TEMPLATE_SPLIT = hasattr(TORCH_CUDA_GRAPH, "capture_end_pre")

@@ -152,6 +152,12 @@ def test_the_raw_graph_and_instantiate_follow_cuda_graph_cpp(cuda_device):
         torch.cuda.CUDAGraph().capture_end()
 
 
+# torch 2.14 split capture_end and dumps the graph's template through raw_cuda_graph() (and
+# cuda-bindings); before, CUDAGraph::debug_dump warned where debug mode was off.
+DUMPS_THE_TEMPLATE = hasattr(torch.cuda.graphs.CUDAGraph, "capture_end_pre")
+
+
+@pytest.mark.skipif(DUMPS_THE_TEMPLATE, reason="torch 2.14+ dumps the template (next test)")
 def test_debug_dump_without_debug_mode_only_warns(cuda_device, tmp_path):
     graph, _ = _captured(keep_graph=False)
     path = tmp_path / "graph.dot"
@@ -161,4 +167,21 @@ def test_debug_dump_without_debug_mode_only_warns(cuda_device, tmp_path):
     assert not path.exists()
     graph.enable_debug_mode()
     graph.debug_dump(str(path))
+    assert path.read_text().startswith("digraph")
+
+
+@pytest.mark.skipif(not DUMPS_THE_TEMPLATE, reason="torch before 2.14 warns (test above)")
+def test_debug_dump_of_a_graph_without_its_template_raises_as_raw_cuda_graph(cuda_device,
+                                                                              tmp_path):
+    graph, _ = _captured(keep_graph=False)
+    path = tmp_path / "graph.dot"
+    with pytest.raises(RuntimeError, match=r"^No cudaGraph_t is available: either capture_end\(\) "
+                                           r"has not been called"):
+        graph.debug_dump(str(path))
+    graph.enable_debug_mode()  # keep_graph from now on: the template is gone already
+    with pytest.raises(RuntimeError, match=r"^No cudaGraph_t is available"):
+        graph.debug_dump(str(path))
+    assert not path.exists()
+    kept, _ = _captured(keep_graph=True)
+    kept.debug_dump(str(path))
     assert path.read_text().startswith("digraph")
