@@ -190,6 +190,7 @@ class CachingAllocator:
         # CUDA's release_cached_blocks first synchronizes every stream's outstanding frees
         # (synchronize_and_free_events), counted whether or not any were outstanding
         self.num_sync_all_streams = 0
+        self.num_ooms = 0  # allocations refused for want of memory (DeviceCachingAllocator::malloc)
         # Segment start address -> (size, small, stream, pool): what snapshots list.
         self.segments: dict[int, tuple[int, bool, object, Pool]] = {}
         self.history = None  # a MemoryHistory while torch.cuda.memory._record_memory_history runs
@@ -473,6 +474,7 @@ class CachingAllocator:
             for stat in stats:
                 stat.reset_accumulated()
         self.num_device_alloc = self.num_device_free = self.num_sync_all_streams = 0
+        self.num_ooms = 0
 
     def _stats(self, name: str) -> list[tuple[int, int, int, int]]:
         """(current, peak, allocated, freed) of `name` for all, small_pool, large_pool."""
@@ -495,7 +497,7 @@ class CachingAllocator:
                 out.update({f"{name}.{scope}.{field}": v for field, v in zip(FIELDS, values)})
         for name in ("oversize_allocations", "oversize_segments"):  # none: no max_split_size
             out.update({f"{name}.{field}": 0 for field in FIELDS})
-        out.update({"num_alloc_retries": 0, "num_ooms": 0,
+        out.update({"num_alloc_retries": 0, "num_ooms": self.num_ooms,
                     "num_sync_all_streams": self.num_sync_all_streams,
                     "num_device_alloc": self.num_device_alloc,
                     "num_device_free": self.num_device_free, "max_split_size": -1})

@@ -225,6 +225,15 @@ def memory_stats(state, device: Any = None):
     return state.memory.accounting(index(state, device)).memory_stats()
 
 
+def attach_out_of_memory_observer(state, observer: Callable) -> None:
+    """`torch._C._cuda_attach_out_of_memory_observer` (PyTorch's memory notes: a snapshot taken
+    when an allocation fails): called as CUDA's allocator calls it, before the error is raised."""
+    if not callable(observer):
+        raise TypeError(f"_cuda_attach_out_of_memory_observer() takes a callable, got "
+                        f"{type(observer).__name__}")
+    state.oom_observers.append(observer)
+
+
 def memory_stats_nested(state, device: Any = None) -> dict:
     """`torch._C._cuda_memoryStats` (behind `memory_stats_as_nested_dict`): the statistics as the
     nested dict whose dotted paths are `memory_stats`' keys."""
@@ -805,6 +814,7 @@ REPLACEMENTS: tuple[Replacement, ...] = (
     _private("_cuda_hostMemoryStats", host_memory_stats),
     _private("_cuda_resetPeakHostMemoryStats", reset_peak_host_memory_stats),
     _private("_cuda_resetAccumulatedHostMemoryStats", reset_accumulated_host_memory_stats),
+    _private("_cuda_attach_out_of_memory_observer", attach_out_of_memory_observer),
     *(_private(name, tunable_op(method), "value") for name, method in TUNABLE_OP_NAMES.items()),
     _private("_construct_storage_from_data_pointer", storage_from_data_pointer, "value"),
 

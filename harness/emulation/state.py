@@ -38,6 +38,7 @@ from typing import Any, Iterator
 import torch
 
 from harness.emulation.blas_workspaces import BlasWorkspaces
+from harness.emulation.caching_allocator import round_size, segment_size
 from harness.emulation.capture_frees import CaptureFrees
 from harness.emulation.compiled_trees import TreeGenerations
 from harness.emulation.device_memory import DeviceMemory
@@ -121,6 +122,8 @@ class DeviceState(Observed):
         # torch.set_default_tensor_type(torch.cuda.*Tensor): factories without a device go to the
         # device (legacy_types.py; placement.py reads it)
         self.legacy_default_on_device = False
+        # torch._C._cuda_attach_out_of_memory_observer's callables, told of each refused allocation
+        self.oom_observers: list = []
         self._capture_frees: CaptureFrees | None = None
 
     @property
@@ -270,11 +273,20 @@ class DeviceState(Observed):
             raise self._out_of_memory(nbytes, why)
 
     def _out_of_memory(self, nbytes: float, why: str) -> Exception:
-        from harness.emulation.capacity import out_of_memory_error
+        """CUDA's out-of-memory error, after what CUDA's allocator does before raising it: count
+        it in `num_ooms` and tell the out-of-memory observers (device, bytes it would reserve,
+        the memory allowed or the device's total, free bytes)."""
+        from harness.emulation.capacity import ONE_EXA_BYTES, out_of_memory_error
 
-        total = self.properties.total_memory
-        return out_of_memory_error(nbytes, self.current_index, total,
-                                   total - self.memory.live_bytes(), why)
+        total, index = self.properties.total_memory, self.current_index
+        free = total - self.memory.live_bytes()
+        if not nbytes < ONE_EXA_BYTES:  # refused before the allocator looks (nan included)
+            return out_of_memory_error(nbytes, index, total, free, why)
+        self.memory.accounting(index).num_ooms += 1
+        allowed = (int(total * self.memory_fraction) if self.memory_fraction < 1 else total)
+        for observer in tuple(self.oom_observers):
+            observer(index, segment_size(round_size(int(nbytes))), allowed, free)
+        return out_of_memory_error(nbytes, index, total, free, why)
 
     # --- the observer interface --------------------------------------------------------------
 
