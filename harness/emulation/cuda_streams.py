@@ -153,13 +153,25 @@ class Stream:
 
 
 class ExternalStream(Stream):
-    """torch.cuda.ExternalStream: a stream named by a handle someone else made."""
+    """torch.cuda.ExternalStream: a stream named by a handle someone else made. Work on it goes to
+    the stream that handle is: a torch stream's own handle (an application handing
+    `stream.cuda_stream` back, OpenMM or Warp sharing torch's stream) names that stream, whose
+    work it is ordered with and whose capture it joins, and two wrappers of one handle are one
+    stream, as CUDA queues their work on one cudaStream_t."""
 
     _pooled = False
 
     def __new__(cls, stream_ptr: int, device: Any = None, **kwargs):
-        self = Stream.__new__(cls, device)
-        self._handle = int(stream_ptr)
+        handle = int(stream_ptr)
+        streams = _state().streams
+        stream_id = streams.id_of_handle(handle, streams.device_index(device))
+        self = (Stream.__new__(cls, device) if stream_id is None
+                else Stream.__new__(cls, device, stream_id=stream_id))
+        known = streams.by_id[(self.stream_id, self.device_index)]
+        if known is not self:  # the queue of a stream made before: its pooled slot and priority
+            self.pool_slot, self._priority = known.pool_slot, known._priority
+        self._handle = handle
+        streams.note_wrapped(handle, self)
         return self
 
     def __init__(self, stream_ptr: int, device: Any = None, **kwargs) -> None:
@@ -280,10 +292,27 @@ class Streams:
         self._local = threading.local()
         self._defaults: dict[int, Stream] = {}
         self.by_id: dict[tuple[int, int], Stream] = {}  # what torch._C._cuda_setStream names
+        self._wrapped: dict[tuple[int, int], int] = {}  # (foreign handle, device) -> stream id
         self.capturing: set[Stream] = set()
         self._made_at: dict[tuple[int, int], int] = {}  # (device, priority pool) -> streams made
         # event timing's clock: the host's, and the streams a torch.cuda._sleep keeps busy
         self.clock = DeviceClock(SM_CLOCK_HZ)
+
+    def id_of_handle(self, handle: int, device: int) -> int | None:
+        """The id of the stream whose `cuda_stream` is `handle` on `device`: a torch stream's own,
+        else the id given the handle when it was first wrapped; None for a handle not wrapped yet
+        and for 0 (`ExternalStream(0)` makes a new stream: torch reads a null pointer as none)."""
+        if handle == 0:
+            return None
+        own = self.by_id.get((handle - _STREAM_HANDLE_BASE, device))
+        if own is not None and own.cuda_stream == handle:
+            return own.stream_id
+        return self._wrapped.get((handle, device))
+
+    def note_wrapped(self, handle: int, stream: "Stream") -> None:
+        """Remember the stream a foreign handle was first wrapped as (see id_of_handle)."""
+        if handle:
+            self._wrapped.setdefault((handle, stream.device_index), stream.stream_id)
 
     def next_pool_slot(self, device: int, priority: int) -> tuple[int, int]:
         """The (priority pool, index) of CUDA's pooled stream that a new stream of `priority`

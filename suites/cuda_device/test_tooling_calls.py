@@ -48,7 +48,10 @@ def test_a_stream_from_a_raw_handle_is_the_default_stream_or_wraps_the_handle(cu
     assert torch.cuda.get_stream_from_external(default.cuda_stream) == default
     side = torch.cuda.Stream()
     found = torch.cuda.get_stream_from_external(side.cuda_stream)
-    assert found.cuda_stream == side.cuda_stream and found != side  # CUDA's answer, measured
+    assert found.cuda_stream == side.cuda_stream
+    # CUDA's answer, measured: another object, unequal (its stream id is the raw handle). The
+    # emulated device's is the stream it queues the work on, and compares equal (docs/fidelity.md).
+    assert (found == side) if cuda_kind == "emulated" else (found != side)
 
 
 def test_the_cuda_array_interface_of_a_device_tensor_is_refused_by_name(cuda_device):

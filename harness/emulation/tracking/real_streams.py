@@ -50,7 +50,8 @@ class StreamIds:
         self._ids: dict[tuple[int, int], int] = {}
 
     def of(self, stream: Any) -> int:
-        key = (int(stream.device_index), int(stream.stream_id))
+        # the queue, not the object: an ExternalStream over a torch stream's handle is that stream
+        key = (int(stream.device_index), int(stream.cuda_stream))
         if key not in self._ids:
             self._ids[key] = len(self._ids)
         return self._ids[key]

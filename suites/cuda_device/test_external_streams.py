@@ -1,0 +1,53 @@
+"""`torch.cuda.ExternalStream` over a handle that names a stream torch made (an application handing
+`stream.cuda_stream` back: OpenMM's context stream, Warp's `stream_from_torch`, a C++ extension)
+is that stream to CUDA: one cudaStream_t, whose work runs in issue order and joins its capture. The
+emulated device took each wrapper for a stream of its own, so stream tracking reported a race
+between the two and the wrapper's work escaped the stream's capture. The rows run natively on a
+GPU too, and under the graph sanitizer, whose real-stream tracking keys on the handle."""
+
+from __future__ import annotations
+
+import torch
+
+from harness.emulation import emulation_active, track_stream_races
+
+
+def _tracked():
+    # Stream tracking where the harness tracks streams; plain CUDA natively.
+    import contextlib
+
+    return track_stream_races() if emulation_active() is not None else contextlib.nullcontext()
+
+
+def test_work_on_a_wrapper_of_a_torch_streams_handle_is_ordered_with_the_stream(cuda_kind):
+    app = torch.cuda.Stream()
+    x = torch.zeros(1 << 12, device="cuda")
+    torch.cuda.synchronize()
+    with _tracked():
+        with torch.cuda.stream(app):
+            x.fill_(2.0)  # the application's write on its stream
+        wrapped = torch.cuda.ExternalStream(app.cuda_stream)
+        with torch.cuda.stream(wrapped):
+            y = x * 3  # the same queue: after the write, no wait needed
+            again = torch.cuda.ExternalStream(app.cuda_stream)
+        with torch.cuda.stream(again):
+            y.add_(1)
+        wrapped.synchronize()
+        torch.cuda.current_stream().wait_stream(app)
+    assert wrapped.cuda_stream == again.cuda_stream == app.cuda_stream
+    assert y.tolist() == [7.0] * (1 << 12)
+
+
+def test_work_on_a_wrapper_of_the_capturing_stream_is_captured(cuda_kind):
+    side = torch.cuda.Stream()
+    x = torch.ones(8, device="cuda")
+    out = torch.zeros(8, device="cuda")
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph, stream=side):
+        with torch.cuda.stream(torch.cuda.ExternalStream(side.cuda_stream)):
+            out.copy_(x * 5)
+    x.fill_(2.0)
+    graph.replay()
+    torch.cuda.synchronize()
+    assert out.tolist() == [10.0] * 8
