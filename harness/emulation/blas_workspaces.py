@@ -118,26 +118,29 @@ class BlasWorkspaces:
         self._memory = memory
         self._major = major
         self._held: dict[tuple, object] = {}
-        self._seen: set[tuple] = set()  # (owner, stream) pairs already served: the hot path
+        # (owner, stream) -> its handle, for the pairs already served: the hot path
+        self._seen: dict[tuple, int] = {}
         self.handles = BlasHandles(capture)
         self._local = threading.local()
 
-    def note_call(self, stream: Any, op: str = "a matmul") -> None:
+    def note_call(self, stream: Any, op: str = "a matmul") -> int:
         """A BLAS call (`op`, the torch call) on `stream` from the calling thread (the autograd
         engine's inside `backward_running()`): the thread's handle is reserved and its workspace
-        made if this (handle, stream) has none."""
+        made if this (handle, stream) has none. Returns the handle (its index on the device)."""
         owner = BACKWARD if getattr(self._local, "backward", False) else threading.get_ident()
-        if (owner, stream) in self._seen:
-            return
+        handle = self._seen.get((owner, stream))
+        if handle is not None:
+            return handle
         handle, taken = self.handles.reserve(owner, stream.device_index, op)
         if taken:
             # A handle taken back from an ended thread: that thread's fast-path entries go.
-            self._seen = {(o, s) for o, s in self._seen if self.handles.holds(o)}
+            self._seen = {k: h for k, h in self._seen.items() if self.handles.holds(k[0])}
         key = (handle, cuda_stream_slot(stream))
         if key not in self._held:
             nbytes = workspace_bytes(self._major, os.environ.get("CUBLAS_WORKSPACE_CONFIG"))
             self._held[key] = self._memory.hold_block(nbytes, stream)
-        self._seen.add((owner, stream))
+        self._seen[(owner, stream)] = handle
+        return handle
 
     def note_backward_call(self, stream: Any, op: str = "a matmul of backward") -> None:
         """A BLAS op the autograd engine ran (its device thread's handle on CUDA)."""
@@ -151,7 +154,7 @@ class BlasWorkspaces:
 
     def clear(self) -> None:
         """`torch._C._cuda_clearCublasWorkspaces()`: every workspace goes back to the allocator."""
-        held, self._held, self._seen = self._held, {}, set()
+        held, self._held, self._seen = self._held, {}, {}
         for block in held.values():
             self._memory.release_block(block)
 

@@ -409,8 +409,18 @@ def get_arch_list(state) -> list[str]:
     return [f"sm_{state.properties.major}{state.properties.minor}"]
 
 
+# Where the emulated device's cuBLAS handles "live": torch.cuda.current_blas_handle() answers a
+# pointer, never 0 (a library handed it checks for null)
+_BLAS_HANDLE_BASE = 0x7B0000
+
+
 def current_blas_handle(state) -> int:
-    return 0
+    """at::cuda::getCurrentCUDABlasHandle: the calling thread's handle on the current device,
+    reserved (created at its first use, which a capture refuses as a matmul's) and given its
+    workspace on the current stream, as the thread's first matmul would."""
+    stream = state.streams.current()
+    handle = state.blas_workspaces.note_call(stream, "torch.cuda.current_blas_handle()")
+    return _BLAS_HANDLE_BASE + (stream.device_index << 12) + handle + 1
 
 
 def nothing(state, *args, **kwargs) -> None:

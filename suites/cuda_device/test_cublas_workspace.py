@@ -164,3 +164,17 @@ def test_pytorchs_graph_pool_segments_are_the_only_new_pool_ids():
     new = [s["segment_pool_id"] for s in torch.cuda.memory_snapshot()
            if s["segment_pool_id"] not in existing]
     assert new == [g.pool(), g.pool()]
+
+
+def test_current_blas_handle_reserves_the_handle_and_its_workspace_as_a_first_matmul():
+    # at::cuda::getCurrentCUDABlasHandle sets the handle's workspace on the current stream: a
+    # runtime asking for the handle (to hand a library) allocates what its first matmul would.
+    with torch.cuda.stream(torch.cuda.Stream()):
+        a = torch.ones(8, 8, device="cuda")
+        before = allocated()
+        handle = torch.cuda.current_blas_handle()
+        assert handle != 0
+        assert allocated() - before == expected_workspace()
+        assert torch.cuda.current_blas_handle() == handle
+        matmul(a)  # the same (handle, stream): no second workspace
+        assert allocated() - before == expected_workspace()
