@@ -53,6 +53,7 @@ from harness.emulation.cuda_graph import torch_cuda_graph_class
 from harness.emulation.cudart import EmulatedCudart
 from harness.emulation.cuda_streams import Event, ExternalStream, Stream, as_device_stream
 from harness.emulation.device_memory import is_device_memory
+from harness.emulation import fft_plans
 from harness.emulation.tools import (NvtxRanges, check_memory_fraction,
                                                  check_sync_debug_mode)
 from harness.emulation.tunable_ops import PRIVATE_NAMES as TUNABLE_OP_NAMES
@@ -854,6 +855,10 @@ REPLACEMENTS: tuple[Replacement, ...] = (
     Replacement("torch.cuda", "get_stream_from_external", get_stream_from_external,
                 if_present=True),
     Replacement("torch.Tensor", "__cuda_array_interface__", cuda_array_interface, "value"),
+    Replacement("torch.backends.cuda.cuFFTPlanCache", "size", fft_plans.size_property, "value"),
+    Replacement("torch.backends.cuda.cuFFTPlanCache", "max_size", fft_plans.max_size_property,
+                "value"),
+    Replacement("torch.backends.cuda.cuFFTPlanCache", "clear", fft_plans.clear_method, "value"),
     *(Replacement("torch.cuda", name, nvml_query(name), if_present=True) for name in NVML_READINGS),
     *(Replacement(owner, "get_current_stream", dynamo_current_stream(owner), "value",
                   if_present=True) for owner in ("torch._dynamo.utils", "torch._dynamo.guards")),

@@ -42,6 +42,7 @@ from harness.emulation.caching_allocator import round_size, segment_size
 from harness.emulation.capture_frees import CaptureFrees
 from harness.emulation.compiled_trees import TreeGenerations
 from harness.emulation.device_memory import DeviceMemory
+from harness.emulation.fft_plans import PlanCaches
 from harness.emulation.observers import Observed
 from harness.emulation.pool_handles import PoolHandles
 from harness.emulation.custom_ops import CudaOnlyOps
@@ -122,6 +123,7 @@ class DeviceState(Observed):
         # torch.set_default_tensor_type(torch.cuda.*Tensor): factories without a device go to the
         # device (legacy_types.py; placement.py reads it)
         self.legacy_default_on_device = False
+        self.fft_plans = PlanCaches()  # torch.backends.cuda.cufft_plan_cache's settings
         # torch._C._cuda_attach_out_of_memory_observer's callables, told of each refused allocation
         self.oom_observers: list = []
         self._capture_frees: CaptureFrees | None = None
