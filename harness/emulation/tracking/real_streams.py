@@ -47,11 +47,14 @@ class StreamIds:
     "stream N" (CUDA's own stream ids are pool encodings, not names a reader can follow)."""
 
     def __init__(self) -> None:
-        self._ids: dict[tuple[int, int], int] = {}
+        self._ids: dict[tuple, int] = {}
 
     def of(self, stream: Any) -> int:
-        # the queue, not the object: an ExternalStream over a torch stream's handle is that stream
-        key = (int(stream.device_index), int(stream.cuda_stream))
+        # The queue, not the object: an ExternalStream over a torch stream's handle is that
+        # stream. A stream without a handle to read (a torch.Stream) is named by its id.
+        handle = getattr(stream, "cuda_stream", None)
+        key = ((int(stream.device_index), "id", int(stream.stream_id)) if handle is None
+               else (int(stream.device_index), "handle", int(handle)))
         if key not in self._ids:
             self._ids[key] = len(self._ids)
         return self._ids[key]
