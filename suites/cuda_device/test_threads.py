@@ -4,12 +4,12 @@ stacks per thread, so without the emulation's help a thread would see a plain cp
 
 from __future__ import annotations
 
+import contextlib
 import threading
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 import torch
-from torch.utils._python_dispatch import TorchDispatchMode
 
 import harness
 
@@ -87,21 +87,23 @@ def test_a_threads_host_tensor_mixed_with_a_device_tensor_raises_cudas_error(cud
     assert errors and "Expected all tensors to be on the same device" in errors[0]
 
 
-class _PauseInsideTheOp(TorchDispatchMode):
-    """Holds the first op it meets on its thread, once inside the device op: it tells `inside`
-    and goes on when `resume` is set (another thread's work interleaves there)."""
+@contextlib.contextmanager
+def _pause_inside_the_op(inside: threading.Event, resume: threading.Event):
+    """Holds the first op of the block that saves a tensor for backward, once inside the device
+    op (autograd's pack hook runs there): it tells `inside` and goes on when `resume` is set
+    (another thread's work interleaves there). The hooks are this thread's own."""
+    held = []
 
-    def __init__(self, inside: threading.Event, resume: threading.Event) -> None:
-        super().__init__()
-        self.inside, self.resume, self.held = inside, resume, False
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        if not self.held:
-            self.held = True
-            self.inside.set()
-            if not self.resume.wait(30):
+    def pack(tensor: torch.Tensor) -> torch.Tensor:
+        if not held:
+            held.append(True)
+            inside.set()
+            if not resume.wait(30):
                 raise TimeoutError("the other thread never let this op go on")
-        return func(*args, **(kwargs or {}))
+        return tensor
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda tensor: tensor):
+        yield
 
 
 def _overlap_streams() -> None:
@@ -117,7 +119,7 @@ def test_a_host_tensor_made_while_another_thread_runs_a_device_op_is_host_memory
     # An overlap scheduler's host thread builds the next batch on the cpu while the main thread
     # launches the forward: its tensors are host tensors, whatever the other thread runs.
     _overlap_streams()
-    x = torch.ones(4, device="cuda")
+    x = torch.ones(4, device="cuda", requires_grad=True)
     inside, made = threading.Event(), threading.Event()
     host: list[torch.Tensor] = []
 
@@ -128,8 +130,8 @@ def test_a_host_tensor_made_while_another_thread_runs_a_device_op_is_host_memory
 
     worker = threading.Thread(target=build_batch)
     worker.start()
-    with _PauseInsideTheOp(inside, made):
-        x * 2
+    with _pause_inside_the_op(inside, made):
+        x.sin()
     worker.join()
     assert host[0].device.type == "cpu" and host[0].numpy().tolist() == [0, 1, 2]
 
@@ -137,20 +139,20 @@ def test_a_host_tensor_made_while_another_thread_runs_a_device_op_is_host_memory
 def test_overlapping_device_ops_of_two_threads_leave_host_factories_on_the_host(cuda_kind):
     # The worker's op begins first and ends while the main thread's op is still running.
     _overlap_streams()
-    x = torch.ones(4, device="cuda")
+    x = torch.ones(4, device="cuda", requires_grad=True)
     worker_inside, main_inside, worker_done = (threading.Event(), threading.Event(),
                                                threading.Event())
 
     def forward() -> None:
-        with _PauseInsideTheOp(worker_inside, main_inside):
-            x + 1
+        with _pause_inside_the_op(worker_inside, main_inside):
+            x.sin()
         worker_done.set()
 
     worker = threading.Thread(target=forward)
     worker.start()
     worker_inside.wait(30)
-    with _PauseInsideTheOp(main_inside, worker_done):
-        x * 2
+    with _pause_inside_the_op(main_inside, worker_done):
+        x.cos()
     worker.join()
     assert torch.zeros(2).device.type == "cpu"
     assert not torch.empty(2, pin_memory=True).is_cuda
