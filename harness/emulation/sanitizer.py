@@ -18,6 +18,7 @@ from harness.emulation.compiled_graphs import sanitizer_compile_patches
 from harness.emulation.observers import Observed
 from harness.emulation.pool_handles import PoolHandles
 from harness.emulation.sanitizer_pools import AllocatorPool
+from harness.emulation.tracking.real_streams import queue_key
 from harness.graphs.emulator.watch_refs import install_swaps_past_watches
 from harness.graphs.emulator.memory import ByDeviceType
 
@@ -223,8 +224,9 @@ class CompiledKernel:
         return getattr(self._kernel, name)
 
 
-def _key(stream) -> tuple[int, int]:
-    return (stream.device_index, stream.stream_id)
+def _key(stream) -> tuple:
+    # the queue: work on an ExternalStream of the capturing stream's handle is captured on CUDA
+    return queue_key(stream)
 
 
 def enter_sanitizer(stack: contextlib.ExitStack) -> SanitizerHost:

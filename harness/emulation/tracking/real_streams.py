@@ -42,19 +42,28 @@ _RECORD_STREAM = torch.ops.aten.record_stream.default
 _HigherOrderOperator = torch_internals.HigherOrderOperator
 
 
+def queue_key(stream: Any) -> tuple:
+    """The CUDA queue a stream object names: (device, its cudaStream_t). An ExternalStream over a
+    torch stream's handle is that stream (CUDA gives it another stream id); a `torch.Stream` is
+    the CUDA stream of its id; an object with neither handle nor device type is named by its id."""
+    handle = getattr(stream, "cuda_stream", None)
+    if handle is None and hasattr(stream, "device_type"):
+        handle = torch.cuda.Stream(stream_id=stream.stream_id, device_index=stream.device_index,
+                                   device_type=stream.device_type).cuda_stream
+    if handle is None:
+        return (int(stream.device_index), "id", int(stream.stream_id))
+    return (int(stream.device_index), int(handle))
+
+
 class StreamIds:
     """Small ints for real streams, each device's default stream first: what reports call
     "stream N" (CUDA's own stream ids are pool encodings, not names a reader can follow)."""
 
     def __init__(self) -> None:
-        self._ids: dict[tuple, int] = {}
+        self._ids: dict[tuple, int] = {}  # queue_key -> its small int
 
     def of(self, stream: Any) -> int:
-        # The queue, not the object: an ExternalStream over a torch stream's handle is that
-        # stream. A stream without a handle to read (a torch.Stream) is named by its id.
-        handle = getattr(stream, "cuda_stream", None)
-        key = ((int(stream.device_index), "id", int(stream.stream_id)) if handle is None
-               else (int(stream.device_index), "handle", int(handle)))
+        key = queue_key(stream)
         if key not in self._ids:
             self._ids[key] = len(self._ids)
         return self._ids[key]
