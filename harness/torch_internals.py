@@ -97,6 +97,17 @@ def _tells_expired(expired: Any) -> bool:
     return expired(storage._cdata) is False
 
 
+def _swaps_memory(swap: Any) -> bool:
+    a, b = torch.zeros(1), torch.ones(1)
+    swap(a.untyped_storage(), b.untyped_storage())
+    return a.item() == 1.0 and b.item() == 0.0
+
+
+def _finds_the_storage(new_with_weak_ptr: Any) -> bool:
+    storage = torch.empty(1).untyped_storage()
+    return new_with_weak_ptr(storage._cdata) is storage
+
+
 def _found(module: str) -> Callable[[Any], bool]:
     return lambda _: importlib.util.find_spec(module) is not None
 
@@ -250,6 +261,20 @@ NAMES: dict[str, Internal] = {
     "rng_prims": Internal("torch._prims.rng_prims", "", _found("torch._prims.rng_prims"),
                           lazy=True),
     "hop_compute_keyset": Internal("torch._ops", "_compute_keyset"),
+    # a storage's memory exchanged with another's (a pool block taking over an allocation made
+    # outside a capture, pool_checkpoints.py), and a storage's Python object from its address
+    # (what CUDA's allocator calls are handed)
+    "storage_swap_data_ptr": Internal("torch", "UntypedStorage._swap_data_ptr_", _swaps_memory),
+    "storage_from_weak_ptr": Internal("torch", "UntypedStorage._new_with_weak_ptr",
+                                      _finds_the_storage),
+    # what cudagraph trees call that the emulated device takes from torch as it is (device-agnostic
+    # C++: cached tensors, objects kept in thread-local state)
+    "set_cached_tensors_enabled": Internal("torch._C", "_set_cached_tensors_enabled"),
+    "add_cached_tensor": Internal("torch._C", "_add_cached_tensor"),
+    "remove_cached_tensor": Internal("torch._C", "_remove_cached_tensor"),
+    "stash_obj_in_tls": Internal("torch._C", "_stash_obj_in_tls", optional=True),
+    "get_obj_in_tls": Internal("torch._C", "_get_obj_in_tls", optional=True),
+    "is_key_in_tls": Internal("torch._C", "_is_key_in_tls", optional=True),
 }
 
 
@@ -320,6 +345,8 @@ dispatch_has_kernel_for_dispatch_key = bind(NAMES["dispatch_has_kernel_for_dispa
 construct_storage_from_data_pointer = bind(NAMES["construct_storage_from_data_pointer"])
 storage_use_count = bind(NAMES["storage_use_count"])
 storage_expired = bind(NAMES["storage_expired"])
+storage_swap_data_ptr = bind(NAMES["storage_swap_data_ptr"])
+storage_from_weak_ptr = bind(NAMES["storage_from_weak_ptr"])
 len_torch_function_stack = bind(NAMES["len_torch_function_stack"])
 pop_torch_function_stack = bind(NAMES["pop_torch_function_stack"])
 push_on_torch_function_stack = bind(NAMES["push_on_torch_function_stack"])

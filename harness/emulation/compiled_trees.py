@@ -11,12 +11,12 @@ is refused by name:
   cudagraph trees over AOTAutograd's graphs: its ops run one by one, so the device's graphs
   capture them as they do an eager region. (Compiling for the cpu the device's tensors are, that
   backend and inductor skip CUDA graphs themselves, "cpu device"; the device counts no such skip.)
-- **Trees driven directly.** `torch._inductor.cudagraph_trees.cudagraphify_impl` (what
-  `torch.compile(backend="cudagraphs")` and tests call) keeps its graphs' memory in CUDA's caching
-  allocator: private pools, checkpoints of the allocator's state, storages rebuilt from raw
-  pointers. The emulated device has no such allocator; torch's calls into it crashed the process
-  (a segfault in `_cuda_checkPoolLiveAllocations` on a CUDA wheel without a GPU) or failed on a
-  missing name (a CPU wheel). They are refused with `UnsupportedOnEmulatedDevice` instead.
+- **Trees driven directly.** `torch._inductor.cudagraph_trees.cudagraphify_impl` (what tests
+  call) keeps its graphs' memory in CUDA's caching allocator: private pools, checkpoints of the
+  allocator's state, storages rebuilt from raw pointers. The emulated device answers those calls
+  over its graph pools (pool_checkpoints.py), so torch's own trees run on it. A build that lacks
+  a piece the trees call and the device cannot stand in for (the CPU wheels: the storage
+  access-error calls) is refused by name with `UnsupportedOnEmulatedDevice`.
 """
 
 from __future__ import annotations
@@ -29,14 +29,18 @@ import torch
 
 from harness import torch_internals
 
+# What torch's own trees call that the emulated device takes from torch as it is: absent from a
+# build, they cannot run (the CPU wheels lack the two access-error calls, which need a CUDA build).
+TREES_NEED_FROM_TORCH = ("set_storage_access_error_msg", "set_storage_data_ptr_access_error_msg",
+                         "stash_obj_in_tls", "get_obj_in_tls", "is_key_in_tls")
+
 DIRECT_TREES_REFUSED = (
     "inductor's cudagraph trees driven directly (torch._inductor.cudagraph_trees.{name}, which "
-    "torch.compile(backend='cudagraphs') also calls) on the emulated CUDA device: the trees keep "
-    "their graphs' memory in CUDA's caching allocator (private pools, checkpoints of its state, "
-    "storages rebuilt from raw pointers), which the emulated device does not have. "
-    "torch.compile(mode='reduce-overhead'), or inductor with triton.cudagraphs on, replays "
-    "through the device's own graphs (each input layout warmed up, captured, then replayed); use "
-    "that, or torch.cuda.graph / torch.cuda.make_graphed_callables, or check this code natively")
+    "torch.compile(backend='cudagraphs') also calls) on the emulated CUDA device with torch "
+    "{version}: this build lacks {missing}, which the trees call on their outputs and the "
+    "emulated device cannot stand in for (a CUDA build of torch has them, with or without a "
+    "GPU). torch.compile(mode='reduce-overhead') replays through the device's own graphs on any "
+    "build; use that, or a CUDA wheel of torch")
 
 
 def wants_cudagraphs(compiler_fn, backend: str) -> bool:
@@ -54,13 +58,24 @@ def wants_cudagraphs(compiler_fn, backend: str) -> bool:
     return bool(torch_internals.lazy_module("inductor_config").triton.cudagraphs)
 
 
+def trees_missing_pieces() -> list[str]:
+    """The torch names of TREES_NEED_FROM_TORCH this build lacks."""
+    return [torch_internals.NAMES[name].path for name in TREES_NEED_FROM_TORCH
+            if torch_internals.optional_name(name) is None]
+
+
 def direct_trees_refused() -> list[tuple[Any, str, Any]]:
-    """(owner, name, replacement) refusing cudagraph trees' entry points on the emulated device
-    without a GPU; elsewhere (natively, the graph sanitizer's own refusal) torch's run."""
+    """(owner, name, replacement) for cudagraph trees' entry points on the emulated device
+    without a GPU: torch's own trees run over the device's graph pools (pool_checkpoints.py),
+    refused by name on a build that lacks a piece they need (`trees_missing_pieces`); elsewhere
+    (natively, the graph sanitizer's own refusal) torch's run."""
     from harness.emulation.active import emulation_active
     from harness.emulation.allocator_tools import UnsupportedOnEmulatedDevice
 
     trees = torch_internals.lazy_module("inductor_cudagraph_trees")
+    missing = trees_missing_pieces()
+    if not missing:
+        return []
     out = []
     for name in ("cudagraphify_impl", "cudagraphify"):
         original = getattr(trees, name, None)
@@ -70,7 +85,8 @@ def direct_trees_refused() -> list[tuple[Any, str, Any]]:
         def refused(*args, _original=original, _name=name, **kwargs):
             if emulation_active() != "cpu":
                 return _original(*args, **kwargs)
-            raise UnsupportedOnEmulatedDevice(DIRECT_TREES_REFUSED.format(name=_name))
+            raise UnsupportedOnEmulatedDevice(DIRECT_TREES_REFUSED.format(
+                name=_name, version=torch.__version__, missing=", ".join(missing)))
 
         out.append((trees, name, refused))
     return out

@@ -895,6 +895,13 @@ def patches(state, table: tuple[Replacement, ...] = REPLACEMENTS) -> list[tuple[
     from harness.emulation.allocator_tools import patches as allocator_tool_patches
 
     out += allocator_tool_patches(state)
+    # cudagraph trees' calls into CUDA's allocator (pool_checkpoints.py); its raw_delete frees the
+    # blocks a restored checkpoint allocated, then the allocator tools' raw blocks
+    from harness.emulation.pool_checkpoints import patches as pool_checkpoint_patches
+
+    tools_delete = next(value for owner, name, value in out
+                        if name == "_cuda_cudaCachingAllocator_raw_delete")
+    out += pool_checkpoint_patches(state, tools_delete)
     # torch.compile's replacements (compiled.py) and autocast's cache are groups of their own too.
     out += compile_patches(state)
     out.append((torch, "clear_autocast_cache",

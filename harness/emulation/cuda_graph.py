@@ -24,6 +24,7 @@ import torch
 import torch.cuda.graphs
 
 from harness import torch_internals
+from harness.emulation.pool_checkpoints import stream_key
 from harness.emulation.active import active_state
 from harness.emulation.tracking.races import RaceWarning
 from harness.emulation.allocator_tools import UnsupportedOnEmulatedDevice
@@ -117,7 +118,7 @@ class EmulatedCUDAGraph:
                                  trace=self._trace, rng_device=host.rng_device())
         # The emulated device's random ops draw from its generators at each replay (device_draws.py).
         session.recorder.draws = host.capture_draws()
-        session.recorder.allocation_stream = lambda: _stream_key(host.current_stream())
+        session.recorder.allocation_stream = lambda: stream_key(host.current_stream())
         session.reads_outside = lambda what: read_outside_capture(host, what)
         if self._finalizer is None:
             self._finalizer = weakref.finalize(self, _graph_gone, host, id(self), self._pool_in_use)
@@ -510,6 +511,3 @@ def torch_cuda_graph_class() -> type:
     return _BUILT[0]
 
 
-def _stream_key(stream) -> tuple[int, int]:
-    """What tells the pool's segments apart by stream: the device and the stream's id."""
-    return stream.device_index, stream.stream_id

@@ -40,6 +40,7 @@ import torch
 from harness.emulation.caching_allocator import Block, CachingAllocator, EarlyCounts
 from harness.emulation.host_allocator import PinnedHostAllocator
 from harness.graphs.emulator.accesses import SPARSE_LAYOUTS, sparse_parts
+from harness.graphs.emulator.pool import BLOCK_ATTR
 from harness.torch_internals import functorch_get_unwrapped, is_functorch_wrapped_tensor
 
 MEMORY_ATTR = "_harness_memory"
@@ -166,6 +167,12 @@ class DeviceMemory:
         # (thread id, device index) -> the Pool use_mem_pool routes that thread's allocations on
         # that device to (CUDA routes per device: beginAllocateCurrentThreadToPool(device, id))
         self.thread_pools: dict[tuple[int, int], Any] = {}
+        # (thread id, device index) -> the graph pool's arena (a PoolArena) that thread's device
+        # allocations are moved into as they are made (CUDA's beginAllocateCurrentThreadToPool
+        # outside a capture: cudagraph trees' warm-ups and recording inputs), so their bytes
+        # outlive them as a graph pool's do; `stream_key` tells the arena's segments apart
+        self.thread_arenas: dict[tuple[int, int], Any] = {}
+        self.stream_key: Callable[[Any], Any] = lambda stream: stream
         self._graphs: set[int] = set()
         self._generator_state: tuple = ()
         # Builds with per-capture generator state: graph key -> {generator state id: its seed
@@ -234,6 +241,12 @@ class DeviceMemory:
             ref = _StorageRef(storage, self._on_freed)
             ref.nbytes = nbytes
             self._allocate(ref, nbytes, self._current_stream() if stream is None else stream)
+        if self.thread_arenas and nbytes:
+            stream = self._current_stream() if stream is None else stream
+            arena = self.thread_arenas.get(
+                (threading.get_ident(), getattr(stream, "device_index", 0)))
+            if arena is not None and getattr(storage, BLOCK_ATTR, None) is None:
+                arena.take_over(storage, self.stream_key(stream))
         for listener in self.adoption_listeners:
             listener(storage)
 
@@ -276,6 +289,22 @@ class DeviceMemory:
         held = HeldBlock(nbytes)
         self._allocate(held, nbytes, stream)
         return held
+
+    def hold_block_in(self, pool, nbytes: int, stream) -> "HeldBlock":
+        """An allocation no storage owns, from `pool` (a Pool of the model), until
+        `release_block`: a graph pool's block allocated again by a restored checkpoint."""
+        held = HeldBlock(nbytes)
+        self._live += nbytes
+        self._pending.append((held, nbytes, stream, pool))
+        self._play()
+        return held
+
+    def owns_allocation(self, storage: torch.UntypedStorage) -> bool:
+        """Whether `storage` holds an allocation of the device's allocator (its death frees it):
+        CUDA's storage with the caching allocator's deleter. One made from a data pointer, or
+        released (`release_storage`), does not."""
+        return any(ref.__class__ is _StorageRef and ref.nbytes
+                   for ref in weakref.getweakrefs(storage))
 
     def release_block(self, held: "HeldBlock") -> None:
         self._pending_free(held)

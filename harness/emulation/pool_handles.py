@@ -126,6 +126,10 @@ class PoolHandles:
                 self._kept[handle] = arena
         return handle, arena
 
+    def existing(self, handle: tuple[int, int]) -> PoolArena | None:
+        """The arena of pool id `handle` if a capture or a routing made one, else None."""
+        return self._arenas.get(handle)
+
     def release_cached(self) -> None:
         """`empty_cache()`: the pools no graph holds give their memory back."""
         for use in list(self._uses):

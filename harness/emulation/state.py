@@ -115,6 +115,11 @@ class DeviceState(Observed):
         self.pool_handles = PoolHandles(self.storage_device, cached=True,
                                         refuses_released_pools=True)
         self.kernel_device = torch.device("cuda", 0)  # whose kernels' rules a capture applies
+        from harness.emulation.pool_checkpoints import PoolCheckpoints, stream_key
+
+        # cudagraph trees' calls into CUDA's allocator: pools, checkpoints (pool_checkpoints.py)
+        self.pool_checkpoints = PoolCheckpoints(self)
+        self.memory.stream_key = stream_key
         self.sync_debug_mode = 0  # torch.cuda.set_sync_debug_mode: 0 default, 1 warn, 2 error
         self.memory_fraction = 1.0  # torch.cuda.set_per_process_memory_fraction
         # torch.cuda.memory._set_allocator_settings("graph_capture_record_stream_reuse:True")

@@ -1,7 +1,7 @@
 """Inductor's cudagraph trees on the emulated CUDA device (harness/emulation/compiled_trees.py):
 which compiled graphs are replayed through CUDA graphs, trees' generations (outputs of a warm-up
-or a recording overwritten by the next one raise trees' error), and cudagraph trees driven
-directly, refused by name. The `cuda_kind` rows run natively on a GPU to show CUDA's answer."""
+or a recording overwritten by the next one raise trees' error). Torch's own trees driven directly
+are test_pool_checkpoints.py's. The `cuda_kind` rows run natively on a GPU to show CUDA's answer."""
 
 from __future__ import annotations
 
@@ -101,23 +101,6 @@ def test_outputs_of_one_call_across_a_graph_break_stay_readable(cuda_kind):
             x = torch.full((4,), float(step), device="cuda")
             y, z = compiled(x)
             assert y.tolist() == [2.0 * step] * 4 and z.tolist() == [2.0 * step + 1] * 4
-
-
-def test_cudagraph_trees_driven_directly_are_refused_by_name(cuda_device):
-    """Trees keep their memory in CUDA's caching allocator; on a CUDA wheel without a GPU torch's
-    call into it crashed the process (a segfault), on a CPU wheel it failed on a missing name."""
-    from torch._inductor import cudagraph_trees
-
-    x = torch.rand(4, device="cuda")
-
-    def model(inputs):
-        (t,) = inputs
-        inputs.clear()
-        return (t + 1,)
-
-    with pytest.raises(UnsupportedOnEmulatedDevice, match="reduce-overhead"):
-        cudagraph_trees.cudagraphify_impl(model, [x], (), device_index=0, is_backward=False,
-                                          is_inference=True)
 
 
 def test_dynamos_cudagraphs_backend_replays_through_the_devices_graphs(cuda_kind):

@@ -108,6 +108,19 @@ class Block:
     # The blocks allocated over this one's bytes since it was freed (weak: a recording holds them).
     overlaps: weakref.WeakSet = field(default_factory=weakref.WeakSet)
     allocated_at: str = ""  # the capture's line, kept for a block allocated over a shared one
+    # Allocated outside any capture by a thread routed to the pool (cudagraph trees' warm-ups and
+    # recording inputs, CUDA's beginAllocateCurrentThreadToPool): a graph reading it reads memory
+    # it did not allocate, which stays the pool's while the pool is in use.
+    routed: bool = False
+
+    @property
+    def address(self) -> int:
+        return self.replay_storage.data_ptr()
+
+    def release(self) -> None:
+        """The block goes back to its pool now, whatever holds it (its owner's death frees
+        nothing more): CUDA's raw_delete, or a checkpoint restored without it."""
+        self.liveness = _FREED
 
     @property
     def end(self) -> int:
@@ -204,6 +217,56 @@ class PoolArena:
         newer = [o for o in block.overlaps if o.mark > block.mark]
         return max(newer, key=lambda o: o.mark) if newer else None
 
+    # --- allocations outside a capture and the allocator's checkpoints (pool_checkpoints.py) ----
+
+    def take_over(self, storage: torch.UntypedStorage, stream: object = None) -> Block:
+        """Move `storage`, made outside any capture, into a block of this pool: its bytes are
+        copied there and its memory swapped for the block's (its own freed with the swap), so
+        the bytes outlive the storage as a graph pool's do on CUDA. The block is allocated while
+        `storage` lives."""
+        nbytes = storage.nbytes()
+        if nbytes <= 0:
+            raise ValueError(f"pool allocations must be positive, got nbytes={nbytes}")
+        size = -(-nbytes // BLOCK_ALIGN) * BLOCK_ALIGN
+        self._sweep()
+        segment, offset = self._best_fit(size, stream)
+        if segment is None:
+            segment, offset = self._new_segment(size, stream), 0
+        target = self._non_owning(segment, offset, nbytes)
+        with torch_internals.DisableTorchFunction(), torch_internals.DisableTorchDispatch():
+            target.copy_(storage)
+        torch_internals.storage_swap_data_ptr(storage, target)  # `target` now owns the old bytes
+        storage._harness_segment = self._segments[segment]
+        block = Block(segment, offset, size, StorageWeakRef(storage),
+                      self._non_owning(segment, offset, size), self.token, routed=True)
+        setattr(storage, BLOCK_ATTR, block)
+        bisect.insort(self._live[segment], block, key=lambda b: b.offset)
+        self.note_allocated(block)
+        return block
+
+    def allocated(self) -> list[Block]:
+        """The blocks allocated now (a held block included), by segment and offset."""
+        self._sweep()
+        return [b for blocks in self._live for b in blocks if not b.liveness.expired()]
+
+    def block_at(self, address: int) -> Block | None:
+        """The allocated block starting at `address`, or None."""
+        return next((b for b in self.allocated() if b.address == address), None)
+
+    def hold(self, block: Block, owner: "torch.UntypedStorage | None" = None) -> None:
+        """`block` (of this pool) is allocated again, owned by `owner` (freed at its death) or,
+        for None, by no storage until `free`: what restoring a checkpoint makes of each block
+        allocated at the checkpoint."""
+        if owner is None:
+            block.liveness = _Held()
+        else:
+            block.liveness = StorageWeakRef(owner)
+            setattr(owner, BLOCK_ATTR, block)
+            owner._harness_segment = self._segments[block.segment]
+        blocks = self._live[block.segment]
+        if block not in blocks:
+            bisect.insort(blocks, block, key=lambda b: b.offset)
+
     def _non_owning(self, segment: int, offset: int, nbytes: int) -> torch.UntypedStorage:
         memory = self._segments[segment]
         address = memory.data_ptr() + offset
@@ -235,10 +298,37 @@ class PoolArena:
 
     def _new_segment(self, size: int, stream: object) -> int:
         nbytes = -(-size // self.segment_bytes) * self.segment_bytes
-        self._segments.append(torch.empty(nbytes, dtype=torch.uint8, device=self.device))
+        # Made past the device's modes: an allocation routed to this pool while an op of the
+        # device is handled (`take_over`) must not take the segment for a device allocation.
+        with torch_internals.DisableTorchFunction(), torch_internals.DisableTorchDispatch():
+            self._segments.append(torch.empty(nbytes, dtype=torch.uint8, device=self.device))
         self._live.append([])
         self._streams.append(stream)
         return len(self._segments) - 1
+
+
+class _Held:
+    """Stands for the owner of a block no storage owns (CUDA's allocated block with no deleter
+    handed out): never expired until the block is freed."""
+
+    __slots__ = ()
+
+    @staticmethod
+    def expired() -> bool:
+        return False
+
+
+class _Freed:
+    """Stands for the owner of a block given back to the pool by `PoolArena.free`."""
+
+    __slots__ = ()
+
+    @staticmethod
+    def expired() -> bool:
+        return True
+
+
+_FREED = _Freed()
 
 
 def laid_out_like(storage: torch.UntypedStorage, t: torch.Tensor,

@@ -231,6 +231,11 @@ class Recorder(TorchDispatchMode):
             if t.dim() == 0 and not self.memory.is_device(t):
                 return self.external.host_scalar(t)
             return self.external.alias(t)
+        if block.routed:
+            # Allocated outside any capture by a thread routed to a pool (cudagraph trees' warm-ups
+            # and recording inputs): memory the graph reads but did not allocate, kept while its
+            # pool is in use, as CUDA keeps a graph pool's addresses.
+            return self.external.alias(t, owner_pool=block.pool)
         if block.pool is not self.arena.token:
             # Another graph's pool owns it (a workspace first allocated in that graph's capture):
             # freed once its last tensor is dropped and that pool's graphs are reset or gone.
