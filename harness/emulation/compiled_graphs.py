@@ -16,13 +16,19 @@ what the emulation adds is at the two ends of each compiled graph:
   its outputs' shapes: the schedule runs it on the current stream once its inputs are ready, as any
   op, and a capture records it and runs it at each replay. An output aliasing an input is rebuilt
   after the op as a view of that input (views run for real; the op's schema says what it writes).
-- **mode="reduce-overhead".** Each input layout is warmed up, captured and replayed as cudagraph
-  trees do, one recording per set of static-input addresses (a new cache re-records). What
-  stands in for the trees around that (which graphs get CUDA graphs, generations whose outputs
-  the next one makes raise, `torch._dynamo.reset()`) is compiled_trees.py; cuBLAS's workspaces
-  are cleared around a warm-up and a recording, as the trees clear them. A graph with a
-  data-dependent op (`.item()`, `nonzero()`) has no fixed output layout: it runs as host code
-  outside a capture, without a CUDA graph under reduce-overhead, and is refused inside a capture.
+- **mode="reduce-overhead".** On a CUDA build of torch (with or without a GPU) each graph that
+  gets CUDA graphs runs through torch's own cudagraph trees (`cudagraphify_impl`, as inductor
+  wraps a graph it compiles for CUDA): their warm-ups run the compiled code with allocations
+  routed to their pool, their recordings capture it as one op, and their calls into CUDA's
+  allocator are answered by pool_checkpoints.py. The skips inductor decides at compile time for
+  CUDA (cpu nodes, unsafe and data-dependent ops, written inputs) are decided here at a layout's
+  first call, since the code is compiled for the cpu. On a build without the storage calls the
+  trees need (a CPU wheel) each input layout is warmed up, captured and replayed by the device's
+  stand-in for the trees, one recording per set of static-input addresses (a new cache
+  re-records), with compiled_trees.py's generations around it; cuBLAS's workspaces are cleared
+  around a warm-up and a recording, as the trees clear them. A graph with a data-dependent op
+  (`.item()`, `nonzero()`) has no fixed output layout: it runs as host code outside a capture,
+  without a CUDA graph under reduce-overhead, and is refused inside a capture.
 - **compile_fx and compile_fx_inner called by code itself** (a runtime's own backend, PyTorch's
   tests): compiled as dynamo's backends are here, and run as a `DeviceGraph` alike.
 """
@@ -30,6 +36,7 @@ what the emulation adds is at the two ends of each compiled graph:
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import importlib
 import itertools
 from dataclasses import dataclass
@@ -150,6 +157,12 @@ class DeviceGraph:
         # mode="reduce-overhead": each input layout is warmed up, captured and then replayed; a
         # layout keeps one recording per set of static-input addresses (see `_replayed`)
         self.cudagraphs = cudagraphs
+        # what torch's trees are told of the graph (state.torchs_trees): one of AOTAutograd's
+        # graphs for training (compiled_training.py), and its backward
+        self.training = False
+        self.backward = False
+        self.returned: type = list  # what the compiled code returns (a list from inductor)
+        self.trees_function: Callable | None = None
         self.replays: dict[tuple, Any] = {}
         self.input_views: dict[tuple, tuple] = {}  # per layout: (output index, InputView)
         self.warm_generation: dict[tuple, Any] = {}  # the generation each layout warmed up in
@@ -230,8 +243,110 @@ class DeviceGraph:
                 return self._placed(state, args, out, _key(args))
             return self._placed(state, args, self.compiled(*args), _key(args))
         if self.cudagraphs and not state.capturing():
+            if state.torchs_trees:
+                return self._through_torchs_trees(state, args)
             return self._replayed(state, args)
         return self._run(state, args)
+
+    # --- reduce-overhead through torch's own cudagraph trees (state.torchs_trees) -------------
+
+    def _through_torchs_trees(self, state, args):
+        """The layout's calls go to torch's cudagraph trees (`cudagraphify_impl`, as inductor's
+        compile_fx wraps a graph it compiles for CUDA), whose model runs this graph: as the
+        compiled code in a warm-up (its allocations routed to the trees' pool), as one op the
+        device's capture records in a recording. The skips inductor decides for CUDA at compile
+        time (cpu nodes, unsafe and data-dependent ops, written inputs) are the device's own, at
+        the layout's first call."""
+        key = _key(args)
+        entry = self.replays.get(key)
+        if entry is None:
+            reason, partitioned = self._compile_time_skip(args, key)
+            if reason is not None and self.backend == "cudagraphs" and key in self.mutated_inputs:
+                # dynamo's backend logged this skip as it compiled the graph (its count went
+                # with the ones compiling for the cpu made, see _torchs_own_cuda)
+                torch_internals.lazy_module("dynamo_utils").counters["inductor"][
+                    "cudagraph_skips"] += 1
+                self.skipped.append("mutated inputs")
+                self.replays[key] = "mutated inputs"
+                return self._run(state, args)
+            if reason is not None and partitioned:
+                # inductor's graph partition would replay the parts around it, which the device
+                # cannot split off: the layout runs without a graph, no skip counted
+                return self._unpartitioned(state, args, key, reason)
+            if reason is not None:
+                return self._skip(state, args, key, reason)
+            entry = self.replays[key] = "trees"
+        if entry != "trees":
+            return self._run(state, args)
+        if self.trees_function is None:
+            self.trees_function = self._trees_function(state, args, key)
+            state.trees.note_graph(self)  # torch._dynamo.reset() lets go of the function
+        state.trees_static_inputs = lambda: [
+            args[i].untyped_storage() for i in self.static
+            if i < len(args) and isinstance(args[i], torch.Tensor)]
+        try:
+            outs = self.trees_function(list(args))
+        finally:
+            state.trees_static_inputs = None
+        out = outs[0] if self.bare_output or not issubclass(self.returned, (list, tuple)) \
+            else self.returned(outs)
+        # the trees wrap the whole compiled call here, AOTAutograd's runtime around the graph
+        # included, where inductor wraps the graph inside it: an output aliasing an input is
+        # rebuilt from the caller's tensor as AOTAutograd rebuilds it
+        return self._from_inputs(args, key, out)
+
+    def _trees_function(self, state, args, key):
+        """torch's trees' function of this graph (one for its layouts: the trees record one per
+        set of its int inputs, and warn past a limit of them)."""
+
+        def model(inputs):
+            call = list(inputs)
+            inputs.clear()
+            out = self._run(state, call)
+            self.returned = type(out)
+            return list(out) if isinstance(out, (list, tuple)) else [out]
+
+        utils = torch_internals.lazy_module("inductor_cudagraph_utils")
+        # the user's line that writes each input, as inductor finds it in its post-grad graph
+        # (the device's graph is dynamo's, whose in-place calls inductor's helper does not see)
+        placeholders = tuple(
+            dataclasses.replace(info, mutating_use_stack_trace=(
+                info.mutating_use_stack_trace or _mutating_use_trace(self.graph_module, [i])))
+            for i, info in enumerate(utils.get_placeholder_info(self.graph_module.graph)))
+        return torch_internals.lazy_module("inductor_cudagraph_trees").cudagraphify_impl(
+            model, list(args), sorted(self.static), device_index=torch.cuda.current_device(),
+            is_backward=self.backward, is_inference=not self.training,
+            stack_traces=self.output_traces, placeholders=placeholders,
+            constants=_graph_constants(self.graph_module),
+            mutated_input_idxs=tuple(sorted(self.mutated_inputs.get(key, ()))))
+
+    def _compile_time_skip(self, args, key) -> tuple[str | None, bool]:
+        """Why inductor would compile this layout without CUDA graphs (its reason, as it logs it),
+        or None; and whether its graph partition (on by default) would replay the rest."""
+        partition = bool(torch_internals.lazy_module("inductor_config").graph_partition)
+        host = self._placement(args, key).host
+        if host is not None:
+            return f"cpu device ({host})", partition
+        unsafe = _cudagraph_unsafe_op(self.graph_module)
+        if unsafe is not None:
+            return (f"cudagraph-unsafe op {unsafe}" if partition
+                    else f"disabling cudagraphs due to incompatible op {unsafe}"), partition
+        try:
+            mutated = _analyse(self.graph_module, args)[0]
+        except _data_dependent_errors():
+            return ("data-dependent op" if partition
+                    else "incompatible op (data-dependent)"), partition
+        if mutated - self.static:
+            if self.backend == "cudagraphs":
+                supported = torch_internals.lazy_module(
+                    "dynamo").config.cudagraph_backend_support_input_mutation
+            else:
+                supported = torch_internals.lazy_module(
+                    "inductor_config").triton.cudagraph_support_input_mutation
+            self.mutated_inputs[key] = frozenset(mutated - self.static)
+            if not supported:
+                return self._mutation_reason(sorted(mutated - self.static)), False
+        return None, False
 
     # --- mode="reduce-overhead" ------------------------------------------------------------
 
@@ -485,6 +600,7 @@ class DeviceGraph:
         self.int_keys.clear()
         self.warned_dynamic_shapes = False
         self.__dict__.pop("pool", None)
+        self.trees_function = None  # bound to the trees' manager that was shut down
 
     def _unpartitioned(self, state, args, key, reason: str):
         """This layout runs without a graph from now on, where inductor's graph partition would
@@ -633,6 +749,20 @@ class DeviceGraph:
                 raise
         op = getattr(getattr(torch.ops, _LIBRARY_NAME), name).default
         return GraphCall(op, outputs, None if self.bare_output else sequence)
+
+
+def _graph_constants(graph_module) -> tuple:
+    """The tensors the graph reads as attributes (inductor's constants, under freezing): memory of
+    the module, not of the trees' pool, which an output may be or alias."""
+    out = []
+    for node in graph_module.graph.nodes:
+        if node.op == "get_attr":
+            value = graph_module
+            for part in node.target.split("."):
+                value = getattr(value, part, None)
+            if isinstance(value, torch.Tensor):
+                out.append(value)
+    return tuple(out)
 
 
 def _log_skip(message: str) -> None:
@@ -1253,9 +1383,13 @@ def sanitizer_compile_patches() -> list[tuple[Any, str, Any]]:
     return [(inductor, "compile_fx", pieces_recorded_by_the_sanitizer(inductor.compile_fx))]
 
 
-def _aot_graph(compiled, graph_module, *, cudagraphs: bool, static) -> DeviceGraph:
-    return DeviceGraph(compiled, graph_module, "inductor", cudagraphs=cudagraphs,
-                       aot_static=static)
+def _aot_graph(compiled, graph_module, *, cudagraphs: bool, static,
+               backward: bool = False) -> DeviceGraph:
+    graph = DeviceGraph(compiled, graph_module, "inductor", cudagraphs=cudagraphs,
+                        aot_static=static)
+    graph.training = True
+    graph.backward = backward
+    return graph
 
 
 def inductor_inner_on_host(original):

@@ -90,7 +90,7 @@ def device_inner_compile(inner_compile: Callable, compiling: Callable,
             return compiled
         compiled.current_callable = BoxedGraph(device_graph(
             _unboxed(compiled.current_callable), original, cudagraphs=cudagraphs,
-            static=kwargs.get("static_input_idxs") or ()))
+            static=kwargs.get("static_input_idxs") or (), backward=backward))
         found = _TRAINING.get()
         if found is not None and not backward:
             found.append(compiled.current_callable.graph)

@@ -1,8 +1,11 @@
 """Inductor's cudagraph trees as the emulated CUDA device stands in for them.
 
-The device replays a reduce-overhead graph through its own emulated graphs (compiled_graphs.py,
-`DeviceGraph`). Two things decide, as on CUDA, whether a graph gets that treatment, and one thing
-is refused by name:
+On a CUDA build of torch a reduce-overhead graph runs through torch's own trees over the
+device's graph pools (compiled_graphs.py, pool_checkpoints.py). On a build that lacks what the
+trees call (a CPU wheel), the device replays it through its own emulated graphs
+(compiled_graphs.py, `DeviceGraph`), with this module's generations standing in for the trees'.
+Two things decide, as on CUDA, whether a graph gets that treatment, and one thing is refused by
+name:
 
 - **Which graphs.** Inductor reads `triton.cudagraphs` from its config when it compiles a graph:
   `mode="reduce-overhead"` (or `options={"triton.cudagraphs": ...}`) sets it for that compile, and
@@ -151,6 +154,11 @@ class TreeGenerations:
         self._warned_mutation = set()
         self._streams = {}
         self._warm_pools = {}
+
+    def note_graph(self, graph) -> None:
+        """`graph` (a DeviceGraph) holds recordings or a function of torch's trees, which
+        `reset` releases."""
+        self._graphs.add(graph)
 
     def capture_stream(self):
         """The stream recordings on the current device are captured on: one per device, as the
@@ -321,6 +329,18 @@ def _refuse(storage, message: str, refuse_access) -> None:
     not own: the memory goes back to the pool with the recording, as the trees free it."""
     storage.__dict__.pop("_harness_alias_of", None)
     refuse_access(torch_internals.storage_key(storage), message)
+
+
+def trees_shut_down(generations: TreeGenerations) -> None:
+    """Torch's cudagraph trees of the emulated device shut down (`reset_cudagraph_trees`), where
+    the trees module was imported: their managers hold the device's graphs and pools; and the
+    device's graphs let go of what they recorded (`generations`: the device's TreeGenerations)."""
+    import sys
+
+    trees = sys.modules.get(torch_internals.NAMES["inductor_cudagraph_trees"].module)
+    if trees is not None:
+        trees.reset_cudagraph_trees()
+    generations.reset()
 
 
 def trees_reset() -> list[tuple[Any, str, Any]]:

@@ -276,6 +276,12 @@ class EmulatedCUDAGraph:
         graph = self._graph
         if graph is None:
             raise RuntimeError("Called CUDAGraph::replay without a preceding successful capture.")
+        static = getattr(self._host, "trees_static_inputs", None)
+        if static is not None:
+            # torch's cudagraph trees replay a recording whose static inputs are at the addresses
+            # it captured (they compare data pointers, not buffers): a parameter reassigned with
+            # `.data = ...` whose new memory landed where the old one was freed is read there
+            graph.adopt_reallocated(static)
         self._instantiated = True
         refuse_graph_launch(self._host, "CUDAGraph.replay()")
         self._host.notify_replay(self)

@@ -158,6 +158,7 @@ def enter_inherited(options: dict) -> None:
 def _enter_cpu(properties: DeviceProperties, stack: contextlib.ExitStack, schedule: str,
                races: str) -> DeviceState:
     from harness.emulation.compiled_graphs import clear_triton_answer
+    from harness.emulation.compiled_trees import trees_shut_down
     from harness.emulation.cuda_api import patches
     from harness.emulation.op_bodies import wrap_registered
     from harness.emulation.placement import Placement
@@ -175,6 +176,10 @@ def _enter_cpu(properties: DeviceProperties, stack: contextlib.ExitStack, schedu
     placement.__enter__()
     stack.callback(remove_function_mode, placement)
     stack.callback(_reset_default_device)
+    # torch's cudagraph trees keep their managers (graphs, pools of this device) in thread-local
+    # state that torch._dynamo.reset() clears only while CUDA is initialized: the device's are
+    # shut down with it, while its replacements are still in place
+    stack.callback(trees_shut_down, state.trees)
     state.streams_tracking = None
     if races != "off" or schedule != "issue_order":
         from harness.emulation.tracking.observer import DeviceStreams

@@ -40,7 +40,7 @@ import torch
 from harness.emulation.blas_workspaces import BlasWorkspaces
 from harness.emulation.caching_allocator import round_size, segment_size
 from harness.emulation.capture_frees import CaptureFrees
-from harness.emulation.compiled_trees import TreeGenerations
+from harness.emulation.compiled_trees import TreeGenerations, trees_missing_pieces
 from harness.emulation.device_memory import DeviceMemory
 from harness.emulation.fft_plans import PlanCaches
 from harness.emulation.observers import Observed
@@ -109,6 +109,13 @@ class DeviceState(Observed):
         self.cuda_only_ops = CudaOnlyOps()  # custom ops with a Python CUDA kernel only
         self.triton_launches = LaunchTable()  # users' Triton launches (triton_launches.py)
         self.trees = TreeGenerations()  # reduce-overhead's generations (compiled_trees.py)
+        # reduce-overhead (and inductor's triton.cudagraphs, dynamo's backend="cudagraphs") through
+        # torch's own cudagraph trees, where this torch has what they call (a CUDA build); the
+        # device's stand-in (compiled_trees.py) on a build without
+        self.torchs_trees = not trees_missing_pieces()
+        # while a graph runs through torch's trees: its static inputs' storages, which a replay
+        # of theirs reads where one was reallocated at its captured address (cuda_graph.py)
+        self.trees_static_inputs = None
         self._devices = tuple(torch.device("cuda", i) for i in range(properties.count))
         self.storage_device = torch.device("cpu")  # where device memory really lives
         # CUDA's allocator keeps an unused graph pool's memory until empty_cache() (pool.PoolUse)

@@ -607,3 +607,22 @@ def test_the_next_generation_frees_a_held_warm_up_outputs_block(cuda_kind):
         del recorded
         assert _graph_pool_blocks() == before
         del warm
+
+
+@needs_access_errors
+def test_reduce_overhead_runs_through_torchs_own_trees(cuda_kind):
+    """On a CUDA build of torch a reduce-overhead graph is a function of torch's own cudagraph
+    trees, whose manager numbers its recordings (warm-up, one recording, replays), as natively;
+    the emulated device replayed it through its own stand-in for the trees before 2026-12-07."""
+    if cuda_kind == "sanitizer":
+        pytest.skip("the graph sanitizer refuses inductor's cudagraph trees by name")
+    from torch._inductor.cudagraph_trees import get_container
+
+    compiled = torch.compile(_cubed, mode="reduce-overhead")
+    x = torch.rand(4, device="cuda")
+    for _ in range(3):
+        out = compiled(x)
+    torch.testing.assert_close(out, _cubed(x))
+    manager = get_container(torch.cuda.current_device()).tree_manager
+    assert manager is not None
+    assert manager.new_graph_id().id == 1

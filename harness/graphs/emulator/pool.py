@@ -169,13 +169,7 @@ class PoolArena:
         """A fresh non-owning storage of at least `nbytes`, best fit among the free gaps of the
         segments made for `stream`: as in CUDA's allocator, a segment serves the stream it was
         reserved for, so a block freed on one stream is never handed to another's allocation."""
-        if nbytes <= 0:
-            raise ValueError(f"pool allocations must be positive, got nbytes={nbytes}")
-        size = -(-nbytes // BLOCK_ALIGN) * BLOCK_ALIGN
-        self._sweep()
-        segment, offset = self._best_fit(size, stream)
-        if segment is None:
-            segment, offset = self._new_segment(size, stream), 0
+        segment, offset, size = self._place(nbytes, stream)
         storage = self._non_owning(segment, offset, size)
         replay_storage = self._non_owning(segment, offset, size)
         block = Block(segment, offset, size, StorageWeakRef(storage), replay_storage, self.token)
@@ -183,6 +177,17 @@ class PoolArena:
         bisect.insort(self._live[segment], block, key=lambda b: b.offset)
         self.note_allocated(block)
         return storage, block
+
+    def _place(self, nbytes: int, stream: object) -> tuple[int, int, int]:
+        """(segment, offset, size) of a new block for a request of `nbytes` on `stream`."""
+        if nbytes <= 0:
+            raise ValueError(f"pool allocations must be positive, got nbytes={nbytes}")
+        size = -(-nbytes // BLOCK_ALIGN) * BLOCK_ALIGN
+        self._sweep()
+        segment, offset = self._best_fit(size, stream)
+        if segment is None:
+            segment, offset = self._new_segment(size, stream), 0
+        return segment, offset, size
 
     # --- blocks shared between graphs (shared_blocks.py) --------------------------------------
 
@@ -225,13 +230,7 @@ class PoolArena:
         the bytes outlive the storage as a graph pool's do on CUDA. The block is allocated while
         `storage` lives."""
         nbytes = storage.nbytes()
-        if nbytes <= 0:
-            raise ValueError(f"pool allocations must be positive, got nbytes={nbytes}")
-        size = -(-nbytes // BLOCK_ALIGN) * BLOCK_ALIGN
-        self._sweep()
-        segment, offset = self._best_fit(size, stream)
-        if segment is None:
-            segment, offset = self._new_segment(size, stream), 0
+        segment, offset, size = self._place(nbytes, stream)
         target = self._non_owning(segment, offset, nbytes)
         with torch_internals.DisableTorchFunction(), torch_internals.DisableTorchDispatch():
             target.copy_(storage)
