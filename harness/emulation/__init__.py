@@ -11,8 +11,9 @@ TorchFunctionMode that places every op; `transfers.py` copies between the memori
 `stream_races.py` `track_stream_races()`, on either;
 `rules.py` CUDA's error texts; `sanitizer.py` the same graph API over a real GPU;
 `capture_syncs.py` the host syncs a capture refuses; `threads.py` the device in new threads;
-`pool_handles.py` CUDA's pool ids for the emulator's pools; `device_indices.py` which of several
-emulated devices a storage is on.
+`pool_handles.py` CUDA's pool ids for the emulator's pools; `pool_checkpoints.py` CUDA's allocator
+calls of torch's cudagraph trees (pool routing, checkpoints) over them; `device_indices.py` which
+of several emulated devices a storage is on.
 """
 
 from harness.emulation.active import emulation_active

@@ -19,7 +19,7 @@ FLOATS = 1024  # 4 KiB: a block of its own in any pool
 @pytest.fixture
 def kind(cuda_kind):
     if cuda_kind == "sanitizer":
-        pytest.skip("the graph sanitizer runs CUDA's own allocator: the native row is CUDA's answer")
+        pytest.skip("the graph sanitizer runs CUDA's own allocator: the native row is CUDA's")
     return cuda_kind
 
 
@@ -185,8 +185,8 @@ def test_a_tensor_is_built_over_a_storage_from_metadata(kind):
 def test_tensors_data_ptrs_are_compared_at_the_indices(kind):
     """_tensors_data_ptrs_at_indices_equal: the tensors at the indices start at the pointers."""
     a, b = torch.ones(4, device="cuda"), torch.ones(4, device="cuda")
-    assert torch._C._tensors_data_ptrs_at_indices_equal([a, 3, b], [a.data_ptr(), None, b.data_ptr()],
-                                                        [0, 2])
+    assert torch._C._tensors_data_ptrs_at_indices_equal(
+        [a, 3, b], [a.data_ptr(), None, b.data_ptr()], [0, 2])
     assert not torch._C._tensors_data_ptrs_at_indices_equal([a, b], [a.data_ptr(), a.data_ptr()],
                                                             [0, 1])
 
