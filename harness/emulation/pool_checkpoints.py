@@ -16,7 +16,8 @@ snapshot lists, caching_allocator.py) together:
   `_cuda_setCheckpointPoolState(device, state, stale, storages)`: every block allocated now is
   freed (its storage no longer frees it), every block of the checkpoint is allocated again,
   owned by nothing, and each storage of `storages` (addresses of StorageImpls, what
-  `StorageWeakRef.cdata` holds) whose memory starts at one of them owns that block from then on.
+  `StorageWeakRef.cdata` holds) whose memory starts at one of them owns that block from then on
+  (it must own none before: CUDA's check, in its words).
   A block allocated now, not in the checkpoint, must belong to a storage passed as `stale`
   (CUDA's check, in its words). `_cuda_cudaCachingAllocator_raw_delete(ptr)` frees such an
   unowned block.
@@ -47,6 +48,8 @@ from harness.graphs.emulator.pool import Block, PoolArena
 # Module.cpp's check in _cuda_setCheckpointPoolState
 STALE_NOT_PASSED = ("Any stale tensors which are being manually freed must be passed to set "
                     "checkpoint")
+# addStorageDeleterFns' check: a storage handed a block of the checkpoint must not own one
+OWNS_A_BLOCK = " Not expecting deleter function"
 
 
 @dataclass(frozen=True)
@@ -128,6 +131,8 @@ class PoolCheckpoints:
             raise TypeError(f"_cuda_setCheckpointPoolState takes a state from "
                             f"_cuda_getCheckpointState, got {type(checkpoint).__name__}")
         memory, arena = self._state.memory, checkpoint.arena
+        owning = [cdata for cdata in storages_to_add_deleters_to
+                  if memory.owns_allocation(_storage(cdata))]
         kept = {id(b) for b in checkpoint.blocks}
         stale = {_storage(cdata).data_ptr() for cdata in stale_storages}
         freed = []
@@ -146,6 +151,8 @@ class PoolCheckpoints:
         for block in checkpoint.blocks:
             arena.hold(block)
             self._raw[block.address] = (block, memory.hold_block_in(pool, block.nbytes, stream))
+        if any(_storage(cdata).data_ptr() in self._raw for cdata in owning):
+            raise RuntimeError(OWNS_A_BLOCK)
         for cdata in storages_to_add_deleters_to:
             storage = _storage(cdata)
             found = self._raw.pop(storage.data_ptr(), None)

@@ -110,17 +110,35 @@ def test_a_restored_checkpoint_allocates_its_blocks_again(kind):
 def test_a_restored_checkpoint_frees_a_block_allocated_since(kind):
     """setCheckpointPoolState with a block allocated since the checkpoint: its storage is passed
     as stale (CUDA checks that every such block's storage is) and loses the block, whose storage
-    no longer frees anything."""
+    frees nothing at its death; the checkpoint's block goes to the storage passed to own it."""
     graph, pool, _ = _kept_pool()
     c = _routed(pool, lambda: torch.ones(FLOATS, device="cuda"))
     state = torch._C._cuda_getCheckpointState(0, pool)
+    alias = torch._C._construct_storage_from_data_pointer(
+        c.untyped_storage().data_ptr(), torch.device("cuda", 0), c.untyped_storage().nbytes())
+    del c
     d = _routed(pool, lambda: torch.ones(FLOATS, device="cuda"))
-    torch._C._cuda_setCheckpointPoolState(0, state, [d.untyped_storage()._cdata], [])
-    assert _live_blocks(pool) == 1  # c's, held by nothing now
+    torch._C._cuda_setCheckpointPoolState(0, state, [d.untyped_storage()._cdata], [alias._cdata])
+    assert _live_blocks(pool) == 1  # the checkpoint's block, now the alias's
     assert not torch._C._has_Standard_Deleter(d.untyped_storage()._cdata)
-    torch._C._cuda_cudaCachingAllocator_raw_delete(c.untyped_storage().data_ptr())
+    del d
+    assert _live_blocks(pool) == 1
+    del alias
+    gc.collect()
     assert _live_blocks(pool) == 0
-    del c, d, graph
+    del graph
+
+
+def test_a_storage_that_owns_its_block_is_not_handed_another(cuda_device):
+    """setCheckpointPoolState's storages to own a block must own none (CUDA's check, "Not
+    expecting deleter function"). (Emulated only: natively the failed call leaves the pool
+    restored under storages that still free their blocks.)"""
+    graph, pool, _ = _kept_pool()
+    c = _routed(pool, lambda: torch.ones(FLOATS, device="cuda"))
+    state = torch._C._cuda_getCheckpointState(0, pool)
+    with pytest.raises(RuntimeError, match="Not expecting deleter function"):
+        torch._C._cuda_setCheckpointPoolState(0, state, [], [c.untyped_storage()._cdata])
+    del c, graph
 
 
 def test_a_block_allocated_since_the_checkpoint_must_be_passed_as_stale(cuda_device):
