@@ -262,9 +262,11 @@ NAMES: dict[str, Internal] = {
                           lazy=True),
     "hop_compute_keyset": Internal("torch._ops", "_compute_keyset"),
     # a storage's memory exchanged with another's (a pool block taking over an allocation made
-    # outside a capture, pool_checkpoints.py), and a storage's Python object from its address
-    # (what CUDA's allocator calls are handed)
-    "storage_swap_data_ptr": Internal("torch", "UntypedStorage._swap_data_ptr_", _swaps_memory),
+    # outside a capture, pool_checkpoints.py; torch 2.12 and later: without it torch's own trees
+    # cannot run and the device keeps its stand-in), and a storage's Python object from its
+    # address (what CUDA's allocator calls are handed)
+    "storage_swap_data_ptr": Internal("torch", "UntypedStorage._swap_data_ptr_", _swaps_memory,
+                                      optional=True),
     "storage_from_weak_ptr": Internal("torch", "UntypedStorage._new_with_weak_ptr",
                                       _finds_the_storage),
     # what cudagraph trees call that the emulated device takes from torch as it is (device-agnostic

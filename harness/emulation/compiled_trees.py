@@ -32,18 +32,21 @@ import torch
 
 from harness import torch_internals
 
-# What torch's own trees call that the emulated device takes from torch as it is: absent from a
-# build, they cannot run (the CPU wheels lack the two access-error calls, which need a CUDA build).
+# What torch's own trees need from torch as it is: absent from a build, they cannot run (the CPU
+# wheels lack the two access-error calls, which need a CUDA build; torch 2.11 lacks the storage
+# swap that moves an allocation into a graph pool, pool_checkpoints.py).
 TREES_NEED_FROM_TORCH = ("set_storage_access_error_msg", "set_storage_data_ptr_access_error_msg",
-                         "stash_obj_in_tls", "get_obj_in_tls", "is_key_in_tls")
+                         "stash_obj_in_tls", "get_obj_in_tls", "is_key_in_tls",
+                         "storage_swap_data_ptr")
 
 DIRECT_TREES_REFUSED = (
     "inductor's cudagraph trees driven directly (torch._inductor.cudagraph_trees.{name}, which "
     "torch.compile(backend='cudagraphs') also calls) on the emulated CUDA device with torch "
-    "{version}: this build lacks {missing}, which the trees call on their outputs and the "
-    "emulated device cannot stand in for (a CUDA build of torch has them, with or without a "
-    "GPU). torch.compile(mode='reduce-overhead') replays through the device's own graphs on any "
-    "build; use that, or a CUDA wheel of torch")
+    "{version}: this build lacks {missing}, which the trees (their outputs' access errors) or the "
+    "device under them (an allocation moved into their pool) need, and the emulated device cannot "
+    "stand in for (a CUDA build of torch 2.12 or later has them, with or without a GPU). "
+    "torch.compile(mode='reduce-overhead') replays through the device's own graphs on any build; "
+    "use that, or such a build of torch")
 
 
 def wants_cudagraphs(compiler_fn, backend: str) -> bool:

@@ -50,6 +50,11 @@ STALE_NOT_PASSED = ("Any stale tensors which are being manually freed must be pa
                     "checkpoint")
 # addStorageDeleterFns' check: a storage handed a block of the checkpoint must not own one
 OWNS_A_BLOCK = " Not expecting deleter function"
+# An allocation routed to a graph pool outside a capture is moved into the pool's arena, its memory
+# swapped for a block's (torch 2.12 and later). Without the swap (torch 2.11) the routing is
+# counted in the pool, as a snapshot shows it, but the bytes stay the tensor's: torch's own trees,
+# which read a routed allocation after its tensor died, do not run there (compiled_trees.py).
+_CAN_MOVE_INTO_POOL = torch_internals.optional_name("storage_swap_data_ptr") is not None
 
 
 @dataclass(frozen=True)
@@ -95,7 +100,8 @@ class PoolCheckpoints:
         key = (threading.get_ident(), device)
         self._routed.setdefault(key, []).append(tuple(pool_id))
         memory.thread_pools[key] = pool
-        memory.thread_arenas[key] = arena
+        if _CAN_MOVE_INTO_POOL:
+            memory.thread_arenas[key] = arena
 
     def end_allocate_to_pool(self, device: int, pool_id) -> None:
         memory = self._state.memory
@@ -105,7 +111,8 @@ class PoolCheckpoints:
             routed.remove(tuple(pool_id))
         if routed:
             arena = self._arena(device, routed[-1])
-            memory.thread_arenas[key] = arena
+            if _CAN_MOVE_INTO_POOL:
+                memory.thread_arenas[key] = arena
             memory.thread_pools[key] = self._model_pool(device, arena, routed[-1])
         else:
             self._routed.pop(key, None)
@@ -122,11 +129,13 @@ class PoolCheckpoints:
     # --- checkpoints -------------------------------------------------------------------------
 
     def get_checkpoint_state(self, device: int, pool_id) -> PoolCheckpoint:
+        _refuse_without_the_swap("_cuda_getCheckpointState")
         arena = self._arena(device, pool_id)
         return PoolCheckpoint(device, tuple(pool_id), arena, tuple(arena.allocated()))
 
     def set_checkpoint_pool_state(self, device: int, checkpoint: PoolCheckpoint,
                                   stale_storages, storages_to_add_deleters_to=()) -> None:
+        _refuse_without_the_swap("_cuda_setCheckpointPoolState")
         if not isinstance(checkpoint, PoolCheckpoint):
             raise TypeError(f"_cuda_setCheckpointPoolState takes a state from "
                             f"_cuda_getCheckpointState, got {type(checkpoint).__name__}")
@@ -180,6 +189,7 @@ class PoolCheckpoints:
             self._state.memory.release_block(found[1])
 
     def check_pool_live_allocations(self, device: int, pool_id, expected) -> bool:
+        _refuse_without_the_swap("_cuda_checkPoolLiveAllocations")
         arena = self._state.pool_handles.existing(tuple(pool_id))
         live = [b.address for b in arena.allocated()] if arena is not None else []
         expected = {int(p) for p in expected}
@@ -205,6 +215,19 @@ class _RoutingUse:
     """A use of a pool's arena while a thread's allocations are routed to it."""
 
     __slots__ = ("__weakref__",)
+
+
+def _refuse_without_the_swap(name: str) -> None:
+    """A pool's checkpoints and live blocks are its arena's, which routed allocations join only
+    by the storage swap: refused by name on a build without it."""
+    if not _CAN_MOVE_INTO_POOL:
+        from harness.emulation.allocator_tools import UnsupportedOnEmulatedDevice
+
+        raise UnsupportedOnEmulatedDevice(
+            f"torch._C.{name} on the emulated CUDA device with torch {torch.__version__}: this "
+            f"build lacks torch.UntypedStorage._swap_data_ptr_, which moves an allocation routed "
+            f"to a graph pool into the pool's memory, so the pool's blocks cannot be checkpointed "
+            f"or listed as CUDA's are (torch 2.12 or later has it)")
 
 
 def _storage(cdata: int) -> torch.UntypedStorage:
