@@ -251,7 +251,7 @@ def test_the_conv_benchmark_cache_flag_is_kept(kind):
 TREES_MISSING = [name for name in ("_set_storage_access_error_msg",
                                    "_set_storage_data_ptr_access_error_msg")
                  if not hasattr(torch._C, name)] + (
-    [] if hasattr(torch.UntypedStorage, "_swap_data_ptr_") else ["UntypedStorage._swap_data_ptr_"])
+    [] if CAN_MOVE_INTO_POOL else ["UntypedStorage._swap_data_ptr_"])
 needs_trees_pieces = pytest.mark.skipif(
     bool(TREES_MISSING), reason=f"this torch lacks {TREES_MISSING}, which cudagraph trees call")
 
