@@ -930,6 +930,9 @@ def patches(state, table: tuple[Replacement, ...] = REPLACEMENTS) -> list[tuple[
     from harness.emulation.triton_launches import patches as triton_launch_patches
 
     out += triton_launch_patches(state)
+    from harness.emulation.user_dispatch_modes import patches as user_dispatch_mode_patches
+
+    out += user_dispatch_mode_patches(state)
     return out
 
 
