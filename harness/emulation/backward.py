@@ -182,3 +182,52 @@ def put_back_function_mode(mode, index: int) -> None:
     torch_internals.push_on_torch_function_stack(mode)
     for m in reversed(above):
         torch_internals.push_on_torch_function_stack(m)
+
+
+# Where each output of a custom autograd.Function's forward lives, kept on its backward node
+# (the `ctx`): per output, the device index of a device tensor, else None.
+_OUTPUT_DEVICES = "_harness_output_devices"
+
+
+def function_outputs_recorded(state, original):
+    """A replacement for `torch.autograd.Function.apply` (`original`, as the class holds it): the node
+    the call makes remembers which of its outputs are device memory, for `materialized_grads_placed`."""
+    several = state.properties.count > 1
+
+    def recorded(cls, *args, **kwargs):
+        # a Python classmethod up to torch 2.13, C++'s classmethod descriptor after: both bind
+        out = original.__get__(None, cls)(*args, **kwargs)
+        outs = out if isinstance(out, tuple) else (out,)
+        node = next((t.grad_fn for t in outs if isinstance(t, torch.Tensor)
+                     and isinstance(t.grad_fn, torch.autograd.function.BackwardCFunction)), None)
+        if node is not None:
+            setattr(node, _OUTPUT_DEVICES, tuple(
+                (device_indices.index_of(t) if several else 0)
+                if isinstance(t, torch.Tensor) and is_device_memory(t) else None for t in outs))
+        return out
+
+    return classmethod(recorded)
+
+
+def materialized_grads_placed(state, original, *, boxed: bool = False):
+    """A replacement for `BackwardCFunction.apply` (`original`), what calls a custom Function's
+    backward (`apply_boxed`, `boxed`, where torch has it: the gradients come as one list): the
+    engine hands it zeros for an output the loss did not use (PyNode's materialization, made in
+    C++ from the output's metadata, the cpu here, with no tensor argument for the marking mode
+    above to follow), on the output's device on CUDA. Such a zero gradient of a device output is
+    made device memory there (it was host memory: a backward combining it with device gradients
+    met the mixed-device error)."""
+    memory = state.memory
+
+    def apply(node, *args):
+        devices = getattr(node, _OUTPUT_DEVICES, None)
+        grads = args[0] if boxed and len(args) == 1 and isinstance(args[0], list) else args
+        if devices is not None and len(devices) == len(grads):
+            for grad, index in zip(grads, devices):
+                if index is not None and isinstance(grad, torch.Tensor) and not is_device_memory(grad):
+                    memory.mark_device(grad)
+                    if index:
+                        device_indices.set_index(grad, index)
+        return original(node, *args)
+
+    return apply

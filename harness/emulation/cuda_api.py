@@ -33,7 +33,8 @@ from harness import torch_internals
 from harness.emulation.accelerator_streams import (accelerator_current_stream,
                                                    accelerator_set_stream, dynamo_current_stream,
                                                    event_class, stream_class)
-from harness.emulation.backward import (engine_with_placement, implicit_grads_with_placement,
+from harness.emulation.backward import (engine_with_placement, function_outputs_recorded,
+                                        implicit_grads_with_placement, materialized_grads_placed,
                                         saved_tensor_hooks_with_placement)
 from harness.emulation.autocast import clearing_cache_too
 from harness.emulation.compiled_graphs import compile_patches, keep_dynamo_out
@@ -610,6 +611,19 @@ def implicit_grads(state):
     return implicit_grads_with_placement(state, torch_internals.make_grads)
 
 
+def function_apply(state):
+    return function_outputs_recorded(state, vars(torch.autograd.Function)["apply"])
+
+
+def backward_function_apply(state):
+    return materialized_grads_placed(state, torch.autograd.function.BackwardCFunction.apply)
+
+
+def backward_function_apply_boxed(state):
+    return materialized_grads_placed(state, torch.autograd.function.BackwardCFunction.apply_boxed,
+                                     boxed=True)
+
+
 def saved_tensor_hooks(state):
     return saved_tensor_hooks_with_placement(
         state, torch_internals.push_saved_tensors_default_hooks)
@@ -838,6 +852,11 @@ REPLACEMENTS: tuple[Replacement, ...] = (
     Replacement("torch.Tensor", "record_stream", record_stream),
     Replacement("torch.autograd", "_engine_run_backward", backward_engine, "value"),
     Replacement("torch.autograd", "_make_grads", implicit_grads, "value"),
+    Replacement("torch.autograd.Function", "apply", function_apply, "value"),
+    Replacement("torch.autograd.function.BackwardCFunction", "apply", backward_function_apply,
+                "value"),
+    Replacement("torch.autograd.function.BackwardCFunction", "apply_boxed",
+                backward_function_apply_boxed, "value", if_present=True),
     Replacement("torch._C._autograd", "_push_saved_tensors_default_hooks", saved_tensor_hooks,
                 "value"),
     Replacement("torch", "Stream", stream_class, "value"),
