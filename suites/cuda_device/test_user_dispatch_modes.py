@@ -16,7 +16,8 @@ aten = torch.ops.aten
 
 
 class _Seen(TorchDispatchMode):
-    """Per op: the devices of its tensor arguments, its `device=` argument, its results' devices."""
+    """Per op: the devices of its tensor arguments, the type of its `device=` argument (CUDA may
+    hand on "cuda" without an index), its results' devices."""
 
     def __init__(self):
         super().__init__()
@@ -28,7 +29,7 @@ class _Seen(TorchDispatchMode):
         flat = [a for a in (*args, *kwargs.values()) if isinstance(a, torch.Tensor)]
         results = out if isinstance(out, (tuple, list)) else (out,)
         self.ops.append((func, [(str(t.device), t.is_cuda) for t in flat],
-                         str(kwargs["device"]) if "device" in kwargs else None,
+                         torch.device(kwargs["device"]).type if "device" in kwargs else None,
                          [(str(t.device), t.is_cuda) for t in results if isinstance(t, torch.Tensor)]))
         return out
 
@@ -44,7 +45,7 @@ def test_a_users_dispatch_mode_sees_device_tensors_on_the_device(cuda_kind):
         y.cpu()
         torch.ones(3) * 2
     assert seen.first(aten.add.Tensor) == ([("cuda:0", True)], None, [("cuda:0", True)])
-    assert seen.first(aten.zeros.default) == ([], "cuda:0", [("cuda:0", True)])
+    assert seen.first(aten.zeros.default) == ([], "cuda", [("cuda:0", True)])
     assert seen.first(aten._to_copy.default) == ([("cuda:0", True)], "cpu", [("cpu", False)])
     assert seen.first(aten.mul.Tensor) == ([("cpu", False)], None, [("cpu", False)])
     assert y.is_cuda and y.tolist() == [2.0] * 4
@@ -56,7 +57,7 @@ def test_a_users_dispatch_mode_sees_each_tensor_on_its_own_device(two_devices):
         b = a * 3
         torch.empty(2, device="cuda:1")
     assert seen.first(aten.mul.Tensor) == ([("cuda:1", True)], None, [("cuda:1", True)])
-    assert seen.first(aten.empty.memory_format) == ([], "cuda:1", [("cuda:1", True)])
+    assert seen.first(aten.empty.memory_format) == ([], "cuda", [("cuda:1", True)])
     assert b.device == torch.device("cuda", 1)
 
 
