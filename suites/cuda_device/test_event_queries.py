@@ -15,14 +15,18 @@ from harness.emulation import track_stream_races
 from harness.emulation.tracking import RaceWarning
 
 SLEEP_CYCLES = 50_000_000  # tens of milliseconds on a GPU: the host polls long before it ends
+# Half a second on a GPU, for a check that the work is not done yet: a host of eight pytest
+# workers sharing the GPU was once more than tens of milliseconds from the launch to its first
+# query (H200, 2026-12-07). The emulated device's sleep costs no wall time.
+HELD_BACK_CYCLES = 1_000_000_000
 
 
-def _produce_on_a_side_stream(x: torch.Tensor, *, stall: bool):
+def _produce_on_a_side_stream(x: torch.Tensor, *, stall: bool, cycles: int = SLEEP_CYCLES):
     side = torch.cuda.Stream()
     side.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(side):
         if stall:
-            torch.cuda._sleep(SLEEP_CYCLES)
+            torch.cuda._sleep(cycles)
         y = x * 2
         done = torch.cuda.Event()
         done.record()
@@ -44,7 +48,7 @@ def test_work_a_query_saw_done_is_ordered_before_later_work_on_any_stream(cuda_k
 def test_a_query_answers_false_while_a_sleep_holds_the_work_back(cuda_kind):
     with track_stream_races():
         x = torch.ones(8, device="cuda")
-        side, y, done = _produce_on_a_side_stream(x, stall=True)
+        side, y, done = _produce_on_a_side_stream(x, stall=True, cycles=HELD_BACK_CYCLES)
         assert not done.query() and not side.query()
         done.synchronize()
         assert done.query() and side.query()
