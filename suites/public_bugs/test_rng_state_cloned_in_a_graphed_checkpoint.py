@@ -17,6 +17,8 @@ from __future__ import annotations
 import pytest
 import torch
 
+from harness.emulation import emulation_active
+
 
 N, P = 256, 0.5
 
@@ -59,6 +61,9 @@ class RecomputedDropout:
 
 
 def test_cloning_the_generator_inside_the_capture_is_refused():
+    if emulation_active() == "cuda":
+        pytest.skip("the graph sanitizer's generators are CUDA's own, whose clone_state asks the real "
+                    "stream, which a sanitizer capture leaves uncapturing (docs/fidelity.md)")
     layer = RecomputedDropout(clones_the_generator=True)
     with pytest.raises(RuntimeError, match=r"Cannot call CUDAGeneratorImpl::clone_impl during CUDA "
                        r"graph capture\. If you need this call to be captured, please file an "
