@@ -130,6 +130,8 @@ NAMES: dict[str, Internal] = {
         "torch._C", "_dispatch_has_kernel_for_dispatch_key"),
     "construct_storage_from_data_pointer": Internal("torch._C",
                                                     "_construct_storage_from_data_pointer"),
+    # how torch makes a wrapper subclass (torchao's weights, DTensor): a tensor that owns no memory
+    "make_wrapper_subclass": Internal("torch._C", "TensorBase._make_wrapper_subclass"),
     "storage_use_count": Internal("torch._C", "_storage_Use_Count", _counts_uses),
     "storage_expired": Internal("torch", "UntypedStorage._expired", _tells_expired),
     "len_torch_function_stack": Internal("torch._C", "_len_torch_function_stack", _counts),
@@ -345,6 +347,7 @@ len_torch_dispatch_stack = bind(NAMES["len_torch_dispatch_stack"])
 library_impls = bind(NAMES["library_impls"])
 dispatch_has_kernel_for_dispatch_key = bind(NAMES["dispatch_has_kernel_for_dispatch_key"])
 construct_storage_from_data_pointer = bind(NAMES["construct_storage_from_data_pointer"])
+make_wrapper_subclass = bind(NAMES["make_wrapper_subclass"])
 storage_use_count = bind(NAMES["storage_use_count"])
 storage_expired = bind(NAMES["storage_expired"])
 storage_swap_data_ptr = bind(NAMES["storage_swap_data_ptr"])

@@ -15,6 +15,7 @@ from harness.emulation import device_indices
 from harness.emulation.blas_workspaces import ATEN_MATMUL_NAMES
 from harness.emulation.device_memory import is_device_memory
 from harness.emulation.kernel_log import KERNELS
+from harness.graphs.emulator.tensor_subclasses import defer_to_subclass
 
 
 class _MarkResults(TorchDispatchMode):
@@ -30,6 +31,8 @@ class _MarkResults(TorchDispatchMode):
         self.paused = False  # while a hook's own device call places and marks its results
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if types and defer_to_subclass(types):
+            return NotImplemented  # the subclass's own dispatch first (tensor_subclasses.py)
         kwargs = kwargs or {}
         if self.paused or isinstance(func, torch_internals.HigherOrderOperator):
             return func(*args, **kwargs)

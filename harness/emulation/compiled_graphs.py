@@ -53,7 +53,7 @@ from harness.emulation.compiled_devices import (OutputMark, Placement, graph_att
 from harness.emulation.compiled_rng import compiled_for_the_host, inputs_of, rng_ops_on_device
 from harness.emulation.compiled_trees import (direct_trees_refused, rerecord_limit_exceeded,
                                               trees_reset, wants_cudagraphs)
-from harness.emulation.device_memory import is_device_memory
+from harness.emulation.device_memory import is_device_memory, wrapped_tensors
 from harness.emulation.traced_factories import factories_patch
 
 # One library for every graph's op: torch.library keeps what it defines for the process.
@@ -555,8 +555,8 @@ class DeviceGraph:
             if isinstance(a, torch.Tensor)]
         pooled, traces = [], []
         for i, t in enumerate(outs):
-            if (isinstance(t, torch.Tensor) and is_device_memory(t) and t.untyped_storage().nbytes()
-                    and not _shares_memory(t, inputs)):
+            if (isinstance(t, torch.Tensor) and is_device_memory(t) and not _is_wrapper(t)
+                    and t.untyped_storage().nbytes() and not _shares_memory(t, inputs)):
                 pooled.append(t)
                 traces.append(self.output_traces[i] if i < len(self.output_traces) else None)
         return pooled, traces
@@ -638,9 +638,13 @@ class DeviceGraph:
         # inputs would be a mixed-device call, and an op without tensors has no kernel to pick.
         tensors = [a for a in args if isinstance(a, torch.Tensor)]
         host_inputs = any(a.dim() and not is_device_memory(a) for a in tensors)
+        # A wrapper subclass among the inputs (torchao's weights): the compiled code unwraps it
+        # (AOTAutograd's subclass wrapper), which an op of plain tensors would have done first,
+        # so the code runs as it is and its inner graph is the device op.
+        wrappers = any(_is_wrapper(a) for a in tensors)
         key = _key(args)
         data_dependent = self.calls.get(key, False) is None
-        if self.opaque and tensors and not host_inputs and not data_dependent and (
+        if self.opaque and tensors and not host_inputs and not wrappers and not data_dependent and (
                 state.streams_tracking is not None or state.capturing()) and _device_sees_calls():
             try:
                 out = self._as_op(state, args, key)
@@ -672,6 +676,10 @@ class DeviceGraph:
         for i, t in enumerate(outs):
             mark = marks[i] if i < len(marks) else None
             if not isinstance(t, torch.Tensor) or mark is None:
+                continue
+            if _is_wrapper(t):
+                if mark.device:  # a wrapper subclass the code made: the tensors it holds
+                    state.memory.mark_device(t)
                 continue
             inputs = [a for a in args if isinstance(a, torch.Tensor)]
             if mark.device and not is_device_memory(t):
@@ -912,6 +920,13 @@ def _as_returned(outs: list, out):
     if not isinstance(out, (tuple, list)):
         return outs[0]
     return type(out)(outs) if isinstance(out, list) else tuple(outs)
+
+
+def _is_wrapper(t: Any) -> bool:
+    """A wrapper subclass (its storage a placeholder without bytes; the tensors it holds are
+    the memory)."""
+    return type(t) is not torch.Tensor and isinstance(t, torch.Tensor) and (
+        wrapped_tensors(t) is not None)
 
 
 def _shares_memory(t: torch.Tensor, inputs: list) -> bool:
@@ -1184,12 +1199,14 @@ def user_compiler_on_device(original):
     def call_user_compiler(self, gm, example_inputs):
         if emulation_active() != "cpu":
             return original(self, gm, example_inputs)
-        from harness.emulation.compiled_training import autograd_cache_off, training_compiles
+        from harness.emulation.compiled_training import (autograd_cache_off, training_compiles,
+                                                         wrapper_inputs)
 
         _refuse_cuda_autocast(gm)
         _user_triton_kernels_as_device_ops(gm)
         with _torchs_own_cuda(real_is_available), _triton_ops_kept_whole(), \
-                autograd_cache_off(), inputs_of(example_inputs), training_compiles() as training:
+                autograd_cache_off(), inputs_of(example_inputs), wrapper_inputs(example_inputs), \
+                training_compiles() as training:
             try:
                 compiled = original(self, gm, example_inputs)
             except Exception as error:

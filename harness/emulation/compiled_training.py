@@ -16,7 +16,9 @@ The dynamo graph around them is then no opaque graph of its own (`training_compi
 runs AOTAutograd's wrappers as eager code, and the two graphs inside do the device's work.
 
 An inference graph (`is_inference`) is left to the `DeviceGraph` of the whole dynamo graph, as
-before. AOTAutograd's cache is off inside the emulation: a hit rebuilds the compiled graphs from
+before, unless the dynamo graph takes a wrapper subclass (torchao's quantized weights): its
+AOTAutograd wrapper unwraps the subclass before the inner graph runs, as CUDA's trees record the
+inner graph of plain tensors, so that graph is the `DeviceGraph` there too (`wrapper_inputs`). AOTAutograd's cache is off inside the emulation: a hit rebuilds the compiled graphs from
 inductor's cache without calling `compile_fx_inner`, so the backward would run unwrapped (inductor's
 own FX graph cache still serves each graph).
 """
@@ -35,6 +37,24 @@ from harness import torch_internals
 _TRAINING: contextvars.ContextVar[list | None] = contextvars.ContextVar(
     "harness_training_compiles", default=None)
 _WRAPPED = "_harness_device_inner_compile"
+# whether the dynamo graph being compiled takes a wrapper subclass (see `wrapper_inputs`)
+_WRAPPER_INPUTS: contextvars.ContextVar[bool] = contextvars.ContextVar(
+    "harness_wrapper_inputs", default=False)
+
+
+@contextlib.contextmanager
+def wrapper_inputs(example_inputs):
+    """Inside: an inference graph compiled for a dynamo graph whose example inputs include a
+    wrapper subclass runs as a `DeviceGraph` of its own, as a training forward does."""
+    from harness.emulation.device_memory import wrapped_tensors
+
+    found = any(isinstance(x, torch.Tensor) and wrapped_tensors(x) is not None
+                for x in example_inputs)
+    token = _WRAPPER_INPUTS.set(found)
+    try:
+        yield
+    finally:
+        _WRAPPER_INPUTS.reset(token)
 
 
 @contextlib.contextmanager
@@ -78,7 +98,7 @@ def device_inner_compile(inner_compile: Callable, compiling: Callable,
         if emulation_active() != "cpu":
             return inner_compile(gm, example_inputs, *args, **kwargs)
         backward = bool(kwargs.get("is_backward", False))
-        training = backward or kwargs.get("is_inference") is False
+        training = backward or kwargs.get("is_inference") is False or _WRAPPER_INPUTS.get()
         # inductor rewrites the graph it compiles (post-grad passes): the device reads a copy
         original = _copy_graph(gm) if training and isinstance(gm, torch.fx.GraphModule) else None
         with compiling():

@@ -30,6 +30,7 @@ from harness.emulation.device_rng import PhiloxState, scratch_seed
 from harness.emulation.generators import device_generator
 from harness.graphs.emulator.dispatch_keys import keep_modes_reachable
 from harness.graphs.emulator.recorder import Recorder
+from harness.graphs.emulator.tensor_subclasses import defer_to_subclass
 
 # ops that draw from the default generator and have no overload taking one
 _DRAW_WITHOUT_GENERATOR = frozenset({"native_dropout", "rand_like", "randn_like", "randint_like"})
@@ -251,6 +252,8 @@ class EagerDraws(TorchDispatchMode):
         return self.__torch_dispatch__(func, (), args, kwargs)
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if types and defer_to_subclass(types):
+            return NotImplemented  # the subclass's own dispatch first (tensor_subclasses.py)
         kwargs = kwargs or {}
         if not is_random(func):
             return func(*args, **kwargs)

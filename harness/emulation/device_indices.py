@@ -12,7 +12,7 @@ from typing import Any
 
 import torch
 
-from harness.emulation.device_memory import is_device_memory, storage_of
+from harness.emulation.device_memory import is_device_memory, storage_of, wrapped_tensors
 from harness.emulation.rules import mixed_devices_error
 
 INDEX_ATTR = "_harness_device_index"
@@ -46,6 +46,9 @@ def set_index(out: Any, index: int) -> None:
     """Put the device tensors of `out` (a tensor or a list/tuple of them) on device `index`."""
     for t in (out if isinstance(out, (list, tuple)) else (out,)):
         if isinstance(t, torch.Tensor):
+            inner = wrapped_tensors(t)
+            if inner is not None:  # a wrapper subclass: the tensors it holds are on `index` too
+                set_index(inner, index)
             storage = _storage(t)
             if storage is not None and is_device_memory(storage):
                 if index or hasattr(storage, INDEX_ATTR):

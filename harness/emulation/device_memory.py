@@ -109,6 +109,15 @@ def is_device_memory(x: torch.Tensor | torch.UntypedStorage) -> bool:
     return memory_mark(x) is DEVICE
 
 
+def wrapped_tensors(t: torch.Tensor) -> list[torch.Tensor] | None:
+    """The tensors a traceable wrapper subclass holds (its `__tensor_flatten__`: torchao's
+    quantized weights, DTensor's local tensor), None for any other tensor."""
+    if type(t) is torch.Tensor or not hasattr(type(t), "__tensor_flatten__"):
+        return None
+    names, _ = t.__tensor_flatten__()
+    return [getattr(t, name) for name in names]
+
+
 def _storage(t: torch.Tensor) -> torch.UntypedStorage | None:
     """`t`'s storage; a torch.func wrapper's is the wrapped tensor's (vmap and grad wrap tensors in
     ones without a storage, and the ops below them make the wrapped ones); a sparse tensor's is its
@@ -226,6 +235,15 @@ class DeviceMemory:
             for part in sparse_parts(t):
                 self.mark_device(part, stream)
             return
+        inner = wrapped_tensors(t)
+        if inner is not None:
+            # A wrapper subclass made by a device op (its own dispatch ran the op on the tensors
+            # it wraps, which no torch call of the device saw): they are the allocations, the
+            # wrapper owns none, as on CUDA (wrapper_subclasses.py).
+            for part in inner:
+                self.mark_device(part, stream)
+            self.mark_wrapper(t.untyped_storage())
+            return
         if not is_device_memory(t):
             storage = _storage(t)
             if storage is not None:
@@ -261,6 +279,12 @@ class DeviceMemory:
             storage._harness_alias_of = of
         for listener in self.adoption_listeners:
             listener(storage)
+
+    @staticmethod
+    def mark_wrapper(storage: torch.UntypedStorage) -> None:
+        """Mark the placeholder storage of a wrapper subclass device memory: it has no bytes
+        (`data_ptr()` refuses), so no allocation and nothing for the stream tracking to see."""
+        setattr(storage, MEMORY_ATTR, DEVICE)
 
     def _allocate(self, ref, nbytes: int, stream) -> None:
         self._live += nbytes

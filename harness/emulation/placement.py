@@ -40,7 +40,8 @@ from harness.emulation.device_draws import (EagerDraws, dispatch_modes_off, is_r
                                             recorded)
 from harness.emulation.generators import DeviceGenerator
 from harness.emulation.compiled_devices import to_device, to_host, to_traced_device
-from harness.emulation.device_memory import DEVICE, PINNED, SPARSE_LAYOUTS, is_device_memory
+from harness.emulation.device_memory import (DEVICE, PINNED, SPARSE_LAYOUTS, is_device_memory,
+                                             wrapped_tensors)
 from harness.emulation.rules import (CPU, cuda_index, device_generator_on_host_error,
                                                  host_generator_error, mixed_devices_error,
                                                  names_cuda)
@@ -264,12 +265,15 @@ class Placement(TorchFunctionMode):
                 if draws is not None:
                     draws.__exit__(None, None, None)
             if isinstance(out, Tensor):
-                try:
-                    storage = out.untyped_storage()
-                    if not is_device_memory(storage):
-                        memory.adopt(storage)
-                except (RuntimeError, NotImplementedError):  # no storage of its own: vmap's
-                    memory.mark_device(out)
+                if type(out) is not Tensor and wrapped_tensors(out) is not None:
+                    memory.mark_device(out)  # a wrapper subclass: the tensors it holds
+                else:
+                    try:
+                        storage = out.untyped_storage()
+                        if not is_device_memory(storage):
+                            memory.adopt(storage)
+                    except (RuntimeError, NotImplementedError):  # no storage of its own: vmap's
+                        memory.mark_device(out)
             elif out is not None:
                 self._mark(out, DEVICE)
             if index:

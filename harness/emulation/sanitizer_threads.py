@@ -34,6 +34,7 @@ from harness.graphs.emulator import opinfo
 from harness.emulation.capture_syncs import read_outside_capture
 from harness.emulation.capture_threads import capture_modes_for_this_thread, joined
 from harness.emulation.tracking.real_streams import host_waits
+from harness.graphs.emulator.tensor_subclasses import defer_to_subclass
 
 __harness_machinery__ = True  # its frames are not the program's callers (callsite.py)
 
@@ -57,6 +58,8 @@ class SanitizerStreamRules(TorchDispatchMode):
         self.host = host
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if types and defer_to_subclass(types):
+            return NotImplemented  # the subclass's own dispatch first (tensor_subclasses.py)
         kwargs = kwargs or {}
         host = self.host
         graph = host.capture

@@ -25,6 +25,7 @@ from harness.emulation.device_memory import is_device_memory
 from harness.emulation.tools import on_host_sync
 from harness.graphs.emulator.opinfo import equal_on_host, may_sync, sync_reason
 from harness.torch_internals import TorchDispatchMode, tree_flatten
+from harness.graphs.emulator.tensor_subclasses import defer_to_subclass
 
 _LOCAL_SCALAR = torch.ops.aten._local_scalar_dense.default
 _EQUAL = torch.ops.aten.equal.default
@@ -52,6 +53,8 @@ class _FlagSyncs(TorchDispatchMode):
         self.flagged = False
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if types and defer_to_subclass(types):
+            return NotImplemented  # the subclass's own dispatch first (tensor_subclasses.py)
         kwargs = kwargs or {}
         if not self.flagged and syncs(func, args, kwargs):
             self.flagged = True  # one warning for a call, as CUDA warns once per sync

@@ -23,6 +23,7 @@ from harness.graphs.base import FreedMemoryError
 from harness.graphs.emulator.callsite import LaterCallsite, callsite_later
 from harness.graphs.emulator.opinfo import op_name
 from harness.graphs.emulator.storage_changes import CapturedTensors
+from harness.graphs.emulator.tensor_subclasses import defer_to_subclass
 
 
 @dataclass(frozen=True)
@@ -108,6 +109,8 @@ class CapturedMemory(TorchDispatchMode):
     supports_higher_order_operators = True
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if types and defer_to_subclass(types):
+            return NotImplemented  # the subclass's own dispatch first (tensor_subclasses.py)
         kwargs = kwargs or {}
         where = None
         input_keys = set()

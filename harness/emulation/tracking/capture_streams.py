@@ -25,6 +25,7 @@ from harness.graphs.emulator import cuda_errors
 from harness.graphs.emulator.callsite import at_callsite, current_callsite
 from harness.emulation.tracking.capture_races import CaptureRaces
 from harness.emulation.tracking.clocks import Clocks
+from harness.graphs.emulator.tensor_subclasses import defer_to_subclass
 
 
 
@@ -44,6 +45,8 @@ class CaptureStreams(TorchDispatchMode):
         self.last: dict[Any, tuple[int, str]] = {}  # forked stream -> (its last op's seq, line)
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if types and defer_to_subclass(types):
+            return NotImplemented  # the subclass's own dispatch first (tensor_subclasses.py)
         kwargs = kwargs or {}
         memory = self.state.memory
         tensors = [t for t in tree_flatten((args, kwargs))[0] if isinstance(t, torch.Tensor)]

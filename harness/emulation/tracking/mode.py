@@ -32,6 +32,7 @@ from harness.emulation.tracking.races import Access, RaceError
 from harness.emulation.tracking.schedule import Schedule
 from harness.emulation.tracking.tracker import StreamTracker
 from harness.emulation.tracking.unseen_writes import IssuedBytes
+from harness.graphs.emulator.tensor_subclasses import defer_to_subclass
 
 
 _HigherOrderOperator = torch_internals.HigherOrderOperator
@@ -91,6 +92,8 @@ class StreamWork(TorchDispatchMode):
         return not t.is_meta and (self.memory.is_device(t) or self.memory.is_pinned(t))
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if types and defer_to_subclass(types):
+            return NotImplemented  # the subclass's own dispatch first (tensor_subclasses.py)
         # The device's placement mode acted on the torch call above this op; what runs here
         # (attribute reads, allocations, the op itself) must not pass through it again.
         with torch_internals.DisableTorchFunction():

@@ -30,6 +30,7 @@ from harness.graphs.emulator.opinfo import OpKind
 from harness.emulation.replacing import apply
 from harness.emulation.tracking.names import label_of, storage_key
 from harness.emulation.tracking.tracker import StreamTracker
+from harness.graphs.emulator.tensor_subclasses import defer_to_subclass
 
 __harness_machinery__ = True  # its frames are not the program's callers (callsite.py)
 
@@ -107,6 +108,8 @@ class RealStreamWork(TorchDispatchMode):
         self._replays.graph = graph
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if types and defer_to_subclass(types):
+            return NotImplemented  # the subclass's own dispatch first (tensor_subclasses.py)
         kwargs = kwargs or {}
         if _capturing() or func is _RECORD_STREAM:
             return func(*args, **kwargs)  # captured work runs only at replay

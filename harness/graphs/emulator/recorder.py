@@ -31,6 +31,7 @@ from harness.graphs.emulator.pool import (Block, PoolArena, block_of, laid_out_l
 from harness.graphs.emulator.shared_blocks import SharedBlock
 from harness.graphs.emulator.shapes import lacks_meta_kernel, result_shapes, to_meta
 from harness.graphs.emulator.accesses import higher_order_tensors, only_metadata, split_accesses
+from harness.graphs.emulator.tensor_subclasses import defer_to_subclass
 from harness.graphs.emulator.trace import Argument, OpRecord, Origin
 from harness.graphs.emulator.private_generators import (is_registered, private_generator,
                                                         unregistered_generator_error)
@@ -106,7 +107,8 @@ class Recorder(TorchDispatchMode):
             return self._higher_order_op(func, args, kwargs)
         if collectives.is_collective(func):
             return self._record_collective(func, args, kwargs)
-        if types and collectives.waits_on_subclass(types):
+        if types and defer_to_subclass(types):
+            # a user's subclass, an AsyncCollectiveTensor that waits in its own dispatch
             return NotImplemented
         if self._is_host_work(func, args, kwargs):
             # CUDA runs host work once, when capture meets it, and never replays it.

@@ -1,0 +1,39 @@
+"""Wrapper tensor subclasses made on the emulated device: torchao's quantized weights, DTensor,
+a user's `torch.Tensor._make_wrapper_subclass(cls, shape, device=inner.device)`.
+
+On CUDA the wrapper is a cuda tensor that owns no memory: `is_cuda` is True, every op on it reaches
+its `__torch_dispatch__`, which runs the op on the tensors it wraps. A CPU build makes such a
+wrapper too, on a "cuda" device no op of the emulated device takes, so a wrapper over device
+tensors answered `is_cuda` False and an op mixing it with device tensors was refused as an op on
+two devices. The wrapper is made on the cpu here, and marked device memory on the named device
+with no allocation of its own, as CUDA's allocator makes none; the emulator's dispatch modes defer
+to its `__torch_dispatch__` (harness/graphs/emulator/tensor_subclasses.py). torch's own tracing
+subclasses are left as torch makes them.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from harness import torch_internals
+from harness.emulation import device_indices
+from harness.emulation.rules import cuda_index, names_cuda
+from harness.graphs.emulator.tensor_subclasses import is_users_subclass
+
+
+def make_wrapper_subclass(state) -> staticmethod:
+    """`torch.Tensor._make_wrapper_subclass` for the emulation's duration."""
+    base = torch_internals.make_wrapper_subclass
+
+    def _make_wrapper_subclass(cls, *args, **kwargs):
+        device = kwargs.get("device")
+        if device is None or not names_cuda(device) or not is_users_subclass(cls):
+            return base(cls, *args, **kwargs)
+        index = cuda_index(device, state.current_index, state.properties.count)
+        wrapper = base(cls, *args, **{**kwargs, "device": torch.device("cpu")})
+        storage = wrapper.untyped_storage()
+        state.memory.mark_wrapper(storage)
+        device_indices.set_storage_index(storage, index)
+        return wrapper
+
+    return staticmethod(_make_wrapper_subclass)
