@@ -30,7 +30,8 @@ from harness.emulation.blas_workspaces import PRIORITY_POOLS, STREAMS_PER_POOL
 from harness.emulation.capture_syncs import refuse_host_sync
 from harness.emulation.capture_waits import refuse_uncaptured_wait
 from harness.emulation.device_clock import SM_CLOCK_HZ, DeviceClock
-from harness.emulation.rules import captured_event_used, events_of_two_devices_error
+from harness.emulation.rules import (captured_event_used, events_of_two_devices_error,
+                                     interprocess_timing_event)
 
 _TorchStream = torch.Stream  # torch's own class (the emulation replaces the name while it lasts)
 _STREAM_HANDLE_BASE = 0x7E0000  # fake `cuda_stream` handles, distinct from 0 (the default stream)
@@ -218,6 +219,8 @@ class Event:
         return None if self.recorded_on is None else torch.device("cuda", self.recorded_on.device_index)
 
     def record(self, stream: Stream | None = None) -> None:
+        if self.recorded_on is None and self.interprocess and self.enable_timing:
+            raise interprocess_timing_event("Event.record()")  # the event is made here
         state = _state()
         stream = state.streams.current() if stream is None else as_device_stream(stream)
         self.recorded_on = stream
@@ -274,6 +277,8 @@ class Event:
         return (end_event._time - self._time) * 1e3
 
     def ipc_handle(self):
+        if self.recorded_on is None and self.interprocess and self.enable_timing:
+            raise interprocess_timing_event("Event.ipc_handle()")
         raise NotImplementedError("Event.ipc_handle() is not supported on the emulated CUDA device "
                                   "(one process, no interprocess events)")
 

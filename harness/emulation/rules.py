@@ -37,6 +37,22 @@ def captured_event_used(what: str) -> CapturedEventError:
         f"torch.cuda.Event(external=True) so that each replay records it", current_callsite()))
 
 
+class EventFlagsError(_ACCELERATOR_ERROR):
+    """An event whose flags cudaEventCreateWithFlags refuses, raised where CUDA makes the event."""
+
+
+def interprocess_timing_event(what: str) -> EventFlagsError:
+    """`torch.cuda.Event(enable_timing=True, interprocess=True)`: torch makes the event lazily, at
+    its first record (or `ipc_handle()`), with cudaEventInterprocess and without
+    cudaEventDisableTiming, which the runtime refuses ("cudaEventInterprocess must be specified
+    along with cudaEventDisableTiming"): cudaErrorInvalidValue through C10_CUDA_CHECK."""
+    return EventFlagsError(at_callsite(
+        f"CUDA error: invalid argument\n{what} of an event made with interprocess=True and "
+        f"enable_timing=True: CUDA makes an interprocess event only without timing "
+        f"(cudaEventInterprocess needs cudaEventDisableTiming); make it with enable_timing=False",
+        current_callsite()))
+
+
 def cuda_device(index: int) -> torch.device:
     return torch.device("cuda", index)
 

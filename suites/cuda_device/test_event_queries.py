@@ -165,3 +165,16 @@ def test_an_events_handle_is_zero_until_its_first_record(cuda_kind):
     assert event.cuda_event != 0
     assert event.event_id == event.cuda_event
     event.synchronize()
+
+
+def test_an_interprocess_event_with_timing_is_refused_where_cuda_makes_it(cuda_kind):
+    """cudaEventInterprocess needs cudaEventDisableTiming: torch makes the event at its first
+    record with both flags as asked, and cudaEventCreateWithFlags answers "invalid argument"
+    (scripts/fourth_sweep_probe.py prints CUDA's answer). Without timing it records as any."""
+    timed = torch.cuda.Event(enable_timing=True, interprocess=True)
+    with pytest.raises(torch.AcceleratorError, match="invalid argument"):
+        timed.record()
+    shared = torch.cuda.Event(interprocess=True)
+    shared.record()
+    shared.synchronize()
+    assert shared.query()
