@@ -282,6 +282,12 @@ class Event:
         raise NotImplementedError("Event.ipc_handle() is not supported on the emulated CUDA device "
                                   "(one process, no interprocess events)")
 
+    @classmethod
+    def from_ipc_handle(cls, device, handle) -> "Event":
+        # torch.cuda.Event's own classmethod; without it the call was an AttributeError
+        raise NotImplementedError("Event.from_ipc_handle() is not supported on the emulated CUDA "
+                                  "device (one process, no interprocess events)")
+
     def __repr__(self) -> str:
         return f"<torch.cuda.Event {self.key:#x}>" if self.recorded_on else "<torch.cuda.Event uninitialized>"
 

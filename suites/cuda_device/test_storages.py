@@ -83,3 +83,13 @@ def test_a_deep_copy_stays_on_its_device(outside_emulation):
 
     with harness.emulate_cuda(device="cpu", device_count=2):
         assert copy.deepcopy(torch.ones(2, device="cuda:1")).device == torch.device("cuda", 1)
+
+
+def test_an_event_from_another_process_is_refused_by_name(cuda_device):
+    # torch.cuda.Event.from_ipc_handle exists on CUDA; the emulated Event lacked it (AttributeError)
+    shared = torch.cuda.Event(interprocess=True)
+    shared.record()
+    with pytest.raises(NotImplementedError, match="emulated CUDA device"):
+        shared.ipc_handle()
+    with pytest.raises(NotImplementedError, match="from_ipc_handle.*emulated CUDA device"):
+        torch.cuda.Event.from_ipc_handle(0, bytes(64))
