@@ -10,11 +10,10 @@ Each case prints one line `case: answer`; compare with the emulated device's ans
 
 from __future__ import annotations
 
-import contextlib
-import subprocess
 import sys
 import threading
 
+import probe_cases
 import torch
 
 CASES: dict = {}
@@ -187,29 +186,5 @@ def expandable_segments_statistics():
             f"segments {pool} (unknown; emulated: CUDA's default segments, a warning)")
 
 
-def main(argv: list[str]) -> None:
-    emulate = "--emulate" in argv
-    names = [a for a in argv if not a.startswith("--")]
-    if not names:  # every case in a process of its own
-        for name in CASES:
-            command = [sys.executable, __file__, name] + (["--emulate"] if emulate else [])
-            done = subprocess.run(command, capture_output=True, text=True, timeout=300)
-            lines = [line for line in done.stdout.strip().splitlines()
-                     if line.startswith(f"{name}: ")]
-            print(lines[-1] if lines else f"{name}: exited {done.returncode}: "
-                  f"{done.stderr.strip().splitlines()[-1:]}")
-        return
-    context = contextlib.nullcontext()
-    if emulate:
-        import harness
-
-        context = harness.emulate_cuda(device="cpu")
-    with context:
-        for name in names:
-            print(f"{name}: {_outcome(CASES[name])}", flush=True)
-
-
 if __name__ == "__main__":
-    print(f"torch {torch.__version__}, "
-          f"{torch.cuda.get_device_name() if torch.cuda.is_available() else 'no GPU'}", flush=True)
-    main(sys.argv[1:])
+    probe_cases.run(CASES, __file__, sys.argv[1:], answer=_outcome)

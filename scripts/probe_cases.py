@@ -1,0 +1,40 @@
+"""The command line the sweep probes share (scripts/third_sweep_probe.py, fourth_sweep_probe.py):
+each case a function returning one line of text, run in a process of its own by default (a refused
+capture can leave CUDA's context unusable), or the named cases in this process; `--emulate` runs
+them inside `harness.emulate_cuda(device="cpu")`. Plain torch otherwise."""
+
+from __future__ import annotations
+
+import contextlib
+import subprocess
+import sys
+from typing import Callable
+
+import torch
+
+
+def run(cases: dict[str, Callable[[], str]], script: str, argv: list[str],
+        answer: Callable[[Callable[[], str]], str] = lambda case: case()) -> None:
+    """Print the build, then `case: answer` for each case of `argv` (every case without names);
+    `script` is the probe's file, run again per case."""
+    print(f"torch {torch.__version__}, "
+          f"{torch.cuda.get_device_name() if torch.cuda.is_available() else 'no GPU'}", flush=True)
+    emulate = "--emulate" in argv
+    names = [a for a in argv if not a.startswith("--")]
+    if not names:
+        for name in cases:
+            command = [sys.executable, script, name] + (["--emulate"] if emulate else [])
+            done = subprocess.run(command, capture_output=True, text=True, timeout=300)
+            lines = [line for line in done.stdout.strip().splitlines()
+                     if line.startswith(f"{name}: ")]
+            print(lines[-1] if lines else f"{name}: exited {done.returncode}: "
+                  f"{done.stderr.strip().splitlines()[-1:]}")
+        return
+    context = contextlib.nullcontext()
+    if emulate:
+        import harness
+
+        context = harness.emulate_cuda(device="cpu")
+    with context:
+        for name in names:
+            print(f"{name}: {answer(cases[name])}", flush=True)
