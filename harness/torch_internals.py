@@ -279,6 +279,10 @@ NAMES: dict[str, Internal] = {
     "stash_obj_in_tls": Internal("torch._C", "_stash_obj_in_tls", optional=True),
     "get_obj_in_tls": Internal("torch._C", "_get_obj_in_tls", optional=True),
     "is_key_in_tls": Internal("torch._C", "_is_key_in_tls", optional=True),
+    # torch.autograd.graph.set_override_stale_capture_stream's flag (torch 2.14 and later): the
+    # autograd engine's stream checks across a capture boundary (emulation/backward_streams.py)
+    "override_stale_capture_stream": Internal("torch._C", "_override_stale_capture_stream",
+                                              optional=True),
 }
 
 

@@ -11,7 +11,7 @@ import torch
 
 from harness import torch_internals
 from harness.torch_internals import TorchDispatchMode, get_current_function_mode_stack, tree_flatten
-from harness.emulation import device_indices
+from harness.emulation import backward_streams, device_indices
 from harness.emulation.blas_workspaces import ATEN_MATMUL_NAMES
 from harness.emulation.device_memory import is_device_memory
 from harness.emulation.kernel_log import KERNELS
@@ -112,7 +112,16 @@ def engine_with_placement(state, original):
             stack.callback(setattr, _engine_marking, "mode", outer)
             # a forward recomputed by a hook runs in the engine's thread on CUDA
             stack.enter_context(state.blas_workspaces.backward_running())
-            return original(*args, **kwargs)
+            checks = None
+            if backward_streams.CHECKED and state.capture is not None:
+                # torch 2.14's checks of streams across the capture boundary
+                checks = backward_streams.StaleStreamChecks(state)
+                stack.callback(checks.remove_hooks)
+                checks.before(args[0] if args else kwargs.get("t_outputs", ()))
+            result = original(*args, **kwargs)
+            if checks is not None:
+                checks.after()
+            return result
 
     return run
 

@@ -29,8 +29,8 @@ from torch.overrides import TorchFunctionMode
 from harness import torch_internals
 from harness.torch_internals import DeviceContext, device_constructors
 from harness.graphs.base import CaptureError
-from harness.emulation import (array_interface, autocast, blas_workspaces, compiled_rng,
-                               device_indices, kernels, transfers)
+from harness.emulation import (array_interface, autocast, backward_streams, blas_workspaces,
+                               compiled_rng, device_indices, kernels, transfers)
 from harness.graphs.emulator.dispatch_keys import keep_modes_reachable
 from harness.graphs.emulator.device_asserts import eager_device_assert_error, is_index_out_of_bounds
 from harness.emulation.capacity import requested_bytes
@@ -50,6 +50,7 @@ Tensor = torch.Tensor
 _compiling = torch.compiler.is_compiling
 _autocast_on = torch.is_autocast_enabled
 _AUTOCAST_OPS = autocast.AUTOCAST_OPS
+_NODE_STREAMS = backward_streams.CHECKED  # whether autograd's nodes need their streams noted
 _CONSTRUCTORS = device_constructors()
 _TorchGenerator = torch_internals.Generator
 _MethodWrapper = types.MethodWrapperType
@@ -128,11 +129,16 @@ class Placement(TorchFunctionMode):
             args, kwargs = autocast.cast(func, args, kwargs or {}, is_device_memory, self._cast,
                                          self.state.autocast_cache)
         handler = self._calls.get(func)
-        if handler is not None:
-            if self._several_devices:
-                return self._on_its_device(handler, func, args, kwargs or {})
-            return handler(func, args, kwargs or {})
-        return self._generic(func, args, {} if kwargs is None else kwargs)
+        if handler is None:
+            out = self._generic(func, args, {} if kwargs is None else kwargs)
+        elif self._several_devices:
+            out = self._on_its_device(handler, func, args, kwargs or {})
+        else:
+            out = handler(func, args, kwargs or {})
+        if _NODE_STREAMS and out is not None and torch.is_grad_enabled():
+            # autograd's nodes keep the stream current at their making (backward_streams.py)
+            backward_streams.stamp(out, self.state.streams.current)
+        return out
 
     def _generic(self, func, args, kwargs):
         """The rule for every call without a handler of its own (see the module docstring)."""

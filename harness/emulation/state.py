@@ -86,6 +86,8 @@ class DeviceState(Observed):
         # cuBLAS's workspace per (handle, stream), as PyTorch allocates it (blas_workspaces.py)
         self.blas_workspaces = BlasWorkspaces(self.memory, properties.major, lambda: self.capture)
         self.capture = None  # the CUDAGraph being captured, if any
+        # torch warns once that it skipped a sync across a capture boundary (backward_streams.py)
+        self.warned_stale_capture_sync = False
         from harness.emulation.default_generators import DefaultGenerators
         from harness.emulation.device_draws import Draws
 
