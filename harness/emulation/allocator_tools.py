@@ -18,7 +18,9 @@ gives it, answered from the model of that allocator (caching_allocator.py):
   that device's pool of the id: the MemPool's own on its device, on another device a pool of the
   same id made there, as CUDA's beginAllocateCurrentThreadToPool(device, id) makes one; its blocks
   are reused by it alone, it counts in its device's statistics, and its free segments go back on
-  `empty_cache()` once the MemPool is gone. A MemPool with a custom allocator
+  `empty_cache()` once the MemPool is gone. On builds whose CUDAGraph retains pools (torch 2.14
+  and later), `use_mem_pool` inside a capture makes the capturing graph hold a use of the pool
+  until it is reset or destroyed, and list it in `pools()`. A MemPool with a custom allocator
   (`CUDAPluggableAllocator`: functions in a shared library that call cudaMalloc, or NCCL's
   `ncclMemAlloc`) is refused: that code needs a GPU.
 
@@ -37,10 +39,16 @@ import weakref
 from typing import Any, Iterator
 
 import torch
+import torch.cuda.graphs
 
 from harness import torch_internals
 
 from harness.emulation.caching_allocator import Block, Pool, segments_snapshot
+
+
+# Whether this build's CUDAGraph retains a pool that use_mem_pool routes to inside its capture
+# (torch 2.14 and later; its Python half calls the C++ half's `_retain_pool`).
+_GRAPHS_RETAIN_MEM_POOLS = hasattr(torch.cuda.graphs.CUDAGraph, "_retain_pool")
 
 
 class UnsupportedOnEmulatedDevice(NotImplementedError):
@@ -230,6 +238,9 @@ def patches(state) -> list[tuple[Any, str, Any]]:
         target = pool._pool if pool._pool.device == index else allocator.pool_of(pool._key,
                                                                                    pool.id)
         with memory.thread_allocating_to(index, target):
+            if _GRAPHS_RETAIN_MEM_POOLS and state.is_current_stream_capturing():
+                # torch 2.14's use_mem_pool: the capturing graph keeps the pool until its reset
+                torch.cuda.CUDAGraph.get_currently_capturing_graph()._retain_pool(pool)
             yield
 
     private = {

@@ -25,6 +25,7 @@ import torch.cuda.graphs
 
 from harness import torch_internals
 from harness.emulation.pool_checkpoints import stream_key
+from harness.emulation.pool_handles import RetainedPool
 from harness.emulation.active import active_state
 from harness.emulation.tracking.races import RaceWarning
 from harness.emulation.allocator_tools import UnsupportedOnEmulatedDevice
@@ -351,8 +352,31 @@ class EmulatedCUDAGraph:
         return self._pool_id
 
     def pools(self) -> list[tuple[int, int]]:
-        """CUDA's ids of the pools this graph holds: its own, once captured."""
-        return [] if self._pool_id is None or not self._pool_in_use else [self._pool_id]
+        """CUDA's ids of the pools this graph holds: its own, once captured, and those it retained
+        (`_retain_pool`), until it is reset."""
+        if self._pool_id is None or not self._pool_in_use:
+            return []
+        return [self._pool_id, *(use.pool_id for use in self._pool_in_use
+                                 if isinstance(use, RetainedPool))]
+
+    def _retain_pool(self, pool_id) -> None:
+        """CUDAGraph::_retain_pool (torch 2.14's `use_mem_pool` inside a capture): hold a use of
+        the pool `pool_id` names until this graph is reset or destroyed."""
+        retain = getattr(self._host, "retain_pool", None)
+        if retain is None:
+            raise UnsupportedOnEmulatedDevice(
+                "CUDAGraph._retain_pool() is not supported by the graph sanitizer: its pools are "
+                "CUDA's own allocator's, which it does not ask to retain one for a graph")
+        self._pool_in_use.append(retain(pool_id))
+
+    @staticmethod
+    def get_currently_capturing_graph() -> "EmulatedCUDAGraph":
+        """The graph capturing on the current stream (CUDAGraph::get_currently_capturing_graph)."""
+        host = active_state()
+        if not host.is_current_stream_capturing():
+            raise RuntimeError("get_currently_capturing_graph() called while the current stream "
+                               "is not capturing a CUDA graph")
+        return host.capture
 
     @property
     def _has_graph_exec(self) -> bool:

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import itertools
 import weakref
+from dataclasses import dataclass
 from typing import Callable
 
 import torch
@@ -38,6 +39,16 @@ def released_pool_message(handle: tuple[int, int], live_blocks: int) -> str:
                       f"from torch.cuda.graph_pool_handle() (or let the capture make its own pool) "
                       f"once the graphs sharing a pool are gone, or keep one of them alive while "
                       f"the pool is shared")
+
+
+@dataclass(frozen=True)
+class RetainedPool:
+    """A use of a MemPool's pool that a graph holds until it is reset or destroyed: torch 2.14's
+    `use_mem_pool(pool)` inside a capture (CUDAGraph::_retain_pool), beside its own pool's use.
+    `pool_id` is CUDA's id, `model_pool` the allocator model's pool it names."""
+
+    pool_id: tuple[int, int]
+    model_pool: object
 
 
 class PoolHandles:
@@ -86,6 +97,10 @@ class PoolHandles:
     def mem_pool_modelled(self, handle: tuple[int, int], model_pool: object) -> None:
         """The allocator model's pool of the MemPool `handle` names."""
         self._mem_pools[handle] = model_pool
+
+    def mem_pool_model(self, handle: tuple[int, int]) -> object | None:
+        """The allocator model's pool of the live MemPool `handle` names, or None."""
+        return self._mem_pools.get(handle)
 
     def mem_pool_gone(self, handle: tuple[int, int]) -> None:
         self._mem_pools.pop(handle, None)

@@ -44,7 +44,7 @@ from harness.emulation.compiled_trees import TreeGenerations, trees_missing_piec
 from harness.emulation.device_memory import DeviceMemory
 from harness.emulation.fft_plans import PlanCaches
 from harness.emulation.observers import Observed
-from harness.emulation.pool_handles import PoolHandles
+from harness.emulation.pool_handles import PoolHandles, RetainedPool
 from harness.emulation.custom_ops import CudaOnlyOps
 from harness.emulation.triton_launches import LaunchTable
 from harness.emulation.tunable_ops import TunableOps
@@ -253,11 +253,30 @@ class DeviceState(Observed):
             frees.end()
             self.observers.remove(frees)
 
-    def release_pool(self, use: tuple) -> None:
-        """A graph holding the pool use `use` (begin_capture's: the capture device and the pool)
-        was reset or destroyed (maybe by a finalizer in the middle of an allocation: a count that
-        only empty_cache() reads)."""
+    def release_pool(self, use) -> None:
+        """A graph holding the pool use `use` (begin_capture's: the capture device and the pool;
+        or retain_pool's) was reset or destroyed (maybe by a finalizer in the middle of an
+        allocation: a count that only empty_cache() reads)."""
+        if isinstance(use, RetainedPool):
+            self.memory.device_allocator(use.model_pool.device).release(use.model_pool)
+            return
         self.memory.release_capture_pool(*use)
+
+    def retain_pool(self, pool_id: tuple[int, int]) -> RetainedPool:
+        """The capturing graph takes a use of the MemPool `pool_id` names (torch 2.14's
+        `use_mem_pool` inside a capture): the pool stays in use, its blocks unreleased, until
+        the graph gives the use back (`release_pool`), whether the MemPool lives or not."""
+        model_pool = self.pool_handles.mem_pool_model(tuple(pool_id))
+        if model_pool is None:
+            from harness.emulation.allocator_tools import UnsupportedOnEmulatedDevice
+
+            raise UnsupportedOnEmulatedDevice(
+                f"CUDAGraph._retain_pool({tuple(pool_id)!r}) is not supported by "
+                f"harness.emulate_cuda(): the emulated device retains the pools of live "
+                f"torch.cuda.MemPools (use_mem_pool inside a capture), and no live MemPool has "
+                f"this id")
+        self.memory.device_allocator(model_pool.device).use_pool(model_pool)
+        return RetainedPool(tuple(pool_id), model_pool)
 
     def graph_destroyed(self, key: int) -> None:
         """The graph whose `id()` was `key` is gone (after its `release_pool`)."""

@@ -9,6 +9,7 @@ import threading
 
 import pytest
 import torch
+import torch.cuda.graphs
 
 import harness
 from harness.emulation.allocator_tools import UnsupportedOnEmulatedDevice
@@ -150,6 +151,37 @@ def test_a_dropped_mem_pool_gives_its_segments_back_on_empty_cache(cuda_device):
     torch.cuda.empty_cache()
     assert not any(s["segment_pool_id"] == pool_id for s in torch.cuda.memory_snapshot())
     assert torch.cuda.memory_reserved() < reserved
+
+
+@pytest.mark.skipif(not hasattr(torch.cuda.graphs.CUDAGraph, "_retain_pool"),
+                    reason="this torch's graphs do not retain a MemPool used in capture (< 2.14)")
+def test_a_mem_pool_used_inside_a_capture_is_held_by_the_graph_until_its_reset(cuda_kind):
+    if cuda_kind == "sanitizer":
+        pytest.skip("the graph sanitizer's pools are CUDA's allocator's: it refuses _retain_pool")
+    side = torch.cuda.MemPool()
+    x = torch.ones(4, device="cuda")
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        y = x + 1
+        with torch.cuda.use_mem_pool(side):
+            tmp = y * 2
+        z = tmp + 1
+    assert set(g.pools()) == {tuple(g.pool()), side.id}
+    assert side.use_count() == 2  # the MemPool's and the graph's
+    side_id = side.id
+    del side, tmp
+    gc.collect()
+    torch.cuda.empty_cache()
+    assert any(s["segment_pool_id"] == side_id for s in torch.cuda.memory_snapshot())
+    x.fill_(2)
+    g.replay()
+    torch.cuda.synchronize()
+    assert z.eq(7).all()
+    g.reset()
+    assert g.pools() == []
+    gc.collect()
+    torch.cuda.empty_cache()
+    assert not any(s["segment_pool_id"] == side_id for s in torch.cuda.memory_snapshot())
 
 
 def test_a_mem_pool_with_a_custom_allocator_is_refused_by_name(cuda_device):
