@@ -50,7 +50,7 @@ from harness.emulation.generators import generator_class
 from harness.emulation.rules import (DeviceIndexError, cuda_index, generator_made_in_capture,
                                      names_cuda)
 from harness.emulation.allocator_tools import UnsupportedOnEmulatedDevice
-from harness.emulation.cuda_graph import torch_cuda_graph_class
+from harness.emulation.cuda_graph import CUDAGraph as EmulatedGraphBase, torch_cuda_graph_class
 from harness.emulation.cudart import EmulatedCudart
 from harness.emulation.cuda_streams import Event, ExternalStream, Stream, as_device_stream
 from harness.emulation.device_memory import is_device_memory
@@ -517,6 +517,13 @@ def cuda_graph_class(state) -> type:
     return torch_cuda_graph_class()
 
 
+def cuda_graph_base(state) -> type:
+    """`torch._C._CUDAGraph`, the C++ half under torch's Python CUDAGraph: the emulated one, which
+    the emulated `torch.cuda.CUDAGraph` derives from, so a patch of it (`mock.patch.object(
+    torch._C._CUDAGraph, "replay", ...)`) reaches the graphs' `super()` calls as on CUDA."""
+    return EmulatedGraphBase
+
+
 def default_generators(state) -> tuple:
     return state.default_generators.generators
 
@@ -843,6 +850,7 @@ REPLACEMENTS: tuple[Replacement, ...] = (
     _private("_cuda_attach_out_of_memory_observer", attach_out_of_memory_observer),
     *(_private(name, tunable_op(method), "value") for name, method in TUNABLE_OP_NAMES.items()),
     _private("_construct_storage_from_data_pointer", storage_from_data_pointer, "value"),
+    _private("_CUDAGraph", cuda_graph_base, "value"),
 
     Replacement("torch.cuda.nvtx", "_nvtx", nvtx_ranges, "value"),
     Replacement("torch.cuda", "_cudart", emulated_cudart, "value"),

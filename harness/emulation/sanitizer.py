@@ -232,7 +232,7 @@ def _key(stream) -> tuple:
 def enter_sanitizer(stack: contextlib.ExitStack) -> SanitizerHost:
     import torch.cuda.graphs
 
-    from harness.emulation.cuda_graph import torch_cuda_graph_class
+    from harness.emulation.cuda_graph import CUDAGraph, torch_cuda_graph_class
     import torch.cuda.memory
 
     from harness.emulation.active import is_in_force
@@ -267,6 +267,9 @@ def enter_sanitizer(stack: contextlib.ExitStack) -> SanitizerHost:
     apply([(module, name, value) for module in (torch.cuda, torch.cuda.graphs)
             for name, value in names.items()]
           + [(module, "empty_cache", empty_cache) for module in (torch.cuda, torch.cuda.memory)]
+          # the C++ half under torch's Python class (cuda_api.cuda_graph_base); the host's real
+          # graphs keep the real one, bound when torch's class was made
+          + [(torch_internals.torch_namespace("torch._C"), "_CUDAGraph", CUDAGraph)]
           + ([(torch.cuda, "_compile_kernel", compile_kernel_checked)] if compile_kernel else [])
           + [swap] + _capture_rules(host) + _cudagraph_trees_refused()
           + sanitizer_compile_patches()

@@ -8,6 +8,8 @@ and tests of a build use its Python half, so the emulated device keeps it unchan
 only the C++ half: `rebased(torch_class, base)` is the build's class, method for method, with
 `base` (the emulated `_CUDAGraph`, cuda_graph.py) where `torch._C._CUDAGraph` was. Its zero-argument
 `super()` calls reach `base` because each method's `__class__` cell is rebound to the new class.
+Inside the emulation `torch._C._CUDAGraph` names `base` too (cuda_api.py), so code that patches the
+C++ half (PyTorch's test_graph_replay_hooks makes its `replay` raise) reaches every graph.
 """
 
 from __future__ import annotations

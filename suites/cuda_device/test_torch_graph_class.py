@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import gc
 import weakref
+from unittest import mock
 
 import pytest
 import torch
@@ -59,6 +60,31 @@ def test_replay_hooks_bracket_each_replay_and_the_global_ones_see_every_graph(cu
     torch.cuda.synchronize()
     assert events == ["global", "start", "end"]
     assert y.sum().item() == 8
+
+
+def test_a_patch_of_the_cpp_half_reaches_every_graph(cuda_kind):
+    # torch._C._CUDAGraph is the class under torch.cuda.CUDAGraph on every build; PyTorch's
+    # test_graph_replay_hooks makes its replay raise to see the end hooks fire anyway
+    g, x, y = _captured()
+    assert isinstance(g, torch._C._CUDAGraph)
+    with mock.patch.object(torch._C._CUDAGraph, "replay", side_effect=RuntimeError("boom")):
+        with pytest.raises(RuntimeError, match="boom"):
+            g.replay()
+    g.replay()
+    torch.cuda.synchronize()
+    assert y.sum().item() == 8
+
+
+@needs_hooks
+def test_replay_end_hooks_fire_when_the_launch_raises(cuda_kind):
+    events = []
+    g, x, y = _captured()
+    g.register_replay_start_hook(lambda _g: events.append("start"))
+    g.register_replay_end_hook(lambda _g: events.append("end"))
+    with mock.patch.object(torch._C._CUDAGraph, "replay", side_effect=RuntimeError("boom")):
+        with pytest.raises(RuntimeError, match="boom"):
+            g.replay()
+    assert events == ["start", "end"]
 
 
 @needs_hooks
