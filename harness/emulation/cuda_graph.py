@@ -120,6 +120,9 @@ class EmulatedCUDAGraph:
         # The emulated device's random ops draw from its generators at each replay (device_draws.py).
         session.recorder.draws = host.capture_draws()
         session.recorder.allocation_stream = lambda: stream_key(host.current_stream())
+        # Outside strict race checking a replay may read memory freed since capture, as on CUDA:
+        # the recording keeps such memory's bytes at its free (graphs/emulator/external.py).
+        session.recorder.keep_freed_bytes(host.races != "strict")
         session.reads_outside = lambda what: read_outside_capture(host, what)
         if self._finalizer is None:
             self._finalizer = weakref.finalize(self, _graph_gone, host, id(self), self._pool_in_use)
@@ -199,7 +202,8 @@ class EmulatedCUDAGraph:
                                     reads=recording.reads, writes=recording.writes,
                                     tensors=recording.tensors, allocated=recording.allocated,
                                     shared=recording.shared,
-                                    on_overwritten_read=overwritten_read_handler(self._host.races))
+                                    on_overwritten_read=overwritten_read_handler(self._host.races),
+                                    on_freed_read=freed_read_handler(self._host.races))
         self.replay_segments = recording.segments  # what stream tracking cuts a replay into
         self._captured = True
         self._dropped = False
@@ -506,6 +510,26 @@ def overwritten_read_handler(races: str) -> Callable[[FreedMemoryError], None] |
     def warn(error: FreedMemoryError) -> None:
         warnings.warn(RaceWarning(f"FreedMemoryError (reported, not raised: races='report'; the "
                                   f"replay reads what CUDA reads): {error}"), stacklevel=4)
+
+    return warn
+
+
+def freed_read_handler(races: str) -> Callable[[FreedMemoryError], None] | None:
+    """What a replay reading memory freed since capture (whose bytes the recording kept at the
+    free) does on this device: CUDA reads the freed block silently (its bytes as they were,
+    until the allocator hands the block to a later allocation), so the races setting decides, as
+    for overwritten shared-pool memory: refused (`strict`), warned of and replayed on the kept
+    bytes (`report`), replayed (`off`)."""
+    if races == "strict":
+        return None
+    if races == "off":
+        return lambda error: None
+
+    def warn(error: FreedMemoryError) -> None:
+        warnings.warn(RaceWarning(f"FreedMemoryError (reported, not raised: races='report'; the "
+                                  f"replay reads and writes the bytes the memory held when it was "
+                                  f"freed, as CUDA's replay does until its allocator hands the "
+                                  f"block to a later allocation): {error}"), stacklevel=4)
 
     return warn
 

@@ -11,6 +11,7 @@ reference (a `set_()`, a rebinding, a `del`).
 
 from __future__ import annotations
 
+import ctypes
 import dataclasses
 import weakref
 from dataclasses import dataclass, field
@@ -24,6 +25,9 @@ from harness.graphs.emulator.callsite import current_callsite
 from harness.graphs.emulator.pool import PoolUse, laid_out_like_once
 from harness.graphs.emulator.storage_changes import CapturedTensors
 from harness.graphs.emulator.watch_refs import WatchRef
+
+
+_CAN_KEEP_BYTES = torch_internals.optional_name("storage_swap_data_ptr") is not None
 
 
 @dataclass(frozen=True)
@@ -46,12 +50,20 @@ class ExternalStorage:
     # For such a block: its pool's segment, so the bytes stay valid while CUDA would keep them
     # mapped (pool.PoolUse), even after the arena itself was collected.
     segment: object = None
+    # Holds True once the memory was freed and `replay_storage` given a copy of its bytes as they
+    # were then (ExternalMemory.keep_freed_bytes): a replay may read and write them, as CUDA's
+    # replay reads the freed block until the allocator hands it out again.
+    kept_at_free: list[bool] = field(default_factory=list)
 
     def freed(self) -> bool:
         """Whether the memory went back to the allocator (a pool's block: the pool's too)."""
         if self.owner_pool is not None and not self.owner_pool.memory_released():
             return False
         return self.liveness.expired() or self.storage_object() is None
+
+    def bytes_kept(self) -> bool:
+        """Whether the memory was freed and its bytes kept for the replay (see `kept_at_free`)."""
+        return bool(self.kept_at_free)
 
     def moved(self) -> bool:
         storage = self.storage_object()
@@ -63,13 +75,39 @@ class ExternalStorage:
         freed_at: list[str] = []
         return dataclasses.replace(self, liveness=StorageWeakRef(storage),
                                    storage_object=weakref.ref(storage, _note_free(freed_at)),
-                                   freed_at=freed_at)
+                                   freed_at=freed_at, kept_at_free=[])
 
 
 def _note_free(cell: list[str]) -> weakref.CallbackType:
     def note(_: weakref.ref) -> None:
         cell.append(current_callsite())
     return note
+
+
+def _keep_bytes(cell: list[bool], replay_storage: torch.UntypedStorage, address: int,
+                nbytes: int) -> weakref.CallbackType:
+    """At the free of a storage the capture read (its memory is still there while its weak
+    references are told): give `replay_storage`, the recording's alias of that memory, a copy of
+    the bytes, so a replay reads what CUDA's freed block holds instead of the host's heap."""
+    alias = weakref.ref(replay_storage)
+
+    def keep(_: weakref.ref) -> None:
+        target = alias()
+        if target is None:
+            return  # the recording is gone
+        copy = torch.empty(nbytes, dtype=torch.uint8)
+        ctypes.memmove(copy.data_ptr(), address, nbytes)
+        torch_internals.storage_swap_data_ptr(target, copy.untyped_storage())
+        cell.append(True)
+
+    return keep
+
+
+def _noting(*callbacks: weakref.CallbackType) -> weakref.CallbackType:
+    def call(ref: weakref.ref) -> None:
+        for callback in callbacks:
+            callback(ref)
+    return call
 
 
 def moved_error(storage: ExternalStorage) -> FreedMemoryError:
@@ -118,7 +156,11 @@ def freed_error(storage: ExternalStorage) -> FreedMemoryError:
 class ExternalMemory:
     """The external storages one capture touched, each aliased without being kept alive."""
 
-    def __init__(self) -> None:
+    def __init__(self, keep_freed_bytes: bool = False) -> None:
+        # Keep the bytes of a storage the capture read when it is freed, for a replay that reads
+        # it anyway (the emulated device's races "report" and "off"; needs torch 2.12's swap of a
+        # storage's memory): see ExternalStorage.kept_at_free.
+        self.keep_freed_bytes = keep_freed_bytes and _CAN_KEEP_BYTES
         self._storages: dict[int, ExternalStorage] = {}
         self._aliases: dict[tuple, torch.Tensor] = {}
         self._expired_during_capture: list[ExternalStorage] = []
@@ -171,15 +213,21 @@ class ExternalMemory:
             known = None
         if known is None:
             freed_at: list[str] = []
+            kept: list[bool] = []
+            replay_storage = torch_internals.construct_storage_from_data_pointer(
+                storage.data_ptr(), t.device, storage.nbytes())
+            at_free = _note_free(freed_at)
+            if self.keep_freed_bytes and owner_pool is None:
+                at_free = _noting(at_free, _keep_bytes(kept, replay_storage, storage.data_ptr(),
+                                                       storage.nbytes()))
             known = ExternalStorage(
-                StorageWeakRef(storage),
-                torch_internals.construct_storage_from_data_pointer(storage.data_ptr(), t.device,
-                                                              storage.nbytes()),
+                StorageWeakRef(storage), replay_storage,
                 f"shape {tuple(t.shape)}, {t.dtype} (on a storage of {storage.nbytes()} bytes)",
                 current_callsite(),
-                weakref.ref(storage, _note_free(freed_at)), storage.data_ptr(), storage.nbytes(),
+                weakref.ref(storage, at_free), storage.data_ptr(), storage.nbytes(),
                 WatchRef(t), freed_at, owner_pool,
-                getattr(storage, "_harness_segment", None) if owner_pool is not None else None)
+                getattr(storage, "_harness_segment", None) if owner_pool is not None else None,
+                kept)
             self._storages[address] = known
         self.tensors.note(t, current_callsite())
         return laid_out_like_once(self._aliases, address, known.replay_storage, t)

@@ -62,7 +62,8 @@ class EmulatedGraph(CapturedGraph):
                  reads: frozenset[int] = frozenset(), writes: frozenset[int] = frozenset(),
                  tensors: tuple[CapturedTensor, ...] = (),
                  allocated: tuple[Block, ...] = (), shared: tuple[SharedBlock, ...] = (),
-                 on_overwritten_read: Callable[[FreedMemoryError], None] | None = None) -> None:
+                 on_overwritten_read: Callable[[FreedMemoryError], None] | None = None,
+                 on_freed_read: Callable[[FreedMemoryError], None] | None = None) -> None:
         self.output = output
         self.pool = pool
         self._steps: list[ReplayStep] | None = steps
@@ -84,6 +85,10 @@ class EmulatedGraph(CapturedGraph):
         # hand the error to this and replay, reading the other graph's values as CUDA does (the
         # emulated device's races="report" and "off": shared_blocks.py).
         self._on_overwritten_read = on_overwritten_read
+        # What a replay reading memory freed since capture whose bytes the recording kept
+        # (external.py: ExternalStorage.kept_at_free) does: raise (None), or hand the error to
+        # this and replay on those bytes, as CUDA reads its freed block (races "report", "off").
+        self._on_freed_read = on_freed_read
         # Replays issued by `replay_in_steps()` (a stream schedule's launch) that have not started
         # to run: their launch already refused or renewed (`_begin_replay`), and the run that
         # follows (`replay()`, `replay_observed()` or the first step) must not do it again. A
@@ -173,7 +178,7 @@ class EmulatedGraph(CapturedGraph):
                 # The schedule may run this step long after the launch, after host code freed or
                 # regrew memory the step writes through its raw pointers (a graph reset meanwhile
                 # still runs what was launched, as CUDA finishes a launch of a destroyed graph).
-                self._refuse_lost_memory(released_ok=True)
+                self._refuse_lost_memory(released_ok=True, report=False)
                 with _replay_running(inference):
                     try:
                         fn(*args, **kwargs)
@@ -251,7 +256,19 @@ class EmulatedGraph(CapturedGraph):
                 self._on_overwritten_read(overwritten)
         return steps
 
-    def _refuse_lost_memory(self, *, released_ok: bool = False) -> list[ReplayStep] | None:
+    def _freed_read(self, first: ExternalStorage, report: bool) -> None:
+        """Memory the capture read outside its pool was freed (`first` the first such storage):
+        refused, unless every freed one's bytes were kept and the device replays on them
+        (`on_freed_read`, told once per replay when `report`)."""
+        freed = [s for s in self._plain_external if s.freed()]
+        unkept = next((s for s in freed if not s.bytes_kept()), None)
+        if unkept is not None or self._on_freed_read is None:
+            raise freed_error(unkept or first)
+        if report:
+            self._on_freed_read(freed_error(first))
+
+    def _refuse_lost_memory(self, *, released_ok: bool = False, report: bool = True
+                            ) -> list[ReplayStep] | None:
         """The steps to replay, or the error of a replay whose memory is gone: the graph released,
         memory it reads freed or moved. The replay writes through raw pointers into that memory,
         so this holds at every run, also of a replay launched earlier (a queued replay that runs
@@ -259,13 +276,20 @@ class EmulatedGraph(CapturedGraph):
         steps = self._steps
         if steps is None and not released_ok:
             raise released_graph_error()
-        if any(map(_expired, self._external_weak_refs)):
-            raise freed_error(next(s for s in self._plain_external if s.liveness.expired()))
+        expired = any(map(_expired, self._external_weak_refs))
+        if expired:
+            self._freed_read(next(s for s in self._plain_external if s.liveness.expired()),
+                             report)
         if self._external_addresses:
             storages = [ref() for ref in self._external_objects]
             if None in storages:
-                raise freed_error(next(s for s in self._plain_external if s.storage_object() is None))
-            if tuple(map(_data_ptr, storages)) != self._external_addresses:
+                self._freed_read(next(s for s in self._plain_external
+                                      if s.storage_object() is None), report and not expired)
+                storages = [s for s in storages if s is not None]  # their bytes were kept
+                if tuple(map(_data_ptr, storages)) != tuple(
+                        s.address for s in self._plain_external if s.storage_object() is not None):
+                    raise moved_error(next(s for s in self._plain_external if s.moved()))
+            elif tuple(map(_data_ptr, storages)) != self._external_addresses:
                 raise moved_error(next(s for s in self._plain_external if s.moved()))
         for block in self._pool_blocks:
             if block.freed():

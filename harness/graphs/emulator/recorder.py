@@ -208,12 +208,17 @@ class Recorder(TorchDispatchMode):
             current_callsite()), UserWarning, stacklevel=2)
         return t
 
+    def keep_freed_bytes(self, enabled: bool) -> None:
+        """Whether memory the capture reads outside its pool keeps its bytes for the replay when
+        it is freed (external.py: ExternalMemory.keep_freed_bytes); call before the first op."""
+        self.external = ExternalMemory(enabled)
+
     def discard(self) -> None:
         """Forget a failed capture's recording: its steps and every alias it made."""
         self.steps.clear()
         self.records.clear()
         self._replay_tensors.clear()
-        self.external = ExternalMemory()
+        self.external = ExternalMemory(self.external.keep_freed_bytes)
         self.collectives = collectives.PendingCollectives()
         self.reads.clear()
         self.writes.clear()
