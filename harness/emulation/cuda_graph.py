@@ -502,16 +502,7 @@ def overwritten_read_handler(races: str) -> Callable[[FreedMemoryError], None] |
     reads the other graph's values silently, as a race gives wrong values silently, so the races
     setting decides: refused (`strict`), warned of and replayed with CUDA's values (`report`, a
     `RaceWarning`), replayed (`off`)."""
-    if races == "strict":
-        return None
-    if races == "off":
-        return lambda error: None
-
-    def warn(error: FreedMemoryError) -> None:
-        warnings.warn(RaceWarning(f"FreedMemoryError (reported, not raised: races='report'; the "
-                                  f"replay reads what CUDA reads): {error}"), stacklevel=4)
-
-    return warn
+    return _silent_read_handler(races, "the replay reads what CUDA reads")
 
 
 def freed_read_handler(races: str) -> Callable[[FreedMemoryError], None] | None:
@@ -520,16 +511,22 @@ def freed_read_handler(races: str) -> Callable[[FreedMemoryError], None] | None:
     until the allocator hands the block to a later allocation), so the races setting decides, as
     for overwritten shared-pool memory: refused (`strict`), warned of and replayed on the kept
     bytes (`report`), replayed (`off`)."""
+    return _silent_read_handler(races, "the replay reads and writes the bytes the memory held "
+                                       "when it was freed, as CUDA's replay does until its "
+                                       "allocator hands the block to a later allocation")
+
+
+def _silent_read_handler(races: str, reads: str) -> Callable[[FreedMemoryError], None] | None:
+    """None under strict races (the replay raises); else what replays anyway, warning under
+    `report` of the error and of what the replay reads (`reads`)."""
     if races == "strict":
         return None
     if races == "off":
         return lambda error: None
 
     def warn(error: FreedMemoryError) -> None:
-        warnings.warn(RaceWarning(f"FreedMemoryError (reported, not raised: races='report'; the "
-                                  f"replay reads and writes the bytes the memory held when it was "
-                                  f"freed, as CUDA's replay does until its allocator hands the "
-                                  f"block to a later allocation): {error}"), stacklevel=4)
+        warnings.warn(RaceWarning(f"FreedMemoryError (reported, not raised: races='report'; "
+                                  f"{reads}): {error}"), stacklevel=4)
 
     return warn
 

@@ -50,8 +50,21 @@ class _NoWeightGrad(torch.autograd.Function):
         return grad @ w, None
 
 
-def _capture_backward_of(model, x, kept_from_warmup):
-    """Capture model(x).sum().backward() on a side stream; the error it raised, or None."""
+def _warmed_on_the_default_stream(keep_graph: bool):
+    """A Linear run forward and backward on the default stream; with `keep_graph` its loss is
+    returned too, holding the leaves' AccumulateGrad nodes (made on the default stream)."""
+    with torch.cuda.stream(torch.cuda.default_stream()):
+        model = torch.nn.Linear(8, 8).cuda()
+        x = torch.ones(2, 8, device="cuda")
+        warm = model(x).sum()
+        warm.backward(retain_graph=keep_graph)
+    torch.cuda.synchronize()
+    model.zero_grad(set_to_none=True)
+    return model, x, (warm if keep_graph else None)
+
+
+def _capture_backward_of(model, x):
+    """Capture model(x).sum().backward() on a side stream: (the graph, the error it raised)."""
     s = torch.cuda.Stream()
     s.wait_stream(torch.cuda.current_stream())
     g = torch.cuda.CUDAGraph()
@@ -66,34 +79,20 @@ def _capture_backward_of(model, x, kept_from_warmup):
             g.capture_end()
     torch.cuda.current_stream().wait_stream(s)
     torch.cuda.synchronize()
-    del kept_from_warmup
     return g, error
 
 
 def test_a_default_stream_leaf_kept_from_warmup_is_refused_in_capture(where):
-    default = torch.cuda.default_stream()
-    with torch.cuda.stream(default):
-        model = torch.nn.Linear(8, 8).cuda()
-        x = torch.ones(2, 8, device="cuda")
-        warm = model(x).sum()  # holds the leaves' AccumulateGrad nodes, made on the default stream
-        warm.backward(retain_graph=True)
-    torch.cuda.synchronize()
-    model.zero_grad(set_to_none=True)
-    _, error = _capture_backward_of(model, x, warm)
+    model, x, kept = _warmed_on_the_default_stream(keep_graph=True)
+    _, error = _capture_backward_of(model, x)
     assert error is not None
     assert ("During CUDA graph capture, autograd node 'torch::autograd::AccumulateGrad' has a stale "
             "reference to the default stream (stream 0) from warmup.") in str(error)
 
 
 def test_a_default_stream_warmup_whose_graph_is_gone_captures(where):
-    default = torch.cuda.default_stream()
-    with torch.cuda.stream(default):
-        model = torch.nn.Linear(8, 8).cuda()
-        x = torch.ones(2, 8, device="cuda")
-        model(x).sum().backward()  # its graph, and the leaves' nodes with it, are gone at once
-    torch.cuda.synchronize()
-    model.zero_grad(set_to_none=True)
-    g, error = _capture_backward_of(model, x, None)
+    model, x, _ = _warmed_on_the_default_stream(keep_graph=False)
+    g, error = _capture_backward_of(model, x)
     assert error is None
     g.replay()
     torch.cuda.synchronize()
@@ -101,16 +100,9 @@ def test_a_default_stream_warmup_whose_graph_is_gone_captures(where):
 
 
 def test_the_override_gives_a_stale_leaf_the_capturing_stream(where):
-    default = torch.cuda.default_stream()
-    with torch.cuda.stream(default):
-        model = torch.nn.Linear(8, 8).cuda()
-        x = torch.ones(2, 8, device="cuda")
-        warm = model(x).sum()
-        warm.backward(retain_graph=True)
-    torch.cuda.synchronize()
-    model.zero_grad(set_to_none=True)
+    model, x, kept = _warmed_on_the_default_stream(keep_graph=True)
     torch.autograd.graph.set_override_stale_capture_stream(True)
-    g, error = _capture_backward_of(model, x, warm)
+    g, error = _capture_backward_of(model, x)
     assert error is None
     g.replay()
     torch.cuda.synchronize()
