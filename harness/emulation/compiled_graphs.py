@@ -53,6 +53,7 @@ from harness.emulation.compiled_devices import (OutputMark, Placement, graph_att
 from harness.emulation.compiled_rng import compiled_for_the_host, inputs_of, rng_ops_on_device
 from harness.emulation.compiled_trees import (direct_trees_refused, rerecord_limit_exceeded,
                                               trees_reset, wants_cudagraphs)
+from harness.emulation.device_indices import guard_index
 from harness.emulation.device_memory import is_device_memory, wrapped_tensors
 from harness.emulation.traced_factories import factories_patch
 
@@ -313,8 +314,13 @@ class DeviceGraph:
             dataclasses.replace(info, mutating_use_stack_trace=(
                 info.mutating_use_stack_trace or _mutating_use_trace(self.graph_module, [i])))
             for i, info in enumerate(utils.get_placeholder_info(self.graph_module.graph)))
+        # the trees of the graph's device, as inductor picks them from the devices it compiled
+        # for: its inputs may be on another device than the current one (`cuda:1` tensors called
+        # with cuda:0 current), and the trees route that device's allocations to its pool
+        device = guard_index(args, {})
         return torch_internals.lazy_module("inductor_cudagraph_trees").cudagraphify_impl(
-            model, list(args), sorted(self.static), device_index=torch.cuda.current_device(),
+            model, list(args), sorted(self.static),
+            device_index=torch.cuda.current_device() if device is None else device,
             is_backward=self.backward, is_inference=not self.training,
             stack_traces=self.output_traces, placeholders=placeholders,
             constants=_graph_constants(self.graph_module),

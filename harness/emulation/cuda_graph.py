@@ -14,6 +14,7 @@ graph whose `id()` is `key` was reset), `graph_destroyed(key)`
 
 from __future__ import annotations
 
+import contextlib
 import sys
 from typing import Callable
 import warnings
@@ -275,7 +276,8 @@ class EmulatedCUDAGraph:
             with torch_internals.DisableTorchFunction():
                 recording.replay_observed(before, after)
 
-        self._host.issue_replay(self, graph, run)
+        with self._on_capture_device():
+            self._host.issue_replay(self, graph, run)
 
     def replay(self) -> None:
         graph = self._graph
@@ -294,15 +296,26 @@ class EmulatedCUDAGraph:
         if observer is None:
             # A profiler recording CUDA activity sees the launch and each node (kernel_log.py).
             log = getattr(self._host, "kernel_log", None)
-            self._host.issue_replay(self, graph, self._run if log is None else
-                                    self._bracketed(log.run_graph))
+            with self._on_capture_device():
+                self._host.issue_replay(self, graph, self._run if log is None else
+                                        self._bracketed(log.run_graph))
             return
 
         def observed(recording: EmulatedGraph) -> None:
             with torch_internals.DisableTorchFunction():
                 observer(recording)
 
-        self._host.issue_replay(self, graph, observed)
+        with self._on_capture_device():
+            self._host.issue_replay(self, graph, observed)
+
+    def _on_capture_device(self):
+        """CUDAGraph::replay launches on the current stream of the device the graph was captured
+        on (a device guard on its capture stream's device), whichever device the caller has
+        current: a graph of cuda:1 replayed with cuda:0 current runs on cuda:1's stream."""
+        index = getattr(self._capture_stream, "device_index", None)
+        if index is None or index == torch.cuda.current_device():
+            return contextlib.nullcontext()
+        return torch.cuda.device(index)
 
     def observe_replays(self, observer) -> None:
         """From now on each `replay()` runs `observer(recording)` in place of the plain replay

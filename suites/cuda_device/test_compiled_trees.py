@@ -629,3 +629,27 @@ def test_reduce_overhead_runs_through_torchs_own_trees(cuda_kind):
     manager = get_container(torch.cuda.current_device()).tree_manager
     assert manager is not None
     assert manager.new_graph_id().id == 1
+
+
+@needs_access_errors
+def test_reduce_overhead_on_another_devices_tensors_runs_in_that_devices_trees(two_devices):
+    """Inductor hands a graph to the cudagraph trees of the device it was compiled for, which route
+    that device's allocations to their pool: a reduce-overhead function of cuda:1 tensors called
+    with cuda:0 current warms up, records and replays in cuda:1's trees. The emulated device gave
+    the trees the current device (0), and their warm-up's pool check failed ("These storage data
+    ptrs are not allocated in pool"), from 2026-12-07 (torch's own trees) to the fix."""
+    if two_devices == "emulated" and not hasattr(torch.UntypedStorage, "_swap_data_ptr_"):
+        pytest.skip("this torch (2.11) lacks UntypedStorage._swap_data_ptr_: the emulated device "
+                    "keeps its stand-in for the trees")
+    from torch._inductor.cudagraph_trees import get_container
+
+    compiled = torch.compile(_cubed, mode="reduce-overhead")
+    x = torch.rand(4, device="cuda:1")
+    assert torch.cuda.current_device() == 0
+    for _ in range(3):  # warm-up, recording, replay
+        out = compiled(x)
+    assert out.device == torch.device("cuda:1")
+    torch.testing.assert_close(out, _cubed(x))
+    assert get_container(1).tree_manager is not None
+    assert get_container(1).tree_manager.new_graph_id().id == 1
+    assert get_container(0).tree_manager is None

@@ -200,3 +200,19 @@ def test_sleeps_on_two_devices_overlap_in_event_time(two_devices):
     each = [start.elapsed_time(end) for start, end in (on_zero, on_one)]
     assert min(each) >= 160.0  # 400M cycles at a 2 GHz clock or slower: 200 ms or more
     assert sum(each) > 1.3 * span_start.elapsed_time(span_end)
+
+
+def test_a_graph_replays_on_its_capture_devices_stream(two_devices):
+    """CUDAGraph::replay launches on the current stream of the graph's capture device (a device
+    guard on it), whatever device the caller has current: a graph of cuda:1 replayed with cuda:0
+    current is ordered after cuda:1's work, here the copy into its input. The emulated device
+    replayed it on cuda:0's stream (a race with the copy) before 2026-12-07."""
+    with torch.cuda.device(1):
+        static = torch.zeros(4, device="cuda")
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            out = static * 2
+    assert torch.cuda.current_device() == 0
+    static.copy_(torch.ones(4, device="cuda:1"))  # on cuda:1's current stream
+    graph.replay()
+    torch.testing.assert_close(out, torch.full((4,), 2.0, device="cuda:1"))
