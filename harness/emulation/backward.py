@@ -199,6 +199,31 @@ def put_back_function_mode(mode, index: int) -> None:
 # Where each output of a custom autograd.Function's forward lives, kept on its backward node
 # (the `ctx`): per output, the device index of a device tensor, else None.
 _OUTPUT_DEVICES = "_harness_output_devices"
+# With several devices, the node's _ZerosDeviceGuard (see there)
+_ZEROS_GUARD = "_harness_zeros_guard"
+
+
+class _ZerosDeviceGuard:
+    """CUDA's PyNode makes each zero gradient it materializes under a device guard on that
+    output's device, and calls the Function's backward with the guard still on the last one's
+    device. A pre-hook of the node (run by the engine before the materialization) makes that
+    device current here, and `restore` gives the caller's back once the backward has returned:
+    the zeros are then made on that device's stream, and the backward runs there, as on CUDA."""
+
+    def __init__(self, state, devices: tuple) -> None:
+        self._state, self._devices = state, devices
+        self._callers: list[int] = []  # the current device before each pre-hook, per thread run
+
+    def before(self, grad_outputs) -> None:
+        missing = [index for grad, index in zip(grad_outputs, self._devices)
+                   if grad is None and index is not None]
+        self._callers.append(self._state.current_index)
+        if missing:
+            self._state.current_index = missing[-1]
+
+    def restore(self) -> None:
+        if self._callers:
+            self._state.current_index = self._callers.pop()
 
 
 def function_outputs_recorded(state, original):
@@ -213,9 +238,14 @@ def function_outputs_recorded(state, original):
         node = next((t.grad_fn for t in outs if isinstance(t, torch.Tensor)
                      and isinstance(t.grad_fn, torch.autograd.function.BackwardCFunction)), None)
         if node is not None:
-            setattr(node, _OUTPUT_DEVICES, tuple(
-                (device_indices.index_of(t) if several else 0)
-                if isinstance(t, torch.Tensor) and is_device_memory(t) else None for t in outs))
+            devices = tuple((device_indices.index_of(t) if several else 0)
+                            if isinstance(t, torch.Tensor) and is_device_memory(t) else None
+                            for t in outs)
+            setattr(node, _OUTPUT_DEVICES, devices)
+            if several and any(devices):
+                guard = _ZerosDeviceGuard(state, devices)
+                setattr(node, _ZEROS_GUARD, guard)
+                node.register_prehook(guard.before)
         return out
 
     return classmethod(recorded)
@@ -230,16 +260,32 @@ def materialized_grads_placed(state, original, *, boxed: bool = False):
     made device memory there (it was host memory: a backward combining it with device gradients
     met the mixed-device error)."""
     memory = state.memory
+    several = state.properties.count > 1
 
     def apply(node, *args):
         devices = getattr(node, _OUTPUT_DEVICES, None)
         grads = args[0] if boxed and len(args) == 1 and isinstance(args[0], list) else args
         if devices is not None and len(devices) == len(grads):
             for grad, index in zip(grads, devices):
-                if index is not None and isinstance(grad, torch.Tensor) and not is_device_memory(grad):
+                if index is None or not isinstance(grad, torch.Tensor):
+                    continue
+                if not is_device_memory(grad):
                     memory.mark_device(grad)
                     if index:
                         device_indices.set_index(grad, index)
-        return original(node, *args)
+                elif several and device_indices.index_of(grad) != index:
+                    # Made device memory already, on the device of the call the engine runs
+                    # in: once stream tracking is on (a second stream seen, by any earlier
+                    # code), its mode marks every fresh result of a device call, the zeros
+                    # too, without their device. CUDA's engine hands a Function only gradients
+                    # on its outputs' devices (validate_outputs copies or refuses any other).
+                    device_indices.set_index(grad, index)
+        guard = getattr(node, _ZEROS_GUARD, None)
+        if guard is None:
+            return original(node, *args)
+        try:
+            return original(node, *args)
+        finally:
+            guard.restore()
 
     return apply

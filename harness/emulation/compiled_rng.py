@@ -32,6 +32,7 @@ from harness.emulation import device_indices
 from harness.emulation.compiled_devices import traced_from_marker
 from harness.emulation.device_draws import EagerDraws
 from harness.emulation.device_memory import is_device_memory
+from harness.emulation.rules import cuda_index, names_cuda
 
 # While a backend compiles one of dynamo's graphs: per example input, its device index when it is
 # device memory, _HOST when host memory, None when no tensor.
@@ -238,7 +239,12 @@ def _run_on_device(placement, func, args: tuple, kwargs: dict):
     if not on_device:
         return func(*args, **kwargs)
     keys = torch_internals.hop_compute_keyset(args, kwargs, func.non_fallthrough_keys)
-    with placement:
+    state = placement.state
+    # The op runs under its device's guard on CUDA (the device it names, else its tensors'):
+    # its kernel goes to that device's current stream, not the caller's current device's
+    index = (cuda_index(device, state.current_index, state.properties.count)
+             if names_cuda(device) else device_indices.guard_index(args, kwargs))
+    with placement, state.device_guard(state.current_index if index is None else index):
         # its __call__ less the torch-function check, which would hand it back to this mode
         return func.dispatch(keys.highestPriorityTypeId(), *args, **kwargs)
 

@@ -36,7 +36,20 @@ def test_an_unused_outputs_zero_gradient_is_on_the_device(cuda_kind):
     assert x.grad.is_cuda and x.grad.tolist() == [2.0] * 3
 
 
-def test_an_unused_outputs_zero_gradient_is_on_that_outputs_device(two_devices):
+def _side_stream_made(made: bool) -> None:
+    """A stream made before the check: the emulated device then tracks every op's stream (it
+    starts at the first sign of asynchrony), whose mode marks each fresh result of a device call,
+    the engine's zero gradients too. Until 2026-12-07 they were then cuda:0's, on its stream,
+    whatever the output's device (PyTorch's TestSAC.test_multi_device failed after any case that
+    had made a stream: a mixed-device error)."""
+    if made:
+        torch.cuda.Stream(device=0)
+
+
+@pytest.mark.parametrize("stream_made", [False, True], ids=["default_stream", "after_a_stream"])
+def test_an_unused_outputs_zero_gradient_is_on_that_outputs_device(two_devices, stream_made):
+    _side_stream_made(stream_made)
+
     class Across(torch.autograd.Function):
         @staticmethod
         def forward(ctx, x, y):
@@ -56,9 +69,11 @@ def test_an_unused_outputs_zero_gradient_is_on_that_outputs_device(two_devices):
     assert y.grad is None or y.grad.device == torch.device("cuda", 1)
 
 
-def test_a_compiled_function_of_two_devices_differentiates_one_output(two_devices):
+@pytest.mark.parametrize("stream_made", [False, True], ids=["default_stream", "after_a_stream"])
+def test_a_compiled_function_of_two_devices_differentiates_one_output(two_devices, stream_made):
     """PyTorch's TestSAC.test_multi_device: AOTAutograd's backward combines the zero gradient of
     the unused output with the gradients on its device."""
+    _side_stream_made(stream_made)
 
     def region(x, y):
         return torch.sigmoid(torch.rand_like(x) * y) * x
