@@ -186,7 +186,19 @@ class Placement(TorchFunctionMode):
         if not (device_in or named_device):
             if kwargs and isinstance(kwargs.get("generator"), DeviceGenerator):
                 raise device_generator_on_host_error()
-            out = func(*args, **kwargs)
+            memory = self.memory
+            if memory.call_on_device:
+                # A host call made inside a device call's own run (the code a `backward()` runs:
+                # a checkpointed region recomputed, a hook) is a host call: what it makes is
+                # host memory, for the modes that read the flag too (a user's dispatch mode,
+                # the stream tracking), as it was for its forward
+                memory.call_on_device = False
+                try:
+                    out = func(*args, **kwargs)
+                finally:
+                    memory.call_on_device = True
+            else:
+                out = func(*args, **kwargs)
             if pinned:
                 self._mark(out, PINNED)
             return out

@@ -189,3 +189,26 @@ def test_a_random_op_meeting_an_input_thousands_of_ops_later_is_on_its_device():
     module = torch.fx.GraphModule(torch.nn.Module(), graph)
     assert device_rng_ops(module, (1,)) == {rand.name: 1}
     assert device_rng_ops(module, ("host",)) == {}
+
+
+@pytest.mark.parametrize("stream_made", [False, True], ids=["default_stream", "after_a_stream"])
+def test_a_host_region_recomputed_in_the_backward_stays_on_the_host(cuda_kind, stream_made):
+    """A checkpointed region of host tensors, whose result goes to the device, is recomputed
+    inside `backward()`, a call on the device: its own calls are host calls there as in the
+    forward. Until 2026-12-07 they counted as the device call's (once the stream tracking was
+    on, after any stream was made), so `randperm(n, device=z.device)` made device memory and met
+    the host `z`: a mixed-device error (PyTorch's TestSAC.test_cpu_and_cuda_rng, whose compiled
+    region of host and device tensors runs as such eager code on the emulated device)."""
+    if stream_made:
+        torch.cuda.Stream()
+
+    def region(z):
+        return z * torch.randperm(z.numel(), device=z.device).reshape(z.shape)
+
+    x = torch.ones(2, 2, device="cuda", requires_grad=True)
+    z = torch.ones(2, 2, requires_grad=True)
+    out = x * torch.utils.checkpoint.checkpoint(region, z, use_reentrant=True).cuda()
+    out.sum().backward()
+    # d(out)/dz is the permutation the forward drew, if the recompute drew it again on the host
+    assert sorted(z.grad.flatten().tolist()) == [0.0, 1.0, 2.0, 3.0]
+    assert z.grad.flatten().tolist() == out.detach().flatten().tolist()
