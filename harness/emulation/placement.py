@@ -83,6 +83,9 @@ class Placement(TorchFunctionMode):
         self.state = state
         self.memory = state.memory
         self._several_devices = state.properties.count > 1
+        # A call dynamo leaves out of the graph (a graph break) and runs as eager code: made
+        # at entry, as dynamo's own code is imported there (compiled_graphs.compile_patches).
+        self._outside_the_graph = torch.compiler.disable(_call)
         self._getters = {
             _descriptor("device"): self._get_device,
             _descriptor("is_cuda"): self._get_is_cuda,
@@ -113,7 +116,7 @@ class Placement(TorchFunctionMode):
             # Dynamo traces this method: the graph gets the call with the device named as the
             # cpu its tensors live on, so inductor writes cpu code (compiled.py runs the graph on
             # the device and marks its outputs).
-            return _traced_on_host(func, args, kwargs or {})
+            return _traced_on_host(func, args, kwargs or {}, self._outside_the_graph)
         if type(func) is _MethodWrapper:  # a property: x.shape, x.device, x.grad = g, ...
             getter = self._getters.get(func.__self__)
             if getter is None or func.__name__ != "__get__":
@@ -499,10 +502,13 @@ def _target_on_device(func, args: tuple, kwargs: dict, index: int) -> tuple[tupl
     return (args[0], *(target if _indexless_cuda(a) else a for a in args[1:])), kwargs
 
 
-def _traced_on_host(func, args: tuple, kwargs: dict):
+def _traced_on_host(func, args: tuple, kwargs: dict, outside_the_graph):
     """The call as dynamo records it: on the cpu, a transfer or a factory naming cuda wrapped in
     compiled_devices' marker of where its result lives (what the graph's outputs are made of when
-    it runs)."""
+    it runs). A factory naming cuda and asked for a gradient is made by `outside_the_graph`:
+    dynamo breaks the graph at such a factory and runs it eagerly, on CUDA a leaf; traced on the
+    cpu, the break would fall inside this call (with nested graph breaks, PyTorch's test cases'
+    setting), and the marker after it would be a graph of its own, returning a non-leaf."""
     if func is Tensor.cuda:
         return to_device(args[0], bool(args[2] if len(args) > 2 else
                                        kwargs.get("non_blocking", False)))
@@ -527,6 +533,8 @@ def _traced_on_host(func, args: tuple, kwargs: dict):
         # a device object reading cpu: most often a traced tensor's `.device` (compiled_devices)
         return (to_traced_device if _device_object(target) else to_host)(out, non_blocking)
     if target is not None and names_cuda(target):
+        if kwargs.get("requires_grad"):
+            return outside_the_graph(func, args, kwargs)
         return to_device(func(*args, **{**kwargs, "device": CPU}))
     if _device_object(target):
         return to_traced_device(func(*args, **kwargs))

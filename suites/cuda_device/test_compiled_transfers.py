@@ -63,6 +63,26 @@ def test_a_compiled_factory_naming_cuda_without_inputs_is_device_memory(cuda_kin
     assert out.is_cuda and out.cpu().tolist() == [3.0, 3.0]
 
 
+@pytest.mark.parametrize("nested_graph_breaks", [False, True], ids=["breaks", "nested_breaks"])
+def test_a_compiled_factory_asked_for_a_gradient_is_a_leaf_on_the_device(cuda_kind,
+                                                                         nested_graph_breaks):
+    """Dynamo breaks the graph at a factory with `requires_grad=True` and runs it eagerly: a
+    leaf, which takes a post-accumulate-grad hook and accumulates its own `.grad`. With nested
+    graph breaks (PyTorch's test cases turn them on) the break fell inside the emulated device's
+    traced call, whose marker of device memory then ran as a graph of its own: until 2026-12-07
+    the result was a non-leaf (`ToCopyBackward0`) and the hook was refused."""
+    def make(x):
+        return torch.ones(3, device="cuda", requires_grad=True)
+
+    with torch._dynamo.config.patch(nested_graph_breaks=nested_graph_breaks):
+        out = torch.compile(make)(torch.ones(3, device="cuda", requires_grad=True))
+    assert out.is_cuda and out.is_leaf and out.grad_fn is None
+    seen = []
+    out.register_post_accumulate_grad_hook(lambda leaf: seen.append(leaf.grad.sum().item()))
+    (out * 2).sum().backward()
+    assert seen == [6.0] and out.grad.is_cuda
+
+
 def _prefetch_three_steps() -> tuple[int, int]:
     """A reduce-overhead graph reading a pinned host tensor beside a device one, three calls (warm
     up, record, replay); inductor's skips and the graphs' values are checked."""
