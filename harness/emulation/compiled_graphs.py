@@ -291,9 +291,9 @@ class DeviceGraph:
             state.trees_static_inputs = None
         out = outs[0] if self.bare_output or not issubclass(self.returned, (list, tuple)) \
             else self.returned(outs)
-        # the trees wrap the whole compiled call here, AOTAutograd's runtime around the graph
-        # included, where inductor wraps the graph inside it: an output aliasing an input is
-        # rebuilt from the caller's tensor as AOTAutograd rebuilds it
+        # the trees wrap the whole compiled call here (but for AOTAutograd's own graphs),
+        # AOTAutograd's runtime around the graph included, where inductor wraps the graph inside
+        # it: an output aliasing an input is rebuilt from the caller's tensor as AOTAutograd does
         return self._from_inputs(args, key, out)
 
     def _trees_function(self, state, args, key):
@@ -496,7 +496,14 @@ class DeviceGraph:
         """`out` with each output that aliases an input rebuilt as a view of this call's input:
         AOTAutograd regenerates such outputs from the caller's tensors around the compiled code
         (what autograd records, and CUDA's memory), where a recording's are views of the copies
-        it reads its inputs from."""
+        it reads its inputs from. One of AOTAutograd's own graphs (training) runs inside its
+        runtime, which does that itself, as inductor's graph does under the trees: its outputs
+        stay the recording's. Those are the activations the backward saves, a forward input
+        among them (`x` of `x * w`), which the trees give the backward at the address of the
+        recording's copy, the same at every replay; rebuilt from the caller's `x`, a new tensor
+        each step, the backward's static input moved at each step and was recorded again."""
+        if self.aot_graph:
+            return out
         views = self.input_views.get(key)
         if views is None:
             try:
