@@ -39,6 +39,7 @@ import contextlib
 import dataclasses
 import importlib
 import itertools
+import weakref
 from dataclasses import dataclass
 from typing import Any, Callable
 
@@ -209,7 +210,17 @@ class DeviceGraph:
             self.static = frozenset(aot_static)
 
     def __call__(self, *args):
+        return self.call_boxed(list(args))
+
+    def call_boxed(self, boxed: list):
+        """The call in inductor's boxed convention: the caller's list is emptied, and the list
+        the call holds is emptied in turn as torch's trees take the inputs of one of
+        AOTAutograd's graphs (a backward's saved activations die while it runs, as the trees
+        expect of a recording; see `_through_torchs_trees`)."""
         from harness.emulation.active import emulation_active
+
+        args = list(boxed)
+        boxed.clear()
 
         active = emulation_active()
         if active == "cuda" and self.opaque and _device_sees_calls() and any(
@@ -282,11 +293,18 @@ class DeviceGraph:
         if self.trees_function is None:
             self.trees_function = self._trees_function(state, args, key)
             state.trees.note_graph(self)  # torch._dynamo.reset() lets go of the function
+        # held weakly: a backward's static inputs are the activations it saved, which the trees
+        # expect to die while it runs (a recording notes which of its parent's outputs did)
+        static = [weakref.ref(args[i]) for i in self.static
+                  if i < len(args) and isinstance(args[i], torch.Tensor)]
         state.trees_static_inputs = lambda: [
-            args[i].untyped_storage() for i in self.static
-            if i < len(args) and isinstance(args[i], torch.Tensor)]
+            t.untyped_storage() for t in (ref() for ref in static) if t is not None]
+        inputs = list(args)
+        if self.aot_graph:
+            # AOTAutograd hands its inputs over (boxed): nothing here keeps them past the trees
+            args.clear()
         try:
-            outs = self.trees_function(list(args))
+            outs = self.trees_function(inputs)
         finally:
             state.trees_static_inputs = None
         out = outs[0] if self.bare_output or not issubclass(self.returned, (list, tuple)) \

@@ -136,9 +136,7 @@ class BoxedGraph:
         self.graph = graph
 
     def __call__(self, args: list) -> Any:
-        inputs = list(args)
-        args.clear()
-        return self.graph(*inputs)
+        return self.graph.call_boxed(args)
 
 
 def _unboxed(boxed: Callable) -> Callable:

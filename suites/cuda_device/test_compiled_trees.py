@@ -468,6 +468,39 @@ def test_a_training_step_replays_the_forward_and_backward_it_recorded(cuda_kind)
     assert counters["inductor"]["cudagraph_recorded_non_static_inputs"] == 2
 
 
+@needs_access_errors
+def test_a_recorded_backward_frees_the_activations_it_saved(cuda_kind):
+    """AOTAutograd hands the backward its saved activations in a list the callee empties, so
+    they die while the backward runs; the trees note at its recording which outputs of the
+    forward's recording died (and expect them to die at each replay). The emulated device held
+    them until the call returned, so its recordings noted none (until 2026-12-07; PyTorch's
+    test_forward_backward)."""
+    if cuda_kind == "sanitizer":
+        pytest.skip("the graph sanitizer refuses inductor's cudagraph trees by name")
+    if cuda_kind == "emulated" and not hasattr(torch.UntypedStorage, "_swap_data_ptr_"):
+        pytest.skip("this torch (2.11) lacks UntypedStorage._swap_data_ptr_: the emulated device "
+                    "keeps its stand-in for the trees")
+    from torch._inductor.cudagraph_trees import get_container
+
+    compiled = torch.compile(lambda x: torch.sin(x * 2) * x.cos(), mode="reduce-overhead")
+    x = torch.rand(4, 4, device="cuda", requires_grad=True)
+    for _ in range(2):  # warm-up, recording
+        x.grad = None  # a gradient the trees' pool holds is overwritten by the next step
+        out = compiled(x)
+        out.sum().backward()
+    torch.testing.assert_close(x.grad, _sin_cos_grad(x.detach()))
+    node = get_container(torch.cuda.current_device()).tree_manager.current_node
+    assert node.expected_dead_indices_before_graph == []
+    # the forward's outputs: `out` (kept), then the activations the backward saved (all died)
+    saved = len(node.parent.outputs_weakrefs) - 1
+    assert saved > 0
+    assert node.expected_dead_indices_after_graph == [(0, i) for i in range(1, saved + 1)]
+
+
+def _sin_cos_grad(x):
+    return 2 * torch.cos(x * 2) * x.cos() - torch.sin(x * 2) * x.sin()
+
+
 def test_a_parameter_that_moves_is_recorded_again_past_the_limit(cuda_kind):
     """A static input at a new address (a parameter whose `.data` is replaced) is recorded again
     each time; from torch 2.13 the trees do not count such moves against
