@@ -501,6 +501,30 @@ def _sin_cos_grad(x):
     return 2 * torch.cos(x * 2) * x.cos() - torch.sin(x * 2) * x.sin()
 
 
+def _cubes_across_a_graph_break(x, y):
+    x_out = x * x * x
+    torch._dynamo.graph_break()
+    return x_out, y * y * y
+
+
+def test_a_recording_replays_while_a_previous_steps_outputs_refuse_access(cuda_kind):
+    """Each step runs the backward of one of two outputs: the other's saved activations, outputs
+    of a recording the previous step made, stay alive and are freed to the trees' pool at the next
+    step, which makes them raise on access; the recording then replays. The emulated device's
+    replay read those storages' addresses for its own checks and raised the trees' "overwritten"
+    error at the replay (until 2026-12-07; PyTorch's
+    test_forward_backward_not_called_backend_inductor)."""
+    if cuda_kind == "sanitizer":
+        pytest.skip("the graph sanitizer refuses inductor's cudagraph trees by name")
+    compiled = torch.compile(_cubes_across_a_graph_break, mode="reduce-overhead")
+    for _ in range(3):  # warm-up, recordings, replays
+        x, y = (torch.rand(20, 20, device="cuda", requires_grad=True) for _ in range(2))
+        x_out, y_out = compiled(x, y)
+        x_out.sum().backward()
+        torch.testing.assert_close(x.grad, 3 * x.detach() ** 2)
+        torch.testing.assert_close(y_out, y.detach() ** 3)
+
+
 def test_a_parameter_that_moves_is_recorded_again_past_the_limit(cuda_kind):
     """A static input at a new address (a parameter whose `.data` is replaced) is recorded again
     each time; from torch 2.13 the trees do not count such moves against

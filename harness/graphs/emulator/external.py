@@ -66,6 +66,12 @@ class ExternalStorage:
         return bool(self.kept_at_free)
 
     def moved(self) -> bool:
+        """Whether the storage now lives elsewhere, its captured memory freed. A block of a pool
+        that still holds its memory keeps the bytes the graph reads wherever its storage went
+        (torch's trees free an output's storage from the pool's accounting and make it raise on
+        access, its data pointer included, while the memory stays the pool's)."""
+        if self.owner_pool is not None and not self.owner_pool.memory_released():
+            return False
         storage = self.storage_object()
         return storage is not None and storage.data_ptr() != self.address
 

@@ -66,8 +66,13 @@ def first_changed(entries: tuple[CapturedTensor, ...]) -> CapturedTensor | None:
     every replay, so one call per tensor; the exact check confirms what it finds."""
     for entry in entries:
         tensor = entry.tensor()
-        if tensor is not None and _data_ptr(tensor) != entry.address and entry.changed():
-            return entry
+        try:
+            if tensor is not None and _data_ptr(tensor) != entry.address and entry.changed():
+                return entry
+        except RuntimeError:
+            # Its storage refuses access: torch's cudagraph trees gave an output's memory back
+            # to their pool and made every tensor over it raise; nothing can have moved it since.
+            continue
     return None
 
 
