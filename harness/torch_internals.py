@@ -251,6 +251,9 @@ NAMES: dict[str, Internal] = {
     # (cudagraph trees' overwritten outputs, views and detached copies included); CUDA builds only
     "set_storage_data_ptr_access_error_msg": Internal(
         "torch._C", "_set_storage_data_ptr_access_error_msg", optional=True),
+    # inductor's helpers: `any_is_symbolic`, what decides `triton.cudagraph_skip_dynamic_graphs`
+    "inductor_utils": Internal("torch._inductor.utils", "", _found("torch._inductor.utils"),
+                               lazy=True),
     # inductor's log and count of the graphs it runs without CUDA graphs
     "inductor_cudagraph_utils": Internal("torch._inductor.cudagraph_utils", "",
                                          _found("torch._inductor.cudagraph_utils"), lazy=True),

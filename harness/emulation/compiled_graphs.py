@@ -351,6 +351,9 @@ class DeviceGraph:
         host = self._placement(args, key).host
         if host is not None:
             return f"cpu device ({host})", partition
+        symbolic = _symbolic_shapes_skip(self.graph_module)
+        if symbolic is not None:
+            return symbolic, partition
         unsafe = _cudagraph_unsafe_op(self.graph_module)
         if unsafe is not None:
             return (f"cudagraph-unsafe op {unsafe}" if partition
@@ -397,6 +400,11 @@ class DeviceGraph:
                 # and its device partitions replayed, no skip counted (measured on an H100, torch
                 # 2.11). A compiled graph is not split here: the layout runs without a graph.
                 return self._unpartitioned(state, args, key, f"cpu device ({host})")
+            symbolic = _symbolic_shapes_skip(self.graph_module)
+            if symbolic is not None:
+                if torch_internals.lazy_module("inductor_config").graph_partition:
+                    return self._unpartitioned(state, args, key, symbolic)
+                return self._skip(state, args, key, symbolic)
             # What inductor and the trees decide before the first run (at compile time, or as
             # the trees first run the function): `triton.cudagraph_or_error` raises there.
             unsafe = _cudagraph_unsafe_op(self.graph_module)
@@ -880,6 +888,31 @@ def _output_traces(graph_module) -> list:
     values = output.args[0] if isinstance(output.args[0], (tuple, list)) else [output.args[0]]
     return [_users_frames(v.meta.get("stack_trace")) if isinstance(v, torch.fx.Node) else None
             for v in values]
+
+
+def _symbolic_shapes_skip(graph_module) -> str | None:
+    """Inductor's reason to run a graph with symbolic shapes without CUDA graphs under
+    `triton.cudagraph_skip_dynamic_graphs` (compile_fx, with the first node of a symbolic value
+    that has a stack trace), or None. With graph partition on inductor instead leaves every
+    node using a symbol out of its graph partitions, counting no skip."""
+    inductor_utils = torch_internals.lazy_module("inductor_utils")
+    if not torch_internals.lazy_module("inductor_config").triton.cudagraph_skip_dynamic_graphs:
+        return None
+    nodes = graph_module.graph.nodes
+    if not any(inductor_utils.any_is_symbolic(_traced_value(n)) for n in nodes
+               if n.op == "placeholder"):
+        return None
+    trace = next((n.meta["stack_trace"] for n in nodes
+                  if n.op != "placeholder" and n.meta.get("stack_trace")
+                  and isinstance(_traced_value(n), torch.Tensor)
+                  and inductor_utils.any_is_symbolic(_traced_value(n))), None)
+    reason = "graph with symbolic shapes inputs and config.triton.cudagraph_skip_dynamic_graphs=True."
+    return f"{reason} Found from {trace}\n" if trace else f"{reason}\n"
+
+
+def _traced_value(node: torch.fx.Node) -> Any:
+    """A node's fake value: dynamo's graphs keep it as `example_value`, AOTAutograd's as `val`."""
+    return node.meta.get("val", node.meta.get("example_value"))
 
 
 def _cudagraph_unsafe_op(graph_module) -> Any:

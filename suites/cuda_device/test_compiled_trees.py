@@ -116,6 +116,28 @@ def test_dynamos_cudagraphs_backend_replays_through_the_devices_graphs(cuda_kind
         torch.testing.assert_close(second, _cubed(x * 2))
 
 
+@pytest.mark.parametrize("partition", [False, True], ids=["skipped", "partitioned"])
+def test_a_graph_of_symbolic_shapes_runs_without_cuda_graphs_when_asked(cuda_kind, partition):
+    """Under `triton.cudagraph_skip_dynamic_graphs` inductor runs a graph with symbolic shapes
+    without CUDA graphs: without graph partition it logs and counts the skip ("graph with symbolic
+    shapes inputs"); with it (the default) it leaves the nodes using a symbol out of its graph
+    partitions, here all of them, and counts none. The emulated device recorded and replayed the
+    graph (until 2026-12-07; PyTorch's test_skip_symbolic, written before graph partition)."""
+    if cuda_kind == "sanitizer":
+        pytest.skip("the graph sanitizer refuses inductor's cudagraph trees by name")
+    from torch._dynamo.utils import counters
+
+    compiled = torch.compile(lambda x, y: x + y, dynamic=True, mode="reduce-overhead")
+    counters.clear()
+    with torch._inductor.config.patch({"triton.cudagraph_skip_dynamic_graphs": True,
+                                       "graph_partition": partition}):
+        x, y = torch.rand(10, device="cuda"), torch.rand(10, device="cuda")
+        outs = [compiled(x, y) for _ in range(4)]  # a warm-up, a recording and replays if graphed
+    assert outs[2] is not outs[3]  # replays would hand back one tensor
+    torch.testing.assert_close(outs[3], x + y)
+    assert counters["inductor"]["cudagraph_skips"] == (0 if partition else 1)
+
+
 def _graph_pool_blocks() -> int:
     """Blocks in use in graph pools (PyTorch's tree tests count these at their tearDown)."""
     return sum(1 for segment in torch.cuda.memory_snapshot() if segment["segment_pool_id"] != (0, 0)
