@@ -257,7 +257,9 @@ class DeviceGraph:
         if self.cudagraphs and not state.capturing():
             if state.torchs_trees:
                 return self._through_torchs_trees(state, args)
-            return self._replayed(state, args)
+            out = self._replayed(state, args)
+            state.trees.ran(self)
+            return out
         return self._run(state, args)
 
     # --- reduce-overhead through torch's own cudagraph trees (state.torchs_trees) -------------

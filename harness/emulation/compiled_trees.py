@@ -106,8 +106,9 @@ class TreeGenerations:
     make every output of the previous generation's warm-ups and recordings still alive raise
     "accessing tensor output of CUDAGraphs that has been overwritten by a subsequent run" when its
     memory is read through any tensor over it (`torch._C._set_storage_data_ptr_access_error_msg`).
-    A replay's outputs are the same tensors from replay to replay and are not made to raise. A generation whose outputs still need
-    a backward is not ended (trees wait for the backward); the emulated device leaves those alone.
+    A replay's outputs are the same tensors from replay to replay and are not made to raise. A
+    generation whose last training forward has not had a backward run since is not ended (the
+    trees wait for it: `running_forwards_with_pending_backwards`).
     Only a torch built with CUDA (a CUDA wheel, with or without a GPU) has the call that makes a
     storage raise; on a CPU wheel the outputs keep what the next run wrote, as before.
     """
@@ -132,6 +133,8 @@ class TreeGenerations:
         # next generation overwrites, whatever tensor (a `.detach()`, a view) the program keeps
         self._pool_outputs: list[tuple[Any, Any, str | None]] = []
         self._graphs: Any = weakref.WeakSet()  # the DeviceGraphs that ran with CUDA graphs
+        # a training forward ran and no backward since (the trees' flag, set after each run)
+        self.pending_backward = False
         # per device: the one side stream the trees' manager records every graph on
         self._streams: dict[int, Any] = {}
         # per device: what the allocator's model keys the pool of the warm-ups by, and its id
@@ -148,6 +151,7 @@ class TreeGenerations:
         self._pool_outputs = []
         self._runs = {}
         self.current = None
+        self.pending_backward = False
         self._function_ids = weakref.WeakKeyDictionary()
         self._nodes = 0
         self.node = None
@@ -200,8 +204,7 @@ class TreeGenerations:
         generation = trees.CUDAGraphTreeManager.get_curr_generation()
         if generation == self.current:
             return self.current
-        tensors = [ref() for ref, _, _ in self._pool_outputs]
-        if any(t is not None and t.requires_grad for t in tensors):
+        if self.pending_backward and not trees.MarkStepBox.mark_step_counter:
             return self.current  # a forward whose backward is pending: trees keep it going
         # A build without it (the CPU wheels: torch defines it with CUDA) cannot make a storage
         # raise on access; there the outputs keep what the next run wrote, silently.
@@ -222,6 +225,15 @@ class TreeGenerations:
         self.current = generation
         self.node = None
         return generation
+
+    def ran(self, graph) -> None:
+        """`graph` ran (warmed up, recorded or replayed): after a training forward the trees wait
+        for a backward before a new generation, after a backward no more. Until 2026-12-07 the
+        device waited while any output of the generation required grad instead, so a training
+        loop that kept the last step's loss (`loss = f(x).sum()`) never left its first
+        generation: it warmed up at every step and never recorded."""
+        if graph.training:
+            self.pending_backward = not graph.backward
 
     def function_id(self, graph) -> int:
         """The trees' id of `graph`'s function: functions are numbered as they first run."""

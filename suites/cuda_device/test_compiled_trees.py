@@ -490,6 +490,28 @@ def test_a_training_step_replays_the_forward_and_backward_it_recorded(cuda_kind)
     assert counters["inductor"]["cudagraph_recorded_non_static_inputs"] == 2
 
 
+def test_a_training_loop_that_keeps_its_last_loss_records_once_its_backward_ran(cuda_kind):
+    """The trees wait for a training forward's backward before starting a new generation, and
+    only for that: a loop whose loss variable still holds the last step's loss (it is replaced
+    after the next forward) records at its second step as any other. The emulated device's
+    stand-in for the trees (a CPU wheel, torch 2.11) waited while any output still required grad,
+    so such a loop warmed up at every step and never recorded (until 2026-12-07)."""
+    if cuda_kind == "sanitizer":
+        pytest.skip("the graph sanitizer refuses inductor's cudagraph trees by name")
+    from torch._dynamo.utils import counters
+
+    weight = torch.nn.Parameter(torch.rand(2, 2, device="cuda"))
+    compiled = torch.compile(lambda x, w: (x * w).sum(), mode="reduce-overhead")
+    counters.clear()
+    for step in range(4):  # warm-up, recording, replays
+        x = torch.full((2, 2), float(step + 1), device="cuda")
+        loss = compiled(x, weight)
+        loss.backward()
+        torch.testing.assert_close(weight.grad, x)
+        weight.grad = None
+    assert counters["inductor"]["cudagraph_recorded_non_static_inputs"] == 2  # `x`; the gradient
+
+
 @needs_access_errors
 def test_a_recorded_backward_frees_the_activations_it_saved(cuda_kind):
     """AOTAutograd hands the backward its saved activations in a list the callee empties, so
