@@ -1,5 +1,5 @@
 """torch.cuda calls runtimes make at start-up or in passing: TunableOp's settings, a stream from a
-raw handle, and `__cuda_array_interface__`. Each raised AttributeError inside the emulation on a
+raw handle, NVTX ranges and `__cuda_array_interface__`. Each raised AttributeError inside the emulation on a
 CPU build before; the settings and the stream are checked against CUDA too (`cuda_kind`)."""
 
 from __future__ import annotations
@@ -52,6 +52,16 @@ def test_a_stream_from_a_raw_handle_is_the_default_stream_or_wraps_the_handle(cu
     # CUDA's answer, measured: another object, unequal (its stream id is the raw handle). The
     # emulated device's is the stream it queues the work on, and compares equal (docs/fidelity.md).
     assert (found == side) if cuda_kind == "emulated" else (found != side)
+
+
+def test_an_nvtx_range_start_answers_0_with_no_tool_attached(cuda_kind):
+    # NVTX hands out range ids only to a tool (Nsight); without one nvtxRangeStartA answers 0 each
+    # time (measured on an H200, torch 2.11), where the emulated device counted 1, 2, ...
+    first = torch.cuda.nvtx.range_start("step")
+    torch.cuda.nvtx.range_end(first)
+    second = torch.cuda.nvtx.range_start("step")
+    torch.cuda.nvtx.range_end(second)
+    assert (first, second) == (0, 0)
 
 
 def test_the_cuda_array_interface_of_a_device_tensor_is_refused_by_name(cuda_device):
