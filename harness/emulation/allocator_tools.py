@@ -228,6 +228,9 @@ def patches(state) -> list[tuple[Any, str, Any]]:
     @contextlib.contextmanager
     def use_mem_pool(pool: MemPool, device=None) -> Iterator[None]:
         if not isinstance(pool, MemPool):
+            if not hasattr(pool, "id"):  # torch's use_mem_pool reads pool.id first: its error
+                raise AttributeError(f"'{type(pool).__name__}' object has no attribute 'id' "
+                                     f"(use_mem_pool() takes a torch.cuda.MemPool)")
             raise TypeError(f"use_mem_pool() takes a torch.cuda.MemPool, got "
                             f"{type(pool).__name__}")
         index = state.streams.device_index(device)  # the current device for None

@@ -184,6 +184,14 @@ def test_a_mem_pool_used_inside_a_capture_is_held_by_the_graph_until_its_reset(c
     assert not any(s["segment_pool_id"] == side_id for s in torch.cuda.memory_snapshot())
 
 
+def test_use_mem_pool_of_none_raises_cudas_attribute_error(cuda_kind):
+    # torch's use_mem_pool reads `pool.id` first (measured on an H200, torch 2.11); the emulated
+    # device raised a TypeError of its own
+    with pytest.raises(AttributeError, match="^'NoneType' object has no attribute 'id'"):
+        with torch.cuda.use_mem_pool(None):
+            pass
+
+
 def test_a_mem_pool_with_a_custom_allocator_is_refused_by_name(cuda_device):
     with pytest.raises(UnsupportedOnEmulatedDevice, match=r"MemPool\(allocator=.*needs a GPU"):
         torch.cuda.MemPool(allocator=object())
