@@ -30,10 +30,11 @@ from harness import torch_internals
 from harness.torch_internals import DeviceContext, device_constructors
 from harness.graphs.base import CaptureError
 from harness.emulation import (array_interface, autocast, backward_streams, blas_workspaces,
-                               compiled_rng, device_indices, kernels, transfers)
+                               compiled_rng, device_indices, fft_plans, kernels, transfers)
 from harness.graphs.emulator.dispatch_keys import keep_modes_reachable
 from harness.graphs.emulator.device_asserts import eager_device_assert_error, is_index_out_of_bounds
 from harness.emulation.capacity import requested_bytes
+from harness.emulation.fft_plans import plan_key
 from harness.emulation.capture_threads import capture_modes_for_this_thread, joined
 from harness.emulation.sync_debug import call_flagging_syncs
 from harness.emulation.device_draws import (EagerDraws, dispatch_modes_off, is_random, may_draw,
@@ -104,6 +105,7 @@ class Placement(TorchFunctionMode):
             torch.device: _device_of_index,
             **{func: self._cuda_kernel for func in kernels.REPLACEMENTS},
             **{func: self._blas_call for func in blas_workspaces.MATMUL_FUNCS},
+            **dict.fromkeys(fft_plans.FFT_KINDS, self._fft_call),
             **dict.fromkeys(_FROM_HOST_DATA, array_interface.handler(self)),
             **compiled_rng.hop_handlers(self),
         }
@@ -423,6 +425,16 @@ class Placement(TorchFunctionMode):
         if isinstance(out, Tensor) and is_device_memory(out) and out.numel() and all(
                 a.numel() for a in (*args, *kwargs.values()) if isinstance(a, Tensor)):
             self.state.blas_workspaces.note_call(self.state.streams.current(), _call_name(func))
+        return out
+
+    def _fft_call(self, func, args, kwargs):
+        """An FFT, which on CUDA looks its cuFFT plan up in its device's cache, making and caching
+        one it lacks (fft_plans.py)."""
+        out = self._generic(func, args, kwargs)
+        index = device_indices.guard_index(args, kwargs)
+        key = plan_key(func, args, kwargs)
+        if index is not None and key is not None:
+            self.state.fft_plans.note_plan(index, key)
         return out
 
     def _repr(self, func, args, kwargs) -> str:

@@ -2,8 +2,7 @@
 4096 plans by default, settable to any non-negative number, a read-only `size`, `clear()`. A
 runtime that limits the cache (models whose FFT lengths vary) failed on the emulated device: "Cannot
 access cuFFT plan cache without ATen_cuda library" on a CPU build, a device-index error on a CUDA
-wheel without a GPU. The emulated device's FFTs make no plans, so its `size` stays 0 (on CUDA it
-counts the plans made), which these rows do not compare."""
+wheel without a GPU; and its `size` stayed 0 after FFTs, where CUDA counts the plans they made."""
 
 from __future__ import annotations
 
@@ -14,6 +13,7 @@ import torch
 @pytest.fixture
 def plan_cache(cuda_kind):
     cache = torch.backends.cuda.cufft_plan_cache
+    cache.clear()  # the process's earlier FFTs' plans
     yield cache
     cache.max_size = 4096  # CUDA's default, for the process's later tests
 
@@ -35,3 +35,21 @@ def test_a_negative_capacity_and_a_size_set_are_refused(plan_cache):
         plan_cache.size = 3
     with pytest.raises(RuntimeError, match="expected 0 <= device index < "):
         plan_cache[torch.cuda.device_count()]
+
+
+def test_each_distinct_plan_is_cached_once_within_the_capacity(plan_cache):
+    signal = torch.randn(64, device="cuda")
+    assert plan_cache.size == 0
+    torch.fft.rfft(signal)  # measured on an H200, torch 2.11: (0, 4096) before, (1, 4096) after
+    assert (plan_cache.size, plan_cache.max_size) == (1, 4096)
+    torch.fft.rfft(signal * 2)  # the same plan again
+    assert plan_cache.size == 1
+    torch.fft.rfft(torch.randn(32, device="cuda"))
+    torch.fft.irfft(torch.fft.rfft(signal))
+    assert plan_cache.size == 3  # another length, and a complex-to-real transform
+    plan_cache.max_size = 2  # drops the least recently used beyond it
+    assert plan_cache.size == 2
+    torch.fft.fft(torch.randn(16, device="cuda", dtype=torch.complex64))
+    assert plan_cache.size == 2
+    plan_cache.clear()
+    assert plan_cache.size == 0
