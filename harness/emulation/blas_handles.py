@@ -32,6 +32,7 @@ from typing import Any, Callable
 from harness.graphs.base import CaptureError
 from harness.graphs.emulator.callsite import at_callsite, current_callsite
 from harness.graphs.emulator.cuda_errors import NOT_PERMITTED, cuda_first
+from harness.emulation.unsafe_calls import invalidate_and_raise, refuses_unsafe_call
 
 # TORCH_CUDABLAS_CHECK's text for the status cublasCreate returns under a capture.
 CREATE_REFUSED = "CUDA error: CUBLAS_STATUS_NOT_INITIALIZED when calling `cublasCreate(handle)`"
@@ -86,12 +87,10 @@ class BlasHandles:
 
 
 def _refuse_creation(graph: Any, owner: object, op: str) -> None:
-    if graph is None:
+    own_thread = graph is not None and owner == graph.capture_thread
+    if not refuses_unsafe_call(graph, own_thread):
         return
     mode = graph.capture_error_mode
-    own_thread = owner == graph.capture_thread
-    if not (mode == "global" or (mode == "thread_local" and own_thread)):
-        return
     whose = ("this thread's" if own_thread else
              "the autograd engine's device thread's" if owner is BACKWARD else "another thread's")
     why = (f"{op} is {whose} first BLAS call on the device, so PyTorch creates its cuBLAS handle "
@@ -105,5 +104,4 @@ def _refuse_creation(graph: Any, owner: object, op: str) -> None:
     cuda_text = CREATE_REFUSED if own_thread else NOT_PERMITTED
     error = CaptureError(cuda_first(cuda_text, at_callsite(
         f"{why}. The capture is invalidated; {remedy}", current_callsite())), op=op)
-    graph.invalidate(error)
-    raise error
+    invalidate_and_raise(graph, error)

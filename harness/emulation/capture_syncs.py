@@ -27,6 +27,7 @@ import threading
 from typing import Any
 
 from harness.graphs.base import CaptureError
+from harness.emulation.unsafe_calls import refuses_unsafe_call
 from harness.graphs.emulator.callsite import at_callsite, current_callsite
 
 NOT_PERMITTED = "CUDA error: operation not permitted when stream is capturing"
@@ -46,7 +47,7 @@ def refuse_host_sync(host: Any, what: str, *, stream: Any = None, event: Any = N
     captured_event = event is not None and graph.recorded_event(event)
     conflicts = device or (stream is not None and host.stream_captures(stream)) or captured_event
     own_thread = threading.get_ident() == graph.capture_thread
-    if not conflicts and not (mode == "global" or (mode == "thread_local" and own_thread)):
+    if not conflicts and not refuses_unsafe_call(graph, own_thread):
         return
     if conflicts:
         why = ("it waits for work that is being captured, not run" if not device else

@@ -149,7 +149,10 @@ class DeviceMemory:
 
     all_device = False
 
-    def __init__(self, current_stream: Callable[[], Any]) -> None:
+    def __init__(self, current_stream: Callable[[], Any],
+                 capture: Callable[[], Any] = lambda: None) -> None:
+        """`capture()`: the graph being captured, or None (a new pinned block is refused under
+        some captures, unsafe_calls.py)."""
         # CUDA's allocator keeps a DeviceCachingAllocator per device: device 0's here, and each
         # other device's, made at its first use (its pools, graph pools and MemPools included).
         self.allocator = CachingAllocator()
@@ -157,7 +160,7 @@ class DeviceMemory:
         # The device whose capture is under way (one capture at a time): its capture streams'
         # allocations come from its capture pool.
         self._capturing: CachingAllocator | None = None
-        self.host = PinnedHostAllocator()  # pinned memory: CUDA's caching host allocator
+        self.host = PinnedHostAllocator(capture=capture)  # pinned memory: CUDA's caching host allocator
         self._current_stream = current_stream
         self._blocks: dict[_StorageRef, Block] = {}
         # Not yet played: (ref, nbytes, stream, graph pool or None) for an allocation, the ref for

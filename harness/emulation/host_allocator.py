@@ -27,10 +27,12 @@ import threading
 import weakref
 from collections import defaultdict
 from dataclasses import dataclass, field
+from typing import Any, Callable
 
 import torch
 
 from harness.emulation.allocator_stats import DurationStat, Stat
+from harness.emulation.unsafe_calls import refuse_host_alloc
 
 
 def _summed(stats) -> Stat:
@@ -61,6 +63,8 @@ class PinnedHostAllocator:
     _active_bytes: dict[int, Stat] = field(default_factory=lambda: defaultdict(Stat))
     _cached: dict[int, int] = field(default_factory=lambda: defaultdict(int))  # size -> free blocks
     _lock: threading.Lock = field(default_factory=threading.Lock)
+    # The graph being captured, or None: a new block is an unsafe call under some captures.
+    capture: Callable[[], Any] = lambda: None
 
     def allocate(self, storage: torch.UntypedStorage) -> None:
         """`storage` was made pinned: a block handed out until the storage dies."""
@@ -72,6 +76,7 @@ class PinnedHostAllocator:
             if self._cached[size]:
                 self._cached[size] -= 1
             else:
+                refuse_host_alloc(self.capture(), size)
                 self.allocations.increase(1)
                 self.allocated_bytes.increase(size)
                 self.host_alloc_time.add(0)

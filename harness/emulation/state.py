@@ -82,7 +82,7 @@ class DeviceState(Observed):
         self._thread_device = threading.local()
         self.observers: list[Any] = []
         self.streams = Streams(self)
-        self.memory = DeviceMemory(self.streams.current)
+        self.memory = DeviceMemory(self.streams.current, lambda: self.capture)
         # cuBLAS's workspace per (handle, stream), as PyTorch allocates it (blas_workspaces.py)
         self.blas_workspaces = BlasWorkspaces(self.memory, properties.major, lambda: self.capture)
         self.capture = None  # the CUDAGraph being captured, if any
