@@ -38,6 +38,16 @@ from harness.emulation.capture_syncs import (invalidated_capture_error, read_out
                                              refuse_graph_launch)
 from harness.emulation.torch_graph_class import rebased
 
+# torch 2.11's CUDAGeneratorState kept one `capturing_` flag, set by a capture's prologue and
+# cleared only by the epilogue of a capture that ended: a failed capture left every eager draw
+# raising "Offset increment outside graph capture encountered unexpectedly". torch 2.12 keyed the
+# capture state by capture id (pytorch/pytorch#176752, fixing #171263; 2.13's headers have no
+# `capturing_`), so eager draws work after a failed capture. No Python name came with that change;
+# `UntypedStorage._swap_data_ptr_` came in the same release and marks it.
+FAILED_CAPTURES_LEAVE_GENERATORS_CAPTURING = (
+    torch_internals.optional_name("storage_swap_data_ptr") is None)
+
+
 CAPTURE_ERROR_MODES = ("global", "thread_local", "relaxed")
 _CAPTURE_BEGIN_OPTIONS = {"check_input_liveness"}
 
@@ -105,13 +115,15 @@ class EmulatedCUDAGraph:
                                "records one capture at a time)", op="capture_begin")
         stream = host.current_stream()
         # CUDAGraph::capture_begin runs its generators' capture prologue before it checks the
-        # stream: a capture refused on the default stream leaves them capturing (see
-        # device_rng.PhiloxState.capturing), until a later capture's epilogue.
+        # stream: up to torch 2.11 a capture refused on the default stream leaves them capturing
+        # (see device_rng.PhiloxState.capturing), until a later capture's epilogue.
         for generator_state in host.capture_generator_states(self._generators):
             generator_state.capturing = True
             self._generator_states.append(generator_state)
         if stream == host.default_stream():
             host.refuse_capture_on_default_stream(self._generators)
+            if not FAILED_CAPTURES_LEAVE_GENERATORS_CAPTURING:
+                self._generator_epilogue()
             raise RuntimeError("CUDA graphs must be captured on a non-default stream. (However, "
                                "after capture, it's ok to replay them on the default stream.)")
         pool_id, arena = host.pool_handles.arena(pool)
@@ -170,8 +182,9 @@ class EmulatedCUDAGraph:
             raise RuntimeError("capture_end() called before capture_begin().")
         self._session = None
         # CUDAGraph::capture_end runs the generators' epilogue only after cudaStreamEndCapture
-        # succeeds: a capture that ends invalidated (or with unjoined work) leaves them capturing,
-        # and every eager draw fails until a later capture ends (H100, torch 2.11).
+        # succeeds: up to torch 2.11 a capture that ends invalidated (or with unjoined work)
+        # leaves them capturing, and every eager draw fails until a later capture ends (H100,
+        # torch 2.11); later builds draw on (FAILED_CAPTURES_LEAVE_GENERATORS_CAPTURING).
         ended = False
         try:
             invalidation = self._invalidation or session.recorder.sync_refusal
@@ -194,7 +207,7 @@ class EmulatedCUDAGraph:
             recording = session.end(stacklevel=4)
         finally:
             self._host.end_capture()
-            if ended:
+            if ended or not FAILED_CAPTURES_LEAVE_GENERATORS_CAPTURING:
                 self._generator_epilogue()
             else:
                 self._generator_states = []

@@ -12,6 +12,7 @@ import pytest
 import torch
 
 import harness
+from harness import torch_internals
 from harness.emulation import emulation_active
 from suites.cuda_device._own_process import in_a_process_of_its_own
 
@@ -26,6 +27,13 @@ def device():
         in_use = generator.graphsafe_get_state()
         yield generator
         generator.graphsafe_set_state(in_use)
+
+
+# torch 2.11's generators stay capturing after a failed capture; torch 2.12 keyed their capture
+# state by capture id, and eager draws work on (PyTorch's test_graph_rng_after_failed_capture).
+# `UntypedStorage._swap_data_ptr_` came in the same release.
+FAILED_CAPTURES_LEAVE_GENERATORS_CAPTURING = (
+    torch_internals.optional_name("storage_swap_data_ptr") is None)
 
 
 def draw(**kwargs) -> list[float]:
@@ -134,16 +142,20 @@ def test_an_unregistered_state_swapped_in_during_a_capture_cannot_draw(device):
 
 def test_a_capture_refused_on_the_default_stream_leaves_the_generator_capturing(device):
     """CUDAGraph::capture_begin runs its generators' capture prologue before it refuses the
-    default stream, and no epilogue follows: every eager draw then fails until a capture begins
-    and ends. An lmdeploy-shaped runtime that checked the refusal met this natively (H100, torch
-    2.11, 2026-12-06: "Offset increment outside graph capture encountered unexpectedly" at its next
-    torch.randint); the emulated device drew as if nothing had happened."""
+    default stream, and no epilogue follows: up to torch 2.11 every eager draw then fails until a
+    capture begins and ends. An lmdeploy-shaped runtime that checked the refusal met this natively
+    (H100, torch 2.11, 2026-12-06: "Offset increment outside graph capture encountered
+    unexpectedly" at its next torch.randint); the emulated device drew as if nothing had happened.
+    torch 2.12 and later keep no such flag: the draw works."""
     refused = torch.cuda.CUDAGraph()
     with pytest.raises(RuntimeError, match="non-default stream"):
         with torch.cuda.graph(refused, stream=torch.cuda.default_stream()):
             pass
-    with pytest.raises(RuntimeError, match="Offset increment outside graph capture encountered"):
-        draw()
+    if FAILED_CAPTURES_LEAVE_GENERATORS_CAPTURING:
+        with pytest.raises(RuntimeError, match="Offset increment outside graph capture encountered"):
+            draw()
+    else:
+        assert len(draw()) == 4
     side = torch.cuda.Stream()
     captured = torch.cuda.CUDAGraph()
     with torch.cuda.graph(captured, stream=side):
@@ -182,9 +194,12 @@ def _draw_after_an_invalidated_capture() -> tuple[str, str, str]:
 
 def test_a_capture_that_ends_invalidated_leaves_the_generator_capturing():
     """cudaStreamEndCapture fails for an invalidated capture, and CUDAGraph::capture_end then
-    skips its generators' epilogue: eager draws fail until a later capture ends, as the H100 showed
-    after a refused .item() in a capture (torch 2.11). The emulated device ran the epilogue. A
-    failed real capture leaves CUDA's process state broken, so the native row runs apart."""
+    skips its generators' epilogue: up to torch 2.11 eager draws fail until a later capture ends,
+    as the H100 showed after a refused .item() in a capture (torch 2.11). The emulated device ran
+    the epilogue. A failed real capture leaves CUDA's process state broken, so the native row runs
+    apart. torch 2.12 and later: the next test."""
+    if not FAILED_CAPTURES_LEAVE_GENERATORS_CAPTURING:
+        pytest.skip("torch 2.12 and later keep no generator capture flag to leave set")
     if emulation_active() == "cuda":
         pytest.skip("the graph sanitizer's captures are emulated: the GPU's generators run CUDA's "
                     "epilogue only in a real capture, which no refused sync invalidates there")
@@ -195,3 +210,54 @@ def test_a_capture_that_ends_invalidated_leaves_the_generator_capturing():
     assert "operation failed due to a previous error during capture" in ended, ended
     assert "Offset increment outside graph capture encountered unexpectedly" in drawn, drawn
     assert later == ""
+
+
+def _draws_after_a_failed_capture() -> tuple[str, list[float], list[float]]:
+    """PyTorch's test_graph_rng_after_failed_capture, as values: what ending a capture invalidated
+    by a refused `.item()` raised, an eager draw after it, and two replays of a later capture of
+    a draw on the same stream."""
+    side = torch.cuda.Stream()
+    x = torch.ones(1, device="cuda")
+    graph = torch.cuda.CUDAGraph()
+    ended = ""
+    with torch.cuda.stream(side):
+        graph.capture_begin()
+        with contextlib.suppress(RuntimeError):
+            (x + 1).item()  # refused, and the capture is invalidated
+        try:
+            graph.capture_end()
+        except RuntimeError as error:
+            ended = str(error)
+    torch.cuda.current_stream().wait_stream(side)
+    drawn = draw()
+    later = torch.cuda.CUDAGraph()
+    out = torch.empty(4, device="cuda")
+    with torch.cuda.stream(side):
+        later.capture_begin()
+        out.copy_(torch.randn_like(out))
+        later.capture_end()
+    torch.cuda.current_stream().wait_stream(side)
+    replays = []
+    for _ in range(2):
+        later.replay()
+        replays.append(out.tolist())
+    return ended, drawn, replays
+
+
+def test_eager_draws_work_after_a_failed_capture_on_builds_with_per_capture_state():
+    """torch 2.12 keyed the generators' capture state by capture id: after a capture that ends
+    invalidated, an eager draw works and a later capture's draw replays fresh values (PyTorch's
+    test_graph_rng_after_failed_capture). The emulated device followed torch 2.11 on every build:
+    the draw raised "Offset increment outside graph capture encountered unexpectedly"."""
+    if FAILED_CAPTURES_LEAVE_GENERATORS_CAPTURING:
+        pytest.skip("torch 2.11 leaves the generators capturing (the test above)")
+    if emulation_active() == "cuda":
+        pytest.skip("the graph sanitizer's captures are emulated: no refused sync invalidates a "
+                    "real capture there")
+    if emulation_active() is None:
+        ended, drawn, replays = in_a_process_of_its_own(__file__, "_draws_after_a_failed_capture")
+    else:
+        ended, drawn, replays = _draws_after_a_failed_capture()
+    assert "operation failed due to a previous error during capture" in ended, ended
+    assert len(drawn) == 4
+    assert replays[0] != replays[1] and replays[0] != [0.0] * 4
