@@ -30,6 +30,7 @@ from typing import Any
 
 import torch
 
+from harness.emulation.cuda_streams import queue_of
 from harness.emulation.tracking.clocks import Clocks
 from harness.graphs.emulator.pool import block_of
 
@@ -37,7 +38,8 @@ OPTION = "graph_capture_record_stream_reuse"
 
 
 def stream_key(stream: Any) -> int:
-    return (stream.device_index << 40) | stream.stream_id
+    device, queue = queue_of(stream)  # a wrapper of a stream's handle is that stream's queue
+    return (device << 40) | queue
 
 
 def parse_settings(settings: str) -> dict[str, bool]:

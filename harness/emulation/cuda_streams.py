@@ -62,6 +62,11 @@ class Stream:
         # 4): 0 to -3 whatever the GPU allows (measured on an H100, torch 2.11)
         self._priority = max(PRIORITY_RANGE[1], min(PRIORITY_RANGE[0], int(priority)))
         known = state.streams.by_id.setdefault((self.stream_id, index), self)
+        # Its cudaStream_t and the queue its work goes to: a stream made from a known stream's id
+        # names that stream's (an ExternalStream sets its own after this).
+        self._handle = known._handle if known is not self else (
+            0 if self.stream_id == 0 else _STREAM_HANDLE_BASE + self.stream_id)
+        self._queue_id = known._queue_id if known is not self else self.stream_id
         # Which of CUDA's pooled streams this one is (blas_workspaces.py keys workspaces by it).
         self.pool_slot = None if self.stream_id == 0 or not cls._pooled else (
             known.pool_slot if known is not self else state.streams.next_pool_slot(
@@ -85,7 +90,15 @@ class Stream:
 
     @property
     def cuda_stream(self) -> int:
-        return 0 if self.stream_id == 0 else _STREAM_HANDLE_BASE + self.stream_id
+        return self._handle
+
+    @property
+    def queue(self) -> tuple[int, int]:
+        """(device, queue id): the CUDA queue this stream's work goes to, what the device's
+        ordering, captures, clocks and race tracking key on. A stream's own id, except for an
+        ExternalStream over another stream's handle: CUDA gives that wrapper a stream id of its
+        own (it compares unequal), but its work goes to the one cudaStream_t."""
+        return (self.device_index, self._queue_id)
 
     def query(self) -> bool:
         state = _state()
@@ -154,33 +167,33 @@ class Stream:
 
 
 class ExternalStream(Stream):
-    """torch.cuda.ExternalStream: a stream named by a handle someone else made. Work on it goes to
-    the stream that handle is: a torch stream's own handle (an application handing
-    `stream.cuda_stream` back, OpenMM or Warp sharing torch's stream) names that stream, whose
-    work it is ordered with and whose capture it joins, and two wrappers of one handle are one
-    stream, as CUDA queues their work on one cudaStream_t."""
+    """torch.cuda.ExternalStream: a stream named by a handle someone else made. As on CUDA its
+    stream id is the handle itself (c10 encodes an external stream's id as its pointer), so it
+    compares unequal to a torch stream whose `cuda_stream` it wraps and equal to another wrapper
+    of the handle. Its work goes to the queue that handle is (`Stream.queue`): a torch stream's
+    own handle (an application handing `stream.cuda_stream` back, OpenMM or Warp sharing torch's
+    stream) names that stream's queue, whose work it is ordered with and whose capture it joins,
+    and two wrappers of one foreign handle share one queue."""
 
     _pooled = False
 
     def __new__(cls, stream_ptr: int, device: Any = None, **kwargs):
         handle = int(stream_ptr)
         streams = _state().streams
-        stream_id = streams.id_of_handle(handle, streams.device_index(device))
-        self = (Stream.__new__(cls, device) if stream_id is None
-                else Stream.__new__(cls, device, stream_id=stream_id))
-        known = streams.by_id[(self.stream_id, self.device_index)]
-        if known is not self:  # the queue of a stream made before: its pooled slot and priority
-            self.pool_slot, self._priority = known.pool_slot, known._priority
+        if handle == 0:  # torch reads a null pointer as none: a new stream whose handle says 0
+            self = Stream.__new__(cls, device)
+        else:
+            queue_id = streams.queue_of_handle(handle, streams.device_index(device))
+            self = Stream.__new__(cls, device, stream_id=handle)
+            self._queue_id = queue_id
+            queue = streams.by_id.get((queue_id, self.device_index))
+            if queue is not None and queue is not self:  # a torch stream's: its slot, priority
+                self.pool_slot, self._priority = queue.pool_slot, queue._priority
         self._handle = handle
-        streams.note_wrapped(handle, self)
         return self
 
     def __init__(self, stream_ptr: int, device: Any = None, **kwargs) -> None:
         pass
-
-    @property
-    def cuda_stream(self) -> int:
-        return self._handle
 
 
 class Event:
@@ -303,27 +316,23 @@ class Streams:
         self._local = threading.local()
         self._defaults: dict[int, Stream] = {}
         self.by_id: dict[tuple[int, int], Stream] = {}  # what torch._C._cuda_setStream names
-        self._wrapped: dict[tuple[int, int], int] = {}  # (foreign handle, device) -> stream id
-        self.capturing: set[Stream] = set()
+        self._wrapped: dict[tuple[int, int], int] = {}  # (foreign handle, device) -> queue id
+        self.capturing = CaptureQueues()
         self._made_at: dict[tuple[int, int], int] = {}  # (device, priority pool) -> streams made
         # event timing's clock: the host's, and the streams a torch.cuda._sleep keeps busy
         self.clock = DeviceClock(SM_CLOCK_HZ)
 
-    def id_of_handle(self, handle: int, device: int) -> int | None:
-        """The id of the stream whose `cuda_stream` is `handle` on `device`: a torch stream's own,
-        else the id given the handle when it was first wrapped; None for a handle not wrapped yet
-        and for 0 (`ExternalStream(0)` makes a new stream: torch reads a null pointer as none)."""
-        if handle == 0:
-            return None
+    def queue_of_handle(self, handle: int, device: int) -> int:
+        """The queue id of the non-null `handle` on `device`: a torch stream's own id when the
+        handle is that stream's `cuda_stream`, else the id the handle was given when first
+        wrapped (a new one now: the program is about to use a stream)."""
         own = self.by_id.get((handle - _STREAM_HANDLE_BASE, device))
         if own is not None and own.cuda_stream == handle:
-            return own.stream_id
-        return self._wrapped.get((handle, device))
-
-    def note_wrapped(self, handle: int, stream: "Stream") -> None:
-        """Remember the stream a foreign handle was first wrapped as (see id_of_handle)."""
-        if handle:
-            self._wrapped.setdefault((handle, stream.device_index), stream.stream_id)
+            return own._queue_id
+        key = (handle, device)
+        if key not in self._wrapped:
+            self._wrapped[key] = next(self.ids)
+        return self._wrapped[key]
 
     def next_pool_slot(self, device: int, priority: int) -> tuple[int, int]:
         """The (priority pool, index) of CUDA's pooled stream that a new stream of `priority`
@@ -372,6 +381,27 @@ class Streams:
 
     def record_stream(self, tensor: torch.Tensor, stream: Stream) -> None:
         self._state.notify_stream("record_stream", stream, tensor)
+
+
+class CaptureQueues:
+    """The queues taking part in a capture: a stream is in it when its queue is (`Stream.queue`),
+    so a wrapper of the capturing stream's handle captures, as CUDA captures the cudaStream_t."""
+
+    def __init__(self, streams: tuple = ()) -> None:
+        self._queues = {stream.queue for stream in streams}
+
+    def __contains__(self, stream: object) -> bool:
+        return getattr(stream, "queue", None) in self._queues
+
+    def add(self, stream: Stream) -> None:
+        self._queues.add(stream.queue)
+
+
+def queue_of(stream: Any) -> tuple[int, int]:
+    """(device, queue id) of `stream` (`Stream.queue`); a `torch.Stream` naming a device stream
+    is that stream's, one made from ids alone its own id's."""
+    queue = getattr(as_device_stream(stream), "queue", None)
+    return queue if queue is not None else (int(stream.device_index), int(stream.stream_id))
 
 
 def as_device_stream(stream: Any) -> Any:

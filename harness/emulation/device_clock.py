@@ -35,7 +35,8 @@ class DeviceClock:
 
     @staticmethod
     def key(stream) -> tuple[int, int]:
-        return (stream.stream_id, stream.device_index)
+        device, queue = stream.queue  # a wrapper of a stream's handle: that stream's clock
+        return (queue, device)
 
     def now(self) -> float:
         return time.perf_counter() + self._lag

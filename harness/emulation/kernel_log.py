@@ -32,7 +32,7 @@ _RecordFunctionFast = torch_internals.RecordFunctionFast
 @dataclass(frozen=True)
 class Launch:
     kind: str
-    stream: int  # the emulated Stream's stream_id
+    stream: int  # the queue id of the emulated Stream (a wrapper's is its stream's: Stream.queue)
     device: int
     name: str = ""  # MEMCPY: CUPTI's name of the copy ("Memcpy HtoD (Pageable -> Device)")
 
@@ -47,7 +47,8 @@ class KernelLog:
     def bracket(self, kind: str, name: str = "") -> Any:
         """A context manager bracketing one launch on the current stream."""
         stream = self._state.streams.current()
-        self.launches.append(Launch(kind, stream.stream_id, stream.device_index, name))
+        device, queue = stream.queue
+        self.launches.append(Launch(kind, queue, device, name))
         return _RecordFunctionFast(f"{MARK}{len(self.launches) - 1}")
 
     def runner(self, runner: Callable | None) -> Callable:

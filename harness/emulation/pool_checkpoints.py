@@ -43,6 +43,7 @@ from typing import Any, Callable
 import torch
 
 from harness import torch_internals
+from harness.emulation.cuda_streams import queue_of
 from harness.graphs.emulator.pool import Block, PoolArena
 
 # Module.cpp's check in _cuda_setCheckpointPoolState
@@ -245,7 +246,7 @@ def _owner(block: Block) -> torch.UntypedStorage | None:
 
 def stream_key(stream) -> tuple[int, int]:
     """What tells an arena's segments apart by stream (a capture's recorder keys them so)."""
-    return stream.device_index, stream.stream_id
+    return queue_of(stream)  # a wrapper of a stream's handle allocates on that stream's queue
 
 
 def tensor_from_storage_and_metadata(metadata: dict, storage: torch.UntypedStorage) -> torch.Tensor:

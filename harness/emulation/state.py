@@ -40,6 +40,7 @@ import torch
 from harness.emulation.blas_workspaces import BlasWorkspaces
 from harness.emulation.caching_allocator import round_size, segment_size
 from harness.emulation.capture_frees import CaptureFrees
+from harness.emulation.cuda_streams import CaptureQueues
 from harness.emulation.compiled_trees import TreeGenerations, trees_missing_pieces
 from harness.emulation.device_memory import DeviceMemory
 from harness.emulation.fft_plans import PlanCaches
@@ -235,7 +236,7 @@ class DeviceState(Observed):
         CUDAGraph::capture_begin names its current device); the pool use the graph holds."""
         self.memory.graph_registered(id(graph), stream)
         self.capture = graph
-        self.streams.capturing = {stream}
+        self.streams.capturing = CaptureQueues((stream,))
         # a capture into a MemPool's id allocates from the MemPool (on the MemPool's device)
         self.memory.begin_capture_pool(pool, self.pool_handles.id_of(pool), stream,
                                        self.streams.capturing, self.pool_handles.mem_pool_of(pool))
@@ -246,7 +247,7 @@ class DeviceState(Observed):
 
     def end_capture(self) -> None:
         self.capture = None
-        self.streams.capturing = set()
+        self.streams.capturing = CaptureQueues()
         self.memory.end_capture_pool()
         frees, self._capture_frees = self._capture_frees, None
         if frees is not None:

@@ -2,7 +2,8 @@
 `stream.cuda_stream` back: OpenMM's context stream, Warp's `stream_from_torch`, a C++ extension)
 is that stream to CUDA: one cudaStream_t, whose work runs in issue order and joins its capture. The
 emulated device took each wrapper for a stream of its own, so stream tracking reported a race
-between the two and the wrapper's work escaped the stream's capture. The rows run natively on a
+between the two and the wrapper's work escaped the stream's capture. As on CUDA, the wrapper is
+still another stream object to torch (unequal, a stream id of its own). The rows run natively on a
 GPU too, and under the graph sanitizer, whose real-stream tracking keys on the handle."""
 
 from __future__ import annotations
@@ -35,6 +36,8 @@ def test_work_on_a_wrapper_of_a_torch_streams_handle_is_ordered_with_the_stream(
         wrapped.synchronize()
         torch.cuda.current_stream().wait_stream(app)
     assert wrapped.cuda_stream == again.cuda_stream == app.cuda_stream
+    # Another stream object to torch (its id comes from the handle), the same queue to CUDA.
+    assert wrapped != app and wrapped.stream_id != app.stream_id and wrapped == again
     assert y.tolist() == [7.0] * (1 << 12)
 
 
@@ -45,7 +48,10 @@ def test_work_on_a_wrapper_of_the_capturing_stream_is_captured(cuda_kind):
     torch.cuda.synchronize()
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph, stream=side):
-        with torch.cuda.stream(torch.cuda.ExternalStream(side.cuda_stream)):
+        wrapped = torch.cuda.ExternalStream(side.cuda_stream)
+        with torch.cuda.stream(wrapped):
+            assert torch.cuda.current_stream() == wrapped != side
+            assert wrapped.is_capturing() and torch.cuda.is_current_stream_capturing()
             out.copy_(x * 5)
     x.fill_(2.0)
     graph.replay()

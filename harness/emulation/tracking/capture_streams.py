@@ -59,7 +59,7 @@ class CaptureStreams(TorchDispatchMode):
             else:
                 out = func(*args, **kwargs)
                 seq = self.races.op(self.key(stream), func, args, kwargs, out)
-            if stream != self.origin:
+            if self.key(stream) != self.key(self.origin):  # a fork (a wrapper of it is it)
                 self.last[stream] = (seq, current_callsite())
             return out
         # Another stream, not part of the capture (the legacy default stream included): its work

@@ -11,6 +11,7 @@ import torch
 
 from harness import torch_internals
 from harness.graphs.emulator.callsite import callsite_later, current_callsite
+from harness.emulation.cuda_streams import queue_of
 from harness.emulation.tracking.capture_streams import CaptureRules, CaptureStreams
 from harness.emulation.tracking.names import name_tensors
 from harness.emulation.tracking.races import RaceError
@@ -23,7 +24,9 @@ _STREAM_ID_BITS = 40
 
 
 def stream_key(stream: Any) -> int:
-    return (stream.device_index << _STREAM_ID_BITS) | stream.stream_id
+    """The int naming `stream`'s queue (a wrapper of a stream's handle is that stream's)."""
+    device, queue = queue_of(stream)
+    return (device << _STREAM_ID_BITS) | queue
 
 
 def _is_default_stream(key: int) -> bool:
