@@ -55,7 +55,7 @@ from harness.emulation.compiled_rng import compiled_for_the_host, inputs_of, rng
 from harness.emulation.compiled_trees import (direct_trees_refused, rerecord_limit_exceeded,
                                               trees_reset, wants_cudagraphs)
 from harness.emulation.device_indices import guard_index
-from harness.emulation.device_memory import is_device_memory, wrapped_tensors
+from harness.emulation.device_memory import is_device_memory, is_wrapper_subclass
 from harness.emulation.traced_factories import factories_patch
 
 # One library for every graph's op: torch.library keeps what it defines for the process.
@@ -596,7 +596,7 @@ class DeviceGraph:
             if isinstance(a, torch.Tensor)]
         pooled, traces = [], []
         for i, t in enumerate(outs):
-            if (isinstance(t, torch.Tensor) and is_device_memory(t) and not _is_wrapper(t)
+            if (isinstance(t, torch.Tensor) and is_device_memory(t) and not is_wrapper_subclass(t)
                     and t.untyped_storage().nbytes() and not _shares_memory(t, inputs)):
                 pooled.append(t)
                 traces.append(self.output_traces[i] if i < len(self.output_traces) else None)
@@ -682,7 +682,7 @@ class DeviceGraph:
         # A wrapper subclass among the inputs (torchao's weights): the compiled code unwraps it
         # (AOTAutograd's subclass wrapper), which an op of plain tensors would have done first,
         # so the code runs as it is and its inner graph is the device op.
-        wrappers = any(_is_wrapper(a) for a in tensors)
+        wrappers = any(is_wrapper_subclass(a) for a in tensors)
         key = _key(args)
         data_dependent = self.calls.get(key, False) is None
         if self.opaque and tensors and not host_inputs and not wrappers and not data_dependent and (
@@ -718,7 +718,7 @@ class DeviceGraph:
             mark = marks[i] if i < len(marks) else None
             if not isinstance(t, torch.Tensor) or mark is None:
                 continue
-            if _is_wrapper(t):
+            if is_wrapper_subclass(t):
                 if mark.device:  # a wrapper subclass the code made: the tensors it holds
                     state.memory.mark_device(t)
                 continue
@@ -986,13 +986,6 @@ def _as_returned(outs: list, out):
     if not isinstance(out, (tuple, list)):
         return outs[0]
     return type(out)(outs) if isinstance(out, list) else tuple(outs)
-
-
-def _is_wrapper(t: Any) -> bool:
-    """A wrapper subclass (its storage a placeholder without bytes; the tensors it holds are
-    the memory)."""
-    return type(t) is not torch.Tensor and isinstance(t, torch.Tensor) and (
-        wrapped_tensors(t) is not None)
 
 
 def _shares_memory(t: torch.Tensor, inputs: list) -> bool:

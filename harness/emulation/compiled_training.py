@@ -46,10 +46,9 @@ _WRAPPER_INPUTS: contextvars.ContextVar[bool] = contextvars.ContextVar(
 def wrapper_inputs(example_inputs):
     """Inside: an inference graph compiled for a dynamo graph whose example inputs include a
     wrapper subclass runs as a `DeviceGraph` of its own, as a training forward does."""
-    from harness.emulation.device_memory import wrapped_tensors
+    from harness.emulation.device_memory import is_wrapper_subclass
 
-    found = any(isinstance(x, torch.Tensor) and wrapped_tensors(x) is not None
-                for x in example_inputs)
+    found = any(is_wrapper_subclass(x) for x in example_inputs)
     token = _WRAPPER_INPUTS.set(found)
     try:
         yield

@@ -109,10 +109,17 @@ def is_device_memory(x: torch.Tensor | torch.UntypedStorage) -> bool:
     return memory_mark(x) is DEVICE
 
 
+def is_wrapper_subclass(t: Any) -> bool:
+    """Whether `t` is a traceable wrapper subclass (torchao's quantized weights, DTensor): its
+    storage a placeholder without bytes, the tensors it holds (`wrapped_tensors`) the memory."""
+    return (isinstance(t, torch.Tensor) and type(t) is not torch.Tensor
+            and hasattr(type(t), "__tensor_flatten__"))
+
+
 def wrapped_tensors(t: torch.Tensor) -> list[torch.Tensor] | None:
-    """The tensors a traceable wrapper subclass holds (its `__tensor_flatten__`: torchao's
-    quantized weights, DTensor's local tensor), None for any other tensor."""
-    if type(t) is torch.Tensor or not hasattr(type(t), "__tensor_flatten__"):
+    """The tensors a traceable wrapper subclass holds (its `__tensor_flatten__`), None for any
+    other tensor."""
+    if not is_wrapper_subclass(t):
         return None
     names, _ = t.__tensor_flatten__()
     return [getattr(t, name) for name in names]

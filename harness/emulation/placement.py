@@ -42,7 +42,7 @@ from harness.emulation.device_draws import (EagerDraws, dispatch_modes_off, is_r
 from harness.emulation.generators import DeviceGenerator
 from harness.emulation.compiled_devices import to_device, to_host, to_traced_device
 from harness.emulation.device_memory import (DEVICE, PINNED, SPARSE_LAYOUTS, is_device_memory,
-                                             wrapped_tensors)
+                                             is_wrapper_subclass)
 from harness.emulation.rules import (CPU, cuda_index, device_generator_on_host_error,
                                                  host_generator_error, mixed_devices_error,
                                                  names_cuda)
@@ -288,7 +288,7 @@ class Placement(TorchFunctionMode):
                 if draws is not None:
                     draws.__exit__(None, None, None)
             if isinstance(out, Tensor):
-                if type(out) is not Tensor and wrapped_tensors(out) is not None:
+                if type(out) is not Tensor and is_wrapper_subclass(out):
                     memory.mark_device(out)  # a wrapper subclass: the tensors it holds
                 else:
                     try:
