@@ -195,3 +195,35 @@ def test_each_capture_run_reports_both_arms_times(capsys, graph_backend):
     # One timed run: its line's times are the medians.
     assert lines[1].endswith(f"capture run 1 of 1 done: two passes {timing.two_pass_ms:.1f} ms, "
                              f"single pass {timing.single_pass_ms:.1f} ms"), lines[1]
+
+
+def test_each_timed_capture_starts_with_the_earlier_arms_engines_collected(monkeypatch, graph_backend):
+    import gc
+
+    import torch
+
+    from harness.runtime import Engine
+    from harness.runtime.decode.decoder_graphs import DecoderGraphs
+
+    # Engines sit in reference cycles; the collector is off so that only the bench's own
+    # collection can free one, as a timed capture would otherwise free them at random.
+    alive_at_timed_captures = []
+    warmup_and_capture = DecoderGraphs.warmup_and_capture
+
+    def counting(self, phase="serve"):
+        if phase == "serve":
+            alive_at_timed_captures.append(sum(isinstance(o, Engine) for o in gc.get_objects()))
+        return warmup_and_capture(self, phase)
+
+    monkeypatch.setattr(DecoderGraphs, "warmup_and_capture", counting)
+    was_enabled = gc.isenabled()
+    gc.disable()
+    try:
+        with torch.inference_mode():
+            model = capture.build_model("tiny", torch.device(graph_backend.device))
+            capture.time_capture("tiny", model, graph_backend, repeats=2, batches=(1,))
+    finally:
+        if was_enabled:
+            gc.enable()
+    # The first engine is kept (later ones share its compiled step), and the one being timed.
+    assert alive_at_timed_captures and max(alive_at_timed_captures) <= 2, alive_at_timed_captures
