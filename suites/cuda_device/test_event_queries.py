@@ -19,6 +19,10 @@ SLEEP_CYCLES = 50_000_000  # tens of milliseconds on a GPU: the host polls long 
 # workers sharing the GPU was once more than tens of milliseconds from the launch to its first
 # query (H200, 2026-12-07). The emulated device's sleep costs no wall time.
 HELD_BACK_CYCLES = 1_000_000_000
+# About 0.1 s on a GPU: three queries in a row inside it, yet a polling loop over it stays short
+# on the emulated device (20,000 polls). 50M cycles was too short for three natively (H100, eight
+# workers, 2026-12-07).
+THREE_POLLS_CYCLES = 200_000_000
 
 
 def _produce_on_a_side_stream(x: torch.Tensor, *, stall: bool, cycles: int = SLEEP_CYCLES):
@@ -61,7 +65,7 @@ def test_a_long_sleep_outlasts_polls_in_a_row_and_a_polling_loop_still_ends(cuda
     # time (PyTorch's test_streams_multi_gpu_query and test_events_multi_gpu_query ask so)
     with track_stream_races():
         x = torch.ones(8, device="cuda")
-        side, y, done = _produce_on_a_side_stream(x, stall=True)
+        side, y, done = _produce_on_a_side_stream(x, stall=True, cycles=THREE_POLLS_CYCLES)
         target = done if poll == "event" else side
         assert [target.query() for _ in range(3)] == [False, False, False]
         polls = 3
