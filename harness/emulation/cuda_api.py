@@ -52,7 +52,8 @@ from harness.emulation.rules import (DeviceIndexError, cuda_index, generator_mad
 from harness.emulation.allocator_tools import UnsupportedOnEmulatedDevice
 from harness.emulation.cuda_graph import CUDAGraph as EmulatedGraphBase, torch_cuda_graph_class
 from harness.emulation.cudart import EmulatedCudart
-from harness.emulation.cuda_streams import Event, ExternalStream, Stream, as_device_stream
+from harness.emulation.cuda_streams import (Event, ExternalStream, Stream, as_device_stream,
+                                            as_plain_stream)
 from harness.emulation.device_memory import is_device_memory
 from harness.emulation import fft_plans
 from harness.emulation.tools import (NvtxRanges, check_memory_fraction,
@@ -292,11 +293,11 @@ def synchronize(state, device: Any = None) -> None:
 
 
 def current_stream(state, device: Any = None) -> Stream:
-    return state.streams.current(device)
+    return as_plain_stream(state.streams.current(device))
 
 
 def default_stream(state, device: Any = None) -> Stream:
-    return state.streams.default(device)
+    return as_plain_stream(state.streams.default(device))
 
 
 def stream_context_class(state) -> type:
@@ -654,13 +655,13 @@ def reset_accumulated_host_memory_stats(state) -> None:
 
 
 def get_stream_from_external(state, data_ptr: int, device: Any = None) -> Stream:
-    """A stream for the raw handle `data_ptr`: the default stream for handle 0, else an external
+    """A stream for the raw handle `data_ptr`: the default stream for handle 0, else the external
     stream wrapping it, which compares unequal to a pooled stream of the same handle (both as
-    measured on CUDA)."""
+    measured on CUDA); a plain `torch.cuda.Stream` either way, as torch builds it from the ids."""
     index = state.streams.device_index(device)
     if int(data_ptr) == 0:
-        return state.streams.default(index)
-    return ExternalStream(data_ptr, index)
+        return as_plain_stream(state.streams.default(index))
+    return as_plain_stream(ExternalStream(data_ptr, index))
 
 
 def cuda_array_interface(state):

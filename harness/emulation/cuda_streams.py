@@ -62,6 +62,8 @@ class Stream:
         # 4): 0 to -3 whatever the GPU allows (measured on an H100, torch 2.11)
         self._priority = max(PRIORITY_RANGE[1], min(PRIORITY_RANGE[0], int(priority)))
         known = state.streams.by_id.setdefault((self.stream_id, index), self)
+        if known is not self:  # a stream made from a known stream's ids is that stream (c10's
+            self._priority = known._priority  # unpack3): its priority too, whatever was asked
         # Its cudaStream_t and the queue its work goes to: a stream made from a known stream's id
         # names that stream's (an ExternalStream sets its own after this).
         self._handle = known._handle if known is not self else (
@@ -395,6 +397,14 @@ class CaptureQueues:
 
     def add(self, stream: Stream) -> None:
         self._queues.add(stream.queue)
+
+
+def as_plain_stream(stream: Stream) -> Stream:
+    """A new `torch.cuda.Stream` object naming `stream`, as torch's `current_stream()`,
+    `default_stream()` and `get_stream_from_external()` build one from the c10 stream's ids at
+    each call: equal to `stream`, a plain Stream though `stream` is an ExternalStream, and never
+    the object that was made current."""
+    return Stream(stream.device_index, stream_id=stream.stream_id)
 
 
 def queue_of(stream: Any) -> tuple[int, int]:

@@ -57,3 +57,25 @@ def test_work_on_a_wrapper_of_the_capturing_stream_is_captured(cuda_kind):
     graph.replay()
     torch.cuda.synchronize()
     assert out.tolist() == [10.0] * 8
+
+
+def test_the_current_stream_inside_a_wrapper_is_a_new_plain_stream_of_its_id(cuda_kind):
+    """torch.cuda.current_stream() builds a new `torch.cuda.Stream` from the c10 stream's ids at
+    each call (torch/cuda/__init__.py), so inside a wrapper's stream context it is not the
+    ExternalStream made current but a plain Stream equal to it, with its handle and priority; the
+    emulated device handed back the wrapper object itself."""
+    app = torch.cuda.Stream(priority=-1)
+    wrapped = torch.cuda.ExternalStream(app.cuda_stream)
+    for entered in (torch.cuda.stream(wrapped), wrapped):  # the stream context, or the stream itself
+        with entered:
+            current = torch.cuda.current_stream()
+            generic = torch.accelerator.current_stream()
+        assert type(current) is torch.cuda.Stream and current is not wrapped
+        assert current == wrapped and wrapped == current and current != app
+        assert (current.stream_id, current.cuda_stream, current.priority) == (
+            wrapped.stream_id, app.cuda_stream, app.priority)
+        assert isinstance(generic, torch.Stream) and not isinstance(generic, torch.cuda.Stream)
+        assert generic.stream_id == wrapped.stream_id
+    assert torch.cuda.current_stream() is not torch.cuda.current_stream()
+    assert torch.cuda.default_stream() is not torch.cuda.default_stream()
+    assert type(torch.cuda.get_stream_from_external(app.cuda_stream)) is torch.cuda.Stream
