@@ -37,6 +37,7 @@ from harness.graphs.emulator.capture_session import CaptureSession
 from harness.emulation.capture_syncs import (invalidated_capture_error, read_outside_capture,
                                              refuse_graph_launch)
 from harness.emulation.torch_graph_class import rebased
+from harness.emulation.user_mode_stack import below_users_modes, users_modes_suspended
 
 # torch 2.11's CUDAGeneratorState kept one `capturing_` flag, set by a capture's prologue and
 # cleared only by the epilogue of a capture that ended: a failed capture left every eager draw
@@ -145,15 +146,18 @@ class EmulatedCUDAGraph:
         pool_use = host.begin_capture(self, stream, arena)
         self._capture_stream = stream
         self._pool_in_use.append(pool_use)
-        below = len(torch_internals.get_current_dispatch_mode_stack())
-        try:
-            session.begin()
-        except BaseException:
-            host.end_capture()
-            self._release_pool()
-            raise
-        host.notify_capture_begin(self, stream, capture_error_mode)
-        self._thread_modes = tuple(torch_internals.get_current_dispatch_mode_stack()[below:])
+        # The capture's modes go in below a user's dispatch modes: on CUDA those see the
+        # captured ops, not the capture's bookkeeping (user_mode_stack.py).
+        with below_users_modes():
+            below = len(torch_internals.get_current_dispatch_mode_stack())
+            try:
+                session.begin()
+            except BaseException:
+                host.end_capture()
+                self._release_pool()
+                raise
+            host.notify_capture_begin(self, stream, capture_error_mode)
+            self._thread_modes = tuple(torch_internals.get_current_dispatch_mode_stack()[below:])
         session.recorder.trace = session.recorder.trace or self._trace  # an observer may ask for it
         session.recorder.registered_generators = tuple(self._generators)
         self._arena, self._session, self._pool_id = arena, session, pool_id
@@ -181,6 +185,11 @@ class EmulatedCUDAGraph:
         if session is None:
             raise RuntimeError("capture_end() called before capture_begin().")
         self._session = None
+        with below_users_modes():  # the capture's modes come out from below the user's
+            self._end_session(session)
+
+    def _end_session(self, session: CaptureSession) -> None:
+        """capture_end_pre() once its checks passed: end `session` and make the graph."""
         # CUDAGraph::capture_end runs the generators' epilogue only after cudaStreamEndCapture
         # succeeds: up to torch 2.11 a capture that ends invalidated (or with unjoined work)
         # leaves them capturing, and every eager draw fails until a later capture ends (H100,
@@ -204,7 +213,7 @@ class EmulatedCUDAGraph:
                 self._drop_capture(session, told_host=True)
                 raise
             ended = True
-            recording = session.end(stacklevel=4)
+            recording = session.end(stacklevel=5)
         finally:
             self._host.end_capture()
             if ended or not FAILED_CAPTURES_LEAVE_GENERATORS_CAPTURING:
@@ -289,8 +298,7 @@ class EmulatedCUDAGraph:
             with torch_internals.DisableTorchFunction():
                 recording.replay_observed(before, after)
 
-        with self._on_capture_device():
-            self._host.issue_replay(self, graph, run)
+        self._launch(graph, run)
 
     def replay(self) -> None:
         graph = self._graph
@@ -309,17 +317,20 @@ class EmulatedCUDAGraph:
         if observer is None:
             # A profiler recording CUDA activity sees the launch and each node (kernel_log.py).
             log = getattr(self._host, "kernel_log", None)
-            with self._on_capture_device():
-                self._host.issue_replay(self, graph, self._run if log is None else
-                                        self._bracketed(log.run_graph))
+            self._launch(graph, self._run if log is None else self._bracketed(log.run_graph))
             return
 
         def observed(recording: EmulatedGraph) -> None:
             with torch_internals.DisableTorchFunction():
                 observer(recording)
 
-        with self._on_capture_device():
-            self._host.issue_replay(self, graph, observed)
+        self._launch(graph, observed)
+
+    def _launch(self, graph: EmulatedGraph, run: Callable[[EmulatedGraph], None]) -> None:
+        """Issue `run(graph)` as CUDA launches a graph: on the current stream of its capture's
+        device, one launch that no dispatch mode of the user's sees (user_mode_stack.py)."""
+        with self._on_capture_device(), users_modes_suspended():
+            self._host.issue_replay(self, graph, run)
 
     def _on_capture_device(self):
         """CUDAGraph::replay launches on the current stream of the device the graph was captured
@@ -357,8 +368,9 @@ class EmulatedCUDAGraph:
     def reset(self) -> None:
         self._host.graph_reset(id(self))
         if self._session is not None:
-            self._host.notify_capture_end(self, aborted=True)
-            self._session.abort()
+            with below_users_modes():
+                self._host.notify_capture_end(self, aborted=True)
+                self._session.abort()
             self._session = None
             self._host.end_capture()
             self._generator_epilogue()

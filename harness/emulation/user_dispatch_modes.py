@@ -39,6 +39,7 @@ from harness.emulation import device_indices
 from harness.emulation.active import is_in_force
 from harness.emulation.device_memory import is_device_memory
 from harness.emulation.rules import CPU, names_cuda
+from harness.emulation.user_mode_stack import is_users_mode
 
 Tensor = torch.Tensor
 # The wrapper set on a mode's instance while it is on the stack, by the wrapped method it replaces
@@ -54,7 +55,7 @@ def patches(state) -> list[tuple[Any, str, Any]]:
     push, pop = torch_internals.push_mode, torch_internals.pop_mode
 
     def push_mode(mode) -> None:
-        if _is_users(mode) and _WRAPPED not in vars(mode):
+        if is_users_mode(mode) and _WRAPPED not in vars(mode):
             bound = mode.__torch_dispatch__
             setattr(mode, _WRAPPED, bound)
             mode.__torch_dispatch__ = types.MethodType(_viewed(state, bound), mode)
@@ -68,17 +69,6 @@ def patches(state) -> list[tuple[Any, str, Any]]:
         return mode
 
     return [(module, "_push_mode", push_mode), (module, "_pop_mode", pop_mode)]
-
-
-def _is_users(mode) -> bool:
-    """A mode whose author wrote it for CUDA tensors: not torch's infrastructure (fake tensors,
-    functionalization, tracing, which follow the tensors' true device) nor the device's own."""
-    if mode.__dict__.get("_dispatch_key") is not None or getattr(mode, "_mode_key", None) is not None:
-        return False
-    infra = getattr(type(mode), "is_infra_mode", None)
-    if infra is not None and infra():
-        return False
-    return not type(mode).__module__.startswith("harness.")
 
 
 def _viewed(state, handler: Callable) -> Callable:
