@@ -18,7 +18,9 @@ from harness.emulation.compiled_graphs import sanitizer_compile_patches
 from harness.emulation.observers import Observed
 from harness.emulation.pool_handles import PoolHandles
 from harness.emulation.sanitizer_pools import AllocatorPool
-from harness.emulation.tracking.real_streams import queue_key
+from harness.emulation.tracking.capture_forks import CaptureForks
+from harness.emulation.tracking.clocks import Clocks
+from harness.emulation.tracking.real_streams import StreamIds, queue_key
 from harness.graphs.emulator.watch_refs import install_swaps_past_watches
 from harness.graphs.emulator.memory import ByDeviceType
 
@@ -65,6 +67,8 @@ class SanitizerHost(Observed):
         self._stream_rules = None
         # The capture's branch races (sanitizer_races.py), while real streams are tracked.
         self.capture_races = None
+        # The capture's forks, which must be joined back before it ends (capture_forks.py).
+        self.capture_forks: CaptureForks | None = None
 
     def rng_device(self) -> torch.device:
         return self.storage_device
@@ -188,16 +192,23 @@ class SanitizerHost(Observed):
         from harness.emulation.sanitizer_threads import SanitizerStreamRules
 
         self.capture_races = capture_races(self.memory)
+        self.capture_forks = CaptureForks(stream, StreamIds().of, Clocks())
         self._stream_rules = SanitizerStreamRules(self)
         self._stream_rules.__enter__()
         self._tell("on_capture_begin", graph, stream, mode)
 
     def notify_capture_end(self, graph, *, aborted: bool) -> None:
+        """Raises CUDA's unjoined-work error (unless `aborted`) where a fork of the capture was
+        not joined back: no driver capture runs to raise it."""
         rules, self._stream_rules = self._stream_rules, None
+        forks, self.capture_forks = self.capture_forks, None
         self.capture_races = None
         if rules is not None:
             rules.__exit__(None, None, None)
-        self._tell("on_capture_end", graph, aborted)
+        error = None if aborted or forks is None else forks.unjoined_error()
+        self._tell("on_capture_end", graph, aborted or error is not None)
+        if error is not None:
+            raise error
 
 
 class CompiledKernel:
@@ -342,6 +353,9 @@ def _capture_rules(host: SanitizerHost) -> list:
         self.recorded_on = on  # what capture_waits.py asks of an event
         if host.stream_captures(on):
             host.capture.note_recorded_event(self)
+        if host.capture_forks is not None:
+            forks = host.capture_forks
+            forks.clocks.record_event(id(self), forks.key(on))
         if host.capture_races is not None:
             host.capture_races.record_event(self, on)
 
@@ -351,6 +365,9 @@ def _capture_rules(host: SanitizerHost) -> list:
         if host.capture is not None and host.capture.recorded_event(self):
             host.joins(waiting)
         event_wait(self, stream)
+        if host.capture_forks is not None:
+            forks = host.capture_forks
+            forks.clocks.wait_event(forks.key(waiting), id(self))
         if host.capture_races is not None:
             host.capture_races.wait_event(waiting, self)
 

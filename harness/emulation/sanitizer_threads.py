@@ -73,10 +73,14 @@ class SanitizerStreamRules(TorchDispatchMode):
                     out = func(*args, **kwargs)
             else:
                 out = func(*args, **kwargs)
-            # Judged as a node of its branch of the graph (sanitizer_races.py).
-            races = host.capture_races
-            if races is not None and _on_the_gpu(func, args, kwargs):
-                races.op(stream, func, args, kwargs, out)
+            if _on_the_gpu(func, args, kwargs):
+                # A node of its branch of the graph: a fork's must be joined back
+                # (capture_forks.py), and it is judged for races (sanitizer_races.py).
+                forks, races = host.capture_forks, host.capture_races
+                if forks is not None:
+                    forks.ran(stream, forks.launch(stream))
+                if races is not None:
+                    races.op(stream, func, args, kwargs, out)
             return out
         if not _on_the_gpu(func, args, kwargs):
             return func(*args, **kwargs)  # host work

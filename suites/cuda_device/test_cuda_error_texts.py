@@ -106,7 +106,11 @@ def test_reseeding_during_capture_gets_cuda_generator_s_message(cuda_device):
     assert "seed 1" in message and HERE in message
 
 
-def test_a_fork_not_joined_back_gets_the_runtime_s_message(cuda_device):
+def test_a_fork_not_joined_back_gets_the_runtime_s_message(cuda_kind):
+    if cuda_kind == "native":
+        pytest.skip("a refused real capture leaves the process's CUDA state broken: "
+                    "suites/public_bugs/test_dispatch_event_never_waited_in_capture.py gets "
+                    "CUDA's own refusal in a process of its own")
     x = torch.ones(3, device="cuda")
     side = torch.cuda.Stream()
     caller = torch.cuda.current_stream()

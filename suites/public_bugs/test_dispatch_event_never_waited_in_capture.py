@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import re
 
-import pytest
 import torch
 
 from harness.emulation import emulation_active
@@ -96,9 +95,6 @@ def _capture_never_joined() -> str:
 
 
 def test_a_capture_with_the_dispatch_never_joined_is_refused():
-    if emulation_active() == "cuda":
-        pytest.skip("the graph sanitizer does not end a capture with CUDA's unjoined-work error "
-                    "(docs/fidelity.md, known differences); natively CUDA raises it")
     if emulation_active() is None:
         raised = in_a_process_of_its_own(__file__, "_capture_never_joined")
     else:

@@ -21,8 +21,7 @@ import torch
 from harness import torch_internals
 from harness.torch_internals import TorchDispatchMode, disable_current_modes, tree_flatten
 from harness.graphs.base import CaptureError
-from harness.graphs.emulator import cuda_errors
-from harness.graphs.emulator.callsite import at_callsite, current_callsite
+from harness.emulation.tracking.capture_forks import CaptureForks
 from harness.emulation.tracking.capture_races import CaptureRaces
 from harness.emulation.tracking.clocks import Clocks
 from harness.graphs.emulator.tensor_subclasses import defer_to_subclass
@@ -42,7 +41,7 @@ class CaptureStreams(TorchDispatchMode):
         self.key = key
         self.races = races
         self.clocks = Clocks() if races is None else races.clocks
-        self.last: dict[Any, tuple[int, str]] = {}  # forked stream -> (its last op's seq, line)
+        self.forks = CaptureForks(origin, key, self.clocks)
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         if types and defer_to_subclass(types):
@@ -55,12 +54,11 @@ class CaptureStreams(TorchDispatchMode):
         stream = self.state.streams.current()
         if stream in self.state.streams.capturing:
             if self.races is None:
-                seq, out = self.clocks.launch(self.key(stream)), func(*args, **kwargs)
+                seq, out = self.forks.launch(stream), func(*args, **kwargs)
             else:
                 out = func(*args, **kwargs)
                 seq = self.races.op(self.key(stream), func, args, kwargs, out)
-            if self.key(stream) != self.key(self.origin):  # a fork (a wrapper of it is it)
-                self.last[stream] = (seq, current_callsite())
+            self.forks.ran(stream, seq)
             return out
         # Another stream, not part of the capture (the legacy default stream included): its work
         # runs now and stays out of the graph.
@@ -80,17 +78,7 @@ class CaptureStreams(TorchDispatchMode):
 
     def end_error(self) -> CaptureError | None:
         """What ending the capture raises: a fork not joined back to the capturing stream."""
-        origin = self.key(self.origin)
-        for stream, (seq, where) in self.last.items():
-            if not self.clocks.ordered(origin, self.key(stream), seq):
-                return CaptureError(cuda_errors.cuda_first(cuda_errors.UNJOINED, at_callsite(
-                    f"capture_end() with work on stream {stream.stream_id} not joined back to the "
-                    f"capturing stream {self.origin.stream_id} (cudaErrorStreamCaptureUnjoined). "
-                    f"Make the "
-                    f"capturing stream wait for it before the capture ends "
-                    f"(torch.cuda.current_stream().wait_stream(side), or wait_event on an event "
-                    f"recorded on the side stream after its last op)", where)), op="capture_end")
-        return None
+        return self.forks.unjoined_error()
 
 
 class CaptureRules:
