@@ -23,12 +23,14 @@ import torch
 
 from harness.emulation.device_memory import is_device_memory
 from harness.emulation.tools import on_host_sync
-from harness.graphs.emulator.opinfo import equal_on_host, may_sync, sync_reason
+from harness.graphs.emulator.opinfo import (copies_to_host_inside, equal_on_host, kernel_host_copy,
+                                            may_sync, sync_reason)
 from harness.torch_internals import TorchDispatchMode, tree_flatten
 from harness.graphs.emulator.tensor_subclasses import defer_to_subclass
 
 _LOCAL_SCALAR = torch.ops.aten._local_scalar_dense.default
 _EQUAL = torch.ops.aten.equal.default
+_CHECK_ERRORS = torch.ops.aten._linalg_check_errors.default
 
 
 def _reads_device(args: tuple, kwargs: dict) -> bool:
@@ -40,8 +42,12 @@ def syncs(func, args: tuple, kwargs: dict) -> bool:
     """Whether the aten op `func` makes the host wait for the device, on these arguments."""
     if func is _LOCAL_SCALAR:  # reading a host scalar (an optimizer's cpu betas) is no sync
         return _reads_device(args, kwargs)
+    if func is _CHECK_ERRORS:  # the info codes a solver of this device call wrote (linalg.inv)
+        return True
     if func is _EQUAL and equal_on_host(*args) is not None:  # CUDA answers without the device
         return False
+    if copies_to_host_inside(func):  # a blocking copy inside CUDA's kernel (matrix_exp's norms)
+        return kernel_host_copy(func, args, kwargs) is not None and _reads_device(args, kwargs)
     return may_sync(func) and sync_reason(func, args, kwargs) is not None \
         and _reads_device(args, kwargs)
 

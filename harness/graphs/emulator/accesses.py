@@ -89,6 +89,8 @@ def blocks_host(func, args: tuple, kwargs: dict, is_device: Callable[[torch.Tens
         return copy_blocks_host(func, args, kwargs, is_device, is_pinned, targets_device)
     if opinfo.sync_reason(func, args, kwargs) is not None:
         return True
+    if opinfo.copies_to_host_inside(func):  # matrix_exp's norms, copied inside CUDA's kernel
+        return opinfo.kernel_host_copy(func, args, kwargs) is not None
     return _returns_host_value(func)  # `torch.equal`, `is_nonzero`: a value computed from the data
 
 
@@ -113,7 +115,8 @@ def copy_blocks_host(func, args: tuple, kwargs: dict, is_device: Callable[[torch
 @functools.lru_cache(maxsize=None)
 def may_block_host(func) -> bool:
     """Whether `blocks_host` can answer True for some arguments of this op (asked once per op)."""
-    return func in COPIES or _returns_host_value(func) or opinfo.may_sync(func)
+    return (func in COPIES or _returns_host_value(func) or opinfo.may_sync(func)
+            or opinfo.copies_to_host_inside(func))
 
 
 def written_names(func) -> frozenset[str]:

@@ -108,6 +108,11 @@ def aliased_returns(func: torch_internals.OpOverload, args: tuple, kwargs: dict)
 
 def sync_reason(func: torch_internals.OpOverload, args: tuple, kwargs: dict) -> str | None:
     """Why a graph cannot record this op (a host sync or a data-dependent shape), or None."""
+    packet = getattr(func, "overloadpacket", None)
+    if packet in _SOLVER_CHECKS:
+        return _solver_check_reason(packet, bind(func, args, kwargs))
+    if packet is aten.repeat_interleave and bind(func, args, kwargs).get("output_size") is not None:
+        return None  # the size given, CUDA's kernel reads no repeats on the host
     tags = func.tags
     if torch.Tag.data_dependent_output in tags:
         return "reads device data on the host (a sync)"
@@ -131,7 +136,38 @@ def may_sync(func: torch_internals.OpOverload) -> bool:
     asked once per op, so that the stream tracking calls `sync_reason` only for these."""
     tags = func.tags
     return (torch.Tag.data_dependent_output in tags or torch.Tag.dynamic_output_shape in tags
-            or func in _MASKABLE or (_GROUPED_MM is not None and func is _GROUPED_MM))
+            or func in _MASKABLE or (_GROUPED_MM is not None and func is _GROUPED_MM)
+            or getattr(func, "overloadpacket", None) in _SOLVER_CHECKS)
+
+
+def _packets(*names: str) -> frozenset:
+    return frozenset(getattr(aten, name) for name in names if hasattr(aten, name))
+
+
+# CUDA's solvers raise on a failed factorization (a singular matrix, one not positive-definite)
+# after reading their info codes on the host: `_linalg_check_errors` calls `infos.any().item()`,
+# a copy to the host and a stream sync. The checking ops (`linalg.inv`, `cholesky`, `solve`,
+# `lu_factor`, `ldl_factor` call it after their `_ex` op) and the kernels that call it inside
+# (`_linalg_eigh`, `_linalg_svd`, `linalg_eig`, `cholesky_inverse`, the deprecated `cholesky`,
+# `linalg_pinv` through its SVD or eigh, and the `_ex` ops given check_errors=True) reach the
+# device's dispatch whole, the read inside them unseen, and the CPU's kernels read host memory;
+# their tags say nothing of it (PyTorch #96632). `cholesky_solve` is not one: only its CPU kernel
+# checks (CUDA's cuSOLVER path asserts in debug builds only).
+_ALWAYS_CHECKED = _packets("_linalg_check_errors", "_linalg_eigh", "_linalg_svd", "linalg_eig",
+                           "cholesky_inverse", "cholesky", "linalg_pinv")
+_CHECKED_ON_REQUEST = _packets("linalg_cholesky_ex", "linalg_inv_ex", "linalg_lu_factor_ex",
+                               "linalg_ldl_factor_ex", "_linalg_solve_ex", "linalg_solve_ex")
+_SOLVER_CHECKS = _ALWAYS_CHECKED | _CHECKED_ON_REQUEST
+
+
+def _solver_check_reason(packet, named: dict) -> str | None:
+    if packet in _CHECKED_ON_REQUEST and not named.get("check_errors"):
+        return None
+    name = packet.__name__.split(".")[-1]
+    return (f"CUDA's solver reads its info codes on the host to raise on a failed factorization "
+            f"(`_linalg_check_errors`, under {name}: `infos.any().item()`, a sync); call the `_ex` "
+            f"op with check_errors=False (`torch.linalg.solve_ex`, `inv_ex`, `cholesky_ex`, "
+            f"`lu_factor_ex`) and check its `info` after the replay")
 
 
 def equal_on_host(a: torch.Tensor, b: torch.Tensor) -> bool | None:
@@ -229,6 +265,10 @@ def copy_refusal(func: torch_internals.OpOverload, args: tuple, kwargs: dict,
                     f"scalar` makes) to the device, a copy from pageable host memory; write "
                     f"`y.index_fill_(0, index, scalar)`, or make the value a device tensor before "
                     f"capture")
+    elif copies_to_host_inside(func):
+        why = kernel_host_copy(func, args, kwargs)
+        if why is not None and on_device(bind(func, args, kwargs)["self"]):
+            return cuda_errors.PAGEABLE_COPY, why
     elif func in _WHERES:
         named = bind(func, args, kwargs)
         operands = [named[n] for n in ("condition", "self", "other")]
@@ -242,6 +282,28 @@ def copy_refusal(func: torch_internals.OpOverload, args: tuple, kwargs: dict,
                             f"pageable host memory; pass a Python number instead, or a device "
                             f"tensor made before capture")
     return None
+
+
+_HOST_COPYING_KERNELS = _packets("linalg_matrix_exp")
+
+
+def copies_to_host_inside(func: torch_internals.OpOverload) -> bool:
+    """Whether `kernel_host_copy` can be other than None for some arguments of this op."""
+    return getattr(func, "overloadpacket", None) in _HOST_COPYING_KERNELS
+
+
+def kernel_host_copy(func: torch_internals.OpOverload, args: tuple, kwargs: dict) -> str | None:
+    """Why CUDA's kernel for this op copies device data to pageable host memory inside itself (a
+    blocking copy, and a sync, that the device's dispatch never sees), or None. Only
+    `linalg.matrix_exp`: CUDA's mexp_impl picks each matrix's Taylor degree from its 1-norm on
+    the host (`norm.to(at::kCPU)`); a 0x0 or 1x1 matrix takes `exp` without it."""
+    if not copies_to_host_inside(func):
+        return None
+    if bind(func, args, kwargs)["self"].size(-1) <= 1:
+        return None
+    return ("CUDA's kernel copies the matrices' 1-norms to pageable host memory to pick each "
+            "one's Taylor degree (`norm.to(kCPU)`, a sync); compute the exponential before "
+            "capture, or as a fixed-degree series of matmuls inside it")
 
 
 _WHERES = frozenset({aten.where.self, aten.where.self_out})

@@ -1,0 +1,152 @@
+"""Linear algebra and `repeat_interleave` inside a capture, as CUDA answers them.
+
+CUDA's solvers raise on a failed factorization after reading their info codes on the host
+(`_linalg_check_errors`: `infos.any().item()`, a copy and a stream sync), so `linalg.solve`, `inv`,
+`cholesky`, `lu_factor`, `eigh`, `svd`, `pinv` and a spectral norm are refused in a capture, while
+the `_ex` forms with check_errors=False are captured (PyTorch #96632). `linalg.matrix_exp` copies
+its matrices' 1-norms to pageable host memory inside its kernel: Copy.cu's refusal, which leaves the
+capture valid. `repeat_interleave` given `output_size` reads nothing on the host and is captured.
+The emulated device captured the first two kinds (the read happens inside a kernel its dispatch
+never sees, and on host memory) and refused the last (its tag says dynamic output shape). The
+`cuda_kind` rows show CUDA's own verdicts on a GPU; refused native captures run in a process of
+their own, since an invalidated capture leaves CUDA's state broken behind it."""
+
+from __future__ import annotations
+
+import warnings
+from typing import Callable
+
+import pytest
+import torch
+
+from suites.cuda_device._own_process import in_a_process_of_its_own
+
+NOT_PERMITTED = "operation not permitted when stream is capturing"
+INVALIDATED = "operation failed due to a previous error during capture"
+PAGEABLE_COPY = "Cannot copy between CPU and CUDA tensors during CUDA graph capture"
+SYNC_FLAGGED = "called a synchronizing CUDA operation"
+
+Op = Callable[[torch.Tensor, torch.Tensor], object]
+
+# name: an op of a positive-definite 4x4 matrix `a` and a right-hand side `b` (4x2)
+REFUSED_AS_A_SYNC: dict[str, Op] = {
+    "linalg.solve": lambda a, b: torch.linalg.solve(a, b),
+    "linalg.inv": lambda a, b: torch.linalg.inv(a),
+    "linalg.cholesky": lambda a, b: torch.linalg.cholesky(a),
+    "linalg.cholesky_ex check_errors=True": lambda a, b: torch.linalg.cholesky_ex(a, check_errors=True),
+    "linalg.lu_factor": lambda a, b: torch.linalg.lu_factor(a),
+    "linalg.eigh": lambda a, b: torch.linalg.eigh(a),
+    "linalg.svd": lambda a, b: torch.linalg.svd(a),
+    "linalg.pinv": lambda a, b: torch.linalg.pinv(a),
+    "linalg.matrix_norm ord=2": lambda a, b: torch.linalg.matrix_norm(a, 2),
+}
+REFUSED_AS_A_PAGEABLE_COPY: dict[str, Op] = {
+    "linalg.matrix_exp": lambda a, b: torch.linalg.matrix_exp(a / 10),
+}
+CAPTURED: dict[str, Op] = {
+    "linalg.solve_ex": lambda a, b: torch.linalg.solve_ex(a, b)[0],
+    "linalg.inv_ex": lambda a, b: torch.linalg.inv_ex(a)[0],
+    "linalg.cholesky_ex": lambda a, b: torch.linalg.cholesky_ex(a)[0],
+    "linalg.lu_factor_ex then lu_solve":
+        lambda a, b: torch.linalg.lu_solve(*torch.linalg.lu_factor_ex(a)[:2], b),
+    "linalg.det": lambda a, b: torch.linalg.det(a),
+    "linalg.matrix_exp of a 1x1 matrix": lambda a, b: torch.linalg.matrix_exp(a[:1, :1] / 10),
+    "repeat_interleave with output_size":
+        lambda a, b: torch.repeat_interleave((b[:, 0] > -100).long() * 2, output_size=8),
+    "Tensor.repeat_interleave of repeats with output_size":
+        lambda a, b: a.repeat_interleave(torch.full((4,), 2, device="cuda"), dim=0, output_size=8),
+}
+OPS = {**REFUSED_AS_A_SYNC, **REFUSED_AS_A_PAGEABLE_COPY, **CAPTURED}
+
+
+def _operands(seed: int) -> tuple[torch.Tensor, torch.Tensor]:
+    generator = torch.Generator().manual_seed(seed)
+    m = torch.randn(4, 4, generator=generator)
+    a = m @ m.mT + 4 * torch.eye(4)
+    return a.to("cuda"), torch.randn(4, 2, generator=generator).to("cuda")
+
+
+def _outcome(name: str) -> tuple[list[str], str | None, bool | None]:
+    """The op's errors inside the capture, what ending the capture raised, and (when it ended well)
+    whether a replay on new operands gave the eager answer: as text a process can send back."""
+    op = OPS[name]
+    a, b = _operands(0)
+    warmup = torch.cuda.Stream()  # the solver's handle and workspace exist before the capture
+    warmup.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(warmup):
+        op(a, b)
+    torch.cuda.current_stream().wait_stream(warmup)
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    errors: list[str] = []
+    ended = None
+    result = None
+    caller_stream = torch.cuda.current_stream()
+    try:
+        with torch.cuda.graph(graph):
+            try:
+                result = op(a, b)
+            except RuntimeError as error:
+                errors.append(str(error))
+    except RuntimeError as error:
+        ended = str(error)
+    finally:
+        torch.cuda.set_stream(caller_stream)
+    if ended is not None or errors:
+        return errors, ended, None
+    new_a, new_b = _operands(1)
+    a.copy_(new_a)
+    b.copy_(new_b)
+    graph.replay()
+    torch.cuda.synchronize()
+    flat = [t for t in (result if isinstance(result, tuple) else (result,))]
+    expected = op(new_a, new_b)
+    expected = expected if isinstance(expected, tuple) else (expected,)
+    return errors, ended, all(torch.allclose(r.float(), e.float(), atol=1e-4)
+                              for r, e in zip(flat, expected))
+
+
+def _outcome_on(cuda_kind: str, name: str):
+    if cuda_kind == "native" and name in REFUSED_AS_A_SYNC:
+        return in_a_process_of_its_own(__file__, "_outcome", name)
+    return _outcome(name)
+
+
+@pytest.mark.parametrize("name", sorted(REFUSED_AS_A_SYNC))
+def test_a_solver_that_checks_its_info_codes_is_refused_as_a_sync(cuda_kind, name):
+    errors, ended, _ = _outcome_on(cuda_kind, name)
+    assert len(errors) == 1 and NOT_PERMITTED in errors[0], errors
+    assert ended is not None and INVALIDATED in ended, ended
+
+
+@pytest.mark.parametrize("name", sorted(REFUSED_AS_A_PAGEABLE_COPY))
+def test_matrix_exp_copies_its_norms_to_pageable_host_memory(cuda_kind, name):
+    errors, ended, _ = _outcome_on(cuda_kind, name)
+    assert len(errors) == 1 and errors[0].startswith(PAGEABLE_COPY), errors
+    assert ended is None, ended  # Copy.cu refuses before any CUDA call: the capture stays valid
+
+
+@pytest.mark.parametrize("name", sorted(CAPTURED))
+def test_an_op_that_reads_nothing_on_the_host_is_captured_and_follows_new_operands(cuda_kind, name):
+    errors, ended, replayed_right = _outcome_on(cuda_kind, name)
+    assert errors == [] and ended is None, (errors, ended)
+    assert replayed_right
+
+
+@pytest.mark.parametrize("name, flagged", [("linalg.inv", True), ("linalg.matrix_exp", True),
+                                           ("linalg.inv_ex", False),
+                                           ("repeat_interleave with output_size", False)])
+def test_the_sync_debug_mode_flags_the_solvers_reads(cuda_kind, name, flagged):
+    a, b = _operands(0)
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        if flagged:
+            with pytest.raises(RuntimeError, match=SYNC_FLAGGED):
+                OPS[name](a, b)
+        else:
+            with warnings.catch_warnings():
+                warnings.simplefilter("error")
+                OPS[name](a, b)
+    finally:
+        torch.cuda.set_sync_debug_mode(0)
