@@ -160,6 +160,7 @@ def _enter_cpu(properties: DeviceProperties, stack: contextlib.ExitStack, schedu
     from harness.emulation.compiled_graphs import clear_triton_answer
     from harness.emulation.compiled_trees import trees_shut_down
     from harness.emulation.cuda_api import patches
+    from harness.emulation.int4_kernels import Int4Kernels
     from harness.emulation.op_bodies import wrap_registered
     from harness.emulation.placement import Placement
 
@@ -171,6 +172,9 @@ def _enter_cpu(properties: DeviceProperties, stack: contextlib.ExitStack, schedu
     stack.callback(clear_triton_answer)
     state.cuda_only_ops.route_registered()
     stack.callback(state.cuda_only_ops.close)
+    int4_kernels = Int4Kernels()
+    int4_kernels.register()
+    stack.callback(int4_kernels.close)
     stack.callback(wrap_registered(state))
     placement = state.placement = Placement(state)
     placement.__enter__()
