@@ -18,20 +18,9 @@ from unittest import mock
 import probe_cases
 import torch
 
-CASES: dict = {}
+CASES, case = probe_cases.registry()
 
-
-def case(fn):
-    CASES[fn.__name__] = fn
-    return fn
-
-
-def _outcome(call) -> str:
-    try:
-        value = call()
-        return f"ok {value!r}"[:240]
-    except Exception as error:  # noqa: BLE001 (the probe reports whatever CUDA raised)
-        return f"{type(error).__name__}: {str(error).splitlines()[0][:160]}"
+_outcome = probe_cases.outcome
 
 
 def _warmed_capture(step, *, stream=None, pool=None):
@@ -67,6 +56,20 @@ def _capture_verdict(step) -> str:
     graph.replay()
     torch.cuda.synchronize()
     return "captured"
+
+
+def _in_a_thread(work) -> None:
+    thread = threading.Thread(target=work)
+    thread.start()
+    thread.join()
+
+
+def _graph_adding_one() -> tuple[torch.Tensor, torch.cuda.CUDAGraph]:
+    x = torch.ones(4, device="cuda")
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        x.add_(1)
+    return x, graph
 
 
 def _spd(n: int = 8, seed: int = 0) -> torch.Tensor:
@@ -363,10 +366,7 @@ def deepspeed_inference_engine_shape():
 def graph_reset_then_recapture_into_the_same_object():
     """A runtime that recaptures after a weight update (RL weight sync): `reset()`, then a new
     capture into the same CUDAGraph."""
-    x = torch.ones(4, device="cuda")
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        x.add_(1)
+    x, graph = _graph_adding_one()
     graph.reset()
     replay_after_reset = _outcome(graph.replay)
     with torch.cuda.graph(graph):
@@ -380,10 +380,7 @@ def graph_reset_then_recapture_into_the_same_object():
 
 @case
 def replay_from_another_thread_on_its_stream():
-    x = torch.ones(4, device="cuda")
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        x.add_(1)
+    x, graph = _graph_adding_one()
     side, seen = torch.cuda.Stream(), {}
 
     def worker():
@@ -392,9 +389,7 @@ def replay_from_another_thread_on_its_stream():
         side.synchronize()
         seen["x"] = x.tolist()
 
-    thread = threading.Thread(target=worker)
-    thread.start()
-    thread.join()
+    _in_a_thread(worker)
     return f"{seen} (emulated: {{'x': [2.0, 2.0, 2.0, 2.0]}})"
 
 
@@ -424,9 +419,7 @@ def is_current_stream_capturing_from_another_thread():
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph, stream=side, capture_error_mode="relaxed"):
         x.add_(1)
-        thread = threading.Thread(target=probe)
-        thread.start()
-        thread.join()
+        _in_a_thread(probe)
     return f"{seen} (emulated: default stream False, capturing stream True)"
 
 

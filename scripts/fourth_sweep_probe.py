@@ -16,20 +16,9 @@ import threading
 import probe_cases
 import torch
 
-CASES: dict = {}
+CASES, case = probe_cases.registry()
 
-
-def case(fn):
-    CASES[fn.__name__] = fn
-    return fn
-
-
-def _outcome(call) -> str:
-    try:
-        value = call()
-        return f"ok {value!r}"[:200]
-    except Exception as error:  # noqa: BLE001 (the probe reports whatever CUDA raised)
-        return f"{type(error).__name__}: {str(error).splitlines()[0][:160]}"
+_outcome = probe_cases.outcome
 
 
 class Int8Rows(torch.Tensor):

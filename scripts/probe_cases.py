@@ -13,6 +13,26 @@ from typing import Callable
 import torch
 
 
+def registry() -> tuple[dict[str, Callable[[], str]], Callable]:
+    """A probe's cases by name, and the decorator that adds a function to them."""
+    cases: dict[str, Callable[[], str]] = {}
+
+    def case(fn):
+        cases[fn.__name__] = fn
+        return fn
+
+    return cases, case
+
+
+def outcome(call: Callable[[], object]) -> str:
+    """`ok <value>`, or the exception's type and first line: what CUDA answered, as text."""
+    try:
+        value = call()
+        return f"ok {value!r}"[:240]
+    except Exception as error:  # noqa: BLE001 (a probe reports whatever CUDA raised)
+        return f"{type(error).__name__}: {str(error).splitlines()[0][:160]}"
+
+
 def run(cases: dict[str, Callable[[], str]], script: str, argv: list[str],
         answer: Callable[[Callable[[], str]], str] = lambda case: case()) -> None:
     """Print the build, then `case: answer` for each case of `argv` (every case without names);

@@ -15,12 +15,7 @@ import threading
 import probe_cases
 import torch
 
-CASES: dict = {}
-
-
-def case(fn):
-    CASES[fn.__name__] = fn
-    return fn
+CASES, case = probe_cases.registry()
 
 
 def _captured(body, mode: str = "global") -> str:
