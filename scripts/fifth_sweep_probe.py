@@ -148,6 +148,24 @@ def matrix_exp_in_capture():
 
 
 @case
+def histc_in_capture():
+    x = torch.randn(100, device="cuda")
+    return (f"without a range: {_capture_verdict(lambda: torch.histc(x, bins=8))}; with one: "
+            f"{_capture_verdict(lambda: torch.histc(x, bins=8, min=-3, max=3))} (emulated: "
+            f"Copy.cu's pageable-copy refusal, the capture still valid; captured)")
+
+
+@case
+def ctc_loss_in_capture():
+    log_probs = torch.randn(10, 2, 5, device="cuda").log_softmax(2)
+    targets = torch.ones(2, 3, dtype=torch.long, device="cuda")
+    lengths = torch.tensor([10, 10]), torch.tensor([3, 3])
+    return (f"{_capture_verdict(lambda: torch.nn.functional.ctc_loss(log_probs, targets, *lengths))} "
+            f"(decided from LossCTC.cu: Copy.cu's pageable-copy refusal of `at::tensor(lengths)`, "
+            f"the capture still valid; emulated: refused as a sync, the capture invalidated)")
+
+
+@case
 def orthogonal_parametrization_in_capture():
     layer = torch.nn.utils.parametrizations.orthogonal(torch.nn.Linear(8, 8)).cuda()
     x = torch.randn(4, 8, device="cuda")

@@ -284,7 +284,7 @@ def copy_refusal(func: torch_internals.OpOverload, args: tuple, kwargs: dict,
     return None
 
 
-_HOST_COPYING_KERNELS = _packets("linalg_matrix_exp")
+_HOST_COPYING_KERNELS = _packets("linalg_matrix_exp", "histc")
 
 
 def copies_to_host_inside(func: torch_internals.OpOverload) -> bool:
@@ -294,12 +294,21 @@ def copies_to_host_inside(func: torch_internals.OpOverload) -> bool:
 
 def kernel_host_copy(func: torch_internals.OpOverload, args: tuple, kwargs: dict) -> str | None:
     """Why CUDA's kernel for this op copies device data to pageable host memory inside itself (a
-    blocking copy, and a sync, that the device's dispatch never sees), or None. Only
-    `linalg.matrix_exp`: CUDA's mexp_impl picks each matrix's Taylor degree from its 1-norm on
-    the host (`norm.to(at::kCPU)`); a 0x0 or 1x1 matrix takes `exp` without it."""
+    blocking copy, and a sync, that the device's dispatch never sees), or None.
+    `linalg.matrix_exp`: CUDA's mexp_impl picks each matrix's Taylor degree from its 1-norm on the
+    host (`norm.to(at::kCPU)`); a 0x0 or 1x1 matrix takes `exp` without it. `histc` with no range
+    (min == max, the default) of a non-empty input: CUDA's kernel reads the input's minimum and
+    maximum on the host (`self.min().cpu()`)."""
     if not copies_to_host_inside(func):
         return None
-    if bind(func, args, kwargs)["self"].size(-1) <= 1:
+    named = bind(func, args, kwargs)
+    if func.overloadpacket is aten.histc:
+        if named["min"] != named["max"] or named["self"].numel() == 0:
+            return None
+        return ("CUDA's kernel copies the input's minimum and maximum to pageable host memory "
+                "when no range is given (min == max, `self.min().cpu()`, a sync); pass the range "
+                "(`min=`, `max=`)")
+    if named["self"].size(-1) <= 1:
         return None
     return ("CUDA's kernel copies the matrices' 1-norms to pageable host memory to pick each "
             "one's Taylor degree (`norm.to(kCPU)`, a sync); compute the exponential before "

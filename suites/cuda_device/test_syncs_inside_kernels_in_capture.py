@@ -1,15 +1,16 @@
-"""Linear algebra and `repeat_interleave` inside a capture, as CUDA answers them.
+"""Ops whose CUDA kernel reads device data on the host inside itself, or does not, in a capture.
 
 CUDA's solvers raise on a failed factorization after reading their info codes on the host
 (`_linalg_check_errors`: `infos.any().item()`, a copy and a stream sync), so `linalg.solve`, `inv`,
 `cholesky`, `lu_factor`, `eigh`, `svd`, `pinv` and a spectral norm are refused in a capture, while
 the `_ex` forms with check_errors=False are captured (PyTorch #96632). `linalg.matrix_exp` copies
-its matrices' 1-norms to pageable host memory inside its kernel: Copy.cu's refusal, which leaves the
-capture valid. `repeat_interleave` given `output_size` reads nothing on the host and is captured.
-The emulated device captured the first two kinds (the read happens inside a kernel its dispatch
-never sees, and on host memory) and refused the last (its tag says dynamic output shape). The
-`cuda_kind` rows show CUDA's own verdicts on a GPU; refused native captures run in a process of
-their own, since an invalidated capture leaves CUDA's state broken behind it."""
+its matrices' 1-norms, and `histc` without a range the input's minimum and maximum, to pageable host
+memory inside the kernel: Copy.cu's refusal, which leaves the capture valid. `repeat_interleave`
+given `output_size` reads nothing on the host and is captured. The emulated device captured the
+first two kinds (the read happens inside a kernel its dispatch never sees, and on host memory) and
+refused the last (its tag says dynamic output shape). The `cuda_kind` rows show CUDA's own verdicts
+on a GPU; refused native captures run in a process of their own, since an invalidated capture
+leaves CUDA's state broken behind it."""
 
 from __future__ import annotations
 
@@ -42,6 +43,7 @@ REFUSED_AS_A_SYNC: dict[str, Op] = {
 }
 REFUSED_AS_A_PAGEABLE_COPY: dict[str, Op] = {
     "linalg.matrix_exp": lambda a, b: torch.linalg.matrix_exp(a / 10),
+    "histc without a range": lambda a, b: torch.histc(a, bins=4),
 }
 CAPTURED: dict[str, Op] = {
     "linalg.solve_ex": lambda a, b: torch.linalg.solve_ex(a, b)[0],
@@ -51,6 +53,7 @@ CAPTURED: dict[str, Op] = {
         lambda a, b: torch.linalg.lu_solve(*torch.linalg.lu_factor_ex(a)[:2], b),
     "linalg.det": lambda a, b: torch.linalg.det(a),
     "linalg.matrix_exp of a 1x1 matrix": lambda a, b: torch.linalg.matrix_exp(a[:1, :1] / 10),
+    "histc with a range": lambda a, b: torch.histc(a, bins=4, min=-20, max=20),
     "repeat_interleave with output_size":
         lambda a, b: torch.repeat_interleave((b[:, 0] > -100).long() * 2, output_size=8),
     "Tensor.repeat_interleave of repeats with output_size":
@@ -120,7 +123,7 @@ def test_a_solver_that_checks_its_info_codes_is_refused_as_a_sync(cuda_kind, nam
 
 
 @pytest.mark.parametrize("name", sorted(REFUSED_AS_A_PAGEABLE_COPY))
-def test_matrix_exp_copies_its_norms_to_pageable_host_memory(cuda_kind, name):
+def test_a_kernel_copying_to_pageable_host_memory_is_refused_as_copy_cu_refuses(cuda_kind, name):
     errors, ended, _ = _outcome_on(cuda_kind, name)
     assert len(errors) == 1 and errors[0].startswith(PAGEABLE_COPY), errors
     assert ended is None, ended  # Copy.cu refuses before any CUDA call: the capture stays valid
@@ -134,9 +137,10 @@ def test_an_op_that_reads_nothing_on_the_host_is_captured_and_follows_new_operan
 
 
 @pytest.mark.parametrize("name, flagged", [("linalg.inv", True), ("linalg.matrix_exp", True),
-                                           ("linalg.inv_ex", False),
+                                           ("histc without a range", True),
+                                           ("linalg.inv_ex", False), ("histc with a range", False),
                                            ("repeat_interleave with output_size", False)])
-def test_the_sync_debug_mode_flags_the_solvers_reads(cuda_kind, name, flagged):
+def test_the_sync_debug_mode_flags_the_reads_inside_kernels(cuda_kind, name, flagged):
     a, b = _operands(0)
     torch.cuda.synchronize()
     torch.cuda.set_sync_debug_mode("error")
