@@ -286,6 +286,20 @@ NAMES: dict[str, Internal] = {
     # autograd engine's stream checks across a capture boundary (emulation/backward_streams.py)
     "override_stale_capture_stream": Internal("torch._C", "_override_stale_capture_stream",
                                               optional=True),
+    # CUDA graph conditional nodes (emulation/conditional_nodes.py): torch's helpers for torch.cond
+    # (the if node, with `begin_capture_to_if_node`; torch 2.13 and later) and torch.while_loop
+    # (the while node and `set_conditional_handle_for_current_node`; torch 2.14 and later) mark
+    # the builds whose CUDAGraph has those calls
+    "cudagraph_if_else_node": Internal("torch._higher_order_ops.cudagraph_conditional_nodes",
+                                       "if_else_node", optional=True),
+    "cudagraph_while_loop_node": Internal("torch._higher_order_ops.cudagraph_conditional_nodes",
+                                          "while_loop_node", optional=True),
+    # torch.cuda.graphs' DOT dump of a graph's template (torch 2.14: debug_dump() and export_dot's
+    # hook call it; the emulated device replaces it, cuda_graph.py), and the refusal without
+    # cuda-bindings it makes first
+    "cuda_graphs_dump_graph_dot": Internal("torch.cuda.graphs", "_dump_graph_dot", optional=True),
+    "cuda_graphs_require_bindings": Internal("torch.cuda.graphs", "_require_cuda_bindings",
+                                             optional=True),
 }
 
 

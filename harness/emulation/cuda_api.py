@@ -50,7 +50,8 @@ from harness.emulation.generators import generator_class
 from harness.emulation.rules import (DeviceIndexError, cuda_index, generator_made_in_capture,
                                      names_cuda)
 from harness.emulation.allocator_tools import UnsupportedOnEmulatedDevice
-from harness.emulation.cuda_graph import CUDAGraph as EmulatedGraphBase, torch_cuda_graph_class
+from harness.emulation.cuda_graph import (CUDAGraph as EmulatedGraphBase, dump_graph_dot,
+                                         torch_cuda_graph_class)
 from harness.emulation.cudart import EmulatedCudart
 from harness.emulation.cuda_streams import (Event, ExternalStream, Stream, as_device_stream,
                                             as_plain_stream)
@@ -875,6 +876,8 @@ REPLACEMENTS: tuple[Replacement, ...] = (
     Replacement("torch.serialization", "location_tag", checkpoint_tag, "value"),
     Replacement("torch.accelerator", "device_index", device_class, "value", if_present=True),
     Replacement("torch.cuda", "_compile_kernel", compile_kernel, if_present=True),
+    Replacement("torch.cuda.graphs", "_dump_graph_dot", lambda state: dump_graph_dot, "value",
+                if_present=True),
     Replacement("torch.utils", "swap_tensors", swaps_past_watches, "value"),
     Replacement("torch.UntypedStorage", "device", storage_device, "value"),
     Replacement("torch.UntypedStorage", "is_shared", storage_is_shared, "value"),

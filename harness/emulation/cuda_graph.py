@@ -38,6 +38,7 @@ from harness.emulation.capture_syncs import (invalidated_capture_error, read_out
                                              refuse_graph_launch)
 from harness.emulation.torch_graph_class import rebased
 from harness.emulation.user_mode_stack import below_users_modes, users_modes_suspended
+from harness.emulation.conditional_nodes import ConditionalNodeCalls
 
 # torch 2.11's CUDAGeneratorState kept one `capturing_` flag, set by a capture's prologue and
 # cleared only by the epilogue of a capture that ended: a failed capture left every eager draw
@@ -53,8 +54,9 @@ CAPTURE_ERROR_MODES = ("global", "thread_local", "relaxed")
 _CAPTURE_BEGIN_OPTIONS = {"check_input_liveness"}
 
 
-class EmulatedCUDAGraph:
-    """torch.cuda.CUDAGraph's API (see the module docstring). `host` is the device it captures on."""
+class EmulatedCUDAGraph(ConditionalNodeCalls):
+    """torch.cuda.CUDAGraph's API (see the module docstring), with the conditional-node calls of
+    this build (conditional_nodes.py). `host` is the device it captures on."""
 
     def __init__(self, host, keep_graph: bool = False) -> None:
         self._host = host
@@ -87,6 +89,9 @@ class EmulatedCUDAGraph:
         # recorded on its streams: querying those conflicts with the capture in every mode.
         self._invalidation: CaptureError | None = None
         self._recorded_events: list = []
+        # An error CUDA recorded with the capture in progress (a conditional node's body that
+        # drew random numbers, conditional_nodes.py): capture_end() raises it again.
+        self._capture_error: RuntimeError | None = None
         self.replay_segments: tuple = ()  # the recording's, cut at its event nodes (recorder.py)
         # The pool whose use this graph holds (from capture_begin to reset or destruction), in a
         # list its finalizer shares without keeping the graph alive.
@@ -142,7 +147,7 @@ class EmulatedCUDAGraph:
             self._finalizer = weakref.finalize(self, _graph_gone, host, id(self), self._pool_in_use)
         # Set before the host names this graph its capture: another thread may ask at once.
         self.capture_error_mode, self.capture_thread = capture_error_mode, threading.get_ident()
-        self._invalidation, self._recorded_events = None, []
+        self._invalidation, self._recorded_events, self._capture_error = None, [], None
         pool_use = host.begin_capture(self, stream, arena)
         self._capture_stream = stream
         self._pool_in_use.append(pool_use)
@@ -179,8 +184,11 @@ class EmulatedCUDAGraph:
     def capture_end_pre(self) -> None:
         """CUDAGraph::capture_end_pre: end the capture and keep the template, not instantiated."""
         session = self._session
-        # CUDAGraph::capture_end checks the stream before anything else, a second call included.
-        if self._capture_stream is not None and self._host.current_stream() != self._capture_stream:
+        # CUDAGraph::capture_end checks the stream before anything else, a second call included;
+        # inside a conditional node's body CUDA has the body's own stream current.
+        if ((self._capture_stream is not None
+             and self._host.current_stream() != self._capture_stream)
+                or (session is not None and session.recorder.conditionals)):
             raise RuntimeError("Capture must end on the same stream it began on.")
         if session is None:
             raise RuntimeError("capture_end() called before capture_begin().")
@@ -204,6 +212,9 @@ class EmulatedCUDAGraph:
                 ended = invalidation is None
                 self._dropped = True
                 return
+            if self._capture_error is not None:
+                self._drop_capture(session)
+                raise RuntimeError(str(self._capture_error))
             if invalidation is not None:
                 self._drop_capture(session)
                 raise invalidated_capture_error(invalidation)
@@ -462,18 +473,26 @@ class EmulatedCUDAGraph:
         self._debug = True
 
     def debug_dump(self, debug_path: str, *, verbose: bool = True) -> None:
-        """Write the recording as a Graphviz DOT file: one node per recorded call, in replay
-        order (an emulated graph is a sequence; CUDA's dump shows its kernel nodes)."""
-        if TEMPLATE_SPLIT and not self._template_live:
-            # torch 2.14 dumps the template it reads with raw_cuda_graph(), and raises as it does
-            # where there is none (it warned and returned before)
-            raise RuntimeError(_NO_TEMPLATE)
+        """Up to torch 2.13 (the C++ half's): write the recording as a Graphviz DOT file if the
+        graph was captured in debug mode (`dump_template` below: torch 2.14's dump)."""
         if not (self._debug or self._keep_graph):
             warnings.warn("CUDA Graphs debug not enabled, set with [graph].enable_debug_mode()",
                           stacklevel=2)
             return
         if self._graph is None:
             return  # CUDA dumps nothing without a graph, and says nothing either
+        self._write_dot(debug_path)
+
+    def dump_template(self, path: str) -> None:
+        """torch 2.14's DOT dump of the template (cudaGraphDebugDotPrint on `raw_cuda_graph()`):
+        refused, in its words, once the template is gone; else the recording, as `debug_dump`."""
+        if not self._template_live:
+            raise RuntimeError(_NO_TEMPLATE)
+        self._write_dot(path)
+
+    def _write_dot(self, path: str) -> None:
+        """One node per recorded call, in replay order (an emulated graph is a sequence; CUDA's
+        dump shows its kernel nodes)."""
         lines = ["digraph emulated_cuda_graph {"]
         for i, (fn, _, _) in enumerate(self._graph._steps or ()):
             name = str(getattr(fn, "__qualname__", None) or getattr(fn, "__name__", None) or fn)
@@ -481,7 +500,7 @@ class EmulatedCUDAGraph:
             if i:
                 lines.append(f"  n{i - 1} -> n{i};")
         lines.append("}")
-        with open(debug_path, "w") as out:
+        with open(path, "w") as out:
             out.write("\n".join(lines) + "\n")
 
     def raw_cuda_graph(self) -> int:
@@ -499,21 +518,22 @@ class EmulatedCUDAGraph:
                                "capture_end() has been called")
         raise UnsupportedOnEmulatedDevice(_NO_CUDA_GRAPH.format("raw_cuda_graph()"))
 
-    def begin_capture_to_if_node(self, scalar_cuda_pred_tensor) -> None:
-        raise UnsupportedOnEmulatedDevice(_NO_CONDITIONAL_NODES.format("begin_capture_to_if_node"))
-
-    def begin_capture_to_while_node(self, scalar_cuda_pred_tensor) -> None:
-        raise UnsupportedOnEmulatedDevice(_NO_CONDITIONAL_NODES.format("begin_capture_to_while_node"))
-
-    def end_capture_to_conditional_node(self) -> None:
-        raise UnsupportedOnEmulatedDevice(
-            _NO_CONDITIONAL_NODES.format("end_capture_to_conditional_node"))
-
     def raw_cuda_graph_exec(self) -> int:
         if not self._instantiated:
             raise RuntimeError("You cannot access the raw cudaGraphExec_t instance until "
                                "instantiate() has been called")
         raise UnsupportedOnEmulatedDevice(_NO_CUDA_GRAPH.format("raw_cuda_graph_exec()"))
+
+
+def dump_graph_dot(cuda_graph, path: str, *, verbose: bool = True) -> None:
+    """torch.cuda.graphs._dump_graph_dot inside the emulation (torch 2.14: what `debug_dump()` and
+    `torch.cuda.graphs.export_dot`'s capture-end hook call). torch's needs cuda-bindings and
+    refuses without them, as here; then it prints the template through the CUDA runtime, which
+    an emulated graph writes from its recording."""
+    require_bindings = torch_internals.optional_name("cuda_graphs_require_bindings")
+    if require_bindings is not None:
+        require_bindings()
+    cuda_graph.dump_template(path)
 
 
 def _graph_gone(host, key: int, pool_in_use: list) -> None:
@@ -526,13 +546,6 @@ def _graph_gone(host, key: int, pool_in_use: list) -> None:
 _NO_CUDA_GRAPH = ("CUDAGraph.{} is not supported by harness.emulate_cuda(): an emulated graph is a "
                   "recording of torch ops, there is no cudaGraph_t to show (nor a CUDA driver to "
                   "hand one to: cuda-bindings' cudaGraphGetNodes and the like need a GPU)")
-
-
-_NO_CONDITIONAL_NODES = (
-    "CUDAGraph.{}() is not supported by harness.emulate_cuda(): CUDA 12.4's conditional graph "
-    "nodes decide on the GPU at each replay whether (or how often) their body runs; an emulated "
-    "graph replays its recorded ops in order and has no such node. Check this code natively, or "
-    "branch on the host between two captured graphs")
 
 
 def overwritten_read_handler(races: str) -> Callable[[FreedMemoryError], None] | None:

@@ -32,6 +32,7 @@ from harness.graphs.base import CaptureError
 from harness.emulation import (array_interface, autocast, backward_streams, blas_workspaces,
                                compiled_rng, device_indices, fft_plans, kernels, transfers)
 from harness.graphs.emulator.dispatch_keys import keep_modes_reachable
+from harness.graphs.emulator.opinfo import scalar_type_name
 from harness.graphs.emulator.device_asserts import eager_device_assert_error, is_index_out_of_bounds
 from harness.emulation.capacity import requested_bytes
 from harness.emulation.fft_plans import plan_key
@@ -400,8 +401,8 @@ class Placement(TorchFunctionMode):
             for i, name in ((2, "weight"), (3, "bias")):
                 p = args[i] if len(args) > i else kwargs.get(name)
                 if isinstance(p, Tensor) and p.dtype != x.dtype:
-                    text = (f"expected scalar type {_scalar_name(x.dtype)} but found "
-                            f"{_scalar_name(p.dtype)}")
+                    text = (f"expected scalar type {scalar_type_name(x.dtype)} but found "
+                            f"{scalar_type_name(p.dtype)}")
                     if not self.state.capturing():
                         raise RuntimeError(text)
                     self.state.refuse(CaptureError(f"{text} (CUDA's layer norm kernel takes {name} "
@@ -611,8 +612,3 @@ def _first_is_device(args: tuple, kwargs: dict) -> bool:
                 if isinstance(b, Tensor):
                     return is_device_memory(b)
     return True
-
-
-def _scalar_name(dtype: torch.dtype) -> str:
-    return {torch.bfloat16: "BFloat16", torch.float16: "Half", torch.float32: "Float",
-            torch.float64: "Double"}.get(dtype, str(dtype).removeprefix("torch."))

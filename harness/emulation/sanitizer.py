@@ -243,7 +243,7 @@ def _key(stream) -> tuple:
 def enter_sanitizer(stack: contextlib.ExitStack) -> SanitizerHost:
     import torch.cuda.graphs
 
-    from harness.emulation.cuda_graph import CUDAGraph, torch_cuda_graph_class
+    from harness.emulation.cuda_graph import CUDAGraph, dump_graph_dot, torch_cuda_graph_class
     import torch.cuda.memory
 
     from harness.emulation.active import is_in_force
@@ -282,6 +282,9 @@ def enter_sanitizer(stack: contextlib.ExitStack) -> SanitizerHost:
           # graphs keep the real one, bound when torch's class was made
           + [(torch_internals.torch_namespace("torch._C"), "_CUDAGraph", CUDAGraph)]
           + ([(torch.cuda, "_compile_kernel", compile_kernel_checked)] if compile_kernel else [])
+          # torch 2.14's DOT dump reads a cudaGraph_t the emulated graphs do not have
+          + ([(torch.cuda.graphs, "_dump_graph_dot", dump_graph_dot)]
+             if torch_internals.optional_name("cuda_graphs_dump_graph_dot") is not None else [])
           + [swap] + _capture_rules(host) + _cudagraph_trees_refused()
           + sanitizer_compile_patches()
           + thread_start_patch(host, lambda: is_in_force(host)), stack)

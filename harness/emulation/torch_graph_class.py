@@ -18,10 +18,6 @@ import types
 
 # Made by the class statement itself; copying them would refer to the old class's slots.
 _NOT_COPIED = frozenset({"__dict__", "__weakref__"})
-# What the emulated half answers itself although a build's Python half defines it: torch 2.14's
-# debug_dump() reads the cudaGraph_t through cuda-bindings, which an emulated graph does not have;
-# the emulated one writes the recording as a DOT file, as it does on every build.
-_KEPT_FROM_BASE = frozenset({"debug_dump"})
 
 
 def rebased(torch_class: type, base: type) -> type:
@@ -29,7 +25,7 @@ def rebased(torch_class: type, base: type) -> type:
     cell = types.CellType()
     namespace = {name: _rebound(value, torch_class, cell)
                  for name, value in vars(torch_class).items()
-                 if name not in _NOT_COPIED and name not in _KEPT_FROM_BASE}
+                 if name not in _NOT_COPIED}
     cls = type(torch_class.__name__, (base,), namespace)
     cell.cell_contents = cls
     return cls

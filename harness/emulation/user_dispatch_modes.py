@@ -28,6 +28,7 @@ directly, is not wrapped (docs/fidelity.md).
 
 from __future__ import annotations
 
+import contextlib
 import types
 from typing import Any, Callable
 
@@ -50,7 +51,7 @@ _OPERATORS = (torch_internals.OpOverload, torch_internals.HigherOrderOperator)
 def patches(state) -> list[tuple[Any, str, Any]]:
     """`_push_mode`/`_pop_mode` of torch.utils._python_dispatch, which TorchDispatchMode's
     `__enter__`/`__exit__` (and `_disable_current_modes`) call: a user's mode is wrapped while it
-    is on the stack."""
+    is on the stack, and while `_pop_mode_temporarily` takes it off for one call."""
     module = torch_internals.torch_namespace("torch.utils._python_dispatch")
     push, pop = torch_internals.push_mode, torch_internals.pop_mode
 
@@ -68,7 +69,19 @@ def patches(state) -> list[tuple[Any, str, Any]]:
             delattr(mode, _WRAPPED)
         return mode
 
-    return [(module, "_push_mode", push_mode), (module, "_pop_mode", pop_mode)]
+    @contextlib.contextmanager
+    def pop_mode_temporarily(*args, **kwargs):
+        # How torch's Python dispatcher hands a higher-order operator (torch.cond, while_loop)
+        # to the mode on top: popped for the call, pushed back after. The mode keeps its wrapper
+        # meanwhile, so its __torch_dispatch__ sees the device there too.
+        mode = pop(*args, **kwargs)
+        try:
+            yield mode
+        finally:
+            push(mode)
+
+    return [(module, "_push_mode", push_mode), (module, "_pop_mode", pop_mode),
+            (module, "_pop_mode_temporarily", pop_mode_temporarily)]
 
 
 def _viewed(state, handler: Callable) -> Callable:

@@ -189,3 +189,28 @@ def test_debug_dump_of_a_graph_without_its_template_raises_as_raw_cuda_graph(cud
     kept, _ = _captured(keep_graph=True)
     kept.debug_dump(str(path))
     assert path.read_text().startswith("digraph")
+
+
+@pytest.mark.skipif(not hasattr(torch.cuda.graphs, "export_dot"),
+                    reason="torch before 2.14 has no export_dot")
+def test_export_dot_dumps_the_template_a_capture_end_hook_sees(cuda_kind, tmp_path):
+    # PyTorch's test_graph_debugdump: export_dot's hook dumps a keep_graph=False graph while its
+    # template is live; debug_dump() after the capture finds none
+    pytest.importorskip("cuda.bindings.runtime", reason="torch's DOT dump needs cuda-bindings")
+    graph = torch.cuda.CUDAGraph()
+    path = tmp_path / "hook.dot"
+    graph.register_capture_end_hook(torch.cuda.graphs.export_dot(str(path)))
+    x = torch.zeros(8, device="cuda")
+    with torch.cuda.graph(graph):
+        x.add_(1.0)
+    assert path.read_text().startswith("digraph")
+    with pytest.raises(RuntimeError, match=r"^No cudaGraph_t is available"):
+        graph.debug_dump(str(tmp_path / "after.dot"))
+
+
+@pytest.mark.skipif(not DUMPS_THE_TEMPLATE, reason="torch before 2.14 dumps without cuda-bindings")
+def test_the_dot_dump_needs_cuda_bindings_as_torchs_does(cuda_device, tmp_path, monkeypatch):
+    monkeypatch.setattr(torch.cuda.graphs, "_cuda_runtime", None)  # a machine without them
+    kept, _ = _captured(keep_graph=True)
+    with pytest.raises(RuntimeError, match="requires the cuda-bindings package"):
+        kept.debug_dump(str(tmp_path / "graph.dot"))

@@ -1,7 +1,8 @@
 """What torch on a CPU cannot provide is refused with one named error, UnsupportedOnEmulatedDevice
 (a NotImplementedError), saying what and why: kernels compiled at run time and the raw CUDA graph
 handles that cuda-bindings reads (PyTorch's own test_graph_external_wait_and_record_* and
-test_cuda_graph_raw_graph* need them)."""
+test_cuda_graph_raw_graph* need them). Conditional graph nodes are emulated since branch tc6
+(test_conditional_nodes.py)."""
 
 from __future__ import annotations
 
@@ -28,15 +29,3 @@ def test_the_raw_cuda_graph_handles_are_refused_by_name(cuda_device):
     graph.instantiate()
     with pytest.raises(UnsupportedOnEmulatedDevice, match=r"raw_cuda_graph_exec\(\)"):
         graph.raw_cuda_graph_exec()
-
-
-def test_conditional_graph_nodes_are_refused_by_name(cuda_device):
-    # PyTorch's test_cuda_graph_many_if_nodes_*: CUDA 12.4's if/while nodes decide on the GPU.
-    pred = torch.zeros((), device="cuda", dtype=torch.bool)
-    x = torch.zeros((), device="cuda")
-    graph = torch.cuda.CUDAGraph()
-    with pytest.raises(UnsupportedOnEmulatedDevice, match=r"begin_capture_to_if_node\(\).*conditional"):
-        with torch.cuda.graph(graph):
-            graph.begin_capture_to_if_node(pred)
-            x.add_(1.0)
-            graph.end_capture_to_conditional_node()

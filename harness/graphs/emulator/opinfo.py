@@ -336,15 +336,22 @@ def kernel_dtype_reason(func: torch_internals.OpOverload, args: tuple, kwargs: d
         param = named.get(name)
         if isinstance(param, torch.Tensor) and param.dtype != dtype:
             return (f"CUDA's kernel takes {name} in the input's dtype {dtype}, got {param.dtype} "
-                    f"(eager on {device} raises \"expected scalar type {_scalar_type(dtype)} but "
-                    f"found {_scalar_type(param.dtype)}\"; the CPU kernel accepts float32 "
-                    f"parameters): cast the parameters to {dtype}")
+                    f"(eager on {device} raises \"expected scalar type "
+                    f"{scalar_type_name(dtype)} but found {scalar_type_name(param.dtype)}\"; the "
+                    f"CPU kernel accepts float32 parameters): cast the parameters to {dtype}")
     return None
 
 
-def _scalar_type(dtype: torch.dtype) -> str:
-    return {torch.bfloat16: "BFloat16", torch.float16: "Half", torch.float32: "Float",
-            torch.float64: "Double"}.get(dtype, str(dtype).removeprefix("torch."))
+_SCALAR_TYPE_NAMES = {
+    torch.bool: "Bool", torch.uint8: "Byte", torch.int8: "Char", torch.int16: "Short",
+    torch.int32: "Int", torch.int64: "Long", torch.bfloat16: "BFloat16", torch.float16: "Half",
+    torch.float32: "Float", torch.float64: "Double", torch.complex32: "ComplexHalf",
+    torch.complex64: "ComplexFloat", torch.complex128: "ComplexDouble"}
+
+
+def scalar_type_name(dtype: torch.dtype) -> str:
+    """c10's ScalarType name of `dtype`, as its "expected scalar type X but found Y" says it."""
+    return _SCALAR_TYPE_NAMES.get(dtype, str(dtype).removeprefix("torch."))
 
 
 def _copy_problem(to_device: bool, host_pinned: bool,

@@ -11,16 +11,20 @@ replay refuses to run once it was freed.
 from __future__ import annotations
 
 import warnings
+from dataclasses import replace
 from typing import Any, Callable
 
 import torch
 
-from harness.torch_internals import (HigherOrderOperator, TorchDispatchMode, tree_flatten,
+from harness.torch_internals import (DisableTorchFunction, HigherOrderOperator,
+                                     TorchDispatchMode, disable_current_modes, tree_flatten,
                                      tree_map_only)
 from harness.graphs.emulator import opinfo
 from harness.graphs.base import CaptureError, CaptureSyncError
 from harness.graphs.emulator import collectives, cuda_errors
 from harness.graphs.emulator.callsite import at_callsite, current_callsite, in_index_assignment, user_frames
+from harness.graphs.emulator.conditional import (ConditionHandle, OpenConditional, node_step,
+                                                 set_handle)
 from harness.graphs.emulator.cuda_paths import one_hot_without_sync
 from harness.graphs.emulator.external import ExternalMemory
 from harness.graphs.emulator.host_tensors import HOST_COPY_REFUSED
@@ -94,6 +98,8 @@ class Recorder(TorchDispatchMode):
         # (Blocks compare by identity, and a dict keeps the allocation order.)
         self.allocated_blocks: dict[Block, None] = {}
         self.shared_blocks: dict[Block, SharedBlock] = {}
+        # The conditional nodes whose bodies are being captured, outermost first (conditional.py).
+        self.conditionals: list[OpenConditional] = []
 
     def refuse_sync(self, error: CaptureError) -> CaptureError:
         """Note `error`, a refused sync (cudaErrorStreamCaptureUnsupported), and return it."""
@@ -162,6 +168,8 @@ class Recorder(TorchDispatchMode):
     def _draw_at_replay(self, first_step: int, func, args, kwargs, outputs) -> None:
         """A random op of the emulated CUDA device: its steps draw from the device's state."""
         state = self.draws.source(func, args, kwargs)
+        if state is not None and self.conditionals:
+            self.conditionals[-1].drew = True
         if state is not None:
             self.steps[first_step:] = self.draws.replay_steps(
                 self.steps[first_step:], func, args, kwargs, outputs, state)
@@ -226,6 +234,41 @@ class Recorder(TorchDispatchMode):
         self._segment = (set(), set())
         self.allocated_blocks.clear()
         self.shared_blocks.clear()
+        self.conditionals.clear()
+
+    # --- conditional nodes (conditional.py) ---------------------------------------------------
+
+    def begin_conditional(self, pred: torch.Tensor, loops: bool) -> None:
+        """A conditional node begins: the step that reads `pred` into its handle, then its body,
+        the steps recorded until `end_conditional()`; `loops` makes it a while node."""
+        handle = ConditionHandle()
+        self._record_set_handle(handle, pred)
+        self.conditionals.append(OpenConditional(handle, loops, len(self.steps)))
+
+    def set_condition(self, pred: torch.Tensor) -> None:
+        """A step that reads `pred` into the handle of the innermost open conditional node."""
+        self._record_set_handle(self.conditionals[-1].handle, pred)
+
+    def end_conditional(self) -> bool:
+        """The innermost open conditional node ends: its body's steps become the node's one step
+        (their records point at it). Returns whether a random op of the body drew."""
+        node = self.conditionals.pop()
+        body = self.steps[node.start:]
+        del self.steps[node.start:]  # in place: the RNG recording appends to this very list
+        self.steps.append(node_step(node, body))
+        self.records[:] = [r if r.step < node.start else replace(r, step=node.start)
+                           for r in self.records]
+        return node.drew
+
+    def _record_set_handle(self, handle: ConditionHandle, pred: torch.Tensor) -> None:
+        # Called from the graph's API, above this mode: the alias is made below every mode, as
+        # in __torch_dispatch__.
+        with DisableTorchFunction(), disable_current_modes():
+            self.steps.append((set_handle, (handle, self._replay_tensor(pred)), {}))
+        if _has_storage(pred):
+            address = pred.untyped_storage().data_ptr()
+            self.reads.add(address)
+            self._segment[0].add(address)
 
     # --- replay view of capture-time tensors -------------------------------------------------
 
