@@ -8,15 +8,26 @@ time is over. Waits carry a stream's busy time to the waiting stream, as a GPU o
 The host waiting for a busy stream (`Stream.synchronize()`, `Event.synchronize()`,
 `torch.cuda.synchronize()`, a query that answers True) moves the host's clock on to when the
 work ends, without sleeping: the clock is `time.perf_counter()` plus the time every such wait
-would have taken, one timeline for all host threads, as wall time is. So two devices (or two
-streams) sleeping at once overlap: a host thread that waits for one finds the other done as much
-later as it ran at the same time, the overlap PyTorch's `test_stream_event_nogil` measures.
+would have taken.
+
+That time is kept per host thread. On a GPU a thread blocked in a synchronize releases the GIL and
+another thread issues its own work meanwhile; here the synchronize returns at once and the other
+thread runs later in wall time, so with one clock for all threads its work would start after the
+first thread's wait, and two devices' sleeps issued by two threads would run back to back instead
+of at once (PyTorch's `test_stream_event_nogil` measures that overlap). A thread's clock moves on
+only for its own waits: a thread started inside the emulation starts from its starter's clock
+(threads.py), and `Thread.join()` of a finished thread moves the joiner's clock on to the joined
+thread's last. Other hand-offs between threads (a queue, a lock, a future's result) are not seen:
+a thread that learns through one of them that another thread's wait ended keeps its own clock, so
+an event it records then may be earlier than on a GPU. A thread the emulation did not start (one
+made before it) starts from the latest clock of any thread.
 """
 
 from __future__ import annotations
 
 import threading
 import time
+import weakref
 
 SM_CLOCK_HZ = 1_980_000_000  # what get_device_properties().clock_rate reports (kHz there)
 
@@ -29,9 +40,44 @@ class DeviceClock:
         if hz <= 0:
             raise ValueError(f"a clock rate of {hz} Hz: the device's SM clock must be positive")
         self._hz = hz
-        self._lag = 0.0  # the time the host's waits for busy streams would have taken
+        # per host thread: the time its waits for busy streams would have taken
+        self._thread = threading.local()
+        self._latest_lag = 0.0  # the largest of any thread's: where an unknown thread starts
+        self._ended: weakref.WeakKeyDictionary[threading.Thread, float] = \
+            weakref.WeakKeyDictionary()
         self._busy: dict[tuple[int, int], float] = {}
         self._lock = threading.Lock()
+
+    def _lag(self) -> float:
+        lag = getattr(self._thread, "lag", None)
+        if lag is None:
+            lag = self._thread.lag = self._latest_lag
+        return lag
+
+    def _set_lag(self, lag: float) -> None:
+        self._thread.lag = lag
+        with self._lock:
+            self._latest_lag = max(self._latest_lag, lag)
+
+    def thread_lag(self) -> float:
+        """This thread's lag, which a thread it starts begins with (`begin_thread`)."""
+        return self._lag()
+
+    def begin_thread(self, lag: float) -> None:
+        """This thread was started by one whose clock was `lag` ahead of the wall clock."""
+        self._thread.lag = lag
+
+    def end_thread(self, thread: threading.Thread) -> None:
+        """`thread` (this one) ends: a thread that joins it goes on from its clock."""
+        with self._lock:
+            self._ended[thread] = self._lag()
+
+    def joined(self, thread: threading.Thread) -> None:
+        """This thread's `thread.join()` returned with `thread` finished."""
+        with self._lock:
+            lag = self._ended.get(thread)
+        if lag is not None and lag > self._lag():
+            self._set_lag(lag)
 
     @staticmethod
     def key(stream) -> tuple[int, int]:
@@ -39,7 +85,8 @@ class DeviceClock:
         return (queue, device)
 
     def now(self) -> float:
-        return time.perf_counter() + self._lag
+        """This host thread's clock."""
+        return time.perf_counter() + self._lag()
 
     def sleep(self, stream, cycles: int) -> None:
         """`torch.cuda._sleep(cycles)` on `stream`: busy for that long after its earlier work."""
@@ -62,11 +109,10 @@ class DeviceClock:
         return self._busy.get(self.key(stream), 0.0)
 
     def host_waits(self, until: float) -> None:
-        """The host waited for work that ends at `until`: its clock moves on to then."""
-        with self._lock:
-            late = until - self.now()
-            if late > 0:
-                self._lag += late
+        """This host thread waited for work that ends at `until`: its clock moves on to then."""
+        late = until - self.now()
+        if late > 0:
+            self._set_lag(self._lag() + late)
 
     def host_waits_for_stream(self, stream) -> None:
         """`Stream.synchronize()`, or a query that found the stream's work done."""

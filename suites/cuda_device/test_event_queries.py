@@ -7,6 +7,8 @@ graph sanitizer, with the race tracker over the real streams."""
 
 from __future__ import annotations
 
+import threading
+
 import pytest
 import torch
 
@@ -182,3 +184,23 @@ def test_an_interprocess_event_with_timing_is_refused_where_cuda_makes_it(cuda_k
     shared.record()
     shared.synchronize()
     assert shared.query()
+
+
+def test_joining_a_thread_that_waited_for_a_sleep_moves_the_joiners_clock_on(cuda_kind):
+    # Each host thread keeps its own event-timing clock on the emulated device (device_clock.py);
+    # a join is the hand-off it sees: the joiner goes on from when the joined thread's wait ended.
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+
+    def sleeps_and_waits() -> None:
+        stream = torch.cuda.Stream()
+        with torch.cuda.stream(stream):
+            torch.cuda._sleep(400_000_000)  # about 200 ms on its own stream
+        stream.synchronize()
+
+    worker = threading.Thread(target=sleeps_and_waits)
+    worker.start()
+    worker.join()
+    end.record()
+    end.synchronize()
+    assert start.elapsed_time(end) >= 160.0

@@ -5,6 +5,8 @@ on device 0), and the allocator's statistics are per device. The emulated rows u
 
 from __future__ import annotations
 
+import queue
+import sys
 import threading
 
 import pytest
@@ -200,6 +202,52 @@ def test_sleeps_on_two_devices_overlap_in_event_time(two_devices):
     each = [start.elapsed_time(end) for start, end in (on_zero, on_one)]
     assert min(each) >= 160.0  # 400M cycles at a 2 GHz clock or slower: 200 ms or more
     assert sum(each) > 1.3 * span_start.elapsed_time(span_end)
+
+
+def _waited_sleep(cycles: int) -> float:
+    """A sleep on the current stream between two events, waited for: its time (PyTorch's
+    `_stream_synchronize` helper of test_stream_event_nogil)."""
+    start, end = _timed_sleep(cycles)
+    torch.cuda.current_stream().synchronize()
+    return start.elapsed_time(end)
+
+
+def test_two_threads_waiting_on_two_devices_overlap_in_event_time(two_devices):
+    # PyTorch's test_stream_event_nogil: on a GPU each thread blocks in its synchronize with the
+    # GIL released, so the other thread's sleep runs meanwhile on its own device. The emulated
+    # synchronize returns at once and the other thread runs later; with one host clock for all
+    # threads its sleep began after the first one's wait (the span was the sum of the two).
+    ready, go, result = queue.Queue(), queue.Queue(), queue.Queue()
+    cycles = 400_000_000  # about 200 ms: the host's own stalls stay far below the margin
+
+    def on_device_one() -> None:
+        with torch.cuda.device(1):
+            ready.put(0)
+            go.get()
+            result.put(_waited_sleep(cycles))
+
+    child = threading.Thread(target=on_device_one, daemon=True)
+    child.start()
+    ready.get()
+    span_start = torch.cuda.Event(enable_timing=True)
+    span_end = torch.cuda.Event(enable_timing=True)
+    # Python hands the GIL to the waiting child only where this thread blocks: in CUDA's
+    # synchronize (which releases it), or here at `result.get()`, so that on the emulated device
+    # the child's sleep is always issued after this thread's wait returned
+    interval = sys.getswitchinterval()
+    sys.setswitchinterval(60.0)
+    try:
+        span_start.record()
+        go.put(0)
+        parent_time = _waited_sleep(cycles)
+        child_time = result.get()
+    finally:
+        sys.setswitchinterval(interval)
+    span_end.record()
+    span_end.synchronize()
+    child.join()
+    assert min(parent_time, child_time) >= 160.0
+    assert parent_time + child_time > 1.3 * span_start.elapsed_time(span_end)
 
 
 def test_a_graph_replays_on_its_capture_devices_stream(two_devices):
