@@ -212,7 +212,7 @@ def test_each_timed_capture_starts_with_the_earlier_arms_engines_collected(monke
 
     def counting(self, phase="serve"):
         if phase == "serve":
-            alive_at_timed_captures.append(sum(isinstance(o, Engine) for o in gc.get_objects()))
+            alive_at_timed_captures.append(sum(type(o) is Engine for o in gc.get_objects()))
         return warmup_and_capture(self, phase)
 
     monkeypatch.setattr(DecoderGraphs, "warmup_and_capture", counting)
