@@ -160,9 +160,24 @@ def ctc_loss_in_capture():
     log_probs = torch.randn(10, 2, 5, device="cuda").log_softmax(2)
     targets = torch.ones(2, 3, dtype=torch.long, device="cuda")
     lengths = torch.tensor([10, 10]), torch.tensor([3, 3])
-    return (f"{_capture_verdict(lambda: torch.nn.functional.ctc_loss(log_probs, targets, *lengths))} "
-            f"(decided from LossCTC.cu: Copy.cu's pageable-copy refusal of `at::tensor(lengths)`, "
-            f"the capture still valid; emulated: refused as a sync, the capture invalidated)")
+    on_device = tuple(t.cuda() for t in lengths)
+    ctc = torch.nn.functional.ctc_loss
+    return (f"host lengths: {_capture_verdict(lambda: ctc(log_probs, targets, *lengths))}; device "
+            f"lengths: {_capture_verdict(lambda: ctc(log_probs, targets, *on_device))}; int lists: "
+            f"{_capture_verdict(lambda: ctc(log_probs, targets, [10, 10], [3, 3]))} (decided from "
+            f"LossCTC.cu and LossCTC.cpp: Copy.cu's pageable-copy refusal of `at::tensor(lengths)` "
+            f"or of the device lengths' `.to(kCPU)`, the capture still valid; emulated: the same)")
+
+
+@case
+def ctc_loss_on_cudnns_path_in_capture():
+    log_probs = torch.randn(10, 2, 5, device="cuda").log_softmax(2)
+    targets = torch.ones(6, dtype=torch.int32)  # 1-D int32 on the host, blank 0: cuDNN's conditions
+    ctc = torch.nn.functional.ctc_loss
+    return (f"reduction='sum': {_capture_verdict(lambda: ctc(log_probs, targets, [10, 10], [3, 3], reduction='sum'))}; "
+            f"'mean': {_capture_verdict(lambda: ctc(log_probs, targets, [10, 10], [3, 3]))} "
+            f"(unknown: cudnnCTCLoss with host labels; emulated: never takes cuDNN's path, Copy.cu's "
+            f"pageable-copy refusal, the capture still valid)")
 
 
 @case

@@ -5,12 +5,14 @@ CUDA's solvers raise on a failed factorization after reading their info codes on
 `cholesky`, `lu_factor`, `eigh`, `svd`, `pinv` and a spectral norm are refused in a capture, while
 the `_ex` forms with check_errors=False are captured (PyTorch #96632). `linalg.matrix_exp` copies
 its matrices' 1-norms, and `histc` without a range the input's minimum and maximum, to pageable host
-memory inside the kernel: Copy.cu's refusal, which leaves the capture valid. `repeat_interleave`
-given `output_size` reads nothing on the host and is captured. The emulated device captured the
-first two kinds (the read happens inside a kernel its dispatch never sees, and on host memory) and
-refused the last (its tag says dynamic output shape). The `cuda_kind` rows show CUDA's own verdicts
-on a GPU; refused native captures run in a process of their own, since an invalidated capture
-leaves CUDA's state broken behind it."""
+memory inside the kernel, and `ctc_loss` copies its lengths from pageable host memory to the device
+(`at::tensor(target_lengths)`, LossCTC.cu; length tensors on the device are first copied to the
+host): Copy.cu's refusal, which leaves the capture valid. `repeat_interleave` given `output_size`
+reads nothing on the host and is captured. The emulated device captured the first two kinds (the
+read happens inside a kernel its dispatch never sees, and on host memory) and refused `ctc_loss`
+and the last as a sync that invalidates the capture (their tags say dynamic output shape). The
+`cuda_kind` rows show CUDA's own verdicts on a GPU; refused native captures run in a process of
+their own, since an invalidated capture leaves CUDA's state broken behind it."""
 
 from __future__ import annotations
 
@@ -41,9 +43,24 @@ REFUSED_AS_A_SYNC: dict[str, Op] = {
     "linalg.pinv": lambda a, b: torch.linalg.pinv(a),
     "linalg.matrix_norm ord=2": lambda a, b: torch.linalg.matrix_norm(a, 2),
 }
+
+
+def _ctc_loss(a: torch.Tensor, input_lengths, target_lengths) -> torch.Tensor:
+    """CTC loss of 4 time steps, a batch of 2 and 2 classes (made of `a`), one target each."""
+    targets = torch.ones(2, 1, dtype=torch.long, device="cuda")
+    return torch.nn.functional.ctc_loss(a.reshape(4, 2, 2).log_softmax(2), targets,
+                                        input_lengths, target_lengths)
+
+
 REFUSED_AS_A_PAGEABLE_COPY: dict[str, Op] = {
     "linalg.matrix_exp": lambda a, b: torch.linalg.matrix_exp(a / 10),
     "histc without a range": lambda a, b: torch.histc(a, bins=4),
+    "ctc_loss with int-list lengths": lambda a, b: _ctc_loss(a, [4, 4], [1, 1]),
+    "ctc_loss with host length tensors":
+        lambda a, b: _ctc_loss(a, torch.full((2,), 4), torch.full((2,), 1)),
+    "ctc_loss with device length tensors":
+        lambda a, b: _ctc_loss(a, torch.full((2,), 4, device="cuda"),
+                               torch.full((2,), 1, device="cuda")),
 }
 CAPTURED: dict[str, Op] = {
     "linalg.solve_ex": lambda a, b: torch.linalg.solve_ex(a, b)[0],
@@ -110,7 +127,7 @@ def _outcome(name: str) -> tuple[list[str], str | None, bool | None]:
 
 
 def _outcome_on(cuda_kind: str, name: str):
-    if cuda_kind == "native" and name in REFUSED_AS_A_SYNC:
+    if cuda_kind == "native" and name not in CAPTURED:  # whatever CUDA's verdict, nothing left behind
         return in_a_process_of_its_own(__file__, "_outcome", name)
     return _outcome(name)
 

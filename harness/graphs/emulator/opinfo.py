@@ -111,6 +111,8 @@ def sync_reason(func: torch_internals.OpOverload, args: tuple, kwargs: dict) -> 
     packet = getattr(func, "overloadpacket", None)
     if packet in _SOLVER_CHECKS:
         return _solver_check_reason(packet, bind(func, args, kwargs))
+    if packet in _CTC_LOSSES:
+        return None  # tagged dynamic, but CUDA's kernel refuses first at its copy (copy_refusal)
     if packet is aten.repeat_interleave and bind(func, args, kwargs).get("output_size") is not None:
         return None  # the size given, CUDA's kernel reads no repeats on the host
     tags = func.tags
@@ -267,7 +269,8 @@ def copy_refusal(func: torch_internals.OpOverload, args: tuple, kwargs: dict,
                     f"capture")
     elif copies_to_host_inside(func):
         why = kernel_host_copy(func, args, kwargs)
-        if why is not None and on_device(bind(func, args, kwargs)["self"]):
+        first = func._schema.arguments[0].name  # `self`; `log_probs`, `grad` for the CTC losses
+        if why is not None and on_device(bind(func, args, kwargs)[first]):
             return cuda_errors.PAGEABLE_COPY, why
     elif func in _WHERES:
         named = bind(func, args, kwargs)
@@ -284,7 +287,15 @@ def copy_refusal(func: torch_internals.OpOverload, args: tuple, kwargs: dict,
     return None
 
 
-_HOST_COPYING_KERNELS = _packets("linalg_matrix_exp", "histc")
+# CUDA's CTC loss (LossCTC.cu, forward and backward, any targets' dtype) builds the lengths on the
+# host and copies them to the device with `at::tensor(target_lengths, targets.options())`, a
+# blocking copy from pageable memory, before its first kernel; the Tensor-lengths overload first
+# copies device lengths to the host (`.to(kCPU)`, LossCTC.cpp), and host targets are copied to the
+# device (`targets.to(device)`): each one Copy.cu's refusal, the capture still valid. Their tag
+# (dynamic_output_shape) would refuse them as a sync that invalidates the capture. cuDNN's CTC
+# (int32 host targets, all input lengths the full length) is never taken on the emulated device.
+_CTC_LOSSES = _packets("_ctc_loss", "_ctc_loss_backward")
+_HOST_COPYING_KERNELS = _packets("linalg_matrix_exp", "histc") | _CTC_LOSSES
 
 
 def copies_to_host_inside(func: torch_internals.OpOverload) -> bool:
@@ -298,9 +309,14 @@ def kernel_host_copy(func: torch_internals.OpOverload, args: tuple, kwargs: dict
     `linalg.matrix_exp`: CUDA's mexp_impl picks each matrix's Taylor degree from its 1-norm on the
     host (`norm.to(at::kCPU)`); a 0x0 or 1x1 matrix takes `exp` without it. `histc` with no range
     (min == max, the default) of a non-empty input: CUDA's kernel reads the input's minimum and
-    maximum on the host (`self.min().cpu()`)."""
+    maximum on the host (`self.min().cpu()`). The CTC losses: CUDA's kernel copies the lengths
+    to the device from pageable host memory (`at::tensor(target_lengths)`)."""
     if not copies_to_host_inside(func):
         return None
+    if func.overloadpacket in _CTC_LOSSES:
+        return ("CUDA's kernel copies the input and target lengths from pageable host memory to "
+                "the device (`at::tensor(target_lengths)`, a blocking copy; length tensors on the "
+                "device are first copied to the host); compute the loss outside the capture")
     named = bind(func, args, kwargs)
     if func.overloadpacket is aten.histc:
         if named["min"] != named["max"] or named["self"].numel() == 0:
