@@ -48,6 +48,7 @@ import torch
 from harness import torch_internals, triton_internals
 from harness.torch_internals import get_current_function_mode_stack as _get_current_function_mode_stack
 
+from harness.emulation.compiled_capture_rules import FirstRefusal, Refusal, refuse
 from harness.emulation.compiled_devices import (OutputMark, Placement, graph_attribute,
                                                 has_transfers, placement, register_markers,
                                                 transfers_run_eagerly)
@@ -124,6 +125,9 @@ class GraphCall:
     # tuple or list, as the compiled graph returns; None for one value returned bare (inductor's
     # compile_fx called on a graph whose output is one tensor, as a runtime's own backend does)
     sequence: type | None
+    # the graph's first op that CUDA refuses in a capture (a solver's info check, a fallback
+    # kernel's copy from pageable memory: compiled_capture_rules.py), or None
+    refusal: Refusal | None = None
 
 
 def _library():
@@ -743,6 +747,8 @@ class DeviceGraph:
         call = self.calls.get(key)
         if call is None:
             call = self.calls[key] = self._define(state, args)
+        if call.refusal is not None and state.capturing():
+            refuse(state, self.name, call.refusal)
         results = iter(call.op(*tensors))
         outputs = [next(results) if isinstance(o, TensorLayout)
                    else o.of(args) if isinstance(o, InputView) else o for o in call.outputs]
@@ -750,7 +756,7 @@ class DeviceGraph:
         return outputs[0] if call.sequence is None else call.sequence(outputs)
 
     def _define(self, state, args) -> GraphCall:
-        mutated, outputs, sequence = _analyse(self.graph_module, args)
+        mutated, outputs, sequence, refusal = _analyse(self.graph_module, args)
         tensor_positions = [i for i, a in enumerate(args) if isinstance(a, torch.Tensor)]
         name = f"{self.name}_{len(self.calls)}"
         params = ", ".join(f"Tensor(a{n}!) t{n}" if i in mutated else f"Tensor t{n}"
@@ -797,7 +803,7 @@ class DeviceGraph:
             if "already has an DispatchKey::Meta" not in str(error):
                 raise
         op = getattr(getattr(torch.ops, _LIBRARY_NAME), name).default
-        return GraphCall(op, outputs, None if self.bare_output else sequence)
+        return GraphCall(op, outputs, None if self.bare_output else sequence, refusal)
 
 
 def _graph_constants(graph_module) -> tuple:
@@ -1087,8 +1093,9 @@ class _Replay:
         return self.outputs
 
 
-def _analyse(graph_module, args) -> tuple[frozenset, tuple, type | None]:
-    """Run the graph on fake tensors: which inputs it writes, what it returns."""
+def _analyse(graph_module, args) -> tuple[frozenset, tuple, type | None, Refusal | None]:
+    """Run the graph on fake tensors: which inputs it writes, what it returns, and its first op
+    that CUDA refuses in a capture."""
     from torch.multiprocessing.reductions import StorageWeakRef
 
     with torch_internals.disable_current_modes(), torch_internals.DisableTorchFunction():
@@ -1102,7 +1109,8 @@ def _analyse(graph_module, args) -> tuple[frozenset, tuple, type | None]:
                      .as_strided(a.size(), a.stride(), a.storage_offset())
                      if isinstance(a, torch.Tensor) else a for a in args]
         versions = [f._version if isinstance(f, torch.Tensor) else None for f in fakes]
-        with mode, torch_internals.DisableTorchFunction():
+        refusals = FirstRefusal()
+        with mode, refusals, torch_internals.DisableTorchFunction():
             out = graph_module(*fakes)
     sequence = list if isinstance(out, list) else tuple if isinstance(out, tuple) else None
     out = out if isinstance(out, (tuple, list)) else (out,)
@@ -1125,7 +1133,7 @@ def _analyse(graph_module, args) -> tuple[frozenset, tuple, type | None]:
         outputs.append(TensorLayout.of(o))
     mutated = frozenset(i for i, (f, v) in enumerate(zip(fakes, versions))
                         if isinstance(f, torch.Tensor) and f._version != v)
-    return mutated, _views_of_outputs(outputs, out), sequence
+    return mutated, _views_of_outputs(outputs, out), sequence, refusals.refusal
 
 
 def _views_of_outputs(outputs: list, out) -> tuple:
