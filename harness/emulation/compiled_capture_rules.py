@@ -37,7 +37,11 @@ class Refusal:
 
 class FirstRefusal(torch_internals.TorchDispatchMode):
     """Notes the first op that CUDA refuses in a capture among the ops it sees (every tensor a
-    device tensor: a graph that runs as one device op reads device memory only)."""
+    device tensor: a graph that runs as one device op reads device memory only). A higher-order
+    op (a checkpoint's `graphsafe_run_with_rng_state`, a `cond`) goes on to the fake tensor mode
+    whole: its body's ops are not looked at."""
+
+    supports_higher_order_operators = True
 
     def __init__(self) -> None:
         super().__init__()
@@ -45,6 +49,8 @@ class FirstRefusal(torch_internals.TorchDispatchMode):
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
+        if isinstance(func, torch_internals.HigherOrderOperator):
+            return func(*args, **kwargs)
         if self.refusal is None:
             self.refusal = _refusal(func, args, kwargs)
         if opinfo.is_composite(func):  # under inference mode a composite reaches a mode whole
@@ -54,8 +60,6 @@ class FirstRefusal(torch_internals.TorchDispatchMode):
 
 
 def _refusal(func: Any, args: tuple, kwargs: dict) -> Refusal | None:
-    if not isinstance(func, torch_internals.OpOverload):
-        return None
     reason = opinfo.sync_reason(func, args, kwargs) if opinfo.may_sync(func) else None
     if reason is not None:
         return Refusal(opinfo.op_name(func), cuda_errors.NOT_PERMITTED, reason)
