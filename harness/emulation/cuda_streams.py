@@ -425,7 +425,10 @@ def as_device_stream(stream: Any) -> Any:
     known = getattr(stream, "device_stream", None)
     if known is not None:
         return known
-    found = _state().streams.by_id.get((stream.stream_id, stream.device_index))
+    streams = getattr(_state(), "streams", None)
+    if streams is None:  # the graph sanitizer: its streams are CUDA's own
+        return stream
+    found = streams.by_id.get((stream.stream_id, stream.device_index))
     return found if found is not None else Stream(stream.device_index, stream_id=stream.stream_id)
 
 
