@@ -300,6 +300,12 @@ NAMES: dict[str, Internal] = {
     "cuda_graphs_dump_graph_dot": Internal("torch.cuda.graphs", "_dump_graph_dot", optional=True),
     "cuda_graphs_require_bindings": Internal("torch.cuda.graphs", "_require_cuda_bindings",
                                              optional=True),
+    # where dynamo's aot_autograd backends call AOTAutograd (aot_module_simplified)
+    "dynamo_backends_common": Internal("torch._dynamo.backends.common", "",
+                                       _found("torch._dynamo.backends.common"), lazy=True),
+    # dynamo's backend="cudagraphs" (its `cudagraphs`, and the helpers it calls)
+    "dynamo_backends_cudagraphs": Internal("torch._dynamo.backends.cudagraphs", "",
+                                           _found("torch._dynamo.backends.cudagraphs"), lazy=True),
 }
 
 

@@ -23,6 +23,14 @@ class _MarkResults(TorchDispatchMode):
     # backward) come here too, and run on: the ops inside them are marked as they run
     supports_higher_order_operators = True
 
+    @classmethod
+    def ignore_compile_internals(cls) -> bool:
+        # torch.compile skips every frame while a dispatch mode that does not step aside is on:
+        # compiled autograd's graph of the backward, compiled while the engine runs, ran as
+        # plain code (so its reduce-overhead graphs never reached CUDA graphs). The compiled
+        # graph places its own outputs (compiled_graphs.py).
+        return True
+
     def __init__(self, state) -> None:
         super().__init__()
         self.memory = state.memory
@@ -68,29 +76,41 @@ class _MarkResults(TorchDispatchMode):
 _engine_marking = threading.local()  # the _MarkResults of the backward running on this thread
 
 
-def gradient_back_to_its_device(out: torch.Tensor, index: int) -> None:
-    """`out` is a copy of a tensor on device `index` to another device: its gradient goes back to
-    device `index`, as ToCopyBackward copies it there on CUDA. The engine's copy is between cpu
-    tensors (the device saved for it is the cpu), which the dispatch mode above would leave on
-    the gradient's device: the node's hook copies it across (a real copy, as on CUDA)."""
+@contextlib.contextmanager
+def engine_marking_paused():
+    """The engine's marking of results (`_MarkResults`) off meanwhile, on this thread: a copy
+    made inside the backward is placed and marked by the placement mode (a copy to the host is
+    host memory, though its input is device memory; one to another device is that device's)."""
+    marking = getattr(_engine_marking, "mode", None)
+    if marking is None:
+        yield
+        return
+    previous, marking.paused = marking.paused, True
+    try:
+        yield
+    finally:
+        marking.paused = previous
+
+
+def gradient_back_to_its_device(out: torch.Tensor, index: int | None) -> None:
+    """`out` is a copy of a tensor on device `index` (None: a host tensor) to another device: its
+    gradient goes back there, as ToCopyBackward copies it on CUDA (`grad.to(self.options())`).
+    The engine's copy is between cpu tensors (the device saved for it is the cpu), which the
+    dispatch mode above would leave on the gradient's device: the node's hook copies it across
+    (a real copy, as on CUDA). Until 2026-12-07 a host tensor's gradient stayed device memory."""
     if out.grad_fn is None:
         return
 
     def to_source_device(grad_inputs, grad_outputs):
         grad = grad_inputs[0]
         if not isinstance(grad, torch.Tensor) or not is_device_memory(grad) or (
-                device_indices.index_of(grad) == index):
+                index is not None and device_indices.index_of(grad) == index):
             return None
         # the placement mode makes and marks the copy; the engine's marking stays out of it (it
         # would mark the copy on the gradient's device first)
-        marking = getattr(_engine_marking, "mode", None)
-        if marking is not None:
-            marking.paused = True
-        try:
-            moved = grad.to(torch.device("cuda", index), copy=True)
-        finally:
-            if marking is not None:
-                marking.paused = False
+        with engine_marking_paused():
+            moved = grad.to(torch.device("cpu") if index is None else torch.device("cuda", index),
+                            copy=True)
         return (moved, *grad_inputs[1:])
 
     out.grad_fn.register_hook(to_source_device)

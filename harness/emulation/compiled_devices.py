@@ -40,6 +40,40 @@ def transfers_run_eagerly(on_device: bool) -> Iterator[None]:
         _EAGER.reset(token)
 
 
+# Set while AOTAutograd traces one of dynamo's graphs for a backend of eager ops
+# (compiled_aot_transfers.py): a marker traces as an alias with a gradient of its own, also an
+# alias, so that the backward holds the reverse transfer CUDA's `ToCopyBackward` makes as a node
+# (a plain alias's gradient is the incoming one itself).
+_WITH_GRADIENT: contextvars.ContextVar[bool] = contextvars.ContextVar(
+    "harness_markers_with_gradients", default=False)
+
+
+@contextlib.contextmanager
+def markers_traced_with_gradients() -> Iterator[None]:
+    token = _WITH_GRADIENT.set(True)
+    try:
+        yield
+    finally:
+        _WITH_GRADIENT.reset(token)
+
+
+class _TracedTransfer(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, t):
+        return torch.ops.aten.alias(t)
+
+    @staticmethod
+    def backward(ctx, grad):
+        return torch.ops.aten.alias(grad)
+
+
+def _traced(t: torch.Tensor) -> torch.Tensor:
+    """A marker's value in a trace: a view that is no transfer (`placement` follows the memory)."""
+    if _WITH_GRADIENT.get():
+        return _TracedTransfer.apply(t)
+    return torch.ops.aten.alias(t)
+
+
 def _eager() -> bool:
     return _EAGER.get() is not None and not torch.compiler.is_compiling()
 
@@ -57,14 +91,14 @@ def to_device(t: torch.Tensor, non_blocking: bool = False) -> torch.Tensor:
     output is handed back; see DeviceGraph)."""
     if _eager() or _resumed_sparse(t):
         return t.to("cuda", non_blocking=non_blocking)
-    return torch.ops.aten.alias(t)
+    return _traced(t)
 
 
 def to_host(t: torch.Tensor, non_blocking: bool = False) -> torch.Tensor:
     """A traced copy to the host, as `to_device`."""
     if _eager() or _resumed_sparse(t):
         return t.to("cpu", non_blocking=non_blocking)
-    return torch.ops.aten.alias(t)
+    return _traced(t)
 
 
 def to_traced_device(t: torch.Tensor, non_blocking: bool = False) -> torch.Tensor:
@@ -76,7 +110,7 @@ def to_traced_device(t: torch.Tensor, non_blocking: bool = False) -> torch.Tenso
         return t.to("cuda" if _EAGER.get() else "cpu", non_blocking=non_blocking)
     if _resumed_sparse(t):
         return t  # the device it was given is a real tensor's, answered by the placement mode
-    return torch.ops.aten.alias(t)
+    return _traced(t)
 
 
 # Where each marker's result lives: True device, False host, None the graph's own device.
@@ -94,6 +128,12 @@ def register_markers() -> None:
         _registered = True
 
 
+def marker_device(marker) -> bool | None:
+    """Where a marker's result lives: True the device, False the host, None the graph's own
+    device (`to_traced_device`)."""
+    return _MARKERS[marker]
+
+
 def traced_from_marker(node: torch.fx.Node) -> bool:
     """Whether `node`, of a graph traced from dynamo's (AOTAutograd's aten graphs), is a marker's
     `aten.alias`: a transfer, not a view (fx keeps the dynamo call each node comes from)."""
@@ -101,9 +141,23 @@ def traced_from_marker(node: torch.fx.Node) -> bool:
     return bool(stack) and stack[-1][1] in _MARKERS
 
 
+def gradient_of_a_marker(node: torch.fx.Node) -> bool:
+    """Whether `node`, of AOTAutograd's backward, is the gradient of a marker traced with its
+    gradient (`markers_traced_with_gradients`): a transfer back, not a view."""
+    stack = node.meta.get("fwd_source_fn_stack")
+    return (bool(stack) and "source_fn_stack" not in node.meta and node.op == "call_function"
+            and node.target is torch.ops.aten.alias.default and _is_a_marker(stack[-1][1]))
+
+
+def _is_a_marker(fn) -> bool:
+    try:
+        return fn in _MARKERS
+    except TypeError:  # unhashable
+        return False
+
+
 def has_transfers(graph_module: torch.fx.GraphModule) -> bool:
-    return any(node.op == "call_function" and node.target in _MARKERS
-               for node in graph_module.graph.nodes)
+    return any(is_marker(node) for node in graph_module.graph.nodes)
 
 
 @dataclass(frozen=True)
@@ -125,7 +179,37 @@ class Placement:
 
 
 def placement(graph_module: torch.fx.GraphModule, args) -> Placement:
-    """The graph's Placement for these arguments.
+    """The graph's Placement for these arguments (`memory_of_nodes`). The host tensor named, of
+    one or more dimensions (a cpu scalar passes beside device tensors), is one inductor counts as
+    a cpu node: an input the graph uses (inductor lets an unused one be), an attribute, or a value
+    computed on the host that has elements (inductor leaves an empty cpu buffer out, so that a
+    graph returning `torch.tensor([])` beside device work still gets CUDA graphs)."""
+    marks = memory_of_nodes(graph_module, args)
+    placeholders = iter(args)
+    outputs: tuple = ()
+    host = None
+    for node in graph_module.graph.nodes:
+        value = node.meta.get("example_value")
+        if node.op == "placeholder":
+            value = next(placeholders, None)
+        elif node.op == "get_attr":
+            value = graph_attribute(graph_module, node.target)
+        elif node.op == "output":
+            outs = node.args[0]
+            outs = outs if isinstance(outs, (tuple, list)) else (outs,)
+            outputs = tuple(marks.get(o) if isinstance(o, torch.fx.Node) else None for o in outs)
+            continue
+        if (host is None and node in marks and not marks[node].device
+                and isinstance(value, torch.Tensor) and value.dim() and not made_for_a_marker(node)
+                and (node.users if node.op == "placeholder" else
+                     node.op == "get_attr" or not _no_elements(value))):
+            host = node.name
+    return Placement(outputs, host)
+
+
+def memory_of_nodes(graph_module: torch.fx.GraphModule, args) -> dict[torch.fx.Node, OutputMark]:
+    """Where each node's value lives on CUDA for these arguments (nodes without a tensor among
+    their inputs or values have none).
 
     An input is the memory it is; a marker's node is the memory it names; a call writing in place
     (a method ending in "_") returns its first argument's memory; any other call is device memory
@@ -137,8 +221,6 @@ def placement(graph_module: torch.fx.GraphModule, args) -> Placement:
     on_device = any(isinstance(a, torch.Tensor) and is_device_memory(a) for a in args)
     marks: dict[torch.fx.Node, OutputMark] = {}
     placeholders = iter(args)
-    outputs: tuple = ()
-    host = None
     for node in graph_module.graph.nodes:
         value = node.meta.get("example_value")
         if node.op == "placeholder":
@@ -150,11 +232,8 @@ def placement(graph_module: torch.fx.GraphModule, args) -> Placement:
             if isinstance(value, torch.Tensor):
                 marks[node] = OutputMark(is_device_memory(value))
         elif node.op == "output":
-            outs = node.args[0]
-            outs = outs if isinstance(outs, (tuple, list)) else (outs,)
-            outputs = tuple(marks.get(o) if isinstance(o, torch.fx.Node) else None for o in outs)
             continue
-        elif node.op == "call_function" and node.target in _MARKERS:
+        elif is_marker(node):
             non_blocking = bool(node.args[1] if len(node.args) > 1
                                 else node.kwargs.get("non_blocking", False))
             device = _MARKERS[node.target]
@@ -166,17 +245,25 @@ def placement(graph_module: torch.fx.GraphModule, args) -> Placement:
             elif inputs or isinstance(value, torch.Tensor):
                 marks[node] = OutputMark(any(marks[n].device for n in inputs),
                                          any(marks[n].non_blocking for n in inputs))
-        if (host is None and node in marks and not marks[node].device and
-                isinstance(value, torch.Tensor) and value.dim() and not _marked(node)):
-            host = node.name
-    return Placement(outputs, host)
+    return marks
 
 
-def _marked(node: torch.fx.Node) -> bool:
+def is_marker(node: torch.fx.Node) -> bool:
+    """Whether `node` is a transfer marker of dynamo's graph (`to_device`, `to_host`,
+    `to_traced_device`)."""
+    return node.op == "call_function" and node.target in _MARKERS
+
+
+def _no_elements(value: torch.Tensor) -> bool:
+    numel = value.numel()
+    return isinstance(numel, int) and numel == 0
+
+
+def made_for_a_marker(node: torch.fx.Node) -> bool:
     """A value only markers use: a factory naming cuda, traced on the cpu and wrapped in its marker,
     lives where the marker says (the cpu tensor in the trace is the device's)."""
     return bool(node.users) and all(
-        user.op == "call_function" and user.target in _MARKERS for user in node.users)
+        is_marker(user) for user in node.users)
 
 
 def _in_place(node: torch.fx.Node) -> bool:

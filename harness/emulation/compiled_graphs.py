@@ -28,7 +28,10 @@ what the emulation adds is at the two ends of each compiled graph:
   re-records), with compiled_trees.py's generations around it; cuBLAS's workspaces are cleared
   around a warm-up and a recording, as the trees clear them. A graph with a data-dependent op
   (`.item()`, `nonzero()`) has no fixed output layout: it runs as host code outside a capture,
-  without a CUDA graph under reduce-overhead, and is refused inside a capture.
+  without a CUDA graph under reduce-overhead, and is refused inside a capture. A graph with host
+  work beside its device work is split as inductor's graph partition splits it
+  (compiled_partitions.py): each partition of device work is a graph of its own through the
+  trees, the host work runs between them; without graph partition it is skipped.
 - **compile_fx and compile_fx_inner called by code itself** (a runtime's own backend, PyTorch's
   tests): compiled as dynamo's backends are here, and run as a `DeviceGraph` alike.
 """
@@ -37,6 +40,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 import importlib
 import itertools
 import weakref
@@ -48,10 +52,12 @@ import torch
 from harness import torch_internals, triton_internals
 from harness.torch_internals import get_current_function_mode_stack as _get_current_function_mode_stack
 
+from harness.emulation.compiled_aot_transfers import aot_transfers_patch, transfers_in_aot_graphs
 from harness.emulation.compiled_capture_rules import FirstRefusal, Refusal, refuse
 from harness.emulation.compiled_devices import (OutputMark, Placement, graph_attribute,
                                                 has_transfers, placement, register_markers,
                                                 transfers_run_eagerly)
+from harness.emulation.compiled_partitions import partitions, partitions_apply
 from harness.emulation.compiled_rng import compiled_for_the_host, inputs_of, rng_ops_on_device
 from harness.emulation.compiled_trees import (direct_trees_refused, rerecord_limit_exceeded,
                                               trees_reset, wants_cudagraphs)
@@ -67,6 +73,11 @@ _COUNTER = itertools.count()
 # tracking see one by one; a backend of one's own that calls inductor on pieces wraps each piece
 # in DeviceGraph(..., backend="inductor").
 _OPAQUE_BACKENDS = frozenset({"inductor"})
+# Backends whose AOTAutograd graphs for training run as DeviceGraphs of their own (their transfer
+# markers stay views, placed with the graph's outputs): inductor's, dynamo's cudagraphs
+# (compiled_training.py). The other backends of AOTAutograd run its graphs as the device's eager
+# ops, with the markers made transfers (compiled_aot_transfers.py).
+_DEVICE_GRAPH_BACKENDS = frozenset({"inductor", "cudagraphs"})
 
 
 class CompiledGraphError(RuntimeError):
@@ -179,10 +190,14 @@ class DeviceGraph:
         # eager, the device partitions replayed): run here without a graph, and inductor counts
         # no skip for them, so they are listed apart.
         self.unpartitioned: list[str] = []
+        # per layout split by graph partition: its pieces and the DeviceGraph running each
+        self.pieces: dict[tuple, tuple] = {}
         # Calls of a backend whose graphs run op by op (aot_eager, dynamo's cudagraphs) that
         # autograd must differentiate: AOTAutograd's forward and backward run as eager ops, and
         # under CUDA graphs (backend="cudagraphs") without one, where CUDA replays each
         self.differentiated_op_by_op = 0
+        # AOTAutograd's training graphs of this one hold its transfers (compiled_aot_transfers.py)
+        self.aot_transfers = False
         # per layout, the inputs the graph writes that are not static: the trees let it write
         # one only where it is another recording's output (`triton.cudagraph_support_input_
         # mutation`), deciding at each call
@@ -248,11 +263,9 @@ class DeviceGraph:
             # they are the device's eager ops, their saved activations device memory for the
             # backward, which autograd's engine runs later, outside this call
             self.differentiated_op_by_op += 1
-            if self.transfers:
-                # AOTAutograd traced the transfer markers into plain aliases, so its graphs
-                # would leave a factory naming cuda (traced on the cpu) host memory and meet
-                # device tensors with it; dynamo's graph still holds them, and its eager ops
-                # are what those graphs run
+            if self.transfers and not self.aot_transfers:
+                # a backend that runs dynamo's graph itself (eager): its markers are the
+                # transfers they stand for when it runs as eager ops
                 with transfers_run_eagerly(any(isinstance(a, torch.Tensor) and
                                                is_device_memory(a) for a in args)):
                     out = self.graph_module(*args)
@@ -277,6 +290,8 @@ class DeviceGraph:
         the layout's first call."""
         key = _key(args)
         entry = self.replays.get(key)
+        if entry is None and self._split(args, key):
+            entry = self.replays[key]
         if entry is None:
             reason, partitioned = self._compile_time_skip(args, key)
             if reason is not None and self.backend == "cudagraphs" and key in self.mutated_inputs:
@@ -289,11 +304,14 @@ class DeviceGraph:
                 return self._run(state, args)
             if reason is not None and partitioned:
                 # inductor's graph partition would replay the parts around it, which the device
-                # cannot split off: the layout runs without a graph, no skip counted
+                # does not split off (symbolic shapes, a data-dependent op): the layout runs
+                # without a graph, no skip counted
                 return self._unpartitioned(state, args, key, reason)
             if reason is not None:
                 return self._skip(state, args, key, reason)
             entry = self.replays[key] = "trees"
+        if entry == "partitioned":
+            return self._run_pieces(state, args, key)
         if entry != "trees":
             return self._run(state, args)
         if self.trees_function is None:
@@ -353,10 +371,10 @@ class DeviceGraph:
     def _compile_time_skip(self, args, key) -> tuple[str | None, bool]:
         """Why inductor would compile this layout without CUDA graphs (its reason, as it logs it),
         or None; and whether its graph partition (on by default) would replay the rest."""
-        partition = bool(torch_internals.lazy_module("inductor_config").graph_partition)
+        partition = partitions_apply(self.backend)
         host = self._placement(args, key).host
         if host is not None:
-            return f"cpu device ({host})", partition
+            return self._cpu_device_reason(host, partition), partition
         symbolic = _symbolic_shapes_skip(self.graph_module)
         if symbolic is not None:
             return symbolic, partition
@@ -391,6 +409,11 @@ class DeviceGraph:
         (see `_recorded`): the replays' are the same tensors each time, rewritten by the next."""
         key = _key(args)
         entry = self.replays.get(key)
+        if entry is None and self._split(args, key):
+            entry = self.replays[key]
+        if entry == "partitioned":
+            # the partitions are the trees' functions, not this graph (no generation entered)
+            return self._run_pieces(state, args, key)
         generation = state.trees.enter(self, state.memory)
         # The trees' path within a generation: a graph run again in one generation (one step
         # between cudagraph_mark_step_begin calls, or one top-level call) is another node of the
@@ -400,15 +423,12 @@ class DeviceGraph:
             host = self._placement(args, key).host
             if host is not None:
                 # inductor's check_multiple_devices_or_any_cpu_nodes: decided at compile time
-                if not torch_internals.lazy_module("inductor_config").graph_partition:
-                    return self._skip(state, args, key, f"cpu device ({host})")
-                # With graph partition (inductor's default) the graph is split at its cpu nodes
-                # and its device partitions replayed, no skip counted (measured on an H100, torch
-                # 2.11). A compiled graph is not split here: the layout runs without a graph.
-                return self._unpartitioned(state, args, key, f"cpu device ({host})")
+                if partitions_apply(self.backend):  # no device work to split off
+                    return self._unpartitioned(state, args, key, f"cpu device ({host})")
+                return self._skip(state, args, key, self._cpu_device_reason(host, False))
             symbolic = _symbolic_shapes_skip(self.graph_module)
             if symbolic is not None:
-                if torch_internals.lazy_module("inductor_config").graph_partition:
+                if partitions_apply(self.backend):
                     return self._unpartitioned(state, args, key, symbolic)
                 return self._skip(state, args, key, symbolic)
             # What inductor and the trees decide before the first run (at compile time, or as
@@ -416,8 +436,8 @@ class DeviceGraph:
             unsafe = _cudagraph_unsafe_op(self.graph_module)
             if unsafe is not None:
                 # an op tagged cudagraph_unsafe: with graph partition inductor runs it between
-                # the replayed partitions, which the device cannot split off
-                if torch_internals.lazy_module("inductor_config").graph_partition:
+                # the replayed partitions (split off above, unless there is nothing else)
+                if partitions_apply(self.backend):
                     return self._unpartitioned(state, args, key, f"cudagraph-unsafe op {unsafe}")
                 return self._skip(state, args, key,
                                   f"disabling cudagraphs due to incompatible op {unsafe}")
@@ -426,7 +446,7 @@ class DeviceGraph:
             except _data_dependent_errors():
                 # inductor's incompatible ops (`.item()`, `nonzero()`): with graph partition CUDA
                 # replays the partitions around them, which the device cannot split off
-                if torch_internals.lazy_module("inductor_config").graph_partition:
+                if partitions_apply(self.backend):
                     return self._unpartitioned(state, args, key, "data-dependent op")
                 return self._skip(state, args, key, "incompatible op (data-dependent)")
             if mutated - self.static:
@@ -639,6 +659,7 @@ class DeviceGraph:
         them), as `torch._dynamo.reset()` shuts cudagraph trees down: a later call warms up
         again."""
         self.replays.clear()
+        self.pieces.clear()
         self.warm_generation.clear()
         self.rerecords = 0
         self.skipped.clear()
@@ -646,6 +667,56 @@ class DeviceGraph:
         self.warned_dynamic_shapes = False
         self.__dict__.pop("pool", None)
         self.trees_function = None  # bound to the trees' manager that was shut down
+
+    def _split(self, args, key) -> bool:
+        """Whether inductor's graph partition splits this layout (compiled_partitions.py: nodes
+        CUDA graphs cannot hold beside device work), decided at its first call: then its pieces
+        of device work run through CUDA graphs, each a function of the trees of its own, and the
+        nodes between them as host code (`_run_pieces`). Inductor leaves nodes of symbolic
+        shapes out of its partitions under `triton.cudagraph_skip_dynamic_graphs`, which the
+        device does not split off (the layout runs without a graph)."""
+        if (self.aot_graph or not partitions_apply(self.backend)
+                or _symbolic_shapes_skip(self.graph_module)):
+            return False  # AOTAutograd's graphs for training are device work (`_placement`)
+        pieces = partitions(self.graph_module, args, self.static)
+        if pieces is None or not any(piece.cudagraphable for piece in pieces):
+            return False  # nothing to split, or no partition (decided as a skip's reason)
+        self.pieces[key] = (pieces, tuple(
+            DeviceGraph(piece.module, piece.module, self.backend,
+                        cudagraphs=piece.cudagraphable, static=piece.static)
+            for piece in pieces))
+        self.replays[key] = "partitioned"
+        return True
+
+    def _run_pieces(self, state, args, key):
+        """The whole graph's result from its pieces' (`_split`), run in their order."""
+        pieces, graphs = self.pieces[key]
+        nodes = self.graph_module.graph.nodes
+        values: dict = dict(zip((n for n in nodes if n.op == "placeholder"), args))
+        for piece, graph in zip(pieces, graphs):
+            values.update(zip(piece.outputs, graph(*(values[n] for n in piece.inputs))))
+
+        def value(node):
+            if node.op == "get_attr":
+                return graph_attribute(self.graph_module, node.target)
+            return values[node]
+
+        result = next(n for n in nodes if n.op == "output").args[0]
+        if isinstance(result, torch.fx.Node):
+            return value(result)
+        return type(result)(value(o) if isinstance(o, torch.fx.Node) else o for o in result)
+
+    def _cpu_device_reason(self, host: str, partition: bool) -> str:
+        """Inductor's reason to skip CUDA graphs for a graph with the cpu node `host`, with the
+        user's line that reads it (`check_multiple_devices_or_any_cpu_nodes`); with graph
+        partition, the node the graph is split at."""
+        if partition:
+            return f"cpu device ({host})"
+        node = next((n for n in self.graph_module.graph.nodes if n.name == host), None)
+        trace = next((_users_frames(user.meta.get("stack_trace")) for user in
+                      (node.users if node is not None else ())
+                      if user.meta.get("stack_trace")), None)
+        return f"cpu device ({host})" + (f". Found from : \n {trace}" if trace else "")
 
     def _unpartitioned(self, state, args, key, reason: str):
         """This layout runs without a graph from now on, where inductor's graph partition would
@@ -732,6 +803,10 @@ class DeviceGraph:
                     outs[i] = t.to("cuda", non_blocking=mark.non_blocking)
                 else:
                     state.memory.mark_device(t)
+            elif not mark.device and is_device_memory(t) and not t.numel():
+                # an empty tensor the graph made on the host (inductor's code made it with the
+                # rest, inside a capture too): nothing to copy
+                outs[i] = torch.empty_strided(t.size(), t.stride(), dtype=t.dtype, device="cpu")
             elif not mark.device and is_device_memory(t):
                 outs[i] = t.to("cpu", non_blocking=mark.non_blocking)
         return _as_returned(outs, out)
@@ -1271,9 +1346,14 @@ def user_compiler_on_device(original):
 
         _refuse_cuda_autocast(gm)
         _user_triton_kernels_as_device_ops(gm)
+        backend = _backend_name(self.compiler_fn)
+        # a backend of eager ops: AOTAutograd's training graphs hold the transfers themselves
+        on_device = any(isinstance(a, torch.Tensor) and is_device_memory(a) for a in example_inputs)
         with _torchs_own_cuda(real_is_available), _triton_ops_kept_whole(), \
                 autograd_cache_off(), inputs_of(example_inputs), wrapper_inputs(example_inputs), \
-                training_compiles() as training:
+                training_compiles() as training, transfers_in_aot_graphs(
+                    on_device if backend not in _DEVICE_GRAPH_BACKENDS and has_transfers(gm)
+                    else None) as rewritten:
             try:
                 compiled = original(self, gm, example_inputs)
             except Exception as error:
@@ -1282,10 +1362,11 @@ def user_compiler_on_device(original):
                 raise
         if isinstance(compiled, DeviceGraph):  # inductor's compile_fx, called by the backend
             compiled = compiled.compiled
-        backend = _backend_name(self.compiler_fn)
         split = bool(training)
-        return DeviceGraph(compiled, gm, backend, autograd_split=split,
-                           cudagraphs=not split and wants_cudagraphs(self.compiler_fn, backend))
+        graph = DeviceGraph(compiled, gm, backend, autograd_split=split,
+                            cudagraphs=not split and wants_cudagraphs(self.compiler_fn, backend))
+        graph.aot_transfers = bool(rewritten)
+        return graph
 
     return call_user_compiler
 
@@ -1419,7 +1500,7 @@ def inductor_on_host(original, inner_default):
         inner = args.pop(2) if len(args) > 2 else kwargs.pop("inner_compile", inner_default)
         kwargs["inner_compile"] = device_inner_compile(inner, compiling, _aot_graph)
         with compiling(), _triton_ops_kept_whole(), autograd_cache_off(), \
-                training_compiles() as training:
+                training_compiles() as training, transfers_in_aot_graphs(None):
             compiled = original(*args, **kwargs)
         if not isinstance(graph_module, torch.fx.GraphModule) or isinstance(compiled, DeviceGraph):
             return compiled  # compile_fx calls itself: the outer call wraps
@@ -1467,11 +1548,11 @@ def sanitizer_compile_patches() -> list[tuple[Any, str, Any]]:
     return [(inductor, "compile_fx", pieces_recorded_by_the_sanitizer(inductor.compile_fx))]
 
 
-def _aot_graph(compiled, graph_module, *, cudagraphs: bool, static,
-               backward: bool = False) -> DeviceGraph:
-    graph = DeviceGraph(compiled, graph_module, "inductor", cudagraphs=cudagraphs,
+def _aot_graph(compiled, graph_module, *, cudagraphs: bool, static, backward: bool = False,
+               inference: bool = False, backend: str = "inductor") -> DeviceGraph:
+    graph = DeviceGraph(compiled, graph_module, backend, cudagraphs=cudagraphs,
                         aot_static=static)
-    graph.training = True
+    graph.training = not inference
     graph.backward = backward
     return graph
 
@@ -1525,13 +1606,20 @@ def compile_patches(state) -> list[tuple[Any, str, Any]]:
 
     clear_triton_answer()
     register_markers()
+    from harness.emulation.compiled_training import dynamo_cudagraphs_on_device
+
+    cudagraphs_backend = torch_internals.lazy_module("dynamo_backends_cudagraphs")
     return [(OutputGraph, "call_user_compiler", user_compiler_on_device(
         OutputGraph.call_user_compiler)),
+            (cudagraphs_backend, "cudagraphs", dynamo_cudagraphs_on_device(
+                cudagraphs_backend.cudagraphs,
+                functools.partial(_aot_graph, cudagraphs=True, backend="cudagraphs"))),
             (inductor, "compile_fx", inductor_on_host(inductor.compile_fx,
                                                       inductor.compile_fx_inner)),
             (inductor, "compile_fx_inner", inductor_inner_on_host(inductor.compile_fx_inner)),
             (partitioners, "functionalize_rng_ops",
              rng_ops_on_device(partitioners.functionalize_rng_ops))] \
+        + aot_transfers_patch() \
         + direct_trees_refused() \
         + trees_reset() \
         + factories_patch()

@@ -29,20 +29,20 @@ import torch
 
 from harness import torch_internals
 from harness.emulation import device_indices
-from harness.emulation.compiled_devices import traced_from_marker
+from harness.emulation.compiled_devices import gradient_of_a_marker, traced_from_marker
 from harness.emulation.device_draws import EagerDraws
 from harness.emulation.device_memory import is_device_memory
 from harness.emulation.rules import cuda_index, names_cuda
 
 # While a backend compiles one of dynamo's graphs: per example input, its device index when it is
-# device memory, _HOST when host memory, None when no tensor.
+# device memory, HOST when host memory, None when no tensor.
 _INPUTS: contextvars.ContextVar[tuple | None] = contextvars.ContextVar("harness_compiled_inputs",
                                                                        default=None)
 # Whether the graphs name the device in their random ops (eager code, which runs them through the
 # placement mode), or only the partitioner's choice changes (inductor: see compiled_for_the_host)
 _NAMED: contextvars.ContextVar[bool] = contextvars.ContextVar("harness_compiled_named",
                                                               default=True)
-_HOST = "host"
+HOST = "host"
 
 
 @contextlib.contextmanager
@@ -50,7 +50,7 @@ def inputs_of(example_inputs) -> Iterator[None]:
     """Tells the partitioner, while a backend compiles, where dynamo's example inputs (the real
     tensors) live."""
     token = _INPUTS.set(tuple(
-        (device_indices.index_of(a) if is_device_memory(a) else _HOST)
+        (device_indices.index_of(a) if is_device_memory(a) else HOST)
         if isinstance(a, torch.Tensor) else None for a in example_inputs))
     try:
         yield
@@ -109,26 +109,43 @@ def device_rng_ops(joint_module: torch.fx.GraphModule, inputs: tuple) -> dict[st
     with their device index: see the module's docstring. `inputs` are the example inputs' places
     (`inputs_of`), in the order of the graph's primals; a graph whose primals differ in number
     (a tensor subclass flattened, inputs merged) gets none."""
-    placeholders = [n for n in joint_module.graph.nodes if n.op == "placeholder"]
-    primals = [n for n in placeholders if not n.name.startswith("tangents")]
-    if len(primals) != len(inputs):
+    place = places_of_nodes(joint_module, inputs)
+    if place is None:
         return {}
+    found = {}
+    for node in joint_module.graph.nodes:
+        if node.op == "call_function" and _is_random(node):
+            where = place(node)
+            if where is not None and where != HOST:
+                found[node.name] = where
+    return found
+
+
+def places_of_nodes(module: torch.fx.GraphModule,
+                    inputs: tuple | None) -> Callable[[torch.fx.Node], Any] | None:
+    """Where CUDA keeps each value of one of AOTAutograd's graphs (a device index, HOST, or None
+    where its group's members disagree or none is known), from its primals' places `inputs`
+    (`inputs_of`) and CUDA's rule that an op's tensors share a device; None where the primals
+    differ in number from `inputs`."""
+    placeholders = [n for n in module.graph.nodes if n.op == "placeholder"]
+    primals = [n for n in placeholders if not n.name.startswith("tangents")]
+    if inputs is None or len(primals) != len(inputs):
+        return None
     groups = _Groups()
     for node, place in zip(primals, inputs):
         if place is not None:
             groups.know(node, place)
-    for node in joint_module.graph.nodes:
+    for node in module.graph.nodes:
         if node.op != "call_function":
             continue
         for a, b in _same_device(node):
             groups.join(a, b)
-    found = {}
-    for node in joint_module.graph.nodes:
-        if node.op == "call_function" and _is_random(node):
-            place = groups.place(node)
-            if place is not None and place != _HOST:
-                found[node.name] = place
-    return found
+    return groups.place
+
+
+def example_input_places() -> tuple | None:
+    """The places `inputs_of` gave, while a backend compiles; None elsewhere."""
+    return _INPUTS.get()
 
 
 # ops that take host tensors beside device tensors on CUDA (indices, copies' sources): only their
@@ -142,8 +159,8 @@ _FIRST_ONLY = frozenset({torch.ops.aten.index.Tensor, torch.ops.aten.index_put.d
 def _same_device(node: torch.fx.Node) -> list[tuple[torch.fx.Node, torch.fx.Node]]:
     """Pairs of nodes whose values CUDA keeps on one device: an op's tensor arguments of one or
     more dimensions (0-dim host tensors pass as scalars) and its result."""
-    if "device" in node.kwargs or traced_from_marker(node):
-        return []  # a copy or factory naming its device, or a transfer
+    if "device" in node.kwargs or traced_from_marker(node) or gradient_of_a_marker(node):
+        return []  # a copy or factory naming its device, or a transfer (or its gradient)
     if node.target in _FIRST_ONLY:
         tensors = [node.args[0]] if node.args and isinstance(node.args[0], torch.fx.Node) else []
     else:
@@ -171,7 +188,7 @@ def _is_random(node: torch.fx.Node) -> bool:
 
 class _Groups:
     """Union-find of nodes on one device, each group with the place its known members give (a
-    device index or _HOST); a group whose members disagree has none."""
+    device index or HOST); a group whose members disagree has none."""
 
     _MIXED = object()
 

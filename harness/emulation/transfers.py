@@ -17,7 +17,7 @@ import torch
 import threading
 
 from harness.emulation import device_indices
-from harness.emulation.backward import gradient_back_to_its_device
+from harness.emulation.backward import engine_marking_paused, gradient_back_to_its_device
 from harness.emulation.capture_syncs import read_outside_capture, refuse_host_sync
 from harness.emulation.device_memory import DEVICE, PINNED, is_device_memory, memory_mark
 from harness.emulation.rules import (
@@ -193,16 +193,31 @@ def handlers(mode) -> dict[Callable, Callable]:
             state.refuse(host_copy_refused(op, tuple(t.shape)))
         refuse_unrecorded_sync(op)
         state.notify_sync(op, t)
-        if state.kernel_log is not None:  # a profiler records CUDA activity
-            return state.kernel_log.copy("DtoH", False, call)
-        return call()
+        with host_result():
+            if state.kernel_log is not None:  # a profiler records CUDA activity
+                return state.kernel_log.copy("DtoH", False, call)
+            return call()
+
+    @contextlib.contextmanager
+    def host_result() -> Iterator[None]:
+        """A copy to the host makes host memory, also inside a device call's own run (the code
+        a `backward()` runs: a Python backward's `.cpu()`, a compiled graph's transfer back to a
+        host input), where the engine's marking and the device-call flag (which a user's
+        dispatch mode and the stream tracking read) would follow its device input."""
+        previous, memory.call_on_device = memory.call_on_device, False
+        try:
+            with engine_marking_paused():
+                yield
+        finally:
+            memory.call_on_device = previous
 
     def to_pinned_host(t: Tensor, rest: dict) -> Tensor:
         """`x.to("cpu", non_blocking=True)` of a device tensor: ATen's `_to_copy` pins the result
         (TensorConversions.cpp, `pin_out`) and the copy is a stream op the host does not wait for,
         so reading the result before a sync reads whatever the copy has not written yet."""
-        out = torch.empty_like(t, device=CPU, dtype=rest.get("dtype", t.dtype),
-                               memory_format=rest.get("memory_format", torch.preserve_format))
+        with host_result():
+            out = torch.empty_like(t, device=CPU, dtype=rest.get("dtype", t.dtype),
+                                   memory_format=rest.get("memory_format", torch.preserve_format))
         memory.mark_pinned(out)
         copy_(Tensor.copy_, (out, t, True), {})
         return out
@@ -246,8 +261,7 @@ def handlers(mode) -> dict[Callable, Callable]:
             out = to_device(t, "Tensor.to", lambda: func(t, CPU, **copied),
                             bool(rest.get("non_blocking")), index)
             device_indices.set_index(out, index)
-            if src:
-                gradient_back_to_its_device(out, device_indices.index_of(t))
+            gradient_back_to_its_device(out, device_indices.index_of(t) if src else None)
             return out
         return to_host(t, "Tensor.to", lambda: func(t, CPU, **copied))
 
@@ -263,8 +277,7 @@ def handlers(mode) -> dict[Callable, Callable]:
         out = to_device(t, "Tensor.cuda", lambda: t.to(CPU, copy=True, **rest),
                         bool(args[2] if len(args) > 2 else rest.get("non_blocking")), index)
         device_indices.set_index(out, index)
-        if is_device(t):
-            gradient_back_to_its_device(out, device_indices.index_of(t))
+        gradient_back_to_its_device(out, device_indices.index_of(t) if is_device(t) else None)
         return out
 
     def cpu(func, args, kwargs):

@@ -214,3 +214,39 @@ def test_a_host_region_recomputed_in_the_backward_stays_on_the_host(cuda_kind, s
     # d(out)/dz is the permutation the forward drew, if the recompute drew it again on the host
     assert sorted(z.grad.flatten().tolist()) == [0.0, 1.0, 2.0, 3.0]
     assert z.grad.flatten().tolist() == out.detach().flatten().tolist()
+
+
+def test_checkpointed_random_ops_of_host_and_device_regions_joined_by_a_transfer(cuda_kind):
+    """A compiled function whose checkpointed regions work on device and on host memory, joined
+    by a transfer (`z.cuda()`), runs AOTAutograd's graphs: the device region's random op wrapped
+    graph-safe, the host region's in the cpu's wrappers, each recompute drawing what its forward
+    drew, and the host tensor's gradient back on the host (PyTorch's
+    TestSAC.test_cpu_and_cuda_rng). Until 2026-12-07 AOTAutograd traced the transfer into a view,
+    so the emulated device ran dynamo's graph as its eager ops instead, and no wrapper ran."""
+    from torch._dynamo.backends.debugging import aot_eager_decomp_partition_with_mode
+
+    def on_the_host(z):
+        return z * torch.randperm(z.numel(), device=z.device).reshape(z.shape)
+
+    def fn(x, y, z):
+        x = _checkpointed(x, y)
+        z = torch.utils.checkpoint.checkpoint(on_the_host, z, use_reentrant=True)
+        return x * z.cuda()
+
+    observer = _observer()
+    backend = functools.partial(aot_eager_decomp_partition_with_mode, mode=observer)
+    x = torch.randn(4, 4, device="cuda", requires_grad=True)
+    y = torch.randn(4, 4, device="cuda", requires_grad=True)
+    z = torch.randn(4, 4, requires_grad=True)
+    torch.compile(fn, backend=backend)(x, y, z).sum().backward()
+    assert sorted(observer.outputs) == [
+        ("graphsafe_run_with_rng_state", aten.rand.default),
+        ("run_and_save_rng_state", aten.randperm.default),
+        ("run_with_rng_state", aten.randperm.default)]
+    forward, recomputed = observer.outputs[("graphsafe_run_with_rng_state", aten.rand.default)]
+    assert forward.is_cuda and recomputed.is_cuda
+    torch.testing.assert_close(forward, recomputed, rtol=0, atol=0)
+    (saved,) = observer.outputs[("run_and_save_rng_state", aten.randperm.default)]
+    (again,) = observer.outputs[("run_with_rng_state", aten.randperm.default)]
+    assert not saved.is_cuda and not again.is_cuda and torch.equal(saved, again)
+    assert x.grad.is_cuda and not z.grad.is_cuda

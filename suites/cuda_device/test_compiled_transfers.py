@@ -58,6 +58,29 @@ def test_each_output_of_a_compiled_graph_is_in_its_own_inputs_memory(cuda_kind):
     assert on_host.tolist() == on_device.cpu().tolist() == [2.0, 2.0]
 
 
+def _scaled_on_the_device(x, z):
+    return x * z.cuda() + torch.ones(4, device="cuda")
+
+
+@pytest.mark.parametrize("backend", [None, "aot_eager", "aot_eager_decomp_partition"],
+                         ids=["eager", "aot_eager", "aot_eager_decomp_partition"])
+def test_the_gradient_of_a_host_tensor_copied_to_the_device_is_host_memory(cuda_kind, backend):
+    """CUDA's ToCopyBackward copies the gradient back to the copied tensor's device: a host
+    leaf's `.grad` is host memory. Until 2026-12-07 it stayed device memory on the emulated
+    device (the engine's copy is between cpu tensors), and a graph of a backend of eager ops
+    (aot_eager) ran dynamo's graph instead of AOTAutograd's, whose transfers were traced into
+    views. The gradient of `x * z.cuda()` with respect to `z` is `x`."""
+    fn = _scaled_on_the_device if backend is None else torch.compile(_scaled_on_the_device,
+                                                                     backend=backend)
+    x = torch.randn(4, device="cuda", requires_grad=True)
+    z = torch.randn(4, requires_grad=True)
+    out = fn(x, z)
+    out.sum().backward()
+    assert out.is_cuda and x.grad.is_cuda and not z.grad.is_cuda
+    torch.testing.assert_close(z.grad, x.detach().cpu())
+    torch.testing.assert_close(x.grad, z.detach().cuda())
+
+
 def test_a_compiled_factory_naming_cuda_without_inputs_is_device_memory(cuda_kind):
     out = torch.compile(lambda: torch.full((2,), 3.0, device="cuda"))()
     assert out.is_cuda and out.cpu().tolist() == [3.0, 3.0]

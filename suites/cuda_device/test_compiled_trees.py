@@ -778,3 +778,49 @@ def test_reduce_overhead_on_another_devices_tensors_runs_in_that_devices_trees(t
     assert get_container(1).tree_manager is not None
     assert get_container(1).tree_manager.new_graph_id().id == 1
     assert get_container(0).tree_manager is None
+
+
+def test_dynamos_cudagraphs_backend_records_a_training_forward_and_backward(cuda_kind):
+    """Dynamo's `backend="cudagraphs"` wraps AOTAutograd's forward and backward graphs each in
+    cudagraph trees. Until 2026-12-07 the emulated device ran a graph autograd differentiates
+    under that backend op by op, never recorded (PyTorch's
+    test_forward_backward_not_called_backend_cudagraphs found no trees' manager)."""
+    if cuda_kind == "sanitizer":
+        pytest.skip("the graph sanitizer refuses cudagraph trees by name")
+    from torch._dynamo.utils import counters
+
+    compiled = torch.compile(_cubed, backend="cudagraphs")
+    counters.clear()
+    for _ in range(4):  # warm-up, recording, replays
+        x = torch.rand(4, device="cuda", requires_grad=True)
+        compiled(x).sum().backward()
+        torch.testing.assert_close(x.grad, 3 * x.detach() ** 2)
+    # the forward copies `x` in at a replay, the backward its incoming gradient (the activations
+    # it saved are static)
+    assert counters["inductor"]["cudagraph_recorded_non_static_inputs"] == 2
+
+
+def test_compiled_autograds_backward_is_recorded_with_its_parameters_static(cuda_kind):
+    """Compiled autograd compiles the backward `loss.backward()` runs, inside the autograd engine,
+    with the compile's own mode (reduce-overhead here: one recording, the parameter a static
+    input; PyTorch's test_compiled_autograd_static_input_params). Until 2026-12-07 the emulated
+    device's marking of the engine's results, a dispatch mode, made dynamo skip that graph, and
+    its boxed inputs kept it from the device's graphs: it ran as plain code, never recorded."""
+    if cuda_kind == "sanitizer":
+        pytest.skip("the graph sanitizer refuses inductor's cudagraph trees by name")
+    from torch._dynamo.utils import counters
+
+    def backward(loss):
+        loss.backward()
+
+    model = torch.nn.Linear(10, 10, bias=False, device="cuda")
+    x = torch.randn(10, 10, device="cuda")
+    counters.clear()
+    with torch._dynamo.config.patch(compiled_autograd=True):  # read by torch.compile itself
+        backward = torch.compile(backward, mode="reduce-overhead")
+        for _ in range(5):  # warm-up, recording, replays
+            backward(model(x).sum())
+            torch.testing.assert_close(model.weight.grad, x.sum(0).expand(10, 10))
+            model.weight.grad = None
+    # the recording copies in the two inputs that are not the parameter
+    assert counters["inductor"]["cudagraph_recorded_non_static_inputs"] == 2
