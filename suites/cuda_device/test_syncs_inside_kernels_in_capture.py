@@ -2,17 +2,21 @@
 
 CUDA's solvers raise on a failed factorization after reading their info codes on the host
 (`_linalg_check_errors`: `infos.any().item()`, a copy and a stream sync), so `linalg.solve`, `inv`,
-`cholesky`, `lu_factor`, `eigh`, `svd`, `pinv` and a spectral norm are refused in a capture, while
-the `_ex` forms with check_errors=False are captured (PyTorch #96632). `linalg.matrix_exp` copies
-its matrices' 1-norms, and `histc` without a range the input's minimum and maximum, to pageable host
-memory inside the kernel, and `ctc_loss` copies its lengths from pageable host memory to the device
-(`at::tensor(target_lengths)`, LossCTC.cu; length tensors on the device are first copied to the
-host): Copy.cu's refusal, which leaves the capture valid. `repeat_interleave` given `output_size`
-reads nothing on the host and is captured. The emulated device captured the first two kinds (the
-read happens inside a kernel its dispatch never sees, and on host memory) and refused `ctc_loss`
-and the last as a sync that invalidates the capture (their tags say dynamic output shape). The
-`cuda_kind` rows show CUDA's own verdicts on a GPU; refused native captures run in a process of
-their own, since an invalidated capture leaves CUDA's state broken behind it."""
+`cholesky` and `lu_factor` are refused in a capture, while the `_ex` forms with check_errors=False
+are captured (PyTorch #96632). Measured on an H100 (torch 2.11, 2026-12-07), others fail before
+that read: the SVD (`svd`, `pinv`, the spectral norm) meets Copy.cu's pageable-copy refusal, and
+cuSOLVER's eigensolvers return CUSOLVER_STATUS_INTERNAL_ERROR (`eigh` at `cusolverDnXsyevd`,
+`eigvals` at `cusolverDnXgeev_bufferSize`), the capture invalidated behind them.
+`linalg.matrix_exp` copies its matrices' 1-norms, and `histc` without a range the input's minimum
+and maximum, to pageable host memory inside the kernel, and `ctc_loss` copies its lengths from
+pageable host memory to the device (`at::tensor(target_lengths)`, LossCTC.cu; length tensors on
+the device are first copied to the host): Copy.cu's refusal, which leaves the capture valid.
+`repeat_interleave` given `output_size` reads nothing on the host and is captured. The emulated
+device captured the copying kernels (the read happens inside a kernel its dispatch never sees, and
+on host memory) and refused `ctc_loss` and the last as a sync that invalidates the capture (their
+tags say dynamic output shape). The `cuda_kind` rows show CUDA's own verdicts on a GPU; refused
+native captures run in a process of their own, since an invalidated capture leaves CUDA's state
+broken behind it."""
 
 from __future__ import annotations
 
@@ -38,10 +42,14 @@ REFUSED_AS_A_SYNC: dict[str, Op] = {
     "linalg.cholesky": lambda a, b: torch.linalg.cholesky(a),
     "linalg.cholesky_ex check_errors=True": lambda a, b: torch.linalg.cholesky_ex(a, check_errors=True),
     "linalg.lu_factor": lambda a, b: torch.linalg.lu_factor(a),
-    "linalg.eigh": lambda a, b: torch.linalg.eigh(a),
-    "linalg.svd": lambda a, b: torch.linalg.svd(a),
-    "linalg.pinv": lambda a, b: torch.linalg.pinv(a),
-    "linalg.matrix_norm ord=2": lambda a, b: torch.linalg.matrix_norm(a, 2),
+}
+CUSOLVER_FAILED = "cusolver error: CUSOLVER_STATUS_INTERNAL_ERROR, when calling `"
+# name: (an op, the cuSOLVER call CUDA names in its error inside a capture)
+FAILED_IN_CUSOLVER: dict[str, tuple[Op, str]] = {
+    "linalg.eigh": (lambda a, b: torch.linalg.eigh(a), "cusolverDnXsyevd"),
+    "linalg.pinv hermitian=True": (lambda a, b: torch.linalg.pinv(a, hermitian=True),
+                                   "cusolverDnXsyevd"),
+    "linalg.eigvals": (lambda a, b: torch.linalg.eigvals(a), "cusolverDnXgeev_bufferSize"),
 }
 
 
@@ -53,6 +61,9 @@ def _ctc_loss(a: torch.Tensor, input_lengths, target_lengths) -> torch.Tensor:
 
 
 REFUSED_AS_A_PAGEABLE_COPY: dict[str, Op] = {
+    "linalg.svd": lambda a, b: torch.linalg.svd(a),
+    "linalg.pinv": lambda a, b: torch.linalg.pinv(a),
+    "linalg.matrix_norm ord=2": lambda a, b: torch.linalg.matrix_norm(a, 2),
     "linalg.matrix_exp": lambda a, b: torch.linalg.matrix_exp(a / 10),
     "histc without a range": lambda a, b: torch.histc(a, bins=4),
     "ctc_loss with int-list lengths": lambda a, b: _ctc_loss(a, [4, 4], [1, 1]),
@@ -76,7 +87,8 @@ CAPTURED: dict[str, Op] = {
     "Tensor.repeat_interleave of repeats with output_size":
         lambda a, b: a.repeat_interleave(torch.full((4,), 2, device="cuda"), dim=0, output_size=8),
 }
-OPS = {**REFUSED_AS_A_SYNC, **REFUSED_AS_A_PAGEABLE_COPY, **CAPTURED}
+OPS = {**REFUSED_AS_A_SYNC, **{name: op for name, (op, _) in FAILED_IN_CUSOLVER.items()},
+       **REFUSED_AS_A_PAGEABLE_COPY, **CAPTURED}
 
 
 def _operands(seed: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -136,6 +148,14 @@ def _outcome_on(cuda_kind: str, name: str):
 def test_a_solver_that_checks_its_info_codes_is_refused_as_a_sync(cuda_kind, name):
     errors, ended, _ = _outcome_on(cuda_kind, name)
     assert len(errors) == 1 and NOT_PERMITTED in errors[0], errors
+    assert ended is not None and INVALIDATED in ended, ended
+
+
+@pytest.mark.parametrize("name", sorted(FAILED_IN_CUSOLVER))
+def test_an_eigensolver_fails_in_cusolver_and_invalidates_the_capture(cuda_kind, name):
+    errors, ended, _ = _outcome_on(cuda_kind, name)
+    call = FAILED_IN_CUSOLVER[name][1]
+    assert len(errors) == 1 and errors[0].startswith(CUSOLVER_FAILED + call), errors
     assert ended is not None and INVALIDATED in ended, ended
 
 

@@ -27,6 +27,13 @@ INVALIDATED = "CUDA error: operation failed due to a previous error during captu
 # The runtime's text (H100, CUDA 13, 2026-12-06); its documentation describes it as "the capture
 # sequence contains a fork that was not joined to the primary stream".
 UNJOINED = "CUDA error: capturing stream has unjoined work"
+# TORCH_CUSOLVER_CHECK (ATen/cuda/Exceptions.h) on cuSOLVER's eigensolvers inside a capture: their
+# status and call as measured on an H100 (torch 2.11, CUDA 13, 2026-12-07); the capture is
+# invalidated behind them. The call's arguments and the remedy PyTorch appends are not repeated.
+CUSOLVER_SYEVD_FAILED = ("cusolver error: CUSOLVER_STATUS_INTERNAL_ERROR, when calling "
+                         "`cusolverDnXsyevd(...)`")
+CUSOLVER_GEEV_FAILED = ("cusolver error: CUSOLVER_STATUS_INTERNAL_ERROR, when calling "
+                        "`cusolverDnXgeev_bufferSize(...)`")
 # CUDAGeneratorImpl::set_current_seed during capture, to another seed (a RuntimeError).
 RESEED = ("CUDAGeneratorImpl::set_current_seed can be called during stream capture only if new "
           "seed is the same as the original seed.")

@@ -150,13 +150,15 @@ def _packets(*names: str) -> frozenset:
 # after reading their info codes on the host: `_linalg_check_errors` calls `infos.any().item()`,
 # a copy to the host and a stream sync. The checking ops (`linalg.inv`, `cholesky`, `solve`,
 # `lu_factor`, `ldl_factor` call it after their `_ex` op) and the kernels that call it inside
-# (`_linalg_eigh`, `_linalg_svd`, `linalg_eig`, `cholesky_inverse`, the deprecated `cholesky`,
-# `linalg_pinv` through its SVD or eigh, and the `_ex` ops given check_errors=True) reach the
-# device's dispatch whole, the read inside them unseen, and the CPU's kernels read host memory;
-# their tags say nothing of it (PyTorch #96632). `cholesky_solve` is not one: only its CPU kernel
-# checks (CUDA's cuSOLVER path asserts in debug builds only).
-_ALWAYS_CHECKED = _packets("_linalg_check_errors", "_linalg_eigh", "_linalg_svd", "linalg_eig",
-                           "cholesky_inverse", "cholesky", "linalg_pinv")
+# (`_linalg_eigh`, `linalg_eig`, `cholesky_inverse`, the deprecated `cholesky`, and the `_ex` ops
+# given check_errors=True) reach the device's dispatch whole, the read inside them unseen, and the
+# CPU's kernels read host memory; their tags say nothing of it (PyTorch #96632). In a capture,
+# cuSOLVER's eigensolvers fail before that read (`solver_failure_in_capture`), and the SVD (with
+# `pinv` and the spectral norm through it) meets Copy.cu's refusal first (`kernel_host_copy`),
+# as measured on an H100 (torch 2.11). `cholesky_solve` is not one: only its CPU kernel checks
+# (CUDA's cuSOLVER path asserts in debug builds only).
+_ALWAYS_CHECKED = _packets("_linalg_check_errors", "_linalg_eigh", "linalg_eig",
+                           "cholesky_inverse", "cholesky")
 _CHECKED_ON_REQUEST = _packets("linalg_cholesky_ex", "linalg_inv_ex", "linalg_lu_factor_ex",
                                "linalg_ldl_factor_ex", "_linalg_solve_ex", "linalg_solve_ex")
 _SOLVER_CHECKS = _ALWAYS_CHECKED | _CHECKED_ON_REQUEST
@@ -170,6 +172,28 @@ def _solver_check_reason(packet, named: dict) -> str | None:
             f"(`_linalg_check_errors`, under {name}: `infos.any().item()`, a sync); call the `_ex` "
             f"op with check_errors=False (`torch.linalg.solve_ex`, `inv_ex`, `cholesky_ex`, "
             f"`lu_factor_ex`) and check its `info` after the replay")
+
+
+# cuSOLVER's eigensolvers fail inside a capture before any info code is read (measured on an H100,
+# torch 2.11): `_linalg_eigh` (eigh, eigvalsh) at `cusolverDnXsyevd`, `linalg_eig` (eig, eigvals)
+# at `cusolverDnXgeev_bufferSize`, each CUSOLVER_STATUS_INTERNAL_ERROR, and the capture is
+# invalidated. `linalg_pinv` with hermitian=True goes through eigh.
+_CUSOLVER_FAILURES = {packet: text for packet, text in (
+    (getattr(aten, "_linalg_eigh", None), cuda_errors.CUSOLVER_SYEVD_FAILED),
+    (getattr(aten, "linalg_eig", None), cuda_errors.CUSOLVER_GEEV_FAILED),
+    (getattr(aten, "linalg_pinv", None), cuda_errors.CUSOLVER_SYEVD_FAILED)) if packet is not None}
+
+
+def solver_failure_in_capture(func: torch_internals.OpOverload, args: tuple,
+                              kwargs: dict) -> str | None:
+    """CUDA's text when cuSOLVER fails inside a capture on this op (the capture invalidated behind
+    it), or None."""
+    packet = getattr(func, "overloadpacket", None)
+    if packet not in _CUSOLVER_FAILURES:
+        return None
+    if packet is aten.linalg_pinv and not bind(func, args, kwargs).get("hermitian"):
+        return None  # through the SVD: Copy.cu's refusal (kernel_host_copy)
+    return _CUSOLVER_FAILURES[packet]
 
 
 def equal_on_host(a: torch.Tensor, b: torch.Tensor) -> bool | None:
@@ -295,7 +319,11 @@ def copy_refusal(func: torch_internals.OpOverload, args: tuple, kwargs: dict,
 # (dynamic_output_shape) would refuse them as a sync that invalidates the capture. cuDNN's CTC
 # (int32 host targets, all input lengths the full length) is never taken on the emulated device.
 _CTC_LOSSES = _packets("_ctc_loss", "_ctc_loss_backward")
-_HOST_COPYING_KERNELS = _packets("linalg_matrix_exp", "histc") | _CTC_LOSSES
+# CUDA's SVD (`_linalg_svd`: svd, svdvals, the spectral norm; `linalg_pinv` through it) meets
+# Copy.cu's refusal in a capture before its info codes are read (measured on an H100, torch 2.11,
+# a 4x4 matrix; an 8x8 one raised a cuSOLVER status instead: docs/fidelity.md).
+_SVDS = _packets("_linalg_svd", "linalg_pinv")
+_HOST_COPYING_KERNELS = _packets("linalg_matrix_exp", "histc") | _CTC_LOSSES | _SVDS
 
 
 def copies_to_host_inside(func: torch_internals.OpOverload) -> bool:
@@ -324,6 +352,12 @@ def kernel_host_copy(func: torch_internals.OpOverload, args: tuple, kwargs: dict
         return ("CUDA's kernel copies the input's minimum and maximum to pageable host memory "
                 "when no range is given (min == max, `self.min().cpu()`, a sync); pass the range "
                 "(`min=`, `max=`)")
+    if func.overloadpacket in _SVDS:
+        if func.overloadpacket is aten.linalg_pinv and named.get("hermitian"):
+            return None  # through eigh: solver_failure_in_capture
+        return ("CUDA's SVD copies device data to pageable host memory inside its kernel (Copy.cu's "
+                "refusal, measured on an H100 with torch 2.11, for `svd`, `pinv` and the spectral "
+                "norm); compute it before capture")
     if named["self"].size(-1) <= 1:
         return None
     return ("CUDA's kernel copies the matrices' 1-norms to pageable host memory to pick each "

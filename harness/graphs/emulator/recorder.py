@@ -177,6 +177,11 @@ class Recorder(TorchDispatchMode):
     def _refusal(self, func, args: tuple, kwargs: dict) -> CaptureError | None:
         """What CUDA raises for this op during capture, in its words, then the op and the line."""
         name = opinfo.op_name(func)
+        failure = opinfo.solver_failure_in_capture(func, args, kwargs)
+        if failure is not None:  # cuSOLVER's own error, and the capture invalidated behind it
+            return self.refuse_sync(CaptureError(cuda_errors.cuda_first(failure, at_callsite(
+                f"{name} cannot be captured: cuSOLVER's eigensolver fails inside a capture; "
+                f"compute it before capture", current_callsite())), op=name))
         reason = opinfo.sync_reason(func, args, kwargs)
         if reason:
             return cuda_errors.sync_refused(
