@@ -306,6 +306,9 @@ NAMES: dict[str, Internal] = {
     # dynamo's backend="cudagraphs" (its `cudagraphs`, and the helpers it calls)
     "dynamo_backends_cudagraphs": Internal("torch._dynamo.backends.cudagraphs", "",
                                            _found("torch._dynamo.backends.cudagraphs"), lazy=True),
+    # the effect an op is registered with (AOTAutograd threads an effectful op through its graphs
+    # instead of dropping it as dead code: `_linalg_check_errors` is one in torch 2.13, not 2.11)
+    "op_effect": Internal("torch._higher_order_ops.effects", "_get_effect", optional=True),
 }
 
 

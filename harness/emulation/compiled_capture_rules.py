@@ -5,11 +5,15 @@ while a capture records, so the aten ops its kernels call never reach the captur
 its kernels are CUDA's own fused code, which reads nothing on the host; but inductor lowers the
 linear-algebra solvers, `linalg.matrix_exp`, `histc` and the CTC loss as fallback kernels that call
 the aten op, and CUDA's kernel of that op reads device data on the host or copies from pageable
-host memory inside itself as it does in eager code: `_linalg_check_errors`' `infos.any().item()`
-(a sync, which invalidates the capture), matrix_exp's `norm.to(kCPU)`, histc's `self.min().cpu()`,
-the CTC loss's `at::tensor(target_lengths)` (Copy.cu's refusal, the capture still valid). Where a
-compiled graph meets a capture (cudagraph trees' recordings under mode="reduce-overhead", a
-runtime that captures the callable its own backend compiled) the first such op of the graph is
+host memory inside itself as it does in eager code: matrix_exp's `norm.to(kCPU)`, histc's
+`self.min().cpu()`, the CTC loss's `at::tensor(target_lengths)`, the SVD's copy (Copy.cu's
+refusal, the capture still valid), cuSOLVER's eigensolvers failing (the capture invalidated).
+`linalg.inv`, `solve` and `cholesky` are their `_ex` op then `_linalg_check_errors`
+(`infos.any().item()`, a sync): AOTAutograd drops that check, which returns nothing, as dead code
+where torch does not register it as an effectful op (torch 2.11, measured on an H100: a compiled
+`linalg.inv` is captured and reduce-overhead records it), and keeps it where torch does (2.13).
+Where a compiled graph meets a capture (cudagraph trees' recordings under mode="reduce-overhead",
+a runtime that captures the callable its own backend compiled) the first such op of the graph is
 refused as the eager call is: `FirstRefusal` finds it while the graph runs on fake tensors
 (`_analyse`), and `refuse` raises it when a capture calls the graph.
 """
@@ -18,6 +22,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from typing import Any
+
+import torch
 
 from harness import torch_internals
 from harness.graphs.base import CaptureError
@@ -33,6 +39,7 @@ class Refusal:
     op: str
     cuda_text: str
     why: str
+    invalidates: bool  # a refused sync or a failed CUDA call, not Copy.cu's check
 
 
 class FirstRefusal(torch_internals.TorchDispatchMode):
@@ -60,13 +67,29 @@ class FirstRefusal(torch_internals.TorchDispatchMode):
 
 
 def _refusal(func: Any, args: tuple, kwargs: dict) -> Refusal | None:
+    name = opinfo.op_name(func)
+    failure = opinfo.solver_failure_in_capture(func, args, kwargs)
+    if failure is not None:
+        return Refusal(name, failure, "cuSOLVER's eigensolver fails inside a capture", True)
+    if _dropped_from_compiled_graphs(func):
+        return None
     reason = opinfo.sync_reason(func, args, kwargs) if opinfo.may_sync(func) else None
     if reason is not None:
-        return Refusal(opinfo.op_name(func), cuda_errors.NOT_PERMITTED, reason)
+        return Refusal(name, cuda_errors.NOT_PERMITTED, reason, True)
     why = opinfo.kernel_host_copy(func, args, kwargs)
     if why is not None:
-        return Refusal(opinfo.op_name(func), cuda_errors.PAGEABLE_COPY, why)
+        return Refusal(name, cuda_errors.PAGEABLE_COPY, why, False)
     return None
+
+
+def _dropped_from_compiled_graphs(func: Any) -> bool:
+    """Whether AOTAutograd drops this op from the graph it compiles: `_linalg_check_errors`
+    returns nothing, so it is dead code unless torch registers it as effectful."""
+    packet = getattr(func, "overloadpacket", None)
+    if packet is None or packet is not getattr(torch.ops.aten, "_linalg_check_errors", None):
+        return False
+    effect_of = torch_internals.optional_name("op_effect")
+    return effect_of is None or effect_of("aten::_linalg_check_errors") is None
 
 
 def refuse(state: Any, graph: str, refusal: Refusal) -> None:
@@ -77,8 +100,8 @@ def refuse(state: Any, graph: str, refusal: Refusal) -> None:
                          f"of inductor's) cannot be captured: {refusal.why}", current_callsite())
     if refusal.cuda_text == cuda_errors.NOT_PERMITTED:
         error: CaptureError = cuda_errors.sync_refused(detail, op=refusal.op)
-        if state.capture is not None:
-            state.capture.invalidate(error)
     else:
         error = CaptureError(cuda_errors.cuda_first(refusal.cuda_text, detail), op=refusal.op)
+    if refusal.invalidates and state.capture is not None:
+        state.capture.invalidate(error)
     state.refuse(error)

@@ -1,15 +1,19 @@
 """A compiled graph that calls a solver, `matrix_exp` or the CTC loss, met by a capture.
 
 Inductor lowers these ops as fallback kernels that call the aten op, whose CUDA kernel reads
-device data on the host inside itself as in eager code (`_linalg_check_errors`' `.item()`, a sync
-that invalidates the capture) or copies from pageable host memory (`matrix_exp`'s norms: Copy.cu's
-refusal, the capture still valid). Under mode="reduce-overhead" cudagraph trees capture the
-compiled code at its second call, and that call fails as the eager op fails in a capture; the
-`_ex` op with check_errors=False is captured and replayed. The emulated device ran the compiled
-graph as one op of its own inside the trees' capture, the fallback kernels' aten calls unseen,
-and captured all three. A direct `torch.cuda.graph` around a compiled call is refused on both.
-The `cuda_kind` rows show CUDA's own verdicts on a GPU; refused native captures run in a process
-of their own, since an invalidated capture leaves CUDA's state broken behind it."""
+device data on the host inside itself as in eager code (`matrix_exp`'s norms: Copy.cu's refusal,
+the capture still valid). `linalg.inv` and `solve` are their `_ex` op then `_linalg_check_errors`
+(`infos.any().item()`, a sync that invalidates the capture), a check that returns nothing: where
+torch does not register it as an effectful op (torch 2.11) AOTAutograd drops it from the graph as
+dead code, and CUDA captures the compiled solver, measured on an H100 (torch 2.11, 2026-12-07);
+where torch does (2.13 and later) the graph keeps it and the call fails as the eager op fails.
+Under mode="reduce-overhead" cudagraph trees capture the compiled code at its second call, so that
+call fails as the eager op fails in a capture, or the trees record and replay it. A direct
+`torch.cuda.graph` around a compiled call gets the same verdicts on CUDA; on the emulated device
+the call runs as eager code there (dynamo skips the frame under the capture's dispatch modes), so
+a dropped check is refused all the same: a listed difference. The `cuda_kind` rows show CUDA's
+own verdicts on a GPU; refused native captures run in a process of their own, since an
+invalidated capture leaves CUDA's state broken behind it."""
 
 from __future__ import annotations
 
@@ -18,6 +22,7 @@ from typing import Callable
 import pytest
 import torch
 
+from harness import torch_internals
 from suites.cuda_device._own_process import in_a_process_of_its_own
 
 NOT_PERMITTED = "operation not permitted when stream is capturing"
@@ -25,10 +30,17 @@ PAGEABLE_COPY = "Cannot copy between CPU and CUDA tensors during CUDA graph capt
 
 Op = Callable[[torch.Tensor], torch.Tensor]
 
+
+def _compiled_graphs_keep_the_solver_check() -> bool:
+    effect_of = torch_internals.optional_name("op_effect")
+    return effect_of is not None and effect_of("aten::_linalg_check_errors") is not None
+
+
+CHECKED = NOT_PERMITTED if _compiled_graphs_keep_the_solver_check() else None
 # name: (a function of a positive-definite 4x4 matrix, CUDA's text in a capture or None)
 CASES: dict[str, tuple[Op, str | None]] = {
-    "linalg.inv": (lambda a: torch.linalg.inv(a) * 2, NOT_PERMITTED),
-    "linalg.solve": (lambda a: torch.linalg.solve(a, a[:, :1]) + 1, NOT_PERMITTED),
+    "linalg.inv": (lambda a: torch.linalg.inv(a) * 2, CHECKED),
+    "linalg.solve": (lambda a: torch.linalg.solve(a, a[:, :1]) + 1, CHECKED),
     "linalg.matrix_exp": (lambda a: torch.linalg.matrix_exp(a / 10) + 1, PAGEABLE_COPY),
     "linalg.inv_ex": (lambda a: torch.linalg.inv_ex(a)[0] * 2, None),
 }
@@ -90,19 +102,24 @@ def _on(cuda_kind: str, name: str, function: str, *args):
     return globals()[function](name, *args)
 
 
-@pytest.mark.parametrize("name", sorted(n for n, (_, text) in CASES.items() if text))
-def test_reduce_overhead_fails_at_the_recording_as_the_eager_op_fails_in_a_capture(cuda_kind, name):
-    raised, _ = _on(cuda_kind, name, "_reduce_overhead_outcome")
-    assert raised is not None and CASES[name][1] in raised, raised
-
-
-def test_reduce_overhead_captures_the_unchecked_solver_and_replays_it(cuda_kind):
-    raised, replayed_right = _on(cuda_kind, "linalg.inv_ex", "_reduce_overhead_outcome")
-    assert raised is None and replayed_right, raised
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_reduce_overhead_records_a_compiled_op_as_the_capture_of_its_graph_allows(cuda_kind, name):
+    raised, replayed_right = _on(cuda_kind, name, "_reduce_overhead_outcome")
+    if CASES[name][1] is None:
+        assert raised is None and replayed_right, raised
+    else:
+        assert raised is not None and CASES[name][1] in raised, raised
 
 
 @pytest.mark.parametrize("backend", ["inductor", "aot_eager"])
 @pytest.mark.parametrize("name", ["linalg.inv", "linalg.matrix_exp"])
-def test_a_compiled_call_inside_a_capture_is_refused_as_the_eager_op(cuda_kind, name, backend):
+def test_a_compiled_call_inside_a_capture_gets_the_verdict_of_its_graph(cuda_kind, name, backend):
+    if cuda_kind == "emulated" and CASES[name][1] is None:
+        pytest.xfail("a listed difference (docs/fidelity.md, fifth sweep): on the emulated device "
+                     "dynamo skips the frame under the capture's dispatch modes and the call runs "
+                     "as eager code, whose solver check CUDA's compiled graph dropped")
     raised = _on(cuda_kind, name, "_direct_capture_outcome", backend)
-    assert raised is not None and CASES[name][1] in raised, raised
+    if CASES[name][1] is None:
+        assert raised is None, raised
+    else:
+        assert raised is not None and CASES[name][1] in raised, raised
