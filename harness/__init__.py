@@ -20,7 +20,8 @@ def emulate_cuda(device: str = "auto", *, schedule: str = "issue_order", races: 
     raises `RaceError` (`races="strict"`), is collected in `state.streams_tracking.reports`
     (`"report"`), or is not looked for (`"off"`); the same setting decides a replay that reads
     shared-pool memory another graph overwrote (refused, warned of, or replayed in silence with
-    the values CUDA reads). `schedule="adversarial"` runs each stream's work as late as
+    the values CUDA reads); in the graph sanitizer, which tracks no stream races, that replay is
+    all it decides. `schedule="adversarial"` runs each stream's work as late as
     synchronization allows (a write racing with another stream's queued access runs ahead of it),
     so such a race gives the wrong values a loaded GPU gives, every time;
     `"issue_order"` (default) runs work when issued, except after `torch.cuda._sleep` on a stream.

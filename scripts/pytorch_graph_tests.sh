@@ -36,7 +36,10 @@
 #             race is still reported, as a RaceWarning);
 #   and, where that interpreter's torch sees a GPU,
 #   native:    real CUDA graphs, the verdicts to match;
-#   sanitizer: --emulate-cuda on the GPU (real tensors and streams, emulated graphs).
+#   sanitizer: --emulate-cuda on the GPU (real tensors and streams, emulated graphs), with
+#              --cuda-races report: test_graph_three_successive replays a graph that reads pool
+#              memory another graph overwrote and asserts the values CUDA reads there (the
+#              sanitizer tracks no stream races; that replay is all the setting decides there).
 # Each run leaves OUT_DIR/<build>-<run>.txt and .xml and prints its last line; docs/fidelity.md
 # lists the verdicts and every case that differs, with its reason.
 set -u
@@ -108,7 +111,7 @@ sys.exit(0 if any(e.value == 'harness.pytest_plugin' for e in entry_points(group
         "${version[@]}" "${COUNT[@]}"
     if "$python" -c "import sys, torch; sys.exit(0 if torch.cuda.is_available() else 1)"; then
         run "$build" native "$python" ""
-        run "$build" sanitizer "$python" "" --emulate-cuda
+        run "$build" sanitizer "$python" "" --emulate-cuda --cuda-races report
     fi
 done
 exit $status

@@ -30,7 +30,7 @@ class SanitizerHost(Observed):
 
     kind = "cuda"
 
-    def __init__(self, real_graph_class: type) -> None:
+    def __init__(self, real_graph_class: type, races: str = "strict") -> None:
         # torch's own CUDAGraph, taken before the emulation's replaces the public name: CUDA's
         # generator prologue and epilogue run only inside a real capture_begin/capture_end.
         self._real_graph_class = real_graph_class
@@ -56,7 +56,9 @@ class SanitizerHost(Observed):
         self._generator_state: tuple[torch.Tensor, ...] = ()
         self.capture = None
         self._gc_was_enabled = False
-        self.races = "strict"  # the sanitizer tracks no races and takes no races setting
+        # Stream races are not tracked here (the GPU runs the streams); the setting decides what a
+        # replay that reads memory CUDA reads silently does (cuda_graph.overwritten_read_handler).
+        self.races = races
         self.schedule = "issue_order"  # nor a schedule: the GPU runs its streams
         # The streams of the capture under way: its stream and those forked from it (a wait on an
         # event recorded in it). No driver capture runs here, so CUDA cannot say which they are.
@@ -240,7 +242,7 @@ def _key(stream) -> tuple:
     return queue_key(stream)
 
 
-def enter_sanitizer(stack: contextlib.ExitStack) -> SanitizerHost:
+def enter_sanitizer(stack: contextlib.ExitStack, races: str = "strict") -> SanitizerHost:
     import torch.cuda.graphs
 
     from harness.emulation.cuda_graph import CUDAGraph, dump_graph_dot, torch_cuda_graph_class
@@ -250,7 +252,7 @@ def enter_sanitizer(stack: contextlib.ExitStack) -> SanitizerHost:
     from harness.emulation.replacing import apply
     from harness.emulation.sanitizer_threads import thread_start_patch
 
-    host = SanitizerHost(torch.cuda.graphs.CUDAGraph)
+    host = SanitizerHost(torch.cuda.graphs.CUDAGraph, races)
     real_empty_cache = torch.cuda.memory.empty_cache
 
     def empty_cache() -> None:

@@ -109,7 +109,7 @@ def emulate_cuda(device: str = "auto", *, schedule: str = "issue_order", races: 
         else:
             from harness.emulation.sanitizer import enter_sanitizer
 
-            state = enter_sanitizer(stack)
+            state = enter_sanitizer(stack, races)
         stack.enter_context(in_force(state))
         yield state
 
@@ -133,14 +133,15 @@ def _report_cuda_version(version: Any, stack: contextlib.ExitStack) -> None:
 
 
 def _refuse_sanitizer_options(schedule: str, races: str, options: dict) -> None:
-    """On a real GPU emulate_cuda() is the graph sanitizer: the GPU schedules its own streams,
-    races are not tracked and the device is the GPU itself, so these settings would do nothing."""
-    given = [f"{key}={value!r}" for key, value, default in
-             (("schedule", schedule, "issue_order"), ("races", races, "strict")) if value != default]
+    """On a real GPU emulate_cuda() is the graph sanitizer: the GPU schedules its own streams and
+    the device is the GPU itself, so these settings would do nothing. `races` is taken: there it
+    decides only what a replay that reads memory CUDA reads silently does (shared-pool memory
+    another graph overwrote, memory freed since the capture), as on the emulated device."""
+    given = [f"schedule={schedule!r}"] if schedule != "issue_order" else []
     given += [f"{key}={value!r}" for key, value in options.items()]
     if given:
         raise ValueError(f"emulate_cuda({', '.join(given)}) on a real GPU: the graph sanitizer runs "
-                         f"there, and the stream schedule, race tracking and device properties "
+                         f"there, and the stream schedule and device properties "
                          f"belong to the emulated device only; drop them, or enter "
                          f"emulate_cuda(device='cpu') before any CUDA work for the emulated device")
 

@@ -77,7 +77,9 @@ def add_options(parser: pytest.Parser) -> None:
         "--cuda-races", choices=RACE_MODES, default=None,
         help="with --emulate-cuda: what a race between streams and the host does: strict (raises "
              "RaceError at the second access, default), report (collected on the device state's "
-             "streams_tracking.reports), off (no tracking). Ini: cuda_races",
+             "streams_tracking.reports), off (no tracking); the same setting decides a replay that "
+             "reads shared-pool memory another graph overwrote, the only thing it decides in the "
+             "graph sanitizer (--emulate-cuda on a GPU). Ini: cuda_races",
     )
     group.addoption(
         "--plant-fault", metavar="NAME", default=None,

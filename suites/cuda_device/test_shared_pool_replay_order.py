@@ -59,12 +59,13 @@ def test_a_replay_of_the_reader_alone_after_its_own_replay_is_refused(cuda_devic
         g1.replay()
 
 
-def _three_graphs_out_of_order(races: str):
+def _three_graphs_out_of_order(races: str, device: str = "cpu"):
     """PyTorch's test_graph_three_successive: g2's capture is handed the bytes of `c`, which g1
-    reads; replayed g0, g2, g1, g1 reads g2's values (what CUDA gives, silently)."""
+    reads; replayed g0, g2, g1, g1 reads g2's values (what CUDA gives, silently). `device`:
+    "cuda" is the graph sanitizer, on a GPU."""
     import harness
 
-    with harness.emulate_cuda(device="cpu", races=races):
+    with harness.emulate_cuda(device=device, races=races):
         a = torch.ones((SIZE,), device="cuda")
         g0, g1, g2 = torch.cuda.CUDAGraph(), torch.cuda.CUDAGraph(), torch.cuda.CUDAGraph()
         s = torch.cuda.Stream()
@@ -97,6 +98,25 @@ def test_races_report_warns_of_an_overwritten_read_and_replays_cudas_values(outs
 def test_races_off_replays_cudas_values_in_silence(outside_emulation, recwarn):
     assert _three_graphs_out_of_order("off") == (SIZE * (7 + 3), SIZE * 7)
     assert not [w for w in recwarn if "overwritten" in str(w.message)]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("races", ["strict", "report"])
+def test_the_graph_sanitizer_takes_the_races_setting_for_an_overwritten_read(outside_emulation,
+                                                                              races):
+    """In the sanitizer the real allocator hands g2 the bytes of `c` as CUDA does; until
+    2026-12-07 it refused any races setting, so the replay always raised and PyTorch's
+    test_graph_three_successive, which asserts the values CUDA reads, failed there."""
+    from harness.emulation.tracking import RaceWarning
+
+    if not torch.cuda.is_available():
+        pytest.skip("the graph sanitizer runs on a GPU")
+    if races == "strict":
+        with pytest.raises(FreedMemoryError, match="reads pool memory overwritten by another graph"):
+            _three_graphs_out_of_order(races, device="cuda")
+        return
+    with pytest.warns(RaceWarning, match="reads pool memory overwritten by another graph"):
+        assert _three_graphs_out_of_order(races, device="cuda") == (SIZE * (7 + 3), SIZE * 7)
 
 
 def test_strict_races_refuse_the_overwritten_read(outside_emulation):
