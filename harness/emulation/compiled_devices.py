@@ -172,10 +172,14 @@ class OutputMark:
 class Placement:
     """Where a graph's values live for one set of input memories: an OutputMark (or None, for
     what is no tensor) per output, and the first host tensor of one or more dimensions it works on
-    (inductor skips CUDA graphs for such a graph, naming it), or None."""
+    (inductor skips CUDA graphs for such a graph, naming it), or None; and the first 0-dim host
+    input it uses, or None: inductor's `placeholder` counts the device of every input a node
+    uses, so that without graph partition such an input is a cpu node too (with graph partition
+    its mover copies it to the device first, compiled_partitions.py)."""
 
     outputs: tuple
     host: str | None
+    host_scalar_input: str | None = None
 
 
 def placement(graph_module: torch.fx.GraphModule, args) -> Placement:
@@ -187,11 +191,14 @@ def placement(graph_module: torch.fx.GraphModule, args) -> Placement:
     marks = memory_of_nodes(graph_module, args)
     placeholders = iter(args)
     outputs: tuple = ()
-    host = None
+    host = scalar_input = None
     for node in graph_module.graph.nodes:
         value = node.meta.get("example_value")
         if node.op == "placeholder":
             value = next(placeholders, None)
+            if (scalar_input is None and isinstance(value, torch.Tensor) and not value.dim()
+                    and node.users and node in marks and not marks[node].device):
+                scalar_input = node.name
         elif node.op == "get_attr":
             value = graph_attribute(graph_module, node.target)
         elif node.op == "output":
@@ -204,7 +211,7 @@ def placement(graph_module: torch.fx.GraphModule, args) -> Placement:
                 and (node.users if node.op == "placeholder" else
                      node.op == "get_attr" or not _no_elements(value))):
             host = node.name
-    return Placement(outputs, host)
+    return Placement(outputs, host, scalar_input)
 
 
 def memory_of_nodes(graph_module: torch.fx.GraphModule, args) -> dict[torch.fx.Node, OutputMark]:

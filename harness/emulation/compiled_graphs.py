@@ -372,7 +372,8 @@ class DeviceGraph:
         """Why inductor would compile this layout without CUDA graphs (its reason, as it logs it),
         or None; and whether its graph partition (on by default) would replay the rest."""
         partition = partitions_apply(self.backend)
-        host = self._placement(args, key).host
+        placed = self._placement(args, key)
+        host = placed.host if partition else placed.host or placed.host_scalar_input
         if host is not None:
             return self._cpu_device_reason(host, partition), partition
         symbolic = _symbolic_shapes_skip(self.graph_module)
@@ -420,12 +421,17 @@ class DeviceGraph:
         # tree, recorded apart with memory of its own, not a replay over the first one's outputs.
         position = state.trees.position(self, key)
         if entry is None:
-            host = self._placement(args, key).host
+            placed = self._placement(args, key)
+            host = placed.host
             if host is not None:
                 # inductor's check_multiple_devices_or_any_cpu_nodes: decided at compile time
                 if partitions_apply(self.backend):  # no device work to split off
                     return self._unpartitioned(state, args, key, f"cpu device ({host})")
                 return self._skip(state, args, key, self._cpu_device_reason(host, False))
+            if placed.host_scalar_input is not None and not partitions_apply(self.backend):
+                # a 0-dim host input is a cpu node of inductor's graph too (`placeholder`)
+                return self._skip(state, args, key,
+                                  self._cpu_device_reason(placed.host_scalar_input, False))
             symbolic = _symbolic_shapes_skip(self.graph_module)
             if symbolic is not None:
                 if partitions_apply(self.backend):
@@ -678,27 +684,27 @@ class DeviceGraph:
         if (self.aot_graph or not partitions_apply(self.backend)
                 or _symbolic_shapes_skip(self.graph_module)):
             return False  # AOTAutograd's graphs for training are device work (`_placement`)
-        pieces = partitions(self.graph_module, args, self.static)
-        if pieces is None or not any(piece.cudagraphable for piece in pieces):
+        partitioned = partitions(self.graph_module, args, self.static)
+        if partitioned is None or not any(piece.cudagraphable for piece in partitioned.pieces):
             return False  # nothing to split, or no partition (decided as a skip's reason)
-        self.pieces[key] = (pieces, tuple(
+        self.pieces[key] = (partitioned, tuple(
             DeviceGraph(piece.module, piece.module, self.backend,
                         cudagraphs=piece.cudagraphable, static=piece.static)
-            for piece in pieces))
+            for piece in partitioned.pieces))
         self.replays[key] = "partitioned"
         return True
 
     def _run_pieces(self, state, args, key):
         """The whole graph's result from its pieces' (`_split`), run in their order."""
-        pieces, graphs = self.pieces[key]
-        nodes = self.graph_module.graph.nodes
+        partitioned, graphs = self.pieces[key]
+        nodes = partitioned.module.graph.nodes
         values: dict = dict(zip((n for n in nodes if n.op == "placeholder"), args))
-        for piece, graph in zip(pieces, graphs):
+        for piece, graph in zip(partitioned.pieces, graphs):
             values.update(zip(piece.outputs, graph(*(values[n] for n in piece.inputs))))
 
         def value(node):
             if node.op == "get_attr":
-                return graph_attribute(self.graph_module, node.target)
+                return graph_attribute(partitioned.module, node.target)
             return values[node]
 
         result = next(n for n in nodes if n.op == "output").args[0]

@@ -18,6 +18,13 @@ work through the trees, the others as host code. Inductor's reorder keeps to a p
 (`triton.cudagraph_partition_memory_budget`), which the device does not estimate: it always
 reorders. Nodes that make no tensor (sizes, symbolic arithmetic) are none of inductor's scheduled
 nodes and split nothing: each runs where its inputs are ready.
+
+Before it schedules, inductor moves a 0-dim host input to the device under graph partition
+(`move_constructors_to_gpu`: its ConstructorMoverPass takes cpu scalar placeholders when
+`triton.cudagraphs` and `graph_partition` are on): one copy to the device before the device work,
+the input's reads then device work, and a write to it in place computed on the device and copied
+back to the host after the device work (the pass leaves the `copy_` into the input on the host).
+`_scalars_moved` rewrites dynamo's graph the same way before it is cut.
 """
 
 from __future__ import annotations
@@ -30,7 +37,7 @@ import torch
 
 from harness import torch_internals
 from harness.emulation.compiled_devices import (OutputMark, is_marker, made_for_a_marker,
-                                                memory_of_nodes)
+                                                memory_of_nodes, to_device)
 
 
 @dataclass(frozen=True)
@@ -44,6 +51,16 @@ class Partition:
     static: frozenset  # its inputs (by position) that are static inputs of the whole graph
 
 
+@dataclass(frozen=True)
+class Partitioned:
+    """A graph as inductor's graph partition runs it: `module`, dynamo's graph with the 0-dim
+    host inputs it moves to the device rewritten (`_scalars_moved`), and its pieces, whose inputs
+    and outputs are nodes of `module`, in the order they run."""
+
+    module: torch.fx.GraphModule
+    pieces: tuple
+
+
 def partitions_apply(backend: str) -> bool:
     """Whether inductor would partition the graphs it wraps in CUDA graphs now
     (`is_using_cudagraph_partition`: graph partition on, and CUDA graphs through inductor's own
@@ -54,14 +71,15 @@ def partitions_apply(backend: str) -> bool:
 
 
 def partitions(graph_module: torch.fx.GraphModule, args,
-               static: frozenset) -> tuple[Partition, ...] | None:
+               static: frozenset) -> Partitioned | None:
     """The pieces inductor's graph partition makes of `graph_module` called with `args` (whose
-    inputs at the positions `static` are static), in the order they run; None when every node is
-    device work CUDA graphs can hold (nothing to split)."""
+    inputs at the positions `static` are static); None when every node is device work CUDA
+    graphs can hold (nothing to split)."""
+    graph_module, moved = _scalars_moved(graph_module, args)
     marks = memory_of_nodes(graph_module, args)
     nodes = [n for n in graph_module.graph.nodes
              if n.op not in ("placeholder", "get_attr", "output")]
-    kinds = {n: _kind(n, marks) for n in nodes}
+    kinds = {n: _HOST if n in moved else _kind(n, marks) for n in nodes}
     if all(kind != _HOST for kind in kinds.values()):
         return None
     # inductor orders writes by their dependencies; dynamo's graph holds them only in its order
@@ -84,7 +102,114 @@ def partitions(graph_module: torch.fx.GraphModule, args,
         pieces.append(Partition(_piece_module(graph_module, members, inputs, outputs),
                                 tuple(inputs), outputs, cudagraphable,
                                 frozenset(i for i, n in enumerate(inputs) if n in static_nodes)))
-    return tuple(pieces)
+    return Partitioned(graph_module, tuple(pieces))
+
+
+def _scalars_moved(graph_module: torch.fx.GraphModule,
+                   args) -> tuple[torch.fx.GraphModule, frozenset]:
+    """`graph_module` with each 0-dim host input that inductor's ConstructorMoverPass moves to
+    the device (`_movable_scalars`) read from a copy on the device, and the nodes that copy
+    between host and device (inductor's DeviceCopy, each a cut of the graph): the copy to the
+    device first; a graph writing the input in place works on a clone of it on the device
+    (a buffer of the device work, as inductor's functional graph computes the new value) and
+    copies the clone back into the input last. A marker that copies the input to the device
+    reads a clone of the device's copy: it holds the value at that point, where a view of it
+    would see a later write. Unchanged, with no such node, when nothing moves."""
+    marks = memory_of_nodes(graph_module, args)
+    scalars = _movable_scalars(graph_module, args, marks)
+    if not scalars:
+        return graph_module, frozenset()
+    graph = torch.fx.Graph()
+    env: dict = {}
+    output = None
+    for node in graph_module.graph.nodes:
+        if node.op == "output":
+            output = node
+            continue
+        env[node] = graph.node_copy(node, lambda m: env[m])
+    # fx keeps the placeholders first: the copies go in before any other node
+    last_placeholder = [env[n] for n in graph_module.graph.nodes if n.op == "placeholder"][-1]
+    moved: set = set()
+    copies_back = []
+    for scalar in scalars:
+        written = any(_writes(user) and user.args and user.args[0] is scalar
+                      for user in scalar.users)
+        with graph.inserting_after(last_placeholder):
+            copy = graph.call_function(to_device, (env[scalar],))
+        copy.meta = dict(scalar.meta)
+        moved.add(copy)
+        read = copy
+        if written:
+            with graph.inserting_after(copy):
+                read = graph.call_function(torch.clone, (copy,))
+            read.meta = dict(scalar.meta)
+            copies_back.append((env[scalar], read))
+        for user in scalar.users:
+            if user.op == "output":
+                continue
+            new = env[user]
+            if written and is_marker(user) and marks.get(user, OutputMark(False)).device:
+                new.target, new.args, new.kwargs = torch.clone, (read,), {}
+            else:
+                new.replace_input_with(env[scalar], read)
+    for scalar, value in copies_back:
+        back = graph.call_method("copy_", (scalar, value))
+        back.meta = dict(scalar.meta)
+        moved.add(back)
+    graph.output(torch.fx.map_arg(output.args[0], lambda m: env[m]))
+    return torch.fx.GraphModule(graph_module, graph), frozenset(moved)
+
+
+def _movable_scalars(graph_module: torch.fx.GraphModule, args, marks: dict) -> list:
+    """The 0-dim host inputs inductor's ConstructorMoverPass moves to the device (graph partition
+    with CUDA graphs on; see `partitions_apply`): read by the graph, in a graph with device work,
+    whose uses on the host lead only to device work or the graph's output through ops inductor
+    can move (aten's, not a custom op's or a higher-order operator's), reading no host tensor of
+    one or more dimensions beside them (those keep the whole chain on the host)."""
+    if not any(mark.device for mark in marks.values()):
+        return []
+    placeholders = [n for n in graph_module.graph.nodes if n.op == "placeholder"]
+    scalars = {n for n, a in zip(placeholders, args)
+               if isinstance(a, torch.Tensor) and not a.dim() and n.users
+               and n in marks and not marks[n].device}
+    return [n for n in placeholders if n in scalars and _moves(n, scalars, marks)]
+
+
+def _moves(scalar: torch.fx.Node, scalars: set, marks: dict) -> bool:
+    """Whether every host use downstream of `scalar` can move with it (find_movable_constructors:
+    a user on the device takes it as it is; a host user moves when each host tensor it reads
+    moves too)."""
+    moving = {scalar} | scalars
+    queue = [scalar]
+    while queue:
+        node = queue.pop()
+        for user in node.users:
+            if user.op == "output":
+                continue  # allow_outputs
+            if not _movable_op(user):
+                return False
+            if marks.get(user, OutputMark(False)).device:
+                continue
+            if any(m not in moving and m in marks and not marks[m].device
+                   for m in user.all_input_nodes):
+                return False
+            if user not in moving:
+                moving.add(user)
+                queue.append(user)
+    return True
+
+
+def _movable_op(node: torch.fx.Node) -> bool:
+    """An op inductor's mover can move: what AOTAutograd makes aten or prims ops of (a torch
+    function, a tensor method, a transfer marker), not a custom op or a higher-order operator."""
+    if node.op == "call_method":
+        return True
+    if node.op != "call_function":
+        return False
+    target = node.target
+    if isinstance(target, (torch_internals.OpOverload, torch_internals.OpOverloadPacket)):
+        return target.namespace in ("aten", "prims")
+    return not isinstance(target, torch_internals.HigherOrderOperator)
 
 
 # A node's kind: device work CUDA graphs hold, work they cannot hold, or neither (no tensor made)

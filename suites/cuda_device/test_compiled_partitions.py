@@ -102,3 +102,57 @@ def test_dynamos_cudagraphs_backend_skips_a_graph_with_host_work(reduce_overhead
             out = compiled(x, y)
     torch.testing.assert_close(out[1], y * 2 + 1)
     assert (_recorded(), _skips()) == (0, 1)
+
+
+def _counted(x, counter):
+    position = torch.arange(2, device=x.device) + counter.to(x.device)
+    counter.add_(2)
+    return (x[position] * 2,)
+
+
+@PARTITION
+def test_a_graph_writing_a_host_scalar_records_its_device_work(reduce_overhead, partition):
+    """With graph partition inductor moves a 0-dim host input to the device
+    (`move_constructors_to_gpu`, whose ConstructorMoverPass takes cpu scalar placeholders when
+    `triton.cudagraphs` and `graph_partition` are on): one copy in before the device work, the
+    device work (the bump of the counter included) one partition that reads `x` and the copy,
+    and the copy of the new value back into the counter after it, on the host. So the graph is
+    recorded and no input of a recording is written. Without graph partition the counter stays
+    on the host and the graph, writing an input, is skipped. Until 2026-12-07 the emulated
+    device skipped it with graph partition too."""
+    x = torch.rand(16, device="cuda")
+    counter = torch.tensor(0)
+    compiled = torch.compile(_counted, mode="reduce-overhead")
+    with torch._inductor.config.patch(graph_partition=partition):
+        for step in range(4):
+            out = compiled(x, counter)
+            torch.testing.assert_close(out[0].cpu(), x.cpu()[[2 * step, 2 * step + 1]] * 2)
+    assert int(counter) == 8 and not counter.is_cuda
+    assert (_recorded(), _skips()) == ((2, 0) if partition else (0, 1))
+
+
+class _Scaled(torch.nn.Module):
+    """A module on the device with a 0-dim host buffer (a static input of its graphs)."""
+
+    def __init__(self):
+        super().__init__()
+        self.weight = torch.nn.Parameter(torch.rand(4, device="cuda"))
+        self.register_buffer("scale", torch.tensor(3.0))
+
+    def forward(self, x):
+        return (x * self.weight * self.scale,)
+
+
+@PARTITION
+def test_a_host_scalar_buffer_is_copied_to_the_device_before_the_recorded_work(reduce_overhead,
+                                                                                partition):
+    """The mover takes a static 0-dim host input too: with graph partition its copy on the
+    device is a buffer of the graph, an input the recording copies in beside `x` (the weight
+    is static). Without graph partition the input stays on the host, and inductor counts the
+    device of each input a node uses (`GraphLowering.placeholder`), a cpu scalar's too: the
+    graph is skipped ("cpu device"). Until 2026-12-07 the emulated device read the scalar in
+    place either way: one recording copying `x` in, no skip."""
+    module = _Scaled()
+    with torch.no_grad(), torch._inductor.config.patch(graph_partition=partition):
+        _four_calls(module, torch.rand(4, device="cuda"))
+    assert (_recorded(), _skips()) == ((2, 0) if partition else (0, 1))
