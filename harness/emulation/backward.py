@@ -221,6 +221,9 @@ def put_back_function_mode(mode, index: int) -> None:
 _OUTPUT_DEVICES = "_harness_output_devices"
 # With several devices, the node's _ZerosDeviceGuard (see there)
 _ZEROS_GUARD = "_harness_zeros_guard"
+# Of AOTAutograd's CompiledFunction (`_copies_gradients_back`): per input of its forward,
+# whether it is a host tensor
+_HOST_INPUTS = "_harness_host_inputs"
 
 
 class _ZerosDeviceGuard:
@@ -257,6 +260,9 @@ def function_outputs_recorded(state, original):
         outs = out if isinstance(out, tuple) else (out,)
         node = next((t.grad_fn for t in outs if isinstance(t, torch.Tensor)
                      and isinstance(t.grad_fn, torch.autograd.function.BackwardCFunction)), None)
+        if node is not None and _copies_gradients_back(cls):
+            setattr(node, _HOST_INPUTS, tuple(isinstance(a, torch.Tensor) and not
+                                              is_device_memory(a) for a in args))
         if node is not None:
             devices = tuple((device_indices.index_of(t) if several else 0)
                             if isinstance(t, torch.Tensor) and is_device_memory(t) else None
@@ -301,11 +307,30 @@ def materialized_grads_placed(state, original, *, boxed: bool = False):
                     # on its outputs' devices (validate_outputs copies or refuses any other).
                     device_indices.set_index(grad, index)
         guard = getattr(node, _ZEROS_GUARD, None)
-        if guard is None:
-            return original(node, *args)
         try:
-            return original(node, *args)
+            return _host_gradients_on_the_host(node, original(node, *args))
         finally:
-            guard.restore()
+            if guard is not None:
+                guard.restore()
 
     return apply
+
+
+def _copies_gradients_back(cls) -> bool:
+    """Whether `cls` is AOTAutograd's CompiledFunction, whose backward graph copies the gradient
+    of a host input that its forward copied to the device back to the host (the transfer's
+    `device_put` to the cpu, which CUDA's `_to_copy` backward gives): the device's graphs of
+    inductor and dynamo's cudagraphs backend keep their transfers views (compiled_graphs.py),
+    so that gradient comes out device memory, and is copied here, as the graph copies it."""
+    return (cls.__name__ == "CompiledFunction"
+            and cls.__module__.startswith("torch._functorch._aot_autograd"))
+
+
+def _host_gradients_on_the_host(node, grads):
+    """`grads`, what a CompiledFunction's backward returns, with the gradient of each host input
+    (`_HOST_INPUTS`) copied to the host where it came out device memory."""
+    host = getattr(node, _HOST_INPUTS, None)
+    if host is None or not isinstance(grads, tuple) or len(grads) != len(host):
+        return grads
+    return tuple(g.to("cpu") if on_host and isinstance(g, torch.Tensor) and is_device_memory(g)
+                 else g for g, on_host in zip(grads, host))

@@ -62,14 +62,17 @@ def _scaled_on_the_device(x, z):
     return x * z.cuda() + torch.ones(4, device="cuda")
 
 
-@pytest.mark.parametrize("backend", [None, "aot_eager", "aot_eager_decomp_partition"],
-                         ids=["eager", "aot_eager", "aot_eager_decomp_partition"])
+@pytest.mark.parametrize("backend", [None, "aot_eager", "aot_eager_decomp_partition", "inductor"],
+                         ids=["eager", "aot_eager", "aot_eager_decomp_partition", "inductor"])
 def test_the_gradient_of_a_host_tensor_copied_to_the_device_is_host_memory(cuda_kind, backend):
     """CUDA's ToCopyBackward copies the gradient back to the copied tensor's device: a host
     leaf's `.grad` is host memory. Until 2026-12-07 it stayed device memory on the emulated
     device (the engine's copy is between cpu tensors), and a graph of a backend of eager ops
     (aot_eager) ran dynamo's graph instead of AOTAutograd's, whose transfers were traced into
-    views. The gradient of `x * z.cuda()` with respect to `z` is `x`."""
+    views. Inductor's backward graph copies it back itself (the transfer's `device_put` to the
+    host); on the emulated device that graph kept the transfer a view, and the gradient stayed
+    device memory until later on 2026-12-07. The gradient of `x * z.cuda()` with respect to `z`
+    is `x`."""
     fn = _scaled_on_the_device if backend is None else torch.compile(_scaled_on_the_device,
                                                                      backend=backend)
     x = torch.randn(4, device="cuda", requires_grad=True)
