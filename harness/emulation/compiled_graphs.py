@@ -699,15 +699,23 @@ class DeviceGraph:
         partitioned, graphs = self.pieces[key]
         nodes = partitioned.module.graph.nodes
         values: dict = dict(zip((n for n in nodes if n.op == "placeholder"), args))
-        for piece, graph in zip(partitioned.pieces, graphs):
+        # inductor's wrapper frees a partition's buffer after its last reader, as the trees see
+        # it: a recording whose outputs are all dead by the next piece's call ends its path there
+        result = next(n for n in nodes if n.op == "output").args[0]
+        returned: set = set()
+        torch.fx.map_arg(result, returned.add)
+        last_reader = {n: i for i, piece in enumerate(partitioned.pieces) for n in piece.inputs}
+        for i, (piece, graph) in enumerate(zip(partitioned.pieces, graphs)):
             values.update(zip(piece.outputs, graph(*(values[n] for n in piece.inputs))))
+            for n in piece.inputs:
+                if last_reader[n] == i and n not in returned and n.op != "placeholder":
+                    del values[n]
 
         def value(node):
             if node.op == "get_attr":
                 return graph_attribute(partitioned.module, node.target)
             return values[node]
 
-        result = next(n for n in nodes if n.op == "output").args[0]
         if isinstance(result, torch.fx.Node):
             return value(result)
         return type(result)(value(o) if isinstance(o, torch.fx.Node) else o for o in result)
