@@ -120,12 +120,17 @@ class EmulatedCUDAGraph(ConditionalNodeCalls):
                                "allows one capture at a time in the process here (the emulator "
                                "records one capture at a time)", op="capture_begin")
         stream = host.current_stream()
+        if self._finalizer is None:
+            self._finalizer = weakref.finalize(self, _graph_gone, host, id(self), self._pool_in_use)
         # CUDAGraph::capture_begin runs its generators' capture prologue before it checks the
         # stream: up to torch 2.11 a capture refused on the default stream leaves them capturing
-        # (see device_rng.PhiloxState.capturing), until a later capture's epilogue.
+        # (see device_rng.PhiloxState.capturing), until a later capture's epilogue, and has
+        # registered the graph and filled their seed and offset holders (graph_rng_holders.py).
+        holder_states = host.holder_states(self._generators)
         for generator_state in host.capture_generator_states(self._generators):
             generator_state.capturing = True
             self._generator_states.append(generator_state)
+        host.rng_holders.capture_prologue(id(self), holder_states)
         if stream == host.default_stream():
             host.refuse_capture_on_default_stream(self._generators)
             if not FAILED_CAPTURES_LEAVE_GENERATORS_CAPTURING:
@@ -143,11 +148,12 @@ class EmulatedCUDAGraph(ConditionalNodeCalls):
         # the recording keeps such memory's bytes at its free (graphs/emulator/external.py).
         session.recorder.keep_freed_bytes(host.races != "strict")
         session.reads_outside = lambda what: read_outside_capture(host, what)
-        if self._finalizer is None:
-            self._finalizer = weakref.finalize(self, _graph_gone, host, id(self), self._pool_in_use)
         # Set before the host names this graph its capture: another thread may ask at once.
         self.capture_error_mode, self.capture_thread = capture_error_mode, threading.get_ident()
         self._invalidation, self._recorded_events, self._capture_error = None, [], None
+        # torch 2.12-2.13 make the generators' holders once the capture began, on the default
+        # stream: before the emulated capture begins, which would record them.
+        host.rng_holders.capture_began(id(self), holder_states)
         pool_use = host.begin_capture(self, stream, arena)
         self._capture_stream = stream
         self._pool_in_use.append(pool_use)
@@ -303,6 +309,7 @@ class EmulatedCUDAGraph(ConditionalNodeCalls):
         if graph is None:
             raise RuntimeError("Called CUDAGraph::replay_observed without a preceding successful capture.")
         refuse_graph_launch(self._host, "CUDAGraph.replay()")
+        self._replay_prologue()
         self._host.notify_replay(self)
 
         def run(recording: EmulatedGraph) -> None:
@@ -323,6 +330,7 @@ class EmulatedCUDAGraph(ConditionalNodeCalls):
             graph.adopt_reallocated(static)
         self._instantiated = True
         refuse_graph_launch(self._host, "CUDAGraph.replay()")
+        self._replay_prologue()
         self._host.notify_replay(self)
         observer = self._replay_observer
         if observer is None:
@@ -336,6 +344,13 @@ class EmulatedCUDAGraph(ConditionalNodeCalls):
                 observer(recording)
 
         self._launch(graph, observed)
+
+    def _replay_prologue(self) -> None:
+        """CUDAGraph::replay's generator prologue, before the launch: the holders of the states
+        the graph drew from are filled, on the capture device's current stream, where the
+        user's dispatch modes see it (graph_rng_holders.py)."""
+        with self._on_capture_device():
+            self._host.rng_holders.replay_prologue(id(self))
 
     def _launch(self, graph: EmulatedGraph, run: Callable[[EmulatedGraph], None]) -> None:
         """Issue `run(graph)` as CUDA launches a graph: on the current stream of its capture's
@@ -460,6 +475,9 @@ class EmulatedCUDAGraph(ConditionalNodeCalls):
                             f"{type(generator).__name__}")
         if not any(generator is g for g in self._generators):
             self._generators.append(generator)
+            # up to torch 2.11 the generator's state registers the graph now (its holders)
+            for state in self._host.holder_states([generator])[1:]:
+                self._host.rng_holders.register(id(self), state)
         if self._session is not None:
             self._session.recorder.registered_generators = tuple(self._generators)
 

@@ -70,12 +70,6 @@ class _StorageRef(weakref.ref):
     __eq__ = object.__eq__
 
 
-# torch 2.14 moved the generators' graph seed and offset holders from one pair per generator
-# state, made when it registers a graph, to one pair per (generator state, capture), made at the
-# capture's first draw; Generator.philox_state came with that change.
-PER_CAPTURE_GENERATOR_STATE = hasattr(torch.Generator, "philox_state")
-
-
 class HeldBlock:
     """Stands where a storage's weak reference stands for an allocation no storage owns: alive
     (calling it returns it) until released."""
@@ -192,11 +186,6 @@ class DeviceMemory:
         # outlive them as a graph pool's do; `stream_key` tells the arena's segments apart
         self.thread_arenas: dict[tuple[int, int], Any] = {}
         self.stream_key: Callable[[Any], Any] = lambda stream: stream
-        self._graphs: set[int] = set()
-        self._generator_state: tuple = ()
-        # Builds with per-capture generator state: graph key -> {generator state id: its seed
-        # and offset holders in that capture}.
-        self._capture_states: dict[int, dict[int, tuple]] = {}
         # Per thread: another thread's host work while this one runs a device op is host work.
         self._call_flags = _CallFlags()
         # Told of each storage made device memory, so stream tracking learns the stream of memory
@@ -491,8 +480,7 @@ class DeviceMemory:
     def allocated_blocks(self, index: int = 0) -> list[Block]:
         """Device `index`'s blocks in use now (the accounting up to date): what a snapshot lists."""
         self.accounting(index)
-        return [b for b in (*self._blocks.values(), *self._generator_state)
-                if b.pool.device == index]
+        return [b for b in self._blocks.values() if b.pool.device == index]
 
     def mark_pinned(self, t: torch.Tensor) -> None:
         storage = _storage(t)
@@ -500,50 +488,6 @@ class DeviceMemory:
             setattr(storage, MEMORY_ATTR, PINNED)
             self.adopted_any = True  # pinning initializes CUDA, as a device tensor does
             self.host.allocate(storage)
-
-    # --- what CUDA graphs hold -----------------------------------------------------------------
-
-    def graph_registered(self, key: int, stream: Any) -> None:
-        """A capture begins (graph `key`, on `stream`): up to torch 2.13 the default generator
-        registers the graph and, while any graph is registered, holds its seed and offset for
-        replays in two one-element int64 device tensors, made on the capture stream before the
-        capture's pool takes over (CUDAGeneratorState::register_graph). Later builds make them
-        per capture, at its first draw (`capture_drew`)."""
-        if PER_CAPTURE_GENERATOR_STATE:
-            return
-        if not self._graphs:
-            self.accounting()
-            self._generator_state = (self._malloc(8, stream, None), self._malloc(8, stream, None))
-        self._graphs.add(key)
-
-    def graph_unregistered(self, key: int) -> None:
-        """Graph `key` was destroyed: the last one frees the generator's seed and offset (logged:
-        a graph's finalizer may run in the middle of an allocation)."""
-        if PER_CAPTURE_GENERATOR_STATE:
-            self.capture_states_removed(key)
-            return
-        self._graphs.discard(key)
-        if not self._graphs:
-            self._pending.extend(self._generator_state)
-            self._generator_state = ()
-
-    def capture_drew(self, key: int, state_key: int, stream: Any) -> None:
-        """A random op of graph `key`'s capture drew from the generator state `state_key` on
-        `stream`. From torch 2.14 (CUDAGeneratorState::get_capture_state(id, create_if_not_found))
-        the first such draw makes that capture's seed and offset holders, two one-element int64
-        device tensors allocated there (so from the capture's pool); a capture that draws nothing
-        makes none. They live until the graph is reset or destroyed."""
-        if not PER_CAPTURE_GENERATOR_STATE:
-            return
-        states = self._capture_states.setdefault(key, {})
-        if state_key not in states:
-            states[state_key] = (self.hold_block(8, stream), self.hold_block(8, stream))
-
-    def capture_states_removed(self, key: int) -> None:
-        """Graph `key` was reset or destroyed: its captures' generator holders are freed."""
-        for holders in self._capture_states.pop(key, {}).values():
-            for held in holders:
-                self.release_block(held)
 
     # --- graph pools of a capture --------------------------------------------------------------
 

@@ -15,12 +15,13 @@ from harness import torch_internals
 
 from harness.emulation.allocator_tools import UnsupportedOnEmulatedDevice
 from harness.emulation.compiled_graphs import sanitizer_compile_patches
+from harness.emulation.graph_rng_holders import GraphRngHolders, HolderState
 from harness.emulation.observers import Observed
 from harness.emulation.pool_handles import PoolHandles
 from harness.emulation.sanitizer_pools import AllocatorPool
 from harness.emulation.tracking.capture_forks import CaptureForks
 from harness.emulation.tracking.clocks import Clocks
-from harness.emulation.tracking.real_streams import StreamIds, queue_key
+from harness.emulation.tracking.real_streams import StreamIds, queue_key, tracking_in_force
 from harness.graphs.emulator.watch_refs import install_swaps_past_watches
 from harness.graphs.emulator.memory import ByDeviceType
 
@@ -51,9 +52,10 @@ class SanitizerHost(Observed):
             new_user_handle=torch_internals.graph_pool_handle,
             new_graph_handle=torch_internals.graph_pool_handle)
         self._routed: AllocatorPool | None = None
-        # The default generator's seed and offset, held while any graph is registered with it.
-        self._graphs: set[int] = set()
-        self._generator_state: tuple[torch.Tensor, ...] = ()
+        # The default generator's seed and offset holders of graphs (graph_rng_holders.py): no
+        # real CUDAGraph captures here, so CUDA's generator makes none of its own.
+        self.rng_holders = GraphRngHolders(_hidden_holder_pair, torch.cuda.default_stream,
+                                           _untracked)
         self.capture = None
         self._gc_was_enabled = False
         # Stream races are not tracked here (the GPU runs the streams); the setting decides what a
@@ -97,6 +99,13 @@ class SanitizerHost(Observed):
             self._refused.clear()
         return []
 
+    def holder_states(self, generators) -> list[HolderState]:
+        """The default generator's state, as the graph holders see it (a generator registered
+        with the graph is CUDA's own, whose state object Python cannot name: none of its)."""
+        generator = torch.cuda.default_generators[self.storage_device.index]
+        return [HolderState(("default", self.storage_device.index), self.storage_device,
+                            lambda: (generator.initial_seed(), generator.get_offset()))]
+
     def end_generators_left_capturing(self) -> int:
         """Nothing to end here: the GPU's generators are CUDA's, as a real capture left them."""
         return 0
@@ -117,14 +126,19 @@ class SanitizerHost(Observed):
                                "which the emulated graph refuses as CUDA does")
 
     def graph_reset(self, key: int) -> None:
-        """The GPU's generators drop the reset graph's capture state themselves."""
+        """The reset graph's generator holders go (graph_rng_holders.py)."""
+        self.rng_holders.graph_reset(key)
 
     def capture_draws(self):
         """A capture's random ops draw from the GPU's generators, each from the default
         generator's state in use when it was captured (sanitizer_draws.py)."""
         from harness.emulation.sanitizer_draws import SanitizerDraws
 
-        return SanitizerDraws(self.storage_device)
+        return SanitizerDraws(self.storage_device, on_draw=self._capture_drew)
+
+    def _capture_drew(self) -> None:
+        if self.capture is not None:
+            self.rng_holders.drew(id(self.capture), self.holder_states(())[0])
 
     def current_stream(self):
         return torch.cuda.current_stream()
@@ -134,12 +148,6 @@ class SanitizerHost(Observed):
 
     def begin_capture(self, graph, stream, pool) -> AllocatorPool:
         """The capture's pool use is its pool (the GPU's allocator knows its device)."""
-        if not self._graphs:
-            # CUDAGeneratorState::register_graph: two one-element int64 device tensors, made on
-            # the capture stream before the capture's pool takes over.
-            self._generator_state = tuple(
-                torch.empty(1, dtype=torch.int64, device=self.storage_device) for _ in range(2))
-        self._graphs.add(id(graph))
         pool.begin_routing()
         self.capture, self._capturing, self._routed = graph, {_key(stream)}, pool
         # The recorder's Python objects set the collector off far more often than a real capture
@@ -155,9 +163,7 @@ class SanitizerHost(Observed):
         pool.release()
 
     def graph_destroyed(self, key: int) -> None:
-        self._graphs.discard(key)
-        if not self._graphs:
-            self._generator_state = ()
+        self.rng_holders.graph_destroyed(key)
 
     def end_capture(self) -> None:
         if self._routed is not None:
@@ -399,3 +405,16 @@ def _capture_rules(host: SanitizerHost) -> list:
             (Event, "elapsed_time", elapsed_time), (Event, "record", record_event), (Event, "wait", wait_on_event),
             (Stream, "wait_stream", wait_stream), (torch.Tensor, "record_stream", record_stream),
             (torch_C, "_cuda_synchronize", synchronize_device)]
+
+
+def _hidden_holder_pair(device: torch.device) -> tuple:
+    """Two one-element int64 tensors on the GPU's default stream, made where no dispatch mode
+    sees them (torch 2.14's first draw of a capture)."""
+    with torch.cuda.stream(torch.cuda.default_stream(device)), torch_internals.DisableTorchDispatch():
+        return tuple(torch.empty(1, dtype=torch.int64, device=device) for _ in range(2))
+
+
+def _untracked():
+    """The real streams' tracking in force, if any, judges none of the harness's own ops."""
+    work = tracking_in_force()
+    return contextlib.nullcontext() if work is None else work.untracked()

@@ -12,7 +12,7 @@ Ops given a generator draw from it as recorded (private_generators.py checks it 
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Callable
 
 import torch
 
@@ -33,13 +33,16 @@ def _draw_from(generator: torch.Generator, state: torch.Generator, fn: Any, args
 class SanitizerDraws:
     """The recorder's `draws` for a capture on the sanitizer's `device`."""
 
-    def __init__(self, device: torch.device) -> None:
+    def __init__(self, device: torch.device, on_draw: Callable[[], None] | None = None) -> None:
         self.generator = torch.cuda.default_generators[device.index]
+        self.on_draw = on_draw  # told of each random op of the capture that names no generator
 
     def source(self, func: Any, args: tuple, kwargs: dict) -> torch.Generator | None:
         """The default generator's state in use, for a random op naming no generator."""
         if not is_random(func) or given_generator(func, args, kwargs) is not None:
             return None
+        if self.on_draw is not None:
+            self.on_draw()
         get_state = getattr(self.generator, "graphsafe_get_state", None)
         return None if get_state is None else get_state()  # a torch without graph-safe states
 

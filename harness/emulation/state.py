@@ -37,12 +37,14 @@ from typing import Any, Iterator
 
 import torch
 
+from harness import torch_internals
 from harness.emulation.blas_workspaces import BlasWorkspaces
 from harness.emulation.caching_allocator import round_size, segment_size
 from harness.emulation.capture_frees import CaptureFrees
 from harness.emulation.cuda_streams import CaptureQueues
 from harness.emulation.compiled_trees import TreeGenerations, trees_missing_pieces
 from harness.emulation.device_memory import DeviceMemory
+from harness.emulation.graph_rng_holders import GraphRngHolders, HolderState
 from harness.emulation.fft_plans import PlanCaches
 from harness.emulation.observers import Observed
 from harness.emulation.pool_handles import PoolHandles, RetainedPool
@@ -97,6 +99,9 @@ class DeviceState(Observed):
         self.default_generators = DefaultGenerators(properties.count,
                                                     self.is_current_stream_capturing)
         self.draws = Draws(self.default_generators, properties.multi_processor_count)
+        # The generators' seed and offset holders of graphs (graph_rng_holders.py)
+        self.rng_holders = GraphRngHolders(self._hidden_holder_pair, self.streams.default,
+                                           self.untracked)
         self.reporter = None  # (op, message) -> None while the capture lint runs
         self.initialized = False
         self.kind = "cpu"
@@ -202,6 +207,34 @@ class DeviceState(Observed):
                 states.append(found.philox_state)
         return states
 
+    def holder_states(self, generators) -> list[HolderState]:
+        """The generator states a capture begins with (`capture_generator_states`), as the
+        holders of their seed and offset see them."""
+        return [self._holder_state(s) for s in self.capture_generator_states(generators)]
+
+    def _holder_state(self, philox_state) -> HolderState:
+        return HolderState(philox_state, self.rng_device(),
+                           lambda: (philox_state.seed, philox_state.offset))
+
+    @contextlib.contextmanager
+    def untracked(self) -> Iterator[None]:
+        """The device's own bookkeeping: no stream tracking judges its ops (graph_rng_holders)."""
+        with contextlib.ExitStack() as stack:
+            for observer in tuple(self.observers):
+                hook = getattr(observer, "untracked", None)
+                if hook is not None:
+                    stack.enter_context(hook())
+            yield
+
+    def _hidden_holder_pair(self, device: torch.device) -> tuple:
+        """Two one-element int64 device tensors allocated on `device`'s default stream, made
+        where no dispatch mode sees them (torch 2.14's first draw of a capture)."""
+        with torch_internals.DisableTorchFunction(), torch_internals.DisableTorchDispatch():
+            pair = tuple(torch.empty(1, dtype=torch.int64) for _ in range(2))
+        for t in pair:
+            self.memory.adopt(t.untyped_storage(), self.streams.default(device))
+        return pair
+
     def end_generators_left_capturing(self) -> int:
         """Outside any capture, end the capture state a failed capture left on the devices'
         default generators (what a fresh process has); how many were left so."""
@@ -223,18 +256,17 @@ class DeviceState(Observed):
 
     def _capture_drew(self, philox_state) -> None:
         if self.capture is not None:
-            self.memory.capture_drew(id(self.capture), id(philox_state), self.streams.current())
+            self.rng_holders.drew(id(self.capture), self._holder_state(philox_state))
 
     def graph_reset(self, key: int) -> None:
         """The graph whose `id()` is `key` was reset (CUDAGraph::reset): its captures' generator
-        state goes (device_memory.capture_states_removed)."""
-        self.memory.capture_states_removed(key)
+        state goes (graph_rng_holders.py)."""
+        self.rng_holders.graph_reset(key)
 
     def begin_capture(self, graph, stream, pool) -> tuple:
         """`graph` captures on `stream` into `pool` (a pool handle: the allocations of the streams
         in the capture come from its private pool, of the capture device's allocator, as
         CUDAGraph::capture_begin names its current device); the pool use the graph holds."""
-        self.memory.graph_registered(id(graph), stream)
         self.capture = graph
         self.streams.capturing = CaptureQueues((stream,))
         # a capture into a MemPool's id allocates from the MemPool (on the MemPool's device)
@@ -281,7 +313,7 @@ class DeviceState(Observed):
 
     def graph_destroyed(self, key: int) -> None:
         """The graph whose `id()` was `key` is gone (after its `release_pool`)."""
-        self.memory.graph_unregistered(key)
+        self.rng_holders.graph_destroyed(key)
 
     def is_current_stream_capturing(self) -> bool:
         return self.capture is not None and self.streams.current() in self.streams.capturing

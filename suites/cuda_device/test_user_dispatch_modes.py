@@ -12,6 +12,7 @@ import pytest
 import torch
 
 import harness
+from harness.emulation.graph_rng_holders import PAIR_AT_FIRST_DRAW, PAIR_PER_STATE
 from torch.utils._python_dispatch import TorchDispatchMode
 
 aten = torch.ops.aten
@@ -20,9 +21,8 @@ aten = torch.ops.aten
 class _Seen(TorchDispatchMode):
     """Per op: the devices of its tensor arguments, the type of its `device=` argument (CUDA may
     hand on "cuda" without an index), its results' devices. Ops on one-element int64 tensors
-    alone are left out: torch 2.11's CUDA generator makes and fills two such tensors of its own
-    at `capture_begin()` through the dispatcher (CUDAGeneratorState::register_graph and
-    capture_prologue), which a mode entered before the capture sees natively there."""
+    alone are left out: CUDA's generator makes and fills two such tensors of its own around a
+    capture and a replay through the dispatcher (the generator holders' tests below)."""
 
     def __init__(self):
         super().__init__()
@@ -122,3 +122,94 @@ def test_a_replay_reaches_no_mode_where_races_are_not_tracked(outside_emulation)
         with _Seen() as seen:
             graph.replay()
         assert seen.ops == [] and y.item() == 8.0
+
+
+class _Ops(TorchDispatchMode):
+    """Per op: its name, its tensor arguments' and results' (device, dtype, shape)."""
+
+    def __init__(self):
+        super().__init__()
+        self.ops = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        out = func(*args, **kwargs)
+        results = out if isinstance(out, (tuple, list)) else (out,)
+        self.ops.append((str(func), _described(a for a in (*args, *kwargs.values())),
+                         _described(results)))
+        return out
+
+
+def _described(values) -> list:
+    return [(str(t.device), str(t.dtype), tuple(t.shape)) for t in values
+            if isinstance(t, torch.Tensor)]
+
+
+_HOLDER = [("cuda:0", "torch.int64", (1,))]
+_MADE = [("aten.empty.memory_format", [], _HOLDER)] * 2
+_FILLED = [("aten.fill_.Scalar", _HOLDER, _HOLDER)] * 2
+_X = [("cuda:0", "torch.float32", (4,))]
+
+
+def _at_capture_begin(first_graph: bool) -> list:
+    """What a mode sees CUDA's generator do at capture_begin: up to torch 2.11 the default
+    generator's state makes its seed and offset holders when it registers its first live graph
+    and fills them at each capture (CUDAGeneratorState::register_graph, capture_prologue); torch
+    2.12-2.13 make a pair per capture (init_capture_state); from 2.14 the pair is made at the
+    first draw, inside the random kernel, where no mode is on the stack."""
+    if PAIR_AT_FIRST_DRAW:
+        return []
+    if not PAIR_PER_STATE:
+        return _MADE
+    return (_MADE if first_graph else []) + _FILLED
+
+
+def test_a_mode_around_a_capture_sees_the_generator_holders_made_and_filled(cuda_kind):
+    """Measured on an H100 (torch 2.11): two `empty` and two `fill_` of one-element int64
+    tensors at the first capture, two `fill_` at a capture while another graph lives, before
+    the captured ops. The emulated device showed none."""
+    x = torch.ones(4, device="cuda")
+    torch.cuda.synchronize()
+    gc.collect()  # graphs of earlier tests go (natively they would keep the holders)
+    with _Ops() as first:
+        g1 = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(g1):
+            x * 2
+    mul = [("aten.mul.Tensor", _X, _X)]
+    if cuda_kind == "emulated":  # a fresh device: no graph lived before
+        assert first.ops == _at_capture_begin(True) + mul
+    else:  # natively a graph an earlier test keeps may hold them already
+        assert first.ops in (_at_capture_begin(True) + mul, _at_capture_begin(False) + mul)
+    with _Ops() as second:
+        g2 = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(g2):
+            x * 2
+    assert second.ops == _at_capture_begin(False) + mul
+    with _Ops() as seen:
+        g1.replay()
+    assert seen.ops == []  # a graph that drew nothing: no holder is filled
+    del g1, g2
+
+
+def test_each_replay_of_a_graph_that_drew_fills_the_generator_holders(cuda_kind):
+    """CUDAGraph::replay fills the seed and offset holders of each generator state the graph
+    drew from before it launches (replay_prologue, every build; measured on an H100, torch
+    2.11): a mode on the stack sees two `fill_`, the launch itself nothing."""
+    x = torch.ones(4, device="cuda")
+    anchor = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(anchor):
+        x * 2
+    torch.cuda.synchronize()
+    with _Ops() as outer, _Ops() as inner:
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            r = torch.rand(4, device="cuda") + x
+    drawn = [("aten.rand.default", [], _X), ("aten.add.Tensor", _X + _X, _X)]
+    assert outer.ops == inner.ops == _at_capture_begin(False) + drawn
+    for _ in range(2):
+        with _Ops() as seen:
+            graph.replay()
+        assert seen.ops == _FILLED
+    torch.cuda.synchronize()
+    assert r.shape == (4,) and bool(((r > 1) & (r < 2)).all())
+    del anchor

@@ -10,8 +10,9 @@ issued: the recorder sees them first and nothing here applies).
 
 from __future__ import annotations
 
+import contextlib
 import weakref
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 import torch
 
@@ -87,6 +88,17 @@ class StreamWork(TorchDispatchMode):
         # it compiles. A compiled region's own kernels run untracked (the ops it falls back to
         # are still seen); under the adversarial schedule, synchronize before calling one.
         return True
+
+    @contextlib.contextmanager
+    def untracked(self) -> Iterator[None]:
+        """The device's own bookkeeping runs as captured work does here: at once, judged by
+        nobody (no user code can reach its memory to order it: a generator's graph holders)."""
+        capturing = self.capturing
+        self.capturing = lambda: True
+        try:
+            yield
+        finally:
+            self.capturing = capturing
 
     def _tracked(self, t: torch.Tensor) -> bool:
         return not t.is_meta and (self.memory.is_device(t) or self.memory.is_pinned(t))

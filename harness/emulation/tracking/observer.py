@@ -96,6 +96,10 @@ class DeviceStreams:
     def on_host_read(self, what: str, tensor) -> None:
         self.work.host_reads(tensor, f"Tensor.{what} on the host", current_callsite())
 
+    def untracked(self):
+        """The device's own bookkeeping, which no race is judged on (StreamWork.untracked)."""
+        return self.work.mode.untracked()
+
     @property
     def capture(self) -> CaptureStreams | None:
         """The capture under way's stream rules, None outside a capture."""

@@ -98,6 +98,17 @@ class RealStreamWork(TorchDispatchMode):
         # sanitizer's replays reach the dispatcher, and a report names the replay as the emulated
         # device's does ("replay of CUDAGraph 0x..."), with the replayed op.
         self._replays = threading.local()
+        self._untracked = 0  # inside `untracked()`
+
+    @contextlib.contextmanager
+    def untracked(self) -> Iterator[None]:
+        """The harness's own bookkeeping on the GPU (a generator's graph holders): run, judged
+        by nobody (no user code can reach its memory to order it)."""
+        self._untracked += 1
+        try:
+            yield
+        finally:
+            self._untracked -= 1
 
     @property
     def replaying(self) -> str | None:
@@ -111,7 +122,7 @@ class RealStreamWork(TorchDispatchMode):
         if types and defer_to_subclass(types):
             return NotImplemented  # the subclass's own dispatch first (tensor_subclasses.py)
         kwargs = kwargs or {}
-        if _capturing() or func is _RECORD_STREAM:
+        if _capturing() or func is _RECORD_STREAM or self._untracked:
             return func(*args, **kwargs)  # captured work runs only at replay
         if isinstance(func, _HigherOrderOperator):
             return self._higher_order_op(func, args, kwargs)
