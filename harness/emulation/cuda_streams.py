@@ -182,15 +182,19 @@ class ExternalStream(Stream):
     def __new__(cls, stream_ptr: int, device: Any = None, **kwargs):
         handle = int(stream_ptr)
         streams = _state().streams
-        if handle == 0:  # torch reads a null pointer as none: a new stream whose handle says 0
+        if handle == 0:
+            # THCPStream_pynew reads a null pointer as none given: getStreamFromPool, a pooled
+            # stream of the low-priority pool whose cuda_stream is its own nonzero handle
+            # (measured on an H100, torch 2.11: 0x3c7d2a40), as torch.cuda.Stream() makes
             self = Stream.__new__(cls, device)
-        else:
-            queue_id = streams.queue_of_handle(handle, streams.device_index(device))
-            self = Stream.__new__(cls, device, stream_id=handle)
-            self._queue_id = queue_id
-            queue = streams.by_id.get((queue_id, self.device_index))
-            if queue is not None and queue is not self:  # a torch stream's: its slot, priority
-                self.pool_slot, self._priority = queue.pool_slot, queue._priority
+            self.pool_slot = streams.next_pool_slot(self.device_index, self._priority)
+            return self
+        queue_id = streams.queue_of_handle(handle, streams.device_index(device))
+        self = Stream.__new__(cls, device, stream_id=handle)
+        self._queue_id = queue_id
+        queue = streams.by_id.get((queue_id, self.device_index))
+        if queue is not None and queue is not self:  # a torch stream's: its slot, priority
+            self.pool_slot, self._priority = queue.pool_slot, queue._priority
         self._handle = handle
         return self
 

@@ -79,3 +79,25 @@ def test_the_current_stream_inside_a_wrapper_is_a_new_plain_stream_of_its_id(cud
     assert torch.cuda.current_stream() is not torch.cuda.current_stream()
     assert torch.cuda.default_stream() is not torch.cuda.default_stream()
     assert type(torch.cuda.get_stream_from_external(app.cuda_stream)) is torch.cuda.Stream
+
+
+def test_a_wrapper_of_a_null_handle_is_a_new_pooled_stream(cuda_kind):
+    """torch's Stream constructor reads `stream_ptr=0` as none given and takes a stream from
+    CUDA's pool (THCPStream_pynew: getStreamFromPool): `ExternalStream(0).cuda_stream` is that
+    stream's own nonzero handle (measured on an H100, torch 2.11: 0x3c7d2a40), not 0, and the
+    wrapper is not the default stream. The emulated device answered 0."""
+    wrapper = torch.cuda.ExternalStream(0)
+    handle = wrapper.cuda_stream
+    assert handle != 0 and wrapper.cuda_stream == handle  # the same handle on each read
+    assert wrapper != torch.cuda.default_stream() and wrapper.stream_id != 0
+    assert wrapper.priority == 0
+    # a plain Stream of its ids is the same stream, the handle its own
+    same = torch.cuda.Stream(stream_id=wrapper.stream_id, device_index=wrapper.device_index,
+                             device_type=wrapper.device_type)
+    assert same == wrapper and same.cuda_stream == handle
+    x = torch.ones(4, device="cuda")
+    wrapper.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(wrapper):
+        y = x * 3
+    wrapper.synchronize()
+    assert y.tolist() == [3.0] * 4
