@@ -18,11 +18,8 @@ from torch.utils._python_dispatch import TorchDispatchMode
 aten = torch.ops.aten
 
 
-class _Seen(TorchDispatchMode):
-    """Per op: the devices of its tensor arguments, the type of its `device=` argument (CUDA may
-    hand on "cuda" without an index), its results' devices. Ops on one-element int64 tensors
-    alone are left out: CUDA's generator makes and fills two such tensors of its own around a
-    capture and a replay through the dispatcher (the generator holders' tests below)."""
+class _Recorded(TorchDispatchMode):
+    """Runs each op, then notes it in `ops` (`_note`, None: not noted)."""
 
     def __init__(self):
         super().__init__()
@@ -31,15 +28,28 @@ class _Seen(TorchDispatchMode):
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
         out = func(*args, **kwargs)
-        flat = [a for a in (*args, *kwargs.values()) if isinstance(a, torch.Tensor)]
         results = out if isinstance(out, (tuple, list)) else (out,)
-        touched = flat + [t for t in results if isinstance(t, torch.Tensor)]
-        if touched and all(t.dtype == torch.int64 and t.numel() == 1 for t in touched):
-            return out  # the generator's own state (the docstring)
-        self.ops.append((func, [(str(t.device), t.is_cuda) for t in flat],
-                         torch.device(kwargs["device"]).type if "device" in kwargs else None,
-                         [(str(t.device), t.is_cuda) for t in results if isinstance(t, torch.Tensor)]))
+        noted = self._note(func, [a for a in (*args, *kwargs.values()) if isinstance(a, torch.Tensor)],
+                           kwargs, [t for t in results if isinstance(t, torch.Tensor)])
+        if noted is not None:
+            self.ops.append(noted)
         return out
+
+
+class _Seen(_Recorded):
+    """Per op: the devices of its tensor arguments, the type of its `device=` argument (CUDA may
+    hand on "cuda" without an index), its results' devices. Ops on one-element int64 tensors
+    alone are left out: CUDA's generator makes and fills two such tensors of its own around a
+    capture and a replay through the dispatcher (the generator holders' tests below)."""
+
+    @staticmethod
+    def _note(func, tensors, kwargs, results):
+        touched = tensors + results
+        if touched and all(t.dtype == torch.int64 and t.numel() == 1 for t in touched):
+            return None  # the generator's own state (the docstring)
+        return (func, [(str(t.device), t.is_cuda) for t in tensors],
+                torch.device(kwargs["device"]).type if "device" in kwargs else None,
+                [(str(t.device), t.is_cuda) for t in results])
 
     def first(self, func):
         return next(op[1:] for op in self.ops if op[0] is func)
@@ -124,25 +134,16 @@ def test_a_replay_reaches_no_mode_where_races_are_not_tracked(outside_emulation)
         assert seen.ops == [] and y.item() == 8.0
 
 
-class _Ops(TorchDispatchMode):
+class _Ops(_Recorded):
     """Per op: its name, its tensor arguments' and results' (device, dtype, shape)."""
 
-    def __init__(self):
-        super().__init__()
-        self.ops = []
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        kwargs = kwargs or {}
-        out = func(*args, **kwargs)
-        results = out if isinstance(out, (tuple, list)) else (out,)
-        self.ops.append((str(func), _described(a for a in (*args, *kwargs.values())),
-                         _described(results)))
-        return out
+    @staticmethod
+    def _note(func, tensors, kwargs, results):
+        return (str(func), _described(tensors), _described(results))
 
 
-def _described(values) -> list:
-    return [(str(t.device), str(t.dtype), tuple(t.shape)) for t in values
-            if isinstance(t, torch.Tensor)]
+def _described(tensors) -> list:
+    return [(str(t.device), str(t.dtype), tuple(t.shape)) for t in tensors]
 
 
 _HOLDER = [("cuda:0", "torch.int64", (1,))]
