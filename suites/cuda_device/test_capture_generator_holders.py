@@ -3,8 +3,10 @@
 one 512-byte small-pool block each) at the capture's first draw from that state, freed when the
 graph is reset or destroyed; a capture that draws nothing makes none (PyTorch's
 test_graph_memory_stats_and_use_result_after_destroy_graph counts one small-pool block for a
-capture of clones). Builds before 2.14 (no `Generator.philox_state`) made one pair per generator
-state when it registered its first graph, and that model is unchanged."""
+capture of clones), on the default stream (pytorch/pytorch#176753: out of the capture's pool).
+Builds before 2.14 (no `Generator.philox_state`) make them elsewhere: 2.12-2.13 a pair per
+(state, capture) at capture_begin, up to 2.11 one pair per generator state when it registers
+its first graph (harness/emulation/graph_rng_holders.py)."""
 
 from __future__ import annotations
 
