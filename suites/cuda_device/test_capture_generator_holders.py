@@ -74,3 +74,21 @@ def test_each_graph_has_its_own_holders(cuda_kind):
     gc.collect()
     torch.cuda.synchronize()
     assert _delta(before) == (0, 0)
+
+
+def test_the_holders_are_on_the_default_stream_out_of_the_capture_pool(cuda_kind):
+    """CUDAGeneratorCaptureState::initialize allocates under a guard of the default stream, so
+    the holders land in the default pool, not the capture's (pytorch/pytorch#176753)."""
+    torch.cuda.synchronize()
+    gc.collect()
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        out = torch.rand(4, device="cuda")
+    default = torch.cuda.default_stream().cuda_stream
+    placed = sorted((seg["stream"] == default, tuple(seg.get("segment_pool_id", (0, 0))) == (0, 0))
+                    for seg in torch.cuda.memory_snapshot() for b in seg["blocks"]
+                    if b["state"] == "active_allocated" and b["size"] == 512)
+    # the output in the capture's pool on its stream; the two holders on the default stream's
+    # segments of the default pool
+    assert placed.count((True, True)) >= 2 and (False, False) in placed
+    del g, out
