@@ -177,23 +177,26 @@ def _solver_check_reason(packet, named: dict) -> str | None:
 # cuSOLVER's eigensolvers fail inside a capture before any info code is read (measured on an H100,
 # torch 2.11): `_linalg_eigh` (eigh, eigvalsh) at `cusolverDnXsyevd`, `linalg_eig` (eig, eigvals)
 # at `cusolverDnXgeev_bufferSize`, each CUSOLVER_STATUS_INTERNAL_ERROR, and the capture is
-# invalidated. `linalg_pinv` with hermitian=True goes through eigh.
+# invalidated.
 _CUSOLVER_FAILURES = {packet: text for packet, text in (
     (getattr(aten, "_linalg_eigh", None), cuda_errors.CUSOLVER_SYEVD_FAILED),
-    (getattr(aten, "linalg_eig", None), cuda_errors.CUSOLVER_GEEV_FAILED),
-    (getattr(aten, "linalg_pinv", None), cuda_errors.CUSOLVER_SYEVD_FAILED)) if packet is not None}
+    (getattr(aten, "linalg_eig", None), cuda_errors.CUSOLVER_GEEV_FAILED)) if packet is not None}
+
+
+def _kernel_met(func: Any, args: tuple, kwargs: dict) -> Any:
+    """The op packet whose CUDA kernel this op's rules are those of: `linalg_pinv` reaches the
+    device's dispatch whole and runs the SVD, or eigh given hermitian=True; any other op its own."""
+    packet = getattr(func, "overloadpacket", None)
+    if packet is None or packet is not getattr(aten, "linalg_pinv", None):
+        return packet
+    return aten._linalg_eigh if bind(func, args, kwargs).get("hermitian") else aten._linalg_svd
 
 
 def solver_failure_in_capture(func: torch_internals.OpOverload, args: tuple,
                               kwargs: dict) -> str | None:
     """CUDA's text when cuSOLVER fails inside a capture on this op (the capture invalidated behind
     it), or None."""
-    packet = getattr(func, "overloadpacket", None)
-    if packet not in _CUSOLVER_FAILURES:
-        return None
-    if packet is aten.linalg_pinv and not bind(func, args, kwargs).get("hermitian"):
-        return None  # through the SVD: Copy.cu's refusal (kernel_host_copy)
-    return _CUSOLVER_FAILURES[packet]
+    return _CUSOLVER_FAILURES.get(_kernel_met(func, args, kwargs))
 
 
 def equal_on_host(a: torch.Tensor, b: torch.Tensor) -> bool | None:
@@ -322,8 +325,9 @@ _CTC_LOSSES = _packets("_ctc_loss", "_ctc_loss_backward")
 # CUDA's SVD (`_linalg_svd`: svd, svdvals, the spectral norm; `linalg_pinv` through it) meets
 # Copy.cu's refusal in a capture before its info codes are read (measured on an H100, torch 2.11,
 # a 4x4 matrix; an 8x8 one raised a cuSOLVER status instead: docs/fidelity.md).
-_SVDS = _packets("_linalg_svd", "linalg_pinv")
-_HOST_COPYING_KERNELS = _packets("linalg_matrix_exp", "histc") | _CTC_LOSSES | _SVDS
+_SVDS = _packets("_linalg_svd")
+_HOST_COPYING_KERNELS = (_packets("linalg_matrix_exp", "histc", "linalg_pinv") | _CTC_LOSSES
+                         | _SVDS)
 
 
 def copies_to_host_inside(func: torch_internals.OpOverload) -> bool:
@@ -338,27 +342,29 @@ def kernel_host_copy(func: torch_internals.OpOverload, args: tuple, kwargs: dict
     host (`norm.to(at::kCPU)`); a 0x0 or 1x1 matrix takes `exp` without it. `histc` with no range
     (min == max, the default) of a non-empty input: CUDA's kernel reads the input's minimum and
     maximum on the host (`self.min().cpu()`). The CTC losses: CUDA's kernel copies the lengths
-    to the device from pageable host memory (`at::tensor(target_lengths)`)."""
+    to the device from pageable host memory (`at::tensor(target_lengths)`). The SVD (`pinv`
+    through it): Copy.cu's refusal, as measured."""
     if not copies_to_host_inside(func):
         return None
-    if func.overloadpacket in _CTC_LOSSES:
+    packet = _kernel_met(func, args, kwargs)
+    if packet in _CTC_LOSSES:
         return ("CUDA's kernel copies the input and target lengths from pageable host memory to "
                 "the device (`at::tensor(target_lengths)`, a blocking copy; length tensors on the "
                 "device are first copied to the host); compute the loss outside the capture")
-    named = bind(func, args, kwargs)
-    if func.overloadpacket is aten.histc:
+    if packet in _SVDS:
+        return ("CUDA's SVD copies device data to pageable host memory inside its kernel (Copy.cu's "
+                "refusal, measured on an H100 with torch 2.11, for `svd`, `pinv` and the spectral "
+                "norm); compute it before capture")
+    if packet is aten.histc:
+        named = bind(func, args, kwargs)
         if named["min"] != named["max"] or named["self"].numel() == 0:
             return None
         return ("CUDA's kernel copies the input's minimum and maximum to pageable host memory "
                 "when no range is given (min == max, `self.min().cpu()`, a sync); pass the range "
                 "(`min=`, `max=`)")
-    if func.overloadpacket in _SVDS:
-        if func.overloadpacket is aten.linalg_pinv and named.get("hermitian"):
-            return None  # through eigh: solver_failure_in_capture
-        return ("CUDA's SVD copies device data to pageable host memory inside its kernel (Copy.cu's "
-                "refusal, measured on an H100 with torch 2.11, for `svd`, `pinv` and the spectral "
-                "norm); compute it before capture")
-    if named["self"].size(-1) <= 1:
+    if packet is not aten.linalg_matrix_exp:
+        return None  # `pinv` through eigh: cuSOLVER fails first (solver_failure_in_capture)
+    if bind(func, args, kwargs)["self"].size(-1) <= 1:
         return None
     return ("CUDA's kernel copies the matrices' 1-norms to pageable host memory to pick each "
             "one's Taylor degree (`norm.to(kCPU)`, a sync); compute the exponential before "
