@@ -26,20 +26,16 @@ from typing import Any
 import torch
 
 from harness import torch_internals
-from harness.graphs.base import CaptureError
 from harness.graphs.emulator import cuda_errors, opinfo
 from harness.graphs.emulator.callsite import at_callsite, current_callsite
 
 
 @dataclass(frozen=True)
 class Refusal:
-    """An op of a compiled graph that CUDA refuses in a capture: its name, CUDA's message (a sync
-    or Copy.cu's pageable copy) and why."""
+    """An op of a compiled graph that CUDA refuses in a capture: its name and what CUDA raises (`opinfo.capture_refusal`)."""
 
     op: str
-    cuda_text: str
-    why: str
-    invalidates: bool  # a refused sync or a failed CUDA call, not Copy.cu's check
+    cause: opinfo.CaptureRefusal
 
 
 class FirstRefusal(torch_internals.TorchDispatchMode):
@@ -67,19 +63,10 @@ class FirstRefusal(torch_internals.TorchDispatchMode):
 
 
 def _refusal(func: Any, args: tuple, kwargs: dict) -> Refusal | None:
-    name = opinfo.op_name(func)
-    failure = opinfo.solver_failure_in_capture(func, args, kwargs)
-    if failure is not None:
-        return Refusal(name, failure, "cuSOLVER's eigensolver fails inside a capture", True)
     if _dropped_from_compiled_graphs(func):
         return None
-    reason = opinfo.sync_reason(func, args, kwargs) if opinfo.may_sync(func) else None
-    if reason is not None:
-        return Refusal(name, cuda_errors.NOT_PERMITTED, reason, True)
-    why = opinfo.kernel_host_copy(func, args, kwargs)
-    if why is not None:
-        return Refusal(name, cuda_errors.PAGEABLE_COPY, why, False)
-    return None
+    refusal = opinfo.capture_refusal(func, args, kwargs, None)
+    return None if refusal is None else Refusal(opinfo.op_name(func), refusal)
 
 
 def _dropped_from_compiled_graphs(func: Any) -> bool:
@@ -97,11 +84,9 @@ def refuse(state: Any, graph: str, refusal: Refusal) -> None:
     a refused sync invalidates the capture, a refused copy leaves it valid (Copy.cu checks before
     it enqueues anything). While a lint runs, report it instead."""
     detail = at_callsite(f"{refusal.op} (called by the compiled graph {graph}, a fallback kernel "
-                         f"of inductor's) cannot be captured: {refusal.why}", current_callsite())
-    if refusal.cuda_text == cuda_errors.NOT_PERMITTED:
-        error: CaptureError = cuda_errors.sync_refused(detail, op=refusal.op)
-    else:
-        error = CaptureError(cuda_errors.cuda_first(refusal.cuda_text, detail), op=refusal.op)
-    if refusal.invalidates and state.capture is not None:
+                         f"of inductor's) cannot be captured: {refusal.cause.why}",
+                         current_callsite())
+    error = cuda_errors.capture_refused(refusal.cause.cuda_text, detail, op=refusal.op)
+    if refusal.cause.invalidates and state.capture is not None:
         state.capture.invalidate(error)
     state.refuse(error)

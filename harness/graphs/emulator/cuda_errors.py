@@ -62,3 +62,11 @@ def sync_refused(detail: str, *, op: str | None) -> CaptureSyncError:
 
 def pageable_copy_refused(detail: str, *, op: str | None) -> CaptureError:
     return CaptureError(cuda_first(PAGEABLE_COPY, detail), op=op)
+
+
+def capture_refused(cuda_text: str, detail: str, *, op: str | None) -> CaptureError:
+    """The error of a call CUDA refuses in a capture with `cuda_text`: a refused sync's own type
+    (CaptureSyncError), any other text a CaptureError."""
+    if cuda_text == NOT_PERMITTED:
+        return sync_refused(detail, op=op)
+    return CaptureError(cuda_first(cuda_text, detail), op=op)

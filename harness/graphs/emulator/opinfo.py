@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import enum
 import functools
+from dataclasses import dataclass
 from typing import Any, Callable
 
 import torch
@@ -197,6 +198,42 @@ def solver_failure_in_capture(func: torch_internals.OpOverload, args: tuple,
     """CUDA's text when cuSOLVER fails inside a capture on this op (the capture invalidated behind
     it), or None."""
     return _CUSOLVER_FAILURES.get(_kernel_met(func, args, kwargs))
+
+
+@dataclass(frozen=True)
+class CaptureRefusal:
+    """What CUDA raises for an op in a capture: its text, why (the harness's words, with what to
+    do instead) and whether the capture is invalidated behind it (a refused sync or a failed CUDA
+    call; Copy.cu refuses a pageable copy before it enqueues anything, the capture still valid)."""
+
+    cuda_text: str
+    why: str
+    invalidates: bool
+
+
+def capture_refusal(func: torch_internals.OpOverload, args: tuple, kwargs: dict,
+                    device: torch.device | None, memory: Any = None) -> CaptureRefusal | None:
+    """The first refusal CUDA meets for this op in a capture, in the order its kernel meets them:
+    cuSOLVER failing, then a host sync, then Copy.cu's check of a copy between host and device
+    (`copy_refusal`: `device` and `memory` say which tensors are device memory). `device` None:
+    the op runs inside a compiled graph that a capture records as one device op, every operand
+    device memory, so only the copies CUDA's kernel makes inside itself (`kernel_host_copy`) are
+    met."""
+    failure = solver_failure_in_capture(func, args, kwargs)
+    if failure is not None:
+        return CaptureRefusal(failure, "cuSOLVER's eigensolver fails inside a capture; compute it "
+                                       "before capture", True)
+    reason = sync_reason(func, args, kwargs) if may_sync(func) else None
+    if reason:
+        return CaptureRefusal(cuda_errors.NOT_PERMITTED, reason, True)
+    if device is None:
+        why = kernel_host_copy(func, args, kwargs)
+        return None if why is None else CaptureRefusal(cuda_errors.PAGEABLE_COPY, why, False)
+    copy = copy_refusal(func, args, kwargs, device, memory)
+    if copy is None:
+        return None
+    text, why = copy
+    return CaptureRefusal(text, why, text == cuda_errors.NOT_PERMITTED)
 
 
 def equal_on_host(a: torch.Tensor, b: torch.Tensor) -> bool | None:

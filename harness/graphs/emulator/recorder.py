@@ -20,7 +20,7 @@ from harness.torch_internals import (DisableTorchFunction, HigherOrderOperator,
                                      TorchDispatchMode, disable_current_modes, tree_flatten,
                                      tree_map_only)
 from harness.graphs.emulator import opinfo
-from harness.graphs.base import CaptureError, CaptureSyncError
+from harness.graphs.base import CaptureError
 from harness.graphs.emulator import collectives, cuda_errors
 from harness.graphs.emulator.callsite import at_callsite, current_callsite, in_index_assignment, user_frames
 from harness.graphs.emulator.conditional import (ConditionHandle, OpenConditional, node_step,
@@ -136,8 +136,6 @@ class Recorder(TorchDispatchMode):
             with self:
                 return one_hot_without_sync(*args, **kwargs)
         refusal = self._refusal(func, args, kwargs)
-        if isinstance(refusal, CaptureSyncError):
-            raise self.refuse_sync(refusal)
         if refusal is not None:
             raise refusal
         if opinfo.is_composite(func):
@@ -175,24 +173,14 @@ class Recorder(TorchDispatchMode):
                 self.steps[first_step:], func, args, kwargs, outputs, state)
 
     def _refusal(self, func, args: tuple, kwargs: dict) -> CaptureError | None:
-        """What CUDA raises for this op during capture, in its words, then the op and the line."""
+        """What CUDA raises for this op during capture, in its words, then the op and the line;
+        one that invalidates the capture is noted (`refuse_sync`)."""
         name = opinfo.op_name(func)
-        failure = opinfo.solver_failure_in_capture(func, args, kwargs)
-        if failure is not None:  # cuSOLVER's own error, and the capture invalidated behind it
-            return self.refuse_sync(CaptureError(cuda_errors.cuda_first(failure, at_callsite(
-                f"{name} cannot be captured: cuSOLVER's eigensolver fails inside a capture; "
-                f"compute it before capture", current_callsite())), op=name))
-        reason = opinfo.sync_reason(func, args, kwargs)
-        if reason:
-            return cuda_errors.sync_refused(
-                at_callsite(f"{name} cannot be captured: {reason}", current_callsite()), op=name)
-        copy = opinfo.copy_refusal(func, args, kwargs, self.device, self.memory)
-        if copy is not None:
-            text, why = copy
-            detail = at_callsite(f"{name} cannot be captured: {why}", current_callsite())
-            if text == cuda_errors.NOT_PERMITTED:
-                return cuda_errors.sync_refused(detail, op=name)
-            return CaptureError(cuda_errors.cuda_first(text, detail), op=name)
+        refusal = opinfo.capture_refusal(func, args, kwargs, self.device, self.memory)
+        if refusal is not None:
+            error = cuda_errors.capture_refused(refusal.cuda_text, at_callsite(
+                f"{name} cannot be captured: {refusal.why}", current_callsite()), op=name)
+            return self.refuse_sync(error) if refusal.invalidates else error
         reason = opinfo.kernel_dtype_reason(func, args, kwargs, self.kernel_device)
         if reason:
             return _error(f"{name} cannot be captured: {reason}", func)
