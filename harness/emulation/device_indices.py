@@ -18,16 +18,9 @@ from harness.emulation.rules import mixed_devices_error
 INDEX_ATTR = "_harness_device_index"
 
 
-def _storage(t: torch.Tensor):
-    try:
-        return t.untyped_storage()
-    except (RuntimeError, NotImplementedError):
-        return storage_of(t)  # a sparse tensor's values', a torch.func wrapper's wrapped tensor's
-
-
 def index_of(t: torch.Tensor) -> int:
     """The device index of a device tensor (0 when unmarked)."""
-    storage = _storage(t)
+    storage = storage_of(t)
     return 0 if storage is None else getattr(storage, INDEX_ATTR, 0)
 
 
@@ -49,7 +42,7 @@ def set_index(out: Any, index: int) -> None:
             inner = wrapped_tensors(t)
             if inner is not None:  # a wrapper subclass: the tensors it holds are on `index` too
                 set_index(inner, index)
-            storage = _storage(t)
+            storage = storage_of(t)
             if storage is not None and is_device_memory(storage):
                 if index or hasattr(storage, INDEX_ATTR):
                     setattr(storage, INDEX_ATTR, index)
@@ -62,7 +55,7 @@ def common_index(args: tuple, kwargs: dict) -> int | None:
     for a in (*args, *kwargs.values()):
         for t in (a if type(a) in (list, tuple) else (a,)):
             if isinstance(t, torch.Tensor):
-                storage = _storage(t)
+                storage = storage_of(t)
                 if storage is None or not is_device_memory(storage):
                     continue
                 index = getattr(storage, INDEX_ATTR, 0)
@@ -82,7 +75,7 @@ def first_index(args: tuple, kwargs: dict) -> int:
 def _index_of(t: Any) -> int | None:
     """The device index of `t` when it is a tensor in device memory, else None."""
     if isinstance(t, torch.Tensor):
-        storage = _storage(t)
+        storage = storage_of(t)
         if storage is not None and is_device_memory(storage):
             return getattr(storage, INDEX_ATTR, 0)
     return None

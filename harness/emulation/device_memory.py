@@ -119,23 +119,29 @@ def wrapped_tensors(t: torch.Tensor) -> list[torch.Tensor] | None:
     return [getattr(t, name) for name in names]
 
 
+def own_storage(t: torch.Tensor) -> torch.UntypedStorage | None:
+    """`t`'s own storage, None for a tensor without one (sparse, nested and other storage-less
+    layouts, a torch.func wrapper): `storage_of` finds where those live."""
+    try:
+        return t.untyped_storage()
+    except (RuntimeError, NotImplementedError):
+        return None
+
+
 def _storage(t: torch.Tensor) -> torch.UntypedStorage | None:
     """`t`'s storage; a torch.func wrapper's is the wrapped tensor's (vmap and grad wrap tensors in
     ones without a storage, and the ops below them make the wrapped ones); a sparse tensor's is its
     values' (`sparse_parts`)."""
-    try:
-        return t.untyped_storage()
-    except (RuntimeError, NotImplementedError):  # sparse, nested and other storage-less layouts
-        if t.layout in SPARSE_LAYOUTS:
-            parts = sparse_parts(t)
-            return parts[0].untyped_storage() if parts else None
-        while is_functorch_wrapped_tensor(t):
-            t = functorch_get_unwrapped(t)
-            try:
-                return t.untyped_storage()
-            except (RuntimeError, NotImplementedError):
-                continue
-        return None
+    storage = own_storage(t)
+    if storage is not None:
+        return storage
+    if t.layout in SPARSE_LAYOUTS:  # a sparse tensor lives where its values do
+        parts = sparse_parts(t)
+        return parts[0].untyped_storage() if parts else None
+    while storage is None and is_functorch_wrapped_tensor(t):
+        t = functorch_get_unwrapped(t)
+        storage = own_storage(t)
+    return storage
 
 
 def storage_of(t: torch.Tensor) -> torch.UntypedStorage | None:

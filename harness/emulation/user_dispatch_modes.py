@@ -38,7 +38,7 @@ from torch.overrides import TorchFunctionMode
 from harness import torch_internals
 from harness.emulation import device_indices
 from harness.emulation.active import is_in_force
-from harness.emulation.device_memory import is_device_memory
+from harness.emulation.device_memory import is_device_memory, own_storage
 from harness.emulation.rules import CPU, names_cuda
 from harness.emulation.user_mode_stack import is_users_mode
 
@@ -138,7 +138,7 @@ class DeviceView(TorchFunctionMode):
             ids = {id(s) for s in inputs}
             for t in _tensors(out):
                 # the device's memory is the cpu's (a meta tensor's shape inference is no memory)
-                storage = _storage(t) if t.device.type == "cpu" else None
+                storage = own_storage(t) if t.device.type == "cpu" else None
                 if storage is not None and id(storage) not in ids \
                         and not is_device_memory(storage):
                     memory.mark_device(t)
@@ -156,12 +156,5 @@ def _tensors(tree) -> list[Tensor]:
     return [t for t in torch_internals.tree_flatten(tree)[0] if isinstance(t, Tensor)]
 
 
-def _storage(t: Tensor):
-    try:
-        return t.untyped_storage()
-    except (RuntimeError, NotImplementedError):  # no storage of its own (sparse, nested)
-        return None
-
-
 def _storages(tree) -> list:
-    return [s for s in map(_storage, _tensors(tree)) if s is not None]
+    return [s for s in map(own_storage, _tensors(tree)) if s is not None]

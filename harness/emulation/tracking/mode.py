@@ -24,6 +24,7 @@ from harness.graphs.emulator.opinfo import OpKind
 from harness.graphs.emulator.accesses import (blocks_host, copy_blocks_host, higher_order_tensors,
                                               split_accesses, tensors_of)
 from harness.emulation.compiled_rng import call_higher_order
+from harness.emulation.device_memory import own_storage
 from harness.emulation.tracking.deferral import defer
 from harness.emulation.tracking.names import ShapeLabels, label_of, storage_key
 from harness.emulation.tracking.op_plans import OpPlans
@@ -38,13 +39,6 @@ from harness.graphs.emulator.tensor_subclasses import defer_to_subclass
 
 _HigherOrderOperator = torch_internals.HigherOrderOperator
 DEFAULT_STREAM = 0  # device 0's default stream: where memory made before tracking began lives
-
-
-def _storage(t: torch.Tensor) -> torch.UntypedStorage | None:
-    try:
-        return t.untyped_storage()
-    except (RuntimeError, NotImplementedError):
-        return None
 
 
 class _Allocation(weakref.ref):
@@ -352,7 +346,7 @@ class StreamWork(TorchDispatchMode):
                             out if isinstance(out, (list, tuple)) else ()):
             if t.device.type != "cpu":
                 continue
-            storage = _storage(t)
+            storage = own_storage(t)
             if storage is None or storage.nbytes() == 0:
                 continue
             key = storage.data_ptr()
@@ -373,7 +367,7 @@ class StreamWork(TorchDispatchMode):
 
     def note_result(self, t: torch.Tensor, label, write: Access, *, touched: bool = True) -> None:
         """`_note_fresh` of one result with its label known, for a caller that did not dispatch."""
-        storage = _storage(t)
+        storage = own_storage(t)
         if storage is None or storage.nbytes() == 0:
             return
         key = storage.data_ptr()
