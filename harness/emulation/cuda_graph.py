@@ -140,7 +140,10 @@ class EmulatedCUDAGraph(ConditionalNodeCalls):
         pool_id, arena = host.pool_handles.arena(pool)
         session = CaptureSession(arena, host.storage_device, memory=host.memory,
                                  kernel_device=host.kernel_device, report_capturing=False,
-                                 trace=self._trace, rng_device=host.rng_device())
+                                 trace=self._trace, rng_device=host.rng_device(),
+                                 # the emulated device's (the sanitizer's compiled kernels would
+                                 # run on the GPU, unseen by the recorder)
+                                 compiled_code_runs=host.storage_device.type == "cpu")
         # The emulated device's random ops draw from its generators at each replay (device_draws.py).
         session.recorder.draws = host.capture_draws()
         session.recorder.allocation_stream = lambda: stream_key(host.current_stream())

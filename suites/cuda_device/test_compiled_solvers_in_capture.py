@@ -9,11 +9,11 @@ dead code, and CUDA captures the compiled solver, measured on an H100 (torch 2.1
 where torch does (2.13 and later) the graph keeps it and the call fails as the eager op fails.
 Under mode="reduce-overhead" cudagraph trees capture the compiled code at its second call, so that
 call fails as the eager op fails in a capture, or the trees record and replay it. A direct
-`torch.cuda.graph` around a compiled call gets the same verdicts on CUDA; on the emulated device
-the call runs as eager code there (dynamo skips the frame under the capture's dispatch modes), so
-a dropped check is refused all the same: a listed difference. The `cuda_kind` rows show CUDA's
-own verdicts on a GPU; refused native captures run in a process of their own, since an
-invalidated capture leaves CUDA's state broken behind it."""
+`torch.cuda.graph` around a compiled call gets the same verdicts: the compiled code, compiled at a
+warm-up before the capture, runs into it (on the emulated device too: the capture's modes step
+aside for dynamo, and leave the torch function modes, which its guards check, as they were). The
+`cuda_kind` rows show CUDA's own verdicts on a GPU; refused native captures run in a process of
+their own, since an invalidated capture leaves CUDA's state broken behind it."""
 
 from __future__ import annotations
 
@@ -112,14 +112,46 @@ def test_reduce_overhead_records_a_compiled_op_as_the_capture_of_its_graph_allow
 
 
 @pytest.mark.parametrize("backend", ["inductor", "aot_eager"])
-@pytest.mark.parametrize("name", ["linalg.inv", "linalg.matrix_exp"])
+@pytest.mark.parametrize("name", ["linalg.inv", "linalg.solve", "linalg.matrix_exp"])
 def test_a_compiled_call_inside_a_capture_gets_the_verdict_of_its_graph(cuda_kind, name, backend):
-    if cuda_kind == "emulated" and CASES[name][1] is None:
-        pytest.xfail("a listed difference (docs/fidelity.md, fifth sweep): on the emulated device "
-                     "dynamo skips the frame under the capture's dispatch modes and the call runs "
-                     "as eager code, whose solver check CUDA's compiled graph dropped")
     raised = _on(cuda_kind, name, "_direct_capture_outcome", backend)
     if CASES[name][1] is None:
         assert raised is None, raised
     else:
         assert raised is not None and CASES[name][1] in raised, raised
+
+
+def _compiled_code_in_a_capture(backend_name: str) -> tuple[int, int]:
+    """How often the backend compiled a function warmed up before a capture, and how often its
+    compiled code ran, after a call inside the capture and a replay."""
+    compiles, runs = [], []
+
+    def backend(gm, example_inputs):
+        compiles.append(backend_name)
+        inner = torch._dynamo.lookup_backend(backend_name)(gm, example_inputs)
+
+        def run(*args):
+            runs.append(1)
+            return inner(*args)
+        return run
+
+    torch._dynamo.reset()
+    compiled = torch.compile(lambda a: torch.nn.functional.one_hot(a.argmax(-1), 4) * a,
+                             backend=backend)
+    a = _matrix(0)
+    compiled(a)
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = compiled(a)
+    graph.replay()
+    torch.cuda.synchronize()
+    assert torch.equal(out, torch.nn.functional.one_hot(a.argmax(-1), 4) * a)
+    return len(compiles), len(runs)
+
+
+@pytest.mark.parametrize("backend", ["inductor", "aot_eager"])
+def test_a_compiled_call_inside_a_capture_runs_the_code_compiled_before_it(cuda_kind, backend):
+    """Its guards hold inside the capture (no recompile: torch 2.14 refuses to compile during a
+    capture), and the compiled code runs there, not the function's eager code."""
+    assert _compiled_code_in_a_capture(backend) == (1, 2)

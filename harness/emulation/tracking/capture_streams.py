@@ -34,6 +34,12 @@ class CaptureStreams(TorchDispatchMode):
     # A higher-order operator is judged by its stream like any op, then left to the recorder.
     supports_higher_order_operators = True
 
+    @classmethod
+    def ignore_compile_internals(cls) -> bool:
+        # As the capture's recorder (recorder.CompiledCodeRecorder): torch.compile compiles with
+        # every mode off, and the compiled code's ops are judged by their stream here.
+        return True
+
     def __init__(self, state: Any, origin: Any, key, races: CaptureRaces | None = None) -> None:
         super().__init__()
         self.state = state

@@ -95,11 +95,39 @@ def _user_frame(also_skip: tuple[str, ...] = ()) -> FrameType | None:
 
 def current_callsite(also_skip: tuple[str, ...] = ()) -> str:
     """The innermost caller frame outside torch, the emulator and `also_skip`, as `file:line: source`
-    (for FX-generated code, the model line its node was traced from, fx_lines.py)."""
+    (for FX-generated code, the model line its node was traced from, fx_lines.py; a graph dynamo
+    compiled from torch's own code is torch's, and the caller's line outside it is named)."""
     frame = _user_frame(also_skip)
+    while frame is not None and _torchs_own_graph(frame):
+        frame = frame.f_back
+        while frame is not None and not _is_user_frame(frame, also_skip):
+            frame = frame.f_back
     if frame is None:
         return ""
     return describe_frame(_source_frames(frame)[0])
+
+
+# Torch's higher-order operators compile their own eager path (torch.cond's `_cond_op_wrapper`,
+# compiled at each eager call): a graph of torch's code, whose nodes carry no model line.
+_TORCHS_COMPILED_CODE = os.path.join(os.path.dirname(torch.__file__), "_higher_order_ops", "")
+
+
+def _torchs_own_graph(frame: FrameType) -> bool:
+    """Whether `frame` runs FX-generated code without a model line that torch's own code (not
+    the caller's) compiled and called: the first frame outside it that is the caller's or a
+    higher-order operator's says which."""
+    if not fx_lines.is_generated(frame.f_code.co_filename) or any(
+            _is_user_file(name) for name, _ in fx_lines.source_frames(frame)):
+        return False
+    outer = frame.f_back
+    while outer is not None:
+        name = outer.f_code.co_filename
+        if name.startswith(_TORCHS_COMPILED_CODE):
+            return True
+        if _is_user_frame(outer):
+            return False
+        outer = outer.f_back
+    return False
 
 
 class LaterCallsite:

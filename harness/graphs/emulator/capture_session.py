@@ -20,7 +20,7 @@ from harness.graphs.emulator.dispatch_keys import keep_modes_reachable
 from harness.graphs.emulator.memory import for_device
 from harness.graphs.emulator.opinfo import ReplayStep
 from harness.graphs.emulator.pool import PoolArena
-from harness.graphs.emulator.recorder import Recorder
+from harness.graphs.emulator.recorder import CompiledCodeRecorder, Recorder
 from harness.graphs.emulator.rng import rng_recorded
 
 EMPTY_GRAPH_WARNING = ("The CUDA Graph is empty. This usually means that the graph was attempted "
@@ -52,13 +52,20 @@ class CaptureSession:
     makes `torch.cuda.is_current_stream_capturing()` answer True meanwhile (the emulated CUDA device
     answers it itself, by stream); `trace` keeps an OpRecord per op (the recorder's); `rng_device`
 whose generator the capture's RNG state calls record (emulator/rng.py; by default `device`'s: the
-emulated CUDA device keeps its memory on the cpu but draws from its own generators)."""
+emulated CUDA device keeps its memory on the cpu but draws from its own generators);
+`compiled_code_runs`: a compiled call inside the capture runs its compiled code into it, as on
+CUDA (recorder.CompiledCodeRecorder; the emulated CUDA device, which takes CUDA's one_hot itself)."""
 
     def __init__(self, arena: PoolArena, device: torch.device, *, memory: Any = None,
                  kernel_device: torch.device | None = None, report_capturing: bool = True,
-                 trace: bool = False, rng_device: torch.device | None = None) -> None:
+                 trace: bool = False, rng_device: torch.device | None = None,
+                 compiled_code_runs: bool = False) -> None:
         self.memory = memory if memory is not None else for_device(device)
-        self.recorder = Recorder(arena, device, self.memory, kernel_device, trace=trace)
+        recorder = CompiledCodeRecorder if compiled_code_runs else Recorder
+        self.recorder = recorder(arena, device, self.memory, kernel_device, trace=trace)
+        # The torch function modes stay as they are (CUDA's one_hot is the device's own), so the
+        # guards of code compiled before the capture still hold inside it.
+        self._cuda_paths = device.type == "cpu" and not compiled_code_runs
         self._device = device
         self._rng_device = rng_device if rng_device is not None else device
         self._report_capturing = report_capturing
@@ -81,11 +88,11 @@ emulated CUDA device keeps its memory on the cpu but draws from its own generato
             if self._report_capturing:
                 stack.enter_context(reports_capturing())
             stack.enter_context(rng_recorded(self._rng_device, recorder.steps))
-            if device.type == "cpu":
+            if self._cuda_paths:
                 stack.enter_context(CudaPaths())
-                if self.memory.all_device:
-                    # Only the plain emulator guesses host tensors; the emulated CUDA device knows.
-                    stack.enter_context(HostTensors())
+            if device.type == "cpu" and self.memory.all_device:
+                # Only the plain emulator guesses host tensors; the emulated CUDA device knows.
+                stack.enter_context(HostTensors())
             stack.enter_context(recorder)
             keep_modes_reachable()
         except BaseException:

@@ -294,6 +294,8 @@ class Recorder(TorchDispatchMode):
         tensors = higher_order_tensors(args, kwargs)
         if not self.memory.all_device and not any(self.memory.is_device(t) for t in tensors):
             return func(*args, **kwargs)  # host work, run once as CUDA runs it
+        if func.name() == "with_effects":
+            return self._with_effects(*args, **kwargs)
         raise CaptureError(at_callsite(
             f"{func.name()}, a higher-order operator (torch.cond, torch.while_loop, flex "
             f"attention's eager path), inside a capture: the emulated graph records aten ops "
@@ -301,6 +303,17 @@ class Recorder(TorchDispatchMode):
             f"launches (a torch.cond whose predicate is read on the host excepted: that is a "
             f"sync, refused). Capture it natively, compile it (torch.compile) before the capture, "
             f"or call the branch it takes directly.", current_callsite()), op=func.name())
+
+    def _with_effects(self, token: torch.Tensor, op: Any, *args: Any, **kwargs: Any) -> tuple:
+        """AOTAutograd's `with_effects(token, op, ...)`, which threads an ordering token through an
+        op torch registers as effectful (from torch 2.13 `_linalg_check_errors`, which a compiled
+        `linalg.inv` keeps so): CUDA runs the op as any other, so it meets the capture's rules
+        here; the new token is an empty host tensor (torch's `new_token_tensor()`)."""
+        with self:
+            out = op(*args, **kwargs)
+        with disable_current_modes(), DisableTorchFunction():
+            new_token = torch.empty(0)
+        return (new_token, *out) if isinstance(out, tuple) else (new_token, out)
 
     def _is_host_work(self, func, args, kwargs) -> bool:
         """On a cuda device, an op that touches no tensor on it and makes none there (CPU tensor
@@ -490,6 +503,19 @@ class Recorder(TorchDispatchMode):
                 f"{opinfo.op_name(func)} would resize its {what} from {tuple(before.shape)} to "
                 f"{tuple(after.shape)} during capture; a graph cannot reallocate memory it "
                 f"recorded, so pass a tensor of the final shape", func)
+
+
+class CompiledCodeRecorder(Recorder):
+    """A recorder that steps aside while torch.compile decides and compiles (the emulated CUDA
+    device's): dynamo skips every frame while a dispatch mode that does not is on, so a compiled
+    call inside a capture ran as eager code, where CUDA runs the compiled graph into the capture
+    (and a graph that differs from the eager ops, such as torch 2.11's `linalg.inv` without its
+    `_linalg_check_errors`, gets another verdict). Dynamo compiles with every mode off; the
+    compiled code then runs under the recorder."""
+
+    @classmethod
+    def ignore_compile_internals(cls) -> bool:
+        return True
 
 
 def _has_storage(t: torch.Tensor) -> bool:
