@@ -13,9 +13,10 @@ refusal, the capture still valid), cuSOLVER's eigensolvers failing (the capture 
 where torch does not register it as an effectful op (torch 2.11, measured on an H100: a compiled
 `linalg.inv` is captured and reduce-overhead records it), and keeps it where torch does (2.13).
 Where a compiled graph meets a capture (cudagraph trees' recordings under mode="reduce-overhead",
-a runtime that captures the callable its own backend compiled) the first such op of the graph is
-refused as the eager call is: `FirstRefusal` finds it while the graph runs on fake tensors
-(`_analyse`), and `refuse` raises it when a capture calls the graph.
+a compiled call inside `torch.cuda.graph`, a runtime that captures the callable its own backend
+compiled) the first such op of the graph is refused as the eager call is: `FirstRefusal` finds
+it while the graph runs on fake tensors (`_analyse`), and `refuse` raises it when a capture calls
+the graph.
 """
 
 from __future__ import annotations
