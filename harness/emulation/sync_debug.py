@@ -4,7 +4,8 @@ CUDA flags every operation that makes the host wait for the device: the host rea
 host memory (transfers.py flags those), a blocking copy from host memory to the device, and the ops
 whose result size or value the host must read back before it can go on: `nonzero`, boolean-mask
 indexing, `masked_select`, `unique`, `repeat_interleave` without `output_size`, a composite that
-calls `.item()` on device data inside, `Stream.synchronize()`. Measured on an H100 (torch 2.11):
+calls `.item()` on device data inside, a kernel that does (`masked_fill` of a device value, `isin`
+sorting many test elements), `Stream.synchronize()`. Measured on an H100 (torch 2.11):
 `x.nonzero()`, `x[x > 2]`, `masked_select`, `unique`, `repeat_interleave(repeats)`, blocking copies
 to the device from pageable or pinned memory, `torch.tensor(data, device="cuda")` and
 `Stream.synchronize()` raise "called a synchronizing CUDA operation" in error mode;
@@ -24,7 +25,7 @@ import torch
 from harness.emulation.device_memory import is_device_memory
 from harness.emulation.tools import on_host_sync
 from harness.graphs.emulator.opinfo import (copies_to_host_inside, equal_on_host, kernel_host_copy,
-                                            may_sync, sync_reason)
+                                            may_sync, reads_a_device_value, sync_reason)
 from harness.torch_internals import TorchDispatchMode, tree_flatten
 from harness.graphs.emulator.tensor_subclasses import defer_to_subclass
 
@@ -46,6 +47,8 @@ def syncs(func, args: tuple, kwargs: dict) -> bool:
         return True
     if func is _EQUAL and equal_on_host(*args) is not None:  # CUDA answers without the device
         return False
+    if reads_a_device_value(func, args, kwargs, is_device_memory):  # masked_fill's `value.item()`
+        return True
     if copies_to_host_inside(func):  # a blocking copy inside CUDA's kernel (matrix_exp's norms)
         return kernel_host_copy(func, args, kwargs) is not None and _reads_device(args, kwargs)
     return may_sync(func) and sync_reason(func, args, kwargs) is not None \

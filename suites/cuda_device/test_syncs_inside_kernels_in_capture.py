@@ -11,7 +11,11 @@ cuSOLVER's eigensolvers return CUSOLVER_STATUS_INTERNAL_ERROR (`eigh` at `cusolv
 and maximum, to pageable host memory inside the kernel, and `ctc_loss` copies its lengths from
 pageable host memory to the device (`at::tensor(target_lengths)`, LossCTC.cu; length tensors on
 the device are first copied to the host): Copy.cu's refusal, which leaves the capture valid.
-`repeat_interleave` given `output_size` reads nothing on the host and is captured. The emulated
+`repeat_interleave` given `output_size` reads nothing on the host and is captured. `isin` with
+many test elements (TensorCompare.cpp's heuristic) sorts after `_unique`, which reads the number of
+unique values on the host (PyTorch #130078), and `masked_fill` of a 0-dim device value passes it to
+its kernel with `value.item()` (Indexing.cu): both refused as a sync, where the emulated device
+captured them; with few test elements or assume_unique=True, or a host value, they are captured. The emulated
 device captured the copying kernels (the read happens inside a kernel its dispatch never sees, and
 on host memory) and refused `ctc_loss` and the last as a sync that invalidates the capture (their
 tags say dynamic output shape). The `cuda_kind` rows show CUDA's own verdicts on a GPU; refused
@@ -42,6 +46,10 @@ REFUSED_AS_A_SYNC: dict[str, Op] = {
     "linalg.cholesky": lambda a, b: torch.linalg.cholesky(a),
     "linalg.cholesky_ex check_errors=True": lambda a, b: torch.linalg.cholesky_ex(a, check_errors=True),
     "linalg.lu_factor": lambda a, b: torch.linalg.lu_factor(a),
+    # 16 test elements against 16 elements: over numpy's heuristic (14), isin sorts after `_unique`
+    "isin sorting many test elements": lambda a, b: torch.isin(a.flatten(), a.flatten() + 1),
+    "Tensor.masked_fill of a device value": lambda a, b: a.masked_fill(a > 4, b[0, 0]),
+    "Tensor.masked_fill_ of a device value": lambda a, b: a.clone().masked_fill_(a > 4, b[0, 0]),
 }
 CUSOLVER_FAILED = "cusolver error: CUSOLVER_STATUS_INTERNAL_ERROR, when calling `"
 # name: (an op, the cuSOLVER call CUDA names in its error inside a capture)
@@ -51,6 +59,10 @@ FAILED_IN_CUSOLVER: dict[str, tuple[Op, str]] = {
                                    "cusolverDnXsyevd"),
     "linalg.eigvals": (lambda a, b: torch.linalg.eigvals(a), "cusolverDnXgeev_bufferSize"),
 }
+
+
+# A 0-dim host tensor, made before any capture: CUDA's masked_fill reads it in place.
+_HOST_VALUE = torch.tensor(-1.0)
 
 
 def _ctc_loss(a: torch.Tensor, input_lengths, target_lengths) -> torch.Tensor:
@@ -86,6 +98,11 @@ CAPTURED: dict[str, Op] = {
         lambda a, b: torch.repeat_interleave((b[:, 0] > -100).long() * 2, output_size=8),
     "Tensor.repeat_interleave of repeats with output_size":
         lambda a, b: a.repeat_interleave(torch.full((4,), 2, device="cuda"), dim=0, output_size=8),
+    "isin with few test elements": lambda a, b: torch.isin(a.flatten(), a[0] + 1),
+    "isin sorting many unique test elements":
+        lambda a, b: torch.isin(a.flatten(), a.flatten() + 1, assume_unique=True),
+    "Tensor.masked_fill of a host value": lambda a, b: a.masked_fill(a > 4, _HOST_VALUE),
+    "Tensor.masked_fill of a number": lambda a, b: a.masked_fill(a > 4, -1.0),
 }
 OPS = {**REFUSED_AS_A_SYNC, **{name: op for name, (op, _) in FAILED_IN_CUSOLVER.items()},
        **REFUSED_AS_A_PAGEABLE_COPY, **CAPTURED}
@@ -145,7 +162,7 @@ def _outcome_on(cuda_kind: str, name: str):
 
 
 @pytest.mark.parametrize("name", sorted(REFUSED_AS_A_SYNC))
-def test_a_solver_that_checks_its_info_codes_is_refused_as_a_sync(cuda_kind, name):
+def test_an_op_reading_device_data_on_the_host_is_refused_as_a_sync(cuda_kind, name):
     errors, ended, _ = _outcome_on(cuda_kind, name)
     assert len(errors) == 1 and NOT_PERMITTED in errors[0], errors
     assert ended is not None and INVALIDATED in ended, ended
@@ -176,7 +193,11 @@ def test_an_op_that_reads_nothing_on_the_host_is_captured_and_follows_new_operan
 @pytest.mark.parametrize("name, flagged", [("linalg.inv", True), ("linalg.matrix_exp", True),
                                            ("histc without a range", True),
                                            ("linalg.inv_ex", False), ("histc with a range", False),
-                                           ("repeat_interleave with output_size", False)])
+                                           ("repeat_interleave with output_size", False),
+                                           ("isin sorting many test elements", True),
+                                           ("isin with few test elements", False),
+                                           ("Tensor.masked_fill of a device value", True),
+                                           ("Tensor.masked_fill of a host value", False)])
 def test_the_sync_debug_mode_flags_the_reads_inside_kernels(cuda_kind, name, flagged):
     a, b = _operands(0)
     torch.cuda.synchronize()

@@ -128,6 +128,8 @@ def sync_reason(func: torch_internals.OpOverload, args: tuple, kwargs: dict) -> 
         return None
     if func is _GROUPED_MM:
         return _grouped_mm_reason(bind(func, args, kwargs))
+    if func in _ISINS:
+        return _isin_reason(func, bind(func, args, kwargs))
     if torch.Tag.dynamic_output_shape in tags:
         return "its output shape depends on device data"
     return None
@@ -140,6 +142,7 @@ def may_sync(func: torch_internals.OpOverload) -> bool:
     tags = func.tags
     return (torch.Tag.data_dependent_output in tags or torch.Tag.dynamic_output_shape in tags
             or func in _MASKABLE or (_GROUPED_MM is not None and func is _GROUPED_MM)
+            or func in _ISINS
             or getattr(func, "overloadpacket", None) in _SOLVER_CHECKS)
 
 
@@ -266,6 +269,54 @@ def _grouped_mm_reason(named: dict) -> str | None:
             f"cast the input and the expert weights to bf16")
 
 
+# `isin` of tensors (TensorCompare.cpp, every build from 2.11 to 2.15): with many test elements
+# (numpy's heuristic, `test_elements.numel() >= int(10 * elements.numel() ** 0.145)`) it sorts, and
+# unless assume_unique=True it first calls `at::_unique` on both inputs, whose CUDA kernel reads the
+# number of unique values on the host (a copy and a stream sync; PyTorch #130078: "operation not
+# permitted when stream is capturing"). The device's dispatch sees `isin` whole and the CPU's
+# kernel reads host memory, so nothing else tells.
+_ISINS = frozenset(getattr(aten.isin, name) for name in (
+    "Tensor_Tensor", "Tensor_Tensor_out", "Scalar_Tensor", "Scalar_Tensor_out")
+    if hasattr(aten.isin, name))
+
+
+def _isin_reason(func: torch_internals.OpOverload, named: dict) -> str | None:
+    elements = named.get("elements")
+    count = elements.numel() if isinstance(elements, torch.Tensor) else 1  # a Scalar: one element
+    tests = named["test_elements"].numel()
+    if count == 0 or named.get("assume_unique") or tests < int(10.0 * count ** 0.145):
+        return None
+    return (f"with {tests} test elements against {count} elements CUDA's isin sorts, and first "
+            f"calls `_unique` on both inputs, which reads the number of unique values on the host "
+            f"(a sync; the direct comparison is taken below {int(10.0 * count ** 0.145)} test "
+            f"elements): pass assume_unique=True for unique inputs, or compare "
+            f"`(elements.unsqueeze(-1) == test_elements).any(-1)`")
+
+
+# `masked_fill` given a 0-dim value tensor: CUDA's masked_fill__cuda passes the value to its
+# kernel as a host scalar, `value.item()` (Indexing.cu, every build from 2.11 to 2.15; PyTorch
+# #190512 would read it on the device), a copy to the host and a stream sync where the value is
+# device memory; a host value is read in place. The out-of-place overloads call it.
+_MASKED_FILLS_OF_A_TENSOR = frozenset(getattr(packet, name) for packet, name in (
+    (aten.masked_fill_, "Tensor"), (aten.masked_fill, "Tensor"), (aten.masked_fill, "Tensor_out"))
+    if hasattr(packet, name))
+
+
+def reads_a_device_value(func: torch_internals.OpOverload, args: tuple, kwargs: dict,
+                         on_device: Callable[[torch.Tensor], bool]) -> str | None:
+    """Why CUDA's kernel of this op reads a device tensor's value on the host before it launches
+    (a copy and a stream sync that the device's dispatch never sees), or None. `on_device` says
+    which tensors are device memory."""
+    if func not in _MASKED_FILLS_OF_A_TENSOR:
+        return None
+    value = bind(func, args, kwargs)["value"]
+    if not isinstance(value, torch.Tensor) or value.dim() != 0 or not on_device(value):
+        return None
+    return ("CUDA's masked_fill takes its value as a host scalar (`value.item()`), a copy of the "
+            "device value to the host and a sync; pass a Python number, or write "
+            "`torch.where(mask, value, self)`, which reads the value on the device")
+
+
 def _is_masked_fill(func: torch_internals.OpOverload, named: dict, memory: Any = None) -> bool:
     """`x[mask] = scalar`: index_put turns this into masked_fill_, which never syncs (ATen's
     canDispatchToMaskedFill: one mask on self's device, a one-element value on the host)."""
@@ -336,6 +387,10 @@ def copy_refusal(func: torch_internals.OpOverload, args: tuple, kwargs: dict,
         first = func._schema.arguments[0].name  # `self`; `log_probs`, `grad` for the CTC losses
         if why is not None and on_device(bind(func, args, kwargs)[first]):
             return cuda_errors.PAGEABLE_COPY, why
+    elif func in _MASKED_FILLS_OF_A_TENSOR:
+        why = reads_a_device_value(func, args, kwargs, on_device)
+        if why is not None:
+            return cuda_errors.NOT_PERMITTED, why
     elif func in _WHERES:
         named = bind(func, args, kwargs)
         operands = [named[n] for n in ("condition", "self", "other")]
