@@ -30,7 +30,8 @@ from harness import torch_internals
 from harness.torch_internals import DeviceContext, device_constructors
 from harness.graphs.base import CaptureError
 from harness.emulation import (array_interface, autocast, backward_streams, blas_workspaces,
-                               compiled_rng, device_indices, fft_plans, kernels, transfers)
+                               compiled_rng, device_indices, fft_plans, kernels, missing_kernels,
+                               transfers)
 from harness.graphs.emulator.cuda_paths import one_hot_without_sync
 from harness.graphs.emulator.dispatch_keys import keep_modes_reachable
 from harness.graphs.emulator.opinfo import scalar_type_name
@@ -107,6 +108,7 @@ class Placement(TorchFunctionMode):
             Tensor.__repr__: self._repr,
             torch.device: _device_of_index,
             **{func: self._cuda_kernel for func in kernels.REPLACEMENTS},
+            **dict.fromkeys(missing_kernels.CPU_ONLY, self._cpu_only),
             **{func: self._blas_call for func in blas_workspaces.MATMUL_FUNCS},
             **dict.fromkeys(fft_plans.FFT_KINDS, self._fft_call),
             **dict.fromkeys(_FROM_HOST_DATA, array_interface.handler(self)),
@@ -430,6 +432,13 @@ class Placement(TorchFunctionMode):
         keeps the cpu's answer, errors included."""
         if _first_is_device(args, kwargs) and _scan(args, kwargs)[0]:
             return self._generic(kernels.REPLACEMENTS[func], args, kwargs)
+        return self._generic(func, args, kwargs)
+
+    def _cpu_only(self, func, args, kwargs):
+        """A call CUDA has no kernel for (missing_kernels.py): refused for device tensors, as the
+        dispatcher refuses it on a GPU; a host call keeps the cpu's answer."""
+        if _scan(args, kwargs)[0]:
+            raise missing_kernels.no_cuda_kernel(func, args, kwargs)
         return self._generic(func, args, kwargs)
 
     def _blas_call(self, func, args, kwargs):
