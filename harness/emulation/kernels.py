@@ -81,5 +81,22 @@ def _flash_refusal(query: Tensor, key: Tensor, value: Tensor, attn_mask) -> str:
 _sdpa = torch.nn.functional.scaled_dot_product_attention
 
 # The torch function each replaces, for the placement mode's table.
+def one_hot(tensor: Tensor, num_classes: int = -1) -> Tensor:
+    """CUDA's one_hot (Onehot.cpp): given `num_classes` it reads nothing on the host, only checks
+    `num_classes >= 1`, and leaves bad class values to scatter's device-side assert; the CPU's path
+    reads the input's minimum and maximum (`.item()`, two syncs) to raise "Class values must be
+    non-negative." or "... smaller than num_classes.". Without `num_classes` both read the maximum.
+    An empty or non-long input takes torch's own path, whose checks are the same on both."""
+    if tensor.numel() == 0 or tensor.dtype != torch.long:
+        return torch.nn.functional.one_hot(tensor, num_classes)
+    if num_classes == -1:
+        num_classes = int(tensor.max().item()) + 1
+    elif num_classes < 1:
+        raise RuntimeError("num_classes should be positive")
+    ret = torch.zeros((*tensor.shape, num_classes), dtype=tensor.dtype, device=tensor.device)
+    return ret.scatter_(-1, tensor.unsqueeze(-1), 1)
+
+
 REPLACEMENTS = {torch.histc: histc, Tensor.histc: tensor_histc, torch.mm: mm,
-                torch.nn.functional.scaled_dot_product_attention: scaled_dot_product_attention}
+                torch.nn.functional.scaled_dot_product_attention: scaled_dot_product_attention,
+                torch.nn.functional.one_hot: one_hot}
