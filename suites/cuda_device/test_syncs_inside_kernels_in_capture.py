@@ -10,7 +10,9 @@ cuSOLVER's eigensolvers return CUSOLVER_STATUS_INTERNAL_ERROR (`eigh` at `cusolv
 `linalg.matrix_exp` copies its matrices' 1-norms, and `histc` without a range the input's minimum
 and maximum, to pageable host memory inside the kernel, and `ctc_loss` copies its lengths from
 pageable host memory to the device (`at::tensor(target_lengths)`, LossCTC.cu; length tensors on
-the device are first copied to the host): Copy.cu's refusal, which leaves the capture valid.
+the device are first copied to the host), as does the grouped GEMM's fallback for other than bf16
+operands (`offs.cpu()`, GroupedMMUtils.h; the emulated device called it a sync that invalidates the
+capture): Copy.cu's refusal, which leaves the capture valid.
 `repeat_interleave` given `output_size` reads nothing on the host and is captured. `isin` with
 many test elements (TensorCompare.cpp's heuristic) sorts after `_unique`, which reads the number of
 unique values on the host (PyTorch #130078), and `masked_fill` of a 0-dim device value passes it to
@@ -84,6 +86,10 @@ REFUSED_AS_A_PAGEABLE_COPY: dict[str, Op] = {
     "ctc_loss with device length tensors":
         lambda a, b: _ctc_loss(a, torch.full((2,), 4, device="cuda"),
                                torch.full((2,), 1, device="cuda")),
+    # two groups of two rows; offsets made on the device (no host data in the capture)
+    "_grouped_mm of float32 operands": lambda a, b: torch._grouped_mm(
+        a, torch.stack((a, a.mT)), offs=torch.full((2,), 2, dtype=torch.int32, device="cuda").cumsum(
+            0, dtype=torch.int32)),
 }
 CAPTURED: dict[str, Op] = {
     "linalg.solve_ex": lambda a, b: torch.linalg.solve_ex(a, b)[0],

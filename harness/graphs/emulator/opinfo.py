@@ -126,8 +126,8 @@ def sync_reason(func: torch_internals.OpOverload, args: tuple, kwargs: dict) -> 
                 and not _is_masked_fill(func, named):
             return "boolean-mask indexing has a data-dependent shape"
         return None
-    if func is _GROUPED_MM:
-        return _grouped_mm_reason(bind(func, args, kwargs))
+    if func is _GROUPED_MM:  # a copy to pageable memory (kernel_host_copy), a sync where
+        return _grouped_mm_reason(bind(func, args, kwargs))  # no memory tells device from host
     if func in _ISINS:
         return _isin_reason(func, bind(func, args, kwargs))
     if torch.Tag.dynamic_output_shape in tags:
@@ -217,26 +217,34 @@ class CaptureRefusal:
 def capture_refusal(func: torch_internals.OpOverload, args: tuple, kwargs: dict,
                     device: torch.device | None, memory: Any = None) -> CaptureRefusal | None:
     """The first refusal CUDA meets for this op in a capture, in the order its kernel meets them:
-    cuSOLVER failing, then a host sync, then Copy.cu's check of a copy between host and device
-    (`copy_refusal`: `device` and `memory` say which tensors are device memory). `device` None:
-    the op runs inside a compiled graph that a capture records as one device op, every operand
-    device memory, so only the copies CUDA's kernel makes inside itself (`kernel_host_copy`) are
-    met."""
+    cuSOLVER failing, then a copy the kernel makes to pageable memory before anything else (the
+    fp32 grouped GEMM's `offs.cpu()`), then a host sync, then Copy.cu's check of a copy between
+    host and device (`copy_refusal`: `device` and `memory` say which tensors are device memory).
+    `device` None: the op runs inside a compiled graph that a capture records as one device op,
+    every operand device memory, so only the copies CUDA's kernel makes inside itself
+    (`kernel_host_copy`) are met."""
     failure = solver_failure_in_capture(func, args, kwargs)
     if failure is not None:
         return CaptureRefusal(failure, "cuSOLVER's eigensolver fails inside a capture; compute it "
                                        "before capture", True)
-    reason = sync_reason(func, args, kwargs) if may_sync(func) else None
-    if reason:
-        return CaptureRefusal(cuda_errors.NOT_PERMITTED, reason, True)
-    if device is None:
-        why = kernel_host_copy(func, args, kwargs)
-        return None if why is None else CaptureRefusal(cuda_errors.PAGEABLE_COPY, why, False)
-    copy = copy_refusal(func, args, kwargs, device, memory)
+    copy = _copy_met(func, args, kwargs, device, memory) if copies_to_host_inside(func) else None
+    if copy is None:
+        reason = sync_reason(func, args, kwargs) if may_sync(func) else None
+        if reason:
+            return CaptureRefusal(cuda_errors.NOT_PERMITTED, reason, True)
+        copy = _copy_met(func, args, kwargs, device, memory)
     if copy is None:
         return None
     text, why = copy
     return CaptureRefusal(text, why, text == cuda_errors.NOT_PERMITTED)
+
+
+def _copy_met(func: torch_internals.OpOverload, args: tuple, kwargs: dict,
+              device: torch.device | None, memory: Any) -> tuple[str, str] | None:
+    if device is None:
+        why = kernel_host_copy(func, args, kwargs)
+        return None if why is None else (cuda_errors.PAGEABLE_COPY, why)
+    return copy_refusal(func, args, kwargs, device, memory)
 
 
 def equal_on_host(a: torch.Tensor, b: torch.Tensor) -> bool | None:
@@ -259,14 +267,15 @@ _GROUPED_MM = getattr(aten, "_grouped_mm", None) and aten._grouped_mm.default
 
 def _grouped_mm_reason(named: dict) -> str | None:
     """CUDA's grouped GEMM kernel takes bf16 only; its fallback for other dtypes copies `offs` to
-    the host (`offs.cpu()`) to loop over the groups."""
+    pageable host memory (`offs.value().cpu()`, GroupedMMUtils.h) to loop over the groups: a
+    blocking copy that Copy.cu refuses in a capture before it enqueues anything."""
     dtypes = {named["self"].dtype, named["mat2"].dtype, named.get("out_dtype") or named["self"].dtype}
     if named.get("offs") is None or dtypes == {torch.bfloat16}:
         return None
     names = ", ".join(sorted(str(d).removeprefix("torch.") for d in dtypes))
     return (f"with {names} operands, CUDA's grouped GEMM falls back to a loop that copies `offs` "
-            f"to the host (a sync); only bf16 operands (and output) take the capturable kernel: "
-            f"cast the input and the expert weights to bf16")
+            f"to the host (`offs.cpu()`, a copy into pageable memory); only bf16 operands (and "
+            f"output) take the capturable kernel: cast the input and the expert weights to bf16")
 
 
 # `isin` of tensors (TensorCompare.cpp, every build from 2.11 to 2.15): with many test elements
@@ -418,8 +427,8 @@ _CTC_LOSSES = _packets("_ctc_loss", "_ctc_loss_backward")
 # Copy.cu's refusal in a capture before its info codes are read (measured on an H100, torch 2.11,
 # a 4x4 matrix; an 8x8 one raised a cuSOLVER status instead: docs/fidelity.md).
 _SVDS = _packets("_linalg_svd")
-_HOST_COPYING_KERNELS = (_packets("linalg_matrix_exp", "histc", "linalg_pinv") | _CTC_LOSSES
-                         | _SVDS)
+_HOST_COPYING_KERNELS = (_packets("linalg_matrix_exp", "histc", "linalg_pinv", "_grouped_mm")
+                         | _CTC_LOSSES | _SVDS)
 
 
 def copies_to_host_inside(func: torch_internals.OpOverload) -> bool:
@@ -435,7 +444,8 @@ def kernel_host_copy(func: torch_internals.OpOverload, args: tuple, kwargs: dict
     (min == max, the default) of a non-empty input: CUDA's kernel reads the input's minimum and
     maximum on the host (`self.min().cpu()`). The CTC losses: CUDA's kernel copies the lengths
     to the device from pageable host memory (`at::tensor(target_lengths)`). The SVD (`pinv`
-    through it): Copy.cu's refusal, as measured."""
+    through it): Copy.cu's refusal, as measured. `_grouped_mm` of other than bf16 operands: CUDA's
+    fallback loops over the groups after `offs.cpu()`."""
     if not copies_to_host_inside(func):
         return None
     packet = _kernel_met(func, args, kwargs)
@@ -447,6 +457,8 @@ def kernel_host_copy(func: torch_internals.OpOverload, args: tuple, kwargs: dict
         return ("CUDA's SVD copies device data to pageable host memory inside its kernel (Copy.cu's "
                 "refusal, measured on an H100 with torch 2.11, for `svd`, `pinv` and the spectral "
                 "norm); compute it before capture")
+    if func is _GROUPED_MM:
+        return _grouped_mm_reason(bind(func, args, kwargs))
     if packet is aten.histc:
         named = bind(func, args, kwargs)
         if named["min"] != named["max"] or named["self"].numel() == 0:
