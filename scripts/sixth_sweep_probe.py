@@ -193,8 +193,9 @@ def grouped_mm_in_capture():
     offs = torch.tensor([4, 8, 12, 16], device="cuda", dtype=torch.int32)
     bf16 = _capture_verdict(lambda: torch._grouped_mm(a, b, offs=offs))
     fp32 = _capture_verdict(lambda: torch._grouped_mm(a.float(), b.float(), offs=offs))
-    return (f"bf16: {bf16}; float32: {fp32[:110]} (emulated: captured; refused as a sync, "
-            f"invalidated; the float32 fallback's offs.cpu() is read from source)")
+    return (f"bf16: {bf16}; float32: {fp32} (decided from GroupedMMUtils.h: the float32 "
+            f"fallback's `offs.cpu()`; emulated: captured; Copy.cu's pageable-copy refusal, the "
+            f"capture still valid)")
 
 
 # --- logits processors, LoRA, speculative decoding, padding --------------------------------------
@@ -358,6 +359,62 @@ def piecewise_graphs_around_eager_attention():
         second_graph.replay()
         right.append(torch.allclose(out, eager(new), atol=1e-4))
     return f"each piecewise step equals eager: {right} (emulated: [True, True])"
+
+
+@case
+def compiled_piece_captured_by_the_runner():
+    """SGLang's piecewise runner with torch.compile: a compiled piece warmed up, then captured by
+    the runner's own `torch.cuda.graph` (CUDA runs inductor's kernels inside the capture; the
+    emulated device runs the frame as eager code there, a listed difference)."""
+    w = _seeded(16, 16)
+    piece = torch.compile(lambda x: torch.relu(x @ w) * 2 + 1)
+    x = torch.zeros(4, 16, device="cuda")
+    graph, out = _warmed_capture(lambda: piece(x))
+    new = _seeded(4, 16, seed=3)
+    x.copy_(new)
+    graph.replay()
+    torch.cuda.synchronize()
+    return (f"replay equals eager: {torch.allclose(out, torch.relu(new @ w) * 2 + 1, atol=1e-5)} "
+            f"(emulated: True)")
+
+
+@case
+def flashinfer_style_metadata_staged_through_pinned_memory():
+    """vLLM's FlashInfer builder for a FULL graph: persistent paged-KV buffers (indptr, indices,
+    last page lengths) sized for the captured batch, each step's plan built on the host into one
+    pinned staging tensor and copied in with non_blocking=True before the replay."""
+    pages, page, dim, batch = 8, 4, 8, 2
+    cache = _seeded(pages * page, dim)
+    indptr = torch.zeros(batch + 1, dtype=torch.long, device="cuda")
+    indices = torch.zeros(pages, dtype=torch.long, device="cuda")
+    last_len = torch.ones(batch, dtype=torch.long, device="cuda")
+    staging = torch.zeros(batch + 1 + pages + batch, dtype=torch.long, pin_memory=True)
+    query = torch.zeros(batch, dim, device="cuda")
+
+    def attend():
+        slot = torch.arange(pages * page, device="cuda")
+        owner = torch.searchsorted(indptr[1:] * page, slot, right=True).clamp(max=batch - 1)
+        length = (indptr[1:] - indptr[:-1] - 1) * page + last_len
+        position = slot - indptr[owner] * page
+        keys = cache[indices.repeat_interleave(page, output_size=pages * page) * page + slot % page]
+        scores = (keys * query[owner]).sum(-1).masked_fill(position >= length[owner], float("-inf"))
+        weights = torch.zeros(batch, pages * page, device="cuda").scatter_(0, owner.unsqueeze(0), scores.exp().unsqueeze(0))
+        return (weights / weights.sum(-1, keepdim=True)) @ keys
+
+    graph, out = _warmed_capture(attend)
+    right = []
+    for step, plan in enumerate(([0, 2, 3], [0, 1, 3])):
+        staging[:batch + 1] = torch.tensor(plan)
+        staging[batch + 1:batch + 1 + pages] = torch.randperm(pages, generator=torch.Generator().manual_seed(step))
+        staging[-batch:] = torch.tensor([3, 2])
+        indptr.copy_(staging[:batch + 1], non_blocking=True)
+        indices.copy_(staging[batch + 1:batch + 1 + pages], non_blocking=True)
+        last_len.copy_(staging[-batch:], non_blocking=True)
+        query.copy_(_seeded(batch, dim, seed=step + 5))
+        graph.replay()
+        right.append(torch.allclose(out, attend(), atol=1e-5))
+        torch.cuda.synchronize()  # the staging tensor is refilled only after its copies ran
+    return f"each replay equals eager: {right} (emulated: [True, True])"
 
 
 # --- graphed callables under autocast --------------------------------------------------------
