@@ -23,39 +23,8 @@ CASES, case = probe_cases.registry()
 _outcome = probe_cases.outcome
 
 
-def _warmed_capture(step, *, stream=None, pool=None):
-    """A runtime's capture: three warmups on a side stream, then `torch.cuda.graph`."""
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        for _ in range(3):
-            step()
-    torch.cuda.current_stream().wait_stream(side)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph, stream=stream, pool=pool):
-        out = step()
-    return graph, out
-
-
-def _capture_verdict(step) -> str:
-    """`captured` and whether a replay ran, or the op's error and the capture's end."""
-    errors = []
-
-    def guarded():
-        try:
-            return step()
-        except RuntimeError as error:
-            errors.append(f"{type(error).__name__}: {str(error).splitlines()[0][:110]}")
-
-    try:
-        graph, _ = _warmed_capture(guarded)
-    except RuntimeError as error:
-        return f"op: {errors}; end: {type(error).__name__}: {str(error).splitlines()[0][:90]}"
-    if errors:
-        return f"op: {errors}; end: ok"
-    graph.replay()
-    torch.cuda.synchronize()
-    return "captured"
+_warmed_capture = probe_cases.warmed_capture
+_capture_verdict = probe_cases.capture_verdict
 
 
 def _in_a_thread(work) -> None:

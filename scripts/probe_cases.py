@@ -1,7 +1,8 @@
 """The command line the sweep probes share (scripts/third_sweep_probe.py, fourth_sweep_probe.py,
-fifth_sweep_probe.py): each case a function returning one line of text, run in a process of its
-own by default (a refused capture can leave CUDA's context unusable), or the named cases in this
-process; `--emulate` runs them inside `harness.emulate_cuda(device="cpu")`. Plain torch otherwise."""
+fifth_sweep_probe.py, sixth_sweep_probe.py): each case a function returning one line of text, run
+in a process of its own by default (a refused capture can leave CUDA's context unusable), or the
+named cases in this process; `--emulate` runs them inside `harness.emulate_cuda(device="cpu")`.
+Plain torch otherwise. Also the runtime's warmed capture, and its verdict, that cases share."""
 
 from __future__ import annotations
 
@@ -31,6 +32,42 @@ def outcome(call: Callable[[], object]) -> str:
         return f"ok {value!r}"[:240]
     except Exception as error:  # noqa: BLE001 (a probe reports whatever CUDA raised)
         return f"{type(error).__name__}: {str(error).splitlines()[0][:160]}"
+
+
+def warmed_capture(step: Callable[[], object], *, stream=None, pool=None):
+    """A runtime's capture: three warmups on a side stream, then `torch.cuda.graph`; the graph
+    and what the captured call returned."""
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for _ in range(3):
+            step()
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph, stream=stream, pool=pool):
+        out = step()
+    return graph, out
+
+
+def capture_verdict(step: Callable[[], object]) -> str:
+    """`captured` (a replay ran), or the op's error inside the capture and the capture's end."""
+    errors = []
+
+    def guarded():
+        try:
+            return step()
+        except RuntimeError as error:
+            errors.append(f"{type(error).__name__}: {str(error).splitlines()[0][:110]}")
+
+    try:
+        graph, _ = warmed_capture(guarded)
+    except RuntimeError as error:
+        return f"op: {errors}; end: {type(error).__name__}: {str(error).splitlines()[0][:90]}"
+    if errors:
+        return f"op: {errors}; end: ok"
+    graph.replay()
+    torch.cuda.synchronize()
+    return "captured"
 
 
 def run(cases: dict[str, Callable[[], str]], script: str, argv: list[str],

@@ -32,39 +32,8 @@ def _answer(run) -> str:
         return f"{type(error).__name__}: {str(error).splitlines()[0][:160]}"
 
 
-def _warmed_capture(step, *, pool=None):
-    """A runtime's capture: three warmups on a side stream, then `torch.cuda.graph`."""
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        for _ in range(3):
-            step()
-    torch.cuda.current_stream().wait_stream(side)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph, pool=pool):
-        out = step()
-    return graph, out
-
-
-def _capture_verdict(step) -> str:
-    """`captured` (a replay ran), or the op's error and what ending the capture raised."""
-    errors = []
-
-    def guarded():
-        try:
-            return step()
-        except RuntimeError as error:
-            errors.append(f"{type(error).__name__}: {str(error).splitlines()[0][:90]}")
-
-    try:
-        graph, _ = _warmed_capture(guarded)
-    except RuntimeError as error:
-        return f"op: {errors}; end: {type(error).__name__}: {str(error).splitlines()[0][:80]}"
-    if errors:
-        return f"op: {errors}; end: ok"
-    graph.replay()
-    torch.cuda.synchronize()
-    return "captured"
+_warmed_capture = probe_cases.warmed_capture
+_capture_verdict = probe_cases.capture_verdict
 
 
 def _flags_a_sync(call) -> bool:
