@@ -188,7 +188,8 @@ def logits_processors_in_capture():
     temperature, top_p = torch.full((4, 1), 0.7, device="cuda"), torch.full((4, 1), 0.9, device="cuda")
     banned = torch.zeros(4, 64, dtype=torch.bool, device="cuda")
     banned[:, :4] = True
-    graph, tokens = _warmed_capture(lambda: _process(logits, previous, penalty, temperature, top_p, banned))
+    graph, tokens = _warmed_capture(
+        lambda: _process(logits, previous, penalty, temperature, top_p, banned))
     right = []
     for seed in (1, 2):
         logits.copy_(_seeded(4, 64, seed=seed))
@@ -204,7 +205,8 @@ def lora_index_buffers_with_an_adapter_swapped_in():
     """Punica-style: stacked adapter weights per slot, a per-token slot index in a static buffer,
     an adapter loaded into a slot after capture by copy_."""
     slots, rank, dim = 3, 4, 16
-    lora_a, lora_b = torch.zeros(slots, dim, rank, device="cuda"), torch.zeros(slots, rank, dim, device="cuda")
+    lora_a = torch.zeros(slots, dim, rank, device="cuda")
+    lora_b = torch.zeros(slots, rank, dim, device="cuda")
     base = _seeded(dim, dim)
     x, token_slots = _seeded(6, dim, seed=1), torch.zeros(6, dtype=torch.long, device="cuda")
 
@@ -218,7 +220,8 @@ def lora_index_buffers_with_an_adapter_swapped_in():
     token_slots.copy_(torch.tensor([0, 2, 2, 1, 0, 2]))
     graph.replay()
     torch.cuda.synchronize()
-    return f"replay with the swapped adapter equals eager: {torch.allclose(out, forward(), atol=1e-5)} (emulated: True)"
+    return (f"replay with the swapped adapter equals eager: "
+            f"{torch.allclose(out, forward(), atol=1e-5)} (emulated: True)")
 
 
 def _eagle_replays(target_first: bool) -> list[bool]:
@@ -367,14 +370,16 @@ def flashinfer_style_metadata_staged_through_pinned_memory():
         position = slot - indptr[owner] * page
         keys = cache[indices.repeat_interleave(page, output_size=pages * page) * page + slot % page]
         scores = (keys * query[owner]).sum(-1).masked_fill(position >= length[owner], float("-inf"))
-        weights = torch.zeros(batch, pages * page, device="cuda").scatter_(0, owner.unsqueeze(0), scores.exp().unsqueeze(0))
+        weights = torch.zeros(batch, pages * page, device="cuda").scatter_(
+            0, owner.unsqueeze(0), scores.exp().unsqueeze(0))
         return (weights / weights.sum(-1, keepdim=True)) @ keys
 
     graph, out = _warmed_capture(attend)
     right = []
     for step, plan in enumerate(([0, 2, 3], [0, 1, 3])):
         staging[:batch + 1] = torch.tensor(plan)
-        staging[batch + 1:batch + 1 + pages] = torch.randperm(pages, generator=torch.Generator().manual_seed(step))
+        staging[batch + 1:batch + 1 + pages] = torch.randperm(
+            pages, generator=torch.Generator().manual_seed(step))
         staging[-batch:] = torch.tensor([3, 2])
         indptr.copy_(staging[:batch + 1], non_blocking=True)
         indices.copy_(staging[batch + 1:batch + 1 + pages], non_blocking=True)
@@ -422,8 +427,12 @@ def flex_attention_eager_with_a_block_mask_in_capture():
 
     q = _seeded(1, 2, 128, 16)
     mask = create_block_mask(lambda b, h, qi, ki: qi >= ki, 1, 1, 128, 128, device="cuda")
-    return (f"flex_attention (eager): {_capture_verdict(lambda: flex_attention(q, q, q, block_mask=mask))}; "
-            f"create_block_mask: {_capture_verdict(lambda: create_block_mask(lambda b, h, qi, ki: qi >= ki, 1, 1, 128, 128, device='cuda'))[:120]} "
+    def causal(b, h, qi, ki):
+        return qi >= ki
+
+    attention = _capture_verdict(lambda: flex_attention(q, q, q, block_mask=mask))
+    masking = _capture_verdict(lambda: create_block_mask(causal, 1, 1, 128, 128, device="cuda"))
+    return (f"flex_attention (eager): {attention}; create_block_mask: {masking} "
             f"(unknown; emulated: both refused by name, a higher-order operator and a torch.func "
             f"transform inside a capture, a listed difference)")
 

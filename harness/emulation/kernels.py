@@ -80,7 +80,7 @@ def _flash_refusal(query: Tensor, key: Tensor, value: Tensor, attn_mask) -> str:
 
 _sdpa = torch.nn.functional.scaled_dot_product_attention
 
-# The torch function each replaces, for the placement mode's table.
+
 def one_hot(tensor: Tensor, num_classes: int = -1) -> Tensor:
     """CUDA's one_hot (Onehot.cpp): given `num_classes` it reads nothing on the host, only checks
     `num_classes >= 1`, and leaves bad class values to scatter's device-side assert; the CPU's path
@@ -97,6 +97,7 @@ def one_hot(tensor: Tensor, num_classes: int = -1) -> Tensor:
     return ret.scatter_(-1, tensor.unsqueeze(-1), 1)
 
 
+# The torch function each replaces, for the placement mode's table.
 REPLACEMENTS = {torch.histc: histc, Tensor.histc: tensor_histc, torch.mm: mm,
                 torch.nn.functional.scaled_dot_product_attention: scaled_dot_product_attention,
                 torch.nn.functional.one_hot: one_hot}

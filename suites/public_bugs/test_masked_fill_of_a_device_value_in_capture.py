@@ -59,7 +59,8 @@ def test_where_captures_and_masks_each_replay():
     graph, layer, q, k, probs = _captured(where=True)
     for seed in (1, 2):
         generator = torch.Generator().manual_seed(seed)
-        new_q, new_k = torch.randn(2, 4, 8, generator=generator), torch.randn(2, 4, 8, generator=generator)
+        new_q = torch.randn(2, 4, 8, generator=generator)
+        new_k = torch.randn(2, 4, 8, generator=generator)
         q.copy_(new_q)
         k.copy_(new_k)
         graph.replay()

@@ -129,7 +129,7 @@ def sync_reason(func: torch_internals.OpOverload, args: tuple, kwargs: dict) -> 
     if func is _GROUPED_MM:  # a copy to pageable memory (kernel_host_copy), a sync where
         return _grouped_mm_reason(bind(func, args, kwargs))  # no memory tells device from host
     if func in _ISINS:
-        return _isin_reason(func, bind(func, args, kwargs))
+        return _isin_reason(bind(func, args, kwargs))
     if torch.Tag.dynamic_output_shape in tags:
         return "its output shape depends on device data"
     return None
@@ -278,7 +278,7 @@ def _grouped_mm_reason(named: dict) -> str | None:
             f"output) take the capturable kernel: cast the input and the expert weights to bf16")
 
 
-# `isin` of tensors (TensorCompare.cpp, every build from 2.11 to 2.15): with many test elements
+# `isin` of tensors (TensorCompare.cpp, as read on PyTorch's main branch): with many test elements
 # (numpy's heuristic, `test_elements.numel() >= int(10 * elements.numel() ** 0.145)`) it sorts, and
 # unless assume_unique=True it first calls `at::_unique` on both inputs, whose CUDA kernel reads the
 # number of unique values on the host (a copy and a stream sync; PyTorch #130078: "operation not
@@ -289,8 +289,8 @@ _ISINS = frozenset(getattr(aten.isin, name) for name in (
     if hasattr(aten.isin, name))
 
 
-def _isin_reason(func: torch_internals.OpOverload, named: dict) -> str | None:
-    elements = named.get("elements")
+def _isin_reason(named: dict) -> str | None:
+    elements = named.get("elements")  # `element`, a Scalar, in the Scalar_Tensor overloads
     count = elements.numel() if isinstance(elements, torch.Tensor) else 1  # a Scalar: one element
     tests = named["test_elements"].numel()
     if count == 0 or named.get("assume_unique") or tests < int(10.0 * count ** 0.145):
@@ -303,9 +303,9 @@ def _isin_reason(func: torch_internals.OpOverload, named: dict) -> str | None:
 
 
 # `masked_fill` given a 0-dim value tensor: CUDA's masked_fill__cuda passes the value to its
-# kernel as a host scalar, `value.item()` (Indexing.cu, every build from 2.11 to 2.15; PyTorch
-# #190512 would read it on the device), a copy to the host and a stream sync where the value is
-# device memory; a host value is read in place. The out-of-place overloads call it.
+# kernel as a host scalar, `value.item()` (cuda/Indexing.cu, as read on PyTorch's main branch; the
+# open PR #190512 would read it on the device), a copy to the host and a stream sync where the
+# value is device memory; a host value is read in place. The out-of-place overloads call it.
 _MASKED_FILLS_OF_A_TENSOR = frozenset(getattr(packet, name) for packet, name in (
     (aten.masked_fill_, "Tensor"), (aten.masked_fill, "Tensor"), (aten.masked_fill, "Tensor_out"))
     if hasattr(packet, name))
