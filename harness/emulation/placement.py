@@ -32,7 +32,6 @@ from harness.graphs.base import CaptureError
 from harness.emulation import (array_interface, autocast, backward_streams, blas_workspaces,
                                compiled_rng, device_indices, fft_plans, kernels, missing_kernels,
                                transfers)
-from harness.graphs.emulator.cuda_paths import one_hot_without_sync
 from harness.graphs.emulator.dispatch_keys import keep_modes_reachable
 from harness.graphs.emulator.opinfo import scalar_type_name
 from harness.graphs.emulator.device_asserts import eager_device_assert_error, is_index_out_of_bounds
@@ -103,7 +102,6 @@ class Placement(TorchFunctionMode):
             # Parses a device argument without making a tensor (Module.to): the device stays.
             torch_internals.nn_parse_to: lambda func, args, kwargs: func(*args, **kwargs),
             torch.nn.functional.layer_norm: self._layer_norm,
-            torch.nn.functional.one_hot: self._one_hot, torch_internals.nn_one_hot: self._one_hot,
             torch.layer_norm: self._layer_norm, torch.native_layer_norm: self._layer_norm,
             Tensor.__repr__: self._repr,
             torch.device: _device_of_index,
@@ -412,19 +410,6 @@ class Placement(TorchFunctionMode):
                     self.state.refuse(CaptureError(f"{text} (CUDA's layer norm kernel takes {name} "
                                                    f"in the input's dtype)",
                                                    op="aten.native_layer_norm.default"))
-        return self._generic(func, args, kwargs)
-
-    def _one_hot(self, func, args, kwargs):
-        """CUDA's one_hot given a class count reads nothing on the host (cuda_paths.py), where the
-        cpu's checks the class range with a sync, which a capture refuses: taken while a capture
-        records. (Here, not as a mode pushed for the capture: the torch function modes stay as
-        they were, and with them the guards of code compiled before it.)"""
-        x = args[0] if args else kwargs["input"]
-        num_classes = args[1] if len(args) > 1 else kwargs.get("num_classes", -1)
-        if (self.state.capture is not None and num_classes > 0 and isinstance(x, Tensor)
-                and x.numel() > 0 and is_device_memory(x)):
-            with self:  # its zeros and scatter are device calls
-                return one_hot_without_sync(x, num_classes)
         return self._generic(func, args, kwargs)
 
     def _cuda_kernel(self, func, args, kwargs):
