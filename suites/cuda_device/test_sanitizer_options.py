@@ -1,6 +1,8 @@
-"""On a real GPU emulate_cuda() is the graph sanitizer, which has no stream schedule, no race
-tracking and no emulated device properties: asking for them there is refused, not ignored. And the
-text-level choices the plugin and the lists accept are the emulation's own."""
+"""On a real GPU emulate_cuda() is the graph sanitizer, which has no stream schedule and no
+emulated device properties: asking for them there is refused, not ignored. (`races` is taken: it
+tracks no stream races, but the setting decides a replay that reads shared-pool memory another
+graph overwrote; test_shared_pool_replay_order.py.) And the text-level choices the plugin and the
+lists accept are the emulation's own."""
 
 from __future__ import annotations
 
@@ -15,9 +17,8 @@ from harness.emulation.tracking.schedule import SCHEDULES
 
 @pytest.mark.parametrize("options, named", [
     ({"schedule": "adversarial"}, "schedule='adversarial'"),
-    ({"races": "off"}, "races='off'"),
     ({"total_memory": 8 << 30}, "total_memory=8589934592"),
-], ids=["schedule", "races", "total_memory"])
+], ids=["schedule", "total_memory"])
 def test_the_sanitizer_refuses_what_only_the_emulated_device_has(outside_emulation, monkeypatch,
                                                                   options, named):
     if not torch.cuda.is_available():
