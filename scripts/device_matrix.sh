@@ -56,7 +56,7 @@ for build in "${builds[@]}"; do
   "$py" -c "import importlib.metadata as m, sys; sys.exit(not any(e.value == 'harness.pytest_plugin' for e in m.entry_points(group='pytest11')))" 2>/dev/null \
     || plugin=(-p harness.pytest_plugin)
   export PYTHONPATH="$root${PYTHONPATH:+:$PYTHONPATH}" CUDA_VISIBLE_DEVICES="" OMP_NUM_THREADS="${OMP_NUM_THREADS:-1}"
-  (cd "$root" && "$py" -m pytest -q "${xdist[@]}" -m "not slow" --repro-dir none \
+  (cd "$root" && "$py" -m pytest -q "${xdist[@]}" "${plugin[@]}" -m "not slow" --repro-dir none \
       suites/graphs suites/cuda_device suites/streams --junitxml="$out/$tag.suites.xml") \
       > "$out/$tag.suites.log" 2>&1
   (cd "$root/examples/cuda_runtime" && "$py" -m pytest -q -p no:xdist "${plugin[@]}" --repro-dir none \
