@@ -63,6 +63,14 @@ def _made_pair(device: torch.device) -> tuple:
     return tuple(torch.empty(1, dtype=torch.int64, device=device) for _ in range(2))
 
 
+def _normal_pair(make: Callable[[torch.device], tuple], device: torch.device) -> tuple:
+    """`make(device)` with inference mode off, as every build makes its pair (under
+    `c10::InferenceMode guard(false)`, pytorch/pytorch#172706): a pair made inside an
+    inference_mode block is filled outside it, by a later capture or a replay."""
+    with torch.inference_mode(False):
+        return make(device)
+
+
 class GraphRngHolders:
     """One device set's holders. `hidden_pair(device)` makes a pair out of every dispatch mode's
     sight on the device's default stream (the host's: the first draw's pair of torch 2.14);
@@ -93,7 +101,7 @@ class GraphRngHolders:
             return
         graphs, pair = self._per_state.get(state.key, (set(), ()))
         if not graphs:
-            pair = _made_pair(state.device)
+            pair = _normal_pair(_made_pair, state.device)
         graphs.add(graph)
         self._per_state[state.key] = (graphs, pair)
 
@@ -117,7 +125,7 @@ class GraphRngHolders:
         for state in states:
             if state.key not in pairs:
                 with torch.cuda.stream(self._default_stream(state.device)):
-                    pairs[state.key] = _made_pair(state.device)
+                    pairs[state.key] = _normal_pair(_made_pair, state.device)
 
     def drew(self, graph: int, state: HolderState) -> None:
         """A random op of graph `graph`'s capture drew from `state`: its replays fill the state's
@@ -126,7 +134,7 @@ class GraphRngHolders:
         if PAIR_AT_FIRST_DRAW:
             pairs = self._per_capture.setdefault(graph, {})
             if state.key not in pairs:
-                pairs[state.key] = self._hidden_pair(state.device)
+                pairs[state.key] = _normal_pair(self._hidden_pair, state.device)
 
     # --- replay -------------------------------------------------------------------------------
 
