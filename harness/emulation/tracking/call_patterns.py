@@ -33,6 +33,7 @@ import torch
 
 from harness import torch_internals
 from harness.graphs.emulator.callsite import callsite_later
+from harness.emulation.device_memory import DEVICE, MEMORY_ATTR, PINNED, memory_mark
 from harness.emulation.tracking.races import Access
 
 _Tensor = torch.Tensor
@@ -110,60 +111,59 @@ class Probe:
         self.ops.append((plan, tuple(label(t) for t in reads), read_keys, result))
 
 
-def _tensor_meta(a: Any, tensors: list, is_device, is_pinned) -> tuple:
+def _tensor_meta(a: Any, tensors: list) -> tuple:
     dtype = a.dtype
     if type(a) not in _PLAIN or a.layout is not _STRIDED or not a.is_cpu or dtype.is_complex \
             or _functorch_wrapped(a):
         # A torch.func wrapper (vmap's batched tensor) has no storage to key its reads by; the
         # aten ops below the transform see the tensors it wraps, and are tracked there.
         raise _Unkeyed
-    device = is_device(a)
-    if not device and is_pinned(a):
+    try:
+        mark = getattr(a.untyped_storage(), MEMORY_ATTR, None)
+    except (RuntimeError, NotImplementedError):
+        mark = memory_mark(a)
+    if mark == PINNED:
         raise _Unkeyed
     tensors.append(a)
-    return (dtype, a.shape, a.stride(), a.is_inference(), a.requires_grad, device)
+    return (dtype, a.shape, a.stride(), a.is_inference(), a.requires_grad, mark is DEVICE)
 
 
-def _meta(a: Any, tensors: list, is_device, is_pinned) -> Any:
+def _meta(a: Any, tensors: list) -> Any:
     if isinstance(a, _Tensor):
-        return _tensor_meta(a, tensors, is_device, is_pinned)
+        return _tensor_meta(a, tensors)
     kind = type(a)
     if kind in _SCALARS:
         return (kind, a)
     if kind is list or kind is tuple or kind is torch.Size:
-        return (kind, *[_meta(b, tensors, is_device, is_pinned) for b in a])
+        return (kind, *[_meta(b, tensors) for b in a])
     if kind is slice:  # unhashable before Python 3.12
-        return (slice, _meta(a.start, tensors, is_device, is_pinned),
-                _meta(a.stop, tensors, is_device, is_pinned),
-                _meta(a.step, tensors, is_device, is_pinned))
+        return (slice, _meta(a.start, tensors), _meta(a.stop, tensors), _meta(a.step, tensors))
     raise _Unkeyed
 
 
-def signature(func: Any, args: tuple, kwargs: dict, is_device, is_pinned
-              ) -> tuple[tuple, list] | None:
-    """(the call's signature, its tensors in argument order), or None for a call never learned."""
+def signature(func: Any, args: tuple, kwargs: dict) -> tuple[tuple, list] | None:
+    """(the call's signature, its tensors in argument order), or None for a call never learned.
+    The signature may be unhashable (an unhashable scalar inside it): the lookup says."""
     tensors: list = []
     # The hot path: one signature per device call, so tensors and scalars are inlined.
     parts = [func, _grad_on(), _inference_on(), _deterministic(), _autocast_on("cpu"),
              _autocast_on("cuda"), _default_dtype()]
+    append = parts.append
     try:
         for a in args:
             kind = type(a)
             if kind is _Tensor:
-                parts.append(_tensor_meta(a, tensors, is_device, is_pinned))
+                append(_tensor_meta(a, tensors))
             elif kind in _SCALARS:
-                parts.append(kind)
-                parts.append(a)
+                append(kind)
+                append(a)
             else:
-                parts.append(_meta(a, tensors, is_device, is_pinned))
+                append(_meta(a, tensors))
         if kwargs:
-            parts.append(tuple((k, _meta(v, tensors, is_device, is_pinned))
-                               for k, v in kwargs.items()))
-        key = tuple(parts)
-        hash(key)
-    except (_Unkeyed, TypeError):
+            append(tuple((k, _meta(v, tensors)) for k, v in kwargs.items()))
+    except _Unkeyed:
         return None
-    return key, tensors
+    return tuple(parts), tensors
 
 
 def _torch_owned(func: Any) -> bool:
@@ -195,15 +195,19 @@ class CallPatterns:
 
     def run(self, func: Any, args: tuple, kwargs: dict) -> Any:
         """`func(*args, **kwargs)` of a device call, tracked as the stream mode tracks it."""
-        if not self._usable():
-            return func(*args, **kwargs)
         mode = self.mode
-        memory = mode.memory
-        found = signature(func, args, kwargs, memory.is_device, memory.is_pinned)
+        # The hot path (every device call): `_usable` inlined.
+        if not (self._active() and mode.probe is None and not mode.schedule.adversarial
+                and not mode.capturing() and _stack_length() == 1 and _stack_at(0) is mode):
+            return func(*args, **kwargs)
+        found = signature(func, args, kwargs)
         if found is None:
             return func(*args, **kwargs)
         key, tensors = found
-        pattern = self._patterns.get(key)
+        try:
+            pattern = self._patterns.get(key)
+        except TypeError:  # an unhashable argument: never learned
+            return func(*args, **kwargs)
         if pattern is _NEVER or pattern is _UNSEEN:
             return func(*args, **kwargs)
         if pattern is None:
@@ -212,7 +216,8 @@ class CallPatterns:
                 return func(*args, **kwargs)
             return self._learn(key, tensors, func, args, kwargs)
         stream = mode.stream()
-        if mode.schedule.defers(stream):
+        schedule = mode.schedule
+        if schedule.defers(stream):
             return func(*args, **kwargs)
         mode.begin_op()
         if pattern is _NOTHING:
@@ -220,15 +225,16 @@ class CallPatterns:
                 return func(*args, **kwargs)
         name, where = pattern.name, callsite_later()
         read_keys = []
+        note_read = mode.note_read
         for position, label in zip(pattern.read_positions, pattern.read_labels):
             t = tensors[position]
             read_key = t.untyped_storage().data_ptr()
             read_keys.append(read_key)
-            mode.note_read(t, read_key, label)
+            note_read(t, read_key, label)
         seq = mode.tracker.launch(stream, read_keys, (), op=name, where=where)
         with _DisableTorchDispatch():
             out = func(*args, **kwargs)
-        mode.schedule.ran(stream, seq)
+        schedule.ran(stream, seq)
         mode.note_result(out, pattern.result_label, Access(True, stream, seq, name, where),
                          touched=pattern.touches_result)
         self.used += 1
