@@ -225,8 +225,8 @@ class StreamTracker:
         label = self.labels.pop(key, None)
         self._freed.forget(key)
         state = self._storages.pop(key, None)
-        if state is None:
-            return
+        if state is None or self._only_by(allocation_stream, state):
+            return  # nothing but its own stream touched it since its last write: none pending
         accesses = [*state.reads.values(), *([state.write] if state.write else [])]
         pending = tuple(a for a in accesses
                         if a.participant not in (HOST, allocation_stream)
