@@ -236,6 +236,15 @@ class DeviceMemory:
     # --- marking -----------------------------------------------------------------------------
 
     def mark_device(self, t: torch.Tensor, stream: Any = None) -> None:
+        if type(t) is torch.Tensor:  # the hot path: a dense result's own storage
+            try:
+                storage = t.untyped_storage()
+            except (RuntimeError, NotImplementedError):
+                pass  # sparse, nested, a torch.func wrapper: below
+            else:
+                if getattr(storage, MEMORY_ATTR, None) is not DEVICE:
+                    self.adopt(storage, stream)
+                return
         if t.layout in SPARSE_LAYOUTS:  # each part is an allocation of its own
             for part in sparse_parts(t):
                 self.mark_device(part, stream)
