@@ -248,9 +248,14 @@ def handlers(mode) -> dict[Callable, Callable]:
         if dst == src and not (src and index != device_indices.index_of(t)):
             if not src:
                 return func(t, **rest)
-            # a new tensor (a dtype change, copy=True) is made on t's device, with it current
-            with state.device_guard(index):
-                out = func(t, **rest)
+            # a new tensor (a dtype change, copy=True) is made on t's device, with it current,
+            # through the stream tracking's call patterns as the placement mode's device calls
+            runner = state.call_runner
+            if index == state.current_index:  # the guard would change nothing
+                out = func(t, **rest) if runner is None else runner(func, (t,), rest)
+            else:
+                with state.device_guard(index):
+                    out = func(t, **rest) if runner is None else runner(func, (t,), rest)
             memory.mark_device(out, state.streams.current(index))
             device_indices.set_index(out, index)
             return out
