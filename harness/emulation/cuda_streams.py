@@ -375,7 +375,9 @@ class Streams:
 
     def current(self, device: Any = None) -> Stream:
         index = self._state.current_index if device is None else self.device_index(device)
-        return self._current_map().get(index) or self._defaults.get(index) or self.default(index)
+        # The hot path (every tracked op asks it): the thread's map read without making it.
+        current = getattr(self._local, "current", None)
+        return (current and current.get(index)) or self._defaults.get(index) or self.default(index)
 
     def set_current(self, stream: Stream) -> None:
         self._current_map()[stream.device_index] = stream

@@ -11,7 +11,7 @@ import torch
 
 from harness import torch_internals
 from harness.graphs.emulator.callsite import callsite_later, current_callsite
-from harness.emulation.cuda_streams import queue_of
+from harness.emulation.cuda_streams import Stream, queue_of
 from harness.emulation.tracking.capture_streams import CaptureRules, CaptureStreams
 from harness.emulation.tracking.names import name_tensors
 from harness.emulation.tracking.races import RaceError
@@ -29,6 +29,20 @@ def stream_key(stream: Any) -> int:
     return (device << _STREAM_ID_BITS) | queue
 
 
+_KEY_ATTR = "_harness_stream_key"
+
+
+def _current_key(stream: Any) -> int:
+    """`stream_key` of the current stream, asked at every tracked op: a device Stream keeps its
+    key, as its queue never changes once made."""
+    key = getattr(stream, _KEY_ATTR, None)
+    if key is None:
+        key = stream_key(stream)
+        if isinstance(stream, Stream):
+            setattr(stream, _KEY_ATTR, key)
+    return key
+
+
 def _is_default_stream(key: int) -> bool:
     return key & ((1 << _STREAM_ID_BITS) - 1) == 0
 
@@ -38,7 +52,7 @@ class DeviceStreams:
 
     def __init__(self, state: Any, *, schedule: str, races: str) -> None:
         self.state = state
-        self.work = AsyncWork(state.memory, lambda: stream_key(state.streams.current()),
+        self.work = AsyncWork(state.memory, lambda: _current_key(state.streams.current()),
                               state.capturing, schedule=schedule, races=races,
                               lazy=schedule == "issue_order")
         self.capture_rules = CaptureRules(state, stream_key, self.work.tracker)
