@@ -34,7 +34,7 @@ def _racy_program() -> None:
         u = torch.nn.functional.silu(z) + v.reshape(8).sum()
         with torch.cuda.stream(side):
             u2 = u * 0.5  # reads u before waiting for the default stream
-        x.add_(u2.reshape(4, 8))  # in place: dispatched every time
+        x.add_(u2.reshape(4, 8))  # in place: learned too
         torch.cuda.synchronize()
 
 
@@ -76,6 +76,48 @@ def test_race_on_a_learned_writer_names_its_op_and_line():
     assert "y = x * 2" in text
     assert "tensor (shape (4, 4), torch.float32)" in text
     assert "aten.sub.Tensor reads it on stream" in text
+
+
+def test_race_on_a_learned_in_place_write_names_its_op_and_line():
+    skip_unless_the_emulated_device_can_be_entered()
+    with harness.emulate_cuda(device="cpu", races="strict") as state:
+        side = torch.cuda.Stream()
+        x = torch.ones(4, 4, device="cuda")
+        values = torch.zeros(2, 4, device="cuda")
+        rows = torch.arange(2, device="cuda")
+        used = []
+        for _ in range(2):
+            used.append(state.streams_tracking.patterned_calls)
+            x.index_put_((rows,), values)  # the second call goes through the first one's pattern
+        used.append(state.streams_tracking.patterned_calls)
+        with torch.cuda.stream(side), pytest.raises(RaceError) as raised:
+            x - 1
+        torch.cuda.synchronize()
+    assert used[2] - used[1] > used[1] - used[0], "the second index_put_ was not learned"
+    text = str(raised.value)
+    assert "aten.index_put_.default writes it on stream 0 at" in text
+    assert "x.index_put_((rows,), values)" in text
+    assert "tensor (shape (4, 4), torch.float32)" in text
+    assert "aten.sub.Tensor reads it on stream" in text
+
+
+def test_learned_in_place_write_on_a_stream_that_did_not_wait_still_races():
+    skip_unless_the_emulated_device_can_be_entered()
+    with harness.emulate_cuda(device="cpu", races="strict") as state:
+        side = torch.cuda.Stream()
+        x = torch.ones(4, 4, device="cuda")
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            x.add_(1)  # learned here, ordered
+            before = state.streams_tracking.patterned_calls
+            x.add_(1)  # through the pattern, ordered
+            learned = state.streams_tracking.patterned_calls == before + 1
+        torch.cuda.current_stream().wait_stream(side)
+        x * 2  # a default-stream read the side stream did not wait for
+        with torch.cuda.stream(side), pytest.raises(RaceError, match="aten.add_.Tensor writes it"):
+            x.add_(1)  # the same signature: through the pattern, and unordered now
+        torch.cuda.synchronize()
+    assert learned, "the second add_ did not go through a pattern"
 
 
 def test_learned_reader_on_a_stream_that_did_not_wait_still_races():

@@ -5,11 +5,13 @@ Most torch calls of a decode step are one functional aten op (`mul`, `mm` under 
 TorchDispatchMode) costs a Python call per aten op whatever it does, which is most of tracked
 eager's cost. So the first time the placement mode hands over a torch call of a given signature,
 the call runs under the stream mode with a `Probe` watching what the mode does for it; where that
-is nothing (views), or exactly one fresh-result device op that ran in issue order, the signature's
-`CallPattern` keeps it: the op's name, which of the call's tensors it read and under which labels,
-and its result's label. Later calls of that signature run with dispatch modes off and make the
-same tracker calls (`launch`, `record_fresh`, labels, allocation notes) with the same arguments
-and sequence numbers; races, reports and their lines come out as the stream mode gives them.
+is nothing (views), or exactly one device op that ran in issue order and either made a fresh
+result writing nothing else, or wrote in place tensors the call was given (`index_put_`, `add_`:
+no seed drawn, no metadata changed), the signature's `CallPattern` keeps it: the op's name, which
+of the call's tensors it read and wrote and under which labels, and its fresh result's label.
+Later calls of that signature run with dispatch modes off and make the same tracker calls
+(`launch`, `record_fresh`, labels, allocation notes) with the same arguments and sequence numbers;
+races, reports and their lines come out as the stream mode gives them.
 
 A signature is everything the aten ops a call reaches depend on: the function; per tensor its
 dtype, shape, strides, whether it is an inference tensor or needs grad, and whether it is device
@@ -63,8 +65,10 @@ class CallPattern:
     name: str = ""
     read_positions: tuple[int, ...] = ()  # per tensor the op read, its index among the call's
     read_labels: tuple = ()
-    result_label: Any = None
+    result_label: Any = None  # None for an op in place: its result is the tensor it wrote
     touches_result: bool = True  # False for `empty` and kin (op_plans.py)
+    write_positions: tuple[int, ...] = ()  # per tensor the op wrote in place, as read_positions
+    write_labels: tuple = ()
 
 
 _NOTHING = CallPattern()  # only views reached the stream mode
@@ -78,9 +82,9 @@ class Probe:
     It holds no tensor: a reference kept while the call runs is one CUDA does not have, and
     code inside one torch call reads use counts (autograd's AccumulateGrad steals a gradient
     only when nothing else holds it, so `backward()`, learned here, cloned it). The first op is
-    kept as its read labels and keys, and its result's label and a weak reference to the
-    result's storage (which a view returned by the call keeps alive where the result's own
-    tensor dies: `linear`'s `mm` under its `_unsafe_view`)."""
+    kept as its read and write labels and keys, and its fresh result's label and a weak
+    reference to the result's storage (which a view returned by the call keeps alive where the
+    result's own tensor dies: `linear`'s `mm` under its `_unsafe_view`)."""
 
     __slots__ = ("thread", "spoiled", "reached", "ops", "_label")
 
@@ -94,21 +98,27 @@ class Probe:
     def spoil(self) -> None:
         self.spoiled = True
 
-    def device_op(self, plan, reads: list, read_keys: list, write_keys: list, simple: bool,
-                  out: Any) -> None:
-        if threading.get_ident() != self.thread or write_keys or not simple:
+    def device_op(self, plan, reads: list, read_keys: list, writes: list, write_keys: list,
+                  simple: bool, out: Any) -> None:
+        """`simple`: the op ran in issue order, and made a fresh result writing nothing else or
+        wrote in place what `writes` holds (mode.py says which ops may be learned)."""
+        if threading.get_ident() != self.thread or not simple:
             self.spoiled = True
         if self.spoiled or self.ops:
             self.ops.append(None)  # the call is never learned (_pattern): nothing to keep
             return
         label = self._label
         result = None
+        if write_keys:
+            self.ops.append((plan, tuple(label(t) for t in reads), read_keys,
+                             tuple(label(t) for t in writes), write_keys, None))
+            return
         if isinstance(out, _Tensor):
             try:
                 result = (weakref.ref(out.untyped_storage()), label(out))
             except (RuntimeError, NotImplementedError, TypeError):
                 result = None  # no storage to name (never learned, as before)
-        self.ops.append((plan, tuple(label(t) for t in reads), read_keys, result))
+        self.ops.append((plan, tuple(label(t) for t in reads), read_keys, (), [], result))
 
 
 def _tensor_meta(a: Any, tensors: list) -> tuple:
@@ -231,12 +241,19 @@ class CallPatterns:
             read_key = t.untyped_storage().data_ptr()
             read_keys.append(read_key)
             note_read(t, read_key, label)
-        seq = mode.tracker.launch(stream, read_keys, (), op=name, where=where)
+        write_keys = []
+        for position, label in zip(pattern.write_positions, pattern.write_labels):
+            t = tensors[position]
+            write_key = t.untyped_storage().data_ptr()
+            write_keys.append(write_key)
+            note_read(t, write_key, label)
+        seq = mode.tracker.launch(stream, read_keys, write_keys, op=name, where=where)
         with _DisableTorchDispatch():
             out = func(*args, **kwargs)
         schedule.ran(stream, seq)
-        mode.note_result(out, pattern.result_label, Access(True, stream, seq, name, where),
-                         touched=pattern.touches_result)
+        if not write_keys:
+            mode.note_result(out, pattern.result_label, Access(True, stream, seq, name, where),
+                             touched=pattern.touches_result)
         self.used += 1
         return out
 
@@ -260,19 +277,19 @@ class CallPatterns:
             return _NEVER
         if not probe.ops:
             return _NOTHING if probe.reached else _UNSEEN
-        plan, read_labels, read_keys, result = probe.ops[0]
-        # A storage freed by the call's end is not what it returned, whatever its address.
-        storage = None if result is None else result[0]()
-        if storage is None or not isinstance(out, _Tensor) \
-                or out.untyped_storage().data_ptr() != storage.data_ptr():
-            return _NEVER
+        plan, read_labels, read_keys, write_labels, write_keys, result = probe.ops[0]
+        if not write_keys:
+            # A storage freed by the call's end is not what it returned, whatever its address.
+            storage = None if result is None else result[0]()
+            if storage is None or not isinstance(out, _Tensor) \
+                    or out.untyped_storage().data_ptr() != storage.data_ptr():
+                return _NEVER
         storages = [t.untyped_storage().data_ptr() for t in tensors]
         if len(set(storages)) != len(storages):
-            return _NEVER  # which argument an aliased read came from is ambiguous
-        positions = []
-        for read_key in read_keys:
-            if read_key not in storages:
-                return _NEVER  # read memory the call was not given
-            positions.append(storages.index(read_key))
-        return CallPattern(plan.name, tuple(positions), read_labels, result[1],
-                           plan.touches_results)
+            return _NEVER  # which argument an aliased access came from is ambiguous
+        if any(key not in storages for key in (*read_keys, *write_keys)):
+            return _NEVER  # touched memory the call was not given
+        return CallPattern(plan.name, tuple(storages.index(key) for key in read_keys),
+                           read_labels, None if result is None else result[1],
+                           plan.touches_results,
+                           tuple(storages.index(key) for key in write_keys), write_labels)

@@ -262,7 +262,12 @@ class StreamWork(TorchDispatchMode):
         if fresh:
             self._note_fresh(out, Access(True, stream, seq, name, where), plan.touches_results)
         if probe is not None:
-            probe.device_op(plan, reads, read_keys, write_keys, ran_in_order and fresh, out)
+            # Learnable: a fresh result with nothing written, or an in-place op (its result the
+            # tensor it wrote) that neither draws a seed nor changes metadata (`deferrable`).
+            in_place = (plan.kind is OpKind.MUTATING and plan.deferrable and bool(write_keys)
+                        and not fresh)
+            probe.device_op(plan, reads, read_keys, writes, write_keys,
+                            ran_in_order and (in_place or (fresh and not write_keys)), out)
         return out
 
     def _overtakes_queued_work(self, reported: int) -> bool:
@@ -359,7 +364,8 @@ class StreamWork(TorchDispatchMode):
             tracker.record_fresh(key, write, touched=touched)
 
     def note_read(self, t: torch.Tensor, key: int, label) -> None:
-        """`_device_op`'s bookkeeping of one tensor it reads, for a caller that did not dispatch."""
+        """`_device_op`'s bookkeeping of one tensor it reads or writes, before the launch, for a
+        caller that did not dispatch."""
         if key not in self.tracker.labels:
             self.tracker.labels[key] = label
         if key not in self._allocations and self.memory.is_device(t):
