@@ -193,7 +193,7 @@ class DeviceMemory:
         self.thread_arenas: dict[tuple[int, int], Any] = {}
         self.stream_key: Callable[[Any], Any] = lambda stream: stream
         # Per thread: another thread's host work while this one runs a device op is host work.
-        self._call_flags = _CallFlags()
+        self._call_flags = self.call_flags = _CallFlags()  # call_flags: the hot path's own read
         # Told of each storage made device memory, so stream tracking learns the stream of memory
         # that no op it saw returned (`torch.as_tensor(x, device="cuda")` is made in C++).
         self.adoption_listeners: list = []

@@ -211,6 +211,8 @@ class Placement(TorchFunctionMode):
             if pinned:
                 self._mark(out, PINNED)
             return out
+        state = self.state
+        capturing = state.capturing()  # asked once: nothing below starts or ends a capture
         if self._several_devices and device_in and not named_device:
             index = (device_indices.first_index(args, kwargs) if func in _MIXING_ALLOWED
                      else device_indices.common_index(args, kwargs) or 0)
@@ -221,19 +223,19 @@ class Placement(TorchFunctionMode):
             if not isinstance(kwargs["generator"], DeviceGenerator):
                 # A cpu generator cannot drive CUDA's random kernels; on a CPU build it would, silently.
                 raise host_generator_error()
-        if named_device and func in _FROM_HOST_DATA and self.state.capturing():
-            transfers.refuse_host_data(self.state, func, args)
+        if named_device and func in _FROM_HOST_DATA and capturing:
+            transfers.refuse_host_data(state, func, args)
         if named_device and func in _FROM_HOST_DATA and not (
                 args and isinstance(args[0], Tensor) and is_device_memory(args[0])):
-            self.state.flag_host_sync()  # host data copied to the device, blocking
-        if func in transfers.INDEXING and device_in and self.state.capturing() \
+            state.flag_host_sync()  # host data copied to the device, blocking
+        if func in transfers.INDEXING and device_in and capturing \
                 and is_device_memory(args[0]):
-            transfers.refuse_host_indices(self.state, func, args)
-        if func is Tensor.new_tensor and self.state.capturing() and (
+            transfers.refuse_host_indices(state, func, args)
+        if func is Tensor.new_tensor and capturing and (
                 named_device or (device_in and kwargs.get("device") is None)):
             # A device tensor's new_tensor(data) copies host data to the device, as torch.tensor.
-            transfers.refuse_host_data(self.state, func, args[1:])
-        if self.state.capturing() and _any_sparse(args, kwargs):
+            transfers.refuse_host_data(state, func, args[1:])
+        if capturing and _any_sparse(args, kwargs):
             from harness.emulation.allocator_tools import UnsupportedOnEmulatedDevice
 
             raise UnsupportedOnEmulatedDevice(
@@ -249,10 +251,9 @@ class Placement(TorchFunctionMode):
         if named_device:
             asked = requested_bytes(func, args, kwargs)
             if asked:
-                self.state.check_capacity(asked)
+                state.check_capacity(asked)
         # PyTorch runs the call under a device guard for its tensors' device: its kernel goes to
         # that device's current stream (outside a capture made on another device's stream).
-        state = self.state
         guarded = self._several_devices and index != state.current_index
         if guarded:
             caller_index, state.current_index = state.current_index, index
@@ -260,15 +261,16 @@ class Placement(TorchFunctionMode):
             # What the call makes inside (a composite's own factories: SDPA's causal mask) is
             # device memory too; the recorder asks this flag for calls without device tensors.
             memory = self.memory
-            previous, memory.call_on_device = memory.call_on_device, True
+            flags = memory.call_flags  # memory.call_on_device, without its property's calls
+            previous, flags.call_on_device = flags.call_on_device, True
             keep_modes_reachable()  # stream tracking, if an inference_mode block dropped its keys
-            runner = self.state.call_runner
-            if self.state.kernel_log is not None:  # a profiler records CUDA activity
-                runner = self.state.kernel_log.runner(runner)
+            runner = state.call_runner
+            if state.kernel_log is not None:  # a profiler records CUDA activity
+                runner = state.kernel_log.runner(runner)
             # A call that may draw meets its random aten ops, which draw from the device's
             # generators (device_draws.py); a capture records them to draw at replay instead.
-            draws = (EagerDraws(self.state.draws, index)
-                     if may_draw(func, kwargs) and not self.state.capturing() and not recorded()
+            draws = (EagerDraws(state.draws, index)
+                     if may_draw(func, kwargs) and not capturing and not recorded()
                      else None)
             if draws is not None:
                 draws.__enter__()
@@ -288,7 +290,7 @@ class Placement(TorchFunctionMode):
                         error, getattr(func, "__name__", str(func))) from error
                 raise
             finally:
-                memory.call_on_device = previous
+                flags.call_on_device = previous
                 if draws is not None:
                     draws.__exit__(None, None, None)
             if isinstance(out, Tensor):
