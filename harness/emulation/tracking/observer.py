@@ -5,7 +5,7 @@
 from __future__ import annotations
 
 import weakref
-from typing import Any
+from typing import Any, Callable
 
 import torch
 
@@ -32,15 +32,19 @@ def stream_key(stream: Any) -> int:
 _KEY_ATTR = "_harness_stream_key"
 
 
-def _current_key(stream: Any) -> int:
+def _current_key(state: Any) -> Callable[[], int]:
     """`stream_key` of the current stream, asked at every tracked op: a device Stream keeps its
     key, as its queue never changes once made."""
-    key = getattr(stream, _KEY_ATTR, None)
-    if key is None:
-        key = stream_key(stream)
-        if isinstance(stream, Stream):
-            setattr(stream, _KEY_ATTR, key)
-    return key
+    def current_key() -> int:
+        stream = state.streams.current()
+        key = getattr(stream, _KEY_ATTR, None)
+        if key is None:
+            key = stream_key(stream)
+            if isinstance(stream, Stream):
+                setattr(stream, _KEY_ATTR, key)
+        return key
+
+    return current_key
 
 
 def _is_default_stream(key: int) -> bool:
@@ -52,7 +56,7 @@ class DeviceStreams:
 
     def __init__(self, state: Any, *, schedule: str, races: str) -> None:
         self.state = state
-        self.work = AsyncWork(state.memory, lambda: _current_key(state.streams.current()),
+        self.work = AsyncWork(state.memory, _current_key(state),
                               state.capturing, schedule=schedule, races=races,
                               lazy=schedule == "issue_order")
         self.capture_rules = CaptureRules(state, stream_key, self.work.tracker)
