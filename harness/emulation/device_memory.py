@@ -305,7 +305,8 @@ class DeviceMemory:
         if not self._modelled:
             self._unmodelled[ref] = stream
             self._early_counts(stream).allocate(nbytes)
-            self._log_early((ref, nbytes, stream))
+            if self._early_log is not None:  # asked here: every allocation passes
+                self._log_early((ref, nbytes, stream))
             return
         pool = None
         capturing = self._capturing
@@ -400,7 +401,8 @@ class DeviceMemory:
             self._pending.append(ref)
         else:  # it died before the model started
             self._early_counts(stream).free(ref.nbytes)
-            self._log_early(ref)
+            if self._early_log is not None:  # asked here: every free passes
+                self._log_early(ref)
 
     def _log_early(self, event) -> None:
         log = self._early_log
