@@ -66,8 +66,10 @@ def map_tensors(fn: Callable[[torch.Tensor], Any], value: Any) -> Any:
     kind = type(value)
     if isinstance(value, torch.Tensor):
         return fn(value)
-    if kind is tuple or kind is list:
-        return kind(map_tensors(fn, v) for v in value)
+    if kind is tuple:  # a list made first: tuple() of a generator is slower, and every queued op
+        return tuple([map_tensors(fn, v) for v in value])  # maps its arguments twice
+    if kind is list:
+        return [map_tensors(fn, v) for v in value]
     if kind is dict:
         return {k: map_tensors(fn, v) for k, v in value.items()}
     if kind in _PLAIN:
