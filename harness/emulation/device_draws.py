@@ -67,7 +67,9 @@ _RANDOM_CALLS = frozenset(f for f in (
 def may_draw(func: Any, kwargs: dict) -> bool:
     """Whether a torch-level call may reach a random aten op (placement.py asks): a random aten op
     called itself (AOTAutograd's graphs run as eager code call them so) is one."""
-    return func in _RANDOM_CALLS or kwargs.get("generator") is not None or is_random(func)
+    # is_random inlined: every device call asks
+    return (func in _RANDOM_CALLS or kwargs.get("generator") is not None
+            or (isinstance(func, torch_internals.OpOverload) and _random_packet(func.overloadpacket)))
 
 
 def dispatch_modes_off() -> bool:

@@ -192,22 +192,22 @@ class CallPatterns:
 
     BOUND = 8192  # signatures kept; past it the table starts again
 
-    def __init__(self, mode: Any, active) -> None:
+    def __init__(self, mode: Any, work: Any) -> None:
         self.mode = mode
-        self._active = active  # whether the stream mode is on the dispatch stack
+        self._work = work  # its `active`: whether the stream mode is on the dispatch stack
         self._patterns: dict[tuple, Any] = {}
         self.used = 0  # calls run through a pattern, for statistics and tests
 
     def _usable(self) -> bool:
         mode = self.mode
-        return (self._active() and mode.probe is None and not mode.schedule.adversarial
+        return (self._work.active and mode.probe is None and not mode.schedule.adversarial
                 and not mode.capturing() and _stack_length() == 1 and _stack_at(0) is mode)
 
     def run(self, func: Any, args: tuple, kwargs: dict) -> Any:
         """`func(*args, **kwargs)` of a device call, tracked as the stream mode tracks it."""
         mode = self.mode
         # The hot path (every device call): `_usable` inlined.
-        if not (self._active() and mode.probe is None and not mode.schedule.adversarial
+        if not (self._work.active and mode.probe is None and not mode.schedule.adversarial
                 and not mode.capturing() and _stack_length() == 1 and _stack_at(0) is mode):
             return func(*args, **kwargs)
         found = signature(func, args, kwargs)

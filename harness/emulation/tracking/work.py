@@ -69,7 +69,7 @@ class AsyncWork:
         self.schedule = Schedule(schedule)
         self.mode = StreamWork(memory, stream, capturing, self.tracker, self.schedule)
         # The device's placement mode runs its device calls through `calls.run` (observer.py).
-        self.calls = CallPatterns(self.mode, lambda: self.active)
+        self.calls = CallPatterns(self.mode, self)
         self._current = stream
         self._lazy = lazy
         self.active = False
