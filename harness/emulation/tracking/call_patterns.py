@@ -162,8 +162,20 @@ def signature(func: Any, args: tuple, kwargs: dict) -> tuple[tuple, list] | None
     try:
         for a in args:
             kind = type(a)
-            if kind is _Tensor:
-                append(_tensor_meta(a, tensors))
+            if kind is _Tensor:  # _tensor_meta inlined
+                dtype = a.dtype
+                if a.layout is not _STRIDED or not a.is_cpu or dtype.is_complex \
+                        or _functorch_wrapped(a):
+                    return None
+                try:
+                    mark = getattr(a.untyped_storage(), MEMORY_ATTR, None)
+                except (RuntimeError, NotImplementedError):
+                    mark = memory_mark(a)
+                if mark == PINNED:
+                    return None
+                tensors.append(a)
+                append((dtype, a.shape, a.stride(), a.is_inference(), a.requires_grad,
+                        mark is DEVICE))
             elif kind in _SCALARS:
                 append(kind)
                 append(a)
