@@ -361,9 +361,13 @@ class DeviceState(Observed):
     # observe() and _tell(): observers.Observed, shared with the graph sanitizer's host.
 
     def notify_op(self, op, args: tuple, kwargs: dict, result) -> None:
-        # Called for every device op: the current stream is looked up only for someone to hear it.
-        hooks = [hook for observer in self.observers
-                 if (hook := getattr(observer, "on_op", None)) is not None]
+        # Called for every device op: the current stream is looked up only for someone to hear it,
+        # and the hooks are gathered by a loop (a comprehension is a call of its own).
+        hooks = None
+        for observer in self.observers:
+            hook = getattr(observer, "on_op", None)
+            if hook is not None:
+                hooks = [hook] if hooks is None else [*hooks, hook]
         if hooks:
             stream = self.streams.current()
             for hook in hooks:
