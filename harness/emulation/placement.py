@@ -43,8 +43,8 @@ from harness.emulation.device_draws import (EagerDraws, dispatch_modes_off, is_r
                                             recorded)
 from harness.emulation.generators import DeviceGenerator
 from harness.emulation.compiled_devices import to_device, to_host, to_traced_device
-from harness.emulation.device_memory import (DEVICE, MEMORY_ATTR, PINNED, SPARSE_LAYOUTS,
-                                             is_device_memory, is_wrapper_subclass)
+from harness.emulation.device_memory import (DEVICE, PINNED, SPARSE_LAYOUTS, is_device_memory,
+                                             is_wrapper_subclass, memory_mark)
 from harness.emulation.rules import (CPU, cuda_index, device_generator_on_host_error,
                                                  host_generator_error, mixed_devices_error,
                                                  names_cuda)
@@ -159,23 +159,23 @@ class Placement(TorchFunctionMode):
         device_in = False
         host = None
         try:
-            # is_device_memory inlined: a tensor without a storage raises here, and _scan asks it
+            # memory_mark, not is_device_memory: one Python call per tensor, not two
             for a in args:
                 if isinstance(a, Tensor):
-                    if getattr(a.untyped_storage(), MEMORY_ATTR, None) is DEVICE:
+                    if memory_mark(a) is DEVICE:
                         device_in = True
                     elif host is None and a.dim():
                         host = a
                 elif type(a) is list or type(a) is tuple:
                     for b in a:
                         if isinstance(b, Tensor):
-                            if getattr(b.untyped_storage(), MEMORY_ATTR, None) is DEVICE:
+                            if memory_mark(b) is DEVICE:
                                 device_in = True
                             elif host is None and b.dim():
                                 host = b
             for v in kwargs.values():
                 if isinstance(v, Tensor):
-                    if getattr(v.untyped_storage(), MEMORY_ATTR, None) is DEVICE:
+                    if memory_mark(v) is DEVICE:
                         device_in = True
                     elif host is None and v.dim():
                         host = v
@@ -299,7 +299,7 @@ class Placement(TorchFunctionMode):
                 else:
                     try:
                         storage = out.untyped_storage()
-                        if getattr(storage, MEMORY_ATTR, None) is not DEVICE:
+                        if memory_mark(storage) is not DEVICE:
                             memory.adopt(storage)
                     except (RuntimeError, NotImplementedError):  # no storage of its own: vmap's
                         memory.mark_device(out)

@@ -35,7 +35,7 @@ import torch
 
 from harness import torch_internals
 from harness.graphs.emulator.callsite import callsite_later
-from harness.emulation.device_memory import DEVICE, MEMORY_ATTR, PINNED, memory_mark
+from harness.emulation.device_memory import DEVICE, PINNED, memory_mark
 from harness.emulation.tracking.races import Access
 
 _Tensor = torch.Tensor
@@ -128,10 +128,7 @@ def _tensor_meta(a: Any, tensors: list) -> tuple:
         # A torch.func wrapper (vmap's batched tensor) has no storage to key its reads by; the
         # aten ops below the transform see the tensors it wraps, and are tracked there.
         raise _Unkeyed
-    try:
-        mark = getattr(a.untyped_storage(), MEMORY_ATTR, None)
-    except (RuntimeError, NotImplementedError):
-        mark = memory_mark(a)
+    mark = memory_mark(a)
     if mark == PINNED:
         raise _Unkeyed
     tensors.append(a)
@@ -167,10 +164,7 @@ def signature(func: Any, args: tuple, kwargs: dict) -> tuple[tuple, list] | None
                 if a.layout is not _STRIDED or not a.is_cpu or dtype.is_complex \
                         or _functorch_wrapped(a):
                     return None
-                try:
-                    mark = getattr(a.untyped_storage(), MEMORY_ATTR, None)
-                except (RuntimeError, NotImplementedError):
-                    mark = memory_mark(a)
+                mark = memory_mark(a)
                 if mark == PINNED:
                     return None
                 tensors.append(a)
