@@ -17,7 +17,9 @@ capture): Copy.cu's refusal, which leaves the capture valid.
 many test elements (TensorCompare.cpp's heuristic) sorts after `_unique`, which reads the number of
 unique values on the host (PyTorch #130078), and `masked_fill` of a 0-dim device value passes it to
 its kernel with `value.item()` (Indexing.cu): both refused as a sync, where the emulated device
-captured them; with few test elements or assume_unique=True, or a host value, they are captured. The emulated
+captured them; with few test elements or assume_unique=True, or a host value, they are captured.
+So is `mode` of slices over 2048 values (TensorModeKernel.cpp: a thrust sort and count per slice,
+read on the host), where its fused kernel takes shorter slices on the device. The emulated
 device captured the copying kernels (the read happens inside a kernel its dispatch never sees, and
 on host memory) and refused `ctc_loss` and the last as a sync that invalidates the capture (their
 tags say dynamic output shape). The `cuda_kind` rows show CUDA's own verdicts on a GPU; refused
@@ -52,6 +54,8 @@ REFUSED_AS_A_SYNC: dict[str, Op] = {
     "isin sorting many test elements": lambda a, b: torch.isin(a.flatten(), a.flatten() + 1),
     "Tensor.masked_fill of a device value": lambda a, b: a.masked_fill(a > 4, b[0, 0]),
     "Tensor.masked_fill_ of a device value": lambda a, b: a.clone().masked_fill_(a > 4, b[0, 0]),
+    # one slice of 2064 values, over the 2048 of CUDA's fused kernel: thrust on the host per slice
+    "mode of a slice over 2048 values": lambda a, b: torch.mode(a.round().flatten().repeat(129)),
 }
 CUSOLVER_FAILED = "cusolver error: CUSOLVER_STATUS_INTERNAL_ERROR, when calling `"
 # name: (an op, the cuSOLVER call CUDA names in its error inside a capture)
@@ -109,6 +113,8 @@ CAPTURED: dict[str, Op] = {
         lambda a, b: torch.isin(a.flatten(), a.flatten() + 1, assume_unique=True),
     "Tensor.masked_fill of a host value": lambda a, b: a.masked_fill(a > 4, _HOST_VALUE),
     "Tensor.masked_fill of a number": lambda a, b: a.masked_fill(a > 4, -1.0),
+    "mode of slices of at most 2048 values":
+        lambda a, b: torch.mode(a.round().flatten().repeat(128)),
 }
 OPS = {**REFUSED_AS_A_SYNC, **{name: op for name, (op, _) in FAILED_IN_CUSOLVER.items()},
        **REFUSED_AS_A_PAGEABLE_COPY, **CAPTURED}
@@ -203,7 +209,9 @@ def test_an_op_that_reads_nothing_on_the_host_is_captured_and_follows_new_operan
                                            ("isin sorting many test elements", True),
                                            ("isin with few test elements", False),
                                            ("Tensor.masked_fill of a device value", True),
-                                           ("Tensor.masked_fill of a host value", False)])
+                                           ("Tensor.masked_fill of a host value", False),
+                                           ("mode of a slice over 2048 values", True),
+                                           ("mode of slices of at most 2048 values", False)])
 def test_the_sync_debug_mode_flags_the_reads_inside_kernels(cuda_kind, name, flagged):
     a, b = _operands(0)
     torch.cuda.synchronize()

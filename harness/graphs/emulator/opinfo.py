@@ -130,6 +130,8 @@ def sync_reason(func: torch_internals.OpOverload, args: tuple, kwargs: dict) -> 
         return _grouped_mm_reason(bind(func, args, kwargs))  # no memory tells device from host
     if func in _ISINS:
         return _isin_reason(bind(func, args, kwargs))
+    if func in _MODES:
+        return _mode_reason(bind(func, args, kwargs))
     if torch.Tag.dynamic_output_shape in tags:
         return "its output shape depends on device data"
     return None
@@ -142,7 +144,7 @@ def may_sync(func: torch_internals.OpOverload) -> bool:
     tags = func.tags
     return (torch.Tag.data_dependent_output in tags or torch.Tag.dynamic_output_shape in tags
             or func in _MASKABLE or (_GROUPED_MM is not None and func is _GROUPED_MM)
-            or func in _ISINS
+            or func in _ISINS or func in _MODES
             or getattr(func, "overloadpacket", None) in _SOLVER_CHECKS)
 
 
@@ -300,6 +302,30 @@ def _isin_reason(named: dict) -> str | None:
             f"(a sync; the direct comparison is taken below {int(10.0 * count ** 0.145)} test "
             f"elements): pass assume_unique=True for unique inputs, or compare "
             f"`(elements.unsqueeze(-1) == test_elements).any(-1)`")
+
+
+# `mode` along a dimension (cuda/TensorModeKernel.cpp, as read on PyTorch's main branch): one block
+# per slice computes it on the device when the slice holds at most 2048 values (twice CUDA's 1024
+# threads a block) and 32-bit indexing reaches the input; otherwise `launch_apply_mode_kernel` loops
+# over the slices on the host, each a thrust sort and count whose result the host reads
+# (`thrust::inner_product`, then `memcpy_and_sync` of the answer): a stream sync per slice. The
+# device's dispatch sees `mode` whole and the CPU's kernel reads host memory.
+_MODES = frozenset(getattr(aten.mode, name) for name in ("default", "values", "dimname",
+                                                         "dimname_out") if hasattr(aten.mode, name))
+_MODE_FUSED_LIMIT = 2048
+
+
+def _mode_reason(named: dict) -> str | None:
+    self = named["self"]
+    if self.dim() == 0 or self.numel() == 0:
+        return None
+    dim = named.get("dim", -1)
+    size = self.size(dim if isinstance(dim, int) else self.names.index(dim))
+    if size == 1 or (size <= _MODE_FUSED_LIMIT and self.numel() <= 2 ** 31 - 1):
+        return None
+    return (f"CUDA's mode of slices of {size} values (over {_MODE_FUSED_LIMIT}, its fused kernel's "
+            f"limit) sorts each slice with thrust and reads the result on the host, a sync per "
+            f"slice; compute it before capture, or with slices of at most {_MODE_FUSED_LIMIT} values")
 
 
 # `masked_fill` given a 0-dim value tensor: CUDA's masked_fill__cuda passes the value to its
