@@ -30,8 +30,8 @@ from harness import torch_internals
 from harness.torch_internals import DeviceContext, device_constructors
 from harness.graphs.base import CaptureError
 from harness.emulation import (array_interface, autocast, backward_streams, blas_workspaces,
-                               compiled_rng, device_indices, fft_plans, kernels, missing_kernels,
-                               transfers)
+                               compiled_rng, deterministic_alerts, device_indices, fft_plans,
+                               kernels, missing_kernels, transfers)
 from harness.graphs.emulator.dispatch_keys import keep_modes_reachable
 from harness.graphs.emulator.opinfo import scalar_type_name
 from harness.graphs.emulator.device_asserts import eager_device_assert_error, is_index_out_of_bounds
@@ -277,9 +277,11 @@ class Placement(TorchFunctionMode):
             try:
                 if draws is not None and is_random(func) and dispatch_modes_off():
                     out = draws.draw_call(func, args, kwargs)
+                elif deterministic_alerts.enabled():  # CUDA's kernels without a deterministic form
+                    out = deterministic_alerts.call_alerting(self._call_flagging_syncs(runner),
+                                                             func, args, kwargs)
                 elif self.state.sync_debug_mode:
-                    out = call_flagging_syncs(self.state.sync_debug_mode, runner or _call, func,
-                                              args, kwargs)
+                    out = self._call_flagging_syncs(runner)(func, args, kwargs)
                 else:
                     out = func(*args, **kwargs) if runner is None else runner(func, args, kwargs)
             except (IndexError, RuntimeError) as error:
@@ -313,6 +315,13 @@ class Placement(TorchFunctionMode):
         finally:
             if guarded:
                 state.current_index = caller_index
+
+    def _call_flagging_syncs(self, runner):
+        """The device call's runner, its syncs flagged while the sync debug mode is on."""
+        call, mode = runner or _call, self.state.sync_debug_mode
+        if not mode:
+            return call
+        return lambda func, args, kwargs: call_flagging_syncs(mode, call, func, args, kwargs)
 
     def _on_its_device(self, handler, func, args, kwargs):
         """A handled call (a copy, a host read) under the device guard of its device tensors."""

@@ -1,0 +1,129 @@
+"""`torch.use_deterministic_algorithms(True)` on the device: CUDA's kernels without a deterministic
+form alert (`Context::alertNotDeterministic`: a RuntimeError naming the kernel, or a warning under
+`warn_only=True`), checked inside the CUDA kernels or behind a CUDA device-type test. The emulated
+device ran the CPU's kernels, which have deterministic forms, and never alerted: a float `cumsum`
+(a top-p sampler's), `multinomial` of several samples with replacement (its CUDA kernel's cumsum,
+PyTorch #152854), `histc`, a weighted `bincount`, `median` along a dimension, `put_` accumulating,
+a `scatter_reduce` product, a 2-D `nll_loss`, and the backward of bilinear interpolation, adaptive
+average pooling, reflection padding, `grid_sample` and a max `embedding_bag` ran on the CPU and
+raised on a GPU. The ops CUDA runs deterministically stay quiet. The `cuda_kind` rows show CUDA's
+own verdicts on a GPU."""
+
+from __future__ import annotations
+
+import contextlib
+import warnings
+from typing import Callable, Iterator
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+Call = Callable[[torch.Tensor], object]
+
+
+def _backward(forward: Callable[[torch.Tensor], torch.Tensor]) -> Call:
+    def call(x: torch.Tensor) -> None:
+        leaf = x.detach().requires_grad_()
+        forward(leaf).sum().backward()
+    return call
+
+
+def _ids(x: torch.Tensor) -> torch.Tensor:
+    return (x.abs() * 10).long().remainder(4).flatten()
+
+
+# name: (the caller CUDA's alert names, the call on a 4x16 float input `x`)
+ALERTED: dict[str, tuple[str, Call]] = {
+    "cumsum of floats": ("cumsum_cuda_kernel", lambda x: torch.cumsum(x, 1)),
+    "multinomial of 3 samples with replacement":
+        ("cumsum_cuda_kernel", lambda x: torch.multinomial(x.softmax(1), 3, replacement=True)),
+    "histc": ("_histc_cuda", lambda x: torch.histc(x, 4, -1, 1)),
+    "bincount with weights": ("_bincount_cuda", lambda x: torch.bincount(_ids(x), x.flatten())),
+    "median along a dimension": ("median CUDA with indices output", lambda x: torch.median(x, 1)),
+    "nanmedian along a dimension":
+        ("median CUDA with indices output", lambda x: torch.nanmedian(x, 1)),
+    "put_ accumulating": ("put_", lambda x: x.clone().put_(_ids(x)[:8], x[0, :8], accumulate=True)),
+    "scatter_reduce of a product": ("scatter_reduce_cuda_prod_", lambda x: torch.ones(
+        4, device=x.device).scatter_reduce(0, _ids(x), x.flatten(), "prod")),
+    "cross_entropy of 4-d scores": ("nll_loss2d_forward_out_cuda_template", lambda x: F.cross_entropy(
+        x.view(1, 4, 4, 4), _ids(x)[:16].view(1, 4, 4))),
+    "bilinear interpolation's backward": ("upsample_bilinear2d_backward_out_cuda", _backward(
+        lambda x: F.interpolate(x.view(1, 1, 4, 16), scale_factor=2, mode="bilinear"))),
+    "adaptive_avg_pool2d's backward": ("adaptive_avg_pool2d_backward_cuda", _backward(
+        lambda x: F.adaptive_avg_pool2d(x.view(1, 1, 4, 16), 3))),
+    "reflection padding's backward": ("reflection_pad1d_backward_out_cuda", _backward(
+        lambda x: F.pad(x.view(1, 4, 16), (2, 2), mode="reflect"))),
+    "grid_sample's backward": ("grid_sampler_2d_backward_cuda", _backward(
+        lambda x: F.grid_sample(x.view(1, 1, 4, 16), x[0, :8].reshape(1, 2, 2, 2).tanh(),
+                                align_corners=False))),
+    "embedding_bag max's backward": ("embedding_bag_backward_cuda_max", _backward(
+        lambda x: F.embedding_bag(_ids(x)[:8].view(2, 4), x, mode="max"))),
+}
+QUIET: dict[str, Call] = {
+    "cumsum of integers": lambda x: torch.cumsum(_ids(x), 0),
+    "multinomial of 1 sample with replacement":
+        lambda x: torch.multinomial(x.softmax(1), 1, replacement=True),
+    "multinomial without replacement": lambda x: torch.multinomial(x.softmax(1), 3),
+    "bincount without weights": lambda x: torch.bincount(_ids(x)),
+    "median of all values": lambda x: torch.median(x),
+    "scatter_reduce of a sum": lambda x: torch.zeros(4, device=x.device).scatter_reduce(
+        0, _ids(x), x.flatten(), "sum"),
+    "index_add": lambda x: torch.zeros(4, 16, device=x.device).index_add(0, _ids(x)[:4], x),
+    "scatter_add_": lambda x: torch.zeros(4, device=x.device).scatter_add_(0, _ids(x), x.flatten()),
+    "cross_entropy of 2-d scores": lambda x: F.cross_entropy(x, _ids(x)[:4]),
+    "nearest interpolation's backward": _backward(
+        lambda x: F.interpolate(x.view(1, 1, 4, 16), scale_factor=2, mode="nearest")),
+}
+DOES_NOT = "does not have a deterministic implementation, but you set 'torch.use_deterministic_algorithms(True"
+
+
+@contextlib.contextmanager
+def _deterministic(warn_only: bool = False) -> Iterator[None]:
+    was, was_warn_only = (torch.are_deterministic_algorithms_enabled(),
+                          torch.is_deterministic_algorithms_warn_only_enabled())
+    torch.use_deterministic_algorithms(True, warn_only=warn_only)
+    try:
+        yield
+    finally:
+        torch.use_deterministic_algorithms(was, warn_only=was_warn_only)
+
+
+def _input() -> torch.Tensor:
+    return torch.randn(4, 16, generator=torch.Generator().manual_seed(0)).to("cuda")
+
+
+@pytest.mark.parametrize("name", sorted(ALERTED))
+def test_a_kernel_without_a_deterministic_form_raises_cudas_alert(cuda_kind, name):
+    caller, call = ALERTED[name]
+    x = _input()
+    with _deterministic(), pytest.raises(RuntimeError) as raised:
+        call(x)
+    assert str(raised.value).startswith(f"{caller} {DOES_NOT})'."), raised.value
+    call(x)  # the mode off, the call runs
+
+
+@pytest.mark.parametrize("name", ["cumsum of floats", "bilinear interpolation's backward"])
+def test_warn_only_warns_with_cudas_words_and_runs(cuda_kind, name):
+    caller, call = ALERTED[name]
+    x = _input()
+    with _deterministic(warn_only=True), warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        call(x)
+    texts = [str(w.message) for w in caught]
+    assert any(t.startswith(f"{caller} {DOES_NOT}, warn_only=True)'.") for t in texts), texts
+
+
+@pytest.mark.parametrize("name", sorted(QUIET))
+def test_an_op_cuda_runs_deterministically_stays_quiet(cuda_kind, name):
+    x = _input()
+    with _deterministic(), warnings.catch_warnings():
+        warnings.simplefilter("error")
+        QUIET[name](x)
+
+
+def test_host_tensors_keep_the_cpus_deterministic_kernels(cuda_kind):
+    x = _input().cpu()
+    with _deterministic():
+        assert torch.cumsum(x, 1).shape == (4, 16)
+        assert torch.histc(x, 4, -1, 1).sum().item() <= 64
