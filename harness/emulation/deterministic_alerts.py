@@ -16,12 +16,23 @@ MultinomialKernel.cu, LossNLL2d.cu, GridSampler.cu, LossCTC.cu, EmbeddingBag.cu 
 pooling and padding kernels), each caller's text found in the CUDA wheel of torch 2.14, the list
 that of `torch.use_deterministic_algorithms`'s documentation (the operations that "will throw a
 RuntimeError" on CUDA tensors). The alerts the CPU's kernels make themselves (`put_` without
-accumulate, `max_unpool`) stay the CPU's. While the mode is on, each device call runs under a
-dispatch mode that asks every aten op it reaches; with the mode off nothing is entered."""
+accumulate, `max_unpool`) stay the CPU's.
+
+cuBLAS too: every gemm and gemv PyTorch issues (CUDABlas.cpp: `mm`, `addmm`, `bmm`, `baddbmm`,
+`addbmm`, `mv`, `addmv`, and `matmul`, `linear` and SDPA's math path through them) first calls
+`Context::alertCuBLASConfigNotDeterministic()`, which raises (or warns) "Deterministic behavior was
+enabled ... because it uses CuBLAS and you have CUDA >= 10.2" unless CUBLAS_WORKSPACE_CONFIG is
+`:4096:8` or `:16:8`. CUDA reads the variable once, at the process's first gemm; the emulated
+device reads it at each matmul under the mode.
+
+While the mode is on, each device call runs under a dispatch mode that asks every aten op it
+reaches; with the mode off nothing is entered."""
 
 from __future__ import annotations
 
+import os
 import warnings
+from dataclasses import dataclass
 from typing import Callable
 
 import torch
@@ -42,6 +53,27 @@ _WARNED = ("{caller} does not have a deterministic implementation, but you set "
            "'torch.use_deterministic_algorithms(True, warn_only=True)'. You can file an issue at "
            "https://github.com/pytorch/pytorch/issues to help us prioritize adding deterministic "
            "support for this operation.")
+
+
+_CUBLAS = ("Deterministic behavior was enabled with either `torch.use_deterministic_algorithms(True)` "
+           "or `at::Context::setDeterministicAlgorithms(true)`, but this operation is not "
+           "deterministic because it uses CuBLAS and you have CUDA >= 10.2. To enable deterministic "
+           "behavior in this case, you must set an environment variable before running your PyTorch "
+           "application: CUBLAS_WORKSPACE_CONFIG=:4096:8 or CUBLAS_WORKSPACE_CONFIG=:16:8. For more "
+           "information, go to https://docs.nvidia.com/cuda/cublas/index.html#results-reproducibility")
+_CUBLAS_DETERMINISTIC_CONFIGS = (":4096:8", ":16:8")
+
+
+@dataclass(frozen=True)
+class Alert:
+    """What CUDA says of a call without a deterministic form: raised, or warned under warn_only."""
+
+    raised: str
+    warned: str
+
+
+def _kernel_alert(caller: str) -> Alert:
+    return Alert(_RAISED.format(caller=caller), _WARNED.format(caller=caller))
 
 
 def _always(caller: str) -> Callable[[dict], str | None]:
@@ -126,29 +158,50 @@ _ALERTS: dict = _packets({
 })
 
 
+# The aten ops CUDA runs as a cuBLAS gemm or gemv (packets), and their operands: an empty one makes
+# no call.
+_CUBLAS_OPS = frozenset(getattr(aten, name) for name in (
+    "mm", "addmm", "_addmm_activation", "bmm", "baddbmm", "addbmm", "mv", "addmv")
+    if hasattr(aten, name))
+_OPERANDS = ("self", "mat1", "mat2", "batch1", "batch2", "mat", "vec")
+
+
+def _cublas_alert(named: dict) -> Alert | None:
+    if any(isinstance(named.get(n), torch.Tensor) and named[n].numel() == 0 for n in _OPERANDS):
+        return None
+    if os.environ.get("CUBLAS_WORKSPACE_CONFIG") in _CUBLAS_DETERMINISTIC_CONFIGS:
+        return None
+    return Alert(_CUBLAS, _CUBLAS)
+
+
 def enabled() -> bool:
     """Whether `torch.use_deterministic_algorithms(True)` is on (warn-only or not)."""
     return torch.are_deterministic_algorithms_enabled()
 
 
-def cuda_caller(func, args: tuple, kwargs: dict) -> str | None:
-    """The caller CUDA's kernel for this aten op names in its deterministic alert, on these
-    arguments, or None where it has a deterministic form (or is not CUDA's to alert)."""
-    rule = _ALERTS.get(getattr(func, "overloadpacket", None))
-    if rule is None:
+def cuda_alert(func, args: tuple, kwargs: dict) -> Alert | None:
+    """What CUDA's kernel for this aten op says under the deterministic mode, on these arguments,
+    or None where it runs deterministically (or is not CUDA's to alert)."""
+    packet = getattr(func, "overloadpacket", None)
+    rule = _ALERTS.get(packet)
+    if rule is None and packet not in _CUBLAS_OPS:
         return None
     flat, _ = tree_flatten((args, kwargs))
     if not any(isinstance(a, torch.Tensor) and is_device_memory(a) for a in flat):
         return None
-    return rule(bind(func, args, kwargs))
+    named = bind(func, args, kwargs)
+    if rule is None:
+        return _cublas_alert(named)
+    caller = rule(named)
+    return None if caller is None else _kernel_alert(caller)
 
 
-def alert(caller: str) -> None:
-    """CUDA's `alertNotDeterministic(caller)`: a warning under warn_only, else the error."""
+def alert(found: Alert) -> None:
+    """CUDA's alert: a warning under warn_only, else the error."""
     if torch.is_deterministic_algorithms_warn_only_enabled():
-        warnings.warn(_WARNED.format(caller=caller), UserWarning, stacklevel=3)
+        warnings.warn(found.warned, UserWarning, stacklevel=3)
         return
-    raise RuntimeError(_RAISED.format(caller=caller))
+    raise RuntimeError(found.raised)
 
 
 class _AlertNondeterministic(TorchDispatchMode):
@@ -156,9 +209,9 @@ class _AlertNondeterministic(TorchDispatchMode):
         if types and defer_to_subclass(types):
             return NotImplemented  # the subclass's own dispatch first (tensor_subclasses.py)
         kwargs = kwargs or {}
-        caller = cuda_caller(func, args, kwargs)
-        if caller is not None:
-            alert(caller)
+        found = cuda_alert(func, args, kwargs)
+        if found is not None:
+            alert(found)
         return func(*args, **kwargs)
 
 
@@ -168,4 +221,4 @@ def call_alerting(call, func, args: tuple, kwargs: dict):
         return call(func, args, kwargs)
 
 
-__all__ = ["alert", "call_alerting", "cuda_caller", "enabled"]
+__all__ = ["Alert", "alert", "call_alerting", "cuda_alert", "enabled"]

@@ -6,18 +6,23 @@ device ran the CPU's kernels, which have deterministic forms, and never alerted:
 PyTorch #152854), `histc`, a weighted `bincount`, `median` along a dimension, `put_` accumulating,
 a `scatter_reduce` product, a 2-D `nll_loss`, and the backward of bilinear interpolation, adaptive
 average pooling, reflection padding, `grid_sample` and a max `embedding_bag` ran on the CPU and
-raised on a GPU. The ops CUDA runs deterministically stay quiet. The `cuda_kind` rows show CUDA's
-own verdicts on a GPU."""
+raised on a GPU. The ops CUDA runs deterministically stay quiet. Every cuBLAS gemm and gemv (`mm`,
+`matmul`, `linear`, `bmm`, `mv`) alerts too unless CUBLAS_WORKSPACE_CONFIG is `:4096:8` or `:16:8`
+(CUDA reads it once, at the process's first gemm: its native rows run in a process of their own).
+The `cuda_kind` rows show CUDA's own verdicts on a GPU."""
 
 from __future__ import annotations
 
 import contextlib
+import os
 import warnings
 from typing import Callable, Iterator
 
 import pytest
 import torch
 import torch.nn.functional as F
+
+from suites.cuda_device._own_process import in_a_process_of_its_own
 
 Call = Callable[[torch.Tensor], object]
 
@@ -127,3 +132,59 @@ def test_host_tensors_keep_the_cpus_deterministic_kernels(cuda_kind):
     with _deterministic():
         assert torch.cumsum(x, 1).shape == (4, 16)
         assert torch.histc(x, 4, -1, 1).sum().item() <= 64
+
+
+CUBLAS = ("Deterministic behavior was enabled with either `torch.use_deterministic_algorithms(True)` "
+          "or `at::Context::setDeterministicAlgorithms(true)`, but this operation is not "
+          "deterministic because it uses CuBLAS and you have CUDA >= 10.2.")
+MATMULS: dict[str, Call] = {
+    "mm": lambda x: x @ x.mT,
+    "linear": lambda x: F.linear(x, x, x[0, :4]),
+    "bmm": lambda x: torch.bmm(x.view(2, 2, 16), x.view(2, 16, 2)),
+    "mv": lambda x: torch.mv(x, x[0]),
+}
+
+
+def _matmul_outcome(name: str, config: str | None, warn_only: bool) -> tuple[str, list[str]]:
+    """A matmul under the deterministic mode with CUBLAS_WORKSPACE_CONFIG as given (set before the
+    first gemm, when CUDA reads it): "ran" or the error's text, and the warnings' texts."""
+    was = os.environ.pop("CUBLAS_WORKSPACE_CONFIG", None)
+    if config is not None:
+        os.environ["CUBLAS_WORKSPACE_CONFIG"] = config
+    try:
+        x = _input()
+        with _deterministic(warn_only), warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            try:
+                MATMULS[name](x)
+                outcome = "ran"
+            except RuntimeError as error:
+                outcome = str(error)
+        return outcome, [str(w.message) for w in caught]
+    finally:
+        os.environ.pop("CUBLAS_WORKSPACE_CONFIG", None)
+        if was is not None:
+            os.environ["CUBLAS_WORKSPACE_CONFIG"] = was
+
+
+def _matmul_outcome_on(cuda_kind: str, *args) -> tuple[str, list[str]]:
+    if cuda_kind == "emulated":
+        return _matmul_outcome(*args)
+    return in_a_process_of_its_own(__file__, "_matmul_outcome", *args)
+
+
+@pytest.mark.parametrize("name", sorted(MATMULS))
+def test_a_cublas_matmul_without_a_deterministic_workspace_config_raises(cuda_kind, name):
+    outcome, _ = _matmul_outcome_on(cuda_kind, name, None, False)
+    assert outcome.startswith(CUBLAS), outcome
+
+
+@pytest.mark.parametrize("config", [":4096:8", ":16:8"])
+def test_a_deterministic_workspace_config_lets_the_matmul_run(cuda_kind, config):
+    outcome, warned = _matmul_outcome_on(cuda_kind, "mm", config, False)
+    assert outcome == "ran" and not any(CUBLAS in w for w in warned), (outcome, warned)
+
+
+def test_warn_only_warns_of_the_cublas_config_and_runs(cuda_kind):
+    outcome, warned = _matmul_outcome_on(cuda_kind, "linear", ":4096:2", True)
+    assert outcome == "ran" and any(w.startswith(CUBLAS) for w in warned), (outcome, warned)
