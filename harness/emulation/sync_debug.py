@@ -51,7 +51,7 @@ def syncs(func, args: tuple, kwargs: dict) -> bool:
         return True
     if copies_to_host_inside(func):  # a blocking copy inside CUDA's kernel (matrix_exp's norms)
         return kernel_host_copy(func, args, kwargs) is not None and _reads_device(args, kwargs)
-    return may_sync(func) and sync_reason(func, args, kwargs) is not None \
+    return may_sync(func) and sync_reason(func, args, kwargs, is_device_memory) is not None \
         and _reads_device(args, kwargs)
 
 

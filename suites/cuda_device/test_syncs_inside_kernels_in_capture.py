@@ -19,7 +19,11 @@ unique values on the host (PyTorch #130078), and `masked_fill` of a 0-dim device
 its kernel with `value.item()` (Indexing.cu): both refused as a sync, where the emulated device
 captured them; with few test elements or assume_unique=True, or a host value, they are captured.
 So is `mode` of slices over 2048 values (TensorModeKernel.cpp: a thrust sort and count per slice,
-read on the host), where its fused kernel takes shorter slices on the device. The emulated
+read on the host), where its fused kernel takes shorter slices on the device; `linspace` and
+`logspace` of device bounds and `index_fill` of a 0-dim device value (`.item()` inside their
+kernels); and `x[mask] = value` of a device value, which CUDA does not turn into masked_fill
+(canDispatchToMaskedFill wants a host value) and indexes through the mask's `nonzero`; the emulated
+device captured all four. The emulated
 device captured the copying kernels (the read happens inside a kernel its dispatch never sees, and
 on host memory) and refused `ctc_loss` and the last as a sync that invalidates the capture (their
 tags say dynamic output shape). The `cuda_kind` rows show CUDA's own verdicts on a GPU; refused
@@ -56,6 +60,11 @@ REFUSED_AS_A_SYNC: dict[str, Op] = {
     "Tensor.masked_fill_ of a device value": lambda a, b: a.clone().masked_fill_(a > 4, b[0, 0]),
     # one slice of 2064 values, over the 2048 of CUDA's fused kernel: thrust on the host per slice
     "mode of a slice over 2048 values": lambda a, b: torch.mode(a.round().flatten().repeat(129)),
+    "linspace of device bounds": lambda a, b: torch.linspace(b[0, 0], b[1, 0], 5, device="cuda"),
+    "logspace of a device bound": lambda a, b: torch.logspace(b[0, 0], 1.0, 5, device="cuda"),
+    "Tensor.index_fill of a device value":
+        lambda a, b: a.index_fill(0, torch.arange(2, device="cuda"), b[0, 0]),
+    "boolean-mask assignment of a device value": lambda a, b: _assigned(a, b[0, 0]),
 }
 CUSOLVER_FAILED = "cusolver error: CUSOLVER_STATUS_INTERNAL_ERROR, when calling `"
 # name: (an op, the cuSOLVER call CUDA names in its error inside a capture)
@@ -69,6 +78,15 @@ FAILED_IN_CUSOLVER: dict[str, tuple[Op, str]] = {
 
 # A 0-dim host tensor, made before any capture: CUDA's masked_fill reads it in place.
 _HOST_VALUE = torch.tensor(-1.0)
+
+
+def _assigned(a: torch.Tensor, value) -> torch.Tensor:
+    """`x[mask] = value`: index_put_ with a boolean mask, which CUDA turns into masked_fill_ for
+    a number or a one-element host value (canDispatchToMaskedFill), and indexes through the mask's
+    `nonzero` (a sync) for a device value."""
+    assigned = a.clone()
+    assigned[a > 4] = value
+    return assigned
 
 
 def _ctc_loss(a: torch.Tensor, input_lengths, target_lengths) -> torch.Tensor:
@@ -115,6 +133,10 @@ CAPTURED: dict[str, Op] = {
     "Tensor.masked_fill of a number": lambda a, b: a.masked_fill(a > 4, -1.0),
     "mode of slices of at most 2048 values":
         lambda a, b: torch.mode(a.round().flatten().repeat(128)),
+    "linspace of numbers": lambda a, b: torch.linspace(-1.0, 1.0, 5, device="cuda") * a[0, 0],
+    "Tensor.index_fill of a number": lambda a, b: a.index_fill(0, torch.arange(2, device="cuda"), -1.0),
+    "boolean-mask assignment of a number": lambda a, b: _assigned(a, -1.0),
+    "boolean-mask assignment of a host value": lambda a, b: _assigned(a, _HOST_VALUE),
 }
 OPS = {**REFUSED_AS_A_SYNC, **{name: op for name, (op, _) in FAILED_IN_CUSOLVER.items()},
        **REFUSED_AS_A_PAGEABLE_COPY, **CAPTURED}
@@ -211,7 +233,11 @@ def test_an_op_that_reads_nothing_on_the_host_is_captured_and_follows_new_operan
                                            ("Tensor.masked_fill of a device value", True),
                                            ("Tensor.masked_fill of a host value", False),
                                            ("mode of a slice over 2048 values", True),
-                                           ("mode of slices of at most 2048 values", False)])
+                                           ("mode of slices of at most 2048 values", False),
+                                           ("linspace of device bounds", True),
+                                           ("Tensor.index_fill of a device value", True),
+                                           ("boolean-mask assignment of a device value", True),
+                                           ("boolean-mask assignment of a host value", False)])
 def test_the_sync_debug_mode_flags_the_reads_inside_kernels(cuda_kind, name, flagged):
     a, b = _operands(0)
     torch.cuda.synchronize()

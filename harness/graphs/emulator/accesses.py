@@ -87,7 +87,7 @@ def blocks_host(func, args: tuple, kwargs: dict, is_device: Callable[[torch.Tens
     into pinned memory."""
     if func in COPIES:
         return copy_blocks_host(func, args, kwargs, is_device, is_pinned, targets_device)
-    if opinfo.sync_reason(func, args, kwargs) is not None:
+    if opinfo.sync_reason(func, args, kwargs, is_device) is not None:
         return True
     if opinfo.reads_a_device_value(func, args, kwargs, is_device) is not None:
         return True  # masked_fill's `value.item()` inside CUDA's kernel

@@ -107,8 +107,11 @@ def aliased_returns(func: torch_internals.OpOverload, args: tuple, kwargs: dict)
     return values[0] if len(values) == 1 else values
 
 
-def sync_reason(func: torch_internals.OpOverload, args: tuple, kwargs: dict) -> str | None:
-    """Why a graph cannot record this op (a host sync or a data-dependent shape), or None."""
+def sync_reason(func: torch_internals.OpOverload, args: tuple, kwargs: dict,
+                on_device: Callable[[torch.Tensor], bool] | None = None) -> str | None:
+    """Why a graph cannot record this op (a host sync or a data-dependent shape), or None.
+    `on_device` says which tensors are device memory (by default, every tensor not on the host
+    device)."""
     packet = getattr(func, "overloadpacket", None)
     if packet in _SOLVER_CHECKS:
         return _solver_check_reason(packet, bind(func, args, kwargs))
@@ -123,7 +126,7 @@ def sync_reason(func: torch_internals.OpOverload, args: tuple, kwargs: dict) -> 
         named = bind(func, args, kwargs)
         indices = named.get("indices") or ()
         if any(t is not None and t.dtype in (torch.bool, torch.uint8) for t in indices) \
-                and not _is_masked_fill(func, named):
+                and not _is_masked_fill(func, named, on_device or _on_device(None)):
             return "boolean-mask indexing has a data-dependent shape"
         return None
     if func is _GROUPED_MM:  # a copy to pageable memory (kernel_host_copy), a sync where
@@ -231,7 +234,9 @@ def capture_refusal(func: torch_internals.OpOverload, args: tuple, kwargs: dict,
                                        "before capture", True)
     copy = _copy_met(func, args, kwargs, device, memory) if copies_to_host_inside(func) else None
     if copy is None:
-        reason = sync_reason(func, args, kwargs) if may_sync(func) else None
+        # Where host and device memory are one (the plain emulator), ATen's own view decides.
+        on_device = _on_device(None if getattr(memory, "all_device", False) else memory)
+        reason = sync_reason(func, args, kwargs, on_device) if may_sync(func) else None
         if reason:
             return CaptureRefusal(cuda_errors.NOT_PERMITTED, reason, True)
         copy = _copy_met(func, args, kwargs, device, memory)
@@ -337,27 +342,58 @@ _MASKED_FILLS_OF_A_TENSOR = frozenset(getattr(packet, name) for packet, name in 
     if hasattr(packet, name))
 
 
+# `index_fill_(dim, index, Tensor value)` (TensorAdvancedIndexing.cpp) calls the Scalar overload
+# with `value.item()`, and `linspace`/`logspace` of tensor bounds (TensorFactories.cpp, their
+# CompositeExplicitAutograd kernels) call the Scalar forms with `start.item()` and `end.item()`:
+# each a copy to the host and a stream sync where the tensor is device memory, inside a call the
+# device's dispatch sees whole.
+_INDEX_FILLS_OF_A_TENSOR = frozenset(getattr(packet, name) for packet, name in (
+    (aten.index_fill_, "int_Tensor"), (aten.index_fill, "int_Tensor"),
+    (aten.index_fill, "int_Tensor_out")) if hasattr(packet, name))
+_RANGES_OF_TENSORS = frozenset(getattr(packet, name) for packet in (aten.linspace, aten.logspace)
+                               for name in ("Tensor_Tensor", "Tensor_Scalar", "Scalar_Tensor",
+                                            "Tensor_Tensor_out", "Tensor_Scalar_out",
+                                            "Scalar_Tensor_out") if hasattr(packet, name))
+_READS_A_VALUE = _MASKED_FILLS_OF_A_TENSOR | _INDEX_FILLS_OF_A_TENSOR | _RANGES_OF_TENSORS
+
+
 def reads_a_device_value(func: torch_internals.OpOverload, args: tuple, kwargs: dict,
                          on_device: Callable[[torch.Tensor], bool]) -> str | None:
     """Why CUDA's kernel of this op reads a device tensor's value on the host before it launches
     (a copy and a stream sync that the device's dispatch never sees), or None. `on_device` says
     which tensors are device memory."""
-    if func not in _MASKED_FILLS_OF_A_TENSOR:
+    if func not in _READS_A_VALUE:
         return None
-    value = bind(func, args, kwargs)["value"]
+    named = bind(func, args, kwargs)
+    if func in _RANGES_OF_TENSORS:
+        read = [n for n in ("start", "end")
+                if isinstance(named.get(n), torch.Tensor) and on_device(named[n])]
+        if not read:
+            return None
+        name = func.overloadpacket.__name__.split(".")[-1]
+        return (f"CUDA's {name} of tensor bounds reads them on the host "
+                f"({', '.join(f'`{n}.item()`' for n in read)}), a copy to the host and a sync; pass "
+                f"Python numbers, or build the range as `start + (end - start) * "
+                f"torch.arange(steps) / (steps - 1)` on the device")
+    value = named["value"]
     if not isinstance(value, torch.Tensor) or value.dim() != 0 or not on_device(value):
         return None
+    if func in _INDEX_FILLS_OF_A_TENSOR:
+        return ("CUDA's index_fill of a tensor value takes it as a host scalar (`value.item()`), a "
+                "copy of the device value to the host and a sync; pass a Python number, or scatter "
+                "the value on the device (`self.index_copy_(dim, index, value.expand(shape))`)")
     return ("CUDA's masked_fill takes its value as a host scalar (`value.item()`), a copy of the "
             "device value to the host and a sync; pass a Python number, or write "
             "`torch.where(mask, value, self)`, which reads the value on the device")
 
 
-def _is_masked_fill(func: torch_internals.OpOverload, named: dict, memory: Any = None) -> bool:
+def _is_masked_fill(func: torch_internals.OpOverload, named: dict,
+                    on_device: Callable[[torch.Tensor], bool]) -> bool:
     """`x[mask] = scalar`: index_put turns this into masked_fill_, which never syncs (ATen's
-    canDispatchToMaskedFill: one mask on self's device, a one-element value on the host)."""
+    canDispatchToMaskedFill: one mask on self's device, a one-element value on the host; a value
+    on the device keeps the boolean mask's `nonzero`, a sync)."""
     if func not in (aten.index_put.default, aten.index_put_.default):
         return False
-    on_device = _on_device(memory)
     value, self = named["values"], named["self"]
     masks = [t for t in named["indices"] if t is not None]
     return (value.numel() == 1 and not on_device(value) and len(masks) == 1
@@ -409,7 +445,7 @@ def copy_refusal(func: torch_internals.OpOverload, args: tuple, kwargs: dict,
         named = bind(func, args, kwargs)
         values, target = named["values"], named["self"]
         if (not on_device(values) and on_device(target) and not pinned(values)
-                and not _is_masked_fill(func, named, memory)):
+                and not _is_masked_fill(func, named, on_device)):
             # `y[index] = 1.0`: ATen copies the host value to the device first (only a boolean mask
             # with a scalar becomes masked_fill_, which takes the value by argument).
             return (cuda_errors.PAGEABLE_COPY,
@@ -422,7 +458,7 @@ def copy_refusal(func: torch_internals.OpOverload, args: tuple, kwargs: dict,
         first = func._schema.arguments[0].name  # `self`; `log_probs`, `grad` for the CTC losses
         if why is not None and on_device(bind(func, args, kwargs)[first]):
             return cuda_errors.PAGEABLE_COPY, why
-    elif func in _MASKED_FILLS_OF_A_TENSOR:
+    elif func in _READS_A_VALUE:
         why = reads_a_device_value(func, args, kwargs, on_device)
         if why is not None:
             return cuda_errors.NOT_PERMITTED, why
