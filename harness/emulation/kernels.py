@@ -97,7 +97,21 @@ def one_hot(tensor: Tensor, num_classes: int = -1) -> Tensor:
     return ret.scatter_(-1, tensor.unsqueeze(-1), 1)
 
 
+def lstsq(A: Tensor, B: Tensor, rcond: float | None = None, *, driver: str | None = None,
+          out=None):
+    """CUDA's least squares (BatchLinearAlgebra.cpp's `get_default_lstsq_driver`): `gels` is the
+    only driver for CUDA tensors, the default there, and any other name is refused in CUDA's words
+    before the name's own check; the CPU's default is `gelsy`. The answers differ in what they
+    fill: `gels` leaves `rank` and `singular_values` empty and fills `residuals` for a tall
+    matrix, `gelsy` fills `rank` and leaves `residuals` empty."""
+    if driver is not None and driver != "gels":
+        raise RuntimeError("torch.linalg.lstsq: `driver` other than `gels` is not supported on CUDA")
+    if out is not None:
+        return torch.linalg.lstsq(A, B, rcond, driver="gels", out=out)
+    return torch.linalg.lstsq(A, B, rcond, driver="gels")
+
+
 # The torch function each replaces, for the placement mode's table.
 REPLACEMENTS = {torch.histc: histc, Tensor.histc: tensor_histc, torch.mm: mm,
                 torch.nn.functional.scaled_dot_product_attention: scaled_dot_product_attention,
-                torch.nn.functional.one_hot: one_hot}
+                torch.nn.functional.one_hot: one_hot, torch.linalg.lstsq: lstsq}
