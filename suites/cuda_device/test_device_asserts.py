@@ -1,6 +1,6 @@
 """An index out of bounds in a replayed kernel fails as on CUDA: `torch.AcceleratorError` "CUDA error:
 device-side assert triggered", where the cpu kernel raises `IndexError` (or `RuntimeError`) in its own
-words. The windowed-Mistral case of the transformers audit: a StaticCache's sliding layer of 8
+words; a class index outside `cross_entropy`'s classes too (the cpu's "Target 8 is out of bounds."). The windowed-Mistral case of the transformers audit: a StaticCache's sliding layer of 8
 positions written at position 8 by `index_copy_` in a replay past the window. Natively (in a process
 of its own: the assert leaves the CUDA context unusable) the same replay shows CUDA's verdict."""
 
@@ -29,6 +29,9 @@ CASES: list[tuple[str, str, Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
     ("gather", "aten.gather", lambda i, x: x.gather(0, i)),
     ("embedding", "aten.embedding", lambda i, x: torch.nn.functional.embedding(i, x.view(8, 1))),
     ("advanced indexing", "aten.index", lambda i, x: x[i]),
+    # a class index past the 8 classes: LossNLL.cu asserts it on the device
+    ("cross_entropy's target", "aten.nll_loss_forward",
+     lambda i, x: torch.nn.functional.cross_entropy(x.view(1, 8), i)),
 ]
 
 

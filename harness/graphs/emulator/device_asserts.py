@@ -24,16 +24,20 @@ from harness.graphs.emulator.cuda_errors import cuda_first
 DEVICE_ASSERT = "CUDA error: device-side assert triggered"
 
 # The cpu kernels' texts for an index value outside its dimension. Not "Dimension out of range":
-# that is a shape check CUDA makes on the host too, before any kernel runs.
+# that is a shape check CUDA makes on the host too, before any kernel runs. A class index outside
+# the classes of `nll_loss` (and `cross_entropy` through it) is one too: CUDA's LossNLL.cu and
+# LossNLL2d.cu kernels assert it on the device.
 _INDEX_OUT_OF_BOUNDS = re.compile(r"index -?\d+ is out of bounds for dimension"
                                   r"|index out of range in self"
-                                  r"|out of range: tried to access index")
+                                  r"|out of range: tried to access index"
+                                  r"|^Target -?\d+ is out of bounds\.")
 
 # The aten ops whose CUDA kernels assert on an index, for naming the op of an untraced replay.
 _ASSERTING_OPS = ("index_copy_", "index_copy", "index_select", "index_add_", "index_add",
                   "index_fill_", "index_fill", "index_put_", "index_put", "_index_put_impl_",
                   "index", "gather", "scatter", "scatter_", "scatter_add", "scatter_add_",
-                  "scatter_reduce", "scatter_reduce_", "embedding", "take", "put_")
+                  "scatter_reduce", "scatter_reduce_", "embedding", "take", "put_",
+                  "nll_loss_forward", "nll_loss2d_forward")
 
 
 class DeviceAssertError(torch.AcceleratorError):
