@@ -55,6 +55,10 @@ _autocast_on = torch.is_autocast_enabled
 _AUTOCAST_OPS = autocast.AUTOCAST_OPS
 _NODE_STREAMS = backward_streams.CHECKED  # whether autograd's nodes need their streams noted
 _CONSTRUCTORS = device_constructors()
+# The factories that take numbers (sizes, bounds, a fill value) where a 0-dim tensor may stand:
+# its value is read on the host, and the result made where `device` says.
+_FACTORIES_OF_NUMBERS = frozenset(f for f in _CONSTRUCTORS if f.__name__ not in (
+    "tensor", "as_tensor", "asarray", "nested_tensor") and not f.__name__.startswith("sparse_"))
 _TorchGenerator = torch_internals.Generator
 _MethodWrapper = types.MethodWrapperType
 _descriptor = torch_internals.TensorBase.__dict__.__getitem__
@@ -192,6 +196,13 @@ class Placement(TorchFunctionMode):
             if kwargs.get("pin_memory"):
                 kwargs = {**kwargs, "pin_memory": False}
                 pinned = True
+        if device_in and not named_device and func in _FACTORIES_OF_NUMBERS \
+                and kwargs.get("out") is None:
+            # `torch.arange(n)` of a 0-dim device `n`: CUDA reads it on the host (`.item()`, a
+            # sync; a capture refuses it at the read) and makes a host tensor unless `device` names
+            # one. The device tensors read are no device call of their own.
+            self.state.flag_host_sync()
+            device_in = False
         if not (device_in or named_device):
             if kwargs and isinstance(kwargs.get("generator"), DeviceGenerator):
                 raise device_generator_on_host_error()
