@@ -31,7 +31,7 @@ from harness.torch_internals import DeviceContext, device_constructors
 from harness.graphs.base import CaptureError
 from harness.emulation import (array_interface, autocast, backward_streams, blas_workspaces,
                                compiled_rng, deterministic_alerts, device_indices, fft_plans,
-                               kernels, missing_kernels, transfers)
+                               host_arguments, kernels, missing_kernels, transfers)
 from harness.graphs.emulator.dispatch_keys import keep_modes_reachable
 from harness.graphs.emulator.opinfo import scalar_type_name
 from harness.graphs.emulator.device_asserts import eager_device_assert_error, is_index_out_of_bounds
@@ -111,6 +111,7 @@ class Placement(TorchFunctionMode):
             torch.device: _device_of_index,
             **{func: self._cuda_kernel for func in kernels.REPLACEMENTS},
             **dict.fromkeys(missing_kernels.CPU_ONLY, self._cpu_only),
+            **dict.fromkeys(host_arguments.CALLS, self._host_argument),
             **{func: self._blas_call for func in blas_workspaces.MATMUL_FUNCS},
             **dict.fromkeys(fft_plans.FFT_KINDS, self._fft_call),
             **dict.fromkeys(_FROM_HOST_DATA, array_interface.handler(self)),
@@ -447,6 +448,15 @@ class Placement(TorchFunctionMode):
         dispatcher refuses it on a GPU; a host call keeps the cpu's answer."""
         if _scan(args, kwargs)[0]:
             raise missing_kernels.no_cuda_kernel(func, args, kwargs)
+        return self._generic(func, args, kwargs)
+
+    def _host_argument(self, func, args, kwargs):
+        """A call whose tensor argument CUDA wants on the host (host_arguments.py): refused for a
+        device tensor in CUDA's words, as CUDA checks it before reading it."""
+        value = host_arguments.argument(func, args, kwargs)
+        if isinstance(value, Tensor) and is_device_memory(value):
+            index = device_indices.guard_index((value,), {}) or 0
+            raise host_arguments.refusal(func, f"cuda:{index}")
         return self._generic(func, args, kwargs)
 
     def _blas_call(self, func, args, kwargs):

@@ -1,0 +1,37 @@
+"""Calls whose tensor argument CUDA wants in host memory: `torch.tensor_split(x, t)` of a tensor of
+sections or indices and `torch.randint_like(x, high)` of a tensor bound check the argument's device
+before reading it (TensorShape.cpp, TensorFactories.cpp) and refuse a device tensor. The emulated
+device's tensors passed those checks and the calls ran. A host argument, the form CUDA asks for,
+splits and draws on the device. The `cuda_kind` rows show CUDA's own answers on a GPU."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+REFUSED = {
+    "torch.tensor_split": (lambda x, t: torch.tensor_split(x, t),
+                           "tensor_split expected tensor_indices_or_sections to be on cpu, but it's on cuda:0"),
+    "Tensor.tensor_split of indices": (lambda x, t: x.tensor_split(torch.stack((t, t + 2))),
+                                       "tensor_split expected tensor_indices_or_sections to be on cpu, but it's on cuda:0"),
+    "torch.randint_like": (lambda x, t: torch.randint_like(x, t), "high must be a scalar tensor and on CPU"),
+}
+
+
+@pytest.mark.parametrize("name", sorted(REFUSED))
+def test_a_device_argument_is_refused_in_cudas_words(cuda_kind, name):
+    call, text = REFUSED[name]
+    x = torch.arange(8.0, device="cuda")
+    with pytest.raises(RuntimeError, match=f"^{text}"):
+        call(x, torch.tensor(2, device="cuda"))
+
+
+def test_a_host_argument_splits_and_draws_on_the_device(cuda_kind):
+    x = torch.arange(8.0, device="cuda")
+    pieces = torch.tensor_split(x, torch.tensor(2))
+    assert [p.tolist() for p in pieces] == [[0.0, 1.0, 2.0, 3.0], [4.0, 5.0, 6.0, 7.0]]
+    assert all(p.is_cuda for p in pieces)
+    assert [p.tolist() for p in x.tensor_split(torch.tensor([3, 5]))] == [[0.0, 1.0, 2.0], [3.0, 4.0],
+                                                                           [5.0, 6.0, 7.0]]
+    drawn = torch.randint_like(x, torch.tensor(5))
+    assert drawn.is_cuda and 0 <= drawn.min().item() and drawn.max().item() < 5
