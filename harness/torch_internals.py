@@ -181,6 +181,12 @@ NAMES: dict[str, Internal] = {
     "DISPATCH_KEY_COMPOSITE_IMPLICIT": Internal("torch._C", "DispatchKey.CompositeImplicitAutograd",
                                                 lambda k: k is not None),
     "op_dk": Internal("torch", "ops.aten.matmul.default._op_dk"),
+    # the C++ calls of torch.nn.utils.rnn's packing and of the RNN modules over packed input,
+    # which take the batch sizes as a host tensor beside device data
+    "pack_padded_sequence_call": Internal("torch", "_VF._pack_padded_sequence"),
+    "pad_packed_sequence_call": Internal("torch", "_VF._pad_packed_sequence"),
+    "packed_rnn_calls": Internal("torch", "_VF", lambda vf: all(
+        hasattr(vf, name) for name in ("lstm", "gru", "rnn_tanh", "rnn_relu"))),
     "nn_module": Internal("torch._C", "_nn", lambda m: m is not None),
     "group_tensors_by_device_and_dtype": Internal("torch._C", "_group_tensors_by_device_and_dtype"),
     "dynamo_output_graph": Internal("torch._dynamo.output_graph", "",
@@ -409,6 +415,9 @@ get_current_function_mode_stack = bind(NAMES["get_current_function_mode_stack"])
 DeviceContext = bind(NAMES["DeviceContext"])
 device_constructors = bind(NAMES["device_constructors"])
 tensor_str = bind(NAMES["tensor_str"])
+pack_padded_sequence_call = bind(NAMES["pack_padded_sequence_call"])
+pad_packed_sequence_call = bind(NAMES["pad_packed_sequence_call"])
+packed_rnn_calls = bind(NAMES["packed_rnn_calls"])
 DISPATCH_KEY_COMPOSITE_IMPLICIT = bind(NAMES["DISPATCH_KEY_COMPOSITE_IMPLICIT"])
 nn_module = bind(NAMES["nn_module"])
 group_tensors_by_device_and_dtype = bind(NAMES["group_tensors_by_device_and_dtype"])

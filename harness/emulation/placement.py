@@ -70,10 +70,18 @@ _MIXING_ALLOWED = frozenset({
     torch.index_put, Tensor.set_, Tensor.expand_as, Tensor.view_as, Tensor.reshape_as,
     Tensor.resize_as_, Tensor.new_tensor, torch.tensor_split, Tensor.tensor_split,
     torch.nn.functional.ctc_loss, torch.as_tensor, torch.tensor, torch.asarray,
+    # Packed sequences: device data, host batch sizes (CUDA wants them there).
+    torch_internals.pack_padded_sequence_call, torch_internals.pad_packed_sequence_call,
+    *(getattr(torch_internals.packed_rnn_calls, name)
+      for name in ("lstm", "gru", "rnn_tanh", "rnn_relu")),
     # No computation: metadata questions and bookkeeping.
     torch_internals.has_compatible_shallow_copy_type, torch.is_same_size, Tensor.is_set_to,
     Tensor.__deepcopy__, Tensor.__setstate__, Tensor.__reduce_ex__,
 })
+# Outputs (by position) a device call makes in host memory on CUDA too: a packed sequence's batch
+# sizes, and the lengths padding one returns.
+_HOST_OUTPUTS = {torch_internals.pack_padded_sequence_call: (1,),
+                 torch_internals.pad_packed_sequence_call: (1,)}
 _FROM_HOST_DATA = frozenset({torch.tensor, torch.as_tensor, torch.asarray})
 # Factories of sparse tensors from their parts (aten's own takes `layout=` too)
 _SPARSE_FACTORIES = frozenset(f for f in (
@@ -318,7 +326,9 @@ class Placement(TorchFunctionMode):
                     except (RuntimeError, NotImplementedError):  # no storage of its own: vmap's
                         memory.mark_device(out)
             elif out is not None:
-                self._mark(out, DEVICE)
+                kept = _HOST_OUTPUTS.get(func)
+                self._mark(out if kept is None else tuple(
+                    o for i, o in enumerate(out) if i not in kept), DEVICE)
             if index:
                 device_indices.set_index(out, index)
             if self.state.observers:
@@ -456,7 +466,7 @@ class Placement(TorchFunctionMode):
         value = host_arguments.argument(func, args, kwargs)
         if isinstance(value, Tensor) and is_device_memory(value):
             index = device_indices.guard_index((value,), {}) or 0
-            raise host_arguments.refusal(func, f"cuda:{index}")
+            raise host_arguments.refusal(func, value, f"cuda:{index}")
         return self._generic(func, args, kwargs)
 
     def _blas_call(self, func, args, kwargs):
