@@ -3,7 +3,8 @@
 whole (`mode` of long slices, `linspace`/`logspace` of tensor bounds, `index_fill` of a tensor
 value, `x[mask] = device value`), the deterministic-algorithms mode (kernels without a deterministic
 form, cuBLAS's workspace check), CUDA-only answers (`lstsq`'s driver, `nll_loss`'s device assert,
-factories given a 0-dim device number), and ops found to agree (quantile of a device `q`, embedding
+factories given a 0-dim device number, arguments CUDA wants on the host: `tensor_split`'s,
+`randint_like`'s, packed sequences' lengths), and ops found to agree (quantile of a device `q`, embedding
 backward and renorm, `index_put_` accumulating, sorting and selection ops) in a capture.
 
 Plain torch, no harness: run it on a GPU, `python scripts/seventh_sweep_probe.py` (all cases, each
@@ -238,6 +239,27 @@ def factories_of_a_device_number():
     return (f"{devices}; arange(n, device='cuda') in a capture: "
             f"{_capture_verdict(lambda: torch.arange(n, device='cuda'))} (decided from the argument "
             f"parser; emulated: cpu for each; refused as a sync, invalidated)")
+
+
+@case
+def host_arguments_and_packed_sequences():
+    """TensorShape.cpp, TensorFactories.cpp, PackedSequence.cpp check these arguments' device."""
+    from torch.nn.utils.rnn import pack_padded_sequence, pad_packed_sequence
+
+    x, n = torch.arange(8.0, device="cuda"), torch.tensor(2, device="cuda")
+    lstm = torch.nn.LSTM(4, 5).cuda()
+    steps = _seeded(3, 2, 4)
+    packed = pack_padded_sequence(steps, torch.tensor([3, 2]))
+    padded, lengths = pad_packed_sequence(lstm(packed)[0])
+    return (f"tensor_split: {_short(_outcome(lambda: torch.tensor_split(x, n)))}; randint_like: "
+            f"{_short(_outcome(lambda: torch.randint_like(x, n)))}; pack of device lengths: "
+            f"{_short(_outcome(lambda: pack_padded_sequence(steps, torch.tensor([3, 2], device='cuda'))))}; "
+            f"of host lengths: data {packed.data.device}, batch sizes {packed.batch_sizes.device}, "
+            f"padded {padded.device}, lengths {lengths.device} (decided from source; emulated: "
+            f"RuntimeError: tensor_split expected tensor_indices_or_sections to be on cpu, but it's "
+            f"on cuda:0; RuntimeError: high must be a scalar tensor and on CPU; RuntimeError: "
+            f"'lengths' argument should be a 1D CPU int64 tensor, but got 1D cuda:0 Long tensor; "
+            f"cuda:0, cpu, cuda:0, cpu)")
 
 
 # --- found to agree ---------------------------------------------------------------------------
