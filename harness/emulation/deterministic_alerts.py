@@ -174,11 +174,6 @@ def _cublas_alert(named: dict) -> Alert | None:
     return Alert(_CUBLAS, _CUBLAS)
 
 
-def enabled() -> bool:
-    """Whether `torch.use_deterministic_algorithms(True)` is on (warn-only or not)."""
-    return torch.are_deterministic_algorithms_enabled()
-
-
 def cuda_alert(func, args: tuple, kwargs: dict) -> Alert | None:
     """What CUDA's kernel for this aten op says under the deterministic mode, on these arguments,
     or None where it runs deterministically (or is not CUDA's to alert)."""
@@ -221,4 +216,4 @@ def call_alerting(call, func, args: tuple, kwargs: dict):
         return call(func, args, kwargs)
 
 
-__all__ = ["Alert", "alert", "call_alerting", "cuda_alert", "enabled"]
+__all__ = ["Alert", "alert", "call_alerting", "cuda_alert"]

@@ -4,7 +4,7 @@
 tensor_indices_or_sections to be on cpu, but it's on cuda:0"), `torch.randint_like(x, high)` of
 a tensor `high` (TensorFactories.cpp: "high must be a scalar tensor and on CPU") and
 `pack_padded_sequence`'s lengths (PackedSequence.cpp: "'lengths' argument should be a 1D CPU int64
-tensor, but got 1D cuda:0 Long tensor", the error of fastNLP #349 and of many a GPU port) check the
+tensor, but got 1D cuda:0 Long tensor", PyTorch #43227, met by many a GPU port) check the
 argument's device before reading it with `.item()` or its data pointer. The emulated device's
 tensors are cpu tensors to ATen, so the checks passed and the calls ran (the read a sync); on a GPU
 they raise. A host tensor, the form CUDA asks for, keeps its answer."""

@@ -52,6 +52,7 @@ from harness.emulation.rules import (CPU, cuda_index, device_generator_on_host_e
 Tensor = torch.Tensor
 _compiling = torch.compiler.is_compiling
 _autocast_on = torch.is_autocast_enabled
+_deterministic_on = torch.are_deterministic_algorithms_enabled
 _AUTOCAST_OPS = autocast.AUTOCAST_OPS
 _NODE_STREAMS = backward_streams.CHECKED  # whether autograd's nodes need their streams noted
 _CONSTRUCTORS = device_constructors()
@@ -297,7 +298,7 @@ class Placement(TorchFunctionMode):
             try:
                 if draws is not None and is_random(func) and dispatch_modes_off():
                     out = draws.draw_call(func, args, kwargs)
-                elif deterministic_alerts.enabled():  # CUDA's kernels without a deterministic form
+                elif _deterministic_on():  # CUDA's kernels without a deterministic form
                     out = deterministic_alerts.call_alerting(self._call_flagging_syncs(runner),
                                                              func, args, kwargs)
                 elif self.state.sync_debug_mode:
