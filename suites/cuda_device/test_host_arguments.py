@@ -55,4 +55,4 @@ def test_a_packed_sequence_keeps_host_batch_sizes_through_an_lstm(cuda_kind):
     padded, padded_lengths = pad_packed_sequence(lstm(packed)[0])
     assert padded.is_cuda and padded_lengths.device.type == "cpu"
     assert padded_lengths.tolist() == [3, 2]
-    assert torch.allclose(padded.cpu(), expected, atol=1e-5)
+    assert torch.allclose(padded.cpu(), expected, atol=1e-3)  # cuDNN may run the LSTM in TF32

@@ -51,4 +51,4 @@ def test_host_lengths_pack_and_pad_as_on_the_host():
     outputs, lengths = _encoder(lengths_to_host=True).to("cuda")(TOKENS.to("cuda"))
     assert outputs.is_cuda and lengths.device.type == "cpu"
     assert lengths.tolist() == expected_lengths.tolist() == [3, 2, 4]
-    assert torch.allclose(outputs.cpu(), expected, atol=1e-5)
+    assert torch.allclose(outputs.cpu(), expected, atol=1e-3)  # cuDNN may run the LSTM in TF32
