@@ -23,7 +23,9 @@ read on the host), where its fused kernel takes shorter slices on the device; `l
 `logspace` of device bounds and `index_fill` of a 0-dim device value (`.item()` inside their
 kernels); and `x[mask] = value` of a device value, which CUDA does not turn into masked_fill
 (canDispatchToMaskedFill wants a host value) and indexes through the mask's `nonzero`; the emulated
-device captured all four. The emulated
+device captured all four. So is `segment_reduce` by device `lengths` (SegmentReduce.cpp checks them
+with `.item()` unless `unsafe=True`; by `offsets` it checks nothing), which the emulated device
+captured. The emulated
 device captured the copying kernels (the read happens inside a kernel its dispatch never sees, and
 on host memory) and refused `ctc_loss` and the last as a sync that invalidates the capture (their
 tags say dynamic output shape). The `cuda_kind` rows show CUDA's own verdicts on a GPU; refused
@@ -65,6 +67,9 @@ REFUSED_AS_A_SYNC: dict[str, Op] = {
     "Tensor.index_fill of a device value":
         lambda a, b: a.index_fill(0, torch.arange(2, device="cuda"), b[0, 0]),
     "boolean-mask assignment of a device value": lambda a, b: _assigned(a, b[0, 0]),
+    # rows of 2 and 2 along dim 0: SegmentReduce.cpp checks device lengths with `.item()`
+    "segment_reduce by device lengths":
+        lambda a, b: torch.segment_reduce(a, "sum", lengths=torch.full((2,), 2, device="cuda")),
 }
 CUSOLVER_FAILED = "cusolver error: CUSOLVER_STATUS_INTERNAL_ERROR, when calling `"
 # name: (an op, the cuSOLVER call CUDA names in its error inside a capture)
@@ -137,6 +142,11 @@ CAPTURED: dict[str, Op] = {
     "Tensor.index_fill of a number": lambda a, b: a.index_fill(0, torch.arange(2, device="cuda"), -1.0),
     "boolean-mask assignment of a number": lambda a, b: _assigned(a, -1.0),
     "boolean-mask assignment of a host value": lambda a, b: _assigned(a, _HOST_VALUE),
+    "segment_reduce by offsets":
+        lambda a, b: torch.segment_reduce(a, "max", offsets=torch.arange(0, 5, 2, device="cuda")),
+    "segment_reduce by device lengths, unsafe=True":
+        lambda a, b: torch.segment_reduce(a, "mean", lengths=torch.full((2,), 2, device="cuda"),
+                                          unsafe=True),
 }
 OPS = {**REFUSED_AS_A_SYNC, **{name: op for name, (op, _) in FAILED_IN_CUSOLVER.items()},
        **REFUSED_AS_A_PAGEABLE_COPY, **CAPTURED}
@@ -237,7 +247,9 @@ def test_an_op_that_reads_nothing_on_the_host_is_captured_and_follows_new_operan
                                            ("linspace of device bounds", True),
                                            ("Tensor.index_fill of a device value", True),
                                            ("boolean-mask assignment of a device value", True),
-                                           ("boolean-mask assignment of a host value", False)])
+                                           ("boolean-mask assignment of a host value", False),
+                                           ("segment_reduce by device lengths", True),
+                                           ("segment_reduce by offsets", False)])
 def test_the_sync_debug_mode_flags_the_reads_inside_kernels(cuda_kind, name, flagged):
     a, b = _operands(0)
     torch.cuda.synchronize()

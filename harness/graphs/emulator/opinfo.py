@@ -354,7 +354,14 @@ _RANGES_OF_TENSORS = frozenset(getattr(packet, name) for packet in (aten.linspac
                                for name in ("Tensor_Tensor", "Tensor_Scalar", "Scalar_Tensor",
                                             "Tensor_Tensor_out", "Tensor_Scalar_out",
                                             "Scalar_Tensor_out") if hasattr(packet, name))
-_READS_A_VALUE = _MASKED_FILLS_OF_A_TENSOR | _INDEX_FILLS_OF_A_TENSOR | _RANGES_OF_TENSORS
+# `segment_reduce` by `lengths` (SegmentReduce.cpp, the kernel every device shares) checks them on
+# the host unless `unsafe=True`: `lengths.min().item()` and `all(lengths.sum(-1) == ...).item()`,
+# two copies to the host and syncs where the lengths are device memory. By `offsets` it checks
+# nothing.
+_SEGMENT_REDUCES = frozenset(getattr(aten.segment_reduce, name) for name in ("default", "out")
+                             if hasattr(aten.segment_reduce, name))
+_READS_A_VALUE = (_MASKED_FILLS_OF_A_TENSOR | _INDEX_FILLS_OF_A_TENSOR | _RANGES_OF_TENSORS
+                  | _SEGMENT_REDUCES)
 
 
 def reads_a_device_value(func: torch_internals.OpOverload, args: tuple, kwargs: dict,
@@ -375,6 +382,15 @@ def reads_a_device_value(func: torch_internals.OpOverload, args: tuple, kwargs: 
                 f"({', '.join(f'`{n}.item()`' for n in read)}), a copy to the host and a sync; pass "
                 f"Python numbers, or build the range as `start + (end - start) * "
                 f"torch.arange(steps) / (steps - 1)` on the device")
+    if func in _SEGMENT_REDUCES:
+        lengths = named.get("lengths")
+        if (named.get("offsets") is not None or named.get("unsafe") or lengths is None
+                or not on_device(lengths)):
+            return None
+        return ("CUDA's segment_reduce checks its device `lengths` on the host "
+                "(`lengths.min().item()`, then their sums against the data's size), copies to the "
+                "host and syncs; pass `offsets` (the lengths' cumulative sum from 0), which it does "
+                "not check, or `unsafe=True` once the lengths are known good")
     value = named["value"]
     if not isinstance(value, torch.Tensor) or value.dim() != 0 or not on_device(value):
         return None
