@@ -2,7 +2,8 @@
 that exist, with CUDA's result dtype. Code written for CUDA takes these paths when it sees a cuda
 device (transformers' grouped MoE counts tokens per expert with an integer `histc`, a router asks
 `mm(..., out_dtype=float32)`, an attention layer allows only the memory-efficient SDPA kernel),
-and would otherwise fail eagerly where a GPU runs it.
+and would otherwise fail eagerly where a GPU runs it. Also CUDA's kernels that answer where the
+CPU's raise (integer division by zero).
 
 Each entry is called by the placement mode as `func` of its generic rule, so the outputs are
 device memory and a capture records the CPU ops they are made of."""
@@ -111,7 +112,91 @@ def lstsq(A: Tensor, B: Tensor, rcond: float | None = None, *, driver: str | Non
     return torch.linalg.lstsq(A, B, rcond, driver="gels")
 
 
+def _divides_integers(a, b) -> bool:
+    result = torch.result_type(a, b)
+    return not (result.is_floating_point or result.is_complex or result == torch.bool)
+
+
+def _integer_division(divide, a, b, out: Tensor | None, into: Tensor | None):
+    """`divide(a, b)` as CUDA's integer kernels answer it: the CPU's raise "ZeroDivisionError" for
+    a zero divisor (BinaryOpsKernel.cpp checks each one), CUDA's check nothing (cuda/
+    BinaryDivTruncKernel.cu, BinaryDivFloorKernel.cu, BinaryRemainderKernel.cu: `a / b`, `a % b`,
+    `c10::div_floor_integer`). Where a divisor is zero the result is 0, as the floor division's
+    `div_floor_integer` returns from torch 2.13 on; the other kernels leave it to the hardware
+    (all bits set on the GPUs PyTorch's own tests name). The zero test and the substitute divisor
+    are device ops, so a capture records them and a replay with a new zero divisor answers the
+    same. `into`: the in-place form's tensor; `out`: the out= tensor."""
+    if not _divides_integers(a, b):
+        if into is not None:
+            return divide(into, b)
+        return divide(a, b) if out is None else divide(a, b, out=out)
+    if isinstance(b, Tensor):
+        zero = b == 0
+        result = torch.where(zero, 0, divide(a, torch.where(zero, 1, b)))
+    else:
+        result = divide(a, 1 if b == 0 else b)
+        if b == 0:
+            result = torch.zeros_like(result)
+    target = into if into is not None else out
+    return result if target is None else target.copy_(result)
+
+
+def _division(divide):
+    def replacement(a, b, *args, out: Tensor | None = None, **kwargs):
+        return _integer_division(lambda x, y, **o: divide(x, y, *args, **kwargs, **o), a, b, out, None)
+    return replacement
+
+
+def _in_place_division(divide):
+    def replacement(a, b, *args, **kwargs):
+        return _integer_division(lambda x, y: divide(x, y, *args, **kwargs), a, b, None, a)
+    return replacement
+
+
+def _reflected_division(divide):
+    def replacement(a, b):  # `b // a`: the tensor `a` divides
+        return _integer_division(divide, b, a, None, None)
+    return replacement
+
+
+def _rounded_division(a, b, *, rounding_mode=None, out=None):
+    """`div`: true division gives floats on both; only a rounding mode divides integers."""
+    if rounding_mode is None:
+        return torch.div(a, b, out=out) if out is not None else torch.div(a, b)
+    return _integer_division(lambda x, y, **o: torch.div(x, y, rounding_mode=rounding_mode, **o),
+                             a, b, out, None)
+
+
+def _rounded_division_(a, b, *, rounding_mode=None):
+    if rounding_mode is None:
+        return a.div_(b)
+    return _integer_division(lambda x, y: torch.div(x, y, rounding_mode=rounding_mode), a, b, None, a)
+
+
+_INTEGER_DIVISIONS = {
+    torch.floor_divide: _division(torch.floor_divide),
+    Tensor.floor_divide: _division(torch.floor_divide),
+    Tensor.__floordiv__: _division(torch.floor_divide),
+    Tensor.__rfloordiv__: _reflected_division(torch.floor_divide),
+    Tensor.floor_divide_: _in_place_division(torch.floor_divide),
+    Tensor.__ifloordiv__: _in_place_division(torch.floor_divide),
+    torch.remainder: _division(torch.remainder),
+    Tensor.remainder: _division(torch.remainder),
+    Tensor.__mod__: _division(torch.remainder),
+    Tensor.__rmod__: _reflected_division(torch.remainder),
+    Tensor.remainder_: _in_place_division(torch.remainder),
+    Tensor.__imod__: _in_place_division(torch.remainder),
+    torch.fmod: _division(torch.fmod),
+    Tensor.fmod: _division(torch.fmod),
+    Tensor.fmod_: _in_place_division(torch.fmod),
+    torch.div: _rounded_division, Tensor.div: _rounded_division,
+    torch.divide: _rounded_division, Tensor.divide: _rounded_division,
+    Tensor.div_: _rounded_division_, Tensor.divide_: _rounded_division_,
+}
+
+
 # The torch function each replaces, for the placement mode's table.
 REPLACEMENTS = {torch.histc: histc, Tensor.histc: tensor_histc, torch.mm: mm,
                 torch.nn.functional.scaled_dot_product_attention: scaled_dot_product_attention,
-                torch.nn.functional.one_hot: one_hot, torch.linalg.lstsq: lstsq}
+                torch.nn.functional.one_hot: one_hot, torch.linalg.lstsq: lstsq,
+                **_INTEGER_DIVISIONS}
