@@ -39,6 +39,7 @@ import torch
 
 from harness.emulation.caching_allocator import Block, CachingAllocator, EarlyCounts
 from harness.emulation.host_allocator import PinnedHostAllocator
+from harness.emulation.unsafe_calls import is_capture_thread, refuse_device_malloc, refuses_unsafe_call
 from harness.graphs.emulator.accesses import SPARSE_LAYOUTS, sparse_parts
 from harness.graphs.emulator.pool import BLOCK_ATTR
 from harness.torch_internals import functorch_get_unwrapped, is_functorch_wrapped_tensor
@@ -168,6 +169,7 @@ class DeviceMemory:
         # allocations come from its capture pool.
         self._capturing: CachingAllocator | None = None
         self.host = PinnedHostAllocator(capture=capture)  # pinned memory: CUDA's caching host allocator
+        self._capture = capture
         self._current_stream = current_stream
         self._blocks: dict[_StorageRef, Block] = {}
         # Not yet played: (ref, nbytes, stream, graph pool or None) for an allocation, the ref for
@@ -315,12 +317,31 @@ class DeviceMemory:
         if self.thread_pools:  # torch.cuda.use_mem_pool: this thread's allocations on a device
             pool = self.thread_pools.get(
                 (threading.get_ident(), getattr(stream, "device_index", 0)), pool)
+        if capturing is not None and pool is None:
+            self._allocate_beside_a_capture(ref, nbytes, stream)
+            return
         pending = self._pending
         pending.append((ref, nbytes, stream, pool))
         # While the history is recorded, each allocation is played at once: its trace entry and
         # its block's frames are the caller's stack now.
         if len(pending) >= PLAY_AT or self.allocator.history is not None:
             self._play()
+
+    def _allocate_beside_a_capture(self, ref, nbytes: int, stream) -> None:
+        """An allocation outside the capture's pool while a capture is under way, played at once:
+        where it needs a new segment, CUDA's allocator calls cudaMalloc without the relaxed guard
+        it takes for a capturing stream's allocation (`cudaMallocMaybeCapturing` asks the calling
+        thread's current stream), a potentially unsafe call that a global capture refuses from
+        another thread (unsafe_calls.py)."""
+        self._play()
+        allocator = self.device_allocator(getattr(stream, "device_index", 0))
+        segments = len(allocator.segments)
+        self._pending.append((ref, nbytes, stream, None))
+        self._play()
+        graph = self._capture()
+        if (len(allocator.segments) > segments and graph is not None
+                and not is_capture_thread(graph) and refuses_unsafe_call(graph, False)):
+            refuse_device_malloc(graph, nbytes)
 
     def hold_block(self, nbytes: int, stream) -> "HeldBlock":
         """An allocation no storage owns (a library's workspace), made on `stream` now as a

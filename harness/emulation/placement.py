@@ -324,6 +324,8 @@ class Placement(TorchFunctionMode):
                         storage = out.untyped_storage()
                         if memory_mark(storage) is not DEVICE:
                             memory.adopt(storage)
+                    except CaptureError:  # the allocation refused (a new segment, unsafe_calls.py)
+                        raise
                     except (RuntimeError, NotImplementedError):  # no storage of its own: vmap's
                         memory.mark_device(out)
             elif out is not None:

@@ -56,3 +56,17 @@ def refuse_host_alloc(graph: Any, nbytes: int) -> None:
         f"begins, or capture with capture_error_mode='thread_local'", current_callsite())),
         op="cudaHostAlloc")
     invalidate_and_raise(graph, error)
+
+
+def refuse_device_malloc(graph: Any, nbytes: int) -> None:
+    """A new device segment (cudaMalloc) for another thread's allocation of `nbytes` on a stream
+    outside the capture: PyTorch's caching allocator takes the relaxed capture-mode guard only when
+    the calling thread's current stream is capturing, so a global capture refuses it, as the
+    `capture_error_mode` documentation of `torch.cuda.graph` says ("global" errors on actions in
+    other threads)."""
+    error = UnsafeCallError(cuda_first(NOT_PERMITTED, at_callsite(
+        f"a device allocation of {nbytes} bytes in another thread needs a new segment (cudaMalloc), "
+        f"a potentially unsafe call while a capture_error_mode='global' capture is under way. The "
+        f"capture is invalidated; allocate that thread's memory before the capture begins, or "
+        f"capture with capture_error_mode='thread_local'", current_callsite())), op="cudaMalloc")
+    invalidate_and_raise(graph, error)
