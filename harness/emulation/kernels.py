@@ -117,7 +117,7 @@ def _divides_integers(a, b) -> bool:
     return not (result.is_floating_point or result.is_complex or result == torch.bool)
 
 
-def _integer_division(divide, a, b, out: Tensor | None, into: Tensor | None):
+def _integer_division(divide, a, b, out: Tensor | None, into: Tensor | None, in_place=None):
     """`divide(a, b)` as CUDA's integer kernels answer it: the CPU's raise "ZeroDivisionError" for
     a zero divisor (BinaryOpsKernel.cpp checks each one), CUDA's check nothing (cuda/
     BinaryDivTruncKernel.cu, BinaryDivFloorKernel.cu, BinaryRemainderKernel.cu: `a / b`, `a % b`,
@@ -125,10 +125,11 @@ def _integer_division(divide, a, b, out: Tensor | None, into: Tensor | None):
     `div_floor_integer` returns from torch 2.13 on; the other kernels leave it to the hardware
     (all bits set on the GPUs PyTorch's own tests name). The zero test and the substitute divisor
     are device ops, so a capture records them and a replay with a new zero divisor answers the
-    same. `into`: the in-place form's tensor; `out`: the out= tensor."""
+    same. `into`: the in-place form's tensor, `in_place(into, b)` its own call; `out`: the out=
+    tensor."""
     if not _divides_integers(a, b):
         if into is not None:
-            return divide(into, b)
+            return in_place(into, b)
         return divide(a, b) if out is None else divide(a, b, out=out)
     if isinstance(b, Tensor):
         zero = b == 0
@@ -147,9 +148,10 @@ def _division(divide):
     return replacement
 
 
-def _in_place_division(divide):
+def _in_place_division(divide, in_place):
     def replacement(a, b, *args, **kwargs):
-        return _integer_division(lambda x, y: divide(x, y, *args, **kwargs), a, b, None, a)
+        return _integer_division(lambda x, y: divide(x, y, *args, **kwargs), a, b, None, a,
+                                 lambda x, y: in_place(x, y, *args, **kwargs))
     return replacement
 
 
@@ -170,7 +172,8 @@ def _rounded_division(a, b, *, rounding_mode=None, out=None):
 def _rounded_division_(a, b, *, rounding_mode=None):
     if rounding_mode is None:
         return a.div_(b)
-    return _integer_division(lambda x, y: torch.div(x, y, rounding_mode=rounding_mode), a, b, None, a)
+    return _integer_division(lambda x, y: torch.div(x, y, rounding_mode=rounding_mode), a, b, None, a,
+                             lambda x, y: x.div_(y, rounding_mode=rounding_mode))
 
 
 _INTEGER_DIVISIONS = {
@@ -178,17 +181,17 @@ _INTEGER_DIVISIONS = {
     Tensor.floor_divide: _division(torch.floor_divide),
     Tensor.__floordiv__: _division(torch.floor_divide),
     Tensor.__rfloordiv__: _reflected_division(torch.floor_divide),
-    Tensor.floor_divide_: _in_place_division(torch.floor_divide),
-    Tensor.__ifloordiv__: _in_place_division(torch.floor_divide),
+    Tensor.floor_divide_: _in_place_division(torch.floor_divide, Tensor.floor_divide_),
+    Tensor.__ifloordiv__: _in_place_division(torch.floor_divide, Tensor.__ifloordiv__),
     torch.remainder: _division(torch.remainder),
     Tensor.remainder: _division(torch.remainder),
     Tensor.__mod__: _division(torch.remainder),
     Tensor.__rmod__: _reflected_division(torch.remainder),
-    Tensor.remainder_: _in_place_division(torch.remainder),
-    Tensor.__imod__: _in_place_division(torch.remainder),
+    Tensor.remainder_: _in_place_division(torch.remainder, Tensor.remainder_),
+    Tensor.__imod__: _in_place_division(torch.remainder, Tensor.__imod__),
     torch.fmod: _division(torch.fmod),
     Tensor.fmod: _division(torch.fmod),
-    Tensor.fmod_: _in_place_division(torch.fmod),
+    Tensor.fmod_: _in_place_division(torch.fmod, Tensor.fmod_),
     torch.div: _rounded_division, Tensor.div: _rounded_division,
     torch.divide: _rounded_division, Tensor.divide: _rounded_division,
     Tensor.div_: _rounded_division_, Tensor.divide_: _rounded_division_,

@@ -68,3 +68,13 @@ def test_a_replay_meets_a_zero_divisor_written_after_the_capture(cuda_kind):
     torch.cuda.synchronize()
     assert quotient.cpu()[NONZERO].tolist() == [-4, -5]
     assert remainder.cpu()[NONZERO].tolist() == [1, -1]
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.int64], ids=["float", "int64"])
+@pytest.mark.parametrize("name", ["floor_divide_", "remainder_", "fmod_", "__ifloordiv__", "__imod__"])
+def test_an_in_place_division_writes_its_own_tensor(cuda_kind, name, dtype):
+    t = torch.tensor([7, -7], dtype=dtype, device="cuda")
+    divisor = torch.tensor([2, 2], dtype=dtype, device="cuda")
+    expected = getattr(t.cpu().clone(), name)(divisor.cpu())
+    assert getattr(t, name)(divisor) is t
+    assert t.cpu().tolist() == expected.tolist()
