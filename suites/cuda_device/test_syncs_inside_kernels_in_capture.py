@@ -25,7 +25,9 @@ kernels); and `x[mask] = value` of a device value, which CUDA does not turn into
 (canDispatchToMaskedFill wants a host value) and indexes through the mask's `nonzero`; the emulated
 device captured all four. So is `segment_reduce` by device `lengths` (SegmentReduce.cpp checks them
 with `.item()` unless `unsafe=True`; by `offsets` it checks nothing), which the emulated device
-captured. The emulated
+captured, and `to_sparse` of a dense tensor (SparseTensor.cpp counts the entries with `nonzero()`),
+whose capture the emulated device ended with a dense placeholder that its replay could not fill.
+The emulated
 device captured the copying kernels (the read happens inside a kernel its dispatch never sees, and
 on host memory) and refused `ctc_loss` and the last as a sync that invalidates the capture (their
 tags say dynamic output shape). The `cuda_kind` rows show CUDA's own verdicts on a GPU; refused
@@ -70,6 +72,8 @@ REFUSED_AS_A_SYNC: dict[str, Op] = {
     # rows of 2 and 2 along dim 0: SegmentReduce.cpp checks device lengths with `.item()`
     "segment_reduce by device lengths":
         lambda a, b: torch.segment_reduce(a, "sum", lengths=torch.full((2,), 2, device="cuda")),
+    # SparseTensor.cpp's dense_to_sparse counts the entries with `nonzero()`
+    "Tensor.to_sparse of a dense tensor": lambda a, b: a.to_sparse(),
 }
 CUSOLVER_FAILED = "cusolver error: CUSOLVER_STATUS_INTERNAL_ERROR, when calling `"
 # name: (an op, the cuSOLVER call CUDA names in its error inside a capture)
@@ -249,7 +253,8 @@ def test_an_op_that_reads_nothing_on_the_host_is_captured_and_follows_new_operan
                                            ("boolean-mask assignment of a device value", True),
                                            ("boolean-mask assignment of a host value", False),
                                            ("segment_reduce by device lengths", True),
-                                           ("segment_reduce by offsets", False)])
+                                           ("segment_reduce by offsets", False),
+                                           ("Tensor.to_sparse of a dense tensor", True)])
 def test_the_sync_debug_mode_flags_the_reads_inside_kernels(cuda_kind, name, flagged):
     a, b = _operands(0)
     torch.cuda.synchronize()

@@ -135,6 +135,10 @@ def sync_reason(func: torch_internals.OpOverload, args: tuple, kwargs: dict,
         return _isin_reason(bind(func, args, kwargs))
     if func in _MODES:
         return _mode_reason(bind(func, args, kwargs))
+    if packet in _TO_SPARSE and bind(func, args, kwargs)["self"].layout == torch.strided:
+        return ("a dense tensor made sparse has as many entries as it has nonzeros, which CUDA's "
+                "kernel counts with `nonzero()` and reads on the host (a sync); keep the dense "
+                "tensor in the captured step, or convert before capture")
     if torch.Tag.dynamic_output_shape in tags:
         return "its output shape depends on device data"
     return None
@@ -148,11 +152,18 @@ def may_sync(func: torch_internals.OpOverload) -> bool:
     return (torch.Tag.data_dependent_output in tags or torch.Tag.dynamic_output_shape in tags
             or func in _MASKABLE or (_GROUPED_MM is not None and func is _GROUPED_MM)
             or func in _ISINS or func in _MODES
-            or getattr(func, "overloadpacket", None) in _SOLVER_CHECKS)
+            or getattr(func, "overloadpacket", None) in _SOLVER_CHECKS | _TO_SPARSE)
 
 
 def _packets(*names: str) -> frozenset:
     return frozenset(getattr(aten, name) for name in names if hasattr(aten, name))
+
+
+# A dense tensor made sparse (SparseTensor.cpp's dense_to_sparse, the compressed layouts' kernels
+# alike): the number of entries is the number of nonzeros, counted by `nonzero()`, whose size the
+# host reads. The ops' tags say nothing of it, and the device's dispatch sees them whole.
+_TO_SPARSE = _packets("_to_sparse", "_to_sparse_csr", "_to_sparse_csc", "_to_sparse_bsr",
+                      "_to_sparse_bsc")
 
 
 # CUDA's solvers raise on a failed factorization (a singular matrix, one not positive-definite)
