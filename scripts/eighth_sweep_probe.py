@@ -78,7 +78,9 @@ def ops_reading_device_data_in_capture():
     x, y = _seeded(6), _seeded(6, seed=1)
     cases = {"unique_consecutive": lambda: torch.unique_consecutive(ids),
              "combinations": lambda: torch.combinations(ids, 2),
-             "equal(x, y)": lambda: torch.equal(x, y)}
+             "equal(x, y)": lambda: torch.equal(x, y),
+             "to_sparse": lambda: x.to_sparse(),
+             "to_sparse_csr": lambda: x[None].to_sparse_csr()}
     return (f"{ {n: _capture_verdict(c)[:60] for n, c in cases.items()} } (emulated: each refused "
             f"as a sync, the capture invalidated, but combinations captured on torch 2.14.1, whose "
             f"composite no longer selects by a mask; equal(x, x) answers without reading, captured)")
