@@ -120,6 +120,21 @@ def ops_reading_nothing_in_capture():
     return f"all captured but {odd} (emulated: all captured)"
 
 
+@case
+def embedding_bag_index_out_of_range():
+    """The CPU checks each index on the host; CUDA's kernel (EmbeddingBag.cu) reads it on the device."""
+    weight = _seeded(5, 2)
+    ids, offsets = torch.tensor([1, 9], device="cuda"), torch.tensor([0], device="cuda")
+
+    def bag():
+        out = F.embedding_bag(ids, weight, offsets)
+        torch.cuda.synchronize()
+        return out.tolist()
+
+    return (f"{_outcome(bag)[:150]} (emulated: RuntimeError: Index 1 of input takes value 9 which is "
+            f"not in the valid range [0, 5), the CPU's check; CUDA's answer not read in source)")
+
+
 # --- dtype behaviours ------------------------------------------------------------------------
 
 @case
