@@ -1,4 +1,4 @@
-"""The command line the sweep probes share (scripts/third_sweep_probe.py to seventh_sweep_probe.py):
+"""The command line the sweep probes share (scripts/third_sweep_probe.py to eighth_sweep_probe.py):
 each case a function returning one line of text, run in a process of its own by default (a refused
 capture can leave CUDA's context unusable), or the named cases in this process; `--emulate` runs
 them inside `harness.emulate_cuda(device="cpu")`. Plain torch otherwise. Also the runtime's warmed
