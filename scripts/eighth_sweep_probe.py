@@ -29,31 +29,8 @@ CASES, case = probe_cases.registry()
 
 _outcome = probe_cases.outcome
 _capture_verdict = probe_cases.capture_verdict
-
-
-def _answer(run) -> str:
-    try:
-        return run()
-    except Exception as error:  # noqa: BLE001 (a probe reports whatever CUDA raised)
-        return f"{type(error).__name__}: {str(error).splitlines()[0][:160]}"
-
-
-def _flags_a_sync(call) -> bool:
-    torch.cuda.synchronize()
-    torch.cuda.set_sync_debug_mode("error")
-    try:
-        call()
-        return False
-    except RuntimeError as error:
-        if "synchronizing" not in str(error):
-            raise
-        return True
-    finally:
-        torch.cuda.set_sync_debug_mode(0)
-
-
-def _seeded(*shape, seed=0, **kwargs) -> torch.Tensor:
-    return torch.randn(*shape, generator=torch.Generator().manual_seed(seed), **kwargs).to("cuda")
+_flags_a_sync = probe_cases.flags_a_sync
+_seeded = probe_cases.seeded
 
 
 # --- host reads inside ops -------------------------------------------------------------------
@@ -296,4 +273,4 @@ def one_pool_for_graphs_of_several_sizes():
 
 
 if __name__ == "__main__":
-    probe_cases.run(CASES, __file__, sys.argv[1:], answer=_answer)
+    probe_cases.run(CASES, __file__, sys.argv[1:], answer=probe_cases.whole_answer)

@@ -2,7 +2,7 @@
 each case a function returning one line of text, run in a process of its own by default (a refused
 capture can leave CUDA's context unusable), or the named cases in this process; `--emulate` runs
 them inside `harness.emulate_cuda(device="cpu")`. Plain torch otherwise. Also the runtime's warmed
-capture, and its verdict, that cases share."""
+capture, its verdict, and the helpers that cases share."""
 
 from __future__ import annotations
 
@@ -68,6 +68,34 @@ def capture_verdict(step: Callable[[], object]) -> str:
     graph.replay()
     torch.cuda.synchronize()
     return "captured"
+
+
+def whole_answer(run: Callable[[], str]) -> str:
+    """The case's line whole (`outcome` cuts at 240 characters), or what it raised."""
+    try:
+        return run()
+    except Exception as error:  # noqa: BLE001 (a probe reports whatever CUDA raised)
+        return f"{type(error).__name__}: {str(error).splitlines()[0][:160]}"
+
+
+def flags_a_sync(call: Callable[[], object]) -> bool:
+    """Whether CUDA's sync debug mode ("error") refuses the call as a synchronizing one."""
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        call()
+        return False
+    except RuntimeError as error:
+        if "synchronizing" not in str(error):
+            raise
+        return True
+    finally:
+        torch.cuda.set_sync_debug_mode(0)
+
+
+def seeded(*shape, seed=0, **kwargs) -> torch.Tensor:
+    """A seeded normal tensor made on the host and moved to the device."""
+    return torch.randn(*shape, generator=torch.Generator().manual_seed(seed), **kwargs).to("cuda")
 
 
 def run(cases: dict[str, Callable[[], str]], script: str, argv: list[str],

@@ -27,28 +27,8 @@ CASES, case = probe_cases.registry()
 
 _outcome = probe_cases.outcome
 _capture_verdict = probe_cases.capture_verdict
-
-
-def _answer(run) -> str:
-    """The case's line whole (`outcome` cuts at 240 characters), or what it raised."""
-    try:
-        return run()
-    except Exception as error:  # noqa: BLE001 (a probe reports whatever CUDA raised)
-        return f"{type(error).__name__}: {str(error).splitlines()[0][:160]}"
-
-
-def _flags_a_sync(call) -> bool:
-    torch.cuda.synchronize()
-    torch.cuda.set_sync_debug_mode("error")
-    try:
-        call()
-        return False
-    except RuntimeError as error:
-        if "synchronizing" not in str(error):
-            raise
-        return True
-    finally:
-        torch.cuda.set_sync_debug_mode(0)
+_flags_a_sync = probe_cases.flags_a_sync
+_seeded = probe_cases.seeded
 
 
 @contextlib.contextmanager
@@ -58,10 +38,6 @@ def _deterministic(warn_only: bool = False):
         yield
     finally:
         torch.use_deterministic_algorithms(False)
-
-
-def _seeded(*shape, seed=0, **kwargs) -> torch.Tensor:
-    return torch.randn(*shape, generator=torch.Generator().manual_seed(seed), **kwargs).to("cuda")
 
 
 def _short(text: str) -> str:
@@ -311,4 +287,4 @@ def sorting_selection_and_accumulation_in_capture():
 
 
 if __name__ == "__main__":
-    probe_cases.run(CASES, __file__, sys.argv[1:], answer=_answer)
+    probe_cases.run(CASES, __file__, sys.argv[1:], answer=probe_cases.whole_answer)
