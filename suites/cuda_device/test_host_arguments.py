@@ -43,7 +43,12 @@ def test_a_host_argument_splits_and_draws_on_the_device(cuda_kind):
     assert drawn.is_cuda and 0 <= drawn.min().item() and drawn.max().item() < 5
 
 
-def test_a_packed_sequence_keeps_host_batch_sizes_through_an_lstm(cuda_kind):
+@pytest.mark.parametrize("streams_made", [False, True], ids=["no_stream", "a_stream_made"])
+def test_a_packed_sequence_keeps_host_batch_sizes_through_an_lstm(cuda_kind, streams_made):
+    """A stream made first turns the emulated device's stream tracking on, whose dispatch marks
+    every output of a device call device memory: the batch sizes must stay host memory there too."""
+    if streams_made:
+        torch.cuda.Stream()
     torch.manual_seed(0)
     lstm = torch.nn.LSTM(4, 5)
     steps = torch.randn(3, 2, 4)

@@ -49,8 +49,13 @@ class Runner:
 
 def test_buggy_a_global_capture_refuses_the_prefetchers_allocation():
     runner = Runner()
-    with pytest.raises(RuntimeError, match="operation failed due to a previous error during capture"):
-        runner.capture("global")
+    caller_stream = torch.cuda.current_stream()
+    try:
+        with pytest.raises(RuntimeError,
+                           match="operation failed due to a previous error during capture"):
+            runner.capture("global")
+    finally:  # torch.cuda.graph leaves its capture stream current when capture_end raises
+        torch.cuda.set_stream(caller_stream)
     refused = runner.staged[0]
     assert isinstance(refused, torch.AcceleratorError)
     assert str(refused).startswith("CUDA error: operation not permitted when stream is capturing")
