@@ -243,14 +243,16 @@ def capture_refusal(func: torch_internals.OpOverload, args: tuple, kwargs: dict,
     if failure is not None:
         return CaptureRefusal(failure, "cuSOLVER's eigensolver fails inside a capture; compute it "
                                        "before capture", True)
-    copy = _copy_met(func, args, kwargs, device, memory) if copies_to_host_inside(func) else None
+    copies_inside = copies_to_host_inside(func)
+    copy = _copy_met(func, args, kwargs, device, memory) if copies_inside else None
     if copy is None:
         # Where host and device memory are one (the plain emulator), ATen's own view decides.
         on_device = _on_device(None if getattr(memory, "all_device", False) else memory)
         reason = sync_reason(func, args, kwargs, on_device) if may_sync(func) else None
         if reason:
             return CaptureRefusal(cuda_errors.NOT_PERMITTED, reason, True)
-        copy = _copy_met(func, args, kwargs, device, memory)
+        if not copies_inside:  # a kernel's own copy was asked above; nothing else differs
+            copy = _copy_met(func, args, kwargs, device, memory)
     if copy is None:
         return None
     text, why = copy
