@@ -84,16 +84,6 @@ _MIXING_ALLOWED = frozenset({
 _HOST_OUTPUTS = {torch_internals.pack_padded_sequence_call: (1,),
                  torch_internals.pad_packed_sequence_call: (1,)}
 _FROM_HOST_DATA = frozenset({torch.tensor, torch.as_tensor, torch.asarray})
-
-
-def _in_host_memory(out: tuple, kept: tuple[int, ...]) -> tuple:
-    """`out` with its outputs at `kept` in host memory, as CUDA makes them: with the stream
-    tracking on, its dispatch mode marked every output of the call device memory, so those are
-    copied to fresh host memory, out of every mode's sight."""
-    if not any(is_device_memory(out[i]) for i in kept):
-        return out
-    with torch_internals.DisableTorchFunction(), torch_internals.DisableTorchDispatch():
-        return tuple(o.clone() if i in kept else o for i, o in enumerate(out))
 # Factories of sparse tensors from their parts (aten's own takes `layout=` too)
 _SPARSE_FACTORIES = frozenset(f for f in (
     torch.sparse_coo_tensor, torch.sparse_csr_tensor, torch.sparse_csc_tensor,
@@ -619,6 +609,16 @@ def _traced_on_host(func, args: tuple, kwargs: dict, outside_the_graph):
     if _device_object(target):
         return to_traced_device(func(*args, **kwargs))
     return func(*args, **kwargs)
+
+
+def _in_host_memory(out: tuple, kept: tuple[int, ...]) -> tuple:
+    """`out` with its outputs at `kept` in host memory, as CUDA makes them: with the stream
+    tracking on, its dispatch mode marked every output of the call device memory, so those are
+    copied to fresh host memory, out of every mode's sight."""
+    if not any(is_device_memory(out[i]) for i in kept):
+        return out
+    with torch_internals.DisableTorchFunction(), torch_internals.DisableTorchDispatch():
+        return tuple(o.clone() if i in kept else o for i, o in enumerate(out))
 
 
 def _any_sparse(args: tuple, kwargs: dict) -> bool:
