@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import torch
 
+from harness.graphs.emulator.cuda_paths import one_hot_without_sync
+
 Tensor = torch.Tensor
 
 
@@ -94,8 +96,7 @@ def one_hot(tensor: Tensor, num_classes: int = -1) -> Tensor:
         num_classes = int(tensor.max().item()) + 1
     elif num_classes < 1:
         raise RuntimeError("num_classes should be positive")
-    ret = torch.zeros((*tensor.shape, num_classes), dtype=tensor.dtype, device=tensor.device)
-    return ret.scatter_(-1, tensor.unsqueeze(-1), 1)
+    return one_hot_without_sync(tensor, num_classes)
 
 
 def lstsq(A: Tensor, B: Tensor, rcond: float | None = None, *, driver: str | None = None,
@@ -161,19 +162,21 @@ def _reflected_division(divide):
     return replacement
 
 
+_rounding_division = _division(torch.div)
+_rounding_division_ = _in_place_division(torch.div, Tensor.div_)
+
+
 def _rounded_division(a, b, *, rounding_mode=None, out=None):
     """`div`: true division gives floats on both; only a rounding mode divides integers."""
     if rounding_mode is None:
         return torch.div(a, b, out=out) if out is not None else torch.div(a, b)
-    return _integer_division(lambda x, y, **o: torch.div(x, y, rounding_mode=rounding_mode, **o),
-                             a, b, out, None)
+    return _rounding_division(a, b, rounding_mode=rounding_mode, out=out)
 
 
 def _rounded_division_(a, b, *, rounding_mode=None):
     if rounding_mode is None:
         return a.div_(b)
-    return _integer_division(lambda x, y: torch.div(x, y, rounding_mode=rounding_mode), a, b, None, a,
-                             lambda x, y: x.div_(y, rounding_mode=rounding_mode))
+    return _rounding_division_(a, b, rounding_mode=rounding_mode)
 
 
 _INTEGER_DIVISIONS = {
