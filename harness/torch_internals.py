@@ -167,6 +167,8 @@ NAMES: dict[str, Internal] = {
     "pop_mode": Internal("torch.utils._python_dispatch", "_pop_mode"),
     "get_current_function_mode_stack": Internal("torch.overrides",
                                                 "_get_current_function_mode_stack", _lists),
+    # a subclass's __torch_function__ that makes torch treat it as having no override
+    "disabled_torch_function_impl": Internal("torch._C", "_disabled_torch_function_impl"),
     # torch.utils._device
     "DeviceContext": Internal("torch.utils._device", "DeviceContext",
                               _is_class_with("__torch_function__")),
@@ -412,6 +414,7 @@ disable_current_modes = bind(NAMES["disable_current_modes"])
 push_mode = bind(NAMES["push_mode"])
 pop_mode = bind(NAMES["pop_mode"])
 get_current_function_mode_stack = bind(NAMES["get_current_function_mode_stack"])
+disabled_torch_function_impl = bind(NAMES["disabled_torch_function_impl"])
 DeviceContext = bind(NAMES["DeviceContext"])
 device_constructors = bind(NAMES["device_constructors"])
 tensor_str = bind(NAMES["tensor_str"])

@@ -6,31 +6,30 @@ but you set 'torch.use_deterministic_algorithms(True)'. ...") or, with `warn_onl
 checks sit in the CUDA kernels, or behind `self.device().type() == DeviceType::CUDA` in shared code
 (`put_`), so the emulated device, whose tensors are cpu tensors to ATen, ran the CPU's kernels and
 never alerted: a runtime's deterministic mode (SGLang's and vLLM's batch-invariant inference, a
-reproducible training run) passed on the CPU and raised on a GPU at its first float `cumsum` (a
-top-p sampler's), `multinomial(..., replacement=True)` of several samples (its CUDA kernel's own
-cumsum: PyTorch #152854), or interpolation's backward.
+reproducible training run) passed on the CPU and raised on a GPU at its first `histc`, weighted
+`bincount` or adaptive pooling's backward.
 
-The callers and their conditions, as the CUDA kernels write them (PyTorch's main branch:
-ScanKernels.cpp, SummaryOps.cu, Sorting.cu, TensorAdvancedIndexing.cpp, ScatterGatherKernel.cu,
-MultinomialKernel.cu, LossNLL2d.cu, GridSampler.cu, LossCTC.cu, EmbeddingBag.cu and the upsampling,
-pooling and padding kernels), each caller's text found in the CUDA wheel of torch 2.14, the list
-that of `torch.use_deterministic_algorithms`'s documentation (the operations that "will throw a
-RuntimeError" on CUDA tensors). The alerts the CPU's kernels make themselves (`put_` without
-accumulate, `max_unpool`) stay the CPU's.
+The callers and their conditions, as the CUDA kernels write them (SummaryOps.cu, Sorting.cu,
+TensorAdvancedIndexing.cpp, ScatterGatherKernel.cu, LossNLL2d.cu, GridSampler.cu, LossCTC.cu,
+EmbeddingBag.cu and the upsampling, pooling and padding kernels), each caller's text found in the
+CUDA wheels of torch 2.11 and 2.14, and each measured on a GPU (NVIDIA H100, torch 2.11.0+cu130,
+2026-12-07). The alerts the CPU's kernels make themselves (`put_` without accumulate,
+`max_unpool`) stay the CPU's.
 
-cuBLAS too: every gemm and gemv PyTorch issues (CUDABlas.cpp: `mm`, `addmm`, `bmm`, `baddbmm`,
-`addbmm`, `mv`, `addmv`, and `matmul`, `linear` and SDPA's math path through them) first calls
-`Context::alertCuBLASConfigNotDeterministic()`, which raises (or warns) "Deterministic behavior was
-enabled ... because it uses CuBLAS and you have CUDA >= 10.2" unless CUBLAS_WORKSPACE_CONFIG is
-`:4096:8` or `:16:8`. CUDA reads the variable once, at the process's first gemm; the emulated
-device reads it at each matmul under the mode.
+Not alerts on the builds the harness supports, though older releases and torch's documentation
+list them (measured on the H100): a float `cumsum` and `multinomial` of several samples with
+replacement (its CUDA kernel's running sum) run quietly, cumsum having become deterministic
+(PyTorch #89492, closed); cuBLAS's gemms no longer ask for CUBLAS_WORKSPACE_CONFIG (PyTorch
+#161749 removed `alertCuBLASConfigNotDeterministic`'s text, absent from the 2.11 and 2.14 wheels);
+bilinear and trilinear interpolation, replicate padding and (from torch 2.13) 3-d max pooling take
+a deterministic decomposition in their Python body on a CUDA input (device_branches.py), so only a
+direct call of their backward kernels alerts.
 
 While the mode is on, each device call runs under a dispatch mode that asks every aten op it
 reaches; with the mode off nothing is entered."""
 
 from __future__ import annotations
 
-import os
 import warnings
 from dataclasses import dataclass
 from typing import Callable
@@ -55,15 +54,6 @@ _WARNED = ("{caller} does not have a deterministic implementation, but you set "
            "support for this operation.")
 
 
-_CUBLAS = ("Deterministic behavior was enabled with either `torch.use_deterministic_algorithms(True)` "
-           "or `at::Context::setDeterministicAlgorithms(true)`, but this operation is not "
-           "deterministic because it uses CuBLAS and you have CUDA >= 10.2. To enable deterministic "
-           "behavior in this case, you must set an environment variable before running your PyTorch "
-           "application: CUBLAS_WORKSPACE_CONFIG=:4096:8 or CUBLAS_WORKSPACE_CONFIG=:16:8. For more "
-           "information, go to https://docs.nvidia.com/cuda/cublas/index.html#results-reproducibility")
-_CUBLAS_DETERMINISTIC_CONFIGS = (":4096:8", ":16:8")
-
-
 @dataclass(frozen=True)
 class Alert:
     """What CUDA says of a call without a deterministic form: raised, or warned under warn_only."""
@@ -78,27 +68,6 @@ def _kernel_alert(caller: str) -> Alert:
 
 def _always(caller: str) -> Callable[[dict], str | None]:
     return lambda named: caller
-
-
-def _cumsum(named: dict) -> str | None:
-    """ScanKernels.cpp: floating or complex sums only, after the input is cast to the result's
-    dtype; a 0-dim or empty input never reaches the kernel."""
-    self = named["self"]
-    if self.dim() == 0 or self.numel() == 0:
-        return None
-    out = named.get("out")
-    dtype = (out.dtype if out is not None else named.get("dtype")
-             or (torch.int64 if not (self.is_floating_point() or self.is_complex()) else self.dtype))
-    return "cumsum_cuda_kernel" if dtype.is_floating_point or dtype.is_complex else None
-
-
-def _multinomial(named: dict) -> str | None:
-    """Distributions.cpp draws one sample, or samples without replacement, by the exponential
-    trick; more samples with replacement go to MultinomialKernel.cu, which takes the rows' running
-    sums with `at::cumsum_out`, the cumsum kernel's alert (PyTorch #152854)."""
-    if named.get("replacement") and named["num_samples"] > 1:
-        return "cumsum_cuda_kernel"
-    return None
 
 
 def _bincount(named: dict) -> str | None:
@@ -127,8 +96,6 @@ def _packets(names: dict[str, Callable[[dict], str | None]]) -> dict:
 
 
 _ALERTS: dict = _packets({
-    "cumsum": _cumsum, "cumsum_": _cumsum,
-    "multinomial": _multinomial,
     "histc": _always("_histc_cuda"),
     "bincount": _bincount,
     "median": lambda named: "median CUDA with indices output" if "dim" in named else None,
@@ -158,36 +125,17 @@ _ALERTS: dict = _packets({
 })
 
 
-# The aten ops CUDA runs as a cuBLAS gemm or gemv (packets), and their operands: an empty one makes
-# no call.
-_CUBLAS_OPS = frozenset(getattr(aten, name) for name in (
-    "mm", "addmm", "_addmm_activation", "bmm", "baddbmm", "addbmm", "mv", "addmv")
-    if hasattr(aten, name))
-_OPERANDS = ("self", "mat1", "mat2", "batch1", "batch2", "mat", "vec")
-
-
-def _cublas_alert(named: dict) -> Alert | None:
-    if any(isinstance(named.get(n), torch.Tensor) and named[n].numel() == 0 for n in _OPERANDS):
-        return None
-    if os.environ.get("CUBLAS_WORKSPACE_CONFIG") in _CUBLAS_DETERMINISTIC_CONFIGS:
-        return None
-    return Alert(_CUBLAS, _CUBLAS)
-
-
 def cuda_alert(func, args: tuple, kwargs: dict) -> Alert | None:
     """What CUDA's kernel for this aten op says under the deterministic mode, on these arguments,
     or None where it runs deterministically (or is not CUDA's to alert)."""
     packet = getattr(func, "overloadpacket", None)
     rule = _ALERTS.get(packet)
-    if rule is None and packet not in _CUBLAS_OPS:
+    if rule is None:
         return None
     flat, _ = tree_flatten((args, kwargs))
     if not any(isinstance(a, torch.Tensor) and is_device_memory(a) for a in flat):
         return None
-    named = bind(func, args, kwargs)
-    if rule is None:
-        return _cublas_alert(named)
-    caller = rule(named)
+    caller = rule(bind(func, args, kwargs))
     return None if caller is None else _kernel_alert(caller)
 
 

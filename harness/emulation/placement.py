@@ -30,8 +30,8 @@ from harness import torch_internals
 from harness.torch_internals import DeviceContext, device_constructors
 from harness.graphs.base import CaptureError
 from harness.emulation import (array_interface, autocast, backward_streams, blas_workspaces,
-                               compiled_rng, deterministic_alerts, device_indices, fft_plans,
-                               host_arguments, kernels, missing_kernels, transfers)
+                               compiled_rng, deterministic_alerts, device_branches, device_indices,
+                               fft_plans, host_arguments, kernels, missing_kernels, transfers)
 from harness.graphs.emulator.dispatch_keys import keep_modes_reachable
 from harness.graphs.emulator.opinfo import scalar_type_name
 from harness.graphs.emulator.device_asserts import eager_device_assert_error, is_index_out_of_bounds
@@ -125,6 +125,7 @@ class Placement(TorchFunctionMode):
             **dict.fromkeys(fft_plans.FFT_KINDS, self._fft_call),
             **dict.fromkeys(_FROM_HOST_DATA, array_interface.handler(self)),
             **compiled_rng.hop_handlers(self),
+            **dict.fromkeys(device_branches.CALLS, self._device_branch),
         }
 
     # --- the hot path ------------------------------------------------------------------------
@@ -367,6 +368,14 @@ class Placement(TorchFunctionMode):
     def _cast(self, t: Tensor, dtype: torch.dtype) -> Tensor:
         """An autocast cast: a device op of its own, as CUDA's cast kernel is."""
         return self.__torch_function__(Tensor.to, (Tensor,), (t, dtype), {})
+
+    def _device_branch(self, func, args, kwargs):
+        """A torch function whose Python body branches on its input's device (device_branches.py):
+        under the deterministic mode, where the branch differs, its body sees the device's answers."""
+        if _deterministic_on() and args and isinstance(args[0], Tensor) \
+                and is_device_memory(args[0]):
+            args = device_branches.seen_as_device(args)
+        return self._generic(func, args, kwargs)
 
     # --- marking -----------------------------------------------------------------------------
 
