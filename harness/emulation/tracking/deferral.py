@@ -28,15 +28,30 @@ def can_defer(kind: OpKind) -> bool:
 
 
 def _as_issued(call: Callable[[], Any]) -> Callable[[], None]:
-    """`call` run later as it would have run when issued: below autograd (the mode met it there),
-    in the inference mode of the moment it was issued."""
+    """`call` run later as it would have run when issued: below autograd and autocast (the mode
+    met it there: an autocast the host entered since does not recast a launched kernel), in the
+    inference mode of the moment it was issued."""
     inference = torch.is_inference_mode_enabled()
 
     def run() -> None:
         with torch.inference_mode(inference), torch_internals.AutoDispatchBelowADInplaceOrView():
-            call()
+            if torch.is_autocast_enabled("cpu") or torch.is_autocast_enabled("cuda"):
+                _without_autocast(call)
+            else:
+                call()
 
     return run
+
+
+def _without_autocast(call: Callable[[], Any]) -> Any:
+    before = (torch.is_autocast_enabled("cpu"), torch.is_autocast_enabled("cuda"))
+    torch.set_autocast_enabled("cpu", False)
+    torch.set_autocast_enabled("cuda", False)
+    try:
+        return call()
+    finally:
+        torch.set_autocast_enabled("cpu", before[0])
+        torch.set_autocast_enabled("cuda", before[1])
 
 
 def defer(func, args: tuple, kwargs: dict, kind: OpKind, held: tuple = (),
@@ -67,3 +82,4 @@ def defer(func, args: tuple, kwargs: dict, kind: OpKind, held: tuple = (),
             # else: an empty placeholder result (batch norm's saved statistics in eval mode)
 
     return outputs, _as_issued(run)
+
