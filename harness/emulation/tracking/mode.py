@@ -226,9 +226,9 @@ class StreamWork(TorchDispatchMode):
             for t, key in zip((*reads, *writes), (*read_keys, *write_keys)):
                 if is_pinned(t):
                     self.tracker.record_stream(key, stream)
-        overtakes = self.schedule.adversarial and self._overtakes_queued_work(reported)
+        overtakes = self.schedule.adversarial and self.overtakes_queued_work(reported)
         memory = self.memory
-        probe, ran_in_order = self.probe, False
+        probe, ran_in_order, queued = self.probe, False, False
         if plan.may_block_host and (
                 copy_blocks_host(func, args, kwargs, memory.is_device, is_pinned, targets_device)
                 if plan.is_copy else
@@ -239,7 +239,7 @@ class StreamWork(TorchDispatchMode):
             self.tracker.synchronize_stream(stream)
         elif (plan.deferrable and device_touched and not overtakes
               and self.schedule.defers(stream)):
-            held, release = self._aliases_for_queue((args, kwargs))
+            held, release = self.aliases_for_queue((args, kwargs))
             out, run = defer(func, args, kwargs, plan.kind, held, self._result_shapes.of)
             issued = self._pinned_inputs_as_issued(reads)
             access = Access(False, stream, seq, name, where)
@@ -251,6 +251,7 @@ class StreamWork(TorchDispatchMode):
                 release()
 
             self.schedule.queue(stream, seq, run_and_release)
+            queued = True
         else:
             ran_in_order = not self.schedule.defers(stream)
             if not ran_in_order:
@@ -262,15 +263,17 @@ class StreamWork(TorchDispatchMode):
         if fresh:
             self._note_fresh(out, Access(True, stream, seq, name, where), plan.touches_results)
         if probe is not None:
-            # Learnable: a fresh result with nothing written, or an in-place op (its result the
-            # tensor it wrote) that neither draws a seed nor changes metadata (`deferrable`).
+            # Learnable, whether it ran in issue order or waited in the stream's queue: a fresh
+            # result with nothing written, or an in-place op (its result the tensor it wrote)
+            # that neither draws a seed nor changes metadata (`deferrable`).
             in_place = (plan.kind is OpKind.MUTATING and plan.deferrable and bool(write_keys)
                         and not fresh)
             probe.device_op(plan, reads, read_keys, writes, write_keys,
-                            ran_in_order and (in_place or (fresh and not write_keys)), out)
+                            (ran_in_order or queued) and (in_place or (fresh and not write_keys)),
+                            out, queued)
         return out
 
-    def _overtakes_queued_work(self, reported: int) -> bool:
+    def overtakes_queued_work(self, reported: int) -> bool:
         """Whether the op just launched is a write that races with an access another stream still
         has queued (reported since `reported`): then the adversarial schedule runs it at once,
         ahead of that access, the order in which the race gives wrong values (a writer ahead of
@@ -296,7 +299,7 @@ class StreamWork(TorchDispatchMode):
             except RaceError as race:
                 self._late.append(race)  # raised at the next op: the host is inside a wait
 
-    def _aliases_for_queue(self, tree: Any) -> tuple[Any, Callable[[], None]]:
+    def aliases_for_queue(self, tree: Any) -> tuple[Any, Callable[[], None]]:
         """`tree` with each tracked tensor replaced by an alias for the queued call, the caller's
         tensor watched for its death; and the call that forgets the aliases once the work ran."""
         keys: list[int] = []
