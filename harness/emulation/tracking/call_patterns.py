@@ -86,6 +86,7 @@ class CallPattern:
     result_meta: tuple | None = None  # queued, fresh: the call's result's (shape, stride, dtype)
     returns: int | None = None  # queued, in place: which of the call's tensors it returns (None)
     bumps: tuple[int, ...] = ()  # queued, in place: the written tensors with a version counter
+    positional: bool = False  # queued: every tensor of the call is a positional argument
 
 
 _NOTHING = CallPattern()  # only views reached the stream mode
@@ -304,7 +305,12 @@ class CallPatterns:
                 call()
             schedule.ran(stream, seq)
         else:
-            held, release = mode.aliases_for_queue((args, kwargs))
+            with _DisableTorchDispatch():  # the aliases are views, no op of the caller's
+                if pattern.positional:
+                    held_args, release = mode.aliases_of_positional(args)
+                    held = (held_args, dict(kwargs) if kwargs else kwargs)
+                else:
+                    held, release = mode.aliases_for_queue((args, kwargs))
             out, call = defer_call(func, held, pattern.result_meta, returns)
             call.release = release
             schedule.queue(stream, seq, call)
@@ -320,7 +326,7 @@ class CallPatterns:
             out = func(*args, **kwargs)
         finally:
             mode.probe = None
-        self._remember(key, self._pattern(probe, tensors, out))
+        self._remember(key, self._pattern(probe, tensors, args, out))
         return out
 
     def _remember(self, key: tuple, pattern: Any) -> None:
@@ -328,7 +334,7 @@ class CallPatterns:
             self._patterns.clear()
         self._patterns[key] = pattern
 
-    def _pattern(self, probe: Probe, tensors: list, out: Any) -> Any:
+    def _pattern(self, probe: Probe, tensors: list, args: tuple, out: Any) -> Any:
         if probe.spoiled or len(probe.ops) > 1:
             return _NEVER
         if not probe.ops:
@@ -351,6 +357,7 @@ class CallPatterns:
             how = _queued_fields(tensors, out, write_positions)
             if how is None:
                 return _NEVER
+            how["positional"] = len(tensors) == sum(isinstance(a, _Tensor) for a in args)
         return CallPattern(plan.name, tuple(storages.index(key) for key in read_keys),
                            read_labels, None if result is None else result[1],
                            plan.touches_results, write_positions, write_labels, **how)

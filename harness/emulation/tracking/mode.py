@@ -303,24 +303,33 @@ class StreamWork(TorchDispatchMode):
         """`tree` with each tracked tensor replaced by an alias for the queued call, the caller's
         tensor watched for its death; and the call that forgets the aliases once the work ran."""
         keys: list[int] = []
+        alias = self._alias
+        return map_tensors(lambda t: alias(t, keys), tree), self._release(keys)
 
-        def alias(t: torch.Tensor) -> torch.Tensor:
-            if not self._tracked(t):
-                return t
-            key = storage_key(t)
-            keys.append(key)
-            self.holds.alias(key)
-            if id(t) not in self._watched:
-                self._watched[id(t)] = weakref.ref(t, self._caller_dropped(id(t), key))
-            return t.detach()
+    def aliases_of_positional(self, args: tuple) -> tuple[tuple, Callable[[], None]]:
+        """`aliases_for_queue` of a call whose tensors are all positional arguments (none in a
+        list, none by keyword): the arguments, one pass."""
+        keys: list[int] = []
+        alias = self._alias
+        return (tuple([alias(a, keys) if isinstance(a, torch.Tensor) else a for a in args]),
+                self._release(keys))
 
-        held = map_tensors(alias, tree)
+    def _alias(self, t: torch.Tensor, keys: list[int]) -> torch.Tensor:
+        if not self._tracked(t):
+            return t
+        key = storage_key(t)
+        keys.append(key)
+        self.holds.alias(key)
+        if id(t) not in self._watched:
+            self._watched[id(t)] = weakref.ref(t, self._caller_dropped(id(t), key))
+        return t.detach()
 
+    def _release(self, keys: list[int]) -> Callable[[], None]:
         def release() -> None:
             self.holds.release_aliases(keys)
             keys.clear()
 
-        return held, release
+        return release
 
     def _caller_dropped(self, tensor_id: int, key: int) -> Callable[[weakref.ref], None]:
         def dropped(ref: weakref.ref) -> None:
