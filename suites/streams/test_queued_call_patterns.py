@@ -38,8 +38,15 @@ def _racy_program() -> list[torch.Tensor]:
             u2 = u * 0.5  # reads u before waiting for the default stream
         x.add_(u2.reshape(4, 8))  # in place: learned too
         x.index_put_((rows,), h[:2] * 0.25)  # a write into x while the side stream may read it
+        staged = x * 4
+        torch.cuda.synchronize()  # its op ran: the caller's tensor is all that holds it
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            total = staged.sum(dim=1)  # queued on the side stream, reading `staged`
+        del staged  # freed without record_stream while that read waits in the queue
+        reused = x * 5  # the default stream's next block of that size: the same memory
         torch.cuda.synchronize()
-        seen += [t.cpu() for t in (h, y, z, v, u, u2, x)]
+        seen += [t.cpu() for t in (h, y, z, v, u, u2, x, total, reused)]
         seen.append(torch.tensor([x._version]))  # autograd's version counter, bumped at issue
     return seen
 
@@ -70,6 +77,7 @@ def test_queued_learned_calls_report_and_compute_what_dispatched_calls_do():
     assert dispatched, "the program's races were not found"
     assert learned == dispatched
     assert any(t.isnan().any() for t in dispatched_values), "no read saw a queued op's poison"
+    assert any("del staged" in r for r in dispatched), "the free under a queued read was not seen"
     assert len(learned_values) == len(dispatched_values)
     for i, (got, expected) in enumerate(zip(learned_values, dispatched_values)):
         assert _same_bits(got, expected), f"value {i} differs"

@@ -43,6 +43,7 @@ import torch
 
 from harness import torch_internals
 from harness.graphs.emulator.callsite import callsite_later
+from harness.graphs.emulator.pool import poison_value
 from harness.emulation.device_memory import DEVICE, PINNED, memory_mark
 from harness.emulation.tracking.deferral import defer_call
 from harness.emulation.tracking.races import Access
@@ -83,7 +84,8 @@ class CallPattern:
     # Learned with the op waiting in its stream's queue (the adversarial schedule, a stream behind
     # `_sleep`): used only while the stream queues, and a pattern learned in order only while not.
     queued: bool = False
-    result_meta: tuple | None = None  # queued, fresh: the call's result's (shape, stride, dtype)
+    # queued, fresh: the call's result's shape, stride, dtype and poison (None: it is empty)
+    result_meta: tuple | None = None
     returns: int | None = None  # queued, in place: which of the call's tensors it returns (None)
     bumps: tuple[int, ...] = ()  # queued, in place: the written tensors with a version counter
     positional: bool = False  # queued: every tensor of the call is a positional argument
@@ -298,7 +300,7 @@ class CallPatterns:
         reported = len(tracker.reports)
         seq = tracker.launch(stream, read_keys, write_keys, op=name, where=where)
         returns = None if pattern.returns is None else tensors[pattern.returns]
-        if mode.overtakes_queued_work(reported):
+        if len(tracker.reports) > reported and mode.overtakes_queued_work(reported):
             out, call = defer_call(func, (args, kwargs), pattern.result_meta, returns)
             with _DisableTorchDispatch(), _DisableTorchFunction():
                 schedule.run_stream(stream)
@@ -385,4 +387,5 @@ def _queued_fields(tensors: list, out: Any, write_positions: tuple) -> dict | No
             or not out.is_contiguous() \
             or out.untyped_storage().nbytes() != out.numel() * out.element_size():
         return None
-    return dict(queued=True, result_meta=(out.shape, out.stride(), out.dtype))
+    return dict(queued=True, result_meta=(out.shape, out.stride(), out.dtype,
+                                          poison_value(out.dtype) if out.numel() else None))

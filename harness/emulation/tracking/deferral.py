@@ -103,23 +103,21 @@ class QueuedCall:
     __slots__ = ("func", "args", "kwargs", "target", "inference", "dtype", "release")
 
     def __call__(self) -> None:
-        inference = self.inference
-        with _DisableTorchDispatch(), _DisableTorchFunction():
-            if _inference_on() is not inference:
-                with torch.inference_mode(inference):
-                    self._run()
-            else:
+        if _inference_on() is self.inference:
+            self._run()
+        else:  # entered first: the inference mode's guard resets what autograd's excludes
+            with torch.inference_mode(self.inference):
                 self._run()
         if self.release is not None:
             self.release()
 
     def _run(self) -> None:
-        with _BelowAutograd():
-            if (_default_dtype() is not self.dtype or _autocast_on("cpu") or _autocast_on("cuda")
-                    or _deterministic()):
-                result = _in_issue_state(self.dtype, self.func, self.args, self.kwargs)
-            else:
+        with _DisableTorchDispatch(), _DisableTorchFunction(), _BelowAutograd():
+            if (_default_dtype() is self.dtype and not _autocast_on("cpu")
+                    and not _autocast_on("cuda") and not _deterministic()):
                 result = self.func(*self.args, **self.kwargs)
+            else:
+                result = _in_issue_state(self.dtype, self.func, self.args, self.kwargs)
             target = self.target
             if target is not None:
                 if not isinstance(result, torch.Tensor) or result.shape != target.shape:
@@ -152,18 +150,19 @@ def defer_call(func, held: tuple, result: tuple | None, returns: Any
                ) -> tuple[Any, QueuedCall]:
     """(what a learned torch call returns now, the call that does its work later). `held` is
     `(args, kwargs)` with the tensors the queued call keeps (aliases of the caller's);
-    `result`: the fresh result's (shape, stride, dtype), allocated now and poisoned until the
-    call ran, or None for a call in place, which returns `returns`."""
+    `result`: the fresh result's (shape, stride, dtype, poison value or None when it is empty),
+    allocated now and poisoned until the call ran, or None for a call in place, which returns
+    `returns`."""
     call = QueuedCall()
     call.func, (call.args, call.kwargs) = func, held
     call.inference, call.dtype, call.release = _inference_on(), _default_dtype(), None
     if result is None:
         call.target = None
         return returns, call
-    shape, stride, dtype = result
+    shape, stride, dtype, poison = result
     with _DisableTorchDispatch(), _DisableTorchFunction():
         out = torch.empty_strided(shape, stride, dtype=dtype)
-        if out.numel():
-            out.fill_(poison_value(dtype))
+        if poison is not None:
+            out.fill_(poison)
         call.target = out.detach()
     return out, call

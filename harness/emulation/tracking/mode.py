@@ -24,7 +24,7 @@ from harness.graphs.emulator.opinfo import OpKind
 from harness.graphs.emulator.accesses import (blocks_host, copy_blocks_host, higher_order_tensors,
                                               split_accesses, tensors_of)
 from harness.emulation.compiled_rng import call_higher_order
-from harness.emulation.device_memory import own_storage
+from harness.emulation.device_memory import DEVICE, memory_mark, own_storage
 from harness.emulation.tracking.deferral import defer
 from harness.emulation.tracking.names import ShapeLabels, label_of, storage_key
 from harness.emulation.tracking.op_plans import OpPlans
@@ -46,6 +46,14 @@ class _Allocation(weakref.ref):
     made for every result of every device op, so one object instead of a closure and a ref."""
 
     __slots__ = ("key", "stream", "nbytes")
+
+
+class _Watch(weakref.ref):
+    """The weak reference on a caller's tensor that queued work holds an alias of: its death is
+    noted (`StreamWork._caller_dropped`) with the storage it was on. One object per watched
+    tensor, not a closure and a ref: most queued ops read a tensor made by the op before."""
+
+    __slots__ = ("tensor_id", "key")
 
 
 class StreamWork(TorchDispatchMode):
@@ -71,6 +79,7 @@ class StreamWork(TorchDispatchMode):
         # Storage keys whose caller tensors died since the last op, with the line that dropped them.
         self._dropped: list[tuple[int, Any]] = []
         self._on_freed = self._freed  # bound once: every result's weak reference calls it
+        self._on_dropped = self._caller_dropped  # and every watched caller's tensor's, this
         self._plans = OpPlans()
         self._shape_labels = ShapeLabels()
         self._result_shapes = ResultShapes()
@@ -307,21 +316,25 @@ class StreamWork(TorchDispatchMode):
         return map_tensors(lambda t: alias(t, keys), tree), self._release(keys)
 
     def aliases_of_positional(self, args: tuple) -> tuple[tuple, Callable[[], None]]:
-        """`aliases_for_queue` of a call whose tensors are all positional arguments (none in a
-        list, none by keyword): the arguments, one pass."""
+        """`aliases_for_queue` of a learned call (call_patterns.py) whose tensors are all
+        positional arguments (none in a list, none by keyword): the arguments, one pass. Such a
+        call has no pinned or meta tensor, so what it tracks is its device memory."""
         keys: list[int] = []
-        alias = self._alias
-        return (tuple([alias(a, keys) if isinstance(a, torch.Tensor) else a for a in args]),
+        alias = self._alias_of_tracked
+        return (tuple([alias(a, keys) if isinstance(a, torch.Tensor) and memory_mark(a) is DEVICE
+                       else a for a in args]),
                 self._release(keys))
 
     def _alias(self, t: torch.Tensor, keys: list[int]) -> torch.Tensor:
-        if not self._tracked(t):
-            return t
-        key = storage_key(t)
+        return self._alias_of_tracked(t, keys) if self._tracked(t) else t
+
+    def _alias_of_tracked(self, t: torch.Tensor, keys: list[int]) -> torch.Tensor:
+        key = t.untyped_storage().data_ptr()
         keys.append(key)
         self.holds.alias(key)
         if id(t) not in self._watched:
-            self._watched[id(t)] = weakref.ref(t, self._caller_dropped(id(t), key))
+            watch = self._watched[id(t)] = _Watch(t, self._on_dropped)
+            watch.tensor_id, watch.key = id(t), key
         return t.detach()
 
     def _release(self, keys: list[int]) -> Callable[[], None]:
@@ -331,12 +344,10 @@ class StreamWork(TorchDispatchMode):
 
         return release
 
-    def _caller_dropped(self, tensor_id: int, key: int) -> Callable[[weakref.ref], None]:
-        def dropped(ref: weakref.ref) -> None:
-            if self._watched.get(tensor_id) is ref:
-                del self._watched[tensor_id]
-            self._dropped.append((key, callsite_later()))
-        return dropped
+    def _caller_dropped(self, watch: _Watch) -> None:
+        if self._watched.get(watch.tensor_id) is watch:
+            del self._watched[watch.tensor_id]
+        self._dropped.append((watch.key, callsite_later()))
 
     def check_drops(self) -> None:
         """For storages whose caller tensors died: if only queued work still holds the memory,
