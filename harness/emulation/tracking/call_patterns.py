@@ -19,9 +19,17 @@ memory; every other argument by type and value; and the dispatch state that sele
 decompositions (grad and inference mode, deterministic algorithms, autocast, the default dtype).
 A call whose arguments include anything else (a tensor subclass, pinned memory, a generator, an
 object), and a callable that is not torch's own (a user's `autograd.Function.apply`, whose Python
-may read any state), is never learned and always dispatches. Nothing is learned or used while a capture runs,
-under the adversarial schedule, with a queue on the stream, or with any other dispatch mode on the
-stack (a user's mode, the explainer's op log must see every aten op).
+may read any state), is never learned and always dispatches. Nothing is learned or used while a
+capture runs, or with any other dispatch mode on the stack (a user's mode, the explainer's op log
+must see every aten op).
+
+On a stream that queues its work (the adversarial schedule, a stream behind `_sleep`) the op waits
+in the queue, and a call whose op waited when it was learned is queued whole the same way
+(`_queue`): the same launch, aliases held for the queue, its fresh result allocated now and
+poisoned until the queue runs the call (deferral.QueuedCall) below autograd in the state of its
+issue. A pattern learned in one of the two states is used only in that state; calls autograd
+records, under autocast or deterministic algorithms, or whose result is a view or not one dense
+block, dispatch.
 """
 
 from __future__ import annotations
@@ -35,7 +43,9 @@ import torch
 
 from harness import torch_internals
 from harness.graphs.emulator.callsite import callsite_later
+from harness.graphs.emulator.pool import poison_value
 from harness.emulation.device_memory import DEVICE, PINNED, memory_mark
+from harness.emulation.tracking.deferral import defer_call
 from harness.emulation.tracking.races import Access
 
 _Tensor = torch.Tensor
@@ -44,6 +54,8 @@ _SCALARS = frozenset({int, float, bool, str, type(None), torch.dtype, torch.devi
                       torch.memory_format, torch.layout, type(Ellipsis)})
 _STRIDED = torch.strided
 _DisableTorchDispatch = torch_internals.DisableTorchDispatch
+_DisableTorchFunction = torch_internals.DisableTorchFunction
+_increment_version = torch.autograd.graph.increment_version
 _stack_length = torch_internals.len_torch_dispatch_stack
 _stack_at = torch_internals.get_dispatch_stack_at
 _functorch_wrapped = torch_internals.is_functorch_wrapped_tensor
@@ -69,6 +81,14 @@ class CallPattern:
     touches_result: bool = True  # False for `empty` and kin (op_plans.py)
     write_positions: tuple[int, ...] = ()  # per tensor the op wrote in place, as read_positions
     write_labels: tuple = ()
+    # Learned with the op waiting in its stream's queue (the adversarial schedule, a stream behind
+    # `_sleep`): used only while the stream queues, and a pattern learned in order only while not.
+    queued: bool = False
+    # queued, fresh: the call's result's shape, stride, dtype and poison (None: it is empty)
+    result_meta: tuple | None = None
+    returns: int | None = None  # queued, in place: which of the call's tensors it returns (None)
+    bumps: tuple[int, ...] = ()  # queued, in place: the written tensors with a version counter
+    positional: bool = False  # queued: every tensor of the call is a positional argument
 
 
 _NOTHING = CallPattern()  # only views reached the stream mode
@@ -99,9 +119,10 @@ class Probe:
         self.spoiled = True
 
     def device_op(self, plan, reads: list, read_keys: list, writes: list, write_keys: list,
-                  simple: bool, out: Any) -> None:
-        """`simple`: the op ran in issue order, and made a fresh result writing nothing else or
-        wrote in place what `writes` holds (mode.py says which ops may be learned)."""
+                  simple: bool, out: Any, queued: bool = False) -> None:
+        """`simple`: the op ran in issue order or waited in its stream's queue (`queued`), and
+        made a fresh result writing nothing else or wrote in place what `writes` holds (mode.py
+        says which ops may be learned)."""
         if threading.get_ident() != self.thread or not simple:
             self.spoiled = True
         if self.spoiled or self.ops:
@@ -111,14 +132,14 @@ class Probe:
         result = None
         if write_keys:
             self.ops.append((plan, tuple(label(t) for t in reads), read_keys,
-                             tuple(label(t) for t in writes), write_keys, None))
+                             tuple(label(t) for t in writes), write_keys, None, queued))
             return
         if isinstance(out, _Tensor):
             try:
                 result = (weakref.ref(out.untyped_storage()), label(out))
             except (RuntimeError, NotImplementedError, TypeError):
                 result = None  # no storage to name (never learned, as before)
-        self.ops.append((plan, tuple(label(t) for t in reads), read_keys, (), [], result))
+        self.ops.append((plan, tuple(label(t) for t in reads), read_keys, (), [], result, queued))
 
 
 def _tensor_meta(a: Any, tensors: list) -> tuple:
@@ -206,15 +227,15 @@ class CallPatterns:
 
     def _usable(self) -> bool:
         mode = self.mode
-        return (self._work.active and mode.probe is None and not mode.schedule.adversarial
-                and not mode.capturing() and _stack_length() == 1 and _stack_at(0) is mode)
+        return (self._work.active and mode.probe is None and not mode.capturing()
+                and _stack_length() == 1 and _stack_at(0) is mode)
 
     def run(self, func: Any, args: tuple, kwargs: dict) -> Any:
         """`func(*args, **kwargs)` of a device call, tracked as the stream mode tracks it."""
         mode = self.mode
         # The hot path (every device call): `_usable` inlined.
-        if not (self._work.active and mode.probe is None and not mode.schedule.adversarial
-                and not mode.capturing() and _stack_length() == 1 and _stack_at(0) is mode):
+        if not (self._work.active and mode.probe is None and not mode.capturing()
+                and _stack_length() == 1 and _stack_at(0) is mode):
             return func(*args, **kwargs)
         found = signature(func, args, kwargs)
         if found is None:
@@ -233,8 +254,8 @@ class CallPatterns:
             return self._learn(key, tensors, func, args, kwargs)
         stream = mode.stream()
         schedule = mode.schedule
-        if schedule.defers(stream):
-            return func(*args, **kwargs)
+        if schedule.defers(stream) is not pattern.queued and pattern is not _NOTHING:
+            return func(*args, **kwargs)  # learned in issue order, now queued, or the reverse
         mode.begin_op()
         if pattern is _NOTHING:
             with _DisableTorchDispatch():
@@ -253,6 +274,10 @@ class CallPatterns:
             write_key = t.untyped_storage().data_ptr()
             write_keys.append(write_key)
             note_read(t, write_key, label)
+        self.used += 1
+        if pattern.queued:
+            return self._queue(pattern, tensors, func, args, kwargs, stream, read_keys,
+                               write_keys, where)
         seq = mode.tracker.launch(stream, read_keys, write_keys, op=name, where=where)
         with _DisableTorchDispatch():
             out = func(*args, **kwargs)
@@ -260,7 +285,40 @@ class CallPatterns:
         if not write_keys:
             mode.note_result(out, pattern.result_label, Access(True, stream, seq, name, where),
                              touched=pattern.touches_result)
-        self.used += 1
+        return out
+
+    def _queue(self, pattern: CallPattern, tensors: list, func: Any, args: tuple, kwargs: dict,
+               stream: int, read_keys: list, write_keys: list, where: Any) -> Any:
+        """A learned call on a stream that queues its work, as the stream mode queues the op
+        it reaches (mode.py, `_device_op`): launched now, its tensors held as aliases, its fresh
+        result poisoned until the queue runs it; or run at once, after its stream's queue, when
+        it is a write that overtakes an access another stream has queued."""
+        mode = self.mode
+        tracker, schedule, name = mode.tracker, mode.schedule, pattern.name
+        for position in pattern.bumps:
+            _increment_version(tensors[position])  # as autograd's in-place kernel did at issue
+        reported = len(tracker.reports)
+        seq = tracker.launch(stream, read_keys, write_keys, op=name, where=where)
+        returns = None if pattern.returns is None else tensors[pattern.returns]
+        if len(tracker.reports) > reported and mode.overtakes_queued_work(reported):
+            out, call = defer_call(func, (args, kwargs), pattern.result_meta, returns)
+            with _DisableTorchDispatch(), _DisableTorchFunction():
+                schedule.run_stream(stream)
+                call()
+            schedule.ran(stream, seq)
+        else:
+            with _DisableTorchDispatch():  # the aliases are views, no op of the caller's
+                if pattern.positional:
+                    held_args, release = mode.aliases_of_positional(args)
+                    held = (held_args, dict(kwargs) if kwargs else kwargs)
+                else:
+                    held, release = mode.aliases_for_queue((args, kwargs))
+            out, call = defer_call(func, held, pattern.result_meta, returns)
+            call.release = release
+            schedule.queue(stream, seq, call)
+        if not write_keys:
+            mode.note_result(out, pattern.result_label, Access(True, stream, seq, name, where),
+                             touched=pattern.touches_result)
         return out
 
     def _learn(self, key: tuple, tensors: list, func: Any, args: tuple, kwargs: dict) -> Any:
@@ -270,7 +328,7 @@ class CallPatterns:
             out = func(*args, **kwargs)
         finally:
             mode.probe = None
-        self._remember(key, self._pattern(probe, tensors, out))
+        self._remember(key, self._pattern(probe, tensors, args, out))
         return out
 
     def _remember(self, key: tuple, pattern: Any) -> None:
@@ -278,12 +336,12 @@ class CallPatterns:
             self._patterns.clear()
         self._patterns[key] = pattern
 
-    def _pattern(self, probe: Probe, tensors: list, out: Any) -> Any:
+    def _pattern(self, probe: Probe, tensors: list, args: tuple, out: Any) -> Any:
         if probe.spoiled or len(probe.ops) > 1:
             return _NEVER
         if not probe.ops:
             return _NOTHING if probe.reached else _UNSEEN
-        plan, read_labels, read_keys, write_labels, write_keys, result = probe.ops[0]
+        plan, read_labels, read_keys, write_labels, write_keys, result, queued = probe.ops[0]
         if not write_keys:
             # A storage freed by the call's end is not what it returned, whatever its address.
             storage = None if result is None else result[0]()
@@ -295,7 +353,39 @@ class CallPatterns:
             return _NEVER  # which argument an aliased access came from is ambiguous
         if any(key not in storages for key in (*read_keys, *write_keys)):
             return _NEVER  # touched memory the call was not given
+        write_positions = tuple(storages.index(key) for key in write_keys)
+        how = {}
+        if queued:
+            how = _queued_fields(tensors, out, write_positions)
+            if how is None:
+                return _NEVER
+            how["positional"] = len(tensors) == sum(isinstance(a, _Tensor) for a in args)
         return CallPattern(plan.name, tuple(storages.index(key) for key in read_keys),
                            read_labels, None if result is None else result[1],
-                           plan.touches_results,
-                           tuple(storages.index(key) for key in write_keys), write_labels)
+                           plan.touches_results, write_positions, write_labels, **how)
+
+
+def _queued_fields(tensors: list, out: Any, write_positions: tuple) -> dict | None:
+    """What a call whose op waited in the queue needs to be queued whole (deferral.QueuedCall),
+    or None where queuing the torch call would not be queuing its op: autograd records the call
+    at issue, autocast or deterministic algorithms would apply again when it runs, or the result
+    is not one fresh dense block (a view, an offset, strides with gaps) that a poisoned
+    `empty_strided` of its shape stands for."""
+    if _autocast_on("cpu") or _autocast_on("cuda") or _deterministic():
+        return None
+    if _grad_on() and any(t.requires_grad for t in tensors):
+        return None
+    if write_positions:
+        returns = None
+        if out is not None:
+            returns = next((i for i, t in enumerate(tensors) if out is t), None)
+            if returns is None:
+                return None
+        return dict(queued=True, returns=returns,
+                    bumps=tuple(p for p in write_positions if not tensors[p].is_inference()))
+    if type(out) is not _Tensor or out.requires_grad or out._is_view() or out.storage_offset() \
+            or not out.is_contiguous() \
+            or out.untyped_storage().nbytes() != out.numel() * out.element_size():
+        return None
+    return dict(queued=True, result_meta=(out.shape, out.stride(), out.dtype,
+                                          poison_value(out.dtype) if out.numel() else None))

@@ -28,15 +28,30 @@ def can_defer(kind: OpKind) -> bool:
 
 
 def _as_issued(call: Callable[[], Any]) -> Callable[[], None]:
-    """`call` run later as it would have run when issued: below autograd (the mode met it there),
-    in the inference mode of the moment it was issued."""
+    """`call` run later as it would have run when issued: below autograd and autocast (the mode
+    met it there: an autocast the host entered since does not recast a launched kernel), in the
+    inference mode of the moment it was issued."""
     inference = torch.is_inference_mode_enabled()
 
     def run() -> None:
         with torch.inference_mode(inference), torch_internals.AutoDispatchBelowADInplaceOrView():
-            call()
+            if torch.is_autocast_enabled("cpu") or torch.is_autocast_enabled("cuda"):
+                _without_autocast(call)
+            else:
+                call()
 
     return run
+
+
+def _without_autocast(call: Callable[[], Any]) -> Any:
+    before = (torch.is_autocast_enabled("cpu"), torch.is_autocast_enabled("cuda"))
+    torch.set_autocast_enabled("cpu", False)
+    torch.set_autocast_enabled("cuda", False)
+    try:
+        return call()
+    finally:
+        torch.set_autocast_enabled("cpu", before[0])
+        torch.set_autocast_enabled("cuda", before[1])
 
 
 def defer(func, args: tuple, kwargs: dict, kind: OpKind, held: tuple = (),
@@ -67,3 +82,87 @@ def defer(func, args: tuple, kwargs: dict, kind: OpKind, held: tuple = (),
             # else: an empty placeholder result (batch norm's saved statistics in eval mode)
 
     return outputs, _as_issued(run)
+
+
+_DisableTorchDispatch = torch_internals.DisableTorchDispatch
+_DisableTorchFunction = torch_internals.DisableTorchFunction
+_BelowAutograd = torch_internals.AutoDispatchBelowADInplaceOrView
+_inference_on = torch.is_inference_mode_enabled
+_autocast_on = torch.is_autocast_enabled
+_deterministic = torch.are_deterministic_algorithms_enabled
+_default_dtype = torch.get_default_dtype
+
+
+class QueuedCall:
+    """A whole torch call queued as the one device op it makes (a learned call pattern,
+    call_patterns.py): run later below autograd, with every mode off, in the inference mode and
+    the dispatch state of its issue (no autocast, deterministic algorithms off, the default dtype
+    then), which is what the aten op it reaches would have seen; its fresh result copied into
+    `target`. One object, not a closure per part: a decode step queues hundreds."""
+
+    __slots__ = ("func", "args", "kwargs", "target", "inference", "dtype", "release")
+
+    def __call__(self) -> None:
+        if _inference_on() is self.inference:
+            self._run()
+        else:  # entered first: the inference mode's guard resets what autograd's excludes
+            with torch.inference_mode(self.inference):
+                self._run()
+        if self.release is not None:
+            self.release()
+
+    def _run(self) -> None:
+        with _DisableTorchDispatch(), _DisableTorchFunction(), _BelowAutograd():
+            if (_default_dtype() is self.dtype and not _autocast_on("cpu")
+                    and not _autocast_on("cuda") and not _deterministic()):
+                result = self.func(*self.args, **self.kwargs)
+            else:
+                result = _in_issue_state(self.dtype, self.func, self.args, self.kwargs)
+            target = self.target
+            if target is not None:
+                if not isinstance(result, torch.Tensor) or result.shape != target.shape:
+                    raise RuntimeError(
+                        f"{getattr(self.func, '__name__', self.func)} ran late with a result of "
+                        f"shape {tuple(getattr(result, 'shape', ()))}, where its issue gave "
+                        f"{tuple(target.shape)}: the adversarial schedule cannot defer it")
+                target.copy_(result)
+
+
+def _in_issue_state(dtype: torch.dtype, func, args: tuple, kwargs: dict) -> Any:
+    """`func(*args, **kwargs)` with autocast and deterministic algorithms off and `dtype` the
+    default, as when it was issued (the host changed them before the queue ran)."""
+    before = (_default_dtype(), _autocast_on("cpu"), _autocast_on("cuda"), _deterministic(),
+              torch.is_deterministic_algorithms_warn_only_enabled())
+    torch.set_default_dtype(dtype)
+    torch.set_autocast_enabled("cpu", False)
+    torch.set_autocast_enabled("cuda", False)
+    torch.use_deterministic_algorithms(False)
+    try:
+        return func(*args, **kwargs)
+    finally:
+        torch.set_default_dtype(before[0])
+        torch.set_autocast_enabled("cpu", before[1])
+        torch.set_autocast_enabled("cuda", before[2])
+        torch.use_deterministic_algorithms(before[3], warn_only=before[4])
+
+
+def defer_call(func, held: tuple, result: tuple | None, returns: Any
+               ) -> tuple[Any, QueuedCall]:
+    """(what a learned torch call returns now, the call that does its work later). `held` is
+    `(args, kwargs)` with the tensors the queued call keeps (aliases of the caller's);
+    `result`: the fresh result's (shape, stride, dtype, poison value or None when it is empty),
+    allocated now and poisoned until the call ran, or None for a call in place, which returns
+    `returns`."""
+    call = QueuedCall()
+    call.func, (call.args, call.kwargs) = func, held
+    call.inference, call.dtype, call.release = _inference_on(), _default_dtype(), None
+    if result is None:
+        call.target = None
+        return returns, call
+    shape, stride, dtype, poison = result
+    with _DisableTorchDispatch(), _DisableTorchFunction():
+        out = torch.empty_strided(shape, stride, dtype=dtype)
+        if poison is not None:
+            out.fill_(poison)
+        call.target = out.detach()
+    return out, call

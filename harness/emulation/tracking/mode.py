@@ -24,7 +24,7 @@ from harness.graphs.emulator.opinfo import OpKind
 from harness.graphs.emulator.accesses import (blocks_host, copy_blocks_host, higher_order_tensors,
                                               split_accesses, tensors_of)
 from harness.emulation.compiled_rng import call_higher_order
-from harness.emulation.device_memory import own_storage
+from harness.emulation.device_memory import DEVICE, memory_mark, own_storage
 from harness.emulation.tracking.deferral import defer
 from harness.emulation.tracking.names import ShapeLabels, label_of, storage_key
 from harness.emulation.tracking.op_plans import OpPlans
@@ -46,6 +46,14 @@ class _Allocation(weakref.ref):
     made for every result of every device op, so one object instead of a closure and a ref."""
 
     __slots__ = ("key", "stream", "nbytes")
+
+
+class _Watch(weakref.ref):
+    """The weak reference on a caller's tensor that queued work holds an alias of: its death is
+    noted (`StreamWork._caller_dropped`) with the storage it was on. One object per watched
+    tensor, not a closure and a ref: most queued ops read a tensor made by the op before."""
+
+    __slots__ = ("tensor_id", "key")
 
 
 class StreamWork(TorchDispatchMode):
@@ -71,6 +79,7 @@ class StreamWork(TorchDispatchMode):
         # Storage keys whose caller tensors died since the last op, with the line that dropped them.
         self._dropped: list[tuple[int, Any]] = []
         self._on_freed = self._freed  # bound once: every result's weak reference calls it
+        self._on_dropped = self._caller_dropped  # and every watched caller's tensor's, this
         self._plans = OpPlans()
         self._shape_labels = ShapeLabels()
         self._result_shapes = ResultShapes()
@@ -226,9 +235,9 @@ class StreamWork(TorchDispatchMode):
             for t, key in zip((*reads, *writes), (*read_keys, *write_keys)):
                 if is_pinned(t):
                     self.tracker.record_stream(key, stream)
-        overtakes = self.schedule.adversarial and self._overtakes_queued_work(reported)
+        overtakes = self.schedule.adversarial and self.overtakes_queued_work(reported)
         memory = self.memory
-        probe, ran_in_order = self.probe, False
+        probe, ran_in_order, queued = self.probe, False, False
         if plan.may_block_host and (
                 copy_blocks_host(func, args, kwargs, memory.is_device, is_pinned, targets_device)
                 if plan.is_copy else
@@ -239,7 +248,7 @@ class StreamWork(TorchDispatchMode):
             self.tracker.synchronize_stream(stream)
         elif (plan.deferrable and device_touched and not overtakes
               and self.schedule.defers(stream)):
-            held, release = self._aliases_for_queue((args, kwargs))
+            held, release = self.aliases_for_queue((args, kwargs))
             out, run = defer(func, args, kwargs, plan.kind, held, self._result_shapes.of)
             issued = self._pinned_inputs_as_issued(reads)
             access = Access(False, stream, seq, name, where)
@@ -251,6 +260,7 @@ class StreamWork(TorchDispatchMode):
                 release()
 
             self.schedule.queue(stream, seq, run_and_release)
+            queued = True
         else:
             ran_in_order = not self.schedule.defers(stream)
             if not ran_in_order:
@@ -262,15 +272,17 @@ class StreamWork(TorchDispatchMode):
         if fresh:
             self._note_fresh(out, Access(True, stream, seq, name, where), plan.touches_results)
         if probe is not None:
-            # Learnable: a fresh result with nothing written, or an in-place op (its result the
-            # tensor it wrote) that neither draws a seed nor changes metadata (`deferrable`).
+            # Learnable, whether it ran in issue order or waited in the stream's queue: a fresh
+            # result with nothing written, or an in-place op (its result the tensor it wrote)
+            # that neither draws a seed nor changes metadata (`deferrable`).
             in_place = (plan.kind is OpKind.MUTATING and plan.deferrable and bool(write_keys)
                         and not fresh)
             probe.device_op(plan, reads, read_keys, writes, write_keys,
-                            ran_in_order and (in_place or (fresh and not write_keys)), out)
+                            (ran_in_order or queued) and (in_place or (fresh and not write_keys)),
+                            out, queued)
         return out
 
-    def _overtakes_queued_work(self, reported: int) -> bool:
+    def overtakes_queued_work(self, reported: int) -> bool:
         """Whether the op just launched is a write that races with an access another stream still
         has queued (reported since `reported`): then the adversarial schedule runs it at once,
         ahead of that access, the order in which the race gives wrong values (a writer ahead of
@@ -296,35 +308,46 @@ class StreamWork(TorchDispatchMode):
             except RaceError as race:
                 self._late.append(race)  # raised at the next op: the host is inside a wait
 
-    def _aliases_for_queue(self, tree: Any) -> tuple[Any, Callable[[], None]]:
+    def aliases_for_queue(self, tree: Any) -> tuple[Any, Callable[[], None]]:
         """`tree` with each tracked tensor replaced by an alias for the queued call, the caller's
         tensor watched for its death; and the call that forgets the aliases once the work ran."""
         keys: list[int] = []
+        alias = self._alias
+        return map_tensors(lambda t: alias(t, keys), tree), self._release(keys)
 
-        def alias(t: torch.Tensor) -> torch.Tensor:
-            if not self._tracked(t):
-                return t
-            key = storage_key(t)
-            keys.append(key)
-            self.holds.alias(key)
-            if id(t) not in self._watched:
-                self._watched[id(t)] = weakref.ref(t, self._caller_dropped(id(t), key))
-            return t.detach()
+    def aliases_of_positional(self, args: tuple) -> tuple[tuple, Callable[[], None]]:
+        """`aliases_for_queue` of a learned call (call_patterns.py) whose tensors are all
+        positional arguments (none in a list, none by keyword): the arguments, one pass. Such a
+        call has no pinned or meta tensor, so what it tracks is its device memory."""
+        keys: list[int] = []
+        alias = self._alias_of_tracked
+        return (tuple([alias(a, keys) if isinstance(a, torch.Tensor) and memory_mark(a) is DEVICE
+                       else a for a in args]),
+                self._release(keys))
 
-        held = map_tensors(alias, tree)
+    def _alias(self, t: torch.Tensor, keys: list[int]) -> torch.Tensor:
+        return self._alias_of_tracked(t, keys) if self._tracked(t) else t
 
+    def _alias_of_tracked(self, t: torch.Tensor, keys: list[int]) -> torch.Tensor:
+        key = t.untyped_storage().data_ptr()
+        keys.append(key)
+        self.holds.alias(key)
+        if id(t) not in self._watched:
+            watch = self._watched[id(t)] = _Watch(t, self._on_dropped)
+            watch.tensor_id, watch.key = id(t), key
+        return t.detach()
+
+    def _release(self, keys: list[int]) -> Callable[[], None]:
         def release() -> None:
             self.holds.release_aliases(keys)
             keys.clear()
 
-        return held, release
+        return release
 
-    def _caller_dropped(self, tensor_id: int, key: int) -> Callable[[weakref.ref], None]:
-        def dropped(ref: weakref.ref) -> None:
-            if self._watched.get(tensor_id) is ref:
-                del self._watched[tensor_id]
-            self._dropped.append((key, callsite_later()))
-        return dropped
+    def _caller_dropped(self, watch: _Watch) -> None:
+        if self._watched.get(watch.tensor_id) is watch:
+            del self._watched[watch.tensor_id]
+        self._dropped.append((watch.key, callsite_later()))
 
     def check_drops(self) -> None:
         """For storages whose caller tensors died: if only queued work still holds the memory,

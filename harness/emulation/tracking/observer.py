@@ -56,9 +56,11 @@ class DeviceStreams:
 
     def __init__(self, state: Any, *, schedule: str, races: str) -> None:
         self.state = state
+        lazy = schedule == "issue_order"
         self.work = AsyncWork(state.memory, _current_key(state),
-                              state.capturing, schedule=schedule, races=races,
-                              lazy=schedule == "issue_order")
+                              state.capturing, schedule=schedule, races=races, lazy=lazy)
+        if not lazy:  # active from the start (the session enters `work`): no `_start` comes
+            self.state.call_runner = self.work.calls.run
         self.capture_rules = CaptureRules(state, stream_key, self.work.tracker)
         self._pending_activation = False
         # One private event per executable graph: CUDA orders each launch of a graphExec behind

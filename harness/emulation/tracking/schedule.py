@@ -186,6 +186,16 @@ class Schedule:
         writer ahead of an earlier reader). A queued wait holds its stream until it is met."""
         self._close(needs)
         queues = self._queues
+        lone = self._lone(needs)
+        if lone is not None:
+            queue, ran = queues[lone], self._ran
+            upto = needs[lone]
+            while queue and queue[0][0] <= upto:
+                seq, item = queue.popleft()
+                item()
+                if ran.get(lone, 0) < seq:
+                    ran[lone] = seq
+            return
         stepping = None  # the stream whose replay ran a step last, while one is under way
         while True:
             ready = []
@@ -219,6 +229,26 @@ class Schedule:
             if not isinstance(item, (_After, _Stall, Stepped)):
                 item()
             self._ran[stream] = max(self._ran.get(stream, 0), seq)
+
+    def _lone(self, needs: dict[int, float]) -> int | None:
+        """The one stream of `needs` with work to run, when its queue holds plain ops only (no
+        wait, stall or replay in steps): then the loop of `_run` would find it the only ready
+        stream at every turn and run its queue in order, so it is run so without the loop (a
+        decode step under the adversarial schedule queues hundreds of ops on one stream)."""
+        found = None
+        queues = self._queues
+        for stream, upto in needs.items():
+            queue = queues.get(stream)
+            if queue and queue[0][0] <= upto:
+                if found is not None:
+                    return None
+                found = stream
+        if found is None:
+            return None
+        for _, item in queues[found]:
+            if isinstance(item, (_After, _Stall, Stepped)):
+                return None
+        return found
 
     def _waits(self, wait: _After) -> bool:
         queue = self._queues.get(wait.stream)
