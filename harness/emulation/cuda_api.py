@@ -30,6 +30,9 @@ import torch.cuda.streams
 import torch.serialization
 
 from harness import torch_internals
+from harness.emulation.accelerator_calls import (current_accelerator_device,
+                                                 device_capability_refused)
+from harness.emulation.accelerator_calls import patches as accelerator_call_patches
 from harness.emulation.accelerator_streams import (accelerator_current_stream,
                                                    accelerator_set_stream, dynamo_current_stream,
                                                    event_class, stream_class)
@@ -825,6 +828,10 @@ REPLACEMENTS: tuple[Replacement, ...] = (
     _accelerator("reset_peak_memory_stats", reset_peak_memory_stats),
     _accelerator("memory_stats", memory_stats),
     _accelerator("empty_cache", empty_cache),
+    _accelerator("get_memory_info", mem_get_info),
+    _accelerator("get_device_capability", device_capability_refused),
+    _accelerator("empty_host_cache", host_empty_cache),
+    _accelerator("reset_accumulated_memory_stats", reset_accumulated_memory_stats),
 
     # not _cuda_getDeviceCount: torch.cuda._is_compiled() asks for it to tell a CUDA build
     _private("_cuda_jiterator_compile_and_launch_kernel", jiterator_launch),
@@ -853,6 +860,7 @@ REPLACEMENTS: tuple[Replacement, ...] = (
     *(_private(name, tunable_op(method), "value") for name, method in TUNABLE_OP_NAMES.items()),
     _private("_construct_storage_from_data_pointer", storage_from_data_pointer, "value"),
     _private("_CUDAGraph", cuda_graph_base, "value"),
+    _private("_get_accelerator", current_accelerator_device),
 
     Replacement("torch.cuda.nvtx", "_nvtx", nvtx_ranges, "value"),
     Replacement("torch.cuda", "_cudart", emulated_cudart, "value"),
@@ -945,6 +953,7 @@ def patches(state, table: tuple[Replacement, ...] = REPLACEMENTS) -> list[tuple[
     from harness.emulation.dlpack import patches as dlpack_patches
 
     out += dlpack_patches(state)
+    out += accelerator_call_patches(state)
     from harness.emulation.legacy_types import patches as legacy_type_patches
 
     out += legacy_type_patches(state)

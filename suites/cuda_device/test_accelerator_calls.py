@@ -1,0 +1,77 @@
+"""`torch.accelerator`'s device-generic calls and `torch.get_device_module()` without a device, as
+a CUDA build answers them (harness/emulation/accelerator_calls.py): runtimes (SGLang's, torch's
+own distributed and FSDP code) pick the device module and default device through them."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import harness
+
+
+def _needs(name: str) -> None:
+    if not hasattr(torch.accelerator, name):
+        pytest.skip(f"torch {torch.__version__} has no torch.accelerator.{name}")
+
+
+def test_the_accelerator_and_its_module_are_cudas(cuda_kind):
+    assert torch._C._get_accelerator() == torch.device("cuda")
+    assert torch.get_device_module() is torch.cuda
+    assert torch.get_device_module("cuda:0") is torch.cuda
+
+
+def test_a_device_module_cached_outside_the_emulation_is_not_kept(outside_emulation):
+    before = torch.get_device_module()  # cached: a CPU build's torch.cpu
+    with harness.emulate_cuda(device="cpu"):
+        inside = torch.get_device_module()
+    assert inside is torch.cuda
+    assert torch.get_device_module() is before
+
+
+def test_memory_info_is_cudas_free_and_total(cuda_kind):
+    _needs("get_memory_info")
+    torch.ones(1, device="cuda")
+    free, total = torch.accelerator.get_memory_info()
+    assert total == torch.cuda.get_device_properties(0).total_memory
+    assert 0 < free <= total
+    held = torch.empty(64 << 20, dtype=torch.uint8, device="cuda")
+    if cuda_kind == "emulated":  # a real device's free memory moves with other processes too
+        assert torch.accelerator.get_memory_info()[0] <= free - (64 << 20)
+    del held
+
+
+def test_device_capability_is_left_to_the_base_guard(cuda_kind):
+    _needs("get_device_capability")
+    with pytest.raises(RuntimeError, match="^Backend doesn't support getting device capabilities"):
+        torch.accelerator.get_device_capability()
+
+
+def test_accumulated_statistics_are_reset(cuda_kind):
+    _needs("reset_accumulated_memory_stats")
+    block = torch.empty(1000, device="cuda")
+    del block
+    assert torch.accelerator.memory_stats()["allocation.all.allocated"] > 0
+    torch.accelerator.reset_accumulated_memory_stats()
+    assert torch.accelerator.memory_stats()["allocation.all.allocated"] == 0
+
+
+def test_empty_host_cache_releases_a_free_pinned_block(cuda_kind):
+    _needs("empty_host_cache")
+    torch.ones(1, device="cuda")
+    torch.accelerator.empty_host_cache()
+    pinned = torch.empty(100, pin_memory=True)
+    del pinned
+    cached = torch.cuda.memory.host_memory_stats_as_nested_dict()["allocations"]["current"]
+    torch.accelerator.empty_host_cache()
+    after = torch.cuda.memory.host_memory_stats_as_nested_dict()["allocations"]["current"]
+    assert after == cached - 1
+
+
+def test_an_accelerator_graph_is_refused_as_cuda_refuses_it(cuda_kind):
+    _needs("Graph")
+    with pytest.raises(RuntimeError, match="^Graph is not supported on device type: cuda$"):
+        torch.accelerator.Graph()
+    with pytest.raises(RuntimeError, match="^Graph is not supported on device type: cuda$"):
+        torch.accelerator.graphs.Graph(pool=torch.cuda.graph_pool_handle())
+    assert issubclass(torch.accelerator.Graph, torch._C._acceleratorGraph)
