@@ -12,17 +12,53 @@ CUDA wheels of 2.14.1 hold no graph implementation), so constructing one raises 
 supported on device type: cuda" on CUDA, where the CPU build raised "Cannot access accelerator
 device when none is available."; CUDA's device guard leaves `getDeviceCapability` to the base
 class, whose answer is "Backend doesn't support getting device capabilities.".
+
+`torch.accelerator`'s calls that take a device read it as torch's Python half does
+(`torch.accelerator._utils._get_device_index`) before CUDA sees the index: a device of another
+type is "cpu doesn't match the current accelerator cuda." (a ValueError), a device without an
+index is the current one, or, for `set_device_index`, refused; the index then goes to the
+device's own call, which refuses an ordinal the device lacks.
 """
 
 from __future__ import annotations
 
 import contextlib
-from typing import Any
+import functools
+from typing import Any, Callable
 
 import torch
 
 GRAPH_REFUSAL = "Graph is not supported on device type: cuda"
 CAPABILITY_REFUSAL = "Backend doesn't support getting device capabilities."
+
+
+def accelerator_index(device: Any, optional: bool = True) -> int | None:
+    """The device index torch's Python half reads from `device` (an int, a name, a
+    torch.device), the accelerator being cuda; None for the current device where `optional`."""
+    if isinstance(device, int):
+        return device
+    if isinstance(device, str):
+        device = torch.device(device)
+    index = None
+    if isinstance(device, torch.device):
+        if device.type != "cuda":
+            raise ValueError(f"{device.type} doesn't match the current accelerator cuda.")
+        index = device.index
+    if index is None and not optional:
+        raise ValueError(f"Expected a torch.device with a specified index or an integer, but "
+                         f"got:{device}")
+    return index
+
+
+def taking_a_device(call: Callable, *, optional: bool = True) -> Callable:
+    """`call(state, device, ...)`, a device call of cuda_api.py, as the `torch.accelerator`
+    function of that name: its device read as torch's Python half reads it first."""
+
+    @functools.wraps(call)
+    def accelerator_call(state, device: Any = None, *args: Any, **kwargs: Any) -> Any:
+        return call(state, accelerator_index(device, optional), *args, **kwargs)
+
+    return accelerator_call
 
 
 def current_accelerator_device(state, check: bool = False) -> torch.device:
@@ -76,5 +112,6 @@ def fresh_device_modules():
         forget()
 
 
-__all__ = ["CAPABILITY_REFUSAL", "GRAPH_REFUSAL", "current_accelerator_device",
-           "device_capability_refused", "fresh_device_modules", "graph_class", "patches"]
+__all__ = ["CAPABILITY_REFUSAL", "GRAPH_REFUSAL", "accelerator_index", "current_accelerator_device",
+           "device_capability_refused", "fresh_device_modules", "graph_class", "patches",
+           "taking_a_device"]

@@ -31,7 +31,7 @@ import torch.serialization
 
 from harness import torch_internals
 from harness.emulation.accelerator_calls import (current_accelerator_device,
-                                                 device_capability_refused)
+                                                 device_capability_refused, taking_a_device)
 from harness.emulation.accelerator_calls import patches as accelerator_call_patches
 from harness.emulation.accelerator_streams import (accelerator_current_stream,
                                                    accelerator_set_stream, dynamo_current_stream,
@@ -816,22 +816,23 @@ REPLACEMENTS: tuple[Replacement, ...] = (
     _accelerator("current_accelerator", current_accelerator),
     _accelerator("current_device_index", current_device_index),
     _accelerator("current_device_idx", current_device_index),
-    _accelerator("set_device_index", set_device),
-    _accelerator("set_device_idx", set_device),
-    _accelerator("current_stream", accelerator_current_stream),
+    _accelerator("set_device_index", taking_a_device(set_device, optional=False)),
+    _accelerator("set_device_idx", taking_a_device(set_device, optional=False)),
+    _accelerator("current_stream", taking_a_device(accelerator_current_stream)),
     _accelerator("set_stream", accelerator_set_stream),
-    _accelerator("synchronize", synchronize),
-    _accelerator("memory_allocated", memory_allocated),
-    _accelerator("max_memory_allocated", max_memory_allocated),
-    _accelerator("memory_reserved", memory_reserved),
-    _accelerator("max_memory_reserved", max_memory_reserved),
-    _accelerator("reset_peak_memory_stats", reset_peak_memory_stats),
-    _accelerator("memory_stats", memory_stats),
+    _accelerator("synchronize", taking_a_device(synchronize)),
+    _accelerator("memory_allocated", taking_a_device(memory_allocated)),
+    _accelerator("max_memory_allocated", taking_a_device(max_memory_allocated)),
+    _accelerator("memory_reserved", taking_a_device(memory_reserved)),
+    _accelerator("max_memory_reserved", taking_a_device(max_memory_reserved)),
+    _accelerator("reset_peak_memory_stats", taking_a_device(reset_peak_memory_stats)),
+    _accelerator("memory_stats", taking_a_device(memory_stats)),
     _accelerator("empty_cache", empty_cache),
-    _accelerator("get_memory_info", mem_get_info),
-    _accelerator("get_device_capability", device_capability_refused),
+    _accelerator("get_memory_info", taking_a_device(mem_get_info)),
+    _accelerator("get_device_capability", taking_a_device(device_capability_refused)),
     _accelerator("empty_host_cache", host_empty_cache),
-    _accelerator("reset_accumulated_memory_stats", reset_accumulated_memory_stats),
+    _accelerator("reset_accumulated_memory_stats",
+                 taking_a_device(reset_accumulated_memory_stats)),
 
     # not _cuda_getDeviceCount: torch.cuda._is_compiled() asks for it to tell a CUDA build
     _private("_cuda_jiterator_compile_and_launch_kernel", jiterator_launch),
@@ -904,6 +905,9 @@ REPLACEMENTS: tuple[Replacement, ...] = (
     *(Replacement(owner, "get_current_stream", dynamo_current_stream(owner), "value",
                   if_present=True) for owner in ("torch._dynamo.utils", "torch._dynamo.guards")),
     Replacement("torch._C", "_accelerator_getDefaultGenerator", accelerator_default_generator,
+                if_present=True),
+    # torch's memory statistics ask it first: CUDA's allocator is set up with CUDA itself
+    Replacement("torch._C", "_accelerator_isAllocatorInitialized", is_initialized,
                 if_present=True),
 )
 

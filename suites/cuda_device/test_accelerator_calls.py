@@ -75,3 +75,55 @@ def test_an_accelerator_graph_is_refused_as_cuda_refuses_it(cuda_kind):
     with pytest.raises(RuntimeError, match="^Graph is not supported on device type: cuda$"):
         torch.accelerator.graphs.Graph(pool=torch.cuda.graph_pool_handle())
     assert issubclass(torch.accelerator.Graph, torch._C._acceleratorGraph)
+
+
+def test_a_device_of_another_type_is_refused_as_torchs_python_half_refuses_it(cuda_kind):
+    with pytest.raises(ValueError, match="^cpu doesn't match the current accelerator cuda"):
+        torch.accelerator.set_device_index("cpu")
+    with pytest.raises(ValueError, match="^cpu doesn't match the current accelerator cuda"):
+        torch.accelerator.current_stream(torch.device("cpu"))
+    with pytest.raises(ValueError, match="^Expected a torch.device with a specified index"):
+        torch.accelerator.set_device_index("cuda")
+    stream = torch.accelerator.current_stream()
+    for device in (stream.device, stream.device.index, str(stream.device), "cuda"):
+        assert torch.accelerator.current_stream(device) == stream
+    assert torch.accelerator.memory_allocated("cuda:0") == torch.accelerator.memory_allocated()
+
+
+def test_a_generic_stream_is_torchs_type_and_equals_the_current_one(cuda_kind):
+    previous = torch.accelerator.current_stream()
+    first, second = torch.Stream(), torch.Stream()
+    assert type(first) is not torch.cuda.Stream and not isinstance(first, torch.cuda.Stream)
+    torch.accelerator.set_stream(first)
+    assert torch.accelerator.current_stream() == first
+    assert torch.accelerator.current_stream() != second
+    rebuilt = torch.Stream(stream_id=first.stream_id, device_index=first.device_index,
+                           device_type=first.device_type)
+    assert first == rebuilt and not first != rebuilt
+    torch.accelerator.set_stream(previous)
+    with second:
+        assert torch.accelerator.current_stream() == second
+        assert torch.cuda.current_stream().stream_id == second.stream_id
+        with first:
+            assert torch.accelerator.current_stream() == first
+    assert torch.accelerator.current_stream() == previous
+
+
+def test_work_on_a_generic_stream_is_waited_for_through_an_event(cuda_kind):
+    side, event = torch.Stream(), torch.Event()
+    host = torch.arange(1000.0)
+    with side:
+        on_device = host.to("cuda", non_blocking=True) * 2
+    event.record(side)
+    torch.cuda.current_stream().wait_event(event)
+    assert torch.equal(on_device.cpu(), host * 2)
+
+
+def test_memory_statistics_are_read_once_the_allocator_is_set_up(cuda_kind):
+    block = torch.randn(100, device="cuda")
+    del block
+    assert torch._C._accelerator_isAllocatorInitialized()
+    active = torch.accelerator.memory_stats()["active_bytes.all.current"]
+    held = torch.randn(256, device="cuda")
+    assert torch.accelerator.memory_stats()["active_bytes.all.current"] == active + 1024
+    del held
