@@ -139,36 +139,48 @@ def set_device(state, device: Any) -> None:
     state.initialized = True
 
 
-def device_class(state) -> type:
-    """torch.cuda.device: a context manager that makes `device` the current one."""
-
-    class device:
-        def __init__(self, device: Any) -> None:
-            # torch: None or a negative index makes the context a no-op
-            no_op = device is None or (isinstance(device, int) and device < 0)
-            self.idx = -1 if no_op else index(state, device)
-            self.prev_idx = -1
-
-        def __enter__(self) -> None:
-            self.prev_idx = state.current_index
-            if self.idx >= 0:
-                state.current_index = self.idx
-
-        def __exit__(self, *exc) -> bool:
-            state.current_index = self.prev_idx
-            return False
-
-    return device
+def exchange_device(state, device: int) -> int:
+    """`torch._C._cuda_exchangeDevice` (and torch.cuda's and torch.accelerator's forms): makes
+    `device` current and answers the previous one; a negative index changes nothing (-1).
+    torch's own `torch.cuda.device`, `device_of` and `torch.accelerator.device_index` enter
+    through it, so dynamo knows them as it knows them on CUDA (`with torch.cuda.device(i)` in a
+    fullgraph compile); an ordinal the device lacks raises CUDA's error at entry, as there."""
+    if device is None or device < 0:  # None: a device index dynamo read from a traced tensor
+        return -1
+    previous = state.current_index
+    set_device(state, device)
+    return previous
 
 
-def device_of_class(state) -> type:
-    """torch.cuda.device_of: the device of a tensor (a cpu tensor: nothing changes)."""
+def maybe_exchange_device(state, device: int) -> int:
+    """`torch._C._cuda_maybeExchangeDevice`: the previous device back at a context's exit,
+    without initializing CUDA where it was not."""
+    if device is None or device < 0:
+        return -1
+    previous = state.current_index
+    state.current_index = index(state, device)
+    return previous
 
-    class device_of(device_class(state)):
-        def __init__(self, obj) -> None:
-            super().__init__(obj.get_device() if obj.is_cuda else -1)
 
-    return device_of
+def dynamo_device_context_patches(state) -> list[tuple[Any, str, Any]]:
+    """The staticmethods dynamo's device-context variables hold (`CUDADeviceVariable`,
+    `AcceleratorDeviceIndexVariable`: bound to torch's exchange functions when dynamo was
+    imported, before the emulation; torch 2.11 reads torch.cuda's at each trace instead), as
+    the device's exchanges, where this torch has them."""
+    module = torch_internals.lazy_module("dynamo_ctx_manager")
+    out = []
+    for owner_name in ("CUDADeviceVariable", "AcceleratorDeviceIndexVariable"):
+        owner = getattr(module, owner_name, None)
+        for name, call in (("_exchange_fn", exchange_device),
+                           ("_maybe_exchange_fn", maybe_exchange_device)):
+            if owner is None or not isinstance(vars(owner).get(name), staticmethod):
+                continue
+
+            def exchange(device: int, _call=call) -> int:
+                return _call(state, device)
+
+            out.append((owner, name, staticmethod(exchange)))
+    return out
 
 
 def get_device_properties(state, device: Any = None) -> CudaDeviceProperties:
@@ -763,8 +775,8 @@ REPLACEMENTS: tuple[Replacement, ...] = (
     _cuda("device_count", device_count),
     _cuda("current_device", current_device),
     _cuda("set_device", set_device),
-    _cuda("device", device_class, "value"),
-    _cuda("device_of", device_of_class, "value"),
+    _cuda("_exchange_device", exchange_device),
+    _cuda("_maybe_exchange_device", maybe_exchange_device),
     _cuda("get_device_name", get_device_name),
     _cuda("get_device_properties", get_device_properties),
     _cuda("get_device_capability", get_device_capability),
@@ -883,7 +895,11 @@ REPLACEMENTS: tuple[Replacement, ...] = (
     Replacement("torch", "Event", event_class, "value"),
     Replacement("torch.serialization", "default_restore_location", checkpoint_restore, "value"),
     Replacement("torch.serialization", "location_tag", checkpoint_tag, "value"),
-    Replacement("torch.accelerator", "device_index", device_class, "value", if_present=True),
+    Replacement("torch._C", "_cuda_exchangeDevice", exchange_device, if_present=True),
+    Replacement("torch._C", "_cuda_maybeExchangeDevice", maybe_exchange_device, if_present=True),
+    Replacement("torch._C", "_accelerator_exchangeDevice", exchange_device, if_present=True),
+    Replacement("torch._C", "_accelerator_maybeExchangeDevice", maybe_exchange_device,
+                if_present=True),
     Replacement("torch.cuda", "_compile_kernel", compile_kernel, if_present=True),
     Replacement("torch.cuda.graphs", "_dump_graph_dot", lambda state: dump_graph_dot, "value",
                 if_present=True),
@@ -958,6 +974,7 @@ def patches(state, table: tuple[Replacement, ...] = REPLACEMENTS) -> list[tuple[
 
     out += dlpack_patches(state)
     out += accelerator_call_patches(state)
+    out += dynamo_device_context_patches(state)
     from harness.emulation.legacy_types import patches as legacy_type_patches
 
     out += legacy_type_patches(state)

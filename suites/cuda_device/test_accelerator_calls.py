@@ -127,3 +127,39 @@ def test_memory_statistics_are_read_once_the_allocator_is_set_up(cuda_kind):
     held = torch.randn(256, device="cuda")
     assert torch.accelerator.memory_stats()["active_bytes.all.current"] == active + 1024
     del held
+
+
+def _sine_under(context):
+    def fn(x):
+        with context(x.device.index):
+            x = torch.sin(x + 1)
+        return x
+
+    return fn
+
+
+@pytest.mark.parametrize("context", ["torch.cuda.device", "torch.accelerator.device_index"])
+def test_a_device_context_compiles_in_a_fullgraph(cuda_kind, context):
+    owner, name = context.rsplit(".", 1)
+    found = getattr(torch.accelerator if owner == "torch.accelerator" else torch.cuda, name, None)
+    if found is None:
+        pytest.skip(f"torch {torch.__version__} has no {context}")
+    fn = _sine_under(found)
+    x = torch.randn(2, 2, device="cuda")
+    torch._dynamo.reset()
+    assert torch.allclose(torch.compile(fn, backend="eager", fullgraph=True)(x), fn(x))
+    assert torch.cuda.current_device() == 0
+
+
+def test_torch_device_contexts_enter_and_leave_the_device(cuda_kind):
+    before = torch.cuda.current_device()
+    with torch.cuda.device(0):
+        assert torch.cuda.current_device() == 0
+    with torch.cuda.device_of(torch.ones(1, device="cuda")):
+        assert torch.cuda.current_device() == 0
+    with torch.cuda.device(None):
+        assert torch.cuda.current_device() == before
+    with pytest.raises(RuntimeError, match="invalid device ordinal"):
+        with torch.cuda.device(torch.cuda.device_count()):
+            pass
+    assert torch.cuda.current_device() == before
