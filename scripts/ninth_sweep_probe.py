@@ -107,6 +107,33 @@ def device_read_inside_a_compiled_function():
             f"device's tensors as the cpu tensors they are; listed, not fixed)")
 
 
+@case
+def streams_events_and_indices_inside_a_compiled_function():
+    x, host, side = torch.ones(4, device="cuda"), torch.ones(4), torch.cuda.Stream()
+
+    def on_a_stream(t):
+        with torch.cuda.stream(side):
+            y = t * 2
+        torch.cuda.current_stream().wait_stream(side)
+        return y + 1
+
+    def with_an_event(t):
+        event = torch.cuda.Event()
+        event.record()
+        y = t * 3
+        event.wait()
+        return y
+
+    cases = {"stream context": lambda: torch.compile(on_a_stream, backend="eager")(x).tolist(),
+             "event": lambda: torch.compile(with_an_event, backend="eager")(x).tolist(),
+             "x.to(0)": lambda: str(torch.compile(lambda t: t.to(0) + 1, backend="eager")(host).device)}
+    return (f"{ {n: _outcome(c)[:90] for n, c in cases.items()} } (emulated: CUDA wheel "
+            f"[3.0]*4, AcceleratorError: CUDA error: CUDA driver version is insufficient... (the "
+            f"event reached CUDA: listed), 'cuda:0'; CPU wheel: AsPythonConstantNotImplementedError "
+            f"(dynamo), RuntimeError: Event device type CPU does not match recording stream's "
+            f"device type CUDA., 'cuda:0': listed)")
+
+
 # --- runtime-shaped programs ------------------------------------------------------------------
 
 class _TinyDecoder(nn.Module):
