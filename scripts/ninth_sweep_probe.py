@@ -127,11 +127,9 @@ def streams_events_and_indices_inside_a_compiled_function():
     cases = {"stream context": lambda: torch.compile(on_a_stream, backend="eager")(x).tolist(),
              "event": lambda: torch.compile(with_an_event, backend="eager")(x).tolist(),
              "x.to(0)": lambda: str(torch.compile(lambda t: t.to(0) + 1, backend="eager")(host).device)}
-    return (f"{ {n: _outcome(c)[:90] for n, c in cases.items()} } (emulated: CUDA wheel "
-            f"[3.0]*4, AcceleratorError: CUDA error: CUDA driver version is insufficient... (the "
-            f"event reached CUDA: listed), 'cuda:0'; CPU wheel: AsPythonConstantNotImplementedError "
-            f"(dynamo), RuntimeError: Event device type CPU does not match recording stream's "
-            f"device type CUDA., 'cuda:0': listed)")
+    return (f"{ {n: _outcome(c)[:90] for n, c in cases.items()} } (emulated: [3.0]*4 each, "
+            f"'cuda:0'; but the CPU wheel's stream context: InternalTorchDynamoError: "
+            f"AsPythonConstantNotImplementedError: StreamVariable() is not a constant, listed)")
 
 
 # --- runtime-shaped programs ------------------------------------------------------------------

@@ -160,6 +160,28 @@ def dynamo_current_stream(owner: str):
     return build
 
 
+def dynamo_builds_event(state):
+    """`torch._dynamo.utils.build_event`, which the bytecode dynamo writes for a compiled function
+    calls to make an event the function creates (`torch.cuda.Event()` in it): torch's raw
+    `torch._C.Event`, an event of the build's accelerator (a CPU event on a CPU wheel, which a
+    device stream refuses to record; a real CUDA event on a CUDA wheel, which reaches the
+    driver). Here the event is made as `torch.Event` makes it inside the emulation."""
+
+    def build_event(args, kwargs):
+        return torch.Event(*args, **kwargs)
+
+    return build_event
+
+
+def dynamo_builds_stream(state):
+    """`torch._dynamo.utils.build_stream`, the same for a stream a compiled function creates."""
+
+    def build_stream(args, kwargs):
+        return torch.Stream(*args, **kwargs)
+
+    return build_stream
+
+
 def accelerator_set_stream(state, stream) -> None:
     """`torch.accelerator.set_stream()`: either kind of stream, made current with its device."""
     stream = as_device_stream(stream)

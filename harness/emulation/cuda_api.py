@@ -34,7 +34,8 @@ from harness.emulation.accelerator_calls import (current_accelerator_device,
                                                  device_capability_refused, taking_a_device)
 from harness.emulation.accelerator_calls import patches as accelerator_call_patches
 from harness.emulation.accelerator_streams import (accelerator_current_stream,
-                                                   accelerator_set_stream, dynamo_current_stream,
+                                                   accelerator_set_stream, dynamo_builds_event,
+                                                   dynamo_builds_stream, dynamo_current_stream,
                                                    event_class, stream_class)
 from harness.emulation.backward import (engine_with_placement, function_outputs_recorded,
                                         implicit_grads_with_placement, materialized_grads_placed,
@@ -921,6 +922,10 @@ REPLACEMENTS: tuple[Replacement, ...] = (
     *(Replacement(owner, "get_current_stream", dynamo_current_stream(owner), "value",
                   if_present=True) for owner in ("torch._dynamo.utils", "torch._dynamo.guards")),
     Replacement("torch._C", "_accelerator_getDefaultGenerator", accelerator_default_generator,
+                if_present=True),
+    Replacement("torch._dynamo.utils", "build_event", dynamo_builds_event, "value",
+                if_present=True),
+    Replacement("torch._dynamo.utils", "build_stream", dynamo_builds_stream, "value",
                 if_present=True),
     # torch's memory statistics ask it first: CUDA's allocator is set up with CUDA itself
     Replacement("torch._C", "_accelerator_isAllocatorInitialized", is_initialized,

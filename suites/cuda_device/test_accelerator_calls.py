@@ -163,3 +163,18 @@ def test_torch_device_contexts_enter_and_leave_the_device(cuda_kind):
         with torch.cuda.device(torch.cuda.device_count()):
             pass
     assert torch.cuda.current_device() == before
+
+
+def test_an_event_a_compiled_function_makes_is_recorded_on_the_device(cuda_kind):
+    def with_an_event(t):
+        event = torch.cuda.Event()
+        event.record()
+        y = t * 3
+        event.wait()
+        return y
+
+    x = torch.ones(4, device="cuda")
+    torch._dynamo.reset()
+    out = torch.compile(with_an_event, backend="eager")(x)
+    torch.cuda.synchronize()
+    assert out.is_cuda and out.tolist() == [3.0] * 4
