@@ -46,7 +46,8 @@ def accelerator_generic_calls():
         "reset_accumulated_memory_stats": lambda: torch.accelerator.reset_accumulated_memory_stats(),
         "Graph()": lambda: torch.accelerator.Graph(),
     }
-    return (f"{ {n: _outcome(c)[:90] for n, c in calls.items()} } (emulated: 'torch.cuda'; 'cuda'; "
+    return (f"{ {n: _outcome(c)[:90] for n, c in calls.items()} } (emulated: 'torch.cuda'; 'cpu' (kept: "
+            f"the distributed barrier allocates on it in C++); "
             f"True; RuntimeError: Backend doesn't support getting device capabilities.; ok None; ok "
             f"None; RuntimeError: Graph is not supported on device type: cuda, read from torch "
             f"2.14.1's CUDA wheel, which registers no graph implementation)")

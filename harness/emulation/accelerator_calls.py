@@ -1,11 +1,14 @@
 """The device-generic calls of `torch.accelerator` and `torch.get_device_module` that the stream
 and memory rows of cuda_api.py leave out, answered as a CUDA build answers them.
 
-A CUDA build's accelerator is cuda wherever `torch._C._get_accelerator()` is asked (torch's
-`get_device_module()` without a device, the distributed package's default backend and barrier
-device, FSDP's default device); a CPU build answers cpu, so runtimes that pick their device module
-that way got `torch.cpu`. `get_device_module` also caches its answers: one computed before the
-emulation began (or inside it) would outlive it, so its cache is emptied on entry and on exit.
+A CUDA build's accelerator is cuda wherever `torch._C._get_accelerator()` is asked; a CPU build
+(and a CUDA build without a GPU) answers cpu, so runtimes that pick their device module with
+`torch.get_device_module()` got `torch.cpu`. That call answers `torch.cuda` inside the emulation.
+`torch._C._get_accelerator` itself stays as the build has it: the distributed package's barrier
+allocates a tensor on the device it names in C++, which a CPU build cannot do for cuda (the
+emulated device's collectives are gloo's over host memory, distributed.py). `get_device_module`
+also caches its answers: one computed before the emulation began (or inside it) would outlive it,
+so its cache is emptied on entry and on exit.
 
 CUDA registers no graph implementation for `torch.accelerator.Graph` (only XPU's is built: the
 CUDA wheels of 2.14.1 hold no graph implementation), so constructing one raises "Graph is not
@@ -61,9 +64,24 @@ def taking_a_device(call: Callable, *, optional: bool = True) -> Callable:
     return accelerator_call
 
 
-def current_accelerator_device(state, check: bool = False) -> torch.device:
-    """`torch._C._get_accelerator`: the device type a CUDA build reports."""
-    return torch.device("cuda")
+def device_module_class(state) -> Any:
+    """What `torch.get_device_module` is inside the emulation: `torch.cuda` for no device (the
+    current accelerator's module on a CUDA build), torch's answer for a named one."""
+    original = torch.get_device_module
+
+    def get_device_module(device: Any = None) -> Any:
+        if device is None:
+            return torch.cuda
+        return original(device)
+
+    get_device_module.__doc__ = original.__doc__
+    # dynamo looks torch's function up by identity (its rule for it folds the module in as a
+    # constant, calling this at trace time); this attribute is how it finds the function a
+    # wrapper stands for
+    get_device_module._torchdynamo_inline = original
+    # and its rule is registered for the function torch's cache wraps, wherever it is first built
+    get_device_module.__wrapped__ = original.__wrapped__
+    return get_device_module
 
 
 def device_capability_refused(state, device: Any = None) -> None:
@@ -112,6 +130,6 @@ def fresh_device_modules():
         forget()
 
 
-__all__ = ["CAPABILITY_REFUSAL", "GRAPH_REFUSAL", "accelerator_index", "current_accelerator_device",
+__all__ = ["CAPABILITY_REFUSAL", "GRAPH_REFUSAL", "accelerator_index", "device_module_class",
            "device_capability_refused", "fresh_device_modules", "graph_class", "patches",
            "taking_a_device"]

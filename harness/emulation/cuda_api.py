@@ -30,7 +30,7 @@ import torch.cuda.streams
 import torch.serialization
 
 from harness import torch_internals
-from harness.emulation.accelerator_calls import (current_accelerator_device,
+from harness.emulation.accelerator_calls import (device_module_class,
                                                  device_capability_refused, taking_a_device)
 from harness.emulation.accelerator_calls import patches as accelerator_call_patches
 from harness.emulation.accelerator_streams import (accelerator_current_stream,
@@ -874,7 +874,6 @@ REPLACEMENTS: tuple[Replacement, ...] = (
     *(_private(name, tunable_op(method), "value") for name, method in TUNABLE_OP_NAMES.items()),
     _private("_construct_storage_from_data_pointer", storage_from_data_pointer, "value"),
     _private("_CUDAGraph", cuda_graph_base, "value"),
-    _private("_get_accelerator", current_accelerator_device),
 
     Replacement("torch.cuda.nvtx", "_nvtx", nvtx_ranges, "value"),
     Replacement("torch.cuda", "_cudart", emulated_cudart, "value"),
@@ -923,6 +922,7 @@ REPLACEMENTS: tuple[Replacement, ...] = (
                   if_present=True) for owner in ("torch._dynamo.utils", "torch._dynamo.guards")),
     Replacement("torch._C", "_accelerator_getDefaultGenerator", accelerator_default_generator,
                 if_present=True),
+    Replacement("torch", "get_device_module", device_module_class, "value"),
     Replacement("torch._dynamo.utils", "build_event", dynamo_builds_event, "value",
                 if_present=True),
     Replacement("torch._dynamo.utils", "build_stream", dynamo_builds_stream, "value",

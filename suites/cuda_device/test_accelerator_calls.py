@@ -4,6 +4,8 @@ own distributed and FSDP code) pick the device module and default device through
 
 from __future__ import annotations
 
+import warnings
+
 import pytest
 import torch
 
@@ -15,8 +17,7 @@ def _needs(name: str) -> None:
         pytest.skip(f"torch {torch.__version__} has no torch.accelerator.{name}")
 
 
-def test_the_accelerator_and_its_module_are_cudas(cuda_kind):
-    assert torch._C._get_accelerator() == torch.device("cuda")
+def test_the_accelerators_module_is_cudas(cuda_kind):
     assert torch.get_device_module() is torch.cuda
     assert torch.get_device_module("cuda:0") is torch.cuda
 
@@ -178,3 +179,14 @@ def test_an_event_a_compiled_function_makes_is_recorded_on_the_device(cuda_kind)
     out = torch.compile(with_an_event, backend="eager")(x)
     torch.cuda.synchronize()
     assert out.is_cuda and out.tolist() == [3.0] * 4
+
+
+def test_the_device_module_is_cudas_inside_a_compiled_function(cuda_kind):
+    def fn(t):
+        return t.to(torch.get_device_module().current_device()) + 1
+
+    torch._dynamo.reset()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # dynamo knows the call (no lru_cache-wrapper warning)
+        out = torch.compile(fn, backend="eager", fullgraph=True)(torch.zeros(2, device="cuda"))
+    assert out.is_cuda and out.tolist() == [1.0, 1.0]
