@@ -196,6 +196,9 @@ NAMES: dict[str, Internal] = {
     "dynamo_eval_frame": Internal("torch._dynamo.eval_frame", "",
                                   _found("torch._dynamo.eval_frame"), lazy=True),
     "dynamo_utils": Internal("torch._dynamo.utils", "", _found("torch._dynamo.utils"), lazy=True),
+    # dynamo's device-context variables (torch.cuda.device, torch.accelerator.device_index)
+    "dynamo_ctx_manager": Internal("torch._dynamo.variables.ctx_manager", "",
+                                   _found("torch._dynamo.variables.ctx_manager"), lazy=True),
     # dynamo's torch.* variables: `get_overridable_functions`, the calls it hands to a mode
     "dynamo_torch_variables": Internal("torch._dynamo.variables.torch", "",
                                        _found("torch._dynamo.variables.torch"), lazy=True),

@@ -5,7 +5,11 @@ On CUDA, `torch.Stream("cuda")` and `torch.Event("cuda")` make CUDA streams and 
 the emulation both names are classes whose construction for cuda (or for no device: the current
 accelerator is cuda there) makes the emulated device's stream or event (cuda_streams.py), and for
 any other device torch's own object. `isinstance(x, torch.Stream)` holds for both kinds, as
-`isinstance(torch.cuda.Stream(), torch.Stream)` does on CUDA.
+`isinstance(torch.cuda.Stream(), torch.Stream)` does on CUDA. A stream made so is torch's generic
+type, as on CUDA (below), not a `torch.cuda.Stream`: it equals `torch.accelerator.current_stream()`
+while current, and a `torch.Stream` rebuilt from its ids (PyTorch's test_accelerator.py asks both);
+until 2026-12-07 it was the device's `torch.cuda.Stream`, which compares equal to no generic
+stream.
 
 `torch.accelerator.current_stream()` is a `torch.Stream` on CUDA, not a `torch.cuda.Stream`: it
 compares unequal to `torch.cuda.current_stream()` (torch.cuda.Stream's `__eq__` takes its own type
@@ -59,7 +63,7 @@ def stream_class(state) -> type:
                     return AcceleratorStream(as_device_stream(_TorchStream(**ids)))
                 return _TorchStream(**ids)
             if _on_device(device):
-                return Stream(device, priority=priority)
+                return AcceleratorStream(Stream(device, priority=priority))
             return _TorchStream(device, priority=priority)
 
     DeviceStream.__name__ = DeviceStream.__qualname__ = "Stream"
@@ -154,6 +158,28 @@ def dynamo_current_stream(owner: str):
         return get_current_stream
 
     return build
+
+
+def dynamo_builds_event(state):
+    """`torch._dynamo.utils.build_event`, which the bytecode dynamo writes for a compiled function
+    calls to make an event the function creates (`torch.cuda.Event()` in it): torch's raw
+    `torch._C.Event`, an event of the build's accelerator (a CPU event on a CPU wheel, which a
+    device stream refuses to record; a real CUDA event on a CUDA wheel, which reaches the
+    driver). Here the event is made as `torch.Event` makes it inside the emulation."""
+
+    def build_event(args, kwargs):
+        return torch.Event(*args, **kwargs)
+
+    return build_event
+
+
+def dynamo_builds_stream(state):
+    """`torch._dynamo.utils.build_stream`, the same for a stream a compiled function creates."""
+
+    def build_stream(args, kwargs):
+        return torch.Stream(*args, **kwargs)
+
+    return build_stream
 
 
 def accelerator_set_stream(state, stream) -> None:

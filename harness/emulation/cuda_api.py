@@ -30,8 +30,12 @@ import torch.cuda.streams
 import torch.serialization
 
 from harness import torch_internals
+from harness.emulation.accelerator_calls import (device_module_class,
+                                                 device_capability_refused, taking_a_device)
+from harness.emulation.accelerator_calls import patches as accelerator_call_patches
 from harness.emulation.accelerator_streams import (accelerator_current_stream,
-                                                   accelerator_set_stream, dynamo_current_stream,
+                                                   accelerator_set_stream, dynamo_builds_event,
+                                                   dynamo_builds_stream, dynamo_current_stream,
                                                    event_class, stream_class)
 from harness.emulation.backward import (engine_with_placement, function_outputs_recorded,
                                         implicit_grads_with_placement, materialized_grads_placed,
@@ -136,36 +140,48 @@ def set_device(state, device: Any) -> None:
     state.initialized = True
 
 
-def device_class(state) -> type:
-    """torch.cuda.device: a context manager that makes `device` the current one."""
-
-    class device:
-        def __init__(self, device: Any) -> None:
-            # torch: None or a negative index makes the context a no-op
-            no_op = device is None or (isinstance(device, int) and device < 0)
-            self.idx = -1 if no_op else index(state, device)
-            self.prev_idx = -1
-
-        def __enter__(self) -> None:
-            self.prev_idx = state.current_index
-            if self.idx >= 0:
-                state.current_index = self.idx
-
-        def __exit__(self, *exc) -> bool:
-            state.current_index = self.prev_idx
-            return False
-
-    return device
+def exchange_device(state, device: int) -> int:
+    """`torch._C._cuda_exchangeDevice` (and torch.cuda's and torch.accelerator's forms): makes
+    `device` current and answers the previous one; a negative index changes nothing (-1).
+    torch's own `torch.cuda.device`, `device_of` and `torch.accelerator.device_index` enter
+    through it, so dynamo knows them as it knows them on CUDA (`with torch.cuda.device(i)` in a
+    fullgraph compile); an ordinal the device lacks raises CUDA's error at entry, as there."""
+    if device is None or device < 0:  # None: a device index dynamo read from a traced tensor
+        return -1
+    previous = state.current_index
+    set_device(state, device)
+    return previous
 
 
-def device_of_class(state) -> type:
-    """torch.cuda.device_of: the device of a tensor (a cpu tensor: nothing changes)."""
+def maybe_exchange_device(state, device: int) -> int:
+    """`torch._C._cuda_maybeExchangeDevice`: the previous device back at a context's exit,
+    without initializing CUDA where it was not."""
+    if device is None or device < 0:
+        return -1
+    previous = state.current_index
+    state.current_index = index(state, device)
+    return previous
 
-    class device_of(device_class(state)):
-        def __init__(self, obj) -> None:
-            super().__init__(obj.get_device() if obj.is_cuda else -1)
 
-    return device_of
+def dynamo_device_context_patches(state) -> list[tuple[Any, str, Any]]:
+    """The staticmethods dynamo's device-context variables hold (`CUDADeviceVariable`,
+    `AcceleratorDeviceIndexVariable`: bound to torch's exchange functions when dynamo was
+    imported, before the emulation; torch 2.11 reads torch.cuda's at each trace instead), as
+    the device's exchanges, where this torch has them."""
+    module = torch_internals.lazy_module("dynamo_ctx_manager")
+    out = []
+    for owner_name in ("CUDADeviceVariable", "AcceleratorDeviceIndexVariable"):
+        owner = getattr(module, owner_name, None)
+        for name, call in (("_exchange_fn", exchange_device),
+                           ("_maybe_exchange_fn", maybe_exchange_device)):
+            if owner is None or not isinstance(vars(owner).get(name), staticmethod):
+                continue
+
+            def exchange(device: int, _call=call) -> int:
+                return _call(state, device)
+
+            out.append((owner, name, staticmethod(exchange)))
+    return out
 
 
 def get_device_properties(state, device: Any = None) -> CudaDeviceProperties:
@@ -760,8 +776,8 @@ REPLACEMENTS: tuple[Replacement, ...] = (
     _cuda("device_count", device_count),
     _cuda("current_device", current_device),
     _cuda("set_device", set_device),
-    _cuda("device", device_class, "value"),
-    _cuda("device_of", device_of_class, "value"),
+    _cuda("_exchange_device", exchange_device),
+    _cuda("_maybe_exchange_device", maybe_exchange_device),
     _cuda("get_device_name", get_device_name),
     _cuda("get_device_properties", get_device_properties),
     _cuda("get_device_capability", get_device_capability),
@@ -813,18 +829,23 @@ REPLACEMENTS: tuple[Replacement, ...] = (
     _accelerator("current_accelerator", current_accelerator),
     _accelerator("current_device_index", current_device_index),
     _accelerator("current_device_idx", current_device_index),
-    _accelerator("set_device_index", set_device),
-    _accelerator("set_device_idx", set_device),
-    _accelerator("current_stream", accelerator_current_stream),
+    _accelerator("set_device_index", taking_a_device(set_device, optional=False)),
+    _accelerator("set_device_idx", taking_a_device(set_device, optional=False)),
+    _accelerator("current_stream", taking_a_device(accelerator_current_stream)),
     _accelerator("set_stream", accelerator_set_stream),
-    _accelerator("synchronize", synchronize),
-    _accelerator("memory_allocated", memory_allocated),
-    _accelerator("max_memory_allocated", max_memory_allocated),
-    _accelerator("memory_reserved", memory_reserved),
-    _accelerator("max_memory_reserved", max_memory_reserved),
-    _accelerator("reset_peak_memory_stats", reset_peak_memory_stats),
-    _accelerator("memory_stats", memory_stats),
+    _accelerator("synchronize", taking_a_device(synchronize)),
+    _accelerator("memory_allocated", taking_a_device(memory_allocated)),
+    _accelerator("max_memory_allocated", taking_a_device(max_memory_allocated)),
+    _accelerator("memory_reserved", taking_a_device(memory_reserved)),
+    _accelerator("max_memory_reserved", taking_a_device(max_memory_reserved)),
+    _accelerator("reset_peak_memory_stats", taking_a_device(reset_peak_memory_stats)),
+    _accelerator("memory_stats", taking_a_device(memory_stats)),
     _accelerator("empty_cache", empty_cache),
+    _accelerator("get_memory_info", taking_a_device(mem_get_info)),
+    _accelerator("get_device_capability", taking_a_device(device_capability_refused)),
+    _accelerator("empty_host_cache", host_empty_cache),
+    _accelerator("reset_accumulated_memory_stats",
+                 taking_a_device(reset_accumulated_memory_stats)),
 
     # not _cuda_getDeviceCount: torch.cuda._is_compiled() asks for it to tell a CUDA build
     _private("_cuda_jiterator_compile_and_launch_kernel", jiterator_launch),
@@ -874,7 +895,11 @@ REPLACEMENTS: tuple[Replacement, ...] = (
     Replacement("torch", "Event", event_class, "value"),
     Replacement("torch.serialization", "default_restore_location", checkpoint_restore, "value"),
     Replacement("torch.serialization", "location_tag", checkpoint_tag, "value"),
-    Replacement("torch.accelerator", "device_index", device_class, "value", if_present=True),
+    Replacement("torch._C", "_cuda_exchangeDevice", exchange_device, if_present=True),
+    Replacement("torch._C", "_cuda_maybeExchangeDevice", maybe_exchange_device, if_present=True),
+    Replacement("torch._C", "_accelerator_exchangeDevice", exchange_device, if_present=True),
+    Replacement("torch._C", "_accelerator_maybeExchangeDevice", maybe_exchange_device,
+                if_present=True),
     Replacement("torch.cuda", "_compile_kernel", compile_kernel, if_present=True),
     Replacement("torch.cuda.graphs", "_dump_graph_dot", lambda state: dump_graph_dot, "value",
                 if_present=True),
@@ -896,6 +921,14 @@ REPLACEMENTS: tuple[Replacement, ...] = (
     *(Replacement(owner, "get_current_stream", dynamo_current_stream(owner), "value",
                   if_present=True) for owner in ("torch._dynamo.utils", "torch._dynamo.guards")),
     Replacement("torch._C", "_accelerator_getDefaultGenerator", accelerator_default_generator,
+                if_present=True),
+    Replacement("torch", "get_device_module", device_module_class, "value"),
+    Replacement("torch._dynamo.utils", "build_event", dynamo_builds_event, "value",
+                if_present=True),
+    Replacement("torch._dynamo.utils", "build_stream", dynamo_builds_stream, "value",
+                if_present=True),
+    # torch's memory statistics ask it first: CUDA's allocator is set up with CUDA itself
+    Replacement("torch._C", "_accelerator_isAllocatorInitialized", is_initialized,
                 if_present=True),
 )
 
@@ -945,6 +978,8 @@ def patches(state, table: tuple[Replacement, ...] = REPLACEMENTS) -> list[tuple[
     from harness.emulation.dlpack import patches as dlpack_patches
 
     out += dlpack_patches(state)
+    out += accelerator_call_patches(state)
+    out += dynamo_device_context_patches(state)
     from harness.emulation.legacy_types import patches as legacy_type_patches
 
     out += legacy_type_patches(state)

@@ -597,6 +597,8 @@ def _traced_on_host(func, args: tuple, kwargs: dict, outside_the_graph):
         return _user_op_traced_on_host(func, args, kwargs)
     target = kwargs.get("device")
     if func is Tensor.to:
+        if len(args) > 1 and type(args[1]) is int:  # `x.to(0)`: an index names the accelerator
+            args = (args[0], torch.device("cuda", args[1]), *args[2:])
         target = next((a for a in args[1:] if isinstance(a, (str, torch.device))), target)
         if target is None or (isinstance(target, (str, torch.device)) and
                               torch.device(target).type not in ("cuda", "cpu")):

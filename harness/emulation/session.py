@@ -158,6 +158,7 @@ def enter_inherited(options: dict) -> None:
 
 def _enter_cpu(properties: DeviceProperties, stack: contextlib.ExitStack, schedule: str,
                races: str) -> DeviceState:
+    from harness.emulation.accelerator_calls import fresh_device_modules
     from harness.emulation.compiled_graphs import clear_triton_answer
     from harness.emulation.compiled_trees import trees_shut_down
     from harness.emulation.cuda_api import patches
@@ -170,6 +171,7 @@ def _enter_cpu(properties: DeviceProperties, stack: contextlib.ExitStack, schedu
     state.races = races
     state.schedule = schedule
     apply(patches(state), stack)
+    stack.enter_context(fresh_device_modules())
     stack.callback(clear_triton_answer)
     state.cuda_only_ops.route_registered()
     stack.callback(state.cuda_only_ops.close)

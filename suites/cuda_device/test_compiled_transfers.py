@@ -26,7 +26,10 @@ def fresh_dynamo():
     lambda h: h.to("cuda") * 2,
     lambda h: h.cuda(),
     lambda h: h.to(device=torch.device("cuda"), non_blocking=True) + torch.ones(3, device="cuda"),
-], ids=["to_non_blocking", "to_then_compute", "cuda", "to_device_kwarg_and_factory"])
+    lambda h: h.to(0) + 1,
+    lambda h: h.to(0, torch.float64, True),
+], ids=["to_non_blocking", "to_then_compute", "cuda", "to_device_kwarg_and_factory",
+        "to_an_index", "to_an_index_dtype_and_non_blocking"])
 def test_a_compiled_copy_of_host_memory_to_the_device_is_device_memory(cuda_kind, to_device):
     host = torch.arange(3.0).pin_memory()
     out = torch.compile(to_device)(host)

@@ -61,13 +61,13 @@ def test_device_queries(state):
         cuda_api.index(state, torch.device("cpu"))
 
 
-def test_device_context_classes(state):
-    device = cuda_api.device_class(state)
-    with device(1):
-        assert state.current_index == 1
-    assert state.current_index == 0
-    with device(None):
-        assert state.current_index == 0
+def test_device_exchanges(state):
+    assert cuda_api.exchange_device(state, 1) == 0 and state.current_index == 1
+    assert cuda_api.maybe_exchange_device(state, 0) == 1 and state.current_index == 0
+    assert cuda_api.exchange_device(state, -1) == -1 and state.current_index == 0
+    assert cuda_api.exchange_device(state, None) == -1 and state.current_index == 0
+    with pytest.raises(RuntimeError, match="invalid device ordinal"):
+        cuda_api.exchange_device(state, 2)
 
 
 def test_properties_name_and_capability(state):
