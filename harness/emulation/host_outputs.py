@@ -46,15 +46,23 @@ class HostOutputs:
     factory: Any = None
 
 
-_BY_NAME: dict[str, HostOutputs] = {
-    "aten::_pack_padded_sequence": HostOutputs((1,)),
-    "aten::_pad_packed_sequence": HostOutputs((1,), torch.ops.aten.empty.memory_format),
-}
-# The torch calls that are exactly one of those ops (what the placement mode sees)
+_PACKED = HostOutputs((1,))
+_PADDED = HostOutputs((1,), torch.ops.aten.empty.memory_format)
+_BY_NAME: dict[str, HostOutputs] = {"aten::_pack_padded_sequence": _PACKED,
+                                    "aten::_pad_packed_sequence": _PADDED}
+# The torch calls that are exactly one of those ops (what the placement mode sees): torch._VF's
+# function, which torch.nn.utils.rnn calls, and the op called through torch.ops
 _BY_CALL: dict[Any, HostOutputs] = {
-    torch_internals.pack_padded_sequence_call: _BY_NAME["aten::_pack_padded_sequence"],
-    torch_internals.pad_packed_sequence_call: _BY_NAME["aten::_pad_packed_sequence"],
+    torch_internals.pack_padded_sequence_call: _PACKED,
+    torch.ops.aten._pack_padded_sequence: _PACKED,
+    torch.ops.aten._pack_padded_sequence.default: _PACKED,
+    torch_internals.pad_packed_sequence_call: _PADDED,
+    torch.ops.aten._pad_packed_sequence: _PADDED,
+    torch.ops.aten._pad_packed_sequence.default: _PADDED,
 }
+CALLS = frozenset(_BY_CALL)
+# The calls of the pack, whose lengths CUDA wants on the host (host_arguments.py)
+PACKING_CALLS = frozenset(call for call, host in _BY_CALL.items() if host is _PACKED)
 
 
 def of_op(func: Any) -> HostOutputs | None:
@@ -74,4 +82,4 @@ def device_outputs(out: Any, host: HostOutputs | None) -> Any:
     return tuple(o for i, o in enumerate(out) if i not in host.positions)
 
 
-__all__ = ["HostOutputs", "device_outputs", "of_call", "of_op"]
+__all__ = ["CALLS", "PACKING_CALLS", "HostOutputs", "device_outputs", "of_call", "of_op"]

@@ -73,7 +73,7 @@ _MIXING_ALLOWED = frozenset({
     Tensor.resize_as_, Tensor.new_tensor, torch.tensor_split, Tensor.tensor_split,
     torch.nn.functional.ctc_loss, torch.as_tensor, torch.tensor, torch.asarray,
     # Packed sequences: device data, host batch sizes (CUDA wants them there).
-    torch_internals.pack_padded_sequence_call, torch_internals.pad_packed_sequence_call,
+    *host_outputs.CALLS,
     *(getattr(torch_internals.packed_rnn_calls, name)
       for name in ("lstm", "gru", "rnn_tanh", "rnn_relu")),
     # No computation: metadata questions and bookkeeping.

@@ -53,6 +53,23 @@ def test_packing_and_padding_allocate_only_their_device_outputs(cuda_kind, strea
     assert torch.cuda.memory_stats()["allocation.all.allocated"] - before == 2 * ROUNDS
 
 
+def test_the_aten_ops_called_directly_keep_their_host_outputs(cuda_kind):
+    """`torch.ops.aten._pack_padded_sequence` is the op `pack_padded_sequence` calls through
+    torch._VF: host lengths beside device data are its inputs, host batch sizes its output."""
+    steps = torch.randn(3, 2, 4, device="cuda")
+    data, batch_sizes = torch.ops.aten._pack_padded_sequence(steps, torch.tensor([3, 2]), False)
+    assert data.is_cuda and batch_sizes.device.type == "cpu" and batch_sizes.tolist() == [2, 2, 1]
+    padded, lengths = torch.ops.aten._pad_packed_sequence.default(data, batch_sizes, False, 0.0, 3)
+    assert padded.is_cuda and lengths.device.type == "cpu" and lengths.tolist() == [3, 2]
+    expected = steps.cpu()
+    expected[2, 1] = 0.0  # the shorter sequence's step past its length: the padding value
+    assert torch.equal(padded.cpu(), expected)
+    with pytest.raises(RuntimeError, match="^'lengths' argument should be a 1D CPU int64 tensor, "
+                                           "but got 1D cuda:0 Long tensor"):
+        torch.ops.aten._pack_padded_sequence.default(steps, torch.tensor([3, 2], device="cuda"),
+                                                     False)
+
+
 class _FactoryDevices(TorchDispatchMode):
     """Where the ops it sees put their results: the packing op's outputs, each factory's."""
 
