@@ -183,9 +183,13 @@ def saved_tensor_hooks_with_placement(state, original):
 
         def pack(tensor):
             # Called inside the op that saves `tensor` (often its own output, not yet marked):
-            # inside a device op every tensor is device memory.
-            if state.memory.call_on_device and isinstance(tensor, torch.Tensor):
-                state.memory.mark_device(tensor)
+            # inside a device op every tensor is device memory, but in one that makes outputs on
+            # the host (a packed sequence's batch sizes, which it saves: host_outputs.py) the
+            # placement mode marks the device ones, knowing which they are.
+            memory = state.memory
+            if memory.call_on_device and not memory.call_makes_host_outputs() \
+                    and isinstance(tensor, torch.Tensor):
+                memory.mark_device(tensor)
             return run(tensor)
         return pack
 

@@ -51,8 +51,8 @@ from harness.emulation.storages import (share_cuda_refused, storage_device,
                                         storage_from_data_pointer, storage_is_shared, storage_new,
                                         storage_resize)
 from harness.emulation.generators import generator_class
-from harness.emulation.rules import (DeviceIndexError, cuda_index, generator_made_in_capture,
-                                     names_cuda)
+from harness.emulation.rules import (DeviceIndexError, cuda_index, device_index,
+                                     generator_made_in_capture, names_cuda)
 from harness.emulation.allocator_tools import UnsupportedOnEmulatedDevice
 from harness.emulation.cuda_graph import (CUDAGraph as EmulatedGraphBase, dump_graph_dot,
                                          torch_cuda_graph_class)
@@ -111,13 +111,7 @@ class CudaDeviceProperties:
 
 def index(state, device: Any = None) -> int:
     """The device index `device` names (the current one for None), checked against the count."""
-    if device is None:
-        return state.current_index
-    if isinstance(device, str):  # torch.cuda's _get_device_index reads a name as a device
-        device = torch.device(device)
-    if isinstance(device, torch.device) and device.type != "cuda":
-        raise ValueError(f"Expected a cuda device, but got: {device}")
-    return cuda_index(device, state.current_index, state.properties.count)
+    return device_index(device, state.current_index, state.properties.count)
 
 
 def is_available(state) -> bool:

@@ -30,8 +30,8 @@ from harness.emulation.blas_workspaces import PRIORITY_POOLS, STREAMS_PER_POOL
 from harness.emulation.capture_syncs import refuse_host_sync
 from harness.emulation.capture_waits import refuse_uncaptured_wait
 from harness.emulation.device_clock import SM_CLOCK_HZ, DeviceClock
-from harness.emulation.rules import (captured_event_used, events_of_two_devices_error,
-                                     interprocess_timing_event)
+from harness.emulation.rules import (captured_event_used, device_index,
+                                     events_of_two_devices_error, interprocess_timing_event)
 
 _TorchStream = torch.Stream  # torch's own class (the emulation replaces the name while it lasts)
 _STREAM_HANDLE_BASE = 0x7E0000  # fake `cuda_stream` handles, distinct from 0 (the default stream)
@@ -350,15 +350,7 @@ class Streams:
 
     def device_index(self, device: Any) -> int:
         state = self._state
-        if device is None:
-            return state.current_index
-        if isinstance(device, str):  # torch.cuda's _get_device_index reads a name as a device
-            device = torch.device(device)
-        if isinstance(device, torch.device) and device.type != "cuda":
-            raise ValueError(f"Expected a cuda device, but got: {device}")
-        from harness.emulation.rules import cuda_index
-
-        return cuda_index(device, state.current_index, state.properties.count)
+        return device_index(device, state.current_index, state.properties.count)
 
     def default(self, device: Any = None) -> Stream:
         index = self.device_index(device)

@@ -59,6 +59,8 @@ class _CallFlags(threading.local):
 
     call_on_device = False
     compiled_on_device = False
+    # The outputs the device call running makes in host memory (a host_outputs.HostOutputs)
+    host_outputs = None
 
 
 class _StorageRef(weakref.ref):
@@ -213,6 +215,17 @@ class DeviceMemory:
 
     def call_targets_device(self) -> bool:
         return self._call_flags.call_on_device
+
+    def call_makes_host_outputs(self) -> bool:
+        """Whether the device call running on this thread makes some outputs in host memory
+        (a packed sequence's batch sizes: host_outputs.py)."""
+        return self._call_flags.host_outputs is not None
+
+    def makes_host_memory(self, func: Any) -> bool:
+        """Whether the aten factory `func`, met inside the device call running on this thread,
+        makes that call's host output (a packed sequence's lengths: host_outputs.py)."""
+        host = self._call_flags.host_outputs
+        return host is not None and func is host.factory
 
     @property
     def call_on_device(self) -> bool:

@@ -16,7 +16,7 @@ from typing import Callable
 
 import torch
 
-from harness import torch_internals
+from harness.emulation import host_outputs
 from harness.graphs.emulator.opinfo import scalar_type_name
 
 
@@ -39,7 +39,7 @@ _LENGTHS = HostArgument(1, "lengths", lambda t, device: (
 
 CALLS: dict[Callable, HostArgument] = {
     torch.tensor_split: _SPLIT, torch.Tensor.tensor_split: _SPLIT, torch.randint_like: _HIGH,
-    torch_internals.pack_padded_sequence_call: _LENGTHS,
+    **dict.fromkeys(host_outputs.PACKING_CALLS, _LENGTHS),
 }
 
 

@@ -8,7 +8,8 @@ call the mode
 2. refuses, with CUDA's error, an op that mixes device tensors with a host tensor of one or more
    dimensions (0-dim host tensors pass as scalars, as on CUDA; copies and indexing take host
    tensors as CUDA's do);
-3. marks the outputs device memory when an input was device memory or the call named cuda;
+3. marks the outputs device memory when an input was device memory or the call named cuda (but
+   those CUDA makes on the host: host_outputs.py);
 4. answers `x.device`, `x.is_cuda`, `x.is_cpu`, `x.get_device()` as CUDA would, and marks the
    `.grad` of a device tensor;
 5. tells the device's observers about each device op (`DeviceState.notify_op`, the interface the
@@ -31,7 +32,8 @@ from harness.torch_internals import DeviceContext, device_constructors
 from harness.graphs.base import CaptureError
 from harness.emulation import (array_interface, autocast, backward_streams, blas_workspaces,
                                compiled_rng, deterministic_alerts, device_branches, device_indices,
-                               fft_plans, host_arguments, kernels, missing_kernels, transfers)
+                               fft_plans, host_arguments, host_outputs, kernels, missing_kernels,
+                               transfers)
 from harness.graphs.emulator.dispatch_keys import keep_modes_reachable
 from harness.graphs.emulator.opinfo import scalar_type_name
 from harness.graphs.emulator.device_asserts import eager_device_assert_error, is_index_out_of_bounds
@@ -72,17 +74,14 @@ _MIXING_ALLOWED = frozenset({
     Tensor.resize_as_, Tensor.new_tensor, torch.tensor_split, Tensor.tensor_split,
     torch.nn.functional.ctc_loss, torch.as_tensor, torch.tensor, torch.asarray,
     # Packed sequences: device data, host batch sizes (CUDA wants them there).
-    torch_internals.pack_padded_sequence_call, torch_internals.pad_packed_sequence_call,
+    *host_outputs.CALLS,
     *(getattr(torch_internals.packed_rnn_calls, name)
       for name in ("lstm", "gru", "rnn_tanh", "rnn_relu")),
     # No computation: metadata questions and bookkeeping.
     torch_internals.has_compatible_shallow_copy_type, torch.is_same_size, Tensor.is_set_to,
     Tensor.__deepcopy__, Tensor.__setstate__, Tensor.__reduce_ex__,
 })
-# Outputs (by position) a device call makes in host memory on CUDA too: a packed sequence's batch
-# sizes, and the lengths padding one returns.
-_HOST_OUTPUTS = {torch_internals.pack_padded_sequence_call: (1,),
-                 torch_internals.pad_packed_sequence_call: (1,)}
+_host_outputs_of = host_outputs.of_call
 _FROM_HOST_DATA = frozenset({torch.tensor, torch.as_tensor, torch.asarray})
 # Factories of sparse tensors from their parts (aten's own takes `layout=` too)
 _SPARSE_FACTORIES = frozenset(f for f in (
@@ -285,6 +284,9 @@ class Placement(TorchFunctionMode):
             memory = self.memory
             flags = memory.call_flags  # memory.call_on_device, without its property's calls
             previous, flags.call_on_device = flags.call_on_device, True
+            made_on_host = _host_outputs_of(func)
+            if made_on_host is not None:
+                previous_host, flags.host_outputs = flags.host_outputs, made_on_host
             keep_modes_reachable()  # stream tracking, if an inference_mode block dropped its keys
             runner = state.call_runner
             if state.kernel_log is not None:  # a profiler records CUDA activity
@@ -315,6 +317,8 @@ class Placement(TorchFunctionMode):
                 raise
             finally:
                 flags.call_on_device = previous
+                if made_on_host is not None:
+                    flags.host_outputs = previous_host
                 if draws is not None:
                     draws.__exit__(None, None, None)
             if isinstance(out, Tensor):
@@ -330,11 +334,7 @@ class Placement(TorchFunctionMode):
                     except (RuntimeError, NotImplementedError):  # no storage of its own: vmap's
                         memory.mark_device(out)
             elif out is not None:
-                kept = _HOST_OUTPUTS.get(func)
-                if kept is not None:
-                    out = _in_host_memory(out, kept)
-                self._mark(out if kept is None else tuple(
-                    o for i, o in enumerate(out) if i not in kept), DEVICE)
+                self._mark(host_outputs.device_outputs(out, made_on_host), DEVICE)
             if index:
                 device_indices.set_index(out, index)
             if self.state.observers:
@@ -620,16 +620,6 @@ def _traced_on_host(func, args: tuple, kwargs: dict, outside_the_graph):
     if _device_object(target):
         return to_traced_device(func(*args, **kwargs))
     return func(*args, **kwargs)
-
-
-def _in_host_memory(out: tuple, kept: tuple[int, ...]) -> tuple:
-    """`out` with its outputs at `kept` in host memory, as CUDA makes them: with the stream
-    tracking on, its dispatch mode marked every output of the call device memory, so those are
-    copied to fresh host memory, out of every mode's sight."""
-    if not any(is_device_memory(out[i]) for i in kept):
-        return out
-    with torch_internals.DisableTorchFunction(), torch_internals.DisableTorchDispatch():
-        return tuple(o.clone() if i in kept else o for i, o in enumerate(out))
 
 
 def _any_sparse(args: tuple, kwargs: dict) -> bool:

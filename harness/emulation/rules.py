@@ -85,6 +85,18 @@ def cuda_index(device: Any, current: int, count: int) -> int:
     return index
 
 
+def device_index(device: Any, current: int, count: int) -> int:
+    """The index a torch.cuda call's device argument names: `current` for None, a name read as a
+    device (as torch.cuda's _get_device_index reads one); another device type is refused."""
+    if device is None:
+        return current
+    if isinstance(device, str):
+        device = torch.device(device)
+    if isinstance(device, torch.device) and device.type != "cuda":
+        raise ValueError(f"Expected a cuda device, but got: {device}")
+    return cuda_index(device, current, count)
+
+
 NEW_GENERATOR_IN_CAPTURE = ("Cannot construct a new CUDAGeneratorImpl during CUDA graph capture. If "
                             "you need this call to be captured, please file an issue. Current "
                             "cudaStreamCaptureStatus: cudaStreamCaptureStatusActive")

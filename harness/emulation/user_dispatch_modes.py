@@ -18,9 +18,9 @@ but torch's infrastructure modes, FakeTensorMode and the like, and the device's 
 - presents an operator of a device call as CUDA's dispatcher hands it on: a `device=cpu` the
   placement mode wrote for cuda names `cuda:N` again;
 - runs the operator the mode hands on (`func(*args, **kwargs)`) with cuda named as the cpu again,
-  and marks its new results device memory when the call is on the device, so that the mode sees
-  them on the device (the placement mode marks only the call's final result, after the dispatch
-  modes have returned).
+  and marks its new results device memory when the call is on the device (but those CUDA makes
+  on the host, host_outputs.py), so that the mode sees them on the device (the placement mode
+  marks only the call's final result, after the dispatch modes have returned).
 
 A mode entered before `emulate_cuda()`, or one entered by `torch._C._push_on_torch_dispatch_stack`
 directly, is not wrapped (docs/fidelity.md).
@@ -36,7 +36,7 @@ import torch
 from torch.overrides import TorchFunctionMode
 
 from harness import torch_internals
-from harness.emulation import device_indices
+from harness.emulation import device_indices, host_outputs
 from harness.emulation.active import is_in_force
 from harness.emulation.device_memory import is_device_memory, own_storage
 from harness.emulation.rules import CPU, names_cuda
@@ -93,7 +93,8 @@ def _viewed(state, handler: Callable) -> Callable:
         if not is_in_force(state) or _placement_on_stack(state.placement):
             return handler(func, types_, args, kwargs)
         kwargs = kwargs or {}
-        if memory.call_on_device and isinstance(func, torch_internals.OpOverload):
+        if memory.call_on_device and isinstance(func, torch_internals.OpOverload) \
+                and not memory.makes_host_memory(func):
             device = kwargs.get("device")
             if isinstance(device, torch.device) and device.type == "cpu":
                 kwargs = {**kwargs, "device": state.device_object(_index(state))}
@@ -133,10 +134,10 @@ class DeviceView(TorchFunctionMode):
             kwargs, named = {**kwargs, "device": CPU}, True
         out = func(*args, **kwargs)
         memory = self.state.memory
-        if named or memory.call_on_device:
+        if named or memory.call_on_device and not memory.makes_host_memory(func):
             inputs = _storages((args, kwargs))  # kept alive while their ids are compared
             ids = {id(s) for s in inputs}
-            for t in _tensors(out):
+            for t in _tensors(host_outputs.device_outputs(out, host_outputs.of_op(func))):
                 # the device's memory is the cpu's (a meta tensor's shape inference is no memory)
                 storage = own_storage(t) if t.device.type == "cpu" else None
                 if storage is not None and id(storage) not in ids \

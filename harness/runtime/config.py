@@ -135,18 +135,13 @@ class EngineConfig:
         if self.pdl is not None and not isinstance(self.pdl, bool):
             raise ValueError(f"EngineConfig.pdl must be True, False or None (choose for the device), "
                              f"got {self.pdl!r}")
-        if self.decode_kernel is not None and self.decode_kernel not in DECODE_KERNELS:
-            raise ValueError(f"EngineConfig.decode_kernel must be one of {list(DECODE_KERNELS)} or "
-                             f"None (choose for the device), got {self.decode_kernel!r}")
-        if self.rope_kv_write is not None and self.rope_kv_write not in ROPE_KV_WRITES:
-            raise ValueError(f"EngineConfig.rope_kv_write must be one of {list(ROPE_KV_WRITES)} or "
-                             f"None (choose for the device), got {self.rope_kv_write!r}")
-        if self.decode_linear is not None and self.decode_linear not in DECODE_LINEARS:
-            raise ValueError(f"EngineConfig.decode_linear must be one of {list(DECODE_LINEARS)} or "
-                             f"None (choose for the device), got {self.decode_linear!r}")
-        if self.greedy_ranking is not None and self.greedy_ranking not in GREEDY_RANKINGS:
-            raise ValueError(f"EngineConfig.greedy_ranking must be one of {list(GREEDY_RANKINGS)} or "
-                             f"None (choose for the device), got {self.greedy_ranking!r}")
+        for name, options in (("decode_kernel", DECODE_KERNELS), ("rope_kv_write", ROPE_KV_WRITES),
+                              ("decode_linear", DECODE_LINEARS),
+                              ("greedy_ranking", GREEDY_RANKINGS)):
+            value = getattr(self, name)
+            if value is not None and value not in options:
+                raise ValueError(f"EngineConfig.{name} must be one of {list(options)} or None "
+                                 f"(choose for the device), got {value!r}")
         if self.compile is not COMPILE_NOT_GIVEN and self.compile not in COMPILE_MODES:
             raise ValueError(f"EngineConfig.compile must be one of {list(COMPILE_MODES)}, got "
                              f"{self.compile!r}")

@@ -19,7 +19,7 @@ With `EngineConfig.overlap` the steps run through the overlap loop (overlap.py) 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable, Sequence as Seq
+from typing import Callable, Sequence as Seq, TypeVar
 
 import torch
 
@@ -53,6 +53,7 @@ from harness.runtime.scheduler import ScheduledBatch, Scheduler, Sequence
 from harness.runtime.stats import BatchRecord, EngineStats, StatsRecorder
 from harness.runtime.validation import BadRequestError, RequestLimits, RequestProblem, check_request
 
+_Choice = TypeVar("_Choice")  # a chosen kernel or mode: `fell_back`, and its `reason`
 
 @dataclass(frozen=True)
 class ForwardResult:
@@ -114,25 +115,19 @@ class Engine:
         self.dtype = dtype
         self._stats = StatsRecorder()
         # What attends decode-only batches, and why: the metadata carries it to every attention op.
-        self.decode_kernel = choose_decode_kernel(config.decode_kernel, self.device)
-        if self.decode_kernel.fell_back:
-            self._stats.fallbacks[f"decode kernel torch: {self.decode_kernel.reason}"] += 1
+        self.decode_kernel = self._counted(choose_decode_kernel(config.decode_kernel, self.device),
+                                           "decode kernel torch")
         # How the layers rotate and store K/V, and why: the metadata carries it to the model.
-        self.rope_kv_write = choose_rope_kv_write(config.rope_kv_write, self.device)
-        if self.rope_kv_write.fell_back:
-            self._stats.fallbacks[f"rope + KV write separate: {self.rope_kv_write.reason}"] += 1
+        self.rope_kv_write = self._counted(choose_rope_kv_write(config.rope_kv_write, self.device),
+                                           "rope + KV write separate")
         # How the layers' linear layers run for decode-sized batches: the metadata carries it too.
-        self.decode_linear = choose_decode_linear(config.decode_linear, self.device)
-        if self.decode_linear.fell_back:
-            self._stats.fallbacks[f"decode linear separate: {self.decode_linear.reason}"] += 1
+        self.decode_linear = self._counted(choose_decode_linear(config.decode_linear, self.device),
+                                           "decode linear separate")
         # Whether those Triton kernels are launched with PDL: the metadata carries it to the ops.
-        self.pdl = choose_pdl(config.pdl, self.device)
-        if self.pdl.fell_back:
-            self._stats.fallbacks[f"PDL off: {self.pdl.reason}"] += 1
+        self.pdl = self._counted(choose_pdl(config.pdl, self.device), "PDL off")
         # How a top-1 decode graph ranks its logits (eager steps rank with the torch ops).
-        self.greedy_ranking = choose_greedy_ranking(config.greedy_ranking, self.device)
-        if self.greedy_ranking.fell_back:
-            self._stats.fallbacks[f"greedy ranking separate: {self.greedy_ranking.reason}"] += 1
+        self.greedy_ranking = self._counted(
+            choose_greedy_ranking(config.greedy_ranking, self.device), "greedy ranking separate")
         blocks_per_seq = cdiv(self.max_model_len, config.block_size)
         self._allocate_kv_cache(config.num_blocks or config.max_batch_size * blocks_per_seq)
         # Token ids live in one preallocated buffer, like the metadata, so a graph can read them.
@@ -189,6 +184,13 @@ class Engine:
                              f"this engine with pdl={self.pdl.enabled} (EngineConfig.pdl); share it "
                              f"only between engines of one pdl")
         return shared
+
+    def _counted(self, choice: _Choice, fallback: str) -> _Choice:
+        """`choice` (a kernel or mode chosen for this device), its fallback counted under
+        `fallback` with its reason where it fell back."""
+        if choice.fell_back:
+            self._stats.fallbacks[f"{fallback}: {choice.reason}"] += 1
+        return choice
 
     def _allocate_kv_cache(self, num_blocks: int) -> None:
         """A KV cache of `num_blocks`, the metadata that points into it, and the request limits."""

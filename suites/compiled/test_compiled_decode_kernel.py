@@ -5,6 +5,7 @@ implementation; on CUDA the same trace launches the Triton kernel."""
 
 from __future__ import annotations
 
+import pytest
 import torch
 
 from harness.ops import AttentionMetadata, PagedKVCache, SequenceSpan
@@ -67,3 +68,15 @@ def test_compiled_step_splits_at_the_decode_op_and_matches_the_eager_model(devic
     slots = triton_md.slot_mapping[:len(LENGTHS)]
     new_kv = cache.tensor.flatten(2, 3)[:, :, slots]
     assert not torch.equal(new_kv, before.flatten(2, 3)[:, :, slots]), "no new K/V was written"
+
+
+@pytest.mark.parametrize("option, asked", [("decode_kernel", "triton"), ("rope_kv_write", "fused"),
+                                           ("decode_linear", "fused")])
+def test_metadata_of_another_choice_is_refused_naming_it(reference_llama, option, asked):
+    cache, spans, ids = decode_batch(reference_llama, torch.device("cpu"))
+    step = CompiledStep(reference_llama, None)
+    built = {"decode_kernel": "torch"}.get(option, "separate")
+    with pytest.raises(ValueError, match=rf"^compiled step: built for {option} '{built}', the "
+                                         rf"metadata asks for '{asked}'; build both from one "
+                                         rf"EngineConfig$"):
+        step(ids, decode_metadata(cache, spans, **{option: asked}), cache)

@@ -12,6 +12,22 @@ import torch
 
 from harness.emulation import emulation_active
 
+def _emulated_session(tmp_path, files: dict[str, str]) -> subprocess.CompletedProcess:
+    """A pytest session under `--emulate-cuda` over `files` (name -> text) written to `tmp_path`,
+    running the first; the others (a stand-in module) are importable beside it."""
+    if emulation_active() is not None or torch.cuda.is_available():
+        pytest.skip("runs a session under --emulate-cuda from one outside it, without a GPU")
+    for name, text in files.items():
+        (tmp_path / name).write_text(text)
+    env = {**os.environ, "OMP_NUM_THREADS": "1",
+           "PYTHONPATH": os.pathsep.join(filter(None, [str(tmp_path),
+                                                       os.environ.get("PYTHONPATH")]))}
+    return subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:xdist", "-p",
+                           "no:cacheprovider", "--repro-dir", "none", "--emulate-cuda", "-rA",
+                           next(iter(files))], cwd=tmp_path, env=env, capture_output=True,
+                          text=True, timeout=300)
+
+
 _RACY_THEN_CLEAN = '''
 import torch
 
@@ -55,15 +71,7 @@ def test_next_one_is_clean():
 
 @pytest.mark.slow  # a pytest or torch.compile subprocess: nightly_cpu runs it
 def test_a_race_found_at_a_free_fails_the_test_that_freed_not_the_next(tmp_path):
-    if emulation_active() is not None or torch.cuda.is_available():
-        pytest.skip("runs a session under --emulate-cuda from one outside it, without a GPU")
-    (tmp_path / "test_racy.py").write_text(_RACY_THEN_CLEAN)
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    done = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:xdist", "-p",
-                           "no:cacheprovider", "--repro-dir", "none", "--emulate-cuda", "-rA",
-                           "test_racy.py"], cwd=tmp_path, env=env, capture_output=True, text=True,
-                          timeout=300)
-    out = done.stdout
+    out = _emulated_session(tmp_path, {"test_racy.py": _RACY_THEN_CLEAN}).stdout
     assert "FAILED test_racy.py::test_frees_a_side_stream_input_without_record_stream" in out, out
     assert "memory freed while another stream's work may still use it" in out, out
     # A free the test's own work never reuses is the next test's hazard, judged at its end.
@@ -111,15 +119,7 @@ def test_after_the_left_stream_runs_on_the_default_stream():
 
 @pytest.mark.slow  # a pytest subprocess under --emulate-cuda: nightly_cpu runs it
 def test_a_teardown_race_and_a_left_stream_are_the_leaving_tests_not_the_next(tmp_path):
-    if emulation_active() is not None or torch.cuda.is_available():
-        pytest.skip("runs a session under --emulate-cuda from one outside it, without a GPU")
-    (tmp_path / "test_leaks.py").write_text(_LEAKS_THEN_CLEAN)
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    done = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:xdist", "-p",
-                           "no:cacheprovider", "--repro-dir", "none", "--emulate-cuda", "-rA",
-                           "test_leaks.py"], cwd=tmp_path, env=env, capture_output=True, text=True,
-                          timeout=300)
-    out = done.stdout
+    out = _emulated_session(tmp_path, {"test_leaks.py": _LEAKS_THEN_CLEAN}).stdout
     assert ("ERROR test_leaks.py::test_a_fixture_frees_a_side_stream_input_in_its_teardown"
             in out), out
     assert "memory freed while another stream's work may still use it" in out, out
@@ -164,17 +164,8 @@ def test_a_torch_testcase_without_super_setup_sees_no_leaked_mode(tmp_path):
     modes are on the stack for the whole session, so its first test failed with "torch function
     mode stack was leaked" and its tearDown popped the emulation's placement mode, leaving the
     next test's `device="cuda"` unplaced (until 2026-12-06)."""
-    if emulation_active() is not None or torch.cuda.is_available():
-        pytest.skip("runs a session under --emulate-cuda from one outside it, without a GPU")
-    (tmp_path / "test_own_setup.py").write_text(_TORCH_TESTCASE_WITHOUT_SUPER_SETUP)
-    (tmp_path / "expecttest.py").write_text(_EXPECTTEST_STAND_IN)
-    env = {**os.environ, "OMP_NUM_THREADS": "1",
-           "PYTHONPATH": os.pathsep.join(filter(None, [str(tmp_path),
-                                                       os.environ.get("PYTHONPATH")]))}
-    done = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:xdist", "-p",
-                           "no:cacheprovider", "--repro-dir", "none", "--emulate-cuda", "-rA",
-                           "test_own_setup.py"], cwd=tmp_path, env=env, capture_output=True,
-                          text=True, timeout=300)
+    done = _emulated_session(tmp_path, {"test_own_setup.py": _TORCH_TESTCASE_WITHOUT_SUPER_SETUP,
+                                        "expecttest.py": _EXPECTTEST_STAND_IN})
     out = done.stdout
     assert "PASSED test_own_setup.py::OwnSetUp::test_first" in out, out + done.stderr
     assert "PASSED test_own_setup.py::OwnSetUp::test_second_on_the_device" in out, out

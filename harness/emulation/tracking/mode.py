@@ -2,8 +2,8 @@
 or queued by the schedule. Host ops on pinned memory are the host's accesses; ops that make the
 host wait (`.item()`, a blocking copy) run the stream's queue first and join the host's clock.
 
-`memory` says what a tensor is (`is_device`, `is_pinned`, `call_targets_device`) and marks
-results (`mark_device`), `stream()` the
+`memory` says what a tensor is (`is_device`, `is_pinned`, `call_targets_device`,
+`makes_host_memory`) and marks results (`mark_device`), `stream()` the
 current stream's id, `capturing()` whether a graph capture is underway (its ops are recorded, not
 issued: the recorder sees them first and nothing here applies).
 """
@@ -25,6 +25,7 @@ from harness.graphs.emulator.accesses import (blocks_host, copy_blocks_host, hig
                                               split_accesses, tensors_of)
 from harness.emulation.compiled_rng import call_higher_order
 from harness.emulation.device_memory import DEVICE, memory_mark, own_storage
+from harness.emulation.host_outputs import device_outputs
 from harness.emulation.tracking.deferral import defer
 from harness.emulation.tracking.names import ShapeLabels, label_of, storage_key
 from harness.emulation.tracking.op_plans import OpPlans
@@ -153,7 +154,8 @@ class StreamWork(TorchDispatchMode):
                 return func(*args, **kwargs)  # meta and fake tensors: shape work, not device work
             on_device.append(is_device(t))
         targets_device = bool(self.memory.call_targets_device())
-        if not targets_device and True not in on_device:
+        if not targets_device and True not in on_device or (
+                targets_device and not tensors and self.memory.makes_host_memory(func)):
             return self._host_op(func, args, kwargs)
         return self._device_op(func, args, kwargs, plan, targets_device, tensors, on_device)
 
@@ -270,16 +272,18 @@ class StreamWork(TorchDispatchMode):
         to_host = plan.is_to_copy and kwargs.get("device") is not None and not targets_device
         fresh = plan.kind is not OpKind.MUTATING and not to_host
         if fresh:
-            self._note_fresh(out, Access(True, stream, seq, name, where), plan.touches_results)
+            self._note_fresh(out if plan.host is None else device_outputs(out, plan.host),
+                             Access(True, stream, seq, name, where), plan.touches_results)
         if probe is not None:
             # Learnable, whether it ran in issue order or waited in the stream's queue: a fresh
             # result with nothing written, or an in-place op (its result the tensor it wrote)
             # that neither draws a seed nor changes metadata (`deferrable`).
             in_place = (plan.kind is OpKind.MUTATING and plan.deferrable and bool(write_keys)
                         and not fresh)
+            # An op with host outputs is never learned: a pattern notes its result device memory.
             probe.device_op(plan, reads, read_keys, writes, write_keys,
-                            (ran_in_order or queued) and (in_place or (fresh and not write_keys)),
-                            out, queued)
+                            (ran_in_order or queued) and plan.host is None
+                            and (in_place or (fresh and not write_keys)), out, queued)
         return out
 
     def overtakes_queued_work(self, reported: int) -> bool:

@@ -18,6 +18,8 @@ from harness.graphs.emulator import opinfo
 from harness.graphs.emulator.accesses import (COPIES, changes_metadata, is_seeded, may_block_host,
                                               written_names)
 from harness.graphs.emulator.opinfo import OpKind
+from harness.emulation import host_outputs
+from harness.emulation.host_outputs import HostOutputs
 from harness.emulation.tracking.deferral import can_defer
 
 _TO_COPY = torch.ops.aten._to_copy.default
@@ -35,6 +37,7 @@ class OpPlan:
     is_to_copy: bool
     is_copy: bool  # a copy between memories: whether it blocks the host is read off its arguments
     touches_results: bool  # False for `empty` and kin: their results are memory no one touched yet
+    host: HostOutputs | None = None  # outputs CUDA makes in host memory (host_outputs.py)
 
 
 def plan_of(func: Any) -> OpPlan:
@@ -43,11 +46,14 @@ def plan_of(func: Any) -> OpPlan:
                       written=frozenset(), may_block_host=False, deferrable=False,
                       is_to_copy=False, is_copy=False, touches_results=True)
     kind = opinfo.op_kind(func)
+    host = host_outputs.of_op(func)
+    # An op with host outputs cannot wait in a queue: the host computes them before it returns.
     return OpPlan(func=func, name=opinfo.op_name(func), composite=False, kind=kind,
                   written=written_names(func), may_block_host=may_block_host(func),
-                  deferrable=can_defer(kind) and not is_seeded(func) and not changes_metadata(func),
+                  deferrable=(can_defer(kind) and not is_seeded(func) and not changes_metadata(func)
+                              and host is None),
                   is_to_copy=func is _TO_COPY, is_copy=func in COPIES,
-                  touches_results=opinfo.special_replay(func) != (True, None))
+                  touches_results=opinfo.special_replay(func) != (True, None), host=host)
 
 
 class OpPlans:

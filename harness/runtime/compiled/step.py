@@ -110,18 +110,11 @@ class CompiledStep:
         if input_ids.shape[0] < metadata.num_tokens:
             raise ValueError(f"input_ids holds {input_ids.shape[0]} tokens, the metadata describes "
                              f"{metadata.num_tokens}")
-        if metadata.decode_kernel != self.decode_kernel:
-            raise ValueError(f"compiled step: built for decode_kernel {self.decode_kernel!r}, the "
-                             f"metadata asks for {metadata.decode_kernel!r}; build both from one "
-                             f"EngineConfig")
-        if metadata.rope_kv_write != self.rope_kv_write:
-            raise ValueError(f"compiled step: built for rope_kv_write {self.rope_kv_write!r}, the "
-                             f"metadata asks for {metadata.rope_kv_write!r}; build both from one "
-                             f"EngineConfig")
-        if metadata.decode_linear != self.decode_linear:
-            raise ValueError(f"compiled step: built for decode_linear {self.decode_linear!r}, the "
-                             f"metadata asks for {metadata.decode_linear!r}; build both from one "
-                             f"EngineConfig")
+        for name in ("decode_kernel", "rope_kv_write", "decode_linear"):
+            built, asked = getattr(self, name), getattr(metadata, name)
+            if asked != built:
+                raise ValueError(f"compiled step: built for {name} {built!r}, the metadata asks "
+                                 f"for {asked!r}; build both from one EngineConfig")
         if metadata.pdl != self.pdl:
             raise ValueError(f"compiled step: built for pdl={self.pdl}, the metadata asks for "
                              f"pdl={metadata.pdl}; build both from one EngineConfig")
