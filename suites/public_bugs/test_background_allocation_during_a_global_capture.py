@@ -14,6 +14,8 @@ import threading
 import pytest
 import torch
 
+from harness.emulation import emulation_active
+
 STAGING_BYTES = (48 << 20) + 512  # the next batch's staging buffer: no live segment has room
 
 
@@ -48,6 +50,9 @@ class Runner:
 
 
 def test_buggy_a_global_capture_refuses_the_prefetchers_allocation():
+    if emulation_active() == "cuda":
+        pytest.skip("the graph sanitizer begins no real capture on the GPU, so CUDA's allocator "
+                    "finds none to refuse another thread's new segment (docs/fidelity.md)")
     runner = Runner()
     caller_stream = torch.cuda.current_stream()
     try:
