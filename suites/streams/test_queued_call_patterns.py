@@ -38,8 +38,7 @@ def _racy_program() -> list[torch.Tensor]:
             u2 = u * 0.5  # reads u before waiting for the default stream
         x.add_(u2.reshape(4, 8))  # in place: learned too
         x.index_put_((rows,), h[:2] * 0.25)  # a write into x while the side stream may read it
-        staged = x * 4
-        torch.cuda.synchronize()  # its op ran: the caller's tensor is all that holds it
+        staged = x * 4  # still queued when the caller drops it below
         side.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(side):
             total = staged.sum(dim=1)  # queued on the side stream, reading `staged`
@@ -141,3 +140,32 @@ def test_a_queued_call_runs_in_the_state_it_was_issued_in():
     assert none == 0 and used == 1
     assert _same_bits(dispatched, expected), "the queued aten op ran under the later autocast"
     assert _same_bits(learned, expected), "the queued call ran under the later autocast"
+
+
+def _free_while_the_producer_waits() -> None:
+    side = torch.cuda.Stream()
+    x = torch.ones(1024, device="cuda")
+    for _ in range(2):  # dispatched, then learned
+        staged = x * 4  # its op waits in the default stream's queue, holding the result
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            staged.sum()
+        del staged  # no record_stream: the side stream's read may still be pending
+        torch.empty(1024, device="cuda").fill_(1)  # the freed block, reused
+        torch.cuda.synchronize()
+
+
+@pytest.mark.parametrize("patterns_on", [True, False], ids=["learned", "dispatched"])
+def test_a_free_while_its_producer_still_waits_in_the_queue_is_reported(patterns_on):
+    """The queued producer's own hold on its result is the queue's, not the caller's: without
+    counting it, the caller's drop looked like a tensor still held and the race went unreported,
+    though issue order reports it."""
+    skip_unless_the_emulated_device_can_be_entered()
+    with harness.emulate_cuda(device="cpu", schedule="adversarial", races="report") as state:
+        if patterns_on:
+            _free_while_the_producer_waits()
+        else:
+            with PassThrough():
+                _free_while_the_producer_waits()
+        reports = [str(r) for r in state.streams_tracking.reports]
+    assert len([r for r in reports if "memory freed while another stream" in r]) == 2, reports

@@ -314,7 +314,7 @@ class CallPatterns:
                 else:
                     held, release = mode.aliases_for_queue((args, kwargs))
             out, call = defer_call(func, held, pattern.result_meta, returns)
-            call.release = release
+            call.release = release if returns is not None else mode.holding_results(out, release)
             schedule.queue(stream, seq, call)
         if not write_keys:
             mode.note_result(out, pattern.result_label, Access(True, stream, seq, name, where),

@@ -252,6 +252,8 @@ class StreamWork(TorchDispatchMode):
               and self.schedule.defers(stream)):
             held, release = self.aliases_for_queue((args, kwargs))
             out, run = defer(func, args, kwargs, plan.kind, held, self._result_shapes.of)
+            if plan.kind is not OpKind.MUTATING:
+                release = self.holding_results(out, release)
             issued = self._pinned_inputs_as_issued(reads)
             access = Access(False, stream, seq, name, where)
 
@@ -340,6 +342,25 @@ class StreamWork(TorchDispatchMode):
             watch = self._watched[id(t)] = _Watch(t, self._on_dropped)
             watch.tensor_id, watch.key = id(t), key
         return t.detach()
+
+    def holding_results(self, out: Any, release: Callable[[], None]) -> Callable[[], None]:
+        """A queued op keeps its fresh results' memory to write it when it runs: that use is the
+        queue's, not the caller's, so a caller's drop judged meanwhile (`check_drops`) counts it
+        among the queued aliases. `release` extended to forget them once the op ran."""
+        keys = [t.untyped_storage().data_ptr() for t in tensors_of(
+            (out,) if isinstance(out, torch.Tensor) else out if isinstance(out, (list, tuple))
+            else ()) if t.numel()]
+        if not keys:
+            return release
+        for key in keys:
+            self.holds.alias(key)
+
+        def release_all() -> None:
+            release()
+            self.holds.release_aliases(keys)
+            keys.clear()
+
+        return release_all
 
     def _release(self, keys: list[int]) -> Callable[[], None]:
         def release() -> None:
