@@ -26,8 +26,9 @@ kernels); and `x[mask] = value` of a device value, which CUDA does not turn into
 device captured all four. So is `segment_reduce` by device `lengths` (SegmentReduce.cpp checks them
 with `.item()` unless `unsafe=True`; by `offsets` it checks nothing), which the emulated device
 captured, and `to_sparse` of a dense tensor (SparseTensor.cpp counts the entries with `nonzero()`),
-whose capture the emulated device ended with a dense placeholder that its replay could not fill.
-The emulated
+whose capture the emulated device ended with a dense placeholder that its replay could not fill,
+and `searchsorted` given a device `sorter` (BucketizationUtils.h checks its range with `aminmax()`
+and `.item()`; measured on an H100, torch 2.11), which the emulated device captured. The emulated
 device captured the copying kernels (the read happens inside a kernel its dispatch never sees, and
 on host memory) and refused `ctc_loss` and the last as a sync that invalidates the capture (their
 tags say dynamic output shape). The `cuda_kind` rows show CUDA's own verdicts on a GPU; refused
@@ -74,6 +75,10 @@ REFUSED_AS_A_SYNC: dict[str, Op] = {
         lambda a, b: torch.segment_reduce(a, "sum", lengths=torch.full((2,), 2, device="cuda")),
     # SparseTensor.cpp's dense_to_sparse counts the entries with `nonzero()`
     "Tensor.to_sparse of a dense tensor": lambda a, b: a.to_sparse(),
+    # BucketizationUtils.h checks the sorter's range with `aminmax()` and `.item()`
+    "searchsorted with a device sorter":
+        lambda a, b: torch.searchsorted(b.mT[0].contiguous(), b.mT[1].contiguous(),
+                                        sorter=b.mT[0].argsort()),
 }
 CUSOLVER_FAILED = "cusolver error: CUSOLVER_STATUS_INTERNAL_ERROR, when calling `"
 # name: (an op, the cuSOLVER call CUDA names in its error inside a capture)
@@ -148,6 +153,8 @@ CAPTURED: dict[str, Op] = {
     "boolean-mask assignment of a host value": lambda a, b: _assigned(a, _HOST_VALUE),
     "segment_reduce by offsets":
         lambda a, b: torch.segment_reduce(a, "max", offsets=torch.arange(0, 5, 2, device="cuda")),
+    "searchsorted of a sorted sequence":
+        lambda a, b: torch.searchsorted(b.mT[0].sort().values, b.mT[1].contiguous()),
     "segment_reduce by device lengths, unsafe=True":
         lambda a, b: torch.segment_reduce(a, "mean", lengths=torch.full((2,), 2, device="cuda"),
                                           unsafe=True),
@@ -254,6 +261,8 @@ def test_an_op_that_reads_nothing_on_the_host_is_captured_and_follows_new_operan
                                            ("boolean-mask assignment of a host value", False),
                                            ("segment_reduce by device lengths", True),
                                            ("segment_reduce by offsets", False),
+                                           ("searchsorted with a device sorter", True),
+                                           ("searchsorted of a sorted sequence", False),
                                            ("Tensor.to_sparse of a dense tensor", True)])
 def test_the_sync_debug_mode_flags_the_reads_inside_kernels(cuda_kind, name, flagged):
     a, b = _operands(0)

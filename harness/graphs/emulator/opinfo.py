@@ -373,8 +373,14 @@ _RANGES_OF_TENSORS = frozenset(getattr(packet, name) for packet in (aten.linspac
 # nothing.
 _SEGMENT_REDUCES = frozenset(getattr(aten.segment_reduce, name) for name in ("default", "out")
                              if hasattr(aten.segment_reduce, name))
+# `searchsorted` given a `sorter` (BucketizationUtils.h's `searchsorted_pre_check`, shared by every
+# device) checks the sorter's range on the host: `sorter.aminmax()`, then `.item()` of each, a copy
+# to the host and a stream sync where the sorter is device memory (measured on an H100, torch 2.11:
+# "operation not permitted when stream is capturing"). Without a sorter it reads nothing.
+_SEARCHSORTEDS = frozenset(getattr(aten.searchsorted, name) for name in (
+    "Tensor", "Tensor_out", "Scalar", "Scalar_out") if hasattr(aten.searchsorted, name))
 _READS_A_VALUE = (_MASKED_FILLS_OF_A_TENSOR | _INDEX_FILLS_OF_A_TENSOR | _RANGES_OF_TENSORS
-                  | _SEGMENT_REDUCES)
+                  | _SEGMENT_REDUCES | _SEARCHSORTEDS)
 
 
 def reads_a_device_value(func: torch_internals.OpOverload, args: tuple, kwargs: dict,
@@ -404,6 +410,14 @@ def reads_a_device_value(func: torch_internals.OpOverload, args: tuple, kwargs: 
                 "(`lengths.min().item()`, then their sums against the data's size), copies to the "
                 "host and syncs; pass `offsets` (the lengths' cumulative sum from 0), which it does "
                 "not check, or `unsafe=True` once the lengths are known good")
+    if func in _SEARCHSORTEDS:
+        sorter = named.get("sorter")
+        if not isinstance(sorter, torch.Tensor) or sorter.numel() == 0 or not on_device(sorter):
+            return None
+        return ("CUDA's searchsorted checks its device `sorter` on the host (`sorter.aminmax()`, "
+                "then `.item()` of each), a copy to the host and a sync; gather the sorted "
+                "sequence once before capture (`sorted_sequence.gather(-1, sorter)`) and search it "
+                "without a sorter")
     value = named["value"]
     if not isinstance(value, torch.Tensor) or value.dim() != 0 or not on_device(value):
         return None
