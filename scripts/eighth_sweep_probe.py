@@ -94,7 +94,8 @@ def ops_reading_nothing_in_capture():
     }
     verdicts = {n: _capture_verdict(c) for n, c in cases.items()}
     odd = {n: v[:80] for n, v in verdicts.items() if v != "captured"}
-    return f"all captured but {odd} (emulated: all captured but searchsorted(sorter), refused as a sync, invalidated)"
+    return (f"all captured but {odd} (emulated: all captured but searchsorted(sorter), refused as "
+            f"a sync, invalidated)")
 
 
 @case
