@@ -17,7 +17,11 @@ capture): Copy.cu's refusal, which leaves the capture valid.
 many test elements (TensorCompare.cpp's heuristic) sorts after `_unique`, which reads the number of
 unique values on the host (PyTorch #130078), and `masked_fill` of a 0-dim device value passes it to
 its kernel with `value.item()` (Indexing.cu): both refused as a sync, where the emulated device
-captured them; with few test elements or assume_unique=True, or a host value, they are captured.
+captured them; with few test elements or a host value, they are captured. With many test elements
+and assume_unique=True isin marks the last sorted element with a host scalar copied to the device
+(`index_put_({-1}, invert)`), and `bincount` copies its input's minimum and maximum to the host
+(SummaryOps.cu, `self.min().cpu()`): Copy.cu's refusal, measured on an H100 (torch 2.11), where the
+emulated device captured the first and refused the second as a sync that invalidates the capture.
 So is `mode` of slices over 2048 values (TensorModeKernel.cpp: a thrust sort and count per slice,
 read on the host), where its fused kernel takes shorter slices on the device; `linspace` and
 `logspace` of device bounds and `index_fill` of a 0-dim device value (`.item()` inside their
@@ -126,6 +130,11 @@ REFUSED_AS_A_PAGEABLE_COPY: dict[str, Op] = {
     "_grouped_mm of float32 operands": lambda a, b: torch._grouped_mm(
         a, torch.stack((a, a.mT)), offs=torch.full((2,), 2, dtype=torch.int32, device="cuda").cumsum(
             0, dtype=torch.int32)),
+    # SummaryOps.cu copies the values' minimum and maximum to the host (`self.min().cpu()`)
+    "bincount of device values": lambda a, b: torch.bincount(a.flatten().abs().long(), minlength=8),
+    # 16 test elements: isin sorts, and marks the last one with a host scalar copied to the device
+    "isin sorting many unique test elements":
+        lambda a, b: torch.isin(a.flatten(), a.flatten() + 1, assume_unique=True),
 }
 CAPTURED: dict[str, Op] = {
     "linalg.solve_ex": lambda a, b: torch.linalg.solve_ex(a, b)[0],
@@ -141,8 +150,6 @@ CAPTURED: dict[str, Op] = {
     "Tensor.repeat_interleave of repeats with output_size":
         lambda a, b: a.repeat_interleave(torch.full((4,), 2, device="cuda"), dim=0, output_size=8),
     "isin with few test elements": lambda a, b: torch.isin(a.flatten(), a[0] + 1),
-    "isin sorting many unique test elements":
-        lambda a, b: torch.isin(a.flatten(), a.flatten() + 1, assume_unique=True),
     "Tensor.masked_fill of a host value": lambda a, b: a.masked_fill(a > 4, _HOST_VALUE),
     "Tensor.masked_fill of a number": lambda a, b: a.masked_fill(a > 4, -1.0),
     "mode of slices of at most 2048 values":
@@ -251,6 +258,8 @@ def test_an_op_that_reads_nothing_on_the_host_is_captured_and_follows_new_operan
                                            ("repeat_interleave with output_size", False),
                                            ("isin sorting many test elements", True),
                                            ("isin with few test elements", False),
+                                           ("isin sorting many unique test elements", True),
+                                           ("bincount of device values", True),
                                            ("Tensor.masked_fill of a device value", True),
                                            ("Tensor.masked_fill of a host value", False),
                                            ("mode of a slice over 2048 values", True),
