@@ -1,9 +1,9 @@
 """An index out of bounds inside a replayed kernel, in CUDA's words.
 
 CUDA's indexing kernels (index_copy_, index_select, index_add_, gather, scatter, embedding,
-embedding_bag, advanced indexing, ...) check each index on the device with `CUDA_KERNEL_ASSERT`: a bad index fails
-the kernel, and the host learns it at its next CUDA call as `torch.AcceleratorError` "CUDA error:
-device-side assert triggered" (the context is unusable after it). A replay runs the cpu kernels,
+embedding_bag, advanced indexing, ...) check each index on the device with `CUDA_KERNEL_ASSERT`: a
+bad index fails the kernel, and the host learns it at its next CUDA call as `torch.AcceleratorError`
+"CUDA error: device-side assert triggered" (the context is unusable after it). A replay runs the cpu kernels,
 whose host-side check raises `IndexError` (`RuntimeError` for gather and scatter) with its own text
 at the op. Code written against CUDA catches the `AcceleratorError`, so a replay raises
 `DeviceAssertError` (one) with CUDA's message first, then the cpu kernel's words, the op and, when
