@@ -40,7 +40,8 @@ def isin_in_capture():
             f"{_capture_verdict(lambda: torch.isin(vocab, many, assume_unique=True))}; sync flagged "
             f"(30, 64): {_flags_a_sync(lambda: torch.isin(vocab, few))}, "
             f"{_flags_a_sync(lambda: torch.isin(vocab, many))} (decided from source; emulated: "
-            f"captured; refused as a sync, invalidated; captured; False, True)")
+            f"captured; refused as a sync, invalidated; Copy.cu's pageable-copy refusal, the "
+            f"capture still valid; False, True)")
 
 
 @case
@@ -124,7 +125,7 @@ def moe_routing_in_capture():
     chosen = torch.topk(logits, 2, -1).indices.flatten()
     return (f"topk/argsort/scatter_add_/cumsum/histc/one_hot replay equals eager: {same}; bincount: "
             f"{_capture_verdict(lambda: torch.bincount(chosen, minlength=8))} (emulated: True; "
-            f"refused as a sync, invalidated)")
+            f"Copy.cu's pageable-copy refusal, the capture still valid)")
 
 
 @case

@@ -3,7 +3,7 @@ that exist, with CUDA's result dtype. Code written for CUDA takes these paths wh
 device (transformers' grouped MoE counts tokens per expert with an integer `histc`, a router asks
 `mm(..., out_dtype=float32)`, an attention layer allows only the memory-efficient SDPA kernel),
 and would otherwise fail eagerly where a GPU runs it. Also CUDA's kernels that answer where the
-CPU's raise (integer division by zero).
+CPU's raise (integer division by zero, with the values the GPU writes).
 
 Each entry is called by the placement mode as `func` of its generic rule, so the outputs are
 device memory and a capture records the CPU ops they are made of."""
@@ -11,6 +11,7 @@ device memory and a capture records the CPU ops they are made of."""
 from __future__ import annotations
 
 import torch
+from torch.torch_version import TorchVersion
 
 from harness.graphs.emulator.cuda_paths import one_hot_without_sync
 
@@ -118,47 +119,82 @@ def _divides_integers(a, b) -> bool:
     return not (result.is_floating_point or result.is_complex or result == torch.bool)
 
 
-def _integer_division(divide, a, b, out: Tensor | None, into: Tensor | None, in_place=None):
+# torch 2.13's `c10::div_floor_integer` returns 0 for a zero divisor (c10/util/generic_math.h, as
+# read in the 2.13 and 2.14 wheels' headers); torch 2.11's, measured on an H100, had no such check.
+_FLOOR_CHECKS_ZERO = TorchVersion(torch.__version__) >= (2, 13)
+_LOW_32_BITS = 2 ** 32 - 1
+
+
+def _by_zero(a, dtype: torch.dtype, floors: bool):
+    """What CUDA's kernel writes where the divisor is zero, for the dividend `a` (a tensor or a
+    Python number) and the result's integer `dtype`, as measured on an H100 (torch 2.11, dividends
+    7 and -7). The GPU divides 32-bit and narrower operands (C++ promotes those to int) with all
+    bits set for the quotient and the remainder: -1, 255 for uint8. nvcc's 64-bit routine takes a
+    32-bit path where both operands fit in 32 unsigned bits, which gives 0xFFFFFFFF (4294967295,
+    for 7), and otherwise all 64 bits set (-1, for -7). `floors`: `div_floor_integer` then
+    subtracts one where dividend and divisor differ in sign (a negative dividend) and the
+    remainder is nonzero (it is all bits set), or returns 0 from torch 2.13 on. `remainder`
+    adds the divisor (0) and `fmod` and truncation take the value as it is."""
+    if floors and _FLOOR_CHECKS_ZERO:
+        return 0
+    wide = dtype.itemsize == 8
+    if not isinstance(a, Tensor):
+        value = (_LOW_32_BITS if 0 <= a <= _LOW_32_BITS else -1) if wide else -1
+        value = value - 1 if floors and a < 0 else value
+        return value % 256 if dtype == torch.uint8 else value
+    a = a.to(dtype)
+    value = torch.where((a >= 0) & (a <= _LOW_32_BITS), _LOW_32_BITS, -1) if wide else \
+        torch.full_like(a, 255 if dtype == torch.uint8 else -1)
+    if floors and dtype.is_signed:
+        value = value - (a < 0).to(value.dtype)
+    return value.to(dtype)
+
+
+def _integer_division(divide, a, b, out: Tensor | None, into: Tensor | None, in_place=None,
+                      floors: bool = False):
     """`divide(a, b)` as CUDA's integer kernels answer it: the CPU's raise "ZeroDivisionError" for
     a zero divisor (BinaryOpsKernel.cpp checks each one), CUDA's check nothing (cuda/
     BinaryDivTruncKernel.cu, BinaryDivFloorKernel.cu, BinaryRemainderKernel.cu: `a / b`, `a % b`,
-    `c10::div_floor_integer`). Where a divisor is zero the result is 0, as the floor division's
-    `div_floor_integer` returns from torch 2.13 on; the other kernels leave it to the hardware
-    (all bits set on the GPUs PyTorch's own tests name). The zero test and the substitute divisor
-    are device ops, so a capture records them and a replay with a new zero divisor answers the
-    same. `into`: the in-place form's tensor, `in_place(into, b)` its own call; `out`: the out=
-    tensor."""
+    `c10::div_floor_integer`). Where a divisor is zero the result is what the GPU writes
+    (`_by_zero`). The zero test and the substitute divisor are device ops, so a capture records
+    them and a replay with a new zero divisor answers the same. `into`: the in-place form's
+    tensor, `in_place(into, b)` its own call; `out`: the out= tensor; `floors`: a floor division."""
     if not _divides_integers(a, b):
         if into is not None:
             return in_place(into, b)
         return divide(a, b) if out is None else divide(a, b, out=out)
+    dtype = torch.result_type(a, b)
     if isinstance(b, Tensor):
         zero = b == 0
-        result = torch.where(zero, 0, divide(a, torch.where(zero, 1, b)))
+        result = torch.where(zero, _by_zero(a, dtype, floors), divide(a, torch.where(zero, 1, b)))
     else:
         result = divide(a, 1 if b == 0 else b)
         if b == 0:
-            result = torch.zeros_like(result)
+            by_zero = _by_zero(a, dtype, floors)
+            result = (torch.full_like(result, by_zero) if not isinstance(by_zero, Tensor)
+                      else by_zero.expand_as(result).clone())
     target = into if into is not None else out
     return result if target is None else target.copy_(result)
 
 
-def _division(divide):
+def _division(divide, floors: bool = False):
     def replacement(a, b, *args, out: Tensor | None = None, **kwargs):
-        return _integer_division(lambda x, y, **o: divide(x, y, *args, **kwargs, **o), a, b, out, None)
+        return _integer_division(lambda x, y, **o: divide(x, y, *args, **kwargs, **o), a, b, out, None,
+                                 floors=floors or kwargs.get("rounding_mode") == "floor")
     return replacement
 
 
-def _in_place_division(divide, in_place):
+def _in_place_division(divide, in_place, floors: bool = False):
     def replacement(a, b, *args, **kwargs):
         return _integer_division(lambda x, y: divide(x, y, *args, **kwargs), a, b, None, a,
-                                 lambda x, y: in_place(x, y, *args, **kwargs))
+                                 lambda x, y: in_place(x, y, *args, **kwargs),
+                                 floors=floors or kwargs.get("rounding_mode") == "floor")
     return replacement
 
 
-def _reflected_division(divide):
+def _reflected_division(divide, floors: bool = False):
     def replacement(a, b):  # `b // a`: the tensor `a` divides
-        return _integer_division(divide, b, a, None, None)
+        return _integer_division(divide, b, a, None, None, floors=floors)
     return replacement
 
 
@@ -180,12 +216,12 @@ def _rounded_division_(a, b, *, rounding_mode=None):
 
 
 _INTEGER_DIVISIONS = {
-    torch.floor_divide: _division(torch.floor_divide),
-    Tensor.floor_divide: _division(torch.floor_divide),
-    Tensor.__floordiv__: _division(torch.floor_divide),
-    Tensor.__rfloordiv__: _reflected_division(torch.floor_divide),
-    Tensor.floor_divide_: _in_place_division(torch.floor_divide, Tensor.floor_divide_),
-    Tensor.__ifloordiv__: _in_place_division(torch.floor_divide, Tensor.__ifloordiv__),
+    torch.floor_divide: _division(torch.floor_divide, floors=True),
+    Tensor.floor_divide: _division(torch.floor_divide, floors=True),
+    Tensor.__floordiv__: _division(torch.floor_divide, floors=True),
+    Tensor.__rfloordiv__: _reflected_division(torch.floor_divide, floors=True),
+    Tensor.floor_divide_: _in_place_division(torch.floor_divide, Tensor.floor_divide_, floors=True),
+    Tensor.__ifloordiv__: _in_place_division(torch.floor_divide, Tensor.__ifloordiv__, floors=True),
     torch.remainder: _division(torch.remainder),
     Tensor.remainder: _division(torch.remainder),
     Tensor.__mod__: _division(torch.remainder),

@@ -49,8 +49,8 @@ def syncs(func, args: tuple, kwargs: dict) -> bool:
         return False
     if reads_a_device_value(func, args, kwargs, is_device_memory):  # masked_fill's `value.item()`
         return True
-    if copies_to_host_inside(func):  # a blocking copy inside CUDA's kernel (matrix_exp's norms)
-        return kernel_host_copy(func, args, kwargs) is not None and _reads_device(args, kwargs)
+    if copies_to_host_inside(func) and kernel_host_copy(func, args, kwargs) is not None:
+        return _reads_device(args, kwargs)  # a blocking copy inside CUDA's kernel (matrix_exp's norms)
     return may_sync(func) and sync_reason(func, args, kwargs, is_device_memory) is not None \
         and _reads_device(args, kwargs)
 

@@ -1,8 +1,11 @@
 """An index out of bounds in a replayed kernel fails as on CUDA: `torch.AcceleratorError` "CUDA error:
 device-side assert triggered", where the cpu kernel raises `IndexError` (or `RuntimeError`) in its own
-words; a class index outside `cross_entropy`'s classes too (the cpu's "Target 8 is out of bounds."). The windowed-Mistral case of the transformers audit: a StaticCache's sliding layer of 8
-positions written at position 8 by `index_copy_` in a replay past the window. Natively (in a process
-of its own: the assert leaves the CUDA context unusable) the same replay shows CUDA's verdict."""
+words; a class index outside `cross_entropy`'s classes too (the cpu's "Target 8 is out of bounds."),
+and a bag's index in `embedding_bag` (the cpu's "Index 0 of input takes value 8 which is not in the
+valid range [0, 8)"; an H100 asserted, torch 2.11). The windowed-Mistral case of the transformers
+audit: a StaticCache's sliding layer of 8 positions written at position 8 by `index_copy_` in a
+replay past the window. Natively (in a process of its own: the assert leaves the CUDA context
+unusable) the same replay shows CUDA's verdict."""
 
 from __future__ import annotations
 
@@ -32,6 +35,9 @@ CASES: list[tuple[str, str, Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
     # a class index past the 8 classes: LossNLL.cu asserts it on the device
     ("cross_entropy's target", "aten.nll_loss_forward",
      lambda i, x: torch.nn.functional.cross_entropy(x.view(1, 8), i)),
+    # one bag; EmbeddingBag.cu asserts on the device where the cpu's check raises on the host
+    ("embedding_bag", "aten._embedding_bag", lambda i, x: torch.nn.functional.embedding_bag(
+        i, x.view(8, 1), torch.zeros(1, dtype=torch.long, device=i.device))),
 ]
 
 
@@ -76,7 +82,8 @@ def test_an_index_out_of_bounds_in_a_replay_is_cudas_device_side_assert(cuda_kin
     text = str(caught.value)
     assert text.startswith(DEVICE_ASSERT + "\n"), text
     assert op in text and "graph replay" in text, text
-    assert "out of" in text.splitlines()[1]  # the cpu kernel's own words follow, naming the index
+    cpu_words = text.splitlines()[1]  # the cpu kernel's own words follow, naming the index
+    assert "out of" in cpu_words or "not in the valid range" in cpu_words, cpu_words
 
 
 def test_a_negative_index_past_the_start_asserts_too(cuda_device):

@@ -1,19 +1,25 @@
-"""Integer division by zero on the device raises nothing, as CUDA's kernels do not check.
+"""Integer division by zero on the device raises nothing, as CUDA's kernels do not check, and
+writes what the GPU writes.
 
 The CPU's integer division kernels (`div` with a rounding mode, `floor_divide`, `remainder`,
 `fmod`, and `//` and `%`) raise `RuntimeError: ZeroDivisionError` for a zero divisor; CUDA's
 (cuda/BinaryDivTruncKernel.cu, BinaryDivFloorKernel.cu, BinaryRemainderKernel.cu) compute `a / b`
 or `a % b` without a check (PyTorch #135330, #165650), so a runtime that divides by a per-request
 count which is zero for a padded slot runs on a GPU and raised on the emulated device, eagerly and
-in a replay. What CUDA writes where the divisor is zero is its build's: `c10::div_floor_integer`
-returns 0 from torch 2.13 on, the others leave it to the hardware (all bits set, on the GPUs
-PyTorch's own tests name); the emulated device writes 0. These rows check what holds on every
-build: no error, and the other elements' quotients; the `cuda_kind` rows show it on a GPU."""
+in a replay. Measured on an H100 (torch 2.11, dividends 7 and -7): 32-bit and narrower integers
+give all bits set for the quotient and the remainder (-1; 255 for uint8), int64 gives 4294967295
+for 7 (nvcc's 32-bit path) and -1 for -7; a floor division subtracts one more for a negative
+dividend (-2). From torch 2.13 on `c10::div_floor_integer` returns 0 for a zero divisor (its
+header, in the 2.13 and 2.14 wheels). int16 and int8 were not measured: C++ divides them as int,
+so they follow the 32-bit rule. The `cuda_kind` rows show it on a GPU."""
 
 from __future__ import annotations
 
 import pytest
 import torch
+from torch.torch_version import TorchVersion
+
+from harness.emulation import kernels
 
 DIVISIONS = {
     "floor_divide": lambda a, b: torch.floor_divide(a, b),
@@ -31,6 +37,64 @@ NONZERO = [1, 3]  # the elements whose divisor is not zero
 
 def _operands(divisors: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
     return (torch.tensor([7, -7, 5, 9], device="cuda"), torch.tensor(divisors, device="cuda"))
+
+
+FLOOR_CHECKS_ZERO = TorchVersion(torch.__version__) >= (2, 13)
+# CUDA's values for the dividends [7, -7] (uint8: [7, 7]) over a zero divisor, as an H100 wrote
+# them (torch 2.11); floor divisions from torch 2.13 on write 0.
+MEASURED = {
+    (torch.int64, "trunc"): [4294967295, -1], (torch.int64, "floor"): [4294967295, -2],
+    (torch.int64, "remainder"): [4294967295, -1], (torch.int64, "fmod"): [4294967295, -1],
+    (torch.int32, "trunc"): [-1, -1], (torch.int32, "floor"): [-1, -2],
+    (torch.int32, "remainder"): [-1, -1], (torch.int32, "fmod"): [-1, -1],
+    (torch.uint8, "trunc"): [255, 255], (torch.uint8, "floor"): [255, 255],
+    (torch.uint8, "remainder"): [255, 255], (torch.uint8, "fmod"): [255, 255],
+}
+# not measured: C++ promotes them to int, the 32-bit rule
+MEASURED.update({(dtype, op): MEASURED[torch.int32, op] for dtype in (torch.int16, torch.int8)
+                 for op in ("trunc", "floor", "remainder", "fmod")})
+BY_KIND = {
+    "trunc": lambda p, q: torch.div(p, q, rounding_mode="trunc"),
+    "floor": lambda p, q: p // q,
+    "remainder": lambda p, q: p % q,
+    "fmod": torch.fmod,
+}
+
+
+def _by_zero(dtype: torch.dtype, kind: str, floor_checks_zero: bool) -> list[int]:
+    return [0, 0] if kind == "floor" and floor_checks_zero else MEASURED[dtype, kind]
+
+
+def _dividends(dtype: torch.dtype) -> torch.Tensor:
+    return torch.tensor([7, 7] if dtype == torch.uint8 else [7, -7], device="cuda").to(dtype)
+
+
+@pytest.mark.parametrize("kind", sorted(BY_KIND))
+@pytest.mark.parametrize("dtype", [torch.int64, torch.int32, torch.uint8, torch.int16, torch.int8],
+                         ids=lambda d: str(d).removeprefix("torch."))
+def test_a_zero_divisor_gives_cudas_measured_values(cuda_kind, dtype, kind):
+    a = _dividends(dtype)
+    out = BY_KIND[kind](a, torch.zeros(2, dtype=dtype, device="cuda"))
+    torch.cuda.synchronize()
+    assert out.dtype == dtype and out.cpu().tolist() == _by_zero(dtype, kind, FLOOR_CHECKS_ZERO)
+
+
+@pytest.mark.parametrize("dtype", [torch.int64, torch.int32, torch.uint8], ids=["int64", "int32", "uint8"])
+def test_a_floor_division_without_the_zero_check_subtracts_one_for_a_negative_dividend(
+        cuda_device, monkeypatch, dtype):
+    """torch 2.11's `div_floor_integer` (what the H100 ran), on the emulated device of any torch."""
+    monkeypatch.setattr(kernels, "_FLOOR_CHECKS_ZERO", False)
+    a = _dividends(dtype)
+    for divide in (lambda p, q: p // q, lambda p, q: p.div(q, rounding_mode="floor"),
+                   lambda p, q: p.clone().floor_divide_(q)):
+        assert divide(a, torch.zeros(2, dtype=dtype, device="cuda")).tolist() == MEASURED[dtype, "floor"]
+
+
+def test_a_scalar_divisor_and_dividend_give_the_same_values(cuda_kind):
+    a = torch.tensor([7, -7], device="cuda")
+    assert (a % 0).cpu().tolist() == MEASURED[torch.int64, "remainder"]
+    assert torch.div(a, 0, rounding_mode="trunc").cpu().tolist() == MEASURED[torch.int64, "trunc"]
+    assert (-7 % torch.zeros(2, dtype=torch.int32, device="cuda")).cpu().tolist() == [-1, -1]
 
 
 @pytest.mark.parametrize("name", sorted(DIVISIONS))
@@ -66,8 +130,9 @@ def test_a_replay_meets_a_zero_divisor_written_after_the_capture(cuda_kind):
     b.copy_(torch.tensor([0, 2, 0, -2], device="cuda"))
     graph.replay()
     torch.cuda.synchronize()
-    assert quotient.cpu()[NONZERO].tolist() == [-4, -5]
-    assert remainder.cpu()[NONZERO].tolist() == [1, -1]
+    assert quotient.cpu().tolist() == [0 if FLOOR_CHECKS_ZERO else 4294967295, -4,
+                                       0 if FLOOR_CHECKS_ZERO else 4294967295, -5]
+    assert remainder.cpu().tolist() == [4294967295, 1, 4294967295, -1]
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.int64], ids=["float", "int64"])

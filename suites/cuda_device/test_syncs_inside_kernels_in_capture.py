@@ -17,7 +17,11 @@ capture): Copy.cu's refusal, which leaves the capture valid.
 many test elements (TensorCompare.cpp's heuristic) sorts after `_unique`, which reads the number of
 unique values on the host (PyTorch #130078), and `masked_fill` of a 0-dim device value passes it to
 its kernel with `value.item()` (Indexing.cu): both refused as a sync, where the emulated device
-captured them; with few test elements or assume_unique=True, or a host value, they are captured.
+captured them; with few test elements or a host value, they are captured. With many test elements
+and assume_unique=True isin marks the last sorted element with a host scalar copied to the device
+(`index_put_({-1}, invert)`), and `bincount` copies its input's minimum and maximum to the host
+(SummaryOps.cu, `self.min().cpu()`): Copy.cu's refusal, measured on an H100 (torch 2.11), where the
+emulated device captured the first and refused the second as a sync that invalidates the capture.
 So is `mode` of slices over 2048 values (TensorModeKernel.cpp: a thrust sort and count per slice,
 read on the host), where its fused kernel takes shorter slices on the device; `linspace` and
 `logspace` of device bounds and `index_fill` of a 0-dim device value (`.item()` inside their
@@ -26,8 +30,9 @@ kernels); and `x[mask] = value` of a device value, which CUDA does not turn into
 device captured all four. So is `segment_reduce` by device `lengths` (SegmentReduce.cpp checks them
 with `.item()` unless `unsafe=True`; by `offsets` it checks nothing), which the emulated device
 captured, and `to_sparse` of a dense tensor (SparseTensor.cpp counts the entries with `nonzero()`),
-whose capture the emulated device ended with a dense placeholder that its replay could not fill.
-The emulated
+whose capture the emulated device ended with a dense placeholder that its replay could not fill,
+and `searchsorted` given a device `sorter` (BucketizationUtils.h checks its range with `aminmax()`
+and `.item()`; measured on an H100, torch 2.11), which the emulated device captured. The emulated
 device captured the copying kernels (the read happens inside a kernel its dispatch never sees, and
 on host memory) and refused `ctc_loss` and the last as a sync that invalidates the capture (their
 tags say dynamic output shape). The `cuda_kind` rows show CUDA's own verdicts on a GPU; refused
@@ -74,6 +79,10 @@ REFUSED_AS_A_SYNC: dict[str, Op] = {
         lambda a, b: torch.segment_reduce(a, "sum", lengths=torch.full((2,), 2, device="cuda")),
     # SparseTensor.cpp's dense_to_sparse counts the entries with `nonzero()`
     "Tensor.to_sparse of a dense tensor": lambda a, b: a.to_sparse(),
+    # BucketizationUtils.h checks the sorter's range with `aminmax()` and `.item()`
+    "searchsorted with a device sorter":
+        lambda a, b: torch.searchsorted(b.mT[0].contiguous(), b.mT[1].contiguous(),
+                                        sorter=b.mT[0].argsort()),
 }
 CUSOLVER_FAILED = "cusolver error: CUSOLVER_STATUS_INTERNAL_ERROR, when calling `"
 # name: (an op, the cuSOLVER call CUDA names in its error inside a capture)
@@ -121,6 +130,11 @@ REFUSED_AS_A_PAGEABLE_COPY: dict[str, Op] = {
     "_grouped_mm of float32 operands": lambda a, b: torch._grouped_mm(
         a, torch.stack((a, a.mT)), offs=torch.full((2,), 2, dtype=torch.int32, device="cuda").cumsum(
             0, dtype=torch.int32)),
+    # SummaryOps.cu copies the values' minimum and maximum to the host (`self.min().cpu()`)
+    "bincount of device values": lambda a, b: torch.bincount(a.flatten().abs().long(), minlength=8),
+    # 16 test elements: isin sorts, and marks the last one with a host scalar copied to the device
+    "isin sorting many unique test elements":
+        lambda a, b: torch.isin(a.flatten(), a.flatten() + 1, assume_unique=True),
 }
 CAPTURED: dict[str, Op] = {
     "linalg.solve_ex": lambda a, b: torch.linalg.solve_ex(a, b)[0],
@@ -136,8 +150,6 @@ CAPTURED: dict[str, Op] = {
     "Tensor.repeat_interleave of repeats with output_size":
         lambda a, b: a.repeat_interleave(torch.full((4,), 2, device="cuda"), dim=0, output_size=8),
     "isin with few test elements": lambda a, b: torch.isin(a.flatten(), a[0] + 1),
-    "isin sorting many unique test elements":
-        lambda a, b: torch.isin(a.flatten(), a.flatten() + 1, assume_unique=True),
     "Tensor.masked_fill of a host value": lambda a, b: a.masked_fill(a > 4, _HOST_VALUE),
     "Tensor.masked_fill of a number": lambda a, b: a.masked_fill(a > 4, -1.0),
     "mode of slices of at most 2048 values":
@@ -148,6 +160,8 @@ CAPTURED: dict[str, Op] = {
     "boolean-mask assignment of a host value": lambda a, b: _assigned(a, _HOST_VALUE),
     "segment_reduce by offsets":
         lambda a, b: torch.segment_reduce(a, "max", offsets=torch.arange(0, 5, 2, device="cuda")),
+    "searchsorted of a sorted sequence":
+        lambda a, b: torch.searchsorted(b.mT[0].sort().values, b.mT[1].contiguous()),
     "segment_reduce by device lengths, unsafe=True":
         lambda a, b: torch.segment_reduce(a, "mean", lengths=torch.full((2,), 2, device="cuda"),
                                           unsafe=True),
@@ -244,6 +258,8 @@ def test_an_op_that_reads_nothing_on_the_host_is_captured_and_follows_new_operan
                                            ("repeat_interleave with output_size", False),
                                            ("isin sorting many test elements", True),
                                            ("isin with few test elements", False),
+                                           ("isin sorting many unique test elements", True),
+                                           ("bincount of device values", True),
                                            ("Tensor.masked_fill of a device value", True),
                                            ("Tensor.masked_fill of a host value", False),
                                            ("mode of a slice over 2048 values", True),
@@ -254,6 +270,8 @@ def test_an_op_that_reads_nothing_on_the_host_is_captured_and_follows_new_operan
                                            ("boolean-mask assignment of a host value", False),
                                            ("segment_reduce by device lengths", True),
                                            ("segment_reduce by offsets", False),
+                                           ("searchsorted with a device sorter", True),
+                                           ("searchsorted of a sorted sequence", False),
                                            ("Tensor.to_sparse of a dense tensor", True)])
 def test_the_sync_debug_mode_flags_the_reads_inside_kernels(cuda_kind, name, flagged):
     a, b = _operands(0)

@@ -91,8 +91,8 @@ def blocks_host(func, args: tuple, kwargs: dict, is_device: Callable[[torch.Tens
         return True
     if opinfo.reads_a_device_value(func, args, kwargs, is_device) is not None:
         return True  # masked_fill's `value.item()` inside CUDA's kernel
-    if opinfo.copies_to_host_inside(func):  # matrix_exp's norms, copied inside CUDA's kernel
-        return opinfo.kernel_host_copy(func, args, kwargs) is not None
+    if opinfo.copies_to_host_inside(func) and opinfo.kernel_host_copy(func, args, kwargs) is not None:
+        return True  # matrix_exp's norms, copied inside CUDA's kernel
     return _returns_host_value(func)  # `torch.equal`, `is_nonzero`: a value computed from the data
 
 

@@ -1,9 +1,9 @@
 """An index out of bounds inside a replayed kernel, in CUDA's words.
 
 CUDA's indexing kernels (index_copy_, index_select, index_add_, gather, scatter, embedding,
-advanced indexing, ...) check each index on the device with `CUDA_KERNEL_ASSERT`: a bad index fails
-the kernel, and the host learns it at its next CUDA call as `torch.AcceleratorError` "CUDA error:
-device-side assert triggered" (the context is unusable after it). A replay runs the cpu kernels,
+embedding_bag, advanced indexing, ...) check each index on the device with `CUDA_KERNEL_ASSERT`: a
+bad index fails the kernel, and the host learns it at its next CUDA call as `torch.AcceleratorError`
+"CUDA error: device-side assert triggered" (the context is unusable after it). A replay runs the cpu kernels,
 whose host-side check raises `IndexError` (`RuntimeError` for gather and scatter) with its own text
 at the op. Code written against CUDA catches the `AcceleratorError`, so a replay raises
 `DeviceAssertError` (one) with CUDA's message first, then the cpu kernel's words, the op and, when
@@ -26,18 +26,22 @@ DEVICE_ASSERT = "CUDA error: device-side assert triggered"
 # The cpu kernels' texts for an index value outside its dimension. Not "Dimension out of range":
 # that is a shape check CUDA makes on the host too, before any kernel runs. A class index outside
 # the classes of `nll_loss` (and `cross_entropy` through it) is one too: CUDA's LossNLL.cu and
-# LossNLL2d.cu kernels assert it on the device.
+# LossNLL2d.cu kernels assert it on the device. So does EmbeddingBag.cu for a bag's index, where
+# the cpu's EmbeddingBag.cpp checks it on the host (measured on an H100, torch 2.11).
 _INDEX_OUT_OF_BOUNDS = re.compile(r"index -?\d+ is out of bounds for dimension"
                                   r"|index out of range in self"
                                   r"|out of range: tried to access index"
-                                  r"|^Target -?\d+ is out of bounds\.")
+                                  r"|^Target -?\d+ is out of bounds\."
+                                  r"|^Index \d+ of input takes value -?\d+ which is not in the valid range"
+                                  r"|^embedding_bag: Expected idx >= 0 && idx < num_embeddings")
 
 # The aten ops whose CUDA kernels assert on an index, for naming the op of an untraced replay.
 _ASSERTING_OPS = ("index_copy_", "index_copy", "index_select", "index_add_", "index_add",
                   "index_fill_", "index_fill", "index_put_", "index_put", "_index_put_impl_",
                   "index", "gather", "scatter", "scatter_", "scatter_add", "scatter_add_",
                   "scatter_reduce", "scatter_reduce_", "embedding", "take", "put_",
-                  "nll_loss_forward", "nll_loss2d_forward")
+                  "nll_loss_forward", "nll_loss2d_forward", "_embedding_bag",
+                  "_embedding_bag_forward_only")
 
 
 class DeviceAssertError(torch.AcceleratorError):

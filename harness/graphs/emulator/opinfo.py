@@ -117,6 +117,8 @@ def sync_reason(func: torch_internals.OpOverload, args: tuple, kwargs: dict,
         return _solver_check_reason(packet, bind(func, args, kwargs))
     if packet in _CTC_LOSSES:
         return None  # tagged dynamic, but CUDA's kernel refuses first at its copy (copy_refusal)
+    if packet in _BINCOUNTS and bind(func, args, kwargs)["self"].numel():
+        return None  # tagged dynamic, but CUDA's kernel refuses first at its copy (copy_refusal)
     if packet is aten.repeat_interleave and bind(func, args, kwargs).get("output_size") is not None:
         return None  # the size given, CUDA's kernel reads no repeats on the host
     tags = func.tags
@@ -322,6 +324,22 @@ def _isin_reason(named: dict) -> str | None:
             f"`(elements.unsqueeze(-1) == test_elements).any(-1)`")
 
 
+def _isin_copy_reason(named: dict) -> str | None:
+    """Sorting with assume_unique=True, CUDA's isin (TensorCompare.cpp's isin_sorting) marks the
+    last sorted element with `duplicate_mask.index_put_({-1}, invert)`: a host scalar tensor copied
+    into device memory (`copy_` from pageable memory, which Copy.cu refuses in a capture; measured
+    on an H100, torch 2.11). Without assume_unique `_unique`'s sync comes first (`_isin_reason`)."""
+    elements = named.get("elements")
+    count = elements.numel() if isinstance(elements, torch.Tensor) else 1
+    tests = named["test_elements"].numel()
+    if count == 0 or not named.get("assume_unique") or tests < int(10.0 * count ** 0.145):
+        return None
+    return (f"with {tests} test elements against {count} elements CUDA's isin sorts, and marks the "
+            f"last sorted element by copying a host scalar tensor to the device (a copy from "
+            f"pageable memory; the direct comparison is taken below {int(10.0 * count ** 0.145)} "
+            f"test elements): compare `(elements.unsqueeze(-1) == test_elements).any(-1)`")
+
+
 # `mode` along a dimension (cuda/TensorModeKernel.cpp, as read on PyTorch's main branch): one block
 # per slice computes it on the device when the slice holds at most 2048 values (twice CUDA's 1024
 # threads a block) and 32-bit indexing reaches the input; otherwise `launch_apply_mode_kernel` loops
@@ -373,8 +391,14 @@ _RANGES_OF_TENSORS = frozenset(getattr(packet, name) for packet in (aten.linspac
 # nothing.
 _SEGMENT_REDUCES = frozenset(getattr(aten.segment_reduce, name) for name in ("default", "out")
                              if hasattr(aten.segment_reduce, name))
+# `searchsorted` given a `sorter` (BucketizationUtils.h's `searchsorted_pre_check`, shared by every
+# device) checks the sorter's range on the host: `sorter.aminmax()`, then `.item()` of each, a copy
+# to the host and a stream sync where the sorter is device memory (measured on an H100, torch 2.11:
+# "operation not permitted when stream is capturing"). Without a sorter it reads nothing.
+_SEARCHSORTEDS = frozenset(getattr(aten.searchsorted, name) for name in (
+    "Tensor", "Tensor_out", "Scalar", "Scalar_out") if hasattr(aten.searchsorted, name))
 _READS_A_VALUE = (_MASKED_FILLS_OF_A_TENSOR | _INDEX_FILLS_OF_A_TENSOR | _RANGES_OF_TENSORS
-                  | _SEGMENT_REDUCES)
+                  | _SEGMENT_REDUCES | _SEARCHSORTEDS)
 
 
 def reads_a_device_value(func: torch_internals.OpOverload, args: tuple, kwargs: dict,
@@ -404,6 +428,14 @@ def reads_a_device_value(func: torch_internals.OpOverload, args: tuple, kwargs: 
                 "(`lengths.min().item()`, then their sums against the data's size), copies to the "
                 "host and syncs; pass `offsets` (the lengths' cumulative sum from 0), which it does "
                 "not check, or `unsafe=True` once the lengths are known good")
+    if func in _SEARCHSORTEDS:
+        sorter = named.get("sorter")
+        if not isinstance(sorter, torch.Tensor) or sorter.numel() == 0 or not on_device(sorter):
+            return None
+        return ("CUDA's searchsorted checks its device `sorter` on the host (`sorter.aminmax()`, "
+                "then `.item()` of each), a copy to the host and a sync; gather the sorted "
+                "sequence once before capture (`sorted_sequence.gather(-1, sorter)`) and search it "
+                "without a sorter")
     value = named["value"]
     if not isinstance(value, torch.Tensor) or value.dim() != 0 or not on_device(value):
         return None
@@ -484,7 +516,8 @@ def copy_refusal(func: torch_internals.OpOverload, args: tuple, kwargs: dict,
                     f"capture")
     elif copies_to_host_inside(func):
         why = kernel_host_copy(func, args, kwargs)
-        first = func._schema.arguments[0].name  # `self`; `log_probs`, `grad` for the CTC losses
+        # `self`; `log_probs`, `grad` for the CTC losses; isin's elements may be a Scalar
+        first = "test_elements" if func in _ISINS else func._schema.arguments[0].name
         if why is not None and on_device(bind(func, args, kwargs)[first]):
             return cuda_errors.PAGEABLE_COPY, why
     elif func in _READS_A_VALUE:
@@ -518,8 +551,13 @@ _CTC_LOSSES = _packets("_ctc_loss", "_ctc_loss_backward")
 # Copy.cu's refusal in a capture before its info codes are read (measured on an H100, torch 2.11,
 # a 4x4 matrix; an 8x8 one raised a cuSOLVER status instead: docs/fidelity.md).
 _SVDS = _packets("_linalg_svd")
-_HOST_COPYING_KERNELS = (_packets("linalg_matrix_exp", "histc", "linalg_pinv", "_grouped_mm")
-                         | _CTC_LOSSES | _SVDS)
+# CUDA's bincount (SummaryOps.cu) of a non-empty input copies its minimum and maximum to pageable
+# host memory (`self.min().cpu()`, `self.max().cpu()`) to check the values and count the bins:
+# Copy.cu's refusal, the capture still valid (measured on an H100, torch 2.11). An empty input
+# takes `zeros(minlength)` without it. Its tag (dynamic_output_shape) would refuse it as a sync.
+_BINCOUNTS = _packets("bincount")
+_HOST_COPYING_KERNELS = (_packets("linalg_matrix_exp", "histc", "linalg_pinv", "_grouped_mm", "isin")
+                         | _CTC_LOSSES | _SVDS | _BINCOUNTS)
 
 
 def copies_to_host_inside(func: torch_internals.OpOverload) -> bool:
@@ -550,6 +588,15 @@ def kernel_host_copy(func: torch_internals.OpOverload, args: tuple, kwargs: dict
                 "norm); compute it before capture")
     if func is _GROUPED_MM:
         return _grouped_mm_reason(bind(func, args, kwargs))
+    if packet in _BINCOUNTS:
+        if bind(func, args, kwargs)["self"].numel() == 0:
+            return None
+        return ("CUDA's bincount copies the input's minimum and maximum to pageable host memory "
+                "(`self.min().cpu()`, `self.max().cpu()`) to check the values and size its output; "
+                "count with `zeros(n).scatter_add_(0, values, ones_like(values))` of a known `n` "
+                "instead")
+    if packet is aten.isin:
+        return _isin_copy_reason(bind(func, args, kwargs))
     if packet is aten.histc:
         named = bind(func, args, kwargs)
         if named["min"] != named["max"] or named["self"].numel() == 0:
