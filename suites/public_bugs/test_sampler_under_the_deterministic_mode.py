@@ -15,6 +15,7 @@ from __future__ import annotations
 import contextlib
 from typing import Iterator
 
+import pytest
 import torch
 
 SAMPLES = 4
@@ -66,19 +67,12 @@ def _within_top_p(logits: torch.Tensor, tokens: torch.Tensor) -> None:
         assert set(drawn.tolist()) <= set(allowed.tolist()), (drawn, allowed)
 
 
-def test_top_p_by_a_float_cumsum_samples_reproducibly_under_the_mode():
+@pytest.mark.parametrize("fixed", [False, True], ids=["float-cumsum-and-multinomial",
+                                                   "fixed-point-and-exponential-race"])
+def test_both_samplers_repeat_from_a_seed_within_top_p_under_the_mode(fixed):
     logits = _logits()
     with _reproducible_mode():
-        first = sample(logits, torch.Generator("cuda").manual_seed(7), fixed=False)
-        second = sample(logits, torch.Generator("cuda").manual_seed(7), fixed=False)
-    assert first.shape == (3, SAMPLES) and torch.equal(first, second)
-    _within_top_p(logits, first)
-
-
-def test_fixed_point_mass_and_exponential_race_sample_reproducibly_within_top_p():
-    logits = _logits()
-    with _reproducible_mode():
-        first = sample(logits, torch.Generator("cuda").manual_seed(7), fixed=True)
-        second = sample(logits, torch.Generator("cuda").manual_seed(7), fixed=True)
+        first = sample(logits, torch.Generator("cuda").manual_seed(7), fixed=fixed)
+        second = sample(logits, torch.Generator("cuda").manual_seed(7), fixed=fixed)
     assert first.shape == (3, SAMPLES) and torch.equal(first, second)
     _within_top_p(logits, first)
