@@ -24,3 +24,11 @@ def test_transformers_llama_decode_step_replays_equal_to_eager():
     # measure() raises unless the first replay equals eager bit for bit.
     timing = emulator.measure("transformers Llama decode step", batch=2, iters=1, warmup=0)
     assert timing.ops > 100
+
+
+def test_the_last_line_names_each_miss_with_its_own_target():
+    line = emulator.verdict([("Llama (adversarial eager)", 7.71, 5.0),
+                             ("Llama (tracked eager)", 5.58, 2.0)])
+    assert line == ("targets missed: Llama (adversarial eager) 7.71x > 5.00x; "
+                    "Llama (tracked eager) 5.58x > 2.00x")
+    assert emulator.verdict([]) == "every target met"
