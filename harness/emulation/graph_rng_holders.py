@@ -58,7 +58,7 @@ def _signed(value: int) -> int:
     return value - _INT64 if value >= _INT64 >> 1 else value
 
 
-def _made_pair(device: torch.device) -> tuple:
+def made_pair(device: torch.device) -> tuple:
     """`at::empty({1}, kLong on device)` twice, dispatched: on the current stream."""
     return tuple(torch.empty(1, dtype=torch.int64, device=device) for _ in range(2))
 
@@ -81,8 +81,10 @@ class GraphRngHolders:
 
     def __init__(self, hidden_pair: Callable[[torch.device], tuple],
                  default_stream: Callable[[torch.device], Any],
-                 untracked: Callable[[], ContextManager]) -> None:
+                 untracked: Callable[[], ContextManager],
+                 made_pair: Callable[[torch.device], tuple] = made_pair) -> None:
         self._hidden_pair = hidden_pair
+        self._made_pair = made_pair
         self._default_stream = default_stream
         self._untracked = untracked
         # up to torch 2.11: state key -> (registered graph keys, pair)
@@ -101,7 +103,7 @@ class GraphRngHolders:
             return
         graphs, pair = self._per_state.get(state.key, (set(), ()))
         if not graphs:
-            pair = _normal_pair(_made_pair, state.device)
+            pair = _normal_pair(self._made_pair, state.device)
         graphs.add(graph)
         self._per_state[state.key] = (graphs, pair)
 
@@ -125,7 +127,7 @@ class GraphRngHolders:
         for state in states:
             if state.key not in pairs:
                 with torch.cuda.stream(self._default_stream(state.device)):
-                    pairs[state.key] = _normal_pair(_made_pair, state.device)
+                    pairs[state.key] = _normal_pair(self._made_pair, state.device)
 
     def drew(self, graph: int, state: HolderState) -> None:
         """A random op of graph `graph`'s capture drew from `state`: its replays fill the state's

@@ -44,7 +44,7 @@ from harness.emulation.capture_frees import CaptureFrees
 from harness.emulation.cuda_streams import CaptureQueues
 from harness.emulation.compiled_trees import TreeGenerations, trees_missing_pieces
 from harness.emulation.device_memory import DeviceMemory
-from harness.emulation.graph_rng_holders import GraphRngHolders, HolderState
+from harness.emulation.graph_rng_holders import GraphRngHolders, HolderState, made_pair
 from harness.emulation.fft_plans import PlanCaches
 from harness.emulation.observers import Observed
 from harness.emulation.pool_handles import PoolHandles, RetainedPool
@@ -101,7 +101,7 @@ class DeviceState(Observed):
         self.draws = Draws(self.default_generators, properties.multi_processor_count)
         # The generators' seed and offset holders of graphs (graph_rng_holders.py)
         self.rng_holders = GraphRngHolders(self._hidden_holder_pair, self.streams.default,
-                                           self.untracked)
+                                           self.untracked, self._made_holder_pair)
         self.reporter = None  # (op, message) -> None while the capture lint runs
         self.initialized = False
         self.kind = "cpu"
@@ -225,6 +225,16 @@ class DeviceState(Observed):
                 if hook is not None:
                     stack.enter_context(hook())
             yield
+
+    def _made_holder_pair(self, device: torch.device) -> tuple:
+        """The holders as CUDA makes them, dispatched (a user's modes see the two `empty` calls),
+        through the placement mode: entered again where it is off, as it is while a compiled
+        graph's code runs (a capture begun inside a backend's compiled callable)."""
+        placement = self.placement
+        if placement is None or placement in torch_internals.get_current_function_mode_stack():
+            return made_pair(device)
+        with placement:
+            return made_pair(device)
 
     def _hidden_holder_pair(self, device: torch.device) -> tuple:
         """Two one-element int64 device tensors allocated on `device`'s default stream, made
