@@ -30,7 +30,7 @@ from harness.emulation.tracking.deferral import defer
 from harness.emulation.tracking.names import ShapeLabels, label_of, storage_key
 from harness.emulation.tracking.op_plans import OpPlans
 from harness.emulation.tracking.queued_holds import QueuedHolds
-from harness.emulation.tracking.queued_shapes import ResultShapes, map_tensors
+from harness.emulation.tracking.queued_shapes import ResultShapes, flat_tensors, map_tensors
 from harness.emulation.tracking.races import Access, RaceError
 from harness.emulation.tracking.schedule import Schedule
 from harness.emulation.tracking.tracker import StreamTracker
@@ -347,18 +347,16 @@ class StreamWork(TorchDispatchMode):
         """A queued op keeps its fresh results' memory to write it when it runs: that use is the
         queue's, not the caller's, so a caller's drop judged meanwhile (`check_drops`) counts it
         among the queued aliases. `release` extended to forget them once the op ran."""
-        keys = [t.untyped_storage().data_ptr() for t in tensors_of(
-            (out,) if isinstance(out, torch.Tensor) else out if isinstance(out, (list, tuple))
-            else ()) if t.numel()]
+        keys = [t.untyped_storage().data_ptr() for t in flat_tensors(out) if t.numel()]
         if not keys:
             return release
         for key in keys:
             self.holds.alias(key)
+        forget_results = self._release(keys)
 
         def release_all() -> None:
             release()
-            self.holds.release_aliases(keys)
-            keys.clear()
+            forget_results()
 
         return release_all
 
