@@ -29,6 +29,8 @@ DEVICE_SETTINGS = (
     ("--cuda-schedule", "cuda_schedule", "cuda_schedule", "schedule"),
     ("--cuda-races", "cuda_races", "cuda_races", "races"),
 )
+# The settings the graph sanitizer (--emulate-cuda on a GPU) takes too: emulate_cuda(races=).
+SANITIZER_SETTINGS = ("--cuda-races",)
 
 
 def add_options(parser: pytest.Parser) -> None:
@@ -184,18 +186,21 @@ def device_choice(config: pytest.Config) -> DeviceChoice | None:
 
 
 def for_a_real_gpu(choice: DeviceChoice, config: pytest.Config) -> DeviceChoice:
-    """On a machine with CUDA, --emulate-cuda is the graph sanitizer: the emulated device's settings
-    do not apply. Given on the command line they are refused; set in the ini (a project's CPU
-    defaults) they are left out and named in the session header."""
-    if choice.from_command_line:
-        option = choice.from_command_line[0]
+    """On a machine with CUDA, --emulate-cuda is the graph sanitizer: of the emulated device's
+    settings only the races mode applies there (it decides what a replay that reads memory CUDA
+    reads silently does). The others, given on the command line, are refused; set in the ini (a
+    project's CPU defaults) they are left out and named in the session header."""
+    refused = [option for option in choice.from_command_line if option not in SANITIZER_SETTINGS]
+    if refused:
+        option = refused[0]
         raise pytest.UsageError(
             f"{option} {config.getoption(_dest(option))}: this machine has CUDA, so --emulate-cuda "
             f"runs the graph sanitizer on the real GPU, whose streams, races and memory are its "
             f"own; drop {option} (it applies to the emulated device on a machine without CUDA)")
-    ignored = tuple(f"{ini} = {config.getini(ini)}" for _, _, ini, _ in DEVICE_SETTINGS
-                    if config.getini(ini))
-    return DeviceChoice(EmulatedDevice(), (), ignored)
+    ignored = tuple(f"{ini} = {config.getini(ini)}" for option, _, ini, _ in DEVICE_SETTINGS
+                    if option not in SANITIZER_SETTINGS and config.getini(ini))
+    kept = tuple(option for option in choice.from_command_line if option in SANITIZER_SETTINGS)
+    return DeviceChoice(EmulatedDevice(races=choice.device.races), kept, ignored)
 
 
 def _dest(option: str) -> str:

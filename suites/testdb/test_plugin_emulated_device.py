@@ -117,3 +117,37 @@ def test_on_a_gpu_the_emulated_device_options_are_refused(project):
     assert proc.stderr.strip().startswith(
         "ERROR: --cuda-schedule adversarial: this machine has CUDA, so --emulate-cuda runs the graph "
         "sanitizer on the real GPU"), proc.stderr
+
+
+SEES_A_GPU_AND_RECORDS_THE_EMULATION = '''
+import json, os
+import torch
+import harness
+
+torch.cuda.is_available = lambda: True
+
+
+def recorded(**kwargs):  # stands in for the graph sanitizer, which needs a real GPU
+    with open(os.environ["DEVICE_REPORT"], "w") as out:
+        json.dump(kwargs, out)
+    raise SystemExit("recorded")
+
+
+harness.emulate_cuda = recorded
+'''
+
+
+@pytest.mark.parametrize("source", ["command line", "ini"])
+def test_on_a_gpu_the_races_mode_reaches_the_graph_sanitizer(project, source):
+    # PyTorch's test_graph_three_successive asserts the values CUDA reads from pool memory another
+    # graph overwrote: its runs under the sanitizer need races=report (scripts/pytorch_graph_tests.sh).
+    (project / "conftest.py").write_text(SEES_A_GPU_AND_RECORDS_THE_EMULATION)
+    if source == "ini":
+        (project / "pytest.ini").write_text("[pytest]\ncuda_races = report\ncuda_schedule = adversarial\n")
+        args = ("--emulate-cuda",)
+    else:
+        args = ("--emulate-cuda", "--cuda-races", "report")
+    proc = run_pytest(project, *args)
+    assert (project / "device.json").exists(), proc.stdout + proc.stderr
+    entered = json.loads((project / "device.json").read_text())
+    assert entered["races"] == "report" and entered["schedule"] == "issue_order", entered
