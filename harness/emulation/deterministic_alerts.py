@@ -70,6 +70,12 @@ def _always(caller: str) -> Callable[[dict], str | None]:
     return lambda named: caller
 
 
+def _histc(named: dict) -> str | None:
+    """Only floating input alerts: CUDA's integer histogram counts exactly (its atomics add
+    integers)."""
+    return "_histc_cuda with floating point input" if named["self"].is_floating_point() else None
+
+
 def _bincount(named: dict) -> str | None:
     return "_bincount_cuda" if named.get("weights") is not None else None
 
@@ -96,7 +102,7 @@ def _packets(names: dict[str, Callable[[dict], str | None]]) -> dict:
 
 
 _ALERTS: dict = _packets({
-    "histc": _always("_histc_cuda"),
+    "histc": _histc,
     "bincount": _bincount,
     "median": lambda named: "median CUDA with indices output" if "dim" in named else None,
     "nanmedian": lambda named: "median CUDA with indices output" if "dim" in named else None,

@@ -148,7 +148,15 @@ def test_a_device_context_compiles_in_a_fullgraph(cuda_kind, context):
     fn = _sine_under(found)
     x = torch.randn(2, 2, device="cuda")
     torch._dynamo.reset()
-    assert torch.allclose(torch.compile(fn, backend="eager", fullgraph=True)(x), fn(x))
+    compiled = torch.compile(fn, backend="eager", fullgraph=True)
+    contexts = torch._dynamo.variables.ctx_manager
+    if owner == "torch.accelerator" and not hasattr(contexts, "AcceleratorDeviceIndexVariable"):
+        # torch 2.11's dynamo has no variable for it and skips the module, so a fullgraph compile
+        # fails on CUDA too (H100, torch 2.11.0+cu130); later releases trace it.
+        with pytest.raises(torch._dynamo.exc.Unsupported, match="inline function marked as skipped"):
+            compiled(x)
+        return
+    assert torch.allclose(compiled(x), fn(x))
     assert torch.cuda.current_device() == 0
 
 

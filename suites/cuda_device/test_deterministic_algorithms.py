@@ -44,7 +44,7 @@ def _ids(x: torch.Tensor) -> torch.Tensor:
 
 # name: (the caller CUDA's alert names, the call on a 4x16 float input `x`)
 ALERTED: dict[str, tuple[str, Call]] = {
-    "histc": ("_histc_cuda", lambda x: torch.histc(x, 4, -1, 1)),
+    "histc": ("_histc_cuda with floating point input", lambda x: torch.histc(x, 4, -1, 1)),
     "bincount with weights": ("_bincount_cuda", lambda x: torch.bincount(_ids(x), x.flatten())),
     "median along a dimension": ("median CUDA with indices output", lambda x: torch.median(x, 1)),
     "nanmedian along a dimension":
@@ -80,6 +80,7 @@ QUIET: dict[str, Call] = {
     "replicate padding's backward": _backward(
         lambda x: F.pad(x.view(1, 4, 16), (2, 2), mode="replicate")),
     "cumsum of integers": lambda x: torch.cumsum(_ids(x), 0),
+    "histc of integers": lambda x: torch.histc(_ids(x), 4, 0, 8),  # integer atomics are exact
     "multinomial of 1 sample with replacement":
         lambda x: torch.multinomial(x.softmax(1), 1, replacement=True),
     "multinomial without replacement": lambda x: torch.multinomial(x.softmax(1), 3),

@@ -58,9 +58,15 @@ def _capture_while_offloading(mode: str):
     torch.cuda.synchronize()
     graph = torch.cuda.CUDAGraph()
     caller_stream = torch.cuda.current_stream()
+    # torch.cuda.Stream() hands out a pool of 32 streams round-robin: in a long process the
+    # daemon's can be the very stream torch.cuda.graph captures on, whose synchronize every mode
+    # refuses (seen once on an H100). The bug is the unsafe call from another stream.
+    capture_stream = torch.cuda.Stream()
+    while capture_stream == daemon.stream:
+        capture_stream = torch.cuda.Stream()
     ended = None
     try:
-        with torch.cuda.graph(graph, capture_error_mode=mode):
+        with torch.cuda.graph(graph, stream=capture_stream, capture_error_mode=mode):
             out.copy_(hidden * 2)
             daemon.offload_now()
             out.add_(1)
