@@ -4,8 +4,9 @@ Device tensors are cpu tensors, so CUDA's autocast dispatch key never fires for 
 mode asks `cast(...)` instead, for each torch call made while autocast is enabled on "cuda". The
 lists are CUDA's (aten/src/ATen/autocast_mode.cpp, by their torch-level names): ops that run in the
 autocast dtype, ops that run in float32, ops that run in float32 unless given a dtype, and ops that
-run in the widest dtype of their inputs. As on CUDA only device tensors are cast, float64 never to
-the lower precision, and a float32 leaf that requires grad (a weight) is cast once per outermost
+run in the widest dtype of their inputs; and the RNNs cuDNN runs, cast to float16 whatever the
+autocast dtype (`_cudnn_rnn`'s own autocast kernel, aten/src/ATen/cudnn/AutocastRNN.cpp). As on
+CUDA only device tensors are cast, float64 never to the lower precision, and a float32 leaf that requires grad (a weight) is cast once per outermost
 autocast region while `cache_enabled`: the cached copy is what later calls read, until the region
 exits (`torch.clear_autocast_cache()`).
 """
@@ -62,7 +63,12 @@ _WIDEST = frozenset({
     Tensor.vdot, torch.grid_sampler, F.grid_sample, torch.index_put, Tensor.index_put,
     torch.scatter_add, Tensor.scatter_add, torch.tensordot, torch.stack, torch.cat, torch.concat,
 })
-AUTOCAST_OPS = _LOWER_PRECISION | _FLOAT32 | _FLOAT32_UNLESS_DTYPE | _WIDEST
+# The RNNs (torch._VF's, what nn.LSTM, nn.GRU and nn.RNN call) that CUDA hands to cuDNN for an
+# input cuDNN accepts (RNN.cpp's use_cudnn): autocast meets them at `_cudnn_rnn`, whose kernel casts
+# the input, the hidden states and the weights to float16, not to the autocast dtype.
+_CUDNN_RNN = frozenset(getattr(torch_internals.packed_rnn_calls, name)
+                       for name in ("lstm", "gru", "rnn_tanh", "rnn_relu"))
+AUTOCAST_OPS = _LOWER_PRECISION | _FLOAT32 | _FLOAT32_UNLESS_DTYPE | _WIDEST | _CUDNN_RNN
 _REDUCED = (torch.float16, torch.bfloat16)
 
 
@@ -99,6 +105,8 @@ def clearing_cache_too(cache: WeightCastCache, original):
 def cast(func, args: tuple, kwargs: dict, is_device: Callable[[Any], bool],
          to: Callable[[Tensor, torch.dtype], Tensor], cache: WeightCastCache) -> tuple[tuple, dict]:
     """`args`, `kwargs` with their device tensors cast as CUDA's autocast casts them for `func`."""
+    if func in _CUDNN_RNN:
+        return _cudnn_rnn_cast(args, kwargs, is_device, to, cache)
     if func in _LOWER_PRECISION:
         dtype = torch.get_autocast_dtype("cuda")
         caching = torch.is_autocast_cache_enabled()
@@ -129,6 +137,46 @@ def cast(func, args: tuple, kwargs: dict, is_device: Callable[[Any], bool],
             return t
         return _map(promote, args, kwargs)
     return args, kwargs
+
+
+def _cudnn_rnn_cast(args: tuple, kwargs: dict, is_device: Callable[[Any], bool],
+                    to: Callable[[Tensor, torch.dtype], Tensor],
+                    cache: WeightCastCache) -> tuple[tuple, dict]:
+    """An RNN's arguments as `_cudnn_rnn`'s autocast kernel casts them, where CUDA takes the
+    cuDNN path: the user has not switched cuDNN off and the input (the packed data for a packed
+    sequence) is a non-empty device tensor of float64, float32 or float16 (cudnn_is_acceptable).
+    Each device floating tensor but float64 becomes float16: the input and hidden states through
+    autocast's cached cast (cached only where float16 is the autocast dtype), the weights as one
+    uncached copy per call (copy_weights_to_flat_buf_views). Elsewhere CUDA runs its own RNN
+    kernels uncast."""
+    data = args[0] if args else None
+    if not (isinstance(data, Tensor) and is_device(data) and torch.backends.cudnn.enabled
+            and data.dtype in (torch.float64, torch.float32, torch.float16) and data.numel()):
+        return args, kwargs
+    half = torch.float16
+    caching = torch.is_autocast_cache_enabled() and torch.get_autocast_dtype("cuda") == half
+
+    def eligible(t: Tensor) -> bool:
+        return t.is_floating_point() and t.dtype not in (half, torch.float64) and is_device(t)
+
+    def cached_to_half(t: Tensor) -> Tensor:
+        if not eligible(t):
+            return t
+        if caching and t.dtype == torch.float32 and t.requires_grad and t.is_leaf \
+                and t._base is None:
+            return cache.get(t, half, lambda w: to(w, half))
+        return to(t, half)
+
+    # the weights are the last list of tensors (an LSTM's hidden states, a pair, come before)
+    at = next((i for i in reversed(range(len(args))) if type(args[i]) in (list, tuple)), None)
+    if at is None:
+        return _map(cached_to_half, args, kwargs)
+    weights = args[at]
+    if weights and eligible(weights[0]):
+        weights = type(weights)(to(w, half) if isinstance(w, Tensor) else w for w in weights)
+    before, kwargs = _map(cached_to_half, args[:at], kwargs)
+    after, _ = _map(cached_to_half, args[at + 1:], {})
+    return (*before, weights, *after), kwargs
 
 
 def _tensors(args, kwargs):

@@ -101,3 +101,63 @@ def _chain(error):
     while error is not None:
         yield error
         error = error.__cause__ or error.__context__
+
+
+def _rnn(cls: type, **options) -> torch.nn.Module:
+    torch.manual_seed(0)
+    return cls(5, 6, num_layers=2, **options).cuda()
+
+
+@pytest.mark.parametrize("cls", [torch.nn.LSTM, torch.nn.GRU, torch.nn.RNN])
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_an_rnn_on_cudnns_path_runs_in_float16_whatever_the_autocast_dtype(cuda_kind, cls, dtype):
+    # `_cudnn_rnn`'s autocast kernel casts input, states and weights to float16, bfloat16 or not
+    rnn = _rnn(cls, bidirectional=True)
+    x = torch.randn(3, 4, 5, device="cuda")
+    with torch.backends.cudnn.flags(enabled=True, deterministic=True), \
+            torch.autocast("cuda", dtype=dtype):
+        out, state = rnn(x)
+    states = state if isinstance(state, tuple) else (state,)
+    assert out.dtype == torch.float16 and all(s.dtype == torch.float16 for s in states)
+    with torch.backends.cudnn.flags(enabled=True, deterministic=True):
+        control, _ = _rnn(cls, bidirectional=True).half()(x.half())
+    torch.testing.assert_close(out, control)
+    out.float().sum().backward()
+    assert all(p.grad.dtype == torch.float32 for p in rnn.parameters())
+
+
+def test_a_packed_sequence_on_cudnns_path_runs_in_float16(cuda_kind):
+    rnn = _rnn(torch.nn.LSTM)
+    packed = torch.nn.utils.rnn.pack_padded_sequence(
+        torch.randn(3, 4, 5, device="cuda"), torch.tensor([3, 2, 1, 3]), enforce_sorted=False)
+    with torch.autocast("cuda"):
+        out, (h, c) = rnn(packed)
+    assert out.data.dtype == h.dtype == c.dtype == torch.float16
+
+
+def test_a_captured_rnn_step_under_autocast_replays_in_float16(cuda_kind):
+    # a transducer's prediction network (one LSTM step per emitted label) graphed under autocast
+    rnn = _rnn(torch.nn.LSTM)
+    token = torch.randn(1, 4, 5, device="cuda")
+    state = tuple(torch.zeros(2, 4, 6, device="cuda") for _ in range(2))
+    out = torch.zeros(1, 4, 6, dtype=torch.float16, device="cuda")
+
+    def step():
+        with torch.autocast("cuda", cache_enabled=False):
+            y, _ = rnn(token, state)
+        out.copy_(y)
+
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        step()
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        step()
+    token.copy_(torch.randn(1, 4, 5, device="cuda"))
+    graph.replay()
+    with torch.autocast("cuda"):
+        eager, _ = rnn(token, state)
+    assert out.dtype == eager.dtype == torch.float16
+    torch.testing.assert_close(out, eager)
