@@ -4,7 +4,7 @@ Device tensors are cpu tensors, so CUDA's autocast dispatch key never fires for 
 mode asks `cast(...)` instead, for each torch call made while autocast is enabled on "cuda". The
 lists are CUDA's (aten/src/ATen/autocast_mode.cpp, by their torch-level names): ops that run in the
 autocast dtype, ops that run in float32, ops that run in float32 unless given a dtype, and ops that
-run in the widest dtype of their inputs; and the RNNs cuDNN runs, cast to float16 whatever the
+run in the widest dtype of their inputs; and the RNNs, which cuDNN runs in float16 whatever the
 autocast dtype (`_cudnn_rnn`'s own autocast kernel, aten/src/ATen/cudnn/AutocastRNN.cpp). As on
 CUDA only device tensors are cast, float64 never to the lower precision, and a float32 leaf that requires grad (a weight) is cast once per outermost
 autocast region while `cache_enabled`: the cached copy is what later calls read, until the region
@@ -63,12 +63,11 @@ _WIDEST = frozenset({
     Tensor.vdot, torch.grid_sampler, F.grid_sample, torch.index_put, Tensor.index_put,
     torch.scatter_add, Tensor.scatter_add, torch.tensordot, torch.stack, torch.cat, torch.concat,
 })
-# The RNNs (torch._VF's, what nn.LSTM, nn.GRU and nn.RNN call) that CUDA hands to cuDNN for an
-# input cuDNN accepts (RNN.cpp's use_cudnn): autocast meets them at `_cudnn_rnn`, whose kernel casts
-# the input, the hidden states and the weights to float16, not to the autocast dtype.
-_CUDNN_RNN = frozenset(getattr(torch_internals.packed_rnn_calls, name)
+# The RNNs (torch._VF's, what nn.LSTM, nn.GRU and nn.RNN call): not on CUDA's lists themselves,
+# autocast meets what they run, `_cudnn_rnn` or `linear` and the fused cells (see _rnn_cast).
+_RNN = frozenset(getattr(torch_internals.packed_rnn_calls, name)
                        for name in ("lstm", "gru", "rnn_tanh", "rnn_relu"))
-AUTOCAST_OPS = _LOWER_PRECISION | _FLOAT32 | _FLOAT32_UNLESS_DTYPE | _WIDEST | _CUDNN_RNN
+AUTOCAST_OPS = _LOWER_PRECISION | _FLOAT32 | _FLOAT32_UNLESS_DTYPE | _WIDEST | _RNN
 _REDUCED = (torch.float16, torch.bfloat16)
 
 
@@ -105,8 +104,8 @@ def clearing_cache_too(cache: WeightCastCache, original):
 def cast(func, args: tuple, kwargs: dict, is_device: Callable[[Any], bool],
          to: Callable[[Tensor, torch.dtype], Tensor], cache: WeightCastCache) -> tuple[tuple, dict]:
     """`args`, `kwargs` with their device tensors cast as CUDA's autocast casts them for `func`."""
-    if func in _CUDNN_RNN:
-        return _cudnn_rnn_cast(args, kwargs, is_device, to, cache)
+    if func in _RNN:
+        return _rnn_cast(args, kwargs, is_device, to, cache)
     if func in _LOWER_PRECISION:
         dtype = torch.get_autocast_dtype("cuda")
         caching = torch.is_autocast_cache_enabled()
@@ -139,43 +138,47 @@ def cast(func, args: tuple, kwargs: dict, is_device: Callable[[Any], bool],
     return args, kwargs
 
 
-def _cudnn_rnn_cast(args: tuple, kwargs: dict, is_device: Callable[[Any], bool],
-                    to: Callable[[Tensor, torch.dtype], Tensor],
-                    cache: WeightCastCache) -> tuple[tuple, dict]:
-    """An RNN's arguments as `_cudnn_rnn`'s autocast kernel casts them, where CUDA takes the
-    cuDNN path: the user has not switched cuDNN off and the input (the packed data for a packed
-    sequence) is a non-empty device tensor of float64, float32 or float16 (cudnn_is_acceptable).
-    Each device floating tensor but float64 becomes float16: the input and hidden states through
-    autocast's cached cast (cached only where float16 is the autocast dtype), the weights as one
-    uncached copy per call (copy_weights_to_flat_buf_views). Elsewhere CUDA runs its own RNN
-    kernels uncast."""
+def _rnn_cast(args: tuple, kwargs: dict, is_device: Callable[[Any], bool],
+              to: Callable[[Tensor, torch.dtype], Tensor],
+              cache: WeightCastCache) -> tuple[tuple, dict]:
+    """An RNN's arguments as CUDA's autocast casts them. Where CUDA takes the cuDNN path (RNN.cpp's
+    use_cudnn: cuDNN not switched off by the user, the input, or a packed sequence's data, a
+    non-empty device tensor of float64, float32 or float16, or of bfloat16 on compute capability
+    8.0 and later: CUDAHooks::supportsBFloat16RNNWithCuDNN) `_cudnn_rnn`'s autocast kernel casts
+    the input and hidden states (autocast's cached cast, cached only where float16 is the autocast
+    dtype) and the weights (one uncached copy per call, copy_weights_to_flat_buf_views) to
+    float16. Elsewhere CUDA's own RNN runs its cells through `linear` and the fused cell kernels,
+    each cast to the autocast dtype, so the result is in that dtype: the arguments are cast to it
+    as `linear` casts them, weights through the cache. Float64 is never cast."""
     data = args[0] if args else None
-    if not (isinstance(data, Tensor) and is_device(data) and torch.backends.cudnn.enabled
-            and data.dtype in (torch.float64, torch.float32, torch.float16) and data.numel()):
+    if not (isinstance(data, Tensor) and is_device(data)):
         return args, kwargs
-    half = torch.float16
-    caching = torch.is_autocast_cache_enabled() and torch.get_autocast_dtype("cuda") == half
+    cudnn_path = torch.backends.cudnn.enabled and data.numel() > 0 and (
+        data.dtype in (torch.float64, torch.float32, torch.float16)
+        or data.dtype == torch.bfloat16 and torch.cuda.get_device_capability()[0] > 7)
+    dtype = torch.float16 if cudnn_path else torch.get_autocast_dtype("cuda")
+    caching = torch.is_autocast_cache_enabled() and torch.get_autocast_dtype("cuda") == dtype
 
     def eligible(t: Tensor) -> bool:
-        return t.is_floating_point() and t.dtype not in (half, torch.float64) and is_device(t)
+        return t.is_floating_point() and t.dtype not in (dtype, torch.float64) and is_device(t)
 
-    def cached_to_half(t: Tensor) -> Tensor:
+    def cached_cast(t: Tensor) -> Tensor:
         if not eligible(t):
             return t
         if caching and t.dtype == torch.float32 and t.requires_grad and t.is_leaf \
                 and t._base is None:
-            return cache.get(t, half, lambda w: to(w, half))
-        return to(t, half)
+            return cache.get(t, dtype, lambda w: to(w, dtype))
+        return to(t, dtype)
 
     # the weights are the last list of tensors (an LSTM's hidden states, a pair, come before)
     at = next((i for i in reversed(range(len(args))) if type(args[i]) in (list, tuple)), None)
-    if at is None:
-        return _map(cached_to_half, args, kwargs)
+    if at is None or not cudnn_path:
+        return _map(cached_cast, args, kwargs)
     weights = args[at]
     if weights and eligible(weights[0]):
-        weights = type(weights)(to(w, half) if isinstance(w, Tensor) else w for w in weights)
-    before, kwargs = _map(cached_to_half, args[:at], kwargs)
-    after, _ = _map(cached_to_half, args[at + 1:], {})
+        weights = type(weights)(to(w, dtype) if isinstance(w, Tensor) else w for w in weights)
+    before, kwargs = _map(cached_cast, args[:at], kwargs)
+    after, _ = _map(cached_cast, args[at + 1:], {})
     return (*before, weights, *after), kwargs
 
 

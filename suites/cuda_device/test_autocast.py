@@ -161,3 +161,23 @@ def test_a_captured_rnn_step_under_autocast_replays_in_float16(cuda_kind):
         eager, _ = rnn(token, state)
     assert out.dtype == eager.dtype == torch.float16
     torch.testing.assert_close(out, eager)
+
+
+@pytest.mark.parametrize("cls", [torch.nn.LSTM, torch.nn.GRU])
+def test_an_rnn_off_cudnns_path_runs_in_the_autocast_dtype(cuda_kind, cls):
+    # with cuDNN switched off CUDA's own RNN runs its cells through `linear` and the fused cell
+    # kernels, each autocast
+    rnn = _rnn(cls)
+    x = torch.randn(3, 4, 5, device="cuda")
+    with torch.backends.cudnn.flags(enabled=False), torch.autocast("cuda", dtype=torch.bfloat16):
+        out, _ = rnn(x)
+    assert out.dtype == torch.bfloat16
+
+
+def test_a_bfloat16_input_takes_cudnns_path_and_float16_on_an_ampere_or_later(cuda_kind):
+    if torch.cuda.get_device_capability()[0] < 8:
+        pytest.skip("cuDNN runs bfloat16 RNNs from compute capability 8.0 on")
+    rnn = _rnn(torch.nn.LSTM)
+    with torch.autocast("cuda", dtype=torch.bfloat16):
+        out, _ = rnn(torch.randn(3, 4, 5, device="cuda", dtype=torch.bfloat16))
+    assert out.dtype == torch.float16
