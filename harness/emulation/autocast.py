@@ -50,13 +50,30 @@ _FLOAT32 = frozenset({
     F.binary_cross_entropy_with_logits, torch.binary_cross_entropy_with_logits, torch.dist,
     Tensor.dist, torch.pdist, torch.cdist, torch.renorm, Tensor.renorm, torch.logsumexp,
     Tensor.logsumexp, F.cross_entropy,
+    # CompositeImplicitAutograd on CUDA: what they run inside (pow, log1p, expm1, logsumexp, a
+    # norm) is on the list, so their result is float32; the emulated device meets only the outer
+    # call. F.normalize divides the input by a float32 norm: the same as dividing a float32 input.
+    torch.square, Tensor.square, F.normalize, torch.special.log1p, torch.special.expm1,
+    torch.special.logsumexp,
 })
 # Float32 unless the call names a dtype.
 _FLOAT32_UNLESS_DTYPE = frozenset({
     torch.prod, Tensor.prod, torch.softmax, Tensor.softmax, F.softmax, torch.log_softmax,
     Tensor.log_softmax, F.log_softmax, torch.cumprod, Tensor.cumprod, torch.cumsum, Tensor.cumsum,
     torch.linalg.vector_norm, torch.linalg.matrix_norm, torch.sum, Tensor.sum,
+    # composites, as above: torch.norm and linalg.norm reach linalg_vector_norm, matrix_norm or
+    # nuclear_norm; softmin and torch.special's softmaxes reach softmax or log_softmax
+    torch.norm, Tensor.norm, torch.linalg.norm, F.softmin, torch.special.softmax,
+    torch.special.log_softmax,
 })
+# Refused under CUDA's autocast (autocast_mode.cpp's binary_cross_entropy_banned)
+_BANNED = frozenset({F.binary_cross_entropy, _nn.binary_cross_entropy})
+BCE_BANNED = (
+    "torch.nn.functional.binary_cross_entropy and torch.nn.BCELoss are unsafe to autocast.\n"
+    "Many models use a sigmoid layer right before the binary cross entropy layer.\n"
+    "In this case, combine the two layers using torch.nn.functional.binary_cross_entropy_with_logits\n"
+    "or torch.nn.BCEWithLogitsLoss.  binary_cross_entropy_with_logits and BCEWithLogits are\n"
+    "safe to autocast.")
 _WIDEST = frozenset({
     torch.addcdiv, Tensor.addcdiv, torch.addcmul, Tensor.addcmul, torch.atan2, Tensor.atan2,
     torch.bilinear, F.bilinear, torch.cross, Tensor.cross, torch.dot, Tensor.dot, torch.vdot,
@@ -67,7 +84,7 @@ _WIDEST = frozenset({
 # autocast meets what they run, `_cudnn_rnn` or `linear` and the fused cells (see _rnn_cast).
 _RNN = frozenset(getattr(torch_internals.packed_rnn_calls, name)
                        for name in ("lstm", "gru", "rnn_tanh", "rnn_relu"))
-AUTOCAST_OPS = _LOWER_PRECISION | _FLOAT32 | _FLOAT32_UNLESS_DTYPE | _WIDEST | _RNN
+AUTOCAST_OPS = _LOWER_PRECISION | _FLOAT32 | _FLOAT32_UNLESS_DTYPE | _WIDEST | _RNN | _BANNED
 _REDUCED = (torch.float16, torch.bfloat16)
 
 
@@ -106,6 +123,9 @@ def cast(func, args: tuple, kwargs: dict, is_device: Callable[[Any], bool],
     """`args`, `kwargs` with their device tensors cast as CUDA's autocast casts them for `func`."""
     if func in _RNN:
         return _rnn_cast(args, kwargs, is_device, to, cache)
+    if func in _BANNED:
+        _refuse_binary_cross_entropy(args, kwargs, is_device)
+        return args, kwargs
     if func in _LOWER_PRECISION:
         dtype = torch.get_autocast_dtype("cuda")
         caching = torch.is_autocast_cache_enabled()
@@ -136,6 +156,18 @@ def cast(func, args: tuple, kwargs: dict, is_device: Callable[[Any], bool],
             return t
         return _map(promote, args, kwargs)
     return args, kwargs
+
+
+def _refuse_binary_cross_entropy(args: tuple, kwargs: dict,
+                                 is_device: Callable[[Any], bool]) -> None:
+    """CUDA's autocast refuses aten::binary_cross_entropy of device tensors. F.binary_cross_entropy
+    checks the target's size in Python before it gets there: a mismatch keeps torch's ValueError."""
+    tensors = list(_tensors(args, kwargs))
+    if not any(is_device(t) for t in tensors):
+        return
+    if len(tensors) >= 2 and tensors[0].size() != tensors[1].size():
+        return
+    raise RuntimeError(BCE_BANNED)
 
 
 def _rnn_cast(args: tuple, kwargs: dict, is_device: Callable[[Any], bool],

@@ -181,3 +181,35 @@ def test_a_bfloat16_input_takes_cudnns_path_and_float16_on_an_ampere_or_later(cu
     with torch.autocast("cuda", dtype=torch.bfloat16):
         out, _ = rnn(torch.randn(3, 4, 5, device="cuda", dtype=torch.bfloat16))
     assert out.dtype == torch.float16
+
+
+def test_composites_whose_inner_ops_autocast_widens_return_float32(cuda_kind):
+    # CompositeImplicitAutograd ops: autocast casts the op they run inside (pow, a norm, softmax)
+    x = torch.randn(4, 8, device="cuda").half()
+    with torch.autocast("cuda"):
+        widened = {
+            "square": torch.square(x), "Tensor.square": x.square(), "norm": torch.norm(x),
+            "Tensor.norm": x.norm(dim=-1), "linalg.norm": torch.linalg.norm(x),
+            "normalize": F.normalize(x), "softmin": F.softmin(x, -1),
+            "special.log1p": torch.special.log1p(x.abs()), "special.expm1": torch.special.expm1(x),
+            "special.logsumexp": torch.special.logsumexp(x, -1),
+            "special.softmax": torch.special.softmax(x, -1),
+            "special.log_softmax": torch.special.log_softmax(x, -1),
+        }
+        assert {name: t.dtype for name, t in widened.items()} == dict.fromkeys(widened, torch.float32)
+        assert x.norm(dtype=torch.float16).dtype == torch.float16  # a dtype named is kept
+        assert torch.special.exp2(x).dtype == torch.float16  # exp2 is an op of its own
+    torch.testing.assert_close(widened["normalize"], F.normalize(x.float()))
+
+
+def test_binary_cross_entropy_is_refused_under_autocast(cuda_kind):
+    probs = torch.rand(4, 3, device="cuda")
+    target = torch.rand(4, 3, device="cuda")
+    with torch.autocast("cuda"):
+        with pytest.raises(RuntimeError, match="binary_cross_entropy and torch.nn.BCELoss are "
+                                               "unsafe to autocast"):
+            torch.nn.BCELoss()(probs, target)
+        with pytest.raises(ValueError, match="Using a target size"):  # torch's own check first
+            F.binary_cross_entropy(probs, target[:, :2])
+        assert F.binary_cross_entropy_with_logits(probs, target).dtype == torch.float32
+    assert F.binary_cross_entropy(probs, target).dtype == torch.float32
