@@ -145,7 +145,7 @@ def cast(func, args: tuple, kwargs: dict, is_device: Callable[[Any], bool],
             return t
         return _map(widen, args, kwargs)
     if func in _WIDEST:
-        found = [t.dtype for t in _tensors(args, kwargs) if t.is_floating_point() and is_device(t)]
+        found = [t.dtype for t in tensors(args, kwargs) if t.is_floating_point() and is_device(t)]
         if len(set(found)) < 2:
             return args, kwargs
         widest = max(found, key=lambda d: (torch.finfo(d).bits, d == torch.float32))
@@ -162,10 +162,10 @@ def _refuse_binary_cross_entropy(args: tuple, kwargs: dict,
                                  is_device: Callable[[Any], bool]) -> None:
     """CUDA's autocast refuses aten::binary_cross_entropy of device tensors. F.binary_cross_entropy
     checks the target's size in Python before it gets there: a mismatch keeps torch's ValueError."""
-    tensors = list(_tensors(args, kwargs))
-    if not any(is_device(t) for t in tensors):
+    given = list(tensors(args, kwargs))
+    if not any(is_device(t) for t in given):
         return
-    if len(tensors) >= 2 and tensors[0].size() != tensors[1].size():
+    if len(given) >= 2 and given[0].size() != given[1].size():
         return
     raise RuntimeError(BCE_BANNED)
 
@@ -214,7 +214,7 @@ def _rnn_cast(args: tuple, kwargs: dict, is_device: Callable[[Any], bool],
     return (*before, weights, *after), kwargs
 
 
-def _tensors(args, kwargs):
+def tensors(args, kwargs):
     for a in (*args, *kwargs.values()):
         if isinstance(a, Tensor):
             yield a

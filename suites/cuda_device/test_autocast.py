@@ -213,3 +213,19 @@ def test_binary_cross_entropy_is_refused_under_autocast(cuda_kind):
             F.binary_cross_entropy(probs, target[:, :2])
         assert F.binary_cross_entropy_with_logits(probs, target).dtype == torch.float32
     assert F.binary_cross_entropy(probs, target).dtype == torch.float32
+
+
+def test_each_op_inside_a_python_composite_is_cast(cuda_kind):
+    # F.multi_head_attention_forward: its linears and bmms in float16, its softmax in float32
+    torch.manual_seed(0)
+    attention = torch.nn.MultiheadAttention(8, 2).cuda()
+    x = torch.randn(3, 2, 8, device="cuda")
+    with torch.autocast("cuda"):
+        out, weights = attention(x, x, x)
+        assert F.local_response_norm(x.half(), 2).dtype == torch.float32  # its pow
+        hidden = F.dropout(x.half() @ x.half().transpose(1, 2), 0.0)
+    assert out.dtype == hidden.dtype == torch.float16 and weights.dtype == torch.float32
+    assert out.is_cuda and weights.is_cuda
+    with torch.no_grad():
+        reference = attention.half()(x.half(), x.half(), x.half())[0]
+    torch.testing.assert_close(out, reference, atol=2e-3, rtol=2e-3)
