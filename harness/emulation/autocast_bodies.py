@@ -39,6 +39,11 @@ class BodyChecks:
 
         return checked
 
+    def pending(self) -> bool:
+        """Whether this thread's next check is still to answer False: a call met now comes from
+        a body that reached the modes without asking the wrapped checks (it runs popped then)."""
+        return getattr(self._local, "pending", False)
+
     @contextlib.contextmanager
     def next_check_passes(self) -> Iterator[None]:
         self._local.pending = True

@@ -150,6 +150,7 @@ class Placement(TorchFunctionMode):
                     return self.__torch_function__(func, types, args, kwargs)
         if _autocast_on("cuda") and func not in _AUTOCAST_OPS and _runs_its_body(func) \
                 and func not in self._calls and func not in _MIXING_ALLOWED \
+                and not self.state.autocast_bodies.pending() \
                 and any(is_device_memory(t) for t in autocast.tensors(args, kwargs or {})):
             # CUDA casts each op inside a Python composite (autocast_bodies.py)
             with self.state.autocast_bodies.next_check_passes(), self:

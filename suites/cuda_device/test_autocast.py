@@ -229,3 +229,19 @@ def test_each_op_inside_a_python_composite_is_cast(cuda_kind):
     with torch.no_grad():
         reference = attention.half()(x.half(), x.half(), x.half())[0]
     torch.testing.assert_close(out, reference, atol=2e-3, rtol=2e-3)
+
+
+def test_a_body_that_skips_the_wrapped_checks_runs_popped_not_forever(cuda_device, monkeypatch):
+    # a torch.nn.functional function asking torch.overrides' check directly, not the module's
+    import torch.overrides
+
+    def dropout_twice(x: torch.Tensor) -> torch.Tensor:
+        if torch.overrides.has_torch_function_unary(x):
+            return torch.overrides.handle_torch_function(dropout_twice, (x,), x)
+        return F.dropout(F.dropout(x, 0.0), 0.0)
+
+    dropout_twice.__module__ = F.__name__
+    monkeypatch.setattr(F, "dropout_twice", dropout_twice, raising=False)
+    with torch.autocast("cuda"):
+        out = dropout_twice(torch.ones(2, device="cuda"))
+    assert out.is_cuda and out.tolist() == [1.0, 1.0]
