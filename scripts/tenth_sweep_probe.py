@@ -341,6 +341,18 @@ def composites_under_autocast():
         "BCELoss": lambda: nn.BCELoss()(torch.sigmoid(x.float()), torch.rand(4, 8, device="cuda")),
     }
     answers = {}
+    out = torch.zeros(3, 2, 8, dtype=torch.float16, device="cuda")
+
+    def step():
+        with torch.no_grad(), torch.autocast("cuda", cache_enabled=False):
+            out.copy_(attention(q, q, q, need_weights=False)[0])
+
+    graph, _ = probe_cases.warmed_capture(step)
+    q.copy_(_seeded(3, 2, 8, seed=70))
+    graph.replay()
+    with torch.no_grad(), torch.autocast("cuda"):
+        answers["MHA captured, replay equals eager"] = bool(torch.allclose(
+            out.float(), attention(q, q, q, need_weights=False)[0].float(), atol=2e-3))
     with torch.autocast("cuda"):
         for name, call in calls.items():
             answers[name] = _outcome(lambda: (lambda r: r if isinstance(r, tuple) else str(r.dtype)[6:])(call()))[:90]
