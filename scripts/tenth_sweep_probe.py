@@ -338,6 +338,8 @@ def composites_under_autocast():
         "pairwise_distance": lambda: F.pairwise_distance(x, x),
         "gaussian_nll_loss": lambda: F.gaussian_nll_loss(x, x, x.abs() + 1),
         "rms_norm": lambda: F.rms_norm(x, (8,)),
+        "affine_grid": lambda: F.affine_grid(torch.randn(2, 2, 3, device="cuda"), (2, 1, 4, 4),
+                                             align_corners=False),
         "BCELoss": lambda: nn.BCELoss()(torch.sigmoid(x.float()), torch.rand(4, 8, device="cuda")),
     }
     answers = {}
@@ -358,7 +360,7 @@ def composites_under_autocast():
             answers[name] = _outcome(lambda: (lambda r: r if isinstance(r, tuple) else str(r.dtype)[6:])(call()))[:90]
     return (f"{answers} (emulated now: float32 for the first eight and gaussian_nll_loss, MHA "
             f"('float16', 'float32'), BCELoss refused as 'unsafe to autocast'; pairwise_distance "
-            f"and rms_norm float16, CUDA's answer not settled from source; before this sweep "
+            f"and rms_norm float16, affine_grid float32, CUDA's answer not settled from source; before this sweep "
             f"float16 for all but MHA's ('float32', 'float32'), BCELoss computed)")
 
 
