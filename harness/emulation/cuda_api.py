@@ -966,6 +966,9 @@ def patches(state, table: tuple[Replacement, ...] = REPLACEMENTS) -> list[tuple[
     out += compile_patches(state)
     out.append((torch, "clear_autocast_cache",
                 clearing_cache_too(state.autocast_cache, torch.clear_autocast_cache)))
+    from harness.emulation.autocast_bodies import patches as autocast_body_patches
+
+    out += autocast_body_patches(state)
     from harness.emulation.foreach_groups import patches as foreach_group_patches
 
     out += foreach_group_patches(state)

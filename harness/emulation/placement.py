@@ -30,8 +30,8 @@ from torch.overrides import TorchFunctionMode
 from harness import torch_internals
 from harness.torch_internals import DeviceContext, device_constructors
 from harness.graphs.base import CaptureError
-from harness.emulation import (array_interface, autocast, backward_streams, blas_workspaces,
-                               compiled_rng, deterministic_alerts, device_branches, device_indices,
+from harness.emulation import (array_interface, autocast, autocast_bodies, backward_streams,
+                               blas_workspaces, compiled_rng, deterministic_alerts, device_branches, device_indices,
                                fft_plans, host_arguments, host_outputs, kernels, missing_kernels,
                                transfers)
 from harness.graphs.emulator.dispatch_keys import keep_modes_reachable
@@ -56,6 +56,7 @@ _compiling = torch.compiler.is_compiling
 _autocast_on = torch.is_autocast_enabled
 _deterministic_on = torch.are_deterministic_algorithms_enabled
 _AUTOCAST_OPS = autocast.AUTOCAST_OPS
+_runs_its_body = autocast_bodies.runs_its_body
 _NODE_STREAMS = backward_streams.CHECKED  # whether autograd's nodes need their streams noted
 _CONSTRUCTORS = device_constructors()
 # The factories that take numbers (sizes, bounds, a fill value) where a 0-dim tensor may stand:
@@ -147,6 +148,13 @@ class Placement(TorchFunctionMode):
             if modes:
                 with joined(modes):
                     return self.__torch_function__(func, types, args, kwargs)
+        if _autocast_on("cuda") and func not in _AUTOCAST_OPS and _runs_its_body(func) \
+                and func not in self._calls and func not in _MIXING_ALLOWED \
+                and not self.state.autocast_bodies.pending() \
+                and any(is_device_memory(t) for t in autocast.tensors(args, kwargs or {})):
+            # CUDA casts each op inside a Python composite (autocast_bodies.py)
+            with self.state.autocast_bodies.next_check_passes(), self:
+                return func(*args, **(kwargs or {}))
         if func in _AUTOCAST_OPS and _autocast_on("cuda"):
             args, kwargs = autocast.cast(func, args, kwargs or {}, is_device_memory, self._cast,
                                          self.state.autocast_cache)

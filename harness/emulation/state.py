@@ -113,6 +113,9 @@ class DeviceState(Observed):
         from harness.emulation.autocast import WeightCastCache
 
         self.autocast_cache = WeightCastCache()  # autocast("cuda")'s weight casts (autocast.py)
+        from harness.emulation.autocast_bodies import BodyChecks
+
+        self.autocast_bodies = BodyChecks()  # F's Python bodies run under autocast
         self.tunable_ops = TunableOps()  # torch.cuda.tunable's settings (tunable_ops.py)
         self.cuda_only_ops = CudaOnlyOps()  # custom ops with a Python CUDA kernel only
         self.triton_launches = LaunchTable()  # users' Triton launches (triton_launches.py)
