@@ -199,6 +199,16 @@ NAMES: dict[str, Internal] = {
     # dynamo's device-context variables (torch.cuda.device, torch.accelerator.device_index)
     "dynamo_ctx_manager": Internal("torch._dynamo.variables.ctx_manager", "",
                                    _found("torch._dynamo.variables.ctx_manager"), lazy=True),
+    # dynamo's tensor variables (TensorVariable: `x.device` and the reads like it) and guards
+    "dynamo_tensor_variables": Internal("torch._dynamo.variables.tensor", "",
+                                        _found("torch._dynamo.variables.tensor"), lazy=True),
+    "dynamo_guards": Internal("torch._dynamo.guards", "", _found("torch._dynamo.guards"),
+                              lazy=True),
+    # dynamo's rule map (which variable each torch function is) and its stream variables
+    "dynamo_trace_rules": Internal("torch._dynamo.trace_rules", "",
+                                   _found("torch._dynamo.trace_rules"), lazy=True),
+    "dynamo_stream_variables": Internal("torch._dynamo.variables.streams", "",
+                                        _found("torch._dynamo.variables.streams"), lazy=True),
     # dynamo's torch.* variables: `get_overridable_functions`, the calls it hands to a mode
     "dynamo_torch_variables": Internal("torch._dynamo.variables.torch", "",
                                        _found("torch._dynamo.variables.torch"), lazy=True),
