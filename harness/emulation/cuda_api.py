@@ -995,6 +995,10 @@ def patches(state, table: tuple[Replacement, ...] = REPLACEMENTS) -> list[tuple[
     from harness.emulation.user_dispatch_modes import patches as user_dispatch_mode_patches
 
     out += user_dispatch_mode_patches(state)
+    from harness.emulation.compiled_stream_calls import patches as stream_call_patches
+    from harness.emulation.compiled_stream_calls import replaced_calls
+
+    out += stream_call_patches(replaced_calls(out))
     return out
 
 
