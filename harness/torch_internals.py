@@ -230,6 +230,8 @@ NAMES: dict[str, Internal] = {
     "functorch_config": Internal("torch._functorch.config", "", _found("torch._functorch.config"),
                                  lazy=True),
     "set_allocator_settings": Internal("torch._C", "_accelerator_setAllocatorSettings"),
+    # the build's accelerator (cpu on a CPU build): what the emulated device answers cuda for
+    "get_accelerator": Internal("torch._C", "_get_accelerator"),
     # CUDA's caching allocator's private pools (the graph sanitizer's pools, sanitizer_pools.py)
     "cuda_begin_allocate_current_thread_to_pool": Internal(
         "torch._C", "_cuda_beginAllocateCurrentThreadToPool"),
@@ -438,6 +440,7 @@ DISPATCH_KEY_COMPOSITE_IMPLICIT = bind(NAMES["DISPATCH_KEY_COMPOSITE_IMPLICIT"])
 nn_module = bind(NAMES["nn_module"])
 group_tensors_by_device_and_dtype = bind(NAMES["group_tensors_by_device_and_dtype"])
 set_allocator_settings = bind(NAMES["set_allocator_settings"])
+get_accelerator = bind(NAMES["get_accelerator"])
 tree_unflatten = bind(NAMES["tree_unflatten"])
 cuda_begin_allocate_current_thread_to_pool = bind(NAMES["cuda_begin_allocate_current_thread_to_pool"])
 cuda_end_allocate_to_pool = bind(NAMES["cuda_end_allocate_to_pool"])
