@@ -1,7 +1,8 @@
 """Host and device memory through a `torch.compile`d graph on the emulated CUDA device.
 
-Dynamo traces the cpu tensors under the device's tensors, so inside a trace every tensor says
-"cpu" and a transfer between host and device is a no-op on cpu tensors: the placement mode traces
+Dynamo traces the cpu tensors under the device's tensors (its fakes are cpu tensors, so that
+inductor writes cpu code; what `x.device` answers in the trace is compiled_device_reads.py's), and a
+transfer between host and device is a no-op on cpu tensors: the placement mode traces
 `.to("cuda")`, `.cuda()` and a factory naming cuda on the cpu (placement.py, `_traced_on_host`).
 What a transfer means is kept in the graph instead: the traced call is wrapped in `to_device` or
 `to_host`, identities that dynamo puts in the graph as nodes (allow_in_graph) and inductor compiles
@@ -102,10 +103,10 @@ def to_host(t: torch.Tensor, non_blocking: bool = False) -> torch.Tensor:
 
 
 def to_traced_device(t: torch.Tensor, non_blocking: bool = False) -> torch.Tensor:
-    """A traced transfer or factory given a `torch.device` that reads "cpu" in the trace: on CUDA
-    most often a traced tensor's own `.device` (`inv_freq.to(x.device)`, `torch.arange(n,
-    device=x.device)`), which dynamo gives as the cpu the device's tensors are; resolved when
-    the graph runs (see `placement`)."""
+    """A traced transfer or factory given a `torch.device` that reads "cpu" in the trace: a host
+    tensor's `.device`, or one dynamo read where compiled_device_reads.py cannot follow the value
+    to real tensors (a higher-order op body's own arguments); resolved to the graph's device when
+    it runs (see `placement`): a device object carries no mark of where it was read."""
     if _eager():
         return t.to("cuda" if _EAGER.get() else "cpu", non_blocking=non_blocking)
     if _resumed_sparse(t):
