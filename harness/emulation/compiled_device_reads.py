@@ -44,7 +44,7 @@ def patches(state) -> list[tuple[Any, str, Any]]:
                  for read in (vars(owner).get(name) for name in _READS) if callable(read)}
     out = [(owner, read.__name__, answer) for read, answer in answering.items()]
     if "method_attr_is_cpu" not in vars(owner):  # dynamo reads `is_cpu` from the fake itself
-        out.append((owner, "method_attr_is_cpu", _is_cpu_answer(state, owner)))
+        out.append((owner, "method_attr_is_cpu", _is_cpu_answer(state)))
     table = vars(owner).get("tp_methods")
     if isinstance(table, dict):
         out.append((owner, "tp_methods", {
@@ -63,6 +63,8 @@ def _answering_cuda(state, read: Callable) -> Callable:
         device = cuda_device(state, tx.output, self)
         if device is None:
             return read(self, tx, *args, **kwargs)
+        # each read builds its answer from `self.device` in its own form (a device, a bool, an
+        # index, a type name): the device is swapped in for the read alone
         self.device = device
         try:
             return read(self, tx, *args, **kwargs)
@@ -72,7 +74,7 @@ def _answering_cuda(state, read: Callable) -> Callable:
     return answer
 
 
-def _is_cpu_answer(state, owner) -> Callable:
+def _is_cpu_answer(state) -> Callable:
     constant = torch_internals.lazy_module("dynamo_tensor_variables").ConstantVariable
 
     def method_attr_is_cpu(self, tx):
@@ -80,7 +82,7 @@ def _is_cpu_answer(state, owner) -> Callable:
         if (isinstance(traced, torch.device) and traced.type == "cpu"
                 and cuda_device(state, tx.output, self) is not None):
             return constant.create(False)
-        return None  # dynamo's own reading
+        return None  # dynamo reads the fake, as without this method
 
     return method_attr_is_cpu
 
