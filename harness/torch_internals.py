@@ -199,6 +199,16 @@ NAMES: dict[str, Internal] = {
     # dynamo's device-context variables (torch.cuda.device, torch.accelerator.device_index)
     "dynamo_ctx_manager": Internal("torch._dynamo.variables.ctx_manager", "",
                                    _found("torch._dynamo.variables.ctx_manager"), lazy=True),
+    # dynamo's tensor variables (TensorVariable: `x.device` and the reads like it) and guards
+    "dynamo_tensor_variables": Internal("torch._dynamo.variables.tensor", "",
+                                        _found("torch._dynamo.variables.tensor"), lazy=True),
+    "dynamo_guards": Internal("torch._dynamo.guards", "", _found("torch._dynamo.guards"),
+                              lazy=True),
+    # dynamo's rule map (which variable each torch function is) and its stream variables
+    "dynamo_trace_rules": Internal("torch._dynamo.trace_rules", "",
+                                   _found("torch._dynamo.trace_rules"), lazy=True),
+    "dynamo_stream_variables": Internal("torch._dynamo.variables.streams", "",
+                                        _found("torch._dynamo.variables.streams"), lazy=True),
     # dynamo's torch.* variables: `get_overridable_functions`, the calls it hands to a mode
     "dynamo_torch_variables": Internal("torch._dynamo.variables.torch", "",
                                        _found("torch._dynamo.variables.torch"), lazy=True),
@@ -220,6 +230,8 @@ NAMES: dict[str, Internal] = {
     "functorch_config": Internal("torch._functorch.config", "", _found("torch._functorch.config"),
                                  lazy=True),
     "set_allocator_settings": Internal("torch._C", "_accelerator_setAllocatorSettings"),
+    # the build's accelerator (cpu on a CPU build): what the emulated device answers cuda for
+    "get_accelerator": Internal("torch._C", "_get_accelerator"),
     # CUDA's caching allocator's private pools (the graph sanitizer's pools, sanitizer_pools.py)
     "cuda_begin_allocate_current_thread_to_pool": Internal(
         "torch._C", "_cuda_beginAllocateCurrentThreadToPool"),
@@ -428,6 +440,7 @@ DISPATCH_KEY_COMPOSITE_IMPLICIT = bind(NAMES["DISPATCH_KEY_COMPOSITE_IMPLICIT"])
 nn_module = bind(NAMES["nn_module"])
 group_tensors_by_device_and_dtype = bind(NAMES["group_tensors_by_device_and_dtype"])
 set_allocator_settings = bind(NAMES["set_allocator_settings"])
+get_accelerator = bind(NAMES["get_accelerator"])
 tree_unflatten = bind(NAMES["tree_unflatten"])
 cuda_begin_allocate_current_thread_to_pool = bind(NAMES["cuda_begin_allocate_current_thread_to_pool"])
 cuda_end_allocate_to_pool = bind(NAMES["cuda_end_allocate_to_pool"])

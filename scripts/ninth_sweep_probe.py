@@ -46,8 +46,8 @@ def accelerator_generic_calls():
         "reset_accumulated_memory_stats": lambda: torch.accelerator.reset_accumulated_memory_stats(),
         "Graph()": lambda: torch.accelerator.Graph(),
     }
-    return (f"{ {n: _outcome(c)[:90] for n, c in calls.items()} } (emulated: 'torch.cuda'; 'cpu' (kept: "
-            f"the distributed barrier allocates on it in C++); "
+    return (f"{ {n: _outcome(c)[:90] for n, c in calls.items()} } (emulated: 'torch.cuda'; 'cuda' (since "
+            f"branch compiled10; the distributed barrier gets the build's cpu); "
             f"True; RuntimeError: Backend doesn't support getting device capabilities.; ok None; ok "
             f"None; RuntimeError: Graph is not supported on device type: cuda, read from torch "
             f"2.14.1's CUDA wheel, which registers no graph implementation)")
@@ -104,8 +104,8 @@ def device_read_inside_a_compiled_function():
 
     x = torch.zeros(2, device="cuda")
     return (f"eager {fn(x).tolist()}, compiled {torch.compile(fn, backend='eager')(x).tolist()} "
-            f"(emulated: eager [1.0, 1.0], compiled [-1.0, -1.0]: dynamo traces the emulated "
-            f"device's tensors as the cpu tensors they are; listed, not fixed)")
+            f"(emulated: eager [1.0, 1.0], compiled [1.0, 1.0] since branch "
+            f"compiled10: dynamo's tensor variables answer where the value lives on CUDA)")
 
 
 @case
@@ -129,8 +129,7 @@ def streams_events_and_indices_inside_a_compiled_function():
              "event": lambda: torch.compile(with_an_event, backend="eager")(x).tolist(),
              "x.to(0)": lambda: str(torch.compile(lambda t: t.to(0) + 1, backend="eager")(host).device)}
     return (f"{ {n: _outcome(c)[:90] for n, c in cases.items()} } (emulated: [3.0]*4 each, "
-            f"'cuda:0'; but the CPU wheel's stream context: InternalTorchDynamoError: "
-            f"AsPythonConstantNotImplementedError: StreamVariable() is not a constant, listed)")
+            f"'cuda:0', on both wheels since branch compiled10)")
 
 
 # --- runtime-shaped programs ------------------------------------------------------------------

@@ -3,12 +3,13 @@ and memory rows of cuda_api.py leave out, answered as a CUDA build answers them.
 
 A CUDA build's accelerator is cuda wherever `torch._C._get_accelerator()` is asked; a CPU build
 (and a CUDA build without a GPU) answers cpu, so runtimes that pick their device module with
-`torch.get_device_module()` got `torch.cpu`. That call answers `torch.cuda` inside the emulation.
-`torch._C._get_accelerator` itself stays as the build has it: the distributed package's barrier
-allocates a tensor on the device it names in C++, which a CPU build cannot do for cuda (the
-emulated device's collectives are gloo's over host memory, distributed.py). `get_device_module`
-also caches its answers: one computed before the emulation began (or inside it) would outlive it,
-so its cache is emptied on entry and on exit.
+`torch.get_device_module()` got `torch.cpu`, FSDP found no accelerator and fully_shard's default
+mesh was a cpu one. Both calls answer cuda inside the emulation. One caller keeps the build's
+answer: the distributed package's barrier (`the_builds_accelerator`, distributed.py) turns it
+into the device of a tensor it allocates in C++, which a CPU build cannot make for cuda; the
+emulated device's collectives are gloo's over host memory, and its barrier runs there.
+`get_device_module` also caches its answers: one computed before the emulation began (or inside
+it) would outlive it, so its cache is emptied on entry and on exit.
 
 CUDA registers no graph implementation for `torch.accelerator.Graph` (only XPU's is built: the
 CUDA wheels of 2.14.1 hold no graph implementation), so constructing one raises "Graph is not
@@ -26,10 +27,13 @@ device's own call, which refuses an ordinal the device lacks.
 from __future__ import annotations
 
 import contextlib
+import contextvars
 import functools
 from typing import Any, Callable
 
 import torch
+
+from harness import torch_internals
 
 GRAPH_REFUSAL = "Graph is not supported on device type: cuda"
 CAPABILITY_REFUSAL = "Backend doesn't support getting device capabilities."
@@ -62,6 +66,34 @@ def taking_a_device(call: Callable, *, optional: bool = True) -> Callable:
         return call(state, accelerator_index(device, optional), *args, **kwargs)
 
     return accelerator_call
+
+
+# Set while a caller that must get the build's own accelerator runs (the distributed barrier).
+_BUILDS_OWN: contextvars.ContextVar[bool] = contextvars.ContextVar(
+    "harness_the_builds_accelerator", default=False)
+
+
+def accelerator_of_the_build(state) -> Callable[[], torch.device]:
+    """What `torch._C._get_accelerator` is inside the emulation: cuda (a torch.device without
+    an index, as CUDA's build answers), but inside `the_builds_accelerator()`."""
+    original = torch_internals.get_accelerator
+    cuda = torch.device("cuda")
+
+    def _get_accelerator() -> torch.device:
+        return original() if _BUILDS_OWN.get() else cuda
+
+    _get_accelerator.__doc__ = original.__doc__
+    return _get_accelerator
+
+
+@contextlib.contextmanager
+def the_builds_accelerator():
+    """`torch._C._get_accelerator()` answers as this build does for the code run inside."""
+    token = _BUILDS_OWN.set(True)
+    try:
+        yield
+    finally:
+        _BUILDS_OWN.reset(token)
 
 
 def device_module_class(state) -> Any:
@@ -130,6 +162,6 @@ def fresh_device_modules():
         forget()
 
 
-__all__ = ["CAPABILITY_REFUSAL", "GRAPH_REFUSAL", "accelerator_index", "device_module_class",
-           "device_capability_refused", "fresh_device_modules", "graph_class", "patches",
-           "taking_a_device"]
+__all__ = ["CAPABILITY_REFUSAL", "GRAPH_REFUSAL", "accelerator_index", "accelerator_of_the_build",
+           "device_module_class", "device_capability_refused", "fresh_device_modules",
+           "graph_class", "patches", "taking_a_device", "the_builds_accelerator"]

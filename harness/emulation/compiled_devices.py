@@ -1,7 +1,8 @@
 """Host and device memory through a `torch.compile`d graph on the emulated CUDA device.
 
-Dynamo traces the cpu tensors under the device's tensors, so inside a trace every tensor says
-"cpu" and a transfer between host and device is a no-op on cpu tensors: the placement mode traces
+Dynamo traces the cpu tensors under the device's tensors (its fakes are cpu tensors, so that
+inductor writes cpu code; what `x.device` answers in the trace is compiled_device_reads.py's), and a
+transfer between host and device is a no-op on cpu tensors: the placement mode traces
 `.to("cuda")`, `.cuda()` and a factory naming cuda on the cpu (placement.py, `_traced_on_host`).
 What a transfer means is kept in the graph instead: the traced call is wrapped in `to_device` or
 `to_host`, identities that dynamo puts in the graph as nodes (allow_in_graph) and inductor compiles
@@ -102,10 +103,10 @@ def to_host(t: torch.Tensor, non_blocking: bool = False) -> torch.Tensor:
 
 
 def to_traced_device(t: torch.Tensor, non_blocking: bool = False) -> torch.Tensor:
-    """A traced transfer or factory given a `torch.device` that reads "cpu" in the trace: on CUDA
-    most often a traced tensor's own `.device` (`inv_freq.to(x.device)`, `torch.arange(n,
-    device=x.device)`), which dynamo gives as the cpu the device's tensors are; resolved when
-    the graph runs (see `placement`)."""
+    """A traced transfer or factory given a `torch.device` that reads "cpu" in the trace: a host
+    tensor's `.device`, or one dynamo read where compiled_device_reads.py cannot follow the value
+    to real tensors (a higher-order op body's own arguments); resolved to the graph's device when
+    it runs (see `placement`): a device object carries no mark of where it was read."""
     if _eager():
         return t.to("cuda" if _EAGER.get() else "cpu", non_blocking=non_blocking)
     if _resumed_sparse(t):
@@ -216,28 +217,35 @@ def placement(graph_module: torch.fx.GraphModule, args) -> Placement:
 
 def memory_of_nodes(graph_module: torch.fx.GraphModule, args) -> dict[torch.fx.Node, OutputMark]:
     """Where each node's value lives on CUDA for these arguments (nodes without a tensor among
-    their inputs or values have none).
+    their inputs or values have none): `marks_of_nodes` with each input the memory it is."""
+    inputs = dict(zip(graph_module.graph.find_nodes(op="placeholder"), args))
 
-    An input is the memory it is; a marker's node is the memory it names; a call writing in place
-    (a method ending in "_") returns its first argument's memory; any other call is device memory
-    when one of its tensor arguments is (CUDA's ops run on their tensors' device; a factory that
-    names cuda is wrapped in to_device), else host memory. A `to_traced_device` marker is device
-    memory when any input of the graph is: a trace cannot tell `x.device` from `torch.device("cpu")`
-    (the string "cpu" and `.cpu()` are `to_host`), and in a graph of device tensors the device a
-    tensor names is the device's."""
+    def input_mark(node: torch.fx.Node) -> OutputMark | None:
+        value = (inputs.get(node) if node.op == "placeholder"
+                 else graph_attribute(graph_module, node.target))
+        return OutputMark(is_device_memory(value)) if isinstance(value, torch.Tensor) else None
+
     on_device = any(isinstance(a, torch.Tensor) and is_device_memory(a) for a in args)
+    return marks_of_nodes(graph_module.graph.nodes, input_mark, on_device)
+
+
+def marks_of_nodes(nodes, input_mark, on_device: bool) -> dict[torch.fx.Node, OutputMark]:
+    """Where each of `nodes` (in graph order) lives on CUDA, given `input_mark` of a placeholder
+    or attribute node (None for what is no tensor) and whether the graph runs on the device.
+
+    A marker's node is the memory it names; a call writing in place (a method ending in "_")
+    returns its first argument's memory; any other call is device memory when one of its tensor
+    arguments is (CUDA's ops run on their tensors' device; a factory that names cuda is wrapped in
+    to_device), else host memory. A `to_traced_device` marker is device memory when the graph runs
+    on the device: it stands for a `torch.device` reading cpu in the trace (the string "cpu" and
+    `.cpu()` are `to_host`), most often one read from a tensor dynamo could not answer for
+    (compiled_device_reads.py)."""
     marks: dict[torch.fx.Node, OutputMark] = {}
-    placeholders = iter(args)
-    for node in graph_module.graph.nodes:
-        value = node.meta.get("example_value")
-        if node.op == "placeholder":
-            value = next(placeholders, None)
-            if isinstance(value, torch.Tensor):
-                marks[node] = OutputMark(is_device_memory(value))
-        elif node.op == "get_attr":
-            value = graph_attribute(graph_module, node.target)
-            if isinstance(value, torch.Tensor):
-                marks[node] = OutputMark(is_device_memory(value))
+    for node in nodes:
+        if node.op in ("placeholder", "get_attr"):
+            mark = input_mark(node)
+            if mark is not None:
+                marks[node] = mark
         elif node.op == "output":
             continue
         elif is_marker(node):
@@ -249,7 +257,7 @@ def memory_of_nodes(graph_module: torch.fx.GraphModule, args) -> dict[torch.fx.N
             inputs = [n for n in node.all_input_nodes if n in marks]
             if _in_place(node) and node.args and node.args[0] in marks:
                 marks[node] = marks[node.args[0]]
-            elif inputs or isinstance(value, torch.Tensor):
+            elif inputs or isinstance(node.meta.get("example_value"), torch.Tensor):
                 marks[node] = OutputMark(any(marks[n].device for n in inputs),
                                          any(marks[n].non_blocking for n in inputs))
     return marks

@@ -1620,6 +1620,7 @@ def compile_patches(state) -> list[tuple[Any, str, Any]]:
 
     clear_triton_answer()
     register_markers()
+    from harness.emulation.compiled_device_reads import patches as device_read_patches
     from harness.emulation.compiled_training import dynamo_cudagraphs_on_device
 
     cudagraphs_backend = torch_internals.lazy_module("dynamo_backends_cudagraphs")
@@ -1636,7 +1637,8 @@ def compile_patches(state) -> list[tuple[Any, str, Any]]:
         + aot_transfers_patch() \
         + direct_trees_refused() \
         + trees_reset() \
-        + factories_patch()
+        + factories_patch() \
+        + device_read_patches(state)
 
 
 def clear_triton_answer() -> None:

@@ -30,7 +30,7 @@ import torch.cuda.streams
 import torch.serialization
 
 from harness import torch_internals
-from harness.emulation.accelerator_calls import (device_module_class,
+from harness.emulation.accelerator_calls import (accelerator_of_the_build, device_module_class,
                                                  device_capability_refused, taking_a_device)
 from harness.emulation.accelerator_calls import patches as accelerator_call_patches
 from harness.emulation.accelerator_streams import (accelerator_current_stream,
@@ -917,6 +917,7 @@ REPLACEMENTS: tuple[Replacement, ...] = (
     Replacement("torch._C", "_accelerator_getDefaultGenerator", accelerator_default_generator,
                 if_present=True),
     Replacement("torch", "get_device_module", device_module_class, "value"),
+    Replacement("torch._C", "_get_accelerator", accelerator_of_the_build, "value"),
     Replacement("torch._dynamo.utils", "build_event", dynamo_builds_event, "value",
                 if_present=True),
     Replacement("torch._dynamo.utils", "build_stream", dynamo_builds_stream, "value",
@@ -998,6 +999,10 @@ def patches(state, table: tuple[Replacement, ...] = REPLACEMENTS) -> list[tuple[
     from harness.emulation.user_dispatch_modes import patches as user_dispatch_mode_patches
 
     out += user_dispatch_mode_patches(state)
+    from harness.emulation.compiled_stream_calls import patches as stream_call_patches
+    from harness.emulation.compiled_stream_calls import replaced_calls
+
+    out += stream_call_patches(replaced_calls(out))
     return out
 
 

@@ -19,6 +19,7 @@ from typing import Any
 
 import torch
 
+from harness.emulation.accelerator_calls import the_builds_accelerator
 from harness.emulation.allocator_tools import UnsupportedOnEmulatedDevice
 
 
@@ -65,13 +66,23 @@ def patches(state) -> list[tuple[Any, str, Any]]:
         _refuse_nccl("torch.distributed.new_group", _backend_argument(args, kwargs, 2))
         return new(*args, **kwargs)
 
-    for replacement, original in ((init_process_group, init), (new_group, new)):
+    barrier = c10d.barrier
+
+    def barrier_on_the_host(*args, **kwargs):
+        # torch's barrier allocates a tensor in C++ on the device `torch._C._get_accelerator()`
+        # names (and on the index of `device_ids=`), which a CPU build cannot make for cuda: it
+        # gets the build's own accelerator, and gloo's barrier runs over host memory
+        with the_builds_accelerator():
+            return barrier(*args, **kwargs)
+
+    for replacement, original in ((init_process_group, init), (new_group, new),
+                                  (barrier_on_the_host, barrier)):
         replacement.__wrapped__ = original
         replacement.__doc__ = original.__doc__
     defaults = {**c10d.Backend.default_device_backend_map, "cuda": "gloo"}
     return [(module, name, value) for module in (torch.distributed, c10d)
             for name, value in (("init_process_group", init_process_group),
-                                ("new_group", new_group))] \
+                                ("new_group", new_group), ("barrier", barrier_on_the_host))] \
         + [(c10d.Backend, "default_device_backend_map", defaults)]
 
 

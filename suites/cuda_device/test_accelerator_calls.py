@@ -198,3 +198,40 @@ def test_the_device_module_is_cudas_inside_a_compiled_function(cuda_kind):
         warnings.simplefilter("error")  # dynamo knows the call (no lru_cache-wrapper warning)
         out = torch.compile(fn, backend="eager", fullgraph=True)(torch.zeros(2, device="cuda"))
     assert out.is_cuda and out.tolist() == [1.0, 1.0]
+
+
+@pytest.fixture
+def gloo_world_of_one(tmp_path):
+    import torch.distributed as dist
+
+    if not dist.is_available():
+        pytest.skip("a torch without distributed")
+    dist.init_process_group("gloo", init_method=f"file://{tmp_path}/store", rank=0, world_size=1)
+    yield dist
+    dist.destroy_process_group()
+
+
+def test_fsdp_takes_the_accelerator_for_a_module_on_the_host(cuda_kind, gloo_world_of_one):
+    # FSDP picks the device of a module on the host from torch._C._get_accelerator(): a CPU
+    # build's cpu made it refuse ("FSDP needs a non-CPU accelerator device")
+    from torch.distributed.fsdp import FullyShardedDataParallel
+
+    wrapped = FullyShardedDataParallel(torch.nn.Linear(2, 2))
+    assert wrapped.compute_device == torch.device("cuda", torch.cuda.current_device())
+
+
+def test_fully_shards_default_mesh_is_the_accelerators(cuda_kind, gloo_world_of_one):
+    from torch.distributed.fsdp import fully_shard
+
+    module = torch.nn.Linear(2, 2)
+    fully_shard(module)
+    assert module.weight.device_mesh.device_type == "cuda"
+    assert module(torch.ones(1, 2, device="cuda")).is_cuda
+
+
+def test_a_barrier_on_a_devices_index_runs(cuda_kind, gloo_world_of_one):
+    # the barrier allocates in C++ on the accelerator torch._C._get_accelerator() names, at the
+    # index given: on the emulated device the build's own (a CPU build cannot allocate for cuda)
+    gloo_world_of_one.barrier(device_ids=[0])
+    gloo_world_of_one.barrier()
+    assert torch.accelerator.current_accelerator() == torch.device("cuda")
