@@ -141,8 +141,9 @@ def stream_calls_in_a_fullgraph_compile():
                 else r.tolist())(compiled(*args)))[:90]
     return (f"{answers} (emulated, torch 2.13 and 2.14.1: eager and aot_eager ok, the current "
             f"stream an 'AcceleratorStream' (a torch.Stream) of id 0; default_stream: Unsupported: "
-            f"torch.* op returned non-Tensor, read from dynamo's builder; inductor: current ok, the "
-            f"others BackendCompilerFailed: CompiledGraphError naming aot_eager, listed)")
+            f"torch.* op returned non-Tensor, read from dynamo's builder; inductor: current ok, "
+            f"fork_join NameError: name 'default_stream' is not defined, new_stream NameError: "
+            f"name 'stream1' ..., events UnboundLocalError ... 'arg0_1', listed)")
 
 
 def _gloo_world_of_one():
