@@ -215,3 +215,47 @@ def test_transformers_generates_with_its_offloaded_static_cache(cuda_device):
         out = model.generate(prompt.to("cuda"), max_new_tokens=8, do_sample=False,
                              cache_implementation="offloaded_static")
     assert out.device.type == "cuda" and torch.equal(out.cpu(), expected)
+
+
+def _moved_then_bumped(moved):
+    def step(source, weight):
+        copy = moved(source, weight)
+        copy.add_(1)  # transformers' StaticLayer: `cumulative_length.to(device)`, then `add_`
+        return copy * weight
+    return step
+
+
+@pytest.mark.parametrize("backend", ["eager", "aot_eager", "inductor"])
+@pytest.mark.parametrize("moved", [
+    lambda s, w: s.to("cuda"),
+    lambda s, w: s.to(w.device),
+    lambda s, w: s.cuda(),
+], ids=["to_cuda", "to_a_device_read", "cuda"])
+def test_a_compiled_copy_of_host_memory_is_a_new_tensor(cuda_kind, backend, moved):
+    host = torch.tensor(0.0)
+    out = torch.compile(_moved_then_bumped(moved), backend=backend)(host, torch.ones(2, device="cuda"))
+    assert (host.item(), out.tolist(), out.is_cuda) == (0.0, [1.0, 1.0], True)
+
+
+@pytest.mark.parametrize("backend", ["eager", "aot_eager", "inductor"])
+def test_a_compiled_copy_of_device_memory_to_the_host_is_a_new_tensor(cuda_kind, backend):
+    def step(device):
+        on_host = device.cpu()
+        on_host.add_(1)
+        return on_host
+
+    device = torch.zeros(2, device="cuda")
+    out = torch.compile(step, backend=backend)(device)
+    assert (device.tolist(), out.tolist(), out.is_cuda) == ([0.0, 0.0], [1.0, 1.0], False)
+
+
+@pytest.mark.parametrize("backend", ["eager", "aot_eager", "inductor"])
+def test_a_compiled_move_of_device_memory_to_the_device_is_the_tensor_itself(cuda_kind, backend):
+    def step(device):
+        same = device.to("cuda")  # no copy on CUDA: the in-place op writes the input
+        same.add_(1)
+        return same * 2
+
+    device = torch.zeros(2, device="cuda")
+    out = torch.compile(step, backend=backend)(device)
+    assert (device.tolist(), out.tolist()) == ([1.0, 1.0], [2.0, 2.0])
