@@ -385,7 +385,10 @@ def transformers_static_cache_generate():
     model.forward = torch.compile(model.forward, mode="reduce-overhead", fullgraph=True)
     compiled = [model.generate(ids, cache_implementation="static", **kwargs).tolist() for _ in range(2)]
     return (f"static == eager {static == eager}, compiled twice == eager "
-            f"{[c == eager for c in compiled]} (emulated, transformers 5.25: True, [True, True])")
+            f"{[c == eager for c in compiled]} (emulated: the CUDA wheels, as the H100 with transformers "
+            f"5.17: RuntimeError: Error: accessing tensor output of CUDAGraphs that has been "
+            f"overwritten by a subsequent run; the CPU wheel, whose storages cannot raise: True, "
+            f"[True, True])")
 
 
 # --- public bugs ------------------------------------------------------------------------------
