@@ -366,7 +366,11 @@ class StreamWork(TorchDispatchMode):
     def _caller_dropped(self, watch: _Watch) -> None:
         if self._watched.get(watch.tensor_id) is watch:
             del self._watched[watch.tensor_id]
-        self._dropped.append((watch.key, callsite_later()))
+        # Judged at the next op only while queued work still holds the memory; otherwise the
+        # storage's own death is the free (`_freed`), and a bare storage the program keeps
+        # keeps the allocation, as on CUDA. Most dropped tensors' last queued reader ran already.
+        if self.holds.holds(watch.key):
+            self._dropped.append((watch.key, callsite_later()))
 
     def check_drops(self) -> None:
         """For storages whose caller tensors died: if only queued work still holds the memory,
