@@ -45,7 +45,7 @@ from harness import torch_internals
 from harness.graphs.emulator.callsite import callsite_later
 from harness.graphs.emulator.pool import poison_value
 from harness.emulation.device_memory import DEVICE, PINNED, memory_mark
-from harness.emulation.tracking.deferral import defer_call
+from harness.emulation.tracking.deferral import defer_call, out_form
 from harness.emulation.tracking.races import Access
 
 _Tensor = torch.Tensor
@@ -89,6 +89,9 @@ class CallPattern:
     returns: int | None = None  # queued, in place: which of the call's tensors it returns (None)
     bumps: tuple[int, ...] = ()  # queued, in place: the written tensors with a version counter
     positional: bool = False  # queued: every tensor of the call is a positional argument
+    # queued, fresh: the aten op's `out=` form, where the op was given the call's positional
+    # arguments themselves (deferral.out_form); None: the call runs again and is copied
+    out_op: Any = None
 
 
 _NOTHING = CallPattern()  # only views reached the stream mode
@@ -106,23 +109,26 @@ class Probe:
     reference to the result's storage (which a view returned by the call keeps alive where the
     result's own tensor dies: `linear`'s `mm` under its `_unsafe_view`)."""
 
-    __slots__ = ("thread", "spoiled", "reached", "ops", "_label")
+    __slots__ = ("thread", "spoiled", "reached", "ops", "_label", "_arg_ids")
 
-    def __init__(self, label) -> None:
+    def __init__(self, label, args: tuple = (), kwargs: dict | None = None) -> None:
         self.thread = threading.get_ident()
         self.spoiled = False
         self.reached = False  # whether any aten op reached the stream mode
         self.ops: list[tuple] = []
         self._label = label  # the stream mode's label_of: a tensor's shape and dtype, immutable
+        # The ids of the call's positional arguments (alive while it runs; no reference kept),
+        # to tell an op given exactly those (`x * y` reaching `mul.Tensor(x, y)`); None: kwargs
+        self._arg_ids = None if kwargs else tuple(map(id, args))
 
     def spoil(self) -> None:
         self.spoiled = True
 
     def device_op(self, plan, reads: list, read_keys: list, writes: list, write_keys: list,
-                  simple: bool, out: Any, queued: bool = False) -> None:
+                  simple: bool, out: Any, queued: bool = False, call: tuple = ((), None)) -> None:
         """`simple`: the op ran in issue order or waited in its stream's queue (`queued`), and
         made a fresh result writing nothing else or wrote in place what `writes` holds (mode.py
-        says which ops may be learned)."""
+        says which ops may be learned). `call`: the op's (args, kwargs)."""
         if threading.get_ident() != self.thread or not simple:
             self.spoiled = True
         if self.spoiled or self.ops:
@@ -132,14 +138,18 @@ class Probe:
         result = None
         if write_keys:
             self.ops.append((plan, tuple(label(t) for t in reads), read_keys,
-                             tuple(label(t) for t in writes), write_keys, None, queued))
+                             tuple(label(t) for t in writes), write_keys, None, queued, False))
             return
         if isinstance(out, _Tensor):
             try:
                 result = (weakref.ref(out.untyped_storage()), label(out))
             except (RuntimeError, NotImplementedError, TypeError):
                 result = None  # no storage to name (never learned, as before)
-        self.ops.append((plan, tuple(label(t) for t in reads), read_keys, (), [], result, queued))
+        args, kwargs = call
+        given = (queued and not kwargs and self._arg_ids is not None
+                 and tuple(map(id, args)) == self._arg_ids)
+        self.ops.append((plan, tuple(label(t) for t in reads), read_keys, (), [], result, queued,
+                         given))
 
 
 def _tensor_meta(a: Any, tensors: list) -> tuple:
@@ -313,7 +323,7 @@ class CallPatterns:
                     held = (held_args, dict(kwargs) if kwargs else kwargs)
                 else:
                     held, release = mode.aliases_for_queue((args, kwargs))
-            out, call = defer_call(func, held, pattern.result_meta, returns)
+            out, call = defer_call(func, held, pattern.result_meta, returns, pattern.out_op)
             call.release = release if returns is not None else mode.holding_results(out, release)
             schedule.queue(stream, seq, call)
         if not write_keys:
@@ -323,7 +333,7 @@ class CallPatterns:
 
     def _learn(self, key: tuple, tensors: list, func: Any, args: tuple, kwargs: dict) -> Any:
         mode = self.mode
-        probe = mode.probe = Probe(mode.label_of)
+        probe = mode.probe = Probe(mode.label_of, args, kwargs)
         try:
             out = func(*args, **kwargs)
         finally:
@@ -341,7 +351,7 @@ class CallPatterns:
             return _NEVER
         if not probe.ops:
             return _NOTHING if probe.reached else _UNSEEN
-        plan, read_labels, read_keys, write_labels, write_keys, result, queued = probe.ops[0]
+        plan, read_labels, read_keys, write_labels, write_keys, result, queued, given = probe.ops[0]
         if not write_keys:
             # A storage freed by the call's end is not what it returned, whatever its address.
             storage = None if result is None else result[0]()
@@ -360,6 +370,8 @@ class CallPatterns:
             if how is None:
                 return _NEVER
             how["positional"] = len(tensors) == sum(isinstance(a, _Tensor) for a in args)
+            if given and how.get("result_meta") is not None and how["positional"]:
+                how["out_op"] = out_form(plan.func)
         return CallPattern(plan.name, tuple(storages.index(key) for key in read_keys),
                            read_labels, None if result is None else result[1],
                            plan.touches_results, write_positions, write_labels, **how)

@@ -281,7 +281,8 @@ class StreamWork(TorchDispatchMode):
             # An op with host outputs is never learned: a pattern notes its result device memory.
             probe.device_op(plan, reads, read_keys, writes, write_keys,
                             (ran_in_order or queued) and plan.host is None
-                            and (in_place or (fresh and not write_keys)), out, queued)
+                            and (in_place or (fresh and not write_keys)), out, queued,
+                            (args, kwargs))
         return out
 
     def overtakes_queued_work(self, reported: int) -> bool:
