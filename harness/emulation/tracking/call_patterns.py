@@ -52,18 +52,20 @@ _Tensor = torch.Tensor
 _PLAIN = (torch.Tensor, torch.nn.Parameter)
 _SCALARS = frozenset({int, float, bool, str, type(None), torch.dtype, torch.device,
                       torch.memory_format, torch.layout, type(Ellipsis)})
-_STRIDED = torch.strided
 _DisableTorchDispatch = torch_internals.DisableTorchDispatch
 _DisableTorchFunction = torch_internals.DisableTorchFunction
 _increment_version = torch.autograd.graph.increment_version
 _stack_length = torch_internals.len_torch_dispatch_stack
 _stack_at = torch_internals.get_dispatch_stack_at
-_functorch_wrapped = torch_internals.is_functorch_wrapped_tensor
 _grad_on = torch.is_grad_enabled
 _inference_on = torch.is_inference_mode_enabled
-_deterministic = torch.are_deterministic_algorithms_enabled
+_deterministic = torch_internals.deterministic_algorithms
 _autocast_on = torch.is_autocast_enabled
+_any_autocast_on = torch_internals.is_any_autocast_enabled
 _default_dtype = torch.get_default_dtype
+
+
+_NO_AUTOCAST = (False, False)  # autocast on neither the cpu nor cuda, in a signature
 
 
 class _Unkeyed(Exception):
@@ -153,14 +155,18 @@ class Probe:
 
 
 def _tensor_meta(a: Any, tensors: list) -> tuple:
-    dtype = a.dtype
-    if type(a) not in _PLAIN or a.layout is not _STRIDED or not a.is_cpu or dtype.is_complex \
-            or _functorch_wrapped(a):
-        # A torch.func wrapper (vmap's batched tensor) has no storage to key its reads by; the
-        # aten ops below the transform see the tensors it wraps, and are tracked there.
+    if type(a) not in _PLAIN:
         raise _Unkeyed
-    mark = memory_mark(a)
-    if mark == PINNED:
+    try:
+        storage = a.untyped_storage()
+    except (RuntimeError, NotImplementedError):
+        # Sparse and mkldnn layouts; a torch.func wrapper (vmap's batched tensor, grad's), whose
+        # reads the aten ops below the transform see on the tensors it wraps, tracked there.
+        raise _Unkeyed from None
+    mark = memory_mark(storage)
+    dtype = a.dtype
+    # Device memory is host memory of the CPU's: asked only of other tensors (meta ones).
+    if mark is not DEVICE and (mark == PINNED or not a.is_cpu) or dtype.is_complex:
         raise _Unkeyed
     tensors.append(a)
     return (dtype, a.shape, a.stride(), a.is_inference(), a.requires_grad, mark is DEVICE)
@@ -184,19 +190,20 @@ def signature(func: Any, args: tuple, kwargs: dict) -> tuple[tuple, list] | None
     The signature may be unhashable (an unhashable scalar inside it): the lookup says."""
     tensors: list = []
     # The hot path: one signature per device call, so tensors and scalars are inlined.
-    parts = [func, _grad_on(), _inference_on(), _deterministic(), _autocast_on("cpu"),
-             _autocast_on("cuda"), _default_dtype()]
+    autocast = (_autocast_on("cpu"), _autocast_on("cuda")) if _any_autocast_on() else _NO_AUTOCAST
+    parts = [func, _grad_on(), _inference_on(), _deterministic(), autocast, _default_dtype()]
     append = parts.append
     try:
         for a in args:
             kind = type(a)
             if kind is _Tensor:  # _tensor_meta inlined
-                dtype = a.dtype
-                if a.layout is not _STRIDED or not a.is_cpu or dtype.is_complex \
-                        or _functorch_wrapped(a):
+                try:
+                    storage = a.untyped_storage()
+                except (RuntimeError, NotImplementedError):
                     return None
-                mark = memory_mark(a)
-                if mark == PINNED:
+                mark = memory_mark(storage)
+                dtype = a.dtype
+                if mark is not DEVICE and (mark == PINNED or not a.is_cpu) or dtype.is_complex:
                     return None
                 tensors.append(a)
                 append((dtype, a.shape, a.stride(), a.is_inference(), a.requires_grad,
