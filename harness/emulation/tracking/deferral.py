@@ -94,19 +94,16 @@ _default_dtype = torch.get_default_dtype
 
 
 def out_form(op: Any) -> Any:
-    """The `out=` overload of the aten overload `op` that takes `op`'s arguments (same names and
-    types, in order) and one `out` tensor, or None: what a queued call whose aten op got the
-    call's own arguments runs into its poisoned result (no second allocation and copy)."""
-    arguments = [(a.name, str(a.type)) for a in op._schema.arguments]
-    packet = op.overloadpacket
-    for name in packet.overloads():
-        overload = getattr(packet, name)
-        outs = [a for a in overload._schema.arguments if a.is_out]
-        if (len(outs) == 1 and outs[0].name == "out" and len(overload._schema.returns) == 1
-                and [(a.name, str(a.type)) for a in overload._schema.arguments
-                     if not a.is_out] == arguments):
-            return overload
-    return None
+    """The `out=` overload of the aten overload `op` (opinfo.out_overload: the same arguments, an
+    out that is filled as it is) whose arguments come in `op`'s order and whose one out is named
+    `out`, or None: what a queued call whose aten op got the call's own positional arguments runs
+    into its poisoned result (no second allocation and copy)."""
+    overload = opinfo.out_overload(op)
+    if overload is None or opinfo.out_names(overload) != ["out"]:
+        return None
+    names = [a.name for a in op._schema.arguments]
+    theirs = [a.name for a in overload._schema.arguments if not a.is_out]
+    return overload if theirs[:len(names)] == names else None
 
 
 class QueuedCall:
