@@ -243,6 +243,11 @@ NAMES: dict[str, Internal] = {
     "get_dispatch_stack_at": Internal("torch._C", "_get_dispatch_stack_at"),
     # torch.func's wrappers (vmap's batched tensors, grad's): no storage of their own
     "is_functorch_wrapped_tensor": Internal("torch._C", "_functorch.is_functorch_wrapped_tensor"),
+    # One call for whether any device type's autocast is on: a learned call's signature asks it
+    # first (call_patterns.py), `torch.is_autocast_enabled(device)` parses its argument each time
+    "is_any_autocast_enabled": Internal("torch._C", "_is_any_autocast_enabled"),
+    # What torch.are_deterministic_algorithms_enabled returns, without its Python frame
+    "deterministic_algorithms": Internal("torch._C", "_get_deterministic_algorithms"),
     "functorch_get_unwrapped": Internal("torch._C", "_functorch.get_unwrapped"),
     # torch.profiler on the emulated device (profiling.py): a range the profiler records, its
     # states, and the autograd profiler's steps the device's events are added in
@@ -449,6 +454,8 @@ graph_pool_handle = bind(NAMES["graph_pool_handle"])
 DisableTorchDispatch = bind(NAMES["DisableTorchDispatch"])
 get_dispatch_stack_at = bind(NAMES["get_dispatch_stack_at"])
 is_functorch_wrapped_tensor = bind(NAMES["is_functorch_wrapped_tensor"])
+is_any_autocast_enabled = bind(NAMES["is_any_autocast_enabled"])
+deterministic_algorithms = bind(NAMES["deterministic_algorithms"])
 functorch_get_unwrapped = bind(NAMES["functorch_get_unwrapped"])
 RecordFunctionFast = bind(NAMES["RecordFunctionFast"])
 ProfilerState = bind(NAMES["ProfilerState"])

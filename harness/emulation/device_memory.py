@@ -63,14 +63,34 @@ class _CallFlags(threading.local):
     host_outputs = None
 
 
-class _StorageRef(weakref.ref):
-    """A weak reference that hashes by identity: a pending one may be looked up after its storage
-    died, and a plain weakref hashes by its referent (an error once that is gone). It keeps the
-    storage's size for the live-bytes count."""
+class StorageRef(weakref.ref):
+    """The one weak reference noting a device storage's death, shared by the allocator's model
+    and the stream tracking: one object and one callback per storage, made for every result of
+    every device op. It hashes by identity: a pending one may be looked up after its storage
+    died, and a plain weakref hashes by its referent (an error once that is gone).
 
-    __slots__ = ("nbytes",)
+    `nbytes`: the allocation's bytes, for the live-bytes count and the model (0 for a storage
+    without an allocation of its own, and once `release_storage` gave it back). The stream
+    tracking sets the rest when it first sees the storage (mode.py): `on_free`, its call at the
+    death (None until then), and `key`, `stream` and `size` (the storage's bytes), which it
+    judges the free by."""
+
+    __slots__ = ("nbytes", "on_free", "key", "stream", "size")
     __hash__ = object.__hash__
     __eq__ = object.__eq__
+
+
+def _tell_tracking(ref: StorageRef) -> None:
+    if ref.on_free is not None:
+        ref.on_free(ref)
+
+
+def death_watch(storage: torch.UntypedStorage) -> StorageRef:
+    """A StorageRef for device memory without an allocation of its own (an alias, an empty
+    storage): its death is only the stream tracking's to note."""
+    ref = StorageRef(storage, _tell_tracking)
+    ref.nbytes, ref.on_free = 0, None
+    return ref
 
 
 class HeldBlock:
@@ -173,15 +193,15 @@ class DeviceMemory:
         self.host = PinnedHostAllocator(capture=capture)  # pinned memory: CUDA's caching host allocator
         self._capture = capture
         self._current_stream = current_stream
-        self._blocks: dict[_StorageRef, Block] = {}
+        self._blocks: dict[StorageRef, Block] = {}
         # Not yet played: (ref, nbytes, stream, graph pool or None) for an allocation, the ref for
         # a free, a Block for a free of the generator's seed or offset.
         self._pending: list = []
         self._playing = threading.RLock()  # one thread plays at a time; the others wait for it
-        self._on_freed = self._pending_free  # bound once: adopt() runs on every device allocation
+        self._on_died = self._storage_died  # bound once: adopt() runs on every device allocation
         self._live = 0  # bytes of the device storages alive, counted without the accounting
         self._modelled = False  # whether the accounting has started (see the module docstring)
-        self._unmodelled: dict[_StorageRef, Any] = {}  # before it: live storage -> its stream
+        self._unmodelled: dict[StorageRef, Any] = {}  # before it: live storage -> its stream
         # before it: what the allocations and frees moved, per device
         self._early = {0: EarlyCounts()}
         # Before it too: the first EARLY_LOG allocations and frees in order, so that the model
@@ -198,8 +218,9 @@ class DeviceMemory:
         self.stream_key: Callable[[Any], Any] = lambda stream: stream
         # Per thread: another thread's host work while this one runs a device op is host work.
         self._call_flags = self.call_flags = _CallFlags()  # call_flags: the hot path's own read
-        # Told of each storage made device memory, so stream tracking learns the stream of memory
-        # that no op it saw returned (`torch.as_tensor(x, device="cuda")` is made in C++).
+        # Told of each storage made device memory, with its StorageRef (None: no allocation), so
+        # stream tracking learns the stream of memory that no op it saw returned
+        # (`torch.as_tensor(x, device="cuda")` is made in C++).
         self.adoption_listeners: list = []
         # CUDA initializes at its first device tensor: torch.cuda.is_initialized() is True after.
         self.adopted_any = False
@@ -281,21 +302,43 @@ class DeviceMemory:
     def adopt(self, storage: torch.UntypedStorage, stream: Any = None) -> None:
         """Mark `storage` device memory: an allocation on `stream` (the current stream for None),
         whose device's allocator holds it, while it lives."""
+        ref = self._adopt(storage, stream)
+        for listener in self.adoption_listeners:
+            listener(storage, ref)
+
+    def _adopt(self, storage: torch.UntypedStorage, stream: Any) -> StorageRef | None:
+        """`adopt` without telling the listeners: the allocation's StorageRef, None for an empty
+        storage."""
         setattr(storage, MEMORY_ATTR, DEVICE)
         self.adopted_any = True
         nbytes = storage.nbytes()
-        if nbytes:  # CUDA's allocator makes no block for an empty request
-            ref = _StorageRef(storage, self._on_freed)
-            ref.nbytes = nbytes
-            self._allocate(ref, nbytes, self._current_stream() if stream is None else stream)
-        if self.thread_arenas and nbytes:
+        if not nbytes:  # CUDA's allocator makes no block for an empty request
+            return None
+        ref = StorageRef(storage, self._on_died)
+        ref.nbytes, ref.on_free = nbytes, None
+        self._allocate(ref, nbytes, self._current_stream() if stream is None else stream)
+        if self.thread_arenas:
             stream = self._current_stream() if stream is None else stream
             arena = self.thread_arenas.get(
                 (threading.get_ident(), getattr(stream, "device_index", 0)))
             if arena is not None and getattr(storage, BLOCK_ATTR, None) is None:
                 arena.take_over(storage, self.stream_key(stream))
-        for listener in self.adoption_listeners:
-            listener(storage)
+        return ref
+
+    def tracking_ref(self, storage: torch.UntypedStorage) -> StorageRef:
+        """The StorageRef the stream tracking notes `storage`'s death by, `storage` made device
+        memory first if it is not (an allocation on the current stream, the adoption listeners
+        not told: the tracking asking is the one that listens): its allocation's, or for device
+        memory without one, a ref of its own."""
+        if getattr(storage, MEMORY_ATTR, None) is not DEVICE:
+            ref = self._adopt(storage, None)
+            if ref is not None:
+                return ref
+        else:  # device memory made before the tracking saw it: rare, once per storage
+            for ref in weakref.getweakrefs(storage):
+                if ref.__class__ is StorageRef:
+                    return ref
+        return death_watch(storage)
 
     def mark_alias(self, storage: torch.UntypedStorage,
                    of: torch.UntypedStorage | None = None) -> None:
@@ -307,7 +350,7 @@ class DeviceMemory:
         if of is not None:
             storage._harness_alias_of = of
         for listener in self.adoption_listeners:
-            listener(storage)
+            listener(storage, None)
 
     @staticmethod
     def mark_wrapper(storage: torch.UntypedStorage) -> None:
@@ -319,7 +362,8 @@ class DeviceMemory:
         self._live += nbytes
         if not self._modelled:
             self._unmodelled[ref] = stream
-            self._early_counts(stream).allocate(nbytes)
+            early = self._early.get(getattr(stream, "device_index", 0)) or self._early_counts(stream)
+            early.allocate(nbytes)
             if self._early_log is not None:  # asked here: every allocation passes
                 self._log_early((ref, nbytes, stream))
             return
@@ -376,7 +420,7 @@ class DeviceMemory:
         """Whether `storage` holds an allocation of the device's allocator (its death frees it):
         CUDA's storage with the caching allocator's deleter. One made from a data pointer, or
         released (`release_storage`), does not."""
-        return any(ref.__class__ is _StorageRef and ref.nbytes
+        return any(ref.__class__ is StorageRef and ref.nbytes
                    for ref in weakref.getweakrefs(storage))
 
     def release_block(self, held: "HeldBlock") -> None:
@@ -409,7 +453,7 @@ class DeviceMemory:
         tensors handed to the program hold rather than the recording. A storage without an
         allocation of its own (an alias) is left as it is."""
         for ref in weakref.getweakrefs(storage):
-            if ref.__class__ is _StorageRef and ref.nbytes:
+            if ref.__class__ is StorageRef and ref.nbytes:
                 self._pending_free(ref)
                 ref.nbytes = 0  # the free at its death: nothing left to count or free
 
@@ -422,13 +466,27 @@ class DeviceMemory:
         if not nbytes:
             return
         allocator = self.accounting(getattr(self._current_stream(), "device_index", 0))
-        ref = _StorageRef(storage, self._on_freed)
-        ref.nbytes = nbytes
+        ref = StorageRef(storage, self._on_died)
+        ref.nbytes, ref.on_free = nbytes, None
         self._live += nbytes
         self._pending.append((ref, nbytes, self._current_stream(), allocator.pool_of(handle, pool_id)))
         self._play()
 
-    def _pending_free(self, ref: _StorageRef) -> None:
+    def _storage_died(self, ref: StorageRef) -> None:
+        # _pending_free inlined: every device storage's death passes here
+        self._live -= ref.nbytes
+        stream = self._unmodelled.pop(ref, None)
+        if stream is None:
+            self._pending.append(ref)
+        else:  # it died before the model started
+            early = self._early.get(getattr(stream, "device_index", 0)) or self._early_counts(stream)
+            early.free(ref.nbytes)
+            if self._early_log is not None:
+                self._log_early(ref)
+        if ref.on_free is not None:
+            ref.on_free(ref)  # the stream tracking's note of the free (mode.py)
+
+    def _pending_free(self, ref: StorageRef) -> None:
         self._live -= ref.nbytes
         stream = self._unmodelled.pop(ref, None)
         if stream is None:

@@ -8,6 +8,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from harness.emulation.device_memory import death_watch
 from harness.emulation.tracking import RaceError, RaceKind
 from harness.emulation.tracking.names import storage_key
 from harness.emulation.tracking.work import AsyncWork
@@ -35,8 +36,9 @@ class StandInMemory:
     def call_targets_device(self) -> bool:
         return self.call_on_device
 
-    def mark_device(self, t: torch.Tensor) -> None:
-        device(t)
+    def tracking_ref(self, storage: torch.UntypedStorage):
+        storage._stand_in = "device"
+        return death_watch(storage)
 
 
 def device(t: torch.Tensor) -> torch.Tensor:

@@ -169,3 +169,52 @@ def test_a_free_while_its_producer_still_waits_in_the_queue_is_reported(patterns
                 _free_while_the_producer_waits()
         reports = [str(r) for r in state.streams_tracking.reports]
     assert len([r for r in reports if "memory freed while another stream" in r]) == 2, reports
+
+
+def _bare_storage_kept(hold_storage: bool) -> list[str]:
+    """A caller's tensor read by a side-stream op that already ran from the queue (no host wait:
+    the default stream is not ordered after it) is dropped while the program keeps its bare
+    storage: CUDA frees nothing while the storage lives, so the default stream's next block of
+    that size is other memory; the free comes when the storage goes."""
+    side = torch.cuda.Stream()
+    phases = []
+    for _ in range(2):  # dispatched, then learned
+        a = torch.ones(4096, device="cuda")
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            a * 2  # queued on the side stream, reading a
+            torch.randn(1, device="cuda")  # a seeded op cannot wait: the queue runs first
+        kept = a.untyped_storage() if hold_storage else None
+        del a  # the side stream's read is not ordered before the default stream's next work
+        torch.empty(4096, device="cuda").fill_(1)  # a block of that size, on the default stream
+        phases.append("held")
+        del kept
+        torch.empty(4096, device="cuda").fill_(1)
+        phases.append("dropped")
+        torch.cuda.synchronize()
+    return phases
+
+
+@pytest.mark.parametrize("schedule", ["adversarial", "issue_order"])
+def test_a_bare_storage_kept_by_the_program_is_not_freed_with_its_last_tensor(schedule):
+    """The storage the program holds keeps the allocation, under either schedule: the race is
+    the reuse after the storage is dropped, reported there only."""
+    skip_unless_the_emulated_device_can_be_entered()
+    with harness.emulate_cuda(device="cpu", schedule=schedule, races="report") as state:
+        _bare_storage_kept(hold_storage=True)
+        reports = [str(r) for r in state.streams_tracking.reports]
+    freed = [r for r in reports if "memory freed while another stream" in r]
+    assert len(freed) == 2, reports
+    assert all("del kept" in r for r in freed), freed
+    assert not any("del a" in r for r in freed), freed
+
+
+@pytest.mark.parametrize("schedule", ["adversarial", "issue_order"])
+def test_the_last_tensor_dropped_without_a_kept_storage_is_the_free(schedule):
+    """The same program holding no storage: the free is the drop of the tensor."""
+    skip_unless_the_emulated_device_can_be_entered()
+    with harness.emulate_cuda(device="cpu", schedule=schedule, races="report") as state:
+        _bare_storage_kept(hold_storage=False)
+        reports = [str(r) for r in state.streams_tracking.reports]
+    freed = [r for r in reports if "memory freed while another stream" in r]
+    assert len(freed) == 2 and all("del a" in r for r in freed), reports

@@ -45,25 +45,27 @@ from harness import torch_internals
 from harness.graphs.emulator.callsite import callsite_later
 from harness.graphs.emulator.pool import poison_value
 from harness.emulation.device_memory import DEVICE, PINNED, memory_mark
-from harness.emulation.tracking.deferral import defer_call
+from harness.emulation.tracking.deferral import defer_call, out_form
 from harness.emulation.tracking.races import Access
 
 _Tensor = torch.Tensor
 _PLAIN = (torch.Tensor, torch.nn.Parameter)
 _SCALARS = frozenset({int, float, bool, str, type(None), torch.dtype, torch.device,
                       torch.memory_format, torch.layout, type(Ellipsis)})
-_STRIDED = torch.strided
 _DisableTorchDispatch = torch_internals.DisableTorchDispatch
 _DisableTorchFunction = torch_internals.DisableTorchFunction
 _increment_version = torch.autograd.graph.increment_version
 _stack_length = torch_internals.len_torch_dispatch_stack
 _stack_at = torch_internals.get_dispatch_stack_at
-_functorch_wrapped = torch_internals.is_functorch_wrapped_tensor
 _grad_on = torch.is_grad_enabled
 _inference_on = torch.is_inference_mode_enabled
-_deterministic = torch.are_deterministic_algorithms_enabled
+_deterministic = torch_internals.deterministic_algorithms
 _autocast_on = torch.is_autocast_enabled
+_any_autocast_on = torch_internals.is_any_autocast_enabled
 _default_dtype = torch.get_default_dtype
+
+
+_NO_AUTOCAST = (False, False)  # autocast on neither the cpu nor cuda, in a signature
 
 
 class _Unkeyed(Exception):
@@ -89,6 +91,9 @@ class CallPattern:
     returns: int | None = None  # queued, in place: which of the call's tensors it returns (None)
     bumps: tuple[int, ...] = ()  # queued, in place: the written tensors with a version counter
     positional: bool = False  # queued: every tensor of the call is a positional argument
+    # queued, fresh: the aten op's `out=` form, where the op was given the call's positional
+    # arguments themselves (deferral.out_form); None: the call runs again and is copied
+    out_op: Any = None
 
 
 _NOTHING = CallPattern()  # only views reached the stream mode
@@ -106,23 +111,26 @@ class Probe:
     reference to the result's storage (which a view returned by the call keeps alive where the
     result's own tensor dies: `linear`'s `mm` under its `_unsafe_view`)."""
 
-    __slots__ = ("thread", "spoiled", "reached", "ops", "_label")
+    __slots__ = ("thread", "spoiled", "reached", "ops", "_label", "_arg_ids")
 
-    def __init__(self, label) -> None:
+    def __init__(self, label, args: tuple = (), kwargs: dict | None = None) -> None:
         self.thread = threading.get_ident()
         self.spoiled = False
         self.reached = False  # whether any aten op reached the stream mode
         self.ops: list[tuple] = []
         self._label = label  # the stream mode's label_of: a tensor's shape and dtype, immutable
+        # The ids of the call's positional arguments (alive while it runs; no reference kept),
+        # to tell an op given exactly those (`x * y` reaching `mul.Tensor(x, y)`); None: kwargs
+        self._arg_ids = None if kwargs else tuple(map(id, args))
 
     def spoil(self) -> None:
         self.spoiled = True
 
     def device_op(self, plan, reads: list, read_keys: list, writes: list, write_keys: list,
-                  simple: bool, out: Any, queued: bool = False) -> None:
+                  simple: bool, out: Any, queued: bool = False, call: tuple = ((), None)) -> None:
         """`simple`: the op ran in issue order or waited in its stream's queue (`queued`), and
         made a fresh result writing nothing else or wrote in place what `writes` holds (mode.py
-        says which ops may be learned)."""
+        says which ops may be learned). `call`: the op's (args, kwargs)."""
         if threading.get_ident() != self.thread or not simple:
             self.spoiled = True
         if self.spoiled or self.ops:
@@ -132,25 +140,33 @@ class Probe:
         result = None
         if write_keys:
             self.ops.append((plan, tuple(label(t) for t in reads), read_keys,
-                             tuple(label(t) for t in writes), write_keys, None, queued))
+                             tuple(label(t) for t in writes), write_keys, None, queued, False))
             return
         if isinstance(out, _Tensor):
             try:
                 result = (weakref.ref(out.untyped_storage()), label(out))
             except (RuntimeError, NotImplementedError, TypeError):
                 result = None  # no storage to name (never learned, as before)
-        self.ops.append((plan, tuple(label(t) for t in reads), read_keys, (), [], result, queued))
+        args, kwargs = call
+        given = (queued and not kwargs and self._arg_ids is not None
+                 and tuple(map(id, args)) == self._arg_ids)
+        self.ops.append((plan, tuple(label(t) for t in reads), read_keys, (), [], result, queued,
+                         given))
 
 
 def _tensor_meta(a: Any, tensors: list) -> tuple:
-    dtype = a.dtype
-    if type(a) not in _PLAIN or a.layout is not _STRIDED or not a.is_cpu or dtype.is_complex \
-            or _functorch_wrapped(a):
-        # A torch.func wrapper (vmap's batched tensor) has no storage to key its reads by; the
-        # aten ops below the transform see the tensors it wraps, and are tracked there.
+    if type(a) not in _PLAIN:
         raise _Unkeyed
-    mark = memory_mark(a)
-    if mark == PINNED:
+    try:
+        storage = a.untyped_storage()
+    except (RuntimeError, NotImplementedError):
+        # Sparse and mkldnn layouts; a torch.func wrapper (vmap's batched tensor, grad's), whose
+        # reads the aten ops below the transform see on the tensors it wraps, tracked there.
+        raise _Unkeyed from None
+    mark = memory_mark(storage)
+    dtype = a.dtype
+    # Device memory is host memory of the CPU's: asked only of other tensors (meta ones).
+    if mark is not DEVICE and (mark == PINNED or not a.is_cpu) or dtype.is_complex:
         raise _Unkeyed
     tensors.append(a)
     return (dtype, a.shape, a.stride(), a.is_inference(), a.requires_grad, mark is DEVICE)
@@ -174,19 +190,20 @@ def signature(func: Any, args: tuple, kwargs: dict) -> tuple[tuple, list] | None
     The signature may be unhashable (an unhashable scalar inside it): the lookup says."""
     tensors: list = []
     # The hot path: one signature per device call, so tensors and scalars are inlined.
-    parts = [func, _grad_on(), _inference_on(), _deterministic(), _autocast_on("cpu"),
-             _autocast_on("cuda"), _default_dtype()]
+    autocast = (_autocast_on("cpu"), _autocast_on("cuda")) if _any_autocast_on() else _NO_AUTOCAST
+    parts = [func, _grad_on(), _inference_on(), _deterministic(), autocast, _default_dtype()]
     append = parts.append
     try:
         for a in args:
             kind = type(a)
             if kind is _Tensor:  # _tensor_meta inlined
-                dtype = a.dtype
-                if a.layout is not _STRIDED or not a.is_cpu or dtype.is_complex \
-                        or _functorch_wrapped(a):
+                try:
+                    storage = a.untyped_storage()
+                except (RuntimeError, NotImplementedError):
                     return None
-                mark = memory_mark(a)
-                if mark == PINNED:
+                mark = memory_mark(storage)
+                dtype = a.dtype
+                if mark is not DEVICE and (mark == PINNED or not a.is_cpu) or dtype.is_complex:
                     return None
                 tensors.append(a)
                 append((dtype, a.shape, a.stride(), a.is_inference(), a.requires_grad,
@@ -313,7 +330,7 @@ class CallPatterns:
                     held = (held_args, dict(kwargs) if kwargs else kwargs)
                 else:
                     held, release = mode.aliases_for_queue((args, kwargs))
-            out, call = defer_call(func, held, pattern.result_meta, returns)
+            out, call = defer_call(func, held, pattern.result_meta, returns, pattern.out_op)
             call.release = release if returns is not None else mode.holding_results(out, release)
             schedule.queue(stream, seq, call)
         if not write_keys:
@@ -323,7 +340,7 @@ class CallPatterns:
 
     def _learn(self, key: tuple, tensors: list, func: Any, args: tuple, kwargs: dict) -> Any:
         mode = self.mode
-        probe = mode.probe = Probe(mode.label_of)
+        probe = mode.probe = Probe(mode.label_of, args, kwargs)
         try:
             out = func(*args, **kwargs)
         finally:
@@ -341,7 +358,7 @@ class CallPatterns:
             return _NEVER
         if not probe.ops:
             return _NOTHING if probe.reached else _UNSEEN
-        plan, read_labels, read_keys, write_labels, write_keys, result, queued = probe.ops[0]
+        plan, read_labels, read_keys, write_labels, write_keys, result, queued, given = probe.ops[0]
         if not write_keys:
             # A storage freed by the call's end is not what it returned, whatever its address.
             storage = None if result is None else result[0]()
@@ -360,6 +377,8 @@ class CallPatterns:
             if how is None:
                 return _NEVER
             how["positional"] = len(tensors) == sum(isinstance(a, _Tensor) for a in args)
+            if given and how.get("result_meta") is not None and how["positional"]:
+                how["out_op"] = out_form(plan.func)
         return CallPattern(plan.name, tuple(storages.index(key) for key in read_keys),
                            read_labels, None if result is None else result[1],
                            plan.touches_results, write_positions, write_labels, **how)

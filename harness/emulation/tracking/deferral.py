@@ -93,14 +93,29 @@ _deterministic = torch.are_deterministic_algorithms_enabled
 _default_dtype = torch.get_default_dtype
 
 
+def out_form(op: Any) -> Any:
+    """The `out=` overload of the aten overload `op` (opinfo.out_overload: the same arguments, an
+    out that is filled as it is) whose arguments come in `op`'s order and whose one out is named
+    `out`, or None: what a queued call whose aten op got the call's own positional arguments runs
+    into its poisoned result (no second allocation and copy)."""
+    overload = opinfo.out_overload(op)
+    if overload is None or opinfo.out_names(overload) != ["out"]:
+        return None
+    names = [a.name for a in op._schema.arguments]
+    theirs = [a.name for a in overload._schema.arguments if not a.is_out]
+    return overload if theirs[:len(names)] == names else None
+
+
 class QueuedCall:
     """A whole torch call queued as the one device op it makes (a learned call pattern,
     call_patterns.py): run later below autograd, with every mode off, in the inference mode and
     the dispatch state of its issue (no autocast, deterministic algorithms off, the default dtype
     then), which is what the aten op it reaches would have seen; its fresh result copied into
-    `target`. One object, not a closure per part: a decode step queues hundreds."""
+    `target`, or written there by `out_op` (the aten op's `out=` form, where the op was given the
+    call's arguments as they are). One object, not a closure per part: a decode step queues
+    hundreds."""
 
-    __slots__ = ("func", "args", "kwargs", "target", "inference", "dtype", "release")
+    __slots__ = ("func", "args", "kwargs", "target", "inference", "dtype", "release", "out_op")
 
     def __call__(self) -> None:
         if _inference_on() is self.inference:
@@ -113,8 +128,15 @@ class QueuedCall:
 
     def _run(self) -> None:
         with _DisableTorchDispatch(), _DisableTorchFunction(), _BelowAutograd():
-            if (_default_dtype() is self.dtype and not _autocast_on("cpu")
-                    and not _autocast_on("cuda") and not _deterministic()):
+            in_issue_state = (_default_dtype() is self.dtype and not _autocast_on("cpu")
+                              and not _autocast_on("cuda") and not _deterministic())
+            if self.out_op is not None:
+                if in_issue_state:
+                    self.out_op(*self.args, out=self.target)
+                else:
+                    _in_issue_state(self.dtype, self.out_op, self.args, {"out": self.target})
+                return
+            if in_issue_state:
                 result = self.func(*self.args, **self.kwargs)
             else:
                 result = _in_issue_state(self.dtype, self.func, self.args, self.kwargs)
@@ -146,19 +168,21 @@ def _in_issue_state(dtype: torch.dtype, func, args: tuple, kwargs: dict) -> Any:
         torch.use_deterministic_algorithms(before[3], warn_only=before[4])
 
 
-def defer_call(func, held: tuple, result: tuple | None, returns: Any
+def defer_call(func, held: tuple, result: tuple | None, returns: Any, out_op: Any = None
                ) -> tuple[Any, QueuedCall]:
     """(what a learned torch call returns now, the call that does its work later). `held` is
     `(args, kwargs)` with the tensors the queued call keeps (aliases of the caller's);
     `result`: the fresh result's (shape, stride, dtype, poison value or None when it is empty),
     allocated now and poisoned until the call ran, or None for a call in place, which returns
-    `returns`."""
+    `returns`. `out_op`: the `out=` form that writes the result from `held`'s arguments (None:
+    the call runs and its result is copied)."""
     call = QueuedCall()
     call.func, (call.args, call.kwargs) = func, held
     call.inference, call.dtype, call.release = _inference_on(), _default_dtype(), None
     if result is None:
-        call.target = None
+        call.target = call.out_op = None
         return returns, call
+    call.out_op = out_op
     shape, stride, dtype, poison = result
     with _DisableTorchDispatch(), _DisableTorchFunction():
         out = torch.empty_strided(shape, stride, dtype=dtype)

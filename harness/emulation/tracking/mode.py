@@ -3,7 +3,8 @@ or queued by the schedule. Host ops on pinned memory are the host's accesses; op
 host wait (`.item()`, a blocking copy) run the stream's queue first and join the host's clock.
 
 `memory` says what a tensor is (`is_device`, `is_pinned`, `call_targets_device`,
-`makes_host_memory`) and marks results (`mark_device`), `stream()` the
+`makes_host_memory`) and marks results (`tracking_ref`: the weak reference, shared with the
+allocator's model, that tells this mode of the storage's death), `stream()` the
 current stream's id, `capturing()` whether a graph capture is underway (its ops are recorded, not
 issued: the recorder sees them first and nothing here applies).
 """
@@ -42,13 +43,6 @@ _HigherOrderOperator = torch_internals.HigherOrderOperator
 DEFAULT_STREAM = 0  # device 0's default stream: where memory made before tracking began lives
 
 
-class _Allocation(weakref.ref):
-    """The weak reference noting a device storage's free, carrying what the free is judged by:
-    made for every result of every device op, so one object instead of a closure and a ref."""
-
-    __slots__ = ("key", "stream", "nbytes")
-
-
 class _Watch(weakref.ref):
     """The weak reference on a caller's tensor that queued work holds an alias of: its death is
     noted (`StreamWork._caller_dropped`) with the storage it was on. One object per watched
@@ -69,7 +63,9 @@ class StreamWork(TorchDispatchMode):
         self.capturing = capturing
         self.tracker = tracker
         self.schedule = schedule
-        self._allocations: dict[int, weakref.ref] = {}  # storage key -> weak ref noting its free
+        # storage key -> the StorageRef noting its free (device_memory.py), shared with the
+        # allocator's model: its `on_free` is this mode's `_freed`
+        self._allocations: dict[int, Any] = {}
         self._allocated_on: dict[int, int] = {}  # storage key -> the stream that allocated it
         # Strict races found where raising is impossible (a queued op run inside a host wait).
         self._late: list[RaceError] = []
@@ -227,7 +223,7 @@ class StreamWork(TorchDispatchMode):
                 if key not in labels:
                     labels[key] = self._shape_labels.of(t)
                 if key not in allocations and self.memory.is_device(t):
-                    self._note_allocation(t, DEFAULT_STREAM)  # made before tracking began
+                    self._note_earlier(t, key)
         reported = len(self.tracker.reports)
         seq = self.tracker.launch(stream, read_keys, write_keys, op=name, where=where)
         if plan.is_copy:
@@ -285,7 +281,8 @@ class StreamWork(TorchDispatchMode):
             # An op with host outputs is never learned: a pattern notes its result device memory.
             probe.device_op(plan, reads, read_keys, writes, write_keys,
                             (ran_in_order or queued) and plan.host is None
-                            and (in_place or (fresh and not write_keys)), out, queued)
+                            and (in_place or (fresh and not write_keys)), out, queued,
+                            (args, kwargs))
         return out
 
     def overtakes_queued_work(self, reported: int) -> bool:
@@ -370,7 +367,11 @@ class StreamWork(TorchDispatchMode):
     def _caller_dropped(self, watch: _Watch) -> None:
         if self._watched.get(watch.tensor_id) is watch:
             del self._watched[watch.tensor_id]
-        self._dropped.append((watch.key, callsite_later()))
+        # Judged at the next op only while queued work still holds the memory; otherwise the
+        # storage's own death is the free (`_freed`), and a bare storage the program keeps
+        # keeps the allocation, as on CUDA. Most dropped tensors' last queued reader ran already.
+        if self.holds.holds(watch.key):
+            self._dropped.append((watch.key, callsite_later()))
 
     def check_drops(self) -> None:
         """For storages whose caller tensors died: if only queued work still holds the memory,
@@ -385,7 +386,7 @@ class StreamWork(TorchDispatchMode):
             uses = torch_internals.storage_use_count(torch_internals.storage_key(storage))
             if uses - 1 > self.holds.aliases(key):
                 continue  # the caller still has a tensor on it
-            self.tracker.free(key, self._allocated_on.pop(key), nbytes=ref.nbytes, where=where)
+            self.tracker.free(key, self._allocated_on.pop(key), nbytes=ref.size, where=where)
 
     def _note_fresh(self, out: Any, write: Access, touched: bool = True) -> None:
         """Results of a device op (`write`) are device memory, written by it (`touched`; False: only
@@ -402,10 +403,10 @@ class StreamWork(TorchDispatchMode):
                 continue
             key = storage.data_ptr()
             ref = allocations.get(key)
-            new = ref is None or ref() is not storage
-            if new or allocated_on.get(key) != stream:
-                self._note_storage(storage, stream, new=new)
-            self.memory.mark_device(t)  # after the note: `adopted` finds it noted
+            if ref is None or ref() is not storage:  # made now: device memory from here
+                self._track(self.memory.tracking_ref(storage), key, stream, new=True)
+            elif allocated_on.get(key) != stream:
+                self._track(ref, key, stream, new=False)
             labels[key] = self._shape_labels.of(t)  # before the write: a reuse report names it
             tracker.record_fresh(key, write, touched=touched)
 
@@ -415,7 +416,7 @@ class StreamWork(TorchDispatchMode):
         if key not in self.tracker.labels:
             self.tracker.labels[key] = label
         if key not in self._allocations and self.memory.is_device(t):
-            self._note_allocation(t, DEFAULT_STREAM)  # made before tracking began
+            self._note_earlier(t, key)
 
     def note_result(self, t: torch.Tensor, label, write: Access, *, touched: bool = True) -> None:
         """`_note_fresh` of one result with its label known, for a caller that did not dispatch."""
@@ -423,49 +424,61 @@ class StreamWork(TorchDispatchMode):
             storage = t.untyped_storage()  # own_storage, inlined: every learned call's result
         except (RuntimeError, NotImplementedError):
             return
-        if storage.nbytes() == 0:
+        nbytes = storage.nbytes()
+        if nbytes == 0:
             return
         key = storage.data_ptr()
+        stream = write.participant
         ref = self._allocations.get(key)
-        new = ref is None or ref() is not storage
-        if new or self._allocated_on.get(key) != write.participant:
-            self._note_storage(storage, write.participant, new=new)
-        self.memory.mark_device(t)
+        if ref is None or ref() is not storage:  # made now: device memory from here
+            # _track inlined: every learned call's result
+            ref = self.memory.tracking_ref(storage)
+            ref.on_free, ref.key, ref.stream, ref.size = self._on_freed, key, stream, nbytes
+            self._allocations[key] = ref
+            self._allocated_on[key] = stream
+            self.tracker.allocate(key, stream, nbytes)
+        elif self._allocated_on.get(key) != stream:
+            self._track(ref, key, stream, new=False)
         self.tracker.labels[key] = label
         self.tracker.record_fresh(key, write, touched=touched)
 
     def label_of(self, t: torch.Tensor):
         return self._shape_labels.of(t)
 
-    def adopted(self, storage: torch.UntypedStorage) -> None:
-        """Device memory made now, outside a capture: it belongs to the current stream."""
-        ref = self._allocations.get(storage.data_ptr())
-        if ref is not None and ref() is storage:
+    def adopted(self, storage: torch.UntypedStorage, ref: Any) -> None:
+        """Device memory made now, outside a capture, with its StorageRef (None: it has no
+        allocation of its own): it belongs to the current stream."""
+        key = storage.data_ptr()
+        known = self._allocations.get(key)
+        if known is not None and known() is storage:
             return  # noted by the op that made it (_note_fresh), on that op's stream
         if not self.capturing() and storage.nbytes():
-            self._note_storage(storage, self.stream())
+            self._track(self.memory.tracking_ref(storage) if ref is None else ref, key,
+                        self.stream())
 
-    def _note_allocation(self, t: torch.Tensor, stream: int) -> None:
-        self._note_storage(t.untyped_storage(), stream, new=False)
+    def _note_earlier(self, t: torch.Tensor, key: int) -> None:
+        """Device memory made before tracking began: it lives on the default stream."""
+        self._track(self.memory.tracking_ref(t.untyped_storage()), key, DEFAULT_STREAM, new=False)
 
-    def _note_storage(self, storage: torch.UntypedStorage, stream: int, *, new: bool = True) -> None:
-        """`storage` belongs to `stream` from now; `new`: allocated now (not memory made before
-        tracking began), so it may be a block freed on that stream (tracker.allocate)."""
-        key, nbytes = storage.data_ptr(), storage.nbytes()
-        ref = _Allocation(storage, self._on_freed)
-        ref.key, ref.stream, ref.nbytes = key, stream, nbytes
+    def _track(self, ref: Any, key: int, stream: int, *, new: bool = True) -> None:
+        """The storage of `ref` (a StorageRef) belongs to `stream` from now, its death noted by
+        `_freed`; `new`: allocated now (not memory made before tracking began), so it may be a
+        block freed on that stream (tracker.allocate)."""
+        storage = ref()
+        nbytes = storage.nbytes()
+        ref.on_free, ref.key, ref.stream, ref.size = self._on_freed, key, stream, nbytes
         self._allocations[key] = ref
         self._allocated_on[key] = stream
         if new:
             self.tracker.allocate(key, stream, nbytes)
 
-    def _freed(self, ref: _Allocation) -> None:
+    def _freed(self, ref: Any) -> None:
         key = ref.key
         if self._allocations.get(key) is ref:
             del self._allocations[key]
         if self._allocated_on.pop(key, None) is None:
             return  # already judged when its caller dropped it (check_drops)
-        self.tracker.free(key, ref.stream, nbytes=ref.nbytes, where=callsite_later)
+        self.tracker.free(key, ref.stream, nbytes=ref.size, where=callsite_later)
 
     def _label(self, t: torch.Tensor) -> None:
         key = storage_key(t)

@@ -31,6 +31,10 @@ class QueuedHolds:
     def aliases(self, key: int) -> int:
         return self._aliases.get(key, 0)
 
+    def holds(self, key: int) -> bool:
+        """Whether queued work holds the storage at `key` (an alias or a replay's hold)."""
+        return key in self._aliases or key in self._replays
+
     def alias(self, key: int) -> None:
         """A queued op holds one more alias (a tensor, one use) of the storage at `key`."""
         self._aliases[key] = self._aliases.get(key, 0) + 1
