@@ -218,8 +218,11 @@ class Placement(TorchFunctionMode):
                 and kwargs.get("out") is None:
             # `torch.arange(n)` of a 0-dim device `n`: CUDA reads it on the host (`.item()`, a
             # sync; a capture refuses it at the read) and makes a host tensor unless `device` names
-            # one. The device tensors read are no device call of their own.
+            # one. The device tensors read are no device call of their own: they are read here,
+            # so the op below gets numbers (the stream tracking would take a call of device
+            # tensors for a device op and make its result device memory).
             self.state.flag_host_sync()
+            args, kwargs = _numbers_read(args), dict(zip(kwargs, _numbers_read(kwargs.values())))
             device_in = False
         if not (device_in or named_device):
             if kwargs and isinstance(kwargs.get("generator"), DeviceGenerator):
@@ -655,6 +658,18 @@ def _copy_if_moved(source: Tensor, kwargs: dict, *, to_device: bool) -> dict:
     if kwargs.get("copy") or source.is_cuda == to_device:
         return kwargs
     return {**kwargs, "copy": True}
+
+
+def _numbers_read(values) -> tuple:
+    """`values` with each 0-dim device tensor (also inside a list or tuple) read on the host:
+    `.item()`, a sync, as CUDA's factories read a number given as a device tensor."""
+    def read(v):
+        if isinstance(v, Tensor) and v.dim() == 0 and memory_mark(v) is DEVICE:
+            return v.item()
+        if type(v) is list or type(v) is tuple:
+            return type(v)(read(b) for b in v)
+        return v
+    return tuple(read(v) for v in values)
 
 
 def _any_sparse(args: tuple, kwargs: dict) -> bool:

@@ -34,8 +34,11 @@ def _numbers() -> tuple[torch.Tensor, torch.Tensor]:
     return torch.tensor(4, device="cuda"), torch.tensor(0.5, device="cuda")
 
 
+@pytest.mark.parametrize("tracked", [False, True], ids=["", "streams_tracked"])
 @pytest.mark.parametrize("name", sorted(FACTORIES))
-def test_a_device_number_makes_a_host_tensor_unless_device_names_one(cuda_kind, name):
+def test_a_device_number_makes_a_host_tensor_unless_device_names_one(cuda_kind, name, tracked):
+    if tracked:
+        torch.cuda.Stream()  # a second stream turns the emulated device's stream tracking on
     n, x = _numbers()
     assert FACTORIES[name](n, x).device.type == "cpu"
     with torch.device("cuda"):
