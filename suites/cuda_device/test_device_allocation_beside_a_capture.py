@@ -23,9 +23,13 @@ def _capture_with(allocate, mode: str) -> torch.Tensor:
     x = torch.ones(8, device="cuda")  # keeps a small-pool segment alive on this stream
     torch.cuda.synchronize()
     graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph, capture_error_mode=mode):  # empties the allocator's cache first
-        x.add_(1)
-        allocate()
+    caller_stream = torch.cuda.current_stream()
+    try:
+        with torch.cuda.graph(graph, capture_error_mode=mode):  # empties the allocator's cache first
+            x.add_(1)
+            allocate()
+    finally:
+        torch.cuda.set_stream(caller_stream)  # a failed capture leaves its stream current
     graph.replay()
     torch.cuda.synchronize()
     return x

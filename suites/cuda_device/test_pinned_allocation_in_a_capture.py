@@ -20,9 +20,13 @@ def _capture_with(allocate, mode: str) -> torch.Tensor:
     torch.cuda.synchronize()
     torch._C._host_emptyCache()  # the allocation below must be a new block
     graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph, capture_error_mode=mode):
-        x.add_(1)
-        allocate()
+    caller_stream = torch.cuda.current_stream()
+    try:
+        with torch.cuda.graph(graph, capture_error_mode=mode):
+            x.add_(1)
+            allocate()
+    finally:
+        torch.cuda.set_stream(caller_stream)  # a failed capture leaves its stream current
     graph.replay()
     torch.cuda.synchronize()
     return x
