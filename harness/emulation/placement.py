@@ -31,9 +31,9 @@ from harness import torch_internals
 from harness.torch_internals import DeviceContext, device_constructors
 from harness.graphs.base import CaptureError
 from harness.emulation import (array_interface, autocast, autocast_bodies, backward_streams,
-                               blas_workspaces, compiled_rng, deterministic_alerts, device_branches, device_indices,
-                               fft_plans, host_arguments, host_outputs, kernels, missing_kernels,
-                               transfers)
+                               blas_workspaces, compiled_rng, deterministic_alerts, device_branches,
+                               device_indices, fft_plans, host_arguments, host_outputs, kernels,
+                               missing_kernels, transfers)
 from harness.graphs.emulator.dispatch_keys import keep_modes_reachable
 from harness.graphs.emulator.opinfo import scalar_type_name
 from harness.graphs.emulator.device_asserts import eager_device_assert_error, is_index_out_of_bounds
