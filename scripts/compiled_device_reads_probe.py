@@ -19,6 +19,7 @@ import tempfile
 
 import probe_cases
 import torch
+import torch._dynamo.testing
 
 CASES, case = probe_cases.registry()
 
