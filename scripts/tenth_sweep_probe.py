@@ -360,7 +360,7 @@ def composites_under_autocast():
             answers[name] = _outcome(lambda: (lambda r: r if isinstance(r, tuple) else str(r.dtype)[6:])(call()))[:90]
     return (f"{answers} (emulated now: float32 for the first eight and gaussian_nll_loss, MHA "
             f"('float16', 'float32'), BCELoss refused as 'unsafe to autocast'; pairwise_distance "
-            f"and rms_norm float16, affine_grid float32, CUDA's answer not settled from source; before this sweep "
+            f"float32, rms_norm and affine_grid float16, as the H100 gave them; before this sweep "
             f"float16 for all but MHA's ('float32', 'float32'), BCELoss computed)")
 
 

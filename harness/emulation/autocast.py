@@ -33,6 +33,8 @@ _LOWER_PRECISION = frozenset({
     torch.conv_transpose1d, torch.conv_transpose2d, torch.conv_transpose3d, torch.convolution,
     torch.prelu, F.prelu, torch.lstm_cell, torch.gru_cell, torch.rnn_tanh_cell, torch.rnn_relu_cell,
     _nn.scaled_dot_product_attention, F.scaled_dot_product_attention,
+    # not listed on CUDA, but its kernel's bmm is, and runs under autocast (F.affine_grid)
+    torch.affine_grid_generator,
 })
 _FLOAT32 = frozenset({
     torch.acos, Tensor.acos, torch.asin, Tensor.asin, torch.cosh, Tensor.cosh, torch.erfinv,
@@ -49,12 +51,18 @@ _FLOAT32 = frozenset({
     F.soft_margin_loss, torch.triplet_margin_loss, F.triplet_margin_loss, F.multi_margin_loss,
     F.binary_cross_entropy_with_logits, torch.binary_cross_entropy_with_logits, torch.dist,
     Tensor.dist, torch.pdist, torch.cdist, torch.renorm, Tensor.renorm, torch.logsumexp,
-    Tensor.logsumexp, F.cross_entropy,
+    Tensor.logsumexp, F.cross_entropy, _nn.nll_loss2d,
+    # F.interpolate's kernels
+    *(getattr(_nn, name) for name in (
+        "upsample_nearest1d", "_upsample_nearest_exact1d", "upsample_nearest2d",
+        "_upsample_nearest_exact2d", "upsample_nearest3d", "_upsample_nearest_exact3d",
+        "upsample_linear1d", "upsample_bilinear2d", "_upsample_bilinear2d_aa",
+        "upsample_trilinear3d", "upsample_bicubic2d", "_upsample_bicubic2d_aa")),
     # CompositeImplicitAutograd on CUDA: what they run inside (pow, log1p, expm1, logsumexp, a
     # norm) is on the list, so their result is float32; the emulated device meets only the outer
     # call. F.normalize divides the input by a float32 norm: the same as dividing a float32 input.
     torch.square, Tensor.square, F.normalize, torch.special.log1p, torch.special.expm1,
-    torch.special.logsumexp,
+    torch.special.logsumexp, torch.pairwise_distance,
 })
 # Float32 unless the call names a dtype.
 _FLOAT32_UNLESS_DTYPE = frozenset({

@@ -57,6 +57,7 @@ _autocast_on = torch.is_autocast_enabled
 _deterministic_on = torch.are_deterministic_algorithms_enabled
 _AUTOCAST_OPS = autocast.AUTOCAST_OPS
 _runs_its_body = autocast_bodies.runs_its_body
+_DEVICE_BRANCHES = frozenset(device_branches.CALLS)
 _NODE_STREAMS = backward_streams.CHECKED  # whether autograd's nodes need their streams noted
 _CONSTRUCTORS = device_constructors()
 # The factories that take numbers (sizes, bounds, a fill value) where a 0-dim tensor may stand:
@@ -149,10 +150,12 @@ class Placement(TorchFunctionMode):
                 with joined(modes):
                     return self.__torch_function__(func, types, args, kwargs)
         if _autocast_on("cuda") and func not in _AUTOCAST_OPS and _runs_its_body(func) \
-                and func not in self._calls and func not in _MIXING_ALLOWED \
-                and not self.state.autocast_bodies.pending() \
+                and (func not in self._calls or func in _DEVICE_BRANCHES) \
+                and func not in _MIXING_ALLOWED and not self.state.autocast_bodies.pending() \
                 and any(is_device_memory(t) for t in autocast.tensors(args, kwargs or {})):
             # CUDA casts each op inside a Python composite (autocast_bodies.py)
+            if func in _DEVICE_BRANCHES and _deterministic_on():
+                args = device_branches.seen_as_device(args)
             with self.state.autocast_bodies.next_check_passes(), self:
                 return func(*args, **(kwargs or {}))
         if func in _AUTOCAST_OPS and _autocast_on("cuda"):

@@ -202,6 +202,44 @@ def test_composites_whose_inner_ops_autocast_widens_return_float32(cuda_kind):
     torch.testing.assert_close(widened["normalize"], F.normalize(x.float()))
 
 
+def test_distances_and_interpolation_run_in_float32_and_affine_grid_in_the_autocast_dtype(cuda_kind):
+    # pairwise_distance reaches a norm, F.interpolate the upsample kernels (CUDA's float32 list),
+    # affine_grid_generator a bmm (its lower-precision list): the H100 gave these dtypes
+    x = torch.randn(4, 8, device="cuda").half()
+    image = torch.randn(1, 2, 4, 4, device="cuda").half()
+    theta = torch.randn(2, 2, 3, device="cuda")
+    with torch.autocast("cuda"):
+        dtypes = {
+            "pairwise_distance": F.pairwise_distance(x, x).dtype,
+            "nearest": F.interpolate(image, scale_factor=2).dtype,
+            "bilinear": F.interpolate(image, scale_factor=2, mode="bilinear").dtype,
+            "bicubic": F.interpolate(image, size=(3, 5), mode="bicubic").dtype,
+            "affine_grid": F.affine_grid(theta, (2, 1, 4, 4), align_corners=False).dtype,
+        }
+        kept = F.pad(image, (1, 1)).dtype
+    assert dtypes == {"pairwise_distance": torch.float32, "nearest": torch.float32,
+                      "bilinear": torch.float32, "bicubic": torch.float32,
+                      "affine_grid": torch.float16}
+    assert kept == torch.float16
+
+
+def test_interpolation_under_deterministic_algorithms_keeps_the_input_dtype(cuda_kind):
+    # CUDA's deterministic branch of F.interpolate is a decomposition of ops autocast does not
+    # list (no upsample kernel), so half in gives half out, and its backward runs
+    image = torch.randn(1, 2, 4, 4, device="cuda").half().requires_grad_()
+    torch.use_deterministic_algorithms(True)
+    try:
+        with torch.autocast("cuda"):
+            out = F.interpolate(image, scale_factor=2, mode="bilinear")
+            nearest = F.interpolate(image, scale_factor=2, mode="nearest")
+        out.float().sum().backward()
+    finally:
+        torch.use_deterministic_algorithms(False)
+    assert (out.dtype, nearest.dtype, image.grad.dtype) == (torch.float16, torch.float32,
+                                                            torch.float16)
+    assert out.is_cuda and image.grad.is_cuda
+
+
 def test_binary_cross_entropy_is_refused_under_autocast(cuda_kind):
     probs = torch.rand(4, 3, device="cuda")
     target = torch.rand(4, 3, device="cuda")
