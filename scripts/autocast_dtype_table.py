@@ -2,8 +2,8 @@
 
 Run natively on a GPU and with `--emulate` (inside `harness.emulate_cuda()`), then compare the two
 files with `--compare NATIVE EMULATED`: each op whose output dtypes (or error type) differ is
-printed. The first sample input of each op is run in float16 and in float32, under autocast with
-its default dtype (float16) and with bfloat16.
+printed. The first sample input of each op is run in float16, bfloat16 and float32, without
+autocast (the kernels each build has for a dtype) and under autocast in float16 and in bfloat16.
 
     python scripts/autocast_dtype_table.py OUT.json [--emulate] [--only NAME ...]
     python scripts/autocast_dtype_table.py --compare NATIVE.json EMULATED.json
@@ -36,7 +36,7 @@ def table(only: set[str]) -> dict[str, str]:
         name = op.name + (f".{op.variant_test_name}" if op.variant_test_name else "")
         if only and name not in only:
             continue
-        for dtype in (torch.float16, torch.float32):
+        for dtype in (torch.float16, torch.bfloat16, torch.float32):
             try:
                 if dtype not in op.supported_dtypes("cuda"):
                     continue
@@ -45,10 +45,12 @@ def table(only: set[str]) -> dict[str, str]:
             except Exception as error:  # the op database's own limits, recorded as such
                 rows[f"{name}/{dtype}"] = f"no sample: {type(error).__name__}"
                 continue
-            for autocast_dtype in (torch.float16, torch.bfloat16):
-                key = f"{name}/{str(dtype)[6:]}/{str(autocast_dtype)[6:]}"
+            for autocast_dtype in (None, torch.float16, torch.bfloat16):
+                key = f"{name}/{str(dtype)[6:]}/{str(autocast_dtype).removeprefix('torch.')}"
+                autocast = (torch.autocast("cuda", dtype=autocast_dtype) if autocast_dtype
+                            else contextlib.nullcontext())
                 try:
-                    with torch.autocast("cuda", dtype=autocast_dtype):
+                    with autocast:
                         out = op(sample.input, *sample.args, **sample.kwargs)
                     rows[key] = " ".join(_dtypes(out))
                 except Exception as error:
