@@ -37,6 +37,7 @@ from harness.emulation import (array_interface, autocast, autocast_bodies, backw
 from harness.graphs.emulator.dispatch_keys import keep_modes_reachable
 from harness.graphs.emulator.opinfo import scalar_type_name
 from harness.graphs.emulator.device_asserts import eager_device_assert_error, is_index_out_of_bounds
+from harness.emulation import reduced_kernels
 from harness.emulation.capacity import requested_bytes
 from harness.emulation.fft_plans import plan_key
 from harness.emulation.capture_threads import capture_modes_for_this_thread, joined
@@ -58,6 +59,7 @@ _deterministic_on = torch.are_deterministic_algorithms_enabled
 _AUTOCAST_OPS = autocast.AUTOCAST_OPS
 _runs_its_body = autocast_bodies.runs_its_body
 _DEVICE_BRANCHES = frozenset(device_branches.CALLS)
+_WIDENED = reduced_kernels.WIDENED
 _NODE_STREAMS = backward_streams.CHECKED  # whether autograd's nodes need their streams noted
 _CONSTRUCTORS = device_constructors()
 # The factories that take numbers (sizes, bounds, a fill value) where a 0-dim tensor may stand:
@@ -321,6 +323,8 @@ class Placement(TorchFunctionMode):
                 elif self.state.sync_debug_mode:
                     out = self._call_flagging_syncs(runner)(func, args, kwargs)
                 else:
+                    if func in _WIDENED and reduced_kernels.needs_widening(func, args, kwargs):
+                        func = reduced_kernels.widened(func)  # a kernel the CPU lacks
                     out = func(*args, **kwargs) if runner is None else runner(func, args, kwargs)
             except (IndexError, RuntimeError) as error:
                 if "can't allocate memory" in str(error):
