@@ -35,9 +35,10 @@ class _StorageState:
     # A plain slotted class, not a dataclass: one is made for every result of every device op.
     __slots__ = ("write", "reads", "recorded_streams", "writes")
 
-    def __init__(self, write: Access | None = None, writes: int = 0) -> None:
+    def __init__(self, write: Access | None = None, writes: int = 0,
+                 reads: dict[int, Access] | None = None) -> None:
         self.write = write
-        self.reads: dict[int, Access] = {}  # the latest read per participant
+        self.reads: dict[int, Access] = {} if reads is None else reads  # the latest per participant
         self.recorded_streams: frozenset[int] = _NO_STREAMS  # grown by record_stream only
         self.writes = writes  # tracked writes so far, by anyone: unchanged means none came between
 
@@ -62,10 +63,25 @@ class StreamTracker:
                op: str = "", where: str = "") -> int:
         """A device op on `stream` reading and writing the given storages; returns its seq."""
         seq = self.clocks.launch(stream)
-        written = writes if isinstance(writes, (set, frozenset)) else set(writes) if writes else ()
         storages = self._storages
-        ordered = self.clocks.ordered
         read_access = Access(False, stream, seq, op, where)
+        if not writes and not self._freed.reuses:
+            # The hot path (most ops: reads and a fresh result, no freed block pending): a read
+            # is checked only against a last write of another stream, and always noted, as a
+            # later write of another stream must be ordered after it.
+            for key in reads:
+                state = storages.get(key)
+                if state is None:
+                    storages[key] = _StorageState(None, 0, {stream: read_access})
+                    continue
+                previous = state.write
+                if previous is not None and previous.participant != stream and \
+                        not self.clocks.ordered(stream, previous.participant, previous.seq):
+                    self._race(RaceKind.UNSYNCHRONIZED_STREAMS, key, read_access, previous)
+                state.reads[stream] = read_access
+            return seq
+        written = writes if isinstance(writes, (set, frozenset)) else set(writes) if writes else ()
+        ordered = self.clocks.ordered
         reuses = self._freed.reuses
         if reuses:
             for key in reads:
