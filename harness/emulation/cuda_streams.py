@@ -320,6 +320,9 @@ class Streams:
         self.ids = itertools.count(1)
         self.event_ids = itertools.count(1)
         self._local = threading.local()
+        # The stream tracking's int key of a stream (observer.py sets it): `current_key` keeps
+        # the current stream's key per thread and device, forgotten when another is made current.
+        self.key_of: Any = None
         self._defaults: dict[int, Stream] = {}
         self.by_id: dict[tuple[int, int], Stream] = {}  # what torch._C._cuda_setStream names
         self._wrapped: dict[tuple[int, int], int] = {}  # (foreign handle, device) -> queue id
@@ -371,8 +374,23 @@ class Streams:
         current = getattr(self._local, "current", None)
         return (current and current.get(index)) or self._defaults.get(index) or self.default(index)
 
+    def current_key(self) -> int:
+        """`key_of` the current stream on the current device: asked at every tracked op, so kept
+        in the thread's map of keys until `set_current` makes another stream current."""
+        keys = getattr(self._local, "keys", None)
+        if keys is None:
+            keys = self._local.keys = {}
+        index = self._state.current_index
+        key = keys.get(index)
+        if key is None:
+            key = keys[index] = self.key_of(self.current(index))
+        return key
+
     def set_current(self, stream: Stream) -> None:
         self._current_map()[stream.device_index] = stream
+        keys = getattr(self._local, "keys", None)
+        if keys is not None:
+            keys.pop(stream.device_index, None)
 
     def joins(self, stream: Stream, other: Stream | None) -> None:
         """`stream` waited for `other`: during a capture it joins it when `other` captures."""
