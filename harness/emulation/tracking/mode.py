@@ -369,9 +369,15 @@ class StreamWork(TorchDispatchMode):
             del self._watched[watch.tensor_id]
         # Judged at the next op only while queued work still holds the memory; otherwise the
         # storage's own death is the free (`_freed`), and a bare storage the program keeps
-        # keeps the allocation, as on CUDA. Most dropped tensors' last queued reader ran already.
-        if self.holds.holds(watch.key):
-            self._dropped.append((watch.key, callsite_later()))
+        # keeps the allocation, as on CUDA. Nor where only its allocating stream touched it
+        # since its last write (most drops: a step's intermediates on one stream): that judgement
+        # finds nothing pending, and the death finds the same, as no op can touch the memory
+        # meanwhile (the caller has no tensor on it, and queued work launched at issue).
+        key = watch.key
+        stream = self._allocated_on.get(key)
+        if stream is not None and self.holds.holds(key) and \
+                not self.tracker.touched_only_by(key, stream):
+            self._dropped.append((key, callsite_later()))
 
     def check_drops(self) -> None:
         """For storages whose caller tensors died: if only queued work still holds the memory,

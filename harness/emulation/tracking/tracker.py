@@ -136,6 +136,12 @@ class StreamTracker:
             state.reads = {}
         state.recorded_streams = _NO_STREAMS
 
+    def touched_only_by(self, key: int, stream: int) -> bool:
+        """Whether nothing but `stream` touched the storage since its last write (or nothing at
+        all): its free then leaves no access pending (`free`)."""
+        state = self._storages.get(key)
+        return state is None or self._only_by(stream, state)
+
     @staticmethod
     def _only_by(stream: int, state: _StorageState) -> bool:
         """Whether only `stream` touched the storage since its last write (the common case of a
