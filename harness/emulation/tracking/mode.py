@@ -424,6 +424,21 @@ class StreamWork(TorchDispatchMode):
         if key not in self._allocations and self.memory.is_device(t):
             self._note_earlier(t, key)
 
+    def note_accesses(self, tensors: list, storages: list, positions: tuple,
+                      labels: tuple) -> list[int]:
+        """`note_read` of the tensors at `positions` of a learned call (`tensors`, with their
+        `storages`), under `labels`: their storage keys, in that order. One call for them all."""
+        keys = []
+        known, allocations = self.tracker.labels, self._allocations
+        for position, label in zip(positions, labels):
+            key = storages[position].data_ptr()
+            keys.append(key)
+            if key not in known:
+                known[key] = label
+            if key not in allocations and self.memory.is_device(tensors[position]):
+                self._note_earlier(tensors[position], key)
+        return keys
+
     def note_result(self, t: torch.Tensor, label, write: Access, *, touched: bool = True) -> None:
         """`_note_fresh` of one result with its label known, for a caller that did not dispatch."""
         try:
@@ -442,8 +457,10 @@ class StreamWork(TorchDispatchMode):
             ref.on_free, ref.key, ref.stream, ref.size = self._on_freed, key, stream, nbytes
             self._allocations[key] = ref
             self._allocated_on[key] = stream
-            self.tracker.allocate(key, stream, nbytes)
-        elif self._allocated_on.get(key) != stream:
+            self.tracker.labels[key] = label
+            self.tracker.record_allocated(key, nbytes, write, touched=touched)
+            return
+        if self._allocated_on.get(key) != stream:
             self._track(ref, key, stream, new=False)
         self.tracker.labels[key] = label
         self.tracker.record_fresh(key, write, touched=touched)

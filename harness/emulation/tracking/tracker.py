@@ -142,6 +142,25 @@ class StreamTracker:
         state = self._storages.get(key)
         return state is None or self._only_by(stream, state)
 
+    def record_allocated(self, key: int, nbytes: int, write: Access, *,
+                         touched: bool = True) -> None:
+        """`allocate` on the write's stream, then `record_fresh`: the result of op `write`, a
+        storage of `nbytes` made now. One call for every learned call's result."""
+        freed = self._freed
+        if freed.active():
+            freed.allocated(key, write.participant, nbytes, self.clocks.ordered)
+            if touched and key in freed.reuses:
+                self._first_touch(key, write)
+        state = self._storages.get(key)
+        if state is None:
+            self._storages[key] = _StorageState(write, 1)
+            return
+        state.write = write
+        state.writes += 1
+        if state.reads:
+            state.reads = {}
+        state.recorded_streams = _NO_STREAMS
+
     @staticmethod
     def _only_by(stream: int, state: _StorageState) -> bool:
         """Whether only `stream` touched the storage since its last write (the common case of a
