@@ -264,10 +264,14 @@ class StreamTracker:
         address is another. `where` may be a call that finds the line, made only for a free with
         accesses pending (the host is still inside the free then; most frees have none)."""
         label = self.labels.pop(key, None)
-        self._freed.forget(key)
+        self._freed.reuses.pop(key, None)  # _freed.forget, inlined: every device storage's free
         state = self._storages.pop(key, None)
-        if state is None or self._only_by(allocation_stream, state):
-            return  # nothing but its own stream touched it since its last write: none pending
+        if state is None:
+            return
+        write, reads = state.write, state.reads
+        if (write is None or write.participant == allocation_stream) and (
+                not reads or (len(reads) == 1 and allocation_stream in reads)):
+            return  # nothing but its own stream touched it since its last write (_only_by)
         accesses = [*state.reads.values(), *([state.write] if state.write else [])]
         pending = tuple(a for a in accesses
                         if a.participant not in (HOST, allocation_stream)
