@@ -274,14 +274,15 @@ class CallPatterns:
                 self._remember(key, _NEVER)
                 return func(*args, **kwargs)
             return self._learn(key, tensors, func, args, kwargs)
-        stream = mode.stream()
-        schedule = mode.schedule
-        if schedule.defers(stream) is not pattern.queued and pattern is not _NOTHING:
-            return func(*args, **kwargs)  # learned in issue order, now queued, or the reverse
-        mode.begin_op()
-        if pattern is _NOTHING:
+        if pattern is _NOTHING:  # views: no stream to ask
+            mode.begin_op()
             with _DisableTorchDispatch():
                 return func(*args, **kwargs)
+        stream = mode.stream()
+        schedule = mode.schedule
+        if schedule.defers(stream) is not pattern.queued:
+            return func(*args, **kwargs)  # learned in issue order, now queued, or the reverse
+        mode.begin_op()
         name, where = pattern.name, callsite_later()
         read_keys = mode.note_accesses(tensors, storages, pattern.read_positions,
                                        pattern.read_labels)

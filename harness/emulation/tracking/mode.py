@@ -344,6 +344,19 @@ class StreamWork(TorchDispatchMode):
         """A queued op keeps its fresh results' memory to write it when it runs: that use is the
         queue's, not the caller's, so a caller's drop judged meanwhile (`check_drops`) counts it
         among the queued aliases. `release` extended to forget them once the op ran."""
+        if type(out) is torch.Tensor:  # the hot path: a learned call's one result
+            if not out.numel():
+                return release
+            key = [out.untyped_storage().data_ptr()]
+            holds = self.holds
+            holds.alias(key[0])
+
+            def release_with_result() -> None:
+                release()
+                holds.release_aliases(key)
+                key.clear()  # as `_release`: a second call forgets nothing
+
+            return release_with_result
         keys = [t.untyped_storage().data_ptr() for t in flat_tensors(out) if t.numel()]
         if not keys:
             return release
