@@ -69,7 +69,8 @@ def at_callsite(message: str, where: str) -> str:
 # ten frames for every op it sees, the same few dozen code objects over and over. A code object
 # keeps its module, so its answer stays; the cache is cleared when it grows past its bound
 # (generated code, FX's, can make code objects without end).
-_USER_CODE: dict = {}
+_USER_CODE: dict = {}  # id -> code object, for the caller's code
+_MACHINERY_CODE: dict = {}  # and for torch's, the emulator's and other skipped code
 _USER_CODE_BOUND = 4096
 
 
@@ -79,16 +80,22 @@ def _user_frame(also_skip: tuple[str, ...] = ()) -> FrameType | None:
         while frame is not None and not _is_user_frame(frame, also_skip):
             frame = frame.f_back
         return frame
-    known = _USER_CODE
+    machinery, users = _MACHINERY_CODE, _USER_CODE
     while frame is not None:
         code = frame.f_code
-        entry = known.get(id(code))  # by id: a code object hashes its constants each time
-        if entry is None or entry[0] is not code:
-            if len(known) >= _USER_CODE_BOUND:
-                known.clear()
-            entry = known[id(code)] = (code, _is_user_frame(frame))  # kept: its id stays its own
-        if entry[1]:
+        # by id: a code object hashes its constants each time; kept, so its id stays its own
+        if machinery.get(id(code)) is code:
+            frame = frame.f_back
+            continue
+        if users.get(id(code)) is code:
             return frame
+        if len(machinery) + len(users) >= _USER_CODE_BOUND:
+            machinery.clear()
+            users.clear()
+        if _is_user_frame(frame):
+            users[id(code)] = code
+            return frame
+        machinery[id(code)] = code
         frame = frame.f_back
     return frame
 
