@@ -131,6 +131,47 @@ class EarlyCounts:
         current[1] -= size
         current[2] -= nbytes
 
+    def play(self, events: list[int]) -> None:
+        """`allocate(n)` for each `n >= 0` of `events` and `free(~n)` for each negative one (a
+        free of 0 bytes is ~0, -1), in order: the allocations and frees logged since the last
+        play (device_memory.py), one loop over the lot instead of a call per event."""
+        small, large, all_peak = self.small, self.large, self.all_peak
+        for nbytes in events:
+            if nbytes < 0:
+                nbytes = ~nbytes
+                size = MIN_BLOCK if nbytes < MIN_BLOCK else -(-nbytes // MIN_BLOCK) * MIN_BLOCK
+                current = (small if size <= SMALL_SIZE else large).current
+                current[0] -= 1
+                current[1] -= size
+                current[2] -= nbytes
+                continue
+            size = MIN_BLOCK if nbytes < MIN_BLOCK else -(-nbytes // MIN_BLOCK) * MIN_BLOCK
+            if size <= SMALL_SIZE:
+                mine, others = small, large.current
+            else:
+                mine, others = large, small.current
+            current, allocated, peak = mine.current, mine.allocated, mine.peak
+            count, rounded, requested = current[0] + 1, current[1] + size, current[2] + nbytes
+            current[0], current[1], current[2] = count, rounded, requested
+            allocated[0] += 1
+            allocated[1] += size
+            allocated[2] += nbytes
+            if count > peak[0]:
+                peak[0] = count
+            if rounded > peak[1]:
+                peak[1] = rounded
+            if requested > peak[2]:
+                peak[2] = requested
+            count += others[0]
+            rounded += others[1]
+            requested += others[2]
+            if count > all_peak[0]:
+                all_peak[0] = count
+            if rounded > all_peak[1]:
+                all_peak[1] = rounded
+            if requested > all_peak[2]:
+                all_peak[2] = requested
+
 
 class Block:
     """A block of a segment: allocated, or free in `free_list` (its pool's, for its size class and

@@ -311,6 +311,15 @@ class Event:
         return f"<torch.cuda.Event {self.key:#x}>" if self.recorded_on else "<torch.cuda.Event uninitialized>"
 
 
+class _ThreadStreams(threading.local):
+    """A thread's current stream per device and their keys (`Streams.current_key`), None until
+    set: class defaults, so the hot path's read on a thread that set none is an attribute read,
+    not a failed lookup."""
+
+    current: dict | None = None
+    keys: dict | None = None
+
+
 class Streams:
     """Each thread's current stream per device, the default streams, and which streams have
     joined a capture (by waiting on the capturing stream or an event recorded on it)."""
@@ -319,7 +328,10 @@ class Streams:
         self._state = state
         self.ids = itertools.count(1)
         self.event_ids = itertools.count(1)
-        self._local = threading.local()
+        self._local = _ThreadStreams()
+        # The stream tracking's int key of a stream (observer.py sets it): `current_key` keeps
+        # the current stream's key per thread and device, forgotten when another is made current.
+        self.key_of: Any = None
         self._defaults: dict[int, Stream] = {}
         self.by_id: dict[tuple[int, int], Stream] = {}  # what torch._C._cuda_setStream names
         self._wrapped: dict[tuple[int, int], int] = {}  # (foreign handle, device) -> queue id
@@ -360,7 +372,7 @@ class Streams:
         return stream
 
     def _current_map(self) -> dict[int, Stream]:
-        current = getattr(self._local, "current", None)
+        current = self._local.current
         if current is None:
             current = self._local.current = {}
         return current
@@ -368,11 +380,26 @@ class Streams:
     def current(self, device: Any = None) -> Stream:
         index = self._state.current_index if device is None else self.device_index(device)
         # The hot path (every tracked op asks it): the thread's map read without making it.
-        current = getattr(self._local, "current", None)
+        current = self._local.current
         return (current and current.get(index)) or self._defaults.get(index) or self.default(index)
+
+    def current_key(self) -> int:
+        """`key_of` the current stream on the current device: asked at every tracked op, so kept
+        in the thread's map of keys until `set_current` makes another stream current."""
+        keys = self._local.keys
+        if keys is None:
+            keys = self._local.keys = {}
+        index = self._state.current_index
+        key = keys.get(index)
+        if key is None:
+            key = keys[index] = self.key_of(self.current(index))
+        return key
 
     def set_current(self, stream: Stream) -> None:
         self._current_map()[stream.device_index] = stream
+        keys = self._local.keys
+        if keys is not None:
+            keys.pop(stream.device_index, None)
 
     def joins(self, stream: Stream, other: Stream | None) -> None:
         """`stream` waited for `other`: during a capture it joins it when `other` captures."""

@@ -202,8 +202,10 @@ class DeviceMemory:
         self._live = 0  # bytes of the device storages alive, counted without the accounting
         self._modelled = False  # whether the accounting has started (see the module docstring)
         self._unmodelled: dict[StorageRef, Any] = {}  # before it: live storage -> its stream
-        # before it: what the allocations and frees moved, per device
+        # before it: what the allocations and frees moved, per device; device 0's logged as
+        # they happen (n bytes allocated, ~n freed) and played into its counts in batches
         self._early = {0: EarlyCounts()}
+        self._early_events: list[int] = []
         # Before it too: the first EARLY_LOG allocations and frees in order, so that the model
         # starts with the segments CUDA would hold then (freed ones stay cached); None once full.
         self._early_log: list | None = []
@@ -362,8 +364,13 @@ class DeviceMemory:
         self._live += nbytes
         if not self._modelled:
             self._unmodelled[ref] = stream
-            early = self._early.get(getattr(stream, "device_index", 0)) or self._early_counts(stream)
-            early.allocate(nbytes)
+            if getattr(stream, "device_index", 0):
+                self._early_counts(stream).allocate(nbytes)
+            else:
+                events = self._early_events
+                events.append(nbytes)
+                if len(events) >= PLAY_AT:
+                    self._count_early()
             if self._early_log is not None:  # asked here: every allocation passes
                 self._log_early((ref, nbytes, stream))
             return
@@ -479,8 +486,13 @@ class DeviceMemory:
         if stream is None:
             self._pending.append(ref)
         else:  # it died before the model started
-            early = self._early.get(getattr(stream, "device_index", 0)) or self._early_counts(stream)
-            early.free(ref.nbytes)
+            if getattr(stream, "device_index", 0):
+                self._early_counts(stream).free(ref.nbytes)
+            else:
+                events = self._early_events
+                events.append(~ref.nbytes)
+                if len(events) >= PLAY_AT:
+                    self._count_early()
             if self._early_log is not None:
                 self._log_early(ref)
         if ref.on_free is not None:
@@ -492,7 +504,11 @@ class DeviceMemory:
         if stream is None:
             self._pending.append(ref)
         else:  # it died before the model started
-            self._early_counts(stream).free(ref.nbytes)
+            if getattr(stream, "device_index", 0):
+                self._early_counts(stream).free(ref.nbytes)
+            else:
+                self._early_events.append(~ref.nbytes)
+                self._count_early()
             if self._early_log is not None:  # asked here: every free passes
                 self._log_early(ref)
 
@@ -503,6 +519,13 @@ class DeviceMemory:
                 log.append(event)
             else:  # from here the model starts from the live storages (module docstring)
                 self._early_log = None
+
+    def _count_early(self) -> None:
+        """Play device 0's logged allocations and frees into its early counts."""
+        with self._playing:
+            while self._early_events:  # what callbacks add meanwhile: next
+                events, self._early_events = self._early_events, []
+                self._early[0].play(events)
 
     def _start_accounting(self) -> None:
         with self._playing:
@@ -523,6 +546,7 @@ class DeviceMemory:
                         if block is not None:
                             free(block)
                 return
+            self._count_early()  # the counts so far, before the frees of the storages gone below
             for ref, stream in list(alive.items()):
                 if ref() is not None:
                     blocks[ref] = malloc(ref.nbytes, stream, None)

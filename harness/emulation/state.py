@@ -71,6 +71,13 @@ class DeviceProperties:
             raise ValueError(f"total_memory must be a positive int of bytes, got {self.total_memory!r}")
 
 
+class _ThreadDevice(threading.local):
+    """This thread's current device: a class default, so the hot path's read of a thread that
+    never set one is an attribute read, not a failed lookup (`getattr` with a default)."""
+
+    index = 0
+
+
 class DeviceState(Observed):
     """One emulated CUDA device set (`properties.count` devices sharing one memory registry)."""
 
@@ -82,7 +89,7 @@ class DeviceState(Observed):
         self.schedule = "issue_order"  # emulate_cuda(schedule=...), set on entering
         # CUDA's current device is per host thread, and a new thread starts on device 0
         # (cudaGetDevice), whatever the thread that started it had set
-        self._thread_device = threading.local()
+        self._thread_device = _ThreadDevice()
         self.observers: list[Any] = []
         self.streams = Streams(self)
         self.memory = DeviceMemory(self.streams.current, lambda: self.capture)
@@ -154,7 +161,7 @@ class DeviceState(Observed):
     @property
     def current_index(self) -> int:
         """This thread's current device (torch.cuda.current_device())."""
-        return getattr(self._thread_device, "index", 0)
+        return self._thread_device.index
 
     @current_index.setter
     def current_index(self, index: int) -> None:

@@ -36,6 +36,28 @@ def test_a_peak_reached_before_the_first_statistics_call_is_kept(outside_emulati
         assert torch.cuda.memory_stats()["allocation.all.freed"] == 2
 
 
+def test_counts_of_thousands_of_allocations_before_the_first_statistics_call_are_kept(
+        outside_emulation):
+    # Past the first few thousand allocations and frees the model starts from the storages alive
+    # and the counts moved so far, which the device plays in batches: the last batch counts too.
+    with harness.emulate_cuda(device="cpu"):
+        kept = torch.empty(1000, dtype=torch.uint8, device="cuda")
+        for _ in range(3000):
+            torch.empty(100, dtype=torch.uint8, device="cuda")
+        big = torch.empty(30 * MiB, dtype=torch.uint8, device="cuda")
+        del big
+        for _ in range(7):
+            torch.empty(600, dtype=torch.uint8, device="cuda")
+        stats = torch.cuda.memory_stats()
+        assert stats["allocation.all.allocated"] == 1 + 3000 + 1 + 7
+        assert stats["allocation.all.freed"] == 3000 + 1 + 7
+        assert stats["allocation.all.peak"] == 2
+        assert stats["allocated_bytes.all.freed"] == 3000 * 512 + 30 * MiB + 7 * 1024
+        assert stats["requested_bytes.all.peak"] == 1000 + 30 * MiB
+        assert torch.cuda.memory_allocated() == 1024
+        del kept
+
+
 def test_segments_cached_from_frees_before_the_first_statistics_call_are_kept(outside_emulation):
     # PyTorch's test files make a device tensor at import; CUDA's allocator caches its segment.
     with harness.emulate_cuda(device="cpu"):

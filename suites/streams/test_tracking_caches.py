@@ -73,3 +73,33 @@ def test_op_plans_follow_the_schema():
     assert plans.get(aten.copy_.default).may_block_host  # a copy from or to the host may block
     assert plans.get(aten.reshape.default).composite
     assert plans.get(aten.mul.Tensor).written == frozenset()
+
+
+def test_the_current_stream_key_kept_per_thread_follows_the_stream_made_current():
+    """The tracking asks the current stream's key at every op; the device keeps it per thread
+    and device until another stream is made current, so each of those changes must show."""
+    import threading
+
+    import harness
+    from harness.emulation.tracking.observer import stream_key
+
+    with harness.emulate_cuda(device="cpu", device_count=2) as state:
+        key = state.streams.current_key
+        default = key()
+        assert default == stream_key(torch.cuda.current_stream())
+        side = torch.cuda.Stream()
+        with torch.cuda.stream(side):
+            assert key() == stream_key(side) != default
+        assert key() == default
+        with torch.cuda.device(1):
+            on_one = key()
+            assert on_one == stream_key(torch.cuda.current_stream()) != default
+        torch.cuda.set_stream(side)
+        seen = []
+        thread = threading.Thread(target=lambda: seen.append(key()))
+        thread.start()
+        thread.join()
+        assert seen == [default], "a new thread starts on the default stream of device 0"
+        assert key() == stream_key(side)
+        torch.cuda.set_stream(torch.cuda.default_stream())
+        assert key() == default

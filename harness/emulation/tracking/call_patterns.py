@@ -154,7 +154,7 @@ class Probe:
                          given))
 
 
-def _tensor_meta(a: Any, tensors: list) -> tuple:
+def _tensor_meta(a: Any, tensors: list, storages: list) -> tuple:
     if type(a) not in _PLAIN:
         raise _Unkeyed
     try:
@@ -169,26 +169,30 @@ def _tensor_meta(a: Any, tensors: list) -> tuple:
     if mark is not DEVICE and (mark == PINNED or not a.is_cpu) or dtype.is_complex:
         raise _Unkeyed
     tensors.append(a)
+    storages.append(storage)
     return (dtype, a.shape, a.stride(), a.is_inference(), a.requires_grad, mark is DEVICE)
 
 
-def _meta(a: Any, tensors: list) -> Any:
+def _meta(a: Any, tensors: list, storages: list) -> Any:
     if isinstance(a, _Tensor):
-        return _tensor_meta(a, tensors)
+        return _tensor_meta(a, tensors, storages)
     kind = type(a)
     if kind in _SCALARS:
         return (kind, a)
     if kind is list or kind is tuple or kind is torch.Size:
-        return (kind, *[_meta(b, tensors) for b in a])
+        return (kind, *[_meta(b, tensors, storages) for b in a])
     if kind is slice:  # unhashable before Python 3.12
-        return (slice, _meta(a.start, tensors), _meta(a.stop, tensors), _meta(a.step, tensors))
+        return (slice, _meta(a.start, tensors, storages), _meta(a.stop, tensors, storages),
+                _meta(a.step, tensors, storages))
     raise _Unkeyed
 
 
-def signature(func: Any, args: tuple, kwargs: dict) -> tuple[tuple, list] | None:
-    """(the call's signature, its tensors in argument order), or None for a call never learned.
-    The signature may be unhashable (an unhashable scalar inside it): the lookup says."""
+def signature(func: Any, args: tuple, kwargs: dict) -> tuple[tuple, list, list] | None:
+    """(the call's signature, its tensors in argument order, their storages), or None for a call
+    never learned. The signature may be unhashable (an unhashable scalar inside it): the lookup
+    says."""
     tensors: list = []
+    storages: list = []
     # The hot path: one signature per device call, so tensors and scalars are inlined.
     autocast = (_autocast_on("cpu"), _autocast_on("cuda")) if _any_autocast_on() else _NO_AUTOCAST
     parts = [func, _grad_on(), _inference_on(), _deterministic(), autocast, _default_dtype()]
@@ -206,18 +210,19 @@ def signature(func: Any, args: tuple, kwargs: dict) -> tuple[tuple, list] | None
                 if mark is not DEVICE and (mark == PINNED or not a.is_cpu) or dtype.is_complex:
                     return None
                 tensors.append(a)
+                storages.append(storage)
                 append((dtype, a.shape, a.stride(), a.is_inference(), a.requires_grad,
                         mark is DEVICE))
             elif kind in _SCALARS:
                 append(kind)
                 append(a)
             else:
-                append(_meta(a, tensors))
+                append(_meta(a, tensors, storages))
         if kwargs:
-            append(tuple((k, _meta(v, tensors)) for k, v in kwargs.items()))
+            append(tuple((k, _meta(v, tensors, storages)) for k, v in kwargs.items()))
     except _Unkeyed:
         return None
-    return tuple(parts), tensors
+    return tuple(parts), tensors, storages
 
 
 def _torch_owned(func: Any) -> bool:
@@ -257,7 +262,7 @@ class CallPatterns:
         found = signature(func, args, kwargs)
         if found is None:
             return func(*args, **kwargs)
-        key, tensors = found
+        key, tensors, storages = found
         try:
             pattern = self._patterns.get(key)
         except TypeError:  # an unhashable argument: never learned
@@ -269,28 +274,20 @@ class CallPatterns:
                 self._remember(key, _NEVER)
                 return func(*args, **kwargs)
             return self._learn(key, tensors, func, args, kwargs)
-        stream = mode.stream()
-        schedule = mode.schedule
-        if schedule.defers(stream) is not pattern.queued and pattern is not _NOTHING:
-            return func(*args, **kwargs)  # learned in issue order, now queued, or the reverse
-        mode.begin_op()
-        if pattern is _NOTHING:
+        if pattern is _NOTHING:  # views: no stream to ask
+            mode.begin_op()
             with _DisableTorchDispatch():
                 return func(*args, **kwargs)
+        stream = mode.stream()
+        schedule = mode.schedule
+        if schedule.defers(stream) is not pattern.queued:
+            return func(*args, **kwargs)  # learned in issue order, now queued, or the reverse
+        mode.begin_op()
         name, where = pattern.name, callsite_later()
-        read_keys = []
-        note_read = mode.note_read
-        for position, label in zip(pattern.read_positions, pattern.read_labels):
-            t = tensors[position]
-            read_key = t.untyped_storage().data_ptr()
-            read_keys.append(read_key)
-            note_read(t, read_key, label)
-        write_keys = []
-        for position, label in zip(pattern.write_positions, pattern.write_labels):
-            t = tensors[position]
-            write_key = t.untyped_storage().data_ptr()
-            write_keys.append(write_key)
-            note_read(t, write_key, label)
+        read_keys = mode.note_accesses(tensors, storages, pattern.read_positions,
+                                       pattern.read_labels)
+        write_keys = mode.note_accesses(tensors, storages, pattern.write_positions,
+                                        pattern.write_labels) if pattern.write_positions else []
         self.used += 1
         if pattern.queued:
             return self._queue(pattern, tensors, func, args, kwargs, stream, read_keys,

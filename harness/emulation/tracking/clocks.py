@@ -41,7 +41,9 @@ class Clocks:
 
     def launch(self, stream: int) -> int:
         """The sequence number of a new op on `stream`, ordered after all the host waited for."""
-        clock = self._stream(stream)
+        clock = self._streams.get(stream)
+        if clock is None:
+            clock = self._stream(stream)
         if self._joined.get(stream) != self._host_version:
             _join(clock, self.host)
             self._joined[stream] = self._host_version

@@ -344,6 +344,19 @@ class StreamWork(TorchDispatchMode):
         """A queued op keeps its fresh results' memory to write it when it runs: that use is the
         queue's, not the caller's, so a caller's drop judged meanwhile (`check_drops`) counts it
         among the queued aliases. `release` extended to forget them once the op ran."""
+        if type(out) is torch.Tensor:  # the hot path: a learned call's one result
+            if not out.numel():
+                return release
+            key = [out.untyped_storage().data_ptr()]
+            holds = self.holds
+            holds.alias(key[0])
+
+            def release_with_result() -> None:
+                release()
+                holds.release_aliases(key)
+                key.clear()  # as `_release`: a second call forgets nothing
+
+            return release_with_result
         keys = [t.untyped_storage().data_ptr() for t in flat_tensors(out) if t.numel()]
         if not keys:
             return release
@@ -369,9 +382,15 @@ class StreamWork(TorchDispatchMode):
             del self._watched[watch.tensor_id]
         # Judged at the next op only while queued work still holds the memory; otherwise the
         # storage's own death is the free (`_freed`), and a bare storage the program keeps
-        # keeps the allocation, as on CUDA. Most dropped tensors' last queued reader ran already.
-        if self.holds.holds(watch.key):
-            self._dropped.append((watch.key, callsite_later()))
+        # keeps the allocation, as on CUDA. Nor where only its allocating stream touched it
+        # since its last write (most drops: a step's intermediates on one stream): that judgement
+        # finds nothing pending, and the death finds the same, as no op can touch the memory
+        # meanwhile (the caller has no tensor on it, and queued work launched at issue).
+        key = watch.key
+        stream = self._allocated_on.get(key)
+        if stream is not None and self.holds.holds(key) and \
+                not self.tracker.touched_only_by(key, stream):
+            self._dropped.append((key, callsite_later()))
 
     def check_drops(self) -> None:
         """For storages whose caller tensors died: if only queued work still holds the memory,
@@ -418,6 +437,21 @@ class StreamWork(TorchDispatchMode):
         if key not in self._allocations and self.memory.is_device(t):
             self._note_earlier(t, key)
 
+    def note_accesses(self, tensors: list, storages: list, positions: tuple,
+                      labels: tuple) -> list[int]:
+        """`note_read` of the tensors at `positions` of a learned call (`tensors`, with their
+        `storages`), under `labels`: their storage keys, in that order. One call for them all."""
+        keys = []
+        known, allocations = self.tracker.labels, self._allocations
+        for position, label in zip(positions, labels):
+            key = storages[position].data_ptr()
+            keys.append(key)
+            if key not in known:
+                known[key] = label
+            if key not in allocations and self.memory.is_device(tensors[position]):
+                self._note_earlier(tensors[position], key)
+        return keys
+
     def note_result(self, t: torch.Tensor, label, write: Access, *, touched: bool = True) -> None:
         """`_note_fresh` of one result with its label known, for a caller that did not dispatch."""
         try:
@@ -436,8 +470,10 @@ class StreamWork(TorchDispatchMode):
             ref.on_free, ref.key, ref.stream, ref.size = self._on_freed, key, stream, nbytes
             self._allocations[key] = ref
             self._allocated_on[key] = stream
-            self.tracker.allocate(key, stream, nbytes)
-        elif self._allocated_on.get(key) != stream:
+            self.tracker.labels[key] = label
+            self.tracker.record_allocated(key, nbytes, write, touched=touched)
+            return
+        if self._allocated_on.get(key) != stream:
             self._track(ref, key, stream, new=False)
         self.tracker.labels[key] = label
         self.tracker.record_fresh(key, write, touched=touched)

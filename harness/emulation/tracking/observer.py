@@ -11,7 +11,7 @@ import torch
 
 from harness import torch_internals
 from harness.graphs.emulator.callsite import callsite_later, current_callsite
-from harness.emulation.cuda_streams import Stream, queue_of
+from harness.emulation.cuda_streams import queue_of
 from harness.emulation.tracking.capture_streams import CaptureRules, CaptureStreams
 from harness.emulation.tracking.names import name_tensors
 from harness.emulation.tracking.races import RaceError
@@ -29,22 +29,11 @@ def stream_key(stream: Any) -> int:
     return (device << _STREAM_ID_BITS) | queue
 
 
-_KEY_ATTR = "_harness_stream_key"
-
-
 def _current_key(state: Any) -> Callable[[], int]:
-    """`stream_key` of the current stream, asked at every tracked op: a device Stream keeps its
-    key, as its queue never changes once made."""
-    def current_key() -> int:
-        stream = state.streams.current()
-        key = getattr(stream, _KEY_ATTR, None)
-        if key is None:
-            key = stream_key(stream)
-            if isinstance(stream, Stream):
-                setattr(stream, _KEY_ATTR, key)
-        return key
-
-    return current_key
+    """`stream_key` of the current stream, asked at every tracked op: the device's streams keep
+    it per thread and device while that stream stays current."""
+    state.streams.key_of = stream_key
+    return state.streams.current_key
 
 
 def _is_default_stream(key: int) -> bool:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass
+from typing import NamedTuple
 
 from harness.emulation.tracking.clocks import HOST
 
@@ -49,9 +50,10 @@ class TensorLabel:
 UNKNOWN_TENSOR = TensorLabel((), "unknown dtype", "<a storage the tracker was never shown>")
 
 
-@dataclass(frozen=True)
-class Access:
-    """One read or write: by a stream (its id) or the host (`HOST`), at sequence number `seq`."""
+class Access(NamedTuple):
+    """One read or write: by a stream (its id) or the host (`HOST`), at sequence number `seq`.
+    Immutable as a frozen dataclass, but a tuple: made for every tracked op, and a frozen
+    dataclass's `__init__` sets each field through `object.__setattr__` (0.6 us against 0.2)."""
 
     write: bool
     participant: int

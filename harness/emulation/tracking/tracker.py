@@ -35,9 +35,10 @@ class _StorageState:
     # A plain slotted class, not a dataclass: one is made for every result of every device op.
     __slots__ = ("write", "reads", "recorded_streams", "writes")
 
-    def __init__(self, write: Access | None = None, writes: int = 0) -> None:
+    def __init__(self, write: Access | None = None, writes: int = 0,
+                 reads: dict[int, Access] | None = None) -> None:
         self.write = write
-        self.reads: dict[int, Access] = {}  # the latest read per participant
+        self.reads: dict[int, Access] = {} if reads is None else reads  # the latest per participant
         self.recorded_streams: frozenset[int] = _NO_STREAMS  # grown by record_stream only
         self.writes = writes  # tracked writes so far, by anyone: unchanged means none came between
 
@@ -62,10 +63,25 @@ class StreamTracker:
                op: str = "", where: str = "") -> int:
         """A device op on `stream` reading and writing the given storages; returns its seq."""
         seq = self.clocks.launch(stream)
-        written = writes if isinstance(writes, (set, frozenset)) else set(writes) if writes else ()
         storages = self._storages
-        ordered = self.clocks.ordered
         read_access = Access(False, stream, seq, op, where)
+        if not writes and not self._freed.reuses:
+            # The hot path (most ops: reads and a fresh result, no freed block pending): a read
+            # is checked only against a last write of another stream, and always noted, as a
+            # later write of another stream must be ordered after it.
+            for key in reads:
+                state = storages.get(key)
+                if state is None:
+                    storages[key] = _StorageState(None, 0, {stream: read_access})
+                    continue
+                previous = state.write
+                if previous is not None and previous.participant != stream and \
+                        not self.clocks.ordered(stream, previous.participant, previous.seq):
+                    self._race(RaceKind.UNSYNCHRONIZED_STREAMS, key, read_access, previous)
+                state.reads[stream] = read_access
+            return seq
+        written = writes if isinstance(writes, (set, frozenset)) else set(writes) if writes else ()
+        ordered = self.clocks.ordered
         reuses = self._freed.reuses
         if reuses:
             for key in reads:
@@ -110,6 +126,31 @@ class StreamTracker:
         `touched=False`: the op only allocated the memory (`torch.empty`), touching none of it."""
         if touched and key in self._freed.reuses:
             self._first_touch(key, write)
+        state = self._storages.get(key)
+        if state is None:
+            self._storages[key] = _StorageState(write, 1)
+            return
+        state.write = write
+        state.writes += 1
+        if state.reads:
+            state.reads = {}
+        state.recorded_streams = _NO_STREAMS
+
+    def touched_only_by(self, key: int, stream: int) -> bool:
+        """Whether nothing but `stream` touched the storage since its last write (or nothing at
+        all): its free then leaves no access pending (`free`)."""
+        state = self._storages.get(key)
+        return state is None or self._only_by(stream, state)
+
+    def record_allocated(self, key: int, nbytes: int, write: Access, *,
+                         touched: bool = True) -> None:
+        """`allocate` on the write's stream, then `record_fresh`: the result of op `write`, a
+        storage of `nbytes` made now. One call for every learned call's result."""
+        freed = self._freed
+        if freed.active():
+            freed.allocated(key, write.participant, nbytes, self.clocks.ordered)
+            if touched and key in freed.reuses:
+                self._first_touch(key, write)
         state = self._storages.get(key)
         if state is None:
             self._storages[key] = _StorageState(write, 1)
@@ -223,10 +264,14 @@ class StreamTracker:
         address is another. `where` may be a call that finds the line, made only for a free with
         accesses pending (the host is still inside the free then; most frees have none)."""
         label = self.labels.pop(key, None)
-        self._freed.forget(key)
+        self._freed.reuses.pop(key, None)  # _freed.forget, inlined: every device storage's free
         state = self._storages.pop(key, None)
-        if state is None or self._only_by(allocation_stream, state):
-            return  # nothing but its own stream touched it since its last write: none pending
+        if state is None:
+            return
+        write, reads = state.write, state.reads
+        if (write is None or write.participant == allocation_stream) and (
+                not reads or (len(reads) == 1 and allocation_stream in reads)):
+            return  # nothing but its own stream touched it since its last write (_only_by)
         accesses = [*state.reads.values(), *([state.write] if state.write else [])]
         pending = tuple(a for a in accesses
                         if a.participant not in (HOST, allocation_stream)

@@ -14,7 +14,7 @@ import linecache
 import os
 import sys
 from types import FrameType, TracebackType
-from typing import Callable
+from typing import Any, Callable
 
 import torch
 
@@ -69,7 +69,8 @@ def at_callsite(message: str, where: str) -> str:
 # ten frames for every op it sees, the same few dozen code objects over and over. A code object
 # keeps its module, so its answer stays; the cache is cleared when it grows past its bound
 # (generated code, FX's, can make code objects without end).
-_USER_CODE: dict = {}
+_USER_CODE: dict = {}  # id -> code object, for the caller's code
+_MACHINERY_CODE: dict = {}  # and for torch's, the emulator's and other skipped code
 _USER_CODE_BOUND = 4096
 
 
@@ -79,16 +80,22 @@ def _user_frame(also_skip: tuple[str, ...] = ()) -> FrameType | None:
         while frame is not None and not _is_user_frame(frame, also_skip):
             frame = frame.f_back
         return frame
-    known = _USER_CODE
+    machinery, users = _MACHINERY_CODE, _USER_CODE
     while frame is not None:
         code = frame.f_code
-        entry = known.get(id(code))  # by id: a code object hashes its constants each time
-        if entry is None or entry[0] is not code:
-            if len(known) >= _USER_CODE_BOUND:
-                known.clear()
-            entry = known[id(code)] = (code, _is_user_frame(frame))  # kept: its id stays its own
-        if entry[1]:
+        # by id: a code object hashes its constants each time; kept, so its id stays its own
+        if machinery.get(id(code)) is code:
+            frame = frame.f_back
+            continue
+        if users.get(id(code)) is code:
             return frame
+        if len(machinery) + len(users) >= _USER_CODE_BOUND:
+            machinery.clear()
+            users.clear()
+        if _is_user_frame(frame):
+            users[id(code)] = code
+            return frame
+        machinery[id(code)] = code
         frame = frame.f_back
     return frame
 
@@ -135,21 +142,27 @@ class LaterCallsite:
     tracker keeps for every access, most of which no report ever names. With `resolve_generated`
     a frame of FX-generated code is resolved to its node's model line now, while the frame is live
     (what `current_callsite()` names); without, it names the generated line, which costs nothing
-    more on the tracking's hot path."""
+    more on the tracking's hot path. The frame's code and instruction offset are kept, not its
+    line: `f_lineno` scans the code's line table from its start at every ask (1.5 us for a
+    decode step's frame), `f_lasti` is a field; the line is looked up when written out."""
 
-    __slots__ = ("_filename", "_lineno", "_text")
+    __slots__ = ("_filename", "_code", "_lasti", "_lineno", "_text")
 
     def __init__(self, frame: FrameType | None, *, resolve_generated: bool = False) -> None:
         self._text: str | None = None
+        self._code = None
         if frame is None:
             self._filename, self._lineno = "", 0
         elif resolve_generated and fx_lines.is_generated(frame.f_code.co_filename):
             self._filename, self._lineno = _source_frames(frame)[0]
         else:
-            self._filename, self._lineno = frame.f_code.co_filename, frame.f_lineno
+            code = frame.f_code
+            self._filename, self._code, self._lasti = code.co_filename, code, frame.f_lasti
 
     def __str__(self) -> str:
         if self._text is None:
+            if self._code is not None:
+                self._lineno, self._code = _line_at(self._code, self._lasti), None
             self._text = describe_line(self._filename, self._lineno) if self._filename else ""
         return self._text
 
@@ -158,6 +171,15 @@ class LaterCallsite:
 
     def __contains__(self, text: str) -> bool:
         return text in str(self)
+
+
+def _line_at(code: Any, offset: int) -> int | None:
+    """The source line of the instruction at byte `offset` of `code`: what a frame stopped there
+    answers for `f_lineno` (None where no line covers it)."""
+    for start, end, line in code.co_lines():
+        if start <= offset < end:
+            return line
+    return None
 
 
 def callsite_later(*, resolve_generated: bool = False) -> LaterCallsite:
