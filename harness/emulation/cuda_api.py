@@ -60,7 +60,7 @@ from harness.emulation.cudart import EmulatedCudart
 from harness.emulation.cuda_streams import (Event, ExternalStream, Stream, as_device_stream,
                                             as_plain_stream)
 from harness.emulation.device_memory import is_device_memory
-from harness.emulation import fft_plans
+from harness.emulation import fft_plans, sdpa_backends
 from harness.emulation.tools import (NvtxRanges, check_memory_fraction,
                                                  check_sync_debug_mode)
 from harness.emulation.tunable_ops import PRIVATE_NAMES as TUNABLE_OP_NAMES
@@ -865,6 +865,9 @@ REPLACEMENTS: tuple[Replacement, ...] = (
     _private("_cuda_resetPeakHostMemoryStats", reset_peak_host_memory_stats),
     _private("_cuda_resetAccumulatedHostMemoryStats", reset_accumulated_host_memory_stats),
     _private("_cuda_attach_out_of_memory_observer", attach_out_of_memory_observer),
+    _private("_can_use_flash_attention", sdpa_backends.can_use_flash_attention),
+    _private("_can_use_mem_efficient_attention", sdpa_backends.can_use_efficient_attention),
+    _private("_is_flash_attention_available", sdpa_backends.flash_attention_available),
     *(_private(name, tunable_op(method), "value") for name, method in TUNABLE_OP_NAMES.items()),
     _private("_construct_storage_from_data_pointer", storage_from_data_pointer, "value"),
     _private("_CUDAGraph", cuda_graph_base, "value"),

@@ -43,43 +43,31 @@ def mm(input: Tensor, mat2: Tensor, out_dtype: torch.dtype | None = None, *, out
 
 
 def scaled_dot_product_attention(query: Tensor, key: Tensor, value: Tensor, *args, **kwargs):
-    """SDPA where the caller allows only CUDA's fused kernels (`sdpa_kernel(SDPBackend.
-    EFFICIENT_ATTENTION)` or cuDNN's): the CPU build has neither, so with its own two (flash and
-    math) switched off it finds "No viable backend" where an H200 runs the call. The CPU's kernels
-    stand in for the fused one, as every emulated kernel is a CPU kernel; the caller's switches are
-    back as they were when the call returns. Where the CPU's own backends are allowed, or on a
-    real device, nothing changes."""
+    """SDPA with CUDA's choice of kernel (sdpa_backends.py). Where the caller switched off the
+    math kernel and cuDNN's, and neither fused kernel left takes the inputs on CUDA, CUDA's
+    "No available kernel" is raised after its reasons. Otherwise the CPU's kernels stand in for
+    the fused one CUDA runs, as every emulated kernel is a CPU kernel: the CPU build has neither
+    memory-efficient nor cuDNN attention, and its flash kernel refuses dropout, which CUDA's
+    takes, so with only those allowed it would find no kernel where a GPU runs the call. The
+    caller's switches are back as they were when the call returns. On a real device nothing
+    changes."""
+    if query.device.type != "cpu":
+        return _sdpa(query, key, value, *args, **kwargs)
+    from harness.emulation.sdpa_backends import AttentionCall, refusal_of_the_allowed_kernels
+
+    call = AttentionCall.of_arguments(query, key, value, *args, **kwargs)
+    if reasons := refusal_of_the_allowed_kernels(call):
+        raise RuntimeError(f"No available kernel. Aborting execution. ({reasons} The CPU's kernels "
+                           f"would take the call; CUDA's allowed ones do not.)")
     backends = torch.backends.cuda
-    if (query.device.type == "cpu" and backends.flash_sdp_enabled() and not (
-            backends.math_sdp_enabled() or backends.mem_efficient_sdp_enabled()
-            or backends.cudnn_sdp_enabled())):
-        refusal = _flash_refusal(query, key, value, kwargs.get("attn_mask", args[0] if args else None))
-        if refusal:
-            raise RuntimeError(f"No available kernel. Aborting execution. (SDPA allowed only flash "
-                               f"attention, and CUDA's flash kernel refuses these inputs: {refusal}; "
-                               f"the CPU's flash kernel would take them)")
-    if (query.device.type == "cpu" and not (backends.flash_sdp_enabled() or backends.math_sdp_enabled())
-            and (backends.mem_efficient_sdp_enabled() or backends.cudnn_sdp_enabled())):
+    fused_allowed = (backends.flash_sdp_enabled() or backends.mem_efficient_sdp_enabled()
+                     or backends.cudnn_sdp_enabled())
+    if fused_allowed and not backends.math_sdp_enabled():
         from torch.nn.attention import SDPBackend, sdpa_kernel
 
         with sdpa_kernel([SDPBackend.FLASH_ATTENTION, SDPBackend.MATH]):
             return _sdpa(query, key, value, *args, **kwargs)
     return _sdpa(query, key, value, *args, **kwargs)
-
-
-def _flash_refusal(query: Tensor, key: Tensor, value: Tensor, attn_mask) -> str:
-    """Why CUDA's flash attention kernel would refuse the inputs (sdp_utils.cpp's checks that hold
-    on every GPU it runs on), or "" where it takes them."""
-    if query.dtype not in (torch.float16, torch.bfloat16):
-        return f"it takes float16 and bfloat16 only, the query is {query.dtype}"
-    if attn_mask is not None:
-        return "it takes no attn_mask (is_causal=True is its only mask)"
-    if query.size(-1) > 256:
-        return f"head dimension {query.size(-1)} over its limit of 256"
-    if not query.size(-1) == key.size(-1) == value.size(-1):
-        return (f"query, key and value head dimensions differ ({query.size(-1)}, {key.size(-1)}, "
-                f"{value.size(-1)})")
-    return ""
 
 
 _sdpa = torch.nn.functional.scaled_dot_product_attention
