@@ -496,12 +496,29 @@ def get_sync_debug_mode(state) -> int:
     return state.sync_debug_mode
 
 
+def _allocator_index(state, device: Any) -> int | None:
+    """The device whose caching allocator a memory-fraction call names: torch's Python passes an
+    index it has not checked, and CUDA's allocator checks it against the devices it set up."""
+    if device is None:
+        return state.current_index
+    target = device.index if isinstance(device, torch.device) else device
+    if target is None:
+        return state.current_index
+    return target if 0 <= target < state.properties.count else None
+
+
 def set_memory_fraction(state, fraction, device: Any = None) -> None:
-    state.memory_fraction = check_memory_fraction(fraction)
+    target = _allocator_index(state, device)
+    if target is None:  # CachingDeviceAllocator.h's assertValidDevice
+        raise RuntimeError(f"Invalid device argument {device}: did you call init?")
+    state.memory_fractions[target] = check_memory_fraction(fraction)
 
 
 def get_memory_fraction(state, device: Any = None) -> float:
-    return state.memory_fraction
+    target = _allocator_index(state, device)
+    if target is None:
+        raise RuntimeError(f"Allocator not initialized for device {device}: did you call init?")
+    return state.memory_fraction_of(target)
 
 
 def caching_allocator_enable(state, value: bool) -> None:

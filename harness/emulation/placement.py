@@ -283,7 +283,7 @@ class Placement(TorchFunctionMode):
         if named_device:
             asked = requested_bytes(func, args, kwargs)
             if asked:
-                state.check_capacity(asked)
+                state.check_capacity(asked, index)
         # PyTorch runs the call under a device guard for its tensors' device: its kernel goes to
         # that device's current stream (outside a capture made on another device's stream).
         guarded = self._several_devices and index != state.current_index
