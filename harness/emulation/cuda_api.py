@@ -884,6 +884,7 @@ REPLACEMENTS: tuple[Replacement, ...] = (
     _private("_cuda_attach_out_of_memory_observer", attach_out_of_memory_observer),
     _private("_can_use_flash_attention", sdpa_backends.can_use_flash_attention),
     _private("_can_use_mem_efficient_attention", sdpa_backends.can_use_efficient_attention),
+    _private("_can_use_cudnn_attention", sdpa_backends.can_use_cudnn_attention),
     _private("_is_flash_attention_available", sdpa_backends.flash_attention_available),
     *(_private(name, tunable_op(method), "value") for name, method in TUNABLE_OP_NAMES.items()),
     _private("_construct_storage_from_data_pointer", storage_from_data_pointer, "value"),

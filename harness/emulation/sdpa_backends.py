@@ -10,7 +10,9 @@ took another path on the emulated device than on a GPU.
 
 cuDNN's attention is left out: its filters depend on the cuDNN release a wheel ships (head
 dimensions, layouts, dropout ranges) and on whether the wheel prefers it, which a CPU build cannot
-tell; a call that allows cuDNN attention is never refused here.
+tell; a call that allows cuDNN attention is never refused here, and asking
+`can_use_cudnn_attention` is refused by name (the CPU wheel said False for every input, the CUDA
+wheel without a GPU failed in the driver).
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from dataclasses import dataclass
 
 import torch
 
+from harness.emulation.allocator_tools import UnsupportedOnEmulatedDevice
 from harness.emulation.device_memory import is_device_memory
 
 Tensor = torch.Tensor
@@ -248,6 +251,15 @@ def can_use_efficient_attention(state, params, debug: bool = False) -> bool:
     call = AttentionCall.of_params(params)
     return _answer(efficient_refusal(call, device_capability(),
                                      torch.backends.cuda.mem_efficient_sdp_enabled()), debug)
+
+
+def can_use_cudnn_attention(state, params, debug: bool = False) -> bool:
+    """`torch._C._can_use_cudnn_attention`: not modelled."""
+    raise UnsupportedOnEmulatedDevice(
+        "torch.backends.cuda.can_use_cudnn_attention on the emulated CUDA device: cuDNN "
+        "attention's filters depend on the cuDNN release the wheel ships (head dimensions, "
+        "layouts, dropout), which a machine without a GPU cannot tell; ask "
+        "can_use_flash_attention or can_use_efficient_attention, or run this on a GPU")
 
 
 def flash_attention_available(state) -> bool:

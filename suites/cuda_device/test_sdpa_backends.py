@@ -104,3 +104,14 @@ def test_efficient_attention_alone_takes_float32_and_a_mask(cuda_kind):
         out = F.scaled_dot_product_attention(q, q, q, attn_mask=mask)
     expected = F.scaled_dot_product_attention(q, q, q, attn_mask=mask)
     torch.testing.assert_close(out, expected, atol=1e-3, rtol=1e-3)
+
+
+def test_asking_whether_cudnn_attention_takes_a_call_is_refused_by_name(cuda_device):
+    """cuDNN attention's filters follow the cuDNN release a wheel ships; the CPU wheel answered
+    False to every input and the CUDA wheel without a GPU failed in the driver."""
+    from harness.emulation.allocator_tools import UnsupportedOnEmulatedDevice
+
+    q = _inputs()
+    params = torch.backends.cuda.SDPAParams(q, q, q, None, 0.0, False, False)
+    with pytest.raises(UnsupportedOnEmulatedDevice, match="can_use_cudnn_attention"):
+        torch.backends.cuda.can_use_cudnn_attention(params)
