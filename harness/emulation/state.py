@@ -372,12 +372,16 @@ class DeviceState(Observed):
         free = total - self.memory.live_bytes()
         if not nbytes < ONE_EXA_BYTES:  # refused before the allocator looks (nan included)
             return out_of_memory_error(nbytes, index, total, free, why)
-        self.memory.accounting(index).num_ooms += 1
+        accounting = self.memory.accounting(index)
+        accounting.num_ooms += 1
         fraction = self.memory_fraction_of(index)
         allowed = int(total * fraction) if fraction < 1 else total
         for observer in tuple(self.oom_observers):
             observer(index, segment_size(round_size(int(nbytes))), allowed, free)
-        return out_of_memory_error(nbytes, index, total, free, why)
+        return out_of_memory_error(
+            nbytes, index, total, free, why, allocated=accounting.allocated_bytes(),
+            reserved=accounting.stat("reserved_bytes", "current"),
+            allowed=allowed if fraction < 1 else None)
 
     # --- the observer interface --------------------------------------------------------------
 
