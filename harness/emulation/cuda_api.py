@@ -64,7 +64,7 @@ from harness.emulation import fft_plans, sdpa_backends
 from harness.emulation.tools import (NvtxRanges, check_memory_fraction,
                                                  check_sync_debug_mode)
 from harness.emulation.tunable_ops import PRIVATE_NAMES as TUNABLE_OP_NAMES
-from harness.emulation.wrapper_subclasses import make_wrapper_subclass
+from harness.emulation.wrapper_subclasses import legacy_subclass_constructor, make_wrapper_subclass
 
 
 @dataclass(frozen=True)
@@ -928,6 +928,7 @@ REPLACEMENTS: tuple[Replacement, ...] = (
                 if_present=True),
     Replacement("torch.Tensor", "__cuda_array_interface__", cuda_array_interface, "value"),
     Replacement("torch.Tensor", "_make_wrapper_subclass", make_wrapper_subclass, "value"),
+    Replacement("torch.Tensor", "__new__", legacy_subclass_constructor, "value"),
     Replacement("torch.backends.cuda.cuFFTPlanCache", "size", fft_plans.size_property, "value"),
     Replacement("torch.backends.cuda.cuFFTPlanCache", "max_size", fft_plans.max_size_property,
                 "value"),
