@@ -10,6 +10,8 @@ device memory and a capture records the CPU ops they are made of."""
 
 from __future__ import annotations
 
+import warnings
+
 import torch
 from torch.torch_version import TorchVersion
 
@@ -71,6 +73,46 @@ def scaled_dot_product_attention(query: Tensor, key: Tensor, value: Tensor, *arg
 
 
 _sdpa = torch.nn.functional.scaled_dot_product_attention
+
+
+def causal_bias_attention(query: Tensor, key: Tensor, value: Tensor, attn_mask, dropout_p=0.0,
+                          is_causal: bool = False, scale=None, enable_gqa: bool = False):
+    """SDPA given a `torch.nn.attention.bias.CausalBias` (`causal_lower_right`,
+    `causal_upper_left`). Torch's own dispatch of the bias (`CausalBias._dispatch`) hands a
+    lower-right bias of unequal lengths to the fused kernels' own ops when
+    `can_use_flash_attention` or `can_use_efficient_attention` says so
+    (`aten._scaled_dot_product_flash_attention`, `aten._efficient_attention_forward`), which a CPU
+    build lacks; what they compute is attention under the lower-right mask, computed here from
+    the materialized mask by the CPU's kernels. Where neither fused kernel takes the call, torch
+    materializes the mask itself, after the kernels' reasons, and so does this. Called with the
+    placement mode pushed again, so that the calls inside are the device's."""
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+    from torch.nn.attention.bias import CausalVariant
+
+    from harness.emulation.sdpa_backends import (AttentionCall, device_capability,
+                                                 efficient_refusal, flash_refusal)
+
+    if is_causal:
+        raise ValueError("CausalBias should not be used with causal=True")
+    if attn_mask.seq_len_q == attn_mask.seq_len_kv or attn_mask.variant == CausalVariant.UPPER_LEFT:
+        return _sdpa(query, key, value, attn_mask=None, dropout_p=dropout_p, is_causal=True,
+                     scale=scale, enable_gqa=enable_gqa)
+    if attn_mask.variant != CausalVariant.LOWER_RIGHT:
+        raise ValueError(f"CausalBias.variant must be a CausalVariant type, but found: "
+                         f"{attn_mask.variant}")
+    call = AttentionCall.of_arguments(query, key, value, None, dropout_p, False, scale, enable_gqa)
+    capability, backends = device_capability(), torch.backends.cuda
+    reasons = (efficient_refusal(call, capability, backends.mem_efficient_sdp_enabled()),
+               flash_refusal(call, capability, backends.flash_sdp_enabled()))
+    mask = attn_mask._materialize(query.device)
+    if all(reasons):
+        for reason in reasons:
+            warnings.warn(reason, UserWarning, stacklevel=3)
+        return _sdpa(query, key, value, attn_mask=mask, dropout_p=dropout_p, scale=scale,
+                     enable_gqa=enable_gqa)
+    with sdpa_kernel([SDPBackend.MATH]):  # a fused kernel of CUDA's takes it: no switch applies
+        return _sdpa(query, key, value, attn_mask=mask, dropout_p=dropout_p, scale=scale,
+                     enable_gqa=enable_gqa)
 
 
 def one_hot(tensor: Tensor, num_classes: int = -1) -> Tensor:

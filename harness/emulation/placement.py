@@ -25,6 +25,7 @@ import re
 import types
 
 import torch
+import torch.nn.attention.bias
 from torch.overrides import TorchFunctionMode
 
 from harness import torch_internals
@@ -91,6 +92,12 @@ _SPARSE_FACTORIES = frozenset(f for f in (
     getattr(torch, "_sparse_coo_tensor_unsafe", None),
     getattr(torch, "_sparse_compressed_tensor_unsafe", None)) if f is not None)
 _CUDA = torch.device("cuda")
+_SDPA = torch.nn.functional.scaled_dot_product_attention
+_CausalBias = torch.nn.attention.bias.CausalBias
+
+
+def _attention_mask(args: tuple, kwargs: dict):
+    return args[3] if len(args) > 3 else kwargs.get("attn_mask")
 
 
 class Placement(TorchFunctionMode):
@@ -474,6 +481,11 @@ class Placement(TorchFunctionMode):
     def _cuda_kernel(self, func, args, kwargs):
         """A kernel CUDA has and the cpu lacks (kernels.py), for device tensors only: a host call
         keeps the cpu's answer, errors included."""
+        if func is _SDPA and isinstance(_attention_mask(args, kwargs), _CausalBias) \
+                and _first_is_device(args, kwargs):
+            # torch's bias dispatches itself (its __torch_function__), past this mode
+            with self:
+                return kernels.causal_bias_attention(*args, **kwargs)
         if _first_is_device(args, kwargs) and _scan(args, kwargs)[0]:
             return self._generic(kernels.REPLACEMENTS[func], args, kwargs)
         return self._generic(func, args, kwargs)

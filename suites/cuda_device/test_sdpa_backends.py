@@ -115,3 +115,44 @@ def test_asking_whether_cudnn_attention_takes_a_call_is_refused_by_name(cuda_dev
     params = torch.backends.cuda.SDPAParams(q, q, q, None, 0.0, False, False)
     with pytest.raises(UnsupportedOnEmulatedDevice, match="can_use_cudnn_attention"):
         torch.backends.cuda.can_use_cudnn_attention(params)
+
+
+def _lower_right_reference(q, kv):
+    from torch.nn.attention.bias import causal_lower_right
+
+    mask = causal_lower_right(q.size(-2), kv.size(-2))._materialize(q.device)
+    with sdpa_kernel(SDPBackend.MATH):
+        return F.scaled_dot_product_attention(q, kv, kv, attn_mask=mask)
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.float32])
+def test_a_lower_right_causal_bias_attends_as_its_mask(cuda_kind, dtype):
+    """torch's CausalBias dispatches itself: a lower-right bias of unequal lengths goes to the
+    fused kernels' own ops where CUDA's flash or efficient kernel takes it (float16: flash;
+    float32: efficient). On the emulated device the bias was a host tensor beside device ones,
+    refused as mixing devices."""
+    from torch.nn.attention.bias import causal_lower_right, causal_upper_left
+
+    q, kv = _inputs(length=4, dtype=dtype), _inputs(length=8, dtype=dtype, seed=1)
+    out = F.scaled_dot_product_attention(q, kv, kv, attn_mask=causal_lower_right(4, 8))
+    assert out.is_cuda and out.dtype == dtype
+    torch.testing.assert_close(out, _lower_right_reference(q, kv), atol=2e-2, rtol=2e-2)
+    upper = F.scaled_dot_product_attention(q, kv, kv, attn_mask=causal_upper_left(4, 8))
+    torch.testing.assert_close(upper, F.scaled_dot_product_attention(q, kv, kv, is_causal=True),
+                               atol=2e-2, rtol=2e-2)
+
+
+def test_a_lower_right_causal_bias_is_captured_and_replayed(cuda_kind):
+    """A decode step over a longer cache, graphed: each replay reads the live query and cache."""
+    from torch.nn.attention.bias import causal_lower_right
+
+    q, kv = _inputs(length=4), _inputs(length=8, seed=1)
+    bias = causal_lower_right(4, 8)
+    F.scaled_dot_product_attention(q, kv, kv, attn_mask=bias)  # warmup, as CUDA code does
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = F.scaled_dot_product_attention(q, kv, kv, attn_mask=bias)
+    q.copy_(_inputs(length=4, seed=2))
+    kv.copy_(_inputs(length=8, seed=3))
+    graph.replay()
+    torch.testing.assert_close(out, _lower_right_reference(q, kv), atol=2e-2, rtol=2e-2)
