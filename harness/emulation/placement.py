@@ -34,7 +34,7 @@ from harness.graphs.base import CaptureError
 from harness.emulation import (array_interface, autocast, autocast_bodies, backward_streams,
                                blas_workspaces, compiled_rng, deterministic_alerts, device_branches,
                                device_indices, fft_plans, host_arguments, host_outputs, kernels,
-                               missing_kernels, transfers)
+                               missing_kernels, sdpa_backends, transfers)
 from harness.graphs.emulator.dispatch_keys import keep_modes_reachable
 from harness.graphs.emulator.opinfo import scalar_type_name
 from harness.graphs.emulator.device_asserts import eager_device_assert_error, is_index_out_of_bounds
@@ -127,6 +127,7 @@ class Placement(TorchFunctionMode):
             torch.device: _device_of_index,
             **{func: self._cuda_kernel for func in kernels.REPLACEMENTS},
             **dict.fromkeys(missing_kernels.CPU_ONLY, self._cpu_only),
+            **dict.fromkeys(sdpa_backends.FUSED_OPS, self._fused_attention_op),
             **dict.fromkeys(host_arguments.CALLS, self._host_argument),
             **{func: self._blas_call for func in blas_workspaces.MATMUL_FUNCS},
             **dict.fromkeys(fft_plans.FFT_KINDS, self._fft_call),
@@ -495,6 +496,13 @@ class Placement(TorchFunctionMode):
         dispatcher refuses it on a GPU; a host call keeps the cpu's answer."""
         if _scan(args, kwargs)[0]:
             raise missing_kernels.no_cuda_kernel(func, args, kwargs)
+        return self._generic(func, args, kwargs)
+
+    def _fused_attention_op(self, func, args, kwargs):
+        """An op of CUDA's fused attention kernels (sdpa_backends.py): refused by name for device
+        tensors; a host call keeps the cpu's answer."""
+        if _scan(args, kwargs)[0]:
+            raise sdpa_backends.fused_op_refused(func)
         return self._generic(func, args, kwargs)
 
     def _host_argument(self, func, args, kwargs):

@@ -262,6 +262,45 @@ def can_use_cudnn_attention(state, params, debug: bool = False) -> bool:
         "can_use_flash_attention or can_use_efficient_attention, or run this on a GPU")
 
 
+# CUDA's fused attention kernels' own ops, which `torch.nn.functional.scaled_dot_product_attention`
+# calls on CUDA and some code calls directly after a `can_use_*` query (torch's CausalBias does).
+_FUSED_OP_NAMES = (
+    "_scaled_dot_product_flash_attention", "_scaled_dot_product_efficient_attention",
+    "_scaled_dot_product_cudnn_attention", "_flash_attention_forward",
+    "_efficient_attention_forward", "_cudnn_attention_forward",
+    "_scaled_dot_product_flash_attention_backward",
+    "_scaled_dot_product_efficient_attention_backward",
+    "_scaled_dot_product_cudnn_attention_backward", "_flash_attention_backward",
+    "_efficient_attention_backward")
+
+
+def _fused_ops() -> dict:
+    """Each op of `_FUSED_OP_NAMES` this torch has, as its packet and its overloads (a call
+    through `torch.ops.aten` reaches the device as either), by its name."""
+    found = {}
+    for name in _FUSED_OP_NAMES:
+        packet = getattr(torch.ops.aten, name, None)
+        if packet is None:
+            continue
+        found[packet] = name
+        found.update({getattr(packet, overload): name for overload in packet.overloads()})
+    return found
+
+
+FUSED_OPS = _fused_ops()
+
+
+def fused_op_refused(func) -> UnsupportedOnEmulatedDevice:
+    """The refusal of a fused attention kernel's own op called with device tensors: a CPU build
+    has no such kernel, and the dispatcher's answer named the CPU backend, not the emulation."""
+    name = FUSED_OPS[func]
+    return UnsupportedOnEmulatedDevice(
+        f"aten::{name} on the emulated CUDA device: CUDA's fused attention kernels are not in a "
+        f"CPU build of torch. Call torch.nn.functional.scaled_dot_product_attention, which the "
+        f"emulated device runs as CUDA chooses its kernel (the CPU's kernels computing), or run "
+        f"this on a GPU")
+
+
 def flash_attention_available(state) -> bool:
     """CUDA's Linux wheels are built with flash attention (`USE_FLASH_ATTENTION`)."""
     return True

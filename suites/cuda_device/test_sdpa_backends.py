@@ -156,3 +156,16 @@ def test_a_lower_right_causal_bias_is_captured_and_replayed(cuda_kind):
     kv.copy_(_inputs(length=8, seed=3))
     graph.replay()
     torch.testing.assert_close(out, _lower_right_reference(q, kv), atol=2e-2, rtol=2e-2)
+
+
+@pytest.mark.parametrize("op", ["_scaled_dot_product_flash_attention",
+                                "_scaled_dot_product_efficient_attention"])
+def test_a_fused_kernels_own_op_called_directly_is_refused_by_name(cuda_device, op):
+    """After `can_use_flash_attention` says yes, code may call the kernel's op itself; a CPU
+    build has none, and the dispatcher's answer named the CPU backend, not the emulation."""
+    from harness.emulation.allocator_tools import UnsupportedOnEmulatedDevice
+
+    q = _inputs()
+    args = (q, q, q, 0.0, True) if "flash" in op else (q, q, q, None, False)
+    with pytest.raises(UnsupportedOnEmulatedDevice, match=f"aten::{op} on the emulated CUDA device"):
+        getattr(torch.ops.aten, op)(*args)
