@@ -130,6 +130,37 @@ def sdpa_fused_choice():
 
 
 @case
+def causal_bias_lower_right_eager_and_graphed():
+    """torch.nn.attention.bias: a lower-right bias of unequal lengths goes to the fused kernels'
+    own ops where can_use_* says so."""
+    from torch.nn.attention.bias import causal_lower_right
+
+    answers = {}
+    for dtype in (torch.float16, torch.float32):
+        q, k, v = _qkv(length=4, kv_length=8, dtype=dtype)
+        bias = causal_lower_right(4, 8)
+        reference = F.scaled_dot_product_attention(q, k, v, attn_mask=bias._materialize(q.device))
+        answers[str(dtype)] = _outcome(lambda: (F.scaled_dot_product_attention(
+            q, k, v, attn_mask=bias) - reference).abs().max().item() < 2e-2)
+    q, k, v = _qkv(length=4, kv_length=8)
+    bias = causal_lower_right(4, 8)
+    graph, out = probe_cases.warmed_capture(
+        lambda: F.scaled_dot_product_attention(q, k, v, attn_mask=bias))
+    q.copy_(probe_cases.seeded(1, 2, 4, 64, seed=5).half())
+    graph.replay()
+    expected = F.scaled_dot_product_attention(q, k, v, attn_mask=bias._materialize(q.device))
+    answers["graphed"] = (out - expected).abs().max().item() < 2e-2
+    side = torch.cuda.Stream()
+    answers["made after a side stream"] = type(causal_lower_right(4, 8)).__name__
+    del side
+    answers["flash op direct"] = _outcome(lambda: tuple(
+        torch.ops.aten._scaled_dot_product_flash_attention(q, k, v, 0.0, True)[0].shape))
+    return (f"{answers} (emulated before: mixed-devices RuntimeError for every call, and "
+            f"CausalBias refused after a side stream; now True, True, True, CausalBias; the flash "
+            f"op direct: UnsupportedOnEmulatedDevice)")
+
+
+@case
 def flash_dropout_replayed_in_a_graph():
     q, k, v = _qkv(length=64)
     with sdpa_kernel(SDPBackend.FLASH_ATTENTION):
