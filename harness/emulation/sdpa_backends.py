@@ -13,6 +13,10 @@ dimensions, layouts, dropout ranges) and on whether the wheel prefers it, which 
 tell; a call that allows cuDNN attention is never refused here, and asking
 `can_use_cudnn_attention` is refused by name (the CPU wheel said False for every input, the CUDA
 wheel without a GPU failed in the driver).
+
+The fused kernels' own aten ops (`aten::_scaled_dot_product_flash_attention` and kin), which code
+may call after a query says yes, are refused by name for device tensors (`FUSED_OPS`): a CPU build
+has no such kernel.
 """
 
 from __future__ import annotations
