@@ -25,9 +25,11 @@ CASES, case = probe_cases.registry()
 _outcome = probe_cases.outcome
 
 
-def _qkv(heads=2, length=8, head_dim=64, dtype=torch.float16, seed=0, kv_heads=None, kv_length=None):
+def _qkv(heads=2, length=8, head_dim=64, dtype=torch.float16, seed=0, kv_heads=None,
+         kv_length=None):
     q = probe_cases.seeded(1, heads, length, head_dim, seed=seed).to(dtype)
-    kv = probe_cases.seeded(1, kv_heads or heads, kv_length or length, head_dim, seed=seed + 1).to(dtype)
+    kv = probe_cases.seeded(1, kv_heads or heads, kv_length or length, head_dim,
+                            seed=seed + 1).to(dtype)
     return q, kv, kv
 
 

@@ -220,7 +220,8 @@ def efficient_refusal(call: AttentionCall, capability: tuple[int, int],
         if any(t.numel() and offset % step for t, offset in zip((q, k, v), offsets)):
             return ("Mem efficient attention on sm80 or newer requires q, k, and v storage "
                     f"offsets * element_size to be aligned to {step} bytes. Got "
-                    f"query.storage_offset() * element_size % alignment_bytes: {offsets[0] % step}, "
+                    "query.storage_offset() * element_size % alignment_bytes: "
+                    f"{offsets[0] % step}, "
                     f"key.storage_offset() * element_size % alignment_bytes: {offsets[1] % step}, "
                     f"value.storage_offset() * element_size % alignment_bytes: "
                     f"{offsets[2] % step}.")

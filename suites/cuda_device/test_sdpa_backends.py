@@ -14,7 +14,8 @@ import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 
-def _inputs(heads: int = 2, length: int = 8, head_dim: int = 64, dtype=torch.float16, seed: int = 0):
+def _inputs(heads: int = 2, length: int = 8, head_dim: int = 64, dtype=torch.float16,
+            seed: int = 0):
     gen = torch.Generator().manual_seed(seed)
     return torch.randn(1, heads, length, head_dim, generator=gen, dtype=torch.float32).to(
         dtype).to("cuda")
@@ -31,7 +32,8 @@ def _asked(check, q, k, v, *, is_causal=False, enable_gqa=False) -> tuple[bool, 
 def test_flash_attention_is_available_and_takes_half_precision(cuda_kind):
     q = _inputs()
     assert torch.backends.cuda.is_flash_attention_available()
-    assert _asked(torch.backends.cuda.can_use_flash_attention, q, q, q, is_causal=True) == (True, [])
+    flash = _asked(torch.backends.cuda.can_use_flash_attention, q, q, q, is_causal=True)
+    assert flash == (True, [])
     assert _asked(torch.backends.cuda.can_use_efficient_attention, q, q, q) == (True, [])
 
 
@@ -167,5 +169,6 @@ def test_a_fused_kernels_own_op_called_directly_is_refused_by_name(cuda_device, 
 
     q = _inputs()
     args = (q, q, q, 0.0, True) if "flash" in op else (q, q, q, None, False)
-    with pytest.raises(UnsupportedOnEmulatedDevice, match=f"aten::{op} on the emulated CUDA device"):
+    refusal = f"aten::{op} on the emulated CUDA device"
+    with pytest.raises(UnsupportedOnEmulatedDevice, match=refusal):
         getattr(torch.ops.aten, op)(*args)
