@@ -84,8 +84,9 @@ def causal_bias_attention(query: Tensor, key: Tensor, value: Tensor, attn_mask, 
     (`aten._scaled_dot_product_flash_attention`, `aten._efficient_attention_forward`), which a CPU
     build lacks; what they compute is attention under the lower-right mask, computed here from
     the materialized mask by the CPU's kernels. Where neither fused kernel takes the call, torch
-    materializes the mask itself, after the kernels' reasons, and so does this. Called with the
-    placement mode pushed again, so that the calls inside are the device's."""
+    materializes the mask itself, after the kernels' reasons, and so does this. The bias takes
+    the call before autocast sees it: only the SDPA calls torch's dispatch makes again are cast.
+    Called with the placement mode pushed again, so that the calls inside are the device's."""
     from torch.nn.attention import SDPBackend, sdpa_kernel
     from torch.nn.attention.bias import CausalVariant
 
@@ -110,7 +111,8 @@ def causal_bias_attention(query: Tensor, key: Tensor, value: Tensor, attn_mask, 
             warnings.warn(reason, UserWarning, stacklevel=3)
         return _sdpa(query, key, value, attn_mask=mask, dropout_p=dropout_p, scale=scale,
                      enable_gqa=enable_gqa)
-    with sdpa_kernel([SDPBackend.MATH]):  # a fused kernel of CUDA's takes it: no switch applies
+    # A fused kernel's op takes it: no backend switch applies, and autocast casts no such op.
+    with sdpa_kernel([SDPBackend.MATH]), torch.autocast("cuda", enabled=False):
         return _sdpa(query, key, value, attn_mask=mask, dropout_p=dropout_p, scale=scale,
                      enable_gqa=enable_gqa)
 

@@ -100,6 +100,12 @@ def _attention_mask(args: tuple, kwargs: dict):
     return args[3] if len(args) > 3 else kwargs.get("attn_mask")
 
 
+def _bias_dispatches_itself(func, args: tuple, kwargs: dict) -> bool:
+    """SDPA given torch's CausalBias: on CUDA the bias's `__torch_function__` takes the call
+    before autocast sees it (kernels.causal_bias_attention)."""
+    return func is _SDPA and isinstance(_attention_mask(args, kwargs), _CausalBias)
+
+
 class Placement(TorchFunctionMode):
     def __init__(self, state) -> None:
         super().__init__()
@@ -163,7 +169,8 @@ class Placement(TorchFunctionMode):
             # CUDA casts each op inside a Python composite (autocast_bodies.py)
             with self.state.autocast_bodies.next_check_passes(), self:
                 return func(*args, **(kwargs or {}))
-        if func in _AUTOCAST_OPS and _autocast_on("cuda"):
+        if func in _AUTOCAST_OPS and _autocast_on("cuda") and not _bias_dispatches_itself(
+                func, args, kwargs or {}):
             args, kwargs = autocast.cast(func, args, kwargs or {}, is_device_memory, self._cast,
                                          self.state.autocast_cache)
         handler = self._calls.get(func)
@@ -482,8 +489,7 @@ class Placement(TorchFunctionMode):
     def _cuda_kernel(self, func, args, kwargs):
         """A kernel CUDA has and the cpu lacks (kernels.py), for device tensors only: a host call
         keeps the cpu's answer, errors included."""
-        if func is _SDPA and isinstance(_attention_mask(args, kwargs), _CausalBias) \
-                and _first_is_device(args, kwargs):
+        if _bias_dispatches_itself(func, args, kwargs) and _first_is_device(args, kwargs):
             # torch's bias dispatches itself (its __torch_function__), past this mode
             with self:
                 return kernels.causal_bias_attention(*args, **kwargs)

@@ -172,3 +172,17 @@ def test_a_fused_kernels_own_op_called_directly_is_refused_by_name(cuda_device, 
     refusal = f"aten::{op} on the emulated CUDA device"
     with pytest.raises(UnsupportedOnEmulatedDevice, match=refusal):
         getattr(torch.ops.aten, op)(*args)
+
+
+def test_a_causal_bias_takes_the_call_before_autocast(cuda_kind):
+    """Under float16 autocast with float32 inputs: the bias's own dispatch runs before autocast
+    sees SDPA, so a lower-right bias reaches memory-efficient attention's op uncast (float32 out),
+    while an upper-left one calls SDPA again, which autocast casts (float16 out)."""
+    from torch.nn.attention.bias import causal_lower_right, causal_upper_left
+
+    q, kv = _inputs(length=4, dtype=torch.float32), _inputs(length=8, dtype=torch.float32, seed=1)
+    with torch.autocast("cuda", dtype=torch.float16):
+        lower = F.scaled_dot_product_attention(q, kv, kv, attn_mask=causal_lower_right(4, 8))
+        upper = F.scaled_dot_product_attention(q, kv, kv, attn_mask=causal_upper_left(4, 8))
+    assert (lower.dtype, upper.dtype) == (torch.float32, torch.float16)
+    torch.testing.assert_close(lower, _lower_right_reference(q, kv), atol=1e-3, rtol=1e-3)
