@@ -135,7 +135,7 @@ def sdpa_fused_choice():
 def causal_bias_lower_right_eager_and_graphed():
     """torch.nn.attention.bias: a lower-right bias of unequal lengths goes to the fused kernels'
     own ops where can_use_* says so."""
-    from torch.nn.attention.bias import causal_lower_right
+    from torch.nn.attention.bias import causal_lower_right, causal_upper_left
 
     answers = {}
     for dtype in (torch.float16, torch.float32):
@@ -152,14 +152,19 @@ def causal_bias_lower_right_eager_and_graphed():
     graph.replay()
     expected = F.scaled_dot_product_attention(q, k, v, attn_mask=bias._materialize(q.device))
     answers["graphed"] = (out - expected).abs().max().item() < 2e-2
+    q32, k32, v32 = _qkv(length=4, kv_length=8, dtype=torch.float32)
+    with torch.autocast("cuda", dtype=torch.float16):
+        answers["autocast dtypes (lower, upper)"] = _outcome(lambda: tuple(
+            str(F.scaled_dot_product_attention(q32, k32, v32, attn_mask=make(4, 8)).dtype)
+            for make in (causal_lower_right, causal_upper_left)))
     side = torch.cuda.Stream()
     answers["made after a side stream"] = type(causal_lower_right(4, 8)).__name__
     del side
     answers["flash op direct"] = _outcome(lambda: tuple(
         torch.ops.aten._scaled_dot_product_flash_attention(q, k, v, 0.0, True)[0].shape))
     return (f"{answers} (emulated before: mixed-devices RuntimeError for every call, and "
-            f"CausalBias refused after a side stream; now True, True, True, CausalBias; the flash "
-            f"op direct: UnsupportedOnEmulatedDevice)")
+            f"CausalBias refused after a side stream; now True, True, True, (float32, float16), "
+            f"CausalBias; the flash op direct: UnsupportedOnEmulatedDevice)")
 
 
 @case
