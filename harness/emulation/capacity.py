@@ -67,12 +67,28 @@ def format_size(nbytes: float) -> str:
 ONE_EXA_BYTES = 1 << 60
 
 
-def out_of_memory_error(nbytes: float, index: int, total: int, free: int,
-                        why: str = "") -> torch.OutOfMemoryError:
-    """CUDA's caching allocator's text, with the emulated device's figures."""
+_FRAGMENTATION_ADVICE = (
+    " If reserved but unallocated memory is large try setting "
+    "PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True to avoid fragmentation.  See documentation "
+    "for Memory Management  (https://docs.pytorch.org/docs/stable/notes/cuda.html"
+    "#optimizing-memory-usage-with-pytorch-cuda-alloc-conf)")
+
+
+def out_of_memory_error(nbytes: float, index: int, total: int, free: int, why: str = "", *,
+                        allocated: int = 0, reserved: int = 0,
+                        allowed: int | None = None) -> torch.OutOfMemoryError:
+    """CUDA's caching allocator's text (DeviceCachingAllocator::malloc), with the emulated
+    device's figures: the process's memory as reserved here (no other process shares the
+    device, and no NVML lists processes), the allocator's allocated and cached bytes, and the
+    bytes a memory fraction allows (`allowed`)."""
     if nbytes >= ONE_EXA_BYTES:
         return torch.OutOfMemoryError("CUDA out of memory. Tried to allocate more than 1EB memory.")
     note = f" (emulated device: {why})" if why else ""
+    allowed_info = f"{format_size(allowed)} allowed; " if allowed is not None else ""
     return torch.OutOfMemoryError(
         f"CUDA out of memory. Tried to allocate {format_size(nbytes)}. GPU {index} has a total "
-        f"capacity of {format_size(total)} of which {format_size(free)} is free.{note}")
+        f"capacity of {format_size(total)} of which {format_size(free)} is free. Including "
+        f"non-PyTorch memory, this process has {format_size(reserved)} memory in use. "
+        f"{allowed_info}Of the allocated memory {format_size(allocated)} is allocated by "
+        f"PyTorch, and {format_size(reserved - allocated)} is reserved by PyTorch but "
+        f"unallocated.{_FRAGMENTATION_ADVICE}{note}")

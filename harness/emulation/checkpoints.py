@@ -40,7 +40,7 @@ def restore_location(state, original: Callable[[Any, str], Any]) -> Callable[[An
                 "to map your storages to an existing device.")
         index = cuda_index(location, state.current_index, count)
         # torch.load hands every storage over untyped (the zip and the legacy format alike)
-        state.check_capacity(storage.nbytes())
+        state.check_capacity(storage.nbytes(), index)
         restored = storage.clone()
         state.memory.adopt(restored)
         set_storage_index(restored, index)

@@ -60,11 +60,11 @@ from harness.emulation.cudart import EmulatedCudart
 from harness.emulation.cuda_streams import (Event, ExternalStream, Stream, as_device_stream,
                                             as_plain_stream)
 from harness.emulation.device_memory import is_device_memory
-from harness.emulation import fft_plans
+from harness.emulation import fft_plans, sdpa_backends
 from harness.emulation.tools import (NvtxRanges, check_memory_fraction,
                                                  check_sync_debug_mode)
 from harness.emulation.tunable_ops import PRIVATE_NAMES as TUNABLE_OP_NAMES
-from harness.emulation.wrapper_subclasses import make_wrapper_subclass
+from harness.emulation.wrapper_subclasses import legacy_subclass_constructor, make_wrapper_subclass
 
 
 @dataclass(frozen=True)
@@ -496,12 +496,29 @@ def get_sync_debug_mode(state) -> int:
     return state.sync_debug_mode
 
 
+def _allocator_index(state, device: Any) -> int | None:
+    """The device whose caching allocator a memory-fraction call names: torch's Python passes an
+    index it has not checked, and CUDA's allocator checks it against the devices it set up."""
+    if device is None:
+        return state.current_index
+    target = device.index if isinstance(device, torch.device) else device
+    if target is None:
+        return state.current_index
+    return target if 0 <= target < state.properties.count else None
+
+
 def set_memory_fraction(state, fraction, device: Any = None) -> None:
-    state.memory_fraction = check_memory_fraction(fraction)
+    target = _allocator_index(state, device)
+    if target is None:  # CachingDeviceAllocator.h's assertValidDevice
+        raise RuntimeError(f"Invalid device argument {device}: did you call init?")
+    state.memory_fractions[target] = check_memory_fraction(fraction)
 
 
 def get_memory_fraction(state, device: Any = None) -> float:
-    return state.memory_fraction
+    target = _allocator_index(state, device)
+    if target is None:
+        raise RuntimeError(f"Allocator not initialized for device {device}: did you call init?")
+    return state.memory_fraction_of(target)
 
 
 def caching_allocator_enable(state, value: bool) -> None:
@@ -865,6 +882,10 @@ REPLACEMENTS: tuple[Replacement, ...] = (
     _private("_cuda_resetPeakHostMemoryStats", reset_peak_host_memory_stats),
     _private("_cuda_resetAccumulatedHostMemoryStats", reset_accumulated_host_memory_stats),
     _private("_cuda_attach_out_of_memory_observer", attach_out_of_memory_observer),
+    _private("_can_use_flash_attention", sdpa_backends.can_use_flash_attention),
+    _private("_can_use_mem_efficient_attention", sdpa_backends.can_use_efficient_attention),
+    _private("_can_use_cudnn_attention", sdpa_backends.can_use_cudnn_attention),
+    _private("_is_flash_attention_available", sdpa_backends.flash_attention_available),
     *(_private(name, tunable_op(method), "value") for name, method in TUNABLE_OP_NAMES.items()),
     _private("_construct_storage_from_data_pointer", storage_from_data_pointer, "value"),
     _private("_CUDAGraph", cuda_graph_base, "value"),
@@ -907,6 +928,7 @@ REPLACEMENTS: tuple[Replacement, ...] = (
                 if_present=True),
     Replacement("torch.Tensor", "__cuda_array_interface__", cuda_array_interface, "value"),
     Replacement("torch.Tensor", "_make_wrapper_subclass", make_wrapper_subclass, "value"),
+    Replacement("torch.Tensor", "__new__", legacy_subclass_constructor, "value"),
     Replacement("torch.backends.cuda.cuFFTPlanCache", "size", fft_plans.size_property, "value"),
     Replacement("torch.backends.cuda.cuFFTPlanCache", "max_size", fft_plans.max_size_property,
                 "value"),

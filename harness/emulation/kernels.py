@@ -10,6 +10,8 @@ device memory and a capture records the CPU ops they are made of."""
 
 from __future__ import annotations
 
+import warnings
+
 import torch
 from torch.torch_version import TorchVersion
 
@@ -43,23 +45,26 @@ def mm(input: Tensor, mat2: Tensor, out_dtype: torch.dtype | None = None, *, out
 
 
 def scaled_dot_product_attention(query: Tensor, key: Tensor, value: Tensor, *args, **kwargs):
-    """SDPA where the caller allows only CUDA's fused kernels (`sdpa_kernel(SDPBackend.
-    EFFICIENT_ATTENTION)` or cuDNN's): the CPU build has neither, so with its own two (flash and
-    math) switched off it finds "No viable backend" where an H200 runs the call. The CPU's kernels
-    stand in for the fused one, as every emulated kernel is a CPU kernel; the caller's switches are
-    back as they were when the call returns. Where the CPU's own backends are allowed, or on a
-    real device, nothing changes."""
+    """SDPA with CUDA's choice of kernel (sdpa_backends.py). Where the caller switched off the
+    math kernel and cuDNN's, and neither fused kernel left takes the inputs on CUDA, CUDA's
+    "No available kernel" is raised after its reasons. Otherwise the CPU's kernels stand in for
+    the fused one CUDA runs, as every emulated kernel is a CPU kernel: the CPU build has neither
+    memory-efficient nor cuDNN attention, and its flash kernel refuses dropout, which CUDA's
+    takes, so with only those allowed it would find no kernel where a GPU runs the call. The
+    caller's switches are back as they were when the call returns. On a real device nothing
+    changes."""
+    if query.device.type != "cpu":
+        return _sdpa(query, key, value, *args, **kwargs)
+    from harness.emulation.sdpa_backends import AttentionCall, refusal_of_the_allowed_kernels
+
+    call = AttentionCall.of_arguments(query, key, value, *args, **kwargs)
+    if reasons := refusal_of_the_allowed_kernels(call):
+        raise RuntimeError(f"No available kernel. Aborting execution. ({reasons} The CPU's kernels "
+                           f"would take the call; CUDA's allowed ones do not.)")
     backends = torch.backends.cuda
-    if (query.device.type == "cpu" and backends.flash_sdp_enabled() and not (
-            backends.math_sdp_enabled() or backends.mem_efficient_sdp_enabled()
-            or backends.cudnn_sdp_enabled())):
-        refusal = _flash_refusal(query, key, value, kwargs.get("attn_mask", args[0] if args else None))
-        if refusal:
-            raise RuntimeError(f"No available kernel. Aborting execution. (SDPA allowed only flash "
-                               f"attention, and CUDA's flash kernel refuses these inputs: {refusal}; "
-                               f"the CPU's flash kernel would take them)")
-    if (query.device.type == "cpu" and not (backends.flash_sdp_enabled() or backends.math_sdp_enabled())
-            and (backends.mem_efficient_sdp_enabled() or backends.cudnn_sdp_enabled())):
+    fused_allowed = (backends.flash_sdp_enabled() or backends.mem_efficient_sdp_enabled()
+                     or backends.cudnn_sdp_enabled())
+    if fused_allowed and not backends.math_sdp_enabled():
         from torch.nn.attention import SDPBackend, sdpa_kernel
 
         with sdpa_kernel([SDPBackend.FLASH_ATTENTION, SDPBackend.MATH]):
@@ -67,22 +72,49 @@ def scaled_dot_product_attention(query: Tensor, key: Tensor, value: Tensor, *arg
     return _sdpa(query, key, value, *args, **kwargs)
 
 
-def _flash_refusal(query: Tensor, key: Tensor, value: Tensor, attn_mask) -> str:
-    """Why CUDA's flash attention kernel would refuse the inputs (sdp_utils.cpp's checks that hold
-    on every GPU it runs on), or "" where it takes them."""
-    if query.dtype not in (torch.float16, torch.bfloat16):
-        return f"it takes float16 and bfloat16 only, the query is {query.dtype}"
-    if attn_mask is not None:
-        return "it takes no attn_mask (is_causal=True is its only mask)"
-    if query.size(-1) > 256:
-        return f"head dimension {query.size(-1)} over its limit of 256"
-    if not query.size(-1) == key.size(-1) == value.size(-1):
-        return (f"query, key and value head dimensions differ ({query.size(-1)}, {key.size(-1)}, "
-                f"{value.size(-1)})")
-    return ""
-
-
 _sdpa = torch.nn.functional.scaled_dot_product_attention
+
+
+def causal_bias_attention(query: Tensor, key: Tensor, value: Tensor, attn_mask, dropout_p=0.0,
+                          is_causal: bool = False, scale=None, enable_gqa: bool = False):
+    """SDPA given a `torch.nn.attention.bias.CausalBias` (`causal_lower_right`,
+    `causal_upper_left`). Torch's own dispatch of the bias (`CausalBias._dispatch`) hands a
+    lower-right bias of unequal lengths to the fused kernels' own ops when
+    `can_use_flash_attention` or `can_use_efficient_attention` says so
+    (`aten._scaled_dot_product_flash_attention`, `aten._efficient_attention_forward`), which a CPU
+    build lacks; what they compute is attention under the lower-right mask, computed here from
+    the materialized mask by the CPU's kernels. Where neither fused kernel takes the call, torch
+    materializes the mask itself, after the kernels' reasons, and so does this. The bias takes
+    the call before autocast sees it: only the SDPA calls torch's dispatch makes again are cast.
+    Called with the placement mode pushed again, so that the calls inside are the device's."""
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+    from torch.nn.attention.bias import CausalVariant
+
+    from harness.emulation.sdpa_backends import (AttentionCall, device_capability,
+                                                 efficient_refusal, flash_refusal)
+
+    if is_causal:
+        raise ValueError("CausalBias should not be used with causal=True")
+    if attn_mask.seq_len_q == attn_mask.seq_len_kv or attn_mask.variant == CausalVariant.UPPER_LEFT:
+        return _sdpa(query, key, value, attn_mask=None, dropout_p=dropout_p, is_causal=True,
+                     scale=scale, enable_gqa=enable_gqa)
+    if attn_mask.variant != CausalVariant.LOWER_RIGHT:
+        raise ValueError(f"CausalBias.variant must be a CausalVariant type, but found: "
+                         f"{attn_mask.variant}")
+    call = AttentionCall.of_arguments(query, key, value, None, dropout_p, False, scale, enable_gqa)
+    capability, backends = device_capability(), torch.backends.cuda
+    reasons = (efficient_refusal(call, capability, backends.mem_efficient_sdp_enabled()),
+               flash_refusal(call, capability, backends.flash_sdp_enabled()))
+    mask = attn_mask._materialize(query.device)
+    if all(reasons):
+        for reason in reasons:
+            warnings.warn(reason, UserWarning, stacklevel=3)
+        return _sdpa(query, key, value, attn_mask=mask, dropout_p=dropout_p, scale=scale,
+                     enable_gqa=enable_gqa)
+    # A fused kernel's op takes it: no backend switch applies, and autocast casts no such op.
+    with sdpa_kernel([SDPBackend.MATH]), torch.autocast("cuda", enabled=False):
+        return _sdpa(query, key, value, attn_mask=mask, dropout_p=dropout_p, scale=scale,
+                     enable_gqa=enable_gqa)
 
 
 def one_hot(tensor: Tensor, num_classes: int = -1) -> Tensor:

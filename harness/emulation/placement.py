@@ -25,6 +25,7 @@ import re
 import types
 
 import torch
+import torch.nn.attention.bias
 from torch.overrides import TorchFunctionMode
 
 from harness import torch_internals
@@ -33,7 +34,7 @@ from harness.graphs.base import CaptureError
 from harness.emulation import (array_interface, autocast, autocast_bodies, backward_streams,
                                blas_workspaces, compiled_rng, deterministic_alerts, device_branches,
                                device_indices, fft_plans, host_arguments, host_outputs, kernels,
-                               missing_kernels, transfers)
+                               missing_kernels, sdpa_backends, transfers)
 from harness.graphs.emulator.dispatch_keys import keep_modes_reachable
 from harness.graphs.emulator.opinfo import scalar_type_name
 from harness.graphs.emulator.device_asserts import eager_device_assert_error, is_index_out_of_bounds
@@ -94,6 +95,18 @@ _SPARSE_FACTORIES = frozenset(f for f in (
     getattr(torch, "_sparse_coo_tensor_unsafe", None),
     getattr(torch, "_sparse_compressed_tensor_unsafe", None)) if f is not None)
 _CUDA = torch.device("cuda")
+_SDPA = torch.nn.functional.scaled_dot_product_attention
+_CausalBias = torch.nn.attention.bias.CausalBias
+
+
+def _attention_mask(args: tuple, kwargs: dict):
+    return args[3] if len(args) > 3 else kwargs.get("attn_mask")
+
+
+def _bias_dispatches_itself(func, args: tuple, kwargs: dict) -> bool:
+    """SDPA given torch's CausalBias: on CUDA the bias's `__torch_function__` takes the call
+    before autocast sees it (kernels.causal_bias_attention)."""
+    return func is _SDPA and isinstance(_attention_mask(args, kwargs), _CausalBias)
 
 
 class Placement(TorchFunctionMode):
@@ -123,6 +136,7 @@ class Placement(TorchFunctionMode):
             torch.device: _device_of_index,
             **{func: self._cuda_kernel for func in kernels.REPLACEMENTS},
             **dict.fromkeys(missing_kernels.CPU_ONLY, self._cpu_only),
+            **dict.fromkeys(sdpa_backends.FUSED_OPS, self._fused_attention_op),
             **dict.fromkeys(host_arguments.CALLS, self._host_argument),
             **{func: self._blas_call for func in blas_workspaces.MATMUL_FUNCS},
             **dict.fromkeys(fft_plans.FFT_KINDS, self._fft_call),
@@ -160,7 +174,8 @@ class Placement(TorchFunctionMode):
                 args = device_branches.seen_as_device(args)
             with self.state.autocast_bodies.next_check_passes(), self:
                 return func(*args, **(kwargs or {}))
-        if func in _AUTOCAST_OPS and _autocast_on("cuda"):
+        if func in _AUTOCAST_OPS and _autocast_on("cuda") and not _bias_dispatches_itself(
+                func, args, kwargs or {}):
             args, kwargs = autocast.cast(func, args, kwargs or {}, is_device_memory, self._cast,
                                          self.state.autocast_cache)
         handler = self._calls.get(func)
@@ -288,7 +303,7 @@ class Placement(TorchFunctionMode):
         if named_device:
             asked = requested_bytes(func, args, kwargs)
             if asked:
-                state.check_capacity(asked)
+                state.check_capacity(asked, index)
         # PyTorch runs the call under a device guard for its tensors' device: its kernel goes to
         # that device's current stream (outside a capture made on another device's stream).
         guarded = self._several_devices and index != state.current_index
@@ -481,6 +496,10 @@ class Placement(TorchFunctionMode):
     def _cuda_kernel(self, func, args, kwargs):
         """A kernel CUDA has and the cpu lacks (kernels.py), for device tensors only: a host call
         keeps the cpu's answer, errors included."""
+        if _bias_dispatches_itself(func, args, kwargs) and _first_is_device(args, kwargs):
+            # torch's bias dispatches itself (its __torch_function__), past this mode
+            with self:
+                return kernels.causal_bias_attention(*args, **kwargs)
         if _first_is_device(args, kwargs) and _scan(args, kwargs)[0]:
             return self._generic(kernels.REPLACEMENTS[func], args, kwargs)
         return self._generic(func, args, kwargs)
@@ -490,6 +509,13 @@ class Placement(TorchFunctionMode):
         dispatcher refuses it on a GPU; a host call keeps the cpu's answer."""
         if _scan(args, kwargs)[0]:
             raise missing_kernels.no_cuda_kernel(func, args, kwargs)
+        return self._generic(func, args, kwargs)
+
+    def _fused_attention_op(self, func, args, kwargs):
+        """An op of CUDA's fused attention kernels (sdpa_backends.py): refused by name for device
+        tensors; a host call keeps the cpu's answer."""
+        if _scan(args, kwargs)[0]:
+            raise sdpa_backends.fused_op_refused(func)
         return self._generic(func, args, kwargs)
 
     def _host_argument(self, func, args, kwargs):

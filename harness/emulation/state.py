@@ -146,7 +146,8 @@ class DeviceState(Observed):
         self.pool_checkpoints = PoolCheckpoints(self)
         self.memory.stream_key = stream_key
         self.sync_debug_mode = 0  # torch.cuda.set_sync_debug_mode: 0 default, 1 warn, 2 error
-        self.memory_fraction = 1.0  # torch.cuda.set_per_process_memory_fraction
+        # torch.cuda.set_per_process_memory_fraction, per device as CUDA's allocators keep it
+        self.memory_fractions: dict[int, float] = {}
         # torch.cuda.memory._set_allocator_settings("graph_capture_record_stream_reuse:True")
         self.record_stream_reuse = False
         self.unmodelled_allocator_settings: set[str] = set()  # reported once each (cuda_api.py)
@@ -351,30 +352,43 @@ class DeviceState(Observed):
         return self._out_of_memory(int(asked.group(1)) if asked else float("nan"),
                                    "the host could not allocate it")
 
-    def check_capacity(self, nbytes: int) -> None:
-        """Raise CUDA's out-of-memory error when `nbytes` more would not fit on the device (in
-        the share `torch.cuda.set_per_process_memory_fraction` allows this process)."""
-        allowed = int(self.properties.total_memory * self.memory_fraction)
-        if nbytes > allowed - self.memory.live_bytes():
-            why = (f"the per-process memory fraction {self.memory_fraction:g} allows "
-                   f"{allowed} bytes" if self.memory_fraction < 1 else "")
-            raise self._out_of_memory(nbytes, why)
+    def memory_fraction_of(self, index: int) -> float:
+        """The share of device `index` this process may allocate (1.0 until set)."""
+        return self.memory_fractions.get(index, 1.0)
 
-    def _out_of_memory(self, nbytes: float, why: str) -> Exception:
+    def check_capacity(self, nbytes: int, index: int | None = None) -> None:
+        """Raise CUDA's out-of-memory error when `nbytes` more would not fit on device `index`
+        (the current one for None), in the share `torch.cuda.set_per_process_memory_fraction`
+        allows this process there."""
+        index = self.current_index if index is None else index
+        fraction = self.memory_fraction_of(index)
+        allowed = int(self.properties.total_memory * fraction)
+        if nbytes > allowed - self.memory.live_bytes():
+            why = (f"the per-process memory fraction {fraction:g} allows "
+                   f"{allowed} bytes" if fraction < 1 else "")
+            raise self._out_of_memory(nbytes, why, index)
+
+    def _out_of_memory(self, nbytes: float, why: str, index: int | None = None) -> Exception:
         """CUDA's out-of-memory error, after what CUDA's allocator does before raising it: count
         it in `num_ooms` and tell the out-of-memory observers (device, bytes it would reserve,
         the memory allowed or the device's total, free bytes)."""
         from harness.emulation.capacity import ONE_EXA_BYTES, out_of_memory_error
 
-        total, index = self.properties.total_memory, self.current_index
+        total = self.properties.total_memory
+        index = self.current_index if index is None else index
         free = total - self.memory.live_bytes()
         if not nbytes < ONE_EXA_BYTES:  # refused before the allocator looks (nan included)
             return out_of_memory_error(nbytes, index, total, free, why)
-        self.memory.accounting(index).num_ooms += 1
-        allowed = (int(total * self.memory_fraction) if self.memory_fraction < 1 else total)
+        accounting = self.memory.accounting(index)
+        accounting.num_ooms += 1
+        fraction = self.memory_fraction_of(index)
+        allowed = int(total * fraction) if fraction < 1 else total
         for observer in tuple(self.oom_observers):
             observer(index, segment_size(round_size(int(nbytes))), allowed, free)
-        return out_of_memory_error(nbytes, index, total, free, why)
+        return out_of_memory_error(
+            nbytes, index, total, free, why, allocated=accounting.allocated_bytes(),
+            reserved=accounting.stat("reserved_bytes", "current"),
+            allowed=allowed if fraction < 1 else None)
 
     # --- the observer interface --------------------------------------------------------------
 

@@ -75,7 +75,7 @@ def storage_new(state) -> staticmethod:
         source = args[0] if args else 0
         index = cuda_index(device, state.current_index, state.properties.count)
         if isinstance(source, int):
-            state.check_capacity(source)
+            state.check_capacity(source, index)
             made = torch.empty(source, dtype=torch.uint8)
         else:
             made = torch.tensor(list(source), dtype=torch.uint8)

@@ -37,3 +37,23 @@ def make_wrapper_subclass(state) -> staticmethod:
         return wrapper
 
     return staticmethod(_make_wrapper_subclass)
+
+
+def legacy_subclass_constructor(state) -> staticmethod:
+    """`torch.Tensor.__new__` for the emulation's duration. A subclass made by torch's legacy
+    constructor (`Sub(2, 3)`, torch's own `CausalBias(variant, seq_len_q, seq_len_kv)` behind
+    `causal_lower_right`) makes its tensor through `aten::empty`; once the device's dispatch
+    modes were on (the stream tracking, from the first side stream), that op came back through a
+    Python mode as a tensor that already had its Python object, and torch refused to make it the
+    subclass ("Creating a new Tensor subclass ... already associated to a python object"), where
+    CUDA, with no mode, makes it. The constructor makes host memory, which no mode of the device
+    needs to see, so it runs with the modes set aside; a plain `torch.Tensor(...)` is unchanged."""
+    base = torch.Tensor.__new__
+
+    def __new__(cls, *args, **kwargs):
+        if cls is torch.Tensor or not torch_internals.len_torch_dispatch_stack():
+            return base(cls, *args, **kwargs)
+        with torch_internals.disable_current_modes():
+            return base(cls, *args, **kwargs)
+
+    return staticmethod(__new__)

@@ -42,3 +42,16 @@ def test_an_out_of_memory_observer_hears_the_refusal_before_the_error(cuda_kind)
     assert (device, alloc, allowed) == (0, TOO_MANY_FLOATS * 4, total)
     assert 0 <= free <= total
     assert counted == before + 1  # counted before the observers are told
+
+
+def test_the_refusal_says_what_the_process_holds_in_cudas_words(cuda_kind):
+    """CUDA's text goes on past the device's capacity: the memory PyTorch holds allocated and
+    cached, and the allocator setting that fights fragmentation (the emulated device stopped at
+    the free bytes)."""
+    kept = torch.ones(1 << 20, device="cuda")
+    text = str(_refused_allocation())
+    assert text.startswith("CUDA out of memory. Tried to allocate 131072.00 GiB. GPU 0"), text
+    assert "Of the allocated memory" in text and "is allocated by PyTorch" in text, text
+    assert "is reserved by PyTorch but unallocated." in text, text
+    assert "PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True" in text, text
+    del kept

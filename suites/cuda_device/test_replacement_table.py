@@ -94,7 +94,7 @@ def test_private_setters_check_their_values(state):
     cuda_api.set_sync_debug_mode(state, 1)  # torch.cuda converts "warn"
     assert cuda_api.get_sync_debug_mode(state) == 1
     cuda_api.set_memory_fraction(state, 0.5)
-    assert state.memory_fraction == 0.5
+    assert state.memory_fraction_of(0) == 0.5
     with pytest.raises(ValueError):
         cuda_api.set_memory_fraction(state, 1.5)
     assert cuda_api.can_device_access_peer(state, 0, 1)

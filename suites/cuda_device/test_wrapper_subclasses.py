@@ -116,3 +116,20 @@ def test_a_compiled_call_over_a_wrapper_weight_replays_new_inputs(cuda_kind):
             assert torch.allclose(step(x).cpu(), x.cpu() @ weight.t(), atol=1e-4)
     finally:
         torch._dynamo.reset()
+
+
+class _Sized(torch.Tensor):
+    """A subclass made by torch's legacy constructor, as torch's CausalBias is."""
+
+
+def test_a_subclass_of_the_legacy_constructor_is_made_once_streams_are_tracked(cuda_kind):
+    """The first side stream turns the device's stream tracking on, a dispatch mode; the legacy
+    constructor's tensor then came back through it with a Python object of its own, and torch
+    refused to make it the subclass. CUDA runs no mode and makes it."""
+    side = torch.cuda.Stream()
+    with torch.cuda.stream(side):
+        torch.ones(4, device="cuda").mul_(2)
+    torch.cuda.current_stream().wait_stream(side)
+    made = _Sized(2, 3)
+    assert type(made) is _Sized and made.shape == (2, 3) and not made.is_cuda
+    assert type(torch.Tensor(2, 3)) is torch.Tensor
