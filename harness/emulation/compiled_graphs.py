@@ -58,6 +58,7 @@ from harness.emulation.compiled_devices import (OutputMark, Placement, graph_att
                                                 has_transfers, placement, register_markers,
                                                 transfers_run_eagerly)
 from harness.emulation.compiled_partitions import partitions, partitions_apply
+from harness.emulation.compiled_stream_nodes import StreamOrderedGraph, compiled_afresh, taken_out
 from harness.emulation.compiled_rng import compiled_for_the_host, inputs_of, rng_ops_on_device
 from harness.emulation.compiled_trees import (direct_trees_refused, rerecord_limit_exceeded,
                                               trees_reset, wants_cudagraphs)
@@ -1361,13 +1362,16 @@ def user_compiler_on_device(original):
         _refuse_cuda_autocast(gm)
         _user_triton_kernels_as_device_ops(gm)
         backend = _backend_name(self.compiler_fn)
+        # inductor's code for a cpu graph cannot hold stream blocks: the stream calls run around
+        # the graph's one op instead (compiled_stream_nodes.py)
+        stream_calls = taken_out(gm) if backend in _OPAQUE_BACKENDS else None
         # a backend of eager ops: AOTAutograd's training graphs hold the transfers themselves
         on_device = any(isinstance(a, torch.Tensor) and is_device_memory(a) for a in example_inputs)
         with _torchs_own_cuda(real_is_available), _triton_ops_kept_whole(), \
                 autograd_cache_off(), inputs_of(example_inputs), wrapper_inputs(example_inputs), \
                 training_compiles() as training, transfers_in_aot_graphs(
                     on_device if backend not in _DEVICE_GRAPH_BACKENDS and has_transfers(gm)
-                    else None) as rewritten:
+                    else None) as rewritten, compiled_afresh(stream_calls):
             try:
                 compiled = original(self, gm, example_inputs)
             except Exception as error:
@@ -1380,7 +1384,7 @@ def user_compiler_on_device(original):
         graph = DeviceGraph(compiled, gm, backend, autograd_split=split,
                             cudagraphs=not split and wants_cudagraphs(self.compiler_fn, backend))
         graph.aot_transfers = bool(rewritten)
-        return graph
+        return graph if stream_calls is None else StreamOrderedGraph(graph, stream_calls)
 
     return call_user_compiler
 

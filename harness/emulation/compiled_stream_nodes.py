@@ -1,0 +1,208 @@
+"""Stream contexts, waits and events inside a graph inductor compiles on the emulated CUDA device.
+
+Dynamo (torch 2.11 on) keeps `with torch.cuda.stream(s):`, `wait_stream`, events and
+`record_stream` in the graph: each node made under a stream context carries the stream's index
+(`node.meta["custom"]["stream"]`), and the calls are `torch.ops.streams.*` ops naming streams and
+events by their index among the objects dynamo hands the graph. On CUDA inductor writes the nodes
+of each stream inside a `with streamN:` block, the streams defined where the wrapper enters the
+device's context, and runs the ops as fallback calls. The emulated device's graphs are cpu graphs,
+which enter no device context: the blocks named streams that were never defined ("NameError: name
+'stream1' is not defined", or `default_stream`), and inductor's cpu code emitted a kernel after a
+device-less fallback that followed it, past the line freeing its input ("UnboundLocalError:
+cannot access local variable 'arg0_1'").
+
+On the emulated device a graph inductor compiled runs as one op on the current stream (the race
+tracking sees it so; compiled_graphs.py). Its stream marks are dropped and its stream ops taken out
+of what inductor compiles; they run as the device's own calls around that op, in an order that
+keeps every ordering CUDA has and reports no race CUDA would not have:
+
+1. the ops before the graph's first computation, in their order (CUDA runs them before any of
+   the graph's work too);
+2. the later waits (`wait_stream`, `wait_event`), in their order, then the current stream waits
+   for each stream the graph names: the graph's work, CUDA's on those streams, comes after all
+   of theirs;
+3. the graph, on the current stream;
+4. each stream the graph names waits for the current stream, then the later records and syncs
+   (`record_event`, `synchronize_*`, `record_stream`), in their order: an event recorded in the
+   graph, and work on those streams after it, come after all of the graph's work.
+
+So work on the graph's streams after it and an event recorded in it order after the whole graph,
+and the graph after all earlier work on its streams: a race between the graph's own streams, or
+between a side stream's part of it and work issued before it, is not reported (docs/fidelity.md).
+"""
+
+from __future__ import annotations
+
+import contextlib
+from dataclasses import dataclass
+from typing import Any, Callable
+
+import torch
+
+from harness import torch_internals
+
+# The ops that run in order before the graph when the graph has computed something before them:
+# they make a stream wait, and waiting earlier orders the graph after more (never a false race).
+_WAITS = frozenset({"wait_stream", "wait_event"})
+# Ops of the namespace that switch the current stream: the emulated device runs the whole graph
+# on the current one, so they have nothing to do.
+_SWITCHES = frozenset({"fork", "join"})
+# The stream index arguments of each op (the others name events, or a device).
+_STREAM_ARGUMENTS = {"wait_stream": (0, 1), "wait_event": (1,), "record_event": (1,),
+                     "synchronize_stream": (0,), "record_stream": (1,), "sync_dealloc": (1,),
+                     "fork": (0, 1), "join": (0, 1)}
+
+
+@dataclass(frozen=True)
+class TensorOf:
+    """A tensor argument of a stream op: the graph's input or output at `position`."""
+
+    output: bool
+    position: int
+
+
+@dataclass(frozen=True)
+class StreamCall:
+    """One `torch.ops.streams` op taken out of the graph, with its arguments."""
+
+    name: str
+    args: tuple
+
+    def run(self, inputs: tuple, outputs: list) -> None:
+        args = tuple((outputs if a.output else inputs)[a.position] if isinstance(a, TensorOf)
+                     else a for a in self.args)
+        getattr(_stream_ops(), self.name).default(*args)
+
+
+@dataclass(frozen=True)
+class StreamCalls:
+    """What a graph's stream nodes become around its one op (see the module's docstring)."""
+
+    before: tuple[StreamCall, ...]  # steps 1 and 2's waits
+    streams: tuple[int, ...]  # the indices of the streams the graph names
+    after: tuple[StreamCall, ...]  # step 4's records and syncs
+
+
+def _stream_ops() -> Any:
+    torch_internals.lazy_module("dynamo_stream_variables")  # defines the ops' namespace
+    return torch.ops.streams
+
+
+def _op_name(node: torch.fx.Node, ops: dict) -> str | None:
+    """The `torch.ops.streams` op `node` calls (dynamo's graph holds the packet, AOTAutograd's
+    the overload), or None."""
+    if node.op != "call_function":
+        return None
+    try:
+        return ops.get(node.target)
+    except TypeError:  # a target that cannot be hashed is no op of the namespace
+        return None
+
+
+def _ops_by_target() -> dict:
+    streams = _stream_ops()
+    names = (*_STREAM_ARGUMENTS, "synchronize_event", "synchronize_device")
+    found = {}
+    for name in names:
+        packet = getattr(streams, name, None)  # torch 2.11 defines fewer of them
+        if packet is not None:
+            found[packet] = found[packet.default] = name
+    return found
+
+
+def _is_object_lookup(node: torch.fx.Node) -> bool:
+    lookup = torch_internals.lazy_module("dynamo_graph_bytecode_inputs").get_external_object_by_index
+    return node.op == "call_function" and node.target is lookup
+
+
+def taken_out(gm: torch.fx.GraphModule) -> StreamCalls | None:
+    """`gm` without its stream marks and stream ops (changed in place, recompiled), and the calls
+    to run around it; None, `gm` unchanged, for a graph without either."""
+    nodes, ops = list(gm.graph.nodes), _ops_by_target()
+    marked = [n for n in nodes if isinstance(n.meta.get("custom"), dict)
+              and "stream" in n.meta["custom"]]
+    calls = [n for n in nodes if _op_name(n, ops) is not None]
+    if not marked and not calls:
+        return None
+    streams = {n.meta["custom"].pop("stream") for n in marked} - {None}
+    placeholders = [n for n in nodes if n.op == "placeholder"]
+    output = next(n for n in nodes if n.op == "output")
+    returned = output.args[0] if isinstance(output.args[0], (tuple, list)) else (output.args[0],)
+    prologue, waits, after = [], [], []
+    computed = False
+    for node in nodes:
+        name = _op_name(node, ops)
+        if name is None:
+            computed = computed or (node.op not in ("placeholder", "output", "get_attr")
+                                    and not _is_object_lookup(node))
+            continue
+        streams.update(node.args[i] for i in _STREAM_ARGUMENTS.get(name, ()))
+        args = tuple(_argument(a, placeholders, returned) for a in node.args)
+        gm.graph.erase_node(node)
+        if name in _SWITCHES or any(a is _INSIDE for a in args):
+            # a tensor living only inside the graph, whose uses all run in the graph's one op
+            continue
+        call = StreamCall(name, args)
+        (prologue if not computed else waits if name in _WAITS else after).append(call)
+    for node in reversed(list(gm.graph.nodes)):
+        if _is_object_lookup(node) and not node.users:
+            gm.graph.erase_node(node)
+    gm.recompile()
+    return StreamCalls(tuple(prologue + waits), tuple(sorted(streams)), tuple(after))
+
+
+_INSIDE = object()  # a tensor argument that is neither an input nor an output of the graph
+
+
+def _argument(a: Any, placeholders: list, returned: tuple) -> Any:
+    if not isinstance(a, torch.fx.Node):
+        return a
+    if a in placeholders:
+        return TensorOf(False, placeholders.index(a))
+    if a in returned:
+        return TensorOf(True, returned.index(a))
+    return _INSIDE
+
+
+def compiled_afresh(calls: StreamCalls | None) -> contextlib.AbstractContextManager:
+    """Inductor's graph cache off while it compiles a graph whose stream marks were dropped: its
+    key reads a graph's code, not the nodes' marks, so code written for the same graph with its
+    marks (by an earlier version of the device, or outside it) would be found, and run its
+    undefined stream blocks."""
+    if calls is None:
+        return contextlib.nullcontext()
+    return torch_internals.lazy_module("inductor_config").patch(fx_graph_cache=False)
+
+
+class StreamOrderedGraph:
+    """A compiled graph with the stream calls taken out of it run around it (`taken_out`)."""
+
+    def __init__(self, graph: Callable, calls: StreamCalls) -> None:
+        self.graph = graph
+        self.calls = calls
+
+    def __call__(self, *args):
+        calls = self.calls
+        for call in calls.before:
+            call.run(args, [])
+        current = torch.cuda.current_stream()
+        streams = [s for s in map(_stream_object, calls.streams) if not _same(s, current)]
+        for stream in streams:
+            current.wait_stream(stream)
+        out = self.graph(*args)
+        outputs = list(out) if isinstance(out, (tuple, list)) else [out]
+        for stream in streams:
+            stream.wait_stream(current)
+        for call in calls.after:
+            call.run(args, outputs)
+        return out
+
+
+def _stream_object(index: int) -> Any:
+    return torch_internals.lazy_module("dynamo_graph_bytecode_inputs").get_external_object_by_index(
+        index)
+
+
+def _same(a: Any, b: Any) -> bool:
+    return (a.stream_id, a.device_index, a.device_type) == (b.stream_id, b.device_index,
+                                                            b.device_type)
