@@ -3,7 +3,9 @@
 Dynamo (torch 2.11 on) keeps `with torch.cuda.stream(s):`, `wait_stream`, events and
 `record_stream` in the graph: each node made under a stream context carries the stream's index
 (`node.meta["custom"]["stream"]`), and the calls are `torch.ops.streams.*` ops naming streams and
-events by their index among the objects dynamo hands the graph. On CUDA inductor writes the nodes
+events by their index among the objects dynamo hands the graph (torch 2.13 on; 2.11's graphs call
+the streams' and events' own methods on those objects, which AOTAutograd ran while it traced, not
+when the graph runs). On CUDA inductor writes the nodes
 of each stream inside a `with streamN:` block, the streams defined where the wrapper enters the
 device's context, and runs the ops as fallback calls. The emulated device's graphs are cpu graphs,
 which enter no device context: the blocks named streams that were never defined ("NameError: name
@@ -43,7 +45,10 @@ from harness import torch_internals
 
 # The ops that run in order before the graph when the graph has computed something before them:
 # they make a stream wait, and waiting earlier orders the graph after more (never a false race).
-_WAITS = frozenset({"wait_stream", "wait_event"})
+_WAITS = frozenset({"wait_stream", "wait_event", "wait"})
+# torch 2.11's graphs call the methods of the streams and events themselves
+_METHODS = frozenset({"wait_stream", "wait_event", "wait", "record_event", "record",
+                      "synchronize"})
 # Ops of the namespace that switch the current stream: the emulated device runs the whole graph
 # on the current one, so they have nothing to do.
 _SWITCHES = frozenset({"fork", "join"})
@@ -62,16 +67,30 @@ class TensorOf:
 
 
 @dataclass(frozen=True)
+class ObjectAt:
+    """A stream or event argument of a method call: the object dynamo hands the graph at
+    `index`."""
+
+    index: int
+
+
+@dataclass(frozen=True)
 class StreamCall:
-    """One `torch.ops.streams` op taken out of the graph, with its arguments."""
+    """One `torch.ops.streams` op, or (torch 2.11's graphs) one method of a stream or event,
+    taken out of the graph, with its arguments."""
 
     name: str
     args: tuple
+    method: bool = False  # `args[0].name(*args[1:])`
 
     def run(self, inputs: tuple, outputs: list) -> None:
         args = tuple((outputs if a.output else inputs)[a.position] if isinstance(a, TensorOf)
-                     else a for a in self.args)
-        getattr(_stream_ops(), self.name).default(*args)
+                     else _graph_object(a.index) if isinstance(a, ObjectAt) else a
+                     for a in self.args)
+        if self.method:
+            getattr(args[0], self.name)(*args[1:])
+        else:
+            getattr(_stream_ops(), self.name).default(*args)
 
 
 @dataclass(frozen=True)
@@ -115,13 +134,22 @@ def _is_object_lookup(node: torch.fx.Node) -> bool:
     return node.op == "call_function" and node.target is lookup
 
 
+def _method_name(node: torch.fx.Node) -> str | None:
+    """The stream or event method `node` calls on an object dynamo hands the graph, or None."""
+    if node.op != "call_method" or node.target not in _METHODS or not node.args:
+        return None
+    return node.target if _is_object_lookup(node.args[0]) else None
+
+
 def taken_out(gm: torch.fx.GraphModule) -> StreamCalls | None:
-    """`gm` without its stream marks and stream ops (changed in place, recompiled), and the calls
-    to run around it; None, `gm` unchanged, for a graph without either."""
+    """`gm` without its stream marks and stream calls (changed in place, recompiled), and the
+    calls to run around it; None, `gm` unchanged, for a graph without either. A method call
+    whose result the graph uses or returns (an event made by `record_event()`) stays in it."""
     nodes, ops = list(gm.graph.nodes), _ops_by_target()
     marked = [n for n in nodes if isinstance(n.meta.get("custom"), dict)
               and "stream" in n.meta["custom"]]
-    calls = [n for n in nodes if _op_name(n, ops) is not None]
+    calls = [n for n in nodes if _op_name(n, ops) is not None
+             or (_method_name(n) is not None and not n.users)]
     if not marked and not calls:
         return None
     streams = {n.meta["custom"].pop("stream") for n in marked} - {None}
@@ -131,18 +159,24 @@ def taken_out(gm: torch.fx.GraphModule) -> StreamCalls | None:
     prologue, waits, after = [], [], []
     computed = False
     for node in nodes:
-        name = _op_name(node, ops)
-        if name is None:
+        if node not in calls:
             computed = computed or (node.op not in ("placeholder", "output", "get_attr")
                                     and not _is_object_lookup(node))
             continue
-        streams.update(node.args[i] for i in _STREAM_ARGUMENTS.get(name, ()))
+        name, method = _op_name(node, ops), False
+        if name is None:
+            name, method = _method_name(node), True
+            # the objects' indices: streams among them are joined, events skipped at the join
+            streams.update(a.args[0] for a in node.args if isinstance(a, torch.fx.Node)
+                           and _is_object_lookup(a))
+        else:
+            streams.update(node.args[i] for i in _STREAM_ARGUMENTS.get(name, ()))
         args = tuple(_argument(a, placeholders, returned) for a in node.args)
         gm.graph.erase_node(node)
         if name in _SWITCHES or any(a is _INSIDE for a in args):
-            # a tensor living only inside the graph, whose uses all run in the graph's one op
+            # a value living only inside the graph, whose uses all run in the graph's one op
             continue
-        call = StreamCall(name, args)
+        call = StreamCall(name, args, method)
         (prologue if not computed else waits if name in _WAITS else after).append(call)
     for node in reversed(list(gm.graph.nodes)):
         if _is_object_lookup(node) and not node.users:
@@ -157,6 +191,8 @@ _INSIDE = object()  # a tensor argument that is neither an input nor an output o
 def _argument(a: Any, placeholders: list, returned: tuple) -> Any:
     if not isinstance(a, torch.fx.Node):
         return a
+    if _is_object_lookup(a):
+        return ObjectAt(a.args[0])
     if a in placeholders:
         return TensorOf(False, placeholders.index(a))
     if a in returned:
@@ -186,7 +222,8 @@ class StreamOrderedGraph:
         for call in calls.before:
             call.run(args, [])
         current = torch.cuda.current_stream()
-        streams = [s for s in map(_stream_object, calls.streams) if not _same(s, current)]
+        streams = [s for s in map(_graph_object, calls.streams)
+                   if hasattr(s, "wait_stream") and not _same(s, current)]
         for stream in streams:
             current.wait_stream(stream)
         out = self.graph(*args)
@@ -198,7 +235,7 @@ class StreamOrderedGraph:
         return out
 
 
-def _stream_object(index: int) -> Any:
+def _graph_object(index: int) -> Any:
     return torch_internals.lazy_module("dynamo_graph_bytecode_inputs").get_external_object_by_index(
         index)
 

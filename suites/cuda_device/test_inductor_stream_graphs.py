@@ -159,22 +159,24 @@ def test_work_on_a_graphs_stream_after_it_reads_its_output(cuda_device):
 
 
 def test_an_event_recorded_in_a_graph_orders_its_waiter(cuda_device):
-    def record_after_work(x, side):
+    def record_after_work(x, side, done):
         side.wait_stream(_current())
         with torch.cuda.stream(side):
             y = x * 2
-            done = side.record_event()
-        return y, done
+            done.record(side)
+        return y
 
     x, side, reader = torch.ones(4, device="cuda"), torch.cuda.Stream(), torch.cuda.Stream()
-    y, done = torch.compile(record_after_work)(x, side)
+    done = torch.cuda.Event()
+    compiled = torch.compile(record_after_work)
+    y = compiled(x, side, done)
     with torch.cuda.stream(reader):
         reader.wait_event(done)
         z = y + 1
     torch.cuda.synchronize()
     assert z.cpu().tolist() == [3.0] * 4
     # the planted bug: a reader on a third stream that waits for nothing
-    y, done = torch.compile(record_after_work)(x, side)
+    y = compiled(x, side, done)
     with pytest.raises(RaceError, match="streams touching the same memory"):
         with torch.cuda.stream(torch.cuda.Stream()):
             y + 1
