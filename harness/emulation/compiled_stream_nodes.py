@@ -24,7 +24,8 @@ keeps every ordering CUDA has and reports no race CUDA would not have:
    for each stream the graph names: the graph's work, CUDA's on those streams, comes after all
    of theirs;
 3. the graph, on the current stream;
-4. each stream the graph names waits for the current stream, then the later records and syncs
+4. each stream the graph names waits for the current stream (and the current stream for it, so
+   that inside a capture no fork is left unjoined), then the later records and syncs
    (`record_event`, `synchronize_*`, `record_stream`), in their order: an event recorded in the
    graph, and work on those streams after it, come after all of the graph's work.
 
@@ -230,6 +231,9 @@ class StreamOrderedGraph:
         outputs = list(out) if isinstance(out, (tuple, list)) else [out]
         for stream in streams:
             stream.wait_stream(current)
+            # and back: inside a capture the wait forks `stream` into it, and a fork left
+            # unjoined fails the capture on CUDA
+            current.wait_stream(stream)
         for call in calls.after:
             call.run(args, outputs)
         return out
