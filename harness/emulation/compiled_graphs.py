@@ -1378,6 +1378,8 @@ def user_compiler_on_device(original):
                 if _compiles_a_user_triton_kernel(error):
                     raise _user_triton_kernel_refused(error) from error
                 raise
+        if isinstance(compiled, StreamOrderedGraph):  # compile_fx took the graph's stream calls
+            stream_calls, compiled = compiled.calls, compiled.graph
         if isinstance(compiled, DeviceGraph):  # inductor's compile_fx, called by the backend
             compiled = compiled.compiled
         split = bool(training)
@@ -1517,13 +1519,21 @@ def inductor_on_host(original, inner_default):
         args, kwargs = list(args), dict(kwargs)
         inner = args.pop(2) if len(args) > 2 else kwargs.pop("inner_compile", inner_default)
         kwargs["inner_compile"] = device_inner_compile(inner, compiling, _aot_graph)
+        # a graph with stream nodes from a backend of one's own (dynamo's inductor backend hands
+        # this a graph already without them: user_compiler_on_device)
+        stream_calls = (taken_out(graph_module) if isinstance(graph_module, torch.fx.GraphModule)
+                        else None)
         with compiling(), _triton_ops_kept_whole(), autograd_cache_off(), \
-                training_compiles() as training, transfers_in_aot_graphs(None):
+                training_compiles() as training, transfers_in_aot_graphs(None), \
+                compiled_afresh(stream_calls):
             compiled = original(*args, **kwargs)
-        if not isinstance(graph_module, torch.fx.GraphModule) or isinstance(compiled, DeviceGraph):
-            return compiled  # compile_fx calls itself: the outer call wraps
-        return DeviceGraph(compiled, graph_module, "inductor", bare_output=bare,
-                           autograd_split=bool(training))
+        if not isinstance(graph_module, torch.fx.GraphModule) or isinstance(
+                compiled, (DeviceGraph, StreamOrderedGraph)):
+            graph = compiled  # compile_fx calls itself: the outer call wraps
+        else:
+            graph = DeviceGraph(compiled, graph_module, "inductor", bare_output=bare,
+                                autograd_split=bool(training))
+        return graph if stream_calls is None else StreamOrderedGraph(graph, stream_calls)
 
     @contextlib.contextmanager
     def compiling():

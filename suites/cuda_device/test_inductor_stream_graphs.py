@@ -114,6 +114,23 @@ def test_a_graph_with_streams_gives_eagers_values(cuda_kind, shape, mode):
         torch.testing.assert_close(out, expected)
 
 
+def test_a_backend_of_ones_own_compiles_a_graph_with_streams_by_compile_fx(cuda_kind):
+    """A runtime's backend hands dynamo's graph to inductor's `compile_fx` itself."""
+    from torch._inductor.compile_fx import compile_fx
+
+    def own_backend(gm, example_inputs):
+        return compile_fx(gm, example_inputs)
+
+    x = torch.randn(8, 8, device="cuda")
+    w = torch.randn(8, 8, device="cuda")
+    side = torch.cuda.Stream()
+    compiled = torch.compile(events_recorded_and_waited, backend=own_backend)
+    for _ in range(2):
+        out = compiled(x, w, side)
+        torch.cuda.synchronize()
+        torch.testing.assert_close(out, events_recorded_and_waited(x, w, side))
+
+
 def test_a_graph_with_streams_is_captured_and_replayed(cuda_kind):
     """The graph's side stream is forked into a capture and joined back by the graph's own waits;
     a replay reruns both streams' work."""
