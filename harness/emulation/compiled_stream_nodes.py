@@ -20,14 +20,15 @@ keeps every ordering CUDA has and reports no race CUDA would not have:
 
 1. the ops before the graph's first computation, in their order (CUDA runs them before any of
    the graph's work too);
-2. the later waits (`wait_stream`, `wait_event`), in their order, then the current stream waits
-   for each stream the graph names: the graph's work, CUDA's on those streams, comes after all
-   of theirs;
+2. the later waits (`wait_stream`, `wait_event`) and host syncs, in their order, then the
+   current stream waits for each stream the graph names: the graph's work, CUDA's on those
+   streams, comes after all of theirs;
 3. the graph, on the current stream;
 4. each stream the graph names waits for the current stream (and the current stream for it, so
-   that inside a capture no fork is left unjoined), then the later records and syncs
+   that inside a capture no fork is left unjoined), then the later records and host syncs
    (`record_event`, `synchronize_*`, `record_stream`), in their order: an event recorded in the
-   graph, and work on those streams after it, come after all of the graph's work.
+   graph, work on those streams after it, and the host after a sync come after all of the
+   graph's work.
 
 So work on the graph's streams after it and an event recorded in it order after the whole graph,
 and the graph after all earlier work on its streams: a race between the graph's own streams, or
@@ -47,6 +48,10 @@ from harness import torch_internals
 # The ops that run in order before the graph when the graph has computed something before them:
 # they make a stream wait, and waiting earlier orders the graph after more (never a false race).
 _WAITS = frozenset({"wait_stream", "wait_event", "wait"})
+# Host syncs after some of the graph's work run on both sides of it: before, so that the graph
+# comes after what they wait for; after, so that the host has waited for the graph's work.
+_SYNCS = frozenset({"synchronize_event", "synchronize_stream", "synchronize_device",
+                    "synchronize"})
 # torch 2.11's graphs call the methods of the streams and events themselves
 _METHODS = frozenset({"wait_stream", "wait_event", "wait", "record_event", "record",
                       "synchronize"})
@@ -178,7 +183,13 @@ def taken_out(gm: torch.fx.GraphModule) -> StreamCalls | None:
             # a value living only inside the graph, whose uses all run in the graph's one op
             continue
         call = StreamCall(name, args, method)
-        (prologue if not computed else waits if name in _WAITS else after).append(call)
+        if not computed:
+            prologue.append(call)
+            continue
+        if name in _WAITS or name in _SYNCS:
+            waits.append(call)
+        if name not in _WAITS:
+            after.append(call)
     for node in reversed(list(gm.graph.nodes)):
         if _is_object_lookup(node) and not node.users:
             gm.graph.erase_node(node)

@@ -4,7 +4,7 @@
 them: until 2026-12-07 dynamo inlined the replacements, and on the CPU wheel (torch 2.13) failed
 ("StreamVariable() is not a constant"; a stream context in a fullgraph compile: "Unexpected type in
 sourceless builder"). The graphs run on the backends that run a graph's stream calls as calls
-(eager, aot_eager); inductor's own stream code is listed in docs/fidelity.md."""
+(eager, aot_eager); inductor's are test_inductor_stream_graphs.py's."""
 
 from __future__ import annotations
 

@@ -237,3 +237,29 @@ def test_a_wait_at_a_graphs_start_orders_it_after_a_side_streams_write(cuda_devi
         x = torch.ones(4, device="cuda") + 1
     with pytest.raises(RaceError, match="streams touching the same memory"):
         torch.compile(read_without_waiting)(x)
+
+
+def _written_on_a_side_stream(side):
+    with torch.cuda.stream(side):
+        written = torch.ones(4, device="cuda") + 1
+        return written, side.record_event()
+
+
+def test_a_host_sync_inside_a_graph_orders_the_work_after_it(cuda_device):
+    """The host waits for an event after some of the graph's work: on CUDA the graph's later work
+    is launched after what the event marks."""
+    def sync_between(x, written, done):
+        doubled = x * 2
+        done.synchronize()
+        return doubled + written
+
+    def no_sync(x, written, done):
+        return x * 2 + written
+
+    side, x = torch.cuda.Stream(), torch.ones(4, device="cuda")
+    out = torch.compile(sync_between)(x, *_written_on_a_side_stream(side))
+    torch.cuda.synchronize()
+    assert out.cpu().tolist() == [4.0] * 4
+    # the planted bug: no sync between the side stream's write and the graph's read
+    with pytest.raises(RaceError, match="streams touching the same memory"):
+        torch.compile(no_sync)(x, *_written_on_a_side_stream(side))
