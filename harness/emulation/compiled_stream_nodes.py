@@ -136,8 +136,8 @@ def _ops_by_target() -> dict:
 
 
 def _is_object_lookup(node: torch.fx.Node) -> bool:
-    lookup = torch_internals.lazy_module("dynamo_graph_bytecode_inputs").get_external_object_by_index
-    return node.op == "call_function" and node.target is lookup
+    inputs = torch_internals.lazy_module("dynamo_graph_bytecode_inputs")
+    return node.op == "call_function" and node.target is inputs.get_external_object_by_index
 
 
 def _method_name(node: torch.fx.Node) -> str | None:
@@ -251,8 +251,8 @@ class StreamOrderedGraph:
 
 
 def _graph_object(index: int) -> Any:
-    return torch_internals.lazy_module("dynamo_graph_bytecode_inputs").get_external_object_by_index(
-        index)
+    inputs = torch_internals.lazy_module("dynamo_graph_bytecode_inputs")
+    return inputs.get_external_object_by_index(index)
 
 
 def _same(a: Any, b: Any) -> bool:
