@@ -4,14 +4,14 @@ Dynamo (torch 2.11 on) keeps `with torch.cuda.stream(s):`, `wait_stream`, events
 `record_stream` in the graph: each node made under a stream context carries the stream's index
 (`node.meta["custom"]["stream"]`), and the calls are `torch.ops.streams.*` ops naming streams and
 events by their index among the objects dynamo hands the graph (torch 2.13 on; 2.11's graphs call
-the streams' and events' own methods on those objects, which AOTAutograd ran while it traced, not
-when the graph runs). On CUDA inductor writes the nodes
-of each stream inside a `with streamN:` block, the streams defined where the wrapper enters the
-device's context, and runs the ops as fallback calls. The emulated device's graphs are cpu graphs,
-which enter no device context: the blocks named streams that were never defined ("NameError: name
-'stream1' is not defined", or `default_stream`), and inductor's cpu code emitted a kernel after a
-device-less fallback that followed it, past the line freeing its input ("UnboundLocalError:
-cannot access local variable 'arg0_1'").
+the streams' and events' own methods on those objects, which inductor's code left out: they ran,
+if at all, while AOTAutograd traced). On CUDA inductor writes the nodes of each stream inside a
+`with streamN:` block, the streams defined where the wrapper enters the device's context, and runs
+the ops as fallback calls. The emulated device's graphs are cpu graphs, which enter no device
+context: the blocks named streams that were never defined ("NameError: name 'stream1' is not
+defined", or `default_stream`), and inductor's cpu code emitted a kernel after a device-less
+fallback that followed it, past the line freeing its input ("UnboundLocalError: cannot access
+local variable 'arg0_1'").
 
 On the emulated device a graph inductor compiled runs as one op on the current stream (the race
 tracking sees it so; compiled_graphs.py). Its stream marks are dropped and its stream ops taken out
