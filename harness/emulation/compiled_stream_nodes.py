@@ -158,7 +158,8 @@ def taken_out(gm: torch.fx.GraphModule) -> StreamCalls | None:
              or (_method_name(n) is not None and not n.users)]
     if not marked and not calls:
         return None
-    streams = {n.meta["custom"].pop("stream") for n in marked} - {None}
+    # (a mark's dict may be shared by several nodes: the first pop takes it for all)
+    streams = {n.meta["custom"].pop("stream", None) for n in marked} - {None}
     placeholders = [n for n in nodes if n.op == "placeholder"]
     output = next(n for n in nodes if n.op == "output")
     returned = output.args[0] if isinstance(output.args[0], (tuple, list)) else (output.args[0],)
