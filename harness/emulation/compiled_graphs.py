@@ -58,8 +58,8 @@ from harness.emulation.compiled_devices import (OutputMark, Placement, graph_att
                                                 has_transfers, placement, register_markers,
                                                 transfers_run_eagerly)
 from harness.emulation.compiled_partitions import partitions, partitions_apply
-from harness.emulation.compiled_stream_nodes import StreamOrderedGraph, compiled_afresh, taken_out
 from harness.emulation.compiled_rng import compiled_for_the_host, inputs_of, rng_ops_on_device
+from harness.emulation.compiled_stream_nodes import StreamOrderedGraph, compiled_afresh, taken_out
 from harness.emulation.compiled_trees import (direct_trees_refused, rerecord_limit_exceeded,
                                               trees_reset, wants_cudagraphs)
 from harness.emulation.device_indices import guard_index
