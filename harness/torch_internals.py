@@ -337,6 +337,10 @@ NAMES: dict[str, Internal] = {
     # the effect an op is registered with (AOTAutograd threads an effectful op through its graphs
     # instead of dropping it as dead code: `_linalg_check_errors` is one in torch 2.13, not 2.11)
     "op_effect": Internal("torch._higher_order_ops.effects", "_get_effect", optional=True),
+    # the objects (streams, events) dynamo hands a graph, which the graph looks up by index
+    "dynamo_graph_bytecode_inputs": Internal("torch._dynamo.graph_bytecode_inputs", "",
+                                             _found("torch._dynamo.graph_bytecode_inputs"),
+                                             lazy=True),
 }
 
 

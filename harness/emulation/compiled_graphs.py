@@ -59,6 +59,7 @@ from harness.emulation.compiled_devices import (OutputMark, Placement, graph_att
                                                 transfers_run_eagerly)
 from harness.emulation.compiled_partitions import partitions, partitions_apply
 from harness.emulation.compiled_rng import compiled_for_the_host, inputs_of, rng_ops_on_device
+from harness.emulation.compiled_stream_nodes import StreamOrderedGraph, compiled_afresh, taken_out
 from harness.emulation.compiled_trees import (direct_trees_refused, rerecord_limit_exceeded,
                                               trees_reset, wants_cudagraphs)
 from harness.emulation.device_indices import guard_index
@@ -1361,26 +1362,31 @@ def user_compiler_on_device(original):
         _refuse_cuda_autocast(gm)
         _user_triton_kernels_as_device_ops(gm)
         backend = _backend_name(self.compiler_fn)
+        # inductor's code for a cpu graph cannot hold stream blocks: the stream calls run around
+        # the graph's one op instead (compiled_stream_nodes.py)
+        stream_calls = taken_out(gm) if backend in _OPAQUE_BACKENDS else None
         # a backend of eager ops: AOTAutograd's training graphs hold the transfers themselves
         on_device = any(isinstance(a, torch.Tensor) and is_device_memory(a) for a in example_inputs)
         with _torchs_own_cuda(real_is_available), _triton_ops_kept_whole(), \
                 autograd_cache_off(), inputs_of(example_inputs), wrapper_inputs(example_inputs), \
                 training_compiles() as training, transfers_in_aot_graphs(
                     on_device if backend not in _DEVICE_GRAPH_BACKENDS and has_transfers(gm)
-                    else None) as rewritten:
+                    else None) as rewritten, compiled_afresh(stream_calls):
             try:
                 compiled = original(self, gm, example_inputs)
             except Exception as error:
                 if _compiles_a_user_triton_kernel(error):
                     raise _user_triton_kernel_refused(error) from error
                 raise
+        if isinstance(compiled, StreamOrderedGraph):  # compile_fx took the graph's stream calls
+            stream_calls, compiled = compiled.calls, compiled.graph
         if isinstance(compiled, DeviceGraph):  # inductor's compile_fx, called by the backend
             compiled = compiled.compiled
         split = bool(training)
         graph = DeviceGraph(compiled, gm, backend, autograd_split=split,
                             cudagraphs=not split and wants_cudagraphs(self.compiler_fn, backend))
         graph.aot_transfers = bool(rewritten)
-        return graph
+        return graph if stream_calls is None else StreamOrderedGraph(graph, stream_calls)
 
     return call_user_compiler
 
@@ -1513,13 +1519,21 @@ def inductor_on_host(original, inner_default):
         args, kwargs = list(args), dict(kwargs)
         inner = args.pop(2) if len(args) > 2 else kwargs.pop("inner_compile", inner_default)
         kwargs["inner_compile"] = device_inner_compile(inner, compiling, _aot_graph)
+        # a graph with stream nodes from a backend of one's own (dynamo's inductor backend hands
+        # this a graph already without them: user_compiler_on_device)
+        stream_calls = (taken_out(graph_module) if isinstance(graph_module, torch.fx.GraphModule)
+                        else None)
         with compiling(), _triton_ops_kept_whole(), autograd_cache_off(), \
-                training_compiles() as training, transfers_in_aot_graphs(None):
+                training_compiles() as training, transfers_in_aot_graphs(None), \
+                compiled_afresh(stream_calls):
             compiled = original(*args, **kwargs)
-        if not isinstance(graph_module, torch.fx.GraphModule) or isinstance(compiled, DeviceGraph):
-            return compiled  # compile_fx calls itself: the outer call wraps
-        return DeviceGraph(compiled, graph_module, "inductor", bare_output=bare,
-                           autograd_split=bool(training))
+        if not isinstance(graph_module, torch.fx.GraphModule) or isinstance(
+                compiled, (DeviceGraph, StreamOrderedGraph)):
+            graph = compiled  # compile_fx calls itself: the outer call wraps
+        else:
+            graph = DeviceGraph(compiled, graph_module, "inductor", bare_output=bare,
+                                autograd_split=bool(training))
+        return graph if stream_calls is None else StreamOrderedGraph(graph, stream_calls)
 
     @contextlib.contextmanager
     def compiling():

@@ -634,8 +634,7 @@ def _traced_on_host(func, args: tuple, kwargs: dict, outside_the_graph):
     setting), and the marker after it would be a graph of its own, returning a non-leaf."""
     if func is Tensor.cuda:
         non_blocking = bool(args[2] if len(args) > 2 else kwargs.get("non_blocking", False))
-        return to_device(args[0] if non_blocking else _moved(args[0], to_device=True),
-                         non_blocking)
+        return to_device(_moved(args[0], to_device=True), non_blocking)
     if func is Tensor.cpu:
         return to_host(_moved(args[0], to_device=False))
     if isinstance(func, torch_internals.OpOverload) and any(_names_cuda(a) for a in args):
@@ -653,7 +652,7 @@ def _traced_on_host(func, args: tuple, kwargs: dict, outside_the_graph):
         args = tuple(CPU if isinstance(a, (str, torch.device)) and names_cuda(a) else a
                      for a in args)
         kwargs = {**kwargs, "device": CPU} if "device" in kwargs else kwargs
-        if not non_blocking and (names_cuda(target) or not _device_object(target)):
+        if names_cuda(target) or not _device_object(target):
             kwargs = _copy_if_moved(args[0], kwargs, to_device=names_cuda(target))
         out = func(*args, **kwargs)
         if names_cuda(target):
@@ -675,11 +674,9 @@ def _moved(t: Tensor, *, to_device: bool) -> Tensor:
     is a no-op that returns the same tensor, so an in-place op on the result would write its
     source (transformers' StaticLayer moves its host `cumulative_length` to the device inside the
     compiled prefill and bumps it with `add_`). `t.is_cuda` is read in the trace, where it
-    answers for the memory `t` lives in on CUDA (compiled_device_reads.py). Only a blocking
-    transfer is made a copy: a `non_blocking` one is most often a prefetch on a side stream, and
-    a copy inside a stream context is code inductor cannot write for a cpu graph (torch 2.13's
-    stream codegen left an empty `with default_stream:` block: transformers' offloaded static
-    cache); it stays the view it was (docs/fidelity.md)."""
+    answers for the memory `t` lives in on CUDA (compiled_device_reads.py). A `non_blocking`
+    transfer is a copy too, as CUDA's is: inside a stream context it is one of the nodes whose
+    stream inductor no longer sees on the emulated device (compiled_stream_nodes.py)."""
     if t.is_cuda == to_device:
         return t
     return t.to(CPU, copy=True)

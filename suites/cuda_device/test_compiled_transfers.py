@@ -230,17 +230,29 @@ def _moved_then_bumped(moved):
     lambda s, w: s.to("cuda"),
     lambda s, w: s.to(w.device),
     lambda s, w: s.cuda(),
-], ids=["to_cuda", "to_a_device_read", "cuda"])
+    lambda s, w: s.to("cuda", non_blocking=True),
+    lambda s, w: s.to(w.device, non_blocking=True),
+    lambda s, w: s.cuda(non_blocking=True),
+], ids=["to_cuda", "to_a_device_read", "cuda", "to_cuda_non_blocking",
+        "to_a_device_read_non_blocking", "cuda_non_blocking"])
 def test_a_compiled_copy_of_host_memory_is_a_new_tensor(cuda_kind, backend, moved):
-    host = torch.tensor(0.0)
+    """The `non_blocking` rows stayed views of the host tensor until 2026-12-07 (the blocking
+    ones until stop 58)."""
+    host = torch.tensor(0.0).pin_memory()
     out = torch.compile(_moved_then_bumped(moved), backend=backend)(host, torch.ones(2, device="cuda"))
     assert (host.item(), out.tolist(), out.is_cuda) == (0.0, [1.0, 1.0], True)
 
 
 @pytest.mark.parametrize("backend", ["eager", "aot_eager", "inductor"])
-def test_a_compiled_copy_of_device_memory_to_the_host_is_a_new_tensor(cuda_kind, backend):
+@pytest.mark.parametrize("non_blocking", [False, True], ids=["blocking", "non_blocking"])
+def test_a_compiled_copy_of_device_memory_to_the_host_is_a_new_tensor(cuda_kind, backend,
+                                                                      non_blocking):
     def step(device):
-        on_host = device.cpu()
+        if non_blocking:
+            on_host = device.to("cpu", non_blocking=True)
+            torch.cuda.current_stream().synchronize()  # the copy done before the host writes
+        else:
+            on_host = device.cpu()
         on_host.add_(1)
         return on_host
 
