@@ -4,8 +4,11 @@ Run natively on a GPU and with `--emulate` (inside `harness.emulate_cuda()`), th
 files with `--compare NATIVE EMULATED`: each op whose output dtypes (or error type) differ is
 printed. The first sample input of each op is run in float16, bfloat16 and float32, without
 autocast (the kernels each build has for a dtype) and under autocast in float16 and in bfloat16.
+With `--capture` each op's first sample is captured in a CUDA graph instead (warmed on a side
+stream, then replayed): "captured" with the output dtypes, or the error type and the first words
+of its message, which on the emulated device begin with CUDA's own.
 
-    python scripts/autocast_dtype_table.py OUT.json [--emulate] [--only NAME ...]
+    python scripts/autocast_dtype_table.py OUT.json [--emulate] [--capture] [--only NAME ...]
     python scripts/autocast_dtype_table.py --compare NATIVE.json EMULATED.json
 """
 
@@ -28,7 +31,33 @@ def _dtypes(out) -> list:
     return []
 
 
-def table(only: set[str]) -> dict[str, str]:
+def _capture_verdict(op, sample) -> str:
+    """What a CUDA graph capture of the op makes of the sample: warmed on a side stream first."""
+    def call():
+        return op(sample.input, *sample.args, **sample.kwargs)
+
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    try:
+        with torch.cuda.stream(side):
+            call()
+        torch.cuda.current_stream().wait_stream(side)
+        torch.cuda.synchronize()
+    except Exception as error:
+        return f"eager raises {type(error).__name__}"
+    graph = torch.cuda.CUDAGraph()
+    try:
+        with torch.cuda.graph(graph):
+            out = call()
+        graph.replay()
+        torch.cuda.synchronize()
+        return "captured " + " ".join(_dtypes(out))
+    except Exception as error:
+        text = " ".join(str(error).split())[:48]
+        return f"refused {type(error).__name__}: {text}"
+
+
+def table(only: set[str], capture: bool = False) -> dict[str, str]:
     from torch.testing._internal.common_methods_invocations import op_db
 
     rows = {}
@@ -44,6 +73,9 @@ def table(only: set[str]) -> dict[str, str]:
                 sample = next(iter(op.sample_inputs("cuda", dtype, requires_grad=False)))
             except Exception as error:  # the op database's own limits, recorded as such
                 rows[f"{name}/{dtype}"] = f"no sample: {type(error).__name__}"
+                continue
+            if capture:
+                rows[f"{name}/{str(dtype)[6:]}/capture"] = _capture_verdict(op, sample)
                 continue
             for autocast_dtype in (None, torch.float16, torch.bfloat16):
                 key = f"{name}/{str(dtype)[6:]}/{str(autocast_dtype).removeprefix('torch.')}"
@@ -75,6 +107,8 @@ def main() -> int:
     parser.add_argument("out", nargs="?")
     parser.add_argument("--emulate", action="store_true")
     parser.add_argument("--only", nargs="*", default=[])
+    parser.add_argument("--capture", action="store_true",
+                        help="each op's capture verdict instead of its autocast dtypes")
     parser.add_argument("--compare", nargs=2, metavar=("NATIVE", "EMULATED"))
     args = parser.parse_args()
     if args.compare:
@@ -86,7 +120,7 @@ def main() -> int:
 
         context = harness.emulate_cuda()
     with context:
-        rows = table(set(args.only))
+        rows = table(set(args.only), capture=args.capture)
     json.dump(rows, open(args.out, "w"), indent=0, sort_keys=True)
     print(f"{len(rows)} rows, torch {torch.__version__}, "
           f"{torch.cuda.get_device_name() if torch.cuda.is_available() else 'no GPU'}")
