@@ -209,6 +209,10 @@ NAMES: dict[str, Internal] = {
                                    _found("torch._dynamo.trace_rules"), lazy=True),
     "dynamo_stream_variables": Internal("torch._dynamo.variables.streams", "",
                                         _found("torch._dynamo.variables.streams"), lazy=True),
+    # dynamo's user-defined class variables: the classes whose construction it puts in the graph
+    "dynamo_user_defined_variables": Internal("torch._dynamo.variables.user_defined", "",
+                                              _found("torch._dynamo.variables.user_defined"),
+                                              lazy=True),
     # dynamo's torch.* variables: `get_overridable_functions`, the calls it hands to a mode
     "dynamo_torch_variables": Internal("torch._dynamo.variables.torch", "",
                                        _found("torch._dynamo.variables.torch"), lazy=True),

@@ -61,6 +61,26 @@ def patches(replaced: dict[Callable, Callable]) -> list[tuple[Any, str, Any]]:
     return out
 
 
+def in_graph_class_patches(planned: list[tuple[Any, str, Any]]) -> list[tuple[Any, str, Any]]:
+    """Dynamo's set of classes whose construction it puts in the graph (`torch.cuda.Stream()`,
+    `torch.cuda.Event()` in a compiled function), answering for the emulation's replacements
+    too. The set is built once, at its first use, from the classes torch's names hold then: first
+    used outside an emulation, it knew torch's own classes and not the emulated ones, so dynamo
+    traced into an emulated stream's constructor ("Missing tp_iternext") in one test order and
+    not in another. `planned` is read before the patches are applied."""
+    variable = torch_internals.lazy_module("dynamo_user_defined_variables").UserDefinedClassVariable
+    in_graph = getattr(variable, "_in_graph_classes", None)
+    if in_graph is None:
+        return []
+    known = in_graph()
+    added = {value for owner, name, value in planned
+             if isinstance(value, type) and getattr(owner, name, None) in known}
+    if not added:
+        return []
+    merged = known | added
+    return [(variable, "_in_graph_classes", staticmethod(lambda: merged))]
+
+
 def replaced_calls(planned: list[tuple[Any, str, Any]]) -> dict[Callable, Callable]:
     """original -> replacement of CALLS among the (owner, name, value) patches `planned`,
     read before they are applied."""

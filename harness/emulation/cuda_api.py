@@ -1022,9 +1022,9 @@ def patches(state, table: tuple[Replacement, ...] = REPLACEMENTS) -> list[tuple[
 
     out += user_dispatch_mode_patches(state)
     from harness.emulation.compiled_stream_calls import patches as stream_call_patches
-    from harness.emulation.compiled_stream_calls import replaced_calls
+    from harness.emulation.compiled_stream_calls import in_graph_class_patches, replaced_calls
 
-    out += stream_call_patches(replaced_calls(out))
+    out += stream_call_patches(replaced_calls(out)) + in_graph_class_patches(out)
     return out
 
 

@@ -97,3 +97,32 @@ def test_the_current_stream_of_a_tensors_device(cuda_kind):
     x = torch.ones(2, device="cuda")
     out, stream = torch.compile(of_its_device, backend="eager", fullgraph=True)(x)
     assert _ids(stream) == _ids(torch.cuda.current_stream()) and out.is_cuda
+
+
+class _Box:
+    def __init__(self, value):
+        self.value = value
+
+
+def test_streams_and_events_made_in_compiled_code_after_dynamo_ran_outside(outside_emulation):
+    # dynamo builds its set of in-graph classes at its first class call: here outside the
+    # emulation, so it holds torch's own stream and event classes (CI's test order did this)
+    import harness
+
+    torch._dynamo.reset()
+    torch.compile(lambda t: _Box(t).value + 1, fullgraph=True, backend="eager")(torch.ones(2))
+
+    def fork(t):
+        side = torch.cuda.Stream()
+        done = torch.cuda.Event()
+        with torch.cuda.stream(side):
+            y = t * 2
+            done.record()
+        torch.cuda.current_stream().wait_event(done)
+        return y + 1
+
+    with harness.emulate_cuda(device="cpu"):
+        x = torch.ones(2, device="cuda")
+        out = torch.compile(fork, fullgraph=True, backend="eager")(x)
+        assert out.tolist() == [3.0, 3.0] and out.is_cuda
+    torch._dynamo.reset()
