@@ -95,43 +95,12 @@ class EarlyCounts:
         self.all_peak = [0, 0, 0]
 
     def allocate(self, nbytes: int) -> None:
-        # Every device allocation before the model starts: round_size and the loop over the
-        # three stats unrolled, each stat read once.
-        size = MIN_BLOCK if nbytes < MIN_BLOCK else -(-nbytes // MIN_BLOCK) * MIN_BLOCK
-        if size <= SMALL_SIZE:
-            mine, others = self.small, self.large.current
-        else:
-            mine, others = self.large, self.small.current
-        current, allocated, peak, all_peak = mine.current, mine.allocated, mine.peak, self.all_peak
-        count, rounded, requested = current[0] + 1, current[1] + size, current[2] + nbytes
-        current[0], current[1], current[2] = count, rounded, requested
-        allocated[0] += 1
-        allocated[1] += size
-        allocated[2] += nbytes
-        if count > peak[0]:
-            peak[0] = count
-        if rounded > peak[1]:
-            peak[1] = rounded
-        if requested > peak[2]:
-            peak[2] = requested
-        count += others[0]
-        rounded += others[1]
-        requested += others[2]
-        if count > all_peak[0]:
-            all_peak[0] = count
-        if rounded > all_peak[1]:
-            all_peak[1] = rounded
-        if requested > all_peak[2]:
-            all_peak[2] = requested
+        self.play((nbytes,))
 
     def free(self, nbytes: int) -> None:
-        size = MIN_BLOCK if nbytes < MIN_BLOCK else -(-nbytes // MIN_BLOCK) * MIN_BLOCK
-        current = (self.small if size <= SMALL_SIZE else self.large).current
-        current[0] -= 1
-        current[1] -= size
-        current[2] -= nbytes
+        self.play((~nbytes,))
 
-    def play(self, events: list[int]) -> None:
+    def play(self, events) -> None:
         """`allocate(n)` for each `n >= 0` of `events` and `free(~n)` for each negative one (a
         free of 0 bytes is ~0, -1), in order: the allocations and frees logged since the last
         play (device_memory.py), one loop over the lot instead of a call per event."""
