@@ -34,11 +34,10 @@ from harness.graphs.base import CaptureError
 from harness.emulation import (array_interface, autocast, autocast_bodies, backward_streams,
                                blas_workspaces, compiled_rng, deterministic_alerts, device_branches,
                                device_indices, fft_plans, host_arguments, host_outputs, kernels,
-                               missing_kernels, sdpa_backends, transfers)
+                               missing_kernels, reduced_kernels, sdpa_backends, transfers)
 from harness.graphs.emulator.dispatch_keys import keep_modes_reachable
 from harness.graphs.emulator.opinfo import scalar_type_name
 from harness.graphs.emulator.device_asserts import eager_device_assert_error, is_index_out_of_bounds
-from harness.emulation import reduced_kernels
 from harness.emulation.capacity import requested_bytes
 from harness.emulation.fft_plans import plan_key
 from harness.emulation.capture_threads import capture_modes_for_this_thread, joined
