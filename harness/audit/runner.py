@@ -16,6 +16,7 @@ import gc
 import json
 import os
 import multiprocessing
+import signal
 import sys
 import tempfile
 import threading
@@ -195,7 +196,7 @@ def _start(arch: Architecture, mode: _Mode, log_name: str, children: _Children):
         context = multiprocessing.get_context(method)
         receive, send = context.Pipe(duplex=False)
         child = context.Process(target=_child, args=(arch, mode, send, log_name), daemon=True)
-        with children.lock:
+        with _interrupts_held(), children.lock:
             if children.stopping.is_set():
                 raise KeyboardInterrupt("audit stopping")
             try:
@@ -213,6 +214,32 @@ def _start(arch: Architecture, mode: _Mode, log_name: str, children: _Children):
         send.close()
         return child, receive, note
     raise RuntimeError(f"no start method in {methods} could start a child for {arch.model_type}")
+
+
+_INTERRUPTS = (signal.SIGINT, signal.SIGTERM)
+
+
+@contextlib.contextmanager
+def _interrupts_held():
+    """SIGINT and SIGTERM that arrive while a child is started are handled after it is started
+    (and counted among the live children, which an interrupt kills). os.fork runs Python hooks
+    (logging's, filelock's) whose exceptions it only prints: a KeyboardInterrupt raised by a
+    signal handler inside one was lost, and the audit ran on. Handlers run in the main thread
+    only, so elsewhere there is nothing to hold."""
+    previous = [signal.getsignal(number) for number in _INTERRUPTS]
+    if threading.current_thread() is not threading.main_thread() or None in previous:
+        yield  # None: a handler installed outside Python, which signal.signal cannot put back
+        return
+    arrived = []
+    for number in _INTERRUPTS:
+        signal.signal(number, lambda number, frame: arrived.append(number))
+    try:
+        yield
+    finally:
+        for number, handler in zip(_INTERRUPTS, previous):
+            signal.signal(number, handler)
+        for number in arrived:
+            signal.raise_signal(number)
 
 
 @contextlib.contextmanager
@@ -288,6 +315,9 @@ def _finish(started: _Started, timeout_s: float, children: _Children) -> tuple[R
 
 
 def _child(arch: Architecture, mode: _Mode, send, log_path: str) -> None:
+    # A forked child has the handlers that held the parent's interrupts (_interrupts_held).
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
     # The child's chatter (transformers warnings) goes to a file the parent reads if it crashes.
     with open(log_path, "w") as log:
         os.dup2(log.fileno(), 1)

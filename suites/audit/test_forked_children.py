@@ -9,6 +9,7 @@ clears the state of every thread but the forking one)."""
 from __future__ import annotations
 
 import gc
+import os
 import multiprocessing
 import threading
 
@@ -60,3 +61,39 @@ def test_a_forked_child_frees_nothing_of_the_parents(leave, tmp_path, monkeypatc
         gc.collect()  # the group's threads are joined here, in the process that has them
     assert [(r.verdict, r.detail) for r in result.rows] == [(AGREES, "")], result.rows
     assert gc.get_freeze_count() == 0  # the parent's objects are collectable again
+
+
+_INTERRUPTED_WHILE_FORKING = """
+import os, signal
+from harness.audit import runner
+from harness.audit.classify import AGREES, Row
+from harness.audit.tiny import Architecture
+
+def answer(arch, mode, send, log_path):
+    send.send(Row(arch.model_type, arch.class_name, mode.dtype, mode.backend, AGREES).to_dict())
+    send.close()
+
+runner._child = answer
+# Ctrl-C arriving while os.fork runs its hooks (their exceptions are only printed)
+os.register_at_fork(after_in_parent=lambda: signal.raise_signal(signal.SIGINT))
+try:
+    runner.run_audit([Architecture("llama", "LlamaForCausalLM")], dtype="float32", backend="emulated",
+                     jobs=1, timeout_s=30, progress=None)
+except runner.AuditInterrupted as stopped:
+    print("interrupted,", stopped.result.meta["remaining"], "left")
+else:
+    print("finished")
+"""
+
+
+@pytest.mark.skipif("fork" not in multiprocessing.get_all_start_methods(), reason="no fork here")
+def test_an_interrupt_while_the_caller_forks_stops_the_audit():
+    # Forked from the caller's (main) thread, a child's fork is where the caller's Ctrl-C or
+    # SIGTERM may land; raised inside os.fork's hooks, it was printed and lost, the audit ran on.
+    import subprocess
+    import sys
+
+    ran = subprocess.run([sys.executable, "-c", _INTERRUPTED_WHILE_FORKING], capture_output=True,
+                         text=True, timeout=300, env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)})
+    assert ran.returncode == 0, ran.stderr
+    assert ran.stdout.strip() == "interrupted, 1 left", ran.stderr
