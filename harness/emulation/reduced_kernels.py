@@ -24,20 +24,20 @@ _nn = torch_internals.nn_module
 _REDUCED = (torch.float16, torch.bfloat16)
 
 
-def _always(args: tuple, kwargs: dict) -> bool:
+def _always(dtype: torch.dtype, args: tuple, kwargs: dict) -> bool:
     return True
 
 
-def _antialiased(args: tuple, kwargs: dict) -> bool:
+def _antialiased(dtype: torch.dtype, args: tuple, kwargs: dict) -> bool:
     return bool(kwargs.get("antialias")) or (len(args) > 6 and bool(args[6]))
 
 
-def _half_only(args: tuple, kwargs: dict) -> bool:
-    return _reduced_dtype(args, kwargs) is torch.float16
+def _half_only(dtype: torch.dtype, args: tuple, kwargs: dict) -> bool:
+    return dtype is torch.float16
 
 
-# A call, and whether its arguments reach the kernel the CPU lacks.
-WIDENED: dict[Callable, Callable[[tuple, dict], bool]] = {
+# A call, and whether its arguments (their reduced dtype given) reach the kernel the CPU lacks.
+WIDENED: dict[Callable, Callable[[torch.dtype, tuple, dict], bool]] = {
     _nn.avg_pool3d: _always,
     F.multi_margin_loss: _always, _nn.multi_margin_loss: _always,
     F.multilabel_margin_loss: _always, _nn.multilabel_margin_loss: _always,
@@ -57,8 +57,10 @@ def _reduced_dtype(args: tuple, kwargs: dict) -> torch.dtype | None:
 def needs_widening(func: Any, args: tuple, kwargs: dict) -> bool:
     """Whether `func` meets a kernel the CPU lacks for these arguments' reduced dtype."""
     reaches = WIDENED.get(func)
-    return reaches is not None and _reduced_dtype(args, kwargs) is not None \
-        and reaches(args, kwargs)
+    if reaches is None:
+        return False
+    dtype = _reduced_dtype(args, kwargs)
+    return dtype is not None and reaches(dtype, args, kwargs)
 
 
 def widened(func: Callable) -> Callable:
