@@ -190,6 +190,9 @@ NAMES: dict[str, Internal] = {
     "packed_rnn_calls": Internal("torch", "_VF", lambda vf: all(
         hasattr(vf, name) for name in ("lstm", "gru", "rnn_tanh", "rnn_relu"))),
     "nn_module": Internal("torch._C", "_nn", lambda m: m is not None),
+    "native_batch_norm_legit": Internal("torch", "_native_batch_norm_legit", callable),
+    "native_batch_norm_legit_no_training": Internal(
+        "torch", "_native_batch_norm_legit_no_training", callable),
     "group_tensors_by_device_and_dtype": Internal("torch._C", "_group_tensors_by_device_and_dtype"),
     "dynamo_output_graph": Internal("torch._dynamo.output_graph", "",
                                     _found("torch._dynamo.output_graph"), lazy=True),
@@ -451,6 +454,8 @@ pad_packed_sequence_call = bind(NAMES["pad_packed_sequence_call"])
 packed_rnn_calls = bind(NAMES["packed_rnn_calls"])
 DISPATCH_KEY_COMPOSITE_IMPLICIT = bind(NAMES["DISPATCH_KEY_COMPOSITE_IMPLICIT"])
 nn_module = bind(NAMES["nn_module"])
+native_batch_norm_legit = bind(NAMES["native_batch_norm_legit"])
+native_batch_norm_legit_no_training = bind(NAMES["native_batch_norm_legit_no_training"])
 group_tensors_by_device_and_dtype = bind(NAMES["group_tensors_by_device_and_dtype"])
 set_allocator_settings = bind(NAMES["set_allocator_settings"])
 get_accelerator = bind(NAMES["get_accelerator"])

@@ -34,7 +34,8 @@ from harness.graphs.base import CaptureError
 from harness.emulation import (array_interface, autocast, autocast_bodies, backward_streams,
                                blas_workspaces, compiled_rng, deterministic_alerts, device_branches,
                                device_indices, fft_plans, host_arguments, host_outputs, kernels,
-                               missing_kernels, reduced_kernels, sdpa_backends, transfers)
+                               missing_kernels, norm_statistics, reduced_kernels, sdpa_backends,
+                               transfers)
 from harness.graphs.emulator.dispatch_keys import keep_modes_reachable
 from harness.graphs.emulator.opinfo import scalar_type_name
 from harness.graphs.emulator.device_asserts import eager_device_assert_error, is_index_out_of_bounds
@@ -129,8 +130,11 @@ class Placement(TorchFunctionMode):
             Tensor.type: self._type,
             # Parses a device argument without making a tensor (Module.to): the device stays.
             torch_internals.nn_parse_to: lambda func, args, kwargs: func(*args, **kwargs),
+            **dict.fromkeys(norm_statistics.CALLS, self._norm_statistics),
             torch.nn.functional.layer_norm: self._layer_norm,
             torch.layer_norm: self._layer_norm, torch.native_layer_norm: self._layer_norm,
+            torch.ops.aten.native_layer_norm.default: self._layer_norm,
+            torch.ops.aten.native_layer_norm: self._layer_norm,
             Tensor.__repr__: self._repr,
             torch.device: _device_of_index,
             **{func: self._cuda_kernel for func in kernels.REPLACEMENTS},
@@ -490,7 +494,18 @@ class Placement(TorchFunctionMode):
                     self.state.refuse(CaptureError(f"{text} (CUDA's layer norm kernel takes {name} "
                                                    f"in the input's dtype)",
                                                    op="aten.native_layer_norm.default"))
+        if func in norm_statistics.CALLS:
+            return self._norm_statistics(func, args, kwargs)
         return self._generic(func, args, kwargs)
+
+    def _norm_statistics(self, func, args, kwargs):
+        """A batch or layer norm: its statistics in CUDA's dtype for device input
+        (norm_statistics.py)."""
+        out = self._generic(func, args, kwargs)
+        x = args[0] if args else kwargs.get("input")
+        if isinstance(x, Tensor) and is_device_memory(x):
+            return norm_statistics.in_float32(func, x, out, self._cast)
+        return out
 
     def _cuda_kernel(self, func, args, kwargs):
         """A kernel CUDA has and the cpu lacks (kernels.py), for device tensors only: a host call
