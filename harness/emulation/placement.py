@@ -521,7 +521,7 @@ class Placement(TorchFunctionMode):
     def _cpu_only(self, func, args, kwargs):
         """A call CUDA has no kernel for (missing_kernels.py): refused for device tensors, as the
         dispatcher refuses it on a GPU; a host call keeps the cpu's answer."""
-        if _scan(args, kwargs)[0]:
+        if _scan(args, kwargs)[0] and missing_kernels.refused(func, args, kwargs):
             raise missing_kernels.no_cuda_kernel(func, args, kwargs)
         return self._generic(func, args, kwargs)
 
