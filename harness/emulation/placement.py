@@ -33,9 +33,9 @@ from harness.torch_internals import DeviceContext, device_constructors
 from harness.graphs.base import CaptureError
 from harness.emulation import (array_interface, autocast, autocast_bodies, backward_streams,
                                blas_workspaces, compiled_rng, deterministic_alerts, device_branches,
-                               device_indices, fft_plans, host_arguments, host_outputs, kernels,
-                               missing_kernels, norm_statistics, reduced_kernels, sdpa_backends,
-                               transfers)
+                               device_indices, fft_plans, half_ffts, host_arguments,
+                               host_outputs, kernels, missing_kernels, norm_statistics,
+                               reduced_kernels, sdpa_backends, transfers)
 from harness.graphs.emulator.dispatch_keys import keep_modes_reachable
 from harness.graphs.emulator.opinfo import scalar_type_name
 from harness.graphs.emulator.device_asserts import eager_device_assert_error, is_index_out_of_bounds
@@ -554,8 +554,12 @@ class Placement(TorchFunctionMode):
 
     def _fft_call(self, func, args, kwargs):
         """An FFT, which on CUDA looks its cuFFT plan up in its device's cache, making and caching
-        one it lacks (fft_plans.py)."""
-        out = self._generic(func, args, kwargs)
+        one it lacks (fft_plans.py). CUDA's half transforms run widened (half_ffts.py)."""
+        if func in half_ffts.CALLS and half_ffts.needs_widening(func, args, kwargs) \
+                and _scan(args, kwargs)[0]:
+            out = self._generic(half_ffts.widened(func), args, kwargs)
+        else:
+            out = self._generic(func, args, kwargs)
         index = device_indices.guard_index(args, kwargs)
         key = plan_key(func, args, kwargs)
         if index is not None and key is not None:
