@@ -34,8 +34,8 @@ from harness.graphs.base import CaptureError
 from harness.emulation import (array_interface, autocast, autocast_bodies, backward_streams,
                                blas_workspaces, compiled_rng, deterministic_alerts, device_branches,
                                device_indices, fft_plans, half_ffts, host_arguments,
-                               host_outputs, kernels, missing_kernels, norm_statistics,
-                               reduced_kernels, sdpa_backends, transfers)
+                               host_outputs, inner_autocast, kernels, missing_kernels,
+                               norm_statistics, reduced_kernels, sdpa_backends, transfers)
 from harness.graphs.emulator.dispatch_keys import keep_modes_reachable
 from harness.graphs.emulator.opinfo import scalar_type_name
 from harness.graphs.emulator.device_asserts import eager_device_assert_error, is_index_out_of_bounds
@@ -59,6 +59,7 @@ _autocast_on = torch.is_autocast_enabled
 _deterministic_on = torch.are_deterministic_algorithms_enabled
 _AUTOCAST_OPS = autocast.AUTOCAST_OPS
 _runs_its_body = autocast_bodies.runs_its_body
+_casting_inner_ops = inner_autocast.casting_inner_ops
 _DEVICE_BRANCHES = frozenset(device_branches.CALLS)
 _WIDENED = reduced_kernels.WIDENED
 _NODE_STREAMS = backward_streams.CHECKED  # whether autograd's nodes need their streams noted
@@ -177,10 +178,28 @@ class Placement(TorchFunctionMode):
                 args = device_branches.seen_as_device(args)
             with self.state.autocast_bodies.next_check_passes(), self:
                 return func(*args, **(kwargs or {}))
-        if func in _AUTOCAST_OPS and _autocast_on("cuda") and not _bias_dispatches_itself(
-                func, args, kwargs or {}):
-            args, kwargs = autocast.cast(func, args, kwargs or {}, is_device_memory, self._cast,
-                                         self.state.autocast_cache)
+        if _autocast_on("cuda"):
+            if func not in _AUTOCAST_OPS:
+                # CUDA casts the ops inside a composite too (inner_autocast.py)
+                with _casting_inner_ops():
+                    return self._placed(func, args, kwargs)
+            if not _bias_dispatches_itself(func, args, kwargs or {}):
+                args, kwargs = autocast.cast(func, args, kwargs or {}, is_device_memory,
+                                             self._cast, self.state.autocast_cache)
+        handler = self._calls.get(func)
+        if handler is None:
+            out = self._generic(func, args, {} if kwargs is None else kwargs)
+        elif self._several_devices:
+            out = self._on_its_device(handler, func, args, kwargs or {})
+        else:
+            out = handler(func, args, kwargs or {})
+        if _NODE_STREAMS and out is not None and torch.is_grad_enabled():
+            # autograd's nodes keep the stream current at their making (backward_streams.py)
+            backward_streams.stamp(out, self.state.streams.current)
+        return out
+
+    def _placed(self, func, args, kwargs):
+        """The hot path's tail, for a call that CUDA's autocast lists leave uncast."""
         handler = self._calls.get(func)
         if handler is None:
             out = self._generic(func, args, {} if kwargs is None else kwargs)
