@@ -10,7 +10,8 @@ autocast). The placement mode casts at the torch-function level and meets only t
 The emulated device's tensors are CPU tensors, so their ops pass the AutocastCPU dispatch key,
 which fires while CPU autocast is enabled. For the duration of the emulation this module registers,
 on that key, CUDA's policies for CUDA's lists (autocast_mode.h's AT_FORALL_* macros, by aten
-overload) and a fallthrough for every other op the CPU's own autocast lists; the placement enables
+overload, each kept where this torch registers a CUDA autocast kernel for it: the lists change
+between releases, and a CPU build registers them too) and a fallthrough for every other op the CPU's own autocast lists; the placement enables
 CPU autocast only around a device call that no autocast list of CUDA's names, while CUDA's
 autocast is on (`casting_inner_ops`). The casts are aten ops above autograd, as CUDA's are, so
 gradients flow through them. Eligible, as on CUDA, are floating tensors other than float64 of the
@@ -54,11 +55,14 @@ _FLOAT32 = (
 _FLOAT32_SET_OPT_DTYPE = (
     "prod", "prod.dim_int", "softmax.int", "log_softmax.int", "cumprod", "cumsum",
     "linalg_vector_norm", "linalg_matrix_norm", "linalg_matrix_norm.str_ord", "sum",
-    "sum.dim_IntList")
+    "sum.dim_IntList", "prod.dim_Dimname", "softmax.Dimname", "log_softmax.Dimname",
+    "cumprod.dimname", "cumsum.dimname", "sum.dim_DimnameList")
 # fp32_append_dtype: the overload without a dtype redispatched to the one with it, which takes
 # every argument (the defaults of the one without: p=2, keepdim=False)
-_FLOAT32_APPEND_DTYPE = {"norm.Scalar": ("ScalarOpt_dtype", (None, 2)),
-                         "norm.ScalarOpt_dim": ("ScalarOpt_dim_dtype", (None, None, None, False))}
+_FLOAT32_APPEND_DTYPE = {
+    "norm.Scalar": ("ScalarOpt_dtype", (None, 2)),
+    "norm.ScalarOpt_dim": ("ScalarOpt_dim_dtype", (None, None, None, False)),
+    "norm.names_ScalarOpt_dim": ("names_ScalarOpt_dim_dtype", (None, None, None, False))}
 _PROMOTE = ("addcdiv", "addcmul", "atan2", "bilinear", "cross", "dot", "vdot", "grid_sampler",
             "index_put", "tensordot", "scatter_add")
 _BANNED = ("binary_cross_entropy",)
@@ -84,15 +88,18 @@ class InnerAutocast:
         library = torch.library.Library("aten", "IMPL")
         policies = {**dict.fromkeys(_LOWER_PRECISION, self._lower), **dict.fromkeys(
             _FLOAT32, self._float32), **dict.fromkeys(_FLOAT32_SET_OPT_DTYPE, self._set_opt_dtype),
-            **{name: self._append_dtype(name) for name in _FLOAT32_APPEND_DTYPE},
+            **dict.fromkeys(_FLOAT32_APPEND_DTYPE, self._append_dtype),
             **dict.fromkeys(_PROMOTE, self._promote), **dict.fromkeys(_BANNED, self._banned)}
         with warnings.catch_warnings():
             # torch warns once that a kernel of the CPU's autocast is overridden
             warnings.simplefilter("ignore", UserWarning)
             for name, policy in policies.items():
                 op = _overload(name)
-                if op is not None:
-                    library.impl(name, policy if name in _FLOAT32_APPEND_DTYPE else policy(op),
+                # the lists of this torch's CUDA autocast: an op it does not register keeps
+                # CUDA's own kernel's dtype (rms_norm joined the float32 list after 2.11)
+                if op is not None and torch_internals.dispatch_has_kernel_for_dispatch_key(
+                        f"aten::{name}", "AutocastCUDA"):
+                    library.impl(name, policy(name if name in _FLOAT32_APPEND_DTYPE else op),
                                  "AutocastCPU")
             for name in torch_internals.dispatch_get_all_op_names():
                 short = name.removeprefix("aten::")
