@@ -17,7 +17,8 @@ autocast is on (`casting_inner_ops`). The casts are aten ops above autograd, as 
 gradients flow through them. Eligible, as on CUDA, are floating tensors other than float64 of the
 device: inside a device call every tensor with a dimension (its intermediates are device memory on
 CUDA; a host tensor of one or more dimensions cannot join a device op). A CPU autocast region a
-user opens inside the emulation gets CUDA's lists for device tensors and leaves host tensors alone.
+user opens inside the emulation casts nothing: device tensors are left alone, as CUDA's autocast
+leaves them, and so are host tensors (there CPU autocast's own lists are not in force).
 """
 
 from __future__ import annotations
@@ -99,8 +100,8 @@ class InnerAutocast:
                 # CUDA's own kernel's dtype (rms_norm joined the float32 list after 2.11)
                 if op is not None and torch_internals.dispatch_has_kernel_for_dispatch_key(
                         f"aten::{name}", "AutocastCUDA"):
-                    library.impl(name, policy(name if name in _FLOAT32_APPEND_DTYPE else op),
-                                 "AutocastCPU")
+                    kernel = policy(name if name in _FLOAT32_APPEND_DTYPE else op)
+                    library.impl(name, _only_under_cuda_autocast(kernel, op), "AutocastCPU")
             for name in torch_internals.dispatch_get_all_op_names():
                 short = name.removeprefix("aten::")
                 if name.startswith("aten::") and short not in policies \
@@ -191,6 +192,19 @@ class InnerAutocast:
                 return op(*args, **kwargs)
 
         return kernel
+
+
+def _only_under_cuda_autocast(kernel: Callable, op) -> Callable:
+    """`kernel` while CUDA's autocast is on; else `op` as it is: CUDA's autocast leaves device
+    tensors alone in a CPU autocast region a user opens."""
+
+    def guarded(*args, **kwargs):
+        if torch.is_autocast_enabled("cuda"):
+            return kernel(*args, **kwargs)
+        with _autocast_excluded():
+            return op(*args, **kwargs)
+
+    return guarded
 
 
 @contextlib.contextmanager

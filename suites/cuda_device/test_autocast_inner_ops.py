@@ -75,3 +75,11 @@ def test_host_tensors_and_listed_ops_are_left_as_they_were(cuda_kind):
         assert torch.mm(m, m).dtype == torch.float16
         assert torch.relu(m.half()).dtype == torch.float16
     assert torch.trapezoid(_vector(torch.bfloat16)).dtype == torch.bfloat16  # autocast left
+
+
+def test_a_cpu_autocast_region_leaves_device_tensors_alone(cuda_kind):
+    # CPU autocast's lists are for CPU tensors; the emulated device's tensors are CPU tensors
+    m = torch.randn(4, 4, device="cuda")
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        assert torch.mm(m, m).dtype == torch.float32
+        assert torch.trapezoid(m.half()).dtype == torch.float16
