@@ -35,3 +35,17 @@ def test_the_same_calls_on_host_tensors_answer_and_histc_counts_on_the_device(cu
     assert torch.histogramdd(x.view(4, 2), bins=[2, 2]).hist.sum().item() == 4.0
     counts = torch.histc(x.to("cuda"), bins=4, min=-2, max=2)
     assert counts.is_cuda and counts.cpu().tolist() == [2.0, 2.0, 2.0, 2.0]
+
+
+def test_sparse_mm_with_a_reduction_is_refused_and_without_one_runs(cuda_kind):
+    """`torch.sparse.mm(csr, dense, reduce)` reaches `_sparse_mm_reduce_impl`, a SparseCsrCPU
+    kernel only: a GPU refuses it for a cuda CSR tensor (the op database's `sparse.mm.reduce`
+    row on an H100); without `reduce` the product has CUDA's kernel."""
+    csr = torch.eye(3, device="cuda").to_sparse_csr()
+    dense = torch.ones(3, 2, device="cuda")
+    assert torch.sparse.mm(csr, dense).to_dense().cpu().tolist() == [[1.0, 1.0]] * 3
+    with pytest.raises(NotImplementedError,
+                       match="Could not run 'aten::_sparse_mm_reduce_impl' with arguments from "
+                             "the 'SparseCsrCUDA' backend"):
+        torch.sparse.mm(csr, dense, "sum")
+    assert torch.sparse.mm(csr.cpu(), dense.cpu(), "sum").tolist() == [[1.0, 1.0]] * 3
