@@ -46,8 +46,8 @@ from harness.emulation.device_draws import (EagerDraws, dispatch_modes_off, is_r
                                             recorded)
 from harness.emulation.generators import DeviceGenerator
 from harness.emulation.compiled_devices import to_device, to_host, to_traced_device
-from harness.emulation.device_memory import (DEVICE, MEMORY_ATTR, PINNED, SPARSE_LAYOUTS,
-                                             is_device_memory, is_wrapper_subclass, memory_mark)
+from harness.emulation.device_memory import (DEVICE, PINNED, SPARSE_LAYOUTS, is_device_memory,
+                                             is_wrapper_subclass, memory_mark)
 from harness.emulation.rules import (CPU, cuda_index, device_generator_on_host_error,
                                                  host_generator_error, mixed_devices_error,
                                                  names_cuda)
@@ -201,16 +201,16 @@ class Placement(TorchFunctionMode):
                 kwargs = {**kwargs, "device": default}
         device_in = False
         host = None
-        # The storages of the positional tensors, in order: the call runner reads each tensor's
-        # storage and mark for its signature too, and is handed them (call_patterns.signature).
+        # The marks of the positional tensors, in order: the call runner's signature reads each
+        # tensor's mark too, and is handed them (call_patterns.signature).
         scanned = []
         try:
-            # memory_mark inlined: one read of the storage's mark per tensor, no Python call
+            # memory_mark, not is_device_memory: one Python call per tensor, not two
             for a in args:
                 if isinstance(a, Tensor):
-                    storage = a.untyped_storage()
-                    scanned.append(storage)
-                    if getattr(storage, MEMORY_ATTR, None) is DEVICE:
+                    mark = memory_mark(a)
+                    scanned.append(mark)
+                    if mark is DEVICE:
                         device_in = True
                     elif host is None and a.dim():
                         host = a
@@ -378,7 +378,7 @@ class Placement(TorchFunctionMode):
                 else:
                     try:
                         storage = out.untyped_storage()
-                        if getattr(storage, MEMORY_ATTR, None) is not DEVICE:  # memory_mark
+                        if memory_mark(storage) is not DEVICE:
                             memory.adopt(storage)
                     except CaptureError:  # the allocation refused (a new segment, unsafe_calls.py)
                         raise

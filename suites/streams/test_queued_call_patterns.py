@@ -221,19 +221,25 @@ def test_the_last_tensor_dropped_without_a_kept_storage_is_the_free(schedule):
 
 
 def _parameter_before_a_raced_tensor() -> list[torch.Tensor]:
-    """Calls whose positional tensors mix a Parameter (its storage read apart from the plain
+    """Calls whose positional tensors mix a Parameter (its mark read apart from the plain
     tensors' in the signature) with plain tensors, a side stream reading a plain one before
-    waiting; and a queued result whose strides are not the ones `torch.full` would give."""
+    waiting; the same call with a host and with a device 0-dim tensor after the Parameter (two
+    signatures); and a queued result whose strides are not the ones `torch.full` would give."""
     side = torch.cuda.Stream()
     weight = torch.nn.Parameter(torch.randn(8, device="cuda"), requires_grad=False)
     x = torch.ones(8, device="cuda")
     row = torch.randn(1, 4, device="cuda")
+    half = torch.tensor(0.5)  # a host scalar, which CUDA's kernels take beside device tensors
     seen = []
     for _ in range(3):  # the first round learns each call's pattern, the later ones use it
         y = x * 3  # the default stream's write the side stream races with
+        total = y.sum()  # a device scalar, written on the default stream too
         with torch.cuda.stream(side):
             z = torch.where(y > 2, weight, y)  # the Parameter at 1, the raced y at 2
             w = torch.addcmul(weight, y, x)
+            h = torch.where(x > 0, weight, half)
+            t = torch.where(x > 0, weight, total)  # not the host call's pattern: reads `total`
+        seen += [h.cpu(), t.cpu()]
         column = row.t().clone()  # shape (4, 1), strides (1, 4): contiguous, not full's
         torch.cuda.synchronize()
         seen += [z.cpu(), w.cpu(), column.cpu().reshape(4), torch.tensor(column.stride())]
@@ -262,6 +268,7 @@ def test_calls_mixing_a_parameter_and_plain_tensors_report_what_dispatched_calls
     assert none == 0 and used > 0
     assert any("torch.where(y > 2, weight, y)" in r for r in dispatched), dispatched
     assert any("torch.addcmul(weight, y, x)" in r for r in dispatched), dispatched
+    assert any("torch.where(x > 0, weight, total)" in r for r in dispatched), dispatched
     assert learned == dispatched
     assert torch.equal(learned_values[-1], torch.tensor([1, 4]))
     for i, (got, expected) in enumerate(zip(learned_values, dispatched_values)):

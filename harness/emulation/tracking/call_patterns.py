@@ -44,7 +44,7 @@ import torch
 from harness import torch_internals
 from harness.graphs.emulator.callsite import callsite_later
 from harness.graphs.emulator.pool import poison_value
-from harness.emulation.device_memory import DEVICE, MEMORY_ATTR, PINNED, memory_mark
+from harness.emulation.device_memory import DEVICE, PINNED, memory_mark
 from harness.emulation.tracking.deferral import defer_call, full_strides, out_form
 from harness.emulation.tracking.races import new_access
 
@@ -92,6 +92,8 @@ class CallPattern:
     returns: int | None = None  # queued, in place: which of the call's tensors it returns (None)
     bumps: tuple[int, ...] = ()  # queued, in place: the written tensors with a version counter
     positional: bool = False  # queued: every tensor of the call is a positional argument
+    # queued, positional: per tensor, whether it is device memory (the signature keeps it)
+    on_device: tuple[bool, ...] = ()
     # queued, fresh: the aten op's `out=` form, where the op was given the call's positional
     # arguments themselves (deferral.out_form); None: the call runs again and is copied
     out_op: Any = None
@@ -192,11 +194,11 @@ def signature(func: Any, args: tuple, kwargs: dict,
               scanned: list | None = None) -> tuple[tuple, list, list] | None:
     """(the call's signature, its tensors in argument order, their storages), or None for a call
     never learned. The signature may be unhashable (an unhashable scalar inside it): the lookup
-    says. `scanned`: the storages of the tensors among `args` (not inside a list), in order, as
-    the caller read them (the placement mode's scan), which are not read again."""
+    says. `scanned`: the memory marks of the tensors among `args` (not inside a list), in order,
+    as the caller read them (the placement mode's scan), which are not read again."""
     tensors: list = []
     storages: list = []
-    taken = 0  # the storages of `scanned` used so far
+    taken = 0  # the marks of `scanned` used so far
     # The hot path: one signature per device call, so tensors and scalars are inlined.
     autocast = (_autocast_on("cpu"), _autocast_on("cuda")) if _any_autocast_on() else _NO_AUTOCAST
     parts = [func, _grad_on(), _inference_on(), _deterministic(), autocast, _default_dtype()]
@@ -205,15 +207,15 @@ def signature(func: Any, args: tuple, kwargs: dict,
         for a in args:
             kind = type(a)
             if kind is _Tensor:  # _tensor_meta inlined
+                try:
+                    storage = a.untyped_storage()
+                except (RuntimeError, NotImplementedError):
+                    return None
                 if scanned is None:
-                    try:
-                        storage = a.untyped_storage()
-                    except (RuntimeError, NotImplementedError):
-                        return None
+                    mark = memory_mark(storage)
                 else:
-                    storage = scanned[taken]
+                    mark = scanned[taken]
                     taken += 1
-                mark = getattr(storage, MEMORY_ATTR, None)  # memory_mark of a storage, inlined
                 dtype = a.dtype
                 if mark is not DEVICE and (mark == PINNED or not a.is_cpu) or dtype.is_complex:
                     return None
@@ -226,7 +228,7 @@ def signature(func: Any, args: tuple, kwargs: dict,
                 append(a)
             else:
                 if scanned is not None and isinstance(a, _Tensor):
-                    taken += 1  # a Parameter: its storage is read again below
+                    taken += 1  # a Parameter: its mark is read again below
                 append(_meta(a, tensors, storages))
         if kwargs:
             append(tuple((k, _meta(v, tensors, storages)) for k, v in kwargs.items()))
@@ -264,8 +266,8 @@ class CallPatterns:
 
     def run(self, func: Any, args: tuple, kwargs: dict, scanned: list | None = None) -> Any:
         """`func(*args, **kwargs)` of a device call, tracked as the stream mode tracks it.
-        `scanned`: the storages of the call's positional tensors, as the placement mode read them
-        (`signature`)."""
+        `scanned`: the memory marks of the call's positional tensors, as the placement mode read
+        them (`signature`)."""
         mode = self.mode
         # The hot path (every device call): `_usable` inlined.
         if not (self._work.active and mode.probe is None and not mode.capturing()
@@ -337,7 +339,8 @@ class CallPatterns:
             # One guard for the aliases (views, no op of the caller's) and the poisoned result.
             with _DisableTorchDispatch(), _DisableTorchFunction():
                 if pattern.positional:
-                    held_args, release = mode.aliases_of_positional(args, storages)
+                    held_args, release = mode.aliases_of_positional(args, storages,
+                                                                    pattern.on_device)
                     held = (held_args, dict(kwargs) if kwargs else kwargs)
                 else:
                     held, release = mode.aliases_for_queue((args, kwargs))
@@ -352,12 +355,14 @@ class CallPatterns:
 
     def _learn(self, key: tuple, tensors: list, func: Any, args: tuple, kwargs: dict) -> Any:
         mode = self.mode
+        # as the signature saw them (its key keeps them): whether each tensor is device memory
+        on_device = tuple(memory_mark(t) is DEVICE for t in tensors)
         probe = mode.probe = Probe(mode.label_of, args, kwargs)
         try:
             out = func(*args, **kwargs)
         finally:
             mode.probe = None
-        self._remember(key, self._pattern(probe, tensors, args, out))
+        self._remember(key, self._pattern(probe, tensors, on_device, args, out))
         return out
 
     def _remember(self, key: tuple, pattern: Any) -> None:
@@ -365,7 +370,8 @@ class CallPatterns:
             self._patterns.clear()
         self._patterns[key] = pattern
 
-    def _pattern(self, probe: Probe, tensors: list, args: tuple, out: Any) -> Any:
+    def _pattern(self, probe: Probe, tensors: list, on_device: tuple[bool, ...], args: tuple,
+                 out: Any) -> Any:
         if probe.spoiled or len(probe.ops) > 1:
             return _NEVER
         if not probe.ops:
@@ -389,6 +395,8 @@ class CallPatterns:
             if how is None:
                 return _NEVER
             how["positional"] = len(tensors) == sum(isinstance(a, _Tensor) for a in args)
+            if how["positional"]:
+                how["on_device"] = on_device
             if given and how.get("result_meta") is not None and how["positional"]:
                 how["out_op"] = out_form(plan.func)
         return CallPattern(plan.name, tuple(storages.index(key) for key in read_keys),

@@ -25,7 +25,7 @@ from harness.graphs.emulator.opinfo import OpKind
 from harness.graphs.emulator.accesses import (blocks_host, copy_blocks_host, higher_order_tensors,
                                               split_accesses, tensors_of)
 from harness.emulation.compiled_rng import call_higher_order
-from harness.emulation.device_memory import DEVICE, MEMORY_ATTR, own_storage
+from harness.emulation.device_memory import own_storage
 from harness.emulation.host_outputs import device_outputs
 from harness.emulation.tracking.deferral import defer
 from harness.emulation.tracking.names import ShapeLabels, label_of, storage_key
@@ -318,22 +318,21 @@ class StreamWork(TorchDispatchMode):
         alias = self._alias
         return map_tensors(lambda t: alias(t, keys), tree), self._release(keys)
 
-    def aliases_of_positional(self, args: tuple,
-                              storages: list) -> tuple[tuple, Callable[[], None]]:
+    def aliases_of_positional(self, args: tuple, storages: list,
+                              on_device: tuple[bool, ...]) -> tuple[tuple, Callable[[], None]]:
         """`aliases_for_queue` of a learned call (call_patterns.py) whose tensors are all
-        positional arguments (none in a list, none by keyword), given their `storages` in order:
-        the arguments, one pass. Such a call has no pinned or meta tensor, so what it tracks is
-        its device memory."""
+        positional arguments (none in a list, none by keyword), given their `storages` in order
+        and which are device memory: the arguments, one pass. Such a call has no pinned or meta
+        tensor, so what it tracks is its device memory."""
         keys: list[int] = []
         held = []
         taken = 0
         alias, watched, on_dropped = self.holds.alias, self._watched, self._on_dropped
         for a in args:
             if isinstance(a, torch.Tensor):
-                storage = storages[taken]
                 taken += 1
-                if getattr(storage, MEMORY_ATTR, None) is DEVICE:  # _alias_of_tracked, inlined
-                    key = storage.data_ptr()
+                if on_device[taken - 1]:  # _alias_of_tracked, inlined
+                    key = storages[taken - 1].data_ptr()
                     keys.append(key)
                     alias(key)
                     if id(a) not in watched:
