@@ -1591,7 +1591,10 @@ def inductor_inner_on_host(original):
     and what it returns, a boxed callable (one list of inputs, emptied), runs as a `DeviceGraph`,
     replayed through the device's graphs where `cudagraphs` (else inductor's config) asks for CUDA
     graphs, with `static_input_idxs` as its static inputs. Inductor's own calls of it inside a
-    compile are left as they are (its `compile_fx` binds the original)."""
+    compile are left as they are (its `compile_fx` binds the original). It also replaces the
+    module's `_compile_fx_inner`, which `compile_fx_inner` calls by name: code that bound
+    `compile_fx_inner` before the emulation was entered reaches it there (the check of
+    `torch.cuda.is_available` lets a call through this wrapper pass the second one)."""
     from harness.emulation.active import emulation_active
 
     real_is_available = torch.cuda.is_available
@@ -1646,6 +1649,9 @@ def compile_patches(state) -> list[tuple[Any, str, Any]]:
             (inductor, "compile_fx", inductor_on_host(inductor.compile_fx,
                                                       inductor.compile_fx_inner)),
             (inductor, "compile_fx_inner", inductor_inner_on_host(inductor.compile_fx_inner)),
+            # compile_fx_inner bound before the emulation (`from torch._inductor.compile_fx import
+            # compile_fx_inner` in a runtime's module) calls this by its module's name
+            (inductor, "_compile_fx_inner", inductor_inner_on_host(inductor._compile_fx_inner)),
             (partitioners, "functionalize_rng_ops",
              rng_ops_on_device(partitioners.functionalize_rng_ops))] \
         + aot_transfers_patch() \
