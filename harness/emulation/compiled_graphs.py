@@ -60,6 +60,7 @@ from harness.emulation.compiled_devices import (OutputMark, Placement, graph_att
 from harness.emulation.compiled_partitions import partitions, partitions_apply
 from harness.emulation.compiled_rng import compiled_for_the_host, inputs_of, rng_ops_on_device
 from harness.emulation.compiled_stream_nodes import StreamOrderedGraph, compiled_afresh, taken_out
+from harness.emulation.compiled_stream_pieces import StreamPieces, plan_of
 from harness.emulation.compiled_trees import (direct_trees_refused, rerecord_limit_exceeded,
                                               trees_reset, wants_cudagraphs)
 from harness.emulation.device_indices import guard_index
@@ -1364,6 +1365,7 @@ def user_compiler_on_device(original):
         backend = _backend_name(self.compiler_fn)
         # inductor's code for a cpu graph cannot hold stream blocks: the stream calls run around
         # the graph's one op instead (compiled_stream_nodes.py)
+        plan = plan_of(gm) if backend in _OPAQUE_BACKENDS else None
         stream_calls = taken_out(gm) if backend in _OPAQUE_BACKENDS else None
         # a backend of eager ops: AOTAutograd's training graphs hold the transfers themselves
         on_device = any(isinstance(a, torch.Tensor) and is_device_memory(a) for a in example_inputs)
@@ -1378,15 +1380,16 @@ def user_compiler_on_device(original):
                 if _compiles_a_user_triton_kernel(error):
                     raise _user_triton_kernel_refused(error) from error
                 raise
+        pieces = None if plan is None else StreamPieces(plan)
         if isinstance(compiled, StreamOrderedGraph):  # compile_fx took the graph's stream calls
-            stream_calls, compiled = compiled.calls, compiled.graph
+            stream_calls, pieces, compiled = compiled.calls, compiled.pieces, compiled.graph
         if isinstance(compiled, DeviceGraph):  # inductor's compile_fx, called by the backend
             compiled = compiled.compiled
         split = bool(training)
         graph = DeviceGraph(compiled, gm, backend, autograd_split=split,
                             cudagraphs=not split and wants_cudagraphs(self.compiler_fn, backend))
         graph.aot_transfers = bool(rewritten)
-        return graph if stream_calls is None else StreamOrderedGraph(graph, stream_calls)
+        return graph if stream_calls is None else StreamOrderedGraph(graph, stream_calls, pieces)
 
     return call_user_compiler
 
@@ -1521,6 +1524,7 @@ def inductor_on_host(original, inner_default):
         kwargs["inner_compile"] = device_inner_compile(inner, compiling, _aot_graph)
         # a graph with stream nodes from a backend of one's own (dynamo's inductor backend hands
         # this a graph already without them: user_compiler_on_device)
+        plan = plan_of(graph_module) if isinstance(graph_module, torch.fx.GraphModule) else None
         stream_calls = (taken_out(graph_module) if isinstance(graph_module, torch.fx.GraphModule)
                         else None)
         with compiling(), _triton_ops_kept_whole(), autograd_cache_off(), \
@@ -1533,7 +1537,8 @@ def inductor_on_host(original, inner_default):
         else:
             graph = DeviceGraph(compiled, graph_module, "inductor", bare_output=bare,
                                 autograd_split=bool(training))
-        return graph if stream_calls is None else StreamOrderedGraph(graph, stream_calls)
+        return graph if stream_calls is None else StreamOrderedGraph(
+            graph, stream_calls, None if plan is None else StreamPieces(plan))
 
     @contextlib.contextmanager
     def compiling():

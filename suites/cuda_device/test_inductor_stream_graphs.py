@@ -263,3 +263,119 @@ def test_a_host_sync_inside_a_graph_orders_the_work_after_it(cuda_device):
     # the planted bug: no sync between the side stream's write and the graph's read
     with pytest.raises(RaceError, match="streams touching the same memory"):
         torch.compile(no_sync)(x, *_written_on_a_side_stream(side))
+
+
+# --- races between a graph's own streams (the graph's pieces on their streams) ----------------
+
+TRACKED_MODES = [m for m in MODES if m != "reduce-overhead"]
+
+
+def _side_result_read_without_a_wait(x, side):
+    side.wait_stream(_current())
+    with torch.cuda.stream(side):
+        y = x @ x
+    return y + 1
+
+
+def _side_result_read_after_a_wait(x, side):
+    side.wait_stream(_current())
+    with torch.cuda.stream(side):
+        y = x @ x
+    _current().wait_stream(side)
+    return y + 1
+
+
+@pytest.mark.parametrize("mode", TRACKED_MODES)
+def test_a_side_streams_result_read_without_a_wait_is_a_race(cuda_device, mode):
+    """Inductor writes the side stream's matmul inside its stream block and the add on the
+    current stream, with no wait of its own between them: a race on CUDA, as in eager code. The
+    emulated device ran the whole graph as one op on the current stream and reported nothing
+    (until 2026-12-08)."""
+    x, side = torch.ones(4, 4, device="cuda"), torch.cuda.Stream()
+    with pytest.raises(RaceError, match="streams touching the same memory"):
+        _side_result_read_without_a_wait(x, side)  # eager code's verdict
+    torch.cuda.synchronize()
+    with pytest.raises(RaceError, match="streams touching the same memory"):
+        torch.compile(_side_result_read_without_a_wait, **MODES[mode])(x, side)
+
+
+@pytest.mark.parametrize("mode", TRACKED_MODES)
+def test_a_side_streams_result_read_after_a_wait_is_quiet(cuda_device, mode):
+    x, side = torch.ones(4, 4, device="cuda"), torch.cuda.Stream()
+    compiled = torch.compile(_side_result_read_after_a_wait, **MODES[mode])
+    for _ in range(2):
+        out = compiled(x, side)
+        torch.cuda.synchronize()
+        assert out.cpu().tolist() == [[5.0] * 4] * 4
+
+
+def _side_reads_without_forking(x, side):
+    with torch.cuda.stream(side):
+        y = x * 2
+    _current().wait_stream(side)
+    return y
+
+
+def test_a_side_stream_reading_the_current_streams_write_without_a_wait_is_a_race(cuda_device):
+    """The graph's side stream reads what the current stream wrote just before the call, without
+    `side.wait_stream(current)`: unordered on CUDA."""
+    side = torch.cuda.Stream()
+    x = torch.ones(4, device="cuda") + 1
+    with pytest.raises(RaceError, match="streams touching the same memory"):
+        torch.compile(_side_reads_without_forking)(x, side)
+    torch.cuda.synchronize()
+    x = torch.ones(4, device="cuda") + 1
+    out = torch.compile(_side_result_read_after_a_wait)(x.reshape(2, 2), side)  # it forks first
+    torch.cuda.synchronize()
+    assert out.cpu().tolist() == [[9.0, 9.0], [9.0, 9.0]]
+
+
+def test_the_aot_eager_backend_runs_the_graph_on_the_current_stream(cuda_device):
+    """aot_eager runs AOTAutograd's graph as fx code, which does not read the nodes' stream marks
+    (torch/fx/graph.py writes no stream switch): on CUDA every node runs on the current stream,
+    so the missing wait is no race there, and the emulated device reports none."""
+    x, side = torch.ones(4, 4, device="cuda"), torch.cuda.Stream()
+    out = torch.compile(_side_result_read_without_a_wait, backend="aot_eager")(x, side)
+    torch.cuda.synchronize()
+    assert out.cpu().tolist() == [[5.0] * 4] * 4
+
+
+def _record_and_return(x, side):
+    side.wait_stream(_current())
+    with torch.cuda.stream(side):
+        y = x * 2
+        done = side.record_event()
+    return y, done
+
+
+def test_an_event_a_graph_records_and_returns_orders_its_waiter(cuda_device):
+    """`side.record_event()` in the graph records, at each call, the event the call returns. On
+    torch 2.11 dynamo hands back the event it made while tracing, and the graph's call made
+    another: a reader waiting on the returned one was not ordered after the side stream's work
+    (until 2026-12-08)."""
+    x, side, reader = torch.ones(4, device="cuda"), torch.cuda.Stream(), torch.cuda.Stream()
+    compiled = torch.compile(_record_and_return)
+    for _ in range(2):
+        y, done = compiled(x, side)
+        with torch.cuda.stream(reader):
+            reader.wait_event(done)
+            z = y + 1
+        torch.cuda.synchronize()
+        assert z.cpu().tolist() == [3.0] * 4
+    y, done = compiled(x, side)
+    with pytest.raises(RaceError, match="streams touching the same memory"):
+        with torch.cuda.stream(reader):
+            y + 1  # the planted bug: no wait on `done`
+
+
+def test_a_wait_on_an_event_the_graph_recorded_orders_the_current_stream(cuda_device):
+    """`current.wait_event(side.record_event())` inside the graph (torch 2.11: a method call
+    whose result the wait reads, which stayed in the graph and ran only while AOTAutograd
+    traced)."""
+    x, w, side = torch.ones(4, 4, device="cuda"), torch.ones(4, 4, device="cuda"), \
+        torch.cuda.Stream()
+    compiled = torch.compile(a_streams_own_event)
+    for _ in range(2):
+        out = compiled(x, w, side)
+        torch.cuda.synchronize()
+        assert out.cpu().tolist() == [[6.0] * 4] * 4
