@@ -379,3 +379,19 @@ def test_a_wait_on_an_event_the_graph_recorded_orders_the_current_stream(cuda_de
         out = compiled(x, w, side)
         torch.cuda.synchronize()
         assert out.cpu().tolist() == [[6.0] * 4] * 4
+
+
+def _doubled_and_queried(x, side):
+    return x * 2, side.query()
+
+
+def test_a_streams_query_in_compiled_code_is_its_answer_while_dynamo_traced(cuda_kind):
+    """Dynamo keeps `stream.query()` in the graph with the answer it got while tracing as the
+    value the code reads (torch 2.11, 2.13 and 2.14 alike): an idle side stream answers True."""
+    x, side = torch.ones(4, device="cuda"), torch.cuda.Stream()
+    compiled = torch.compile(_doubled_and_queried)
+    for _ in range(2):
+        y, idle = compiled(x, side)
+        torch.cuda.synchronize()
+        assert idle is True
+        assert y.cpu().tolist() == [2.0] * 4
