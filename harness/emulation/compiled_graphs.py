@@ -1611,8 +1611,13 @@ def inductor_inner_on_host(original):
         graph_module = args[0] if args else kwargs.get("gm")
         from harness.emulation.active import active_state
 
+        # stream marks and `torch.ops.streams` calls in the graph, as compile_fx takes them
+        plan = plan_of(graph_module) if isinstance(graph_module, torch.fx.GraphModule) else None
+        stream_calls = (taken_out(graph_module) if isinstance(graph_module, torch.fx.GraphModule)
+                        else None)
         with _torchs_own_cuda(real_is_available), _triton_ops_kept_whole(), \
-                torch_internals.disable_current_modes(), _without_placement(active_state()):
+                torch_internals.disable_current_modes(), _without_placement(active_state()), \
+                compiled_afresh(stream_calls):
             compiled = original(*args, **kwargs)
         if not isinstance(graph_module, torch.fx.GraphModule) or not callable(compiled):
             return compiled
@@ -1624,6 +1629,9 @@ def inductor_inner_on_host(original):
                                    static=frozenset(kwargs.get("static_input_idxs") or ()))
         from harness.emulation.compiled_training import BoxedGraph
 
+        if stream_calls is not None:
+            return BoxedGraph(StreamOrderedGraph(device_graph, stream_calls,
+                                                 None if plan is None else StreamPieces(plan)))
         return BoxedGraph(device_graph)
 
     return compile_fx_inner

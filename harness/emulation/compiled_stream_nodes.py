@@ -281,6 +281,13 @@ class StreamOrderedGraph:
         self.calls = calls
         self.pieces = pieces
 
+    def call_boxed(self, boxed: list):
+        """The call in inductor's boxed convention (compile_fx_inner's result): the caller's
+        list is emptied."""
+        args = tuple(boxed)
+        boxed.clear()
+        return self(*args)
+
     def __call__(self, *args):
         if self.pieces is not None and self.pieces.apply(self.graph, args):
             return self.pieces(*args)

@@ -395,3 +395,52 @@ def test_a_streams_query_in_compiled_code_is_its_answer_while_dynamo_traced(cuda
         torch.cuda.synchronize()
         assert idle is True
         assert y.cpu().tolist() == [2.0] * 4
+
+
+# --- compile_fx_inner called by code itself on a graph with stream nodes ----------------------
+
+def _make_fx_graph_with_a_side_stream(x, joined: bool):
+    """A `make_fx` graph as PyTorch's stream tests build one: the side stream's matmul marked with
+    its index among the objects `get_external_object_by_index` answers, the waits as
+    `torch.ops.streams` ops."""
+    import torch._dynamo.variables.streams  # noqa: F401 (defines the ops' namespace)
+    import torch.fx.traceback as fx_traceback
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    def fn(x):
+        torch.ops.streams.wait_stream(1, 0)
+        with fx_traceback.annotate({"stream": 1}):
+            y = x @ x
+        if joined:
+            torch.ops.streams.wait_stream(0, 1)
+        return (y + 1,)
+
+    with fx_traceback.preserve_node_meta():
+        return make_fx(fn)(x)
+
+
+def test_compile_fx_inner_on_a_graph_with_stream_nodes(cuda_kind):
+    """On the emulated device inductor's code for it named streams no cpu graph defines ("NameError:
+    name 'default_stream' is not defined") until 2026-12-08."""
+    from torch._dynamo.graph_bytecode_inputs import store_user_object_weakrefs
+    from torch._inductor.compile_fx import compile_fx_inner
+
+    current, side = torch.cuda.current_stream(), torch.cuda.Stream()
+    store_user_object_weakrefs(current, side)  # held here: the table keeps weak references
+    x = torch.ones(4, 4, device="cuda")
+    compiled = compile_fx_inner(_make_fx_graph_with_a_side_stream(x, joined=True), [x])
+    for _ in range(2):
+        out = compiled([x])
+        torch.cuda.synchronize()
+        assert out[0].cpu().tolist() == [[5.0] * 4] * 4
+
+
+def test_compile_fx_inner_reports_a_race_between_the_graphs_streams(cuda_device):
+    from torch._dynamo.graph_bytecode_inputs import store_user_object_weakrefs
+    from torch._inductor.compile_fx import compile_fx_inner
+
+    current, side = torch.cuda.current_stream(), torch.cuda.Stream()
+    store_user_object_weakrefs(current, side)
+    x = torch.ones(4, 4, device="cuda")
+    with pytest.raises(RaceError, match="streams touching the same memory"):
+        compile_fx_inner(_make_fx_graph_with_a_side_stream(x, joined=False), [x])([x])
