@@ -63,6 +63,7 @@ class Plan:
     placeholders: tuple[str, ...]
     steps: tuple  # Piece and CallStep, in the graph's order
     result: Any  # the graph's output, NodeValue leaves
+    refusal: str | None = None  # why the graph cannot run as pieces (raised when they would)
 
 
 def plan_of(gm: torch.fx.GraphModule) -> Plan | None:
@@ -105,13 +106,21 @@ def plan_of(gm: torch.fx.GraphModule) -> Plan | None:
             members: list = [node]
             steps.append(members)
             groups.append((stream, members))
-    built = []
-    streams = iter(stream for stream, _ in groups)
-    for step in steps:
-        built.append(step if isinstance(step, CallStep)
-                     else _piece(gm, step, next(streams)))
+    placeholders = tuple(n.name for n in nodes if n.op == "placeholder")
     result = torch.fx.map_arg(output.args[0], lambda n: NodeValue(n.name))
-    return Plan(tuple(n.name for n in nodes if n.op == "placeholder"), tuple(built), result)
+    for _, members in groups:
+        for node in members:
+            read = next((m for m in node.all_input_nodes if is_object_lookup(m)), None)
+            if read is not None:
+                return Plan(placeholders, (), result, refusal=(
+                    f"node {node.name} of a compiled graph reads a stream or event ({read.name}) "
+                    f"as a value, which the emulated CUDA device cannot pass between the pieces "
+                    f"it runs on the graph's streams under the race tracking; enter "
+                    f"emulate_cuda(races='off') to run the graph as one op, untracked"))
+    streams = iter(stream for stream, _ in groups)
+    built = tuple(step if isinstance(step, CallStep) else _piece(gm, step, next(streams))
+                  for step in steps)
+    return Plan(placeholders, built, result)
 
 
 def _argument(a: Any) -> Any:
@@ -129,11 +138,6 @@ def _piece(gm: torch.fx.GraphModule, members: list, stream: int | None) -> Piece
     for node in members:
         for m in node.all_input_nodes:
             if m not in inside and m.op != "get_attr" and m not in inputs:
-                if is_object_lookup(m):
-                    raise NotImplementedError(
-                        f"node {node.name} of a compiled graph on the emulated CUDA device reads "
-                        f"a stream or event ({m.name}) as a value: the graph's pieces on its "
-                        f"streams cannot pass it")
                 inputs.append(m)
     # read by the graph's output, a later piece, or a stream call (`record_stream`)
     outputs = [n for n in members if any(user not in inside for user in n.users)]
@@ -182,6 +186,10 @@ class StreamPieces:
             isinstance(a, torch.Tensor) and a.requires_grad for a in args))
 
     def __call__(self, *args):
+        if self.plan.refusal is not None:
+            from harness.emulation.allocator_tools import UnsupportedOnEmulatedDevice
+
+            raise UnsupportedOnEmulatedDevice(self.plan.refusal)
         values = dict(zip(self.plan.placeholders, args))
 
         def value(a: Any) -> Any:
