@@ -217,6 +217,7 @@ def test_an_event_recorded_in_a_graph_orders_its_waiter(cuda_device):
     with pytest.raises(RaceError, match="streams touching the same memory"):
         with torch.cuda.stream(torch.cuda.Stream()):
             y + 1
+    torch.cuda.synchronize()  # `x`, read on `side`, is freed on the current stream at the end
 
 
 def test_a_wait_at_a_graphs_start_orders_it_after_a_side_streams_write(cuda_device):
@@ -297,6 +298,7 @@ def test_a_side_streams_result_read_without_a_wait_is_a_race(cuda_device, mode):
     torch.cuda.synchronize()
     with pytest.raises(RaceError, match="streams touching the same memory"):
         torch.compile(_side_result_read_without_a_wait, **MODES[mode])(x, side)
+    torch.cuda.synchronize()  # `x`, read on `side`, is freed on the current stream at the end
 
 
 @pytest.mark.parametrize("mode", TRACKED_MODES)
@@ -366,6 +368,7 @@ def test_an_event_a_graph_records_and_returns_orders_its_waiter(cuda_device):
     with pytest.raises(RaceError, match="streams touching the same memory"):
         with torch.cuda.stream(reader):
             y + 1  # the planted bug: no wait on `done`
+    torch.cuda.synchronize()
 
 
 def test_a_wait_on_an_event_the_graph_recorded_orders_the_current_stream(cuda_device):
@@ -444,3 +447,4 @@ def test_compile_fx_inner_reports_a_race_between_the_graphs_streams(cuda_device)
     x = torch.ones(4, 4, device="cuda")
     with pytest.raises(RaceError, match="streams touching the same memory"):
         compile_fx_inner(_make_fx_graph_with_a_side_stream(x, joined=False), [x])([x])
+    torch.cuda.synchronize()
