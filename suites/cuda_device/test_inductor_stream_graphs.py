@@ -448,3 +448,26 @@ def test_compile_fx_inner_reports_a_race_between_the_graphs_streams(cuda_device)
     with pytest.raises(RaceError, match="streams touching the same memory"):
         compile_fx_inner(_make_fx_graph_with_a_side_stream(x, joined=False), [x])([x])
     torch.cuda.synchronize()
+
+
+def test_a_graph_reading_a_stream_as_a_value_is_refused_where_it_would_run_as_pieces(cuda_device):
+    """The pieces pass tensors between them, not the objects dynamo hands the graph: a node of
+    a marked graph that reads one as a value is refused by name when the tracking would run the
+    graph as pieces (untracked, the graph runs as one op)."""
+    from torch._dynamo.graph_bytecode_inputs import get_external_object_by_index
+
+    from harness.emulation.allocator_tools import UnsupportedOnEmulatedDevice
+    from harness.emulation.compiled_stream_pieces import StreamPieces, plan_of
+
+    graph = torch.fx.Graph()
+    x = graph.placeholder("x")
+    side = graph.call_function(get_external_object_by_index, (1,))
+    doubled = graph.call_function(torch.mul, (x, 2))
+    doubled.meta["custom"] = {"stream": 1}
+    handed = graph.call_function(getattr, (side, "stream_id"))
+    handed.meta["custom"] = {"stream": 1}
+    graph.output((doubled, handed))
+    plan = plan_of(torch.fx.GraphModule(torch.nn.Module(), graph))
+    with pytest.raises(UnsupportedOnEmulatedDevice, match="node getattr_1? of a compiled graph "
+                                                          "reads a stream or event"):
+        StreamPieces(plan)(torch.ones(2, device="cuda"))
