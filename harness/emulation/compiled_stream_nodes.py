@@ -60,6 +60,10 @@ _SYNCS = frozenset({"synchronize_event", "synchronize_stream", "synchronize_devi
 # torch 2.11's graphs call the methods of the streams and events themselves
 _METHODS = frozenset({"wait_stream", "wait_event", "wait", "record_event", "record",
                       "synchronize"})
+# Methods whose answer dynamo folds into the code while it traces (`stream.query()`,
+# `event.query()`: a constant over the node): the node's value is never read, and the call is
+# dropped with the stream calls.
+_FOLDED = frozenset({"query", "elapsed_time"})
 # Ops of the namespace that switch the current stream: the emulated device runs the whole graph
 # on the current one, so they have nothing to do.
 _SWITCHES = frozenset({"fork", "join"})
@@ -174,10 +178,20 @@ def stream_calls_of(gm: torch.fx.GraphModule) -> list[torch.fx.Node]:
     nodes, ops = list(gm.graph.nodes), ops_by_target()
     taken: set = set()
     for node in reversed(nodes):  # a node's users come after it
-        if op_name(node, ops) is not None or (
+        if op_name(node, ops) is not None or folded(node) or (
                 method_name(node) is not None and all(u in taken for u in node.users)):
             taken.add(node)
     return [n for n in nodes if n in taken]
+
+
+def folded(node: torch.fx.Node) -> bool:
+    """Whether `node` is a `query()` or `elapsed_time()` of a stream or event dynamo hands the
+    graph, or of the event a `record_event()` call made, whose answer dynamo folded (`_FOLDED`)."""
+    if node.op != "call_method" or node.target not in _FOLDED or node.users or not node.args:
+        return False
+    owner = node.args[0]
+    return isinstance(owner, torch.fx.Node) and (is_object_lookup(owner)
+                                                 or method_name(owner) is not None)
 
 
 def traced_event(node: torch.fx.Node) -> TracedEvent | None:
@@ -210,6 +224,8 @@ def taken_out(gm: torch.fx.GraphModule) -> StreamCalls | None:
         if node not in calls:
             computed = computed or (node.op not in ("placeholder", "output", "get_attr")
                                     and not is_object_lookup(node))
+            continue
+        if folded(node):
             continue
         name, method = op_name(node, ops), False
         if name is None:

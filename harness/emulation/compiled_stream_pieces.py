@@ -25,9 +25,9 @@ from typing import Any
 import torch
 
 from harness import torch_internals
-from harness.emulation.compiled_stream_nodes import (ObjectAt, StreamCall, is_object_lookup,
-                                                     graph_object, method_name, op_name,
-                                                     ops_by_target, stream_calls_of,
+from harness.emulation.compiled_stream_nodes import (ObjectAt, StreamCall, folded,
+                                                     graph_object, is_object_lookup, method_name,
+                                                     op_name, ops_by_target, stream_calls_of,
                                                      traced_event)
 
 # ops of the namespace that switch the current stream: the pieces run on their marks' streams
@@ -87,6 +87,8 @@ def plan_of(gm: torch.fx.GraphModule) -> Plan | None:
             output = node
             continue
         if node in calls:
+            if folded(node):
+                continue
             name, method = op_name(node, ops), False
             if name is None:
                 name, method = method_name(node), True

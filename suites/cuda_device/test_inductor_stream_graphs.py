@@ -471,3 +471,31 @@ def test_a_graph_reading_a_stream_as_a_value_is_refused_where_it_would_run_as_pi
     with pytest.raises(UnsupportedOnEmulatedDevice, match="node getattr_1? of a compiled graph "
                                                           "reads a stream or event"):
         StreamPieces(plan)(torch.ones(2, device="cuda"))
+
+
+def _record_query_and_return(x, side):
+    side.wait_stream(_current())
+    with torch.cuda.stream(side):
+        y = x * 2
+        done = side.record_event()
+    return y, done, done.query()
+
+
+def test_an_event_the_graph_queries_still_orders_its_waiter(cuda_device):
+    """`done.query()` is answered while dynamo traces; on torch 2.11 the query node read the
+    `record_event()` call's result, which kept that call in the graph, run only while
+    AOTAutograd traced: the returned event was not recorded at run time (until 2026-12-08)."""
+    x, side, reader = torch.ones(4, device="cuda"), torch.cuda.Stream(), torch.cuda.Stream()
+    compiled = torch.compile(_record_query_and_return)
+    for _ in range(2):
+        y, done, _ = compiled(x, side)
+        with torch.cuda.stream(reader):
+            reader.wait_event(done)
+            z = y + 1
+        torch.cuda.synchronize()
+        assert z.cpu().tolist() == [3.0] * 4
+    y, done, _ = compiled(x, side)
+    with pytest.raises(RaceError, match="streams touching the same memory"):
+        with torch.cuda.stream(reader):
+            y + 1  # the planted bug: no wait on `done`
+    torch.cuda.synchronize()
