@@ -60,6 +60,7 @@ from harness.emulation.compiled_devices import (OutputMark, Placement, graph_att
 from harness.emulation.compiled_partitions import partitions, partitions_apply
 from harness.emulation.compiled_rng import compiled_for_the_host, inputs_of, rng_ops_on_device
 from harness.emulation.compiled_stream_nodes import StreamOrderedGraph, compiled_afresh, taken_out
+from harness.emulation.compiled_stream_pieces import StreamPieces, plan_of
 from harness.emulation.compiled_trees import (direct_trees_refused, rerecord_limit_exceeded,
                                               trees_reset, wants_cudagraphs)
 from harness.emulation.device_indices import guard_index
@@ -1364,6 +1365,7 @@ def user_compiler_on_device(original):
         backend = _backend_name(self.compiler_fn)
         # inductor's code for a cpu graph cannot hold stream blocks: the stream calls run around
         # the graph's one op instead (compiled_stream_nodes.py)
+        plan = plan_of(gm) if backend in _OPAQUE_BACKENDS else None
         stream_calls = taken_out(gm) if backend in _OPAQUE_BACKENDS else None
         # a backend of eager ops: AOTAutograd's training graphs hold the transfers themselves
         on_device = any(isinstance(a, torch.Tensor) and is_device_memory(a) for a in example_inputs)
@@ -1378,15 +1380,16 @@ def user_compiler_on_device(original):
                 if _compiles_a_user_triton_kernel(error):
                     raise _user_triton_kernel_refused(error) from error
                 raise
+        pieces = None if plan is None else StreamPieces(plan)
         if isinstance(compiled, StreamOrderedGraph):  # compile_fx took the graph's stream calls
-            stream_calls, compiled = compiled.calls, compiled.graph
+            stream_calls, pieces, compiled = compiled.calls, compiled.pieces, compiled.graph
         if isinstance(compiled, DeviceGraph):  # inductor's compile_fx, called by the backend
             compiled = compiled.compiled
         split = bool(training)
         graph = DeviceGraph(compiled, gm, backend, autograd_split=split,
                             cudagraphs=not split and wants_cudagraphs(self.compiler_fn, backend))
         graph.aot_transfers = bool(rewritten)
-        return graph if stream_calls is None else StreamOrderedGraph(graph, stream_calls)
+        return graph if stream_calls is None else StreamOrderedGraph(graph, stream_calls, pieces)
 
     return call_user_compiler
 
@@ -1521,6 +1524,7 @@ def inductor_on_host(original, inner_default):
         kwargs["inner_compile"] = device_inner_compile(inner, compiling, _aot_graph)
         # a graph with stream nodes from a backend of one's own (dynamo's inductor backend hands
         # this a graph already without them: user_compiler_on_device)
+        plan = plan_of(graph_module) if isinstance(graph_module, torch.fx.GraphModule) else None
         stream_calls = (taken_out(graph_module) if isinstance(graph_module, torch.fx.GraphModule)
                         else None)
         with compiling(), _triton_ops_kept_whole(), autograd_cache_off(), \
@@ -1533,7 +1537,8 @@ def inductor_on_host(original, inner_default):
         else:
             graph = DeviceGraph(compiled, graph_module, "inductor", bare_output=bare,
                                 autograd_split=bool(training))
-        return graph if stream_calls is None else StreamOrderedGraph(graph, stream_calls)
+        return graph if stream_calls is None else StreamOrderedGraph(
+            graph, stream_calls, None if plan is None else StreamPieces(plan))
 
     @contextlib.contextmanager
     def compiling():
@@ -1591,7 +1596,10 @@ def inductor_inner_on_host(original):
     and what it returns, a boxed callable (one list of inputs, emptied), runs as a `DeviceGraph`,
     replayed through the device's graphs where `cudagraphs` (else inductor's config) asks for CUDA
     graphs, with `static_input_idxs` as its static inputs. Inductor's own calls of it inside a
-    compile are left as they are (its `compile_fx` binds the original)."""
+    compile are left as they are (its `compile_fx` binds the original). It also replaces the
+    module's `_compile_fx_inner`, which `compile_fx_inner` calls by name: code that bound
+    `compile_fx_inner` before the emulation was entered reaches it there (the check of
+    `torch.cuda.is_available` lets a call through this wrapper pass the second one)."""
     from harness.emulation.active import emulation_active
 
     real_is_available = torch.cuda.is_available
@@ -1603,8 +1611,13 @@ def inductor_inner_on_host(original):
         graph_module = args[0] if args else kwargs.get("gm")
         from harness.emulation.active import active_state
 
+        # stream marks and `torch.ops.streams` calls in the graph, as compile_fx takes them
+        plan = plan_of(graph_module) if isinstance(graph_module, torch.fx.GraphModule) else None
+        stream_calls = (taken_out(graph_module) if isinstance(graph_module, torch.fx.GraphModule)
+                        else None)
         with _torchs_own_cuda(real_is_available), _triton_ops_kept_whole(), \
-                torch_internals.disable_current_modes(), _without_placement(active_state()):
+                torch_internals.disable_current_modes(), _without_placement(active_state()), \
+                compiled_afresh(stream_calls):
             compiled = original(*args, **kwargs)
         if not isinstance(graph_module, torch.fx.GraphModule) or not callable(compiled):
             return compiled
@@ -1616,6 +1629,9 @@ def inductor_inner_on_host(original):
                                    static=frozenset(kwargs.get("static_input_idxs") or ()))
         from harness.emulation.compiled_training import BoxedGraph
 
+        if stream_calls is not None:
+            return BoxedGraph(StreamOrderedGraph(device_graph, stream_calls,
+                                                 None if plan is None else StreamPieces(plan)))
         return BoxedGraph(device_graph)
 
     return compile_fx_inner
@@ -1646,6 +1662,9 @@ def compile_patches(state) -> list[tuple[Any, str, Any]]:
             (inductor, "compile_fx", inductor_on_host(inductor.compile_fx,
                                                       inductor.compile_fx_inner)),
             (inductor, "compile_fx_inner", inductor_inner_on_host(inductor.compile_fx_inner)),
+            # compile_fx_inner bound before the emulation (`from torch._inductor.compile_fx import
+            # compile_fx_inner` in a runtime's module) calls this by its module's name
+            (inductor, "_compile_fx_inner", inductor_inner_on_host(inductor._compile_fx_inner)),
             (partitioners, "functionalize_rng_ops",
              rng_ops_on_device(partitioners.functionalize_rng_ops))] \
         + aot_transfers_patch() \

@@ -31,8 +31,13 @@ keeps every ordering CUDA has and reports no race CUDA would not have:
    graph's work.
 
 So work on the graph's streams after it and an event recorded in it order after the whole graph,
-and the graph after all earlier work on its streams: a race between the graph's own streams, or
-between a side stream's part of it and work issued before it, is not reported (docs/fidelity.md).
+and the graph after all earlier work on its streams. A race between the graph's own streams is
+not seen so: while the race tracking is on, a graph that marks nodes with a stream runs as its
+pieces on their streams instead (compiled_stream_pieces.py).
+
+torch 2.11's `event = side.record_event()` is a method call whose result the graph's waits read:
+it is taken out with them, and records the event dynamo made while tracing (`TracedEvent`), the
+one it hands back to the caller.
 """
 
 from __future__ import annotations
@@ -55,6 +60,10 @@ _SYNCS = frozenset({"synchronize_event", "synchronize_stream", "synchronize_devi
 # torch 2.11's graphs call the methods of the streams and events themselves
 _METHODS = frozenset({"wait_stream", "wait_event", "wait", "record_event", "record",
                       "synchronize"})
+# Methods whose answer dynamo folds into the code while it traces (`stream.query()`,
+# `event.query()`: a constant over the node): the node's value is never read, and the call is
+# dropped with the stream calls.
+_FOLDED = frozenset({"query", "elapsed_time"})
 # Ops of the namespace that switch the current stream: the emulated device runs the whole graph
 # on the current one, so they have nothing to do.
 _SWITCHES = frozenset({"fork", "join"})
@@ -81,6 +90,16 @@ class ObjectAt:
 
 
 @dataclass(frozen=True)
+class TracedEvent:
+    """The event torch 2.11's dynamo made for `stream.record_event()` while it traced (the node's
+    example value): the object it hands back to the caller, and the one the graph's waits name.
+    The call records it on the stream where the graph ran `record_event()` (torch 2.13 on, the
+    graph's `record_event` op records the event dynamo returns, at each call)."""
+
+    event: Any
+
+
+@dataclass(frozen=True)
 class StreamCall:
     """One `torch.ops.streams` op, or (torch 2.11's graphs) one method of a stream or event,
     taken out of the graph, with its arguments."""
@@ -89,14 +108,18 @@ class StreamCall:
     args: tuple
     method: bool = False  # `args[0].name(*args[1:])`
 
-    def run(self, inputs: tuple, outputs: list) -> None:
-        args = tuple((outputs if a.output else inputs)[a.position] if isinstance(a, TensorOf)
-                     else _graph_object(a.index) if isinstance(a, ObjectAt) else a
+    def run(self, inputs: tuple, outputs: list) -> Any:
+        return self.run_with(lambda a: (outputs if a.output else inputs)[a.position]
+                             if isinstance(a, TensorOf) else a)
+
+    def run_with(self, value: Callable[[Any], Any]) -> Any:
+        """The call, each argument that is no stream or event given by `value`."""
+        args = tuple(graph_object(a.index) if isinstance(a, ObjectAt)
+                     else a.event if isinstance(a, TracedEvent) else value(a)
                      for a in self.args)
         if self.method:
-            getattr(args[0], self.name)(*args[1:])
-        else:
-            getattr(_stream_ops(), self.name).default(*args)
+            return getattr(args[0], self.name)(*args[1:])
+        return getattr(_stream_ops(), self.name).default(*args)
 
 
 @dataclass(frozen=True)
@@ -113,7 +136,7 @@ def _stream_ops() -> Any:
     return torch.ops.streams
 
 
-def _op_name(node: torch.fx.Node, ops: dict) -> str | None:
+def op_name(node: torch.fx.Node, ops: dict) -> str | None:
     """The `torch.ops.streams` op `node` calls (dynamo's graph holds the packet, AOTAutograd's
     the overload), or None."""
     if node.op != "call_function":
@@ -124,7 +147,7 @@ def _op_name(node: torch.fx.Node, ops: dict) -> str | None:
         return None
 
 
-def _ops_by_target() -> dict:
+def ops_by_target() -> dict:
     streams = _stream_ops()
     names = (*_STREAM_ARGUMENTS, "synchronize_event", "synchronize_device")
     found = {}
@@ -135,27 +158,59 @@ def _ops_by_target() -> dict:
     return found
 
 
-def _is_object_lookup(node: torch.fx.Node) -> bool:
+def is_object_lookup(node: torch.fx.Node) -> bool:
     inputs = torch_internals.lazy_module("dynamo_graph_bytecode_inputs")
     return node.op == "call_function" and node.target is inputs.get_external_object_by_index
 
 
-def _method_name(node: torch.fx.Node) -> str | None:
+def method_name(node: torch.fx.Node) -> str | None:
     """The stream or event method `node` calls on an object dynamo hands the graph, or None."""
     if node.op != "call_method" or node.target not in _METHODS or not node.args:
         return None
-    return node.target if _is_object_lookup(node.args[0]) else None
+    return node.target if is_object_lookup(node.args[0]) else None
+
+
+def stream_calls_of(gm: torch.fx.GraphModule) -> list[torch.fx.Node]:
+    """The nodes of `gm` that are stream calls, in its order: each `torch.ops.streams` op, and
+    each method call whose result no other node uses but such a call (torch 2.11: the event of
+    `side.record_event()` waited by `current.wait_event(...)`). A method call whose result
+    anything else reads stays in the graph."""
+    nodes, ops = list(gm.graph.nodes), ops_by_target()
+    taken: set = set()
+    for node in reversed(nodes):  # a node's users come after it
+        if op_name(node, ops) is not None or folded(node) or (
+                method_name(node) is not None and all(u in taken for u in node.users)):
+            taken.add(node)
+    return [n for n in nodes if n in taken]
+
+
+def folded(node: torch.fx.Node) -> bool:
+    """Whether `node` is a `query()` or `elapsed_time()` of a stream or event dynamo hands the
+    graph, or of the event a `record_event()` call made, whose answer dynamo folded (`_FOLDED`)."""
+    if node.op != "call_method" or node.target not in _FOLDED or node.users or not node.args:
+        return False
+    owner = node.args[0]
+    return isinstance(owner, torch.fx.Node) and (is_object_lookup(owner)
+                                                 or method_name(owner) is not None)
+
+
+def traced_event(node: torch.fx.Node) -> TracedEvent | None:
+    """The event dynamo made while tracing `node`, a `stream.record_event()` of torch 2.11's
+    graphs, or None."""
+    event = node.meta.get("example_value")
+    if node.target != "record_event" or not hasattr(event, "record"):
+        return None
+    return TracedEvent(event)
 
 
 def taken_out(gm: torch.fx.GraphModule) -> StreamCalls | None:
     """`gm` without its stream marks and stream calls (changed in place, recompiled), and the
-    calls to run around it; None, `gm` unchanged, for a graph without either. A method call
-    whose result the graph uses or returns (an event made by `record_event()`) stays in it."""
-    nodes, ops = list(gm.graph.nodes), _ops_by_target()
+    calls to run around it; None, `gm` unchanged, for a graph without either (`stream_calls_of`
+    says which calls)."""
+    nodes, ops = list(gm.graph.nodes), ops_by_target()
     marked = [n for n in nodes if isinstance(n.meta.get("custom"), dict)
               and "stream" in n.meta["custom"]]
-    calls = [n for n in nodes if _op_name(n, ops) is not None
-             or (_method_name(n) is not None and not n.users)]
+    calls = stream_calls_of(gm)
     if not marked and not calls:
         return None
     # (a mark's dict may be shared by several nodes: the first pop takes it for all)
@@ -168,18 +223,22 @@ def taken_out(gm: torch.fx.GraphModule) -> StreamCalls | None:
     for node in nodes:
         if node not in calls:
             computed = computed or (node.op not in ("placeholder", "output", "get_attr")
-                                    and not _is_object_lookup(node))
+                                    and not is_object_lookup(node))
             continue
-        name, method = _op_name(node, ops), False
+        if folded(node):
+            continue
+        name, method = op_name(node, ops), False
         if name is None:
-            name, method = _method_name(node), True
+            name, method = method_name(node), True
             # the objects' indices: streams among them are joined, events skipped at the join
             streams.update(a.args[0] for a in node.args if isinstance(a, torch.fx.Node)
-                           and _is_object_lookup(a))
+                           and is_object_lookup(a))
         else:
             streams.update(node.args[i] for i in _STREAM_ARGUMENTS.get(name, ()))
         args = tuple(_argument(a, placeholders, returned) for a in node.args)
-        gm.graph.erase_node(node)
+        event = traced_event(node) if method else None
+        if event is not None:  # the event dynamo returns and the graph's waits name
+            name, args = "record", (event, *args)
         if name in _SWITCHES or any(a is _INSIDE for a in args):
             # a value living only inside the graph, whose uses all run in the graph's one op
             continue
@@ -191,8 +250,10 @@ def taken_out(gm: torch.fx.GraphModule) -> StreamCalls | None:
             waits.append(call)
         if name not in _WAITS:
             after.append(call)
+    for node in reversed(calls):  # users first: a wait may name a record_event's result
+        gm.graph.erase_node(node)
     for node in reversed(list(gm.graph.nodes)):
-        if _is_object_lookup(node) and not node.users:
+        if is_object_lookup(node) and not node.users:
             gm.graph.erase_node(node)
     gm.recompile()
     return StreamCalls(tuple(prologue + waits), tuple(sorted(streams)), tuple(after))
@@ -204,8 +265,11 @@ _INSIDE = object()  # a tensor argument that is neither an input nor an output o
 def _argument(a: Any, placeholders: list, returned: tuple) -> Any:
     if not isinstance(a, torch.fx.Node):
         return a
-    if _is_object_lookup(a):
+    if is_object_lookup(a):
         return ObjectAt(a.args[0])
+    event = traced_event(a) if method_name(a) is not None else None
+    if event is not None:
+        return event
     if a in placeholders:
         return TensorOf(False, placeholders.index(a))
     if a in returned:
@@ -224,18 +288,30 @@ def compiled_afresh(calls: StreamCalls | None) -> contextlib.AbstractContextMana
 
 
 class StreamOrderedGraph:
-    """A compiled graph with the stream calls taken out of it run around it (`taken_out`)."""
+    """A compiled graph with the stream calls taken out of it run around it (`taken_out`), or,
+    where `pieces` applies to a call, the graph's pieces on their streams
+    (compiled_stream_pieces.py)."""
 
-    def __init__(self, graph: Callable, calls: StreamCalls) -> None:
+    def __init__(self, graph: Callable, calls: StreamCalls, pieces: Any = None) -> None:
         self.graph = graph
         self.calls = calls
+        self.pieces = pieces
+
+    def call_boxed(self, boxed: list):
+        """The call in inductor's boxed convention (compile_fx_inner's result): the caller's
+        list is emptied."""
+        args = tuple(boxed)
+        boxed.clear()
+        return self(*args)
 
     def __call__(self, *args):
+        if self.pieces is not None and self.pieces.apply(self.graph, args):
+            return self.pieces(*args)
         calls = self.calls
         for call in calls.before:
             call.run(args, [])
         current = torch.cuda.current_stream()
-        streams = [s for s in map(_graph_object, calls.streams)
+        streams = [s for s in map(graph_object, calls.streams)
                    if hasattr(s, "wait_stream") and not _same(s, current)]
         for stream in streams:
             current.wait_stream(stream)
@@ -251,7 +327,7 @@ class StreamOrderedGraph:
         return out
 
 
-def _graph_object(index: int) -> Any:
+def graph_object(index: int) -> Any:
     inputs = torch_internals.lazy_module("dynamo_graph_bytecode_inputs")
     return inputs.get_external_object_by_index(index)
 

@@ -10,6 +10,9 @@ import inspect
 
 import pytest
 import torch
+# bound when the module is imported, before any emulation is entered, as a runtime's backend
+# module binds it (vLLM's older compiler interface)
+from torch._inductor.compile_fx import compile_fx_inner as compile_fx_inner_bound_at_import
 
 from harness.emulation.allocator_tools import UnsupportedOnEmulatedDevice
 
@@ -234,6 +237,32 @@ def test_compile_fx_inner_called_directly_on_a_make_fx_graph(cuda_kind, cudagrap
         assert inputs == []  # the boxed convention: the callee takes the inputs
         assert out[0].is_cuda
         torch.testing.assert_close(out[0], x + y)
+
+
+@pytest.mark.parametrize("cudagraphs", [False, True])
+def test_compile_fx_inner_bound_before_the_emulation(cuda_kind, cudagraphs):
+    """A runtime's backend that imported `compile_fx_inner` before the emulation was entered
+    calls inductor's own function, which the device's replacement of the module's name does not
+    reach: on the emulated device inductor wrote CUDA code for the device's cpu tensors ("Cannot
+    find a working triton installation"; for a matmul "name '_get_device_properties' is not
+    defined") until 2026-12-08."""
+    if cudagraphs and cuda_kind == "sanitizer":
+        pytest.skip("the graph sanitizer refuses inductor's cudagraph trees by name")
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    def fn(x, w):
+        return ((x @ w).relu() + 1,)
+
+    x, w = torch.randn(8, 8, device="cuda"), torch.randn(8, 8, device="cuda")
+    compiled = compile_fx_inner_bound_at_import(make_fx(fn)(x, w), [x, w],
+                                                static_input_idxs=[1], cudagraphs=cudagraphs)
+    for _ in range(3):
+        x = torch.randn(8, 8, device="cuda")
+        inputs = [x, w]
+        out = compiled(inputs)
+        assert inputs == []
+        assert out[0].is_cuda
+        torch.testing.assert_close(out[0], fn(x, w)[0])
 
 
 def _add_one_in_place(x):

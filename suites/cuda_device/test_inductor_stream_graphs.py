@@ -217,6 +217,7 @@ def test_an_event_recorded_in_a_graph_orders_its_waiter(cuda_device):
     with pytest.raises(RaceError, match="streams touching the same memory"):
         with torch.cuda.stream(torch.cuda.Stream()):
             y + 1
+    torch.cuda.synchronize()  # `x`, read on `side`, is freed on the current stream at the end
 
 
 def test_a_wait_at_a_graphs_start_orders_it_after_a_side_streams_write(cuda_device):
@@ -263,3 +264,238 @@ def test_a_host_sync_inside_a_graph_orders_the_work_after_it(cuda_device):
     # the planted bug: no sync between the side stream's write and the graph's read
     with pytest.raises(RaceError, match="streams touching the same memory"):
         torch.compile(no_sync)(x, *_written_on_a_side_stream(side))
+
+
+# --- races between a graph's own streams (the graph's pieces on their streams) ----------------
+
+TRACKED_MODES = [m for m in MODES if m != "reduce-overhead"]
+
+
+def _side_result_read_without_a_wait(x, side):
+    side.wait_stream(_current())
+    with torch.cuda.stream(side):
+        y = x @ x
+    return y + 1
+
+
+def _side_result_read_after_a_wait(x, side):
+    side.wait_stream(_current())
+    with torch.cuda.stream(side):
+        y = x @ x
+    _current().wait_stream(side)
+    return y + 1
+
+
+@pytest.mark.parametrize("mode", TRACKED_MODES)
+def test_a_side_streams_result_read_without_a_wait_is_a_race(cuda_device, mode):
+    """Inductor writes the side stream's matmul inside its stream block and the add on the
+    current stream, with no wait of its own between them: a race on CUDA, as in eager code. The
+    emulated device ran the whole graph as one op on the current stream and reported nothing
+    (until 2026-12-08)."""
+    x, side = torch.ones(4, 4, device="cuda"), torch.cuda.Stream()
+    with pytest.raises(RaceError, match="streams touching the same memory"):
+        _side_result_read_without_a_wait(x, side)  # eager code's verdict
+    torch.cuda.synchronize()
+    with pytest.raises(RaceError, match="streams touching the same memory"):
+        torch.compile(_side_result_read_without_a_wait, **MODES[mode])(x, side)
+    torch.cuda.synchronize()  # `x`, read on `side`, is freed on the current stream at the end
+
+
+@pytest.mark.parametrize("mode", TRACKED_MODES)
+def test_a_side_streams_result_read_after_a_wait_is_quiet(cuda_device, mode):
+    x, side = torch.ones(4, 4, device="cuda"), torch.cuda.Stream()
+    compiled = torch.compile(_side_result_read_after_a_wait, **MODES[mode])
+    for _ in range(2):
+        out = compiled(x, side)
+        torch.cuda.synchronize()
+        assert out.cpu().tolist() == [[5.0] * 4] * 4
+
+
+def _side_reads_without_forking(x, side):
+    with torch.cuda.stream(side):
+        y = x * 2
+    _current().wait_stream(side)
+    return y
+
+
+def test_a_side_stream_reading_the_current_streams_write_without_a_wait_is_a_race(cuda_device):
+    """The graph's side stream reads what the current stream wrote just before the call, without
+    `side.wait_stream(current)`: unordered on CUDA."""
+    side = torch.cuda.Stream()
+    x = torch.ones(4, device="cuda") + 1
+    with pytest.raises(RaceError, match="streams touching the same memory"):
+        torch.compile(_side_reads_without_forking)(x, side)
+    torch.cuda.synchronize()
+    x = torch.ones(4, device="cuda") + 1
+    out = torch.compile(_side_result_read_after_a_wait)(x.reshape(2, 2), side)  # it forks first
+    torch.cuda.synchronize()
+    assert out.cpu().tolist() == [[9.0, 9.0], [9.0, 9.0]]
+
+
+def test_the_aot_eager_backend_runs_the_graph_on_the_current_stream(cuda_device):
+    """aot_eager runs AOTAutograd's graph as fx code, which does not read the nodes' stream marks
+    (torch/fx/graph.py writes no stream switch): on CUDA every node runs on the current stream,
+    so the missing wait is no race there, and the emulated device reports none."""
+    x, side = torch.ones(4, 4, device="cuda"), torch.cuda.Stream()
+    out = torch.compile(_side_result_read_without_a_wait, backend="aot_eager")(x, side)
+    torch.cuda.synchronize()
+    assert out.cpu().tolist() == [[5.0] * 4] * 4
+
+
+def _record_and_return(x, side):
+    side.wait_stream(_current())
+    with torch.cuda.stream(side):
+        y = x * 2
+        done = side.record_event()
+    return y, done
+
+
+def test_an_event_a_graph_records_and_returns_orders_its_waiter(cuda_device):
+    """`side.record_event()` in the graph records, at each call, the event the call returns. On
+    torch 2.11 dynamo hands back the event it made while tracing, and the graph's call made
+    another: a reader waiting on the returned one was not ordered after the side stream's work
+    (until 2026-12-08)."""
+    x, side, reader = torch.ones(4, device="cuda"), torch.cuda.Stream(), torch.cuda.Stream()
+    compiled = torch.compile(_record_and_return)
+    for _ in range(2):
+        y, done = compiled(x, side)
+        with torch.cuda.stream(reader):
+            reader.wait_event(done)
+            z = y + 1
+        torch.cuda.synchronize()
+        assert z.cpu().tolist() == [3.0] * 4
+    y, done = compiled(x, side)
+    with pytest.raises(RaceError, match="streams touching the same memory"):
+        with torch.cuda.stream(reader):
+            y + 1  # the planted bug: no wait on `done`
+    torch.cuda.synchronize()
+
+
+def test_a_wait_on_an_event_the_graph_recorded_orders_the_current_stream(cuda_device):
+    """`current.wait_event(side.record_event())` inside the graph (torch 2.11: a method call
+    whose result the wait reads, which stayed in the graph and ran only while AOTAutograd
+    traced)."""
+    x, w, side = torch.ones(4, 4, device="cuda"), torch.ones(4, 4, device="cuda"), \
+        torch.cuda.Stream()
+    compiled = torch.compile(a_streams_own_event)
+    for _ in range(2):
+        out = compiled(x, w, side)
+        torch.cuda.synchronize()
+        assert out.cpu().tolist() == [[6.0] * 4] * 4
+
+
+def _doubled_and_queried(x, side):
+    return x * 2, side.query()
+
+
+def test_a_streams_query_in_compiled_code_is_its_answer_while_dynamo_traced(cuda_kind):
+    """Dynamo keeps `stream.query()` in the graph with the answer it got while tracing as the
+    value the code reads (torch 2.11, 2.13 and 2.14 alike): an idle side stream answers True."""
+    x, side = torch.ones(4, device="cuda"), torch.cuda.Stream()
+    compiled = torch.compile(_doubled_and_queried)
+    for _ in range(2):
+        y, idle = compiled(x, side)
+        torch.cuda.synchronize()
+        assert idle is True
+        assert y.cpu().tolist() == [2.0] * 4
+
+
+# --- compile_fx_inner called by code itself on a graph with stream nodes ----------------------
+
+def _make_fx_graph_with_a_side_stream(x, joined: bool):
+    """A `make_fx` graph as PyTorch's stream tests build one: the side stream's matmul marked with
+    its index among the objects `get_external_object_by_index` answers, the waits as
+    `torch.ops.streams` ops."""
+    import torch._dynamo.variables.streams  # noqa: F401 (defines the ops' namespace)
+    import torch.fx.traceback as fx_traceback
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    def fn(x):
+        torch.ops.streams.wait_stream(1, 0)
+        with fx_traceback.annotate({"stream": 1}):
+            y = x @ x
+        if joined:
+            torch.ops.streams.wait_stream(0, 1)
+        return (y + 1,)
+
+    with fx_traceback.preserve_node_meta():
+        return make_fx(fn)(x)
+
+
+def test_compile_fx_inner_on_a_graph_with_stream_nodes(cuda_kind):
+    """On the emulated device inductor's code for it named streams no cpu graph defines ("NameError:
+    name 'default_stream' is not defined") until 2026-12-08."""
+    from torch._dynamo.graph_bytecode_inputs import store_user_object_weakrefs
+    from torch._inductor.compile_fx import compile_fx_inner
+
+    current, side = torch.cuda.current_stream(), torch.cuda.Stream()
+    store_user_object_weakrefs(current, side)  # held here: the table keeps weak references
+    x = torch.ones(4, 4, device="cuda")
+    compiled = compile_fx_inner(_make_fx_graph_with_a_side_stream(x, joined=True), [x])
+    for _ in range(2):
+        out = compiled([x])
+        torch.cuda.synchronize()
+        assert out[0].cpu().tolist() == [[5.0] * 4] * 4
+
+
+def test_compile_fx_inner_reports_a_race_between_the_graphs_streams(cuda_device):
+    from torch._dynamo.graph_bytecode_inputs import store_user_object_weakrefs
+    from torch._inductor.compile_fx import compile_fx_inner
+
+    current, side = torch.cuda.current_stream(), torch.cuda.Stream()
+    store_user_object_weakrefs(current, side)
+    x = torch.ones(4, 4, device="cuda")
+    with pytest.raises(RaceError, match="streams touching the same memory"):
+        compile_fx_inner(_make_fx_graph_with_a_side_stream(x, joined=False), [x])([x])
+    torch.cuda.synchronize()
+
+
+def test_a_graph_reading_a_stream_as_a_value_is_refused_where_it_would_run_as_pieces(cuda_device):
+    """The pieces pass tensors between them, not the objects dynamo hands the graph: a node of
+    a marked graph that reads one as a value is refused by name when the tracking would run the
+    graph as pieces (untracked, the graph runs as one op)."""
+    from torch._dynamo.graph_bytecode_inputs import get_external_object_by_index
+
+    from harness.emulation.allocator_tools import UnsupportedOnEmulatedDevice
+    from harness.emulation.compiled_stream_pieces import StreamPieces, plan_of
+
+    graph = torch.fx.Graph()
+    x = graph.placeholder("x")
+    side = graph.call_function(get_external_object_by_index, (1,))
+    doubled = graph.call_function(torch.mul, (x, 2))
+    doubled.meta["custom"] = {"stream": 1}
+    handed = graph.call_function(getattr, (side, "stream_id"))
+    handed.meta["custom"] = {"stream": 1}
+    graph.output((doubled, handed))
+    plan = plan_of(torch.fx.GraphModule(torch.nn.Module(), graph))
+    with pytest.raises(UnsupportedOnEmulatedDevice, match="node getattr_1? of a compiled graph "
+                                                          "reads a stream or event"):
+        StreamPieces(plan)(torch.ones(2, device="cuda"))
+
+
+def _record_query_and_return(x, side):
+    side.wait_stream(_current())
+    with torch.cuda.stream(side):
+        y = x * 2
+        done = side.record_event()
+    return y, done, done.query()
+
+
+def test_an_event_the_graph_queries_still_orders_its_waiter(cuda_device):
+    """`done.query()` is answered while dynamo traces; on torch 2.11 the query node read the
+    `record_event()` call's result, which kept that call in the graph, run only while
+    AOTAutograd traced: the returned event was not recorded at run time (until 2026-12-08)."""
+    x, side, reader = torch.ones(4, device="cuda"), torch.cuda.Stream(), torch.cuda.Stream()
+    compiled = torch.compile(_record_query_and_return)
+    for _ in range(2):
+        y, done, _ = compiled(x, side)
+        with torch.cuda.stream(reader):
+            reader.wait_event(done)
+            z = y + 1
+        torch.cuda.synchronize()
+        assert z.cpu().tolist() == [3.0] * 4
+    y, done, _ = compiled(x, side)
+    with pytest.raises(RaceError, match="streams touching the same memory"):
+        with torch.cuda.stream(reader):
+            y + 1  # the planted bug: no wait on `done`
+    torch.cuda.synchronize()
