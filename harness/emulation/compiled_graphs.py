@@ -39,10 +39,12 @@ what the emulation adds is at the two ends of each compiled graph:
 from __future__ import annotations
 
 import contextlib
+import copy
 import dataclasses
 import functools
 import importlib
 import itertools
+import threading
 import weakref
 from dataclasses import dataclass
 from typing import Any, Callable
@@ -181,7 +183,13 @@ class DeviceGraph:
         self.training = False
         self.backward = False
         self.returned: type = list  # what the compiled code returns (a list from inductor)
-        self.trees_function: Callable | None = None
+        # torch's trees' function of this graph per host thread: inductor's cudagraphify keeps
+        # it thread-local, so each thread runs through its own thread's tree manager and pool
+        # (a thread that ends lets go of its function, as its thread-local storage goes)
+        self.trees_functions: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+        # the device's stand-in for the trees: this graph as each host thread runs it
+        # (`_this_threads`)
+        self.per_thread: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
         self.replays: dict[tuple, Any] = {}
         self.input_views: dict[tuple, tuple] = {}  # per layout: (output index, InputView)
         self.warm_generation: dict[tuple, Any] = {}  # the generation each layout warmed up in
@@ -278,10 +286,29 @@ class DeviceGraph:
         if self.cudagraphs and not state.capturing():
             if state.torchs_trees:
                 return self._through_torchs_trees(state, args)
-            out = self._replayed(state, args)
-            state.trees.ran(self)
+            graph = self._this_threads()
+            out = graph._replayed(state, args)
+            state.trees.ran(graph)
             return out
         return self._run(state, args)
+
+    def _this_threads(self) -> "DeviceGraph":
+        """The graph whose recordings the calling thread's calls use: inductor's cudagraphify
+        keeps its trees' function per host thread, each on that thread's tree manager with a
+        pool of its own, so one thread's replays never rewrite what another's handed out. The
+        first thread to run the graph uses this one; another gets a copy without recordings."""
+        thread = threading.current_thread()
+        graph = self.per_thread.get(thread)
+        if graph is None:
+            if not self.per_thread:
+                graph = self
+            else:
+                graph = copy.copy(self)  # the compiled code, its analyses and its skip log shared
+                graph.replays, graph.pieces, graph.warm_generation = {}, {}, {}
+                graph.int_keys, graph.warned_dynamic_shapes, graph.rerecords = {}, False, 0
+                graph.__dict__.pop("pool", None)
+            self.per_thread[thread] = graph
+        return graph
 
     # --- reduce-overhead through torch's own cudagraph trees (state.torchs_trees) -------------
 
@@ -318,8 +345,10 @@ class DeviceGraph:
             return self._run_pieces(state, args, key)
         if entry != "trees":
             return self._run(state, args)
-        if self.trees_function is None:
-            self.trees_function = self._trees_function(state, args, key)
+        thread = threading.current_thread()
+        trees_function = self.trees_functions.get(thread)
+        if trees_function is None:
+            trees_function = self.trees_functions[thread] = self._trees_function(state, args, key)
             state.trees.note_graph(self)  # torch._dynamo.reset() lets go of the function
         # held weakly: a backward's static inputs are the activations it saved, which the trees
         # expect to die while it runs (a recording notes which of its parent's outputs did)
@@ -332,7 +361,7 @@ class DeviceGraph:
             # AOTAutograd hands its inputs over (boxed): nothing here keeps them past the trees
             args.clear()
         try:
-            outs = self.trees_function(inputs)
+            outs = trees_function(inputs)
         finally:
             state.trees_static_inputs = None
         out = outs[0] if self.bare_output or not issubclass(self.returned, (list, tuple)) \
@@ -676,7 +705,7 @@ class DeviceGraph:
         self.int_keys.clear()
         self.warned_dynamic_shapes = False
         self.__dict__.pop("pool", None)
-        self.trees_function = None  # bound to the trees' manager that was shut down
+        self.trees_functions.clear()  # bound to the trees' managers that were shut down
 
     def _split(self, args, key) -> bool:
         """Whether inductor's graph partition splits this layout (compiled_partitions.py: nodes
