@@ -54,7 +54,7 @@ import torch
 from harness import torch_internals, triton_internals
 from harness.torch_internals import get_current_function_mode_stack as _get_current_function_mode_stack
 
-from harness.emulation import reduced_kernels
+from harness.emulation import compiled_kernels
 from harness.emulation.compiled_aot_transfers import aot_transfers_patch, transfers_in_aot_graphs
 from harness.emulation.compiled_capture_rules import FirstRefusal, Refusal, refuse
 from harness.emulation.compiled_devices import (OutputMark, Placement, graph_attribute,
@@ -222,8 +222,8 @@ class DeviceGraph:
         self.blas = uses_blas(graph_module)
         # whether the graph draws random numbers, which on CUDA come from the device's generator
         self.draws = _draws(graph_module)
-        # whether the graph calls a half or bfloat16 kernel the CPU lacks (reduced_kernels.py)
-        self.reduced_kernels = reduced_kernels.in_graph(graph_module)
+        # whether the graph calls a kernel whose CPU and CUDA forms differ (compiled_kernels.py)
+        self.device_kernels = compiled_kernels.in_graph(graph_module)
         # Host and device memory through the graph (compiled_devices.py): per input layout and
         # memory of the inputs, where each output lives.
         self.transfers = has_transfers(graph_module)
@@ -825,7 +825,7 @@ class DeviceGraph:
                 return self._run(state, args)
         else:
             with _on_device(state, self._placement(args, key).host is None), \
-                    _device_draws(state, self.draws), _widening(self.reduced_kernels):
+                    _device_draws(state, self.draws), _device_kernels(self.device_kernels):
                 out = self.compiled(*args)
         return self._placed(state, args, out, key)
 
@@ -1317,9 +1317,9 @@ def _device_draws(state, draws: bool):
     return EagerDraws(state.draws, state.current_index)
 
 
-def _widening(reduced: bool):
-    """The graph's aten ops of half or bfloat16 kernels the CPU lacks run widened."""
-    return reduced_kernels.ReducedKernels() if reduced else contextlib.nullcontext()
+def _device_kernels(differ: bool):
+    """The graph's aten ops meet CUDA's kernels where the CPU's differ (compiled_kernels.py)."""
+    return compiled_kernels.DeviceKernels() if differ else contextlib.nullcontext()
 
 
 @contextlib.contextmanager

@@ -10,7 +10,7 @@ device runs its tensors on the CPU's kernels, so the call computed an answer a G
 
 from __future__ import annotations
 
-from typing import Callable
+from typing import Any, Callable
 
 import torch
 
@@ -26,11 +26,32 @@ def _histogramdd_op(args: tuple, kwargs: dict) -> str:
     return "aten::_histogramdd_from_bin_tensors" if tensors else "aten::_histogramdd_bin_edges"
 
 
-# A Python call: the aten op whose missing CUDA kernel it meets first, from its arguments.
-CPU_ONLY: dict[Callable, Callable[[tuple, dict], str]] = {
+def _aten_ops() -> dict[Any, Callable[[tuple, dict], str]]:
+    """The CPU-only aten ops called themselves (`torch.ops.aten.histogram.bin_ct(...)`, as
+    compiled code and decompositions call them): each overload names itself, a packet the
+    overload its arguments pick."""
+    entries: dict[Any, Callable[[tuple, dict], str]] = {}
+    for name, of_packet in (("histogram", _histogram_op),
+                            ("_histogramdd_bin_edges", None),
+                            ("_histogramdd_from_bin_cts", None),
+                            ("_histogramdd_from_bin_tensors", None)):
+        packet = getattr(torch.ops.aten, name, None)
+        if packet is None:  # an op this build does not have
+            continue
+        entries[packet] = of_packet or (lambda args, kwargs, name=name: f"aten::{name}")
+        for overload in packet.overloads():
+            op = getattr(packet, overload)
+            entries[op] = lambda args, kwargs, op=op: op._schema.name + (
+                f".{op._schema.overload_name}" if op._schema.overload_name else "")
+    return entries
+
+
+# A call: the aten op whose missing CUDA kernel it meets first, from its arguments.
+CPU_ONLY: dict[Any, Callable[[tuple, dict], str]] = {
     torch.histogram: _histogram_op,
     torch.Tensor.histogram: _histogram_op,
     torch.histogramdd: _histogramdd_op,
+    **_aten_ops(),
 }
 
 

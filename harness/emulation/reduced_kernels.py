@@ -24,9 +24,6 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from harness import torch_internals
-from harness.torch_internals import TorchDispatchMode
-from harness.graphs.emulator.dispatch_keys import keep_modes_reachable
-from harness.graphs.emulator.tensor_subclasses import defer_to_subclass
 
 _nn = torch_internals.nn_module
 _REDUCED = (torch.float16, torch.bfloat16)
@@ -172,31 +169,4 @@ def _narrowed(out, dtype: torch.dtype, written: dict[int, Tensor]):
     return out
 
 
-def in_graph(graph_module: torch.fx.GraphModule) -> bool:
-    """Whether a compiled graph calls one of the kernels above (a torch function or its aten op),
-    which its code then runs with the placement mode off the stack."""
-    for node in graph_module.graph.nodes:
-        if node.op == "call_function" and node.target in WIDENED:
-            return True
-    return False
-
-
-class ReducedKernels(TorchDispatchMode):
-    """For a compiled graph's eager run (compiled_graphs.py): its aten ops that meet a kernel the
-    CPU lacks for the reduced dtypes run widened, as the placement mode runs them outside."""
-
-    def __enter__(self):
-        out = super().__enter__()
-        keep_modes_reachable()
-        return out
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        if types and defer_to_subclass(types):
-            return NotImplemented  # the subclass's own dispatch first (tensor_subclasses.py)
-        kwargs = kwargs or {}
-        if func in WIDENED and needs_widening(func, args, kwargs):
-            return widened(func)(*args, **kwargs)
-        return func(*args, **kwargs)
-
-
-__all__ = ["ReducedKernels", "WIDENED", "in_graph", "needs_widening", "widened"]
+__all__ = ["WIDENED", "needs_widening", "widened"]

@@ -1,0 +1,58 @@
+"""A compiled graph's aten ops meet CUDA's kernels, not only the CPU's.
+
+A compiled graph runs with the placement mode off the stack (compiled_graphs.py), so its aten ops
+(aot_eager's graphs, inductor's fallbacks) reach the CPU's kernels without the placement mode's
+corrections: a half or bfloat16 kernel the CPU lacks raised "not implemented for 'Half'" where CUDA
+has it (reduced_kernels.py), and an op only the CPU has (missing_kernels.py) computed where CUDA's
+dispatcher refuses it. While such a graph runs on device memory, `DeviceKernels` gives its aten
+ops the placement mode's answers for both."""
+
+from __future__ import annotations
+
+import torch
+
+from harness.emulation import missing_kernels, reduced_kernels
+from harness.emulation.device_memory import is_device_memory
+from harness.graphs.emulator.dispatch_keys import keep_modes_reachable
+from harness.graphs.emulator.tensor_subclasses import defer_to_subclass
+from harness.torch_internals import TorchDispatchMode, tree_flatten
+
+_WIDENED = reduced_kernels.WIDENED
+_CPU_ONLY = missing_kernels.CPU_ONLY
+
+
+def in_graph(graph_module: torch.fx.GraphModule) -> bool:
+    """Whether a compiled graph calls a kernel whose CPU and CUDA forms differ (a torch function
+    or its aten op)."""
+    for node in graph_module.graph.nodes:
+        if node.op == "call_function" and (node.target in _WIDENED or node.target in _CPU_ONLY):
+            return True
+    return False
+
+
+def _on_device(args: tuple, kwargs: dict) -> bool:
+    return any(isinstance(a, torch.Tensor) and is_device_memory(a)
+               for a in tree_flatten((args, kwargs))[0])
+
+
+class DeviceKernels(TorchDispatchMode):
+    """For a compiled graph's eager run on device memory: its aten ops of a reduced kernel the CPU
+    lacks run widened, and those CUDA has no kernel for are refused in CUDA's words."""
+
+    def __enter__(self):
+        out = super().__enter__()
+        keep_modes_reachable()
+        return out
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if types and defer_to_subclass(types):
+            return NotImplemented  # the subclass's own dispatch first (tensor_subclasses.py)
+        kwargs = kwargs or {}
+        if func in _CPU_ONLY and _on_device(args, kwargs):
+            raise missing_kernels.no_cuda_kernel(func, args, kwargs)
+        if func in _WIDENED and reduced_kernels.needs_widening(func, args, kwargs):
+            return reduced_kernels.widened(func)(*args, **kwargs)
+        return func(*args, **kwargs)
+
+
+__all__ = ["DeviceKernels", "in_graph"]
