@@ -269,8 +269,51 @@ _INTEGER_DIVISIONS = {
 }
 
 
+def _aten_division(op, divide, floors: bool, in_place: bool):
+    """An integer division's aten op called itself (`torch.ops.aten.floor_divide`, an overload,
+    as compiled code and decompositions call it), answered as `_integer_division` answers its
+    torch function; true division and non-integer operands run the op as it is."""
+    def replacement(a, b, *, rounding_mode=None, out=None):
+        given = {k: v for k, v in (("rounding_mode", rounding_mode), ("out", out))
+                 if v is not None}
+        if (divide is torch.div and rounding_mode is None) or not _divides_integers(a, b):
+            return op(a, b, **given)
+        mode = {"rounding_mode": rounding_mode} if divide is torch.div else {}
+        floored = floors or rounding_mode == "floor"
+        if in_place:
+            return _integer_division(lambda x, y: divide(x, y, **mode), a, b, None, a,
+                                     lambda x, y: op(x, y, **given), floors=floored)
+        return _integer_division(lambda x, y, **o: divide(x, y, **mode, **o), a, b, out, None,
+                                 floors=floored)
+    return replacement
+
+
+def _aten_divisions() -> dict:
+    entries = {}
+    for name, divide, floors in (("floor_divide", torch.floor_divide, True),
+                                 ("remainder", torch.remainder, False),
+                                 ("fmod", torch.fmod, False), ("div", torch.div, False)):
+        for in_place in (False, True):
+            packet = getattr(torch.ops.aten, name + ("_" if in_place else ""), None)
+            if packet is None:
+                continue
+            entries[packet] = _aten_division(packet, divide, floors, in_place)
+            for overload in packet.overloads():
+                op = getattr(packet, overload)
+                if any(isinstance(argument.type, torch.TensorType)
+                       for argument in op._schema.arguments):
+                    entries[op] = _aten_division(op, divide, floors, in_place)
+    return entries
+
+
+# The torch functions and Tensor methods of the integer divisions
+INTEGER_DIVISION_CALLS = frozenset(_INTEGER_DIVISIONS)
+# The aten ops of the integer divisions, called themselves (the placement mode and a compiled
+# graph's DeviceKernels answer them so).
+ATEN_DIVISIONS = _aten_divisions()
+
 # The torch function each replaces, for the placement mode's table.
 REPLACEMENTS = {torch.histc: histc, Tensor.histc: tensor_histc, torch.mm: mm,
                 torch.nn.functional.scaled_dot_product_attention: scaled_dot_product_attention,
                 torch.nn.functional.one_hot: one_hot, torch.linalg.lstsq: lstsq,
-                **_INTEGER_DIVISIONS}
+                **_INTEGER_DIVISIONS, **ATEN_DIVISIONS}
