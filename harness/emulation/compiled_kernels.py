@@ -6,7 +6,8 @@ corrections: a half or bfloat16 kernel the CPU lacks raised "not implemented for
 has it (reduced_kernels.py), and an op only the CPU has (missing_kernels.py) computed where CUDA's
 dispatcher refuses it, and an integer division by zero raised the CPU's "ZeroDivisionError" where
 CUDA's kernels divide unchecked (kernels.py). While such a graph runs on device memory,
-`DeviceKernels` gives its aten ops the placement mode's answers for all three. Inductor's own C++
+`DeviceKernels` gives its aten ops the placement mode's answers for all three (and for
+kernels.py's other kernels CUDA answers apart: `histc` of integers, `one_hot`, `lstsq`). Inductor's own C++
 code checks its integer divisions itself, past any dispatcher: that stays the CPU's."""
 
 from __future__ import annotations
@@ -23,11 +24,15 @@ from harness.torch_internals import TorchDispatchMode, tree_flatten
 
 _WIDENED = reduced_kernels.WIDENED
 _CPU_ONLY = missing_kernels.CPU_ONLY
-_DIVISIONS = kernels.ATEN_DIVISIONS
+_REPLACED = kernels.ATEN_REPLACEMENTS
 # What a graph dynamo traces calls for an integer division (its operators, torch's functions)
 _TRACED_DIVISIONS = frozenset({operator.floordiv, operator.mod, operator.ifloordiv, operator.imod,
                                torch.floor_divide, torch.remainder, torch.fmod, torch.div,
                                torch.divide})
+# Torch functions of kernels.py's other replacements a graph may call (not `mm`: its replaced
+# form, `out_dtype=`, is rare, and every matmul graph would pay for the mode)
+_TRACED_KERNELS = frozenset({torch.histc, torch.Tensor.histc, torch.nn.functional.one_hot,
+                             torch.linalg.lstsq})
 
 
 def in_graph(graph_module: torch.fx.GraphModule) -> bool:
@@ -38,8 +43,9 @@ def in_graph(graph_module: torch.fx.GraphModule) -> bool:
                   else node.target if node.op == "call_function" else None)
         if target is None:
             continue
-        if target in _WIDENED or target in _CPU_ONLY or target in _DIVISIONS \
-                or target in _TRACED_DIVISIONS or target in kernels.INTEGER_DIVISION_CALLS:
+        if target in _WIDENED or target in _CPU_ONLY or target in _REPLACED \
+                or target in _TRACED_DIVISIONS or target in _TRACED_KERNELS \
+                or target in kernels.INTEGER_DIVISION_CALLS:
             return True
     return False
 
@@ -52,7 +58,7 @@ def _on_device(args: tuple, kwargs: dict) -> bool:
 class DeviceKernels(TorchDispatchMode):
     """For a compiled graph's eager run on device memory: its aten ops of a reduced kernel the CPU
     lacks run widened, those CUDA has no kernel for are refused in CUDA's words, and integer
-    divisions divide as CUDA's kernels do."""
+    divisions (and kernels.py's other replaced kernels) answer as CUDA's kernels do."""
 
     def __enter__(self):
         out = super().__enter__()
@@ -65,8 +71,8 @@ class DeviceKernels(TorchDispatchMode):
         kwargs = kwargs or {}
         if func in _CPU_ONLY and _on_device(args, kwargs):
             raise missing_kernels.no_cuda_kernel(func, args, kwargs)
-        if func in _DIVISIONS and _on_device(args, kwargs):
-            return _DIVISIONS[func](*args, **kwargs)
+        if func in _REPLACED and _on_device(args, kwargs):
+            return _REPLACED[func](*args, **kwargs)
         if func in _WIDENED and reduced_kernels.needs_widening(func, args, kwargs):
             return reduced_kernels.widened(func)(*args, **kwargs)
         return func(*args, **kwargs)

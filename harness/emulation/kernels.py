@@ -312,8 +312,30 @@ INTEGER_DIVISION_CALLS = frozenset(_INTEGER_DIVISIONS)
 # graph's DeviceKernels answer them so).
 ATEN_DIVISIONS = _aten_divisions()
 
+def _aten_kernels() -> dict:
+    """The aten ops of the kernels above, called themselves, with the same replacement (their
+    schemas take the torch functions' arguments): `histc` of integers, `mm` with `out_dtype`,
+    `linalg_lstsq`'s driver, `one_hot`'s checks."""
+    aten = torch.ops.aten
+    entries = {}
+    for packet, overloads, replacement in ((aten.histc, ("default", "out"), histc),
+                                           (aten.mm, ("dtype", "dtype_out"), mm),
+                                           (aten.linalg_lstsq, ("default",), lstsq),
+                                           (aten.one_hot, ("default",), one_hot)):
+        present = [name for name in overloads if name in packet.overloads()]
+        if present:
+            entries[packet] = replacement
+        for name in present:
+            entries[getattr(packet, name)] = replacement
+    return entries
+
+
+# The aten ops of the kernels above and of the integer divisions, called themselves (the
+# placement mode and a compiled graph's DeviceKernels answer them so).
+ATEN_REPLACEMENTS = {**ATEN_DIVISIONS, **_aten_kernels()}
+
 # The torch function each replaces, for the placement mode's table.
 REPLACEMENTS = {torch.histc: histc, Tensor.histc: tensor_histc, torch.mm: mm,
                 torch.nn.functional.scaled_dot_product_attention: scaled_dot_product_attention,
                 torch.nn.functional.one_hot: one_hot, torch.linalg.lstsq: lstsq,
-                **_INTEGER_DIVISIONS, **ATEN_DIVISIONS}
+                **_INTEGER_DIVISIONS, **ATEN_REPLACEMENTS}
