@@ -1,7 +1,9 @@
 """CUDA's own answers for the cases of the twelfth sweep of public runtimes and bugs
 (docs/fidelity.md, "A twelfth sweep of public runtimes and bugs"): half and bfloat16 kernels the
 CPU build lacks called as their aten ops (directly, under the debug modes, from compiled code, in
-place), a reduce-overhead function replayed from two host threads, an event recorded again on
+place), the other kernels CUDA answers apart (histogram, integer histc, `mm.dtype`, lstsq's
+driver, `one_hot`, `tensor_split`, `randint_like`, integer division by zero) as aten ops, a
+reduce-overhead function replayed from two host threads, an event recorded again on
 another device's stream, `use_mem_pool` inside a capture, a stream fork inside a reduce-overhead
 function (PyTorch #180396), and the stream and event queries a capture refuses.
 
@@ -105,6 +107,36 @@ def reduced_kernel_in_aot_eager_code():
     return (f"{_outcome(lambda: _close(compiled(x), F.avg_pool3d(x.float(), 2) * 2))} "
             f"(emulated: float16; until 2026-12-08 NotImplementedError from the graph's "
             f"aten.avg_pool3d.default)")
+
+
+@case
+def other_kernels_as_aten_ops():
+    """The kernels CUDA answers apart from the CPU build, called as their aten ops."""
+    ids = torch.tensor([0, 1, 1, 3], dtype=torch.int32, device="cuda")
+    x = torch.arange(8.0, device="cuda")
+    a, b = probe_cases.seeded(4, 8).half(), probe_cases.seeded(8, 2, seed=1).half()
+    A, B = probe_cases.seeded(5, 3), probe_cases.seeded(5, 2, seed=1)
+    dividend, divisor = torch.tensor([7, 6], device="cuda"), torch.tensor([0, 2], device="cuda")
+    calls = {
+        "histogram.bin_ct": lambda: _aten.histogram.bin_ct(x, 4),
+        "histc of int32": lambda: _aten.histc(ids, 4, 0, 3).tolist(),
+        "mm.dtype": lambda: _aten.mm.dtype(a, b, torch.float32).dtype,
+        "linalg_lstsq gelsd": lambda: _aten.linalg_lstsq(A, B, driver="gelsd")[0].shape,
+        "tensor_split of a device tensor": lambda: len(_aten.tensor_split(
+            x, torch.tensor(2, device="cuda"))),
+        "randint_like of a device high": lambda: _aten.randint_like.Tensor(
+            x, torch.tensor(5, device="cuda")).shape,
+        "floor_divide by zero": lambda: _aten.floor_divide(dividend, divisor).tolist(),
+        "remainder.Tensor by zero": lambda: _aten.remainder.Tensor(dividend, divisor).tolist(),
+        # last: on a GPU the device assert leaves the context unusable
+        "one_hot of a class past num_classes": lambda: (_aten.one_hot(
+            torch.tensor([0, 5], device="cuda"), 3), torch.cuda.synchronize()),
+    }
+    answers = {name: _outcome(call) for name, call in calls.items()}
+    return (f"{answers} (emulated: histogram NotImplementedError (no CUDA kernel), histc "
+            f"[1, 2, 0, 1], float32, RuntimeError (`driver` other than `gels`), RuntimeError "
+            f"(on cpu), RuntimeError (on CPU), [0, 3], [4294967295, 0], a device assert; "
+            f"until 2026-12-08 each took the CPU's kernel or check)")
 
 
 @case
