@@ -128,6 +128,11 @@ NAMES: dict[str, Internal] = {
     "len_torch_dispatch_stack": Internal("torch._C", "_len_torch_dispatch_stack", _counts),
     "dispatch_has_kernel_for_dispatch_key": Internal(
         "torch._C", "_dispatch_has_kernel_for_dispatch_key"),
+    "dispatch_get_all_op_names": Internal("torch._C", "_dispatch_get_all_op_names", callable),
+    "DispatchKeySet": Internal("torch._C", "DispatchKeySet", lambda cls: cls is not None),
+    "DISPATCH_KEY_AUTOCAST_CPU": Internal("torch._C", "DispatchKey.AutocastCPU",
+                                          lambda k: k is not None),
+    "ExcludeDispatchKeyGuard": Internal("torch._C", "_ExcludeDispatchKeyGuard", callable),
     "construct_storage_from_data_pointer": Internal("torch._C",
                                                     "_construct_storage_from_data_pointer"),
     # how torch makes a wrapper subclass (torchao's weights, DTensor): a tensor that owns no memory
@@ -190,6 +195,9 @@ NAMES: dict[str, Internal] = {
     "packed_rnn_calls": Internal("torch", "_VF", lambda vf: all(
         hasattr(vf, name) for name in ("lstm", "gru", "rnn_tanh", "rnn_relu"))),
     "nn_module": Internal("torch._C", "_nn", lambda m: m is not None),
+    "native_batch_norm_legit": Internal("torch", "_native_batch_norm_legit", callable),
+    "native_batch_norm_legit_no_training": Internal(
+        "torch", "_native_batch_norm_legit_no_training", callable),
     "group_tensors_by_device_and_dtype": Internal("torch._C", "_group_tensors_by_device_and_dtype"),
     "dynamo_output_graph": Internal("torch._dynamo.output_graph", "",
                                     _found("torch._dynamo.output_graph"), lazy=True),
@@ -412,6 +420,10 @@ dispatch_tls_set_dispatch_key_included = bind(NAMES["dispatch_tls_set_dispatch_k
 len_torch_dispatch_stack = bind(NAMES["len_torch_dispatch_stack"])
 library_impls = bind(NAMES["library_impls"])
 dispatch_has_kernel_for_dispatch_key = bind(NAMES["dispatch_has_kernel_for_dispatch_key"])
+dispatch_get_all_op_names = bind(NAMES["dispatch_get_all_op_names"])
+ExcludeDispatchKeyGuard = bind(NAMES["ExcludeDispatchKeyGuard"])
+DispatchKeySet = bind(NAMES["DispatchKeySet"])
+DISPATCH_KEY_AUTOCAST_CPU = bind(NAMES["DISPATCH_KEY_AUTOCAST_CPU"])
 construct_storage_from_data_pointer = bind(NAMES["construct_storage_from_data_pointer"])
 make_wrapper_subclass = bind(NAMES["make_wrapper_subclass"])
 storage_use_count = bind(NAMES["storage_use_count"])
@@ -451,6 +463,8 @@ pad_packed_sequence_call = bind(NAMES["pad_packed_sequence_call"])
 packed_rnn_calls = bind(NAMES["packed_rnn_calls"])
 DISPATCH_KEY_COMPOSITE_IMPLICIT = bind(NAMES["DISPATCH_KEY_COMPOSITE_IMPLICIT"])
 nn_module = bind(NAMES["nn_module"])
+native_batch_norm_legit = bind(NAMES["native_batch_norm_legit"])
+native_batch_norm_legit_no_training = bind(NAMES["native_batch_norm_legit_no_training"])
 group_tensors_by_device_and_dtype = bind(NAMES["group_tensors_by_device_and_dtype"])
 set_allocator_settings = bind(NAMES["set_allocator_settings"])
 get_accelerator = bind(NAMES["get_accelerator"])

@@ -1,18 +1,30 @@
 """Runs the audit: one forked process per architecture, `jobs` at a time, each with a timeout,
-progress on stderr. A process that crashes or hangs costs its own row only."""
+progress on stderr. A process that crashes or hangs costs its own row only.
+
+Each child is forked from the thread that called `run_audit`, with the parent's objects frozen
+from the child's collector: a child must never run the destructor of something it inherited
+whose threads live in the parent only (a gloo process group that a destroyed FSDP run left
+behind joins its worker threads when freed, and that join hangs or crashes a child). Forked from
+another thread, the child would drop the caller's thread state (CPython clears every other
+thread's state at a fork), and with it whatever that state alone held."""
 
 from __future__ import annotations
 
+import contextlib
 import fnmatch
+import gc
 import json
 import os
 import multiprocessing
+import signal
 import sys
 import tempfile
 import threading
 import time
-from concurrent.futures import ThreadPoolExecutor, as_completed
+from concurrent.futures import FIRST_COMPLETED, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
+from multiprocessing.connection import Connection
+from multiprocessing.process import BaseProcess
 from pathlib import Path
 from typing import TextIO
 
@@ -120,24 +132,32 @@ def run_audit(archs: list[Architecture], *, dtype: str, backend: str, jobs: int 
                           **({"resumed_from": earlier} if earlier else {}))
         return AuditResult(meta, [rows[a.model_type] for a in archs if a.model_type in rows])
 
+    # The pool's threads only wait for children; each child is started here, in this thread.
     pool = ThreadPoolExecutor(max_workers=jobs)
     try:
         mode = _Mode(dtype, backend, emulate_cuda)
-        futures = {pool.submit(_run_one, a, mode, timeout_s, children): a for a in todo}
-        for count, future in enumerate(as_completed(futures), len(archs) - len(todo) + 1):
-            row, fallback = future.result()
-            rows[row.model_type] = row
-            if fallback:
-                fallbacks.append(row.model_type)
+        queued, waiting = list(todo), set()
+        count = len(archs) - len(todo)
+        while queued or waiting:
+            while queued and len(waiting) < jobs:
+                launched = _start_one(queued.pop(0), mode, children)
+                waiting.add(pool.submit(_finish, launched, timeout_s, children))
+            finished, waiting = wait(waiting, return_when=FIRST_COMPLETED)
+            for future in finished:
+                count += 1
+                row, fallback = future.result()
+                rows[row.model_type] = row
+                if fallback:
+                    fallbacks.append(row.model_type)
+                    if progress is not None:
+                        progress.write(f"harness audit: {fallback}\n")
+                if checkpoint is not None:
+                    result().save(checkpoint)
                 if progress is not None:
-                    progress.write(f"harness audit: {fallback}\n")
-            if checkpoint is not None:
-                result().save(checkpoint)
-            if progress is not None:
-                where = f" at step {row.step}" if row.step is not None else ""
-                progress.write(f"[{count}/{len(archs)}] {row.model_type}: {row.verdict}{where} "
-                               f"({row.seconds:.1f}s)\n")
-                progress.flush()
+                    where = f" at step {row.step}" if row.step is not None else ""
+                    progress.write(f"[{count}/{len(archs)}] {row.model_type}: {row.verdict}{where} "
+                                   f"({row.seconds:.1f}s)\n")
+                    progress.flush()
     except KeyboardInterrupt:
         pool.shutdown(wait=False, cancel_futures=True)
         children.stop()
@@ -176,11 +196,13 @@ def _start(arch: Architecture, mode: _Mode, log_name: str, children: _Children):
         context = multiprocessing.get_context(method)
         receive, send = context.Pipe(duplex=False)
         child = context.Process(target=_child, args=(arch, mode, send, log_name), daemon=True)
-        with children.lock:
+        with _interrupts_held(), children.lock:
             if children.stopping.is_set():
                 raise KeyboardInterrupt("audit stopping")
             try:
-                child.start()
+                with _inherited_objects_kept_from_the_childs_collector() if method == "fork" \
+                        else contextlib.nullcontext():
+                    child.start()
             except RuntimeError as error:
                 if method == methods[-1]:
                     raise
@@ -194,18 +216,85 @@ def _start(arch: Architecture, mode: _Mode, log_name: str, children: _Children):
     raise RuntimeError(f"no start method in {methods} could start a child for {arch.model_type}")
 
 
-def _run_one(arch: Architecture, mode: _Mode, timeout_s: float,
-             children: _Children) -> tuple[Row, str]:
+_INTERRUPTS = (signal.SIGINT, signal.SIGTERM)
+
+
+@contextlib.contextmanager
+def _interrupts_held():
+    """SIGINT and SIGTERM that arrive while a child is started are handled after it is started
+    (and counted among the live children, which an interrupt kills). os.fork runs Python hooks
+    (logging's, filelock's) whose exceptions it only prints: a KeyboardInterrupt raised by a
+    signal handler inside one was lost, and the audit ran on. Handlers run in the main thread
+    only, so elsewhere there is nothing to hold."""
+    previous = [signal.getsignal(number) for number in _INTERRUPTS]
+    if threading.current_thread() is not threading.main_thread() or None in previous:
+        yield  # None: a handler installed outside Python, which signal.signal cannot put back
+        return
+    arrived = []
+    for number in _INTERRUPTS:
+        signal.signal(number, lambda number, frame: arrived.append(number))
+    try:
+        yield
+    finally:
+        for number, handler in zip(_INTERRUPTS, previous):
+            signal.signal(number, handler)
+        for number in arrived:
+            signal.raise_signal(number)
+
+
+@contextlib.contextmanager
+def _inherited_objects_kept_from_the_childs_collector():
+    """Freezes the parent's objects (gc.freeze) while a child is forked, so that the child's
+    collector never frees what it inherited. The parent's garbage may hold C++ objects whose
+    threads live in the parent only: a gloo process group left in a reference cycle (FSDP's
+    FlatParamHandle keeps one after destroy_process_group) joins its worker threads in its
+    destructor, and in a child, which has none of them, that join hangs or crashes."""
+    frozen_by_someone_else = gc.get_freeze_count() > 0
+    gc.freeze()
+    try:
+        yield
+    finally:
+        if not frozen_by_someone_else:  # unfreezing would undo their freeze too
+            gc.unfreeze()
+
+
+@dataclass(frozen=True)
+class _Started:
+    """A started child: its architecture and mode, the process, the pipe end its row comes on,
+    the log its output goes to, when it started and the fallback note of its start."""
+
+    arch: Architecture
+    mode: _Mode
+    child: BaseProcess
+    receive: Connection
+    log: TextIO
+    start: float
+    note: str
+
+
+def _start_one(arch: Architecture, mode: _Mode, children: _Children) -> _Started:
     """One child per architecture; the parent has imported torch and transformers' shared modules
     already (`preload`), so a forked child pays only for its own model's module."""
     start = time.perf_counter()
+    log = tempfile.NamedTemporaryFile(mode="w+", prefix="audit-", suffix=".log")
+    try:
+        child, receive, note = _start(arch, mode, log.name, children)
+    except BaseException:
+        log.close()
+        raise
+    return _Started(arch, mode, child, receive, log, start, note)
+
+
+def _finish(started: _Started, timeout_s: float, children: _Children) -> tuple[Row, str]:
+    """The row of a started child: the one it sent, or a crash or timeout of its own."""
+    arch, mode, child, receive, note = (started.arch, started.mode, started.child, started.receive,
+                                        started.note)
 
     def failed(verdict: str, detail: str) -> Row:
         return Row(arch.model_type, arch.class_name, mode.dtype, mode.backend, verdict, detail, None,
-                   round(time.perf_counter() - start, 2))
+                   round(time.perf_counter() - started.start, 2))
 
-    with tempfile.NamedTemporaryFile(mode="w+", prefix="audit-", suffix=".log") as log:
-        child, receive, note = _start(arch, mode, log.name, children)
+    with started.log as log:
         try:
             if receive.poll(timeout_s):
                 try:
@@ -226,6 +315,9 @@ def _run_one(arch: Architecture, mode: _Mode, timeout_s: float,
 
 
 def _child(arch: Architecture, mode: _Mode, send, log_path: str) -> None:
+    # A forked child has the handlers that held the parent's interrupts (_interrupts_held).
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
     # The child's chatter (transformers warnings) goes to a file the parent reads if it crashes.
     with open(log_path, "w") as log:
         os.dup2(log.fileno(), 1)

@@ -4,7 +4,8 @@ Device tensors are cpu tensors, so CUDA's autocast dispatch key never fires for 
 mode asks `cast(...)` instead, for each torch call made while autocast is enabled on "cuda". The
 lists are CUDA's (aten/src/ATen/autocast_mode.cpp, by their torch-level names): ops that run in the
 autocast dtype, ops that run in float32, ops that run in float32 unless given a dtype, and ops that
-run in the widest dtype of their inputs; and the RNNs, which cuDNN runs in float16 whatever the
+run in the widest dtype of their inputs (refusing, as CUDA does, a reduced dtype other than the
+autocast dtype among them); and the RNNs, which cuDNN runs in float16 whatever the
 autocast dtype (`_cudnn_rnn`'s own autocast kernel, aten/src/ATen/cudnn/AutocastRNN.cpp). As on
 CUDA only device tensors are cast, float64 never to the lower precision, and a float32 leaf that requires grad (a weight) is cast once per outermost
 autocast region while `cache_enabled`: the cached copy is what later calls read, until the region
@@ -82,12 +83,14 @@ BCE_BANNED = (
     "In this case, combine the two layers using torch.nn.functional.binary_cross_entropy_with_logits\n"
     "or torch.nn.BCEWithLogitsLoss.  binary_cross_entropy_with_logits and BCEWithLogits are\n"
     "safe to autocast.")
+# CUDA's promote list (AT_FORALL_PROMOTE). cat and stack left it: they promote as without autocast.
 _WIDEST = frozenset({
     torch.addcdiv, Tensor.addcdiv, torch.addcmul, Tensor.addcmul, torch.atan2, Tensor.atan2,
     torch.bilinear, F.bilinear, torch.cross, Tensor.cross, torch.dot, Tensor.dot, torch.vdot,
     Tensor.vdot, torch.grid_sampler, F.grid_sample, torch.index_put, Tensor.index_put,
-    torch.scatter_add, Tensor.scatter_add, torch.tensordot, torch.stack, torch.cat, torch.concat,
+    torch.scatter_add, Tensor.scatter_add, torch.tensordot,
 })
+PROMOTE_REFUSED = "Unexpected floating ScalarType in at::autocast::prioritize"
 # The RNNs (torch._VF's, what nn.LSTM, nn.GRU and nn.RNN call): not on CUDA's lists themselves,
 # autocast meets what they run, `_cudnn_rnn` or `linear` and the fused cells (see _rnn_cast).
 _RNN = frozenset(getattr(torch_internals.packed_rnn_calls, name)
@@ -153,17 +156,32 @@ def cast(func, args: tuple, kwargs: dict, is_device: Callable[[Any], bool],
             return t
         return _map(widen, args, kwargs)
     if func in _WIDEST:
-        found = [t.dtype for t in tensors(args, kwargs) if t.is_floating_point() and is_device(t)]
-        if len(set(found)) < 2:
-            return args, kwargs
-        widest = max(found, key=lambda d: (torch.finfo(d).bits, d == torch.float32))
+        widest = promote_type(
+            (t.dtype for t in tensors(args, kwargs) if t.is_floating_point() and is_device(t)),
+            torch.get_autocast_dtype("cuda"))
 
         def promote(t):
-            if t.is_floating_point() and t.dtype != widest and is_device(t):
+            if t.is_floating_point() and t.dtype not in (widest, torch.float64) and is_device(t):
                 return to(t, widest)
             return t
         return _map(promote, args, kwargs)
     return args, kwargs
+
+
+def promote_type(dtypes, autocast_dtype: torch.dtype) -> torch.dtype:
+    """The dtype CUDA's promote policy runs in (autocast_mode.h's `prioritize`, over the device
+    floating-point inputs in argument order): it starts from the autocast dtype, ignores float64,
+    takes float32 once one is met, and refuses the other reduced dtype met before any float32
+    (a bfloat16 input under float16 autocast)."""
+    current = autocast_dtype
+    for dtype in dtypes:
+        if dtype == torch.float64:
+            continue
+        if current == torch.float32 or dtype == torch.float32:
+            current = torch.float32
+        elif dtype != autocast_dtype:
+            raise RuntimeError(PROMOTE_REFUSED)
+    return current
 
 
 def _refuse_binary_cross_entropy(args: tuple, kwargs: dict,

@@ -105,16 +105,15 @@ class EarlyCounts:
         free of 0 bytes is ~0, -1), in order: the allocations and frees logged since the last
         play (device_memory.py), one loop over the lot instead of a call per event."""
         small, large, all_peak = self.small, self.large, self.all_peak
-        for nbytes in events:
-            if nbytes < 0:
-                nbytes = ~nbytes
-                size = MIN_BLOCK if nbytes < MIN_BLOCK else -(-nbytes // MIN_BLOCK) * MIN_BLOCK
+        for event in events:
+            nbytes = ~event if event < 0 else event
+            size = MIN_BLOCK if nbytes < MIN_BLOCK else -(-nbytes // MIN_BLOCK) * MIN_BLOCK
+            if event < 0:
                 current = (small if size <= SMALL_SIZE else large).current
                 current[0] -= 1
                 current[1] -= size
                 current[2] -= nbytes
                 continue
-            size = MIN_BLOCK if nbytes < MIN_BLOCK else -(-nbytes // MIN_BLOCK) * MIN_BLOCK
             if size <= SMALL_SIZE:
                 mine, others = small, large.current
             else:

@@ -26,12 +26,12 @@ from __future__ import annotations
 import threading
 from typing import Any
 
-from harness.graphs.base import CaptureError
+from harness.graphs.base import CaptureError, CaptureInvalidatedError
+from harness.graphs.emulator import cuda_errors
 from harness.emulation.unsafe_calls import refuses_unsafe_call
 from harness.graphs.emulator.callsite import at_callsite, current_callsite
 
 NOT_PERMITTED = "CUDA error: operation not permitted when stream is capturing"
-INVALIDATED = "CUDA error: operation failed due to a previous error during capture"
 # What CUDA says instead for an event recorded inside the capture (measured on an H200, torch 2.11).
 CAPTURED_EVENT = "CUDA error: operation not permitted on an event last recorded in a capturing stream"
 
@@ -107,8 +107,8 @@ def refuse_graph_launch(host: Any, what: str) -> None:
         current_callsite()), op=what)
 
 
-def invalidated_capture_error(cause: CaptureError) -> CaptureError:
+def invalidated_capture_error(cause: CaptureError) -> CaptureInvalidatedError:
     """What `capture_end()` raises after a refused call invalidated its capture."""
-    return CaptureError(f"{INVALIDATED} (cudaErrorStreamCaptureInvalidated): capture_end() of a "
-                        f"capture invalidated by an earlier refused call: {cause}",
-                        op="capture_end")
+    return CaptureInvalidatedError(
+        f"{cuda_errors.INVALIDATED} (cudaErrorStreamCaptureInvalidated): capture_end() of a "
+        f"capture invalidated by an earlier refused call: {cause}", op="capture_end")

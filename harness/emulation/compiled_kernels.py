@@ -69,7 +69,8 @@ class DeviceKernels(TorchDispatchMode):
         if types and defer_to_subclass(types):
             return NotImplemented  # the subclass's own dispatch first (tensor_subclasses.py)
         kwargs = kwargs or {}
-        if func in _CPU_ONLY and _on_device(args, kwargs):
+        if func in _CPU_ONLY and _on_device(args, kwargs) \
+                and missing_kernels.refused(func, args, kwargs):
             raise missing_kernels.no_cuda_kernel(func, args, kwargs)
         if func in _REPLACED and _on_device(args, kwargs):
             return _REPLACED[func](*args, **kwargs)

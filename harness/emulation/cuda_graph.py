@@ -216,10 +216,15 @@ class EmulatedCUDAGraph(ConditionalNodeCalls):
             invalidation = self._invalidation or session.recorder.sync_refusal
             if sys.exc_info()[1] is not None:
                 # Called from torch.cuda.graph's __exit__ while the captured code's exception
-                # propagates: drop the capture and let that exception be the one the caller sees.
+                # propagates. CUDA's cudaStreamEndCapture still runs: where a refused call
+                # invalidated the capture it fails, and the caller sees that error with the
+                # captured code's as its context (H100, torch 2.11); otherwise the captured
+                # code's exception is the one the caller sees.
                 self._drop_capture(session)
                 ended = invalidation is None
                 self._dropped = True
+                if invalidation is not None:
+                    raise invalidated_capture_error(invalidation)
                 return
             if self._capture_error is not None:
                 self._drop_capture(session)

@@ -335,7 +335,17 @@ def _aten_kernels() -> dict:
 ATEN_REPLACEMENTS = {**ATEN_DIVISIONS, **_aten_kernels()}
 
 # The torch function each replaces, for the placement mode's table.
+def trace(input: Tensor) -> Tensor:
+    """CUDA's trace kernel (TriangularOps.cu's trace_cuda) is `diagonal().sum()`: it takes half and
+    bfloat16 (the CPU's kernel of some builds raises "trace" not implemented for 'Half'), and under
+    autocast its `sum` runs in float32 (inner_autocast.py)."""
+    if input.dim() != 2:
+        raise RuntimeError("expected a matrix")
+    return input.diagonal().sum()
+
+
 REPLACEMENTS = {torch.histc: histc, Tensor.histc: tensor_histc, torch.mm: mm,
+                torch.trace: trace, Tensor.trace: trace,
                 torch.nn.functional.scaled_dot_product_attention: scaled_dot_product_attention,
                 torch.nn.functional.one_hot: one_hot, torch.linalg.lstsq: lstsq,
                 **_INTEGER_DIVISIONS, **ATEN_REPLACEMENTS}

@@ -34,8 +34,9 @@ from harness.torch_internals import DeviceContext, device_constructors
 from harness.graphs.base import CaptureError
 from harness.emulation import (array_interface, autocast, autocast_bodies, backward_streams,
                                blas_workspaces, compiled_rng, deterministic_alerts, device_branches,
-                               device_indices, fft_plans, host_arguments, host_outputs, kernels,
-                               missing_kernels, reduced_kernels, sdpa_backends, transfers)
+                               device_indices, fft_plans, half_ffts, host_arguments,
+                               host_outputs, inner_autocast, kernels, missing_kernels,
+                               norm_statistics, reduced_kernels, sdpa_backends, transfers)
 from harness.graphs.emulator.dispatch_keys import keep_modes_reachable
 from harness.graphs.emulator.opinfo import scalar_type_name
 from harness.graphs.emulator.device_asserts import eager_device_assert_error, is_index_out_of_bounds
@@ -59,6 +60,7 @@ _autocast_on = torch.is_autocast_enabled
 _deterministic_on = torch.are_deterministic_algorithms_enabled
 _AUTOCAST_OPS = autocast.AUTOCAST_OPS
 _runs_its_body = autocast_bodies.runs_its_body
+_casting_inner_ops = inner_autocast.casting_inner_ops
 _DEVICE_BRANCHES = frozenset(device_branches.CALLS)
 _WIDENED = reduced_kernels.WIDENED
 _NODE_STREAMS = backward_streams.CHECKED  # whether autograd's nodes need their streams noted
@@ -130,8 +132,11 @@ class Placement(TorchFunctionMode):
             Tensor.type: self._type,
             # Parses a device argument without making a tensor (Module.to): the device stays.
             torch_internals.nn_parse_to: lambda func, args, kwargs: func(*args, **kwargs),
+            **dict.fromkeys(norm_statistics.CALLS, self._norm_statistics),
             torch.nn.functional.layer_norm: self._layer_norm,
             torch.layer_norm: self._layer_norm, torch.native_layer_norm: self._layer_norm,
+            torch.ops.aten.native_layer_norm.default: self._layer_norm,
+            torch.ops.aten.native_layer_norm: self._layer_norm,
             Tensor.__repr__: self._repr,
             torch.device: _device_of_index,
             **{func: self._cuda_kernel for func in kernels.REPLACEMENTS},
@@ -174,10 +179,28 @@ class Placement(TorchFunctionMode):
                 args = device_branches.seen_as_device(args)
             with self.state.autocast_bodies.next_check_passes(), self:
                 return func(*args, **(kwargs or {}))
-        if func in _AUTOCAST_OPS and _autocast_on("cuda") and not _bias_dispatches_itself(
-                func, args, kwargs or {}):
-            args, kwargs = autocast.cast(func, args, kwargs or {}, is_device_memory, self._cast,
-                                         self.state.autocast_cache)
+        if _autocast_on("cuda"):
+            if func not in _AUTOCAST_OPS:
+                # CUDA casts the ops inside a composite too (inner_autocast.py)
+                with _casting_inner_ops():
+                    return self._placed(func, args, kwargs)
+            if not _bias_dispatches_itself(func, args, kwargs or {}):
+                args, kwargs = autocast.cast(func, args, kwargs or {}, is_device_memory,
+                                             self._cast, self.state.autocast_cache)
+        handler = self._calls.get(func)
+        if handler is None:
+            out = self._generic(func, args, {} if kwargs is None else kwargs)
+        elif self._several_devices:
+            out = self._on_its_device(handler, func, args, kwargs or {})
+        else:
+            out = handler(func, args, kwargs or {})
+        if _NODE_STREAMS and out is not None and torch.is_grad_enabled():
+            # autograd's nodes keep the stream current at their making (backward_streams.py)
+            backward_streams.stamp(out, self.state.streams.current)
+        return out
+
+    def _placed(self, func, args, kwargs):
+        """The hot path's tail, for a call that CUDA's autocast lists leave uncast."""
         handler = self._calls.get(func)
         if handler is None:
             out = self._generic(func, args, {} if kwargs is None else kwargs)
@@ -496,7 +519,18 @@ class Placement(TorchFunctionMode):
                     self.state.refuse(CaptureError(f"{text} (CUDA's layer norm kernel takes {name} "
                                                    f"in the input's dtype)",
                                                    op="aten.native_layer_norm.default"))
+        if func in norm_statistics.CALLS:
+            return self._norm_statistics(func, args, kwargs)
         return self._generic(func, args, kwargs)
+
+    def _norm_statistics(self, func, args, kwargs):
+        """A batch or layer norm: its statistics in CUDA's dtype for device input
+        (norm_statistics.py)."""
+        out = self._generic(func, args, kwargs)
+        x = args[0] if args else kwargs.get("input")
+        if isinstance(x, Tensor) and is_device_memory(x):
+            return norm_statistics.in_float32(func, x, out, self._cast)
+        return out
 
     def _cuda_kernel(self, func, args, kwargs):
         """A kernel CUDA has and the cpu lacks (kernels.py), for device tensors only: a host call
@@ -512,7 +546,7 @@ class Placement(TorchFunctionMode):
     def _cpu_only(self, func, args, kwargs):
         """A call CUDA has no kernel for (missing_kernels.py): refused for device tensors, as the
         dispatcher refuses it on a GPU; a host call keeps the cpu's answer."""
-        if _scan(args, kwargs)[0]:
+        if _scan(args, kwargs)[0] and missing_kernels.refused(func, args, kwargs):
             raise missing_kernels.no_cuda_kernel(func, args, kwargs)
         return self._generic(func, args, kwargs)
 
@@ -545,8 +579,12 @@ class Placement(TorchFunctionMode):
 
     def _fft_call(self, func, args, kwargs):
         """An FFT, which on CUDA looks its cuFFT plan up in its device's cache, making and caching
-        one it lacks (fft_plans.py)."""
-        out = self._generic(func, args, kwargs)
+        one it lacks (fft_plans.py). CUDA's half transforms run widened (half_ffts.py)."""
+        if func in half_ffts.CALLS and half_ffts.needs_widening(func, args, kwargs) \
+                and _scan(args, kwargs)[0]:
+            out = self._generic(half_ffts.widened(func), args, kwargs)
+        else:
+            out = self._generic(func, args, kwargs)
         index = device_indices.guard_index(args, kwargs)
         key = plan_key(func, args, kwargs)
         if index is not None and key is not None:

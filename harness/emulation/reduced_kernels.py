@@ -29,20 +29,20 @@ _nn = torch_internals.nn_module
 _REDUCED = (torch.float16, torch.bfloat16)
 
 
-def _always(args: tuple, kwargs: dict) -> bool:
+def _always(dtype: torch.dtype, args: tuple, kwargs: dict) -> bool:
     return True
 
 
-def _antialiased(args: tuple, kwargs: dict) -> bool:
+def _antialiased(dtype: torch.dtype, args: tuple, kwargs: dict) -> bool:
     return bool(kwargs.get("antialias")) or (len(args) > 6 and bool(args[6]))
 
 
-def _half_only(args: tuple, kwargs: dict) -> bool:
-    return _reduced_dtype(args, kwargs) is torch.float16
+def _half_only(dtype: torch.dtype, args: tuple, kwargs: dict) -> bool:
+    return dtype is torch.float16
 
 
 # aten ops (every overload) whose CPU kernel lacks the reduced dtypes; rrelu's has bfloat16.
-_ATEN_OPS: dict[str, Callable[[tuple, dict], bool]] = {
+_ATEN_OPS: dict[str, Callable[[torch.dtype, tuple, dict], bool]] = {
     "avg_pool3d": _always, "avg_pool3d_backward": _always,
     "multi_margin_loss": _always, "multi_margin_loss_backward": _always,
     "multilabel_margin_loss": _always, "multilabel_margin_loss_forward": _always,
@@ -55,8 +55,8 @@ _ATEN_OPS: dict[str, Callable[[tuple, dict], bool]] = {
 }
 
 
-def _aten_entries() -> dict[Any, Callable[[tuple, dict], bool]]:
-    entries: dict[Any, Callable[[tuple, dict], bool]] = {}
+def _aten_entries() -> dict[Any, Callable[[torch.dtype, tuple, dict], bool]]:
+    entries: dict[Any, Callable[[torch.dtype, tuple, dict], bool]] = {}
     for name, reaches in _ATEN_OPS.items():
         packet = getattr(torch.ops.aten, name, None)
         if packet is None:  # an op this build does not have
@@ -67,8 +67,8 @@ def _aten_entries() -> dict[Any, Callable[[tuple, dict], bool]]:
     return entries
 
 
-# A call, and whether its arguments reach the kernel the CPU lacks.
-WIDENED: dict[Any, Callable[[tuple, dict], bool]] = {
+# A call, and whether its arguments (their reduced dtype given) reach the kernel the CPU lacks.
+WIDENED: dict[Any, Callable[[torch.dtype, tuple, dict], bool]] = {
     _nn.avg_pool3d: _always,
     F.multi_margin_loss: _always, _nn.multi_margin_loss: _always,
     F.multilabel_margin_loss: _always, _nn.multilabel_margin_loss: _always,
@@ -89,8 +89,10 @@ def _reduced_dtype(args: tuple, kwargs: dict) -> torch.dtype | None:
 def needs_widening(func: Any, args: tuple, kwargs: dict) -> bool:
     """Whether `func` meets a kernel the CPU lacks for these arguments' reduced dtype."""
     reaches = WIDENED.get(func)
-    return reaches is not None and _reduced_dtype(args, kwargs) is not None \
-        and reaches(args, kwargs)
+    if reaches is None:
+        return False
+    dtype = _reduced_dtype(args, kwargs)
+    return dtype is not None and reaches(dtype, args, kwargs)
 
 
 def widened(func: Callable, op: Any = None) -> Callable:

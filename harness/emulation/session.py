@@ -162,6 +162,8 @@ def _enter_cpu(properties: DeviceProperties, stack: contextlib.ExitStack, schedu
     from harness.emulation.compiled_graphs import clear_triton_answer
     from harness.emulation.compiled_trees import trees_shut_down
     from harness.emulation.cuda_api import patches
+    from harness.emulation.device_memory import is_device_memory
+    from harness.emulation.inner_autocast import InnerAutocast
     from harness.emulation.int4_kernels import Int4Kernels
     from harness.emulation.op_bodies import wrap_registered
     from harness.emulation.placement import Placement
@@ -178,6 +180,9 @@ def _enter_cpu(properties: DeviceProperties, stack: contextlib.ExitStack, schedu
     int4_kernels = Int4Kernels()
     int4_kernels.register()
     stack.callback(int4_kernels.close)
+    inner_autocast = InnerAutocast(is_device_memory, lambda: state.memory.call_on_device)
+    inner_autocast.register()
+    stack.callback(inner_autocast.unregister)
     stack.callback(wrap_registered(state))
     placement = state.placement = Placement(state)
     placement.__enter__()

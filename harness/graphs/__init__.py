@@ -6,9 +6,9 @@ from __future__ import annotations
 
 import torch
 
-from harness.graphs.base import (CaptureDependencyError, CaptureError, CaptureSyncError,
-                                 CapturedGraph, FreedMemoryError, GraphBackend,
-                                 StorageChangedError)
+from harness.graphs.base import (CaptureDependencyError, CaptureError,
+                                 CaptureInvalidatedError, CaptureSyncError, CapturedGraph,
+                                 FreedMemoryError, GraphBackend, StorageChangedError)
 from harness.records import BACKENDS
 
 
@@ -38,6 +38,6 @@ def get_backend(name: str = "auto", device: torch.device | str | None = None) ->
     return EmulatedBackend(device)
 
 
-__all__ = ["BACKENDS", "CaptureDependencyError", "CaptureError", "CaptureSyncError",
-           "CapturedGraph", "FreedMemoryError", "GraphBackend", "StorageChangedError",
-           "get_backend", "resolve_backend"]
+__all__ = ["BACKENDS", "CaptureDependencyError", "CaptureError", "CaptureInvalidatedError",
+           "CaptureSyncError", "CapturedGraph", "FreedMemoryError", "GraphBackend",
+           "StorageChangedError", "get_backend", "resolve_backend"]

@@ -30,6 +30,13 @@ class CaptureDependencyError(CaptureError, torch.AcceleratorError):
     `C10_CUDA_CHECK` as `torch.AcceleratorError`, in every capture_error_mode."""
 
 
+class CaptureInvalidatedError(CaptureError, torch.AcceleratorError):
+    """`capture_end()` of a capture that an earlier refused call (a sync, a dependency on outside
+    work) invalidated: cudaStreamEndCapture's cudaErrorStreamCaptureInvalidated, raised by
+    `C10_CUDA_CHECK` as `torch.AcceleratorError`. Under `torch.cuda.graph` it is what the caller
+    sees, with the refused call's error as its `__context__`."""
+
+
 class FreedMemoryError(CaptureError):
     """`replay()` of a graph whose memory it does not own (a buffer allocated before capture: a
     workspace, a weight, a static input) was freed since capture. CUDA replays into the stale

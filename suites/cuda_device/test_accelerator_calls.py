@@ -211,45 +211,22 @@ def gloo_world_of_one(tmp_path):
     dist.destroy_process_group()
 
 
-def _on_kind(kind: str):
-    import contextlib
-
-    if kind == "emulated":
-        return harness.emulate_cuda(device="cpu")
-    return harness.emulate_cuda() if kind == "sanitizer" else contextlib.nullcontext()
-
-
-def _fsdp_answers(kind: str, store: str) -> tuple:
-    # FSDP leaves a process state behind that a later forked child entering the emulation
-    # hangs or aborts in (the audit's children, in CI's test order): run in a process of its own
-    import torch.distributed as dist
-    from torch.distributed.fsdp import FullyShardedDataParallel, fully_shard
-
-    with _on_kind(kind):
-        dist.init_process_group("gloo", init_method=f"file://{store}/store", rank=0, world_size=1)
-        try:
-            wrapped = FullyShardedDataParallel(torch.nn.Linear(2, 2))
-            module = torch.nn.Linear(2, 2)
-            fully_shard(module)
-            return (wrapped.compute_device == torch.device("cuda", torch.cuda.current_device()),
-                    module.weight.device_mesh.device_type,
-                    module(torch.ones(1, 2, device="cuda")).is_cuda)
-        finally:
-            dist.destroy_process_group()
-
-
-def test_fsdp_takes_the_accelerator_for_a_module_on_the_host(cuda_kind, tmp_path):
+def test_fsdp_takes_the_accelerator_for_a_module_on_the_host(cuda_kind, gloo_world_of_one):
     # FSDP picks the device of a module on the host from torch._C._get_accelerator(): a CPU
-    # build's cpu made it refuse ("FSDP needs a non-CPU accelerator device"); fully_shard's
-    # default mesh is the accelerator's
-    import torch.distributed as dist
+    # build's cpu made it refuse ("FSDP needs a non-CPU accelerator device")
+    from torch.distributed.fsdp import FullyShardedDataParallel
 
-    if not dist.is_available():
-        pytest.skip("a torch without distributed")
-    from suites.cuda_device._own_process import in_a_process_of_its_own
+    wrapped = FullyShardedDataParallel(torch.nn.Linear(2, 2))
+    assert wrapped.compute_device == torch.device("cuda", torch.cuda.current_device())
 
-    answers = in_a_process_of_its_own(__file__, "_fsdp_answers", cuda_kind, str(tmp_path))
-    assert answers == (True, "cuda", True)
+
+def test_fully_shards_default_mesh_is_the_accelerators(cuda_kind, gloo_world_of_one):
+    from torch.distributed.fsdp import fully_shard
+
+    module = torch.nn.Linear(2, 2)
+    fully_shard(module)
+    assert module.weight.device_mesh.device_type == "cuda"
+    assert module(torch.ones(1, 2, device="cuda")).is_cuda
 
 
 def test_a_barrier_on_a_devices_index_runs(cuda_kind, gloo_world_of_one):

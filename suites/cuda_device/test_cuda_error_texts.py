@@ -11,7 +11,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from harness.graphs import CaptureError, CaptureSyncError
+from harness.graphs import CaptureError, CaptureInvalidatedError, CaptureSyncError
 
 PAGEABLE = ("Cannot copy between CPU and CUDA tensors during CUDA graph capture unless the CPU "
             "tensor is pinned. Please use tensor.pin_memory() or allocate the tensor with "
@@ -20,13 +20,18 @@ NOT_PERMITTED = "CUDA error: operation not permitted when stream is capturing"
 RESEED = ("CUDAGeneratorImpl::set_current_seed can be called during stream capture only if new "
           "seed is the same as the original seed.")
 UNJOINED = "CUDA error: capturing stream has unjoined work"
+INVALIDATED = "CUDA error: operation failed due to a previous error during capture"
 HERE = "test_cuda_error_texts.py"
 
 
 def _refusal(work) -> CaptureError:
+    """The refused call's error: where it invalidated the capture, torch.cuda.graph's exit fails
+    at capture_end as CUDA's does, and the refused call's error is that one's context."""
     with pytest.raises(CaptureError) as caught:
         with torch.cuda.graph(torch.cuda.CUDAGraph()):
             work()
+    if isinstance(caught.value, CaptureInvalidatedError):
+        return caught.value.__context__
     return caught.value
 
 
@@ -64,6 +69,36 @@ def test_a_host_sync_is_cuda_s_accelerator_error(cuda_device, read):
     message = str(error)
     assert message.startswith(NOT_PERMITTED + "\n"), message
     assert "aten." in message and HERE in message  # the op and the line
+
+
+@pytest.mark.parametrize("sync", ["item", "synchronize", "stream"])
+def test_a_sync_in_a_graph_block_ends_it_with_capture_end_s_error(cuda_kind, sync):
+    # H100, torch 2.11: the refused sync invalidates the capture, so torch.cuda.graph's exit
+    # fails in cudaStreamEndCapture; the caller sees that error, the sync's as its context.
+    x = torch.ones(3, device="cuda")
+    work = {"item": lambda: x.sum().item(), "synchronize": torch.cuda.synchronize,
+            "stream": lambda: torch.cuda.current_stream().synchronize()}[sync]
+    with pytest.raises(torch.AcceleratorError) as caught:
+        with torch.cuda.graph(torch.cuda.CUDAGraph()):
+            work()
+    assert str(caught.value).startswith(INVALIDATED), caught.value
+    assert str(caught.value.__context__).startswith(NOT_PERMITTED), caught.value.__context__
+    if cuda_kind != "native":
+        assert isinstance(caught.value, CaptureInvalidatedError)
+        assert NOT_PERMITTED in str(caught.value)  # the cause is named in the message too
+
+
+def test_a_graph_block_failing_without_a_refused_call_shows_that_error(cuda_kind):
+    # A torch check (a pageable copy) or the user's own exception does not invalidate the
+    # capture: cudaStreamEndCapture succeeds and the body's exception is the one seen.
+    with pytest.raises(ValueError, match="the user's own"):
+        with torch.cuda.graph(torch.cuda.CUDAGraph()):
+            torch.ones(3, device="cuda").add_(1)
+            raise ValueError("the user's own")
+    with pytest.raises(RuntimeError, match="unless the CPU tensor is pinned") as caught:
+        with torch.cuda.graph(torch.cuda.CUDAGraph()):
+            torch.zeros(3, device="cuda").copy_(torch.ones(3))
+    assert caught.value.__context__ is None
 
 
 def test_a_blocking_copy_from_pinned_memory_is_a_sync(cuda_device):

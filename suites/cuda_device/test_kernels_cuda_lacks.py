@@ -58,3 +58,17 @@ def test_compiled_code_meets_the_missing_kernel_too(cuda_kind, backend):
     with pytest.raises(NotImplementedError, match="Could not run 'aten::histogram"):
         compiled(torch.linspace(-2, 2, 8, device="cuda"))
     torch._dynamo.reset()
+
+
+def test_sparse_mm_with_a_reduction_is_refused_and_without_one_runs(cuda_kind):
+    """`torch.sparse.mm(csr, dense, reduce)` reaches `_sparse_mm_reduce_impl`, a SparseCsrCPU
+    kernel only: a GPU refuses it for a cuda CSR tensor (the op database's `sparse.mm.reduce`
+    row on an H100); without `reduce` the product has CUDA's kernel."""
+    csr = torch.eye(3, device="cuda").to_sparse_csr()
+    dense = torch.ones(3, 2, device="cuda")
+    assert torch.sparse.mm(csr, dense).to_dense().cpu().tolist() == [[1.0, 1.0]] * 3
+    with pytest.raises(NotImplementedError,
+                       match="Could not run 'aten::_sparse_mm_reduce_impl' with arguments from "
+                             "the 'SparseCsrCUDA' backend"):
+        torch.sparse.mm(csr, dense, "sum")
+    assert torch.sparse.mm(csr.cpu(), dense.cpu(), "sum").tolist() == [[1.0, 1.0]] * 3
