@@ -70,9 +70,9 @@ def of_op(func: Any) -> HostOutputs | None:
     return _BY_NAME.get(func.name())
 
 
-def of_call(func: Any) -> HostOutputs | None:
-    """The host outputs of the torch call `func`, None for a call without any."""
-    return _BY_CALL.get(func)
+# of_call(func): the host outputs of the torch call `func`, None for a call without any. The
+# table's own `get`: the placement mode asks it for every device call, and it needs no frame.
+of_call = _BY_CALL.get
 
 
 def device_outputs(out: Any, host: HostOutputs | None) -> Any:

@@ -57,7 +57,8 @@ from harness.emulation.rules import (CPU, cuda_index, device_generator_on_host_e
 Tensor = torch.Tensor
 _compiling = torch.compiler.is_compiling
 _autocast_on = torch.is_autocast_enabled
-_deterministic_on = torch.are_deterministic_algorithms_enabled
+_any_autocast_on = torch_internals.is_any_autocast_enabled  # asked first: no device type to parse
+_deterministic_on = torch_internals.deterministic_algorithms
 _AUTOCAST_OPS = autocast.AUTOCAST_OPS
 _runs_its_body = autocast_bodies.runs_its_body
 _casting_inner_ops = inner_autocast.casting_inner_ops
@@ -170,7 +171,8 @@ class Placement(TorchFunctionMode):
             if modes:
                 with joined(modes):
                     return self.__torch_function__(func, types, args, kwargs)
-        if _autocast_on("cuda") and func not in _AUTOCAST_OPS and _runs_its_body(func) \
+        if _any_autocast_on() and _autocast_on("cuda") and func not in _AUTOCAST_OPS \
+                and _runs_its_body(func) \
                 and (func not in self._calls or func in _DEVICE_BRANCHES) \
                 and func not in _MIXING_ALLOWED and not self.state.autocast_bodies.pending() \
                 and any(is_device_memory(t) for t in autocast.tensors(args, kwargs or {})):
@@ -223,11 +225,16 @@ class Placement(TorchFunctionMode):
                 kwargs = {**kwargs, "device": default}
         device_in = False
         host = None
+        # The marks of the positional tensors, in order: the call runner's signature reads each
+        # tensor's mark too, and is handed them (call_patterns.signature).
+        scanned = []
         try:
             # memory_mark, not is_device_memory: one Python call per tensor, not two
             for a in args:
                 if isinstance(a, Tensor):
-                    if memory_mark(a) is DEVICE:
+                    mark = memory_mark(a)
+                    scanned.append(mark)
+                    if mark is DEVICE:
                         device_in = True
                     elif host is None and a.dim():
                         host = a
@@ -246,6 +253,8 @@ class Placement(TorchFunctionMode):
                         host = v
         except (RuntimeError, NotImplementedError):  # a tensor without storage (sparse, nested)
             device_in, host = _scan(args, kwargs)
+            scanned = None
+        scanned_args = args
         named_device = pinned = False
         index = 0  # the device of the call, with several emulated devices
         if kwargs:
@@ -298,26 +307,28 @@ class Placement(TorchFunctionMode):
             if not isinstance(kwargs["generator"], DeviceGenerator):
                 # A cpu generator cannot drive CUDA's random kernels; on a CPU build it would, silently.
                 raise host_generator_error()
-        if named_device and func in _FROM_HOST_DATA and capturing:
-            transfers.refuse_host_data(state, func, args)
-        if named_device and func in _FROM_HOST_DATA and not (
-                args and isinstance(args[0], Tensor) and is_device_memory(args[0])):
-            state.flag_host_sync()  # host data copied to the device, blocking
-        if func in transfers.INDEXING and device_in and capturing \
-                and is_device_memory(args[0]):
-            transfers.refuse_host_indices(state, func, args)
-        if func is Tensor.new_tensor and capturing and (
-                named_device or (device_in and kwargs.get("device") is None)):
-            # A device tensor's new_tensor(data) copies host data to the device, as torch.tensor.
-            transfers.refuse_host_data(state, func, args[1:])
-        if capturing and _any_sparse(args, kwargs):
-            from harness.emulation.allocator_tools import UnsupportedOnEmulatedDevice
+        if named_device or capturing:  # the checks below ask one or the other first
+            if named_device and func in _FROM_HOST_DATA and capturing:
+                transfers.refuse_host_data(state, func, args)
+            if named_device and func in _FROM_HOST_DATA and not (
+                    args and isinstance(args[0], Tensor) and is_device_memory(args[0])):
+                state.flag_host_sync()  # host data copied to the device, blocking
+            if func in transfers.INDEXING and device_in and capturing \
+                    and is_device_memory(args[0]):
+                transfers.refuse_host_indices(state, func, args)
+            if func is Tensor.new_tensor and capturing and (
+                    named_device or (device_in and kwargs.get("device") is None)):
+                # A device tensor's new_tensor(data) copies host data to the device, as
+                # torch.tensor.
+                transfers.refuse_host_data(state, func, args[1:])
+            if capturing and _any_sparse(args, kwargs):
+                from harness.emulation.allocator_tools import UnsupportedOnEmulatedDevice
 
-            raise UnsupportedOnEmulatedDevice(
-                f"{getattr(func, '__name__', func)} on a sparse tensor inside a CUDA graph "
-                f"capture: the emulated device holds sparse tensors eagerly, but its graphs "
-                f"record dense memory only; capture the dense form (`.to_dense()`), or run this "
-                f"on a GPU")
+                raise UnsupportedOnEmulatedDevice(
+                    f"{getattr(func, '__name__', func)} on a sparse tensor inside a CUDA graph "
+                    f"capture: the emulated device holds sparse tensors eagerly, but its graphs "
+                    f"record dense memory only; capture the dense form (`.to_dense()`), or run "
+                    f"this on a GPU")
         if named_device and kwargs.get("layout") in SPARSE_LAYOUTS or func in _SPARSE_FACTORIES:
             # CUDA copies a sparse factory's host parts to the device; on the cpu the result
             # would share their memory, and marking it would make the caller's tensors device memory
@@ -345,6 +356,9 @@ class Placement(TorchFunctionMode):
             runner = state.call_runner
             if state.kernel_log is not None:  # a profiler records CUDA activity
                 runner = state.kernel_log.runner(runner)
+                scanned = None  # its bracketing runner takes the call alone
+            elif args is not scanned_args:  # a sparse factory's parts, copied above
+                scanned = None
             # A call that may draw meets its random aten ops, which draw from the device's
             # generators (device_draws.py); a capture records them to draw at replay instead.
             draws = (EagerDraws(state.draws, index)
@@ -366,9 +380,12 @@ class Placement(TorchFunctionMode):
                             self._call_flagging_syncs(runner), func, args, kwargs)
                     elif self.state.sync_debug_mode:
                         out = self._call_flagging_syncs(runner)(func, args, kwargs)
+                    elif runner is None:
+                        out = func(*args, **kwargs)
+                    elif scanned is None:
+                        out = runner(func, args, kwargs)
                     else:
-                        out = (func(*args, **kwargs) if runner is None
-                               else runner(func, args, kwargs))
+                        out = runner(func, args, kwargs, scanned)
             except (IndexError, RuntimeError) as error:
                 if "can't allocate memory" in str(error):
                     raise self.state.out_of_memory(error) from error

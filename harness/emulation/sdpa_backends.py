@@ -21,7 +21,8 @@ has no such kernel.
 
 from __future__ import annotations
 
-import warnings
+import datetime
+import sys
 from dataclasses import dataclass
 
 import torch
@@ -238,9 +239,13 @@ def device_capability() -> tuple[int, int]:
     return tuple(torch.cuda.get_device_capability())
 
 
-def _answer(reason: str, debug: bool) -> bool:
+def _answer(reason: str, debug: bool, check: str) -> bool:
     if reason and debug:
-        warnings.warn(reason, UserWarning, stacklevel=3)
+        # torch binds the queries without a Python warning handler, so CUDA's TORCH_WARN reaches
+        # c10's default handler and stderr, not `warnings` (H100, torch 2.11: nothing recorded).
+        now = datetime.datetime.now()
+        sys.stderr.write(f"[W{now:%m%d %H:%M:%S}.{now.microsecond * 1000:09d} sdp_utils.cpp] "
+                         f"Warning: {reason} (function {check})\n")
     return not reason
 
 
@@ -248,14 +253,16 @@ def can_use_flash_attention(state, params, debug: bool = False) -> bool:
     """`torch._C._can_use_flash_attention`, behind `torch.backends.cuda.can_use_flash_attention`."""
     call = AttentionCall.of_params(params)
     return _answer(flash_refusal(call, device_capability(),
-                                 torch.backends.cuda.flash_sdp_enabled()), debug)
+                                 torch.backends.cuda.flash_sdp_enabled()), debug,
+                   "can_use_flash_attention")
 
 
 def can_use_efficient_attention(state, params, debug: bool = False) -> bool:
     """`torch._C._can_use_mem_efficient_attention`."""
     call = AttentionCall.of_params(params)
     return _answer(efficient_refusal(call, device_capability(),
-                                     torch.backends.cuda.mem_efficient_sdp_enabled()), debug)
+                                     torch.backends.cuda.mem_efficient_sdp_enabled()), debug,
+                   "can_use_mem_efficient_attention")
 
 
 def can_use_cudnn_attention(state, params, debug: bool = False) -> bool:

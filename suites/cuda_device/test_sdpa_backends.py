@@ -21,33 +21,37 @@ def _inputs(heads: int = 2, length: int = 8, head_dim: int = 64, dtype=torch.flo
         dtype).to("cuda")
 
 
-def _asked(check, q, k, v, *, is_causal=False, enable_gqa=False) -> tuple[bool, list[str]]:
+def _asked(check, q, k, v, capfd, *, is_causal=False, enable_gqa=False) -> tuple[bool, list[str]]:
+    """The query's answer and the reasons it gives with debug=True: CUDA's TORCH_WARN lines,
+    which reach stderr through c10's handler, not Python's warnings (H100, torch 2.11)."""
     params = torch.backends.cuda.SDPAParams(q, k, v, None, 0.0, is_causal, enable_gqa)
+    capfd.readouterr()
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         answer = check(params, True)
-    return answer, [str(w.message) for w in caught if issubclass(w.category, UserWarning)]
+    assert not [w for w in caught if issubclass(w.category, UserWarning)], caught
+    return answer, [line for line in capfd.readouterr().err.splitlines() if "Warning: " in line]
 
 
-def test_flash_attention_is_available_and_takes_half_precision(cuda_kind):
+def test_flash_attention_is_available_and_takes_half_precision(cuda_kind, capfd):
     q = _inputs()
     assert torch.backends.cuda.is_flash_attention_available()
-    flash = _asked(torch.backends.cuda.can_use_flash_attention, q, q, q, is_causal=True)
+    flash = _asked(torch.backends.cuda.can_use_flash_attention, q, q, q, capfd, is_causal=True)
     assert flash == (True, [])
-    assert _asked(torch.backends.cuda.can_use_efficient_attention, q, q, q) == (True, [])
+    assert _asked(torch.backends.cuda.can_use_efficient_attention, q, q, q, capfd) == (True, [])
 
 
-def test_flash_attention_says_why_it_refuses_float32(cuda_kind):
+def test_flash_attention_says_why_it_refuses_float32(cuda_kind, capfd):
     q = _inputs(dtype=torch.float32)
-    answer, reasons = _asked(torch.backends.cuda.can_use_flash_attention, q, q, q)
+    answer, reasons = _asked(torch.backends.cuda.can_use_flash_attention, q, q, q, capfd)
     assert not answer
     assert any("Expected query, key and value to all be of dtype" in r for r in reasons), reasons
-    assert _asked(torch.backends.cuda.can_use_efficient_attention, q, q, q)[0]
+    assert _asked(torch.backends.cuda.can_use_efficient_attention, q, q, q, capfd)[0]
 
 
-def test_efficient_attention_says_why_it_refuses_a_head_dimension_off_its_alignment(cuda_kind):
+def test_efficient_attention_says_why_it_refuses_a_head_dimension_off_its_alignment(cuda_kind, capfd):
     q = _inputs(head_dim=60)
-    answer, reasons = _asked(torch.backends.cuda.can_use_efficient_attention, q, q, q)
+    answer, reasons = _asked(torch.backends.cuda.can_use_efficient_attention, q, q, q, capfd)
     assert not answer
     assert any("divisible by 8" in r for r in reasons), reasons
 

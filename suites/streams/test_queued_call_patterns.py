@@ -218,3 +218,58 @@ def test_the_last_tensor_dropped_without_a_kept_storage_is_the_free(schedule):
         reports = [str(r) for r in state.streams_tracking.reports]
     freed = [r for r in reports if "memory freed while another stream" in r]
     assert len(freed) == 2 and all("del a" in r for r in freed), reports
+
+
+def _parameter_before_a_raced_tensor() -> list[torch.Tensor]:
+    """Calls whose positional tensors mix a Parameter (its mark read apart from the plain
+    tensors' in the signature) with plain tensors, a side stream reading a plain one before
+    waiting; the same call with a host and with a device 0-dim tensor after the Parameter (two
+    signatures); and a queued result whose strides are not the ones `torch.full` would give."""
+    side = torch.cuda.Stream()
+    weight = torch.nn.Parameter(torch.randn(8, device="cuda"), requires_grad=False)
+    x = torch.ones(8, device="cuda")
+    row = torch.randn(1, 4, device="cuda")
+    half = torch.tensor(0.5)  # a host scalar, which CUDA's kernels take beside device tensors
+    seen = []
+    for _ in range(3):  # the first round learns each call's pattern, the later ones use it
+        y = x * 3  # the default stream's write the side stream races with
+        total = y.sum()  # a device scalar, written on the default stream too
+        with torch.cuda.stream(side):
+            z = torch.where(y > 2, weight, y)  # the Parameter at 1, the raced y at 2
+            w = torch.addcmul(weight, y, x)
+            h = torch.where(x > 0, weight, half)
+            t = torch.where(x > 0, weight, total)  # not the host call's pattern: reads `total`
+        seen += [h.cpu(), t.cpu()]
+        column = row.t().clone()  # shape (4, 1), strides (1, 4): contiguous, not full's
+        torch.cuda.synchronize()
+        seen += [z.cpu(), w.cpu(), column.cpu().reshape(4), torch.tensor(column.stride())]
+    return seen
+
+
+@pytest.mark.parametrize("schedule", ["adversarial", "issue_order"])
+def test_calls_mixing_a_parameter_and_plain_tensors_report_what_dispatched_calls_do(schedule):
+    """The placement mode hands the signature the storages it read, in argument order: each
+    tensor must get its own (a Parameter's included), or a race on the plain tensor after it
+    is reported on the wrong storage or not at all; and a queued result keeps its strides."""
+    skip_unless_the_emulated_device_can_be_entered()
+    runs = []
+    for patterns_on in (False, True):
+        torch.manual_seed(0)
+        with harness.emulate_cuda(device="cpu", schedule=schedule, races="report") as state:
+            with torch.no_grad():
+                if patterns_on:
+                    seen = _parameter_before_a_raced_tensor()
+                else:
+                    with PassThrough():
+                        seen = _parameter_before_a_raced_tensor()
+            tracking = state.streams_tracking
+            runs.append(([str(r) for r in tracking.reports], seen, tracking.patterned_calls))
+    (dispatched, dispatched_values, none), (learned, learned_values, used) = runs
+    assert none == 0 and used > 0
+    assert any("torch.where(y > 2, weight, y)" in r for r in dispatched), dispatched
+    assert any("torch.addcmul(weight, y, x)" in r for r in dispatched), dispatched
+    assert any("torch.where(x > 0, weight, total)" in r for r in dispatched), dispatched
+    assert learned == dispatched
+    assert torch.equal(learned_values[-1], torch.tensor([1, 4]))
+    for i, (got, expected) in enumerate(zip(learned_values, dispatched_values)):
+        assert _same_bits(got, expected), f"value {i} differs"

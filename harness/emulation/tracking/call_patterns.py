@@ -45,8 +45,8 @@ from harness import torch_internals
 from harness.graphs.emulator.callsite import callsite_later
 from harness.graphs.emulator.pool import poison_value
 from harness.emulation.device_memory import DEVICE, PINNED, memory_mark
-from harness.emulation.tracking.deferral import defer_call, out_form
-from harness.emulation.tracking.races import Access
+from harness.emulation.tracking.deferral import defer_call, full_strides, out_form
+from harness.emulation.tracking.races import new_access
 
 _Tensor = torch.Tensor
 _PLAIN = (torch.Tensor, torch.nn.Parameter)
@@ -86,11 +86,14 @@ class CallPattern:
     # Learned with the op waiting in its stream's queue (the adversarial schedule, a stream behind
     # `_sleep`): used only while the stream queues, and a pattern learned in order only while not.
     queued: bool = False
-    # queued, fresh: the call's result's shape, stride, dtype and poison (None: it is empty)
+    # queued, fresh: the call's result's shape, stride, dtype and poison (None: it is empty), and
+    # whether its strides are those `torch.full` gives the shape (deferral.defer_call)
     result_meta: tuple | None = None
     returns: int | None = None  # queued, in place: which of the call's tensors it returns (None)
     bumps: tuple[int, ...] = ()  # queued, in place: the written tensors with a version counter
     positional: bool = False  # queued: every tensor of the call is a positional argument
+    # queued, positional: per tensor, whether it is device memory (the signature keeps it)
+    on_device: tuple[bool, ...] = ()
     # queued, fresh: the aten op's `out=` form, where the op was given the call's positional
     # arguments themselves (deferral.out_form); None: the call runs again and is copied
     out_op: Any = None
@@ -187,12 +190,15 @@ def _meta(a: Any, tensors: list, storages: list) -> Any:
     raise _Unkeyed
 
 
-def signature(func: Any, args: tuple, kwargs: dict) -> tuple[tuple, list, list] | None:
+def signature(func: Any, args: tuple, kwargs: dict,
+              scanned: list | None = None) -> tuple[tuple, list, list] | None:
     """(the call's signature, its tensors in argument order, their storages), or None for a call
     never learned. The signature may be unhashable (an unhashable scalar inside it): the lookup
-    says."""
+    says. `scanned`: the memory marks of the tensors among `args` (not inside a list), in order,
+    as the caller read them (the placement mode's scan), which are not read again."""
     tensors: list = []
     storages: list = []
+    taken = 0  # the marks of `scanned` used so far
     # The hot path: one signature per device call, so tensors and scalars are inlined.
     autocast = (_autocast_on("cpu"), _autocast_on("cuda")) if _any_autocast_on() else _NO_AUTOCAST
     parts = [func, _grad_on(), _inference_on(), _deterministic(), autocast, _default_dtype()]
@@ -205,7 +211,11 @@ def signature(func: Any, args: tuple, kwargs: dict) -> tuple[tuple, list, list] 
                     storage = a.untyped_storage()
                 except (RuntimeError, NotImplementedError):
                     return None
-                mark = memory_mark(storage)
+                if scanned is None:
+                    mark = memory_mark(storage)
+                else:
+                    mark = scanned[taken]
+                    taken += 1
                 dtype = a.dtype
                 if mark is not DEVICE and (mark == PINNED or not a.is_cpu) or dtype.is_complex:
                     return None
@@ -217,6 +227,8 @@ def signature(func: Any, args: tuple, kwargs: dict) -> tuple[tuple, list, list] 
                 append(kind)
                 append(a)
             else:
+                if scanned is not None and isinstance(a, _Tensor):
+                    taken += 1  # a Parameter: its mark is read again below
                 append(_meta(a, tensors, storages))
         if kwargs:
             append(tuple((k, _meta(v, tensors, storages)) for k, v in kwargs.items()))
@@ -252,14 +264,16 @@ class CallPatterns:
         return (self._work.active and mode.probe is None and not mode.capturing()
                 and _stack_length() == 1 and _stack_at(0) is mode)
 
-    def run(self, func: Any, args: tuple, kwargs: dict) -> Any:
-        """`func(*args, **kwargs)` of a device call, tracked as the stream mode tracks it."""
+    def run(self, func: Any, args: tuple, kwargs: dict, scanned: list | None = None) -> Any:
+        """`func(*args, **kwargs)` of a device call, tracked as the stream mode tracks it.
+        `scanned`: the memory marks of the call's positional tensors, as the placement mode read
+        them (`signature`)."""
         mode = self.mode
         # The hot path (every device call): `_usable` inlined.
         if not (self._work.active and mode.probe is None and not mode.capturing()
                 and _stack_length() == 1 and _stack_at(0) is mode):
             return func(*args, **kwargs)
-        found = signature(func, args, kwargs)
+        found = signature(func, args, kwargs, scanned)
         if found is None:
             return func(*args, **kwargs)
         key, tensors, storages = found
@@ -290,19 +304,20 @@ class CallPatterns:
                                         pattern.write_labels) if pattern.write_positions else []
         self.used += 1
         if pattern.queued:
-            return self._queue(pattern, tensors, func, args, kwargs, stream, read_keys,
+            return self._queue(pattern, tensors, storages, func, args, kwargs, stream, read_keys,
                                write_keys, where)
         seq = mode.tracker.launch(stream, read_keys, write_keys, op=name, where=where)
         with _DisableTorchDispatch():
             out = func(*args, **kwargs)
         schedule.ran(stream, seq)
         if not write_keys:
-            mode.note_result(out, pattern.result_label, Access(True, stream, seq, name, where),
+            mode.note_result(out, pattern.result_label,
+                             new_access((True, stream, seq, name, where)),
                              touched=pattern.touches_result)
         return out
 
-    def _queue(self, pattern: CallPattern, tensors: list, func: Any, args: tuple, kwargs: dict,
-               stream: int, read_keys: list, write_keys: list, where: Any) -> Any:
+    def _queue(self, pattern: CallPattern, tensors: list, storages: list, func: Any, args: tuple,
+               kwargs: dict, stream: int, read_keys: list, write_keys: list, where: Any) -> Any:
         """A learned call on a stream that queues its work, as the stream mode queues the op
         it reaches (mode.py, `_device_op`): launched now, its tensors held as aliases, its fresh
         result poisoned until the queue runs it; or run at once, after its stream's queue, when
@@ -315,34 +330,39 @@ class CallPatterns:
         seq = tracker.launch(stream, read_keys, write_keys, op=name, where=where)
         returns = None if pattern.returns is None else tensors[pattern.returns]
         if len(tracker.reports) > reported and mode.overtakes_queued_work(reported):
-            out, call = defer_call(func, (args, kwargs), pattern.result_meta, returns)
             with _DisableTorchDispatch(), _DisableTorchFunction():
+                out, call = defer_call(func, (args, kwargs), pattern.result_meta, returns)
                 schedule.run_stream(stream)
                 call()
             schedule.ran(stream, seq)
         else:
-            with _DisableTorchDispatch():  # the aliases are views, no op of the caller's
+            # One guard for the aliases (views, no op of the caller's) and the poisoned result.
+            with _DisableTorchDispatch(), _DisableTorchFunction():
                 if pattern.positional:
-                    held_args, release = mode.aliases_of_positional(args)
+                    held_args, release = mode.aliases_of_positional(args, storages,
+                                                                    pattern.on_device)
                     held = (held_args, dict(kwargs) if kwargs else kwargs)
                 else:
                     held, release = mode.aliases_for_queue((args, kwargs))
-            out, call = defer_call(func, held, pattern.result_meta, returns, pattern.out_op)
+                out, call = defer_call(func, held, pattern.result_meta, returns, pattern.out_op)
             call.release = release if returns is not None else mode.holding_results(out, release)
             schedule.queue(stream, seq, call)
         if not write_keys:
-            mode.note_result(out, pattern.result_label, Access(True, stream, seq, name, where),
+            mode.note_result(out, pattern.result_label,
+                             new_access((True, stream, seq, name, where)),
                              touched=pattern.touches_result)
         return out
 
     def _learn(self, key: tuple, tensors: list, func: Any, args: tuple, kwargs: dict) -> Any:
         mode = self.mode
+        # as the signature saw them (its key keeps them): whether each tensor is device memory
+        on_device = tuple(memory_mark(t) is DEVICE for t in tensors)
         probe = mode.probe = Probe(mode.label_of, args, kwargs)
         try:
             out = func(*args, **kwargs)
         finally:
             mode.probe = None
-        self._remember(key, self._pattern(probe, tensors, args, out))
+        self._remember(key, self._pattern(probe, tensors, on_device, args, out))
         return out
 
     def _remember(self, key: tuple, pattern: Any) -> None:
@@ -350,7 +370,8 @@ class CallPatterns:
             self._patterns.clear()
         self._patterns[key] = pattern
 
-    def _pattern(self, probe: Probe, tensors: list, args: tuple, out: Any) -> Any:
+    def _pattern(self, probe: Probe, tensors: list, on_device: tuple[bool, ...], args: tuple,
+                 out: Any) -> Any:
         if probe.spoiled or len(probe.ops) > 1:
             return _NEVER
         if not probe.ops:
@@ -374,6 +395,8 @@ class CallPatterns:
             if how is None:
                 return _NEVER
             how["positional"] = len(tensors) == sum(isinstance(a, _Tensor) for a in args)
+            if how["positional"]:
+                how["on_device"] = on_device
             if given and how.get("result_meta") is not None and how["positional"]:
                 how["out_op"] = out_form(plan.func)
         return CallPattern(plan.name, tuple(storages.index(key) for key in read_keys),
@@ -404,4 +427,5 @@ def _queued_fields(tensors: list, out: Any, write_positions: tuple) -> dict | No
             or out.untyped_storage().nbytes() != out.numel() * out.element_size():
         return None
     return dict(queued=True, result_meta=(out.shape, out.stride(), out.dtype,
-                                          poison_value(out.dtype) if out.numel() else None))
+                                          poison_value(out.dtype) if out.numel() else None,
+                                          out.stride() == full_strides(out.shape)))

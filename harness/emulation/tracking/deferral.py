@@ -89,7 +89,8 @@ _DisableTorchFunction = torch_internals.DisableTorchFunction
 _BelowAutograd = torch_internals.AutoDispatchBelowADInplaceOrView
 _inference_on = torch.is_inference_mode_enabled
 _autocast_on = torch.is_autocast_enabled
-_deterministic = torch.are_deterministic_algorithms_enabled
+_any_autocast_on = torch_internals.is_any_autocast_enabled  # no device type to parse
+_deterministic = torch_internals.deterministic_algorithms
 _default_dtype = torch.get_default_dtype
 
 
@@ -128,8 +129,9 @@ class QueuedCall:
 
     def _run(self) -> None:
         with _DisableTorchDispatch(), _DisableTorchFunction(), _BelowAutograd():
-            in_issue_state = (_default_dtype() is self.dtype and not _autocast_on("cpu")
-                              and not _autocast_on("cuda") and not _deterministic())
+            in_issue_state = (_default_dtype() is self.dtype and not _deterministic()
+                              and not (_any_autocast_on() and (_autocast_on("cpu")
+                                                               or _autocast_on("cuda"))))
             if self.out_op is not None:
                 if in_issue_state:
                     self.out_op(*self.args, out=self.target)
@@ -168,11 +170,24 @@ def _in_issue_state(dtype: torch.dtype, func, args: tuple, kwargs: dict) -> Any:
         torch.use_deterministic_algorithms(before[3], warn_only=before[4])
 
 
+def full_strides(shape: tuple[int, ...]) -> tuple[int, ...]:
+    """The strides of `torch.full(shape, ...)` (and `torch.empty(shape)`): row-major, a size of
+    0 counted as 1 (c10's contiguous strides)."""
+    strides = []
+    step = 1
+    for size in reversed(shape):
+        strides.append(step)
+        step *= max(size, 1)
+    return tuple(reversed(strides))
+
+
 def defer_call(func, held: tuple, result: tuple | None, returns: Any, out_op: Any = None
                ) -> tuple[Any, QueuedCall]:
-    """(what a learned torch call returns now, the call that does its work later). `held` is
-    `(args, kwargs)` with the tensors the queued call keeps (aliases of the caller's);
-    `result`: the fresh result's (shape, stride, dtype, poison value or None when it is empty),
+    """(what a learned torch call returns now, the call that does its work later), called with
+    torch function and dispatch handling off (DisableTorchFunction, DisableTorchDispatch: the
+    result is made so). `held` is `(args, kwargs)` with the tensors the queued call keeps
+    (aliases of the caller's); `result`: the fresh result's (shape, stride, dtype, poison value
+    or None when it is empty, whether `stride` is the one `torch.full` gives `shape`),
     allocated now and poisoned until the call ran, or None for a call in place, which returns
     `returns`. `out_op`: the `out=` form that writes the result from `held`'s arguments (None:
     the call runs and its result is copied)."""
@@ -183,10 +198,12 @@ def defer_call(func, held: tuple, result: tuple | None, returns: Any, out_op: An
         call.target = call.out_op = None
         return returns, call
     call.out_op = out_op
-    shape, stride, dtype, poison = result
-    with _DisableTorchDispatch(), _DisableTorchFunction():
+    shape, stride, dtype, poison, dense = result
+    if dense and poison is not None:
+        out = torch.full(shape, poison, dtype=dtype)  # empty_strided and fill_ in one call
+    else:
         out = torch.empty_strided(shape, stride, dtype=dtype)
         if poison is not None:
             out.fill_(poison)
-        call.target = out.detach()
+    call.target = out.detach()
     return out, call

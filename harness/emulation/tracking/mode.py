@@ -25,7 +25,7 @@ from harness.graphs.emulator.opinfo import OpKind
 from harness.graphs.emulator.accesses import (blocks_host, copy_blocks_host, higher_order_tensors,
                                               split_accesses, tensors_of)
 from harness.emulation.compiled_rng import call_higher_order
-from harness.emulation.device_memory import DEVICE, memory_mark, own_storage
+from harness.emulation.device_memory import own_storage
 from harness.emulation.host_outputs import device_outputs
 from harness.emulation.tracking.deferral import defer
 from harness.emulation.tracking.names import ShapeLabels, label_of, storage_key
@@ -318,15 +318,29 @@ class StreamWork(TorchDispatchMode):
         alias = self._alias
         return map_tensors(lambda t: alias(t, keys), tree), self._release(keys)
 
-    def aliases_of_positional(self, args: tuple) -> tuple[tuple, Callable[[], None]]:
+    def aliases_of_positional(self, args: tuple, storages: list,
+                              on_device: tuple[bool, ...]) -> tuple[tuple, Callable[[], None]]:
         """`aliases_for_queue` of a learned call (call_patterns.py) whose tensors are all
-        positional arguments (none in a list, none by keyword): the arguments, one pass. Such a
-        call has no pinned or meta tensor, so what it tracks is its device memory."""
+        positional arguments (none in a list, none by keyword), given their `storages` in order
+        and which are device memory: the arguments, one pass. Such a call has no pinned or meta
+        tensor, so what it tracks is its device memory."""
         keys: list[int] = []
-        alias = self._alias_of_tracked
-        return (tuple([alias(a, keys) if isinstance(a, torch.Tensor) and memory_mark(a) is DEVICE
-                       else a for a in args]),
-                self._release(keys))
+        held = []
+        taken = 0
+        alias, watched, on_dropped = self.holds.alias, self._watched, self._on_dropped
+        for a in args:
+            if isinstance(a, torch.Tensor):
+                taken += 1
+                if on_device[taken - 1]:  # _alias_of_tracked, inlined
+                    key = storages[taken - 1].data_ptr()
+                    keys.append(key)
+                    alias(key)
+                    if id(a) not in watched:
+                        watch = watched[id(a)] = _Watch(a, on_dropped)
+                        watch.tensor_id, watch.key = id(a), key
+                    a = a.detach()
+            held.append(a)
+        return tuple(held), self._release(keys)
 
     def _alias(self, t: torch.Tensor, keys: list[int]) -> torch.Tensor:
         return self._alias_of_tracked(t, keys) if self._tracked(t) else t

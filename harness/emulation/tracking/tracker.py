@@ -22,7 +22,8 @@ from typing import Callable, Iterable
 from harness.emulation.tracking.clocks import HOST, Clocks
 from harness.emulation.tracking.freed_blocks import FreedBlock, FreedBlocks, pool_of
 from harness.emulation.tracking.races import (UNKNOWN_TENSOR, Access, RaceError, RaceKind,
-                                                   RaceReport, RaceWarning, Reuse, TensorLabel)
+                                                   RaceReport, RaceWarning, Reuse, TensorLabel,
+                                                   new_access)
 from harness.emulation.tracking.unseen_writes import UNSEEN_HOST_WRITE
 
 MODES = ("strict", "report")
@@ -64,7 +65,7 @@ class StreamTracker:
         """A device op on `stream` reading and writing the given storages; returns its seq."""
         seq = self.clocks.launch(stream)
         storages = self._storages
-        read_access = Access(False, stream, seq, op, where)
+        read_access = new_access((False, stream, seq, op, where))
         if not writes and not self._freed.reuses:
             # The hot path (most ops: reads and a fresh result, no freed block pending): a read
             # is checked only against a last write of another stream, and always noted, as a
@@ -102,7 +103,7 @@ class StreamTracker:
                 self._race(RaceKind.UNSYNCHRONIZED_STREAMS, key, read_access, previous)
             state.reads[stream] = read_access
         if written:
-            write_access = Access(True, stream, seq, op, where)
+            write_access = new_access((True, stream, seq, op, where))
             for key in written:
                 state = storages.get(key)
                 if state is None:
