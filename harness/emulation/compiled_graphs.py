@@ -39,10 +39,12 @@ what the emulation adds is at the two ends of each compiled graph:
 from __future__ import annotations
 
 import contextlib
+import copy
 import dataclasses
 import functools
 import importlib
 import itertools
+import threading
 import weakref
 from dataclasses import dataclass
 from typing import Any, Callable
@@ -52,6 +54,7 @@ import torch
 from harness import torch_internals, triton_internals
 from harness.torch_internals import get_current_function_mode_stack as _get_current_function_mode_stack
 
+from harness.emulation import compiled_kernels
 from harness.emulation.compiled_aot_transfers import aot_transfers_patch, transfers_in_aot_graphs
 from harness.emulation.compiled_capture_rules import FirstRefusal, Refusal, refuse
 from harness.emulation.compiled_devices import (OutputMark, Placement, graph_attribute,
@@ -181,7 +184,13 @@ class DeviceGraph:
         self.training = False
         self.backward = False
         self.returned: type = list  # what the compiled code returns (a list from inductor)
-        self.trees_function: Callable | None = None
+        # torch's trees' function of this graph per host thread: inductor's cudagraphify keeps
+        # it thread-local, so each thread runs through its own thread's tree manager and pool
+        # (a thread that ends lets go of its function, as its thread-local storage goes)
+        self.trees_functions: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+        # the device's stand-in for the trees: this graph as each host thread runs it
+        # (`_this_threads`)
+        self.per_thread: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
         self.replays: dict[tuple, Any] = {}
         self.input_views: dict[tuple, tuple] = {}  # per layout: (output index, InputView)
         self.warm_generation: dict[tuple, Any] = {}  # the generation each layout warmed up in
@@ -214,6 +223,8 @@ class DeviceGraph:
         self.blas = uses_blas(graph_module)
         # whether the graph draws random numbers, which on CUDA come from the device's generator
         self.draws = _draws(graph_module)
+        # whether the graph calls a kernel whose CPU and CUDA forms differ (compiled_kernels.py)
+        self.device_kernels = compiled_kernels.in_graph(graph_module)
         # Host and device memory through the graph (compiled_devices.py): per input layout and
         # memory of the inputs, where each output lives.
         self.transfers = has_transfers(graph_module)
@@ -276,10 +287,29 @@ class DeviceGraph:
         if self.cudagraphs and not state.capturing():
             if state.torchs_trees:
                 return self._through_torchs_trees(state, args)
-            out = self._replayed(state, args)
-            state.trees.ran(self)
+            graph = self._this_threads()
+            out = graph._replayed(state, args)
+            state.trees.ran(graph)
             return out
         return self._run(state, args)
+
+    def _this_threads(self) -> "DeviceGraph":
+        """The graph whose recordings the calling thread's calls use: inductor's cudagraphify
+        keeps its trees' function per host thread, each on that thread's tree manager with a
+        pool of its own, so one thread's replays never rewrite what another's handed out. The
+        first thread to run the graph uses this one; another gets a copy without recordings."""
+        thread = threading.current_thread()
+        graph = self.per_thread.get(thread)
+        if graph is None:
+            if not self.per_thread:
+                graph = self
+            else:
+                graph = copy.copy(self)  # the compiled code, its analyses and its skip log shared
+                graph.replays, graph.pieces, graph.warm_generation = {}, {}, {}
+                graph.int_keys, graph.warned_dynamic_shapes, graph.rerecords = {}, False, 0
+                graph.__dict__.pop("pool", None)
+            self.per_thread[thread] = graph
+        return graph
 
     # --- reduce-overhead through torch's own cudagraph trees (state.torchs_trees) -------------
 
@@ -316,8 +346,10 @@ class DeviceGraph:
             return self._run_pieces(state, args, key)
         if entry != "trees":
             return self._run(state, args)
-        if self.trees_function is None:
-            self.trees_function = self._trees_function(state, args, key)
+        thread = threading.current_thread()
+        trees_function = self.trees_functions.get(thread)
+        if trees_function is None:
+            trees_function = self.trees_functions[thread] = self._trees_function(state, args, key)
             state.trees.note_graph(self)  # torch._dynamo.reset() lets go of the function
         # held weakly: a backward's static inputs are the activations it saved, which the trees
         # expect to die while it runs (a recording notes which of its parent's outputs did)
@@ -330,7 +362,7 @@ class DeviceGraph:
             # AOTAutograd hands its inputs over (boxed): nothing here keeps them past the trees
             args.clear()
         try:
-            outs = self.trees_function(inputs)
+            outs = trees_function(inputs)
         finally:
             state.trees_static_inputs = None
         out = outs[0] if self.bare_output or not issubclass(self.returned, (list, tuple)) \
@@ -674,7 +706,7 @@ class DeviceGraph:
         self.int_keys.clear()
         self.warned_dynamic_shapes = False
         self.__dict__.pop("pool", None)
-        self.trees_function = None  # bound to the trees' manager that was shut down
+        self.trees_functions.clear()  # bound to the trees' managers that were shut down
 
     def _split(self, args, key) -> bool:
         """Whether inductor's graph partition splits this layout (compiled_partitions.py: nodes
@@ -794,7 +826,7 @@ class DeviceGraph:
                 return self._run(state, args)
         else:
             with _on_device(state, self._placement(args, key).host is None), \
-                    _device_draws(state, self.draws):
+                    _device_draws(state, self.draws), _device_kernels(self.device_kernels):
                 out = self.compiled(*args)
         return self._placed(state, args, out, key)
 
@@ -1284,6 +1316,11 @@ def _device_draws(state, draws: bool):
     if not draws or state.capturing() or recorded():
         return contextlib.nullcontext()
     return EagerDraws(state.draws, state.current_index)
+
+
+def _device_kernels(differ: bool):
+    """The graph's aten ops meet CUDA's kernels where the CPU's differ (compiled_kernels.py)."""
+    return compiled_kernels.DeviceKernels() if differ else contextlib.nullcontext()
 
 
 @contextlib.contextmanager

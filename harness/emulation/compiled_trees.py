@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import contextlib
 import weakref
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator
 
 import torch
 
@@ -346,16 +346,18 @@ def _refuse(storage, message: str, refuse_access) -> None:
     refuse_access(torch_internals.storage_key(storage), message)
 
 
-def trees_shut_down(generations: TreeGenerations) -> None:
+def trees_shut_down(every_threads: Callable[[], list[TreeGenerations]]) -> None:
     """Torch's cudagraph trees of the emulated device shut down (`reset_cudagraph_trees`), where
     the trees module was imported: their managers hold the device's graphs and pools; and the
-    device's graphs let go of what they recorded (`generations`: the device's TreeGenerations)."""
+    device's graphs let go of what they recorded (`every_threads`: the device's TreeGenerations,
+    one per thread that ran a reduce-overhead graph)."""
     import sys
 
     trees = sys.modules.get(torch_internals.NAMES["inductor_cudagraph_trees"].module)
     if trees is not None:
         trees.reset_cudagraph_trees()
-    generations.reset()
+    for generations in every_threads():
+        generations.reset()
 
 
 def trees_reset() -> list[tuple[Any, str, Any]]:

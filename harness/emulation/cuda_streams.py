@@ -31,6 +31,7 @@ from harness.emulation.capture_syncs import refuse_host_sync
 from harness.emulation.capture_waits import refuse_uncaptured_wait
 from harness.emulation.device_clock import SM_CLOCK_HZ, DeviceClock
 from harness.emulation.rules import (captured_event_used, device_index,
+                                     event_recorded_on_another_device,
                                      events_of_two_devices_error, interprocess_timing_event)
 
 _TorchStream = torch.Stream  # torch's own class (the emulation replaces the name while it lasts)
@@ -242,6 +243,9 @@ class Event:
             raise interprocess_timing_event("Event.record()")  # the event is made here
         state = _state()
         stream = state.streams.current() if stream is None else as_device_stream(stream)
+        if self.recorded_on is not None and self.recorded_on.device_index != stream.device_index:
+            raise event_recorded_on_another_device(self.recorded_on.device_index,
+                                                   stream.device_index, self.made_for is not None)
         self.recorded_on = stream
         self._time = state.streams.clock.record(stream)
         self._captured_by = None

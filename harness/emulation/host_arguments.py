@@ -37,9 +37,17 @@ _LENGTHS = HostArgument(1, "lengths", lambda t, device: (
     f"'lengths' argument should be a 1D CPU int64 tensor, but got {t.dim()}D {device} "
     f"{scalar_type_name(t.dtype)} tensor"))
 
+def _aten_ops(name: str, where: HostArgument) -> dict:
+    """The aten op's packet and overloads, called themselves (as compiled code and decompositions
+    call them): the argument is a tensor only in the overloads that take one there."""
+    packet = getattr(torch.ops.aten, name)
+    return {packet: where, **{getattr(packet, overload): where for overload in packet.overloads()}}
+
+
 CALLS: dict[Callable, HostArgument] = {
     torch.tensor_split: _SPLIT, torch.Tensor.tensor_split: _SPLIT, torch.randint_like: _HIGH,
     **dict.fromkeys(host_outputs.PACKING_CALLS, _LENGTHS),
+    **_aten_ops("tensor_split", _SPLIT), **_aten_ops("randint_like", _HIGH),
 }
 
 

@@ -269,6 +269,71 @@ _INTEGER_DIVISIONS = {
 }
 
 
+def _aten_division(op, divide, floors: bool, in_place: bool):
+    """An integer division's aten op called itself (`torch.ops.aten.floor_divide`, an overload,
+    as compiled code and decompositions call it), answered as `_integer_division` answers its
+    torch function; true division and non-integer operands run the op as it is."""
+    def replacement(a, b, *, rounding_mode=None, out=None):
+        given = {k: v for k, v in (("rounding_mode", rounding_mode), ("out", out))
+                 if v is not None}
+        if (divide is torch.div and rounding_mode is None) or not _divides_integers(a, b):
+            return op(a, b, **given)
+        mode = {"rounding_mode": rounding_mode} if divide is torch.div else {}
+        floored = floors or rounding_mode == "floor"
+        if in_place:
+            return _integer_division(lambda x, y: divide(x, y, **mode), a, b, None, a,
+                                     lambda x, y: op(x, y, **given), floors=floored)
+        return _integer_division(lambda x, y, **o: divide(x, y, **mode, **o), a, b, out, None,
+                                 floors=floored)
+    return replacement
+
+
+def _aten_divisions() -> dict:
+    entries = {}
+    for name, divide, floors in (("floor_divide", torch.floor_divide, True),
+                                 ("remainder", torch.remainder, False),
+                                 ("fmod", torch.fmod, False), ("div", torch.div, False)):
+        for in_place in (False, True):
+            packet = getattr(torch.ops.aten, name + ("_" if in_place else ""), None)
+            if packet is None:
+                continue
+            entries[packet] = _aten_division(packet, divide, floors, in_place)
+            for overload in packet.overloads():
+                op = getattr(packet, overload)
+                if any(isinstance(argument.type, torch.TensorType)
+                       for argument in op._schema.arguments):
+                    entries[op] = _aten_division(op, divide, floors, in_place)
+    return entries
+
+
+# The torch functions and Tensor methods of the integer divisions
+INTEGER_DIVISION_CALLS = frozenset(_INTEGER_DIVISIONS)
+# The aten ops of the integer divisions, called themselves (the placement mode and a compiled
+# graph's DeviceKernels answer them so).
+ATEN_DIVISIONS = _aten_divisions()
+
+def _aten_kernels() -> dict:
+    """The aten ops of the kernels above, called themselves, with the same replacement (their
+    schemas take the torch functions' arguments): `histc` of integers, `mm` with `out_dtype`,
+    `linalg_lstsq`'s driver, `one_hot`'s checks."""
+    aten = torch.ops.aten
+    entries = {}
+    for packet, overloads, replacement in ((aten.histc, ("default", "out"), histc),
+                                           (aten.mm, ("dtype", "dtype_out"), mm),
+                                           (aten.linalg_lstsq, ("default",), lstsq),
+                                           (aten.one_hot, ("default",), one_hot)):
+        present = [name for name in overloads if name in packet.overloads()]
+        if present:
+            entries[packet] = replacement
+        for name in present:
+            entries[getattr(packet, name)] = replacement
+    return entries
+
+
+# The aten ops of the kernels above and of the integer divisions, called themselves (the
+# placement mode and a compiled graph's DeviceKernels answer them so).
+ATEN_REPLACEMENTS = {**ATEN_DIVISIONS, **_aten_kernels()}
+
 # The torch function each replaces, for the placement mode's table.
 def trace(input: Tensor) -> Tensor:
     """CUDA's trace kernel (TriangularOps.cu's trace_cuda) is `diagonal().sum()`: it takes half and
@@ -283,4 +348,4 @@ REPLACEMENTS = {torch.histc: histc, Tensor.histc: tensor_histc, torch.mm: mm,
                 torch.trace: trace, Tensor.trace: trace,
                 torch.nn.functional.scaled_dot_product_attention: scaled_dot_product_attention,
                 torch.nn.functional.one_hot: one_hot, torch.linalg.lstsq: lstsq,
-                **_INTEGER_DIVISIONS}
+                **_INTEGER_DIVISIONS, **ATEN_REPLACEMENTS}

@@ -14,7 +14,7 @@ kernel only (its dispatch table, 2.11 to 2.15): a GPU refuses it for a sparse CS
 
 from __future__ import annotations
 
-from typing import Callable
+from typing import Any, Callable
 
 import torch
 
@@ -34,13 +34,35 @@ def _sparse_mm_op(args: tuple, kwargs: dict) -> str | None:
     return "aten::_sparse_mm_reduce_impl" if len(args) > 2 or "reduce" in kwargs else None
 
 
-# A Python call: the aten op whose missing CUDA kernel it meets first, from its arguments (None
-# where these arguments reach a kernel CUDA has).
-CPU_ONLY: dict[Callable, Callable[[tuple, dict], str | None]] = {
+def _aten_ops() -> dict[Any, Callable[[tuple, dict], str | None]]:
+    """The CPU-only aten ops called themselves (`torch.ops.aten.histogram.bin_ct(...)`, as
+    compiled code and decompositions call them): each overload names itself, a packet the
+    overload its arguments pick."""
+    entries: dict[Any, Callable[[tuple, dict], str | None]] = {}
+    for name, of_packet in (("histogram", _histogram_op),
+                            ("_histogramdd_bin_edges", None),
+                            ("_histogramdd_from_bin_cts", None),
+                            ("_histogramdd_from_bin_tensors", None),
+                            ("_sparse_mm_reduce_impl", None)):
+        packet = getattr(torch.ops.aten, name, None)
+        if packet is None:  # an op this build does not have
+            continue
+        entries[packet] = of_packet or (lambda args, kwargs, name=name: f"aten::{name}")
+        for overload in packet.overloads():
+            op = getattr(packet, overload)
+            entries[op] = lambda args, kwargs, op=op: op._schema.name + (
+                f".{op._schema.overload_name}" if op._schema.overload_name else "")
+    return entries
+
+
+# A call: the aten op whose missing CUDA kernel it meets first, from its arguments (None where
+# these arguments reach a kernel CUDA has).
+CPU_ONLY: dict[Any, Callable[[tuple, dict], str | None]] = {
     torch.histogram: _histogram_op,
     torch.Tensor.histogram: _histogram_op,
     torch.histogramdd: _histogramdd_op,
     torch.sparse.mm: _sparse_mm_op,
+    **_aten_ops(),
 }
 _INSTEAD = {
     "aten::_sparse_mm_reduce_impl": "reduce on the host, or use torch.sparse.mm without `reduce`",

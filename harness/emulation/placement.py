@@ -21,6 +21,7 @@ products are marked by backward.py.
 
 from __future__ import annotations
 
+import functools
 import re
 import types
 
@@ -366,17 +367,20 @@ class Placement(TorchFunctionMode):
             if draws is not None:
                 draws.__enter__()
             try:
+                # a kernel the CPU lacks for the reduced dtypes, whichever runner takes the call
+                widen = func in _WIDENED and reduced_kernels.needs_widening(func, args, kwargs)
                 if draws is not None and is_random(func) and dispatch_modes_off():
-                    out = draws.draw_call(func, args, kwargs)
-                elif _deterministic_on():  # CUDA's kernels without a deterministic form
-                    out = deterministic_alerts.call_alerting(self._call_flagging_syncs(runner),
-                                                             func, args, kwargs)
-                elif self.state.sync_debug_mode:
-                    out = self._call_flagging_syncs(runner)(func, args, kwargs)
+                    out = (reduced_kernels.widened(functools.partial(_drawn, draws, func), func)(
+                        *args, **kwargs) if widen else draws.draw_call(func, args, kwargs))
                 else:
-                    if func in _WIDENED and reduced_kernels.needs_widening(func, args, kwargs):
-                        func = reduced_kernels.widened(func)  # a kernel the CPU lacks
-                    if runner is None:
+                    if widen:
+                        func = reduced_kernels.widened(func)
+                    if _deterministic_on():  # CUDA's kernels without a deterministic form
+                        out = deterministic_alerts.call_alerting(
+                            self._call_flagging_syncs(runner), func, args, kwargs)
+                    elif self.state.sync_debug_mode:
+                        out = self._call_flagging_syncs(runner)(func, args, kwargs)
+                    elif runner is None:
                         out = func(*args, **kwargs)
                     elif scanned is None:
                         out = runner(func, args, kwargs)
@@ -609,6 +613,10 @@ class Placement(TorchFunctionMode):
             return func(*args, **kwargs)
         with self:  # torch's printer asks `.device`, which this mode answers
             return torch_internals.tensor_str(args[0], **kwargs)
+
+
+def _drawn(draws, func, *args, **kwargs):
+    return draws.draw_call(func, args, kwargs)
 
 
 def _call(func, args: tuple, kwargs: dict):

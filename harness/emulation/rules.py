@@ -123,6 +123,18 @@ def events_of_two_devices_error(start: int, end: int) -> RuntimeError:
                         f"times two events of one device only: record both on one device)")
 
 
+def event_recorded_on_another_device(event_device: int, stream_device: int,
+                                     generic: bool) -> RuntimeError:
+    """A recorded event recorded again on a stream of another device. CUDA makes an event on its
+    first record's device and checks each later record against it: c10's CUDAEvent::record for
+    `torch.cuda.Event`, CUDAGuardImpl::record (through InlineEvent) for `torch.Event`."""
+    if generic:
+        return RuntimeError(f"Event device index {event_device} does not match recording "
+                            f"stream's device index {stream_device}.")
+    return RuntimeError(f"Event device {event_device} does not match recording stream's device "
+                        f"{stream_device}.")
+
+
 def reseed_in_capture_error(generator: Any, seed: int) -> CaptureError:
     """CUDAGeneratorImpl::set_current_seed during a capture, to another seed than its own."""
     return CaptureError(cuda_errors.cuda_first(cuda_errors.RESEED, at_callsite(

@@ -191,7 +191,7 @@ def _enter_cpu(properties: DeviceProperties, stack: contextlib.ExitStack, schedu
     # torch's cudagraph trees keep their managers (graphs, pools of this device) in thread-local
     # state that torch._dynamo.reset() clears only while CUDA is initialized: the device's are
     # shut down with it, while its replacements are still in place
-    stack.callback(trees_shut_down, state.trees)
+    stack.callback(trees_shut_down, state.every_threads_trees)
     state.streams_tracking = None
     if races != "off" or schedule != "issue_order":
         from harness.emulation.tracking.observer import DeviceStreams

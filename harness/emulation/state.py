@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import contextlib
 import threading
+import weakref
 from dataclasses import dataclass
 from typing import Any, Iterator
 
@@ -126,7 +127,9 @@ class DeviceState(Observed):
         self.tunable_ops = TunableOps()  # torch.cuda.tunable's settings (tunable_ops.py)
         self.cuda_only_ops = CudaOnlyOps()  # custom ops with a Python CUDA kernel only
         self.triton_launches = LaunchTable()  # users' Triton launches (triton_launches.py)
-        self.trees = TreeGenerations()  # reduce-overhead's generations (compiled_trees.py)
+        # reduce-overhead's generations (compiled_trees.py), per host thread: torch's trees keep
+        # their managers in thread-local state (`trees`)
+        self._trees: Any = weakref.WeakKeyDictionary()
         # reduce-overhead (and inductor's triton.cudagraphs, dynamo's backend="cudagraphs") through
         # torch's own cudagraph trees, where this torch has what they call (a CUDA build); the
         # device's stand-in (compiled_trees.py) on a build without
@@ -158,6 +161,20 @@ class DeviceState(Observed):
         # torch._C._cuda_attach_out_of_memory_observer's callables, told of each refused allocation
         self.oom_observers: list = []
         self._capture_frees: CaptureFrees | None = None
+
+    @property
+    def trees(self) -> TreeGenerations:
+        """The calling thread's cudagraph trees' generations: torch's trees keep a manager per
+        host thread (inductor's cudagraphify keeps its function thread-local), so a thread's
+        runs neither end another thread's generation nor reuse its pool."""
+        thread = threading.current_thread()
+        trees = self._trees.get(thread)
+        if trees is None:
+            trees = self._trees[thread] = TreeGenerations()
+        return trees
+
+    def every_threads_trees(self) -> list[TreeGenerations]:
+        return list(self._trees.values())
 
     @property
     def current_index(self) -> int:

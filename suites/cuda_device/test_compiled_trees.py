@@ -853,3 +853,33 @@ def test_compiled_autograds_backward_is_recorded_with_its_parameters_static(cuda
             model.weight.grad = None
     # the recording copies in the two inputs that are not the parameter
     assert counters["inductor"]["cudagraph_recorded_non_static_inputs"] == 2
+
+
+def test_a_thread_replays_into_its_own_trees_leaving_anothers_outputs(cuda_kind):
+    """Inductor's cudagraphify keeps its trees' function per host thread (each thread's tree
+    manager, with a pool of its own): a worker thread's replays of the same compiled function
+    leave what the main thread's replay handed out as it was. Until 2026-12-08 the emulated
+    device kept one recording per graph for every thread, and the worker's replay rewrote the
+    main thread's output."""
+    import threading
+
+    compiled = torch.compile(_cubed, mode="reduce-overhead")
+    with _refused_in_the_sanitizer(cuda_kind):
+        x = torch.rand(64, device="cuda")
+        for _ in range(3):  # warm-up, recording, replay
+            held = compiled(x)
+        seen: dict = {}
+
+        def worker():
+            y = torch.rand(64, device="cuda") + 5
+            for step in range(3):
+                out = compiled(y)
+                seen[step] = torch.allclose(out, _cubed(y))
+
+        thread = threading.Thread(target=worker)
+        thread.start()
+        thread.join()
+        assert seen == {0: True, 1: True, 2: True}
+        torch.testing.assert_close(held, _cubed(x))
+        again = compiled(x)  # the main thread's replay, as it was recorded
+        assert again is held

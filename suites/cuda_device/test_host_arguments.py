@@ -21,6 +21,14 @@ REFUSED = {
     "torch.randint_like": (lambda x, t: torch.randint_like(x, t), "high must be a scalar tensor and on CPU"),
     "pack_padded_sequence": (lambda x, t: pack_padded_sequence(x.view(4, 2, 1), torch.stack((t + 2, t))),
                              "'lengths' argument should be a 1D CPU int64 tensor, but got 1D cuda:0 Long tensor"),
+    # the aten ops called themselves (until 2026-12-08 they split and drew)
+    "aten.tensor_split.tensor_indices_or_sections": (
+        lambda x, t: torch.ops.aten.tensor_split.tensor_indices_or_sections(x, t),
+        "tensor_split expected tensor_indices_or_sections to be on cpu, but it's on cuda:0"),
+    "aten.tensor_split packet": (lambda x, t: torch.ops.aten.tensor_split(x, t),
+                                 "tensor_split expected tensor_indices_or_sections to be on cpu, but it's on cuda:0"),
+    "aten.randint_like.Tensor": (lambda x, t: torch.ops.aten.randint_like.Tensor(x, t),
+                                 "high must be a scalar tensor and on CPU"),
 }
 
 

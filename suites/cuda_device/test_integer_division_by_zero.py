@@ -31,7 +31,25 @@ DIVISIONS = {
     "fmod": lambda a, b: torch.fmod(a, b),
     "in place a //= b": lambda a, b: a.clone().__ifloordiv__(b),
     "int32 a // b": lambda a, b: a.int() // b.int(),
+    # the aten ops called themselves, and aot_eager's graph calling them (the placement mode off
+    # the stack): until 2026-12-08 the CPU's ZeroDivisionError
+    "aten.floor_divide": lambda a, b: torch.ops.aten.floor_divide(a, b),
+    "aten.remainder.Tensor": lambda a, b: torch.ops.aten.remainder.Tensor(a, b),
+    "aten.div.Tensor_mode floor": lambda a, b: torch.ops.aten.div.Tensor_mode(
+        a, b, rounding_mode="floor"),
+    "aten.fmod_.Tensor": lambda a, b: torch.ops.aten.fmod_.Tensor(a.clone(), b),
+    "aten.floor_divide.out": lambda a, b: torch.ops.aten.floor_divide.out(
+        a, b, out=torch.empty_like(a)),
+    "aot_eager a // b + a % b": lambda a, b: _aot_eager_divisions()(a, b),
 }
+
+
+def _divisions(a, b):
+    return a // b + a % b
+
+
+def _aot_eager_divisions():
+    return torch.compile(_divisions, backend="aot_eager", dynamic=False)
 NONZERO = [1, 3]  # the elements whose divisor is not zero
 
 

@@ -105,3 +105,25 @@ def test_sdpa_allowed_only_flash_attention_runs_what_cudas_flash_kernel_takes(cu
     with sdpa_kernel(SDPBackend.MATH):
         expected = torch.nn.functional.scaled_dot_product_attention(q, q, q, is_causal=True)
     torch.testing.assert_close(out, expected, atol=2e-2, rtol=2e-2)
+
+
+_aten = torch.ops.aten
+
+
+def test_the_kernels_called_as_their_aten_ops_answer_as_cudas(cuda_kind):
+    """Compiled code and decompositions call the aten ops themselves; until 2026-12-08 the
+    emulated device met them with the CPU's kernels (an integer histc's NotImplementedError,
+    `mm.dtype`'s missing CPU kernel, lstsq's gelsd, one_hot's host checks)."""
+    ids = torch.tensor([0, 1, 1, 3, 3, 3, 7], dtype=torch.int32, device="cuda")
+    counts = _aten.histc(ids, 4, 0, 3)
+    assert counts.dtype == torch.int32 and counts.cpu().tolist() == [1, 2, 0, 3]
+    a = torch.randn(4, 8, device="cuda").half()
+    b = torch.randn(8, 2, device="cuda").half()
+    product = _aten.mm.dtype(a, b, torch.float32)
+    assert product.dtype == torch.float32
+    torch.testing.assert_close(product, a.float() @ b.float(), atol=1e-2, rtol=1e-2)
+    A, B = torch.randn(5, 3, device="cuda"), torch.randn(5, 2, device="cuda")
+    with pytest.raises(RuntimeError, match="`driver` other than `gels` is not supported on CUDA"):
+        _aten.linalg_lstsq(A, B, driver="gelsd")
+    solution, residuals, rank, _ = _aten.linalg_lstsq(A, B)
+    assert solution.shape == (3, 2) and residuals.shape == (2,) and rank.numel() == 0

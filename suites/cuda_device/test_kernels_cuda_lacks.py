@@ -17,6 +17,18 @@ CALLS = {
         lambda x: torch.histogram(x, bins=torch.linspace(-3, 3, 5, device=x.device))),
     "torch.histogramdd": ("aten::_histogramdd_bin_edges",
                           lambda x: torch.histogramdd(x.view(4, 2), bins=[2, 2])),
+    # the aten ops called themselves, as compiled code and decompositions call them
+    "aten.histogram packet": ("aten::histogram.bin_ct",
+                              lambda x: torch.ops.aten.histogram(x, 4)),
+    "aten.histogram.bin_ct": ("aten::histogram.bin_ct",
+                              lambda x: torch.ops.aten.histogram.bin_ct(x, 4)),
+    "aten.histogram.bins_tensor": (
+        "aten::histogram.bins_tensor",
+        lambda x: torch.ops.aten.histogram.bins_tensor(x, torch.linspace(-3, 3, 5,
+                                                                         device=x.device))),
+    "aten._histogramdd_bin_edges": (
+        "aten::_histogramdd_bin_edges",
+        lambda x: torch.ops.aten._histogramdd_bin_edges(x.view(4, 2), [2, 2])),
 }
 
 
@@ -35,6 +47,17 @@ def test_the_same_calls_on_host_tensors_answer_and_histc_counts_on_the_device(cu
     assert torch.histogramdd(x.view(4, 2), bins=[2, 2]).hist.sum().item() == 4.0
     counts = torch.histc(x.to("cuda"), bins=4, min=-2, max=2)
     assert counts.is_cuda and counts.cpu().tolist() == [2.0, 2.0, 2.0, 2.0]
+
+
+@pytest.mark.parametrize("backend", ["aot_eager", "inductor"])
+def test_compiled_code_meets_the_missing_kernel_too(cuda_kind, backend):
+    """A compiled graph runs its aten ops with the placement mode off the stack
+    (compiled_graphs.py): CUDA's dispatcher refuses the CPU-only op there as well."""
+    torch._dynamo.reset()
+    compiled = torch.compile(lambda t: torch.histogram(t, bins=4).hist * 2, backend=backend)
+    with pytest.raises(NotImplementedError, match="Could not run 'aten::histogram"):
+        compiled(torch.linspace(-2, 2, 8, device="cuda"))
+    torch._dynamo.reset()
 
 
 def test_sparse_mm_with_a_reduction_is_refused_and_without_one_runs(cuda_kind):

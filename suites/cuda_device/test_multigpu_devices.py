@@ -264,3 +264,21 @@ def test_a_graph_replays_on_its_capture_devices_stream(two_devices):
     static.copy_(torch.ones(4, device="cuda:1"))  # on cuda:1's current stream
     graph.replay()
     torch.testing.assert_close(out, torch.full((4,), 2.0, device="cuda:1"))
+
+
+@pytest.mark.parametrize("kind", ["cuda", "generic"])
+def test_an_event_recorded_again_on_another_devices_stream_raises(two_devices, kind):
+    """CUDA makes an event on its first record's device; a later record on another device's
+    stream is refused (c10's CUDAEvent::record for torch.cuda.Event, CUDAGuardImpl::record for
+    torch.Event). Waiting on it from another device's stream is allowed."""
+    event = torch.cuda.Event() if kind == "cuda" else torch.Event()
+    event.record(torch.cuda.current_stream(1))
+    torch.cuda.current_stream(0).wait_event(event)
+    event.record(torch.cuda.current_stream(1))  # its own device again
+    words = ("Event device 1 does not match recording stream's device 0." if kind == "cuda"
+             else "Event device index 1 does not match recording stream's device index 0.")
+    with pytest.raises(RuntimeError, match=words):
+        event.record(torch.cuda.current_stream(0))
+    with torch.cuda.device(1):
+        event.record()
+    torch.cuda.synchronize()
