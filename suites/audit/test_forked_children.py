@@ -74,6 +74,8 @@ def answer(arch, mode, send, log_path):
     send.close()
 
 runner._child = answer
+# as in a terminal: a process started in the background by a shell inherits SIGINT ignored
+signal.signal(signal.SIGINT, signal.default_int_handler)
 # Ctrl-C arriving while os.fork runs its hooks (their exceptions are only printed)
 os.register_at_fork(after_in_parent=lambda: signal.raise_signal(signal.SIGINT))
 try:
