@@ -32,6 +32,7 @@ from __future__ import annotations
 import heapq
 import operator
 from dataclasses import dataclass
+from typing import Callable
 
 import torch
 
@@ -99,7 +100,7 @@ def partitions(graph_module: torch.fx.GraphModule, args,
                     inputs.append(m)
         outputs = tuple(n for n in members if any(
             user is output or position.get(user, index) > index for user in n.users))
-        pieces.append(Partition(_piece_module(graph_module, members, inputs, outputs),
+        pieces.append(Partition(piece_module(graph_module, members, inputs, outputs),
                                 tuple(inputs), outputs, cudagraphable,
                                 frozenset(i for i, n in enumerate(inputs) if n in static_nodes)))
     return Partitioned(graph_module, tuple(pieces))
@@ -355,10 +356,11 @@ def _grouped(order: list, kinds: dict) -> list[tuple[bool, list]]:
     return groups
 
 
-def _piece_module(graph_module: torch.fx.GraphModule, members: list, inputs: list,
-                  outputs: tuple) -> torch.fx.GraphModule:
+def piece_module(graph_module: torch.fx.GraphModule, members: list, inputs: list,
+                 outputs: tuple | list, copied: Callable | None = None) -> torch.fx.GraphModule:
     """A graph of `members` (in that order) reading `inputs` and returning `outputs` (a tuple);
-    the whole graph's attributes it reads are its own attributes."""
+    the whole graph's attributes it reads are its own attributes. `copied(node, copy)`, if given,
+    sees each member with its copy."""
     graph = torch.fx.Graph()
     env: dict = {}
     for node in inputs:
@@ -369,5 +371,7 @@ def _piece_module(graph_module: torch.fx.GraphModule, members: list, inputs: lis
             if m.op == "get_attr" and m not in env:
                 env[m] = graph.node_copy(m)
         env[node] = graph.node_copy(node, lambda m: env[m])
+        if copied is not None:
+            copied(node, env[node])
     graph.output(tuple(env[n] for n in outputs))
     return torch.fx.GraphModule(graph_module, graph)

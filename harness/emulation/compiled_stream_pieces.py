@@ -25,6 +25,7 @@ from typing import Any
 import torch
 
 from harness import torch_internals
+from harness.emulation.compiled_partitions import piece_module
 from harness.emulation.compiled_stream_nodes import (ObjectAt, StreamCall, folded,
                                                      graph_object, is_object_lookup, method_name,
                                                      op_name, ops_by_target, stream_calls_of,
@@ -143,24 +144,17 @@ def _piece(gm: torch.fx.GraphModule, members: list, stream: int | None) -> Piece
                 inputs.append(m)
     # read by the graph's output, a later piece, or a stream call (`record_stream`)
     outputs = [n for n in members if any(user not in inside for user in n.users)]
-    graph = torch.fx.Graph()
-    env: dict = {}
-    for node in inputs:
-        env[node] = graph.placeholder(node.name)
-        env[node].meta = dict(node.meta)
-    for node in members:
-        for m in node.all_input_nodes:
-            if m.op == "get_attr" and m not in env:
-                env[m] = graph.node_copy(m)
-        env[node] = graph.node_copy(node, lambda m: env[m])
-        custom = node.meta.get("custom")
-        if isinstance(custom, dict):  # the piece runs on its stream: no mark for inductor
-            env[node].meta["custom"] = {k: v for k, v in custom.items() if k != "stream"}
-    graph.output(tuple(env[n] for n in outputs))
+    module = piece_module(gm, members, inputs, outputs, _without_stream_mark)
     computes = any(isinstance(n.meta.get("example_value", n.meta.get("val")), torch.Tensor)
                    for n in members)
-    return Piece(torch.fx.GraphModule(gm, graph), tuple(n.name for n in inputs),
+    return Piece(module, tuple(n.name for n in inputs),
                  tuple(n.name for n in outputs), stream, computes)
+
+
+def _without_stream_mark(node: torch.fx.Node, copy: torch.fx.Node) -> None:
+    custom = node.meta.get("custom")
+    if isinstance(custom, dict):  # the piece runs on its stream: no mark for inductor
+        copy.meta["custom"] = {k: v for k, v in custom.items() if k != "stream"}
 
 
 class StreamPieces:

@@ -189,20 +189,10 @@ class Placement(TorchFunctionMode):
             if not _bias_dispatches_itself(func, args, kwargs or {}):
                 args, kwargs = autocast.cast(func, args, kwargs or {}, is_device_memory,
                                              self._cast, self.state.autocast_cache)
-        handler = self._calls.get(func)
-        if handler is None:
-            out = self._generic(func, args, {} if kwargs is None else kwargs)
-        elif self._several_devices:
-            out = self._on_its_device(handler, func, args, kwargs or {})
-        else:
-            out = handler(func, args, kwargs or {})
-        if _NODE_STREAMS and out is not None and torch.is_grad_enabled():
-            # autograd's nodes keep the stream current at their making (backward_streams.py)
-            backward_streams.stamp(out, self.state.streams.current)
-        return out
+        return self._placed(func, args, kwargs)
 
     def _placed(self, func, args, kwargs):
-        """The hot path's tail, for a call that CUDA's autocast lists leave uncast."""
+        """The hot path's tail: the call's handler, or the generic rule."""
         handler = self._calls.get(func)
         if handler is None:
             out = self._generic(func, args, {} if kwargs is None else kwargs)
