@@ -16,6 +16,8 @@ import torch
 
 from harness.graphs import CaptureError
 
+from suites.public_bugs._refusals import stream_kept
+
 NOT_PERMITTED = "operation not permitted when stream is capturing"
 CAPTURED_EVENT = "operation not permitted on an event last recorded in a capturing stream"
 
@@ -69,7 +71,7 @@ def _captured_decode(matmul: TunedMatmul, warmed: tuple[int, ...]) -> torch.Tens
 
 @pytest.mark.parametrize("wait, refusal", [("device", NOT_PERMITTED), ("event", CAPTURED_EVENT)])
 def test_autotuning_a_shape_first_met_in_the_capture_is_refused(wait, refusal):
-    with pytest.raises((CaptureError, RuntimeError)) as caught:
+    with stream_kept(), pytest.raises((CaptureError, RuntimeError)) as caught:
         _captured_decode(TunedMatmul(wait=wait), warmed=(4,))
     assert refusal in str(caught.value), caught.value
 

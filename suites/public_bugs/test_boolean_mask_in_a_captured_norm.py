@@ -12,6 +12,8 @@ import torch
 
 from harness.graphs import CaptureInvalidatedError, CaptureSyncError
 
+from suites.public_bugs._refusals import stream_kept
+
 NOT_PERMITTED = "CUDA error: operation not permitted when stream is capturing"
 
 
@@ -41,7 +43,7 @@ def _captured(masked_index: bool):
 
 def test_a_boolean_mask_inside_the_capture_is_refused_in_cudas_words():
     # as on CUDA, capture_end fails after the refused call, which is its context
-    with pytest.raises(CaptureInvalidatedError) as ended:
+    with stream_kept(), pytest.raises(CaptureInvalidatedError) as ended:
         _captured(masked_index=True)
     refused = ended.value.__context__
     assert isinstance(refused, CaptureSyncError), refused

@@ -15,6 +15,8 @@ import torch
 
 import harness
 from harness.emulation import emulation_active
+
+from suites.public_bugs._refusals import stream_kept
 from suites.cuda_device._own_process import in_a_process_of_its_own
 
 
@@ -73,10 +75,11 @@ def _refusal(which: str) -> str:
     """What capturing the buggy form `which` ("event" or "join") raised, as text ("" if nothing)."""
     prefetcher = Prefetcher()
     try:
-        if which == "event":
-            prefetcher.capture_waiting_inside()
-        else:
-            prefetcher.capture_joining_unforked(fork=False)
+        with stream_kept():
+            if which == "event":
+                prefetcher.capture_waiting_inside()
+            else:
+                prefetcher.capture_joining_unforked(fork=False)
     except RuntimeError as error:  # CaptureError on the emulated device, CUDA's own natively
         # Natively the graph's exit ends the invalidated capture and raises that ("operation
         # failed due to a previous error during capture"), the wait's refusal as its context.

@@ -13,6 +13,8 @@ import torch
 
 from harness.graphs import CaptureError
 
+from suites.public_bugs._refusals import stream_kept
+
 
 def _tolist(seq_lens: torch.Tensor, out: torch.Tensor) -> None:
     for row, length in enumerate(seq_lens.tolist()):
@@ -41,7 +43,7 @@ def test_a_host_read_inside_the_capture_is_refused(step, op):
     step(seq_lens, out)  # warmup, eager: fine outside a capture
     graph = torch.cuda.CUDAGraph()
     torch.cuda.synchronize()
-    with pytest.raises((CaptureError, RuntimeError)) as caught:
+    with stream_kept(), pytest.raises((CaptureError, RuntimeError)) as caught:
         with torch.cuda.graph(graph):
             step(seq_lens, out)
     message = str(caught.value)

@@ -9,6 +9,8 @@ import torch
 
 from harness.graphs import CaptureError
 
+from suites.public_bugs._refusals import stream_kept
+
 
 def _decode(seq_lens: torch.Tensor, out: torch.Tensor, max_len: int | None) -> None:
     longest = int(seq_lens.max().item()) if max_len is None else max_len
@@ -20,7 +22,7 @@ def test_item_inside_the_capture_is_named():
     out = torch.zeros(3, device="cuda")
     graph = torch.cuda.CUDAGraph()
     torch.cuda.synchronize()
-    with pytest.raises((CaptureError, RuntimeError)) as caught:
+    with stream_kept(), pytest.raises((CaptureError, RuntimeError)) as caught:
         with torch.cuda.graph(graph):
             _decode(seq_lens, out, None)
     assert "test_host_sync_in_capture.py" in str(caught.value)  # the user's line

@@ -12,6 +12,8 @@ import torch
 
 from harness.graphs import CaptureInvalidatedError, CaptureSyncError
 
+from suites.public_bugs._refusals import stream_kept
+
 NOT_PERMITTED = "CUDA error: operation not permitted when stream is capturing"
 
 
@@ -44,7 +46,7 @@ def _captured(checked_on_the_host: bool):
 
 def test_a_solve_that_checks_for_singular_matrices_is_refused_in_cudas_words():
     # as on CUDA, capture_end fails after the refused call, which is its context
-    with pytest.raises(CaptureInvalidatedError) as ended:
+    with stream_kept(), pytest.raises(CaptureInvalidatedError) as ended:
         _captured(checked_on_the_host=False)
     refused = ended.value.__context__
     assert isinstance(refused, CaptureSyncError), refused

@@ -15,6 +15,8 @@ import torch
 
 from harness.graphs import CaptureInvalidatedError, CaptureSyncError
 
+from suites.public_bugs._refusals import stream_kept
+
 NOT_PERMITTED = "CUDA error: operation not permitted when stream is capturing"
 
 
@@ -54,7 +56,7 @@ def _captured(fix: str | None):
 
 def test_a_mask_assigned_a_device_value_is_refused_in_cudas_words():
     # as on CUDA, capture_end fails after the refused call, which is its context
-    with pytest.raises(CaptureInvalidatedError) as ended:
+    with stream_kept(), pytest.raises(CaptureInvalidatedError) as ended:
         _captured(fix=None)
     refused = ended.value.__context__
     assert isinstance(refused, CaptureSyncError), refused

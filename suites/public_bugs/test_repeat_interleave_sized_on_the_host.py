@@ -14,6 +14,8 @@ import torch
 
 from harness.graphs import CaptureInvalidatedError, CaptureSyncError
 
+from suites.public_bugs._refusals import stream_kept
+
 NOT_PERMITTED = "CUDA error: operation not permitted when stream is capturing"
 SLOTS = 8  # the capacity the runtime sized for: every step routes exactly this many tokens
 
@@ -40,7 +42,7 @@ def _captured(sized: bool):
 
 def test_routing_sized_from_the_counts_is_refused_in_cudas_words():
     # as on CUDA, capture_end fails after the refused call, which is its context
-    with pytest.raises(CaptureInvalidatedError) as ended:
+    with stream_kept(), pytest.raises(CaptureInvalidatedError) as ended:
         _captured(sized=False)
     refused = ended.value.__context__
     assert isinstance(refused, CaptureSyncError), refused

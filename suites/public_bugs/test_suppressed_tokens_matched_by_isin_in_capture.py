@@ -14,6 +14,8 @@ import torch
 
 from harness.graphs import CaptureInvalidatedError, CaptureSyncError
 
+from suites.public_bugs._refusals import stream_kept
+
 NOT_PERMITTED = "CUDA error: operation not permitted when stream is capturing"
 VOCAB = 4096
 
@@ -51,7 +53,7 @@ def _captured(mask_built_once: bool):
 
 def test_isin_sorting_a_long_token_list_is_refused_in_cudas_words():
     # as on CUDA, capture_end fails after the refused call, which is its context
-    with pytest.raises(CaptureInvalidatedError) as ended:
+    with stream_kept(), pytest.raises(CaptureInvalidatedError) as ended:
         _captured(mask_built_once=False)
     refused = ended.value.__context__
     assert isinstance(refused, CaptureSyncError), refused
