@@ -24,6 +24,7 @@ leaves them, and so are host tensors (there CPU autocast's own lists are not in 
 from __future__ import annotations
 
 import contextlib
+import functools
 import warnings
 from typing import Callable, Iterator
 
@@ -91,22 +92,16 @@ class InnerAutocast:
             _FLOAT32, self._float32), **dict.fromkeys(_FLOAT32_SET_OPT_DTYPE, self._set_opt_dtype),
             **dict.fromkeys(_FLOAT32_APPEND_DTYPE, self._append_dtype),
             **dict.fromkeys(_PROMOTE, self._promote), **dict.fromkeys(_BANNED, self._banned)}
+        cast, passed = _this_torchs_lists()
         with warnings.catch_warnings():
             # torch warns once that a kernel of the CPU's autocast is overridden
             warnings.simplefilter("ignore", UserWarning)
-            for name, policy in policies.items():
+            for name in cast:
                 op = _overload(name)
-                # the lists of this torch's CUDA autocast: an op it does not register keeps
-                # CUDA's own kernel's dtype (rms_norm joined the float32 list after 2.11)
-                if op is not None and torch_internals.dispatch_has_kernel_for_dispatch_key(
-                        f"aten::{name}", "AutocastCUDA"):
-                    kernel = policy(name if name in _FLOAT32_APPEND_DTYPE else op)
-                    library.impl(name, _only_under_cuda_autocast(kernel, op), "AutocastCPU")
-            for name in torch_internals.dispatch_get_all_op_names():
-                short = name.removeprefix("aten::")
-                if name.startswith("aten::") and short not in policies \
-                        and torch_internals.dispatch_has_kernel_for_dispatch_key(name, "AutocastCPU"):
-                    library.impl(short, torch.library.fallthrough_kernel, "AutocastCPU")
+                kernel = policies[name](name if name in _FLOAT32_APPEND_DTYPE else op)
+                library.impl(name, _only_under_cuda_autocast(kernel, op), "AutocastCPU")
+            for name in passed:
+                library.impl(name, torch.library.fallthrough_kernel, "AutocastCPU")
         self._library = library
 
     def unregister(self) -> None:
@@ -192,6 +187,24 @@ class InnerAutocast:
                 return op(*args, **kwargs)
 
         return kernel
+
+
+@functools.cache
+def _this_torchs_lists() -> tuple[tuple[str, ...], tuple[str, ...]]:
+    """The ops of CUDA's lists this torch registers a CUDA autocast kernel for (an op it does not
+    register keeps CUDA's own kernel's dtype: rms_norm joined the float32 list after 2.11), and
+    every other aten op the CPU's autocast lists: properties of the build, read once per process
+    (the scan of every op's kernels costs more than the registering)."""
+    listed = (*_LOWER_PRECISION, *_FLOAT32, *_FLOAT32_SET_OPT_DTYPE, *_FLOAT32_APPEND_DTYPE,
+              *_PROMOTE, *_BANNED)
+    cast = tuple(name for name in listed if _overload(name) is not None
+                 and torch_internals.dispatch_has_kernel_for_dispatch_key(f"aten::{name}",
+                                                                          "AutocastCUDA"))
+    passed = tuple(
+        name.removeprefix("aten::") for name in torch_internals.dispatch_get_all_op_names()
+        if name.startswith("aten::") and name.removeprefix("aten::") not in listed
+        and torch_internals.dispatch_has_kernel_for_dispatch_key(name, "AutocastCPU"))
+    return cast, passed
 
 
 def _only_under_cuda_autocast(kernel: Callable, op) -> Callable:
