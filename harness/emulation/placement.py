@@ -57,7 +57,7 @@ from harness.emulation.rules import (CPU, cuda_index, device_generator_on_host_e
 Tensor = torch.Tensor
 _compiling = torch.compiler.is_compiling
 _autocast_on = torch.is_autocast_enabled
-_any_autocast_on = torch_internals.is_any_autocast_enabled  # asked first: no device type to parse
+_any_autocast_on = torch_internals.is_any_autocast_enabled
 _deterministic_on = torch_internals.deterministic_algorithms
 _AUTOCAST_OPS = autocast.AUTOCAST_OPS
 _runs_its_body = autocast_bodies.runs_its_body
@@ -171,8 +171,9 @@ class Placement(TorchFunctionMode):
             if modes:
                 with joined(modes):
                     return self.__torch_function__(func, types, args, kwargs)
-        if _any_autocast_on() and _autocast_on("cuda") and func not in _AUTOCAST_OPS \
-                and _runs_its_body(func) \
+        # asked once per call: the cheap question first (no device type to parse)
+        autocasting = _any_autocast_on() and _autocast_on("cuda")
+        if autocasting and func not in _AUTOCAST_OPS and _runs_its_body(func) \
                 and (func not in self._calls or func in _DEVICE_BRANCHES) \
                 and func not in _MIXING_ALLOWED and not self.state.autocast_bodies.pending() \
                 and any(is_device_memory(t) for t in autocast.tensors(args, kwargs or {})):
@@ -181,7 +182,7 @@ class Placement(TorchFunctionMode):
                 args = device_branches.seen_as_device(args)
             with self.state.autocast_bodies.next_check_passes(), self:
                 return func(*args, **(kwargs or {}))
-        if _autocast_on("cuda"):
+        if autocasting:
             if func not in _AUTOCAST_OPS:
                 # CUDA casts the ops inside a composite too (inner_autocast.py)
                 with _casting_inner_ops():
