@@ -18,30 +18,27 @@ from harness import torch_internals
 _REDUCED = (torch.float16, torch.bfloat16)
 _aten = torch.ops.aten
 
-# A call, and the positions of the statistics among its outputs.
-CALLS: dict[Callable, tuple[int, ...]] = {
-    **dict.fromkeys((torch.native_batch_norm, torch_internals.native_batch_norm_legit,
-                     torch_internals.native_batch_norm_legit_no_training,
-                     torch.native_layer_norm), (1, 2)),
-    # torch.ops.aten's, overloads and packets
-    **dict.fromkeys((_aten.native_batch_norm.default, _aten._native_batch_norm_legit.default,
-                     _aten._native_batch_norm_legit.no_stats,
-                     _aten._native_batch_norm_legit_no_training.default,
-                     _aten._batch_norm_with_update.default, _aten.native_layer_norm.default),
-                    (1, 2)),
-    **dict.fromkeys((_aten.native_batch_norm, _aten._native_batch_norm_legit,
-                     _aten._native_batch_norm_legit_no_training, _aten._batch_norm_with_update,
-                     _aten.native_layer_norm), (1, 2)),
-}
+# The calls: torch's, and torch.ops.aten's overloads and packets. Each returns its statistics
+# (saved mean, inverse standard deviation) second and third.
+CALLS = frozenset({
+    torch.native_batch_norm, torch_internals.native_batch_norm_legit,
+    torch_internals.native_batch_norm_legit_no_training, torch.native_layer_norm,
+    _aten.native_batch_norm.default, _aten._native_batch_norm_legit.default,
+    _aten._native_batch_norm_legit.no_stats, _aten._native_batch_norm_legit_no_training.default,
+    _aten._batch_norm_with_update.default, _aten.native_layer_norm.default,
+    _aten.native_batch_norm, _aten._native_batch_norm_legit,
+    _aten._native_batch_norm_legit_no_training, _aten._batch_norm_with_update,
+    _aten.native_layer_norm,
+})
+_STATISTICS = (1, 2)
 
 
-def in_float32(func: Callable, x, out, cast: Callable[[torch.Tensor, torch.dtype], torch.Tensor]):
-    """`out`, the outputs of `func` for the device input `x`, with its statistics in float32 where
-    `x` is of a reduced dtype. `cast` is the device's own cast (a device op)."""
+def in_float32(x, out, cast: Callable[[torch.Tensor, torch.dtype], torch.Tensor]):
+    """`out`, the outputs of one of CALLS for the device input `x`, with its statistics in float32
+    where `x` is of a reduced dtype. `cast` is the device's own cast (a device op)."""
     if not (isinstance(x, torch.Tensor) and x.dtype in _REDUCED and isinstance(out, tuple)):
         return out
-    at = CALLS[func]
-    return tuple(cast(o, torch.float32) if i in at and isinstance(o, torch.Tensor)
+    return tuple(cast(o, torch.float32) if i in _STATISTICS and isinstance(o, torch.Tensor)
                  and o.dtype in _REDUCED else o for i, o in enumerate(out))
 
 

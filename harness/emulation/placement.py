@@ -537,7 +537,7 @@ class Placement(TorchFunctionMode):
         out = self._generic(func, args, kwargs)
         x = args[0] if args else kwargs.get("input")
         if isinstance(x, Tensor) and is_device_memory(x):
-            return norm_statistics.in_float32(func, x, out, self._cast)
+            return norm_statistics.in_float32(x, out, self._cast)
         return out
 
     def _cuda_kernel(self, func, args, kwargs):
