@@ -92,12 +92,7 @@ def partitions(graph_module: torch.fx.GraphModule, args,
     position = {n: i for i, (_, members) in enumerate(groups) for n in members}
     pieces = []
     for index, (cudagraphable, members) in enumerate(groups):
-        inside = set(members)
-        inputs: list = []
-        for n in members:
-            for m in n.all_input_nodes:
-                if m not in inside and m.op != "get_attr" and m not in inputs:
-                    inputs.append(m)
+        inputs = piece_inputs(members)
         outputs = tuple(n for n in members if any(
             user is output or position.get(user, index) > index for user in n.users))
         pieces.append(Partition(piece_module(graph_module, members, inputs, outputs),
@@ -354,6 +349,17 @@ def _grouped(order: list, kinds: dict) -> list[tuple[bool, list]]:
     if pending:
         groups.append((False, pending))
     return groups
+
+
+def piece_inputs(members: list) -> list:
+    """The nodes outside `members` that they read (attributes aside), in the order first read."""
+    inside = set(members)
+    inputs: list = []
+    for node in members:
+        for m in node.all_input_nodes:
+            if m not in inside and m.op != "get_attr" and m not in inputs:
+                inputs.append(m)
+    return inputs
 
 
 def piece_module(graph_module: torch.fx.GraphModule, members: list, inputs: list,

@@ -25,7 +25,7 @@ from typing import Any
 import torch
 
 from harness import torch_internals
-from harness.emulation.compiled_partitions import piece_module
+from harness.emulation.compiled_partitions import piece_inputs, piece_module
 from harness.emulation.compiled_stream_nodes import (ObjectAt, StreamCall, folded,
                                                      graph_object, is_object_lookup, method_name,
                                                      op_name, ops_by_target, stream_calls_of,
@@ -137,11 +137,7 @@ def _argument(a: Any) -> Any:
 
 def _piece(gm: torch.fx.GraphModule, members: list, stream: int | None) -> Piece:
     inside = set(members)
-    inputs: list = []
-    for node in members:
-        for m in node.all_input_nodes:
-            if m not in inside and m.op != "get_attr" and m not in inputs:
-                inputs.append(m)
+    inputs = piece_inputs(members)
     # read by the graph's output, a later piece, or a stream call (`record_stream`)
     outputs = [n for n in members if any(user not in inside for user in n.users)]
     module = piece_module(gm, members, inputs, outputs, _without_stream_mark)
